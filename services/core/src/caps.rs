@@ -1,0 +1,54 @@
+//! Capabilities: what an endpoint can do, asked up front instead of probed by failure.
+
+/// Block size constraints of an endpoint, as NBD's NBD_INFO_BLOCK_SIZE states them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockSizes {
+    /// Requests must be aligned to and a multiple of this (1 when anything goes).
+    pub minimum: u32,
+    /// Requests of this alignment and size are efficient.
+    pub preferred: u32,
+    /// No single request may be larger than this.
+    pub maximum: u32,
+}
+
+impl Default for BlockSizes {
+    fn default() -> Self {
+        Self {
+            minimum: 1,
+            preferred: 4096,
+            maximum: 32 * 1024 * 1024,
+        }
+    }
+}
+
+/// What an endpoint supports. Optional operations always have a working default
+/// implementation; capabilities tell callers which ones are efficient.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    /// The source can report allocation (holes and zero ranges) cheaply.
+    pub extents: bool,
+    /// The target writes zeroes without transferring zero bytes.
+    pub efficient_zero: bool,
+    /// The target can discard ranges (and they read back as zeroes afterwards).
+    pub trim: bool,
+    /// The target accepts writes in any order (false for streams and multipart uploads
+    /// that must be written in order).
+    pub random_write: bool,
+    /// Another connection sees the same data, so workers may each have their own.
+    pub multi_conn: bool,
+    /// Request size limits.
+    pub block: BlockSizes,
+}
+
+impl Default for Caps {
+    fn default() -> Self {
+        Self {
+            extents: false,
+            efficient_zero: false,
+            trim: false,
+            random_write: true,
+            multi_conn: true,
+            block: BlockSizes::default(),
+        }
+    }
+}
