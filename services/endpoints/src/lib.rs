@@ -1,1 +1,13 @@
-//! placeholder
+//! ferry-endpoints: one module per endpoint kind, and [`open_source`] / [`open_target`]
+//! that turn an [`EndpointSpec`] into a [`Source`] or [`Target`].
+
+mod options;
+mod open;
+
+pub mod file;
+pub mod mem;
+
+pub use open::{open_source, open_target};
+pub use options::{CacheMode, Preallocation, SourceOptions, TargetOptions};
+
+pub use ferry_core::{EndpointSpec, Source, Target};

@@ -1,0 +1,40 @@
+//! Options that shape how an endpoint is opened, shared by every endpoint kind.
+
+/// How file I/O goes through the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheMode {
+    /// Through the page cache (the default).
+    #[default]
+    PageCache,
+    /// O_DIRECT with aligned buffers (`--cache none`).
+    Direct,
+}
+
+/// How a target file is preallocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Preallocation {
+    #[default]
+    Off,
+    /// fallocate the whole size up front.
+    Falloc,
+    /// Write zeroes over the whole size up front.
+    Full,
+    /// QEMU's preallocate filter: when a write crosses the preallocated end, extend it by
+    /// `step` bytes (aligned to 1 MiB); trim to the real size at the end.
+    Grow { step: u64 },
+}
+
+/// Options for opening a source.
+#[non_exhaustive]
+#[derive(Debug, Clone, Default)]
+pub struct SourceOptions {
+    pub cache: CacheMode,
+}
+
+/// Options for opening a target.
+#[non_exhaustive]
+#[derive(Debug, Clone, Default)]
+pub struct TargetOptions {
+    pub cache: CacheMode,
+    pub preallocation: Preallocation,
+}

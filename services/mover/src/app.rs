@@ -1,0 +1,55 @@
+//! The `ferry` command line: argument parsing and dispatch, shared by the `ferry` binary
+//! and the end-to-end tests' copy of it.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::{cli, service};
+
+/// Copy and verify disk images between files, block devices, NBD, NFS, iSCSI and S3.
+#[derive(Debug, Parser)]
+#[command(name = "ferry", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Copy an image from SRC to DST.
+    Copy(cli::copy::CopyArgs),
+    /// Print the checksum of an image (blksum-compatible block hash by default).
+    Checksum(cli::checksum::ChecksumArgs),
+    /// Run the gRPC job service.
+    Serve(service::serve::ServeArgs),
+    /// Start, watch and cancel jobs on a running service.
+    Job(service::client::JobArgs),
+}
+
+/// Runs the `ferry` command line with the process arguments.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("ferry: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Copy(args) => cli::copy::run(args).await,
+            Command::Checksum(args) => cli::checksum::run(args).await,
+            Command::Serve(args) => service::serve::run(args).await,
+            Command::Job(args) => service::client::run(args).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("ferry: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

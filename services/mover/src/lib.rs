@@ -1,0 +1,6 @@
+//! ferry-mover: the command line, the job service and everything around the data path
+//! (jobs, scheduling, persistence, metrics, tracing). The binaries only call [`app::main`].
+
+pub mod app;
+pub mod cli;
+pub mod service;
