@@ -1,1 +1,40 @@
-//! placeholder
+//! ferry-engine: the data path.
+//!
+//! [`copy`] moves an image from a [`Source`](ferry_core::Source) to a
+//! [`Target`](ferry_core::Target): workers take work units from a shared cursor, ask
+//! for extents lazily, read in pooled buffers, skip or merge zeroes, and commit out of
+//! order or strictly in order, with a memory bound, a rate limit, progress, prompt
+//! cancellation and checkpoints a later run can resume from. [`checksum`] computes the
+//! blksum-compatible block hash (or plain SHA-256) of a source on all cores.
+//! The engine knows nothing of protocols: only the traits of ferry-core.
+
+pub mod blkhash;
+mod checksum;
+mod commit;
+mod copy;
+mod geometry;
+mod merge;
+mod options;
+mod plan;
+mod pool;
+mod progress;
+mod ranges;
+mod rate;
+mod sequencer;
+mod sha256;
+mod zero;
+
+#[cfg(test)]
+mod copy_tests;
+#[cfg(test)]
+mod testing;
+
+pub use checksum::{checksum, Digest};
+pub use copy::{copy, CopyReport};
+pub use options::{
+    ChecksumOptions, CommitOrder, CopyOptions, HashAlgorithm, DEFAULT_REQUEST_SIZE,
+    DEFAULT_WORKERS, DEFAULT_WORK_UNIT,
+};
+pub use progress::{Checkpoint, Progress, ProgressSnapshot};
+pub use tokio_util::sync::CancellationToken;
+pub use zero::is_zero;

@@ -1,0 +1,189 @@
+//! Request geometry: the alignment, request size, zero granularity, work unit and
+//! per-worker window a copy uses, derived once from the options and both endpoints'
+//! block-size limits so every later step can simply trust them.
+
+use ferry_core::{Caps, Error, Result};
+
+use crate::options::{CopyOptions, DEFAULT_REQUESTS_PER_WORKER};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Geometry {
+    /// Image size.
+    pub size: u64,
+    /// Every request starts on and is a multiple of this (except at the image end).
+    pub align: u64,
+    /// Largest read or write request, and the capacity of every buffer.
+    pub request: usize,
+    /// Zero-detection block (a multiple of `align`), 0 when zero detection is off.
+    pub sparse: usize,
+    /// Work unit (a multiple of `align` and `sparse`).
+    pub unit: u64,
+    /// Workers actually started.
+    pub workers: usize,
+    /// Requests each worker keeps in flight.
+    pub window: usize,
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+fn lcm(a: u64, b: u64) -> Result<u64> {
+    (a / gcd(a, b))
+        .checked_mul(b)
+        .ok_or_else(|| Error::invalid_input("block sizes have no common multiple"))
+}
+
+pub(crate) fn round_up(x: u64, to: u64) -> u64 {
+    x.div_ceil(to).saturating_mul(to)
+}
+
+pub(crate) fn round_down(x: u64, to: u64) -> u64 {
+    x / to * to
+}
+
+impl Geometry {
+    pub fn new(size: u64, source: Caps, target: Caps, options: &CopyOptions) -> Result<Self> {
+        let align = lcm(
+            u64::from(source.block.minimum.max(1)),
+            u64::from(target.block.minimum.max(1)),
+        )?;
+        let max_request = round_down(
+            u64::from(source.block.maximum.min(target.block.maximum)),
+            align,
+        );
+        if max_request < align {
+            return Err(Error::invalid_input(format!(
+                "incompatible block sizes: requests must be multiples of {align} bytes \
+                 but at most {} (source) and {} (target) bytes",
+                source.block.maximum, target.block.maximum
+            )));
+        }
+        let sparse = if options.sparse_size == 0 {
+            0
+        } else {
+            round_up(options.sparse_size as u64, align)
+        };
+        let mut request =
+            round_down((options.request_size as u64).min(max_request), align).max(align);
+        if sparse > 0 && request >= sparse {
+            request = round_down(request, lcm(align, sparse)?).max(align);
+        }
+        let mut workers = options.workers;
+        let window = match options.max_in_flight_bytes {
+            None => DEFAULT_REQUESTS_PER_WORKER,
+            Some(budget) => {
+                let budget = budget as u64;
+                if budget < align {
+                    return Err(Error::invalid_input(format!(
+                        "max in-flight bytes {budget} is smaller than the {align}-byte \
+                         minimum request of these endpoints"
+                    )));
+                }
+                let per_worker = budget / workers as u64;
+                if per_worker < request {
+                    request = round_down(per_worker, align);
+                    if request < align {
+                        request = align;
+                        workers = (budget / align) as usize;
+                    }
+                }
+                (budget / workers as u64 / request) as usize
+            }
+        };
+        let unit_grain = if sparse > 0 {
+            lcm(align, sparse)?
+        } else {
+            align
+        };
+        let unit = round_up(options.work_unit.max(1), unit_grain);
+        Ok(Self {
+            size,
+            align,
+            request: usize::try_from(request)
+                .map_err(|_| Error::invalid_input("request size does not fit in memory"))?,
+            sparse: sparse as usize,
+            unit,
+            workers: workers.max(1),
+            window: window.max(1),
+        })
+    }
+
+    /// Upper bound of the bytes held in buffers at once.
+    #[cfg(test)]
+    pub fn buffer_bytes(&self) -> u64 {
+        (self.workers * self.window * self.request) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_core::BlockSizes;
+
+    fn caps(minimum: u32, maximum: u32) -> Caps {
+        Caps {
+            block: BlockSizes {
+                minimum,
+                preferred: minimum,
+                maximum,
+            },
+            ..Caps::default()
+        }
+    }
+
+    #[test]
+    fn defaults() {
+        let g = Geometry::new(
+            1 << 30,
+            Caps::default(),
+            Caps::default(),
+            &CopyOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(g.align, 1);
+        assert_eq!(g.request, 1 << 20);
+        assert_eq!(g.sparse, 4096);
+        assert_eq!(g.workers, 8);
+        assert_eq!(g.window, DEFAULT_REQUESTS_PER_WORKER);
+    }
+
+    #[test]
+    fn respects_both_endpoints_limits() {
+        let opts = CopyOptions {
+            sparse_size: 1000,
+            ..CopyOptions::default()
+        };
+        let g = Geometry::new(1 << 30, caps(512, 24 * 1024), caps(4096, 1 << 20), &opts).unwrap();
+        assert_eq!(g.align, 4096);
+        assert_eq!(g.request, 24 * 1024);
+        assert_eq!(g.sparse, 4096);
+        assert_eq!(g.unit % 4096, 0);
+        let err = Geometry::new(1, caps(4096, 2048), Caps::default(), &opts).unwrap_err();
+        assert!(
+            err.to_string().contains("incompatible block sizes"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn memory_budget_bounds_buffers() {
+        for budget in [1usize, 4096, 100_000, 3 << 20, 64 << 20] {
+            let opts = CopyOptions {
+                max_in_flight_bytes: Some(budget),
+                ..CopyOptions::default()
+            };
+            let g = Geometry::new(1 << 30, Caps::default(), Caps::default(), &opts).unwrap();
+            assert!(g.buffer_bytes() <= budget as u64, "{budget}: {g:?}");
+        }
+        let opts = CopyOptions {
+            max_in_flight_bytes: Some(100),
+            ..CopyOptions::default()
+        };
+        assert!(Geometry::new(1, caps(512, 1 << 20), Caps::default(), &opts).is_err());
+    }
+}
