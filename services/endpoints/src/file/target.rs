@@ -1,0 +1,186 @@
+//! [`FileTarget`]: a file or block device written as an image.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use ferry_core::{Caps, Error, ErrorKind, IoBuf, Result, Target, ZeroMode};
+
+use super::exec::Executor;
+use super::handle::FileHandle;
+use super::prealloc::{self, Grow};
+use super::{node, zero};
+use crate::{Preallocation, TargetOptions};
+
+/// A regular file or block device opened for writing.
+///
+/// A missing file is created with the size asked for; an existing one must be at least
+/// that large (a zero-length file is extended) and keeps its size.
+#[derive(Debug)]
+pub struct FileTarget {
+    shared: Arc<Shared>,
+    exec: Executor,
+}
+
+#[derive(Debug)]
+struct Shared {
+    handle: Arc<FileHandle>,
+    zeroed: bool,
+    grow: Option<Grow>,
+}
+
+impl FileTarget {
+    /// Opens `path` for writing an image of `size` bytes, creating it if missing.
+    pub async fn open(path: &Path, size: u64, options: &TargetOptions) -> Result<Self> {
+        let path = path.to_path_buf();
+        let options = options.clone();
+        tokio::task::spawn_blocking(move || Self::open_blocking(&path, size, &options))
+            .await
+            .map_err(|e| Error::internal(format!("open task failed: {e}")))?
+    }
+
+    /// [`FileTarget::open`] for callers outside an async context: it blocks (for a long
+    /// time with full preallocation).
+    pub fn open_blocking(path: &Path, size: u64, options: &TargetOptions) -> Result<Self> {
+        let opened = node::open_target(path, size, options.cache)?;
+        let handle = opened.handle;
+        let prepared = match options.preallocation {
+            Preallocation::Off | Preallocation::Grow { .. } => Ok(()),
+            Preallocation::Falloc => prealloc::falloc(&handle, size).map_err(|e| {
+                if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+                    Error::new(
+                        ErrorKind::Unsupported,
+                        "the file system does not support fallocate: use preallocation off or full",
+                    )
+                    .with_source(e)
+                } else {
+                    Error::io("preallocation (fallocate) failed", e)
+                }
+            }),
+            Preallocation::Full => prealloc::full(&handle, size)
+                .map_err(|e| Error::io("preallocation (writing zeroes) failed", e)),
+        };
+        if let Err(e) = prepared {
+            if opened.created {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(e
+                .with_operation("preallocate")
+                .with_endpoint(handle.describe.clone()));
+        }
+        let grow = match options.preallocation {
+            Preallocation::Grow { step } => Some(Grow::new(step)),
+            _ => None,
+        };
+        Ok(Self {
+            shared: Arc::new(Shared {
+                handle: Arc::new(handle),
+                zeroed: opened.zeroed,
+                grow,
+            }),
+            exec: Executor::new(),
+        })
+    }
+
+    fn handle(&self) -> &Arc<FileHandle> {
+        &self.shared.handle
+    }
+
+    async fn trim(&self) -> Result<()> {
+        if self.shared.grow.is_none() {
+            return Ok(());
+        }
+        let shared = Arc::clone(&self.shared);
+        self.exec
+            .run(move || {
+                let h = &shared.handle;
+                match &shared.grow {
+                    Some(grow) => grow
+                        .trim(h)
+                        .map_err(|e| h.error("finish", h.size, "cannot trim the preallocation", e)),
+                    None => Ok(()),
+                }
+            })
+            .await
+    }
+}
+
+#[async_trait]
+impl Target for FileTarget {
+    fn describe(&self) -> String {
+        self.handle().describe.clone()
+    }
+
+    fn size(&self) -> u64 {
+        self.handle().size
+    }
+
+    fn caps(&self) -> Caps {
+        self.handle().caps()
+    }
+
+    fn is_zero(&self) -> bool {
+        self.shared.zeroed
+    }
+
+    async fn write_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
+        let len = buf.len() as u64;
+        self.handle().check_range("write", offset, len)?;
+        let shared = Arc::clone(&self.shared);
+        self.exec
+            .run(move || {
+                let h = &shared.handle;
+                if let Some(grow) = &shared.grow {
+                    grow.before_write(h, offset + len);
+                }
+                h.write(offset, &buf)
+                    .map_err(|e| h.error("write", offset, "write failed", e))?;
+                Ok(buf)
+            })
+            .await
+    }
+
+    async fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> Result<()> {
+        self.handle().check_range("write_zeroes", offset, len)?;
+        let shared = Arc::clone(&self.shared);
+        self.exec
+            .run(move || {
+                let h = &shared.handle;
+                if let (Some(grow), ZeroMode::Allocate) = (&shared.grow, mode) {
+                    grow.before_write(h, offset + len);
+                }
+                zero::write_zeroes(h, offset, len, mode)
+                    .map_err(|e| h.error("write_zeroes", offset, "cannot write zeroes", e))
+            })
+            .await
+    }
+
+    async fn flush(&self) -> Result<()> {
+        let h = Arc::clone(self.handle());
+        self.exec
+            .run(move || {
+                h.flush().map_err(|e| {
+                    Error::io("fdatasync failed", e)
+                        .with_operation("flush")
+                        .with_endpoint(h.describe.clone())
+                })
+            })
+            .await
+    }
+
+    async fn connect(&self) -> Result<Arc<dyn Target>> {
+        Ok(Arc::new(Self {
+            shared: Arc::clone(&self.shared),
+            exec: Executor::new(),
+        }))
+    }
+
+    async fn finish(&self) -> Result<()> {
+        self.trim().await?;
+        self.flush().await
+    }
+
+    async fn abort(&self) -> Result<()> {
+        self.trim().await
+    }
+}

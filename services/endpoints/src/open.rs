@@ -1,0 +1,76 @@
+//! [`open_source`] and [`open_target`]: from an [`EndpointSpec`] to a [`Source`] or [`Target`].
+//!
+//! The one place that knows which endpoint serves which scheme.
+
+use std::sync::Arc;
+
+use ferry_core::{EndpointSpec, Error, Result, Source, Target};
+
+use crate::file::{FileSource, FileTarget};
+use crate::{SourceOptions, TargetOptions};
+
+/// Opens the image `spec` names for reading.
+pub async fn open_source(spec: &EndpointSpec, options: &SourceOptions) -> Result<Arc<dyn Source>> {
+    match spec {
+        EndpointSpec::File(path) => Ok(Arc::new(FileSource::open(path, options).await?)),
+        EndpointSpec::Nbd(nbd) => Ok(Arc::new(
+            crate::nbd::NbdSource::open(nbd, &crate::nbd::NbdOptions::default()).await?,
+        )),
+        other => Err(not_yet(other)),
+    }
+}
+
+/// Opens the image `spec` names for writing `size` bytes. A missing file is created with
+/// that size; an existing target smaller than `size` is an error.
+pub async fn open_target(
+    spec: &EndpointSpec,
+    size: u64,
+    options: &TargetOptions,
+) -> Result<Arc<dyn Target>> {
+    match spec {
+        EndpointSpec::File(path) => Ok(Arc::new(FileTarget::open(path, size, options).await?)),
+        EndpointSpec::Nbd(nbd) => Ok(Arc::new(
+            crate::nbd::NbdTarget::open(nbd, size, &crate::nbd::NbdOptions::default()).await?,
+        )),
+        other => Err(not_yet(other)),
+    }
+}
+
+fn not_yet(spec: &EndpointSpec) -> Error {
+    Error::unsupported(format!(
+        "{}:// endpoints are not supported yet",
+        spec.kind()
+    ))
+    .with_operation("open")
+    .with_endpoint(spec.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_core::ErrorKind;
+
+    #[tokio::test]
+    async fn schemes_without_an_endpoint_are_unsupported() {
+        for (url, kind) in [
+            ("nfs://127.0.0.1/export/x", "nfs"),
+            ("iscsi://127.0.0.1/iqn.2024-01.test:t/1", "iscsi"),
+            ("s3://bucket/key", "s3"),
+        ] {
+            let spec = EndpointSpec::parse(url).unwrap();
+            let want = format!("{kind}:// endpoints are not supported yet");
+            let err = open_source(&spec, &SourceOptions::default())
+                .await
+                .err()
+                .unwrap();
+            assert_eq!(err.kind(), ErrorKind::Unsupported, "{url}");
+            assert_eq!(err.message(), want);
+            let err = open_target(&spec, 1, &TargetOptions::default())
+                .await
+                .err()
+                .unwrap();
+            assert_eq!(err.kind(), ErrorKind::Unsupported, "{url}");
+            assert_eq!(err.message(), want);
+        }
+    }
+}
