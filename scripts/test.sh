@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The project's test command (README, .ci/run): installs what the tests need on a fresh
+# Debian bookworm machine that has Rust, qemu-img/qemu-nbd and Python, then runs clippy
+# (-D warnings), rustfmt --check and the whole workspace's tests.
+#
+#   scripts/test.sh            everything
+#   scripts/test.sh --no-lint  tests only
+#   scripts/test.sh -- ARGS    extra arguments for the test runner (e.g. a test name filter)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Debian packages the tests need: test servers and peers. One list; add yours here.
+PACKAGES="qemu-utils nbdkit libnbd-bin util-linux coreutils"
+
+lint=1
+runner_args=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --no-lint) lint=0 ;;
+        --) shift; runner_args=("$@"); break ;;
+        *) echo "usage: $0 [--no-lint] [-- TEST-RUNNER-ARGS]" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+step() { printf '\n==> %s\n' "$*"; }
+
+install_packages() {
+    local missing=()
+    for pkg in $PACKAGES; do
+        dpkg-query -W -f='${Status}\n' "$pkg" 2>/dev/null | grep -q '^install ok installed$' \
+            || missing+=("$pkg")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    step "installing ${missing[*]}"
+    local sudo=()
+    [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+    export DEBIAN_FRONTEND=noninteractive
+    "${sudo[@]}" apt-get update -q
+    "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+install_rust_components() {
+    local missing=()
+    cargo clippy --version >/dev/null 2>&1 || missing+=(clippy)
+    cargo fmt --version >/dev/null 2>&1 || missing+=(rustfmt)
+    if [ ${#missing[@]} -gt 0 ]; then
+        step "installing rust components ${missing[*]}"
+        rustup component add "${missing[@]}"
+    fi
+}
+
+install_packages
+install_rust_components
+
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+if [ "$lint" = 1 ]; then
+    step "cargo fmt --check"
+    cargo fmt --all -- --check
+    step "cargo clippy -D warnings"
+    cargo clippy --workspace --all-targets --locked -- -D warnings
+fi
+
+if cargo nextest --version >/dev/null 2>&1; then
+    # nextest does not run doctests; run them first so that nextest's summary closes the run.
+    step "cargo test --doc --workspace"
+    cargo test --workspace --locked --doc
+    step "cargo nextest run --workspace"
+    cargo nextest run --workspace --locked --no-fail-fast "${runner_args[@]}"
+else
+    step "cargo test --workspace"
+    cargo test --workspace --locked --no-fail-fast "${runner_args[@]}"
+fi

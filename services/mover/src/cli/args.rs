@@ -1,0 +1,170 @@
+//! Argument types shared by the subcommands: sizes with suffixes, counts, cache and
+//! preallocation modes, and the progress switch.
+
+use clap::ValueEnum;
+use ferry_core::size::parse_size;
+use ferry_endpoints::{CacheMode, Preallocation};
+
+/// Default extension step of `--preallocation grow` (as QEMU's preallocate filter).
+pub const DEFAULT_GROW_STEP: u64 = 128 << 20;
+/// Largest request size accepted, to keep memory bounded.
+pub const MAX_REQUEST_SIZE: u64 = 64 << 20;
+
+/// A byte count with an optional suffix: 4096, 4K, 1M, 1MiB, 2G.
+pub fn size(text: &str) -> Result<u64, String> {
+    parse_size(text).map_err(|e| e.message().to_string())
+}
+
+/// A request size: at least 1 byte, at most [`MAX_REQUEST_SIZE`].
+pub fn request_size(text: &str) -> Result<usize, String> {
+    let bytes = size(text)?;
+    if bytes == 0 || bytes > MAX_REQUEST_SIZE {
+        return Err(format!(
+            "request size must be between 1 byte and {} MiB",
+            MAX_REQUEST_SIZE >> 20
+        ));
+    }
+    usize::try_from(bytes).map_err(|_| "request size does not fit in memory".to_string())
+}
+
+/// A sparse granularity: 0 (keep everything allocated) or a power of two up to 64 MiB.
+pub fn sparse_size(text: &str) -> Result<usize, String> {
+    let bytes = size(text)?;
+    if bytes != 0 && (!bytes.is_power_of_two() || bytes > MAX_REQUEST_SIZE) {
+        return Err(format!(
+            "sparse size must be 0 or a power of two up to {} MiB (like 512, 4K, 64K)",
+            MAX_REQUEST_SIZE >> 20
+        ));
+    }
+    usize::try_from(bytes).map_err(|_| "sparse size does not fit in memory".to_string())
+}
+
+/// A rate in bytes per second: at least 1.
+pub fn rate(text: &str) -> Result<u64, String> {
+    match size(text)? {
+        0 => Err("rate limit must be at least 1 byte per second".to_string()),
+        bytes => Ok(bytes),
+    }
+}
+
+/// A work unit: at least 64 KiB.
+pub fn work_unit(text: &str) -> Result<u64, String> {
+    match size(text)? {
+        bytes if bytes < 64 << 10 => Err("work unit must be at least 64K".to_string()),
+        bytes => Ok(bytes),
+    }
+}
+
+/// A count of workers or threads: 1 to 1024.
+pub fn count(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(n) if (1..=1024).contains(&n) => Ok(n),
+        _ => Err(format!("'{text}' is not a number from 1 to 1024")),
+    }
+}
+
+/// `off`, `falloc`, `full`, `grow` or `grow=STEP`.
+pub fn preallocation(text: &str) -> Result<Preallocation, String> {
+    match text.split_once('=') {
+        None => match text {
+            "off" => Ok(Preallocation::Off),
+            "falloc" => Ok(Preallocation::Falloc),
+            "full" => Ok(Preallocation::Full),
+            "grow" => Ok(Preallocation::Grow {
+                step: DEFAULT_GROW_STEP,
+            }),
+            _ => Err(format!(
+                "unknown preallocation '{text}': expected off, falloc, full, grow or grow=STEP"
+            )),
+        },
+        Some(("grow", step)) => match size(step)? {
+            0 => Err("grow step must be at least 1M".to_string()),
+            step => Ok(Preallocation::Grow { step }),
+        },
+        Some(_) => Err(format!(
+            "unknown preallocation '{text}': only grow takes a step (grow=STEP)"
+        )),
+    }
+}
+
+/// `--cache`: how file I/O goes through the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum Cache {
+    /// Through the page cache.
+    #[default]
+    Writeback,
+    /// Direct I/O (O_DIRECT), bypassing the page cache.
+    None,
+}
+
+impl From<Cache> for CacheMode {
+    fn from(cache: Cache) -> Self {
+        match cache {
+            Cache::Writeback => CacheMode::PageCache,
+            Cache::None => CacheMode::Direct,
+        }
+    }
+}
+
+/// `--progress` / `--no-progress`, shared by the subcommands.
+#[derive(Debug, Clone, Copy, Default, clap::Args)]
+pub struct ProgressArgs {
+    /// Show a progress bar with rate and ETA (default: only when stderr is a terminal).
+    #[arg(long, overrides_with = "no_progress")]
+    pub progress: bool,
+    /// Never show progress.
+    #[arg(long, overrides_with = "progress")]
+    pub no_progress: bool,
+}
+
+impl ProgressArgs {
+    /// `Some(true)` or `Some(false)` when the user chose, `None` for the default.
+    pub fn choice(&self) -> Option<bool> {
+        match (self.progress, self.no_progress) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(size("4K"), Ok(4096));
+        assert_eq!(request_size("1MiB"), Ok(1 << 20));
+        assert!(request_size("0").is_err());
+        assert!(request_size("1G").is_err());
+        assert!(size("1X").unwrap_err().contains("invalid size '1X'"));
+        assert_eq!(sparse_size("0"), Ok(0));
+        assert_eq!(sparse_size("64K"), Ok(65536));
+        assert!(sparse_size("3000").is_err());
+        assert!(rate("0").is_err());
+        assert_eq!(rate("10M"), Ok(10 << 20));
+        assert!(count("0").is_err());
+        assert_eq!(count("8"), Ok(8));
+    }
+
+    #[test]
+    fn preallocation_modes() {
+        assert_eq!(preallocation("off"), Ok(Preallocation::Off));
+        assert_eq!(preallocation("falloc"), Ok(Preallocation::Falloc));
+        assert_eq!(preallocation("full"), Ok(Preallocation::Full));
+        assert_eq!(
+            preallocation("grow"),
+            Ok(Preallocation::Grow {
+                step: DEFAULT_GROW_STEP
+            })
+        );
+        assert_eq!(
+            preallocation("grow=64M"),
+            Ok(Preallocation::Grow { step: 64 << 20 })
+        );
+        assert!(preallocation("grow=0").is_err());
+        assert!(preallocation("full=1M").is_err());
+        assert!(preallocation("sometimes").is_err());
+    }
+}

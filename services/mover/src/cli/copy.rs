@@ -1,0 +1,192 @@
+//! `ferry copy SRC DST`: copy an image between any two endpoints.
+//!
+//! Opens the source, then the target sized to it, runs the copy engine with progress and
+//! Ctrl-C cancellation, optionally verifies both sides by block hash, and prints a summary
+//! (or `--json`). Nothing is printed on stdout unless the copy succeeded (and verified).
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::Args;
+use ferry_core::{EndpointSpec, Source, ZeroMode};
+use ferry_endpoints::{open_source, open_target, Preallocation, SourceOptions, TargetOptions};
+use ferry_engine::{CancellationToken, ChecksumOptions, CommitOrder, CopyOptions, Progress};
+
+use super::args::{self, Cache, ProgressArgs};
+use super::summary::CopySummary;
+use super::{cancel_on_ctrl_c, interrupted, progress, verify};
+
+/// Arguments of `ferry copy`.
+#[derive(Debug, Clone, Args)]
+pub struct CopyArgs {
+    /// Image to read: a path, file:///path, nbd://host[:port]/export, nbd+unix:///export?socket=PATH, ...
+    #[arg(value_name = "SRC")]
+    pub source: String,
+    /// Image to write; a missing file is created with the source's size.
+    #[arg(value_name = "DST")]
+    pub target: String,
+    /// Concurrent copy workers [default: 8].
+    #[arg(long, short = 'W', value_name = "N", value_parser = args::count)]
+    pub workers: Option<usize>,
+    /// Size of each read request, like 1M [default: 1M].
+    #[arg(long, value_name = "SIZE", value_parser = args::request_size)]
+    pub request_size: Option<usize>,
+    /// Size of the work units workers take from the shared cursor, like 64M.
+    #[arg(long, value_name = "SIZE", value_parser = args::work_unit)]
+    pub work_unit: Option<u64>,
+    /// Commit writes strictly in offset order (reads still run ahead in parallel).
+    #[arg(long, conflicts_with = "out_of_order")]
+    pub in_order: bool,
+    /// Commit writes as reads complete [default: when the target takes random writes].
+    #[arg(long)]
+    pub out_of_order: bool,
+    /// Detect zero blocks of this size in the data and leave them unwritten; 0 keeps every
+    /// block allocated [default: 4K].
+    #[arg(long, value_name = "SIZE", value_parser = args::sparse_size)]
+    pub sparse_size: Option<usize>,
+    /// The target already reads as zeroes: write nothing for zero ranges.
+    #[arg(long)]
+    pub target_is_zero: bool,
+    /// Target preallocation: off, falloc, full, grow or grow=STEP (extend by STEP, 128M by default).
+    #[arg(long, value_name = "MODE", value_parser = args::preallocation, default_value = "off")]
+    pub preallocation: Preallocation,
+    /// writeback: through the page cache; none: direct I/O (O_DIRECT).
+    #[arg(long, value_enum, default_value_t = Cache::Writeback)]
+    pub cache: Cache,
+    /// Read at most SIZE bytes per second, like 100M.
+    #[arg(long, value_name = "SIZE", value_parser = args::rate)]
+    pub rate_limit: Option<u64>,
+    /// After the copy, compare the block hashes of source and target; fail on a mismatch.
+    #[arg(long)]
+    pub verify: bool,
+    #[command(flatten)]
+    pub progress: ProgressArgs,
+    /// Print one JSON object summarising the copy on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl CopyArgs {
+    /// The engine options these arguments ask for (engine defaults where not given).
+    pub fn copy_options(&self) -> CopyOptions {
+        let mut options = CopyOptions::default();
+        if let Some(workers) = self.workers {
+            options.workers = workers;
+        }
+        if let Some(request_size) = self.request_size {
+            options.request_size = request_size;
+        }
+        if let Some(work_unit) = self.work_unit {
+            options.work_unit = work_unit;
+        }
+        options.order = match (self.in_order, self.out_of_order) {
+            (true, _) => CommitOrder::InOrder,
+            (_, true) => CommitOrder::OutOfOrder,
+            _ => CommitOrder::Auto,
+        };
+        if let Some(sparse_size) = self.sparse_size {
+            options.sparse_size = sparse_size;
+        }
+        options.target_is_zero = self.target_is_zero;
+        options.rate_limit = self.rate_limit;
+        // A preallocated target must stay allocated: zeroes may not punch holes into it.
+        if matches!(
+            self.preallocation,
+            Preallocation::Falloc | Preallocation::Full
+        ) {
+            options.zero_mode = ZeroMode::Allocate;
+        }
+        options
+    }
+
+    fn source_options(&self) -> SourceOptions {
+        let mut options = SourceOptions::default();
+        options.cache = self.cache.into();
+        options
+    }
+
+    fn target_options(&self) -> TargetOptions {
+        let mut options = TargetOptions::default();
+        options.cache = self.cache.into();
+        options.preallocation = self.preallocation;
+        options
+    }
+}
+
+/// Runs `ferry copy`.
+pub async fn run(args: CopyArgs) -> anyhow::Result<ExitCode> {
+    super::init_tracing();
+    let source_spec = EndpointSpec::parse(&args.source).context("invalid source")?;
+    let target_spec = EndpointSpec::parse(&args.target).context("invalid target")?;
+    let (source_name, target_name) = (source_spec.to_string(), target_spec.to_string());
+    let options = args.copy_options();
+
+    let source_options = args.source_options();
+    let source: Arc<dyn Source> = open_source(&source_spec, &source_options)
+        .await
+        .map_err(|e| super::named(e, &source_name, "cannot open the source"))?;
+    let target = open_target(&target_spec, source.size(), &args.target_options())
+        .await
+        .map_err(|e| super::named(e, &target_name, "cannot open the target"))?;
+    tracing::debug!(source = %source_name, target = %target_name, size = source.size(), ?options, "copy");
+
+    let cancel = CancellationToken::new();
+    let ctrl_c = cancel_on_ctrl_c(&cancel);
+    let progress = Progress::new();
+    let display = progress::start(&progress, "copy", args.progress.choice());
+    let result = ferry_engine::copy(source.clone(), target, &options, &progress, &cancel).await;
+    progress::finish(display).await;
+    let report = match result {
+        Ok(report) => report,
+        Err(_) if ctrl_c.is_cancelled() => {
+            return Ok(interrupted(&format!(
+                "the copy was cancelled; {target_name} is incomplete"
+            )))
+        }
+        Err(e) => {
+            let _ = source.close().await;
+            return Err(anyhow::Error::new(e).context("copy failed"));
+        }
+    };
+    let mut summary = CopySummary::new(source_name, target_name.clone(), &report);
+
+    if args.verify {
+        let mut checksum_options = ChecksumOptions::default();
+        if let Some(workers) = args.workers {
+            checksum_options.workers = workers;
+        }
+        let progress = Progress::new();
+        let display = progress::start(&progress, "verify", args.progress.choice());
+        let verified = verify::verify(
+            source.clone(),
+            &target_spec,
+            &target_name,
+            &source_options,
+            &checksum_options,
+            &progress,
+            &cancel,
+        )
+        .await;
+        progress::finish(display).await;
+        let verified = match verified {
+            Ok(verified) => verified,
+            Err(_) if ctrl_c.is_cancelled() => {
+                return Ok(interrupted(&format!(
+                    "the verification of {target_name} was cancelled"
+                )))
+            }
+            Err(e) => return Err(e),
+        };
+        summary = summary.with_digests(&verified.source, &verified.target, verified.elapsed);
+    }
+    let _ = source.close().await;
+    cancel.cancel();
+
+    if args.json {
+        println!("{}", summary.to_json());
+    } else {
+        println!("{}", summary.to_text());
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,61 @@
+//! The `ferry` subcommands that run the data path in this process: `copy` and `checksum`.
+//!
+//! Each subcommand parses its arguments with clap, opens the endpoints, runs the engine
+//! with a progress display and Ctrl-C cancellation, and prints its result. Errors travel
+//! up as `anyhow` errors that `app::main` prints as one `ferry: ...` line.
+
+pub mod args;
+pub mod checksum;
+pub mod copy;
+pub mod progress;
+pub mod summary;
+pub mod verify;
+
+use std::process::ExitCode;
+
+use ferry_engine::CancellationToken;
+
+/// Exit code of a command stopped by Ctrl-C (128 + SIGINT), as shells expect.
+pub const EXIT_INTERRUPTED: u8 = 130;
+
+/// Sends tracing output to stderr, filtered by `RUST_LOG` (default: warnings and errors).
+/// Does nothing when a subscriber is already installed.
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Cancels `token` on the first Ctrl-C (SIGINT). The returned token tells whether that
+/// happened, so the command can say "interrupted" rather than report a generic failure.
+pub fn cancel_on_ctrl_c(token: &CancellationToken) -> CancellationToken {
+    let interrupted = CancellationToken::new();
+    let cancel = token.clone();
+    let flag = interrupted.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            signal = tokio::signal::ctrl_c() => {
+                if signal.is_ok() {
+                    flag.cancel();
+                    cancel.cancel();
+                }
+            }
+            () = cancel.cancelled() => {}
+        }
+    });
+    interrupted
+}
+
+/// An endpoint error with the endpoint named (unless it already is) and `what` in front.
+pub fn named(error: ferry_core::Error, endpoint: &str, what: &'static str) -> anyhow::Error {
+    anyhow::Error::new(error.with_endpoint(endpoint)).context(what)
+}
+
+/// Prints the interruption message and gives the exit code for it.
+pub fn interrupted(what: &str) -> ExitCode {
+    eprintln!("ferry: interrupted: {what}");
+    ExitCode::from(EXIT_INTERRUPTED)
+}

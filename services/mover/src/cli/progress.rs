@@ -1,0 +1,107 @@
+//! Progress display for a running copy or checksum.
+//!
+//! On a terminal: an indicatif bar with bytes done, rate and ETA. When the user asks for
+//! progress but stderr is not a terminal (a log file, CI), a plain line every few seconds
+//! instead, since a redrawn bar would only litter the log. Either reads the engine's
+//! [`Progress`] counters from its own task, so the data path never waits for the display.
+
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use ferry_core::size::format_size;
+use ferry_engine::{CancellationToken, Progress};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tokio::task::JoinHandle;
+
+const BAR_TICK: Duration = Duration::from_millis(100);
+const LINE_EVERY: Duration = Duration::from_secs(5);
+
+/// A running progress display; [`Display::finish`] removes it.
+#[derive(Debug)]
+pub struct Display {
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+/// Starts a display of `progress` labelled `label` when `choice` asks for one (or, when the
+/// user did not choose, when stderr is a terminal).
+pub fn start(progress: &Progress, label: &str, choice: Option<bool>) -> Option<Display> {
+    let terminal = std::io::stderr().is_terminal();
+    if !choice.unwrap_or(terminal) {
+        return None;
+    }
+    let stop = CancellationToken::new();
+    let task = if terminal {
+        tokio::spawn(bar(progress.clone(), label.to_string(), stop.clone()))
+    } else {
+        tokio::spawn(lines(progress.clone(), label.to_string(), stop.clone()))
+    };
+    Some(Display { stop, task })
+}
+
+impl Display {
+    /// Stops and clears the display (before the command prints its result).
+    pub async fn finish(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// Stops an optional display.
+pub async fn finish(display: Option<Display>) {
+    if let Some(display) = display {
+        display.finish().await;
+    }
+}
+
+async fn bar(progress: Progress, label: String, stop: CancellationToken) {
+    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+    let style = ProgressStyle::with_template(
+        "{msg} [{wide_bar}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} ETA {eta}",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar())
+    .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_message(label);
+    loop {
+        let snap = progress.snapshot();
+        if snap.total > 0 && bar.length() != Some(snap.total) {
+            bar.set_length(snap.total);
+        }
+        bar.set_position(snap.done);
+        tokio::select! {
+            () = stop.cancelled() => break,
+            () = tokio::time::sleep(BAR_TICK) => {}
+        }
+    }
+    bar.finish_and_clear();
+}
+
+async fn lines(progress: Progress, label: String, stop: CancellationToken) {
+    let started = Instant::now();
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            () = tokio::time::sleep(LINE_EVERY) => {}
+        }
+        let snap = progress.snapshot();
+        let secs = started.elapsed().as_secs_f64();
+        let rate = if secs > 0.0 { snap.done as f64 / secs } else { 0.0 };
+        let percent = if snap.total > 0 {
+            100.0 * snap.done as f64 / snap.total as f64
+        } else {
+            100.0
+        };
+        let eta = if rate > 0.0 && snap.total >= snap.done {
+            format!("{:.0}s", (snap.total - snap.done) as f64 / rate)
+        } else {
+            "?".to_string()
+        };
+        eprintln!(
+            "ferry: {label}: {percent:.1}% ({} of {}), {}/s, ETA {eta}",
+            format_size(snap.done),
+            format_size(snap.total),
+            format_size(rate as u64),
+        );
+    }
+}

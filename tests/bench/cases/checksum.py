@@ -1,0 +1,113 @@
+"""Checksums: ferry's block hash and plain SHA-256 against sha256sum, and blksum when it is
+on PATH, with the two-core SHA-256 limit as a computed reference row.
+
+The limit is the image's data (its 4 KiB blocks holding non-zero bytes: what must be hashed)
+divided by twice the single-core SHA-256 rate measured here, on 64 KiB blocks as the block
+hash uses, by Python's hashlib (OpenSSL) and `openssl speed` when present; the faster rate
+counts, so the limit is the strictest of the two.
+"""
+
+import functools
+import hashlib
+import os
+import re
+import subprocess
+import time
+
+from harness import GiB, MiB, Case, Command, Goal, Reference, ratio, which
+
+IMAGES = [
+    ("half-4g", "half", 4 * GiB, "4 GiB, 50% data in scattered 1 MiB runs"),
+    ("empty-4g", "empty", 4 * GiB, "4 GiB, empty"),
+    ("random-1g", "random", 1 * GiB, "1 GiB, random data"),
+]
+BLOCK = 64 * 1024
+
+
+def cases(env):
+    rate, how = sha256_rate()
+    found = []
+    for name, pattern, size, title in IMAGES:
+        image = env.image(name, pattern, env.size(size))
+        case_name = f"checksum-{name}"
+        digests = {}
+
+        def expect(key, tool_argv, digests=digests):
+            if key not in digests:
+                out = subprocess.run([str(a) for a in tool_argv], capture_output=True,
+                                     text=True, check=True).stdout
+                digests[key] = out.split()[0]
+            return digests[key]
+
+        def check_against(key, tool_argv, digests=digests):
+            def check(result):
+                got = result.stdout.split()[0]
+                want = expect(key, tool_argv)
+                return None if got == want else f"digest {got} != {key} {want}"
+            return check
+
+        commands = []
+        blksum = which("blksum")
+        commands.append(Command(
+            "ferry checksum", [env.ferry, "checksum", image.path], ferry=True,
+            note="blkhash",
+            check=check_against("blksum", ["blksum", image.path]) if blksum else None))
+        commands.append(Command(
+            "ferry checksum --algorithm sha256",
+            [env.ferry, "checksum", "--algorithm", "sha256", image.path],
+            check=check_against("sha256sum", ["sha256sum", image.path])))
+        commands.append(Command("sha256sum", ["sha256sum", image.path]))
+        if blksum:
+            commands.append(Command("blksum", ["blksum", image.path]))
+        limit = image.data_bytes / (2 * rate)
+        found.append(Case(
+            name=case_name,
+            title=f"Checksum: {title}",
+            commands=commands,
+            references=[Reference("two-core SHA-256 limit", limit,
+                                  note=f"{image.data_bytes / GiB:.2f} GiB of data blocks")],
+            goals=goals(name, case_name, limit),
+            notes=[f"single-core SHA-256 rate: {rate / 1e9:.2f} GB/s ({how})"]
+                  + ([] if blksum else ["blksum is not on PATH: its row is missing"]),
+        ))
+    return found
+
+
+def goals(image_name, case_name, limit):
+    if image_name != "half-4g":
+        return []
+
+    def vs_sha256sum(results):
+        x = ratio(results, case_name, "sha256sum", "ferry checksum")
+        return x >= 8, f"{x:.1f}x faster"
+
+    def vs_limit(results):
+        x = results[case_name]["ferry checksum"].median / limit
+        return x <= 1.5, f"{x:.2f}x the limit ({limit:.3f} s)"
+
+    return [Goal("blkhash checksum of the 50%-data image >= 8x faster than sha256sum", vs_sha256sum),
+            Goal("blkhash checksum of the 50%-data image within 1.5x of the two-core SHA-256 limit",
+                 vs_limit)]
+
+
+@functools.lru_cache(maxsize=1)
+def sha256_rate():
+    """The fastest single-core SHA-256 rate (bytes/s) measured here, and how."""
+    buf = memoryview(os.urandom(64 * MiB))
+    hashes = [hashlib.sha256(buf[:BLOCK]).digest()]  # warm up
+    rounds = 16  # 1 GiB
+    start = time.perf_counter()
+    for _ in range(rounds):
+        for off in range(0, len(buf), BLOCK):
+            hashes.append(hashlib.sha256(buf[off:off + BLOCK]).digest())
+    py_rate = rounds * len(buf) / (time.perf_counter() - start)
+    rates = [(py_rate, f"hashlib over 1 GiB in 64 KiB blocks: {py_rate / 1e9:.2f} GB/s")]
+    if which("openssl"):
+        out = subprocess.run(["openssl", "speed", "-evp", "sha256", "-bytes", str(BLOCK),
+                              "-seconds", "3"], capture_output=True, text=True).stdout
+        m = re.search(r"^sha256\s+([\d.]+)k", out, re.M)
+        if m:
+            ssl_rate = float(m.group(1)) * 1000
+            rates.append((ssl_rate, f"openssl speed -evp sha256: {ssl_rate / 1e9:.2f} GB/s"))
+    best = max(r for r, _ in rates)
+    return best, "; ".join(how for _, how in rates)

@@ -1,0 +1,289 @@
+"""The benchmark harness core: commands, cases, timing, peak RSS, tables and goals.
+
+In the spirit of QEMU's simplebench: every command of a case runs several times, the
+commands of a case alternating (so a slow minute of a shared machine hurts all of them),
+and the table shows the median, the spread and each peer's ratio to ferry. Cases come
+from modules in cases/ (see cases/__init__.py); this file knows nothing about any tool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+@dataclasses.dataclass
+class Env:
+    """What cases need: the binaries under test, the image directory, the options."""
+
+    repo: Path
+    ferry: Path
+    mkimage: Path
+    workdir: Path
+    repeat: int
+    quick: bool
+    keep_targets: bool = False
+    dry: bool = False  # list cases only: make no images
+    log: Callable[[str], None] = print
+    _images: dict = dataclasses.field(default_factory=dict)
+
+    def size(self, full: int) -> int:
+        """A benchmark size, shrunk 16x in --quick mode (for trying the harness)."""
+        return max(full // 16, MiB) if self.quick else full
+
+    def image(self, name: str, pattern: str, size: int, seed: int = 1) -> "Image":
+        """The image NAME, made once with ferry-mkimage and reused across runs while its
+        description (pattern, size, seed, generator) is unchanged."""
+        if name in self._images:
+            return self._images[name]
+        if self.dry:
+            return Image(self.workdir / f"{name}.img", size, pattern, size // 2, size // 2)
+        path = self.workdir / f"{name}.img"
+        meta_path = self.workdir / f"{name}.meta.json"
+        meta = {"pattern": pattern, "size": size, "seed": seed, "generator": 1}
+        info = None
+        if path.exists() and meta_path.exists():
+            try:
+                saved = json.loads(meta_path.read_text())
+                if {k: saved.get(k) for k in meta} == meta and path.stat().st_size == size:
+                    info = saved
+            except (OSError, ValueError):
+                info = None
+        if info is None:
+            self.log(f"making {path} ({pattern}, {fmt_size(size)})")
+            out = subprocess.run(
+                [str(self.mkimage), pattern, str(size), str(path), str(seed)],
+                check=True, capture_output=True, text=True,
+            ).stdout
+            fields = dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
+            info = dict(meta, nonzero_block_bytes=int(fields["nonzero_block_bytes"]),
+                        written=int(fields["written"]))
+            meta_path.write_text(json.dumps(info))
+        image = Image(path=path, size=size, pattern=pattern,
+                      data_bytes=info["nonzero_block_bytes"], written=info["written"])
+        self._images[name] = image
+        return image
+
+    def target(self, name: str) -> Path:
+        return self.workdir / f"{name}.target.img"
+
+
+@dataclasses.dataclass
+class Image:
+    path: Path
+    size: int
+    pattern: str
+    data_bytes: int  # bytes in 4 KiB blocks holding data
+    written: int  # bytes written to the file (its allocation)
+
+
+@dataclasses.dataclass
+class Command:
+    """One contender in a case.
+
+    argv runs with no shell; setup and cleanup run before and after each run, untimed
+    (cleanup typically removes the target); check runs once after the first timed run and
+    raises (or returns an error string) when the result is wrong.
+    """
+
+    label: str
+    argv: list
+    ferry: bool = False
+    setup: Optional[Callable[[], None]] = None
+    cleanup: Optional[Callable[[], None]] = None
+    check: Optional[Callable[["RunResult"], Optional[str]]] = None
+    note: str = ""
+
+
+@dataclasses.dataclass
+class Reference:
+    """A computed row with no command (for example the two-core SHA-256 limit)."""
+
+    label: str
+    seconds: float
+    note: str = ""
+
+
+@dataclasses.dataclass
+class Goal:
+    """A goal from the issue, judged on the results of this run. judge returns
+    (met or None when it cannot tell, a short explanation)."""
+
+    text: str
+    judge: Callable[[dict], tuple]
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    title: str
+    commands: list
+    references: list = dataclasses.field(default_factory=list)
+    goals: list = dataclasses.field(default_factory=list)
+    # A context manager factory for servers the case needs (started before, stopped after).
+    context: Optional[Callable[[], contextlib.AbstractContextManager]] = None
+    # Lines printed under the table (how a reference was computed, caveats).
+    notes: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class RunResult:
+    seconds: float
+    max_rss_kib: int
+    stdout: str
+    stderr: str
+
+
+@dataclasses.dataclass
+class Stats:
+    label: str
+    runs: list  # of RunResult
+    ferry: bool = False
+    note: str = ""
+    error: str = ""
+
+    @property
+    def times(self) -> list:
+        return [r.seconds for r in self.runs]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times) if self.runs else float("nan")
+
+    @property
+    def peak_rss_mib(self) -> float:
+        return max((r.max_rss_kib for r in self.runs), default=0) / 1024
+
+
+def measure(argv: list, timeout: float = 3600) -> RunResult:
+    """Runs argv; returns its wall time and peak RSS. wait4 gives the rusage of this one
+    child, whose ru_maxrss also covers the descendants it waited for (a shell's commands)."""
+    argv = [str(a) for a in argv]
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out: dict = {}
+    readers = [threading.Thread(target=lambda n=n, f=f: out.__setitem__(n, f.read()))
+               for n, f in (("stdout", proc.stdout), ("stderr", proc.stderr))]
+    for r in readers:
+        r.start()
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        timer.cancel()
+    seconds = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    for r in readers:
+        r.join()
+    stdout = out.get("stdout", b"").decode(errors="replace")
+    stderr = out.get("stderr", b"").decode(errors="replace")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}: {stderr.strip()[-2000:]}")
+    return RunResult(seconds, usage.ru_maxrss, stdout, stderr)
+
+
+def run_case(env: Env, case: Case) -> dict:
+    """Runs every command of the case `env.repeat` times, alternating, after one untimed
+    warm-up each; returns {label: Stats}."""
+    stats = {c.label: Stats(c.label, [], ferry=c.ferry, note=c.note) for c in case.commands}
+    ctx = case.context() if case.context else contextlib.nullcontext()
+    with ctx:
+        live = list(case.commands)
+        for round_no in range(env.repeat + 1):
+            for cmd in list(live):
+                st = stats[cmd.label]
+                try:
+                    if cmd.setup:
+                        cmd.setup()
+                    result = measure(cmd.argv)
+                    if round_no == 1 and cmd.check:
+                        problem = cmd.check(result)
+                        if problem:
+                            raise RuntimeError(f"check failed: {problem}")
+                except Exception as e:  # one broken peer must not sink the whole run
+                    st.error = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+                    env.log(f"  {case.name}: {cmd.label}: {st.error}")
+                    live.remove(cmd)
+                    continue
+                finally:
+                    if cmd.cleanup:
+                        cmd.cleanup()
+                    os.sync()
+                if round_no > 0:  # round 0 warms caches and is not counted
+                    st.runs.append(result)
+                    env.log(f"  {case.name}: {cmd.label}: {result.seconds:.3f} s, "
+                            f"{result.max_rss_kib / 1024:.0f} MiB")
+    return stats
+
+
+def render_case(case: Case, stats: dict) -> str:
+    """A markdown table of one case: median, min-max, peak RSS, and ferry's time over each row's."""
+    rows = list(stats.values())
+    primary = next((s for s in rows if s.ferry and s.runs), None)
+    out = [f"### {case.title}", "",
+           "| command | median s | min-max s | peak RSS MiB | ferry / this |",
+           "|---|---:|---:|---:|---:|"]
+    for s in rows:
+        label = f"`{s.label}`" + (f" ({s.note})" if s.note else "")
+        if not s.runs:
+            out.append(f"| {label} | failed: {s.error} | | | |")
+            continue
+        ratio = primary.median / s.median if primary and s.median > 0 else float("nan")
+        out.append(f"| {label} | {s.median:.3f} | {min(s.times):.3f}-{max(s.times):.3f} | "
+                   f"{s.peak_rss_mib:.0f} | {ratio:.2f} |")
+    for ref in case.references:
+        ratio = primary.median / ref.seconds if primary and ref.seconds > 0 else float("nan")
+        label = ref.label + (f" ({ref.note})" if ref.note else "")
+        out.append(f"| {label} | {ref.seconds:.3f} | computed | - | {ratio:.2f} |")
+    out.append("")
+    for note in case.notes:
+        out.append(f"- {note}")
+    if case.notes:
+        out.append("")
+    return "\n".join(out)
+
+
+def judge_goals(cases: list, results: dict) -> str:
+    lines = ["### Goals", "", "| goal | result | |", "|---|---|---|"]
+    for case in cases:
+        for goal in case.goals:
+            try:
+                met, detail = goal.judge(results)
+            except Exception as e:  # missing rows: say so rather than crash
+                met, detail = None, f"cannot judge: {e}"
+            mark = {True: "met", False: "MISSED", None: "n/a"}[met]
+            lines.append(f"| {goal.text} | {mark} | {detail} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def ratio(results: dict, case: str, a: str, b: str) -> float:
+    """median(a) / median(b) within one case."""
+    sa, sb = results[case][a], results[case][b]
+    if not sa.runs or not sb.runs:
+        raise KeyError(f"no runs of {a if not sa.runs else b}")
+    return sa.median / sb.median
+
+
+def fmt_size(n: int) -> str:
+    for unit, div in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
+        if n >= div:
+            return f"{n / div:g} {unit}"
+    return f"{n} B"
+
+
+def which(tool: str) -> Optional[str]:
+    return shutil.which(tool)

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Benchmark ferry against its peers and print a markdown report.
+
+    python3 tests/bench/run.py [--dir DIR] [--repeat N] [--only TEXT] [--quick] [--output FILE]
+
+Builds ferry (release), makes the images in DIR (default: a temporary directory under
+/var/tmp, removed afterwards; a DIR you name keeps its images for the next run), runs every
+case's commands alternately REPEAT times after a warm-up, and prints per case the median,
+min-max, peak RSS and ferry's time as a ratio of each peer's, then the issue's goals.
+Cases live in tests/bench/cases/ (one module per family; see cases/__init__.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+sys.path.insert(0, str(HERE))
+
+import cases as case_registry  # noqa: E402
+import harness  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", type=Path, help="where images and targets go (default: a temp dir under /var/tmp)")
+    ap.add_argument("--repeat", type=int, default=5, help="timed runs of each command (default 5)")
+    ap.add_argument("--only", action="append", default=[],
+                    help="run only cases whose name contains TEXT (repeatable)")
+    ap.add_argument("--quick", action="store_true", help="images 16x smaller, to try the harness")
+    ap.add_argument("--no-build", action="store_true", help="use the binaries already built")
+    ap.add_argument("--output", type=Path, help="also write the report to this file")
+    ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    args = ap.parse_args()
+
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    target_dir = cargo_target_dir()
+    if not args.no_build:
+        log("building ferry (release)")
+        subprocess.run(["cargo", "build", "--release", "--locked", "-p", "ferry-mover", "--bin", "ferry",
+                        "-p", "ferry-tests", "--bin", "ferry-mkimage"], cwd=REPO, check=True)
+    ferry = target_dir / "release" / "ferry"
+    mkimage = target_dir / "release" / "ferry-mkimage"
+    for binary in (ferry, mkimage):
+        if not binary.exists():
+            ap.error(f"{binary} is missing: build it or drop --no-build")
+
+    temporary = args.dir is None
+    workdir = Path(tempfile.mkdtemp(prefix="ferry-bench-", dir="/var/tmp")) if temporary else args.dir
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = harness.Env(repo=REPO, ferry=ferry, mkimage=mkimage, workdir=workdir,
+                      repeat=args.repeat, quick=args.quick, log=log)
+    try:
+        env.dry = args.list
+        all_cases = case_registry.load(env)
+        selected = [c for c in all_cases if not args.only or any(t in c.name for t in args.only)]
+        if args.list:
+            for c in all_cases:
+                print(f"{c.name}: {c.title}")
+            return 0
+        results = {}
+        for case in selected:
+            log(f"case {case.name}")
+            results[case.name] = harness.run_case(env, case)
+        report = render(args, env, selected, results)
+    finally:
+        if temporary:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(report)
+    if args.output:
+        args.output.write_text(report)
+    return 0
+
+
+def render(args, env, selected, results) -> str:
+    command = "python3 tests/bench/run.py" + "".join(
+        f" {a}" for a in sys.argv[1:])
+    out = [f"Command: `{command}`", "",
+           f"Run: {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}, commit {git_commit()}, "
+           f"{env.repeat} timed runs of each command after one warm-up, alternating; page cache warm.",
+           "", "Machine:", ""]
+    out += [f"- {line}" for line in machine(env)]
+    out.append("")
+    for case in selected:
+        out.append(harness.render_case(case, results[case.name]))
+    out.append(harness.judge_goals(selected, results))
+    return "\n".join(out)
+
+
+def machine(env) -> list:
+    lines = []
+    cpu = next((l.split(":", 1)[1].strip() for l in read("/proc/cpuinfo").splitlines()
+                if l.startswith("model name")), platform.processor() or "unknown CPU")
+    mem = next((int(l.split()[1]) for l in read("/proc/meminfo").splitlines()
+                if l.startswith("MemTotal")), 0)
+    lines.append(f"{os.cpu_count()} x {cpu}, {mem / (1 << 20):.0f} GiB memory, Linux {platform.release()}")
+    fs = run(["df", "-T", "--output=fstype,source", str(env.workdir)]).splitlines()
+    if len(fs) > 1:
+        lines.append(f"images on {fs[1].split()[0]} ({fs[1].split()[1]}), {env.workdir}")
+    for tool in (["ferry", "--version"], ["qemu-img", "--version"], ["nbdcopy", "--version"],
+                 ["cp", "--version"], ["sha256sum", "--version"], ["blksum", "--version"],
+                 ["rustc", "--version"]):
+        exe = str(env.ferry) if tool[0] == "ferry" else shutil.which(tool[0])
+        if exe:
+            first = run([exe, *tool[1:]]).splitlines()
+            if first:
+                lines.append(first[0].strip())
+    return lines
+
+
+def cargo_target_dir() -> Path:
+    meta = subprocess.run(["cargo", "metadata", "--format-version", "1", "--no-deps"], cwd=REPO,
+                          capture_output=True, text=True, check=True).stdout
+    return Path(json.loads(meta)["target_directory"])
+
+
+def git_commit() -> str:
+    return run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]).strip() or "unknown"
+
+
+def run(argv) -> str:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def read(path) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+if __name__ == "__main__":
+    sys.exit(main())
