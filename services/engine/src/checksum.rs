@@ -343,7 +343,8 @@ async fn sha256(
             }
         })
         .buffered(options.workers);
-    let (tx, rx) = tokio::sync::mpsc::channel(options.workers);
+    // Reads run ahead in `buffered`; two chunks queued keep the hasher busy.
+    let (tx, rx) = tokio::sync::mpsc::channel(2);
     let produce = async {
         let mut chunks = std::pin::pin!(chunks);
         while let Some(item) = chunks.next().await {
