@@ -5,11 +5,13 @@
 //! handle has in flight at once) and stopped when the handle is dropped; a request is a
 //! boxed closure whose result comes back through a oneshot channel.
 //!
-//! Measured against `tokio::task::spawn_blocking` and a single thread per handle (8 workers
-//! reading a cached file, 2-core machine): equal at 1 MiB requests, but 35-60% less CPU per
-//! request at 4-64 KiB than spawn_blocking; a single thread per handle was as cheap but
-//! serialised a handle's concurrent requests (2-3x slower when one handle has 8 in flight,
-//! as the checksum engine does). See the file helper's report for the numbers.
+//! Measured against `tokio::task::spawn_blocking` and a single thread per handle, 8 tasks
+//! reading a cached file on the shared 2-core machine (CPU seconds, user+sys):
+//! 4 KiB requests, 64 Ki of them: spawn_blocking 0.6-2.0 s, pool 0.25-0.55 s;
+//! 64 KiB requests, 4 GiB: spawn_blocking 2.1-3.5 s, pool 1.2-1.9 s; 1 MiB requests: equal
+//! (about 1.0 s), and equal within the noise for a 4 GiB 50%-data copy through the engine.
+//! A single thread per handle was as cheap, but serialised a handle's concurrent requests:
+//! 2-3x slower when one handle has 8 requests in flight, as the checksum engine does.
 
 use std::collections::VecDeque;
 use std::panic::{self, AssertUnwindSafe};
