@@ -255,9 +255,13 @@ async fn cancellation_is_prompt_and_checkpoint_lists_only_flushed_ranges() {
             async move { copy(Arc::new(src), Arc::new(tgt), &opts, &progress, &cancel).await }
         });
         // wait until something is committed, then cancel
-        while progress.checkpoint().committed_bytes() < 2 * M as u64 {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        tokio::time::timeout(Duration::from_secs(20), async {
+            while progress.checkpoint().committed_bytes() < 2 * M as u64 {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await
+        .expect("no checkpoint within 20 s");
         cancel.cancel();
         let err = tokio::time::timeout(Duration::from_secs(5), copy)
             .await
