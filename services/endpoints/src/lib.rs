@@ -6,6 +6,7 @@ mod open;
 
 pub mod file;
 pub mod mem;
+pub mod nbd;
 
 pub use open::{open_source, open_target};
 pub use options::{CacheMode, Preallocation, SourceOptions, TargetOptions};

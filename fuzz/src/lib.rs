@@ -1,0 +1,134 @@
+//! Shared driver of the NBD fuzz targets: runs the real client against a "server" whose
+//! every byte comes from the fuzzer, and checks that it ends (no hang) without panicking.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use ferry_nbd::{proto::*, Client, Config, Transport, ZeroFlags};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// Serves fixed bytes, then end of file; swallows whatever the client writes.
+pub struct Scripted {
+    data: Vec<u8>,
+    at: usize,
+}
+
+impl Scripted {
+    pub fn new(data: Vec<u8>) -> Self {
+        Self { data, at: 0 }
+    }
+}
+
+impl AsyncRead for Scripted {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        // Dribble out small reads so the client's buffering is exercised too.
+        let n = (self.data.len() - self.at).min(buf.remaining()).min(97);
+        let at = self.at;
+        buf.put_slice(&self.data[at..at + n]);
+        self.at += n;
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Scripted {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        b: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Poll::Ready(Ok(b.len()))
+    }
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Transport for Scripted {}
+
+fn option_reply(out: &mut Vec<u8>, option: u32, reply: u32, data: &[u8]) {
+    out.extend_from_slice(&REPLY_MAGIC.to_be_bytes());
+    out.extend_from_slice(&option.to_be_bytes());
+    out.extend_from_slice(&reply.to_be_bytes());
+    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    out.extend_from_slice(data);
+}
+
+/// A valid server handshake: extended headers (or structured replies when `extended`
+/// is false), base:allocation as context 1, a 1 MiB export with every flag, block sizes.
+pub fn handshake(extended: bool) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&NBDMAGIC.to_be_bytes());
+    out.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    out.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    if extended {
+        option_reply(&mut out, OPT_EXTENDED_HEADERS, REP_ACK, &[]);
+    } else {
+        option_reply(&mut out, OPT_EXTENDED_HEADERS, REP_ERR_UNSUP, &[]);
+        option_reply(&mut out, OPT_STRUCTURED_REPLY, REP_ACK, &[]);
+    }
+    let mut ctx = 1u32.to_be_bytes().to_vec();
+    ctx.extend_from_slice(CONTEXT_BASE_ALLOCATION.as_bytes());
+    option_reply(&mut out, OPT_SET_META_CONTEXT, REP_META_CONTEXT, &ctx);
+    option_reply(&mut out, OPT_SET_META_CONTEXT, REP_ACK, &[]);
+    let mut info = INFO_EXPORT.to_be_bytes().to_vec();
+    info.extend_from_slice(&(1u64 << 20).to_be_bytes());
+    info.extend_from_slice(&0xffffu16.to_be_bytes());
+    option_reply(&mut out, OPT_GO, REP_INFO, &info);
+    let mut bs = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
+    for v in [512u32, 4096, 1 << 20] {
+        bs.extend_from_slice(&v.to_be_bytes());
+    }
+    option_reply(&mut out, OPT_GO, REP_INFO, &bs);
+    option_reply(&mut out, OPT_GO, REP_ACK, &[]);
+    out
+}
+
+/// Runs a client session over `server_bytes`: the handshake, then a batch of concurrent
+/// requests (cookies 1.. in this order: read, read, block status, write, write zeroes,
+/// trim, flush), then a disconnect. Panics only if the client hangs.
+pub fn session(server_bytes: Vec<u8>) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let config = Config {
+            connect_timeout: Duration::from_secs(30),
+            request_timeout: Some(Duration::from_secs(30)),
+            max_in_flight: 8,
+            ..Config::default()
+        };
+        let run = async {
+            let Ok(client) = Client::handshake(Scripted::new(server_bytes), &config).await else {
+                return;
+            };
+            let size = client.size();
+            let min = u64::from(client.info().block_size.minimum).max(1);
+            let len = (4096u64.min(size) / min * min) as usize;
+            let c = &client;
+            let _ = tokio::join!(
+                c.read(0, vec![0u8; len]),
+                c.read(size.saturating_sub(len as u64) / min * min, vec![0u8; len]),
+                c.block_status(0, size),
+                c.write(0, vec![1u8; len], false),
+                c.write_zeroes(0, len as u64, ZeroFlags::default()),
+                c.trim(0, len as u64, false),
+                c.flush(),
+            );
+            let _ = client.disconnect().await;
+        };
+        // Time is paused: only a client that waits on nothing at all can reach this.
+        tokio::time::timeout(Duration::from_secs(3600), run)
+            .await
+            .expect("the client hung on a finished stream");
+    });
+}
