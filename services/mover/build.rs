@@ -1,0 +1,24 @@
+//! Compiles proto/ferry/v1 into the gRPC service and client (tonic + prost), and writes the
+//! file descriptor set that server reflection serves. protoc comes from protoc-bin-vendored,
+//! so a fresh machine builds with no manual step.
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let proto_root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let jobs = proto_root.join("ferry/v1/jobs.proto");
+    println!(
+        "cargo:rerun-if-changed={}",
+        proto_root.join("ferry/v1").display()
+    );
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
+    let mut config = tonic_prost_build::Config::new();
+    config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
+    // Maps as BTreeMap: a request encodes to the same bytes every time, which the
+    // idempotency fingerprint relies on.
+    config.btree_map(["."]);
+    tonic_prost_build::configure()
+        .file_descriptor_set_path(out_dir.join("ferry_v1_descriptor.bin"))
+        .compile_with_config(config, &[jobs], &[proto_root])?;
+    Ok(())
+}

@@ -1,0 +1,606 @@
+//! `ferry job start|get|list|watch|cancel`: a gRPC client of `ferry serve`, with a
+//! progress bar while watching.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand, ValueEnum};
+use ferry_core::size::{format_size, parse_size};
+use ferry_core::Secret;
+use indicatif::{ProgressBar, ProgressStyle};
+use tonic::codegen::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+
+use super::proto::{self, job_service_client::JobServiceClient};
+use super::security::BearerToken;
+
+/// Start, watch and cancel jobs on a running `ferry serve`.
+#[derive(Debug, Clone, Args)]
+pub struct JobArgs {
+    /// The server: http://HOST:PORT, or https://HOST:PORT for TLS.
+    #[arg(
+        long,
+        env = "FERRY_SERVER",
+        default_value = "http://127.0.0.1:50051",
+        global = true
+    )]
+    pub server: String,
+    /// File with the bearer token (the FERRY_TOKEN variable works too).
+    #[arg(long, env = "FERRY_TOKEN_FILE", global = true)]
+    pub token_file: Option<PathBuf>,
+    /// PEM CA bundle to verify the server with (https).
+    #[arg(long, env = "FERRY_TLS_CA", global = true)]
+    pub tls_ca: Option<PathBuf>,
+    /// PEM client certificate for mutual TLS.
+    #[arg(
+        long,
+        env = "FERRY_TLS_CLIENT_CERT",
+        global = true,
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM key of --tls-cert.
+    #[arg(
+        long,
+        env = "FERRY_TLS_CLIENT_KEY",
+        global = true,
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+    /// Server name to verify the certificate against (default: the host of --server).
+    #[arg(long, global = true)]
+    pub tls_domain: Option<String>,
+    /// Print jobs as JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: JobCommand,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum JobCommand {
+    /// Start a transfer from SRC to DST (or, with --checksum, a checksum of SRC).
+    Start(StartArgs),
+    /// Show a job.
+    Get { id: String },
+    /// List jobs.
+    List(ListArgs),
+    /// Follow a job until it ends; exit status 0 only if it succeeded.
+    Watch {
+        id: String,
+        /// No progress bar: print each state change as a line.
+        #[arg(long)]
+        no_progress: bool,
+    },
+    /// Cancel a job.
+    Cancel { id: String },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Order {
+    Auto,
+    InOrder,
+    OutOfOrder,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Prealloc {
+    Off,
+    Falloc,
+    Full,
+    Grow,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Cache {
+    /// Through the page cache.
+    Writeback,
+    /// O_DIRECT.
+    None,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Algorithm {
+    Blkhash,
+    Sha256,
+}
+
+impl Algorithm {
+    fn proto(self) -> i32 {
+        match self {
+            Self::Blkhash => proto::HashAlgorithm::Blkhash as i32,
+            Self::Sha256 => proto::HashAlgorithm::Sha256 as i32,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct StartArgs {
+    /// Source path or URL.
+    pub src: String,
+    /// Target path or URL (not with --checksum).
+    pub dst: Option<String>,
+    /// Start a checksum of SRC instead of a transfer.
+    #[arg(long)]
+    pub checksum: bool,
+    /// Checksum algorithm (for --checksum and --verify).
+    #[arg(long, value_enum, default_value = "blkhash")]
+    pub algorithm: Algorithm,
+    /// Parallel workers.
+    #[arg(long)]
+    pub workers: Option<u32>,
+    /// Request size (e.g. 1M).
+    #[arg(long, value_parser = parse_size)]
+    pub request_size: Option<u64>,
+    #[arg(long, value_enum)]
+    pub order: Option<Order>,
+    /// Zero detection granularity; 0 keeps everything allocated.
+    #[arg(long, value_parser = parse_size)]
+    pub sparse_size: Option<u64>,
+    /// The target reads as zeroes already.
+    #[arg(long)]
+    pub target_is_zero: bool,
+    #[arg(long, value_enum)]
+    pub preallocation: Option<Prealloc>,
+    #[arg(long, value_enum)]
+    pub cache: Option<Cache>,
+    /// Bytes per second (e.g. 100M).
+    #[arg(long, value_parser = parse_size)]
+    pub rate_limit: Option<u64>,
+    /// Checksum source and target after the copy.
+    #[arg(long)]
+    pub verify: bool,
+    /// Idempotency key: repeating the command with the same key returns the same job.
+    #[arg(long)]
+    pub key: Option<String>,
+    /// A label KEY=VALUE (repeatable).
+    #[arg(long = "label", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+    #[arg(long, default_value_t = 0)]
+    pub priority: i32,
+    /// Fail instead of queueing when another job writes DST.
+    #[arg(long)]
+    pub refuse_if_busy: bool,
+    /// Environment variable on the server with the iSCSI CHAP password / S3 secret key.
+    #[arg(long)]
+    pub secret_env: Option<String>,
+    /// Watch the job after starting it.
+    #[arg(long)]
+    pub watch: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ListArgs {
+    /// Only jobs in this state (repeatable).
+    #[arg(long = "state", value_enum)]
+    pub states: Vec<StateArg>,
+    /// Only jobs with label KEY=VALUE (repeatable).
+    #[arg(long = "label", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+    /// Jobs per page.
+    #[arg(long, default_value_t = 100)]
+    pub page_size: u32,
+    /// Fetch every page.
+    #[arg(long)]
+    pub all: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum StateArg {
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("label '{s}' is not KEY=VALUE"))
+}
+
+type Client = JobServiceClient<InterceptedService<Channel, BearerToken>>;
+
+/// Connects to the server named in the arguments.
+pub async fn connect(args: &JobArgs) -> anyhow::Result<Client> {
+    let mut endpoint = Channel::from_shared(args.server.clone())
+        .with_context(|| format!("--server '{}' is not a URL", args.server))?
+        .connect_timeout(Duration::from_secs(10));
+    if args.server.starts_with("https://") || args.tls_ca.is_some() {
+        let mut tls = ClientTlsConfig::new();
+        if let Some(ca) = &args.tls_ca {
+            let pem = std::fs::read(ca).with_context(|| format!("cannot read {}", ca.display()))?;
+            tls = tls.ca_certificate(Certificate::from_pem(pem));
+        }
+        if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+            let cert =
+                std::fs::read(cert).with_context(|| format!("cannot read {}", cert.display()))?;
+            let key =
+                std::fs::read(key).with_context(|| format!("cannot read {}", key.display()))?;
+            tls = tls.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(domain) = &args.tls_domain {
+            tls = tls.domain_name(domain.clone());
+        }
+        endpoint = endpoint.tls_config(tls).context("TLS configuration")?;
+    }
+    let token = match &args.token_file {
+        Some(p) => Some(Secret::new(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read the token file {}", p.display()))?
+                .trim(),
+        )),
+        None => std::env::var("FERRY_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty())
+            .map(Secret::new),
+    };
+    let channel = endpoint
+        .connect()
+        .await
+        .with_context(|| format!("cannot connect to {}", args.server))?;
+    Ok(JobServiceClient::with_interceptor(
+        channel,
+        BearerToken::new(token.as_ref())?,
+    ))
+}
+
+fn endpoint(url: &str, secret_env: Option<&String>) -> proto::Endpoint {
+    let options = secret_env.and_then(|name| {
+        let r = Some(proto::SecretRef {
+            source: Some(proto::secret_ref::Source::Env(name.clone())),
+        });
+        if url.starts_with("iscsi://") {
+            Some(proto::endpoint::Options::Iscsi(proto::IscsiOptions {
+                user: String::new(),
+                password: r,
+            }))
+        } else {
+            None
+        }
+    });
+    proto::Endpoint {
+        url: url.to_string(),
+        options,
+    }
+}
+
+fn status_error(e: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{} ({:?})", e.message(), e.code())
+}
+
+/// Runs `ferry job ...`.
+pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
+    let mut client = connect(&args).await?;
+    match &args.command {
+        JobCommand::Start(s) => {
+            let labels: BTreeMap<_, _> = s.labels.iter().cloned().collect();
+            let job = if s.checksum {
+                if s.dst.is_some() {
+                    bail!("--checksum takes only SRC");
+                }
+                let req = proto::StartChecksumRequest {
+                    source: Some(endpoint(&s.src, s.secret_env.as_ref())),
+                    options: Some(proto::ChecksumOptions {
+                        algorithm: s.algorithm.proto(),
+                        workers: s.workers.unwrap_or(0),
+                        request_size: s.request_size.unwrap_or(0),
+                        threads: 0,
+                        cache: cache(s.cache),
+                    }),
+                    idempotency_key: s.key.clone().unwrap_or_default(),
+                    labels,
+                    priority: s.priority,
+                };
+                client
+                    .start_checksum(req)
+                    .await
+                    .map_err(status_error)?
+                    .into_inner()
+            } else {
+                let Some(dst) = &s.dst else {
+                    bail!("a transfer needs SRC and DST (or use --checksum)");
+                };
+                let req = proto::StartTransferRequest {
+                    source: Some(endpoint(&s.src, s.secret_env.as_ref())),
+                    target: Some(endpoint(dst, s.secret_env.as_ref())),
+                    options: Some(proto::TransferOptions {
+                        workers: s.workers.unwrap_or(0),
+                        request_size: s.request_size.unwrap_or(0),
+                        order: match s.order {
+                            None | Some(Order::Auto) => proto::CommitOrder::Auto,
+                            Some(Order::InOrder) => proto::CommitOrder::InOrder,
+                            Some(Order::OutOfOrder) => proto::CommitOrder::OutOfOrder,
+                        } as i32,
+                        sparse_size: s.sparse_size,
+                        target_is_zero: s.target_is_zero,
+                        preallocation: match s.preallocation {
+                            None | Some(Prealloc::Off) => proto::Preallocation::Off,
+                            Some(Prealloc::Falloc) => proto::Preallocation::Falloc,
+                            Some(Prealloc::Full) => proto::Preallocation::Full,
+                            Some(Prealloc::Grow) => proto::Preallocation::Grow,
+                        } as i32,
+                        preallocation_step: 0,
+                        cache: cache(s.cache),
+                        rate_limit: s.rate_limit.unwrap_or(0),
+                        verify: s.verify,
+                        verify_algorithm: s.algorithm.proto(),
+                    }),
+                    idempotency_key: s.key.clone().unwrap_or_default(),
+                    labels,
+                    priority: s.priority,
+                    refuse_if_target_busy: s.refuse_if_busy,
+                };
+                client
+                    .start_transfer(req)
+                    .await
+                    .map_err(status_error)?
+                    .into_inner()
+            };
+            if s.watch {
+                return watch(&mut client, &job.id, args.json, false).await;
+            }
+            print_job(&job, args.json);
+        }
+        JobCommand::Get { id } => {
+            let job = client
+                .get_job(proto::GetJobRequest { id: id.clone() })
+                .await
+                .map_err(status_error)?
+                .into_inner();
+            print_job(&job, args.json);
+        }
+        JobCommand::List(l) => {
+            let mut token = String::new();
+            let mut all = Vec::new();
+            loop {
+                let page = client
+                    .list_jobs(proto::ListJobsRequest {
+                        states: l.states.iter().map(|s| state_proto(*s)).collect(),
+                        labels: l.labels.iter().cloned().collect(),
+                        kind: 0,
+                        page_size: l.page_size,
+                        page_token: token.clone(),
+                    })
+                    .await
+                    .map_err(status_error)?
+                    .into_inner();
+                all.extend(page.jobs);
+                token = page.next_page_token;
+                if token.is_empty() || !l.all {
+                    break;
+                }
+            }
+            if args.json {
+                let list: Vec<_> = all.iter().map(job_json).collect();
+                println!("{}", serde_json::Value::Array(list));
+            } else {
+                println!(
+                    "{:<36}  {:<9}  {:<10}  {:>7}  MESSAGE",
+                    "ID", "KIND", "STATE", "DONE"
+                );
+                for j in &all {
+                    println!(
+                        "{:<36}  {:<9}  {:<10}  {:>6.1}%  {}",
+                        j.id,
+                        kind_name(j.kind),
+                        state_name(j.state),
+                        percent(j),
+                        j.message
+                    );
+                }
+                if !token.is_empty() {
+                    println!("(more: --all)");
+                }
+            }
+        }
+        JobCommand::Watch { id, no_progress } => {
+            return watch(&mut client, id, args.json, *no_progress).await;
+        }
+        JobCommand::Cancel { id } => {
+            let job = client
+                .cancel_job(proto::CancelJobRequest { id: id.clone() })
+                .await
+                .map_err(status_error)?
+                .into_inner();
+            print_job(&job, args.json);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cache(c: Option<Cache>) -> i32 {
+    match c {
+        None | Some(Cache::Writeback) => proto::CacheMode::PageCache as i32,
+        Some(Cache::None) => proto::CacheMode::None as i32,
+    }
+}
+
+fn state_proto(s: StateArg) -> i32 {
+    (match s {
+        StateArg::Queued => proto::JobState::Queued,
+        StateArg::Running => proto::JobState::Running,
+        StateArg::Succeeded => proto::JobState::Succeeded,
+        StateArg::Failed => proto::JobState::Failed,
+        StateArg::Cancelled => proto::JobState::Cancelled,
+    }) as i32
+}
+
+async fn watch(
+    client: &mut Client,
+    id: &str,
+    json: bool,
+    no_progress: bool,
+) -> anyhow::Result<ExitCode> {
+    let mut stream = client
+        .watch_job(proto::WatchJobRequest { id: id.to_string() })
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    let bar = if json || no_progress || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        ProgressBar::hidden()
+    } else {
+        let bar = ProgressBar::new(0);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{spinner} {msg:12} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        bar
+    };
+    let mut last: Option<proto::Job> = None;
+    let mut last_state = -1;
+    while let Some(event) = stream.message().await.map_err(status_error)? {
+        let Some(job) = event.job else { continue };
+        if let Some(p) = &job.progress {
+            bar.set_length(p.total_bytes);
+            bar.set_position(p.done_bytes);
+        }
+        bar.set_message(state_name(job.state).to_string());
+        if (no_progress || json) && job.state != last_state {
+            if json {
+                println!("{}", job_json(&job));
+            } else {
+                println!("{} {} {}", job.id, state_name(job.state), job.message);
+            }
+        }
+        last_state = job.state;
+        last = Some(job);
+    }
+    bar.finish_and_clear();
+    let Some(job) = last else {
+        bail!("the server ended the watch without any state");
+    };
+    if !json {
+        print_job(&job, false);
+    }
+    Ok(if job.state == proto::JobState::Succeeded as i32 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn percent(j: &proto::Job) -> f64 {
+    match &j.progress {
+        Some(p) if p.total_bytes > 0 => p.done_bytes as f64 * 100.0 / p.total_bytes as f64,
+        _ => 0.0,
+    }
+}
+
+fn kind_name(k: i32) -> &'static str {
+    match proto::JobKind::try_from(k) {
+        Ok(proto::JobKind::Transfer) => "transfer",
+        Ok(proto::JobKind::Checksum) => "checksum",
+        _ => "unknown",
+    }
+}
+
+fn state_name(s: i32) -> &'static str {
+    match proto::JobState::try_from(s) {
+        Ok(proto::JobState::Queued) => "queued",
+        Ok(proto::JobState::Running) => "running",
+        Ok(proto::JobState::Succeeded) => "succeeded",
+        Ok(proto::JobState::Failed) => "failed",
+        Ok(proto::JobState::Cancelled) => "cancelled",
+        _ => "unknown",
+    }
+}
+
+fn digest_json(d: &Option<proto::Digest>) -> serde_json::Value {
+    match d {
+        Some(d) => serde_json::json!({
+            "algorithm": if d.algorithm == proto::HashAlgorithm::Sha256 as i32 { "sha256" } else { "blkhash" },
+            "hex": d.hex,
+        }),
+        None => serde_json::Value::Null,
+    }
+}
+
+/// A job as JSON (the shape `ferry job --json` prints).
+pub fn job_json(j: &proto::Job) -> serde_json::Value {
+    let p = j.progress.unwrap_or_default();
+    let result = match &j.result {
+        Some(proto::job::Result::TransferResult(r)) => serde_json::json!({
+            "size": r.size, "data_bytes": r.data_bytes, "zero_bytes": r.zero_bytes,
+            "seconds": r.seconds, "throughput_bytes_per_second": r.throughput_bytes_per_second,
+            "resumed_bytes": r.resumed_bytes,
+            "source_digest": digest_json(&r.source_digest), "target_digest": digest_json(&r.target_digest),
+        }),
+        Some(proto::job::Result::ChecksumResult(r)) => serde_json::json!({
+            "size": r.size, "seconds": r.seconds,
+            "throughput_bytes_per_second": r.throughput_bytes_per_second,
+            "digest": digest_json(&r.digest),
+        }),
+        None => serde_json::Value::Null,
+    };
+    serde_json::json!({
+        "id": j.id,
+        "kind": kind_name(j.kind),
+        "state": state_name(j.state),
+        "idempotency_key": j.idempotency_key,
+        "labels": j.labels,
+        "priority": j.priority,
+        "attempt": j.attempt,
+        "progress": {
+            "total_bytes": p.total_bytes, "done_bytes": p.done_bytes, "data_bytes": p.data_bytes,
+            "zero_bytes": p.zero_bytes, "resumed_bytes": p.resumed_bytes,
+            "committed_bytes": p.committed_bytes, "bytes_per_second": p.bytes_per_second,
+        },
+        "result": result,
+        "error": j.error.as_ref().map(|e| serde_json::json!({"kind": e.kind, "message": e.message})),
+        "message": j.message,
+    })
+}
+
+fn print_job(j: &proto::Job, json: bool) {
+    if json {
+        println!("{}", job_json(j));
+        return;
+    }
+    println!("id:       {}", j.id);
+    println!("kind:     {}", kind_name(j.kind));
+    println!("state:    {}", state_name(j.state));
+    if !j.message.is_empty() {
+        println!("message:  {}", j.message);
+    }
+    if let Some(p) = &j.progress {
+        println!(
+            "progress: {} of {} ({:.1}%), resumed {}",
+            format_size(p.done_bytes),
+            format_size(p.total_bytes),
+            percent(j),
+            format_size(p.resumed_bytes)
+        );
+    }
+    match &j.result {
+        Some(proto::job::Result::TransferResult(r)) => {
+            println!(
+                "result:   {} copied ({} data, {} zero) in {:.2}s, {}/s",
+                format_size(r.size),
+                format_size(r.data_bytes),
+                format_size(r.zero_bytes),
+                r.seconds,
+                format_size(r.throughput_bytes_per_second as u64)
+            );
+            if let Some(d) = &r.target_digest {
+                println!("verified: {}", d.hex);
+            }
+        }
+        Some(proto::job::Result::ChecksumResult(r)) => {
+            if let Some(d) = &r.digest {
+                println!("digest:   {}", d.hex);
+            }
+        }
+        None => {}
+    }
+    if let Some(e) = &j.error {
+        println!("error:    {}: {}", e.kind, e.message);
+    }
+}

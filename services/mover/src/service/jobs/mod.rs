@@ -1,0 +1,615 @@
+//! The job manager: accepts jobs, keeps their records (memory for reads, the store for
+//! durability), hands queued jobs to runners as the scheduler allows, streams state to
+//! watchers, cancels, recovers after a restart, prunes history and shuts down gracefully.
+//!
+//! Locking: one mutex over the table, held only for bookkeeping (never across an await).
+//! Every state change goes through [`Inner::update`], which also publishes the record to
+//! the job's watch channel and moves the jobs-by-state gauge.
+
+pub mod metered;
+pub mod model;
+pub mod opener;
+mod runner;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use ferry_core::{Error, ErrorKind};
+use ferry_engine::Checkpoint;
+use tokio::sync::{watch, Notify};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use self::model::{now_ms, ErrorRecord, JobKind, JobRecord, JobState};
+use self::opener::Opener;
+use super::convert::Accepted;
+use super::metrics::Metrics;
+use super::scheduler::{Claim, Limits, Scheduler};
+use super::secrets::SecretResolver;
+use super::status::ServiceError;
+use super::store::{Loaded, Op, Store};
+
+/// How the manager runs jobs.
+#[derive(Debug, Clone)]
+pub struct ManagerConfig {
+    pub limits: Limits,
+    /// Most jobs waiting in the queue; StartTransfer beyond it is RESOURCE_EXHAUSTED.
+    pub max_queued: usize,
+    /// Attempts of a job with transient errors (1 = no retry).
+    pub max_attempts: u32,
+    pub retry_base: Duration,
+    pub retry_max: Duration,
+    /// How often a running copy flushes its target and the checkpoint is persisted.
+    pub checkpoint_interval: Duration,
+    /// How often watchers see progress.
+    pub progress_interval: Duration,
+    /// Finished jobs older than this are pruned.
+    pub history_max_age: Duration,
+    /// At most this many finished jobs are kept (the oldest go first).
+    pub history_max_count: usize,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        Self {
+            limits: Limits {
+                max_running: 4,
+                max_per_host: 2,
+            },
+            max_queued: 10_000,
+            max_attempts: 5,
+            retry_base: Duration::from_secs(1),
+            retry_max: Duration::from_secs(60),
+            checkpoint_interval: Duration::from_secs(5),
+            progress_interval: Duration::from_millis(500),
+            history_max_age: Duration::from_secs(7 * 24 * 3600),
+            history_max_count: 10_000,
+        }
+    }
+}
+
+struct Entry {
+    record: JobRecord,
+    tx: watch::Sender<JobRecord>,
+    cancel: CancellationToken,
+    checkpoint: Option<Checkpoint>,
+}
+
+#[derive(Default)]
+struct Table {
+    jobs: HashMap<String, Entry>,
+    order: BTreeMap<u64, String>,
+    keys: HashMap<String, String>,
+    next_seq: u64,
+}
+
+pub(crate) struct Inner {
+    cfg: ManagerConfig,
+    store: Store,
+    metrics: Metrics,
+    opener: Arc<dyn Opener>,
+    secrets: SecretResolver,
+    table: Mutex<Table>,
+    sched: Mutex<Scheduler>,
+    wake: Notify,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobManager")
+            .field("cfg", &self.cfg)
+            .finish()
+    }
+}
+
+/// A page of jobs.
+#[derive(Debug, Clone)]
+pub struct Page {
+    pub jobs: Vec<JobRecord>,
+    pub next_token: String,
+}
+
+/// Filters of a job listing.
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    pub states: Vec<JobState>,
+    pub labels: BTreeMap<String, String>,
+    pub kind: Option<JobKind>,
+}
+
+impl ListFilter {
+    fn matches(&self, r: &JobRecord) -> bool {
+        (self.states.is_empty() || self.states.contains(&r.state))
+            && self.kind.is_none_or(|k| k == r.kind)
+            && self
+                .labels
+                .iter()
+                .all(|(k, v)| r.labels.get(k).is_some_and(|have| have == v))
+    }
+}
+
+/// The job manager; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct JobManager {
+    inner: Arc<Inner>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl JobManager {
+    /// Takes over what the store held: queued jobs queue again, running jobs resume from
+    /// their checkpoints, finished jobs stay queryable. Spawns the dispatcher and pruner.
+    pub fn start(
+        cfg: ManagerConfig,
+        store: Store,
+        loaded: Loaded,
+        metrics: Metrics,
+        opener: Arc<dyn Opener>,
+        secrets: SecretResolver,
+    ) -> Self {
+        let inner = Arc::new(Inner {
+            sched: Mutex::new(Scheduler::new(cfg.limits)),
+            cfg,
+            store,
+            metrics,
+            opener,
+            secrets,
+            table: Mutex::new(Table::default()),
+            wake: Notify::new(),
+            shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+        });
+        let mut resumed = Vec::new();
+        {
+            let mut table = lock(&inner.table);
+            let mut sched = lock(&inner.sched);
+            let mut checkpoints = loaded.checkpoints;
+            for record in loaded.jobs {
+                table.next_seq = table.next_seq.max(record.seq + 1);
+                inner.metrics.job_state(None, Some(record.state));
+                match record.state {
+                    JobState::Queued => {
+                        sched.enqueue(&record.id, record.priority, record.seq, claim(&record))
+                    }
+                    JobState::Running => {
+                        sched.resume_running(&record.id, claim(&record));
+                        resumed.push(record.id.clone());
+                    }
+                    _ => {}
+                }
+                let checkpoint = checkpoints.remove(&record.id);
+                inner.insert_locked(&mut table, record, checkpoint);
+            }
+        }
+        for id in resumed {
+            tracing::info!(job = %id, "resuming job that was running before the restart");
+            inner.spawn_runner(id, true);
+        }
+        let dispatcher = inner.clone();
+        inner
+            .tasks
+            .spawn(async move { dispatcher.dispatch().await });
+        let pruner = inner.clone();
+        inner.tasks.spawn(async move {
+            loop {
+                pruner.prune().await;
+                tokio::select! {
+                    _ = pruner.shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+                }
+            }
+        });
+        inner.wake.notify_one();
+        Self { inner }
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// Accepts a validated request: a new queued job, or the job an earlier identical
+    /// request under the same idempotency key created.
+    pub async fn submit(&self, acc: Accepted) -> Result<JobRecord, ServiceError> {
+        let inner = &self.inner;
+        if inner.shutdown.is_cancelled() {
+            return Err(ServiceError::ShuttingDown);
+        }
+        let record = {
+            let mut table = lock(&inner.table);
+            if !acc.idempotency_key.is_empty() {
+                if let Some(id) = table.keys.get(&acc.idempotency_key) {
+                    let existing = &table.jobs[id].record;
+                    if existing.fingerprint == acc.fingerprint && existing.kind == acc.kind {
+                        return Ok(existing.clone());
+                    }
+                    return Err(ServiceError::KeyConflict {
+                        key: acc.idempotency_key,
+                        job_id: id.clone(),
+                    });
+                }
+            }
+            {
+                let sched = lock(&inner.sched);
+                if acc.refuse_if_target_busy {
+                    if let Some(t) = &acc.plan.target_key {
+                        if sched.target_in_use(t) || table_writes(&table, t) {
+                            return Err(ServiceError::TargetBusy { target: t.clone() });
+                        }
+                    }
+                }
+                if sched.queued_len() >= inner.cfg.max_queued {
+                    return Err(ServiceError::QueueFull {
+                        limit: inner.cfg.max_queued,
+                    });
+                }
+            }
+            let seq = table.next_seq;
+            table.next_seq += 1;
+            let record = JobRecord {
+                id: uuid::Uuid::now_v7().to_string(),
+                seq,
+                kind: acc.kind,
+                state: JobState::Queued,
+                idempotency_key: acc.idempotency_key,
+                fingerprint: acc.fingerprint,
+                labels: acc.labels,
+                priority: acc.priority,
+                created_ms: now_ms(),
+                started_ms: None,
+                ended_ms: None,
+                request: acc.request,
+                plan: acc.plan,
+                attempt: 0,
+                progress: Default::default(),
+                result: None,
+                error: None,
+                message: "queued".into(),
+            };
+            inner.metrics.job_state(None, Some(JobState::Queued));
+            inner.insert_locked(&mut table, record.clone(), None);
+            record
+        };
+        if let Err(e) = inner.store.put_job(&record).await {
+            inner.forget(&record.id);
+            return Err(e.into());
+        }
+        let still_queued = {
+            let table = lock(&inner.table);
+            table
+                .jobs
+                .get(&record.id)
+                .is_some_and(|e| e.record.state == JobState::Queued)
+        };
+        if still_queued {
+            lock(&inner.sched).enqueue(&record.id, record.priority, record.seq, claim(&record));
+            inner.wake.notify_one();
+        }
+        tracing::info!(job = %record.id, kind = record.kind.as_str(), "job accepted");
+        Ok(record)
+    }
+
+    pub fn get(&self, id: &str) -> Result<JobRecord, ServiceError> {
+        lock(&self.inner.table)
+            .jobs
+            .get(id)
+            .map(|e| e.record.clone())
+            .ok_or_else(|| ServiceError::UnknownJob { id: id.to_string() })
+    }
+
+    /// Jobs in acceptance order after `page_token`.
+    pub fn list(
+        &self,
+        filter: &ListFilter,
+        page_size: usize,
+        page_token: &str,
+    ) -> Result<Page, ServiceError> {
+        let after = if page_token.is_empty() {
+            None
+        } else {
+            Some(
+                page_token
+                    .strip_prefix('s')
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or_else(|| {
+                        ServiceError::Core(Error::invalid_input(
+                            "page_token is not a token this server returned",
+                        ))
+                    })?,
+            )
+        };
+        let table = lock(&self.inner.table);
+        let range = match after {
+            Some(seq) => table.order.range(seq + 1..),
+            None => table.order.range(..),
+        };
+        let mut jobs = Vec::new();
+        let mut next_token = String::new();
+        for (seq, id) in range {
+            let record = &table.jobs[id].record;
+            if !filter.matches(record) {
+                continue;
+            }
+            if jobs.len() == page_size {
+                next_token = format!("s{}", jobs.last().map_or(*seq, |r: &JobRecord| r.seq));
+                break;
+            }
+            jobs.push(record.clone());
+        }
+        Ok(Page { jobs, next_token })
+    }
+
+    /// A channel with the job's record, updated on every change.
+    pub fn watch(&self, id: &str) -> Result<watch::Receiver<JobRecord>, ServiceError> {
+        lock(&self.inner.table)
+            .jobs
+            .get(id)
+            .map(|e| e.tx.subscribe())
+            .ok_or_else(|| ServiceError::UnknownJob { id: id.to_string() })
+    }
+
+    /// Cancels a job; waits a little for a running job to stop so the caller usually sees
+    /// the terminal state.
+    pub async fn cancel(&self, id: &str) -> Result<JobRecord, ServiceError> {
+        let inner = &self.inner;
+        let state = self.get(id)?.state;
+        match state {
+            JobState::Queued => {
+                let removed = lock(&inner.sched).remove_queued(id);
+                let done = inner.update(id, |r| {
+                    if r.state == JobState::Queued {
+                        finish_record(r, JobState::Cancelled, Some(cancelled_error()));
+                        true
+                    } else {
+                        false
+                    }
+                });
+                match done {
+                    Some(record) if removed || record.state == JobState::Cancelled => {
+                        inner.finished_metrics(&record);
+                        inner.store.put_job(&record).await?;
+                        return Ok(record);
+                    }
+                    _ => {}
+                }
+            }
+            JobState::Running => {}
+            _ => return self.get(id),
+        }
+        let mut rx = self.watch(id)?;
+        if let Some(e) = lock(&inner.table).jobs.get(id) {
+            e.cancel.cancel();
+        }
+        let _ = tokio::time::timeout(
+            Duration::from_secs(10),
+            rx.wait_for(|r| r.state.is_terminal()),
+        )
+        .await;
+        self.get(id)
+    }
+
+    /// Stops accepting, interrupts running jobs (they persist their checkpoints and stay
+    /// running in the store, so a restart resumes them), waits up to `timeout`, closes
+    /// the store.
+    pub async fn shutdown(&self, timeout: Duration) {
+        let inner = &self.inner;
+        inner.shutdown.cancel();
+        inner.tasks.close();
+        if tokio::time::timeout(timeout, inner.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "jobs did not stop within {timeout:?}; persisting their last checkpoints"
+            );
+            let ops: Vec<Op> = {
+                let table = lock(&inner.table);
+                table
+                    .jobs
+                    .values()
+                    .filter_map(|e| {
+                        Some(Op::PutCheckpoint(
+                            e.record.id.clone(),
+                            e.checkpoint.clone()?,
+                        ))
+                    })
+                    .collect()
+            };
+            let _ = inner.store.commit(ops).await;
+        }
+        inner.store.close();
+    }
+
+    /// Number of jobs the manager knows (all states).
+    pub fn len(&self) -> usize {
+        lock(&self.inner.table).jobs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Prunes finished jobs now (also done every minute).
+    pub async fn prune(&self) {
+        self.inner.prune().await
+    }
+}
+
+fn table_writes(table: &Table, target: &str) -> bool {
+    table.jobs.values().any(|e| {
+        !e.record.state.is_terminal() && e.record.plan.target_key.as_deref() == Some(target)
+    })
+}
+
+fn claim(r: &JobRecord) -> Claim {
+    Claim {
+        hosts: r.plan.hosts.clone(),
+        target: r.plan.target_key.clone(),
+    }
+}
+
+fn cancelled_error() -> ErrorRecord {
+    ErrorRecord {
+        kind: ErrorKind::Cancelled.as_str().into(),
+        message: "cancelled by a CancelJob request".into(),
+    }
+}
+
+fn finish_record(r: &mut JobRecord, state: JobState, error: Option<ErrorRecord>) {
+    r.state = state;
+    r.ended_ms = Some(now_ms());
+    r.error = error;
+    r.progress.bytes_per_second = 0.0;
+    r.message = state.as_str().into();
+}
+
+impl Inner {
+    fn insert_locked(&self, table: &mut Table, record: JobRecord, checkpoint: Option<Checkpoint>) {
+        let (tx, _) = watch::channel(record.clone());
+        if !record.idempotency_key.is_empty() {
+            table
+                .keys
+                .insert(record.idempotency_key.clone(), record.id.clone());
+        }
+        table.order.insert(record.seq, record.id.clone());
+        table.jobs.insert(
+            record.id.clone(),
+            Entry {
+                record,
+                tx,
+                cancel: self.shutdown.child_token(),
+                checkpoint,
+            },
+        );
+    }
+
+    fn forget(&self, id: &str) {
+        let mut table = lock(&self.table);
+        if let Some(e) = table.jobs.remove(id) {
+            table.order.remove(&e.record.seq);
+            if table
+                .keys
+                .get(&e.record.idempotency_key)
+                .is_some_and(|k| k == id)
+            {
+                table.keys.remove(&e.record.idempotency_key);
+            }
+            self.metrics.job_state(Some(e.record.state), None);
+        }
+    }
+
+    /// Applies `f` to the record; when it returns true the change is published. Returns
+    /// the record after the change (None: unknown job or no change).
+    fn update(&self, id: &str, f: impl FnOnce(&mut JobRecord) -> bool) -> Option<JobRecord> {
+        let mut table = lock(&self.table);
+        let entry = table.jobs.get_mut(id)?;
+        let before = entry.record.state;
+        if !f(&mut entry.record) {
+            return None;
+        }
+        if before != entry.record.state {
+            self.metrics
+                .job_state(Some(before), Some(entry.record.state));
+        }
+        entry.tx.send_replace(entry.record.clone());
+        Some(entry.record.clone())
+    }
+
+    fn set_checkpoint(&self, id: &str, cp: Checkpoint) {
+        if let Some(e) = lock(&self.table).jobs.get_mut(id) {
+            e.checkpoint = Some(cp);
+        }
+    }
+
+    fn checkpoint(&self, id: &str) -> Option<Checkpoint> {
+        lock(&self.table).jobs.get(id)?.checkpoint.clone()
+    }
+
+    fn cancel_token(&self, id: &str) -> Option<CancellationToken> {
+        Some(lock(&self.table).jobs.get(id)?.cancel.clone())
+    }
+
+    fn finished_metrics(&self, r: &JobRecord) {
+        let kind = r.kind.as_str();
+        let result = r.state.as_str();
+        self.metrics
+            .jobs_finished
+            .with_label_values(&[kind, result])
+            .inc();
+        if let (Some(start), Some(end)) = (r.started_ms, r.ended_ms) {
+            self.metrics
+                .job_duration
+                .with_label_values(&[kind, result])
+                .observe(end.saturating_sub(start) as f64 / 1000.0);
+        }
+    }
+
+    async fn dispatch(self: Arc<Self>) {
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = self.wake.notified() => {}
+            }
+            let batch = lock(&self.sched).next_batch();
+            for id in batch {
+                self.spawn_runner(id, false);
+            }
+        }
+    }
+
+    fn spawn_runner(self: &Arc<Self>, id: String, resumed: bool) {
+        let inner = self.clone();
+        self.tasks.spawn(async move {
+            runner::run(inner.clone(), id.clone(), resumed).await;
+            lock(&inner.sched).release(&id);
+            inner.wake.notify_one();
+        });
+    }
+
+    async fn prune(&self) {
+        let max_age_ms = self.cfg.history_max_age.as_millis() as u64;
+        let now = now_ms();
+        let doomed: Vec<String> = {
+            let table = lock(&self.table);
+            let finished: Vec<&JobRecord> = table
+                .order
+                .values()
+                .map(|id| &table.jobs[id].record)
+                .filter(|r| r.state.is_terminal())
+                .collect();
+            let excess = finished.len().saturating_sub(self.cfg.history_max_count);
+            finished
+                .iter()
+                .enumerate()
+                .filter(|(i, r)| {
+                    *i < excess || now.saturating_sub(r.ended_ms.unwrap_or(now)) > max_age_ms
+                })
+                .map(|(_, r)| r.id.clone())
+                .collect()
+        };
+        if doomed.is_empty() {
+            return;
+        }
+        tracing::info!(
+            count = doomed.len(),
+            "pruning finished jobs from the history"
+        );
+        for id in &doomed {
+            self.forget(id);
+        }
+        if let Err(e) = self
+            .store
+            .commit(doomed.into_iter().map(Op::DeleteJob).collect())
+            .await
+        {
+            tracing::warn!(error = %e, "cannot prune job history");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

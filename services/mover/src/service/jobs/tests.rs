@@ -1,0 +1,2 @@
+//! Job manager tests with in-memory endpoints: lifecycle, limits, retries, cancellation,
+//! idempotency, restart recovery and pruning.

@@ -1,0 +1,332 @@
+//! Prometheus metrics of the service, served on their own HTTP port.
+//!
+//! Names follow `ferry_<noun>_<unit>[_total]`; labels are bounded sets only (job kind,
+//! job state, result, endpoint kind, operation, gRPC method): never ids, paths or offsets.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use super::jobs::model::JobState;
+
+/// Every metric of the service.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    registry: Registry,
+    /// Jobs by state (gauge over the jobs the service knows, including history).
+    pub jobs: IntGaugeVec,
+    /// Jobs that reached a terminal state, by kind and result.
+    pub jobs_finished: IntCounterVec,
+    /// Run time of finished jobs (start to end), by kind and result.
+    pub job_duration: HistogramVec,
+    /// Time from acceptance to start, by kind.
+    pub queue_wait: HistogramVec,
+    /// Retries of transient errors, by kind.
+    pub job_retries: IntCounterVec,
+    /// Bytes read from sources, by endpoint kind.
+    pub bytes_read: IntCounterVec,
+    /// Bytes written to targets, by endpoint kind.
+    pub bytes_written: IntCounterVec,
+    /// Bytes made zero with write_zeroes, by endpoint kind.
+    pub bytes_zeroed: IntCounterVec,
+    /// Bytes neither read nor written: already committed before a resume, or zero ranges
+    /// of a target known to be zero, by endpoint kind.
+    pub bytes_skipped: IntCounterVec,
+    /// Failed endpoint operations, by endpoint kind and operation.
+    pub io_errors: IntCounterVec,
+    /// gRPC requests being handled, by method.
+    pub requests_in_flight: IntGaugeVec,
+    /// gRPC requests handled, by method and status code.
+    pub requests: IntCounterVec,
+}
+
+fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("unique metric");
+    c
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("unique metric");
+    g
+}
+
+fn histogram(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+    buckets: Vec<f64>,
+) -> HistogramVec {
+    let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)
+        .expect("valid metric");
+    registry
+        .register(Box::new(h.clone()))
+        .expect("unique metric");
+    h
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let seconds = vec![
+            0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0,
+        ];
+        let m = Self {
+            jobs: gauge(&registry, "ferry_jobs", "Jobs by state.", &["state"]),
+            jobs_finished: counter(
+                &registry,
+                "ferry_jobs_finished_total",
+                "Jobs that reached a terminal state, by kind and result.",
+                &["kind", "result"],
+            ),
+            job_duration: histogram(
+                &registry,
+                "ferry_job_duration_seconds",
+                "Run time of finished jobs, by kind and result.",
+                &["kind", "result"],
+                seconds.clone(),
+            ),
+            queue_wait: histogram(
+                &registry,
+                "ferry_job_queue_wait_seconds",
+                "Time jobs waited in the queue before they started, by kind.",
+                &["kind"],
+                seconds,
+            ),
+            job_retries: counter(
+                &registry,
+                "ferry_job_retries_total",
+                "Retries after transient errors, by kind.",
+                &["kind"],
+            ),
+            bytes_read: counter(
+                &registry,
+                "ferry_read_bytes_total",
+                "Bytes read from sources, by endpoint kind.",
+                &["endpoint"],
+            ),
+            bytes_written: counter(
+                &registry,
+                "ferry_written_bytes_total",
+                "Bytes written to targets, by endpoint kind.",
+                &["endpoint"],
+            ),
+            bytes_zeroed: counter(
+                &registry,
+                "ferry_zeroed_bytes_total",
+                "Bytes zeroed on targets with write_zeroes, by endpoint kind.",
+                &["endpoint"],
+            ),
+            bytes_skipped: counter(
+                &registry,
+                "ferry_skipped_bytes_total",
+                "Bytes neither read nor written (resumed or known zero), by endpoint kind.",
+                &["endpoint"],
+            ),
+            io_errors: counter(
+                &registry,
+                "ferry_io_errors_total",
+                "Failed endpoint operations, by endpoint kind and operation.",
+                &["endpoint", "operation"],
+            ),
+            requests_in_flight: gauge(
+                &registry,
+                "ferry_grpc_requests_in_flight",
+                "gRPC requests being handled, by method.",
+                &["method"],
+            ),
+            requests: counter(
+                &registry,
+                "ferry_grpc_requests_total",
+                "gRPC requests handled, by method and code.",
+                &["method", "code"],
+            ),
+            registry,
+        };
+        for state in JobState::ALL {
+            m.jobs.with_label_values(&[state.as_str()]).set(0);
+        }
+        m
+    }
+
+    /// Moves one job between states in the jobs gauge (None: not counted).
+    pub fn job_state(&self, from: Option<JobState>, to: Option<JobState>) {
+        if let Some(s) = from {
+            self.jobs.with_label_values(&[s.as_str()]).dec();
+        }
+        if let Some(s) = to {
+            self.jobs.with_label_values(&[s.as_str()]).inc();
+        }
+    }
+
+    /// Counts a request in flight until the guard drops; the guard records the code.
+    pub fn request(&self, method: &'static str) -> RequestGuard {
+        self.requests_in_flight.with_label_values(&[method]).inc();
+        RequestGuard {
+            metrics: self.clone(),
+            method,
+            code: "unknown",
+        }
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            tracing::warn!(error = %e, "cannot encode metrics");
+        }
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+/// Decrements the in-flight gauge and counts the request when dropped: a request cannot
+/// be forgotten by an early return.
+#[derive(Debug)]
+pub struct RequestGuard {
+    metrics: Metrics,
+    method: &'static str,
+    code: &'static str,
+}
+
+impl RequestGuard {
+    pub fn set_code(&mut self, code: tonic::Code) {
+        self.code = code_name(code);
+    }
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        self.metrics
+            .requests_in_flight
+            .with_label_values(&[self.method])
+            .dec();
+        self.metrics
+            .requests
+            .with_label_values(&[self.method, self.code])
+            .inc();
+    }
+}
+
+fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "ok",
+        Cancelled => "cancelled",
+        Unknown => "unknown",
+        InvalidArgument => "invalid_argument",
+        DeadlineExceeded => "deadline_exceeded",
+        NotFound => "not_found",
+        AlreadyExists => "already_exists",
+        PermissionDenied => "permission_denied",
+        ResourceExhausted => "resource_exhausted",
+        FailedPrecondition => "failed_precondition",
+        Aborted => "aborted",
+        OutOfRange => "out_of_range",
+        Unimplemented => "unimplemented",
+        Internal => "internal",
+        Unavailable => "unavailable",
+        DataLoss => "data_loss",
+        Unauthenticated => "unauthenticated",
+    }
+}
+
+/// Serves `GET /metrics` (and `/healthz`) until `shutdown` fires.
+pub async fn serve(listener: TcpListener, metrics: Metrics, shutdown: CancellationToken) {
+    loop {
+        let (stream, _peer): (_, SocketAddr) = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics listener accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let metrics = metrics.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let metrics = metrics.clone();
+                async move { Ok::<_, Infallible>(respond(&req, &metrics)) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = conn => {}
+                _ = shutdown.cancelled() => {}
+            }
+        });
+    }
+}
+
+fn respond(req: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> {
+    let (status, content_type, body) = match (req.method(), req.uri().path()) {
+        (&hyper::Method::GET, "/metrics") => (
+            200,
+            "text/plain; version=0.0.4; charset=utf-8",
+            metrics.encode(),
+        ),
+        (&hyper::Method::GET, "/healthz") => (200, "text/plain", "ok\n".to_string()),
+        _ => (404, "text/plain", "not found: try /metrics\n".to_string()),
+    };
+    Response::builder()
+        .status(status)
+        .header("content-type", content_type)
+        .body(Full::new(Bytes::from(body)))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_has_every_family_with_bounded_labels() {
+        let m = Metrics::new();
+        m.job_state(None, Some(JobState::Queued));
+        m.job_state(Some(JobState::Queued), Some(JobState::Running));
+        m.jobs_finished
+            .with_label_values(&["transfer", "succeeded"])
+            .inc();
+        m.bytes_read.with_label_values(&["file"]).inc_by(4096);
+        {
+            let mut g = m.request("StartTransfer");
+            assert_eq!(
+                m.requests_in_flight
+                    .with_label_values(&["StartTransfer"])
+                    .get(),
+                1
+            );
+            g.set_code(tonic::Code::Ok);
+        }
+        let text = m.encode();
+        assert!(text.contains("ferry_jobs{state=\"running\"} 1"), "{text}");
+        assert!(text.contains("ferry_jobs{state=\"queued\"} 0"), "{text}");
+        assert!(text.contains("ferry_read_bytes_total{endpoint=\"file\"} 4096"));
+        assert!(text.contains("ferry_grpc_requests_total{code=\"ok\",method=\"StartTransfer\"} 1"));
+        assert!(text.contains("ferry_grpc_requests_in_flight{method=\"StartTransfer\"} 0"));
+    }
+}

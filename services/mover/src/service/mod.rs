@@ -1,0 +1,22 @@
+//! The ferry job service: the gRPC API (proto/ferry/v1), the job manager with its
+//! scheduler and persistent store, metrics, tracing and security around them.
+//!
+//! [`server::start`] runs a whole service in-process (the tests use it on 127.0.0.1:0);
+//! `ferry serve` ([`serve`]) parses flags, environment and a config file into a
+//! [`config::ServiceConfig`] and runs it until SIGTERM; `ferry job` ([`client`]) talks to it.
+
+pub mod api;
+pub mod client;
+pub mod config;
+pub mod convert;
+pub mod jobs;
+pub mod metrics;
+pub mod proto;
+pub mod scheduler;
+pub mod secrets;
+pub mod security;
+pub mod serve;
+pub mod server;
+pub mod status;
+pub mod store;
+pub mod telemetry;

@@ -1,0 +1,189 @@
+//! Starts a whole service in-process: store, job manager, gRPC (jobs, health, reflection)
+//! and the metrics endpoint; and stops it in order. `ferry serve` and the tests both use
+//! [`start`].
+//!
+//! Shutdown contract: [`RunningService::shutdown`] stops accepting connections, ends
+//! watch streams, interrupts running jobs (each persists its last checkpoint and stays
+//! "running" in the store, so the next start resumes it), waits at most the configured
+//! shutdown timeout for them, and closes the store.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_core::{Error, ErrorKind, Result};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Server;
+
+use super::api::JobApi;
+use super::config::ServiceConfig;
+use super::convert::Validator;
+use super::jobs::opener::{Endpoints, Opener};
+use super::jobs::JobManager;
+use super::metrics::{self, Metrics};
+use super::proto::{self, job_service_server::JobServiceServer};
+use super::secrets::SecretResolver;
+use super::security::{AllowRoots, BearerAuth};
+use super::store::Store;
+
+/// A running service.
+#[derive(Debug)]
+pub struct RunningService {
+    grpc_addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
+    manager: JobManager,
+    stop: CancellationToken,
+    grpc: JoinHandle<std::result::Result<(), tonic::transport::Error>>,
+    metrics_task: Option<JoinHandle<()>>,
+    health: tonic_health::server::HealthReporter,
+    shutdown_timeout: Duration,
+}
+
+async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::io(format!("cannot listen for {what} on {addr}"), e))
+}
+
+/// Starts the service with the real endpoints.
+pub async fn start(cfg: ServiceConfig) -> Result<RunningService> {
+    start_with(cfg, Arc::new(Endpoints)).await
+}
+
+/// Starts the service with the given endpoint opener (tests inject faults with it).
+pub async fn start_with(cfg: ServiceConfig, opener: Arc<dyn Opener>) -> Result<RunningService> {
+    let roots = AllowRoots::new(&cfg.allow_roots)?;
+    let secrets = SecretResolver::new(cfg.secrets_dir.clone());
+    let grpc_listener = bind(cfg.grpc_listen, "gRPC").await?;
+    let grpc_addr = grpc_listener
+        .local_addr()
+        .map_err(|e| Error::io("gRPC listener has no address", e))?;
+    let metrics_listener = match cfg.metrics_listen {
+        Some(addr) => Some(bind(addr, "metrics").await?),
+        None => None,
+    };
+    let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
+
+    let (store, loaded) = Store::open(&cfg.data_dir)?;
+    let metrics = Metrics::new();
+    tracing::info!(
+        jobs = loaded.jobs.len(),
+        checkpoints = loaded.checkpoints.len(),
+        data_dir = %cfg.data_dir.display(),
+        "job store opened"
+    );
+    let manager = JobManager::start(
+        cfg.manager.clone(),
+        store,
+        loaded,
+        metrics.clone(),
+        opener,
+        secrets.clone(),
+    );
+    let stop = CancellationToken::new();
+    let api = JobApi::new(manager.clone(), Validator { roots, secrets }, stop.clone());
+    let jobs = JobServiceServer::new(api)
+        .max_decoding_message_size(cfg.max_message_bytes)
+        .max_encoding_message_size(cfg.max_message_bytes);
+    let jobs = tonic::service::interceptor::InterceptedService::new(
+        jobs,
+        BearerAuth::new(cfg.auth_token.clone()),
+    );
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_service_status(
+            proto::JOB_SERVICE_NAME,
+            tonic_health::ServingStatus::Serving,
+        )
+        .await;
+    health
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| Error::internal(format!("reflection: {e}")))?;
+    let reflection_alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(|e| Error::internal(format!("reflection: {e}")))?;
+
+    let mut builder = Server::builder()
+        .tcp_nodelay(true)
+        .concurrency_limit_per_connection(256);
+    if let Some(tls) = &cfg.tls {
+        builder = builder
+            .tls_config(tls.server_config()?)
+            .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("TLS configuration: {e}")))?;
+    }
+    let router = builder
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(reflection_alpha)
+        .add_service(jobs);
+    let signal = stop.clone();
+    let grpc = tokio::spawn(
+        router.serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), async move {
+            signal.cancelled().await
+        }),
+    );
+    let metrics_task = metrics_listener.map(|l| {
+        let stop = stop.clone();
+        tokio::spawn(metrics::serve(l, metrics, stop))
+    });
+    tracing::info!(%grpc_addr, metrics_addr = ?metrics_addr, tls = cfg.tls.is_some(),
+                   auth = cfg.auth_token.is_some(), "ferry service listening");
+    Ok(RunningService {
+        grpc_addr,
+        metrics_addr,
+        manager,
+        stop,
+        grpc,
+        metrics_task,
+        health,
+        shutdown_timeout: cfg.shutdown_timeout,
+    })
+}
+
+impl RunningService {
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc_addr
+    }
+
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    pub fn manager(&self) -> &JobManager {
+        &self.manager
+    }
+
+    /// Stops the service (see the module docs for the order).
+    pub async fn shutdown(self) {
+        tracing::info!("shutting down: no new requests, checkpointing running jobs");
+        self.health
+            .set_service_status(
+                proto::JOB_SERVICE_NAME,
+                tonic_health::ServingStatus::NotServing,
+            )
+            .await;
+        self.stop.cancel();
+        self.manager.shutdown(self.shutdown_timeout).await;
+        match tokio::time::timeout(Duration::from_secs(5), self.grpc).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "gRPC server ended with an error"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "gRPC server task failed"),
+            Err(_) => tracing::warn!("gRPC connections did not close in time"),
+        }
+        if let Some(t) = self.metrics_task {
+            let _ = t.await;
+        }
+        tracing::info!("shutdown complete");
+    }
+}

@@ -1,0 +1,99 @@
+//! The one place where errors become gRPC status codes.
+//!
+//! Data-path errors carry a [`ErrorKind`]; the service adds the few outcomes that only
+//! exist at its level (a used idempotency key, a busy target, a full queue, a job id
+//! nobody knows). Every handler returns [`ServiceError`] and converts here.
+
+use ferry_core::{Error, ErrorKind};
+use tonic::{Code, Status};
+
+/// An error of a job service request.
+#[derive(Debug)]
+pub enum ServiceError {
+    /// An error of the data path or of validation, classified by its kind.
+    Core(Error),
+    /// The idempotency key was used with a different request.
+    KeyConflict { key: String, job_id: String },
+    /// Another unfinished job writes the target and the caller asked not to wait.
+    TargetBusy { target: String },
+    /// The queue holds as many jobs as the server allows.
+    QueueFull { limit: usize },
+    /// No job with this id (never existed or pruned).
+    UnknownJob { id: String },
+    /// The server is shutting down.
+    ShuttingDown,
+}
+
+impl From<Error> for ServiceError {
+    fn from(e: Error) -> Self {
+        Self::Core(e)
+    }
+}
+
+/// The gRPC code for an error kind.
+pub fn code_for(kind: ErrorKind) -> Code {
+    match kind {
+        ErrorKind::InvalidInput => Code::InvalidArgument,
+        ErrorKind::NotFound => Code::NotFound,
+        ErrorKind::PermissionDenied => Code::PermissionDenied,
+        ErrorKind::Unsupported => Code::Unimplemented,
+        ErrorKind::Timeout => Code::DeadlineExceeded,
+        ErrorKind::Disconnected => Code::Unavailable,
+        ErrorKind::NoSpace => Code::ResourceExhausted,
+        ErrorKind::Cancelled => Code::Cancelled,
+        ErrorKind::Corrupt => Code::DataLoss,
+        ErrorKind::Io | ErrorKind::Protocol | ErrorKind::Internal => Code::Internal,
+        _ => Code::Unknown,
+    }
+}
+
+impl From<ServiceError> for Status {
+    fn from(e: ServiceError) -> Self {
+        match e {
+            ServiceError::Core(e) => Status::new(code_for(e.kind()), e.to_string()),
+            ServiceError::KeyConflict { key, job_id } => Status::already_exists(format!(
+                "idempotency key '{key}' was already used by job {job_id} with a different \
+                 request: reuse the key only to retry the same request, or choose a new key"
+            )),
+            ServiceError::TargetBusy { target } => Status::failed_precondition(format!(
+                "another unfinished job writes {target}: wait for it, cancel it, or start \
+                 without refuse_if_target_busy to queue behind it"
+            )),
+            ServiceError::QueueFull { limit } => Status::resource_exhausted(format!(
+                "the job queue is full ({limit} queued jobs): retry later or raise \
+                 --max-queued-jobs"
+            )),
+            ServiceError::UnknownJob { id } => Status::not_found(format!(
+                "no job with id '{id}' (it may have been pruned from the history)"
+            )),
+            ServiceError::ShuttingDown => {
+                Status::unavailable("the server is shutting down: retry on the next one")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes() {
+        let s: Status = ServiceError::Core(Error::invalid_input("bad url")).into();
+        assert_eq!(s.code(), Code::InvalidArgument);
+        assert!(s.message().contains("bad url"));
+        let s: Status =
+            ServiceError::Core(Error::new(ErrorKind::PermissionDenied, "outside")).into();
+        assert_eq!(s.code(), Code::PermissionDenied);
+        let s: Status = ServiceError::UnknownJob { id: "x".into() }.into();
+        assert_eq!(s.code(), Code::NotFound);
+        let s: Status = ServiceError::KeyConflict {
+            key: "k".into(),
+            job_id: "j".into(),
+        }
+        .into();
+        assert_eq!(s.code(), Code::AlreadyExists);
+        assert_eq!(code_for(ErrorKind::Disconnected), Code::Unavailable);
+        assert_eq!(code_for(ErrorKind::Corrupt), Code::DataLoss);
+    }
+}
