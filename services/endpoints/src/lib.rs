@@ -4,6 +4,8 @@
 mod options;
 mod open;
 
+#[doc(hidden)]
+pub mod conformance;
 pub mod file;
 pub mod mem;
 pub mod nbd;
