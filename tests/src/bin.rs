@@ -150,7 +150,11 @@ impl Run {
             "{} printed on stdout although it failed: {self}",
             self.description
         );
-        let lines: Vec<&str> = self.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        let lines: Vec<&str> = self
+            .stderr
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .collect();
         assert!(
             lines.len() == 1 && lines[0].starts_with("ferry: "),
             "{} should fail with one line 'ferry: ...' on stderr: {self}",

@@ -117,7 +117,7 @@ pub fn half_data_runs(size: u64, seed: u64) -> Vec<(u64, u64)> {
 
 /// Whether the 4 KiB block at `offset` of a data run is written as zeroes.
 fn is_zero_block(seed: u64, offset: u64) -> bool {
-    mix(seed.rotate_left(17) ^ (offset / BLOCK)) % ZERO_BLOCK_ONE_IN == 0
+    mix(seed.rotate_left(17) ^ (offset / BLOCK)).is_multiple_of(ZERO_BLOCK_ONE_IN)
 }
 
 /// SplitMix64's finaliser: a cheap, well-spread hash of a u64.

@@ -14,7 +14,7 @@ const B: usize = 64 * 1024;
 
 fn checksum(path: &Path, extra: &[&str]) -> String {
     let mut args: Vec<&std::ffi::OsStr> = vec!["checksum".as_ref()];
-    args.extend(extra.iter().map(|a| a.as_ref()));
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
     args.push(path.as_os_str());
     let run = ferry!().run(args);
     run.assert_success();

@@ -35,7 +35,10 @@ fn missing_source() {
     let line = copy_fails(&[s(&missing), s(&target)]);
     assert!(line.contains(s(&missing)), "{line}");
     assert!(line.to_lowercase().contains("no such file"), "{line}");
-    assert!(!target.exists(), "a target was created for a missing source");
+    assert!(
+        !target.exists(),
+        "a target was created for a missing source"
+    );
 }
 
 #[test]
@@ -45,7 +48,10 @@ fn directory_as_source() {
     let line = copy_fails(&[s(dir.path()), s(&target)]);
     assert!(line.contains(s(dir.path())), "{line}");
     assert!(line.contains("directory"), "{line}");
-    assert!(!target.exists(), "a target was created for a directory source");
+    assert!(
+        !target.exists(),
+        "a target was created for a directory source"
+    );
 }
 
 /// A file that cannot be read. Permission bits do not stop root (CAP_DAC_OVERRIDE), and
@@ -83,21 +89,13 @@ fn is_root() -> bool {
 
 fn find_write_only_sysfs_file() -> Option<PathBuf> {
     let known = ["/sys/bus/pci/rescan", "/sys/kernel/mm/ksm/run"];
-    let mut stack: Vec<(PathBuf, usize)> = known
-        .iter()
-        .map(|p| PathBuf::from(p))
-        .filter(|p| is_write_only(p))
-        .map(|p| (p, 0))
-        .collect();
-    if let Some((path, _)) = stack.pop() {
+    if let Some(path) = known.iter().map(PathBuf::from).find(|p| is_write_only(p)) {
         return Some(path);
     }
-    stack = vec![
-        (PathBuf::from("/sys/bus"), 0),
-        (PathBuf::from("/sys/fs"), 0),
-        (PathBuf::from("/sys/kernel"), 0),
-        (PathBuf::from("/sys/module"), 0),
-    ];
+    let mut stack: Vec<(PathBuf, usize)> = ["/sys/bus", "/sys/fs", "/sys/kernel", "/sys/module"]
+        .iter()
+        .map(|dir| (PathBuf::from(dir), 0))
+        .collect();
     while let Some((dir, depth)) = stack.pop() {
         let Ok(entries) = fs::read_dir(&dir) else {
             continue;
@@ -174,7 +172,11 @@ fn invalid_sizes_and_counts() {
         ("--request-size", "1X", "1X"),
         ("--request-size", "-4K", "-4K"),
         ("--request-size", "0", "request size"),
-        ("--request-size", "99999999999999999999", "99999999999999999999"),
+        (
+            "--request-size",
+            "99999999999999999999",
+            "99999999999999999999",
+        ),
         ("--sparse-size", "3000", "power of two"),
         ("--sparse-size", "1.5K", "1.5K"),
         ("--rate-limit", "0", "rate limit"),
@@ -219,10 +221,7 @@ fn scheme_without_a_reachable_endpoint() {
         let run = ferry!().run(["copy", args[0], args[1]]);
         let line = run.assert_clean_failure();
         assert!(line.contains("iscsi://127.0.0.1:1/"), "{line}");
-        assert!(
-            run.elapsed < std::time::Duration::from_secs(60),
-            "{run}"
-        );
+        assert!(run.elapsed < std::time::Duration::from_secs(60), "{run}");
     }
 }
 

@@ -146,7 +146,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(g.align, 1);
-        assert_eq!(g.request, 1 << 20);
+        assert_eq!(g.request, 256 << 10);
         assert_eq!(g.sparse, 4096);
         assert_eq!(g.workers, 8);
         assert_eq!(g.window, DEFAULT_REQUESTS_PER_WORKER);

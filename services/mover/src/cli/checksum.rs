@@ -6,7 +6,6 @@
 
 use std::process::ExitCode;
 
-use anyhow::Context as _;
 use clap::Args;
 use ferry_core::EndpointSpec;
 use ferry_endpoints::{open_source, SourceOptions};
@@ -31,7 +30,7 @@ pub struct ChecksumArgs {
     #[arg(long, value_name = "N", value_parser = args::count)]
     pub threads: Option<usize>,
     /// Size of each read, like 4M [default: 4M].
-    #[arg(long, value_name = "SIZE", value_parser = args::request_size)]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true, value_parser = args::request_size)]
     pub request_size: Option<usize>,
     /// writeback: through the page cache; none: direct I/O (O_DIRECT).
     #[arg(long, value_enum, default_value_t = Cache::Writeback)]
@@ -41,7 +40,8 @@ pub struct ChecksumArgs {
 }
 
 fn algorithm(text: &str) -> Result<HashAlgorithm, String> {
-    text.parse().map_err(|e: ferry_core::Error| e.message().to_string())
+    text.parse()
+        .map_err(|e: ferry_core::Error| e.message().to_string())
 }
 
 impl ChecksumArgs {
@@ -97,7 +97,7 @@ async fn checksum_one(
     options: &ChecksumOptions,
     cancel: &CancellationToken,
 ) -> anyhow::Result<Digest> {
-    let spec = EndpointSpec::parse(url).context("invalid image")?;
+    let spec = EndpointSpec::parse(url).map_err(|e| super::failed(e, "invalid image"))?;
     let mut source_options = SourceOptions::default();
     source_options.cache = args.cache.into();
     let source = open_source(&spec, &source_options)
@@ -108,5 +108,5 @@ async fn checksum_one(
     let result = ferry_engine::checksum(source.clone(), options, &progress, cancel).await;
     progress::finish(display).await;
     let _ = source.close().await;
-    result.with_context(|| format!("checksum of {spec} failed"))
+    result.map_err(|e| super::failed(e, &format!("checksum of {spec} failed")))
 }

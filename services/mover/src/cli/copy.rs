@@ -7,7 +7,6 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use anyhow::Context as _;
 use clap::Args;
 use ferry_core::{EndpointSpec, Source, ZeroMode};
 use ferry_endpoints::{open_source, open_target, Preallocation, SourceOptions, TargetOptions};
@@ -27,13 +26,13 @@ pub struct CopyArgs {
     #[arg(value_name = "DST")]
     pub target: String,
     /// Concurrent copy workers [default: 8].
-    #[arg(long, short = 'W', value_name = "N", value_parser = args::count)]
+    #[arg(long, value_name = "N", value_parser = args::count)]
     pub workers: Option<usize>,
     /// Size of each read request, like 1M [default: 1M].
-    #[arg(long, value_name = "SIZE", value_parser = args::request_size)]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true, value_parser = args::request_size)]
     pub request_size: Option<usize>,
     /// Size of the work units workers take from the shared cursor, like 64M.
-    #[arg(long, value_name = "SIZE", value_parser = args::work_unit)]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true, value_parser = args::work_unit)]
     pub work_unit: Option<u64>,
     /// Commit writes strictly in offset order (reads still run ahead in parallel).
     #[arg(long, conflicts_with = "out_of_order")]
@@ -43,7 +42,7 @@ pub struct CopyArgs {
     pub out_of_order: bool,
     /// Detect zero blocks of this size in the data and leave them unwritten; 0 keeps every
     /// block allocated [default: 4K].
-    #[arg(long, value_name = "SIZE", value_parser = args::sparse_size)]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true, value_parser = args::sparse_size)]
     pub sparse_size: Option<usize>,
     /// The target already reads as zeroes: write nothing for zero ranges.
     #[arg(long)]
@@ -55,7 +54,7 @@ pub struct CopyArgs {
     #[arg(long, value_enum, default_value_t = Cache::Writeback)]
     pub cache: Cache,
     /// Read at most SIZE bytes per second, like 100M.
-    #[arg(long, value_name = "SIZE", value_parser = args::rate)]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true, value_parser = args::rate)]
     pub rate_limit: Option<u64>,
     /// After the copy, compare the block hashes of source and target; fail on a mismatch.
     #[arg(long)]
@@ -117,8 +116,10 @@ impl CopyArgs {
 /// Runs `ferry copy`.
 pub async fn run(args: CopyArgs) -> anyhow::Result<ExitCode> {
     super::init_tracing();
-    let source_spec = EndpointSpec::parse(&args.source).context("invalid source")?;
-    let target_spec = EndpointSpec::parse(&args.target).context("invalid target")?;
+    let source_spec =
+        EndpointSpec::parse(&args.source).map_err(|e| super::failed(e, "invalid source"))?;
+    let target_spec =
+        EndpointSpec::parse(&args.target).map_err(|e| super::failed(e, "invalid target"))?;
     let (source_name, target_name) = (source_spec.to_string(), target_spec.to_string());
     let options = args.copy_options();
 
@@ -146,7 +147,7 @@ pub async fn run(args: CopyArgs) -> anyhow::Result<ExitCode> {
         }
         Err(e) => {
             let _ = source.close().await;
-            return Err(anyhow::Error::new(e).context("copy failed"));
+            return Err(super::failed(e, "copy failed"));
         }
     };
     let mut summary = CopySummary::new(source_name, target_name.clone(), &report);

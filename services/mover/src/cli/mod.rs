@@ -50,8 +50,47 @@ pub fn cancel_on_ctrl_c(token: &CancellationToken) -> CancellationToken {
 }
 
 /// An endpoint error with the endpoint named (unless it already is) and `what` in front.
-pub fn named(error: ferry_core::Error, endpoint: &str, what: &'static str) -> anyhow::Error {
-    anyhow::Error::new(error.with_endpoint(endpoint)).context(what)
+pub fn named(error: ferry_core::Error, endpoint: &str, what: &str) -> anyhow::Error {
+    failed(error.with_endpoint(endpoint), what)
+}
+
+/// A data-path error with `what` in front. The error's own text already ends with its
+/// cause, so it becomes a message rather than an anyhow source (which would print the
+/// cause twice).
+pub fn failed(error: ferry_core::Error, what: &str) -> anyhow::Error {
+    anyhow::anyhow!("{what}: {error}")
+}
+
+/// Handles a command line clap could not parse: help and version are printed as clap
+/// prints them (exit 0); a mistake becomes one line, `ferry: ...`, and exit code 2.
+pub fn usage_error(error: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    match error.kind() {
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = error.print();
+            ExitCode::from(if error.use_stderr() { 2 } else { 0 })
+        }
+        _ => {
+            eprintln!("ferry: {} (see 'ferry --help')", usage_error_line(&error));
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// The first paragraph of clap's message (what was wrong, with any list it gives, such as
+/// the missing arguments) as one line, without the `error: ` prefix and the usage text.
+fn usage_error_line(error: &clap::Error) -> String {
+    let rendered = error.render().to_string();
+    let first = rendered.split("\n\n").next().unwrap_or_default();
+    let line = first
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    line.strip_prefix("error: ").unwrap_or(&line).to_string()
 }
 
 /// Prints the interruption message and gives the exit code for it.

@@ -86,7 +86,11 @@ async fn lines(progress: Progress, label: String, stop: CancellationToken) {
         }
         let snap = progress.snapshot();
         let secs = started.elapsed().as_secs_f64();
-        let rate = if secs > 0.0 { snap.done as f64 / secs } else { 0.0 };
+        let rate = if secs > 0.0 {
+            snap.done as f64 / secs
+        } else {
+            0.0
+        };
         let percent = if snap.total > 0 {
             100.0 * snap.done as f64 / snap.total as f64
         } else {

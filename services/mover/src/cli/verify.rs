@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context as _};
+use anyhow::bail;
 use async_trait::async_trait;
 use ferry_core::{Caps, Extent, IoBuf, Result, Source};
 use ferry_endpoints::{open_source, EndpointSpec, SourceOptions};
@@ -34,7 +34,7 @@ pub async fn verify(
     let started = Instant::now();
     let target = open_source(target_spec, options)
         .await
-        .with_context(|| format!("verify: cannot open the target {target_name} for reading"))?;
+        .map_err(|e| super::named(e, target_name, "verify: cannot open the target for reading"))?;
     if target.size() < source.size() {
         bail!(
             "verify: the target {target_name} is {} bytes, smaller than the source's {}",
@@ -53,8 +53,10 @@ pub async fn verify(
         checksum(target.clone(), checksum_options, &target_progress, cancel),
     );
     let _ = target.close().await;
-    let source_digest = source_digest.context("verify: checksum of the source")?;
-    let target_digest = target_digest.context("verify: checksum of the target")?;
+    let source_digest =
+        source_digest.map_err(|e| super::failed(e, "verify: checksum of the source"))?;
+    let target_digest =
+        target_digest.map_err(|e| super::failed(e, "verify: checksum of the target"))?;
     if source_digest != target_digest {
         bail!(
             "verify failed: the target {target_name} differs from the source ({} of the source {}, of the target {})",
