@@ -64,7 +64,7 @@ impl Meter {
     ) -> Result<T> {
         let r = if self.sampled() {
             let span =
-                tracing::debug_span!("endpoint", endpoint = self.kind, operation, offset, len);
+                tracing::info_span!("endpoint", endpoint = self.kind, operation, offset, len);
             f.instrument(span).await
         } else {
             f.await
