@@ -135,6 +135,9 @@ impl ChunkPlanner {
         let mut block = start;
         while block < end {
             let block_end = (block + BLOCK_SIZE as u64).min(end);
+            while self.extents.front().is_some_and(|e| e.1 <= block) {
+                self.extents.pop_front();
+            }
             if !self.known_zero(block, block_end) {
                 let s = round_down(block, self.align).max(start);
                 let e = round_up(block_end, self.align).min(end);
@@ -146,9 +149,6 @@ impl ChunkPlanner {
             }
             block = block_end;
         }
-        while self.extents.front().is_some_and(|e| e.1 <= end) {
-            self.extents.pop_front();
-        }
         Ok(Some(Chunk {
             offset: start,
             len: (end - start) as usize,
@@ -156,11 +156,12 @@ impl ChunkPlanner {
         }))
     }
 
+    /// Whether `[start, end)` lies in one zero extent. Extents ending before `start` have
+    /// been dropped, so only the first can cover it: blocks are planned in order.
     fn known_zero(&self, start: u64, end: u64) -> bool {
         self.extents
-            .iter()
-            .find(|e| e.0 <= start && start < e.1)
-            .is_some_and(|e| e.2 && end <= e.1)
+            .front()
+            .is_some_and(|e| e.0 <= start && e.2 && end <= e.1)
     }
 
     async fn fetch_extents(&mut self, need: u64) -> Result<()> {
