@@ -135,13 +135,13 @@ mod tests {
     }
 
     #[test]
-    fn checkpoint_serializes() {
+    fn checkpoint_round_trips_through_json() {
         let c = Checkpoint {
             size: 8,
-            committed: vec![(0, 4)],
+            committed: vec![(0, 4), (6, 8)],
         };
-        // serde derive is what the job store relies on; keep the field names stable.
-        let debug = format!("{c:?}");
-        assert!(debug.contains("committed"));
+        let json = serde_json::to_string(&c).unwrap();
+        assert_eq!(json, r#"{"size":8,"committed":[[0,4],[6,8]]}"#);
+        assert_eq!(serde_json::from_str::<Checkpoint>(&json).unwrap(), c);
     }
 }
