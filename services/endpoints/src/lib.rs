@@ -7,6 +7,7 @@ mod open;
 #[doc(hidden)]
 pub mod conformance;
 pub mod file;
+pub mod iscsi;
 pub mod mem;
 pub mod nbd;
 

@@ -16,6 +16,9 @@ pub async fn open_source(spec: &EndpointSpec, options: &SourceOptions) -> Result
         EndpointSpec::Nbd(nbd) => Ok(Arc::new(
             crate::nbd::NbdSource::open(nbd, &crate::nbd::NbdOptions::default()).await?,
         )),
+        EndpointSpec::Iscsi(iscsi) => Ok(Arc::new(
+            crate::iscsi::IscsiSource::open(iscsi, &crate::iscsi::IscsiOptions::default()).await?,
+        )),
         other => Err(not_yet(other)),
     }
 }
@@ -31,6 +34,10 @@ pub async fn open_target(
         EndpointSpec::File(path) => Ok(Arc::new(FileTarget::open(path, size, options).await?)),
         EndpointSpec::Nbd(nbd) => Ok(Arc::new(
             crate::nbd::NbdTarget::open(nbd, size, &crate::nbd::NbdOptions::default()).await?,
+        )),
+        EndpointSpec::Iscsi(iscsi) => Ok(Arc::new(
+            crate::iscsi::IscsiTarget::open(iscsi, size, &crate::iscsi::IscsiOptions::default())
+                .await?,
         )),
         other => Err(not_yet(other)),
     }
@@ -54,7 +61,6 @@ mod tests {
     async fn schemes_without_an_endpoint_are_unsupported() {
         for (url, kind) in [
             ("nfs://127.0.0.1/export/x", "nfs"),
-            ("iscsi://127.0.0.1/iqn.2024-01.test:t/1", "iscsi"),
             ("s3://bucket/key", "s3"),
         ] {
             let spec = EndpointSpec::parse(url).unwrap();

@@ -305,7 +305,7 @@ pub(crate) async fn login(
 
     // Operational negotiation.
     let yn = |b: bool| if b { "Yes" } else { "No" };
-    let dg = |b: bool| if b { "CRC32C,None" } else { "None" };
+    let dg = |b: bool| if b { "CRC32C" } else { "None" };
     let mut keys = vec![
         kv("HeaderDigest", dg(config.header_digest)),
         kv("DataDigest", dg(config.data_digest)),
@@ -384,6 +384,13 @@ pub(crate) async fn login(
             }
         }
         if transits_to(f, STAGE_FULL) && pending.is_empty() {
+            if (config.header_digest && !params.header_digest)
+                || (config.data_digest && !params.data_digest)
+            {
+                return Err(Error::Login(
+                    "CRC32C digests were asked for but the target declined them".into(),
+                ));
+            }
             if target.is_none() {
                 params.immediate_data = false;
             }

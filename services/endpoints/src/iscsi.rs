@@ -1,0 +1,455 @@
+//! [`IscsiSource`] and [`IscsiTarget`]: a LUN on an iSCSI target as a ferry endpoint,
+//! over ferry-iscsi.
+//!
+//! Capabilities come from READ CAPACITY(16) and the Block Limits and Logical Block
+//! Provisioning VPD pages: extents (GET LBA STATUS) when the LUN is thin (LBPME), trim
+//! when WRITE SAME with UNMAP is supported and deallocated blocks read as zeroes (LBPRZ).
+//! Zeroes are written with WRITE SAME(16) (with UNMAP when the caller allows
+//! deallocation and LBPRZ holds), split to the LUN's maximum WRITE SAME length. Every
+//! `connect()` logs in a new session (iSCSI allows several per initiator).
+//!
+//! CHAP credentials: the user from the URL, the password from the URL, else from the
+//! environment variable `FERRY_ISCSI_PASSWORD`, else from the file named by
+//! `FERRY_ISCSI_PASSWORD_FILE` (first line). Mutual CHAP: `FERRY_ISCSI_TARGET_USER` with
+//! `FERRY_ISCSI_TARGET_PASSWORD` or `FERRY_ISCSI_TARGET_PASSWORD_FILE`. Secrets never
+//! appear in descriptions or errors.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ferry_core::spec::IscsiSpec;
+use ferry_core::{
+    BlockSizes, Caps, EndpointSpec, Error, ErrorKind, Extent, IoBuf, Result, Source, Target,
+    ZeroMode,
+};
+use ferry_iscsi::scsi::LbaStatus;
+use ferry_iscsi::{Chap, Config, Device};
+
+/// iSCSI-specific settings (the URL carries portal, IQN, LUN and CHAP user).
+#[derive(Debug, Clone)]
+pub struct IscsiOptions {
+    pub connect_timeout: Duration,
+    pub request_timeout: Option<Duration>,
+    pub header_digest: bool,
+    pub data_digest: bool,
+    pub max_in_flight: usize,
+}
+
+impl Default for IscsiOptions {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(30),
+            request_timeout: Some(Duration::from_secs(60)),
+            header_digest: false,
+            data_digest: false,
+            max_in_flight: 64,
+        }
+    }
+}
+
+fn kind_of(err: &ferry_iscsi::Error) -> ErrorKind {
+    use ferry_iscsi::Error as E;
+    match err {
+        E::Connect { source, .. } | E::Io { source, .. } => ErrorKind::from_io(source),
+        E::Disconnected(_) | E::Closed => ErrorKind::Disconnected,
+        E::Protocol(_) | E::Rejected(_) => ErrorKind::Protocol,
+        E::AuthFailed(_) => ErrorKind::PermissionDenied,
+        E::TargetNotFound(_) => ErrorKind::NotFound,
+        E::Timeout { .. } => ErrorKind::Timeout,
+        E::InvalidRequest(_) => ErrorKind::InvalidInput,
+        E::CheckCondition(s) => match (s.key, s.asc, s.ascq) {
+            (0x7, 0x27, 0x07) => ErrorKind::NoSpace,
+            (0x7, _, _) => ErrorKind::PermissionDenied,
+            (0x5, 0x20, _) => ErrorKind::Unsupported,
+            (0x5, _, _) => ErrorKind::InvalidInput,
+            (0x2 | 0x6, _, _) => ErrorKind::Disconnected,
+            _ => ErrorKind::Io,
+        },
+        _ => ErrorKind::Io,
+    }
+}
+
+fn convert(err: ferry_iscsi::Error, operation: &'static str, offset: u64, endpoint: &str) -> Error {
+    Error::new(kind_of(&err), err.to_string())
+        .at(operation, offset)
+        .with_endpoint(endpoint.to_string())
+}
+
+fn read_secret(var: &str) -> Result<Option<String>> {
+    if let Ok(v) = std::env::var(var) {
+        return Ok(Some(v));
+    }
+    let file_var = format!("{var}_FILE");
+    match std::env::var_os(&file_var) {
+        None => Ok(None),
+        Some(path) => {
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                Error::io(
+                    format!("cannot read the secret file named by {file_var}"),
+                    e,
+                )
+            })?;
+            Ok(Some(text.lines().next().unwrap_or("").to_string()))
+        }
+    }
+}
+
+fn config_of(spec: &IscsiSpec, options: &IscsiOptions) -> Result<Config> {
+    let chap = match &spec.user {
+        None => None,
+        Some(user) => {
+            let secret = match &spec.password {
+                Some(p) => p.expose().to_string(),
+                None => read_secret("FERRY_ISCSI_PASSWORD")?.ok_or_else(|| {
+                    Error::invalid_input(format!(
+                        "no CHAP password for user '{user}': put it in the URL, FERRY_ISCSI_PASSWORD or a file named by FERRY_ISCSI_PASSWORD_FILE"
+                    ))
+                })?,
+            };
+            Some(Chap {
+                user: user.clone(),
+                secret,
+            })
+        }
+    };
+    let mutual_chap = match std::env::var("FERRY_ISCSI_TARGET_USER") {
+        Ok(user) => Some(Chap {
+            user,
+            secret: read_secret("FERRY_ISCSI_TARGET_PASSWORD")?.ok_or_else(|| {
+                Error::invalid_input(
+                    "FERRY_ISCSI_TARGET_USER is set without FERRY_ISCSI_TARGET_PASSWORD(_FILE)",
+                )
+            })?,
+        }),
+        Err(_) => None,
+    };
+    Ok(Config {
+        chap,
+        mutual_chap,
+        header_digest: options.header_digest,
+        data_digest: options.data_digest,
+        connect_timeout: options.connect_timeout,
+        request_timeout: options.request_timeout,
+        max_in_flight: options.max_in_flight,
+        ..Config::default()
+    })
+}
+
+#[derive(Debug)]
+struct Shared {
+    describe: String,
+    address: String,
+    iqn: String,
+    lun: u64,
+    config: Config,
+}
+
+/// One session on the LUN plus what all sessions share.
+#[derive(Debug, Clone)]
+struct Lu {
+    dev: Arc<Device>,
+    shared: Arc<Shared>,
+}
+
+struct View(IoBuf);
+
+impl AsMut<[u8]> for View {
+    fn as_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+}
+
+impl Lu {
+    async fn open(spec: &IscsiSpec, options: &IscsiOptions) -> Result<Self> {
+        let describe = EndpointSpec::Iscsi(spec.clone()).to_string();
+        let host = if spec.host.contains(':') && !spec.host.starts_with('[') {
+            format!("[{}]", spec.host)
+        } else {
+            spec.host.clone()
+        };
+        let shared = Arc::new(Shared {
+            address: format!("{host}:{}", spec.port),
+            iqn: spec.iqn.clone(),
+            lun: spec.lun,
+            config: config_of(spec, options).map_err(|e| e.with_endpoint(describe.clone()))?,
+            describe,
+        });
+        let dev = Device::open(&shared.address, &shared.iqn, shared.lun, &shared.config)
+            .await
+            .map_err(|e| convert(e, "open", 0, &shared.describe))?;
+        Ok(Self {
+            dev: Arc::new(dev),
+            shared,
+        })
+    }
+
+    async fn connect(&self) -> Result<Self> {
+        let s = &self.shared;
+        let dev = Device::open(&s.address, &s.iqn, s.lun, &s.config)
+            .await
+            .map_err(|e| self.err(e, "connect", 0))?;
+        Ok(Self {
+            dev: Arc::new(dev),
+            shared: Arc::clone(&self.shared),
+        })
+    }
+
+    fn err(&self, e: ferry_iscsi::Error, operation: &'static str, offset: u64) -> Error {
+        convert(e, operation, offset, &self.shared.describe)
+    }
+
+    fn size(&self) -> u64 {
+        self.dev.capacity().bytes().unwrap_or(0)
+    }
+
+    fn bs(&self) -> u64 {
+        u64::from(self.dev.block_size())
+    }
+
+    fn can_deallocate(&self) -> bool {
+        let p = self.dev.provisioning();
+        self.dev.thin() && (self.dev.capacity().lbprz || p.lbprz) && p.lbpws
+    }
+
+    fn caps(&self) -> Caps {
+        let bs = self.dev.block_size();
+        let maximum =
+            (u64::from(self.dev.max_transfer_blocks()) * u64::from(bs)).min(32 << 20) as u32;
+        let granularity = self.dev.limits().optimal_granularity.max(1) * bs;
+        let preferred = granularity.max(4096).min(maximum).max(bs);
+        Caps {
+            extents: self.dev.thin(),
+            efficient_zero: true,
+            trim: self.can_deallocate(),
+            random_write: true,
+            multi_conn: true,
+            block: BlockSizes {
+                minimum: bs,
+                preferred,
+                maximum: maximum.max(bs),
+            },
+        }
+    }
+
+    fn check(&self, operation: &'static str, offset: u64, len: u64) -> Result<()> {
+        let bs = self.bs();
+        if offset % bs != 0 || len % bs != 0 {
+            return Err(Error::invalid_input(format!(
+                "{len} bytes at {offset} are not aligned to the LUN's {bs}-byte blocks"
+            ))
+            .at(operation, offset)
+            .with_endpoint(self.shared.describe.clone()));
+        }
+        if offset.checked_add(len).is_none_or(|e| e > self.size()) {
+            return Err(Error::invalid_input(format!(
+                "{len} bytes at {offset} reach past the end of the {}-byte LUN",
+                self.size()
+            ))
+            .at(operation, offset)
+            .with_endpoint(self.shared.describe.clone()));
+        }
+        Ok(())
+    }
+
+    async fn read_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
+        self.check("read", offset, buf.len() as u64)?;
+        let max = u64::from(self.caps().block.maximum) as usize;
+        if buf.len() <= max {
+            return self
+                .dev
+                .read(offset / self.bs(), View(buf))
+                .await
+                .map(|v| v.0)
+                .map_err(|e| self.err(e, "read", offset));
+        }
+        let mut buf = buf;
+        let mut tmp = vec![0u8; max];
+        let mut done = 0;
+        while done < buf.len() {
+            let n = (buf.len() - done).min(max);
+            tmp.resize(n, 0);
+            let at = offset + done as u64;
+            tmp = self
+                .dev
+                .read(at / self.bs(), tmp)
+                .await
+                .map_err(|e| self.err(e, "read", at))?;
+            buf[done..done + n].copy_from_slice(&tmp);
+            done += n;
+        }
+        Ok(buf)
+    }
+
+    async fn write_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
+        self.check("write", offset, buf.len() as u64)?;
+        let max = self.caps().block.maximum as usize;
+        for (i, chunk) in buf.chunks(max).enumerate() {
+            let at = offset + (i * max) as u64;
+            self.dev
+                .write(at / self.bs(), chunk)
+                .await
+                .map_err(|e| self.err(e, "write", at))?;
+        }
+        Ok(buf)
+    }
+
+    async fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> Result<()> {
+        self.check("write_zeroes", offset, len)?;
+        let unmap = mode == ZeroMode::MayDeallocate && self.can_deallocate();
+        let bs = self.bs();
+        let step = u64::from(self.dev.max_write_same_blocks().max(1));
+        let mut lba = offset / bs;
+        let end = (offset + len) / bs;
+        while lba < end {
+            let n = (end - lba).min(step) as u32;
+            self.dev
+                .write_same_zero(lba, n, unmap)
+                .await
+                .map_err(|e| self.err(e, "write_zeroes", lba * bs))?;
+            lba += u64::from(n);
+        }
+        Ok(())
+    }
+
+    async fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        let size = self.size();
+        let len = len.min(size.saturating_sub(offset));
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        if !self.dev.thin() {
+            return Ok(vec![Extent::data(offset, len)]);
+        }
+        let bs = self.bs();
+        let end = offset + len;
+        let zero_ok = self.dev.capacity().lbprz || self.dev.provisioning().lbprz;
+        let status = self
+            .dev
+            .lba_status(offset / bs)
+            .await
+            .map_err(|e| self.err(e, "extents", offset))?;
+        let mut out: Vec<Extent> = Vec::new();
+        let mut pos = offset;
+        for d in status {
+            let start = d.lba.saturating_mul(bs);
+            let stop = start.saturating_add(u64::from(d.blocks) * bs).min(end);
+            if start > pos || stop <= pos {
+                break;
+            }
+            let e = if d.status == LbaStatus::Deallocated && zero_ok {
+                Extent::zero(pos, stop - pos)
+            } else {
+                Extent::data(pos, stop - pos)
+            };
+            out.push(e);
+            pos = stop;
+            if pos >= end {
+                break;
+            }
+        }
+        if out.is_empty() {
+            // The target described nothing usable from `offset`: call one block data.
+            out.push(Extent::data(offset, bs.min(len)));
+        }
+        Ok(ferry_core::merge_extents(out))
+    }
+}
+
+/// An iSCSI LUN read as a source.
+#[derive(Debug)]
+pub struct IscsiSource {
+    lu: Lu,
+}
+
+impl IscsiSource {
+    pub async fn open(spec: &IscsiSpec, options: &IscsiOptions) -> Result<Self> {
+        Ok(Self {
+            lu: Lu::open(spec, options).await?,
+        })
+    }
+}
+
+#[async_trait]
+impl Source for IscsiSource {
+    fn describe(&self) -> String {
+        self.lu.shared.describe.clone()
+    }
+    fn size(&self) -> u64 {
+        self.lu.size()
+    }
+    fn caps(&self) -> Caps {
+        self.lu.caps()
+    }
+    async fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.lu.extents(offset, len).await
+    }
+    async fn read_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
+        self.lu.read_at(offset, buf).await
+    }
+    async fn connect(&self) -> Result<Arc<dyn Source>> {
+        Ok(Arc::new(Self {
+            lu: self.lu.connect().await?,
+        }))
+    }
+    async fn close(&self) -> Result<()> {
+        self.lu
+            .dev
+            .close()
+            .await
+            .map_err(|e| self.lu.err(e, "close", 0))
+    }
+}
+
+/// An iSCSI LUN written as a target.
+#[derive(Debug)]
+pub struct IscsiTarget {
+    lu: Lu,
+}
+
+impl IscsiTarget {
+    /// Opens the LUN to write `size` bytes; a LUN smaller than that is an error.
+    pub async fn open(spec: &IscsiSpec, size: u64, options: &IscsiOptions) -> Result<Self> {
+        let lu = Lu::open(spec, options).await?;
+        if lu.size() < size {
+            return Err(Error::invalid_input(format!(
+                "the LUN holds {} bytes, less than the {size} to write",
+                lu.size()
+            ))
+            .with_operation("open")
+            .with_endpoint(lu.shared.describe.clone()));
+        }
+        Ok(Self { lu })
+    }
+}
+
+#[async_trait]
+impl Target for IscsiTarget {
+    fn describe(&self) -> String {
+        self.lu.shared.describe.clone()
+    }
+    fn size(&self) -> u64 {
+        self.lu.size()
+    }
+    fn caps(&self) -> Caps {
+        self.lu.caps()
+    }
+    async fn write_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
+        self.lu.write_at(offset, buf).await
+    }
+    async fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> Result<()> {
+        self.lu.write_zeroes(offset, len, mode).await
+    }
+    async fn flush(&self) -> Result<()> {
+        self.lu
+            .dev
+            .sync()
+            .await
+            .map_err(|e| self.lu.err(e, "flush", 0))
+    }
+    async fn connect(&self) -> Result<Arc<dyn Target>> {
+        Ok(Arc::new(Self {
+            lu: self.lu.connect().await?,
+        }))
+    }
+}

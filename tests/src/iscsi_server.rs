@@ -1,0 +1,277 @@
+//! A tgtd (Linux SCSI target framework) the iSCSI tests start on loopback: a portal on
+//! 127.0.0.1 with a port chosen at run time, its own management channel, targets with
+//! LUNs backed by files (thick, or thin with `thin_provisioning=1`) and CHAP accounts.
+//! Dropping it deletes the targets with `--force` and then the system, which ends tgtd.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Fails the test unless tgtd and tgtadm are installed.
+pub fn require_tgt() {
+    for tool in ["tgtd", "tgtadm"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .stdout(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(found, "{tool} is not installed: apt-get install -y tgt");
+    }
+}
+
+/// A LUN to create.
+#[derive(Debug, Clone)]
+pub struct Lun {
+    pub backing: PathBuf,
+    pub thin: bool,
+}
+
+/// A running tgtd.
+#[derive(Debug)]
+pub struct Tgtd {
+    child: Option<Child>,
+    port: u16,
+    control: u16,
+    targets: Vec<u32>,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind an ephemeral port")
+}
+
+impl Tgtd {
+    /// Starts tgtd with a portal on a free loopback port.
+    pub fn start() -> Self {
+        require_tgt();
+        let port = free_port();
+        let control = port;
+        let log = std::env::temp_dir().join(format!("ferry-tgtd-{port}.log"));
+        let child = Command::new("tgtd")
+            .args(["-f", "-C", &control.to_string(), "--iscsi"])
+            .arg(format!("portal=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::File::create(&log)
+                    .map(Stdio::from)
+                    .unwrap_or(Stdio::null()),
+            )
+            .spawn()
+            .expect("start tgtd");
+        let mut t = Self {
+            child: Some(child),
+            port,
+            control,
+            targets: Vec::new(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ok = Command::new("tgtadm")
+                .args([
+                    "-C",
+                    &control.to_string(),
+                    "--lld",
+                    "iscsi",
+                    "--mode",
+                    "system",
+                    "--op",
+                    "show",
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if ok && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                break;
+            }
+            if let Some(Ok(Some(status))) = t.child.as_mut().map(|c| c.try_wait()) {
+                panic!(
+                    "tgtd exited with {status}: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "tgtd did not come up on port {port}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        t
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// host:port of the portal.
+    pub fn portal(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Runs tgtadm against this tgtd; panics with its output on failure.
+    pub fn tgtadm(&self, args: &[&str]) -> String {
+        let out = Command::new("tgtadm")
+            .args(["-C", &self.control.to_string(), "--lld", "iscsi"])
+            .args(args)
+            .output()
+            .expect("run tgtadm");
+        assert!(
+            out.status.success(),
+            "tgtadm {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Creates target `tid` named `iqn` with `luns` (numbered from 1), open to 127.0.0.1.
+    pub fn add_target(&mut self, tid: u32, iqn: &str, luns: &[Lun]) {
+        let t = tid.to_string();
+        self.tgtadm(&[
+            "--mode",
+            "target",
+            "--op",
+            "new",
+            "--tid",
+            &t,
+            "--targetname",
+            iqn,
+        ]);
+        self.targets.push(tid);
+        for (i, lun) in luns.iter().enumerate() {
+            let n = (i + 1).to_string();
+            let backing = lun.backing.to_str().expect("UTF-8 path");
+            self.tgtadm(&[
+                "--mode",
+                "logicalunit",
+                "--op",
+                "new",
+                "--tid",
+                &t,
+                "--lun",
+                &n,
+                "--bstype",
+                "rdwr",
+                "--backing-store",
+                backing,
+            ]);
+            if lun.thin {
+                self.tgtadm(&[
+                    "--mode",
+                    "logicalunit",
+                    "--op",
+                    "update",
+                    "--tid",
+                    &t,
+                    "--lun",
+                    &n,
+                    "--params",
+                    "thin_provisioning=1",
+                ]);
+            }
+        }
+        self.tgtadm(&[
+            "--mode",
+            "target",
+            "--op",
+            "bind",
+            "--tid",
+            &t,
+            "--initiator-address",
+            "127.0.0.1",
+        ]);
+    }
+
+    /// Sets a target parameter (for example MaxRecvDataSegmentLength).
+    pub fn set_param(&self, tid: u32, name: &str, value: &str) {
+        self.tgtadm(&[
+            "--mode",
+            "target",
+            "--op",
+            "update",
+            "--tid",
+            &tid.to_string(),
+            "--name",
+            name,
+            "--value",
+            value,
+        ]);
+    }
+
+    /// Requires CHAP `user`/`password` for target `tid`; `outgoing` makes it the
+    /// target's own account for mutual CHAP.
+    pub fn add_chap(&self, tid: u32, user: &str, password: &str, outgoing: bool) {
+        self.tgtadm(&[
+            "--mode",
+            "account",
+            "--op",
+            "new",
+            "--user",
+            user,
+            "--password",
+            password,
+        ]);
+        let t = tid.to_string();
+        let mut args = vec![
+            "--mode", "account", "--op", "bind", "--tid", &t, "--user", user,
+        ];
+        if outgoing {
+            args.push("--outgoing");
+        }
+        self.tgtadm(&args);
+    }
+
+    /// Stops tgtd: targets deleted with --force, then the system.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let c = self.control.to_string();
+        for tid in std::mem::take(&mut self.targets) {
+            let _ = Command::new("tgtadm")
+                .args([
+                    "-C", &c, "--lld", "iscsi", "--mode", "target", "--op", "delete", "--force",
+                    "--tid",
+                ])
+                .arg(tid.to_string())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+        let _ = Command::new("tgtadm")
+            .args([
+                "-C", &c, "--lld", "iscsi", "--op", "delete", "--mode", "system",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+impl Drop for Tgtd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Allocated bytes of a file (st_blocks * 512).
+pub fn allocated_bytes(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path)
+        .map(|m| m.blocks() * 512)
+        .unwrap_or(0)
+}

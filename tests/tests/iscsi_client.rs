@@ -1,0 +1,245 @@
+//! ferry-iscsi against a real tgtd on loopback: login (None, CHAP, mutual CHAP, digests),
+//! discovery, READ/WRITE with many commands in flight, WRITE SAME/UNMAP/GET LBA STATUS on
+//! a thin LUN, check conditions, logout.
+
+use std::path::Path;
+
+use ferry_iscsi::scsi::LbaStatus;
+use ferry_iscsi::{Chap, Config, Device, Error};
+use ferry_tests::iscsi_server::{allocated_bytes, Lun, Tgtd};
+
+const MIB: u64 = 1024 * 1024;
+const IQN: &str = "iqn.2024-01.io.ferry:test";
+
+fn backing(dir: &Path, name: &str, size: u64) -> std::path::PathBuf {
+    let p = dir.join(name);
+    let f = std::fs::File::create(&p).unwrap();
+    f.set_len(size).unwrap();
+    p
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) | 1)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_write_discovery_and_thin_commands() {
+    let dir = ferry_tests::scratch_dir();
+    let thick = backing(dir.path(), "thick.img", 16 * MIB);
+    let thin = backing(dir.path(), "thin.img", 16 * MIB);
+    let mut tgt = Tgtd::start();
+    tgt.add_target(
+        1,
+        IQN,
+        &[
+            Lun {
+                backing: thick.clone(),
+                thin: false,
+            },
+            Lun {
+                backing: thin.clone(),
+                thin: true,
+            },
+        ],
+    );
+    let config = Config::default();
+
+    let found = ferry_iscsi::discover(&tgt.portal(), &config).await.unwrap();
+    assert!(found.iter().any(|t| t.name == IQN), "{found:?}");
+
+    let dev = Device::open(&tgt.portal(), IQN, 1, &config).await.unwrap();
+    assert_eq!(dev.capacity().bytes(), Some(16 * MIB));
+    assert!(!dev.thin());
+    dev.session().ping().await.unwrap();
+
+    // Many writes and reads in flight at once, larger than every segment and burst limit.
+    let data = pattern(4 * MIB as usize, 3);
+    let bs = dev.block_size() as u64;
+    let chunk = 512 * 1024;
+    let writes = data.chunks(chunk).enumerate().map(|(i, c)| {
+        let dev = &dev;
+        async move { dev.write((i * chunk) as u64 / bs, c).await }
+    });
+    for r in futures_util::future::join_all(writes).await {
+        r.unwrap();
+    }
+    dev.sync().await.unwrap();
+    let reads = (0..data.len() / chunk).map(|i| {
+        let dev = &dev;
+        async move { dev.read((i * chunk) as u64 / bs, vec![0u8; chunk]).await }
+    });
+    let back: Vec<u8> = futures_util::future::join_all(reads)
+        .await
+        .into_iter()
+        .flat_map(|r| r.unwrap())
+        .collect();
+    assert!(back == data, "read back differs");
+    let on_disk = std::fs::read(&thick).unwrap();
+    assert!(on_disk[..data.len()] == data[..], "backing file differs");
+
+    // Past the end: a clear check condition (ILLEGAL REQUEST, LBA out of range).
+    let last = dev.capacity().blocks;
+    let err = dev
+        .session()
+        .execute(
+            1,
+            &ferry_iscsi::scsi::read16(last, 1),
+            ferry_iscsi::Transfer::Read(Box::new(vec![0u8; 512])),
+        )
+        .await
+        .err()
+        .unwrap();
+    let text = err.to_string();
+    assert!(
+        text.contains("ILLEGAL REQUEST") && text.contains("ASC/ASCQ 0x21/0x00"),
+        "{text}"
+    );
+    dev.close().await.unwrap();
+
+    // Thin LUN: provisioning, WRITE SAME with UNMAP, UNMAP, GET LBA STATUS.
+    let dev = Device::open(&tgt.portal(), IQN, 2, &config).await.unwrap();
+    assert!(dev.thin() && dev.capacity().lbprz, "{:?}", dev.capacity());
+    let blocks_per_mib = (MIB / bs) as u32;
+    dev.write(0, &pattern(4 * MIB as usize, 9)).await.unwrap();
+    dev.sync().await.unwrap();
+    let before = allocated_bytes(&thin);
+    assert!(before >= 4 * MIB, "{before}");
+    dev.write_same_zero(u64::from(blocks_per_mib), blocks_per_mib, true)
+        .await
+        .unwrap();
+    dev.unmap(&[(2 * u64::from(blocks_per_mib), blocks_per_mib)])
+        .await
+        .unwrap();
+    dev.sync().await.unwrap();
+    let after = allocated_bytes(&thin);
+    assert!(after <= before - 2 * MIB, "{before} -> {after}");
+    let zero = dev
+        .read(u64::from(blocks_per_mib), vec![1u8; MIB as usize])
+        .await
+        .unwrap();
+    assert!(zero.iter().all(|b| *b == 0));
+    let st = dev.lba_status(0).await.unwrap();
+    assert_eq!(st[0].status, LbaStatus::Mapped, "{st:?}");
+    assert_eq!(st[0].blocks, blocks_per_mib, "{st:?}");
+    let st = dev.lba_status(u64::from(blocks_per_mib)).await.unwrap();
+    assert_eq!(st[0].status, LbaStatus::Deallocated, "{st:?}");
+    assert!(st[0].blocks >= 2 * blocks_per_mib, "{st:?}");
+    dev.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chap_mutual_chap_and_digests() {
+    let dir = ferry_tests::scratch_dir();
+    let img = backing(dir.path(), "chap.img", 8 * MIB);
+    let mut tgt = Tgtd::start();
+    tgt.add_target(
+        1,
+        IQN,
+        &[Lun {
+            backing: img,
+            thin: false,
+        }],
+    );
+    tgt.add_chap(1, "alice", "alice-secret-12", false);
+    tgt.set_param(1, "HeaderDigest", "CRC32C,None");
+    tgt.set_param(1, "DataDigest", "CRC32C,None");
+
+    let chap = |u: &str, p: &str| {
+        Some(Chap {
+            user: u.into(),
+            secret: p.into(),
+        })
+    };
+    // No credentials, and wrong credentials: clear authentication failures.
+    let err = Device::open(&tgt.portal(), IQN, 1, &Config::default())
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(err, Error::AuthFailed(_)), "{err}");
+    let bad = Config {
+        chap: chap("alice", "wrong-secret-12"),
+        ..Config::default()
+    };
+    let err = Device::open(&tgt.portal(), IQN, 1, &bad)
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(err, Error::AuthFailed(_)), "{err}");
+    assert!(
+        !format!("{err} {err:?} {bad:?}").contains("wrong-secret"),
+        "secret leaked"
+    );
+
+    // Right credentials, with CRC32C header and data digests.
+    let good = Config {
+        chap: chap("alice", "alice-secret-12"),
+        header_digest: true,
+        data_digest: true,
+        ..Config::default()
+    };
+    let dev = Device::open(&tgt.portal(), IQN, 1, &good).await.unwrap();
+    assert!(dev.session().params().header_digest && dev.session().params().data_digest);
+    let data = pattern(MIB as usize, 5);
+    dev.write(8, &data).await.unwrap();
+    assert!(dev.read(8, vec![0u8; data.len()]).await.unwrap() == data);
+    dev.close().await.unwrap();
+
+    // Mutual CHAP: the target proves its own secret.
+    tgt.add_chap(1, "target-user", "target-secret-1", true);
+    let mutual = Config {
+        mutual_chap: chap("target-user", "target-secret-1"),
+        ..good.clone()
+    };
+    let dev = Device::open(&tgt.portal(), IQN, 1, &mutual).await.unwrap();
+    assert!(dev.read(8, vec![0u8; data.len()]).await.unwrap() == data);
+    dev.close().await.unwrap();
+    let wrong = Config {
+        mutual_chap: chap("target-user", "not-the-secret"),
+        ..good
+    };
+    let err = Device::open(&tgt.portal(), IQN, 1, &wrong)
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(err, Error::AuthFailed(_)), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_target_and_disconnect_are_clear_errors() {
+    let dir = ferry_tests::scratch_dir();
+    let img = backing(dir.path(), "d.img", 8 * MIB);
+    let mut tgt = Tgtd::start();
+    tgt.add_target(
+        1,
+        IQN,
+        &[Lun {
+            backing: img,
+            thin: false,
+        }],
+    );
+    let err = Device::open(
+        &tgt.portal(),
+        "iqn.2024-01.io.ferry:nope",
+        1,
+        &Config::default(),
+    )
+    .await
+    .err()
+    .unwrap();
+    assert!(matches!(err, Error::TargetNotFound(_)), "{err}");
+
+    let dev = Device::open(&tgt.portal(), IQN, 1, &Config::default())
+        .await
+        .unwrap();
+    tgt.stop();
+    let err = dev.read(0, vec![0u8; 4096]).await.err().unwrap();
+    assert!(
+        matches!(
+            err,
+            Error::Disconnected(_) | Error::Closed | Error::Io { .. }
+        ),
+        "{err}"
+    );
+}
