@@ -410,6 +410,14 @@ pub fn open_spec(
         (EndpointSpec::Nbd(s), Some(Options::Nbd(o))) if !o.tls_certificates_dir.is_empty() => {
             s.tls_certificates = Some(o.tls_certificates_dir.clone().into());
         }
+        // ferry-endpoints' open functions take no per-job S3 settings yet; refusing beats
+        // silently using the server's default AWS credentials instead of the job's.
+        (EndpointSpec::S3(_), Some(Options::S3(_))) => {
+            return Err(Error::unsupported(format!(
+                "{what}: per-job S3 options (endpoint, region, credential references) are not \
+                 supported by this server yet; omit them to use the server's AWS configuration"
+            )))
+        }
         _ => {}
     }
     Ok(spec)
