@@ -95,40 +95,45 @@ pub fn handshake(extended: bool) -> Vec<u8> {
 /// requests (cookies 1.. in this order: read, read, block status, write, write zeroes,
 /// trim, flush), then a disconnect. Panics only if the client hangs.
 pub fn session(server_bytes: Vec<u8>) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("runtime");
-    rt.block_on(async move {
-        let config = Config {
-            connect_timeout: Duration::from_secs(30),
-            request_timeout: Some(Duration::from_secs(30)),
-            max_in_flight: 8,
-            ..Config::default()
-        };
-        let run = async {
-            let Ok(client) = Client::handshake(Scripted::new(server_bytes), &config).await else {
-                return;
+    thread_local! {
+        static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .expect("runtime");
+    }
+    RUNTIME.with(|rt| {
+        rt.block_on(async move {
+            let config = Config {
+                connect_timeout: Duration::from_secs(30),
+                request_timeout: Some(Duration::from_secs(30)),
+                max_in_flight: 8,
+                ..Config::default()
             };
-            let size = client.size();
-            let min = u64::from(client.info().block_size.minimum).max(1);
-            let len = (4096u64.min(size) / min * min) as usize;
-            let c = &client;
-            let _ = tokio::join!(
-                c.read(0, vec![0u8; len]),
-                c.read(size.saturating_sub(len as u64) / min * min, vec![0u8; len]),
-                c.block_status(0, size),
-                c.write(0, vec![1u8; len], false),
-                c.write_zeroes(0, len as u64, ZeroFlags::default()),
-                c.trim(0, len as u64, false),
-                c.flush(),
-            );
-            let _ = client.disconnect().await;
-        };
-        // Time is paused: only a client that waits on nothing at all can reach this.
-        tokio::time::timeout(Duration::from_secs(3600), run)
-            .await
-            .expect("the client hung on a finished stream");
+            let run = async {
+                let Ok(client) = Client::handshake(Scripted::new(server_bytes), &config).await
+                else {
+                    return;
+                };
+                let size = client.size();
+                let min = u64::from(client.info().block_size.minimum).max(1);
+                let len = (4096u64.min(size) / min * min) as usize;
+                let c = &client;
+                let _ = tokio::join!(
+                    c.read(0, vec![0u8; len]),
+                    c.read(size.saturating_sub(len as u64) / min * min, vec![0u8; len]),
+                    c.block_status(0, size),
+                    c.write(0, vec![1u8; len], false),
+                    c.write_zeroes(0, len as u64, ZeroFlags::default()),
+                    c.trim(0, len as u64, false),
+                    c.flush(),
+                );
+                let _ = client.disconnect().await;
+            };
+            // Time is paused: only a client that waits on nothing at all can reach this.
+            tokio::time::timeout(Duration::from_secs(3600), run)
+                .await
+                .expect("the client hung on a finished stream");
+        })
     });
 }

@@ -100,21 +100,11 @@ struct Shared {
     fast_zero: AtomicBool,
 }
 
-/// One connection; sends NBD_CMD_DISC when the last handle using it goes away.
+/// One connection. When the last handle using it goes away the client sends
+/// NBD_CMD_DISC (best effort) and closes the socket.
 #[derive(Debug)]
 struct Conn {
     client: Client,
-}
-
-impl Drop for Conn {
-    fn drop(&mut self) {
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let client = self.client.clone();
-            rt.spawn(async move {
-                let _ = client.disconnect().await;
-            });
-        }
-    }
 }
 
 /// A handle on an export: a connection plus the shared state.

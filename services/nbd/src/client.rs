@@ -159,7 +159,45 @@ struct Handle {
 
 impl Drop for Handle {
     fn drop(&mut self) {
+        self.shared.disconnect_now();
         self.shared.fail(Error::Closed);
+    }
+}
+
+impl Shared {
+    /// A best-effort soft disconnect without waiting: when nothing is in flight and the
+    /// socket takes the NBD_CMD_DISC header at once, send it; otherwise the connection
+    /// simply closes (a hard disconnect, which servers handle as well).
+    fn disconnect_now(&self) {
+        {
+            let table = self.table();
+            if table.failure.is_some() || !table.entries.is_empty() {
+                return;
+            }
+        }
+        let Ok(mut writer) = self.writer.try_lock() else {
+            return;
+        };
+        let Some(w) = writer.as_mut() else {
+            return;
+        };
+        let req = Request {
+            flags: 0,
+            command: CMD_DISC,
+            cookie: self.next_cookie.fetch_add(1, Ordering::Relaxed),
+            offset: 0,
+            len: 0,
+        };
+        let (header, n) = wire::encode_request(&req, self.mode == ReplyMode::Extended);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let mut w = std::pin::Pin::new(w.as_mut());
+        if let std::task::Poll::Ready(Ok(written)) = w.as_mut().poll_write(&mut cx, &header[..n]) {
+            if written == n {
+                let _ = w.as_mut().poll_flush(&mut cx);
+                let _ = w.as_mut().poll_shutdown(&mut cx);
+            }
+        }
+        self.closing.store(true, Ordering::SeqCst);
     }
 }
 

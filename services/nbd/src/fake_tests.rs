@@ -894,10 +894,24 @@ async fn export_name_fallback_when_go_is_unsupported() {
 }
 
 #[tokio::test]
-async fn dropping_the_client_closes_the_connection() {
+async fn dropping_the_client_disconnects_politely() {
     let (client, mut fake) = pair(Setup::default(), config()).await;
     drop(client);
+    let (req, _) = step(fake.read_request()).await;
+    assert_eq!(req.command, CMD_DISC, "an idle client says goodbye");
     let mut byte = [0u8; 1];
+    let n = step(fake.s.read(&mut byte)).await.unwrap();
+    assert_eq!(n, 0, "the server must see EOF");
+
+    // With a request in flight there is no NBD_CMD_DISC, only the closed socket.
+    let (client, mut fake) = pair(Setup::default(), config()).await;
+    let c = client.clone();
+    let read = tokio::spawn(async move { c.read(0, vec![0u8; 512]).await });
+    let (req, _) = step(fake.read_request()).await;
+    assert_eq!(req.command, CMD_READ);
+    read.abort();
+    let _ = read.await;
+    drop(client);
     let n = step(fake.s.read(&mut byte)).await.unwrap();
     assert_eq!(n, 0, "the server must see EOF");
 }
