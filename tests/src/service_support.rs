@@ -14,7 +14,9 @@ use ferry_mover::service::proto::job_service_client::JobServiceClient;
 use ferry_mover::service::server::{self, RunningService};
 use tonic::transport::Channel;
 
-pub use proto::{Endpoint, Job, JobState, StartChecksumRequest, StartTransferRequest, TransferOptions};
+pub use proto::{
+    Endpoint, Job, JobState, StartChecksumRequest, StartTransferRequest, TransferOptions,
+};
 
 /// A gRPC client of the job service.
 pub type Client = JobServiceClient<Channel>;
@@ -93,7 +95,10 @@ pub async fn wait_terminal(client: &mut Client, id: &str, limit: Duration) -> Jo
     let job = tokio::time::timeout(limit, fut)
         .await
         .unwrap_or_else(|_| panic!("job {id} did not finish within {limit:?}"));
-    assert!(is_terminal(&job), "watch ended before a terminal state: {job:?}");
+    assert!(
+        is_terminal(&job),
+        "watch ended before a terminal state: {job:?}"
+    );
     job
 }
 
@@ -142,9 +147,7 @@ pub fn assert_same_image(a: &Path, b: &Path) {
         .arg(a)
         .arg(b)
         .output()
-        .unwrap_or_else(|e| {
-            panic!("qemu-img is needed (apt-get install -y qemu-utils): {e}")
-        });
+        .unwrap_or_else(|e| panic!("qemu-img is needed (apt-get install -y qemu-utils): {e}"));
     assert!(
         out.status.success(),
         "qemu-img compare {} {} failed: {}{}",
@@ -159,7 +162,9 @@ pub fn assert_same_image(a: &Path, b: &Path) {
 pub async fn scrape_metrics(addr: SocketAddr) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let fut = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect metrics");
+        let mut s = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("connect metrics");
         s.write_all(b"GET /metrics HTTP/1.0\r\nHost: test\r\n\r\n")
             .await
             .expect("send request");
@@ -171,7 +176,10 @@ pub async fn scrape_metrics(addr: SocketAddr) -> String {
         .await
         .expect("metrics answered in time");
     let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
-    assert!(head.starts_with("HTTP/1.") && head.contains(" 200 "), "{head}");
+    assert!(
+        head.starts_with("HTTP/1.") && head.contains(" 200 "),
+        "{head}"
+    );
     body.to_string()
 }
 
@@ -182,7 +190,11 @@ pub fn parse_metrics(text: &str) -> prometheus_parse::Scrape {
 }
 
 /// The value of the sample `name` whose labels include all of `labels`.
-pub fn sample(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+pub fn sample(
+    scrape: &prometheus_parse::Scrape,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> Option<f64> {
     scrape
         .samples
         .iter()
@@ -212,7 +224,12 @@ impl ServeProcess {
     pub fn start(bin: &Path, args: &[String], envs: &[(&str, &str)]) -> Self {
         let mut cmd = Command::new(bin);
         cmd.arg("serve")
-            .args(["--grpc-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+            .args([
+                "--grpc-listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ])
             .args(args)
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
@@ -298,7 +315,10 @@ impl ServeProcess {
             }
             if started.elapsed() > limit {
                 let _ = self.child.kill();
-                panic!("ferry serve did not exit within {limit:?} of SIGTERM:\n{}", self.stderr());
+                panic!(
+                    "ferry serve did not exit within {limit:?} of SIGTERM:\n{}",
+                    self.stderr()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }

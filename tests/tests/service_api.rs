@@ -62,7 +62,10 @@ async fn transfer_and_checksum_complete_with_bytes_verified() {
     assert_eq!(r.size, 12 * 1024 * 1024 + 4096);
     assert!(r.data_bytes >= 6 * 1024 * 1024, "{r:?}");
     assert!(r.zero_bytes > 0, "{r:?}");
-    let (s, t) = (r.source_digest.clone().unwrap(), r.target_digest.clone().unwrap());
+    let (s, t) = (
+        r.source_digest.clone().unwrap(),
+        r.target_digest.clone().unwrap(),
+    );
     assert_eq!(s, t);
     assert_eq!(s.hex.len(), 64);
     let Some(proto::job::Request::Transfer(echo)) = &done.request else {
@@ -70,7 +73,12 @@ async fn transfer_and_checksum_complete_with_bytes_verified() {
     };
     assert_eq!(echo.labels["suite"], "api");
 
-    let ck = e.client.start_checksum(checksum(&dst)).await.unwrap().into_inner();
+    let ck = e
+        .client
+        .start_checksum(checksum(&dst))
+        .await
+        .unwrap()
+        .into_inner();
     let ck = wait_terminal(&mut e.client, &ck.id, LIMIT).await;
     let Some(proto::job::Result::ChecksumResult(c)) = &ck.result else {
         panic!("no checksum result: {ck:?}")
@@ -150,7 +158,11 @@ async fn cancellation_stops_a_running_job_promptly() {
     assert!(p.done_bytes < 32 * 1024 * 1024, "{p:?}");
     let s = parse_metrics(&scrape_metrics(e.service.metrics_addr().unwrap()).await);
     assert_eq!(
-        sample(&s, "ferry_jobs_finished_total", &[("kind", "transfer"), ("result", "cancelled")]),
+        sample(
+            &s,
+            "ferry_jobs_finished_total",
+            &[("kind", "transfer"), ("result", "cancelled")]
+        ),
         Some(1.0)
     );
     e.service.shutdown().await;
@@ -186,7 +198,10 @@ async fn global_limit_keeps_later_jobs_queued() {
     assert_eq!(listed.jobs[0].id, second.id);
     let a = wait_terminal(&mut e.client, &first.id, LIMIT).await;
     let b = wait_terminal(&mut e.client, &second.id, LIMIT).await;
-    assert_eq!((state(&a), state(&b)), (JobState::Succeeded, JobState::Succeeded));
+    assert_eq!(
+        (state(&a), state(&b)),
+        (JobState::Succeeded, JobState::Succeeded)
+    );
     let a_end = a.end_time.unwrap();
     let b_start = b.start_time.unwrap();
     assert!((b_start.seconds, b_start.nanos) >= (a_end.seconds, a_end.nanos));
@@ -200,8 +215,18 @@ async fn idempotency_keys_return_the_same_job_or_already_exists() {
     let src = make_image(&e.root.join("src.img"), 1024 * 1024, 5);
     let mut req = transfer(&src, &e.root.join("dst.img"));
     req.idempotency_key = "controller-retry-1".into();
-    let a = e.client.start_transfer(req.clone()).await.unwrap().into_inner();
-    let b = e.client.start_transfer(req.clone()).await.unwrap().into_inner();
+    let a = e
+        .client
+        .start_transfer(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let b = e
+        .client
+        .start_transfer(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(a.id, b.id);
     let mut different = req.clone();
     different.target = endpoint(e.root.join("other.img").display().to_string());
@@ -281,7 +306,11 @@ async fn bad_requests_and_unknown_jobs() {
     for (req, needle) in cases {
         let err = e.client.start_transfer(req).await.unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument, "{needle}: {err:?}");
-        assert!(err.message().contains(needle), "{needle}: {}", err.message());
+        assert!(
+            err.message().contains(needle),
+            "{needle}: {}",
+            err.message()
+        );
         assert!(!err.message().contains("secretpw"), "{}", err.message());
     }
     for code_of in [
@@ -342,7 +371,13 @@ async fn paths_outside_the_allowed_roots_are_refused() {
     ];
     for (s, d) in escapes {
         let err = e.client.start_transfer(transfer(&s, &d)).await.unwrap_err();
-        assert_eq!(err.code(), Code::PermissionDenied, "{} -> {}: {err:?}", s.display(), d.display());
+        assert_eq!(
+            err.code(),
+            Code::PermissionDenied,
+            "{} -> {}: {err:?}",
+            s.display(),
+            d.display()
+        );
     }
     let err = e
         .client
@@ -400,11 +435,12 @@ async fn list_filters_by_label_and_pages() {
 #[tokio::test]
 async fn health_reflection_and_metrics() {
     let mut e = env().await;
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", e.service.grpc_addr()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel =
+        tonic::transport::Channel::from_shared(format!("http://{}", e.service.grpc_addr()))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
     let status = health
         .check(tonic_health::pb::HealthCheckRequest {
@@ -419,8 +455,9 @@ async fn health_reflection_and_metrics() {
     );
 
     use tonic_reflection::pb::v1::{
-        server_reflection_client::ServerReflectionClient, server_reflection_request::MessageRequest,
-        server_reflection_response::MessageResponse, ServerReflectionRequest,
+        server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+        ServerReflectionRequest,
     };
     let mut reflection = ServerReflectionClient::new(channel);
     let req = ServerReflectionRequest {
@@ -461,16 +498,34 @@ async fn health_reflection_and_metrics() {
     assert_eq!(get("ferry_jobs", &[("state", "succeeded")]), 1.0);
     assert_eq!(get("ferry_jobs", &[("state", "running")]), 0.0);
     assert_eq!(
-        get("ferry_jobs_finished_total", &[("kind", "transfer"), ("result", "succeeded")]),
+        get(
+            "ferry_jobs_finished_total",
+            &[("kind", "transfer"), ("result", "succeeded")]
+        ),
         1.0
     );
-    assert_eq!(get("ferry_read_bytes_total", &[("endpoint", "file")]), 2.0 * 1024.0 * 1024.0);
-    assert_eq!(get("ferry_written_bytes_total", &[("endpoint", "file")]), 2.0 * 1024.0 * 1024.0);
-    assert!(get("ferry_skipped_bytes_total", &[("endpoint", "file")]) >= 1024.0 * 1024.0);
-    assert_eq!(get("ferry_job_duration_seconds", &[("kind", "transfer")]), 1.0);
-    assert_eq!(get("ferry_job_queue_wait_seconds", &[("kind", "transfer")]), 1.0);
     assert_eq!(
-        get("ferry_grpc_requests_total", &[("method", "StartTransfer"), ("code", "ok")]),
+        get("ferry_read_bytes_total", &[("endpoint", "file")]),
+        2.0 * 1024.0 * 1024.0
+    );
+    assert_eq!(
+        get("ferry_written_bytes_total", &[("endpoint", "file")]),
+        2.0 * 1024.0 * 1024.0
+    );
+    assert!(get("ferry_skipped_bytes_total", &[("endpoint", "file")]) >= 1024.0 * 1024.0);
+    assert_eq!(
+        get("ferry_job_duration_seconds", &[("kind", "transfer")]),
+        1.0
+    );
+    assert_eq!(
+        get("ferry_job_queue_wait_seconds", &[("kind", "transfer")]),
+        1.0
+    );
+    assert_eq!(
+        get(
+            "ferry_grpc_requests_total",
+            &[("method", "StartTransfer"), ("code", "ok")]
+        ),
         1.0
     );
     assert_eq!(
@@ -480,7 +535,13 @@ async fn health_reflection_and_metrics() {
         ),
         1.0
     );
-    assert_eq!(get("ferry_grpc_requests_in_flight", &[("method", "StartTransfer")]), 0.0);
+    assert_eq!(
+        get(
+            "ferry_grpc_requests_in_flight",
+            &[("method", "StartTransfer")]
+        ),
+        0.0
+    );
     // Labels stay bounded: no job ids or paths anywhere in the exposition.
     assert!(!text.contains(&job.id));
     assert!(!text.contains("src.img"));
@@ -513,14 +574,17 @@ async fn bearer_token_is_required_when_configured() {
         .insert("authorization", "Bearer s3cr3t-t0ken".parse().unwrap());
     assert!(anonymous.list_jobs(req).await.is_ok());
     // Health stays open for probes.
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", e.service.grpc_addr()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel =
+        tonic::transport::Channel::from_shared(format!("http://{}", e.service.grpc_addr()))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
     assert!(health
-        .check(tonic_health::pb::HealthCheckRequest { service: String::new() })
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new()
+        })
         .await
         .is_ok());
     e.service.shutdown().await;
@@ -593,7 +657,10 @@ async fn mutual_tls() {
         Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
     }
     .await;
-    assert!(refused.is_err(), "a client without a certificate got through");
+    assert!(
+        refused.is_err(),
+        "a client without a certificate got through"
+    );
     // Plain text is refused too.
     let plain = tonic::transport::Channel::from_shared(format!("http://{}", e.service.grpc_addr()))
         .unwrap()
@@ -601,7 +668,10 @@ async fn mutual_tls() {
         .await;
     if let Ok(ch) = plain {
         let mut c = proto::job_service_client::JobServiceClient::new(ch);
-        assert!(c.list_jobs(proto::ListJobsRequest::default()).await.is_err());
+        assert!(c
+            .list_jobs(proto::ListJobsRequest::default())
+            .await
+            .is_err());
     }
     e.service.shutdown().await;
 }

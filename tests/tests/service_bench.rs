@@ -87,7 +87,11 @@ async fn service_benchmark() {
             .arg(&dst)
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         cli_s.push(t.elapsed().as_secs_f64());
 
         drop_target(&dst);
@@ -118,7 +122,10 @@ async fn service_benchmark() {
                 let req = transfer(&small, &root.join(format!("l{c}-{i}.img")));
                 let t = Instant::now();
                 client.start_transfer(req).await.unwrap();
-                latencies.lock().unwrap().push(t.elapsed().as_secs_f64() * 1000.0);
+                latencies
+                    .lock()
+                    .unwrap()
+                    .push(t.elapsed().as_secs_f64() * 1000.0);
             }
         }));
     }

@@ -58,8 +58,11 @@ fn check_objects(text: &str) -> usize {
         count += 1;
         match v["kind"].as_str() {
             Some("ConfigMap") => {
-                let cfg = v["data"]["ferry.yaml"].as_str().expect("ferry.yaml in the ConfigMap");
-                let parsed: FileConfig = serde_yaml::from_str(cfg).expect("ferry accepts the config");
+                let cfg = v["data"]["ferry.yaml"]
+                    .as_str()
+                    .expect("ferry.yaml in the ConfigMap");
+                let parsed: FileConfig =
+                    serde_yaml::from_str(cfg).expect("ferry accepts the config");
                 assert!(parsed.grpc_listen.is_some());
                 assert!(parsed.allow_root.is_some_and(|r| !r.is_empty()));
             }
@@ -71,11 +74,16 @@ fn check_objects(text: &str) -> usize {
                     .iter()
                     .map(|a| a.as_str().expect("string arg").to_string())
                     .collect();
-                let parsed = Ferry::try_parse_from(std::iter::once("ferry".to_string()).chain(args))
-                    .expect("ferry accepts the container arguments");
+                let parsed =
+                    Ferry::try_parse_from(std::iter::once("ferry".to_string()).chain(args))
+                        .expect("ferry accepts the container arguments");
                 let Sub::Serve(serve) = parsed.command;
                 assert!(serve.config.is_some());
-                assert_eq!(v["spec"]["replicas"].as_u64(), Some(1), "one writer of the store");
+                assert_eq!(
+                    v["spec"]["replicas"].as_u64(),
+                    Some(1),
+                    "one writer of the store"
+                );
             }
             _ => {}
         }
@@ -135,10 +143,12 @@ fn render(template: &str, values: &serde_yaml::Value, chart: &serde_yaml::Value)
 fn helm_chart_renders_to_valid_manifests() {
     let chart_dir = repo().join("charts/ferry");
     let chart: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(chart_dir.join("Chart.yaml")).unwrap()).unwrap();
+        serde_yaml::from_str(&std::fs::read_to_string(chart_dir.join("Chart.yaml")).unwrap())
+            .unwrap();
     assert_eq!(chart["apiVersion"].as_str(), Some("v2"));
     let values: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(chart_dir.join("values.yaml")).unwrap()).unwrap();
+        serde_yaml::from_str(&std::fs::read_to_string(chart_dir.join("values.yaml")).unwrap())
+            .unwrap();
     let out = tempfile::tempdir().unwrap();
     let mut rendered = Vec::new();
     let mut objects = 0;

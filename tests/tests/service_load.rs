@@ -38,7 +38,11 @@ async fn a_thousand_jobs_and_a_hundred_watchers() {
                 let mut req = transfer(&src, &root.join(format!("t{i:04}.img")));
                 req.labels.insert("load".into(), "1".into());
                 req.idempotency_key = format!("load-{i}");
-                let job = client.start_transfer(req).await.expect("start").into_inner();
+                let job = client
+                    .start_transfer(req)
+                    .await
+                    .expect("start")
+                    .into_inner();
                 ids.push((i, job.id));
             }
             ids
@@ -110,9 +114,16 @@ async fn a_thousand_jobs_and_a_hundred_watchers() {
         assert_same_image(&src, &root.join(format!("t{i:04}.img")));
     }
     let s = parse_metrics(&scrape_metrics(service.metrics_addr().unwrap()).await);
-    assert_eq!(sample(&s, "ferry_jobs", &[("state", "succeeded")]), Some(JOBS as f64));
     assert_eq!(
-        sample(&s, "ferry_jobs_finished_total", &[("kind", "transfer"), ("result", "succeeded")]),
+        sample(&s, "ferry_jobs", &[("state", "succeeded")]),
+        Some(JOBS as f64)
+    );
+    assert_eq!(
+        sample(
+            &s,
+            "ferry_jobs_finished_total",
+            &[("kind", "transfer"), ("result", "succeeded")]
+        ),
         Some(JOBS as f64)
     );
     println!(

@@ -53,7 +53,11 @@ impl TraceService for Collector {
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
         let mut spans = self.spans.lock().unwrap();
         for rs in &request.get_ref().resource_spans {
-            let resource = rs.resource.as_ref().map(|r| kv(&r.attributes)).unwrap_or_default();
+            let resource = rs
+                .resource
+                .as_ref()
+                .map(|r| kv(&r.attributes))
+                .unwrap_or_default();
             for ss in &rs.scope_spans {
                 for span in &ss.spans {
                     spans.push((span.name.clone(), kv(&span.attributes), resource.clone()));
@@ -121,15 +125,21 @@ async fn spans_are_exported_over_otlp() {
         .iter()
         .find(|(name, attrs, _)| name == "job" && attrs.contains(&format!("job.id={}", job.id)))
         .unwrap_or_else(|| panic!("no job span among {spans:?}"));
-    assert!(job_span.1.contains(&"job.kind=transfer".to_string()), "{job_span:?}");
     assert!(
-        job_span.2.contains(&"service.name=ferry-under-test".to_string()),
+        job_span.1.contains(&"job.kind=transfer".to_string()),
+        "{job_span:?}"
+    );
+    assert!(
+        job_span
+            .2
+            .contains(&"service.name=ferry-under-test".to_string()),
         "{job_span:?}"
     );
     assert!(
         spans
             .iter()
-            .any(|(name, attrs, _)| name == "endpoint" && attrs.contains(&"endpoint=file".to_string())),
+            .any(|(name, attrs, _)| name == "endpoint"
+                && attrs.contains(&"endpoint=file".to_string())),
         "no sampled endpoint span among {spans:?}"
     );
 }

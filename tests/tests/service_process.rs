@@ -50,7 +50,12 @@ fn serve_args(d: &Dirs) -> Vec<String> {
 
 /// Starts a slow copy (rate limited) and waits until a checkpoint covering at least
 /// `min_committed` bytes has had time to be persisted.
-async fn slow_copy_until(client: &mut Client, src: &Path, dst: &Path, min_committed: u64) -> String {
+async fn slow_copy_until(
+    client: &mut Client,
+    src: &Path,
+    dst: &Path,
+    min_committed: u64,
+) -> String {
     let mut req = transfer(src, dst);
     let o = req.options.as_mut().unwrap();
     o.rate_limit = 8 * MIB;
@@ -100,7 +105,13 @@ async fn kill_9_mid_copy_then_restart_resumes_from_the_checkpoint() {
         .into_inner();
     assert!(!is_terminal(&after_restart), "{after_restart:?}");
     let done = wait_terminal(&mut client, &id, LIMIT).await;
-    assert_eq!(state(&done), JobState::Succeeded, "{:?}\n{}", done.error, server.stderr());
+    assert_eq!(
+        state(&done),
+        JobState::Succeeded,
+        "{:?}\n{}",
+        done.error,
+        server.stderr()
+    );
     assert_eq!(done.attempt, 2, "one attempt before the kill, one after");
     let Some(proto::job::Result::TransferResult(r)) = &done.result else {
         panic!("no result: {done:?}")
@@ -120,7 +131,10 @@ async fn kill_9_mid_copy_then_restart_resumes_from_the_checkpoint() {
     // Data read after the restart is less than the image's data: the committed part was
     // not read again.
     let read = sample(&s, "ferry_read_bytes_total", &[("endpoint", "file")]).unwrap();
-    assert!(read < 32.0 * MIB as f64, "read {read} bytes after the restart");
+    assert!(
+        read < 32.0 * MIB as f64,
+        "read {read} bytes after the restart"
+    );
 }
 
 #[tokio::test]
@@ -172,7 +186,9 @@ async fn queued_and_finished_jobs_survive_a_restart() {
         .into_inner();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let q = client
-        .get_job(proto::GetJobRequest { id: queued.id.clone() })
+        .get_job(proto::GetJobRequest {
+            id: queued.id.clone(),
+        })
         .await
         .unwrap()
         .into_inner();
@@ -182,7 +198,9 @@ async fn queued_and_finished_jobs_survive_a_restart() {
     let server = ServeProcess::start(Path::new(BIN), &args, &[]);
     let mut client = connect(server.grpc).await;
     let f = client
-        .get_job(proto::GetJobRequest { id: first.id.clone() })
+        .get_job(proto::GetJobRequest {
+            id: first.id.clone(),
+        })
         .await
         .unwrap()
         .into_inner();
@@ -217,10 +235,16 @@ async fn ferry_job_client_commands() {
 
     let out = job_cmd(
         &server,
-        &["start", &s, &t, "--verify", "--label", "who=cli", "--key", "k1", "--watch"],
+        &[
+            "start", &s, &t, "--verify", "--label", "who=cli", "--key", "k1", "--watch",
+        ],
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("state:    succeeded"), "{stdout}");
     assert_same_image(&src, &dst);
 
@@ -255,7 +279,10 @@ async fn ferry_job_client_commands() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("cancelled"), "{stdout}");
     let out = job_cmd(&server, &["watch", &slow_id, "--no-progress"]);
-    assert!(!out.status.success(), "watching a cancelled job exits non-zero");
+    assert!(
+        !out.status.success(),
+        "watching a cancelled job exits non-zero"
+    );
 
     let out = job_cmd(&server, &["get", "no-such-job"]);
     assert!(!out.status.success());
