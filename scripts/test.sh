@@ -54,20 +54,29 @@ install_packages
 install_rust_components
 
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# Cargo.lock is committed; say so when the build had to change it (not --locked, so that a
+# stale lock file does not stop the tests).
+lock_before="$(cksum Cargo.lock 2>/dev/null || true)"
+check_lock() {
+    if [ "$(cksum Cargo.lock 2>/dev/null || true)" != "$lock_before" ]; then
+        echo "warning: the build updated Cargo.lock; commit it" >&2
+    fi
+}
+trap check_lock EXIT
 if [ "$lint" = 1 ]; then
     step "cargo fmt --check"
     cargo fmt --all -- --check
     step "cargo clippy -D warnings"
-    cargo clippy --workspace --all-targets --locked -- -D warnings
+    cargo clippy --workspace --all-targets -- -D warnings
 fi
 
 if cargo nextest --version >/dev/null 2>&1; then
     # nextest does not run doctests; run them first so that nextest's summary closes the run.
     step "cargo test --doc --workspace"
-    cargo test --workspace --locked --doc
+    cargo test --workspace --doc
     step "cargo nextest run --workspace"
-    cargo nextest run --workspace --locked --no-fail-fast "${runner_args[@]}"
+    cargo nextest run --workspace --no-fail-fast "${runner_args[@]}"
 else
     step "cargo test --workspace"
-    cargo test --workspace --locked --no-fail-fast "${runner_args[@]}"
+    cargo test --workspace --no-fail-fast "${runner_args[@]}"
 fi

@@ -47,7 +47,7 @@ def main() -> int:
     target_dir = cargo_target_dir()
     if not args.no_build:
         log("building ferry (release)")
-        subprocess.run(["cargo", "build", "--release", "--locked", "-p", "ferry-mover", "--bin", "ferry",
+        subprocess.run(["cargo", "build", "--release", "-p", "ferry-mover", "--bin", "ferry",
                         "-p", "ferry-tests", "--bin", "ferry-mkimage"], cwd=REPO, check=True)
     ferry = target_dir / "release" / "ferry"
     mkimage = target_dir / "release" / "ferry-mkimage"

@@ -15,6 +15,17 @@ pub fn size(text: &str) -> Result<u64, String> {
     parse_size(text).map_err(|e| e.message().to_string())
 }
 
+/// A size the way a user would type it: `256K`, `64M`, `4097`.
+pub fn show_size(bytes: u64) -> String {
+    const UNITS: [(u32, &str); 4] = [(40, "T"), (30, "G"), (20, "M"), (10, "K")];
+    for (shift, unit) in UNITS {
+        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
 /// A request size: at least 1 byte, at most [`MAX_REQUEST_SIZE`].
 pub fn request_size(text: &str) -> Result<usize, String> {
     let bytes = size(text)?;
@@ -146,6 +157,15 @@ mod tests {
         assert_eq!(rate("10M"), Ok(10 << 20));
         assert!(count("0").is_err());
         assert_eq!(count("8"), Ok(8));
+    }
+
+    #[test]
+    fn shows_sizes() {
+        assert_eq!(show_size(256 << 10), "256K");
+        assert_eq!(show_size(64 << 20), "64M");
+        assert_eq!(show_size(1 << 30), "1G");
+        assert_eq!(show_size(4097), "4097");
+        assert_eq!(show_size(0), "0");
     }
 
     #[test]

@@ -25,13 +25,15 @@ pub struct CopyArgs {
     /// Image to write; a missing file is created with the source's size.
     #[arg(value_name = "DST")]
     pub target: String,
-    /// Concurrent copy workers [default: 8].
-    #[arg(long, value_name = "N", value_parser = args::count)]
+    #[arg(long, value_name = "N", value_parser = args::count,
+          help = format!("Concurrent copy workers [default: {}]", ferry_engine::DEFAULT_WORKERS))]
     pub workers: Option<usize>,
-    /// Size of each read request, like 1M [default: 1M].
+    #[arg(help = format!("Size of each read request, like 1M [default: {}]",
+                         args::show_size(ferry_engine::DEFAULT_REQUEST_SIZE as u64)))]
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true, value_parser = args::request_size)]
     pub request_size: Option<usize>,
-    /// Size of the work units workers take from the shared cursor, like 64M.
+    #[arg(help = format!("Size of the work units workers take from a shared cursor [default: {}]",
+                         args::show_size(ferry_engine::DEFAULT_WORK_UNIT)))]
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true, value_parser = args::work_unit)]
     pub work_unit: Option<u64>,
     /// Commit writes strictly in offset order (reads still run ahead in parallel).
