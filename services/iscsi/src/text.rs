@@ -50,7 +50,7 @@ pub fn decode_binary(value: &str) -> Result<Vec<u8>> {
         .strip_prefix("0x")
         .or_else(|| value.strip_prefix("0X"))
     {
-        if hex.len() % 2 != 0 || hex.len() > 2048 {
+        if !hex.is_ascii() || hex.len() % 2 != 0 || hex.len() > 2048 {
             return Err(bad());
         }
         (0..hex.len())
@@ -120,6 +120,7 @@ mod tests {
         assert_eq!(decode_binary("0bAQI=").unwrap(), vec![1, 2]);
         assert!(decode_binary("0x0").is_err());
         assert!(decode_binary("12").is_err());
+        assert!(decode_binary("0xa\u{e9}b").is_err());
         assert_eq!(encode_hex(&[1, 0xab]), "0x01ab");
     }
 }
