@@ -1,0 +1,902 @@
+//! Writing an object: a multipart upload assembled from the engine's writes, which arrive
+//! at any offset, in any order, from several workers.
+//!
+//! Each part is assembled in a buffer until every byte of it has arrived (data copied in,
+//! zero ranges filled with zeroes), then uploaded at once, in parallel with other parts and
+//! in any order. A part that only ever received zeroes is uploaded from one shared zero
+//! buffer and never gets a buffer of its own. Images no larger than one part are sent as a
+//! single PUT from [`Target::finish`].
+//!
+//! Memory bound: part buffers come from a pool with one permit per writer handle plus one
+//! (the opening handle counts as a writer; every [`Target::connect`] adds a permit), so at
+//! most `workers + 1` parts are assembled or uploading at once: `(workers + 1) x part size`
+//! bytes. A write that needs a new buffer waits for a permit, which returns when an upload
+//! finishes. If every buffer belongs to a half-assembled part and no upload is running, the
+//! writers could wait for each other forever (a worker holding one part while the bytes that
+//! complete it sit in another worker that is waiting for a buffer); after a second of that,
+//! one buffer beyond the budget is granted and taken back when a buffer returns. Aligning
+//! the engine's work units to the part size (the `block.preferred` cap) keeps this from
+//! happening at all.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{
+    ChecksumAlgorithm, CompletedMultipartUpload, CompletedPart, MetadataDirective,
+};
+use aws_sdk_s3::Client;
+use bytes::Bytes;
+use ferry_core::spec::S3Spec;
+use ferry_core::{BlockSizes, Caps, Error, ErrorKind, IoBuf, Result, Target, ZeroMode};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
+
+use super::error::{from_sdk, Subject};
+use super::metadata::is_block_hash;
+use super::parts::{part_size_for, BufferPool, Layout, PartBuffer, RangeSet, Segment};
+use super::{client, FerryMetadata, S3Options};
+
+/// Objects up to this size can have their metadata replaced with one CopyObject.
+const MAX_COPY_OBJECT: u64 = 5 * 1024 * 1024 * 1024;
+const DEFAULT_ABORT_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often a writer waiting for a buffer checks for a stall, and how many quiet checks
+/// make one.
+const STALL_CHECK: Duration = Duration::from_millis(250);
+const STALL_CHECKS: u32 = 4;
+
+/// Opens `s3://bucket/key` for writing an image of `size` bytes. For images larger than
+/// one part this starts the multipart upload, so a missing bucket or bad credentials fail
+/// here; the object appears only when [`Target::finish`] succeeds.
+pub async fn open_target(spec: &S3Spec, size: u64, options: &S3Options) -> Result<Arc<dyn Target>> {
+    Ok(Arc::new(S3Target::open(spec, size, options).await?))
+}
+
+/// An object being uploaded. Handles from [`Target::connect`] share one upload.
+#[derive(Debug)]
+pub struct S3Target {
+    up: Arc<Upload>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Open,
+    Finishing,
+    Finished,
+    Aborted,
+}
+
+/// What the upload tasks need; shared with them (the [`Upload`] itself is not, so that
+/// dropping the last handle can abort an unfinished upload).
+struct PartIo {
+    client: Client,
+    bucket: String,
+    key: String,
+    /// None for a single PUT.
+    upload_id: Option<String>,
+    checksums: bool,
+    completed: Mutex<Vec<Option<CompletedPart>>>,
+    failure: Mutex<Option<(ErrorKind, String)>>,
+    in_flight: AtomicUsize,
+    /// One part of zeroes, shared by every all-zero part (calloc'd: costs no memory until
+    /// written, and it never is).
+    zero: Bytes,
+    zero_crcs: Mutex<Vec<(usize, String)>>,
+}
+
+#[derive(Debug)]
+enum Slot {
+    Filling(Filling),
+    /// Single-PUT mode: complete, waiting for `finish`.
+    Ready(Content),
+    /// Handed to an upload task (or dropped by an abort).
+    Sent,
+}
+
+#[derive(Debug, Default)]
+struct Filling {
+    covered: RangeSet,
+    /// Zero ranges that arrived before the part had a buffer.
+    zeros: Vec<(u64, u64)>,
+    buf: Option<PartBuffer>,
+}
+
+/// What [`Upload::try_apply`] did.
+enum Step {
+    NeedBuffer,
+    /// Applied; the part's content when that completed it.
+    Applied(Option<Content>),
+}
+
+#[derive(Debug)]
+enum Content {
+    Data(PartBuffer),
+    Zero(usize),
+}
+
+#[derive(Debug)]
+struct Upload {
+    io: Arc<PartIo>,
+    layout: Layout,
+    single: bool,
+    slots: Vec<Mutex<Slot>>,
+    pool: Arc<BufferPool>,
+    send_slots: Arc<Semaphore>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    phase: Mutex<Phase>,
+    /// The block hash, when someone tells us before the object is stored.
+    block_hash: Mutex<Option<String>>,
+    abort_timeout: Duration,
+    stall_warned: std::sync::atomic::AtomicBool,
+}
+
+impl S3Target {
+    /// Starts writing `size` bytes to `s3://bucket/key`.
+    pub async fn open(spec: &S3Spec, size: u64, options: &S3Options) -> Result<Self> {
+        let describe = format!("s3://{}/{}", spec.bucket, spec.key);
+        let part_size = part_size_for(size, options.part_size)
+            .map_err(|e| e.with_operation("open").with_endpoint(describe.clone()))?;
+        let client = client::build(options).await;
+        let layout = Layout { size, part_size };
+        let single = size <= part_size;
+        let checksums = options.checksums.unwrap_or(true);
+        let upload_id = if single {
+            None
+        } else {
+            let metadata = FerryMetadata {
+                size: Some(size),
+                block_hash: None,
+            };
+            let mut create = client
+                .create_multipart_upload()
+                .bucket(&spec.bucket)
+                .key(&spec.key);
+            for (k, v) in metadata.to_pairs() {
+                create = create.metadata(k, v);
+            }
+            if checksums {
+                create = create.checksum_algorithm(ChecksumAlgorithm::Crc32C);
+            }
+            let out = create.send().await.map_err(|e| {
+                from_sdk(
+                    e,
+                    Subject {
+                        bucket: &spec.bucket,
+                        key: &spec.key,
+                    },
+                )
+                .with_operation("open")
+                .with_endpoint(describe.clone())
+            })?;
+            let id = out.upload_id().filter(|id| !id.is_empty()).ok_or_else(|| {
+                Error::protocol("CreateMultipartUpload answered without an upload id")
+                    .with_operation("open")
+                    .with_endpoint(describe.clone())
+            })?;
+            Some(id.to_string())
+        };
+        let count = layout.count();
+        let buffer_len = usize::try_from(part_size.min(size.max(1)))
+            .map_err(|_| Error::invalid_input("part size exceeds this machine's address space"))?;
+        let zero_len = if single { 0 } else { buffer_len };
+        tracing::debug!(endpoint = %describe, size, part_size, parts = count, single, "S3 upload opened");
+        Ok(Self {
+            up: Arc::new(Upload {
+                io: Arc::new(PartIo {
+                    client,
+                    bucket: spec.bucket.clone(),
+                    key: spec.key.clone(),
+                    upload_id,
+                    checksums,
+                    completed: Mutex::new(vec![None; if single { 0 } else { count }]),
+                    failure: Mutex::new(None),
+                    in_flight: AtomicUsize::new(0),
+                    zero: Bytes::from(vec![0u8; zero_len]),
+                    zero_crcs: Mutex::new(Vec::new()),
+                }),
+                layout,
+                single,
+                slots: (0..count)
+                    .map(|_| Mutex::new(Slot::Filling(Filling::default())))
+                    .collect(),
+                pool: BufferPool::new(buffer_len, 2),
+                send_slots: Arc::new(Semaphore::new(2)),
+                tasks: Mutex::new(Vec::new()),
+                phase: Mutex::new(Phase::Open),
+                block_hash: Mutex::new(None),
+                abort_timeout: options.abort_timeout.unwrap_or(DEFAULT_ABORT_TIMEOUT),
+                stall_warned: Default::default(),
+            }),
+        })
+    }
+
+    /// The part size of this upload.
+    pub fn part_size(&self) -> u64 {
+        self.up.layout.part_size
+    }
+
+    /// The multipart upload id (None for a single PUT).
+    pub fn upload_id(&self) -> Option<&str> {
+        self.up.io.upload_id.as_deref()
+    }
+
+    /// Records the image's blksum-compatible block hash (hex) in the object's metadata
+    /// (`x-amz-meta-ferry-blkhash`). Call before [`Target::finish`]. For a multipart upload
+    /// the metadata can only change after completion, by copying the object onto itself,
+    /// which `finish` does for objects up to 5 GiB; larger objects keep only their size.
+    pub fn set_block_hash(&self, hex: &str) -> Result<()> {
+        if !is_block_hash(hex) {
+            return Err(Error::invalid_input(format!(
+                "'{hex}' is not a block hash (64 hex digits)"
+            )));
+        }
+        *self.up.block_hash.lock().expect("hash lock") = Some(hex.to_ascii_lowercase());
+        Ok(())
+    }
+
+    fn describe_inner(&self) -> String {
+        self.up.io.describe()
+    }
+}
+
+impl PartIo {
+    fn describe(&self) -> String {
+        format!("s3://{}/{}", self.bucket, self.key)
+    }
+
+    fn subject(&self) -> Subject<'_> {
+        Subject {
+            bucket: &self.bucket,
+            key: &self.key,
+        }
+    }
+
+    fn fail(&self, e: &Error) {
+        let mut failure = self.failure.lock().expect("failure lock");
+        if failure.is_none() {
+            *failure = Some((e.kind(), e.to_string()));
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        match &*self.failure.lock().expect("failure lock") {
+            None => Ok(()),
+            Some((kind, message)) => Err(Error::new(
+                *kind,
+                format!("an earlier part upload failed: {message}"),
+            )),
+        }
+    }
+
+    fn crc32c(data: &[u8]) -> String {
+        let mut crc = aws_smithy_checksums::ChecksumAlgorithm::Crc32c.into_impl();
+        crc.update(data);
+        crc.header_value()
+            .to_str()
+            .expect("base64 is ASCII")
+            .to_string()
+    }
+
+    fn zero_crc(&self, len: usize) -> String {
+        let mut cache = self.zero_crcs.lock().expect("crc lock");
+        if let Some((_, c)) = cache.iter().find(|(n, _)| *n == len) {
+            return c.clone();
+        }
+        let c = Self::crc32c(&self.zero[..len]);
+        cache.push((len, c.clone()));
+        c
+    }
+
+    /// The body and checksum of a part.
+    fn body(&self, content: Content) -> (Bytes, Option<String>) {
+        match content {
+            Content::Data(buf) => {
+                let crc = self.checksums.then(|| Self::crc32c(buf.as_ref()));
+                (Bytes::from_owner(buf), crc)
+            }
+            Content::Zero(len) => (
+                self.zero.slice(..len),
+                self.checksums.then(|| self.zero_crc(len)),
+            ),
+        }
+    }
+
+    async fn upload_part(&self, part: usize, content: Content) -> Result<CompletedPart> {
+        let number = i32::try_from(part + 1).map_err(|_| Error::internal("part number"))?;
+        let upload_id = self
+            .upload_id
+            .as_deref()
+            .ok_or_else(|| Error::internal("upload_part without an upload"))?;
+        let (body, crc) = self.body(content);
+        let mut request = self
+            .client
+            .upload_part()
+            .bucket(&self.bucket)
+            .key(&self.key)
+            .upload_id(upload_id)
+            .part_number(number)
+            .content_length(body.len() as i64)
+            .body(ByteStream::from(body));
+        if let Some(crc) = &crc {
+            request = request
+                .checksum_algorithm(ChecksumAlgorithm::Crc32C)
+                .checksum_crc32_c(crc);
+        }
+        let out = request
+            .customize()
+            .disable_payload_signing()
+            .send()
+            .await
+            .map_err(|e| from_sdk(e, self.subject()))?;
+        let etag = out.e_tag().ok_or_else(|| {
+            Error::protocol(format!("UploadPart {number} answered without an ETag"))
+        })?;
+        Ok(CompletedPart::builder()
+            .part_number(number)
+            .e_tag(etag)
+            .set_checksum_crc32_c(crc)
+            .build())
+    }
+
+    async fn put_single(&self, content: Content, metadata: &FerryMetadata) -> Result<()> {
+        let (body, crc) = self.body(content);
+        let mut request = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(&self.key)
+            .content_length(body.len() as i64)
+            .body(ByteStream::from(body));
+        for (k, v) in metadata.to_pairs() {
+            request = request.metadata(k, v);
+        }
+        if let Some(crc) = &crc {
+            request = request
+                .checksum_algorithm(ChecksumAlgorithm::Crc32C)
+                .checksum_crc32_c(crc);
+        }
+        request
+            .customize()
+            .disable_payload_signing()
+            .send()
+            .await
+            .map_err(|e| from_sdk(e, self.subject()))?;
+        Ok(())
+    }
+
+    async fn complete(&self) -> Result<()> {
+        let upload_id = self
+            .upload_id
+            .as_deref()
+            .ok_or_else(|| Error::internal("complete without an upload"))?;
+        let parts = self
+            .completed
+            .lock()
+            .expect("completed lock")
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                p.clone()
+                    .ok_or_else(|| Error::internal(format!("part {} was never uploaded", i + 1)))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.client
+            .complete_multipart_upload()
+            .bucket(&self.bucket)
+            .key(&self.key)
+            .upload_id(upload_id)
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .set_parts(Some(parts))
+                    .build(),
+            )
+            .send()
+            .await
+            .map_err(|e| from_sdk(e, self.subject()))?;
+        Ok(())
+    }
+
+    /// Replaces the metadata of the stored object by copying it onto itself.
+    async fn rewrite_metadata(&self, metadata: &FerryMetadata) -> Result<()> {
+        let source = format!(
+            "{}/{}",
+            self.bucket,
+            percent_encoding::utf8_percent_encode(&self.key, COPY_SOURCE)
+        );
+        let mut request = self
+            .client
+            .copy_object()
+            .bucket(&self.bucket)
+            .key(&self.key)
+            .copy_source(source)
+            .metadata_directive(MetadataDirective::Replace);
+        for (k, v) in metadata.to_pairs() {
+            request = request.metadata(k, v);
+        }
+        request
+            .send()
+            .await
+            .map_err(|e| from_sdk(e, self.subject()))?;
+        Ok(())
+    }
+
+    /// Aborts the multipart upload, retrying while the store is unreachable until
+    /// `timeout`, then checks that no part landed after the abort.
+    async fn abort_upload(&self, timeout: Duration) -> Result<()> {
+        let Some(upload_id) = self.upload_id.as_deref() else {
+            return Ok(());
+        };
+        let deadline = Instant::now() + timeout;
+        let mut attempt = 0u32;
+        let mut aborts = 0;
+        loop {
+            let result = self
+                .client
+                .abort_multipart_upload()
+                .bucket(&self.bucket)
+                .key(&self.key)
+                .upload_id(upload_id)
+                .send()
+                .await;
+            let err = match result {
+                Ok(_) => {
+                    aborts += 1;
+                    // A part that was still arriving can land after the abort: S3 says to
+                    // abort again until no parts remain.
+                    let leftover = self
+                        .client
+                        .list_parts()
+                        .bucket(&self.bucket)
+                        .key(&self.key)
+                        .upload_id(upload_id)
+                        .send()
+                        .await
+                        .map(|out| !out.parts().is_empty())
+                        .unwrap_or(false);
+                    if leftover && aborts < 3 {
+                        continue;
+                    }
+                    tracing::debug!(endpoint = %self.describe(), "multipart upload aborted");
+                    return Ok(());
+                }
+                Err(e) => from_sdk(e, self.subject()),
+            };
+            if err.kind() == ErrorKind::NotFound && aborts > 0 {
+                return Ok(());
+            }
+            if err.kind().is_transient() && Instant::now() < deadline {
+                attempt += 1;
+                let pause = Duration::from_millis(250u64 << attempt.min(4));
+                tracing::debug!(endpoint = %self.describe(), error = %err, "retrying the abort of the multipart upload");
+                tokio::time::sleep(pause.min(deadline.saturating_duration_since(Instant::now())))
+                    .await;
+                continue;
+            }
+            if err.kind() == ErrorKind::NotFound {
+                // Already gone (aborted by someone else, or expired by a lifecycle rule).
+                return Ok(());
+            }
+            return Err(Error::new(
+                err.kind(),
+                format!(
+                    "could not abort multipart upload {upload_id} of {}: {err}; remove it with \
+                     `aws s3api abort-multipart-upload --bucket {} --key {} --upload-id {upload_id}` \
+                     or a lifecycle rule (AbortIncompleteMultipartUpload)",
+                    self.describe(),
+                    self.bucket,
+                    self.key
+                ),
+            ));
+        }
+    }
+}
+
+// Not derived: the SDK client's Debug shows the access key id.
+impl std::fmt::Debug for PartIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PartIo")
+            .field("bucket", &self.bucket)
+            .field("key", &self.key)
+            .field("upload_id", &self.upload_id)
+            .field("in_flight", &self.in_flight)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Characters kept as they are in a CopySource key (everything else is percent-encoded).
+const COPY_SOURCE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'/')
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+/// Decrements the in-flight count however the upload task ends (even when aborted).
+struct InFlight(Arc<PartIo>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Upload {
+    fn phase(&self) -> Phase {
+        *self.phase.lock().expect("phase lock")
+    }
+
+    fn ensure_open(&self) -> Result<()> {
+        match self.phase() {
+            Phase::Open => self.io.check(),
+            Phase::Aborted => Err(Error::new(ErrorKind::Cancelled, "the upload was aborted")),
+            Phase::Finishing | Phase::Finished => {
+                Err(Error::internal("write after the upload was finished"))
+            }
+        }
+    }
+
+    /// Writes `len` bytes at `offset`: `data` or, when None, zeroes.
+    async fn write(&self, offset: u64, len: u64, data: Option<&[u8]>) -> Result<()> {
+        self.ensure_open()?;
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > self.layout.size)
+        {
+            return Err(Error::invalid_input(format!(
+                "write of {len} bytes at {offset} is beyond the image's {} bytes",
+                self.layout.size
+            )));
+        }
+        for seg in self.layout.segments(offset, len) {
+            if let Some(content) = self.apply(seg, data).await? {
+                self.send(seg.part, content).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts one segment into its part; returns the part's content when it is complete
+    /// and must be uploaded now.
+    async fn apply(&self, seg: Segment, data: Option<&[u8]>) -> Result<Option<Content>> {
+        let mut spare: Option<PartBuffer> = None;
+        loop {
+            match self.try_apply(seg, data, &mut spare)? {
+                Step::NeedBuffer => spare = Some(self.wait_for_buffer().await?),
+                Step::Applied(content) => return Ok(content),
+            }
+        }
+    }
+
+    /// [`Upload::apply`] without waiting: asks for a buffer when the part needs one and
+    /// neither `spare` nor the pool has one.
+    fn try_apply(
+        &self,
+        seg: Segment,
+        data: Option<&[u8]>,
+        spare: &mut Option<PartBuffer>,
+    ) -> Result<Step> {
+        let part_len = self.layout.part_len(seg.part);
+        let mut slot = self.slots[seg.part].lock().expect("slot lock");
+        let Slot::Filling(filling) = &mut *slot else {
+            return Err(Error::invalid_input(format!(
+                "write to part {} (bytes {}..{}) after that part was already complete: \
+                 an S3 target takes every byte once",
+                seg.part + 1,
+                self.layout.part_start(seg.part),
+                self.layout.part_start(seg.part) + part_len
+            )));
+        };
+        if data.is_some() && filling.buf.is_none() {
+            let Some(mut buf) = spare.take().or_else(|| self.pool.try_take()) else {
+                return Ok(Step::NeedBuffer);
+            };
+            buf.truncate(part_len as usize);
+            for (s, e) in filling.zeros.drain(..) {
+                buf.as_mut_slice()[s as usize..e as usize].fill(0);
+            }
+            filling.buf = Some(buf);
+        }
+        let range = seg.start as usize..(seg.start + seg.len) as usize;
+        match (data, filling.buf.as_mut()) {
+            (Some(data), Some(buf)) => {
+                let from = seg.request_offset as usize;
+                buf.as_mut_slice()[range].copy_from_slice(&data[from..from + seg.len as usize]);
+            }
+            (None, Some(buf)) => buf.as_mut_slice()[range].fill(0),
+            (_, None) => filling.zeros.push((seg.start, seg.start + seg.len)),
+        }
+        filling.covered.insert(seg.start, seg.start + seg.len);
+        if filling.covered.total() < part_len {
+            return Ok(Step::Applied(None));
+        }
+        let content = match filling.buf.take() {
+            Some(buf) => Content::Data(buf),
+            None => Content::Zero(part_len as usize),
+        };
+        if self.single {
+            *slot = Slot::Ready(content);
+            return Ok(Step::Applied(None));
+        }
+        *slot = Slot::Sent;
+        Ok(Step::Applied(Some(content)))
+    }
+
+    /// Waits for a part buffer, breaking a stall (see the module docs).
+    async fn wait_for_buffer(&self) -> Result<PartBuffer> {
+        let mut quiet = 0;
+        loop {
+            tokio::select! {
+                buf = self.pool.take() => return Ok(buf),
+                _ = tokio::time::sleep(STALL_CHECK) => {
+                    self.ensure_open()?;
+                    if self.io.in_flight.load(Ordering::Acquire) == 0 && self.pool.available() == 0 {
+                        quiet += 1;
+                    } else {
+                        quiet = 0;
+                    }
+                    if quiet >= STALL_CHECKS {
+                        if !self.stall_warned.swap(true, Ordering::AcqRel) {
+                            tracing::warn!(
+                                endpoint = %self.io.describe(),
+                                "every part buffer holds a half-written part and no upload is running: \
+                                 granting one more buffer (align work units to the part size to avoid this)"
+                            );
+                        }
+                        self.pool.overdraw();
+                        quiet = 0;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Starts the upload of a complete part once an upload slot is free.
+    async fn send(&self, part: usize, content: Content) -> Result<()> {
+        let permit: OwnedSemaphorePermit = Arc::clone(&self.send_slots)
+            .acquire_owned()
+            .await
+            .map_err(|_| Error::internal("send slots closed"))?;
+        self.ensure_open()?;
+        self.io.in_flight.fetch_add(1, Ordering::AcqRel);
+        let guard = InFlight(Arc::clone(&self.io));
+        let io = Arc::clone(&self.io);
+        let offset = self.layout.part_start(part);
+        let handle = tokio::spawn(async move {
+            let _guard = guard;
+            let _permit = permit;
+            match io.upload_part(part, content).await {
+                Ok(done) => {
+                    io.completed.lock().expect("completed lock")[part] = Some(done);
+                }
+                Err(e) => {
+                    let e = e.at("upload_part", offset).with_endpoint(io.describe());
+                    tracing::debug!(error = %e, part = part + 1, "S3 part upload failed");
+                    io.fail(&e);
+                }
+            }
+        });
+        let mut tasks = self.tasks.lock().expect("tasks lock");
+        tasks.retain(|t| !t.is_finished());
+        tasks.push(handle);
+        Ok(())
+    }
+
+    /// Waits for every upload started so far.
+    async fn drain(&self) -> Result<()> {
+        loop {
+            let batch: Vec<_> = std::mem::take(&mut *self.tasks.lock().expect("tasks lock"));
+            if batch.is_empty() {
+                return self.io.check();
+            }
+            for task in batch {
+                if let Err(e) = task.await {
+                    if e.is_panic() {
+                        return Err(Error::internal("a part upload task panicked"));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The first byte no write has covered, if any.
+    fn first_missing(&self) -> Option<u64> {
+        self.slots.iter().enumerate().find_map(|(i, slot)| {
+            match &*slot.lock().expect("slot lock") {
+                Slot::Filling(f) => Some(self.layout.part_start(i) + f.covered.first_gap()),
+                _ => None,
+            }
+        })
+    }
+
+    async fn finish(&self) -> Result<()> {
+        {
+            let mut phase = self.phase.lock().expect("phase lock");
+            match *phase {
+                Phase::Open => *phase = Phase::Finishing,
+                Phase::Finished => return Ok(()),
+                Phase::Aborted => {
+                    return Err(Error::new(ErrorKind::Cancelled, "the upload was aborted"))
+                }
+                Phase::Finishing => return Err(Error::internal("finish called twice at once")),
+            }
+        }
+        let result = self.finish_inner().await;
+        *self.phase.lock().expect("phase lock") = match result {
+            Ok(()) => Phase::Finished,
+            Err(_) => Phase::Open,
+        };
+        result
+    }
+
+    async fn finish_inner(&self) -> Result<()> {
+        self.io.check()?;
+        if let Some(at) = self.first_missing() {
+            return Err(Error::internal(format!(
+                "the copy never wrote byte {at} of {}: the object was not stored \
+                 (an S3 upload cannot resume from a checkpoint)",
+                self.layout.size
+            )));
+        }
+        let block_hash = self.block_hash.lock().expect("hash lock").clone();
+        let metadata = FerryMetadata {
+            size: Some(self.layout.size),
+            block_hash: block_hash.clone(),
+        };
+        if self.single {
+            let content = match self.slots.first() {
+                None => Content::Zero(0),
+                Some(slot) => {
+                    match std::mem::replace(&mut *slot.lock().expect("slot lock"), Slot::Sent) {
+                        Slot::Ready(content) => content,
+                        _ => return Err(Error::internal("single part not ready")),
+                    }
+                }
+            };
+            return self.io.put_single(content, &metadata).await;
+        }
+        self.drain().await?;
+        self.io.complete().await?;
+        if block_hash.is_some() {
+            if self.layout.size <= MAX_COPY_OBJECT {
+                self.io.rewrite_metadata(&metadata).await?;
+            } else {
+                tracing::warn!(
+                    endpoint = %self.io.describe(),
+                    "objects above 5 GiB keep only their size in the metadata: the block hash is not recorded"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    async fn abort(&self) -> Result<()> {
+        {
+            let mut phase = self.phase.lock().expect("phase lock");
+            if *phase == Phase::Finished {
+                return Ok(());
+            }
+            *phase = Phase::Aborted;
+        }
+        let tasks: Vec<_> = std::mem::take(&mut *self.tasks.lock().expect("tasks lock"));
+        for task in &tasks {
+            task.abort();
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
+        for slot in &self.slots {
+            *slot.lock().expect("slot lock") = Slot::Sent;
+        }
+        self.io.abort_upload(self.abort_timeout).await
+    }
+}
+
+impl Drop for Upload {
+    fn drop(&mut self) {
+        let phase = *self.phase.get_mut().unwrap_or_else(|e| e.into_inner());
+        if matches!(phase, Phase::Finished | Phase::Aborted) || self.io.upload_id.is_none() {
+            return;
+        }
+        for task in self
+            .tasks
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            task.abort();
+        }
+        let io = Arc::clone(&self.io);
+        let timeout = self.abort_timeout;
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    if let Err(e) = io.abort_upload(timeout).await {
+                        tracing::warn!(error = %e, "unfinished S3 upload could not be aborted");
+                    }
+                });
+            }
+            Err(_) => tracing::warn!(
+                endpoint = %io.describe(),
+                upload_id = io.upload_id.as_deref().unwrap_or_default(),
+                "unfinished S3 multipart upload dropped outside a runtime: it was not aborted"
+            ),
+        }
+    }
+}
+
+#[async_trait]
+impl Target for S3Target {
+    fn describe(&self) -> String {
+        self.describe_inner()
+    }
+
+    fn size(&self) -> u64 {
+        self.up.layout.size
+    }
+
+    fn caps(&self) -> Caps {
+        let part = u32::try_from(self.up.layout.part_size).unwrap_or(u32::MAX);
+        Caps {
+            extents: false,
+            efficient_zero: false,
+            trim: false,
+            random_write: true,
+            multi_conn: true,
+            block: BlockSizes {
+                minimum: 1,
+                preferred: part,
+                maximum: part.max(32 * 1024 * 1024),
+            },
+        }
+    }
+
+    async fn write_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
+        self.up
+            .write(offset, buf.len() as u64, Some(&buf))
+            .await
+            .map_err(|e| e.at("write", offset).with_endpoint(self.describe()))?;
+        Ok(buf)
+    }
+
+    async fn write_zeroes(&self, offset: u64, len: u64, _mode: ZeroMode) -> Result<()> {
+        self.up
+            .write(offset, len, None)
+            .await
+            .map_err(|e| e.at("write_zeroes", offset).with_endpoint(self.describe()))
+    }
+
+    /// Waits until every complete part is uploaded. Parts still being assembled are only in
+    /// memory until the upload completes: an S3 target cannot resume.
+    async fn flush(&self) -> Result<()> {
+        self.up
+            .drain()
+            .await
+            .map_err(|e| e.with_operation("flush").with_endpoint(self.describe()))
+    }
+
+    async fn connect(&self) -> Result<Arc<dyn Target>> {
+        self.up.pool.add_permits(1);
+        self.up.send_slots.add_permits(1);
+        Ok(Arc::new(S3Target {
+            up: Arc::clone(&self.up),
+        }))
+    }
+
+    /// Uploads the last parts and completes the upload (or sends the single PUT).
+    async fn finish(&self) -> Result<()> {
+        self.up
+            .finish()
+            .await
+            .map_err(|e| e.with_operation("finish").with_endpoint(self.describe()))
+    }
+
+    /// Stops the part uploads and aborts the multipart upload, so no parts remain stored.
+    async fn abort(&self) -> Result<()> {
+        self.up
+            .abort()
+            .await
+            .map_err(|e| e.with_operation("abort").with_endpoint(self.describe()))
+    }
+}
