@@ -123,7 +123,7 @@ pub fn make_image(path: &Path, size: u64, seed: u8) -> PathBuf {
     let mut run = 0u64;
     while offset < size {
         let len = RUN.min(size - offset);
-        if run % 2 == 0 {
+        if run.is_multiple_of(2) {
             for (i, b) in buf.iter_mut().enumerate().take(len as usize) {
                 *b = ((offset as usize + i) as u8)
                     .wrapping_mul(131)
