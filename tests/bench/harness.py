@@ -15,7 +15,7 @@ import os
 import shutil
 import statistics
 import subprocess
-import threading
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -167,66 +167,78 @@ class Stats:
         return max((r.max_rss_kib for r in self.runs), default=0) / 1024
 
 
+TIME = "/usr/bin/time"
+
+
 def measure(argv: list, timeout: float = 3600) -> RunResult:
-    """Runs argv; returns its wall time and peak RSS. wait4 gives the rusage of this one
-    child, whose ru_maxrss also covers the descendants it waited for (a shell's commands)."""
+    """Runs argv; returns its wall time and peak RSS.
+
+    The peak RSS comes from GNU time (`/usr/bin/time -f %M`, Debian package `time`), whose
+    child is the command itself: a child forked straight from this Python process would
+    count the harness's own pages in its high-water mark before exec. For a shell, the
+    figure covers the commands it ran and waited for. Without GNU time the RSS column
+    says 0."""
     argv = [str(a) for a in argv]
-    start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out: dict = {}
-    readers = [threading.Thread(target=lambda n=n, f=f: out.__setitem__(n, f.read()))
-               for n, f in (("stdout", proc.stdout), ("stderr", proc.stderr))]
-    for r in readers:
-        r.start()
-    timer = threading.Timer(timeout, proc.kill)
-    timer.start()
-    try:
-        _, status, usage = os.wait4(proc.pid, 0)
-    finally:
-        timer.cancel()
-    seconds = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    for r in readers:
-        r.join()
-    stdout = out.get("stdout", b"").decode(errors="replace")
-    stderr = out.get("stderr", b"").decode(errors="replace")
+    with tempfile.NamedTemporaryFile("r", prefix="ferry-bench-rss-") as rss_file:
+        wrapped = ([TIME, "-f", "%M", "-o", rss_file.name, *argv]
+                   if os.access(TIME, os.X_OK) else argv)
+        start = time.perf_counter()
+        try:
+            proc = subprocess.run(wrapped, capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            raise RuntimeError(f"{' '.join(argv)} did not finish in {timeout:.0f} s") from e
+        seconds = time.perf_counter() - start
+        rss_text = rss_file.read().split()
+    stdout = proc.stdout.decode(errors="replace")
+    stderr = proc.stderr.decode(errors="replace")
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}: {stderr.strip()[-2000:]}")
-    return RunResult(seconds, usage.ru_maxrss, stdout, stderr)
+    rss = int(rss_text[-1]) if rss_text and rss_text[-1].isdigit() else 0
+    return RunResult(seconds, rss, stdout, stderr)
 
 
 def run_case(env: Env, case: Case) -> dict:
     """Runs every command of the case `env.repeat` times, alternating, after one untimed
     warm-up each; returns {label: Stats}."""
     stats = {c.label: Stats(c.label, [], ferry=c.ferry, note=c.note) for c in case.commands}
-    ctx = case.context() if case.context else contextlib.nullcontext()
-    with ctx:
-        live = list(case.commands)
-        for round_no in range(env.repeat + 1):
-            for cmd in list(live):
-                st = stats[cmd.label]
-                try:
-                    if cmd.setup:
-                        cmd.setup()
-                    result = measure(cmd.argv)
-                    if round_no == 1 and cmd.check:
-                        problem = cmd.check(result)
-                        if problem:
-                            raise RuntimeError(f"check failed: {problem}")
-                except Exception as e:  # one broken peer must not sink the whole run
-                    st.error = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
-                    env.log(f"  {case.name}: {cmd.label}: {st.error}")
-                    live.remove(cmd)
-                    continue
-                finally:
-                    if cmd.cleanup:
-                        cmd.cleanup()
-                    os.sync()
-                if round_no > 0:  # round 0 warms caches and is not counted
-                    st.runs.append(result)
-                    env.log(f"  {case.name}: {cmd.label}: {result.seconds:.3f} s, "
-                            f"{result.max_rss_kib / 1024:.0f} MiB")
+    try:
+        with case.context() if case.context else contextlib.nullcontext():
+            _run_rounds(env, case, stats)
+    except Exception as e:  # a case whose servers would not start: record it, go on
+        message = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+        env.log(f"  {case.name}: {message}")
+        for st in stats.values():
+            if not st.runs and not st.error:
+                st.error = message
     return stats
+
+
+def _run_rounds(env: Env, case: Case, stats: dict) -> None:
+    live = list(case.commands)
+    for round_no in range(env.repeat + 1):
+        for cmd in list(live):
+            st = stats[cmd.label]
+            try:
+                if cmd.setup:
+                    cmd.setup()
+                result = measure(cmd.argv)
+                if round_no == 1 and cmd.check:
+                    problem = cmd.check(result)
+                    if problem:
+                        raise RuntimeError(f"check failed: {problem}")
+            except Exception as e:  # one broken peer must not sink the whole run
+                st.error = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+                env.log(f"  {case.name}: {cmd.label}: {st.error}")
+                live.remove(cmd)
+                continue
+            finally:
+                if cmd.cleanup:
+                    cmd.cleanup()
+                os.sync()
+            if round_no > 0:  # round 0 warms caches and is not counted
+                st.runs.append(result)
+                env.log(f"  {case.name}: {cmd.label}: {result.seconds:.3f} s, "
+                        f"{result.max_rss_kib / 1024:.0f} MiB")
 
 
 def render_case(case: Case, stats: dict) -> str:

@@ -30,32 +30,17 @@ def cases(env):
     for name, pattern, size, title in IMAGES:
         image = env.image(name, pattern, env.size(size))
         case_name = f"checksum-{name}"
-        digests = {}
-
-        def expect(key, tool_argv, digests=digests):
-            if key not in digests:
-                out = subprocess.run([str(a) for a in tool_argv], capture_output=True,
-                                     text=True, check=True).stdout
-                digests[key] = out.split()[0]
-            return digests[key]
-
-        def check_against(key, tool_argv, digests=digests):
-            def check(result):
-                got = result.stdout.split()[0]
-                want = expect(key, tool_argv)
-                return None if got == want else f"digest {got} != {key} {want}"
-            return check
-
+        reference = ReferenceDigests(image.path)
         commands = []
         blksum = which("blksum")
         commands.append(Command(
             "ferry checksum", [env.ferry, "checksum", image.path], ferry=True,
             note="blkhash",
-            check=check_against("blksum", ["blksum", image.path]) if blksum else None))
+            check=reference.check("blksum") if blksum else None))
         commands.append(Command(
             "ferry checksum --algorithm sha256",
             [env.ferry, "checksum", "--algorithm", "sha256", image.path],
-            check=check_against("sha256sum", ["sha256sum", image.path])))
+            check=reference.check("sha256sum")))
         commands.append(Command("sha256sum", ["sha256sum", image.path]))
         if blksum:
             commands.append(Command("blksum", ["blksum", image.path]))
@@ -88,6 +73,29 @@ def goals(image_name, case_name, limit):
     return [Goal("blkhash checksum of the 50%-data image >= 8x faster than sha256sum", vs_sha256sum),
             Goal("blkhash checksum of the 50%-data image within 1.5x of the two-core SHA-256 limit",
                  vs_limit)]
+
+
+class ReferenceDigests:
+    """The digests peers print for one image, computed once, to check ferry's against."""
+
+    def __init__(self, path):
+        self.path = path
+        self.digests = {}
+
+    def digest(self, tool):
+        if tool not in self.digests:
+            out = subprocess.run([tool, str(self.path)], capture_output=True, text=True,
+                                 check=True).stdout
+            self.digests[tool] = out.split()[0]
+        return self.digests[tool]
+
+    def check(self, tool):
+        """A Command check: the command's digest equals `tool`'s."""
+        def check(result):
+            got = result.stdout.split()[0]
+            want = self.digest(tool)
+            return None if got == want else f"digest {got} != {tool}'s {want}"
+        return check
 
 
 @functools.lru_cache(maxsize=1)
