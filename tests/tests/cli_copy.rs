@@ -11,6 +11,7 @@ use std::time::Duration;
 use ferry_tests::bin::{wait_with_deadline, Ferry};
 use ferry_tests::check::{allocated_bytes, assert_allocated_about, blkhash_file, qemu_img_compare};
 use ferry_tests::images::{make, Image, Pattern, BLOCK};
+use ferry_tests::nbd_servers::{NbdServer, Nbdkit};
 use ferry_tests::{ferry, scratch_dir};
 
 const MIB: u64 = 1 << 20;
@@ -371,6 +372,33 @@ fn verify_and_json_summary() {
     plain.assert_success();
     assert_eq!(plain.stdout.lines().count(), 1, "{plain}");
     assert!(plain.stderr.trim().is_empty(), "stderr not quiet: {plain}");
+}
+
+/// A target that loses every write (nbdkit's null plugin discards writes and reads back
+/// zeroes): the copy alone cannot notice, `--verify` must. One line, non-zero exit, nothing
+/// reported done.
+#[test]
+fn verify_catches_a_target_that_loses_writes() {
+    let dir = scratch_dir();
+    let image = image(dir.path(), Pattern::Random, 4 * MIB, 18);
+    let server = NbdServer::nbdkit(
+        &["null", &format!("size={}", image.size)],
+        &Nbdkit::default(),
+    );
+    let uri = server.uri();
+    let ferry = ferry!();
+    ferry
+        .run(["copy".as_ref(), image.path.as_os_str(), uri.as_ref()])
+        .assert_success();
+    let run = ferry.run([
+        "copy".as_ref(),
+        "--verify".as_ref(),
+        image.path.as_os_str(),
+        uri.as_ref(),
+    ]);
+    let line = run.assert_clean_failure();
+    assert!(line.contains("verify failed"), "{line}");
+    assert!(line.contains(&blkhash_file(&image.path)), "{line}");
 }
 
 #[test]
