@@ -136,6 +136,8 @@ class Case:
     context: Optional[Callable[[], contextlib.AbstractContextManager]] = None
     # Lines printed under the table (how a reference was computed, caveats).
     notes: list = dataclasses.field(default_factory=list)
+    # Runs only when --only names it (long sweeps such as the engine tuning).
+    optional: bool = False
 
 
 @dataclasses.dataclass

@@ -63,10 +63,13 @@ def main() -> int:
     try:
         env.dry = args.list
         all_cases = case_registry.load(env)
-        selected = [c for c in all_cases if not args.only or any(t in c.name for t in args.only)]
+        if args.only:
+            selected = [c for c in all_cases if any(t in c.name for t in args.only)]
+        else:
+            selected = [c for c in all_cases if not c.optional]
         if args.list:
             for c in all_cases:
-                print(f"{c.name}: {c.title}")
+                print(f"{c.name}: {c.title}" + (" (optional: run with --only)" if c.optional else ""))
             return 0
         results = {}
         for case in selected:
