@@ -234,9 +234,10 @@ def _run_rounds(env: Env, case: Case, stats: dict) -> None:
                 live.remove(cmd)
                 continue
             finally:
+                # No sync here: cleanup deletes the target, dropping its dirty pages, and a
+                # system-wide sync on a shared machine waits for everyone's writes.
                 if cmd.cleanup:
                     cmd.cleanup()
-                os.sync()
             if round_no > 0:  # round 0 warms caches and is not counted
                 st.runs.append(result)
                 env.log(f"  {case.name}: {cmd.label}: {result.seconds:.3f} s, "
