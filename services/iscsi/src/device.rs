@@ -122,7 +122,7 @@ impl Device {
 
     fn blocks_of(&self, len: usize) -> Result<u32> {
         let bs = self.block_size() as usize;
-        if len % bs != 0 {
+        if !len.is_multiple_of(bs) {
             return Err(Error::InvalidRequest(format!(
                 "{len} bytes is not a multiple of the {bs}-byte block size"
             )));
