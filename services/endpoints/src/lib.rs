@@ -10,6 +10,7 @@ pub mod file;
 pub mod iscsi;
 pub mod mem;
 pub mod nbd;
+pub mod nfs;
 pub mod s3;
 
 pub use open::{open_source, open_target};

@@ -16,10 +16,13 @@ pub async fn open_source(spec: &EndpointSpec, options: &SourceOptions) -> Result
         EndpointSpec::Nbd(nbd) => Ok(Arc::new(
             crate::nbd::NbdSource::open(nbd, &crate::nbd::NbdOptions::default()).await?,
         )),
+        EndpointSpec::Nfs(nfs) => Ok(Arc::new(
+            crate::nfs::NfsSource::open(nfs, &crate::nfs::NfsOptions::default()).await?,
+        )),
+        EndpointSpec::S3(s3) => crate::s3::open_source(s3, &crate::s3::S3Options::default()).await,
         EndpointSpec::Iscsi(iscsi) => Ok(Arc::new(
             crate::iscsi::IscsiSource::open(iscsi, &crate::iscsi::IscsiOptions::default()).await?,
         )),
-        EndpointSpec::S3(s3) => crate::s3::open_source(s3, &crate::s3::S3Options::default()).await,
         other => Err(not_yet(other)),
     }
 }
@@ -36,13 +39,16 @@ pub async fn open_target(
         EndpointSpec::Nbd(nbd) => Ok(Arc::new(
             crate::nbd::NbdTarget::open(nbd, size, &crate::nbd::NbdOptions::default()).await?,
         )),
-        EndpointSpec::Iscsi(iscsi) => Ok(Arc::new(
-            crate::iscsi::IscsiTarget::open(iscsi, size, &crate::iscsi::IscsiOptions::default())
-                .await?,
+        EndpointSpec::Nfs(nfs) => Ok(Arc::new(
+            crate::nfs::NfsTarget::open(nfs, size, &crate::nfs::NfsOptions::default()).await?,
         )),
         EndpointSpec::S3(s3) => {
             crate::s3::open_target(s3, size, &crate::s3::S3Options::default()).await
         }
+        EndpointSpec::Iscsi(iscsi) => Ok(Arc::new(
+            crate::iscsi::IscsiTarget::open(iscsi, size, &crate::iscsi::IscsiOptions::default())
+                .await?,
+        )),
         other => Err(not_yet(other)),
     }
 }
@@ -61,25 +67,22 @@ mod tests {
     use super::*;
     use ferry_core::ErrorKind;
 
+    /// Every scheme has an endpoint now; an NFS URL reaches the NFS endpoint, which
+    /// refuses NFSv4 before any network traffic.
     #[tokio::test]
-    async fn schemes_without_an_endpoint_are_unsupported() {
-        for (url, kind) in [
-            ("nfs://127.0.0.1/export/x", "nfs"),
-        ] {
-            let spec = EndpointSpec::parse(url).unwrap();
-            let want = format!("{kind}:// endpoints are not supported yet");
-            let err = open_source(&spec, &SourceOptions::default())
-                .await
-                .err()
-                .unwrap();
-            assert_eq!(err.kind(), ErrorKind::Unsupported, "{url}");
-            assert_eq!(err.message(), want);
-            let err = open_target(&spec, 1, &TargetOptions::default())
-                .await
-                .err()
-                .unwrap();
-            assert_eq!(err.kind(), ErrorKind::Unsupported, "{url}");
-            assert_eq!(err.message(), want);
-        }
+    async fn nfs_urls_reach_the_nfs_endpoint() {
+        let spec = EndpointSpec::parse("nfs://127.0.0.1/export/x?version=4").unwrap();
+        let err = open_source(&spec, &SourceOptions::default())
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(err.kind(), ErrorKind::Unsupported);
+        assert!(err.message().contains("NFS version 4"), "{err}");
+        let err = open_target(&spec, 1, &TargetOptions::default())
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(err.kind(), ErrorKind::Unsupported);
+        assert!(err.message().contains("NFS version 4"), "{err}");
     }
 }

@@ -1,0 +1,851 @@
+//! ONC RPC (RFC 5531) over TCP with record marking: many calls in flight on one
+//! connection, matched to their replies by xid, with AUTH_SYS credentials.
+//!
+//! Why not an existing crate: the NFSv3 clients on crates.io send one call at a time per
+//! connection and copy every READ reply twice. Here a reader task owns the socket's read
+//! half and places READ data straight into the caller's [`IoBuf`]; WRITE data goes from
+//! the caller's buffer to the socket. Every length read from the wire is bounded; a
+//! malformed reply closes the connection, it never panics.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferry_core::IoBuf;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::xdr::{padding, Decoder, Encoder};
+
+/// Largest record accepted from the server: the largest READ ferry asks for plus headers.
+pub const MAX_RECORD: usize = 64 * 1024 * 1024 + 64 * 1024;
+/// Largest reply other than READ data that is buffered whole.
+const MAX_SMALL_REPLY: usize = 1024 * 1024;
+/// Fragments one record may have, so a stream of empty fragments cannot spin forever.
+const MAX_FRAGMENTS: usize = 65_536;
+/// Longest RPC verifier body (RFC 5531: 400 bytes).
+const MAX_AUTH: usize = 400;
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RpcError {
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("connecting to {addr} timed out after {after:?}")]
+    ConnectTimeout { addr: SocketAddr, after: Duration },
+    #[error("connection to {addr} lost: {reason}")]
+    Disconnected { addr: SocketAddr, reason: String },
+    #[error("no reply from {addr} within {after:?}")]
+    Timeout { addr: SocketAddr, after: Duration },
+    #[error("{addr} does not serve RPC program {program} version {version}")]
+    ProgramUnavailable {
+        addr: SocketAddr,
+        program: u32,
+        version: u32,
+    },
+    #[error("{addr} serves RPC program {program} only in versions {low} to {high}, not {version}")]
+    VersionMismatch {
+        addr: SocketAddr,
+        program: u32,
+        version: u32,
+        low: u32,
+        high: u32,
+    },
+    #[error("{addr} does not implement procedure {procedure} of RPC program {program}")]
+    ProcedureUnavailable {
+        addr: SocketAddr,
+        program: u32,
+        procedure: u32,
+    },
+    #[error("{addr} could not decode the arguments (GARBAGE_ARGS)")]
+    GarbageArgs { addr: SocketAddr },
+    #[error("{addr} reported a system error (SYSTEM_ERR)")]
+    SystemError { addr: SocketAddr },
+    #[error("{addr} refused the credentials: {reason}")]
+    Auth { addr: SocketAddr, reason: String },
+}
+
+/// Credentials and limits of a connection.
+#[derive(Debug, Clone)]
+pub struct RpcConfig {
+    pub uid: u32,
+    pub gid: u32,
+    /// The AUTH_SYS machine name (at most 255 bytes are sent).
+    pub machine: String,
+    pub connect_timeout: Duration,
+    pub request_timeout: Duration,
+    /// Bind a reserved source port (below 1024) first, as servers exporting with the
+    /// `secure` option require; falls back to any port.
+    pub privileged_port: bool,
+}
+
+/// What a reply delivered: the reply body after the RPC header (for READ, up to the data),
+/// and the caller's buffer back (holding READ data at its view's start).
+#[derive(Debug)]
+pub struct Outcome {
+    pub result: Result<Vec<u8>, RpcError>,
+    pub sink: Option<IoBuf>,
+}
+
+struct Pending {
+    tx: oneshot::Sender<Outcome>,
+    sink: Option<IoBuf>,
+}
+
+#[derive(Default)]
+struct State {
+    pending: HashMap<u32, Pending>,
+    closed: Option<String>,
+}
+
+struct Shared {
+    addr: SocketAddr,
+    state: Mutex<State>,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks the connection dead and fails every call in flight.
+    fn close(&self, reason: &str) {
+        let pending = {
+            let mut st = self.lock();
+            st.closed.get_or_insert_with(|| reason.to_string());
+            std::mem::take(&mut st.pending)
+        };
+        for (_, p) in pending {
+            let _ = p.tx.send(Outcome {
+                result: Err(RpcError::Disconnected {
+                    addr: self.addr,
+                    reason: reason.to_string(),
+                }),
+                sink: p.sink,
+            });
+        }
+    }
+}
+
+/// One TCP connection to one RPC program. Cheap to clone; the socket closes when the last
+/// clone is dropped.
+#[derive(Clone)]
+pub struct RpcConn {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for RpcConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RpcConn")
+            .field("addr", &self.inner.shared.addr)
+            .field("program", &self.inner.program)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    writer: tokio::sync::Mutex<Option<OwnedWriteHalf>>,
+    program: u32,
+    version: u32,
+    xid: AtomicU32,
+    /// Encoded credential and verifier, the same for every call.
+    auth: Vec<u8>,
+    request_timeout: Duration,
+    reader: JoinHandle<()>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+fn auth_sys(config: &RpcConfig) -> Vec<u8> {
+    let machine = config.machine.as_bytes();
+    let machine = &machine[..machine.len().min(255)];
+    let mut body = Encoder::new();
+    body.u32(0)
+        .opaque(machine)
+        .u32(config.uid)
+        .u32(config.gid)
+        .u32(0);
+    let mut e = Encoder::new();
+    e.u32(1).opaque(body.as_slice()); // AUTH_SYS
+    e.u32(0).u32(0); // verifier AUTH_NONE
+    e.into_vec()
+}
+
+fn initial_xid() -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32))
+        .unwrap_or(0);
+    nanos ^ std::process::id().rotate_left(16)
+}
+
+async fn connect_tcp(addr: SocketAddr, privileged: bool) -> std::io::Result<TcpStream> {
+    if privileged {
+        let start = initial_xid() % 400;
+        for i in 0..32u32 {
+            let port = 600 + ((start + i * 13) % 424) as u16;
+            let socket = if addr.is_ipv4() {
+                TcpSocket::new_v4()?
+            } else {
+                TcpSocket::new_v6()?
+            };
+            let local = SocketAddr::new(
+                if addr.is_ipv4() {
+                    std::net::Ipv4Addr::UNSPECIFIED.into()
+                } else {
+                    std::net::Ipv6Addr::UNSPECIFIED.into()
+                },
+                port,
+            );
+            if socket.bind(local).is_err() {
+                continue;
+            }
+            match socket.connect(addr).await {
+                Ok(s) => return Ok(s),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::AddrInUse | std::io::ErrorKind::AddrNotAvailable
+                    ) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    TcpStream::connect(addr).await
+}
+
+impl RpcConn {
+    /// Connects to `addr` for `program`/`version`.
+    pub async fn connect(
+        addr: SocketAddr,
+        program: u32,
+        version: u32,
+        config: &RpcConfig,
+    ) -> Result<Self, RpcError> {
+        let stream = tokio::time::timeout(
+            config.connect_timeout,
+            connect_tcp(addr, config.privileged_port),
+        )
+        .await
+        .map_err(|_| RpcError::ConnectTimeout {
+            addr,
+            after: config.connect_timeout,
+        })?
+        .map_err(|source| RpcError::Connect { addr, source })?;
+        stream.set_nodelay(true).ok();
+        let (rd, wr) = stream.into_split();
+        let shared = Arc::new(Shared {
+            addr,
+            state: Mutex::new(State::default()),
+        });
+        let reader = tokio::spawn(read_loop(Arc::clone(&shared), rd));
+        Ok(Self {
+            inner: Arc::new(Inner {
+                shared,
+                writer: tokio::sync::Mutex::new(Some(wr)),
+                program,
+                version,
+                xid: AtomicU32::new(initial_xid()),
+                auth: auth_sys(config),
+                request_timeout: config.request_timeout,
+                reader,
+            }),
+        })
+    }
+
+    /// Whether the connection has failed (calls on it fail at once).
+    pub fn is_closed(&self) -> bool {
+        self.inner.shared.lock().closed.is_some()
+    }
+
+    /// Calls `procedure` with encoded `args`, followed on the wire by `data` as the
+    /// variable-length opaque the args' last word announced (WRITE). With a `sink`, the
+    /// reply is a READ reply whose data lands at the start of the sink's view.
+    pub async fn call(
+        &self,
+        procedure: u32,
+        args: &[u8],
+        data: Option<&[u8]>,
+        sink: Option<IoBuf>,
+    ) -> Outcome {
+        let inner = &*self.inner;
+        let addr = inner.shared.addr;
+        let xid = inner.xid.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut st = inner.shared.lock();
+            if let Some(reason) = &st.closed {
+                return Outcome {
+                    result: Err(RpcError::Disconnected {
+                        addr,
+                        reason: reason.clone(),
+                    }),
+                    sink,
+                };
+            }
+            st.pending.insert(xid, Pending { tx, sink });
+        }
+        let guard = PendingGuard {
+            shared: &inner.shared,
+            xid,
+        };
+        let data_len = data.map_or(0, <[u8]>::len);
+        let mut head = Encoder::with_capacity(64 + inner.auth.len() + args.len());
+        let body_len = 24 + inner.auth.len() + args.len() + data_len + padding(data_len);
+        head.u32(0x8000_0000 | body_len as u32);
+        head.u32(xid)
+            .u32(0)
+            .u32(2)
+            .u32(inner.program)
+            .u32(inner.version)
+            .u32(procedure);
+        let mut head = head.into_vec();
+        head.extend_from_slice(&inner.auth);
+        head.extend_from_slice(args);
+        let exchange = async {
+            {
+                let mut writer = inner.writer.lock().await;
+                let mut sending = SendGuard {
+                    shared: &inner.shared,
+                    writer: &mut writer,
+                    done: false,
+                };
+                sending.send(&head, data).await?;
+            }
+            rx.await.map_err(|_| ())
+        };
+        match tokio::time::timeout(inner.request_timeout, exchange).await {
+            Ok(Ok(mut outcome)) => {
+                std::mem::forget(guard);
+                name_call(&mut outcome.result, inner.program, inner.version, procedure);
+                outcome
+            }
+            Ok(Err(())) => Outcome {
+                result: Err(RpcError::Disconnected {
+                    addr,
+                    reason: inner
+                        .shared
+                        .lock()
+                        .closed
+                        .clone()
+                        .unwrap_or_else(|| "the connection closed".to_string()),
+                }),
+                sink: guard.take_sink(),
+            },
+            Err(_) => Outcome {
+                result: Err(RpcError::Timeout {
+                    addr,
+                    after: inner.request_timeout,
+                }),
+                sink: guard.take_sink(),
+            },
+        }
+    }
+}
+
+/// Fills in the program, version and procedure of an error the reader could not know.
+fn name_call(result: &mut Result<Vec<u8>, RpcError>, prog: u32, vers: u32, procedure: u32) {
+    match result {
+        Err(RpcError::ProgramUnavailable {
+            program, version, ..
+        })
+        | Err(RpcError::VersionMismatch {
+            program, version, ..
+        }) => {
+            *program = prog;
+            *version = vers;
+        }
+        Err(RpcError::ProcedureUnavailable {
+            program,
+            procedure: p,
+            ..
+        }) => {
+            *program = prog;
+            *p = procedure;
+        }
+        _ => {}
+    }
+}
+
+/// Removes a call's entry when the caller stops waiting (timeout or cancellation).
+struct PendingGuard<'a> {
+    shared: &'a Shared,
+    xid: u32,
+}
+
+impl PendingGuard<'_> {
+    fn take_sink(self) -> Option<IoBuf> {
+        let sink = self
+            .shared
+            .lock()
+            .pending
+            .remove(&self.xid)
+            .and_then(|p| p.sink);
+        std::mem::forget(self);
+        sink
+    }
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        self.shared.lock().pending.remove(&self.xid);
+    }
+}
+
+/// Closes the connection when a call is abandoned half sent: the stream would be corrupt.
+struct SendGuard<'a, 'w> {
+    shared: &'a Shared,
+    writer: &'w mut Option<OwnedWriteHalf>,
+    done: bool,
+}
+
+impl SendGuard<'_, '_> {
+    async fn send(&mut self, head: &[u8], data: Option<&[u8]>) -> Result<(), ()> {
+        let Some(w) = self.writer.as_mut() else {
+            return Err(());
+        };
+        let result = async {
+            w.write_all(head).await?;
+            if let Some(data) = data {
+                w.write_all(data).await?;
+                w.write_all(&[0u8; 3][..padding(data.len())]).await?;
+            }
+            Ok::<_, std::io::Error>(())
+        }
+        .await;
+        match result {
+            Ok(()) => {
+                self.done = true;
+                Ok(())
+            }
+            Err(e) => {
+                self.shared.close(&format!("send failed: {e}"));
+                Err(())
+            }
+        }
+    }
+}
+
+impl Drop for SendGuard<'_, '_> {
+    fn drop(&mut self) {
+        if !self.done {
+            *self.writer = None;
+            self.shared
+                .close("a request was abandoned while being sent");
+        }
+    }
+}
+
+/// One record (RFC 5531 record marking), read across its fragments.
+struct Record<'a, R> {
+    r: &'a mut R,
+    left: usize,
+    last: bool,
+    total: usize,
+    fragments: usize,
+}
+
+#[derive(Debug)]
+enum ReadError {
+    Io(std::io::Error),
+    Format(String),
+}
+
+impl From<std::io::Error> for ReadError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Io(e)
+    }
+}
+
+impl<'a, R: AsyncRead + Unpin> Record<'a, R> {
+    async fn start(r: &'a mut R) -> Result<Self, ReadError> {
+        let mut rec = Self {
+            r,
+            left: 0,
+            last: false,
+            total: 0,
+            fragments: 0,
+        };
+        rec.next_fragment().await?;
+        Ok(rec)
+    }
+
+    async fn next_fragment(&mut self) -> Result<(), ReadError> {
+        let header = self.r.read_u32().await?;
+        self.fragments += 1;
+        self.last = header & 0x8000_0000 != 0;
+        self.left = (header & 0x7fff_ffff) as usize;
+        self.total += self.left;
+        if self.total > MAX_RECORD {
+            return Err(ReadError::Format(format!(
+                "reply record longer than {MAX_RECORD} bytes"
+            )));
+        }
+        if self.fragments > MAX_FRAGMENTS {
+            return Err(ReadError::Format(format!(
+                "reply record in more than {MAX_FRAGMENTS} fragments"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Fills `buf` or fails when the record ends first.
+    async fn read_exact(&mut self, mut buf: &mut [u8]) -> Result<(), ReadError> {
+        while !buf.is_empty() {
+            if self.left == 0 {
+                if self.last {
+                    return Err(ReadError::Format("reply ended early".into()));
+                }
+                self.next_fragment().await?;
+                continue;
+            }
+            let n = self.left.min(buf.len());
+            self.r.read_exact(&mut buf[..n]).await?;
+            self.left -= n;
+            buf = &mut buf[n..];
+        }
+        Ok(())
+    }
+
+    async fn u32(&mut self) -> Result<u32, ReadError> {
+        let mut b = [0u8; 4];
+        self.read_exact(&mut b).await?;
+        Ok(u32::from_be_bytes(b))
+    }
+
+    /// Appends the rest of the record to `out`, at most `max` bytes in all.
+    async fn read_rest(&mut self, out: &mut Vec<u8>, max: usize) -> Result<(), ReadError> {
+        loop {
+            if self.left > 0 {
+                if out.len() + self.left > max {
+                    return Err(ReadError::Format(format!("reply longer than {max} bytes")));
+                }
+                let start = out.len();
+                out.resize(start + self.left, 0);
+                self.r.read_exact(&mut out[start..]).await?;
+                self.left = 0;
+            }
+            if self.last {
+                return Ok(());
+            }
+            self.next_fragment().await?;
+        }
+    }
+
+    /// Reads and drops the rest of the record.
+    async fn discard(&mut self) -> Result<(), ReadError> {
+        let mut scratch = [0u8; 8192];
+        loop {
+            while self.left > 0 {
+                let n = self.left.min(scratch.len());
+                self.r.read_exact(&mut scratch[..n]).await?;
+                self.left -= n;
+            }
+            if self.last {
+                return Ok(());
+            }
+            self.next_fragment().await?;
+        }
+    }
+}
+
+/// Reads replies until the connection fails, handing each to its caller.
+async fn read_loop(shared: Arc<Shared>, rd: OwnedReadHalf) {
+    let mut rd = BufReader::with_capacity(256 * 1024, rd);
+    let reason = loop {
+        match read_one(&shared, &mut rd).await {
+            Ok(()) => {}
+            Err(ReadError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                break "the server closed the connection".to_string()
+            }
+            Err(ReadError::Io(e)) => break format!("receive failed: {e}"),
+            Err(ReadError::Format(m)) => break format!("malformed reply: {m}"),
+        }
+    };
+    shared.close(&reason);
+}
+
+async fn read_one<R: AsyncRead + Unpin>(shared: &Shared, rd: &mut R) -> Result<(), ReadError> {
+    let mut rec = Record::start(rd).await?;
+    let xid = rec.u32().await?;
+    let mtype = rec.u32().await?;
+    if mtype != 1 {
+        return Err(ReadError::Format(format!(
+            "message type {mtype} where a reply was expected"
+        )));
+    }
+    let pending = shared.lock().pending.remove(&xid);
+    let Some(Pending { tx, sink }) = pending else {
+        // A reply nobody waits for any more (its caller timed out).
+        return rec.discard().await;
+    };
+    let (result, sink) = read_reply(shared.addr, &mut rec, sink).await?;
+    rec.discard().await?;
+    let _ = tx.send(Outcome { result, sink });
+    Ok(())
+}
+
+/// Reads a reply's body. Errors the caller should see are in the inner result; the outer
+/// one is for a stream that cannot go on.
+async fn read_reply<R: AsyncRead + Unpin>(
+    addr: SocketAddr,
+    rec: &mut Record<'_, R>,
+    mut sink: Option<IoBuf>,
+) -> Result<(Result<Vec<u8>, RpcError>, Option<IoBuf>), ReadError> {
+    let reply_stat = rec.u32().await?;
+    if reply_stat == 1 {
+        let err = match rec.u32().await? {
+            0 => {
+                let low = rec.u32().await?;
+                let high = rec.u32().await?;
+                RpcError::Auth {
+                    addr,
+                    reason: format!("RPC version mismatch (server speaks {low} to {high})"),
+                }
+            }
+            1 => RpcError::Auth {
+                addr,
+                reason: auth_stat_name(rec.u32().await?),
+            },
+            other => {
+                return Err(ReadError::Format(format!("unknown reject status {other}")));
+            }
+        };
+        return Ok((Err(err), sink));
+    }
+    if reply_stat != 0 {
+        return Err(ReadError::Format(format!(
+            "unknown reply status {reply_stat}"
+        )));
+    }
+    let _flavor = rec.u32().await?;
+    let len = rec.u32().await? as usize;
+    if len > MAX_AUTH {
+        return Err(ReadError::Format(format!(
+            "verifier of {len} bytes exceeds {MAX_AUTH}"
+        )));
+    }
+    let mut verf = [0u8; MAX_AUTH + 3];
+    rec.read_exact(&mut verf[..len + padding(len)]).await?;
+    let accept = rec.u32().await?;
+    let err = match accept {
+        0 => {
+            let mut body = Vec::new();
+            match sink.as_mut() {
+                Some(buf) => read_data_reply(rec, &mut body, buf).await?,
+                None => rec.read_rest(&mut body, MAX_SMALL_REPLY).await?,
+            }
+            return Ok((Ok(body), sink));
+        }
+        1 => RpcError::ProgramUnavailable {
+            addr,
+            program: 0,
+            version: 0,
+        },
+        2 => RpcError::VersionMismatch {
+            addr,
+            program: 0,
+            version: 0,
+            low: rec.u32().await?,
+            high: rec.u32().await?,
+        },
+        3 => RpcError::ProcedureUnavailable {
+            addr,
+            program: 0,
+            procedure: 0,
+        },
+        4 => RpcError::GarbageArgs { addr },
+        5 => RpcError::SystemError { addr },
+        other => return Err(ReadError::Format(format!("unknown accept status {other}"))),
+    };
+    Ok((Err(err), sink))
+}
+
+/// A READ3res: status, post_op_attr, count, eof and the data's length go to `body`; the
+/// data goes to the start of `buf`'s view.
+async fn read_data_reply<R: AsyncRead + Unpin>(
+    rec: &mut Record<'_, R>,
+    body: &mut Vec<u8>,
+    buf: &mut IoBuf,
+) -> Result<(), ReadError> {
+    let status = rec.u32().await?;
+    body.extend_from_slice(&status.to_be_bytes());
+    if status != 0 {
+        return rec.read_rest(body, MAX_SMALL_REPLY).await;
+    }
+    let follows = rec.u32().await?;
+    body.extend_from_slice(&follows.to_be_bytes());
+    if follows == 1 {
+        let mut attr = [0u8; 84];
+        rec.read_exact(&mut attr).await?;
+        body.extend_from_slice(&attr);
+    }
+    let mut tail = [0u8; 12];
+    rec.read_exact(&mut tail).await?;
+    body.extend_from_slice(&tail);
+    let mut d = Decoder::new(&tail);
+    let count = d.u32().map_err(|e| ReadError::Format(e.0))? as usize;
+    let _eof = d.u32().map_err(|e| ReadError::Format(e.0))?;
+    let len = d.u32().map_err(|e| ReadError::Format(e.0))? as usize;
+    if len != count || len > buf.len() {
+        return Err(ReadError::Format(format!(
+            "READ reply carries {len} bytes (count {count}) for a request of {}",
+            buf.len()
+        )));
+    }
+    rec.read_exact(&mut buf[..len]).await?;
+    let mut pad = [0u8; 3];
+    rec.read_exact(&mut pad[..padding(len)]).await
+}
+
+fn auth_stat_name(stat: u32) -> String {
+    match stat {
+        1 => "AUTH_BADCRED (bad credentials)".into(),
+        2 => "AUTH_REJECTEDCRED (the client must begin a new session)".into(),
+        3 => "AUTH_BADVERF".into(),
+        4 => "AUTH_REJECTEDVERF".into(),
+        5 => "AUTH_TOOWEAK (the server requires stronger authentication than AUTH_SYS, or a reserved source port)".into(),
+        6 => "AUTH_INVALIDRESP".into(),
+        7 => "AUTH_FAILED".into(),
+        other => format!("authentication error {other}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpListener;
+
+    fn config() -> RpcConfig {
+        RpcConfig {
+            uid: 1,
+            gid: 2,
+            machine: "test".into(),
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_millis(500),
+            privileged_port: false,
+        }
+    }
+
+    /// Reads one call record and returns (xid, whole record).
+    async fn read_call(s: &mut TcpStream) -> (u32, Vec<u8>) {
+        let h = s.read_u32().await.unwrap();
+        let mut rec = vec![0u8; (h & 0x7fff_ffff) as usize];
+        s.read_exact(&mut rec).await.unwrap();
+        let xid = u32::from_be_bytes([rec[0], rec[1], rec[2], rec[3]]);
+        (xid, rec)
+    }
+
+    fn reply(xid: u32, body: &[u8], split: bool) -> Vec<u8> {
+        let mut e = Encoder::new();
+        e.u32(xid).u32(1).u32(0).u32(0).u32(0).u32(0);
+        let mut msg = e.into_vec();
+        msg.extend_from_slice(body);
+        let mut out = Vec::new();
+        if split {
+            let (a, b) = msg.split_at(10);
+            out.extend_from_slice(&(a.len() as u32).to_be_bytes());
+            out.extend_from_slice(a);
+            out.extend_from_slice(&(0x8000_0000 | b.len() as u32).to_be_bytes());
+            out.extend_from_slice(b);
+        } else {
+            out.extend_from_slice(&(0x8000_0000 | msg.len() as u32).to_be_bytes());
+            out.extend_from_slice(&msg);
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn replies_out_of_order_and_fragmented_reach_their_callers() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let (x1, c1) = read_call(&mut s).await;
+            let (x2, _) = read_call(&mut s).await;
+            // The credential is AUTH_SYS (flavor 1).
+            assert_eq!(&c1[24..28], &1u32.to_be_bytes());
+            s.write_all(&reply(x2, &[0, 0, 0, 2], true)).await.unwrap();
+            s.write_all(&reply(x1, &[0, 0, 0, 1], false)).await.unwrap();
+            let (x3, _) = read_call(&mut s).await;
+            // A READ reply: status OK, no attributes, count 5, eof, data.
+            let mut e = Encoder::new();
+            e.u32(0).bool(false).u32(5).bool(true).opaque(b"hello");
+            s.write_all(&reply(x3, e.as_slice(), true)).await.unwrap();
+            s
+        });
+        let conn = RpcConn::connect(addr, 7, 1, &config()).await.unwrap();
+        let (a, b) = tokio::join!(conn.call(1, &[], None, None), conn.call(2, &[], None, None));
+        assert_eq!(a.result.unwrap(), [0, 0, 0, 1]);
+        assert_eq!(b.result.unwrap(), [0, 0, 0, 2]);
+        let mut buf = IoBuf::new(16);
+        buf.set_view(4, 8);
+        let out = conn.call(6, &[], None, Some(buf)).await;
+        let body = out.result.unwrap();
+        assert_eq!(body.len(), 20);
+        let buf = out.sink.unwrap();
+        assert_eq!(&buf[..5], b"hello");
+        let _s = server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_silent_server_times_out_and_a_closed_one_disconnects() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            read_call(&mut s).await;
+            read_call(&mut s).await;
+            drop(s);
+        });
+        let conn = RpcConn::connect(addr, 7, 1, &config()).await.unwrap();
+        let out = conn.call(1, &[], None, Some(IoBuf::new(8))).await;
+        assert!(
+            matches!(out.result, Err(RpcError::Timeout { .. })),
+            "{out:?}"
+        );
+        assert!(out.sink.is_some(), "the buffer comes back after a timeout");
+        let out = conn.call(1, &[], None, None).await;
+        assert!(
+            matches!(out.result, Err(RpcError::Disconnected { .. })),
+            "{out:?}"
+        );
+        server.await.unwrap();
+        assert!(conn.is_closed());
+    }
+
+    #[tokio::test]
+    async fn an_oversized_record_closes_the_connection() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            read_call(&mut s).await;
+            s.write_all(&0xffff_ffffu32.to_be_bytes()).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        });
+        let conn = RpcConn::connect(addr, 7, 1, &config()).await.unwrap();
+        let out = conn.call(1, &[], None, None).await;
+        match out.result {
+            Err(RpcError::Disconnected { reason, .. }) => {
+                assert!(reason.contains("longer than"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
