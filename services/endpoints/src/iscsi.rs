@@ -234,7 +234,7 @@ impl Lu {
 
     fn check(&self, operation: &'static str, offset: u64, len: u64) -> Result<()> {
         let bs = self.bs();
-        if offset % bs != 0 || len % bs != 0 {
+        if !offset.is_multiple_of(bs) || !len.is_multiple_of(bs) {
             return Err(Error::invalid_input(format!(
                 "{len} bytes at {offset} are not aligned to the LUN's {bs}-byte blocks"
             ))
