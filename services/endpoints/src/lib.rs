@@ -1,8 +1,8 @@
 //! ferry-endpoints: one module per endpoint kind, and [`open_source`] / [`open_target`]
 //! that turn an [`EndpointSpec`] into a [`Source`] or [`Target`].
 
-mod options;
 mod open;
+mod options;
 
 #[doc(hidden)]
 pub mod conformance;

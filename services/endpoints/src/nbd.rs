@@ -239,7 +239,9 @@ impl Export {
     fn direct(&self, offset: u64, len: u64) -> bool {
         let min = self.minimum();
         let end = offset + len;
-        offset.is_multiple_of(min) && (len.is_multiple_of(min) || end == self.size()) && len <= self.maximum()
+        offset.is_multiple_of(min)
+            && (len.is_multiple_of(min) || end == self.size())
+            && len <= self.maximum()
     }
 
     /// Aligned pieces, each at most the maximum payload, covering `start..end`.

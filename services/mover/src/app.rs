@@ -33,7 +33,10 @@ pub fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return cli::usage_error(e),
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("ferry: cannot start the async runtime: {e}");
