@@ -50,7 +50,21 @@ install_rust_components() {
     fi
 }
 
+# Python tools the tests call (kubernetes-validate checks deploy/ and the rendered chart).
+PIP_PACKAGES="kubernetes-validate"
+
+install_pip_packages() {
+    local missing=()
+    for pkg in $PIP_PACKAGES; do
+        python3 -m pip show -q "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    step "pip installing ${missing[*]}"
+    python3 -m pip install -q "${missing[@]}"
+}
+
 install_packages
+install_pip_packages
 install_rust_components
 
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
