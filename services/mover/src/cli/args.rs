@@ -19,7 +19,7 @@ pub fn size(text: &str) -> Result<u64, String> {
 pub fn show_size(bytes: u64) -> String {
     const UNITS: [(u32, &str); 4] = [(40, "T"), (30, "G"), (20, "M"), (10, "K")];
     for (shift, unit) in UNITS {
-        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
             return format!("{}{unit}", bytes >> shift);
         }
     }
