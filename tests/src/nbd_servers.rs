@@ -54,6 +54,8 @@ pub struct QemuNbd {
     pub bitmap: Option<String>,
     /// Serve TLS with the certificates in this directory (server-cert.pem, ...).
     pub tls: Option<PathBuf>,
+    /// With TLS, require a client certificate signed by the CA.
+    pub tls_verify_client: bool,
     pub read_only: bool,
     pub unix: bool,
     /// `--cache` mode, for example `none` or `writeback`.
