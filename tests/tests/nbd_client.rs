@@ -445,3 +445,54 @@ async fn tls_with_qemu_nbd_and_nbdkit() {
     assert_reads_match(&client, &path).await;
     client.disconnect().await.unwrap();
 }
+
+#[tokio::test]
+async fn client_certificates_are_presented_when_the_server_asks() {
+    let certs = TlsCerts::generate();
+    let dir = scratch_dir();
+    let path = dir.path().join("disk.raw");
+    images::make(&path, Pattern::Random, MIB, 12).unwrap();
+    let server = NbdServer::qemu_nbd(
+        &path,
+        &QemuNbd {
+            tls: Some(certs.dir().to_path_buf()),
+            tls_verify_client: true,
+            read_only: true,
+            ..QemuNbd::default()
+        },
+    );
+    let client = Client::connect(&address(&server), &tls_config("", certs.dir()))
+        .await
+        .unwrap();
+    assert_reads_match(&client, &path).await;
+    client.disconnect().await.unwrap();
+}
+
+/// Extended headers carry 64-bit lengths: one block status request describes an export
+/// larger than 4 GiB.
+#[tokio::test]
+async fn block_status_beyond_four_gib_in_one_request() {
+    let dir = scratch_dir();
+    let path = dir.path().join("big.raw");
+    let size = 6 * 1024 * MIB;
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(size).unwrap();
+    file.write_all_at(&[1u8; 4096], 5 * 1024 * MIB).unwrap();
+    drop(file);
+    let server = NbdServer::qemu_nbd(&path, &QemuNbd::default());
+    let client = Client::connect(&address(&server), &config(""))
+        .await
+        .unwrap();
+    assert!(client.info().extended_headers);
+    let status = client.block_status(0, size).await.unwrap();
+    let base = status.context(proto::CONTEXT_BASE_ALLOCATION).unwrap();
+    assert_eq!(base[0].offset, 0);
+    assert!(
+        base[0].len > u64::from(u32::MAX),
+        "the first hole is described in one extent: {:?}",
+        base[0]
+    );
+    assert!(base.iter().any(|e| e.flags & proto::STATE_ZERO == 0
+        && e.offset <= 5 * 1024 * MIB
+        && 5 * 1024 * MIB < e.end()));
+}

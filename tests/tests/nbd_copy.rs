@@ -11,15 +11,17 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_core::{EndpointSpec, ErrorKind, Source, Target};
+use ferry_core::{EndpointSpec, ErrorKind, Source, Target, ZeroMode};
 use ferry_endpoints::nbd::{NbdOptions, NbdSource};
 use ferry_endpoints::{open_source, open_target, SourceOptions, TargetOptions};
 use ferry_engine::{
     checksum, copy, CancellationToken, ChecksumOptions, CopyOptions, CopyReport, Progress,
 };
-use ferry_tests::check::{assert_allocated_about, blkhash_file, qemu_img_compare, require_tool};
+use ferry_tests::check::{
+    allocated_bytes, assert_allocated_about, blkhash_file, qemu_img_compare, require_tool,
+};
 use ferry_tests::images::{self, Image, Pattern};
-use ferry_tests::nbd_servers::{nbd_data_bytes, NbdServer, Nbdkit, QemuNbd};
+use ferry_tests::nbd_servers::{nbd_data_bytes, NbdServer, Nbdkit, QemuNbd, TlsCerts};
 use ferry_tests::scratch_dir;
 
 const MIB: u64 = 1 << 20;
@@ -346,4 +348,98 @@ async fn killing_the_server_mid_copy_fails_promptly() {
     assert_eq!(err.kind(), ErrorKind::Disconnected, "{err}");
     assert!(err.to_string().contains("closed the connection"), "{err}");
     assert!(killed.elapsed() < Duration::from_secs(25));
+}
+
+/// nbds:// with tls-certificates=DIR, through open_source, the engine and back.
+#[tokio::test]
+async fn copy_over_tls_from_a_url() {
+    let certs = TlsCerts::generate();
+    let dir = scratch_dir();
+    let image = half_data(dir.path(), "src.raw", 11);
+    let mut server = NbdServer::qemu_nbd(
+        &image.path,
+        &QemuNbd {
+            export: "secure".into(),
+            tls: Some(certs.dir().to_path_buf()),
+            read_only: true,
+            ..QemuNbd::default()
+        },
+    );
+    let uri = server.uri_with(&[format!("tls-certificates={}", certs.dir().display())]);
+    assert!(uri.starts_with("nbds://"), "{uri}");
+    let out = dir.path().join("dst.raw");
+    run_copy(&uri, out.to_str().unwrap()).await.unwrap();
+    // Without certificates the error says what to do.
+    let err = run_copy(
+        &uri.replace("nbds://", "nbd://")
+            .split('?')
+            .next()
+            .unwrap()
+            .to_string(),
+        out.to_str().unwrap(),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+    assert!(err.to_string().contains("requires TLS"), "{err}");
+    server.stop();
+    qemu_img_compare(&image.path, &out);
+}
+
+/// A server without CAN_MULTI_CONN: every worker shares the one connection.
+#[tokio::test]
+async fn single_connection_servers_are_shared_by_all_workers() {
+    let dir = scratch_dir();
+    let image = half_data(dir.path(), "src.raw", 12);
+    let backing = dir.path().join("dst.raw");
+    std::fs::File::create(&backing)
+        .unwrap()
+        .set_len(SIZE)
+        .unwrap();
+    let single = ["multi-conn-mode=disable"];
+    let mut from = file_plugin(&image.path, &["multi-conn"], &single);
+    let mut to = file_plugin(&backing, &["multi-conn"], &single);
+    let s = source(&from.uri()).await.unwrap();
+    assert!(!s.caps().multi_conn);
+    let t = target(&to.uri(), SIZE).await.unwrap();
+    assert!(!t.caps().multi_conn);
+    copy(
+        s,
+        t,
+        &CopyOptions::default(),
+        &Progress::new(),
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    from.stop();
+    to.stop();
+    qemu_img_compare(&image.path, &backing);
+}
+
+/// ZeroMode::Allocate sends NO_HOLE: the target stays fully allocated.
+#[tokio::test]
+async fn allocate_mode_keeps_the_target_allocated() {
+    let dir = scratch_dir();
+    let image = half_data(dir.path(), "src.raw", 13);
+    let garbage = images::make(&dir.path().join("dst.raw"), Pattern::Random, SIZE, 77).unwrap();
+    let mut from = qemu_raw(&image.path);
+    let mut to = file_plugin(&garbage.path, &[], &[]);
+    let s = source(&from.uri()).await.unwrap();
+    let t = target(&to.uri(), SIZE).await.unwrap();
+    let options = CopyOptions {
+        zero_mode: ZeroMode::Allocate,
+        ..CopyOptions::default()
+    };
+    copy(s, t, &options, &Progress::new(), &CancellationToken::new())
+        .await
+        .unwrap();
+    from.stop();
+    to.stop();
+    qemu_img_compare(&image.path, &garbage.path);
+    let allocated = allocated_bytes(&garbage.path);
+    assert!(
+        allocated >= SIZE - 4096,
+        "NO_HOLE zeroing left holes: {allocated} of {SIZE} bytes allocated"
+    );
 }
