@@ -227,6 +227,16 @@ async fn mount_export(
         Some(list) => format!("the server exports {}", list.join(", ")),
         None => "the server does not list its exports".to_string(),
     };
+    let path_trimmed = normalize(path);
+    if exports
+        .iter()
+        .flatten()
+        .any(|e| normalize(e) == path_trimmed)
+    {
+        return Err(Error::invalid_input(format!(
+            "the path names the export {path_trimmed} itself: add the image's path, for example nfs://{host}{path_trimmed}/disk.img"
+        )));
+    }
     if candidates.is_empty() {
         return Err(Error::new(
             ErrorKind::NotFound,

@@ -1,0 +1,213 @@
+"""NFS: a 4 GiB image with 50% data written to and read from nfs-ganesha on loopback,
+ferry against qemu-img convert -m 8 -W on nfs:// URLs (qemu-block-extra's libnfs driver)
+and nfs-cp (libnfs-utils).
+
+One ganesha (VFS backend) serves an export directory next to the images for the whole case,
+on free ports registered with rpcbind (qemu-img and nfs-cp find them there; ferry is given
+them in the URL too). Every run writes a new target: the NFS target file is removed before
+each run, so every command creates it (all three leave zero ranges unwritten on a new file,
+except nfs-cp, which writes every byte). Results are checked with qemu-img compare on the
+files behind the export.
+"""
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from harness import GiB, Case, Command, Goal, ratio, which
+
+
+def cases(env):
+    if not which("ganesha.nfsd"):
+        env.log("nfs cases skipped: nfs-ganesha is needed "
+                "(apt-get install -y nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils)")
+        return []
+    image = env.image("half-4g", "half", env.size(4 * GiB))
+    server = Ganesha(env.workdir / "nfs-export")
+    write_target = server.export / "write-target.img"
+    read_source = server.export / "read-source.img"
+    local_target = env.target("nfs-read")
+    found = [
+        Case(
+            name="nfs-write-half-4g",
+            title="Copy file to NFS (ganesha, new file): 4 GiB, 50% data in scattered 1 MiB runs",
+            commands=write_commands(env, server, image, write_target),
+            goals=[_ratio_goal("NFS write <= 0.8x qemu-img convert -m 8 -W",
+                               "nfs-write-half-4g", "qemu-img convert -m 8 -W", 0.8)],
+            context=server.running,
+            notes=["Target: a new file on nfs-ganesha 4.3 (VFS) on 127.0.0.1, NFSv3 over TCP."],
+        ),
+        Case(
+            name="nfs-read-half-4g",
+            title="Copy NFS to file (ganesha): 4 GiB, 50% data in scattered 1 MiB runs",
+            commands=read_commands(env, server, image, read_source, local_target),
+            goals=[_ratio_goal("NFS read <= 0.8x qemu-img convert -m 8 -W",
+                               "nfs-read-half-4g", "qemu-img convert -m 8 -W", 0.8)],
+            context=lambda: server.running(source=(image.path, read_source)),
+            notes=["Source: the image on nfs-ganesha 4.3 (VFS) on 127.0.0.1, NFSv3 over TCP; "
+                   "target: a new local file."],
+        ),
+    ]
+    return found
+
+
+def free_port():
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+            try:
+                u.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+
+
+def port_open(port):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+class Ganesha:
+    def __init__(self, export):
+        self.export = Path(export)
+        self.nfs_port = free_port()
+        self.mount_port = free_port()
+
+    def url(self, name, ports=True):
+        url = f"nfs://127.0.0.1{self.export}/{name}"
+        if ports:
+            url += f"?nfsport={self.nfs_port}&mountport={self.mount_port}"
+        return url
+
+    @contextlib.contextmanager
+    def running(self, source=None):
+        run_dir = Path(tempfile.mkdtemp(prefix="ferry-bench-nfs-"))
+        self.export.mkdir(parents=True, exist_ok=True)
+        (run_dir / "recov").mkdir()
+        if source is not None:
+            src, dst = source
+            if not dst.exists() or dst.stat().st_size != src.stat().st_size:
+                subprocess.run(["cp", "--sparse=always", str(src), str(dst)], check=True)
+        if not port_open(111):
+            os.makedirs("/run/rpcbind", exist_ok=True)
+            subprocess.run(["rpcbind"], check=False)
+            for _ in range(200):
+                if port_open(111):
+                    break
+                time.sleep(0.05)
+        conf = run_dir / "ganesha.conf"
+        conf.write_text(
+            f"NFS_CORE_PARAM {{ Bind_addr = 127.0.0.1; Protocols = 3, 4; NFS_Port = {self.nfs_port}; "
+            f"MNT_Port = {self.mount_port}; Enable_NLM = false; Enable_RQUOTA = false; }}\n"
+            f"NFSV4 {{ Graceless = true; RecoveryRoot = {run_dir}/recov; Allow_Numeric_Owners = true; "
+            "Only_Numeric_Owners = true; }\n"
+            "NFS_KRB5 { Active_krb5 = false; }\n"
+            f"EXPORT {{ Export_Id = 1; Path = {self.export}; Pseudo = /export; Access_Type = RW; "
+            "Squash = No_Root_Squash; SecType = sys; Protocols = 3, 4; Transports = TCP; "
+            "FSAL { Name = VFS; } }\n")
+        pid_file = run_dir / "ganesha.pid"
+        subprocess.run(["ganesha.nfsd", "-f", str(conf), "-L", str(run_dir / "ganesha.log"),
+                        "-p", str(pid_file)], check=True)
+        try:
+            for _ in range(600):
+                if port_open(self.nfs_port) and port_open(self.mount_port):
+                    break
+                time.sleep(0.05)
+            else:
+                raise RuntimeError(f"ganesha did not start: see {run_dir / 'ganesha.log'}")
+            yield self
+        finally:
+            stop(pid_file)
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def stop(pid_file):
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return
+    try:
+        os.kill(pid, 15)
+        for _ in range(1500):
+            os.kill(pid, 0)
+            time.sleep(0.01)
+        os.kill(pid, 9)
+    except ProcessLookupError:
+        pass
+
+
+def compare(a, b):
+    cmp = subprocess.run(["qemu-img", "compare", "-q", "-f", "raw", "-F", "raw", str(a), str(b)],
+                         capture_output=True, text=True)
+    if cmp.returncode != 0:
+        return f"qemu-img compare: {cmp.stdout.strip()} {cmp.stderr.strip()}"
+    return None
+
+
+def qemu_img_has_nfs():
+    # The nfs driver is a module qemu loads on demand (qemu-block-extra).
+    return any(Path(d, "block-nfs.so").exists()
+               for d in ("/usr/lib/x86_64-linux-gnu/qemu", "/usr/lib/qemu", "/usr/lib64/qemu"))
+
+
+def write_commands(env, server, image, target):
+    def remove():
+        if target.exists():
+            target.unlink()
+
+    def cmd(label, argv, **kw):
+        return Command(label, argv, setup=remove, cleanup=remove,
+                       check=lambda _r: compare(image.path, target), **kw)
+
+    found = [cmd("ferry copy", [env.ferry, "copy", image.path, server.url(target.name)],
+                 ferry=True, note="UNSTABLE writes, COMMIT at the end")]
+    if which("qemu-img") and qemu_img_has_nfs():
+        found.append(cmd("qemu-img convert -m 8 -W",
+                         ["qemu-img", "convert", "-m", "8", "-W", "-f", "raw", "-O", "raw",
+                          image.path, server.url(target.name, ports=False)]))
+    else:
+        env.log("qemu-img has no nfs driver: apt-get install -y -t bookworm-backports qemu-block-extra")
+    if which("nfs-cp"):
+        found.append(cmd("nfs-cp", ["nfs-cp", image.path, server.url(target.name)],
+                         note="writes every byte"))
+    return found
+
+
+def read_commands(env, server, image, source, target):
+    def remove():
+        if target.exists():
+            target.unlink()
+
+    def cmd(label, argv, **kw):
+        return Command(label, argv, setup=remove, cleanup=remove,
+                       check=lambda _r: compare(image.path, target), **kw)
+
+    found = [cmd("ferry copy", [env.ferry, "copy", server.url(source.name), target], ferry=True)]
+    if which("qemu-img") and qemu_img_has_nfs():
+        found.append(cmd("qemu-img convert -m 8 -W",
+                         ["qemu-img", "convert", "-m", "8", "-W", "-f", "raw", "-O", "raw",
+                          server.url(source.name, ports=False), target]))
+    if which("nfs-cp"):
+        found.append(cmd("nfs-cp", ["nfs-cp", server.url(source.name), target],
+                         note="writes every byte"))
+    return found
+
+
+def _ratio_goal(text, case_name, peer, limit):
+    def judge(results):
+        try:
+            x = ratio(results, case_name, "ferry copy", peer)
+        except KeyError:
+            return None, f"{peer} did not run"
+        return x <= limit, f"{x:.2f}x"
+    return Goal(text, judge)

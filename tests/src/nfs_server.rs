@@ -1,0 +1,289 @@
+//! A real NFS server for tests: nfs-ganesha (VFS) on loopback, serving a scratch export
+//! over NFSv3 and v4, with rpcbind (which ganesha needs to start).
+//!
+//! Ports are chosen at run time, so tests run in parallel with one ganesha each; clients
+//! use `nfsport=` and `mountport=` in the URL, because every instance registers with the
+//! one rpcbind on port 111 and the last one to start or stop wins there. rpcbind is a
+//! system daemon: it is started when missing and left running. Each server has its own
+//! run directory (config, log, pid file, recovery directory, export) and is stopped,
+//! SIGTERM then SIGKILL, when dropped.
+
+use std::fs;
+use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::check::require_tool;
+
+/// The Debian packages the NFS tests need (libnfs-utils: nfs-cp and nfs-ls, the peers).
+pub const NFS_PACKAGES: &str = "nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils";
+
+/// Fails the test unless the NFS server binaries are installed.
+pub fn require() {
+    let install = "nfs-ganesha nfs-ganesha-vfs rpcbind";
+    require_tool("ganesha.nfsd", install);
+    if !Path::new("/usr/lib/x86_64-linux-gnu/ganesha/libfsalvfs.so").exists()
+        && !Path::new("/usr/lib/ganesha/libfsalvfs.so").exists()
+        && !Path::new("/usr/lib64/ganesha/libfsalvfs.so").exists()
+    {
+        panic!(
+            "nfs-ganesha's VFS backend is not installed: run `apt-get update && apt-get install -y --no-install-recommends {install}`"
+        );
+    }
+    if !Path::new("/usr/sbin/rpcbind").exists() {
+        require_tool("rpcbind", install);
+    }
+}
+
+fn port_open(port: u16) -> bool {
+    TcpStream::connect_timeout(
+        &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_millis(200),
+    )
+    .is_ok()
+}
+
+/// Starts rpcbind unless something already answers on port 111.
+pub fn ensure_rpcbind() {
+    if port_open(111) {
+        return;
+    }
+    fs::create_dir_all("/run/rpcbind").ok();
+    let rpcbind = if Path::new("/usr/sbin/rpcbind").exists() {
+        "/usr/sbin/rpcbind"
+    } else {
+        "rpcbind"
+    };
+    // rpcbind forks into the background; a second one racing us just fails to bind.
+    let _ = Command::new(rpcbind).status();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !port_open(111) {
+        assert!(
+            Instant::now() < deadline,
+            "rpcbind did not start listening on port 111"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A port free for both TCP and UDP on 127.0.0.1 (ganesha binds both).
+fn free_port() -> u16 {
+    loop {
+        let tcp = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+        let port = tcp.local_addr().expect("local address").port();
+        if UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+fn read_pid(path: &Path) -> Option<i32> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn alive(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+fn signal(pid: i32, sig: i32) {
+    // SAFETY: sending a signal to a process this test started.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+fn wait_gone(pid: i32, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while alive(pid) {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+/// A running nfs-ganesha exporting `export_dir()` (real path, used by NFSv3) as `/export`
+/// (its NFSv4 pseudo path).
+#[derive(Debug)]
+pub struct Ganesha {
+    dir: tempfile::TempDir,
+    pub nfs_port: u16,
+    pub mount_port: u16,
+    pid: Option<i32>,
+}
+
+impl Ganesha {
+    /// Starts a server with an empty export.
+    pub fn start() -> Self {
+        require();
+        ensure_rpcbind();
+        let dir = crate::scratch_dir();
+        fs::create_dir_all(dir.path().join("export")).expect("export directory");
+        fs::create_dir_all(dir.path().join("recov")).expect("recovery directory");
+        let mut server = Self {
+            dir,
+            nfs_port: 0,
+            mount_port: 0,
+            pid: None,
+        };
+        let mut last = String::new();
+        for _ in 0..5 {
+            server.nfs_port = free_port();
+            server.mount_port = free_port();
+            match server.launch() {
+                Ok(()) => return server,
+                Err(e) => last = e,
+            }
+        }
+        panic!("could not start nfs-ganesha: {last}");
+    }
+
+    fn config(&self) -> String {
+        let r = self.dir.path().display();
+        format!(
+            "NFS_CORE_PARAM {{ Bind_addr = 127.0.0.1; Protocols = 3, 4; NFS_Port = {}; MNT_Port = {}; \
+             Enable_NLM = false; Enable_RQUOTA = false; }}\n\
+             NFSV4 {{ Graceless = true; RecoveryRoot = {r}/recov; Allow_Numeric_Owners = true; Only_Numeric_Owners = true; }}\n\
+             NFS_KRB5 {{ Active_krb5 = false; }}\n\
+             EXPORT {{ Export_Id = 1; Path = {r}/export; Pseudo = /export; Access_Type = RW; \
+             Squash = No_Root_Squash; SecType = sys; Protocols = 3, 4; Transports = TCP; FSAL {{ Name = VFS; }} }}\n",
+            self.nfs_port, self.mount_port
+        )
+    }
+
+    fn launch(&mut self) -> Result<(), String> {
+        let conf = self.dir.path().join("ganesha.conf");
+        let pid_file = self.dir.path().join("ganesha.pid");
+        let _ = fs::remove_file(&pid_file);
+        fs::write(&conf, self.config()).map_err(|e| format!("write config: {e}"))?;
+        let status = Command::new("ganesha.nfsd")
+            .arg("-f")
+            .arg(&conf)
+            .arg("-L")
+            .arg(self.log_path())
+            .arg("-p")
+            .arg(&pid_file)
+            .status()
+            .map_err(|e| format!("cannot run ganesha.nfsd: {e}"))?;
+        if !status.success() {
+            return Err(format!(
+                "ganesha.nfsd exited with {status}: {}",
+                self.log_tail()
+            ));
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let pid = read_pid(&pid_file);
+            if let Some(pid) = pid {
+                self.pid = Some(pid);
+                if !alive(pid) {
+                    self.pid = None;
+                    return Err(format!("ganesha.nfsd died at start: {}", self.log_tail()));
+                }
+                if port_open(self.nfs_port) && port_open(self.mount_port) {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                self.stop();
+                return Err(format!(
+                    "ganesha.nfsd did not listen on ports {} and {} within 30 s: {}",
+                    self.nfs_port,
+                    self.mount_port,
+                    self.log_tail()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The exported directory (the real path NFSv3 clients use).
+    pub fn export_dir(&self) -> PathBuf {
+        self.dir.path().join("export")
+    }
+
+    /// The file behind `name` in the export, to check what the server stored.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.export_dir().join(name)
+    }
+
+    /// `nfs://127.0.0.1/<export>/<name>?nfsport=..&mountport=..` plus `extra` options.
+    pub fn url_with(&self, name: &str, extra: &str) -> String {
+        let mut url = format!(
+            "nfs://127.0.0.1{}/{name}?nfsport={}&mountport={}",
+            self.export_dir().display(),
+            self.nfs_port,
+            self.mount_port
+        );
+        if !extra.is_empty() {
+            url.push('&');
+            url.push_str(extra);
+        }
+        url
+    }
+
+    pub fn url(&self, name: &str) -> String {
+        self.url_with(name, "")
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("ganesha.log")
+    }
+
+    /// The end of the server's log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let text = fs::read_to_string(self.log_path()).unwrap_or_default();
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.contains(":DBUS :") && !l.contains("krb5"))
+            .collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+
+    pub fn pid(&self) -> Option<i32> {
+        self.pid
+    }
+
+    /// Stops the server (SIGTERM, SIGKILL after 15 s) and waits until it is gone.
+    pub fn stop(&mut self) {
+        if let Some(pid) = self.pid.take() {
+            signal(pid, libc::SIGTERM);
+            if !wait_gone(pid, Duration::from_secs(15)) {
+                signal(pid, libc::SIGKILL);
+                wait_gone(pid, Duration::from_secs(10));
+            }
+        }
+    }
+
+    /// Kills the server at once (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(pid) = self.pid.take() {
+            signal(pid, libc::SIGKILL);
+            wait_gone(pid, Duration::from_secs(10));
+        }
+    }
+
+    /// Starts the server again on the same ports with the same export (a restart: new
+    /// boot time, so a new write verifier).
+    pub fn restart(&mut self) {
+        self.stop();
+        let mut last = String::new();
+        for _ in 0..20 {
+            match self.launch() {
+                Ok(()) => return,
+                Err(e) => last = e,
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        panic!("could not restart nfs-ganesha: {last}");
+    }
+}
+
+impl Drop for Ganesha {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
