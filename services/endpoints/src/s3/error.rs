@@ -137,7 +137,8 @@ pub(crate) fn from_service(
             format!("bucket '{bucket}' does not exist{said}"),
         );
     }
-    if code_str == "NoSuchKey" || (status == 404 && code.is_none()) {
+    // HEAD answers have no body: the SDK reports a bare 404 as code "NotFound".
+    if code_str == "NoSuchKey" || (status == 404 && matches!(code, None | Some("NotFound"))) {
         return Error::new(
             ErrorKind::NotFound,
             format!(
@@ -269,7 +270,7 @@ mod tests {
         let e = from_service(404, Some("NoSuchBucket"), None, OBJ);
         assert_eq!(e.kind(), ErrorKind::NotFound);
         assert!(e.to_string().contains("bucket 'b' does not exist"), "{e}");
-        let e = from_service(404, None, None, OBJ);
+        let e = from_service(404, Some("NotFound"), None, OBJ);
         assert_eq!(e.kind(), ErrorKind::NotFound);
         assert!(
             e.to_string().contains("'k.img' not found in bucket 'b'"),

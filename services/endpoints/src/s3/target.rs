@@ -142,6 +142,22 @@ impl S3Target {
         let layout = Layout { size, part_size };
         let single = size <= part_size;
         let checksums = options.checksums.unwrap_or(true);
+        // A missing bucket or an unreachable store fails here, before the copy reads
+        // anything (and some stores accept CreateMultipartUpload into a missing bucket).
+        // HeadBucket needs list permission, which a writer may lack: a refusal is left for
+        // the upload itself to explain.
+        if let Err(e) = client.head_bucket().bucket(&spec.bucket).send().await {
+            let e = from_sdk(
+                e,
+                Subject {
+                    bucket: &spec.bucket,
+                    key: "",
+                },
+            );
+            if e.kind() != ErrorKind::PermissionDenied {
+                return Err(e.with_operation("open").with_endpoint(describe));
+            }
+        }
         let upload_id = if single {
             None
         } else {
@@ -180,7 +196,6 @@ impl S3Target {
         let count = layout.count();
         let buffer_len = usize::try_from(part_size.min(size.max(1)))
             .map_err(|_| Error::invalid_input("part size exceeds this machine's address space"))?;
-        let zero_len = if single { 0 } else { buffer_len };
         tracing::debug!(endpoint = %describe, size, part_size, parts = count, single, "S3 upload opened");
         Ok(Self {
             up: Arc::new(Upload {
@@ -193,7 +208,7 @@ impl S3Target {
                     completed: Mutex::new(vec![None; if single { 0 } else { count }]),
                     failure: Mutex::new(None),
                     in_flight: AtomicUsize::new(0),
-                    zero: Bytes::from(vec![0u8; zero_len]),
+                    zero: Bytes::from(vec![0u8; buffer_len]),
                     zero_crcs: Mutex::new(Vec::new()),
                 }),
                 layout,
@@ -220,6 +235,16 @@ impl S3Target {
     /// The multipart upload id (None for a single PUT).
     pub fn upload_id(&self) -> Option<&str> {
         self.up.io.upload_id.as_deref()
+    }
+
+    /// Whether [`Target::abort`] was called (the abort may still be retrying).
+    pub fn is_aborted(&self) -> bool {
+        self.up.phase() == Phase::Aborted
+    }
+
+    /// Whether the object was stored ([`Target::finish`] succeeded).
+    pub fn is_finished(&self) -> bool {
+        self.up.phase() == Phase::Finished
     }
 
     /// Records the image's blksum-compatible block hash (hex) in the object's metadata
