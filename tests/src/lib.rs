@@ -7,9 +7,9 @@
 pub mod bin;
 pub mod check;
 pub mod images;
+pub mod iscsi_server;
 pub mod nbd_servers;
 pub mod nfs_server;
-pub mod iscsi_server;
 
 /// A scratch directory for one test's images, removed when dropped. Under `FERRY_TEST_DIR`
 /// when set, else the system temporary directory (it must be a real filesystem that
