@@ -1,0 +1,211 @@
+"""S3 upload and download: ferry against rclone and `aws s3 cp`, against one local S3 server.
+
+The server is the standalone s3s-fs (`cargo install s3s-fs@0.14.1 --locked --features binary`,
+the same server the tests embed), on 127.0.0.1 with signature checking, storing objects under
+the bench directory. Every tool gets the same endpoint and credentials from the environment
+(AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...; rclone through RCLONE_CONFIG_BENCH_*), the same
+part size (16 MiB) and the same concurrency (8: ferry's default workers, rclone's
+--s3-upload-concurrency / --multi-thread-streams, awscli's max_concurrent_requests).
+The download source is uploaded once by ferry before the timed runs.
+"""
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from harness import GiB, MiB, Case, Command, Goal, ratio, which
+
+BUCKET = "bench"
+ACCESS_KEY = "ferry-bench-access-key"
+SECRET_KEY = "ferry-bench-secret-key"
+CONCURRENCY = 8
+PART = 16 * MiB
+# ferry's part buffers: one per worker plus one (services/endpoints/src/s3/target.rs).
+RSS_LIMIT_MIB = 64 + CONCURRENCY * PART // MiB
+
+
+def s3s_fs():
+    found = which("s3s-fs") or str(Path.home() / ".cargo" / "bin" / "s3s-fs")
+    return found if Path(found).exists() else None
+
+
+def cases(env):
+    if env.dry:
+        image = env.image("half-4g", "half", env.size(4 * GiB))
+    else:
+        image = env.image("half-4g", "half", env.size(4 * GiB))
+    server = Server(env.workdir / "s3-root")
+    up, down = "s3-upload-half-4g", "s3-download-half-4g"
+    title = "4 GiB, 50% data in scattered 1 MiB runs"
+    notes = [
+        f"server: s3s-fs 0.14.1 on loopback, objects on the bench directory's disk; "
+        f"part size {PART // MiB} MiB and concurrency {CONCURRENCY} for every tool",
+        "ferry uploads zero parts from one shared zero buffer and writes holes when downloading "
+        "to a file; the peers read and write every byte",
+    ]
+    if s3s_fs() is None:
+        notes.append("s3s-fs is not installed: `cargo install s3s-fs@0.14.1 --locked --features binary`")
+    return [
+        Case(name=up, title=f"Upload file to S3: {title}", commands=upload_commands(env, image, server),
+             context=server.context, notes=notes, goals=goals(up, "upload")),
+        Case(name=down, title=f"Download S3 to file: {title}",
+             commands=download_commands(env, image, server),
+             context=lambda: server.context(upload_source=(env, image)), notes=notes,
+             goals=goals(down, "download")),
+    ]
+
+
+class Server:
+    """s3s-fs on a free loopback port, with the environment every tool reads."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.port = None
+
+    def object_path(self, key):
+        return self.root / BUCKET / key
+
+    @contextlib.contextmanager
+    def context(self, upload_source=None):
+        binary = s3s_fs()
+        if binary is None:
+            raise RuntimeError("s3s-fs is not installed: cargo install s3s-fs@0.14.1 --locked --features binary")
+        shutil.rmtree(self.root, ignore_errors=True)
+        (self.root / BUCKET).mkdir(parents=True)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        proc = subprocess.Popen([binary, "--host", "127.0.0.1", "--port", str(self.port),
+                                 "--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY, str(self.root)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        saved = dict(os.environ)
+        config = self.root.parent / "s3-bench-aws-config"
+        config.write_text("[default]\nregion = us-east-1\ns3 =\n"
+                          f"  max_concurrent_requests = {CONCURRENCY}\n"
+                          f"  multipart_chunksize = {PART // MiB}MB\n"
+                          f"  multipart_threshold = {PART // MiB}MB\n")
+        endpoint = f"http://127.0.0.1:{self.port}"
+        os.environ.update({
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_REGION": "us-east-1",
+            "AWS_CONFIG_FILE": str(config),
+            "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "RCLONE_CONFIG_BENCH_TYPE": "s3",
+            "RCLONE_CONFIG_BENCH_PROVIDER": "Other",
+            "RCLONE_CONFIG_BENCH_ENDPOINT": endpoint,
+            "RCLONE_CONFIG_BENCH_ACCESS_KEY_ID": ACCESS_KEY,
+            "RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY": SECRET_KEY,
+            "RCLONE_CONFIG_BENCH_REGION": "us-east-1",
+            "RCLONE_CONFIG_BENCH_FORCE_PATH_STYLE": "true",
+        })
+        try:
+            deadline = time.time() + 10
+            while True:
+                try:
+                    urllib.request.urlopen(endpoint, timeout=1)
+                    break
+                except urllib.error.HTTPError:
+                    break  # an S3 error answer: the server is up
+                except OSError:
+                    if time.time() > deadline or proc.poll() is not None:
+                        raise RuntimeError("s3s-fs did not start")
+                    time.sleep(0.1)
+            if upload_source is not None:
+                env, image = upload_source
+                env.log("uploading the download source with ferry")
+                subprocess.run([str(env.ferry), "copy", str(image.path), f"s3://{BUCKET}/source.img"],
+                               check=True, capture_output=True)
+            yield self
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+            proc.terminate()
+            proc.wait(timeout=10)
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def compare(a, b):
+    cmp = subprocess.run(["qemu-img", "compare", "-q", "-f", "raw", "-F", "raw", str(a), str(b)],
+                         capture_output=True, text=True)
+    if cmp.returncode != 0:
+        return f"qemu-img compare {a} {b}: {cmp.stdout.strip()} {cmp.stderr.strip()}"
+    return None
+
+
+def upload_commands(env, image, server):
+    def cmd(label, key, argv, **kw):
+        path = lambda: server.object_path(key)  # noqa: E731
+
+        def remove():
+            if path().exists():
+                path().unlink()
+
+        return Command(label, argv, setup=remove, cleanup=remove,
+                       check=lambda _r: compare(image.path, path()), **kw)
+
+    found = [cmd("ferry copy", "ferry.img", [env.ferry, "copy", image.path, f"s3://{BUCKET}/ferry.img"],
+                 ferry=True, note=f"{CONCURRENCY} workers, {PART // MiB} MiB parts")]
+    if which("rclone"):
+        found.append(cmd(f"rclone copyto --s3-upload-concurrency {CONCURRENCY}", "rclone.img",
+                         ["rclone", "copyto", "--s3-upload-concurrency", str(CONCURRENCY),
+                          "--s3-chunk-size", f"{PART // MiB}M", "--s3-disable-checksum",
+                          image.path, f"bench:{BUCKET}/rclone.img"],
+                         note="MD5 of the whole file skipped"))
+    if which("aws"):
+        found.append(cmd("aws s3 cp", "aws.img",
+                         ["aws", "s3", "cp", "--only-show-errors", image.path, f"s3://{BUCKET}/aws.img"],
+                         note=f"max_concurrent_requests {CONCURRENCY}"))
+    return found
+
+
+def download_commands(env, image, server):
+    def cmd(label, name, argv, **kw):
+        target = env.target(f"s3-download-{name}")
+
+        def remove():
+            if target.exists():
+                target.unlink()
+
+        return Command(label, [a if a != "TARGET" else target for a in argv], setup=remove,
+                       cleanup=remove, check=lambda _r: compare(image.path, target), **kw)
+
+    src = f"s3://{BUCKET}/source.img"
+    found = [cmd("ferry copy", "ferry", [env.ferry, "copy", src, "TARGET"], ferry=True,
+                 note=f"{CONCURRENCY} workers")]
+    if which("rclone"):
+        found.append(cmd(f"rclone copyto --multi-thread-streams {CONCURRENCY}", "rclone",
+                         ["rclone", "copyto", "--multi-thread-streams", str(CONCURRENCY),
+                          "--multi-thread-cutoff", f"{PART // MiB}M",
+                          f"bench:{BUCKET}/source.img", "TARGET"]))
+    if which("aws"):
+        found.append(cmd("aws s3 cp", "aws", ["aws", "s3", "cp", "--only-show-errors", src, "TARGET"],
+                         note=f"max_concurrent_requests {CONCURRENCY}"))
+    return found
+
+
+def goals(case_name, direction):
+    def best_peer(results):
+        rows = results[case_name]
+        peers = [s for s in rows.values() if not s.ferry and s.runs]
+        if not peers:
+            return None, "no peer ran"
+        best = min(peers, key=lambda s: s.median)
+        x = ratio(results, case_name, "ferry copy", best.label)
+        return x <= 1.0, f"{x:.2f}x {best.label}"
+
+    def rss(results):
+        mib = results[case_name]["ferry copy"].peak_rss_mib
+        return mib <= RSS_LIMIT_MIB, f"{mib:.0f} MiB"
+
+    return [
+        Goal(f"S3 {direction} at least as fast as the best peer", best_peer),
+        Goal(f"S3 {direction} peak RSS <= 64 MiB + workers x part size ({RSS_LIMIT_MIB} MiB)", rss),
+    ]
