@@ -370,16 +370,9 @@ async fn copy_over_tls_from_a_url() {
     let out = dir.path().join("dst.raw");
     run_copy(&uri, out.to_str().unwrap()).await.unwrap();
     // Without certificates the error says what to do.
-    let err = run_copy(
-        &uri.replace("nbds://", "nbd://")
-            .split('?')
-            .next()
-            .unwrap()
-            .to_string(),
-        out.to_str().unwrap(),
-    )
-    .await
-    .unwrap_err();
+    let plain = uri.replace("nbds://", "nbd://");
+    let plain = plain.split('?').next().unwrap();
+    let err = run_copy(plain, out.to_str().unwrap()).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
     assert!(err.to_string().contains("requires TLS"), "{err}");
     server.stop();

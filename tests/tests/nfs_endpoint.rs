@@ -257,8 +257,7 @@ async fn permission_denied_names_the_credentials() {
         Ok(s) => s
             .read_at(0, ferry_core::IoBuf::new(4096))
             .await
-            .err()
-            .expect("a read as uid 65534 of a 0600 root file must fail"),
+            .expect_err("a read as uid 65534 of a 0600 root file must fail"),
     };
     assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
     assert!(err.to_string().contains("65534"), "{err}");
