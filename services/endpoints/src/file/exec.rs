@@ -12,6 +12,17 @@
 //! (about 1.0 s), and equal within the noise for a 4 GiB 50%-data copy through the engine.
 //! A single thread per handle was as cheap, but serialised a handle's concurrent requests:
 //! 2-3x slower when one handle has 8 requests in flight, as the checksum engine does.
+//!
+//! Page-cache I/O is a memory copy of tens of microseconds, and handing each request to
+//! another thread and back cost more than the copy itself: for a 4 GiB half-data copy,
+//! 2.3-3.2 s and 115-135 thousand context switches through the pool, against 1.6-1.7 s
+//! and 8-10 thousand running on the calling thread, which also beat nbdcopy's 1.8-2.0 s
+//! (docs/BENCHMARKS.md). So an executor made with [`Executor::inline`] runs requests on
+//! the calling thread through `tokio::task::block_in_place`, which first moves the
+//! runtime's other tasks to another thread so nothing waits behind the call. That needs
+//! a multi-threaded runtime; on a current-thread runtime it uses its pool. Direct I/O
+//! keeps the pool, because there each request waits for the device and several in
+//! flight per worker keep a real disk's queue full.
 
 use std::collections::VecDeque;
 use std::panic::{self, AssertUnwindSafe};
@@ -30,6 +41,8 @@ type Job = Box<dyn FnOnce() + Send + 'static>;
 #[derive(Debug)]
 pub(crate) struct Executor {
     shared: Arc<Shared>,
+    /// Run requests on the calling thread when the runtime allows it.
+    inline: bool,
 }
 
 #[derive(Default)]
@@ -84,19 +97,42 @@ impl Shared {
 }
 
 impl Executor {
-    /// An executor with no threads yet.
-    pub(crate) fn new() -> Self {
+    /// An executor that runs every request on its I/O threads (none started yet).
+    pub(crate) fn pooled() -> Self {
         Self {
             shared: Arc::new(Shared::default()),
+            inline: false,
         }
     }
 
-    /// Runs `f` on one of the handle's I/O threads and returns its result.
+    /// An executor that runs requests on the calling thread on a multi-threaded runtime,
+    /// and on its I/O threads elsewhere.
+    pub(crate) fn inline() -> Self {
+        Self {
+            shared: Arc::new(Shared::default()),
+            inline: true,
+        }
+    }
+
+    /// An executor for a handle: inline for page-cache I/O, pooled for direct I/O.
+    pub(crate) fn for_handle(direct: bool) -> Self {
+        if direct {
+            Self::pooled()
+        } else {
+            Self::inline()
+        }
+    }
+
+    /// Runs `f` on the calling thread or one of the handle's I/O threads and returns its
+    /// result.
     pub(crate) async fn run<R, F>(&self, f: F) -> Result<R>
     where
         F: FnOnce() -> Result<R> + Send + 'static,
         R: Send + 'static,
     {
+        if self.inline && may_block_in_place() {
+            return tokio::task::block_in_place(f);
+        }
         let (tx, rx) = oneshot::channel();
         self.submit(Box::new(move || {
             let _ = tx.send(f());
@@ -137,6 +173,12 @@ impl Executor {
     }
 }
 
+/// Whether `block_in_place` may be called here: only on a multi-threaded runtime.
+fn may_block_in_place() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+}
+
 impl Drop for Executor {
     fn drop(&mut self) {
         self.shared.lock().closed = true;
@@ -152,7 +194,7 @@ mod tests {
 
     #[tokio::test]
     async fn runs_concurrent_requests_on_several_threads() {
-        let exec = Executor::new();
+        let exec = Executor::pooled();
         let running = Arc::new(AtomicUsize::new(0));
         let peak = Arc::new(AtomicUsize::new(0));
         let requests = (0..4).map(|i| {
@@ -177,9 +219,25 @@ mod tests {
         );
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn inline_requests_run_on_the_calling_thread_of_a_multi_threaded_runtime() {
+        let exec = Executor::inline();
+        let caller = std::thread::current().id();
+        let ran_on = exec.run(|| Ok(std::thread::current().id())).await.unwrap();
+        assert_eq!(ran_on, caller);
+    }
+
+    #[tokio::test]
+    async fn inline_requests_use_the_pool_on_a_current_thread_runtime() {
+        let exec = Executor::inline();
+        let caller = std::thread::current().id();
+        let ran_on = exec.run(|| Ok(std::thread::current().id())).await.unwrap();
+        assert_ne!(ran_on, caller);
+    }
+
     #[tokio::test]
     async fn a_panicking_request_is_an_error_and_the_pool_lives_on() {
-        let exec = Executor::new();
+        let exec = Executor::pooled();
         let err = exec
             .run(|| -> Result<()> { panic!("boom") })
             .await

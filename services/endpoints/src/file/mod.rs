@@ -3,7 +3,8 @@
 //! Reads and writes are positional (pread/pwrite) on descriptors shared by every handle,
 //! run off the async threads by a small pool of I/O threads per handle. Extents come from
 //! SEEK_DATA/SEEK_HOLE, zeroes from fallocate or the block device zeroing calls,
-//! durability from fdatasync. The page cache is the default; direct I/O (O_DIRECT) is
+//! durability from fdatasync, with write-behind so that
+//! it finds little left to write. The page cache is the default; direct I/O (O_DIRECT) is
 //! opt-in.
 
 mod direct;
@@ -15,6 +16,7 @@ mod prealloc;
 mod source;
 mod sys;
 mod target;
+mod writeback;
 mod zero;
 
 pub use source::FileSource;

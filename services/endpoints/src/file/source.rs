@@ -31,9 +31,10 @@ impl FileSource {
     /// [`FileSource::open`] for callers outside an async context: it blocks.
     pub fn open_blocking(path: &Path, options: &SourceOptions) -> Result<Self> {
         let handle = node::open_source(path, options.cache)?;
+        let exec = Executor::for_handle(handle.direct.is_some());
         Ok(Self {
             handle: Arc::new(handle),
-            exec: Executor::new(),
+            exec,
         })
     }
 }
@@ -78,7 +79,7 @@ impl Source for FileSource {
     async fn connect(&self) -> Result<Arc<dyn Source>> {
         Ok(Arc::new(Self {
             handle: Arc::clone(&self.handle),
-            exec: Executor::new(),
+            exec: Executor::for_handle(self.handle.direct.is_some()),
         }))
     }
 }

@@ -9,6 +9,7 @@ use ferry_core::{Caps, Error, ErrorKind, IoBuf, Result, Target, ZeroMode};
 use super::exec::Executor;
 use super::handle::FileHandle;
 use super::prealloc::{self, Grow};
+use super::writeback::WriteBehind;
 use super::{node, zero};
 use crate::{Preallocation, TargetOptions};
 
@@ -20,6 +21,8 @@ use crate::{Preallocation, TargetOptions};
 pub struct FileTarget {
     shared: Arc<Shared>,
     exec: Executor,
+    /// This handle's write-behind window; none with direct I/O, which bypasses the cache.
+    write_behind: Option<Arc<WriteBehind>>,
 }
 
 #[derive(Debug)]
@@ -72,14 +75,21 @@ impl FileTarget {
             Preallocation::Grow { step } => Some(Grow::new(step)),
             _ => None,
         };
-        Ok(Self {
-            shared: Arc::new(Shared {
-                handle: Arc::new(handle),
-                zeroed: opened.zeroed,
-                grow,
-            }),
-            exec: Executor::new(),
-        })
+        let shared = Arc::new(Shared {
+            handle: Arc::new(handle),
+            zeroed: opened.zeroed,
+            grow,
+        });
+        Ok(Self::with_shared(shared))
+    }
+
+    fn with_shared(shared: Arc<Shared>) -> Self {
+        let direct = shared.handle.direct.is_some();
+        Self {
+            exec: Executor::for_handle(direct),
+            write_behind: (!direct).then(|| Arc::new(WriteBehind::default())),
+            shared,
+        }
     }
 
     fn handle(&self) -> &Arc<FileHandle> {
@@ -127,6 +137,7 @@ impl Target for FileTarget {
         let len = buf.len() as u64;
         self.handle().check_range("write", offset, len)?;
         let shared = Arc::clone(&self.shared);
+        let write_behind = self.write_behind.clone();
         self.exec
             .run(move || {
                 let h = &shared.handle;
@@ -135,6 +146,9 @@ impl Target for FileTarget {
                 }
                 h.write(offset, &buf)
                     .map_err(|e| h.error("write", offset, "write failed", e))?;
+                if let Some(wb) = &write_behind {
+                    wb.written(&h.file, offset, len);
+                }
                 Ok(buf)
             })
             .await
@@ -169,10 +183,7 @@ impl Target for FileTarget {
     }
 
     async fn connect(&self) -> Result<Arc<dyn Target>> {
-        Ok(Arc::new(Self {
-            shared: Arc::clone(&self.shared),
-            exec: Executor::new(),
-        }))
+        Ok(Arc::new(Self::with_shared(Arc::clone(&self.shared))))
     }
 
     async fn finish(&self) -> Result<()> {
