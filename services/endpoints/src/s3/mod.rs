@@ -134,10 +134,14 @@ mod tests {
                 Secret::new("wJalrXUtnFEMI-secret-access-key"),
                 Some(Secret::new("session-token-value")),
             );
-        let mut source = SourceOptions::default();
-        source.s3 = s3.clone();
-        let mut target = TargetOptions::default();
-        target.s3 = s3.clone();
+        let source = SourceOptions {
+            s3: s3.clone(),
+            ..SourceOptions::default()
+        };
+        let target = TargetOptions {
+            s3: s3.clone(),
+            ..TargetOptions::default()
+        };
         for text in [
             format!("{s3:?}"),
             format!("{s3:#?}"),
