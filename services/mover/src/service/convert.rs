@@ -158,7 +158,16 @@ impl Validator {
             }
         }
         let kind = spec.kind();
-        let host = spec.host();
+        let mut host = spec.host();
+        // The same bucket and key on another store is another image (a copy between two
+        // stores is allowed) and another host for the per-host limit.
+        let store = match &ep.options {
+            Some(Options::S3(o)) if !o.endpoint_url.is_empty() => Some(&o.endpoint_url),
+            _ => None,
+        };
+        if let (Some(store), Some(h)) = (store, &mut host) {
+            *h = format!("{h}@{store}");
+        }
         Ok(match spec {
             EndpointSpec::File(path) => {
                 let canonical = self
@@ -173,7 +182,10 @@ impl Validator {
                 }
             }
             other => Checked {
-                key: other.to_string(),
+                key: match store {
+                    Some(store) => format!("{other} at {store}"),
+                    None => other.to_string(),
+                },
                 resolved: ResolvedEndpoint::Url(ep.url.clone()),
                 host,
                 kind,
@@ -752,6 +764,24 @@ mod tests {
             ..Default::default()
         };
         let ok = v.checksum(&req(s3.clone())).unwrap();
+        assert_eq!(ok.plan.hosts, ["s3:bucket@http://127.0.0.1:9000"]);
+        // The same object on another store is another image; on the same store it is not.
+        let copy = |target_store: &str| proto::StartTransferRequest {
+            source: req(s3.clone()).source,
+            target: req(proto::S3Options {
+                endpoint_url: target_store.into(),
+                ..s3.clone()
+            })
+            .source,
+            ..Default::default()
+        };
+        let between = v.transfer(&copy("https://other-store.example")).unwrap();
+        assert_eq!(
+            between.plan.target_key.as_deref(),
+            Some("s3://bucket/disk.img at https://other-store.example")
+        );
+        let err = v.transfer(&copy("http://127.0.0.1:9000")).unwrap_err();
+        assert!(err.to_string().contains("same image"), "{err}");
         let request = req(s3.clone());
         let (spec, options) = open_spec(
             &ok.plan.source,
