@@ -19,7 +19,7 @@ pub async fn open_source(spec: &EndpointSpec, options: &SourceOptions) -> Result
         EndpointSpec::Nfs(nfs) => Ok(Arc::new(
             crate::nfs::NfsSource::open(nfs, &crate::nfs::NfsOptions::default()).await?,
         )),
-        EndpointSpec::S3(s3) => crate::s3::open_source(s3, &crate::s3::S3Options::default()).await,
+        EndpointSpec::S3(s3) => crate::s3::open_source(s3, &options.s3).await,
         EndpointSpec::Iscsi(iscsi) => Ok(Arc::new(
             crate::iscsi::IscsiSource::open(iscsi, &crate::iscsi::IscsiOptions::default()).await?,
         )),
@@ -42,9 +42,7 @@ pub async fn open_target(
         EndpointSpec::Nfs(nfs) => Ok(Arc::new(
             crate::nfs::NfsTarget::open(nfs, size, &crate::nfs::NfsOptions::default()).await?,
         )),
-        EndpointSpec::S3(s3) => {
-            crate::s3::open_target(s3, size, &crate::s3::S3Options::default()).await
-        }
+        EndpointSpec::S3(s3) => crate::s3::open_target(s3, size, &options.s3).await,
         EndpointSpec::Iscsi(iscsi) => Ok(Arc::new(
             crate::iscsi::IscsiTarget::open(iscsi, size, &crate::iscsi::IscsiOptions::default())
                 .await?,

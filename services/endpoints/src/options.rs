@@ -1,4 +1,10 @@
 //! Options that shape how an endpoint is opened, shared by every endpoint kind.
+//!
+//! One struct per direction carries the settings of every kind, so that callers (the CLI,
+//! the service) hand them to [`crate::open_source`] / [`crate::open_target`] without
+//! knowing which kind a URL names; each endpoint reads only its own part.
+
+use crate::s3::S3Options;
 
 /// How file I/O goes through the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -29,6 +35,8 @@ pub enum Preallocation {
 #[derive(Debug, Clone, Default)]
 pub struct SourceOptions {
     pub cache: CacheMode,
+    /// Per-job settings of `s3://` sources over the SDK's standard chain.
+    pub s3: S3Options,
 }
 
 /// Options for opening a target.
@@ -37,4 +45,6 @@ pub struct SourceOptions {
 pub struct TargetOptions {
     pub cache: CacheMode,
     pub preallocation: Preallocation,
+    /// Per-job settings of `s3://` targets over the SDK's standard chain.
+    pub s3: S3Options,
 }

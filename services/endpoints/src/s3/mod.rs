@@ -115,3 +115,53 @@ impl S3Options {
 
 pub use source::open_source;
 pub use target::open_target;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{SourceOptions, TargetOptions};
+
+    /// Options end up in job logs and error reports through `{:?}`: the credentials must
+    /// show as `***` there, whatever struct carries them.
+    #[test]
+    fn formatting_options_never_shows_the_credentials() {
+        let s3 = S3Options::new()
+            .with_endpoint_url("http://127.0.0.1:9000")
+            .with_region("eu-west-3")
+            .with_force_path_style(true)
+            .with_credentials(
+                Secret::new("AKIDSECRETKEYID"),
+                Secret::new("wJalrXUtnFEMI-secret-access-key"),
+                Some(Secret::new("session-token-value")),
+            );
+        let source = SourceOptions {
+            s3: s3.clone(),
+            ..SourceOptions::default()
+        };
+        let target = TargetOptions {
+            s3: s3.clone(),
+            ..TargetOptions::default()
+        };
+        for text in [
+            format!("{s3:?}"),
+            format!("{s3:#?}"),
+            format!("{source:?}"),
+            format!("{target:#?}"),
+        ] {
+            for secret in [
+                "AKIDSECRETKEYID",
+                "wJalrXUtnFEMI-secret-access-key",
+                "session-token-value",
+            ] {
+                assert!(!text.contains(secret), "{secret} shown in {text}");
+            }
+            assert!(text.contains("***"), "{text}");
+            assert!(text.contains("http://127.0.0.1:9000"), "{text}");
+            assert!(text.contains("eu-west-3"), "{text}");
+        }
+        assert_eq!(
+            s3.secret_access_key.as_ref().map(Secret::expose),
+            Some("wJalrXUtnFEMI-secret-access-key")
+        );
+    }
+}

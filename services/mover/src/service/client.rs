@@ -164,7 +164,8 @@ pub struct StartArgs {
     /// Fail instead of queueing when another job writes DST.
     #[arg(long)]
     pub refuse_if_busy: bool,
-    /// Environment variable on the server with the iSCSI CHAP password / S3 secret key.
+    /// Environment variable on the server with the iSCSI CHAP password. (Per-job S3
+    /// settings and credentials go through the gRPC API's `S3Options`.)
     #[arg(long)]
     pub secret_env: Option<String>,
     /// Watch the job after starting it.

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use ferry_core::{EndpointSpec, Error, ErrorKind, Result};
+use ferry_endpoints::s3::S3Options;
 use ferry_endpoints::{CacheMode, Preallocation, SourceOptions, TargetOptions};
 use ferry_engine::{ChecksumOptions, CommitOrder, CopyOptions, HashAlgorithm};
 use prost::Message;
@@ -133,21 +134,10 @@ impl Validator {
                 }
             }
             (EndpointSpec::S3(_), Some(Options::S3(o))) => {
-                let refs = [
-                    ("access_key_id", &o.access_key_id),
-                    ("secret_access_key", &o.secret_access_key),
-                    ("session_token", &o.session_token),
-                ];
-                for (name, r) in refs {
-                    if let Some(r) = r {
-                        self.secrets.check(&format!("{what}.s3.{name}"), r)?;
-                    }
-                }
-                if o.access_key_id.is_some() != o.secret_access_key.is_some() {
-                    return Err(invalid(format!(
-                        "{what}.s3: access_key_id and secret_access_key go together"
-                    )));
-                }
+                // Checks the settings and resolves the references, so that a bad one
+                // fails the request; the values are dropped here and read again when
+                // the job opens the endpoint.
+                s3_options(what, o, &self.secrets)?;
             }
             (EndpointSpec::Nbd(_), Some(Options::Nbd(o))) => {
                 if !o.tls_certificates_dir.is_empty() {
@@ -168,7 +158,16 @@ impl Validator {
             }
         }
         let kind = spec.kind();
-        let host = spec.host();
+        let mut host = spec.host();
+        // The same bucket and key on another store is another image (a copy between two
+        // stores is allowed) and another host for the per-host limit.
+        let store = match &ep.options {
+            Some(Options::S3(o)) if !o.endpoint_url.is_empty() => Some(&o.endpoint_url),
+            _ => None,
+        };
+        if let (Some(store), Some(h)) = (store, &mut host) {
+            *h = format!("{h}@{store}");
+        }
         Ok(match spec {
             EndpointSpec::File(path) => {
                 let canonical = self
@@ -183,7 +182,10 @@ impl Validator {
                 }
             }
             other => Checked {
-                key: other.to_string(),
+                key: match store {
+                    Some(store) => format!("{other} at {store}"),
+                    None => other.to_string(),
+                },
                 resolved: ResolvedEndpoint::Url(ep.url.clone()),
                 host,
                 kind,
@@ -385,18 +387,21 @@ pub fn checksum_options(o: &proto::ChecksumOptions) -> Result<ChecksumOptions> {
     Ok(c)
 }
 
-/// The endpoint spec a job opens: the confined path or the URL, with credentials
-/// resolved from their references just now.
+/// What a job opens for one endpoint: the confined path or the URL with credentials
+/// resolved from their references just now, and the endpoint's per-job S3 settings (the
+/// SDK's standard chain alone when the request has none). Called at every start of a job,
+/// including its resumption after a restart, because secrets are never stored.
 pub fn open_spec(
     resolved: &ResolvedEndpoint,
     endpoint: Option<&proto::Endpoint>,
     secrets: &SecretResolver,
     what: &str,
-) -> Result<EndpointSpec> {
+) -> Result<(EndpointSpec, S3Options)> {
     let mut spec = match resolved {
         ResolvedEndpoint::File(p) => EndpointSpec::File(p.clone()),
         ResolvedEndpoint::Url(u) => EndpointSpec::parse(u)?,
     };
+    let mut s3 = S3Options::new();
     use proto::endpoint::Options;
     match (&mut spec, endpoint.and_then(|e| e.options.as_ref())) {
         (EndpointSpec::Iscsi(s), Some(Options::Iscsi(o))) => {
@@ -410,17 +415,92 @@ pub fn open_spec(
         (EndpointSpec::Nbd(s), Some(Options::Nbd(o))) if !o.tls_certificates_dir.is_empty() => {
             s.tls_certificates = Some(o.tls_certificates_dir.clone().into());
         }
-        // ferry-endpoints' open functions take no per-job S3 settings yet; refusing beats
-        // silently using the server's default AWS credentials instead of the job's.
-        (EndpointSpec::S3(_), Some(Options::S3(_))) => {
-            return Err(Error::unsupported(format!(
-                "{what}: per-job S3 options (endpoint, region, credential references) are not \
-                 supported by this server yet; omit them to use the server's AWS configuration"
-            )))
-        }
+        (EndpointSpec::S3(_), Some(Options::S3(o))) => s3 = s3_options(what, o, secrets)?,
         _ => {}
     }
-    Ok(spec)
+    Ok((spec, s3))
+}
+
+/// Longest region name accepted (AWS's are about 15 bytes; other stores pick their own).
+const MAX_REGION_BYTES: usize = 64;
+
+/// The form of a request's S3 settings, before any secret is read.
+fn check_s3_settings(what: &str, o: &proto::S3Options) -> Result<()> {
+    let url = &o.endpoint_url;
+    if !url.is_empty() {
+        if url.len() > MAX_URL_BYTES {
+            return Err(invalid(format!(
+                "{what}.s3.endpoint_url is longer than {MAX_URL_BYTES} bytes"
+            )));
+        }
+        if has_inline_password(url) {
+            return Err(invalid(format!(
+                "{what}.s3.endpoint_url carries a password: give credentials by reference \
+                 in access_key_id and secret_access_key"
+            )));
+        }
+        let rest = url
+            .strip_prefix("http://")
+            .or_else(|| url.strip_prefix("https://"));
+        if rest
+            .is_none_or(|r| r.is_empty() || r.chars().any(|c| c.is_whitespace() || c.is_control()))
+        {
+            return Err(invalid(format!(
+                "{what}.s3.endpoint_url is not an http:// or https:// URL"
+            )));
+        }
+    }
+    let region = &o.region;
+    if region.len() > MAX_REGION_BYTES
+        || !region
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err(invalid(format!(
+            "{what}.s3.region must be at most {MAX_REGION_BYTES} letters, digits, '-', '_' or '.'"
+        )));
+    }
+    if o.access_key_id.is_some() != o.secret_access_key.is_some() {
+        return Err(invalid(format!(
+            "{what}.s3: access_key_id and secret_access_key go together"
+        )));
+    }
+    if o.session_token.is_some() && o.access_key_id.is_none() {
+        return Err(invalid(format!(
+            "{what}.s3: session_token needs access_key_id and secret_access_key"
+        )));
+    }
+    Ok(())
+}
+
+/// A request's S3 settings as endpoint options, with the credentials read from their
+/// references. Errors name the reference (`source.s3.secret_access_key`, the variable or
+/// the file), never a value.
+fn s3_options(what: &str, o: &proto::S3Options, secrets: &SecretResolver) -> Result<S3Options> {
+    check_s3_settings(what, o)?;
+    let mut s3 = S3Options::new();
+    if !o.endpoint_url.is_empty() {
+        s3 = s3.with_endpoint_url(o.endpoint_url.clone());
+    }
+    if !o.region.is_empty() {
+        s3 = s3.with_region(o.region.clone());
+    }
+    // proto3 bool: false leaves addressing to the SDK (path style for IP endpoints).
+    if o.force_path_style {
+        s3 = s3.with_force_path_style(true);
+    }
+    let resolve = |name: &str, r: &Option<proto::SecretRef>| {
+        r.as_ref()
+            .map(|r| secrets.resolve(&format!("{what}.s3.{name}"), r))
+            .transpose()
+    };
+    let key_id = resolve("access_key_id", &o.access_key_id)?;
+    let secret_key = resolve("secret_access_key", &o.secret_access_key)?;
+    let token = resolve("session_token", &o.session_token)?;
+    if let (Some(key_id), Some(secret_key)) = (key_id, secret_key) {
+        s3 = s3.with_credentials(key_id, secret_key, token);
+    }
+    Ok(s3)
 }
 
 fn timestamp(ms: u64) -> prost_types::Timestamp {
@@ -640,6 +720,171 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("source"));
+    }
+
+    fn secret_env(name: &str) -> Option<proto::SecretRef> {
+        Some(proto::SecretRef {
+            source: Some(proto::secret_ref::Source::Env(name.into())),
+        })
+    }
+
+    fn secret_file(name: &str) -> Option<proto::SecretRef> {
+        Some(proto::SecretRef {
+            source: Some(proto::secret_ref::Source::File(name.into())),
+        })
+    }
+
+    /// Per-job S3 settings pass validation only in a sound form with references that
+    /// resolve; the job then gets them with the credentials read from the references, and
+    /// no error or formatted option shows a secret.
+    #[test]
+    fn s3_options_are_checked_then_resolved_for_the_job() {
+        let dir = tempfile::tempdir().unwrap();
+        let secrets = dir.path().join("secrets");
+        std::fs::create_dir(&secrets).unwrap();
+        std::fs::write(secrets.join("s3-secret"), "file-s3cret-value\n").unwrap();
+        std::env::set_var("FERRY_TEST_CONVERT_KEY_ID", "env-key-id-value");
+        let v = Validator {
+            roots: AllowRoots::new(&[dir.path().to_path_buf()]).unwrap(),
+            secrets: SecretResolver::new(Some(secrets.clone())),
+        };
+        let s3 = proto::S3Options {
+            endpoint_url: "http://127.0.0.1:9000".into(),
+            region: "eu-west-3".into(),
+            access_key_id: secret_env("FERRY_TEST_CONVERT_KEY_ID"),
+            secret_access_key: secret_file("s3-secret"),
+            session_token: None,
+            force_path_style: true,
+        };
+        let req = |s3: proto::S3Options| proto::StartChecksumRequest {
+            source: Some(proto::Endpoint {
+                url: "s3://bucket/disk.img".into(),
+                options: Some(proto::endpoint::Options::S3(s3)),
+            }),
+            ..Default::default()
+        };
+        let ok = v.checksum(&req(s3.clone())).unwrap();
+        assert_eq!(ok.plan.hosts, ["s3:bucket@http://127.0.0.1:9000"]);
+        // The same object on another store is another image; on the same store it is not.
+        let copy = |target_store: &str| proto::StartTransferRequest {
+            source: req(s3.clone()).source,
+            target: req(proto::S3Options {
+                endpoint_url: target_store.into(),
+                ..s3.clone()
+            })
+            .source,
+            ..Default::default()
+        };
+        let between = v.transfer(&copy("https://other-store.example")).unwrap();
+        assert_eq!(
+            between.plan.target_key.as_deref(),
+            Some("s3://bucket/disk.img at https://other-store.example")
+        );
+        let err = v.transfer(&copy("http://127.0.0.1:9000")).unwrap_err();
+        assert!(err.to_string().contains("same image"), "{err}");
+        let request = req(s3.clone());
+        let (spec, options) = open_spec(
+            &ok.plan.source,
+            request.source.as_ref(),
+            &v.secrets,
+            "source",
+        )
+        .unwrap();
+        assert_eq!(spec.to_string(), "s3://bucket/disk.img");
+        assert_eq!(
+            options.endpoint_url.as_deref(),
+            Some("http://127.0.0.1:9000")
+        );
+        assert_eq!(options.region.as_deref(), Some("eu-west-3"));
+        assert_eq!(options.force_path_style, Some(true));
+        assert_eq!(
+            options.access_key_id.as_ref().unwrap().expose(),
+            "env-key-id-value"
+        );
+        assert_eq!(
+            options.secret_access_key.as_ref().unwrap().expose(),
+            "file-s3cret-value"
+        );
+        assert!(options.session_token.is_none());
+        let shown = format!("{options:?} {ok:?}");
+        assert!(
+            !shown.contains("env-key-id-value") && !shown.contains("file-s3cret"),
+            "{shown}"
+        );
+
+        // No settings: the SDK's standard chain alone.
+        let bare = proto::S3Options::default();
+        let (_, options) = open_spec(
+            &ok.plan.source,
+            req(bare).source.as_ref(),
+            &v.secrets,
+            "source",
+        )
+        .unwrap();
+        assert_eq!(options, S3Options::new());
+
+        let bad = [
+            (
+                proto::S3Options {
+                    secret_access_key: secret_env("FERRY_TEST_CONVERT_UNSET"),
+                    ..s3.clone()
+                },
+                "source.s3.secret_access_key: environment variable FERRY_TEST_CONVERT_UNSET",
+            ),
+            (
+                proto::S3Options {
+                    access_key_id: secret_file("missing"),
+                    ..s3.clone()
+                },
+                "source.s3.access_key_id: secret file 'missing'",
+            ),
+            (
+                proto::S3Options {
+                    secret_access_key: None,
+                    ..s3.clone()
+                },
+                "go together",
+            ),
+            (
+                proto::S3Options {
+                    access_key_id: None,
+                    secret_access_key: None,
+                    session_token: secret_env("FERRY_TEST_CONVERT_KEY_ID"),
+                    ..s3.clone()
+                },
+                "session_token needs",
+            ),
+            (
+                proto::S3Options {
+                    endpoint_url: "ftp://store".into(),
+                    ..s3.clone()
+                },
+                "endpoint_url is not an http",
+            ),
+            (
+                proto::S3Options {
+                    endpoint_url: "http://user:pw@store".into(),
+                    ..s3.clone()
+                },
+                "carries a password",
+            ),
+            (
+                proto::S3Options {
+                    region: "us east".into(),
+                    ..s3.clone()
+                },
+                "source.s3.region",
+            ),
+        ];
+        for (o, expected) in bad {
+            let err = v.checksum(&req(o)).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+            let text = err.to_string();
+            assert!(text.contains(expected), "{text}");
+            for value in ["env-key-id-value", "file-s3cret-value", "pw@"] {
+                assert!(!text.contains(value), "{text}");
+            }
+        }
     }
 
     #[test]

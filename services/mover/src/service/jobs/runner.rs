@@ -325,15 +325,16 @@ async fn transfer(
         .target
         .as_ref()
         .ok_or_else(|| Error::internal("transfer job without a target"))?;
-    let src_spec = convert::open_spec(&plan.source, req.source.as_ref(), &inner.secrets, "source")?;
-    let tgt_spec = convert::open_spec(target_plan, req.target.as_ref(), &inner.secrets, "target")?;
+    let (src_spec, src_s3) =
+        convert::open_spec(&plan.source, req.source.as_ref(), &inner.secrets, "source")?;
+    let (tgt_spec, tgt_s3) =
+        convert::open_spec(target_plan, req.target.as_ref(), &inner.secrets, "target")?;
     let src_kind = kind_label(&plan.source_kind);
     let tgt_kind = kind_label(plan.target_kind.as_deref().unwrap_or("other"));
 
-    let source = inner
-        .opener
-        .open_source(&src_spec, &convert::source_options(opts.cache)?)
-        .await?;
+    let mut src_options = convert::source_options(opts.cache)?;
+    src_options.s3 = src_s3;
+    let source = inner.opener.open_source(&src_spec, &src_options).await?;
     let source = MeteredSource::wrap(source, &inner.metrics, src_kind);
     let size = source.size();
     let resume = inner
@@ -341,9 +342,11 @@ async fn transfer(
         .filter(|c| c.size == size && !c.committed.is_empty());
     let resumed_bytes = resume.as_ref().map_or(0, Checkpoint::committed_bytes);
     let counts = Arc::new(JobCounts::default());
+    let mut tgt_options = convert::target_options(&opts)?;
+    tgt_options.s3 = tgt_s3.clone();
     let target = inner
         .opener
-        .open_target(&tgt_spec, size, &convert::target_options(&opts)?)
+        .open_target(&tgt_spec, size, &tgt_options)
         .await?;
     let target = MeteredTarget::wrap(target, &inner.metrics, tgt_kind, counts.clone());
 
@@ -396,10 +399,9 @@ async fn transfer(
         if opts.workers > 0 {
             ck.workers = opts.workers as usize;
         }
-        let verify_target = inner
-            .opener
-            .open_source(&tgt_spec, &convert::source_options(opts.cache)?)
-            .await?;
+        let mut verify_options = convert::source_options(opts.cache)?;
+        verify_options.s3 = tgt_s3;
+        let verify_target = inner.opener.open_source(&tgt_spec, &verify_options).await?;
         let verify_target = MeteredSource::wrap(verify_target, &inner.metrics, tgt_kind);
         let p1 = Progress::new();
         let p2 = Progress::new();
@@ -447,16 +449,15 @@ async fn checksum(
     let req = proto::StartChecksumRequest::decode(record.request.as_slice())
         .map_err(|e| Error::internal(format!("stored request does not decode: {e}")))?;
     let opts = req.options.unwrap_or_default();
-    let spec = convert::open_spec(
+    let (spec, s3) = convert::open_spec(
         &record.plan.source,
         req.source.as_ref(),
         &inner.secrets,
         "source",
     )?;
-    let source = inner
-        .opener
-        .open_source(&spec, &convert::source_options(opts.cache)?)
-        .await?;
+    let mut source_options = convert::source_options(opts.cache)?;
+    source_options.s3 = s3;
+    let source = inner.opener.open_source(&spec, &source_options).await?;
     let source = MeteredSource::wrap(source, &inner.metrics, kind_label(&record.plan.source_kind));
     let size = source.size();
     let ck = convert::checksum_options(&opts)?;
