@@ -129,6 +129,11 @@ impl Tgtd {
         }
     }
 
+    /// tgtd's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn port(&self) -> u16 {
         self.port
     }

@@ -390,3 +390,52 @@ async fn check_conditions_are_named() {
     assert_eq!(dev.read(0, vec![1u8; 4096]).await.unwrap(), vec![0u8; 4096]);
     dev.close().await.unwrap();
 }
+
+/// A target that stops answering (tgtd stopped with SIGSTOP): the command times out
+/// after the request timeout (plus the bounded ABORT TASK attempt), and the session works
+/// again once the target answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_target_times_out() {
+    let dir = ferry_tests::scratch_dir();
+    let img = backing(dir.path(), "hang.img", 4 * MIB);
+    let mut tgt = Tgtd::start();
+    tgt.add_target(
+        1,
+        IQN,
+        &[Lun {
+            backing: img,
+            thin: false,
+        }],
+    );
+    let config = Config {
+        request_timeout: Some(std::time::Duration::from_secs(1)),
+        ..Config::default()
+    };
+    let dev = Device::open(&tgt.portal(), IQN, 1, &config).await.unwrap();
+    let pid = tgt.pid().expect("tgtd runs");
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let started = std::time::Instant::now();
+    let result = dev.read(0, vec![0u8; 64 * 1024]).await;
+    let waited = started.elapsed();
+    signal("-CONT");
+    let err = result.err().expect("a stopped target cannot answer");
+    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    assert!(err.to_string().contains("timed out"), "{err}");
+    assert!(
+        waited < std::time::Duration::from_secs(5),
+        "timed out only after {waited:?}"
+    );
+    // Once tgtd runs again, the session answers again.
+    let data = pattern(64 * 1024, 4);
+    dev.write(0, &data).await.unwrap();
+    assert!(dev.read(0, vec![0u8; data.len()]).await.unwrap() == data);
+    dev.close().await.unwrap();
+}
