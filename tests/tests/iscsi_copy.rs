@@ -422,9 +422,14 @@ fn cli_copy_with_chap_secret_from_the_environment() {
     tgt.add_chap(1, "carol", SECRET, false);
     let u = format!("iscsi://carol@127.0.0.1:{}/{IQN}/1", tgt.port());
     let ferry = ferry!();
-    let run = |args: &[&std::ffi::OsStr], secret: &str| {
+    // Runs ferry with `env`; no output may hold `secret`.
+    let run = |args: &[&std::ffi::OsStr], env: &[(&str, &std::ffi::OsStr)], secret: &str| {
         let mut cmd = ferry.command(args);
-        cmd.env("FERRY_ISCSI_PASSWORD", secret);
+        cmd.env_remove("FERRY_ISCSI_PASSWORD")
+            .env_remove("FERRY_ISCSI_PASSWORD_FILE");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
         let child = cmd.spawn().expect("start ferry");
         let run = ferry_tests::bin::wait_with_deadline(
             child,
@@ -439,29 +444,37 @@ fn cli_copy_with_chap_secret_from_the_environment() {
     };
     run(
         &["copy".as_ref(), image.path.as_os_str(), u.as_ref()],
+        &[("FERRY_ISCSI_PASSWORD", SECRET.as_ref())],
         SECRET,
     )
     .assert_success();
     qemu_img_compare(&image.path, &lun);
     assert_allocated_about(&lun, image.nonzero_block_bytes);
 
+    // Back, with the secret in a file.
+    let secret_file = dir.path().join("chap-secret");
+    std::fs::write(&secret_file, format!("{SECRET}\n")).unwrap();
     let out = dir.path().join("out.raw");
-    let back = run(
+    run(
         &[
             "copy".as_ref(),
             "--in-order".as_ref(),
             u.as_ref(),
             out.as_os_str(),
         ],
+        &[("FERRY_ISCSI_PASSWORD_FILE", secret_file.as_os_str())],
         SECRET,
-    );
-    back.assert_success();
+    )
+    .assert_success();
     qemu_img_compare(&lun, &out);
     assert_eq!(blkhash_file(&out), blkhash_file(&lun));
 
+    // A wrong secret, from the environment and in the URL: a clean failure naming the LUN.
+    const WRONG: &str = "not-the-secret-99";
     let wrong = run(
         &["copy".as_ref(), u.as_ref(), out.as_os_str()],
-        "not-the-secret-99",
+        &[("FERRY_ISCSI_PASSWORD", WRONG.as_ref())],
+        WRONG,
     );
     let line = wrong.assert_clean_failure();
     assert!(
@@ -469,4 +482,15 @@ fn cli_copy_with_chap_secret_from_the_environment() {
         "{line}"
     );
     assert!(line.contains("iscsi://carol@127.0.0.1"), "{line}");
+    let in_url = u.replace("carol@", &format!("carol%{WRONG}@"));
+    let wrong = run(
+        &["copy".as_ref(), in_url.as_ref(), out.as_os_str()],
+        &[],
+        WRONG,
+    );
+    let line = wrong.assert_clean_failure();
+    assert!(
+        line.contains("authentication") || line.contains("CHAP"),
+        "{line}"
+    );
 }
