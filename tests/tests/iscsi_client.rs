@@ -426,7 +426,7 @@ async fn a_hung_target_times_out() {
     let result = dev.read(0, vec![0u8; 64 * 1024]).await;
     let waited = started.elapsed();
     signal("-CONT");
-    let err = result.err().expect("a stopped target cannot answer");
+    let err = result.expect_err("a stopped target cannot answer");
     assert!(matches!(err, Error::Timeout { .. }), "{err}");
     assert!(err.to_string().contains("timed out"), "{err}");
     assert!(
