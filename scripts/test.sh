@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian packages the tests need: test servers and peers. One list; add yours here.
-PACKAGES="qemu-utils nbdkit libnbd-bin util-linux coreutils nfs-ganesha nfs-ganesha-vfs rpcbind"
+PACKAGES="qemu-utils nbdkit libnbd-bin util-linux coreutils nfs-ganesha nfs-ganesha-vfs rpcbind tgt"
 
 lint=1
 runner_args=()

@@ -35,6 +35,7 @@ pub struct Tgtd {
     port: u16,
     control: u16,
     targets: Vec<u32>,
+    log: PathBuf,
 }
 
 fn free_port() -> u16 {
@@ -44,13 +45,36 @@ fn free_port() -> u16 {
         .expect("bind an ephemeral port")
 }
 
+/// A management channel number for tgtd (1024..=32767), spread by the portal port, the
+/// process and the attempt so that parallel tests rarely pick the same one.
+fn control_port(port: u16, attempt: u32) -> u16 {
+    let mut h = u64::from(port) ^ (u64::from(std::process::id()) << 16) ^ u64::from(attempt) << 40;
+    h = h.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    h ^= h >> 29;
+    1024 + (h % (32767 - 1024 + 1)) as u16
+}
+
 impl Tgtd {
-    /// Starts tgtd with a portal on a free loopback port.
+    /// Starts tgtd with a portal on a free loopback port. The management channel is a
+    /// unix socket named by a "control port" that tgtd limits to 1..=32767 and locks; a
+    /// number another tgtd holds makes ours exit at once, so a clash is retried.
     pub fn start() -> Self {
         require_tgt();
-        let port = free_port();
-        let control = port;
-        let log = std::env::temp_dir().join(format!("ferry-tgtd-{port}.log"));
+        let mut last_log = String::new();
+        for attempt in 0..20u32 {
+            let port = free_port();
+            let control = control_port(port, attempt);
+            match Self::try_start(port, control) {
+                Ok(t) => return t,
+                Err(log) => last_log = log,
+            }
+        }
+        panic!("tgtd did not start in 20 attempts; its last log:\n{last_log}");
+    }
+
+    /// One attempt: Err(log) when tgtd exited (a port or control channel clash).
+    fn try_start(port: u16, control: u16) -> Result<Self, String> {
+        let log = std::env::temp_dir().join(format!("ferry-tgtd-{port}-{control}.log"));
         let child = Command::new("tgtd")
             .args(["-f", "-C", &control.to_string(), "--iscsi"])
             .arg(format!("portal=127.0.0.1:{port}"))
@@ -67,9 +91,16 @@ impl Tgtd {
             port,
             control,
             targets: Vec::new(),
+            log: log.clone(),
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
+            if let Some(Ok(Some(_))) = t.child.as_mut().map(|c| c.try_wait()) {
+                t.child = None;
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let _ = std::fs::remove_file(&log);
+                return Err(text);
+            }
             let ok = Command::new("tgtadm")
                 .args([
                     "-C",
@@ -87,21 +118,20 @@ impl Tgtd {
                 .map(|s| s.success())
                 .unwrap_or(false);
             if ok && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                break;
-            }
-            if let Some(Ok(Some(status))) = t.child.as_mut().map(|c| c.try_wait()) {
-                panic!(
-                    "tgtd exited with {status}: {}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                );
+                return Ok(t);
             }
             assert!(
                 Instant::now() < deadline,
-                "tgtd did not come up on port {port}"
+                "tgtd did not come up on port {port}: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        t
+    }
+
+    /// tgtd's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     pub fn port(&self) -> u16 {
@@ -253,12 +283,29 @@ impl Tgtd {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = child.try_wait() {
+                let _ = std::fs::remove_file(&self.log);
                 return;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         let _ = child.kill();
         let _ = child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+
+    /// Kills tgtd with SIGKILL at once (a target that dies mid-transfer).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.targets.clear();
+        let _ = std::fs::remove_file(&self.log);
+    }
+
+    /// What tgtd logged so far (for failure messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
 

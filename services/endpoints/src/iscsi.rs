@@ -232,11 +232,13 @@ impl Lu {
         }
     }
 
+    /// A request must start on a block and stay inside the LUN; only its end may fall
+    /// inside a block (the image end, when the image is not a whole number of blocks).
     fn check(&self, operation: &'static str, offset: u64, len: u64) -> Result<()> {
         let bs = self.bs();
-        if !offset.is_multiple_of(bs) || !len.is_multiple_of(bs) {
+        if !offset.is_multiple_of(bs) {
             return Err(Error::invalid_input(format!(
-                "{len} bytes at {offset} are not aligned to the LUN's {bs}-byte blocks"
+                "{len} bytes at {offset} do not start on one of the LUN's {bs}-byte blocks"
             ))
             .at(operation, offset)
             .with_endpoint(self.shared.describe.clone()));
@@ -252,44 +254,85 @@ impl Lu {
         Ok(())
     }
 
-    async fn read_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
-        self.check("read", offset, buf.len() as u64)?;
-        let max = u64::from(self.caps().block.maximum) as usize;
-        if buf.len() <= max {
-            return self
+    /// Largest READ or WRITE of one command, in bytes (a multiple of the block size).
+    fn max_request(&self) -> usize {
+        self.caps().block.maximum as usize
+    }
+
+    async fn read_at(&self, offset: u64, mut buf: IoBuf) -> Result<IoBuf> {
+        let len = buf.len();
+        self.check("read", offset, len as u64)?;
+        if !(len as u64).is_multiple_of(self.bs()) {
+            return Err(Error::invalid_input(format!(
+                "a read of {len} bytes is not a whole number of the LUN's {}-byte blocks",
+                self.bs()
+            ))
+            .at("read", offset)
+            .with_endpoint(self.shared.describe.clone()));
+        }
+        // Commands of at most the LUN's transfer limit, each filling its part of the
+        // caller's buffer in place.
+        let view = buf.view();
+        let max = self.max_request();
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(max);
+            let at = offset + done as u64;
+            buf.set_view(view.start + done, n);
+            buf = self
                 .dev
-                .read(offset / self.bs(), View(buf))
+                .read(at / self.bs(), View(buf))
                 .await
                 .map(|v| v.0)
-                .map_err(|e| self.err(e, "read", offset));
-        }
-        let mut buf = buf;
-        let mut tmp = vec![0u8; max];
-        let mut done = 0;
-        while done < buf.len() {
-            let n = (buf.len() - done).min(max);
-            tmp.resize(n, 0);
-            let at = offset + done as u64;
-            tmp = self
-                .dev
-                .read(at / self.bs(), tmp)
-                .await
                 .map_err(|e| self.err(e, "read", at))?;
-            buf[done..done + n].copy_from_slice(&tmp);
             done += n;
         }
+        buf.set_view(view.start, len);
         Ok(buf)
+    }
+
+    /// Read-modify-write of the block at `at` (a block boundary) with `data` (shorter
+    /// than a block) at its start; the rest of the block keeps what the LUN holds.
+    async fn write_partial_block(
+        &self,
+        operation: &'static str,
+        at: u64,
+        data: Option<&[u8]>,
+        len: usize,
+    ) -> Result<()> {
+        let bs = self.bs() as usize;
+        let lba = at / self.bs();
+        let mut block = self
+            .dev
+            .read(lba, vec![0u8; bs])
+            .await
+            .map_err(|e| self.err(e, operation, at))?;
+        match data {
+            Some(d) => block[..len].copy_from_slice(d),
+            None => block[..len].fill(0),
+        }
+        self.dev
+            .write(lba, &block)
+            .await
+            .map_err(|e| self.err(e, operation, at))
     }
 
     async fn write_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
         self.check("write", offset, buf.len() as u64)?;
-        let max = self.caps().block.maximum as usize;
-        for (i, chunk) in buf.chunks(max).enumerate() {
+        let bs = self.bs() as usize;
+        let whole = buf.len() / bs * bs;
+        let max = self.max_request();
+        for (i, chunk) in buf[..whole].chunks(max).enumerate() {
             let at = offset + (i * max) as u64;
             self.dev
                 .write(at / self.bs(), chunk)
                 .await
                 .map_err(|e| self.err(e, "write", at))?;
+        }
+        if whole < buf.len() {
+            let tail = &buf[whole..];
+            self.write_partial_block("write", offset + whole as u64, Some(tail), tail.len())
+                .await?;
         }
         Ok(buf)
     }
@@ -308,6 +351,11 @@ impl Lu {
                 .await
                 .map_err(|e| self.err(e, "write_zeroes", lba * bs))?;
             lba += u64::from(n);
+        }
+        let tail = (offset + len) % bs;
+        if tail != 0 {
+            self.write_partial_block("write_zeroes", end * bs, None, tail as usize)
+                .await?;
         }
         Ok(())
     }

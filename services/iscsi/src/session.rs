@@ -548,7 +548,15 @@ impl Session {
         bhs.set_lun(encode_lun(lun));
         bhs.set_u32(20, itt);
         bhs.set_u32(32, cmd_sn);
-        match self.immediate(bhs, Duration::from_secs(10)).await {
+        // A target that does not answer the command may not answer this either: wait no
+        // longer than for the command itself.
+        let wait = self
+            .inner
+            .config
+            .request_timeout
+            .unwrap_or(Duration::from_secs(10))
+            .min(Duration::from_secs(10));
+        match self.immediate(bhs, wait).await {
             Ok(o) => tracing::debug!(itt, response = o.response, "ABORT TASK answered"),
             Err(e) => tracing::debug!(itt, error = %e, "ABORT TASK failed"),
         }

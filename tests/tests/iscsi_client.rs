@@ -243,3 +243,199 @@ async fn unknown_target_and_disconnect_are_clear_errors() {
         "{err}"
     );
 }
+
+/// Small segments and bursts on both sides, with every combination of immediate and
+/// unsolicited data: writes cross many Data-Out PDUs and R2Ts, reads many Data-In PDUs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn negotiated_limits_are_honoured() {
+    let dir = ferry_tests::scratch_dir();
+    let img = backing(dir.path(), "neg.img", 8 * MIB);
+    let mut tgt = Tgtd::start();
+    tgt.add_target(
+        1,
+        IQN,
+        &[Lun {
+            backing: img.clone(),
+            thin: false,
+        }],
+    );
+    tgt.set_param(1, "MaxRecvDataSegmentLength", "4096");
+    tgt.set_param(1, "MaxBurstLength", "16384");
+    tgt.set_param(1, "FirstBurstLength", "8192");
+    let cases = [
+        // (target InitialR2T, target ImmediateData, ours immediate, ours initial R2T)
+        ("No", "Yes", true, false),
+        ("No", "No", true, false),
+        ("Yes", "Yes", true, false),
+        ("Yes", "No", false, true),
+    ];
+    for (i, (initial_r2t, immediate, our_immediate, our_r2t)) in cases.into_iter().enumerate() {
+        tgt.set_param(1, "InitialR2T", initial_r2t);
+        tgt.set_param(1, "ImmediateData", immediate);
+        let config = Config {
+            max_recv_data_segment_length: 4096,
+            immediate_data: our_immediate,
+            initial_r2t: our_r2t,
+            ..Config::default()
+        };
+        let dev = Device::open(&tgt.portal(), IQN, 1, &config).await.unwrap();
+        let p = dev.session().params();
+        assert_eq!(p.max_xmit_data_segment_length, 4096, "{p:?}");
+        assert_eq!(p.max_burst_length, 16384, "{p:?}");
+        assert_eq!(p.first_burst_length, 8192, "{p:?}");
+        assert_eq!(p.initial_r2t, initial_r2t == "Yes" || our_r2t, "{p:?}");
+        assert_eq!(
+            p.immediate_data,
+            immediate == "Yes" && our_immediate,
+            "{p:?}"
+        );
+        let data = pattern(MIB as usize + 3 * 512, i as u8);
+        let lba = 8 * i as u64 + 1;
+        let (a, b) = data.split_at(512 * 1000);
+        let (w1, w2) =
+            futures_util::future::join(dev.write(lba, a), dev.write(lba + 1000, b)).await;
+        w1.unwrap();
+        w2.unwrap();
+        let back = dev.read(lba, vec![0u8; data.len()]).await.unwrap();
+        assert!(back == data, "case {i}: read back differs");
+        let on_disk = std::fs::read(&img).unwrap();
+        let at = (lba * 512) as usize;
+        assert!(
+            on_disk[at..at + data.len()] == data[..],
+            "case {i}: backing file differs"
+        );
+        dev.close().await.unwrap();
+    }
+}
+
+/// tgtd pings an idle session with NOP-In and drops it when unanswered: answered pings
+/// keep it alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn target_pings_are_answered() {
+    let dir = ferry_tests::scratch_dir();
+    let img = backing(dir.path(), "nop.img", 4 * MIB);
+    let mut tgt = Tgtd::start();
+    tgt.add_target(
+        1,
+        IQN,
+        &[Lun {
+            backing: img,
+            thin: false,
+        }],
+    );
+    tgt.set_param(1, "nop_interval", "1");
+    tgt.set_param(1, "nop_count", "2");
+    let dev = Device::open(&tgt.portal(), IQN, 1, &Config::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(4500)).await;
+    let data = pattern(64 * 1024, 1);
+    dev.write(0, &data).await.unwrap();
+    assert!(dev.read(0, vec![0u8; data.len()]).await.unwrap() == data);
+    dev.close().await.unwrap();
+}
+
+/// Check conditions name the sense key and additional sense code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_conditions_are_named() {
+    let dir = ferry_tests::scratch_dir();
+    let img = backing(dir.path(), "ro.img", 4 * MIB);
+    let mut tgt = Tgtd::start();
+    tgt.add_target(
+        1,
+        IQN,
+        &[Lun {
+            backing: img,
+            thin: false,
+        }],
+    );
+    tgt.tgtadm(&[
+        "--mode",
+        "logicalunit",
+        "--op",
+        "update",
+        "--tid",
+        "1",
+        "--lun",
+        "1",
+        "--params",
+        "readonly=1",
+    ]);
+    let dev = Device::open(&tgt.portal(), IQN, 1, &Config::default())
+        .await
+        .unwrap();
+    let err = dev.write(0, &pattern(4096, 2)).await.err().unwrap();
+    let sense = err.sense().cloned().unwrap_or_else(|| panic!("{err}"));
+    assert_eq!(sense.key, 0x7, "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("DATA PROTECT") && text.contains("write protected"),
+        "{text}"
+    );
+    // An operation code tgt does not know.
+    let mut cdb = [0u8; 16];
+    cdb[0] = 0xc5;
+    let err = dev
+        .session()
+        .execute(1, &cdb, ferry_iscsi::Transfer::None)
+        .await
+        .err()
+        .unwrap();
+    let text = err.to_string();
+    assert!(
+        text.contains("ILLEGAL REQUEST") && text.contains("invalid command operation code"),
+        "{text}"
+    );
+    // The session survives check conditions.
+    assert_eq!(dev.read(0, vec![1u8; 4096]).await.unwrap(), vec![0u8; 4096]);
+    dev.close().await.unwrap();
+}
+
+/// A target that stops answering (tgtd stopped with SIGSTOP): the command times out
+/// after the request timeout (plus the bounded ABORT TASK attempt), and the session works
+/// again once the target answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_target_times_out() {
+    let dir = ferry_tests::scratch_dir();
+    let img = backing(dir.path(), "hang.img", 4 * MIB);
+    let mut tgt = Tgtd::start();
+    tgt.add_target(
+        1,
+        IQN,
+        &[Lun {
+            backing: img,
+            thin: false,
+        }],
+    );
+    let config = Config {
+        request_timeout: Some(std::time::Duration::from_secs(1)),
+        ..Config::default()
+    };
+    let dev = Device::open(&tgt.portal(), IQN, 1, &config).await.unwrap();
+    let pid = tgt.pid().expect("tgtd runs");
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let started = std::time::Instant::now();
+    let result = dev.read(0, vec![0u8; 64 * 1024]).await;
+    let waited = started.elapsed();
+    signal("-CONT");
+    let err = result.expect_err("a stopped target cannot answer");
+    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    assert!(err.to_string().contains("timed out"), "{err}");
+    assert!(
+        waited < std::time::Duration::from_secs(5),
+        "timed out only after {waited:?}"
+    );
+    // Once tgtd runs again, the session answers again.
+    let data = pattern(64 * 1024, 4);
+    dev.write(0, &data).await.unwrap();
+    assert!(dev.read(0, vec![0u8; data.len()]).await.unwrap() == data);
+    dev.close().await.unwrap();
+}

@@ -1,0 +1,496 @@
+//! The iSCSI endpoint with the real engine, against a tgtd started here: the conformance
+//! suite for source and target (thin and thick LUNs), copies file->iscsi, iscsi->file,
+//! iscsi->nbd and nbd->iscsi committed in order and out of order with unaligned image
+//! sizes, a sparse source keeping a thin LUN thin, tgtd killed mid-copy, and `ferry copy`
+//! with an iscsi:// URL whose CHAP secret comes from the environment.
+//!
+//! Every copy is checked with `qemu-img compare` against the file behind the LUN and with
+//! the block hash, and thin LUNs for sparseness by their backing file's allocated blocks.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferry_core::{EndpointSpec, ErrorKind, Result, Source, Target};
+use ferry_endpoints::conformance::{self, TargetFixture};
+use ferry_endpoints::{open_source, open_target, SourceOptions, TargetOptions};
+use ferry_engine::{
+    checksum, copy, CancellationToken, ChecksumOptions, CommitOrder, CopyOptions, CopyReport,
+    Progress,
+};
+use ferry_tests::check::{allocated_bytes, assert_allocated_about, blkhash_file, qemu_img_compare};
+use ferry_tests::images::{self, Image, Pattern};
+use ferry_tests::iscsi_server::{Lun, Tgtd};
+use ferry_tests::nbd_servers::{NbdServer, QemuNbd};
+use ferry_tests::{ferry, scratch_dir};
+
+const MIB: u64 = 1 << 20;
+/// File images: 12 data runs of 1 MiB in 24 MiB and a tail that is no multiple of 512.
+const SIZE: u64 = 24 * MIB + 12_345;
+/// LUNs hold whole 512-byte blocks: SIZE rounded up.
+const LUN_SIZE: u64 = SIZE.div_ceil(512) * 512;
+/// A source LUN: whole blocks, but no multiple of the 4 KiB zero-detection block.
+const SRC_LUN_SIZE: u64 = 24 * MIB + 4608;
+const IQN: &str = "iqn.2024-01.io.ferry:copy";
+const ORDERS: [CommitOrder; 2] = [CommitOrder::InOrder, CommitOrder::OutOfOrder];
+
+fn url(tgt: &Tgtd, iqn: &str, lun: u32) -> String {
+    format!("iscsi://127.0.0.1:{}/{iqn}/{lun}", tgt.port())
+}
+
+/// A sparse file of `size` bytes to back a LUN.
+fn empty(path: &Path, size: u64) -> PathBuf {
+    std::fs::File::create(path).unwrap().set_len(size).unwrap();
+    path.to_path_buf()
+}
+
+fn thin(backing: &Path) -> Lun {
+    Lun {
+        backing: backing.to_path_buf(),
+        thin: true,
+    }
+}
+
+fn thick(backing: &Path) -> Lun {
+    Lun {
+        backing: backing.to_path_buf(),
+        thin: false,
+    }
+}
+
+async fn source(url: &str) -> Result<Arc<dyn Source>> {
+    open_source(&EndpointSpec::parse(url)?, &SourceOptions::default()).await
+}
+
+async fn target(url: &str, size: u64) -> Result<Arc<dyn Target>> {
+    open_target(&EndpointSpec::parse(url)?, size, &TargetOptions::default()).await
+}
+
+fn options(order: CommitOrder) -> CopyOptions {
+    CopyOptions {
+        order,
+        ..CopyOptions::default()
+    }
+}
+
+async fn run_copy(src: &str, dst: &str, order: CommitOrder) -> Result<CopyReport> {
+    let s = source(src).await?;
+    let t = target(dst, s.size()).await?;
+    copy(
+        s,
+        t,
+        &options(order),
+        &Progress::new(),
+        &CancellationToken::new(),
+    )
+    .await
+}
+
+/// The block hash of what `url` serves, computed by ferry through the iSCSI source.
+async fn iscsi_blkhash(url: &str) -> String {
+    let s = source(url).await.unwrap();
+    checksum(
+        s,
+        &ChecksumOptions::default(),
+        &Progress::new(),
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap()
+    .hex()
+}
+
+fn half_data(path: &Path, size: u64, seed: u64) -> Image {
+    images::make(path, Pattern::HalfData, size, seed).unwrap()
+}
+
+/// Writes a conformance image with its zero runs left as holes.
+fn write_sparse(path: &Path, image: &conformance::Image) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::create(path).unwrap();
+    f.set_len(image.data.len() as u64).unwrap();
+    for e in &image.layout {
+        if e.kind == ferry_core::ExtentKind::Data {
+            f.write_all_at(&image.data[e.offset as usize..e.end() as usize], e.offset)
+                .unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn conformance_source_thin_and_thick() {
+    let dir = scratch_dir();
+    // LUNs are whole blocks: 3 MiB and seven 512-byte blocks.
+    let size = 3 * MIB + 7 * 512;
+    let image = conformance::test_image(size, 7);
+    let a = dir.path().join("thin.img");
+    let b = dir.path().join("thick.img");
+    write_sparse(&a, &image);
+    write_sparse(&b, &image);
+    let mut tgt = Tgtd::start();
+    tgt.add_target(1, IQN, &[thin(&a), thick(&b)]);
+
+    let s = source(&url(&tgt, IQN, 1)).await.unwrap();
+    let caps = s.caps();
+    assert!(caps.extents && caps.multi_conn, "{caps:?}");
+    assert_eq!(caps.block.minimum, 512, "{caps:?}");
+    // The thin LUN reports the holes as zero extents.
+    let extents = s.extents(0, size).await.unwrap();
+    assert!(
+        extents
+            .iter()
+            .any(|e| e.kind == ferry_core::ExtentKind::Zero),
+        "{extents:?}"
+    );
+    conformance::check_source(s, &image.data).await;
+
+    let s = source(&url(&tgt, IQN, 2)).await.unwrap();
+    assert!(!s.caps().extents, "a thick LUN has no extents");
+    conformance::check_source(s, &image.data).await;
+}
+
+/// Each open makes a new target with one fresh LUN (thin or thick) of the size rounded up
+/// to whole blocks.
+struct Fixture {
+    tgt: Mutex<Tgtd>,
+    dir: PathBuf,
+    thin: bool,
+    opened: Mutex<u32>,
+}
+
+impl Fixture {
+    fn backing(&self, n: u32) -> PathBuf {
+        self.dir.join(format!("lun-{n}.img"))
+    }
+}
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+// Written out as async_trait expands it (this crate does not depend on async-trait).
+impl TargetFixture for Fixture {
+    fn open<'a, 'b>(&'a self, size: u64) -> BoxFuture<'b, Result<Arc<dyn Target>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        Box::pin(async move {
+            let (n, url) = {
+                let mut opened = self.opened.lock().unwrap();
+                *opened += 1;
+                let n = *opened;
+                let backing = empty(&self.backing(n), size.div_ceil(512) * 512);
+                let iqn = format!("{IQN}-{n}");
+                let mut tgt = self.tgt.lock().unwrap();
+                let lun = Lun {
+                    backing,
+                    thin: self.thin,
+                };
+                tgt.add_target(n, &iqn, &[lun]);
+                (n, url(&tgt, &iqn, 1))
+            };
+            let t = target(&url, size).await?;
+            assert_eq!(t.caps().trim, self.thin, "LUN {n}: {:?}", t.caps());
+            Ok(t)
+        })
+    }
+
+    fn contents<'a, 'b>(&'a self, size: u64) -> BoxFuture<'b, Result<Vec<u8>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        Box::pin(async move {
+            let n = *self.opened.lock().unwrap();
+            let mut data = std::fs::read(self.backing(n)).unwrap();
+            data.truncate(size as usize);
+            Ok(data)
+        })
+    }
+}
+
+#[tokio::test]
+async fn conformance_target_thin_and_thick() {
+    for thin in [true, false] {
+        let dir = scratch_dir();
+        let fixture = Fixture {
+            tgt: Mutex::new(Tgtd::start()),
+            dir: dir.path().to_path_buf(),
+            thin,
+            opened: Mutex::new(0),
+        };
+        // Not a whole number of blocks: the last write ends inside a block.
+        conformance::check_target(&fixture, 3 * MIB + 4097).await;
+    }
+}
+
+/// file -> thin LUN in both orders: exact, and the LUN stays thin (the source's holes and
+/// zero blocks are deallocated on the LUN, never written).
+#[tokio::test]
+async fn file_to_thin_lun_is_exact_and_stays_thin() {
+    let dir = scratch_dir();
+    let image = half_data(&dir.path().join("src.raw"), SIZE, 1);
+    let luns: Vec<PathBuf> = (0..2)
+        .map(|i| empty(&dir.path().join(format!("lun{i}.img")), LUN_SIZE))
+        .collect();
+    let mut tgt = Tgtd::start();
+    tgt.add_target(1, IQN, &[thin(&luns[0]), thin(&luns[1])]);
+    for (i, order) in ORDERS.into_iter().enumerate() {
+        let u = url(&tgt, IQN, i as u32 + 1);
+        let report = run_copy(image.path.to_str().unwrap(), &u, order)
+            .await
+            .unwrap();
+        assert_eq!(report.size, SIZE, "{order:?}");
+        qemu_img_compare(&image.path, &luns[i]);
+        assert_allocated_about(&luns[i], image.nonzero_block_bytes);
+        assert_eq!(iscsi_blkhash(&u).await, blkhash_file(&luns[i]), "{order:?}");
+    }
+}
+
+/// Thin and thick LUNs -> file in both orders: exact and sparse (extents from GET LBA
+/// STATUS on the thin LUN, zero detection on both).
+#[tokio::test]
+async fn lun_to_file_is_exact_and_sparse() {
+    let dir = scratch_dir();
+    let a = half_data(&dir.path().join("thin.img"), SRC_LUN_SIZE, 2);
+    let b = half_data(&dir.path().join("thick.img"), SRC_LUN_SIZE, 2);
+    let mut tgt = Tgtd::start();
+    tgt.add_target(1, IQN, &[thin(&a.path), thick(&b.path)]);
+    for lun in [1, 2] {
+        let u = url(&tgt, IQN, lun);
+        assert_eq!(iscsi_blkhash(&u).await, blkhash_file(&a.path), "LUN {lun}");
+        for order in ORDERS {
+            let out = dir.path().join(format!("out-{lun}-{order:?}.raw"));
+            let report = run_copy(&u, out.to_str().unwrap(), order).await.unwrap();
+            assert_eq!(report.size, SRC_LUN_SIZE);
+            assert!(
+                report.zero_bytes >= SRC_LUN_SIZE / 3,
+                "LUN {lun} {order:?}: zeroes were found: {report:?}"
+            );
+            qemu_img_compare(&a.path, &out);
+            assert_allocated_about(&out, a.nonzero_block_bytes);
+            assert_eq!(blkhash_file(&out), blkhash_file(&a.path));
+        }
+    }
+}
+
+/// thin LUN -> qemu-nbd over a file full of garbage (zeroes must be written), both orders.
+#[tokio::test]
+async fn lun_to_nbd_both_orders() {
+    let dir = scratch_dir();
+    let image = half_data(&dir.path().join("src.img"), SRC_LUN_SIZE, 3);
+    let mut tgt = Tgtd::start();
+    tgt.add_target(1, IQN, &[thin(&image.path)]);
+    for (i, order) in ORDERS.into_iter().enumerate() {
+        let mid = images::make(
+            &dir.path().join(format!("mid{i}.raw")),
+            Pattern::Random,
+            SRC_LUN_SIZE,
+            9 + i as u64,
+        )
+        .unwrap();
+        let mut nbd = NbdServer::qemu_nbd(
+            &mid.path,
+            &QemuNbd {
+                export: "disk".into(),
+                ..QemuNbd::default()
+            },
+        );
+        run_copy(&url(&tgt, IQN, 1), &nbd.uri(), order)
+            .await
+            .unwrap();
+        nbd.stop();
+        qemu_img_compare(&image.path, &mid.path);
+        assert_eq!(blkhash_file(&mid.path), blkhash_file(&image.path));
+    }
+}
+
+/// qemu-nbd (an unaligned image, served as whole sectors) -> LUNs full of garbage, both
+/// orders: a thick LUN (zeroes written with WRITE SAME) and a thin one (WRITE SAME with
+/// UNMAP, so the garbage's blocks are deallocated).
+#[tokio::test]
+async fn nbd_to_lun_both_orders() {
+    let dir = scratch_dir();
+    let image = half_data(&dir.path().join("src.raw"), SIZE, 4);
+    let luns: Vec<Image> = (0..2)
+        .map(|i| {
+            images::make(
+                &dir.path().join(format!("lun{i}.img")),
+                Pattern::Random,
+                LUN_SIZE,
+                20 + i,
+            )
+            .unwrap()
+        })
+        .collect();
+    let mut tgt = Tgtd::start();
+    tgt.add_target(1, IQN, &[thick(&luns[0].path), thin(&luns[1].path)]);
+    let mut nbd = NbdServer::qemu_nbd(
+        &image.path,
+        &QemuNbd {
+            export: "disk".into(),
+            read_only: true,
+            ..QemuNbd::default()
+        },
+    );
+    for (i, order) in ORDERS.into_iter().enumerate() {
+        let u = url(&tgt, IQN, i as u32 + 1);
+        run_copy(&nbd.uri(), &u, order).await.unwrap();
+        // The image plus the zeroed tail of its last sector.
+        qemu_img_compare(&image.path, &luns[i].path);
+        assert_eq!(iscsi_blkhash(&u).await, blkhash_file(&luns[i].path));
+    }
+    nbd.stop();
+    assert!(
+        allocated_bytes(&luns[0].path) >= LUN_SIZE,
+        "the thick LUN stays allocated"
+    );
+    assert_allocated_about(&luns[1].path, image.nonzero_block_bytes);
+}
+
+/// tgtd killed during a slow copy: the copy fails soon with an error naming the LUN and the
+/// lost connection, whether the LUN is the target or the source.
+#[tokio::test]
+async fn tgtd_killed_mid_copy_fails_clearly() {
+    let dir = scratch_dir();
+    // All data, so the rate limit makes the copy take seconds.
+    let image = images::make(&dir.path().join("src.raw"), Pattern::Random, SIZE, 5).unwrap();
+    for lun_is_target in [true, false] {
+        let lun = dir.path().join(format!("lun-{lun_is_target}.img"));
+        if lun_is_target {
+            empty(&lun, LUN_SIZE);
+        } else {
+            images::make(&lun, Pattern::Random, LUN_SIZE, 6).unwrap();
+        }
+        let mut tgt = Tgtd::start();
+        tgt.add_target(1, IQN, &[thin(&lun)]);
+        let u = url(&tgt, IQN, 1);
+        let out = dir.path().join("out.raw");
+        let (s, t) = if lun_is_target {
+            let s = source(image.path.to_str().unwrap()).await.unwrap();
+            (s, target(&u, SIZE).await.unwrap())
+        } else {
+            let s = source(&u).await.unwrap();
+            let t = target(out.to_str().unwrap(), s.size()).await.unwrap();
+            (s, t)
+        };
+        let slow = CopyOptions {
+            rate_limit: Some(4 * MIB),
+            ..CopyOptions::default()
+        };
+        let copying = tokio::spawn(async move {
+            copy(s, t, &slow, &Progress::new(), &CancellationToken::new()).await
+        });
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        assert!(
+            !copying.is_finished(),
+            "the copy must still run when tgtd dies"
+        );
+        let killed = Instant::now();
+        tgt.kill();
+        let err = tokio::time::timeout(Duration::from_secs(30), copying)
+            .await
+            .expect("the copy must fail, not hang")
+            .unwrap()
+            .expect_err("a copy through a killed tgtd cannot succeed");
+        let waited = killed.elapsed();
+        assert!(
+            waited < Duration::from_secs(10),
+            "failed only after {waited:?}"
+        );
+        assert_eq!(err.kind(), ErrorKind::Disconnected, "{err}");
+        let text = err.to_string();
+        assert!(text.contains(&u), "names the LUN: {text}");
+        assert!(
+            text.contains("closed the connection"),
+            "says the connection was lost: {text}"
+        );
+    }
+}
+
+/// `ferry copy` both ways with the CHAP user in the URL and the secret in the environment;
+/// the secret never shows, and a wrong one is a clean authentication failure.
+#[test]
+fn cli_copy_with_chap_secret_from_the_environment() {
+    const SECRET: &str = "cli-chap-secret-42";
+    let dir = scratch_dir();
+    let image = half_data(&dir.path().join("src.raw"), SIZE, 6);
+    let lun = empty(&dir.path().join("lun.img"), LUN_SIZE);
+    let mut tgt = Tgtd::start();
+    tgt.add_target(1, IQN, &[thin(&lun)]);
+    tgt.add_chap(1, "carol", SECRET, false);
+    let u = format!("iscsi://carol@127.0.0.1:{}/{IQN}/1", tgt.port());
+    let ferry = ferry!();
+    // Runs ferry with `env`; no output may hold `secret`.
+    let run = |args: &[&std::ffi::OsStr], env: &[(&str, &std::ffi::OsStr)], secret: &str| {
+        let mut cmd = ferry.command(args);
+        cmd.env_remove("FERRY_ISCSI_PASSWORD")
+            .env_remove("FERRY_ISCSI_PASSWORD_FILE");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("start ferry");
+        let run = ferry_tests::bin::wait_with_deadline(
+            child,
+            Duration::from_secs(120),
+            format!("ferry {args:?}"),
+        );
+        assert!(
+            !run.stdout.contains(secret) && !run.stderr.contains(secret),
+            "the secret leaked: {run}"
+        );
+        run
+    };
+    run(
+        &["copy".as_ref(), image.path.as_os_str(), u.as_ref()],
+        &[("FERRY_ISCSI_PASSWORD", SECRET.as_ref())],
+        SECRET,
+    )
+    .assert_success();
+    qemu_img_compare(&image.path, &lun);
+    assert_allocated_about(&lun, image.nonzero_block_bytes);
+
+    // Back, with the secret in a file.
+    let secret_file = dir.path().join("chap-secret");
+    std::fs::write(&secret_file, format!("{SECRET}\n")).unwrap();
+    let out = dir.path().join("out.raw");
+    run(
+        &[
+            "copy".as_ref(),
+            "--in-order".as_ref(),
+            u.as_ref(),
+            out.as_os_str(),
+        ],
+        &[("FERRY_ISCSI_PASSWORD_FILE", secret_file.as_os_str())],
+        SECRET,
+    )
+    .assert_success();
+    qemu_img_compare(&lun, &out);
+    assert_eq!(blkhash_file(&out), blkhash_file(&lun));
+
+    // A wrong secret, from the environment and in the URL: a clean failure naming the LUN.
+    const WRONG: &str = "not-the-secret-99";
+    let wrong = run(
+        &["copy".as_ref(), u.as_ref(), out.as_os_str()],
+        &[("FERRY_ISCSI_PASSWORD", WRONG.as_ref())],
+        WRONG,
+    );
+    let line = wrong.assert_clean_failure();
+    assert!(
+        line.contains("authentication") || line.contains("CHAP"),
+        "{line}"
+    );
+    assert!(line.contains("iscsi://carol@127.0.0.1"), "{line}");
+    let in_url = u.replace("carol@", &format!("carol%{WRONG}@"));
+    let wrong = run(
+        &["copy".as_ref(), in_url.as_ref(), out.as_os_str()],
+        &[],
+        WRONG,
+    );
+    let line = wrong.assert_clean_failure();
+    assert!(
+        line.contains("authentication") || line.contains("CHAP"),
+        "{line}"
+    );
+}
