@@ -192,6 +192,29 @@ pub(crate) fn page_size() -> u32 {
     u32::try_from(size).ok().filter(|s| *s > 0).unwrap_or(4096)
 }
 
+/// `sync_file_range(2)` with the given `SYNC_FILE_RANGE_*` flags.
+pub(crate) fn sync_file_range(
+    file: &File,
+    offset: u64,
+    len: u64,
+    flags: libc::c_uint,
+) -> io::Result<()> {
+    let (off, len) = (to_off(offset)?, to_off(len)?);
+    // SAFETY: plain syscall on a valid descriptor with integer arguments.
+    retry_eintr(|| unsafe { libc::sync_file_range(file.as_raw_fd(), off, len, flags) })
+}
+
+/// `posix_fadvise(fd, offset, len, POSIX_FADV_DONTNEED)`: drop clean cached pages.
+pub(crate) fn fadvise_dontneed(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    let (off, len) = (to_off(offset)?, to_off(len)?);
+    // SAFETY: plain syscall on a valid descriptor with integer arguments; posix_fadvise
+    // returns the error number instead of setting errno.
+    match unsafe { libc::posix_fadvise(file.as_raw_fd(), off, len, libc::POSIX_FADV_DONTNEED) } {
+        0 => Ok(()),
+        err => Err(io::Error::from_raw_os_error(err)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,28 +246,5 @@ mod tests {
         let mut buf = [0u8; 2];
         read_full(&file, &mut buf, 1).unwrap();
         assert_eq!(&buf, b"bc");
-    }
-}
-
-/// `sync_file_range(2)` with the given `SYNC_FILE_RANGE_*` flags.
-pub(crate) fn sync_file_range(
-    file: &File,
-    offset: u64,
-    len: u64,
-    flags: libc::c_uint,
-) -> io::Result<()> {
-    let (off, len) = (to_off(offset)?, to_off(len)?);
-    // SAFETY: plain syscall on a valid descriptor with integer arguments.
-    retry_eintr(|| unsafe { libc::sync_file_range(file.as_raw_fd(), off, len, flags) })
-}
-
-/// `posix_fadvise(fd, offset, len, POSIX_FADV_DONTNEED)`: drop clean cached pages.
-pub(crate) fn fadvise_dontneed(file: &File, offset: u64, len: u64) -> io::Result<()> {
-    let (off, len) = (to_off(offset)?, to_off(len)?);
-    // SAFETY: plain syscall on a valid descriptor with integer arguments; posix_fadvise
-    // returns the error number instead of setting errno.
-    match unsafe { libc::posix_fadvise(file.as_raw_fd(), off, len, libc::POSIX_FADV_DONTNEED) } {
-        0 => Ok(()),
-        err => Err(io::Error::from_raw_os_error(err)),
     }
 }
