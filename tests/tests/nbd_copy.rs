@@ -11,8 +11,8 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_core::{EndpointSpec, ErrorKind, Source, Target, ZeroMode};
-use ferry_endpoints::nbd::{NbdOptions, NbdSource};
+use ferry_core::{EndpointSpec, ErrorKind, IoBuf, Source, Target, ZeroMode};
+use ferry_endpoints::nbd::{NbdOptions, NbdSource, NbdTarget};
 use ferry_endpoints::{open_source, open_target, SourceOptions, TargetOptions};
 use ferry_engine::{
     checksum, copy, CancellationToken, ChecksumOptions, CopyOptions, CopyReport, Progress,
@@ -435,4 +435,109 @@ async fn allocate_mode_keeps_the_target_allocated() {
         allocated >= SIZE - 4096,
         "NO_HOLE zeroing left holes: {allocated} of {SIZE} bytes allocated"
     );
+}
+
+fn nbd_spec(uri: &str) -> ferry_core::spec::NbdSpec {
+    match EndpointSpec::parse(uri).unwrap() {
+        EndpointSpec::Nbd(spec) => spec,
+        other => panic!("not an NBD URL: {other:?}"),
+    }
+}
+
+/// The target flushes in the background while the copy runs, not only at the end.
+#[tokio::test]
+async fn targets_flush_in_the_background_during_the_copy() {
+    let dir = scratch_dir();
+    let image = half_data(dir.path(), "src.raw", 14);
+    let backing = dir.path().join("dst.raw");
+    std::fs::File::create(&backing)
+        .unwrap()
+        .set_len(SIZE)
+        .unwrap();
+    let log = dir.path().join("nbdkit.log");
+    let logfile = format!("logfile={}", log.display());
+    let mut server = file_plugin(&backing, &["log"], &[&logfile]);
+    let options = NbdOptions {
+        background_flush: 2 * MIB,
+        ..NbdOptions::default()
+    };
+    let s = source(image.path.to_str().unwrap()).await.unwrap();
+    let t: Arc<dyn Target> = Arc::new(
+        NbdTarget::open(&nbd_spec(&server.uri()), SIZE, &options)
+            .await
+            .unwrap(),
+    );
+    copy(
+        s,
+        t,
+        &CopyOptions::default(),
+        &Progress::new(),
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    server.stop();
+    qemu_img_compare(&image.path, &backing);
+    let log = std::fs::read_to_string(&log).unwrap();
+    let flushes = log.lines().filter(|l| l.contains(" Flush id=")).count();
+    // 16 MiB of data in 2 MiB steps: several background flushes plus the final one.
+    assert!(
+        flushes >= 3,
+        "{flushes} flushes logged, expected background flushes too:\n{log}"
+    );
+}
+
+/// A background flush that fails makes the final flush fail, even when the server's
+/// answer to the final FLUSH itself is success.
+#[tokio::test]
+async fn a_failed_background_flush_fails_the_final_flush() {
+    let dir = scratch_dir();
+    let trigger = dir.path().join("fail-flush");
+    let ran = dir.path().join("flush-ran");
+    let size = 8 * MIB;
+    let get_size = format!("get_size=echo {size}");
+    let flush = format!(
+        "flush=touch '{}'; if [ -f '{}' ]; then echo 'EIO injected flush failure' >&2; exit 1; fi",
+        ran.display(),
+        trigger.display()
+    );
+    let mut server = NbdServer::nbdkit(
+        &[
+            "eval",
+            &get_size,
+            "pread=head -c $3 /dev/zero",
+            "pwrite=cat >/dev/null",
+            &flush,
+        ],
+        &Nbdkit::default(),
+    );
+    let options = NbdOptions {
+        background_flush: MIB,
+        ..NbdOptions::default()
+    };
+    let t = NbdTarget::open(&nbd_spec(&server.uri()), size, &options)
+        .await
+        .unwrap();
+    std::fs::write(&trigger, b"").unwrap();
+    let mut buf = IoBuf::new(2 * MIB as usize);
+    buf.set_len(2 * MIB as usize);
+    buf.fill(7);
+    t.write_at(0, buf).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ran.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "no background flush reached the server"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    std::fs::remove_file(&trigger).unwrap();
+    let err = t.flush().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Io, "{err}");
+    assert_eq!(err.context().operation, Some("flush"), "{err}");
+    assert!(err.to_string().contains("EIO"), "{err}");
+    // Reported once: the next flush is the server's own answer.
+    t.flush().await.unwrap();
+    drop(t);
+    server.stop();
 }

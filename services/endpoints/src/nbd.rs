@@ -7,9 +7,13 @@
 //! and within the server's maximum; anything else is served correctly through bounce
 //! buffers (read-modify-write at unaligned edges, under a lock shared by all
 //! connections so two edges of one block never race).
+//!
+//! A target flushes in the background as the copy goes ([`BackgroundFlush`]), so the
+//! server writes its cache out while ferry is still sending rather than all at the end.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -25,6 +29,11 @@ const MAX_EFFECT: u64 = 1 << 30;
 /// Block status requests a target may spend at open deciding whether it reads as zeroes.
 const ZERO_PROBE_REQUESTS: usize = 64;
 
+/// Default bytes written to a target between two background flushes. Measured qemu-nbd
+/// -> nbdkit file, 4 GiB with 2 GiB of data: 64 MiB, 256 MiB and 1 GiB were equal within
+/// the noise (3.0-3.7 s), all faster than one flush at the end (3.4-3.65 s).
+pub const DEFAULT_BACKGROUND_FLUSH: u64 = 256 * 1024 * 1024;
+
 /// NBD-specific settings (the URL carries address, export and TLS).
 #[derive(Debug, Clone)]
 pub struct NbdOptions {
@@ -37,6 +46,9 @@ pub struct NbdOptions {
     /// `qemu:dirty-bitmap:NAME` or `qemu:allocation-depth`), for
     /// [`NbdSource::block_status`].
     pub extra_contexts: Vec<String>,
+    /// A target sends a FLUSH in the background after this many bytes written (0: only
+    /// the final flush); see [`BackgroundFlush`].
+    pub background_flush: u64,
 }
 
 impl Default for NbdOptions {
@@ -46,6 +58,7 @@ impl Default for NbdOptions {
             request_timeout: Some(Duration::from_secs(60)),
             max_in_flight: 64,
             extra_contexts: Vec::new(),
+            background_flush: DEFAULT_BACKGROUND_FLUSH,
         }
     }
 }
@@ -585,11 +598,71 @@ impl Source for NbdSource {
     }
 }
 
+/// Flushes a target in the background every [`NbdOptions::background_flush`] bytes
+/// written.
+///
+/// A server writing into its page cache (nbdkit file, qemu-nbd with a writeback cache)
+/// otherwise holds every byte of the image dirty until the final FLUSH, which then takes
+/// as long as writing the whole image to disk: measured qemu-nbd -> nbdkit file, 4 GiB
+/// with 2 GiB of data, about a third of the copy's time. A FLUSH covers the writes that
+/// completed before it on every connection (the server advertises multi-conn, or there
+/// is only one connection), so one flush at a time in the background keeps the dirty
+/// data bounded while the copy goes on. A background failure is reported by the next
+/// [`Target::flush`], so the copy never succeeds over a lost write.
+#[derive(Debug)]
+struct BackgroundFlush {
+    every: u64,
+    written: AtomicU64,
+    /// Held by the background flush in flight; the final flush waits for it.
+    running: Arc<tokio::sync::Mutex<()>>,
+    failed: Mutex<Option<Error>>,
+}
+
+impl BackgroundFlush {
+    fn new(every: u64) -> Self {
+        Self {
+            every,
+            written: AtomicU64::new(0),
+            running: Arc::default(),
+            failed: Mutex::new(None),
+        }
+    }
+
+    fn wrote(self: &Arc<Self>, export: &Export, len: u64) {
+        let written = self.written.fetch_add(len, Ordering::Relaxed) + len;
+        if self.every == 0 || written < self.every || !export.client().info().can_flush() {
+            return;
+        }
+        let Ok(running) = Arc::clone(&self.running).try_lock_owned() else {
+            return;
+        };
+        self.written.store(0, Ordering::Relaxed);
+        let (this, export) = (Arc::clone(self), export.clone());
+        tokio::spawn(async move {
+            if let Err(e) = export.flush().await {
+                let mut failed = this.failed.lock().unwrap_or_else(|e| e.into_inner());
+                failed.get_or_insert(e);
+            }
+            drop(running);
+        });
+    }
+
+    /// Waits for the background flush in flight, then returns the first that failed.
+    async fn settle(&self) -> Result<()> {
+        let _idle = self.running.lock().await;
+        match self.failed.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
 /// An NBD export written as an image.
 #[derive(Debug, Clone)]
 pub struct NbdTarget {
     export: Export,
     zero: bool,
+    background: Arc<BackgroundFlush>,
 }
 
 impl NbdTarget {
@@ -616,7 +689,11 @@ impl NbdTarget {
         }
         // A hint only: when block status fails, assume the target holds data.
         let zero = export.reads_as_zero().await.unwrap_or(false);
-        Ok(Self { export, zero })
+        Ok(Self {
+            export,
+            zero,
+            background: Arc::new(BackgroundFlush::new(options.background_flush)),
+        })
     }
 
     pub fn info(&self) -> &ferry_nbd::ExportInfo {
@@ -652,7 +729,9 @@ impl Target for NbdTarget {
     }
 
     async fn write_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
-        self.export.write_at(offset, buf).await
+        let buf = self.export.write_at(offset, buf).await?;
+        self.background.wrote(&self.export, buf.len() as u64);
+        Ok(buf)
     }
 
     async fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> Result<()> {
@@ -660,6 +739,7 @@ impl Target for NbdTarget {
     }
 
     async fn flush(&self) -> Result<()> {
+        self.background.settle().await?;
         self.export.flush().await
     }
 
@@ -667,6 +747,7 @@ impl Target for NbdTarget {
         Ok(Arc::new(Self {
             export: self.export.connect().await?,
             zero: self.zero,
+            background: Arc::clone(&self.background),
         }))
     }
 }
