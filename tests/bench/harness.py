@@ -105,6 +105,9 @@ class Command:
     cleanup: Optional[Callable[[], None]] = None
     check: Optional[Callable[["RunResult"], Optional[str]]] = None
     note: str = ""
+    # Set for a peer whose program is not installed: the command that installs it. The
+    # row then says so in the report instead of silently disappearing.
+    missing: str = ""
 
 
 @dataclasses.dataclass
@@ -203,11 +206,15 @@ def run_case(env: Env, case: Case) -> dict:
     """Runs every command of the case `env.repeat` times, alternating, after one untimed
     warm-up each; returns {label: Stats}."""
     stats = {c.label: Stats(c.label, [], ferry=c.ferry, note=c.note) for c in case.commands}
+    for cmd in case.commands:
+        if cmd.missing:
+            stats[cmd.label].error = f"not installed: `{cmd.missing}`"
+            env.log(f"  {case.name}: {cmd.label}: {stats[cmd.label].error}")
     try:
         with case.context() if case.context else contextlib.nullcontext():
             _run_rounds(env, case, stats)
     except Exception as e:  # a case whose servers would not start: record it, go on
-        message = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+        message = "failed: " + (str(e).splitlines()[0][:300] if str(e) else type(e).__name__)
         env.log(f"  {case.name}: {message}")
         for st in stats.values():
             if not st.runs and not st.error:
@@ -216,7 +223,7 @@ def run_case(env: Env, case: Case) -> dict:
 
 
 def _run_rounds(env: Env, case: Case, stats: dict) -> None:
-    live = list(case.commands)
+    live = [cmd for cmd in case.commands if not cmd.missing]
     for round_no in range(env.repeat + 1):
         for cmd in list(live):
             st = stats[cmd.label]
@@ -229,7 +236,7 @@ def _run_rounds(env: Env, case: Case, stats: dict) -> None:
                     if problem:
                         raise RuntimeError(f"check failed: {problem}")
             except Exception as e:  # one broken peer must not sink the whole run
-                st.error = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+                st.error = "failed: " + (str(e).splitlines()[0][:300] if str(e) else type(e).__name__)
                 env.log(f"  {case.name}: {cmd.label}: {st.error}")
                 live.remove(cmd)
                 continue
@@ -254,7 +261,7 @@ def render_case(case: Case, stats: dict) -> str:
     for s in rows:
         label = f"`{s.label}`" + (f" ({s.note})" if s.note else "")
         if not s.runs:
-            out.append(f"| {label} | failed: {s.error} | | | |")
+            out.append(f"| {label} | {s.error} | | | |")
             continue
         ratio = primary.median / s.median if primary and s.median > 0 else float("nan")
         out.append(f"| {label} | {s.median:.3f} | {min(s.times):.3f}-{max(s.times):.3f} | "
@@ -293,6 +300,43 @@ def ratio(results: dict, case: str, a: str, b: str) -> float:
     return sa.median / sb.median
 
 
+def copy_keeping_allocation(src: Path, dst: Path) -> None:
+    """Copies SRC to DST with the same allocation: its data extents (SEEK_DATA/SEEK_HOLE)
+    copied as they are, zero blocks inside them included, its holes left holes.
+
+    Not `cp --sparse=always`, which also punches every zero 4 KiB block inside the data
+    and so turns an image of a few thousand 1 MiB runs into tens of thousands of extents:
+    a server that reports allocation (tgt's GET LBA STATUS, for one) then answers
+    differently than it would for the image itself."""
+    tmp = dst.with_name(dst.name + ".partial")
+    with open(src, "rb") as fi, open(tmp, "wb") as fo:
+        size = os.fstat(fi.fileno()).st_size
+        fo.truncate(size)
+        offset = 0
+        while offset < size:
+            try:
+                start = os.lseek(fi.fileno(), offset, os.SEEK_DATA)
+            except OSError:  # ENXIO: no data after offset
+                break
+            end = os.lseek(fi.fileno(), start, os.SEEK_HOLE)
+            pos = start
+            while pos < end:
+                n = os.copy_file_range(fi.fileno(), fo.fileno(), min(end - pos, GiB), pos, pos)
+                if n <= 0:
+                    raise OSError(f"copy_file_range {src} -> {tmp} at {pos} returned {n}")
+                pos += n
+            offset = end
+    os.replace(tmp, dst)
+
+
+def fresh_copy(src: Path, dst: Path) -> None:
+    """copy_keeping_allocation unless DST is already a copy of SRC as it is now."""
+    if (dst.exists() and dst.stat().st_size == src.stat().st_size
+            and dst.stat().st_mtime >= src.stat().st_mtime):
+        return
+    copy_keeping_allocation(src, dst)
+
+
 def fmt_size(n: int) -> str:
     for unit, div in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
         if n >= div:
@@ -302,3 +346,14 @@ def fmt_size(n: int) -> str:
 
 def which(tool: str) -> Optional[str]:
     return shutil.which(tool)
+
+
+def peer(label: str, argv: list, install: str, tool: Optional[str] = None,
+         available: Optional[bool] = None, **kw) -> Command:
+    """A peer's Command; when the peer cannot run here (TOOL, by default argv[0], is not on
+    PATH, or AVAILABLE is False), a row whose report tells the command that installs it."""
+    if available is None:
+        available = bool(which(tool or str(argv[0])))
+    if available:
+        return Command(label, argv, **kw)
+    return Command(label, argv, missing=install, note=kw.get("note", ""))

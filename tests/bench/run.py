@@ -112,10 +112,11 @@ def machine(env) -> list:
         lines.append(f"images on {fs[1].split()[0]} ({fs[1].split()[1]}), {env.workdir}")
     for tool in (["ferry", "--version"], ["qemu-img", "--version"], ["nbdcopy", "--version"],
                  ["cp", "--version"], ["sha256sum", "--version"], ["blksum", "--version"],
+                 ["rclone", "--version"], ["aws", "--version"], ["s3s-fs", "--version"],
                  ["rustc", "--version"]):
         exe = str(env.ferry) if tool[0] == "ferry" else shutil.which(tool[0])
         if exe:
-            first = run([exe, *tool[1:]]).splitlines()
+            first = run([exe, *tool[1:]], stderr=True).splitlines()
             if first:
                 lines.append(first[0].strip())
     return lines
@@ -131,9 +132,11 @@ def git_commit() -> str:
     return run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]).strip() or "unknown"
 
 
-def run(argv) -> str:
+def run(argv, stderr=False) -> str:
+    """argv's standard output (or its error output when STDERR and the output is empty)."""
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        return proc.stdout or (proc.stderr if stderr else "")
     except (OSError, subprocess.SubprocessError):
         return ""
 

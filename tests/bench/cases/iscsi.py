@@ -1,17 +1,18 @@
 """iSCSI: a 4 GiB image with 50% data written to and read from tgt on loopback, ferry
 against qemu-img convert -m 8 -W on iscsi:// URLs (qemu-block-extra's libiscsi driver).
 
-One tgtd (user space, rdwr backing store) serves one target with two thin-provisioned LUNs
-for the whole case, on a free port: LUN 1 is the write target, backed by a sparse file
-whose blocks are all deallocated (hole-punched) before each run, so every command starts
-from a LUN that reads as zeroes; LUN 2 is the read source, backed by a sparse copy of the
-image. tgtd keeps its default session parameters (MaxRecvDataSegmentLength 8 KiB,
+One tgtd (user space, rdwr backing store) serves one target with three LUNs for the whole
+case, on a free port: LUN 1 is the write target, thin, backed by a sparse file whose blocks
+are all deallocated (hole-punched) before each run, so every command starts from a LUN that
+reads as zeroes; LUNs 2 (thin) and 3 (not thin) are the read source, backed by one copy of
+the image allocated like the image itself (harness.copy_keeping_allocation). tgtd keeps its default session parameters (MaxRecvDataSegmentLength 8 KiB,
 MaxBurstLength 256 KiB, InitialR2T=Yes) for every initiator. Results are checked with
 qemu-img compare on the files behind the LUNs.
 """
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import socket
@@ -20,20 +21,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import GiB, Case, Command, Goal, ratio, which
+from harness import GiB, Case, Command, Goal, fresh_copy, peer, ratio, which
 
 IQN = "iqn.2024-01.io.ferry:bench"
+TGT_INSTALL = "apt-get install -y tgt"
+QEMU_ISCSI_INSTALL = ("add the bookworm-backports apt source (docs/BENCHMARKS.md, \"Installing the peers\"), "
+                      "then apt-get install -y -t bookworm-backports qemu-block-extra")
 
 
 def cases(env):
-    if not (which("tgtd") and which("tgtadm")):
-        env.log("iscsi cases skipped: tgt is needed (apt-get install -y tgt)")
-        return []
-    if not qemu_img_has_iscsi():
-        env.log("iscsi cases skipped: qemu-img has no iscsi driver, the peer to compare with "
-                "(add bookworm-backports, then apt-get install -y -t bookworm-backports "
-                "qemu-block-extra)")
-        return []
     image = env.image("half-4g", "half", env.size(4 * GiB))
     server = Tgtd(env.workdir / "iscsi-luns")
     local_target = env.target("iscsi-read")
@@ -43,7 +39,10 @@ def cases(env):
             title="Copy file to iSCSI (tgt, thin LUN): 4 GiB, 50% data in scattered 1 MiB runs",
             commands=write_commands(env, server, image),
             goals=[_ratio_goal("iSCSI write <= 0.8x qemu-img convert -m 8 -W",
-                               "iscsi-write-half-4g", "qemu-img convert -m 8 -W", 0.8)],
+                               "iscsi-write-half-4g", "qemu-img convert -m 8 -W", 0.8),
+                   _ratio_goal("iSCSI write <= 0.8x qemu-img convert -m 8 -W -t writeback",
+                               "iscsi-write-half-4g", "qemu-img convert -m 8 -W -t writeback",
+                               0.8)],
             context=lambda: server.running(image),
             notes=["Target: a thin LUN (rdwr backing file, thin_provisioning=1) on tgtd 1.0.85, "
                    "127.0.0.1, deallocated before each run."],
@@ -51,12 +50,28 @@ def cases(env):
         Case(
             name="iscsi-read-half-4g",
             title="Copy iSCSI to file (tgt, thin LUN): 4 GiB, 50% data in scattered 1 MiB runs",
-            commands=read_commands(env, server, image, local_target),
-            goals=[_ratio_goal("iSCSI read <= 0.8x qemu-img convert -m 8 -W",
-                               "iscsi-read-half-4g", "qemu-img convert -m 8 -W", 0.8)],
+            commands=read_commands(env, server, image, local_target, thin=True),
+            goals=read_goals("iscsi-read-half-4g", "thin LUN"),
             context=lambda: server.running(image),
-            notes=["Source: the image on a thin LUN of tgtd 1.0.85 on 127.0.0.1; "
-                   "target: a new local file."],
+            notes=["Source: the image on a thin LUN (thin_provisioning=1: GET LBA STATUS) of "
+                   "tgtd 1.0.85 on 127.0.0.1, its backing file allocated like the image (one "
+                   "extent per 1 MiB data run); target: a new local file.",
+                   "tgt's GET LBA STATUS walks the backing file from the LBA asked to its end "
+                   "(SEEK_DATA/SEEK_HOLE) whatever the allocation length, so a call costs time "
+                   "in proportion to the extents after it. qemu-img asks for one descriptor "
+                   "per call (one call per extent: quadratic), ferry for 255. The `qemu-img "
+                   "map` row times qemu-img's calls alone; the no-thin case below reads the "
+                   "same file with no GET LBA STATUS at all."],
+        ),
+        Case(
+            name="iscsi-read-half-4g-nothin",
+            title="Copy iSCSI to file (tgt, LUN without thin provisioning): 4 GiB, 50% data in "
+                  "scattered 1 MiB runs",
+            commands=read_commands(env, server, image, local_target, thin=False),
+            goals=read_goals("iscsi-read-half-4g-nothin", "LUN without thin provisioning"),
+            context=lambda: server.running(image),
+            notes=["Source: the same backing file as a LUN without thin provisioning (no "
+                   "LBPME: every initiator reads every block and finds the zeroes itself)."],
         ),
     ]
 
@@ -90,9 +105,13 @@ class Tgtd:
     def __init__(self, lun_dir):
         self.lun_dir = Path(lun_dir)
         self.write_lun = self.lun_dir / "write-lun.img"
-        self.read_lun = self.lun_dir / "read-lun.img"
+        # The read LUNs' backing file, allocated like the image (see harness.copy_keeping_allocation).
+        self.read_lun = self.lun_dir / "read-source.img"
         self.port = free_port()
         self.control = None
+
+    # LUN numbers: the write target, the read source thin, the read source without thin provisioning.
+    WRITE, READ_THIN, READ_FULL = 1, 2, 3
 
     def url(self, lun):
         return f"iscsi://127.0.0.1:{self.port}/{IQN}/{lun}"
@@ -108,22 +127,26 @@ class Tgtd:
 
     @contextlib.contextmanager
     def running(self, image):
+        for tool in ("tgtd", "tgtadm"):
+            if not which(tool):
+                raise RuntimeError(f"{tool} is not installed: {TGT_INSTALL}")
         self.lun_dir.mkdir(parents=True, exist_ok=True)
         size = (image.size + 511) // 512 * 512
         with open(self.write_lun, "wb") as f:
             f.truncate(size)
-        if not self.read_lun.exists() or self.read_lun.stat().st_size != image.size:
-            subprocess.run(["cp", "--sparse=always", str(image.path), str(self.read_lun)],
-                           check=True)
+        fresh_copy(image.path, self.read_lun)
         run_dir = Path(tempfile.mkdtemp(prefix="ferry-bench-iscsi-"))
         proc = self._start(run_dir / "tgtd.log")
         try:
             self.tgtadm("--mode", "target", "--op", "new", "--tid", "1", "--targetname", IQN)
-            for lun, path in ((1, self.write_lun), (2, self.read_lun)):
+            for lun, path, thin in ((self.WRITE, self.write_lun, True),
+                                    (self.READ_THIN, self.read_lun, True),
+                                    (self.READ_FULL, self.read_lun, False)):
                 self.tgtadm("--mode", "logicalunit", "--op", "new", "--tid", "1", "--lun",
                             str(lun), "--bstype", "rdwr", "--backing-store", str(path))
-                self.tgtadm("--mode", "logicalunit", "--op", "update", "--tid", "1", "--lun",
-                            str(lun), "--params", "thin_provisioning=1")
+                if thin:
+                    self.tgtadm("--mode", "logicalunit", "--op", "update", "--tid", "1",
+                                "--lun", str(lun), "--params", "thin_provisioning=1")
             self.tgtadm("--mode", "target", "--op", "bind", "--tid", "1",
                         "--initiator-address", "127.0.0.1")
             yield self
@@ -170,33 +193,67 @@ def compare(a, b):
 
 def write_commands(env, server, image):
     def cmd(label, argv, **kw):
-        return Command(label, argv, setup=server.deallocate_write_lun,
-                       check=lambda _r: compare(image.path, server.write_lun), **kw)
+        kw.update(setup=server.deallocate_write_lun,
+                  check=lambda _r: compare(image.path, server.write_lun))
+        return peer(label, argv, **kw) if "install" in kw else Command(label, argv, **kw)
 
+    convert = ["qemu-img", "convert", "-n", "-m", "8", "-W", "-f", "raw", "-O", "raw"]
+    qemu = dict(install=QEMU_ISCSI_INSTALL, available=qemu_img_has_iscsi())
     return [
-        cmd("ferry copy", [env.ferry, "copy", image.path, server.url(1)],
-            ferry=True, note="SYNCHRONIZE CACHE at the end"),
-        cmd("qemu-img convert -m 8 -W",
-            ["qemu-img", "convert", "-n", "-m", "8", "-W", "-f", "raw", "-O", "raw",
-             image.path, server.url(1)],
-            note="-n: the LUN exists; cache=unsafe: never flushes"),
+        cmd("ferry copy", [env.ferry, "copy", image.path, server.url(server.WRITE)],
+            ferry=True, note="8 workers, SYNCHRONIZE CACHE at the end"),
+        cmd("qemu-img convert -m 8 -W", [*convert, image.path, server.url(server.WRITE)],
+            note="-n: the LUN exists; cache=unsafe: never flushes", **qemu),
+        cmd("qemu-img convert -m 8 -W -t writeback",
+            [*convert, "-t", "writeback", image.path, server.url(server.WRITE)],
+            note="-n; SYNCHRONIZE CACHE at the end", **qemu),
     ]
 
 
-def read_commands(env, server, image, target):
+def read_commands(env, server, image, target, thin):
     def remove():
         if target.exists():
             target.unlink()
 
     def cmd(label, argv, **kw):
-        return Command(label, argv, setup=remove, cleanup=remove,
-                       check=lambda _r: compare(image.path, target), **kw)
+        if "check" not in kw:
+            kw.update(setup=remove, cleanup=remove,
+                      check=lambda _r: compare(image.path, target))
+        return peer(label, argv, **kw) if "install" in kw else Command(label, argv, **kw)
 
+    url = server.url(server.READ_THIN if thin else server.READ_FULL)
+    convert = ["qemu-img", "convert", "-m", "8", "-W", "-f", "raw", "-O", "raw"]
+    qemu = dict(install=QEMU_ISCSI_INSTALL, available=qemu_img_has_iscsi())
+    found = [
+        cmd("ferry copy", [env.ferry, "copy", url, target], ferry=True,
+            note="8 workers; fsyncs the file at the end"),
+        cmd("qemu-img convert -m 8 -W", [*convert, url, target],
+            note="cache=unsafe: never flushes", **qemu),
+        cmd("qemu-img convert -m 8 -W -t writeback", [*convert, "-t", "writeback", url, target],
+            note="flushes at the end", **qemu),
+    ]
+    if thin:
+        found.append(cmd("qemu-img map", ["qemu-img", "map", "-f", "raw", "--output=json", url],
+                         check=lambda r: map_check(r, image),
+                         note="not a copy: qemu-img's GET LBA STATUS calls alone", **qemu))
+    return found
+
+
+def map_check(result, image):
+    """The map over iSCSI must cover the whole image."""
+    extents = json.loads(result.stdout)
+    end = max((e["start"] + e["length"] for e in extents), default=0)
+    if end != image.size:
+        return f"qemu-img map covers {end} bytes, not {image.size}"
+    return None
+
+
+def read_goals(case_name, what):
     return [
-        cmd("ferry copy", [env.ferry, "copy", server.url(2), target], ferry=True),
-        cmd("qemu-img convert -m 8 -W",
-            ["qemu-img", "convert", "-m", "8", "-W", "-f", "raw", "-O", "raw",
-             server.url(2), target]),
+        _ratio_goal(f"iSCSI read ({what}) <= 0.8x qemu-img convert -m 8 -W", case_name,
+                    "qemu-img convert -m 8 -W", 0.8),
+        _ratio_goal(f"iSCSI read ({what}) <= 0.8x qemu-img convert -m 8 -W -t writeback",
+                    case_name, "qemu-img convert -m 8 -W -t writeback", 0.8),
     ]
 
 

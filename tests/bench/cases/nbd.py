@@ -18,14 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import GiB, Case, Command, Goal, ratio, which
+from harness import GiB, Case, Command, Goal, peer, ratio, which
+
+SERVERS_INSTALL = "apt-get install -y qemu-utils nbdkit"
 
 
 def cases(env):
-    if not (which("qemu-nbd") and which("nbdkit")):
-        env.log("nbd cases skipped: qemu-nbd and nbdkit are needed "
-                "(apt-get install -y qemu-utils nbdkit libnbd-bin)")
-        return []
     image = env.image("half-4g", "half", env.size(4 * GiB))
     servers = Servers(image.path, env.target("nbd-copy"))
     found = []
@@ -81,6 +79,9 @@ class Servers:
 
     @contextlib.contextmanager
     def running(self):
+        for tool in ("qemu-nbd", "nbdkit"):
+            if not which(tool):
+                raise RuntimeError(f"{tool} is not installed: {SERVERS_INSTALL}")
         run_dir = Path(tempfile.mkdtemp(prefix="ferry-bench-nbd-"))
         pids = []
         try:
@@ -130,21 +131,22 @@ def copy_commands(env, servers, image, flush):
         return None
 
     def cmd(label, argv, **kw):
-        return Command(label, argv, setup=servers.fresh_target, check=check, **kw)
+        kw.update(setup=servers.fresh_target, check=check)
+        return peer(label, argv, **kw) if "install" in kw else Command(label, argv, **kw)
 
-    found = [cmd("ferry copy", ([env.ferry, "copy", servers.src, servers.dst]),
-                 ferry=True, note="always flushes")]
-    if which("nbdcopy"):
-        label = "nbdcopy" + (" --flush" if flush else "")
-        found.append(cmd(label, (["nbdcopy", *(["--flush"] if flush else []),
-                                              servers.src, servers.dst])))
-    if which("qemu-img"):
-        cache = ["-t", "writeback"] if flush else []
-        label = "qemu-img convert -m 8 -W" + (" -t writeback" if flush else "")
-        found.append(cmd(label, (["qemu-img", "convert", "-n", "-m", "8", "-W",
-                                              "-f", "raw", "-O", "raw", *cache,
-                                              servers.src, servers.dst])))
-    return found
+    cache = ["-t", "writeback"] if flush else []
+    return [
+        cmd("ferry copy", [env.ferry, "copy", servers.src, servers.dst],
+            ferry=True, note="8 workers, always flushes"),
+        cmd("nbdcopy" + (" --flush" if flush else ""),
+            ["nbdcopy", *(["--flush"] if flush else []), servers.src, servers.dst],
+            install="apt-get install -y libnbd-bin",
+            note="its defaults: up to 4 connections (multi-conn)"),
+        cmd("qemu-img convert -m 8 -W" + (" -t writeback" if flush else ""),
+            ["qemu-img", "convert", "-n", "-m", "8", "-W", "-f", "raw", "-O", "raw", *cache,
+             servers.src, servers.dst],
+            install="apt-get install -y qemu-utils", note="-n: the target exists"),
+    ]
 
 
 def copy_goals(case_name, flush):
@@ -179,9 +181,9 @@ def checksum_commands(env, servers, image):
             return None
         return check
 
-    found = [Command("ferry checksum", ([env.ferry, "checksum", servers.src]),
-                     ferry=True, check=same_digest("ferry"))]
-    if which("blksum"):
-        found.append(Command("blksum nbd://", (["blksum", servers.src]),
-                             check=same_digest("blksum")))
-    return found
+    return [
+        Command("ferry checksum", [env.ferry, "checksum", servers.src],
+                ferry=True, check=same_digest("ferry")),
+        peer("blksum nbd://", ["blksum", servers.src], check=same_digest("blksum"),
+             install="blksum is not packaged: build it from https://gitlab.com/nirs/blkhash"),
+    ]

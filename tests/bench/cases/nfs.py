@@ -19,14 +19,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import GiB, Case, Command, Goal, ratio, which
+from harness import GiB, Case, Command, Goal, fresh_copy, peer, ratio, which
+
+GANESHA_INSTALL = "apt-get install -y nfs-ganesha nfs-ganesha-vfs rpcbind"
+NFS_CP_INSTALL = "apt-get install -y libnfs-utils"
+QEMU_NFS_INSTALL = ("add the bookworm-backports apt source (docs/BENCHMARKS.md, \"Installing the peers\"), "
+                    "then apt-get install -y -t bookworm-backports qemu-block-extra")
 
 
 def cases(env):
-    if not which("ganesha.nfsd"):
-        env.log("nfs cases skipped: nfs-ganesha is needed "
-                "(apt-get install -y nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils)")
-        return []
     image = env.image("half-4g", "half", env.size(4 * GiB))
     server = Ganesha(env.workdir / "nfs-export")
     write_target = server.export / "write-target.img"
@@ -50,7 +51,10 @@ def cases(env):
             title="Copy NFS to file (ganesha): 4 GiB, 50% data in scattered 1 MiB runs",
             commands=read_commands(env, server, image, read_source, local_target),
             goals=[_ratio_goal("NFS read <= 0.8x qemu-img convert -m 8 -W",
-                               "nfs-read-half-4g", "qemu-img convert -m 8 -W", 0.8)],
+                               "nfs-read-half-4g", "qemu-img convert -m 8 -W", 0.8),
+                   _ratio_goal("NFS read <= 0.8x qemu-img convert -m 8 -W -t writeback",
+                               "nfs-read-half-4g", "qemu-img convert -m 8 -W -t writeback",
+                               0.8)],
             context=lambda: server.running(source=(image.path, read_source)),
             notes=["Source: the image on nfs-ganesha 4.3 (VFS) on 127.0.0.1, NFSv3 over TCP; "
                    "target: a new local file."],
@@ -94,13 +98,14 @@ class Ganesha:
 
     @contextlib.contextmanager
     def running(self, source=None):
+        for tool in ("ganesha.nfsd", "rpcbind"):
+            if not which(tool):
+                raise RuntimeError(f"{tool} is not installed: {GANESHA_INSTALL}")
         run_dir = Path(tempfile.mkdtemp(prefix="ferry-bench-nfs-"))
         self.export.mkdir(parents=True, exist_ok=True)
         (run_dir / "recov").mkdir()
         if source is not None:
-            src, dst = source
-            if not dst.exists() or dst.stat().st_size != src.stat().st_size:
-                subprocess.run(["cp", "--sparse=always", str(src), str(dst)], check=True)
+            fresh_copy(*source)
         if not port_open(111):
             os.makedirs("/run/rpcbind", exist_ok=True)
             subprocess.run(["rpcbind"], check=False)
@@ -158,9 +163,11 @@ def compare(a, b):
 
 
 def qemu_img_has_nfs():
-    # The nfs driver is a module qemu loads on demand (qemu-block-extra).
-    return any(Path(d, "block-nfs.so").exists()
-               for d in ("/usr/lib/x86_64-linux-gnu/qemu", "/usr/lib/qemu", "/usr/lib64/qemu"))
+    # The nfs driver is a module qemu loads on demand (qemu-block-extra): look for the
+    # module file itself.
+    return bool(which("qemu-img")) and any(
+        Path(d, "block-nfs.so").exists()
+        for d in ("/usr/lib/x86_64-linux-gnu/qemu", "/usr/lib/qemu", "/usr/lib64/qemu"))
 
 
 def write_commands(env, server, image, target):
@@ -169,26 +176,22 @@ def write_commands(env, server, image, target):
             target.unlink()
 
     def cmd(label, argv, **kw):
-        return Command(label, argv, setup=remove, cleanup=remove,
-                       check=lambda _r: compare(image.path, target), **kw)
+        kw.update(setup=remove, cleanup=remove, check=lambda _r: compare(image.path, target))
+        return peer(label, argv, **kw) if "install" in kw else Command(label, argv, **kw)
 
-    found = [cmd("ferry copy", [env.ferry, "copy", image.path, server.url(target.name)],
-                 ferry=True, note="UNSTABLE writes, COMMIT at the end")]
-    if which("qemu-img") and qemu_img_has_nfs():
-        found.append(cmd("qemu-img convert -m 8 -W",
-                         ["qemu-img", "convert", "-m", "8", "-W", "-f", "raw", "-O", "raw",
-                          image.path, server.url(target.name, ports=False)],
-                         note="cache=unsafe: never flushes"))
-        found.append(cmd("qemu-img convert -m 8 -W -t writeback",
-                         ["qemu-img", "convert", "-m", "8", "-W", "-f", "raw", "-O", "raw",
-                          "-t", "writeback", image.path, server.url(target.name, ports=False)],
-                         note="flushes at the end"))
-    else:
-        env.log("qemu-img has no nfs driver: apt-get install -y -t bookworm-backports qemu-block-extra")
-    if which("nfs-cp"):
-        found.append(cmd("nfs-cp", ["nfs-cp", image.path, server.url(target.name)],
-                         note="writes every byte"))
-    return found
+    convert = ["qemu-img", "convert", "-m", "8", "-W", "-f", "raw", "-O", "raw"]
+    url = server.url(target.name, ports=False)
+    qemu = dict(install=QEMU_NFS_INSTALL, available=qemu_img_has_nfs())
+    return [
+        cmd("ferry copy", [env.ferry, "copy", image.path, server.url(target.name)],
+            ferry=True, note="8 workers, UNSTABLE writes, COMMIT at the end"),
+        cmd("qemu-img convert -m 8 -W", [*convert, image.path, url],
+            note="cache=unsafe: never flushes", **qemu),
+        cmd("qemu-img convert -m 8 -W -t writeback",
+            [*convert, "-t", "writeback", image.path, url], note="flushes at the end", **qemu),
+        cmd("nfs-cp", ["nfs-cp", image.path, server.url(target.name)], install=NFS_CP_INSTALL,
+            note="one request at a time, writes every byte"),
+    ]
 
 
 def read_commands(env, server, image, source, target):
@@ -197,18 +200,25 @@ def read_commands(env, server, image, source, target):
             target.unlink()
 
     def cmd(label, argv, **kw):
-        return Command(label, argv, setup=remove, cleanup=remove,
-                       check=lambda _r: compare(image.path, target), **kw)
+        kw.update(setup=remove, cleanup=remove, check=lambda _r: compare(image.path, target))
+        return peer(label, argv, **kw) if "install" in kw else Command(label, argv, **kw)
 
-    found = [cmd("ferry copy", [env.ferry, "copy", server.url(source.name), target], ferry=True)]
-    if which("qemu-img") and qemu_img_has_nfs():
-        found.append(cmd("qemu-img convert -m 8 -W",
-                         ["qemu-img", "convert", "-m", "8", "-W", "-f", "raw", "-O", "raw",
-                          server.url(source.name, ports=False), target]))
-    if which("nfs-cp"):
-        found.append(cmd("nfs-cp", ["nfs-cp", server.url(source.name), target],
-                         note="writes every byte"))
-    return found
+    convert = ["qemu-img", "convert", "-m", "8", "-W", "-f", "raw", "-O", "raw"]
+    url = server.url(source.name, ports=False)
+    qemu = dict(install=QEMU_NFS_INSTALL, available=qemu_img_has_nfs())
+    nfs_cp = ["nfs-cp", server.url(source.name), target]
+    return [
+        cmd("ferry copy", [env.ferry, "copy", server.url(source.name), target],
+            ferry=True, note="8 workers; fsyncs the file at the end"),
+        cmd("qemu-img convert -m 8 -W", [*convert, url, target],
+            note="cache=unsafe: never flushes", **qemu),
+        cmd("qemu-img convert -m 8 -W -t writeback",
+            [*convert, "-t", "writeback", url, target], note="flushes at the end", **qemu),
+        cmd("nfs-cp", nfs_cp, install=NFS_CP_INSTALL,
+            note="one request at a time, writes every byte, never flushes"),
+        cmd("nfs-cp && sync FILE", ["sh", "-c", '"$@" && sync "$3"', "sh", *nfs_cp],
+            tool="nfs-cp", install=NFS_CP_INSTALL),
+    ]
 
 
 def _ratio_goal(text, case_name, peer, limit):

@@ -18,13 +18,16 @@ import time
 import urllib.request
 from pathlib import Path
 
-from harness import GiB, MiB, Case, Command, Goal, ratio, which
+from harness import GiB, MiB, Case, Command, Goal, peer, ratio, which
 
 BUCKET = "bench"
 ACCESS_KEY = "ferry-bench-access-key"
 SECRET_KEY = "ferry-bench-secret-key"
 CONCURRENCY = 8
 PART = 16 * MiB
+S3S_FS_INSTALL = "cargo install s3s-fs@0.14.1 --locked --features binary"
+RCLONE_INSTALL = "apt-get install -y rclone"
+AWS_INSTALL = "pip install awscli"
 # ferry's part buffers: one per worker plus one (services/endpoints/src/s3/target.rs).
 RSS_LIMIT_MIB = 64 + CONCURRENCY * PART // MiB
 
@@ -35,10 +38,7 @@ def s3s_fs():
 
 
 def cases(env):
-    if env.dry:
-        image = env.image("half-4g", "half", env.size(4 * GiB))
-    else:
-        image = env.image("half-4g", "half", env.size(4 * GiB))
+    image = env.image("half-4g", "half", env.size(4 * GiB))
     server = Server(env.workdir / "s3-root")
     up, down = "s3-upload-half-4g", "s3-download-half-4g"
     title = "4 GiB, 50% data in scattered 1 MiB runs"
@@ -49,7 +49,7 @@ def cases(env):
         "to a file; the peers read and write every byte",
     ]
     if s3s_fs() is None:
-        notes.append("s3s-fs is not installed: `cargo install s3s-fs@0.14.1 --locked --features binary`")
+        notes.append(f"s3s-fs is not installed: `{S3S_FS_INSTALL}`")
     return [
         Case(name=up, title=f"Upload file to S3: {title}", commands=upload_commands(env, image, server),
              context=server.context, notes=notes, goals=goals(up, "upload")),
@@ -74,7 +74,7 @@ class Server:
     def context(self, upload_source=None):
         binary = s3s_fs()
         if binary is None:
-            raise RuntimeError("s3s-fs is not installed: cargo install s3s-fs@0.14.1 --locked --features binary")
+            raise RuntimeError(f"s3s-fs is not installed: {S3S_FS_INSTALL}")
         shutil.rmtree(self.root, ignore_errors=True)
         (self.root / BUCKET).mkdir(parents=True)
         with socket.socket() as s:
@@ -148,22 +148,26 @@ def upload_commands(env, image, server):
             if path().exists():
                 path().unlink()
 
-        return Command(label, argv, setup=remove, cleanup=remove,
-                       check=lambda _r: compare(image.path, path()), **kw)
+        kw.update(setup=remove, cleanup=remove, check=lambda _r: compare(image.path, path()))
+        return peer(label, argv, **kw) if "install" in kw else Command(label, argv, **kw)
 
-    found = [cmd("ferry copy", "ferry.img", [env.ferry, "copy", image.path, f"s3://{BUCKET}/ferry.img"],
-                 ferry=True, note=f"{CONCURRENCY} workers, {PART // MiB} MiB parts")]
-    if which("rclone"):
-        found.append(cmd(f"rclone copyto --s3-upload-concurrency {CONCURRENCY}", "rclone.img",
-                         ["rclone", "copyto", "--s3-upload-concurrency", str(CONCURRENCY),
-                          "--s3-chunk-size", f"{PART // MiB}M", "--s3-disable-checksum",
-                          image.path, f"bench:{BUCKET}/rclone.img"],
-                         note="MD5 of the whole file skipped"))
-    if which("aws"):
-        found.append(cmd("aws s3 cp", "aws.img",
-                         ["aws", "s3", "cp", "--only-show-errors", image.path, f"s3://{BUCKET}/aws.img"],
-                         note=f"max_concurrent_requests {CONCURRENCY}"))
-    return found
+    return [
+        cmd("ferry copy", "ferry.img", [env.ferry, "copy", image.path, f"s3://{BUCKET}/ferry.img"],
+            ferry=True, note=f"{CONCURRENCY} workers, {PART // MiB} MiB parts"),
+        # --s3-upload-cutoff: multipart above one part, as ferry and awscli do (rclone's
+        # default is 200M); --s3-disable-checksum: no MD5 pass over the whole file before
+        # the upload (ferry and awscli make none either).
+        cmd(f"rclone copyto --s3-upload-concurrency {CONCURRENCY}", "rclone.img",
+            ["rclone", "copyto", "--s3-upload-concurrency", str(CONCURRENCY),
+             "--s3-chunk-size", f"{PART // MiB}M", "--s3-upload-cutoff", f"{PART // MiB}M",
+             "--s3-disable-checksum", image.path, f"bench:{BUCKET}/rclone.img"],
+            install=RCLONE_INSTALL,
+            note=f"{PART // MiB} MiB chunks, MD5 of the whole file skipped"),
+        cmd("aws s3 cp", "aws.img",
+            ["aws", "s3", "cp", "--only-show-errors", image.path, f"s3://{BUCKET}/aws.img"],
+            install=AWS_INSTALL,
+            note=f"max_concurrent_requests {CONCURRENCY}, {PART // MiB} MB chunks"),
+    ]
 
 
 def download_commands(env, image, server):
@@ -174,21 +178,23 @@ def download_commands(env, image, server):
             if target.exists():
                 target.unlink()
 
-        return Command(label, [a if a != "TARGET" else target for a in argv], setup=remove,
-                       cleanup=remove, check=lambda _r: compare(image.path, target), **kw)
+        argv = [a if a != "TARGET" else target for a in argv]
+        kw.update(setup=remove, cleanup=remove, check=lambda _r: compare(image.path, target))
+        return peer(label, argv, **kw) if "install" in kw else Command(label, argv, **kw)
 
     src = f"s3://{BUCKET}/source.img"
-    found = [cmd("ferry copy", "ferry", [env.ferry, "copy", src, "TARGET"], ferry=True,
-                 note=f"{CONCURRENCY} workers")]
-    if which("rclone"):
-        found.append(cmd(f"rclone copyto --multi-thread-streams {CONCURRENCY}", "rclone",
-                         ["rclone", "copyto", "--multi-thread-streams", str(CONCURRENCY),
-                          "--multi-thread-cutoff", f"{PART // MiB}M",
-                          f"bench:{BUCKET}/source.img", "TARGET"]))
-    if which("aws"):
-        found.append(cmd("aws s3 cp", "aws", ["aws", "s3", "cp", "--only-show-errors", src, "TARGET"],
-                         note=f"max_concurrent_requests {CONCURRENCY}"))
-    return found
+    return [
+        cmd("ferry copy", "ferry", [env.ferry, "copy", src, "TARGET"], ferry=True,
+            note=f"{CONCURRENCY} workers"),
+        cmd(f"rclone copyto --multi-thread-streams {CONCURRENCY}", "rclone",
+            ["rclone", "copyto", "--multi-thread-streams", str(CONCURRENCY),
+             "--multi-thread-cutoff", f"{PART // MiB}M",
+             f"bench:{BUCKET}/source.img", "TARGET"],
+            install=RCLONE_INSTALL),
+        cmd("aws s3 cp", "aws", ["aws", "s3", "cp", "--only-show-errors", src, "TARGET"],
+            install=AWS_INSTALL,
+            note=f"max_concurrent_requests {CONCURRENCY}, {PART // MiB} MB chunks"),
+    ]
 
 
 def goals(case_name, direction):
