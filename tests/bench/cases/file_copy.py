@@ -7,7 +7,6 @@ in both variants. The peers: qemu-img's default target cache mode (unsafe) never
 flush variant runs `sync FILE` after it.
 """
 
-import os
 import subprocess
 
 from harness import GiB, Case, Command, Goal, ratio, which
