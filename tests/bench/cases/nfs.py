@@ -120,7 +120,12 @@ class Ganesha:
             f"NFSV4 {{ Graceless = true; RecoveryRoot = {run_dir}/recov; Allow_Numeric_Owners = true; "
             "Only_Numeric_Owners = true; }\n"
             "NFS_KRB5 { Active_krb5 = false; }\n"
+            # No caching of directory entries or attributes: the harness removes targets
+            # behind ganesha's back (on the export's file system), and a cached entry of
+            # a removed file makes the next CREATE fail (NFS3ERR_EXIST) or a WRITE fail.
+            "MDCACHE { Dir_Chunk = 0; }\n"
             f"EXPORT {{ Export_Id = 1; Path = {self.export}; Pseudo = /export; Access_Type = RW; "
+            "Attr_Expiration_Time = 0; "
             "Squash = No_Root_Squash; SecType = sys; Protocols = 3, 4; Transports = TCP; "
             "FSAL { Name = VFS; } }\n")
         pid_file = run_dir / "ganesha.pid"
