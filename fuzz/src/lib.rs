@@ -1,5 +1,8 @@
 //! Shared driver of the NBD fuzz targets: runs the real client against a "server" whose
 //! every byte comes from the fuzzer, and checks that it ends (no hang) without panicking.
+//! The iSCSI driver lives in [`iscsi`].
+
+pub mod iscsi;
 
 use std::pin::Pin;
 use std::task::{Context, Poll};

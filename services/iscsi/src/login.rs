@@ -356,10 +356,11 @@ pub(crate) async fn login(
                     params.max_xmit_data_segment_length = num()?.clamp(512, (1 << 24) - 1)
                 }
                 "MaxBurstLength" => {
-                    params.max_burst_length = num()?.clamp(512, config.max_burst_length)
+                    params.max_burst_length = num()?.clamp(512, config.max_burst_length.max(512))
                 }
                 "FirstBurstLength" => {
-                    params.first_burst_length = num()?.clamp(512, config.first_burst_length)
+                    params.first_burst_length =
+                        num()?.clamp(512, config.first_burst_length.max(512))
                 }
                 "MaxOutstandingR2T" => params.max_outstanding_r2t = num()?.max(1),
                 "ImmediateData" => params.immediate_data = config.immediate_data && v == "Yes",

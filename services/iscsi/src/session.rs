@@ -178,7 +178,15 @@ pub async fn discover(address: &str, config: &Config) -> Result<Vec<DiscoveredTa
         operation: "login",
         seconds: config.connect_timeout.as_secs(),
     })??;
-    login::send_targets(&mut stream, est).await
+    // A target that logs in and then never answers (or keeps continuing its text) must
+    // not hang discovery: the exchange gets the request timeout, or the connect one.
+    let limit = config.request_timeout.unwrap_or(config.connect_timeout);
+    tokio::time::timeout(limit, login::send_targets(&mut stream, est))
+        .await
+        .map_err(|_| Error::Timeout {
+            operation: "SendTargets",
+            seconds: limit.as_secs(),
+        })?
 }
 
 impl Session {
@@ -882,6 +890,78 @@ mod tests {
         assert!(sn_lt(u32::MAX, 0));
         assert!(!sn_lt(0, u32::MAX));
         assert!(sn_le(5, 5));
+    }
+
+    /// A target that completes a login (answering operational negotiation with `keys`),
+    /// then stays silent.
+    async fn silent_after_login(listener: tokio::net::TcpListener, keys: &[u8]) -> TcpStream {
+        let (mut s, _) = listener.accept().await.unwrap();
+        for (flags, text) in [(0x81u8, &b"AuthMethod=None\0"[..]), (0x87, keys)] {
+            let mut req = [0u8; BHS_LEN];
+            s.read_exact(&mut req).await.unwrap();
+            let len = Bhs(req).data_len();
+            let mut data = vec![0u8; len + pdu::pad(len)];
+            s.read_exact(&mut data).await.unwrap();
+            let mut bhs = Bhs::new(op::LOGIN_RSP, flags);
+            bhs.set_u32(32, 8);
+            let p = pdu::Pdu::new(bhs, text.to_vec());
+            s.write_all(&p.encode(Digests::default())).await.unwrap();
+        }
+        s
+    }
+
+    #[tokio::test]
+    async fn send_targets_of_a_silent_target_times_out() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let target = tokio::spawn(silent_after_login(
+            listener,
+            b"HeaderDigest=None\0DataDigest=None\0MaxRecvDataSegmentLength=8192\0",
+        ));
+        let config = Config {
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Some(Duration::from_secs(1)),
+            ..Config::default()
+        };
+        let started = std::time::Instant::now();
+        let err = discover(&address, &config).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Timeout {
+                    operation: "SendTargets",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(4));
+        drop(target.await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn burst_limits_below_the_minimum_do_not_panic() {
+        // clamp(512, max) panicked when the caller configured a burst length below 512.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let target = tokio::spawn(silent_after_login(
+            listener,
+            b"HeaderDigest=None\0DataDigest=None\0MaxRecvDataSegmentLength=8192\0\
+              MaxBurstLength=262144\0FirstBurstLength=65536\0",
+        ));
+        let config = Config {
+            max_burst_length: 100,
+            first_burst_length: 0,
+            connect_timeout: Duration::from_secs(5),
+            ..Config::default()
+        };
+        let session = Session::connect(&address, "iqn.test:t", &config)
+            .await
+            .unwrap();
+        assert_eq!(session.params().max_burst_length, 512);
+        assert_eq!(session.params().first_burst_length, 512);
+        drop(session);
+        drop(target.await.unwrap());
     }
 
     #[test]
