@@ -303,8 +303,13 @@ async fn process(
                 .filter(|r| r.zero)
                 .map(|r| seg.offset + r.end() as u64);
             let tail_start = last.filter(|r| r.zero).map(|r| seg.offset + r.start as u64);
-            let closed =
+            let [before, after] =
                 lock(&seg.span.merger).resolve(seg.offset, seg.end(), head_end, tail_start);
+            // Offset order: the run closed at the head goes first, because it may complete
+            // a part of the target (an S3 part buffer) that this segment's data must wait for.
+            if let Some((start, end)) = before {
+                committer.zero(target, start, end).await?;
+            }
             let n = runs.len();
             for (i, run) in runs.iter().enumerate() {
                 let at = seg.offset + run.start as u64;
@@ -315,7 +320,7 @@ async fn process(
                     committer.zero(target, at, at + run.len as u64).await?;
                 }
             }
-            for (start, end) in closed.into_iter().flatten() {
+            if let Some((start, end)) = after {
                 committer.zero(target, start, end).await?;
             }
         }
