@@ -39,6 +39,11 @@ async fn target(uri: &str, size: u64) -> ferry_core::Result<Arc<dyn Target>> {
 async fn run_copy(src: &str, dst: &str) -> ferry_core::Result<CopyReport> {
     let s = source(src).await?;
     let t = target(dst, s.size()).await?;
+    copy_endpoints(s, t).await
+}
+
+/// A copy with the default options between endpoints already open.
+async fn copy_endpoints(s: Arc<dyn Source>, t: Arc<dyn Target>) -> ferry_core::Result<CopyReport> {
     copy(
         s,
         t,
@@ -308,10 +313,7 @@ async fn killing_the_server_mid_copy_fails_promptly() {
         &["noparallel", "delay"],
         &["serialize=all-requests", "rdelay=100ms"],
     );
-    let spec = match EndpointSpec::parse(&server.uri()).unwrap() {
-        EndpointSpec::Nbd(spec) => spec,
-        other => panic!("{other:?}"),
-    };
+    let spec = nbd_spec(&server.uri());
     let options = NbdOptions {
         request_timeout: Some(Duration::from_secs(20)),
         ..NbdOptions::default()
@@ -396,15 +398,7 @@ async fn single_connection_servers_are_shared_by_all_workers() {
     assert!(!s.caps().multi_conn);
     let t = target(&to.uri(), SIZE).await.unwrap();
     assert!(!t.caps().multi_conn);
-    copy(
-        s,
-        t,
-        &CopyOptions::default(),
-        &Progress::new(),
-        &CancellationToken::new(),
-    )
-    .await
-    .unwrap();
+    copy_endpoints(s, t).await.unwrap();
     from.stop();
     to.stop();
     qemu_img_compare(&image.path, &backing);
@@ -467,15 +461,7 @@ async fn targets_flush_in_the_background_during_the_copy() {
             .await
             .unwrap(),
     );
-    copy(
-        s,
-        t,
-        &CopyOptions::default(),
-        &Progress::new(),
-        &CancellationToken::new(),
-    )
-    .await
-    .unwrap();
+    copy_endpoints(s, t).await.unwrap();
     server.stop();
     qemu_img_compare(&image.path, &backing);
     let log = std::fs::read_to_string(&log).unwrap();

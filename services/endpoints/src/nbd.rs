@@ -630,7 +630,7 @@ impl BackgroundFlush {
 
     fn wrote(self: &Arc<Self>, export: &Export, len: u64) {
         let written = self.written.fetch_add(len, Ordering::Relaxed) + len;
-        if self.every == 0 || written < self.every || !export.client().info().can_flush() {
+        if self.every == 0 || written < self.every {
             return;
         }
         let Ok(running) = Arc::clone(&self.running).try_lock_owned() else {
@@ -689,10 +689,16 @@ impl NbdTarget {
         }
         // A hint only: when block status fails, assume the target holds data.
         let zero = export.reads_as_zero().await.unwrap_or(false);
+        let can_flush = export.client().info().can_flush();
         Ok(Self {
             export,
             zero,
-            background: Arc::new(BackgroundFlush::new(options.background_flush)),
+            // A server that cannot flush gets no background flushes.
+            background: Arc::new(BackgroundFlush::new(if can_flush {
+                options.background_flush
+            } else {
+                0
+            })),
         })
     }
 
