@@ -38,6 +38,10 @@ pub struct Caps {
     pub multi_conn: bool,
     /// Request size limits.
     pub block: BlockSizes,
+    /// The read or write size this endpoint moves data best at, used when the caller
+    /// chose none. Network endpoints pay a round trip per request and say so here;
+    /// `None` leaves the choice to the engine's default.
+    pub request_size: Option<u32>,
 }
 
 impl Default for Caps {
@@ -49,6 +53,7 @@ impl Default for Caps {
             random_write: true,
             multi_conn: true,
             block: BlockSizes::default(),
+            request_size: None,
         }
     }
 }

@@ -229,6 +229,7 @@ impl Lu {
                 preferred,
                 maximum: maximum.max(bs),
             },
+            request_size: None,
         }
     }
 

@@ -24,6 +24,11 @@ use ferry_core::{
 };
 use ferry_nbd::{proto, Address, Client, Config, TlsConfig, ZeroFlags};
 
+/// Request size when the caller chose none. Measured qemu-nbd -> nbdkit over loopback
+/// (4 GiB, half data, 8 workers): 2.6-2.7 s at 1 MiB against 2.9-3.2 s at 256 KiB;
+/// 2 and 4 MiB were no faster.
+const REQUEST_SIZE: u32 = 1024 * 1024;
+
 /// Largest effect length of one WRITE_ZEROES or BLOCK_STATUS request the adapter sends.
 const MAX_EFFECT: u64 = 1 << 30;
 /// Block status requests a target may spend at open deciding whether it reads as zeroes.
@@ -221,6 +226,7 @@ impl Export {
                 preferred: bs.preferred,
                 maximum: bs.maximum,
             },
+            request_size: Some(REQUEST_SIZE),
         }
     }
 

@@ -103,7 +103,7 @@ async fn zero_runs_merge_into_one_write_zeroes() {
         let src = zero_middle_image();
         let tgt = RecordingTarget::new(src.len());
         let opts = CopyOptions {
-            request_size: 256 * K,
+            request_size: Some(256 * K),
             order,
             ..CopyOptions::default()
         };
@@ -135,7 +135,7 @@ async fn zero_blocks_are_never_written_as_data() {
             RecordingTarget::new(src.len())
         };
         let opts = CopyOptions {
-            request_size: 64 * K,
+            request_size: Some(64 * K),
             workers: 3,
             ..CopyOptions::default()
         };
@@ -168,7 +168,7 @@ async fn in_order_commits_strictly_in_order() {
             ..Caps::default()
         });
         let opts = CopyOptions {
-            request_size: 64 * K,
+            request_size: Some(64 * K),
             work_unit: 256 * K as u64,
             order,
             ..CopyOptions::default()
@@ -194,7 +194,7 @@ async fn out_of_order_covers_every_byte_exactly_once() {
         .with_read_delay(Duration::from_micros(300));
     let tgt = RecordingTarget::new(src.len());
     let opts = CopyOptions {
-        request_size: 32 * K,
+        request_size: Some(32 * K),
         work_unit: 512 * K as u64,
         order: CommitOrder::OutOfOrder,
         ..CopyOptions::default()
@@ -212,7 +212,7 @@ async fn memory_bound_holds_and_buffers_are_reused() {
     let tgt = RecordingTarget::new(src.len()).with_write_delay(Duration::from_micros(200));
     let budget = 200 * K;
     let opts = CopyOptions {
-        request_size: 64 * K,
+        request_size: Some(64 * K),
         workers: 8,
         max_in_flight_bytes: Some(budget),
         ..CopyOptions::default()
@@ -241,7 +241,7 @@ async fn cancellation_is_prompt_and_checkpoint_lists_only_flushed_ranges() {
             .hang_from(12 * M as u64);
         let tgt = RecordingTarget::new(size as u64);
         let opts = CopyOptions {
-            request_size: 64 * K,
+            request_size: Some(64 * K),
             work_unit: M as u64,
             order,
             checkpoint_interval: Duration::from_millis(5),
@@ -303,7 +303,7 @@ async fn resume_skips_committed_ranges() {
         let tgt = RecordingTarget::new(size);
         let committed = vec![(0, 512 * K as u64), (2 * M as u64, 5 * M as u64)];
         let opts = CopyOptions {
-            request_size: 128 * K,
+            request_size: Some(128 * K),
             order,
             resume: Some(Checkpoint {
                 size,
@@ -379,7 +379,7 @@ async fn target_errors_carry_operation_offset_and_endpoint() {
     let src = MemSource::new(pattern(M, 8));
     let tgt = RecordingTarget::new(M as u64).fail_write_at(300_000);
     let opts = CopyOptions {
-        request_size: 64 * K,
+        request_size: Some(64 * K),
         ..CopyOptions::default()
     };
     let err = run(&src, &tgt, &opts).await.unwrap_err();
@@ -414,7 +414,7 @@ async fn rate_limit_is_respected() {
     let rate = M as u64;
     let request = 128 * K;
     let opts = CopyOptions {
-        request_size: request,
+        request_size: Some(request),
         rate_limit: Some(rate),
         ..CopyOptions::default()
     };
@@ -583,7 +583,7 @@ proptest! {
         };
         let opts = CopyOptions {
             workers,
-            request_size: request_kib * K,
+            request_size: Some(request_kib * K),
             work_unit: unit_kib * 1024,
             order: if in_order { CommitOrder::InOrder } else { CommitOrder::OutOfOrder },
             sparse_size: sparse,

@@ -4,7 +4,9 @@
 
 use ferry_core::{Caps, Error, Result};
 
-use crate::options::{CopyOptions, DEFAULT_REQUESTS_PER_WORKER};
+use crate::options::{
+    CopyOptions, DEFAULT_BYTES_PER_WORKER, DEFAULT_REQUESTS_PER_WORKER, DEFAULT_REQUEST_SIZE,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Geometry {
@@ -46,6 +48,17 @@ pub(crate) fn round_down(x: u64, to: u64) -> u64 {
     x / to * to
 }
 
+/// The request size when the caller chose none: the larger endpoint preference wins,
+/// because the side that pays a round trip per request gains far more from large
+/// requests than a local side loses.
+fn preferred_request_size(source: &Caps, target: &Caps) -> usize {
+    [source.request_size, target.request_size]
+        .into_iter()
+        .flatten()
+        .map(|size| size as usize)
+        .fold(DEFAULT_REQUEST_SIZE, usize::max)
+}
+
 impl Geometry {
     pub fn new(size: u64, source: Caps, target: Caps, options: &CopyOptions) -> Result<Self> {
         let align = lcm(
@@ -68,14 +81,18 @@ impl Geometry {
         } else {
             round_up(options.sparse_size as u64, align)
         };
-        let mut request =
-            round_down((options.request_size as u64).min(max_request), align).max(align);
+        let wanted = options
+            .request_size
+            .unwrap_or_else(|| preferred_request_size(&source, &target));
+        let mut request = round_down((wanted as u64).min(max_request), align).max(align);
         if sparse > 0 && request >= sparse {
             request = round_down(request, lcm(align, sparse)?).max(align);
         }
         let mut workers = options.workers;
         let window = match options.max_in_flight_bytes {
-            None => DEFAULT_REQUESTS_PER_WORKER,
+            None => {
+                (DEFAULT_BYTES_PER_WORKER / request as usize).clamp(1, DEFAULT_REQUESTS_PER_WORKER)
+            }
             Some(budget) => {
                 let budget = budget as u64;
                 if budget < align {
@@ -168,6 +185,36 @@ mod tests {
             err.to_string().contains("incompatible block sizes"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn endpoint_request_size_preference() {
+        let network = |size| Caps {
+            request_size: Some(size),
+            ..Caps::default()
+        };
+        let defaults = CopyOptions::default();
+        let g = Geometry::new(1 << 30, Caps::default(), network(1 << 20), &defaults).unwrap();
+        assert_eq!(g.request, 1 << 20, "the larger preference wins");
+        let g = Geometry::new(1 << 30, network(2 << 20), network(1 << 20), &defaults).unwrap();
+        assert_eq!(g.request, 2 << 20);
+        assert_eq!(g.window, DEFAULT_REQUESTS_PER_WORKER);
+        let g = Geometry::new(1 << 30, network(8 << 20), Caps::default(), &defaults).unwrap();
+        assert_eq!(g.request, 8 << 20);
+        assert_eq!(g.window, 2, "large requests: fewer in flight per worker");
+        assert!(g.buffer_bytes() <= (g.workers * DEFAULT_BYTES_PER_WORKER) as u64);
+        let g = Geometry::new(1 << 30, network(4096), Caps::default(), &defaults).unwrap();
+        assert_eq!(g.request, DEFAULT_REQUEST_SIZE, "never below the default");
+        let mut small_max = caps(512, 64 * 1024);
+        small_max.request_size = Some(1 << 20);
+        let g = Geometry::new(1 << 30, small_max, Caps::default(), &defaults).unwrap();
+        assert_eq!(g.request, 64 * 1024, "clamped to the block-size maximum");
+        let chosen = CopyOptions {
+            request_size: Some(64 * 1024),
+            ..CopyOptions::default()
+        };
+        let g = Geometry::new(1 << 30, network(1 << 20), network(1 << 20), &chosen).unwrap();
+        assert_eq!(g.request, 64 * 1024, "the caller's choice overrides");
     }
 
     #[test]

@@ -13,7 +13,8 @@ use crate::progress::Checkpoint;
 
 /// Default number of copy workers.
 pub const DEFAULT_WORKERS: usize = 8;
-/// Default read request size. Measured file to file (4 GiB, half data, 8 workers): 256 KiB
+/// Default read request size for endpoints that state no preference of their own
+/// ([`ferry_core::Caps::request_size`]). Measured file to file (4 GiB, half data, 8 workers): 256 KiB
 /// took about half the time and CPU of 1 MiB, because a request's buffer is still in the
 /// CPU cache when it is written; 128 and 512 KiB were close (see docs/BENCHMARKS.md).
 pub const DEFAULT_REQUEST_SIZE: usize = 256 * 1024;
@@ -22,8 +23,11 @@ pub const DEFAULT_REQUEST_SIZE: usize = 256 * 1024;
 pub const DEFAULT_WORK_UNIT: u64 = 64 * 1024 * 1024;
 /// Default zero-detection granularity.
 pub const DEFAULT_SPARSE_SIZE: usize = 4096;
-/// Requests each copy worker keeps in flight when `max_in_flight_bytes` is not given.
+/// Requests each copy worker keeps in flight when `max_in_flight_bytes` is not given...
 pub const DEFAULT_REQUESTS_PER_WORKER: usize = 4;
+/// ...unless that would hold more than this many bytes per worker (large requests, as
+/// object stores prefer, need fewer of them in flight to keep the link busy).
+pub const DEFAULT_BYTES_PER_WORKER: usize = 16 * 1024 * 1024;
 /// Default interval between checkpoints (target flush plus published committed ranges).
 pub const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -44,8 +48,12 @@ pub enum CommitOrder {
 pub struct CopyOptions {
     /// Concurrent workers, each taking work units from a shared cursor.
     pub workers: usize,
-    /// Size of each read request (clamped to the endpoints' block-size limits).
-    pub request_size: usize,
+    /// Size of each read request (clamped to the endpoints' block-size limits); `None`
+    /// takes the larger of the endpoints' own [`Caps::request_size`] and
+    /// [`DEFAULT_REQUEST_SIZE`].
+    ///
+    /// [`Caps::request_size`]: ferry_core::Caps::request_size
+    pub request_size: Option<usize>,
     /// Size of the work units the workers take.
     pub work_unit: u64,
     pub order: CommitOrder,
@@ -74,7 +82,7 @@ impl Default for CopyOptions {
     fn default() -> Self {
         Self {
             workers: DEFAULT_WORKERS,
-            request_size: DEFAULT_REQUEST_SIZE,
+            request_size: None,
             work_unit: DEFAULT_WORK_UNIT,
             order: CommitOrder::Auto,
             sparse_size: DEFAULT_SPARSE_SIZE,
@@ -93,7 +101,7 @@ impl CopyOptions {
         if self.workers == 0 {
             return Err(Error::invalid_input("workers must be at least 1"));
         }
-        if self.request_size == 0 {
+        if self.request_size == Some(0) {
             return Err(Error::invalid_input("request size must be at least 1 byte"));
         }
         if self.work_unit == 0 {

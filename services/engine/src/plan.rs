@@ -288,7 +288,7 @@ mod tests {
             Extent::data(30_000, 10_000),
         ]);
         let opts = CopyOptions {
-            request_size: 4096,
+            request_size: Some(4096),
             work_unit: 16384,
             sparse_size: 4096,
             ..CopyOptions::default()

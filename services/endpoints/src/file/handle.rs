@@ -81,6 +81,7 @@ impl FileHandle {
                 preferred: minimum.max(4096),
                 maximum: MAX_REQUEST.max(minimum),
             },
+            request_size: None,
         }
     }
 

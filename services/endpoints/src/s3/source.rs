@@ -12,6 +12,10 @@ use ferry_core::{BlockSizes, Caps, Error, ErrorKind, IoBuf, Result, Source};
 use super::error::{from_sdk, Subject};
 use super::{client, FerryMetadata, S3Options};
 
+/// Ranged GET size when the caller chose none. Measured against s3s-fs on loopback
+/// (4 GiB, half data, 8 workers): 19.0 s at 256 KiB, 12.2 s at 4 MiB, 10.0 s at 8 MiB.
+const REQUEST_SIZE: u32 = 8 * 1024 * 1024;
+
 /// Opens `s3://bucket/key` for reading.
 pub async fn open_source(spec: &S3Spec, options: &S3Options) -> Result<Arc<dyn Source>> {
     Ok(Arc::new(S3Source::open(spec, options).await?))
@@ -198,6 +202,7 @@ impl Source for S3Source {
                 preferred: 8 * 1024 * 1024,
                 maximum: 1024 * 1024 * 1024,
             },
+            request_size: Some(REQUEST_SIZE),
         }
     }
 

@@ -874,6 +874,7 @@ impl Target for S3Target {
                 preferred: part,
                 maximum: part.max(32 * 1024 * 1024),
             },
+            request_size: None,
         }
     }
 

@@ -28,7 +28,8 @@ pub struct CopyArgs {
     #[arg(long, value_name = "N", value_parser = args::count,
           help = format!("Concurrent copy workers [default: {}]", ferry_engine::DEFAULT_WORKERS))]
     pub workers: Option<usize>,
-    #[arg(help = format!("Size of each read request, like 1M [default: {}]",
+    #[arg(help = format!("Size of each read request, like 1M [default: what the endpoints \
+                          prefer, at least {}; NBD: 1M]",
                          args::show_size(ferry_engine::DEFAULT_REQUEST_SIZE as u64)))]
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true, value_parser = args::request_size)]
     pub request_size: Option<usize>,
@@ -75,9 +76,7 @@ impl CopyArgs {
         if let Some(workers) = self.workers {
             options.workers = workers;
         }
-        if let Some(request_size) = self.request_size {
-            options.request_size = request_size;
-        }
+        options.request_size = self.request_size;
         if let Some(work_unit) = self.work_unit {
             options.work_unit = work_unit;
         }

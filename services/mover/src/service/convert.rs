@@ -304,7 +304,7 @@ pub fn copy_options(o: &proto::TransferOptions) -> Result<CopyOptions> {
         )));
     }
     if o.request_size > 0 {
-        c.request_size = o.request_size as usize;
+        c.request_size = Some(o.request_size as usize);
     }
     c.order = match proto::CommitOrder::try_from(o.order) {
         Ok(proto::CommitOrder::Auto) => CommitOrder::Auto,
