@@ -131,9 +131,9 @@ pub async fn start_with(cfg: ServiceConfig, opener: Arc<dyn Opener>) -> Result<R
     // of docs/SERVICE.md "Latest numbers").
     let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
     let signal = stop.clone();
-    let grpc = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async move {
-        signal.cancelled().await
-    }));
+    let grpc = tokio::spawn(
+        router.serve_with_incoming_shutdown(incoming, async move { signal.cancelled().await }),
+    );
     let metrics_task = metrics_listener.map(|l| {
         let stop = stop.clone();
         tokio::spawn(metrics::serve(l, metrics, stop))
