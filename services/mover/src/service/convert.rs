@@ -206,7 +206,8 @@ impl Validator {
         }
         let options = req.options.unwrap_or_default();
         copy_options(&options)?;
-        target_options(&options)?;
+        cache_mode(options.cache)?;
+        preallocation(&options)?;
         if options.verify {
             hash_algorithm(options.verify_algorithm)?;
         }
@@ -325,18 +326,29 @@ pub fn copy_options(o: &proto::TransferOptions) -> Result<CopyOptions> {
     Ok(c)
 }
 
-/// Endpoint options of a transfer's source.
-pub fn source_options(cache: i32) -> Result<SourceOptions> {
+/// Endpoint options for reading an endpoint: the request's cache mode and the endpoint's
+/// S3 settings from [`open_spec`] (a parameter, so no caller can open an S3 endpoint
+/// without the job's own endpoint URL, region and credentials).
+pub fn source_options(cache: i32, s3: S3Options) -> Result<SourceOptions> {
     let mut s = SourceOptions::default();
     s.cache = cache_mode(cache)?;
+    s.s3 = s3;
     Ok(s)
 }
 
-/// Endpoint options of a transfer's target.
-pub fn target_options(o: &proto::TransferOptions) -> Result<TargetOptions> {
+/// Endpoint options of a transfer's target, with the target's S3 settings from
+/// [`open_spec`] (see [`source_options`]).
+pub fn target_options(o: &proto::TransferOptions, s3: S3Options) -> Result<TargetOptions> {
     let mut t = TargetOptions::default();
     t.cache = cache_mode(o.cache)?;
-    t.preallocation = match proto::Preallocation::try_from(o.preallocation) {
+    t.preallocation = preallocation(o)?;
+    t.s3 = s3;
+    Ok(t)
+}
+
+/// The request's target preallocation.
+fn preallocation(o: &proto::TransferOptions) -> Result<Preallocation> {
+    Ok(match proto::Preallocation::try_from(o.preallocation) {
         Ok(proto::Preallocation::Off) => Preallocation::Off,
         Ok(proto::Preallocation::Falloc) => Preallocation::Falloc,
         Ok(proto::Preallocation::Full) => Preallocation::Full,
@@ -353,8 +365,7 @@ pub fn target_options(o: &proto::TransferOptions) -> Result<TargetOptions> {
                 o.preallocation
             )))
         }
-    };
-    Ok(t)
+    })
 }
 
 /// Engine checksum options for a request.

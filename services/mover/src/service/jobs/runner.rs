@@ -332,8 +332,7 @@ async fn transfer(
     let src_kind = kind_label(&plan.source_kind);
     let tgt_kind = kind_label(plan.target_kind.as_deref().unwrap_or("other"));
 
-    let mut src_options = convert::source_options(opts.cache)?;
-    src_options.s3 = src_s3;
+    let src_options = convert::source_options(opts.cache, src_s3)?;
     let source = inner.opener.open_source(&src_spec, &src_options).await?;
     let source = MeteredSource::wrap(source, &inner.metrics, src_kind);
     let size = source.size();
@@ -342,8 +341,7 @@ async fn transfer(
         .filter(|c| c.size == size && !c.committed.is_empty());
     let resumed_bytes = resume.as_ref().map_or(0, Checkpoint::committed_bytes);
     let counts = Arc::new(JobCounts::default());
-    let mut tgt_options = convert::target_options(&opts)?;
-    tgt_options.s3 = tgt_s3.clone();
+    let tgt_options = convert::target_options(&opts, tgt_s3.clone())?;
     let target = inner
         .opener
         .open_target(&tgt_spec, size, &tgt_options)
@@ -399,8 +397,7 @@ async fn transfer(
         if opts.workers > 0 {
             ck.workers = opts.workers as usize;
         }
-        let mut verify_options = convert::source_options(opts.cache)?;
-        verify_options.s3 = tgt_s3;
+        let verify_options = convert::source_options(opts.cache, tgt_s3)?;
         let verify_target = inner.opener.open_source(&tgt_spec, &verify_options).await?;
         let verify_target = MeteredSource::wrap(verify_target, &inner.metrics, tgt_kind);
         let p1 = Progress::new();
@@ -455,8 +452,7 @@ async fn checksum(
         &inner.secrets,
         "source",
     )?;
-    let mut source_options = convert::source_options(opts.cache)?;
-    source_options.s3 = s3;
+    let source_options = convert::source_options(opts.cache, s3)?;
     let source = inner.opener.open_source(&spec, &source_options).await?;
     let source = MeteredSource::wrap(source, &inner.metrics, kind_label(&record.plan.source_kind));
     let size = source.size();
