@@ -1,5 +1,5 @@
 //! ferry-iscsi against a real tgtd on loopback: login (None, CHAP, mutual CHAP, digests),
-//! discovery, READ/WRITE with many commands in flight, WRITE SAME/UNMAP/GET LBA STATUS on
+//! discovery (also with CHAP and mutual CHAP), READ/WRITE with many commands in flight, WRITE SAME/UNMAP/GET LBA STATUS on
 //! a thin LUN, check conditions, logout.
 
 use std::path::Path;
