@@ -256,6 +256,27 @@ impl Tgtd {
         self.tgtadm(&args);
     }
 
+    /// Requires CHAP `user`/`password` for discovery sessions (SendTargets) on this portal;
+    /// `outgoing` makes it the portal's own account for mutual CHAP in discovery. tgtd keeps
+    /// discovery accounts apart from every target's: an account bound with no `--tid`.
+    pub fn add_discovery_chap(&self, user: &str, password: &str, outgoing: bool) {
+        self.tgtadm(&[
+            "--mode",
+            "account",
+            "--op",
+            "new",
+            "--user",
+            user,
+            "--password",
+            password,
+        ]);
+        let mut args = vec!["--mode", "account", "--op", "bind", "--user", user];
+        if outgoing {
+            args.push("--outgoing");
+        }
+        self.tgtadm(&args);
+    }
+
     /// Stops tgtd: targets deleted with --force, then the system.
     pub fn stop(&mut self) {
         let Some(mut child) = self.child.take() else {

@@ -1,5 +1,5 @@
 //! ferry-iscsi against a real tgtd on loopback: login (None, CHAP, mutual CHAP, digests),
-//! discovery, READ/WRITE with many commands in flight, WRITE SAME/UNMAP/GET LBA STATUS on
+//! discovery (also with CHAP and mutual CHAP), READ/WRITE with many commands in flight, WRITE SAME/UNMAP/GET LBA STATUS on
 //! a thin LUN, check conditions, logout.
 
 use std::path::Path;
@@ -158,6 +158,10 @@ async fn chap_mutual_chap_and_digests() {
         .err()
         .unwrap();
     assert!(matches!(err, Error::AuthFailed(_)), "{err}");
+    assert!(
+        err.to_string().contains("requires CHAP") && err.to_string().contains("the target"),
+        "{err}"
+    );
     let bad = Config {
         chap: chap("alice", "wrong-secret-12"),
         ..Config::default()
@@ -438,4 +442,129 @@ async fn a_hung_target_times_out() {
     dev.write(0, &data).await.unwrap();
     assert!(dev.read(0, vec![0u8; data.len()]).await.unwrap() == data);
     dev.close().await.unwrap();
+}
+
+/// SendTargets discovery on a portal that requires CHAP for discovery (tgtd's discovery
+/// accounts, apart from any target's): the right secret lists the target, a wrong one and
+/// none at all are clear authentication failures, mutual CHAP checks the portal's own
+/// secret, and no secret ever shows in an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_with_chap_and_mutual_chap() {
+    const SECRET: &str = "disc-secret-123";
+    const WRONG: &str = "wrong-secret-99";
+    const PORTAL_SECRET: &str = "portal-secret-77";
+    let dir = ferry_tests::scratch_dir();
+    let img = backing(dir.path(), "disc.img", 4 * MIB);
+    let mut tgt = Tgtd::start();
+    tgt.add_target(
+        1,
+        IQN,
+        &[Lun {
+            backing: img,
+            thin: false,
+        }],
+    );
+    let chap = |u: &str, p: &str| {
+        Some(Chap {
+            user: u.into(),
+            secret: p.into(),
+        })
+    };
+    let with = |user: &str, secret: &str| Config {
+        chap: chap(user, secret),
+        ..Config::default()
+    };
+    let lists_the_target = |found: Vec<ferry_iscsi::DiscoveredTarget>| {
+        let t = found
+            .iter()
+            .find(|t| t.name == IQN)
+            .unwrap_or_else(|| panic!("{IQN} not listed: {found:?}"));
+        assert!(
+            t.addresses
+                .iter()
+                .any(|a| a.starts_with(&format!("127.0.0.1:{},", tgt.port()))),
+            "{t:?}"
+        );
+    };
+    let no_secret_in = |err: &Error| {
+        let text = format!("{err} {err:?}");
+        for s in [SECRET, WRONG, PORTAL_SECRET] {
+            assert!(!text.contains(s), "a secret leaked: {text}");
+        }
+    };
+
+    // No discovery account yet: no credentials are needed, and offered ones do no harm.
+    lists_the_target(
+        ferry_iscsi::discover(&tgt.portal(), &Config::default())
+            .await
+            .unwrap(),
+    );
+    lists_the_target(
+        ferry_iscsi::discover(&tgt.portal(), &with("dave", SECRET))
+            .await
+            .unwrap(),
+    );
+
+    tgt.add_discovery_chap("dave", SECRET, false);
+    lists_the_target(
+        ferry_iscsi::discover(&tgt.portal(), &with("dave", SECRET))
+            .await
+            .unwrap(),
+    );
+
+    let err = ferry_iscsi::discover(&tgt.portal(), &Config::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::AuthFailed(_)), "{err}");
+    assert!(err.to_string().contains("requires CHAP"), "{err}");
+    assert!(err.to_string().contains("discovery"), "{err}");
+
+    for (user, secret) in [("dave", WRONG), ("eve", SECRET)] {
+        let err = ferry_iscsi::discover(&tgt.portal(), &with(user, secret))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::AuthFailed(_)), "{err}");
+        assert!(
+            err.to_string().contains("refused the CHAP credentials"),
+            "{err}"
+        );
+        assert!(err.to_string().contains(user), "names the user: {err}");
+        no_secret_in(&err);
+    }
+
+    // Discovery accounts do not guard the targets: a normal login needs none.
+    let dev = Device::open(&tgt.portal(), IQN, 1, &Config::default())
+        .await
+        .unwrap();
+    dev.close().await.unwrap();
+
+    // Mutual CHAP: the portal proves its own discovery secret.
+    tgt.add_discovery_chap("portal", PORTAL_SECRET, true);
+    let mutual = |secret: &str| Config {
+        mutual_chap: chap("portal", secret),
+        ..with("dave", SECRET)
+    };
+    lists_the_target(
+        ferry_iscsi::discover(&tgt.portal(), &mutual(PORTAL_SECRET))
+            .await
+            .unwrap(),
+    );
+    let err = ferry_iscsi::discover(&tgt.portal(), &mutual(WRONG))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::AuthFailed(_)), "{err}");
+    assert!(err.to_string().contains("mutual CHAP"), "{err}");
+    no_secret_in(&err);
+    // Mutual CHAP without our own credentials is refused before anything is sent.
+    let err = ferry_iscsi::discover(
+        &tgt.portal(),
+        &Config {
+            mutual_chap: chap("portal", PORTAL_SECRET),
+            ..Config::default()
+        },
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::InvalidRequest(_)), "{err}");
+    no_secret_in(&err);
 }

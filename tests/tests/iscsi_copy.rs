@@ -1,8 +1,9 @@
 //! The iSCSI endpoint with the real engine, against a tgtd started here: the conformance
 //! suite for source and target (thin and thick LUNs), copies file->iscsi, iscsi->file,
 //! iscsi->nbd and nbd->iscsi committed in order and out of order with unaligned image
-//! sizes, a sparse source keeping a thin LUN thin, tgtd killed mid-copy, and `ferry copy`
-//! with an iscsi:// URL whose CHAP secret comes from the environment.
+//! sizes, reads and writes ending inside a block, a sparse source keeping a thin LUN thin,
+//! tgtd killed mid-copy, and `ferry copy --verify` with an iscsi:// URL whose CHAP secret
+//! comes from the environment.
 //!
 //! Every copy is checked with `qemu-img compare` against the file behind the LUN and with
 //! the block hash, and thin LUNs for sparseness by their backing file's allocated blocks.
@@ -225,6 +226,74 @@ async fn conformance_target_thin_and_thick() {
     }
 }
 
+/// Reads, writes and zero writes that end inside a block (the image end of a copy whose
+/// source is not whole blocks, and `--verify` reading the LUN back through the source's
+/// size): reads return the part of the block inside the request, writes keep the rest of
+/// the block; a request starting inside a block is a clear error.
+#[tokio::test]
+async fn requests_ending_inside_a_block() {
+    let dir = scratch_dir();
+    let lun = images::make(
+        &dir.path().join("lun.img"),
+        Pattern::Random,
+        SRC_LUN_SIZE,
+        8,
+    )
+    .unwrap();
+    let mut tgt = Tgtd::start();
+    tgt.add_target(1, IQN, &[thick(&lun.path)]);
+    let u = url(&tgt, IQN, 1);
+    let s = source(&u).await.unwrap();
+    assert_eq!(s.size(), SRC_LUN_SIZE);
+    let last = SRC_LUN_SIZE - 512;
+    // (offset, length, where the view starts in the buffer)
+    let reads = [
+        (0, 100, 0),
+        (1536, 2 * 512 + 1, 0),
+        (4096, 3 * MIB + 4095, 512),
+        (last, 511, 7),
+        (last - 4096, 4096 + 1, 0),
+    ];
+    let file = std::fs::read(&lun.path).unwrap();
+    for (offset, len, start) in reads {
+        let mut buf = ferry_core::IoBuf::new(start + len as usize);
+        buf.set_view(start, len as usize);
+        buf.fill(0xee);
+        let buf = s.read_at(offset, buf).await.unwrap();
+        assert_eq!(buf.len(), len as usize);
+        let want = &file[offset as usize..(offset + len) as usize];
+        assert!(&buf[..] == want, "read of {len} at {offset} differs");
+    }
+    let mut buf = ferry_core::IoBuf::new(512);
+    buf.set_len(100);
+    let err = s.read_at(100, buf).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    assert!(err.to_string().contains("do not start on"), "{err}");
+    s.close().await.unwrap();
+
+    let t = target(&u, SRC_LUN_SIZE).await.unwrap();
+    let mut expect = file;
+    let data: Vec<u8> = (0..MIB as usize + 700)
+        .map(|i| (i % 251) as u8 | 1)
+        .collect();
+    let mut buf = ferry_core::IoBuf::new(data.len());
+    buf.copy_from_slice(&data);
+    t.write_at(8192, buf).await.unwrap();
+    expect[8192..8192 + data.len()].copy_from_slice(&data);
+    let zero_at = 4 * MIB;
+    t.write_zeroes(zero_at, 3 * 512 + 33, ferry_core::ZeroMode::MayDeallocate)
+        .await
+        .unwrap();
+    expect[zero_at as usize..zero_at as usize + 3 * 512 + 33].fill(0);
+    let mut buf = ferry_core::IoBuf::new(300);
+    buf.fill(0x5a);
+    t.write_at(last, buf).await.unwrap();
+    expect[last as usize..last as usize + 300].fill(0x5a);
+    t.flush().await.unwrap();
+    let after = std::fs::read(&lun.path).unwrap();
+    assert!(after == expect, "the LUN differs from the expected image");
+}
+
 /// file -> thin LUN in both orders: exact, and the LUN stays thin (the source's holes and
 /// zero blocks are deallocated on the LUN, never written).
 #[tokio::test]
@@ -442,12 +511,23 @@ fn cli_copy_with_chap_secret_from_the_environment() {
         );
         run
     };
-    run(
-        &["copy".as_ref(), image.path.as_os_str(), u.as_ref()],
+    // With --verify: the target is read back through the source's size, which ends inside
+    // the LUN's last block.
+    let copied = run(
+        &[
+            "copy".as_ref(),
+            "--verify".as_ref(),
+            image.path.as_os_str(),
+            u.as_ref(),
+        ],
         &[("FERRY_ISCSI_PASSWORD", SECRET.as_ref())],
         SECRET,
-    )
-    .assert_success();
+    );
+    copied.assert_success();
+    assert!(
+        copied.stdout.contains(&blkhash_file(&image.path)),
+        "{copied}"
+    );
     qemu_img_compare(&image.path, &lun);
     assert_allocated_about(&lun, image.nonzero_block_bytes);
 

@@ -233,9 +233,15 @@ impl Lu {
         }
     }
 
-    /// A request must start on a block and stay inside the LUN; only its end may fall
-    /// inside a block (the image end, when the image is not a whole number of blocks).
-    fn check(&self, operation: &'static str, offset: u64, len: u64) -> Result<()> {
+    /// Splits a request into whole blocks and a tail shorter than a block (0 when it ends
+    /// on a block boundary), after checking it starts on a block and stays inside the LUN.
+    ///
+    /// The LUN is always whole blocks, but the image a copy moves need not be: a target LUN
+    /// may be larger than the source, so a copy's last write ends inside a block, and
+    /// `--verify` reads the LUN back through the source's size, so its last read does too.
+    /// Reads, writes and zero writes treat such an end alike: the tail's block is read
+    /// whole, and a write puts it back with the bytes past the request unchanged.
+    fn split(&self, operation: &'static str, offset: u64, len: u64) -> Result<(u64, usize)> {
         let bs = self.bs();
         if !offset.is_multiple_of(bs) {
             return Err(Error::invalid_input(format!(
@@ -252,7 +258,8 @@ impl Lu {
             .at(operation, offset)
             .with_endpoint(self.shared.describe.clone()));
         }
-        Ok(())
+        let whole = len / bs * bs;
+        Ok((whole, (len - whole) as usize))
     }
 
     /// Largest READ or WRITE of one command, in bytes (a multiple of the block size).
@@ -260,24 +267,25 @@ impl Lu {
         self.caps().block.maximum as usize
     }
 
+    /// The whole block at `at` (a block boundary).
+    async fn read_block(&self, operation: &'static str, at: u64) -> Result<Vec<u8>> {
+        self.dev
+            .read(at / self.bs(), vec![0u8; self.bs() as usize])
+            .await
+            .map_err(|e| self.err(e, operation, at))
+    }
+
     async fn read_at(&self, offset: u64, mut buf: IoBuf) -> Result<IoBuf> {
         let len = buf.len();
-        self.check("read", offset, len as u64)?;
-        if !(len as u64).is_multiple_of(self.bs()) {
-            return Err(Error::invalid_input(format!(
-                "a read of {len} bytes is not a whole number of the LUN's {}-byte blocks",
-                self.bs()
-            ))
-            .at("read", offset)
-            .with_endpoint(self.shared.describe.clone()));
-        }
+        let (whole, tail) = self.split("read", offset, len as u64)?;
+        let whole = whole as usize;
         // Commands of at most the LUN's transfer limit, each filling its part of the
         // caller's buffer in place.
         let view = buf.view();
         let max = self.max_request();
         let mut done = 0;
-        while done < len {
-            let n = (len - done).min(max);
+        while done < whole {
+            let n = (whole - done).min(max);
             let at = offset + done as u64;
             buf.set_view(view.start + done, n);
             buf = self
@@ -289,11 +297,15 @@ impl Lu {
             done += n;
         }
         buf.set_view(view.start, len);
+        if tail > 0 {
+            let block = self.read_block("read", offset + whole as u64).await?;
+            buf[whole..].copy_from_slice(&block[..tail]);
+        }
         Ok(buf)
     }
 
-    /// Read-modify-write of the block at `at` (a block boundary) with `data` (shorter
-    /// than a block) at its start; the rest of the block keeps what the LUN holds.
+    /// Read-modify-write of the block at `at` (a block boundary): its first `len` bytes
+    /// (less than a block) become `data`, or zeroes; the rest keeps what the LUN holds.
     async fn write_partial_block(
         &self,
         operation: &'static str,
@@ -301,27 +313,20 @@ impl Lu {
         data: Option<&[u8]>,
         len: usize,
     ) -> Result<()> {
-        let bs = self.bs() as usize;
-        let lba = at / self.bs();
-        let mut block = self
-            .dev
-            .read(lba, vec![0u8; bs])
-            .await
-            .map_err(|e| self.err(e, operation, at))?;
+        let mut block = self.read_block(operation, at).await?;
         match data {
             Some(d) => block[..len].copy_from_slice(d),
             None => block[..len].fill(0),
         }
         self.dev
-            .write(lba, &block)
+            .write(at / self.bs(), &block)
             .await
             .map_err(|e| self.err(e, operation, at))
     }
 
     async fn write_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
-        self.check("write", offset, buf.len() as u64)?;
-        let bs = self.bs() as usize;
-        let whole = buf.len() / bs * bs;
+        let (whole, tail) = self.split("write", offset, buf.len() as u64)?;
+        let whole = whole as usize;
         let max = self.max_request();
         for (i, chunk) in buf[..whole].chunks(max).enumerate() {
             let at = offset + (i * max) as u64;
@@ -330,21 +335,21 @@ impl Lu {
                 .await
                 .map_err(|e| self.err(e, "write", at))?;
         }
-        if whole < buf.len() {
-            let tail = &buf[whole..];
-            self.write_partial_block("write", offset + whole as u64, Some(tail), tail.len())
+        if tail > 0 {
+            let at = offset + whole as u64;
+            self.write_partial_block("write", at, Some(&buf[whole..]), tail)
                 .await?;
         }
         Ok(buf)
     }
 
     async fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> Result<()> {
-        self.check("write_zeroes", offset, len)?;
+        let (whole, tail) = self.split("write_zeroes", offset, len)?;
         let unmap = mode == ZeroMode::MayDeallocate && self.can_deallocate();
         let bs = self.bs();
         let step = u64::from(self.dev.max_write_same_blocks().max(1));
         let mut lba = offset / bs;
-        let end = (offset + len) / bs;
+        let end = (offset + whole) / bs;
         while lba < end {
             let n = (end - lba).min(step) as u32;
             self.dev
@@ -353,9 +358,8 @@ impl Lu {
                 .map_err(|e| self.err(e, "write_zeroes", lba * bs))?;
             lba += u64::from(n);
         }
-        let tail = (offset + len) % bs;
-        if tail != 0 {
-            self.write_partial_block("write_zeroes", end * bs, None, tail as usize)
+        if tail > 0 {
+            self.write_partial_block("write_zeroes", end * bs, None, tail)
                 .await?;
         }
         Ok(())

@@ -70,6 +70,10 @@ struct Login<'a> {
     exp_stat_sn: u32,
     max_cmd_sn: u32,
     itt: u32,
+    /// "the target" or "the discovery portal", for errors.
+    peer: &'static str,
+    /// The CHAP user we authenticate as, if any (never the secret).
+    chap_user: Option<&'a str>,
 }
 
 fn random_bytes<const N: usize>() -> [u8; N] {
@@ -133,14 +137,18 @@ impl Login<'_> {
                     )))
                 }
                 2 => {
-                    return Err(match detail {
-                        0x01 => Error::AuthFailed(
-                            "the target refused the CHAP credentials (status 0x0201)".into(),
-                        ),
-                        0x02 => Error::AuthFailed(
-                            "this initiator is not authorized for the target (status 0x0202)".into(),
-                        ),
-                        0x03 | 0x04 => Error::TargetNotFound(format!(
+                    let peer = self.peer;
+                    return Err(match (detail, self.chap_user) {
+                        (0x01, None) => Error::AuthFailed(format!(
+                            "{peer} requires CHAP authentication and no credentials were given (status 0x0201)"
+                        )),
+                        (0x01, Some(user)) => Error::AuthFailed(format!(
+                            "{peer} refused the CHAP credentials of user '{user}' (status 0x0201)"
+                        )),
+                        (0x02, _) => Error::AuthFailed(format!(
+                            "this initiator is not authorized for {peer} (status 0x0202)"
+                        )),
+                        (0x03 | 0x04, _) => Error::TargetNotFound(format!(
                             "the target does not exist (status 0x02{detail:02x})"
                         )),
                         _ => Error::Login(format!("initiator error (status 0x02{detail:02x})")),
@@ -196,6 +204,12 @@ pub(crate) async fn login(
         exp_stat_sn: 0,
         max_cmd_sn: 1,
         itt: 0,
+        peer: if target.is_some() {
+            "the target"
+        } else {
+            "the discovery portal"
+        },
+        chap_user: config.chap.as_ref().map(|c| c.user.as_str()),
     };
     let kv = |k: &str, v: &str| (k.to_string(), v.to_string());
 
@@ -226,7 +240,10 @@ pub(crate) async fn login(
     let method = text::get(&got, "AuthMethod").unwrap_or("None").to_string();
     if method == "CHAP" {
         let chap = config.chap.as_ref().ok_or_else(|| {
-            Error::AuthFailed("the target chose CHAP but no credentials were given".into())
+            Error::AuthFailed(format!(
+                "{} requires CHAP authentication and no credentials were given",
+                l.peer
+            ))
         })?;
         let (got, _) = l
             .exchange(
@@ -275,20 +292,28 @@ pub(crate) async fn login(
             if name != Some(m.user.as_str())
                 || resp.as_deref() != Some(&chap_response(id, &m.secret, &c)[..])
             {
-                return Err(Error::AuthFailed(
-                    "the target failed mutual CHAP authentication".into(),
-                ));
+                return Err(Error::AuthFailed(format!(
+                    "{} failed mutual CHAP authentication (its CHAP_N or CHAP_R does not match the configured account)",
+                    l.peer
+                )));
             }
         }
     } else if method == "None" {
         if config.mutual_chap.is_some() {
-            return Err(Error::AuthFailed(
-                "mutual CHAP was required but the target chose no authentication".into(),
-            ));
+            return Err(Error::AuthFailed(format!(
+                "mutual CHAP was required but {} chose no authentication",
+                l.peer
+            )));
         }
+    } else if method == "Reject" && no_auth {
+        return Err(Error::AuthFailed(format!(
+            "{} requires authentication and no CHAP credentials were given",
+            l.peer
+        )));
     } else {
         return Err(Error::AuthFailed(format!(
-            "the target wants authentication method {method:?}; supported: CHAP, None"
+            "{} wants authentication method {method:?}; supported: CHAP, None",
+            l.peer
         )));
     }
     if !transits_to(flags, STAGE_OPERATIONAL) && !transits_to(flags, STAGE_FULL) {
