@@ -26,6 +26,11 @@ use ferry_core::{
 use ferry_iscsi::scsi::LbaStatus;
 use ferry_iscsi::{Chap, Config, Device};
 
+/// Request size when the caller chose none (clamped to the LUN's maximum transfer).
+/// Measured file -> tgtd thin LUN (4 GiB, half data, 8 workers): 5.05-5.14 s at 1 MiB
+/// against 5.64-6.02 s at 256 KiB; the target spends its time per command.
+const REQUEST_SIZE: u32 = 1024 * 1024;
+
 /// iSCSI-specific settings (the URL carries portal, IQN, LUN and CHAP user).
 #[derive(Debug, Clone)]
 pub struct IscsiOptions {
@@ -229,7 +234,7 @@ impl Lu {
                 preferred,
                 maximum: maximum.max(bs),
             },
-            request_size: None,
+            request_size: Some(REQUEST_SIZE),
         }
     }
 
