@@ -1,6 +1,7 @@
 //! ferry-endpoints: one module per endpoint kind, and [`open_source`] / [`open_target`]
 //! that turn an [`EndpointSpec`] into a [`Source`] or [`Target`].
 
+mod background_flush;
 mod open;
 mod options;
 

@@ -8,12 +8,11 @@
 //! buffers (read-modify-write at unaligned edges, under a lock shared by all
 //! connections so two edges of one block never race).
 //!
-//! A target flushes in the background as the copy goes ([`BackgroundFlush`]), so the
+//! A target flushes in the background as the copy goes (`background_flush.rs`), so the
 //! server writes its cache out while ferry is still sending rather than all at the end.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -24,6 +23,9 @@ use ferry_core::{
 };
 use ferry_nbd::{proto, Address, Client, Config, TlsConfig, ZeroFlags};
 
+use crate::background_flush::BackgroundFlush;
+pub use crate::background_flush::DEFAULT_BACKGROUND_FLUSH;
+
 /// Request size when the caller chose none. Measured qemu-nbd -> nbdkit over loopback
 /// (4 GiB, half data, 8 workers): 2.6-2.7 s at 1 MiB against 2.9-3.2 s at 256 KiB;
 /// 2 and 4 MiB were no faster.
@@ -33,11 +35,6 @@ const REQUEST_SIZE: u32 = 1024 * 1024;
 const MAX_EFFECT: u64 = 1 << 30;
 /// Block status requests a target may spend at open deciding whether it reads as zeroes.
 const ZERO_PROBE_REQUESTS: usize = 64;
-
-/// Default bytes written to a target between two background flushes. Measured qemu-nbd
-/// -> nbdkit file, 4 GiB with 2 GiB of data: 64 MiB, 256 MiB and 1 GiB were equal within
-/// the noise (3.0-3.7 s), all faster than one flush at the end (3.4-3.65 s).
-pub const DEFAULT_BACKGROUND_FLUSH: u64 = 256 * 1024 * 1024;
 
 /// NBD-specific settings (the URL carries address, export and TLS).
 #[derive(Debug, Clone)]
@@ -52,7 +49,7 @@ pub struct NbdOptions {
     /// [`NbdSource::block_status`].
     pub extra_contexts: Vec<String>,
     /// A target sends a FLUSH in the background after this many bytes written (0: only
-    /// the final flush); see [`BackgroundFlush`].
+    /// the final flush; default [`DEFAULT_BACKGROUND_FLUSH`]).
     pub background_flush: u64,
 }
 
@@ -604,65 +601,6 @@ impl Source for NbdSource {
     }
 }
 
-/// Flushes a target in the background every [`NbdOptions::background_flush`] bytes
-/// written.
-///
-/// A server writing into its page cache (nbdkit file, qemu-nbd with a writeback cache)
-/// otherwise holds every byte of the image dirty until the final FLUSH, which then takes
-/// as long as writing the whole image to disk: measured qemu-nbd -> nbdkit file, 4 GiB
-/// with 2 GiB of data, about a third of the copy's time. A FLUSH covers the writes that
-/// completed before it on every connection (the server advertises multi-conn, or there
-/// is only one connection), so one flush at a time in the background keeps the dirty
-/// data bounded while the copy goes on. A background failure is reported by the next
-/// [`Target::flush`], so the copy never succeeds over a lost write.
-#[derive(Debug)]
-struct BackgroundFlush {
-    every: u64,
-    written: AtomicU64,
-    /// Held by the background flush in flight; the final flush waits for it.
-    running: Arc<tokio::sync::Mutex<()>>,
-    failed: Mutex<Option<Error>>,
-}
-
-impl BackgroundFlush {
-    fn new(every: u64) -> Self {
-        Self {
-            every,
-            written: AtomicU64::new(0),
-            running: Arc::default(),
-            failed: Mutex::new(None),
-        }
-    }
-
-    fn wrote(self: &Arc<Self>, export: &Export, len: u64) {
-        let written = self.written.fetch_add(len, Ordering::Relaxed) + len;
-        if self.every == 0 || written < self.every {
-            return;
-        }
-        let Ok(running) = Arc::clone(&self.running).try_lock_owned() else {
-            return;
-        };
-        self.written.store(0, Ordering::Relaxed);
-        let (this, export) = (Arc::clone(self), export.clone());
-        tokio::spawn(async move {
-            if let Err(e) = export.flush().await {
-                let mut failed = this.failed.lock().unwrap_or_else(|e| e.into_inner());
-                failed.get_or_insert(e);
-            }
-            drop(running);
-        });
-    }
-
-    /// Waits for the background flush in flight, then returns the first that failed.
-    async fn settle(&self) -> Result<()> {
-        let _idle = self.running.lock().await;
-        match self.failed.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-}
-
 /// An NBD export written as an image.
 #[derive(Debug, Clone)]
 pub struct NbdTarget {
@@ -742,7 +680,10 @@ impl Target for NbdTarget {
 
     async fn write_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
         let buf = self.export.write_at(offset, buf).await?;
-        self.background.wrote(&self.export, buf.len() as u64);
+        self.background.wrote(buf.len() as u64, || {
+            let export = self.export.clone();
+            async move { export.flush().await }
+        });
         Ok(buf)
     }
 
