@@ -236,30 +236,18 @@ impl Tgtd {
     /// Requires CHAP `user`/`password` for target `tid`; `outgoing` makes it the
     /// target's own account for mutual CHAP.
     pub fn add_chap(&self, tid: u32, user: &str, password: &str, outgoing: bool) {
-        self.tgtadm(&[
-            "--mode",
-            "account",
-            "--op",
-            "new",
-            "--user",
-            user,
-            "--password",
-            password,
-        ]);
-        let t = tid.to_string();
-        let mut args = vec![
-            "--mode", "account", "--op", "bind", "--tid", &t, "--user", user,
-        ];
-        if outgoing {
-            args.push("--outgoing");
-        }
-        self.tgtadm(&args);
+        self.bind_account(Some(tid), user, password, outgoing);
     }
 
     /// Requires CHAP `user`/`password` for discovery sessions (SendTargets) on this portal;
     /// `outgoing` makes it the portal's own account for mutual CHAP in discovery. tgtd keeps
     /// discovery accounts apart from every target's: an account bound with no `--tid`.
     pub fn add_discovery_chap(&self, user: &str, password: &str, outgoing: bool) {
+        self.bind_account(None, user, password, outgoing);
+    }
+
+    /// Creates the account and binds it to target `tid`, or to discovery when None.
+    fn bind_account(&self, tid: Option<u32>, user: &str, password: &str, outgoing: bool) {
         self.tgtadm(&[
             "--mode",
             "account",
@@ -270,7 +258,11 @@ impl Tgtd {
             "--password",
             password,
         ]);
+        let t = tid.map(|tid| tid.to_string());
         let mut args = vec!["--mode", "account", "--op", "bind", "--user", user];
+        if let Some(t) = &t {
+            args.extend(["--tid", t.as_str()]);
+        }
         if outgoing {
             args.push("--outgoing");
         }

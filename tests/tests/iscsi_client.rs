@@ -2,7 +2,7 @@
 //! discovery (also with CHAP and mutual CHAP), READ/WRITE with many commands in flight, WRITE SAME/UNMAP/GET LBA STATUS on
 //! a thin LUN, check conditions, logout.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use ferry_iscsi::scsi::LbaStatus;
 use ferry_iscsi::{Chap, Config, Device, Error};
@@ -11,7 +11,7 @@ use ferry_tests::iscsi_server::{allocated_bytes, Lun, Tgtd};
 const MIB: u64 = 1024 * 1024;
 const IQN: &str = "iqn.2024-01.io.ferry:test";
 
-fn backing(dir: &Path, name: &str, size: u64) -> std::path::PathBuf {
+fn backing(dir: &Path, name: &str, size: u64) -> PathBuf {
     let p = dir.join(name);
     let f = std::fs::File::create(&p).unwrap();
     f.set_len(size).unwrap();
@@ -22,6 +22,20 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) | 1)
         .collect()
+}
+
+/// tgtd with target 1 (IQN) exporting `backing` as a thick LUN 1.
+fn one_thick_target(backing: PathBuf) -> Tgtd {
+    let mut tgt = Tgtd::start();
+    tgt.add_target(
+        1,
+        IQN,
+        &[Lun {
+            backing,
+            thin: false,
+        }],
+    );
+    tgt
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -133,15 +147,7 @@ async fn read_write_discovery_and_thin_commands() {
 async fn chap_mutual_chap_and_digests() {
     let dir = ferry_tests::scratch_dir();
     let img = backing(dir.path(), "chap.img", 8 * MIB);
-    let mut tgt = Tgtd::start();
-    tgt.add_target(
-        1,
-        IQN,
-        &[Lun {
-            backing: img,
-            thin: false,
-        }],
-    );
+    let tgt = one_thick_target(img);
     tgt.add_chap(1, "alice", "alice-secret-12", false);
     tgt.set_param(1, "HeaderDigest", "CRC32C,None");
     tgt.set_param(1, "DataDigest", "CRC32C,None");
@@ -214,15 +220,7 @@ async fn chap_mutual_chap_and_digests() {
 async fn unknown_target_and_disconnect_are_clear_errors() {
     let dir = ferry_tests::scratch_dir();
     let img = backing(dir.path(), "d.img", 8 * MIB);
-    let mut tgt = Tgtd::start();
-    tgt.add_target(
-        1,
-        IQN,
-        &[Lun {
-            backing: img,
-            thin: false,
-        }],
-    );
+    let mut tgt = one_thick_target(img);
     let err = Device::open(
         &tgt.portal(),
         "iqn.2024-01.io.ferry:nope",
@@ -318,15 +316,7 @@ async fn negotiated_limits_are_honoured() {
 async fn target_pings_are_answered() {
     let dir = ferry_tests::scratch_dir();
     let img = backing(dir.path(), "nop.img", 4 * MIB);
-    let mut tgt = Tgtd::start();
-    tgt.add_target(
-        1,
-        IQN,
-        &[Lun {
-            backing: img,
-            thin: false,
-        }],
-    );
+    let tgt = one_thick_target(img);
     tgt.set_param(1, "nop_interval", "1");
     tgt.set_param(1, "nop_count", "2");
     let dev = Device::open(&tgt.portal(), IQN, 1, &Config::default())
@@ -344,15 +334,7 @@ async fn target_pings_are_answered() {
 async fn check_conditions_are_named() {
     let dir = ferry_tests::scratch_dir();
     let img = backing(dir.path(), "ro.img", 4 * MIB);
-    let mut tgt = Tgtd::start();
-    tgt.add_target(
-        1,
-        IQN,
-        &[Lun {
-            backing: img,
-            thin: false,
-        }],
-    );
+    let tgt = one_thick_target(img);
     tgt.tgtadm(&[
         "--mode",
         "logicalunit",
@@ -402,15 +384,7 @@ async fn check_conditions_are_named() {
 async fn a_hung_target_times_out() {
     let dir = ferry_tests::scratch_dir();
     let img = backing(dir.path(), "hang.img", 4 * MIB);
-    let mut tgt = Tgtd::start();
-    tgt.add_target(
-        1,
-        IQN,
-        &[Lun {
-            backing: img,
-            thin: false,
-        }],
-    );
+    let tgt = one_thick_target(img);
     let config = Config {
         request_timeout: Some(std::time::Duration::from_secs(1)),
         ..Config::default()
@@ -455,15 +429,7 @@ async fn discovery_with_chap_and_mutual_chap() {
     const PORTAL_SECRET: &str = "portal-secret-77";
     let dir = ferry_tests::scratch_dir();
     let img = backing(dir.path(), "disc.img", 4 * MIB);
-    let mut tgt = Tgtd::start();
-    tgt.add_target(
-        1,
-        IQN,
-        &[Lun {
-            backing: img,
-            thin: false,
-        }],
-    );
+    let tgt = one_thick_target(img);
     let chap = |u: &str, p: &str| {
         Some(Chap {
             user: u.into(),
