@@ -181,7 +181,7 @@ impl Target for NfsTarget {
             random_write: true,
             multi_conn: true,
             block: self.file.block_sizes(self.file.wpref, self.file.wsize),
-            request_size: Some(super::REQUEST_SIZE),
+            request_size: None,
         }
     }
 
