@@ -1,12 +1,12 @@
 //! Flushing a target in the background while a copy goes on.
 //!
 //! A server writing into its page cache (nbdkit file, qemu-nbd with a writeback cache,
-//! tgtd's rdwr backing store) otherwise holds every byte of the
+//! ganesha's VFS backend, tgtd's rdwr backing store) otherwise holds every byte of the
 //! image dirty until the final flush, which then takes as long as writing the whole image
 //! to disk: measured qemu-nbd -> nbdkit file, 4 GiB with 2 GiB of data, about a third of
 //! the copy's time. Flushing every so many bytes, one flush at a time, keeps the dirty
 //! data bounded while the copy goes on. A flush covers the writes that completed before
-//! it on every connection (NBD multi-conn, one SCSI logical unit), and a
+//! it on every connection (NBD multi-conn, one NFS file, one SCSI logical unit), and a
 //! background failure is reported by the next [`BackgroundFlush::settle`], which every
 //! target's own flush calls first, so a copy never succeeds over a lost write.
 

@@ -33,6 +33,10 @@ use client::{ClientConfig, NfsConn, NfsError};
 use proto::FileHandle;
 use rpc::RpcConfig;
 
+/// Request size when the caller chose none (clamped to the server's rsize/wsize).
+/// Measured against ganesha on loopback (4 GiB, half data, 8 workers): reads 2.8-3.1 s at
+/// 1 MiB against 3.2-3.4 s at 256 KiB, writes 4.4 s against 4.7-4.9 s.
+pub(crate) const REQUEST_SIZE: u32 = 1024 * 1024;
 /// The largest READ or WRITE ferry sends, whatever the server allows.
 const MAX_TRANSFER: u32 = 16 * 1024 * 1024;
 

@@ -324,7 +324,9 @@ impl RpcConn {
                     writer: &mut writer,
                     done: false,
                 };
-                sending.send(&head, data).await?;
+                // A failed send closes the connection, which answers this call (with
+                // its buffer) like every other one in flight.
+                sending.send(&head, data).await;
             }
             rx.await.map_err(|_| ())
         };
@@ -334,18 +336,18 @@ impl RpcConn {
                 name_call(&mut outcome.result, inner.program, inner.version, procedure);
                 outcome
             }
-            Ok(Err(())) => Outcome {
-                result: Err(RpcError::Disconnected {
-                    addr,
-                    reason: inner
-                        .shared
-                        .lock()
-                        .closed
-                        .clone()
-                        .unwrap_or_else(|| "the connection closed".to_string()),
-                }),
-                sink: guard.take_sink(),
-            },
+            Ok(Err(())) => {
+                // In a statement of its own: a lock guard living on into `take_sink`
+                // would deadlock on the same mutex.
+                let closed = inner.shared.lock().closed.clone();
+                Outcome {
+                    result: Err(RpcError::Disconnected {
+                        addr,
+                        reason: closed.unwrap_or_else(|| "the connection closed".to_string()),
+                    }),
+                    sink: guard.take_sink(),
+                }
+            }
             Err(_) => Outcome {
                 result: Err(RpcError::Timeout {
                     addr,
@@ -414,9 +416,12 @@ struct SendGuard<'a, 'w> {
 }
 
 impl SendGuard<'_, '_> {
-    async fn send(&mut self, head: &[u8], data: Option<&[u8]>) -> Result<(), ()> {
+    async fn send(&mut self, head: &[u8], data: Option<&[u8]>) {
         let Some(w) = self.writer.as_mut() else {
-            return Err(());
+            self.done = true;
+            self.shared
+                .close("a request was abandoned while being sent");
+            return;
         };
         let result = async {
             w.write_all(head).await?;
@@ -427,15 +432,9 @@ impl SendGuard<'_, '_> {
             Ok::<_, std::io::Error>(())
         }
         .await;
-        match result {
-            Ok(()) => {
-                self.done = true;
-                Ok(())
-            }
-            Err(e) => {
-                self.shared.close(&format!("send failed: {e}"));
-                Err(())
-            }
+        self.done = true;
+        if let Err(e) = result {
+            self.shared.close(&format!("send failed: {e}"));
         }
     }
 }
@@ -827,6 +826,47 @@ mod tests {
         );
         server.await.unwrap();
         assert!(conn.is_closed());
+    }
+
+    /// A server dropping the connection while a large WRITE is being sent: the send
+    /// fails, and the call must come back with its error (it once deadlocked here, on the
+    /// connection state's mutex, which the error path locked twice).
+    #[test]
+    fn a_connection_lost_while_sending_fails_the_call() {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let out = rt.block_on(async {
+                let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let addr = listener.local_addr().unwrap();
+                tokio::spawn(async move {
+                    let (mut s, _) = listener.accept().await.unwrap();
+                    let mut head = [0u8; 4];
+                    s.read_exact(&mut head).await.unwrap();
+                    // Closed with data unread: the kernel resets the connection.
+                    drop(s);
+                });
+                let conn = RpcConn::connect(addr, 7, 1, &config()).await.unwrap();
+                let data = vec![7u8; 32 << 20];
+                conn.call(7, &[0, 0, 0, 1], Some(&data), Some(IoBuf::new(8)))
+                    .await
+            });
+            let _ = done_tx.send(out);
+        });
+        let out = done_rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the call must return, not hang");
+        assert!(
+            matches!(out.result, Err(RpcError::Disconnected { .. })),
+            "{out:?}"
+        );
+        assert!(
+            out.sink.is_some(),
+            "the buffer comes back after a failed send"
+        );
     }
 
     #[tokio::test]

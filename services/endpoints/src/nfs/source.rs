@@ -79,7 +79,7 @@ impl Source for NfsSource {
             random_write: true,
             multi_conn: true,
             block: self.file.block_sizes(self.file.rpref, self.file.rsize),
-            request_size: None,
+            request_size: Some(super::REQUEST_SIZE),
         }
     }
 

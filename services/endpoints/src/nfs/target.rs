@@ -3,7 +3,8 @@
 //! A missing file is created (GUARDED, mode 0644) and sized with SETATTR; it then reads
 //! as zeroes, so the engine skips zero ranges. An existing file must be at least as large
 //! as the image. Writes are UNSTABLE; flush COMMITs and checks the write verifier
-//! (`commit.rs`).
+//! (`commit.rs`), and a COMMIT goes out in the background every 256 MiB written
+//! (`background_flush.rs`), so the server writes its cache out during the copy.
 
 use std::sync::Arc;
 
@@ -11,6 +12,8 @@ use async_trait::async_trait;
 use ferry_core::spec::NfsSpec;
 use ferry_core::{Caps, Error, ErrorKind, IoBuf, Result, Target, ZeroMode};
 use futures::stream::{self, StreamExt, TryStreamExt};
+
+use crate::background_flush::{BackgroundFlush, DEFAULT_BACKGROUND_FLUSH};
 
 use super::client::NfsConn;
 use super::commit::Lost;
@@ -25,7 +28,9 @@ const ZERO_WRITES_IN_FLIGHT: usize = 4;
 #[derive(Debug)]
 pub struct NfsTarget {
     file: SharedFile,
-    nfs: NfsConn,
+    nfs: Arc<NfsConn>,
+    /// COMMITs as the copy goes, shared by every handle.
+    background: Arc<BackgroundFlush>,
 }
 
 impl NfsTarget {
@@ -120,7 +125,11 @@ impl NfsTarget {
             created: is_new,
             zeroes: Default::default(),
         });
-        Ok(Self { file, nfs })
+        Ok(Self {
+            file,
+            nfs: Arc::new(nfs),
+            background: Arc::new(BackgroundFlush::new(DEFAULT_BACKGROUND_FLUSH)),
+        })
     }
 
     /// UNSTABLE writes not yet covered by a successful flush (for tests).
@@ -128,10 +137,26 @@ impl NfsTarget {
         self.file.commits.pending()
     }
 
-    fn lost(&self, lost: Lost) -> Error {
+    fn lost(file: &File, lost: Lost) -> Error {
         Error::new(ErrorKind::Disconnected, lost.to_string())
             .with_operation("flush")
-            .with_endpoint(self.file.describe.clone())
+            .with_endpoint(file.describe.clone())
+    }
+
+    /// COMMITs the file when writes are uncommitted, and checks they survived.
+    async fn commit(file: &File, nfs: &NfsConn) -> Result<()> {
+        let mark = match file.commits.begin() {
+            Ok(Some(mark)) => mark,
+            Ok(None) => return Ok(()),
+            Err(lost) => return Err(Self::lost(file, lost)),
+        };
+        let verf = nfs
+            .commit(&file.fh)
+            .await
+            .map_err(|e| file.err(e, "flush", 0))?;
+        file.commits
+            .settle(mark, verf)
+            .map_err(|lost| Self::lost(file, lost))
     }
 
     /// Writes `data` at `offset` in WRITEs of at most wsize bytes.
@@ -181,7 +206,7 @@ impl Target for NfsTarget {
             random_write: true,
             multi_conn: true,
             block: self.file.block_sizes(self.file.wpref, self.file.wsize),
-            request_size: None,
+            request_size: Some(super::REQUEST_SIZE),
         }
     }
 
@@ -192,6 +217,10 @@ impl Target for NfsTarget {
     async fn write_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
         self.file.check_range("write", offset, buf.len() as u64)?;
         self.write_all(offset, &buf, "write").await?;
+        self.background.wrote(buf.len() as u64, || {
+            let (file, nfs) = (Arc::clone(&self.file), Arc::clone(&self.nfs));
+            async move { Self::commit(&file, &nfs).await }
+        });
         Ok(buf)
     }
 
@@ -209,30 +238,26 @@ impl Target for NfsTarget {
             .map(|(at, n)| self.write_all(at, &zeroes[..n], "write_zeroes"))
             .buffer_unordered(ZERO_WRITES_IN_FLIGHT)
             .try_collect::<()>()
-            .await
+            .await?;
+        self.background.wrote(len, || {
+            let (file, nfs) = (Arc::clone(&self.file), Arc::clone(&self.nfs));
+            async move { Self::commit(&file, &nfs).await }
+        });
+        Ok(())
     }
 
-    /// COMMITs the file when writes are uncommitted, and checks they survived.
+    /// Waits for a background COMMIT, then COMMITs what is left and checks it survived.
     async fn flush(&self) -> Result<()> {
-        let f = &*self.file;
-        let mark = match f.commits.begin() {
-            Ok(Some(mark)) => mark,
-            Ok(None) => return Ok(()),
-            Err(lost) => return Err(self.lost(lost)),
-        };
-        let verf = self
-            .nfs
-            .commit(&f.fh)
-            .await
-            .map_err(|e| f.err(e, "flush", 0))?;
-        f.commits.settle(mark, verf).map_err(|lost| self.lost(lost))
+        self.background.settle().await?;
+        Self::commit(&self.file, &self.nfs).await
     }
 
     async fn connect(&self) -> Result<Arc<dyn Target>> {
         let nfs = self.file.connect().await?;
         Ok(Arc::new(Self {
             file: Arc::clone(&self.file),
-            nfs,
+            nfs: Arc::new(nfs),
+            background: Arc::clone(&self.background),
         }))
     }
 }
