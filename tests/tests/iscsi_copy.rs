@@ -574,3 +574,58 @@ fn cli_copy_with_chap_secret_from_the_environment() {
         "{line}"
     );
 }
+
+/// A thin LUN whose blocks under the image are all deallocated reads as zeroes, so the copy
+/// skips zero ranges; a mapped block under the image, or a thick LUN, makes the target
+/// unknown, and the copy then overwrites what the LUN held.
+#[tokio::test]
+async fn deallocated_thin_lun_is_known_zero_and_a_mapped_block_is_not() {
+    use std::os::unix::fs::FileExt;
+    let dir = scratch_dir();
+    let image = half_data(&dir.path().join("src.raw"), SIZE, 7);
+    // Whole MiBs, so the data past the image shares no file system block with it.
+    let big = LUN_SIZE.div_ceil(MIB) * MIB + MIB;
+    let fresh = empty(&dir.path().join("fresh.img"), LUN_SIZE);
+    let dirty = empty(&dir.path().join("dirty.img"), LUN_SIZE);
+    let tail = empty(&dir.path().join("tail.img"), big);
+    let thick_lun = empty(&dir.path().join("thick.img"), LUN_SIZE);
+    let junk = vec![0x5au8; 2 * MIB as usize];
+    std::fs::File::options()
+        .write(true)
+        .open(&dirty)
+        .unwrap()
+        .write_all_at(&junk, 20 * MIB)
+        .unwrap();
+    // Data only past the image's end.
+    std::fs::File::options()
+        .write(true)
+        .open(&tail)
+        .unwrap()
+        .write_all_at(&junk[..MIB as usize], big - MIB)
+        .unwrap();
+    let mut tgt = Tgtd::start();
+    tgt.add_target(
+        1,
+        IQN,
+        &[thin(&fresh), thin(&dirty), thin(&tail), thick(&thick_lun)],
+    );
+    let known = |lun: u32, size: u64| {
+        let u = url(&tgt, IQN, lun);
+        async move { target(&u, size).await.unwrap().is_zero() }
+    };
+    assert!(known(1, SIZE).await, "a fresh thin LUN reads as zeroes");
+    assert!(!known(2, SIZE).await, "mapped blocks under the image");
+    assert!(known(3, SIZE).await, "mapped blocks only past the image");
+    assert!(!known(3, big).await, "mapped blocks under a larger image");
+    assert!(!known(4, SIZE).await, "a thick LUN is never known zero");
+    for lun in [1, 2] {
+        let u = url(&tgt, IQN, lun);
+        run_copy(image.path.to_str().unwrap(), &u, CommitOrder::OutOfOrder)
+            .await
+            .unwrap();
+        let backing = if lun == 1 { &fresh } else { &dirty };
+        qemu_img_compare(&image.path, backing);
+        assert_eq!(iscsi_blkhash(&u).await, blkhash_file(backing), "LUN {lun}");
+        assert_allocated_about(backing, image.nonzero_block_bytes);
+    }
+}

@@ -5,7 +5,9 @@
 //! Provisioning VPD pages: extents (GET LBA STATUS) when the LUN is thin (LBPME), trim
 //! when WRITE SAME with UNMAP is supported and deallocated blocks read as zeroes (LBPRZ).
 //! Zeroes are written with WRITE SAME(16) (with UNMAP when the caller allows
-//! deallocation and LBPRZ holds), split to the LUN's maximum WRITE SAME length. Every
+//! deallocation and LBPRZ holds), split to the LUN's maximum WRITE SAME length. A target
+//! LUN whose blocks under the image are all deallocated at open (GET LBA STATUS, LBPRZ)
+//! reads as zeroes, so the copy skips zero ranges instead of unmapping them again. Every
 //! `connect()` logs in a new session (iSCSI allows several per initiator).
 //!
 //! CHAP credentials: the user from the URL, the password from the URL, else from the
@@ -372,6 +374,41 @@ impl Lu {
         Ok(())
     }
 
+    /// Whether the first `len` bytes read as zeroes: every block deallocated on a thin LUN
+    /// whose deallocated blocks read as zeroes (LBPRZ). A LUN just provisioned or cleared
+    /// with UNMAP answers in one GET LBA STATUS; any mapped block, a gap, or a failed call
+    /// means "not known", and the copy then writes zero ranges as usual.
+    async fn reads_as_zero(&self, len: u64) -> bool {
+        const MAX_CALLS: usize = 16;
+        if !self.dev.thin() || !(self.dev.capacity().lbprz || self.dev.provisioning().lbprz) {
+            return false;
+        }
+        let bs = self.bs();
+        let end = len.div_ceil(bs);
+        let mut lba = 0u64;
+        for _ in 0..MAX_CALLS {
+            if lba >= end {
+                return true;
+            }
+            let Ok(status) = self.dev.lba_status(lba).await else {
+                return false;
+            };
+            if status.is_empty() {
+                return false;
+            }
+            for d in status {
+                if d.lba != lba || d.status != LbaStatus::Deallocated || d.blocks == 0 {
+                    return false;
+                }
+                lba += u64::from(d.blocks);
+                if lba >= end {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
     async fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
         let size = self.size();
         let len = len.min(size.saturating_sub(offset));
@@ -468,6 +505,9 @@ impl Source for IscsiSource {
 pub struct IscsiTarget {
     lu: Lu,
     background: Arc<BackgroundFlush>,
+    /// Every block the image covers was deallocated (reading as zeroes) at open, so the
+    /// copy skips zero ranges as it does for a file it created.
+    known_zero: bool,
 }
 
 impl IscsiTarget {
@@ -482,9 +522,11 @@ impl IscsiTarget {
             .with_operation("open")
             .with_endpoint(lu.shared.describe.clone()));
         }
+        let known_zero = lu.reads_as_zero(size).await;
         Ok(Self {
             lu,
             background: Arc::new(BackgroundFlush::new(DEFAULT_BACKGROUND_FLUSH)),
+            known_zero,
         })
     }
 
@@ -503,6 +545,9 @@ impl Target for IscsiTarget {
     }
     fn caps(&self) -> Caps {
         self.lu.caps()
+    }
+    fn is_zero(&self) -> bool {
+        self.known_zero
     }
     async fn write_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
         let buf = self.lu.write_at(offset, buf).await?;
@@ -523,6 +568,7 @@ impl Target for IscsiTarget {
         Ok(Arc::new(Self {
             lu: self.lu.connect().await?,
             background: Arc::clone(&self.background),
+            known_zero: self.known_zero,
         }))
     }
 }
