@@ -106,7 +106,7 @@ fn wait_gone(pid: i32, limit: Duration) -> bool {
 }
 
 /// A running nfs-ganesha exporting `export_dir()` (real path, used by NFSv3) as `/export`
-/// (its NFSv4 pseudo path).
+/// (its NFSv4 pseudo path; NFSv4.0, 4.1 and 4.2 are enabled).
 #[derive(Debug)]
 pub struct Ganesha {
     dir: tempfile::TempDir,
@@ -146,7 +146,7 @@ impl Ganesha {
         format!(
             "NFS_CORE_PARAM {{ Bind_addr = 127.0.0.1; Protocols = 3, 4; NFS_Port = {}; MNT_Port = {}; \
              Enable_NLM = false; Enable_RQUOTA = false; }}\n\
-             NFSV4 {{ Graceless = true; RecoveryRoot = {r}/recov; Allow_Numeric_Owners = true; Only_Numeric_Owners = true; }}\n\
+             NFSV4 {{ Graceless = true; RecoveryRoot = {r}/recov; Allow_Numeric_Owners = true; Only_Numeric_Owners = true; Minor_Versions = 0, 1, 2; }}\n\
              NFS_KRB5 {{ Active_krb5 = false; }}\n\
              EXPORT {{ Export_Id = 1; Path = {r}/export; Pseudo = /export; Access_Type = RW; \
              Squash = No_Root_Squash; SecType = sys; Protocols = 3, 4; Transports = TCP; FSAL {{ Name = VFS; }} }}\n",
@@ -227,6 +227,14 @@ impl Ganesha {
 
     pub fn url(&self, name: &str) -> String {
         self.url_with(name, "")
+    }
+
+    /// `nfs://127.0.0.1/export/<name>?nfsport=..&version=4`: the NFSv4 pseudo path.
+    pub fn url_v4(&self, name: &str) -> String {
+        format!(
+            "nfs://127.0.0.1/export/{name}?nfsport={}&version=4",
+            self.nfs_port
+        )
     }
 
     pub fn log_path(&self) -> PathBuf {

@@ -16,9 +16,9 @@ pub async fn open_source(spec: &EndpointSpec, options: &SourceOptions) -> Result
         EndpointSpec::Nbd(nbd) => Ok(Arc::new(
             crate::nbd::NbdSource::open(nbd, &crate::nbd::NbdOptions::default()).await?,
         )),
-        EndpointSpec::Nfs(nfs) => Ok(Arc::new(
-            crate::nfs::NfsSource::open(nfs, &crate::nfs::NfsOptions::default()).await?,
-        )),
+        EndpointSpec::Nfs(nfs) => {
+            crate::nfs::open_source(nfs, &crate::nfs::NfsOptions::default()).await
+        }
         EndpointSpec::S3(s3) => crate::s3::open_source(s3, &options.s3).await,
         EndpointSpec::Iscsi(iscsi) => Ok(Arc::new(
             crate::iscsi::IscsiSource::open(iscsi, &crate::iscsi::IscsiOptions::default()).await?,
@@ -39,9 +39,9 @@ pub async fn open_target(
         EndpointSpec::Nbd(nbd) => Ok(Arc::new(
             crate::nbd::NbdTarget::open(nbd, size, &crate::nbd::NbdOptions::default()).await?,
         )),
-        EndpointSpec::Nfs(nfs) => Ok(Arc::new(
-            crate::nfs::NfsTarget::open(nfs, size, &crate::nfs::NfsOptions::default()).await?,
-        )),
+        EndpointSpec::Nfs(nfs) => {
+            crate::nfs::open_target(nfs, size, &crate::nfs::NfsOptions::default()).await
+        }
         EndpointSpec::S3(s3) => crate::s3::open_target(s3, size, &options.s3).await,
         EndpointSpec::Iscsi(iscsi) => Ok(Arc::new(
             crate::iscsi::IscsiTarget::open(iscsi, size, &crate::iscsi::IscsiOptions::default())
@@ -65,22 +65,22 @@ mod tests {
     use super::*;
     use ferry_core::ErrorKind;
 
-    /// Every scheme has an endpoint now; an NFS URL reaches the NFS endpoint, which
-    /// refuses NFSv4 before any network traffic.
+    /// Every scheme has an endpoint now; a version=4 NFS URL reaches the NFSv4
+    /// endpoint, which names the session it could not start (nothing listens on port 1).
     #[tokio::test]
-    async fn nfs_urls_reach_the_nfs_endpoint() {
-        let spec = EndpointSpec::parse("nfs://127.0.0.1/export/x?version=4").unwrap();
+    async fn nfs_v4_urls_reach_the_nfs_v4_endpoint() {
+        let spec = EndpointSpec::parse("nfs://127.0.0.1/export/x?version=4&nfsport=1").unwrap();
         let err = open_source(&spec, &SourceOptions::default())
             .await
             .err()
             .unwrap();
-        assert_eq!(err.kind(), ErrorKind::Unsupported);
-        assert!(err.message().contains("NFS version 4"), "{err}");
+        assert_eq!(err.kind(), ErrorKind::Disconnected);
+        assert!(err.message().contains("NFSv4 session"), "{err}");
         let err = open_target(&spec, 1, &TargetOptions::default())
             .await
             .err()
             .unwrap();
-        assert_eq!(err.kind(), ErrorKind::Unsupported);
-        assert!(err.message().contains("NFS version 4"), "{err}");
+        assert_eq!(err.kind(), ErrorKind::Disconnected);
+        assert!(err.message().contains("NFSv4 session"), "{err}");
     }
 }

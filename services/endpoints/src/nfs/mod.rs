@@ -7,7 +7,12 @@
 //! READ and WRITE requests are sized to the server's FSINFO rtmax/wtmax; writes are
 //! UNSTABLE and made durable by COMMIT at flush, with the write verifier checked
 //! (`commit.rs`). NFSv3 cannot report holes, so the source has no extents and the engine
-//! finds zero blocks in the data it reads. NFSv4 (`version=4`) is refused as unsupported.
+//! finds zero blocks in the data it reads.
+//!
+//! `version=4` URLs name the server's NFSv4 pseudo path and are served by
+//! [`Nfs4Source`]/[`Nfs4Target`] (`v4/`): NFSv4.2 with SEEK for holes and DEALLOCATE for
+//! zero ranges, or NFSv4.1 when the server has no 4.2. [`open_source`] and
+//! [`open_target`] pick the version the URL asks for (NFSv3 by default).
 
 mod client;
 mod commit;
@@ -16,6 +21,7 @@ mod proto;
 mod rpc;
 mod source;
 mod target;
+mod v4;
 mod xdr;
 
 use std::net::SocketAddr;
@@ -28,6 +34,7 @@ use ferry_core::{BlockSizes, Error, ErrorKind, Result};
 pub use commit::Lost;
 pub use source::NfsSource;
 pub use target::NfsTarget;
+pub use v4::{Nfs4Source, Nfs4Target};
 
 use client::{ClientConfig, NfsConn, NfsError};
 use proto::FileHandle;
@@ -95,12 +102,42 @@ fn client_config(spec: &NfsSpec, options: &NfsOptions) -> ClientConfig {
 fn check_version(spec: &NfsSpec, describe: &str) -> Result<()> {
     match spec.version {
         None | Some(3) => Ok(()),
+        Some(4) => Err(Error::invalid_input(
+            "NfsSource and NfsTarget speak NFSv3: a version=4 URL is opened by Nfs4Source or Nfs4Target (open_source and open_target choose by the URL)",
+        )
+        .with_operation("open")
+        .with_endpoint(describe.to_string())),
         Some(v) => Err(Error::unsupported(format!(
-            "NFS version {v} is not supported: ferry speaks NFSv3; use version=3 (the default) with the export's real path"
+            "NFS version {v} is not supported: use version=3 (the default, with the export's real path) or version=4 (NFSv4.2/4.1, with the server's pseudo path)"
         ))
         .with_operation("open")
         .with_endpoint(describe.to_string())),
     }
+}
+
+/// Opens the file `spec` names for reading, over NFSv4 when the URL says `version=4`
+/// and NFSv3 otherwise.
+pub async fn open_source(
+    spec: &NfsSpec,
+    options: &NfsOptions,
+) -> Result<Arc<dyn ferry_core::Source>> {
+    Ok(match spec.version {
+        Some(4) => Arc::new(Nfs4Source::open(spec, options).await?),
+        _ => Arc::new(NfsSource::open(spec, options).await?),
+    })
+}
+
+/// Opens the file `spec` names for writing `size` bytes (created when missing), over
+/// NFSv4 when the URL says `version=4` and NFSv3 otherwise.
+pub async fn open_target(
+    spec: &NfsSpec,
+    size: u64,
+    options: &NfsOptions,
+) -> Result<Arc<dyn ferry_core::Target>> {
+    Ok(match spec.version {
+        Some(4) => Arc::new(Nfs4Target::open(spec, size, options).await?),
+        _ => Arc::new(NfsTarget::open(spec, size, options).await?),
+    })
 }
 
 /// What all handles of one opened file share.

@@ -131,7 +131,7 @@ pub async fn resolve(spec: &NfsSpec, config: &ClientConfig, describe: &str) -> R
     })
 }
 
-async fn lookup_host(host: &str, config: &ClientConfig) -> Result<std::net::IpAddr> {
+pub async fn lookup_host(host: &str, config: &ClientConfig) -> Result<std::net::IpAddr> {
     if let Ok(ip) = host.parse() {
         return Ok(ip);
     }

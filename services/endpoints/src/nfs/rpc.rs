@@ -99,6 +99,21 @@ pub struct Outcome {
 struct Pending {
     tx: oneshot::Sender<Outcome>,
     sink: Option<IoBuf>,
+    shape: ReadShape,
+}
+
+/// How a reply that carries READ data into a sink is laid out before the data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadShape {
+    /// An NFSv3 READ3res.
+    Read3,
+    /// An NFSv4 COMPOUND4res whose results are `before` (each an opcode and the length
+    /// of its successful result after the status word) and then `read_op`'s READ4resok
+    /// (eof, data). A failed operation ends the reply, which is then buffered whole.
+    Compound4 {
+        before: &'static [(u32, usize)],
+        read_op: u32,
+    },
 }
 
 #[derive(Default)]
@@ -274,13 +289,26 @@ impl RpcConn {
 
     /// Calls `procedure` with encoded `args`, followed on the wire by `data` as the
     /// variable-length opaque the args' last word announced (WRITE). With a `sink`, the
-    /// reply is a READ reply whose data lands at the start of the sink's view.
+    /// reply is an NFSv3 READ reply whose data lands at the start of the sink's view.
     pub async fn call(
         &self,
         procedure: u32,
         args: &[u8],
         data: Option<&[u8]>,
         sink: Option<IoBuf>,
+    ) -> Outcome {
+        self.call_shaped(procedure, args, data, sink, ReadShape::Read3)
+            .await
+    }
+
+    /// [`RpcConn::call`] where a sink's reply has the layout `shape`.
+    pub async fn call_shaped(
+        &self,
+        procedure: u32,
+        args: &[u8],
+        data: Option<&[u8]>,
+        sink: Option<IoBuf>,
+        shape: ReadShape,
     ) -> Outcome {
         let inner = &*self.inner;
         let addr = inner.shared.addr;
@@ -297,7 +325,7 @@ impl RpcConn {
                     sink,
                 };
             }
-            st.pending.insert(xid, Pending { tx, sink });
+            st.pending.insert(xid, Pending { tx, sink, shape });
         }
         let guard = PendingGuard {
             shared: &inner.shared,
@@ -588,11 +616,11 @@ async fn read_one<R: AsyncRead + Unpin>(shared: &Shared, rd: &mut R) -> Result<(
         )));
     }
     let pending = shared.lock().pending.remove(&xid);
-    let Some(Pending { tx, sink }) = pending else {
+    let Some(Pending { tx, sink, shape }) = pending else {
         // A reply nobody waits for any more (its caller timed out).
         return rec.discard().await;
     };
-    let (result, sink) = read_reply(shared.addr, &mut rec, sink).await?;
+    let (result, sink) = read_reply(shared.addr, &mut rec, sink, shape).await?;
     rec.discard().await?;
     let _ = tx.send(Outcome { result, sink });
     Ok(())
@@ -604,6 +632,7 @@ async fn read_reply<R: AsyncRead + Unpin>(
     addr: SocketAddr,
     rec: &mut Record<'_, R>,
     mut sink: Option<IoBuf>,
+    shape: ReadShape,
 ) -> Result<(Result<Vec<u8>, RpcError>, Option<IoBuf>), ReadError> {
     let reply_stat = rec.u32().await?;
     if reply_stat == 1 {
@@ -645,7 +674,12 @@ async fn read_reply<R: AsyncRead + Unpin>(
         0 => {
             let mut body = Vec::new();
             match sink.as_mut() {
-                Some(buf) => read_data_reply(rec, &mut body, buf).await?,
+                Some(buf) => match shape {
+                    ReadShape::Read3 => read_data_reply(rec, &mut body, buf).await?,
+                    ReadShape::Compound4 { before, read_op } => {
+                        read_compound_data_reply(rec, &mut body, buf, before, read_op).await?
+                    }
+                },
                 None => rec.read_rest(&mut body, MAX_SMALL_REPLY).await?,
             }
             return Ok((Ok(body), sink));
@@ -703,6 +737,71 @@ async fn read_data_reply<R: AsyncRead + Unpin>(
     if len != count || len > buf.len() {
         return Err(ReadError::Format(format!(
             "READ reply carries {len} bytes (count {count}) for a request of {}",
+            buf.len()
+        )));
+    }
+    rec.read_exact(&mut buf[..len]).await?;
+    let mut pad = [0u8; 3];
+    rec.read_exact(&mut pad[..padding(len)]).await
+}
+
+/// Longest COMPOUND tag accepted (NFS4_OPAQUE_LIMIT).
+const MAX_TAG: usize = 1024;
+
+/// A COMPOUND4res ending in a READ: everything up to the data's length word goes to
+/// `body`, the data to the start of `buf`'s view. A reply that is not shaped as expected
+/// (an operation failed, or other operations) is buffered whole for the caller to decode.
+async fn read_compound_data_reply<R: AsyncRead + Unpin>(
+    rec: &mut Record<'_, R>,
+    body: &mut Vec<u8>,
+    buf: &mut IoBuf,
+    before: &[(u32, usize)],
+    read_op: u32,
+) -> Result<(), ReadError> {
+    async fn word<R: AsyncRead + Unpin>(
+        rec: &mut Record<'_, R>,
+        body: &mut Vec<u8>,
+    ) -> Result<u32, ReadError> {
+        let v = rec.u32().await?;
+        body.extend_from_slice(&v.to_be_bytes());
+        Ok(v)
+    }
+    let status = word(rec, body).await?;
+    let tag_len = word(rec, body).await? as usize;
+    if tag_len > MAX_TAG {
+        return Err(ReadError::Format(format!(
+            "COMPOUND tag of {tag_len} bytes exceeds {MAX_TAG}"
+        )));
+    }
+    let mut tag = [0u8; MAX_TAG + 3];
+    let tag = &mut tag[..tag_len + padding(tag_len)];
+    rec.read_exact(tag).await?;
+    body.extend_from_slice(tag);
+    let count = word(rec, body).await? as usize;
+    if status != 0 || count != before.len() + 1 {
+        return rec.read_rest(body, MAX_SMALL_REPLY).await;
+    }
+    for &(op, len) in before {
+        if word(rec, body).await? != op || word(rec, body).await? != 0 {
+            return rec.read_rest(body, MAX_SMALL_REPLY).await;
+        }
+        if len > MAX_SMALL_REPLY - body.len() {
+            return Err(ReadError::Format(format!(
+                "result of operation {op} announced as {len} bytes"
+            )));
+        }
+        let start = body.len();
+        body.resize(start + len, 0);
+        rec.read_exact(&mut body[start..]).await?;
+    }
+    if word(rec, body).await? != read_op || word(rec, body).await? != 0 {
+        return rec.read_rest(body, MAX_SMALL_REPLY).await;
+    }
+    let _eof = word(rec, body).await?;
+    let len = word(rec, body).await? as usize;
+    if len > buf.len() {
+        return Err(ReadError::Format(format!(
+            "READ reply carries {len} bytes for a request of {}",
             buf.len()
         )));
     }

@@ -1,0 +1,651 @@
+//! An NFSv4.1 session: client id (EXCHANGE_ID), session (CREATE_SESSION) and its slot
+//! table, shared by every handle of one opened file; each handle's own TCP connection
+//! ([`Link`]) is bound to it with BIND_CONN_TO_SESSION.
+//!
+//! Every request starts with SEQUENCE on a free slot. A slot's sequence id advances when
+//! the server executed SEQUENCE; after a lost reply it is uncertain whether the server
+//! saw the request, so the next request on that slot sends the following id and, when
+//! the server answers SEQ_MISORDERED, the previous one. NFS4ERR_DELAY (and GRACE) are
+//! retried after a pause; lost connections are re-established and the request sent again
+//! within the reconnect window (READ, WRITE, COMMIT, SEEK, DEALLOCATE and GETATTR are
+//! idempotent). The lease is renewed by every request and, when idle, by a lone SEQUENCE
+//! every half lease. A server that forgets the session (a restart, an expired lease)
+//! fails every later request with a clear error: ferry does not recover open state.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use ferry_core::{ErrorKind, IoBuf};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use super::super::client::{rpc_kind, ClientConfig};
+use super::super::proto::Verifier;
+use super::super::rpc::{ReadShape, RpcConn, RpcError};
+use super::ops::{
+    self, compound, op_name, ChannelAttrs, Ops, Reply, ReplyError, Sequence, SessionId, Status,
+    NFS4_PROGRAM, NFS4_VERSION, NFSPROC4_COMPOUND, OP_READ, READ_PREFIX,
+};
+
+/// Slots used at most, whatever the server offers.
+const MAX_SLOTS: u32 = 64;
+/// Minor versions tried, newest first.
+const MINOR_VERSIONS: [u32; 2] = [2, 1];
+
+/// Why an NFSv4 request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Nfs4Error {
+    #[error("{op}: {source}")]
+    Rpc {
+        op: &'static str,
+        #[source]
+        source: RpcError,
+    },
+    #[error("{op} failed: the server replied {status}")]
+    Status {
+        op: &'static str,
+        /// Position of the failed operation in its COMPOUND (SEQUENCE is 0).
+        index: usize,
+        status: Status,
+    },
+    #[error("{op}: malformed reply: {message}")]
+    Malformed { op: &'static str, message: String },
+    #[error("the server no longer knows this client's session or open state ({status}): it restarted, or the lease expired; open the file again")]
+    SessionLost { status: Status },
+}
+
+impl Nfs4Error {
+    pub fn reply(what: &'static str, e: ReplyError) -> Self {
+        match e {
+            ReplyError::Status { op, index, status } => Self::Status {
+                op: op_name(op),
+                index,
+                status,
+            },
+            ReplyError::Malformed(message) => Self::Malformed { op: what, message },
+        }
+    }
+
+    pub fn status(&self) -> Option<Status> {
+        match self {
+            Self::Status { status, .. } | Self::SessionLost { status } => Some(*status),
+            _ => None,
+        }
+    }
+
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Rpc { source, .. } => rpc_kind(source),
+            Self::Status { status, .. } => status_kind(*status),
+            Self::Malformed { .. } => ErrorKind::Protocol,
+            Self::SessionLost { .. } => ErrorKind::Disconnected,
+        }
+    }
+}
+
+pub fn status_kind(status: Status) -> ErrorKind {
+    match status {
+        Status::PERM | Status::ACCESS | Status::ROFS | Status::WRONGSEC => {
+            ErrorKind::PermissionDenied
+        }
+        Status::NOENT | Status::STALE | Status::BADHANDLE | Status::FHEXPIRED => {
+            ErrorKind::NotFound
+        }
+        Status::NOSPC | Status::DQUOT => ErrorKind::NoSpace,
+        Status::INVAL
+        | Status::FBIG
+        | Status::ISDIR
+        | Status::NOTDIR
+        | Status::SYMLINK
+        | Status::WRONG_TYPE
+        | Status::BADTYPE
+        | Status::NAMETOOLONG
+        | Status::SHARE_DENIED
+        | Status::OPENMODE => ErrorKind::InvalidInput,
+        Status::NOTSUPP
+        | Status::OP_ILLEGAL
+        | Status::UNION_NOTSUPP
+        | Status::MINOR_VERS_MISMATCH => ErrorKind::Unsupported,
+        Status::DELAY | Status::GRACE => ErrorKind::Timeout,
+        s if s.is_session_loss() => ErrorKind::Disconnected,
+        _ => ErrorKind::Io,
+    }
+}
+
+fn retryable(e: &RpcError) -> bool {
+    matches!(
+        e,
+        RpcError::Disconnected { .. } | RpcError::Connect { .. } | RpcError::ConnectTimeout { .. }
+    )
+}
+
+/// A COMPOUND without SEQUENCE (the operations that create, bind and destroy sessions).
+async fn call_plain(
+    rpc: &RpcConn,
+    minor: u32,
+    what: &'static str,
+    ops: &Ops,
+) -> Result<Vec<u8>, Nfs4Error> {
+    let args = compound(minor, None, ops);
+    rpc.call(NFSPROC4_COMPOUND, &args, None, None)
+        .await
+        .result
+        .map_err(|source| Nfs4Error::Rpc { op: what, source })
+}
+
+#[derive(Debug)]
+struct Slots {
+    /// The sequence id each slot sends next.
+    seq: Vec<u32>,
+    /// The slot's last request may or may not have reached the server.
+    uncertain: Vec<bool>,
+    busy: Vec<bool>,
+    /// Slots usable now (the server's target highest slot id + 1, bounded).
+    limit: usize,
+}
+
+/// How a slot's request ended.
+enum Release {
+    /// SEQUENCE was not executed: the sequence id is unused.
+    Unsent,
+    /// No reply: the server may or may not have executed it.
+    Uncertain,
+    /// SEQUENCE executed; the server would like this many slots at most.
+    Done { target_highest: u32 },
+    /// SEQ_MISORDERED after an uncertain request: the server never saw it.
+    Misordered,
+}
+
+/// A slot held for one request; released as uncertain when dropped unreleased (the
+/// caller was cancelled mid-request).
+struct SlotGuard<'a> {
+    session: &'a Session,
+    index: usize,
+    seqid: u32,
+    uncertain: bool,
+    highest: u32,
+    released: bool,
+}
+
+impl SlotGuard<'_> {
+    fn release(mut self, how: Release) -> bool {
+        self.released = true;
+        self.session.release(self.index, self.seqid, how)
+    }
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        if !self.released {
+            self.session
+                .release(self.index, self.seqid, Release::Uncertain);
+        }
+    }
+}
+
+/// One TCP connection of one handle, bound to the session (re-established when lost).
+#[derive(Debug, Default)]
+pub struct Link {
+    rpc: tokio::sync::Mutex<Option<RpcConn>>,
+}
+
+impl Link {
+    fn with(rpc: RpcConn) -> Self {
+        Self {
+            rpc: tokio::sync::Mutex::new(Some(rpc)),
+        }
+    }
+
+    /// A new connection bound to `session`.
+    pub async fn connect(session: &Session) -> Result<Self, Nfs4Error> {
+        let link = Self::default();
+        link.rpc(session).await?;
+        Ok(link)
+    }
+
+    async fn rpc(&self, session: &Session) -> Result<RpcConn, Nfs4Error> {
+        let mut slot = self.rpc.lock().await;
+        if let Some(c) = slot.as_ref().filter(|c| !c.is_closed()) {
+            return Ok(c.clone());
+        }
+        *slot = None;
+        let what = "connect";
+        let rpc = RpcConn::connect(
+            session.addr,
+            NFS4_PROGRAM,
+            NFS4_VERSION,
+            &session.config.rpc,
+        )
+        .await
+        .map_err(|source| Nfs4Error::Rpc { op: what, source })?;
+        let mut ops = Ops::new();
+        ops.bind_conn(&session.id);
+        let body = call_plain(&rpc, session.minor, "BIND_CONN_TO_SESSION", &ops).await?;
+        let bound = Reply::parse(&body).and_then(|mut r| r.bind_conn());
+        match bound {
+            Ok(()) => {}
+            // With SP4_NONE a server may instead bind the connection at its first
+            // SEQUENCE (RFC 8881 section 2.10.3.1).
+            Err(ReplyError::Status { status, .. }) if status.is_unsupported() => {}
+            Err(ReplyError::Status { status, .. }) if status.is_session_loss() => {
+                session.lose(status);
+                return Err(Nfs4Error::SessionLost { status });
+            }
+            Err(e) => return Err(Nfs4Error::reply("BIND_CONN_TO_SESSION", e)),
+        }
+        *slot = Some(rpc.clone());
+        Ok(rpc)
+    }
+}
+
+/// The session all handles of one opened file share.
+#[derive(Debug)]
+pub struct Session {
+    addr: SocketAddr,
+    config: ClientConfig,
+    /// The minor version agreed: 2, or 1 when the server has no NFSv4.2.
+    pub minor: u32,
+    pub clientid: u64,
+    pub id: SessionId,
+    /// The fore channel as the server granted it.
+    pub channel: ChannelAttrs,
+    slots: Mutex<Slots>,
+    slot_free: Notify,
+    last_used: Mutex<Instant>,
+    lost: Mutex<Option<Status>>,
+    renewal: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if let Some(task) = self
+            .renewal
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            task.abort();
+        }
+    }
+}
+
+/// A client owner unique to this open: one client id per opened file.
+fn client_owner() -> (Verifier, Vec<u8>) {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let owner = format!(
+        "ferry/{}/{}/{}.{}/{n}",
+        super::super::hostname(),
+        std::process::id(),
+        now.as_secs(),
+        now.subsec_nanos()
+    );
+    let mut verf = [0u8; 8];
+    verf[..4].copy_from_slice(&(now.as_secs() as u32).to_be_bytes());
+    verf[4..].copy_from_slice(&(now.subsec_nanos() ^ n).to_be_bytes());
+    (verf, owner.into_bytes())
+}
+
+impl Session {
+    /// Connects, agrees on a minor version (4.2, else 4.1), creates the client id and
+    /// the session, and declares reclaims complete. Returns the session and its first
+    /// connection.
+    pub async fn establish(
+        addr: SocketAddr,
+        config: &ClientConfig,
+        max_transfer: u32,
+    ) -> Result<(Arc<Self>, Arc<Link>), Nfs4Error> {
+        let rpc = RpcConn::connect(addr, NFS4_PROGRAM, NFS4_VERSION, &config.rpc)
+            .await
+            .map_err(|source| Nfs4Error::Rpc {
+                op: "connect",
+                source,
+            })?;
+        let (verf, owner) = client_owner();
+        let mut agreed = None;
+        for minor in MINOR_VERSIONS {
+            let mut ops = Ops::new();
+            ops.exchange_id(&verf, &owner);
+            let body = call_plain(&rpc, minor, "EXCHANGE_ID", &ops).await?;
+            match Reply::parse(&body).and_then(|mut r| r.exchange_id()) {
+                Ok(ids) => {
+                    agreed = Some((minor, ids));
+                    break;
+                }
+                Err(ReplyError::Status {
+                    status: Status::MINOR_VERS_MISMATCH,
+                    ..
+                }) => continue,
+                Err(e) => return Err(Nfs4Error::reply("EXCHANGE_ID", e)),
+            }
+        }
+        let Some((minor, (clientid, sequence))) = agreed else {
+            return Err(Nfs4Error::Status {
+                op: "EXCHANGE_ID",
+                index: 0,
+                status: Status::MINOR_VERS_MISMATCH,
+            });
+        };
+        // Room for the largest READ or WRITE plus its COMPOUND around it.
+        let room = max_transfer.saturating_add(64 * 1024);
+        let wanted = ChannelAttrs {
+            header_pad: 0,
+            max_request: room,
+            max_response: room,
+            max_response_cached: 64 * 1024,
+            max_ops: ops::MAX_RESULTS as u32,
+            max_requests: MAX_SLOTS,
+        };
+        let mut ops = Ops::new();
+        ops.create_session(clientid, sequence, &wanted);
+        let body = call_plain(&rpc, minor, "CREATE_SESSION", &ops).await?;
+        let (id, channel) = Reply::parse(&body)
+            .and_then(|mut r| r.create_session())
+            .map_err(|e| Nfs4Error::reply("CREATE_SESSION", e))?;
+        let nslots = channel.max_requests.clamp(1, MAX_SLOTS) as usize;
+        let session = Arc::new(Self {
+            addr,
+            config: config.clone(),
+            minor,
+            clientid,
+            id,
+            channel,
+            slots: Mutex::new(Slots {
+                seq: vec![1; nslots],
+                uncertain: vec![false; nslots],
+                busy: vec![false; nslots],
+                limit: nslots,
+            }),
+            slot_free: Notify::new(),
+            last_used: Mutex::new(Instant::now()),
+            lost: Mutex::new(None),
+            renewal: Mutex::new(None),
+        });
+        let link = Arc::new(Link::with(rpc));
+        let mut ops = Ops::new();
+        ops.reclaim_complete();
+        let body = session
+            .call(&link, "RECLAIM_COMPLETE", &ops, None, None)
+            .await
+            .0?;
+        match Reply::parse(&body).and_then(|mut r| {
+            r.sequence()?;
+            r.simple(ops::OP_RECLAIM_COMPLETE)
+        }) {
+            Ok(()) => {}
+            Err(ReplyError::Status {
+                status: Status::COMPLETE_ALREADY,
+                ..
+            }) => {}
+            Err(e) => return Err(Nfs4Error::reply("RECLAIM_COMPLETE", e)),
+        }
+        Ok((session, link))
+    }
+
+    /// Renews the lease with a lone SEQUENCE every half lease while no other request
+    /// does, over `link`, for as long as the session lives.
+    pub fn start_renewal(self: &Arc<Self>, link: Arc<Link>, lease: Duration) {
+        let half = (lease / 2).max(Duration::from_secs(1));
+        let weak: Weak<Self> = Arc::downgrade(self);
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(half / 2).await;
+                let Some(session) = weak.upgrade() else { break };
+                if session.idle() >= half {
+                    let _ = session
+                        .call(&link, "SEQUENCE", &Ops::new(), None, None)
+                        .await;
+                }
+            }
+        });
+        *self.renewal.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+    }
+
+    fn idle(&self) -> Duration {
+        self.last_used
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .elapsed()
+    }
+
+    fn touch(&self) {
+        *self.last_used.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    }
+
+    fn lose(&self, status: Status) {
+        self.lost
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(status);
+    }
+
+    fn lost(&self) -> Option<Status> {
+        *self.lost.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_slots(&self) -> std::sync::MutexGuard<'_, Slots> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn acquire(&self) -> SlotGuard<'_> {
+        loop {
+            {
+                let mut st = self.lock_slots();
+                let limit = st.limit;
+                if let Some(index) = st.busy[..limit].iter().position(|b| !b) {
+                    st.busy[index] = true;
+                    let highest = st.busy.iter().rposition(|b| *b).unwrap_or(index) as u32;
+                    return SlotGuard {
+                        session: self,
+                        index,
+                        seqid: st.seq[index],
+                        uncertain: st.uncertain[index],
+                        highest,
+                        released: false,
+                    };
+                }
+            }
+            self.slot_free.notified().await;
+        }
+    }
+
+    /// Frees a slot; false when a SEQ_MISORDERED could not be repaired.
+    fn release(&self, index: usize, seqid: u32, how: Release) -> bool {
+        let repaired = {
+            let mut st = self.lock_slots();
+            st.busy[index] = false;
+            match how {
+                Release::Unsent => true,
+                Release::Uncertain => {
+                    st.seq[index] = seqid.wrapping_add(1);
+                    st.uncertain[index] = true;
+                    true
+                }
+                Release::Done { target_highest } => {
+                    st.seq[index] = seqid.wrapping_add(1);
+                    st.uncertain[index] = false;
+                    let n = st.seq.len();
+                    st.limit = (target_highest as usize).saturating_add(1).clamp(1, n);
+                    true
+                }
+                Release::Misordered => {
+                    if st.uncertain[index] {
+                        st.seq[index] = seqid.wrapping_sub(1);
+                        st.uncertain[index] = false;
+                        true
+                    } else {
+                        false
+                    }
+                }
+            }
+        };
+        self.slot_free.notify_one();
+        repaired
+    }
+
+    /// Sends SEQUENCE followed by `ops` (and `data` after them, for a final WRITE), with
+    /// the retries described in the module docs. With a `sink`, the reply is a read
+    /// compound (SEQUENCE, PUTFH, READ) whose data lands at the start of the sink's view;
+    /// the sink always comes back when one was given. Returns the whole reply body,
+    /// SEQUENCE included, with SEQUENCE known to have succeeded.
+    pub async fn call(
+        &self,
+        link: &Link,
+        what: &'static str,
+        ops: &Ops,
+        data: Option<&[u8]>,
+        mut sink: Option<IoBuf>,
+    ) -> (Result<Vec<u8>, Nfs4Error>, Option<IoBuf>) {
+        let shape = sink.as_ref().map(|b| (b.capacity(), b.view()));
+        let restore = |sink: Option<IoBuf>| {
+            sink.or_else(|| {
+                shape.clone().map(|(cap, view)| {
+                    let mut b = IoBuf::new(cap);
+                    b.set_view(view.start, view.len());
+                    b
+                })
+            })
+        };
+        let start = Instant::now();
+        let mut delay = Duration::from_millis(20);
+        let config = &self.config;
+        let fail = |e: Nfs4Error, sink: Option<IoBuf>| (Err(e), sink);
+        loop {
+            if let Some(status) = self.lost() {
+                return fail(Nfs4Error::SessionLost { status }, sink);
+            }
+            let rpc = match link.rpc(self).await {
+                Ok(rpc) => rpc,
+                Err(Nfs4Error::Rpc { source, .. })
+                    if retryable(&source) && start.elapsed() < config.reconnect_timeout =>
+                {
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(1));
+                    continue;
+                }
+                Err(e) => return fail(e, sink),
+            };
+            let slot = self.acquire().await;
+            let args = compound(
+                self.minor,
+                Some(&Sequence {
+                    session: self.id,
+                    seqid: slot.seqid,
+                    slot: slot.index as u32,
+                    highest_slot: slot.highest,
+                }),
+                ops,
+            );
+            let read_shape = ReadShape::Compound4 {
+                before: READ_PREFIX,
+                read_op: OP_READ,
+            };
+            let out = rpc
+                .call_shaped(NFSPROC4_COMPOUND, &args, data, sink.take(), read_shape)
+                .await;
+            sink = restore(out.sink);
+            let body = match out.result {
+                Ok(body) => body,
+                Err(e) => {
+                    slot.release(Release::Uncertain);
+                    if retryable(&e) && start.elapsed() < config.reconnect_timeout {
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(1));
+                        continue;
+                    }
+                    return fail(
+                        Nfs4Error::Rpc {
+                            op: what,
+                            source: e,
+                        },
+                        sink,
+                    );
+                }
+            };
+            let parsed = Reply::parse(&body).and_then(|mut r| Ok((r.sequence()?, r.status)));
+            let status = match parsed {
+                Ok((seq, status)) => {
+                    slot.release(Release::Done {
+                        target_highest: seq.target_highest_slot,
+                    });
+                    // With one open per session, any state dropped is this file's.
+                    if seq.status_flags & ops::SEQ4_STATUS_EXPIRED != 0 {
+                        self.lose(Status::EXPIRED);
+                    } else if seq.status_flags & ops::SEQ4_STATUS_REVOKED != 0 {
+                        self.lose(Status::ADMIN_REVOKED);
+                    }
+                    self.touch();
+                    status
+                }
+                Err(ReplyError::Status { status, .. }) => {
+                    if status == Status::SEQ_MISORDERED && slot.uncertain {
+                        if slot.release(Release::Misordered) {
+                            continue;
+                        }
+                    } else {
+                        slot.release(Release::Unsent);
+                    }
+                    if status.is_session_loss() {
+                        self.lose(status);
+                        return fail(Nfs4Error::SessionLost { status }, sink);
+                    }
+                    if matches!(status, Status::DELAY | Status::GRACE)
+                        && start.elapsed() < config.rpc.request_timeout
+                    {
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(1));
+                        continue;
+                    }
+                    return fail(
+                        Nfs4Error::Status {
+                            op: "SEQUENCE",
+                            index: 0,
+                            status,
+                        },
+                        sink,
+                    );
+                }
+                Err(e) => {
+                    slot.release(Release::Uncertain);
+                    return fail(Nfs4Error::reply(what, e), sink);
+                }
+            };
+            if matches!(status, Status::DELAY | Status::GRACE)
+                && start.elapsed() < config.rpc.request_timeout
+            {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+                continue;
+            }
+            if status.is_session_loss() {
+                self.lose(status);
+                return fail(Nfs4Error::SessionLost { status }, sink);
+            }
+            return (Ok(body), sink);
+        }
+    }
+
+    /// Ends the session and the client id (best effort; the server forgets them when the
+    /// lease expires anyway).
+    pub async fn destroy(&self, link: &Link) {
+        let Ok(rpc) = link.rpc(self).await else {
+            return;
+        };
+        let mut ops = Ops::new();
+        ops.destroy_session(&self.id);
+        if call_plain(&rpc, self.minor, "DESTROY_SESSION", &ops)
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let mut ops = Ops::new();
+        ops.destroy_clientid(self.clientid);
+        let _ = call_plain(&rpc, self.minor, "DESTROY_CLIENTID", &ops).await;
+    }
+}

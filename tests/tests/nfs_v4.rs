@@ -1,0 +1,450 @@
+//! NFSv4.2 (`version=4` URLs) against nfs-ganesha started here: copies file->nfs4 and
+//! nfs4->file with the real engine (new and existing targets, sparse images, an unaligned
+//! size), SEEK proven used (the source's extents match the file's real layout and a
+//! mostly-hole image is copied reading little more than its data), DEALLOCATE proven to
+//! punch holes that read back as zeroes, COMMIT at flush, multi-connection handles bound
+//! to one session, and clear errors for wrong paths, permissions and too-small targets.
+//!
+//! Every copy is checked with `qemu-img compare` against the file behind the export and
+//! with the block hash.
+
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use ferry_core::{EndpointSpec, ErrorKind, Extent, ExtentKind, IoBuf, Source, Target, ZeroMode};
+use ferry_endpoints::nfs::{Nfs4Source, Nfs4Target, NfsOptions, NfsSource};
+use ferry_endpoints::{open_source, open_target, SourceOptions, TargetOptions};
+use ferry_engine::{
+    checksum, copy, CancellationToken, ChecksumOptions, CopyOptions, CopyReport, Progress,
+};
+use ferry_tests::check::{allocated_bytes, assert_allocated_about, blkhash_file, qemu_img_compare};
+use ferry_tests::images::{self, Image, Pattern};
+use ferry_tests::nfs_server::Ganesha;
+use ferry_tests::scratch_dir;
+
+const MIB: u64 = 1 << 20;
+/// 12 data runs of 1 MiB in 24 MiB, and a tail that is not a multiple of any block size.
+const SIZE: u64 = 24 * MIB + 12_345;
+
+fn spec(url: &str) -> ferry_core::spec::NfsSpec {
+    match EndpointSpec::parse(url).unwrap() {
+        EndpointSpec::Nfs(s) => s,
+        other => panic!("{url} parsed as {other:?}"),
+    }
+}
+
+async fn source(url: &str) -> ferry_core::Result<Arc<dyn Source>> {
+    open_source(&EndpointSpec::parse(url)?, &SourceOptions::default()).await
+}
+
+async fn target(url: &str, size: u64) -> ferry_core::Result<Arc<dyn Target>> {
+    open_target(&EndpointSpec::parse(url)?, size, &TargetOptions::default()).await
+}
+
+async fn run(s: Arc<dyn Source>, t: Arc<dyn Target>) -> ferry_core::Result<CopyReport> {
+    copy(
+        s,
+        t,
+        &CopyOptions::default(),
+        &Progress::new(),
+        &CancellationToken::new(),
+    )
+    .await
+}
+
+async fn run_copy(src: &str, dst: &str) -> ferry_core::Result<CopyReport> {
+    let s = source(src).await?;
+    let t = target(dst, s.size()).await?;
+    run(s, t).await
+}
+
+fn half_data(path: &Path, seed: u64) -> Image {
+    images::make(path, Pattern::HalfData, SIZE, seed).unwrap()
+}
+
+/// The block hash of what `url` serves, computed by ferry through the NFSv4 source.
+async fn nfs_blkhash(url: &str) -> String {
+    let s = source(url).await.unwrap();
+    checksum(
+        s,
+        &ChecksumOptions::default(),
+        &Progress::new(),
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap()
+    .hex()
+}
+
+/// A local file's data and hole extents as lseek(SEEK_DATA/SEEK_HOLE) reports them.
+fn local_layout(path: &Path) -> Vec<Extent> {
+    use std::os::unix::io::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    let size = f.metadata().unwrap().len() as i64;
+    let fd = f.as_raw_fd();
+    let mut out = Vec::new();
+    let mut pos = 0i64;
+    while pos < size {
+        // SAFETY: lseek on a file descriptor this function owns.
+        let data = unsafe { libc::lseek(fd, pos, libc::SEEK_DATA) };
+        let data = if data < 0 { size } else { data };
+        if data > pos {
+            out.push(Extent::zero(pos as u64, (data - pos) as u64));
+            pos = data;
+            continue;
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(fd, pos, libc::SEEK_HOLE) };
+        out.push(Extent::data(pos as u64, (hole - pos) as u64));
+        pos = hole;
+    }
+    out
+}
+
+/// All extents of `s`, asked for in pieces as the engine does.
+async fn all_extents(s: &dyn Source) -> Vec<Extent> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos < s.size() {
+        let got = s.extents(pos, s.size() - pos).await.unwrap();
+        assert!(!got.is_empty());
+        assert_eq!(got[0].offset, pos, "extents are contiguous");
+        pos = got.last().unwrap().end();
+        out.extend(got);
+    }
+    ferry_core::merge_extents(out)
+}
+
+#[tokio::test]
+async fn file_to_nfs4_new_target_is_exact_and_sparse() {
+    let server = Ganesha::start();
+    let dir = scratch_dir();
+    let image = half_data(&dir.path().join("src.raw"), 1);
+    let report = run_copy(image.path.to_str().unwrap(), &server.url_v4("dst.raw"))
+        .await
+        .unwrap();
+    assert_eq!(report.size, SIZE);
+    let backing = server.path("dst.raw");
+    assert_eq!(std::fs::metadata(&backing).unwrap().len(), SIZE);
+    qemu_img_compare(&image.path, &backing);
+    // Zero ranges were skipped on the new target: only the data is allocated.
+    assert_allocated_about(&backing, image.nonzero_block_bytes);
+    assert_eq!(
+        nfs_blkhash(&server.url_v4("dst.raw")).await,
+        blkhash_file(&image.path)
+    );
+}
+
+#[tokio::test]
+async fn nfs4_to_file_is_exact_and_sparse_and_reads_only_data() {
+    let server = Ganesha::start();
+    let dir = scratch_dir();
+    let image = half_data(&server.path("src.raw"), 2);
+    let s = Arc::new(
+        Nfs4Source::open(&spec(&server.url_v4("src.raw")), &NfsOptions::default())
+            .await
+            .unwrap(),
+    );
+    assert_eq!(s.minor_version(), 2, "ganesha speaks NFSv4.2");
+    assert!(s.uses_seek(), "SEEK works on ganesha's VFS backend");
+    assert!(s.caps().extents);
+    // SEEK reports exactly the layout the file system has.
+    assert_eq!(all_extents(&*s).await, local_layout(&image.path));
+
+    let out = dir.path().join("dst.raw");
+    let t = target(out.to_str().unwrap(), SIZE).await.unwrap();
+    let report = run(s.clone(), t).await.unwrap();
+    assert_eq!(report.size, SIZE);
+    qemu_img_compare(&image.path, &out);
+    assert_allocated_about(&out, image.nonzero_block_bytes);
+    assert_eq!(blkhash_file(&out), blkhash_file(&image.path));
+    // Holes were never read: READ moved the data runs only.
+    let read = s.bytes_read();
+    assert!(
+        read <= image.written_bytes + MIB && read >= image.nonzero_block_bytes,
+        "read {read} bytes of a {SIZE}-byte image holding {} bytes of data",
+        image.written_bytes
+    );
+}
+
+/// A 1 GiB image with one MiB of data: SEEK makes the copy read about one MiB.
+#[tokio::test]
+async fn a_mostly_hole_source_is_copied_without_reading_its_holes() {
+    let server = Ganesha::start();
+    let dir = scratch_dir();
+    let size = 1 << 30;
+    let src = server.path("holes.raw");
+    let f = std::fs::File::create(&src).unwrap();
+    f.set_len(size).unwrap();
+    let data: Vec<u8> = (0..MIB).map(|i| (i % 251) as u8 + 1).collect();
+    f.write_all_at(&data, 300 * MIB).unwrap();
+    f.write_all_at(&data[..4096], size - 4096).unwrap();
+    drop(f);
+    let s = Arc::new(
+        Nfs4Source::open(&spec(&server.url_v4("holes.raw")), &NfsOptions::default())
+            .await
+            .unwrap(),
+    );
+    let out = dir.path().join("holes.out");
+    let t = target(out.to_str().unwrap(), size).await.unwrap();
+    let report = run(s.clone(), t).await.unwrap();
+    assert!(report.zero_bytes >= size - 2 * MIB, "{report:?}");
+    let read = s.bytes_read();
+    assert!(
+        (MIB + 4096..=2 * MIB).contains(&read),
+        "read {read} bytes for 1 MiB + 4 KiB of data"
+    );
+    qemu_img_compare(&src, &out);
+    assert_eq!(blkhash_file(&out), blkhash_file(&src));
+}
+
+/// An existing target full of random bytes: zero ranges must become zeroes (DEALLOCATE
+/// punches holes on ganesha's VFS backend), data is written, flush commits.
+#[tokio::test]
+async fn existing_target_with_zero_ranges_is_exact_and_holes_are_punched() {
+    let server = Ganesha::start();
+    let dir = scratch_dir();
+    let image = half_data(&dir.path().join("src.raw"), 3);
+    let garbage = images::make(&server.path("old.raw"), Pattern::Random, SIZE, 4).unwrap();
+    assert!(allocated_bytes(&garbage.path) >= SIZE - MIB);
+    let t = Arc::new(
+        Nfs4Target::open(
+            &spec(&server.url_v4("old.raw")),
+            SIZE,
+            &NfsOptions::default(),
+        )
+        .await
+        .unwrap(),
+    );
+    assert!(!t.is_zero(), "an existing target is not known to be zero");
+    assert!(t.deallocates(), "ganesha's VFS backend supports DEALLOCATE");
+    assert!(t.caps().efficient_zero);
+    let s = source(image.path.to_str().unwrap()).await.unwrap();
+    let report = run(s, t.clone()).await.unwrap();
+    assert_eq!(report.size, SIZE);
+    assert_eq!(t.uncommitted_writes(), 0, "the copy's flush committed");
+    qemu_img_compare(&image.path, &garbage.path);
+    assert_eq!(blkhash_file(&garbage.path), blkhash_file(&image.path));
+    // The zero ranges (and the zero blocks inside data) are holes now, not written zeroes.
+    assert_allocated_about(&garbage.path, image.nonzero_block_bytes);
+
+    // Zero buffers (ZeroMode::Allocate) keep the range allocated and read as zeroes.
+    t.write_zeroes(0, MIB, ZeroMode::Allocate).await.unwrap();
+    t.flush().await.unwrap();
+    let mut head = vec![1u8; MIB as usize];
+    std::fs::File::open(&garbage.path)
+        .unwrap()
+        .read_exact_at(&mut head, 0)
+        .unwrap();
+    assert!(head.iter().all(|b| *b == 0));
+}
+
+#[tokio::test]
+async fn writes_are_unstable_until_flush_and_handles_share_one_session() {
+    let server = Ganesha::start();
+    let t = Nfs4Target::open(
+        &spec(&server.url_v4("c.img")),
+        4 * MIB,
+        &NfsOptions::default(),
+    )
+    .await
+    .unwrap();
+    assert!(t.is_zero(), "a created target reads as zeroes");
+    assert_eq!(t.minor_version(), 2);
+    // Four handles, each on its own connection bound to the one session.
+    let mut handles = vec![];
+    for _ in 0..4 {
+        handles.push(t.connect().await.unwrap());
+    }
+    let writes = handles.iter().enumerate().map(|(i, h)| {
+        let mut buf = IoBuf::new(MIB as usize);
+        buf.fill(i as u8 + 1);
+        h.write_at(i as u64 * MIB, buf)
+    });
+    for r in futures_util::future::join_all(writes).await {
+        r.unwrap();
+    }
+    assert!(t.uncommitted_writes() > 0, "writes are UNSTABLE");
+    handles[2].flush().await.unwrap();
+    assert_eq!(
+        t.uncommitted_writes(),
+        0,
+        "one flush commits every handle's writes"
+    );
+    drop(handles);
+    let data = std::fs::read(server.path("c.img")).unwrap();
+    assert_eq!(data.len() as u64, 4 * MIB);
+    for i in 0..4usize {
+        let chunk = &data[i * MIB as usize..(i + 1) * MIB as usize];
+        assert!(chunk.iter().all(|b| *b == i as u8 + 1), "chunk {i}");
+    }
+    // Reads through several handles of a source see the same bytes.
+    let s = Nfs4Source::open(&spec(&server.url_v4("c.img")), &NfsOptions::default())
+        .await
+        .unwrap();
+    let other = s.connect().await.unwrap();
+    let buf = other.read_at(3 * MIB - 10, IoBuf::new(20)).await.unwrap();
+    assert_eq!(&buf[..10], &[3u8; 10]);
+    assert_eq!(&buf[10..], &[4u8; 10]);
+}
+
+#[tokio::test]
+async fn unaligned_sizes_copy_exactly_both_ways() {
+    let server = Ganesha::start();
+    let dir = scratch_dir();
+    let size = 3 * MIB + 4097;
+    let image = images::make(&dir.path().join("odd.raw"), Pattern::Random, size, 5).unwrap();
+    run_copy(image.path.to_str().unwrap(), &server.url_v4("odd.raw"))
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::metadata(server.path("odd.raw")).unwrap().len(),
+        size
+    );
+    qemu_img_compare(&image.path, &server.path("odd.raw"));
+    let back = dir.path().join("back.raw");
+    run_copy(&server.url_v4("odd.raw"), back.to_str().unwrap())
+        .await
+        .unwrap();
+    qemu_img_compare(&image.path, &back);
+    assert_eq!(blkhash_file(&back), blkhash_file(&image.path));
+    let tiny = images::make(&server.path("tiny.raw"), Pattern::Random, 1000, 6).unwrap();
+    let out = dir.path().join("tiny.out");
+    run_copy(&server.url_v4("tiny.raw"), out.to_str().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        std::fs::read(&tiny.path).unwrap()
+    );
+}
+
+#[tokio::test]
+async fn open_errors_are_clear() {
+    let server = Ganesha::start();
+    std::fs::write(server.path("small.img"), vec![1u8; 4096]).unwrap();
+    std::fs::create_dir(server.path("dir")).unwrap();
+    let port = server.nfs_port;
+
+    // An export (pseudo path) that does not exist: the path not found is named.
+    let err = source(&format!(
+        "nfs://127.0.0.1/nosuch/x.img?version=4&nfsport={port}"
+    ))
+    .await
+    .err()
+    .unwrap();
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("/nosuch") && text.contains("pseudo path"),
+        "{text}"
+    );
+
+    // A file that does not exist.
+    let err = source(&server.url_v4("missing.img")).await.err().unwrap();
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    assert!(err.to_string().contains("/export/missing.img"), "{err}");
+
+    // A directory that does not exist, for a target.
+    let err = target(&server.url_v4("nodir/x.img"), 4096)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    assert!(err.to_string().contains("/export/nodir"), "{err}");
+
+    // A directory is not an image.
+    let err = source(&server.url_v4("dir")).await.err().unwrap();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    assert!(err.to_string().contains("directory"), "{err}");
+
+    // An existing target smaller than the image.
+    let err = target(&server.url_v4("small.img"), 8192)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    let text = err.to_string();
+    assert!(text.contains("4096") && text.contains("8192"), "{text}");
+
+    // The export itself names no image.
+    let err = source(&format!("nfs://127.0.0.1/export?version=4&nfsport={port}"))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+
+    // The NFSv3 endpoint opened directly with a version=4 URL says where v4 lives.
+    let err = NfsSource::open(&spec(&server.url_v4("small.img")), &NfsOptions::default())
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    assert!(err.to_string().contains("Nfs4Source"), "{err}");
+
+    // Nothing listens on the port.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let started = std::time::Instant::now();
+    let err = source(&format!(
+        "nfs://127.0.0.1/export/small.img?version=4&nfsport={closed}"
+    ))
+    .await
+    .err()
+    .unwrap();
+    assert_eq!(err.kind(), ErrorKind::Disconnected, "{err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+}
+
+#[tokio::test]
+async fn permission_denied_names_the_credentials() {
+    use std::os::unix::fs::PermissionsExt;
+    let server = Ganesha::start();
+    let locked = server.path("locked");
+    std::fs::create_dir(&locked).unwrap();
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(server.path("secret.img"), vec![7u8; 8192]).unwrap();
+    std::fs::set_permissions(
+        server.path("secret.img"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    let as_nobody = |name: &str| format!("{}&uid=65534&gid=65534", server.url_v4(name));
+
+    let err = target(&as_nobody("locked/x.img"), 4096)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+    assert!(err.to_string().contains("uid 65534"), "{err}");
+
+    // OPEN for reading checks access.
+    let err = source(&as_nobody("secret.img")).await.err().unwrap();
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+    assert!(err.to_string().contains("65534"), "{err}");
+}
+
+/// The extents of a source without data at all, and of one that is all data.
+#[tokio::test]
+async fn extents_of_empty_and_full_files() {
+    let server = Ganesha::start();
+    let f = std::fs::File::create(server.path("empty.raw")).unwrap();
+    f.set_len(8 * MIB).unwrap();
+    drop(f);
+    images::make(&server.path("full.raw"), Pattern::Random, 2 * MIB + 1, 7).unwrap();
+    let s = source(&server.url_v4("empty.raw")).await.unwrap();
+    assert_eq!(
+        s.extents(MIB, 2 * MIB).await.unwrap(),
+        [Extent::zero(MIB, 2 * MIB)]
+    );
+    let s = source(&server.url_v4("full.raw")).await.unwrap();
+    let e = s.extents(0, 2 * MIB + 1).await.unwrap();
+    assert_eq!(e, [Extent::data(0, 2 * MIB + 1)]);
+    assert!(matches!(e[0].kind, ExtentKind::Data));
+    let err = s.extents(0, 3 * MIB).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+}
