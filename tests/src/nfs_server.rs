@@ -113,11 +113,19 @@ pub struct Ganesha {
     pub nfs_port: u16,
     pub mount_port: u16,
     pid: Option<i32>,
+    /// NFSv4 minor versions served (ganesha's `Minor_Versions`).
+    minor_versions: &'static str,
 }
 
 impl Ganesha {
     /// Starts a server with an empty export.
     pub fn start() -> Self {
+        Self::start_with_minor_versions("0, 1, 2")
+    }
+
+    /// Starts a server whose NFSv4 serves only the minor versions listed (for example
+    /// `"0, 1"`: a server without NFSv4.2).
+    pub fn start_with_minor_versions(minor_versions: &'static str) -> Self {
         require();
         ensure_rpcbind();
         let dir = crate::scratch_dir();
@@ -128,6 +136,7 @@ impl Ganesha {
             nfs_port: 0,
             mount_port: 0,
             pid: None,
+            minor_versions,
         };
         let mut last = String::new();
         for _ in 0..5 {
@@ -146,11 +155,11 @@ impl Ganesha {
         format!(
             "NFS_CORE_PARAM {{ Bind_addr = 127.0.0.1; Protocols = 3, 4; NFS_Port = {}; MNT_Port = {}; \
              Enable_NLM = false; Enable_RQUOTA = false; }}\n\
-             NFSV4 {{ Graceless = true; RecoveryRoot = {r}/recov; Allow_Numeric_Owners = true; Only_Numeric_Owners = true; Minor_Versions = 0, 1, 2; }}\n\
+             NFSV4 {{ Graceless = true; RecoveryRoot = {r}/recov; Allow_Numeric_Owners = true; Only_Numeric_Owners = true; Minor_Versions = {}; }}\n\
              NFS_KRB5 {{ Active_krb5 = false; }}\n\
              EXPORT {{ Export_Id = 1; Path = {r}/export; Pseudo = /export; Access_Type = RW; \
              Squash = No_Root_Squash; SecType = sys; Protocols = 3, 4; Transports = TCP; FSAL {{ Name = VFS; }} }}\n",
-            self.nfs_port, self.mount_port
+            self.nfs_port, self.mount_port, self.minor_versions
         )
     }
 

@@ -448,3 +448,41 @@ async fn extents_of_empty_and_full_files() {
     let err = s.extents(0, 3 * MIB).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
 }
+
+/// A server without NFSv4.2: the session falls back to NFSv4.1, the source reports no
+/// extents (no SEEK), zero ranges are written as zero buffers, and copies stay exact.
+#[tokio::test]
+async fn a_server_without_nfs42_is_spoken_to_in_nfs41() {
+    let server = Ganesha::start_with_minor_versions("0, 1");
+    let dir = scratch_dir();
+    let image = half_data(&server.path("src.raw"), 8);
+    let s = Nfs4Source::open(&spec(&server.url_v4("src.raw")), &NfsOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(s.minor_version(), 1);
+    assert!(!s.uses_seek());
+    assert!(!s.caps().extents);
+    assert_eq!(s.extents(0, SIZE).await.unwrap(), [Extent::data(0, SIZE)]);
+    drop(s);
+    let out = dir.path().join("dst.raw");
+    run_copy(&server.url_v4("src.raw"), out.to_str().unwrap())
+        .await
+        .unwrap();
+    qemu_img_compare(&image.path, &out);
+
+    // An existing target: zero ranges are written as zeroes.
+    images::make(&server.path("old.raw"), Pattern::Random, SIZE, 9).unwrap();
+    let t = Nfs4Target::open(&spec(&server.url_v4("old.raw")), SIZE, &NfsOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(t.minor_version(), 1);
+    assert!(!t.deallocates());
+    assert!(!t.caps().efficient_zero);
+    let s = source(image.path.to_str().unwrap()).await.unwrap();
+    run(s, Arc::new(t)).await.unwrap();
+    qemu_img_compare(&image.path, &server.path("old.raw"));
+    assert_eq!(
+        blkhash_file(&server.path("old.raw")),
+        blkhash_file(&image.path)
+    );
+}
