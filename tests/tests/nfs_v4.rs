@@ -472,9 +472,13 @@ async fn a_server_without_nfs42_is_spoken_to_in_nfs41() {
 
     // An existing target: zero ranges are written as zeroes.
     images::make(&server.path("old.raw"), Pattern::Random, SIZE, 9).unwrap();
-    let t = Nfs4Target::open(&spec(&server.url_v4("old.raw")), SIZE, &NfsOptions::default())
-        .await
-        .unwrap();
+    let t = Nfs4Target::open(
+        &spec(&server.url_v4("old.raw")),
+        SIZE,
+        &NfsOptions::default(),
+    )
+    .await
+    .unwrap();
     assert_eq!(t.minor_version(), 1);
     assert!(!t.deallocates());
     assert!(!t.caps().efficient_zero);

@@ -901,6 +901,85 @@ mod tests {
         let _s = server.await.unwrap();
     }
 
+    const SHAPE: ReadShape = ReadShape::Compound4 {
+        before: &[(53, 8), (22, 0)],
+        read_op: 25,
+    };
+
+    /// A COMPOUND4res: status, empty tag, count, then `results` as given.
+    fn compound_reply(status: u32, count: u32, results: &[u8]) -> Vec<u8> {
+        let mut e = Encoder::new();
+        e.u32(status).opaque(b"").u32(count);
+        let mut v = e.into_vec();
+        v.extend_from_slice(results);
+        v
+    }
+
+    #[tokio::test]
+    async fn compound_read_data_lands_in_the_sink_and_failures_are_buffered() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            // SEQUENCE (8 bytes of result here), PUTFH, READ of 5 bytes.
+            let (x, _) = read_call(&mut s).await;
+            let mut e = Encoder::new();
+            e.u32(53).u32(0).u64(7).u32(22).u32(0);
+            e.u32(25).u32(0).bool(true).opaque(b"hello");
+            let body = compound_reply(0, 3, e.as_slice());
+            s.write_all(&reply(x, &body, true)).await.unwrap();
+            // PUTFH failed: the reply is buffered whole, the sink untouched.
+            let (x, _) = read_call(&mut s).await;
+            let mut e = Encoder::new();
+            e.u32(53).u32(0).u64(7).u32(22).u32(70);
+            let body = compound_reply(70, 2, e.as_slice());
+            s.write_all(&reply(x, &body, false)).await.unwrap();
+            // More data than the sink holds: the connection is closed.
+            let (x, _) = read_call(&mut s).await;
+            let mut e = Encoder::new();
+            e.u32(53).u32(0).u64(7).u32(22).u32(0);
+            e.u32(25).u32(0).bool(false).opaque(&[1u8; 64]);
+            let body = compound_reply(0, 3, e.as_slice());
+            s.write_all(&reply(x, &body, false)).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        });
+        let conn = RpcConn::connect(addr, 100_003, 4, &config()).await.unwrap();
+        let mut buf = IoBuf::new(16);
+        buf.set_view(2, 8);
+        let out = conn.call_shaped(1, &[], None, Some(buf), SHAPE).await;
+        let body = out.result.unwrap();
+        let mut d = Decoder::new(&body);
+        assert_eq!(d.u32().unwrap(), 0);
+        d.opaque(8, "tag").unwrap();
+        assert_eq!(d.u32().unwrap(), 3);
+        d.skip(4 * 4 + 8).unwrap();
+        assert_eq!((d.u32().unwrap(), d.u32().unwrap()), (25, 0));
+        assert!(d.bool().unwrap());
+        assert_eq!(d.u32().unwrap(), 5, "the data's length, without the data");
+        assert_eq!(d.remaining(), 0);
+        assert_eq!(&out.sink.unwrap()[..5], b"hello");
+
+        let out = conn
+            .call_shaped(1, &[], None, Some(IoBuf::new(8)), SHAPE)
+            .await;
+        let body = out.result.unwrap();
+        assert_eq!(&body[..4], &70u32.to_be_bytes());
+        assert_eq!(body.len(), 12 + 8 + 8 + 8);
+        assert!(out.sink.is_some());
+
+        let out = conn
+            .call_shaped(1, &[], None, Some(IoBuf::new(8)), SHAPE)
+            .await;
+        match out.result {
+            Err(RpcError::Disconnected { reason, .. }) => {
+                assert!(reason.contains("READ reply carries 64 bytes"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // The buffer went down with the connection; callers make a new one to retry.
+        server.await.unwrap();
+    }
+
     #[tokio::test]
     async fn a_silent_server_times_out_and_a_closed_one_disconnects() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
