@@ -223,7 +223,7 @@ fn open_error(e: Nfs4Error, doing: &str, config: &ClientConfig) -> Error {
 }
 
 /// The path's components: directories, then the file's name.
-fn components<'a>(spec: &'a NfsSpec) -> Result<(Vec<&'a str>, &'a str)> {
+fn components(spec: &NfsSpec) -> Result<(Vec<&str>, &str)> {
     let mut parts: Vec<&str> = spec.path.split('/').filter(|p| !p.is_empty()).collect();
     if parts.len() > MAX_DEPTH {
         return Err(Error::invalid_input(format!(
