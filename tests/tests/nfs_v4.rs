@@ -3,16 +3,20 @@
 //! size), SEEK proven used (the source's extents match the file's real layout and a
 //! mostly-hole image is copied reading little more than its data), DEALLOCATE proven to
 //! punch holes that read back as zeroes, COMMIT at flush, multi-connection handles bound
-//! to one session, and clear errors for wrong paths, permissions and too-small targets.
+//! to one session, the fallback to NFSv4.1, the conformance suite, and clear errors for
+//! wrong paths, permissions, too-small targets and a server that lost the session.
 //!
 //! Every copy is checked with `qemu-img compare` against the file behind the export and
 //! with the block hash.
 
+use std::future::Future;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use ferry_core::{EndpointSpec, ErrorKind, Extent, ExtentKind, IoBuf, Source, Target, ZeroMode};
+use ferry_endpoints::conformance::{self, TargetFixture};
 use ferry_endpoints::nfs::{Nfs4Source, Nfs4Target, NfsOptions, NfsSource};
 use ferry_endpoints::{open_source, open_target, SourceOptions, TargetOptions};
 use ferry_engine::{
@@ -489,4 +493,96 @@ async fn a_server_without_nfs42_is_spoken_to_in_nfs41() {
         blkhash_file(&server.path("old.raw")),
         blkhash_file(&image.path)
     );
+}
+
+#[tokio::test]
+async fn conformance_source() {
+    let server = Ganesha::start();
+    let size = 3 * MIB as usize + 4097;
+    let image = conformance::test_image(size as u64, 7);
+    std::fs::write(server.path("src.img"), &image.data).unwrap();
+    let s = source(&server.url_v4("src.img")).await.unwrap();
+    let caps = s.caps();
+    assert!(caps.extents, "NFSv4.2 SEEK reports holes");
+    assert!(caps.multi_conn);
+    assert!(caps.block.maximum >= 64 * 1024, "{caps:?}");
+    conformance::check_source(s, &image.data).await;
+}
+
+/// Each open makes a new file (ganesha caches directory entries).
+struct Fixture<'a> {
+    server: &'a Ganesha,
+    opened: std::sync::atomic::AtomicUsize,
+}
+
+impl Fixture<'_> {
+    fn name(&self) -> String {
+        let n = self.opened.load(std::sync::atomic::Ordering::SeqCst);
+        format!("dst-{n}.img")
+    }
+}
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+// Written out as async_trait expands it (this crate does not depend on async-trait).
+impl TargetFixture for Fixture<'_> {
+    fn open<'a, 'b>(&'a self, size: u64) -> BoxFuture<'b, ferry_core::Result<Arc<dyn Target>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        Box::pin(async move {
+            self.opened
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            target(&self.server.url_v4(&self.name()), size).await
+        })
+    }
+
+    fn contents<'a, 'b>(&'a self, size: u64) -> BoxFuture<'b, ferry_core::Result<Vec<u8>>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        Box::pin(async move {
+            let mut data = std::fs::read(self.server.path(&self.name())).unwrap();
+            data.truncate(size as usize);
+            Ok(data)
+        })
+    }
+}
+
+#[tokio::test]
+async fn conformance_target() {
+    let server = Ganesha::start();
+    conformance::check_target(
+        &Fixture {
+            server: &server,
+            opened: Default::default(),
+        },
+        3 * MIB + 4097,
+    )
+    .await;
+}
+
+/// A restarted server has forgotten the session: requests fail with an error that says
+/// so (ferry does not recover NFSv4 open state) instead of hanging or misreading.
+#[tokio::test]
+async fn a_restarted_server_fails_requests_with_a_clear_error() {
+    let mut server = Ganesha::start();
+    std::fs::write(server.path("r.img"), vec![3u8; 65536]).unwrap();
+    let s = Nfs4Source::open(&spec(&server.url_v4("r.img")), &NfsOptions::default())
+        .await
+        .unwrap();
+    let buf = s.read_at(0, IoBuf::new(4096)).await.unwrap();
+    assert!(buf.iter().all(|b| *b == 3));
+    server.restart();
+    let started = std::time::Instant::now();
+    let err = s
+        .read_at(0, IoBuf::new(4096))
+        .await
+        .expect_err("the server lost the session");
+    assert_eq!(err.kind(), ErrorKind::Disconnected, "{err}");
+    let text = format!("{err} {:?}", std::error::Error::source(&err));
+    assert!(text.contains("lost this client's session"), "{text}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(40));
 }

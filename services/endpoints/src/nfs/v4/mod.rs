@@ -117,8 +117,11 @@ impl Shared {
                 ": permission denied for uid {} gid {}",
                 self.config.rpc.uid, self.config.rpc.gid
             ),
+            _ if matches!(e, Nfs4Error::SessionLost { .. }) => {
+                ": the server lost this client's session (restarted or expired it)".to_string()
+            }
             _ if kind == ErrorKind::Disconnected => format!(
-                " (no connection within the reconnect window of {:?}, or the server lost the session)",
+                " (no connection within the reconnect window of {:?})",
                 self.config.reconnect_timeout
             ),
             _ => String::new(),
