@@ -113,19 +113,19 @@ pub struct Ganesha {
     pub nfs_port: u16,
     pub mount_port: u16,
     pid: Option<i32>,
-    /// NFSv4 minor versions served (ganesha's `Minor_Versions`).
-    minor_versions: &'static str,
+    /// Settings of ganesha's NFSV4 block beyond the defaults here.
+    nfsv4: &'static str,
 }
 
 impl Ganesha {
     /// Starts a server with an empty export.
     pub fn start() -> Self {
-        Self::start_with_minor_versions("0, 1, 2")
+        Self::start_with_nfsv4("Minor_Versions = 0, 1, 2;")
     }
 
-    /// Starts a server whose NFSv4 serves only the minor versions listed (for example
-    /// `"0, 1"`: a server without NFSv4.2).
-    pub fn start_with_minor_versions(minor_versions: &'static str) -> Self {
+    /// Starts a server with these settings in its NFSV4 block, for example
+    /// `"Minor_Versions = 0, 1;"` (a server without NFSv4.2) or `"Lease_Lifetime = 5;"`.
+    pub fn start_with_nfsv4(nfsv4: &'static str) -> Self {
         require();
         ensure_rpcbind();
         let dir = crate::scratch_dir();
@@ -136,7 +136,7 @@ impl Ganesha {
             nfs_port: 0,
             mount_port: 0,
             pid: None,
-            minor_versions,
+            nfsv4,
         };
         let mut last = String::new();
         for _ in 0..5 {
@@ -155,11 +155,11 @@ impl Ganesha {
         format!(
             "NFS_CORE_PARAM {{ Bind_addr = 127.0.0.1; Protocols = 3, 4; NFS_Port = {}; MNT_Port = {}; \
              Enable_NLM = false; Enable_RQUOTA = false; }}\n\
-             NFSV4 {{ Graceless = true; RecoveryRoot = {r}/recov; Allow_Numeric_Owners = true; Only_Numeric_Owners = true; Minor_Versions = {}; }}\n\
+             NFSV4 {{ Graceless = true; RecoveryRoot = {r}/recov; Allow_Numeric_Owners = true; Only_Numeric_Owners = true; {} }}\n\
              NFS_KRB5 {{ Active_krb5 = false; }}\n\
              EXPORT {{ Export_Id = 1; Path = {r}/export; Pseudo = /export; Access_Type = RW; \
              Squash = No_Root_Squash; SecType = sys; Protocols = 3, 4; Transports = TCP; FSAL {{ Name = VFS; }} }}\n",
-            self.nfs_port, self.mount_port, self.minor_versions
+            self.nfs_port, self.mount_port, self.nfsv4
         )
     }
 

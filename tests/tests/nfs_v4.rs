@@ -457,7 +457,7 @@ async fn extents_of_empty_and_full_files() {
 /// extents (no SEEK), zero ranges are written as zero buffers, and copies stay exact.
 #[tokio::test]
 async fn a_server_without_nfs42_is_spoken_to_in_nfs41() {
-    let server = Ganesha::start_with_minor_versions("0, 1");
+    let server = Ganesha::start_with_nfsv4("Minor_Versions = 0, 1;");
     let dir = scratch_dir();
     let image = half_data(&server.path("src.raw"), 8);
     let s = Nfs4Source::open(&spec(&server.url_v4("src.raw")), &NfsOptions::default())
@@ -585,4 +585,17 @@ async fn a_restarted_server_fails_requests_with_a_clear_error() {
     let text = format!("{err} {:?}", std::error::Error::source(&err));
     assert!(text.contains("lost this client's session"), "{text}");
     assert!(started.elapsed() < std::time::Duration::from_secs(40));
+}
+
+/// An open left idle for several leases stays valid: the session renews its lease.
+#[tokio::test]
+async fn an_idle_open_outlives_several_leases() {
+    let server = Ganesha::start_with_nfsv4("Minor_Versions = 0, 1, 2; Lease_Lifetime = 3;");
+    std::fs::write(server.path("idle.img"), vec![5u8; 65536]).unwrap();
+    let s = Nfs4Source::open(&spec(&server.url_v4("idle.img")), &NfsOptions::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(12)).await;
+    let buf = s.read_at(0, IoBuf::new(4096)).await.unwrap();
+    assert!(buf.iter().all(|b| *b == 5));
 }
