@@ -24,6 +24,7 @@ use ferry_engine::{
 };
 use ferry_tests::check::{allocated_bytes, assert_allocated_about, blkhash_file, qemu_img_compare};
 use ferry_tests::images::{self, Image, Pattern};
+use ferry_tests::nbd_servers::{NbdServer, QemuNbd};
 use ferry_tests::nfs_server::Ganesha;
 use ferry_tests::scratch_dir;
 
@@ -598,4 +599,35 @@ async fn an_idle_open_outlives_several_leases() {
     tokio::time::sleep(std::time::Duration::from_secs(12)).await;
     let buf = s.read_at(0, IoBuf::new(4096)).await.unwrap();
     assert!(buf.iter().all(|b| *b == 5));
+}
+
+/// nfs4 -> nbd into a target full of garbage (the holes SEEK reports become zeroes
+/// written through NBD).
+#[tokio::test]
+async fn nfs4_to_nbd_is_exact() {
+    let server = Ganesha::start();
+    let dir = scratch_dir();
+    let image = half_data(&server.path("src.raw"), 11);
+    // qemu-nbd serves whole 512-byte sectors: the target is SIZE rounded up.
+    let served = SIZE.div_ceil(512) * 512;
+    let mid = images::make(&dir.path().join("mid.raw"), Pattern::Random, served, 12).unwrap();
+    let mut nbd = NbdServer::qemu_nbd(
+        &mid.path,
+        &QemuNbd {
+            export: "disk".into(),
+            ..QemuNbd::default()
+        },
+    );
+    let report = run_copy(&server.url_v4("src.raw"), &nbd.uri())
+        .await
+        .unwrap();
+    assert!(report.zero_bytes >= SIZE / 3, "{report:?}");
+    nbd.stop();
+    // Compare the image's bytes: the served tail past SIZE is the target's own.
+    let out = dir.path().join("cmp.raw");
+    let mut bytes = std::fs::read(&mid.path).unwrap();
+    bytes.truncate(SIZE as usize);
+    std::fs::write(&out, &bytes).unwrap();
+    qemu_img_compare(&image.path, &out);
+    assert_eq!(blkhash_file(&out), blkhash_file(&image.path));
 }
