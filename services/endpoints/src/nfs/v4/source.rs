@@ -160,7 +160,7 @@ impl Source for Nfs4Source {
             random_write: true,
             multi_conn: true,
             block: self.file.block_sizes(self.file.rsize),
-            request_size: None,
+            request_size: Some(super::super::REQUEST_SIZE),
         }
     }
 

@@ -244,7 +244,7 @@ impl Target for Nfs4Target {
             random_write: true,
             multi_conn: true,
             block: self.file.block_sizes(self.file.wsize),
-            request_size: None,
+            request_size: Some(super::super::REQUEST_SIZE),
         }
     }
 
