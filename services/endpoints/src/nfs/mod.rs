@@ -186,24 +186,11 @@ impl File {
     }
 
     fn check_range(&self, op: &'static str, offset: u64, len: u64) -> Result<()> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.size => Ok(()),
-            _ => Err(Error::invalid_input(format!(
-                "request of {len} bytes at offset {offset} reaches past the end of the image ({} bytes)",
-                self.size
-            ))
-            .at(op, offset)
-            .with_endpoint(self.describe.clone())),
-        }
+        check_range(&self.describe, self.size, op, offset, len)
     }
 
     fn block_sizes(&self, preferred: u32, maximum: u32) -> BlockSizes {
-        let maximum = maximum.max(4096);
-        BlockSizes {
-            minimum: 1,
-            preferred: preferred.clamp(1, maximum),
-            maximum,
-        }
+        block_sizes(preferred, maximum)
     }
 
     /// A new connection for another handle.
@@ -235,6 +222,77 @@ async fn open_common(
         .map_err(|e| mount::nfs_error(e, "read the server's limits (FSINFO)", &config))
         .map_err(|e| e.with_operation("open").with_endpoint(describe.clone()))?;
     Ok((describe, config, resolved, fsinfo))
+}
+
+/// Fails a request that reaches past the end of the image (`size` bytes).
+fn check_range(describe: &str, size: u64, op: &'static str, offset: u64, len: u64) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(Error::invalid_input(format!(
+            "request of {len} bytes at offset {offset} reaches past the end of the image ({size} bytes)"
+        ))
+        .at(op, offset)
+        .with_endpoint(describe.to_string())),
+    }
+}
+
+/// Block sizes of an NFS file: any alignment, at most `maximum` (at least 4 KiB) per request.
+fn block_sizes(preferred: u32, maximum: u32) -> BlockSizes {
+    let maximum = maximum.max(4096);
+    BlockSizes {
+        minimum: 1,
+        preferred: preferred.clamp(1, maximum),
+        maximum,
+    }
+}
+
+/// Checks the byte count of a READ reply for `asked` bytes at `at` in an image of `size`
+/// bytes: more than asked is a protocol error, none at all a file that shrank.
+fn check_read_count(
+    describe: &str,
+    size: u64,
+    at: u64,
+    asked: usize,
+    count: usize,
+    eof: bool,
+) -> Result<()> {
+    if count > asked {
+        return Err(Error::protocol(format!(
+            "the server returned {count} bytes for a read of {asked}"
+        ))
+        .at("read", at)
+        .with_endpoint(describe.to_string()));
+    }
+    if count == 0 {
+        return Err(Error::new(
+            ErrorKind::Io,
+            format!(
+                "the server returned no data{} at offset {at}, before the image's end ({size} bytes): did the file shrink?",
+                if eof { " (end of file)" } else { "" },
+            ),
+        )
+        .at("read", at)
+        .with_endpoint(describe.to_string()));
+    }
+    Ok(())
+}
+
+/// Checks the byte count of a WRITE reply for `asked` bytes.
+fn check_write_count(
+    describe: &str,
+    op: &'static str,
+    at: u64,
+    asked: usize,
+    count: usize,
+) -> Result<()> {
+    if count == 0 || count > asked {
+        return Err(Error::protocol(format!(
+            "the server acknowledged {count} bytes of a write of {asked}"
+        ))
+        .at(op, at)
+        .with_endpoint(describe.to_string()));
+    }
+    Ok(())
 }
 
 fn transfer(max: u32, pref: u32) -> (u32, u32) {

@@ -97,25 +97,7 @@ impl Source for NfsSource {
             buf = back;
             let (count, eof) = result.map_err(|e| f.err(e, "read", at))?;
             let count = count as usize;
-            if count > n {
-                return Err(Error::protocol(format!(
-                    "the server returned {count} bytes for a read of {n}"
-                ))
-                .at("read", at)
-                .with_endpoint(f.describe.clone()));
-            }
-            if count == 0 {
-                return Err(Error::new(
-                    ErrorKind::Io,
-                    format!(
-                        "the server returned no data{} at offset {at}, before the image's end ({} bytes): did the file shrink?",
-                        if eof { " (end of file)" } else { "" },
-                        f.size
-                    ),
-                )
-                .at("read", at)
-                .with_endpoint(f.describe.clone()));
-            }
+            super::check_read_count(&f.describe, f.size, at, n, count, eof)?;
             done += count;
         }
         buf.set_view(view.start, view.len());

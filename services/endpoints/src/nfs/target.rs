@@ -172,13 +172,7 @@ impl NfsTarget {
                 .await
                 .map_err(|e| f.err(e, op, at))?;
             let count = count as usize;
-            if count == 0 || count > n {
-                return Err(Error::protocol(format!(
-                    "the server acknowledged {count} bytes of a write of {n}"
-                ))
-                .at(op, at)
-                .with_endpoint(f.describe.clone()));
-            }
+            super::check_write_count(&f.describe, op, at, n, count)?;
             if committed != proto::FILE_SYNC {
                 f.commits.record(at, count as u64, verf);
             }

@@ -133,24 +133,11 @@ impl Shared {
     }
 
     fn check_range(&self, op: &'static str, offset: u64, len: u64) -> Result<()> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.size => Ok(()),
-            _ => Err(Error::invalid_input(format!(
-                "request of {len} bytes at offset {offset} reaches past the end of the image ({} bytes)",
-                self.size
-            ))
-            .at(op, offset)
-            .with_endpoint(self.describe.clone())),
-        }
+        super::check_range(&self.describe, self.size, op, offset, len)
     }
 
     fn block_sizes(&self, maximum: u32) -> BlockSizes {
-        let maximum = maximum.max(4096);
-        BlockSizes {
-            minimum: 1,
-            preferred: maximum,
-            maximum,
-        }
+        super::block_sizes(maximum, maximum)
     }
 
     /// A new connection for another handle, bound to the session.

@@ -227,25 +227,7 @@ impl Source for Nfs4Source {
                 .and_then(|body| read_reply(&body).map_err(|e| Nfs4Error::reply("READ", e)))
                 .map_err(|e| f.err(e, "read", at))?;
             let count = count as usize;
-            if count > n {
-                return Err(Error::protocol(format!(
-                    "the server returned {count} bytes for a read of {n}"
-                ))
-                .at("read", at)
-                .with_endpoint(f.describe.clone()));
-            }
-            if count == 0 {
-                return Err(Error::new(
-                    ErrorKind::Io,
-                    format!(
-                        "the server returned no data{} at offset {at}, before the image's end ({} bytes): did the file shrink?",
-                        if eof { " (end of file)" } else { "" },
-                        f.size
-                    ),
-                )
-                .at("read", at)
-                .with_endpoint(f.describe.clone()));
-            }
+            super::super::check_read_count(&f.describe, f.size, at, n, count, eof)?;
             f.read_bytes.fetch_add(count as u64, Ordering::Relaxed);
             done += count;
         }
