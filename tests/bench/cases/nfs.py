@@ -196,7 +196,9 @@ def write_commands(env, server, image, target):
     qemu = dict(install=QEMU_NFS_INSTALL, available=qemu_img_has_nfs())
     return [
         cmd("ferry copy", [env.ferry, "copy", image.path, server.url(target.name)],
-            ferry=True, note="8 workers, UNSTABLE writes, COMMIT at the end"),
+            ferry=True, note="8 workers, UNSTABLE writes, a COMMIT every 256 MiB and at the end"),
+        cmd("ferry copy, NFSv4.2", [env.ferry, "copy", image.path, server.url_v4(target.name)],
+            note="version=4, the same writes and COMMITs"),
         cmd("qemu-img convert -m 8 -W", [*convert, image.path, url],
             note="cache=unsafe: never flushes", **qemu),
         cmd("qemu-img convert -m 8 -W -t writeback",

@@ -3,7 +3,8 @@
 //! A missing file is created by OPEN (GUARDED, mode 0644) and sized with SETATTR; it then
 //! reads as zeroes, so the engine skips zero ranges. An existing file must be at least as
 //! large as the image. Writes are UNSTABLE; flush COMMITs and checks the write verifier
-//! with the NFSv3 tracker. Zero ranges are DEALLOCATEd (holes that read as zeroes) when
+//! with the NFSv3 tracker, and a COMMIT goes out in the background every 256 MiB written
+//! (`background_flush.rs`), as for NFSv3. Zero ranges are DEALLOCATEd (holes that read as zeroes) when
 //! the server supports it, else written as zero buffers.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -18,6 +19,7 @@ use super::super::commit::Lost;
 use super::ops::{self, Ops, Status};
 use super::session::Link;
 use super::{open_common, open_error, open_file, Shared};
+use crate::background_flush::{BackgroundFlush, DEFAULT_BACKGROUND_FLUSH};
 use crate::nfs::{client_config, NfsOptions};
 
 /// WRITEs of zeroes in flight at once on one handle.
@@ -32,6 +34,8 @@ const CREATE_MODE: u32 = 0o644;
 pub struct Nfs4Target {
     file: Arc<Shared>,
     link: Arc<Link>,
+    /// COMMITs as the copy goes, shared by every handle.
+    background: Arc<BackgroundFlush>,
 }
 
 impl Nfs4Target {
@@ -146,7 +150,11 @@ impl Nfs4Target {
             zeroes: Default::default(),
             read_bytes: AtomicU64::new(0),
         });
-        Ok(Self { file, link: o.link })
+        Ok(Self {
+            file,
+            link: o.link,
+            background: Arc::new(BackgroundFlush::new(DEFAULT_BACKGROUND_FLUSH)),
+        })
     }
 
     /// The NFSv4 minor version in use (2, or 1 when the server has no NFSv4.2).
@@ -164,10 +172,39 @@ impl Nfs4Target {
         self.file.commits.pending()
     }
 
-    fn lost(&self, lost: Lost) -> Error {
+    fn lost(file: &Shared, lost: Lost) -> Error {
         Error::new(ErrorKind::Disconnected, lost.to_string())
             .with_operation("flush")
-            .with_endpoint(self.file.describe.clone())
+            .with_endpoint(file.describe.clone())
+    }
+
+    /// COMMITs the file when writes are uncommitted, and checks they survived.
+    async fn commit(f: &Shared, link: &Link) -> Result<()> {
+        let mark = match f.commits.begin() {
+            Ok(Some(mark)) => mark,
+            Ok(None) => return Ok(()),
+            Err(lost) => return Err(Self::lost(f, lost)),
+        };
+        let mut ops = Ops::new();
+        ops.putfh(&f.fh).commit(0, 0);
+        let verf = f
+            .call(link, "COMMIT", &ops, None, |r| {
+                r.simple(ops::OP_PUTFH)?;
+                r.commit()
+            })
+            .await
+            .map_err(|e| f.err(e, "flush", 0))?;
+        f.commits
+            .settle(mark, verf)
+            .map_err(|lost| Self::lost(f, lost))
+    }
+
+    /// Counts `len` bytes written toward the next background COMMIT.
+    fn wrote(&self, len: u64) {
+        self.background.wrote(len, || {
+            let (file, link) = (Arc::clone(&self.file), Arc::clone(&self.link));
+            async move { Self::commit(&file, &link).await }
+        });
     }
 
     /// Writes `data` at `offset` in WRITEs of at most wsize bytes.
@@ -249,6 +286,7 @@ impl Target for Nfs4Target {
     async fn write_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
         self.file.check_range("write", offset, buf.len() as u64)?;
         self.write_all(offset, &buf, "write").await?;
+        self.wrote(buf.len() as u64);
         Ok(buf)
     }
 
@@ -277,27 +315,16 @@ impl Target for Nfs4Target {
                 Err(e) => return Err(f.err(e, "write_zeroes", offset)),
             }
         }
-        self.write_zero_buffers(offset, len).await
+        self.write_zero_buffers(offset, len).await?;
+        self.wrote(len);
+        Ok(())
     }
 
     /// COMMITs the file when writes are uncommitted, and checks they survived.
+    /// Waits for a background COMMIT, then COMMITs what is left and checks it survived.
     async fn flush(&self) -> Result<()> {
-        let f = &*self.file;
-        let mark = match f.commits.begin() {
-            Ok(Some(mark)) => mark,
-            Ok(None) => return Ok(()),
-            Err(lost) => return Err(self.lost(lost)),
-        };
-        let mut ops = Ops::new();
-        ops.putfh(&f.fh).commit(0, 0);
-        let verf = f
-            .call(&self.link, "COMMIT", &ops, None, |r| {
-                r.simple(ops::OP_PUTFH)?;
-                r.commit()
-            })
-            .await
-            .map_err(|e| f.err(e, "flush", 0))?;
-        f.commits.settle(mark, verf).map_err(|lost| self.lost(lost))
+        self.background.settle().await?;
+        Self::commit(&self.file, &self.link).await
     }
 
     async fn connect(&self) -> Result<Arc<dyn Target>> {
@@ -305,6 +332,7 @@ impl Target for Nfs4Target {
         Ok(Arc::new(Self {
             file: Arc::clone(&self.file),
             link: Arc::new(link),
+            background: Arc::clone(&self.background),
         }))
     }
 }
