@@ -168,15 +168,35 @@ impl Ganesha {
         let pid_file = self.dir.path().join("ganesha.pid");
         let _ = fs::remove_file(&pid_file);
         fs::write(&conf, self.config()).map_err(|e| format!("write config: {e}"))?;
-        let status = Command::new("ganesha.nfsd")
+        let mut launcher = Command::new("ganesha.nfsd")
             .arg("-f")
             .arg(&conf)
             .arg("-L")
             .arg(self.log_path())
             .arg("-p")
             .arg(&pid_file)
-            .status()
+            .spawn()
             .map_err(|e| format!("cannot run ganesha.nfsd: {e}"))?;
+        // ganesha.nfsd forks the server and exits; a launcher that hangs is killed, not
+        // waited for without end.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            match launcher.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Ok(None) => {
+                    let _ = launcher.kill();
+                    let _ = launcher.wait();
+                    return Err(format!(
+                        "ganesha.nfsd did not return within 30 s: {}",
+                        self.log_tail()
+                    ));
+                }
+                Err(e) => return Err(format!("cannot wait for ganesha.nfsd: {e}")),
+            }
+        };
         if !status.success() {
             return Err(format!(
                 "ganesha.nfsd exited with {status}: {}",
