@@ -6,6 +6,7 @@
 
 pub mod bin;
 pub mod check;
+pub mod copying;
 pub mod images;
 pub mod iscsi_server;
 pub mod nbd_servers;

@@ -14,18 +14,19 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ferry_core::{EndpointSpec, ErrorKind, Result, Source, Target};
+use ferry_core::{ErrorKind, Result, Target};
 use ferry_endpoints::conformance::{self, TargetFixture};
-use ferry_endpoints::{open_source, open_target, SourceOptions, TargetOptions};
-use ferry_engine::{
-    checksum, copy, CancellationToken, ChecksumOptions, CommitOrder, CopyOptions, CopyReport,
-    Progress,
-};
+use ferry_engine::{copy, CancellationToken, CommitOrder, CopyOptions, CopyReport, Progress};
 use ferry_tests::check::{allocated_bytes, assert_allocated_about, blkhash_file, qemu_img_compare};
+use ferry_tests::copying::{blkhash_of, copy_urls, source, target};
 use ferry_tests::images::{self, Image, Pattern};
 use ferry_tests::iscsi_server::{Lun, Tgtd};
 use ferry_tests::nbd_servers::{NbdServer, QemuNbd};
 use ferry_tests::{ferry, scratch_dir};
+
+async fn run_copy(src: &str, dst: &str, order: CommitOrder) -> Result<CopyReport> {
+    copy_urls(src, dst, &options(order)).await
+}
 
 const MIB: u64 = 1 << 20;
 /// File images: 12 data runs of 1 MiB in 24 MiB and a tail that is no multiple of 512.
@@ -61,46 +62,11 @@ fn thick(backing: &Path) -> Lun {
     }
 }
 
-async fn source(url: &str) -> Result<Arc<dyn Source>> {
-    open_source(&EndpointSpec::parse(url)?, &SourceOptions::default()).await
-}
-
-async fn target(url: &str, size: u64) -> Result<Arc<dyn Target>> {
-    open_target(&EndpointSpec::parse(url)?, size, &TargetOptions::default()).await
-}
-
 fn options(order: CommitOrder) -> CopyOptions {
     CopyOptions {
         order,
         ..CopyOptions::default()
     }
-}
-
-async fn run_copy(src: &str, dst: &str, order: CommitOrder) -> Result<CopyReport> {
-    let s = source(src).await?;
-    let t = target(dst, s.size()).await?;
-    copy(
-        s,
-        t,
-        &options(order),
-        &Progress::new(),
-        &CancellationToken::new(),
-    )
-    .await
-}
-
-/// The block hash of what `url` serves, computed by ferry through the iSCSI source.
-async fn iscsi_blkhash(url: &str) -> String {
-    let s = source(url).await.unwrap();
-    checksum(
-        s,
-        &ChecksumOptions::default(),
-        &Progress::new(),
-        &CancellationToken::new(),
-    )
-    .await
-    .unwrap()
-    .hex()
 }
 
 fn half_data(path: &Path, size: u64, seed: u64) -> Image {
@@ -313,7 +279,7 @@ async fn file_to_thin_lun_is_exact_and_stays_thin() {
         assert_eq!(report.size, SIZE, "{order:?}");
         qemu_img_compare(&image.path, &luns[i]);
         assert_allocated_about(&luns[i], image.nonzero_block_bytes);
-        assert_eq!(iscsi_blkhash(&u).await, blkhash_file(&luns[i]), "{order:?}");
+        assert_eq!(blkhash_of(&u).await, blkhash_file(&luns[i]), "{order:?}");
     }
 }
 
@@ -328,7 +294,7 @@ async fn lun_to_file_is_exact_and_sparse() {
     tgt.add_target(1, IQN, &[thin(&a.path), thick(&b.path)]);
     for lun in [1, 2] {
         let u = url(&tgt, IQN, lun);
-        assert_eq!(iscsi_blkhash(&u).await, blkhash_file(&a.path), "LUN {lun}");
+        assert_eq!(blkhash_of(&u).await, blkhash_file(&a.path), "LUN {lun}");
         for order in ORDERS {
             let out = dir.path().join(format!("out-{lun}-{order:?}.raw"));
             let report = run_copy(&u, out.to_str().unwrap(), order).await.unwrap();
@@ -408,7 +374,7 @@ async fn nbd_to_lun_both_orders() {
         run_copy(&nbd.uri(), &u, order).await.unwrap();
         // The image plus the zeroed tail of its last sector.
         qemu_img_compare(&image.path, &luns[i].path);
-        assert_eq!(iscsi_blkhash(&u).await, blkhash_file(&luns[i].path));
+        assert_eq!(blkhash_of(&u).await, blkhash_file(&luns[i].path));
     }
     nbd.stop();
     assert!(
@@ -625,7 +591,7 @@ async fn deallocated_thin_lun_is_known_zero_and_a_mapped_block_is_not() {
             .unwrap();
         let backing = if lun == 1 { &fresh } else { &dirty };
         qemu_img_compare(&image.path, backing);
-        assert_eq!(iscsi_blkhash(&u).await, blkhash_file(backing), "LUN {lun}");
+        assert_eq!(blkhash_of(&u).await, blkhash_file(backing), "LUN {lun}");
         assert_allocated_about(backing, image.nonzero_block_bytes);
     }
 }

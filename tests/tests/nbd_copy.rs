@@ -13,46 +13,30 @@ use std::time::{Duration, Instant};
 
 use ferry_core::{EndpointSpec, ErrorKind, IoBuf, Source, Target, ZeroMode};
 use ferry_endpoints::nbd::{NbdOptions, NbdSource, NbdTarget};
-use ferry_endpoints::{open_source, open_target, SourceOptions, TargetOptions};
 use ferry_engine::{
     checksum, copy, CancellationToken, ChecksumOptions, CopyOptions, CopyReport, Progress,
 };
 use ferry_tests::check::{
     allocated_bytes, assert_allocated_about, blkhash_file, qemu_img_compare, require_tool,
 };
+use ferry_tests::copying::{self, copy_urls, source, target};
 use ferry_tests::images::{self, Image, Pattern};
 use ferry_tests::nbd_servers::{nbd_data_bytes, NbdServer, Nbdkit, QemuNbd, TlsCerts};
 use ferry_tests::scratch_dir;
 
+/// A copy with the default options.
+async fn run_copy(src: &str, dst: &str) -> ferry_core::Result<CopyReport> {
+    copy_urls(src, dst, &CopyOptions::default()).await
+}
+
+/// A copy between endpoints already open, with the default options.
+async fn copy_endpoints(s: Arc<dyn Source>, t: Arc<dyn Target>) -> ferry_core::Result<CopyReport> {
+    copying::run(s, t, &CopyOptions::default()).await
+}
+
 const MIB: u64 = 1 << 20;
 /// Test images: 16 data runs of 1 MiB in 32 MiB, plus an unaligned tail.
 const SIZE: u64 = 32 * MIB + 3 * 4096;
-
-async fn source(uri: &str) -> ferry_core::Result<Arc<dyn Source>> {
-    open_source(&EndpointSpec::parse(uri)?, &SourceOptions::default()).await
-}
-
-async fn target(uri: &str, size: u64) -> ferry_core::Result<Arc<dyn Target>> {
-    open_target(&EndpointSpec::parse(uri)?, size, &TargetOptions::default()).await
-}
-
-async fn run_copy(src: &str, dst: &str) -> ferry_core::Result<CopyReport> {
-    let s = source(src).await?;
-    let t = target(dst, s.size()).await?;
-    copy_endpoints(s, t).await
-}
-
-/// A copy with the default options between endpoints already open.
-async fn copy_endpoints(s: Arc<dyn Source>, t: Arc<dyn Target>) -> ferry_core::Result<CopyReport> {
-    copy(
-        s,
-        t,
-        &CopyOptions::default(),
-        &Progress::new(),
-        &CancellationToken::new(),
-    )
-    .await
-}
 
 fn half_data(dir: &Path, name: &str, seed: u64) -> Image {
     images::make(&dir.join(name), Pattern::HalfData, SIZE, seed).unwrap()

@@ -13,41 +13,22 @@ use std::time::{Duration, Instant};
 
 use ferry_core::{EndpointSpec, ErrorKind, Source, Target};
 use ferry_endpoints::nfs::{NfsOptions, NfsSource, NfsTarget};
-use ferry_endpoints::{open_source, open_target, SourceOptions, TargetOptions};
-use ferry_engine::{
-    checksum, copy, CancellationToken, ChecksumOptions, CopyOptions, CopyReport, Progress,
-};
+use ferry_engine::{CopyOptions, CopyReport};
 use ferry_tests::check::{assert_allocated_about, blkhash_file, qemu_img_compare};
+use ferry_tests::copying::{blkhash_of, copy_urls, run, source, target};
 use ferry_tests::images::{self, Image, Pattern};
 use ferry_tests::nbd_servers::{NbdServer, QemuNbd};
 use ferry_tests::nfs_server::Ganesha;
 use ferry_tests::scratch_dir;
 
+/// A copy with the default options.
+async fn run_copy(src: &str, dst: &str) -> ferry_core::Result<CopyReport> {
+    copy_urls(src, dst, &CopyOptions::default()).await
+}
+
 const MIB: u64 = 1 << 20;
 /// 12 data runs of 1 MiB in 24 MiB, and a tail that is not a multiple of any block size.
 const SIZE: u64 = 24 * MIB + 12_345;
-
-async fn source(url: &str) -> ferry_core::Result<Arc<dyn Source>> {
-    open_source(&EndpointSpec::parse(url)?, &SourceOptions::default()).await
-}
-
-async fn target(url: &str, size: u64) -> ferry_core::Result<Arc<dyn Target>> {
-    open_target(&EndpointSpec::parse(url)?, size, &TargetOptions::default()).await
-}
-
-async fn run(
-    s: Arc<dyn Source>,
-    t: Arc<dyn Target>,
-    options: &CopyOptions,
-) -> ferry_core::Result<CopyReport> {
-    copy(s, t, options, &Progress::new(), &CancellationToken::new()).await
-}
-
-async fn run_copy(src: &str, dst: &str) -> ferry_core::Result<CopyReport> {
-    let s = source(src).await?;
-    let t = target(dst, s.size()).await?;
-    run(s, t, &CopyOptions::default()).await
-}
 
 fn half_data(path: &Path, seed: u64) -> Image {
     images::make(path, Pattern::HalfData, SIZE, seed).unwrap()
@@ -58,20 +39,6 @@ fn spec(url: &str) -> ferry_core::spec::NfsSpec {
         EndpointSpec::Nfs(s) => s,
         other => panic!("{url} parsed as {other:?}"),
     }
-}
-
-/// The block hash of what `url` serves, computed by ferry through the NFS source.
-async fn nfs_blkhash(url: &str) -> String {
-    let s = source(url).await.unwrap();
-    checksum(
-        s,
-        &ChecksumOptions::default(),
-        &Progress::new(),
-        &CancellationToken::new(),
-    )
-    .await
-    .unwrap()
-    .hex()
 }
 
 #[tokio::test]
@@ -89,7 +56,7 @@ async fn file_to_nfs_new_target_is_exact_and_sparse() {
     // Zero ranges were skipped on the new target: only the data is allocated.
     assert_allocated_about(&backing, image.nonzero_block_bytes);
     assert_eq!(
-        nfs_blkhash(&server.url("dst.raw")).await,
+        blkhash_of(&server.url("dst.raw")).await,
         blkhash_file(&image.path)
     );
 }
@@ -152,7 +119,7 @@ async fn nfs_to_nbd_and_nbd_to_nfs() {
     // The image plus the zeroed tail of the last sector.
     qemu_img_compare(&image.path, &garbage.path);
     assert_eq!(
-        nfs_blkhash(&server.url("back.raw")).await,
+        blkhash_of(&server.url("back.raw")).await,
         blkhash_file(&garbage.path)
     );
 }

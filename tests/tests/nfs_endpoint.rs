@@ -10,7 +10,7 @@ use std::pin::Pin;
 use ferry_core::{EndpointSpec, ErrorKind, Result, Source, Target};
 use ferry_endpoints::conformance::{self, TargetFixture};
 use ferry_endpoints::nfs::{NfsOptions, NfsSource, NfsTarget};
-use ferry_endpoints::{open_source, open_target, SourceOptions, TargetOptions};
+use ferry_tests::copying::{source, target};
 use ferry_tests::nfs_server::Ganesha;
 
 fn spec(url: &str) -> ferry_core::spec::NfsSpec {
@@ -18,14 +18,6 @@ fn spec(url: &str) -> ferry_core::spec::NfsSpec {
         EndpointSpec::Nfs(s) => s,
         other => panic!("{url} parsed as {other:?}"),
     }
-}
-
-async fn source(url: &str) -> Result<Arc<dyn Source>> {
-    open_source(&EndpointSpec::parse(url)?, &SourceOptions::default()).await
-}
-
-async fn target(url: &str, size: u64) -> Result<Arc<dyn Target>> {
-    open_target(&EndpointSpec::parse(url)?, size, &TargetOptions::default()).await
 }
 
 #[tokio::test]

@@ -18,15 +18,23 @@ use std::sync::Arc;
 use ferry_core::{EndpointSpec, ErrorKind, Extent, ExtentKind, IoBuf, Source, Target, ZeroMode};
 use ferry_endpoints::conformance::{self, TargetFixture};
 use ferry_endpoints::nfs::{Nfs4Source, Nfs4Target, NfsOptions, NfsSource};
-use ferry_endpoints::{open_source, open_target, SourceOptions, TargetOptions};
-use ferry_engine::{
-    checksum, copy, CancellationToken, ChecksumOptions, CopyOptions, CopyReport, Progress,
-};
+use ferry_engine::{CopyOptions, CopyReport};
 use ferry_tests::check::{allocated_bytes, assert_allocated_about, blkhash_file, qemu_img_compare};
+use ferry_tests::copying::{self, blkhash_of, copy_urls, source, target};
 use ferry_tests::images::{self, Image, Pattern};
 use ferry_tests::nbd_servers::{NbdServer, QemuNbd};
 use ferry_tests::nfs_server::Ganesha;
 use ferry_tests::scratch_dir;
+
+/// A copy with the default options.
+async fn run_copy(src: &str, dst: &str) -> ferry_core::Result<CopyReport> {
+    copy_urls(src, dst, &CopyOptions::default()).await
+}
+
+/// A copy between endpoints already open, with the default options.
+async fn run(s: Arc<dyn Source>, t: Arc<dyn Target>) -> ferry_core::Result<CopyReport> {
+    copying::run(s, t, &CopyOptions::default()).await
+}
 
 const MIB: u64 = 1 << 20;
 /// 12 data runs of 1 MiB in 24 MiB, and a tail that is not a multiple of any block size.
@@ -39,47 +47,8 @@ fn spec(url: &str) -> ferry_core::spec::NfsSpec {
     }
 }
 
-async fn source(url: &str) -> ferry_core::Result<Arc<dyn Source>> {
-    open_source(&EndpointSpec::parse(url)?, &SourceOptions::default()).await
-}
-
-async fn target(url: &str, size: u64) -> ferry_core::Result<Arc<dyn Target>> {
-    open_target(&EndpointSpec::parse(url)?, size, &TargetOptions::default()).await
-}
-
-async fn run(s: Arc<dyn Source>, t: Arc<dyn Target>) -> ferry_core::Result<CopyReport> {
-    copy(
-        s,
-        t,
-        &CopyOptions::default(),
-        &Progress::new(),
-        &CancellationToken::new(),
-    )
-    .await
-}
-
-async fn run_copy(src: &str, dst: &str) -> ferry_core::Result<CopyReport> {
-    let s = source(src).await?;
-    let t = target(dst, s.size()).await?;
-    run(s, t).await
-}
-
 fn half_data(path: &Path, seed: u64) -> Image {
     images::make(path, Pattern::HalfData, SIZE, seed).unwrap()
-}
-
-/// The block hash of what `url` serves, computed by ferry through the NFSv4 source.
-async fn nfs_blkhash(url: &str) -> String {
-    let s = source(url).await.unwrap();
-    checksum(
-        s,
-        &ChecksumOptions::default(),
-        &Progress::new(),
-        &CancellationToken::new(),
-    )
-    .await
-    .unwrap()
-    .hex()
 }
 
 /// A local file's data and hole extents as lseek(SEEK_DATA/SEEK_HOLE) reports them.
@@ -136,7 +105,7 @@ async fn file_to_nfs4_new_target_is_exact_and_sparse() {
     // Zero ranges were skipped on the new target: only the data is allocated.
     assert_allocated_about(&backing, image.nonzero_block_bytes);
     assert_eq!(
-        nfs_blkhash(&server.url_v4("dst.raw")).await,
+        blkhash_of(&server.url_v4("dst.raw")).await,
         blkhash_file(&image.path)
     );
 }
