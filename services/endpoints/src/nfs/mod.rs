@@ -295,6 +295,35 @@ fn check_write_count(
     Ok(())
 }
 
+/// WRITEs of zeroes in flight at once on one handle.
+const ZERO_WRITES_IN_FLIGHT: usize = 4;
+
+/// Writes `len` zero bytes at `offset` with `write`, in pieces of at most `zeroes.len()`
+/// bytes taken from the one shared zero buffer, a few in flight: how a zero range reaches a
+/// server that cannot be told to write zeroes.
+async fn write_zero_chunks<'a, F, Fut>(
+    offset: u64,
+    len: u64,
+    zeroes: &'a [u8],
+    write: F,
+) -> Result<()>
+where
+    F: Fn(u64, &'a [u8]) -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    use futures::stream::{self, StreamExt, TryStreamExt};
+    let chunk = zeroes.len().max(1) as u64;
+    let chunks = (0..len.div_ceil(chunk)).map(|i| {
+        let at = offset + i * chunk;
+        (at, (offset + len - at).min(chunk) as usize)
+    });
+    stream::iter(chunks)
+        .map(|(at, n)| write(at, &zeroes[..n]))
+        .buffer_unordered(ZERO_WRITES_IN_FLIGHT)
+        .try_collect::<()>()
+        .await
+}
+
 fn transfer(max: u32, pref: u32) -> (u32, u32) {
     let max = if max == 0 { 64 * 1024 } else { max };
     let max = max.min(MAX_TRANSFER);

@@ -11,16 +11,12 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use ferry_core::spec::NfsSpec;
 use ferry_core::{Caps, Error, ErrorKind, IoBuf, Result, Target, ZeroMode};
-use futures::stream::{self, StreamExt, TryStreamExt};
 
 use crate::background_flush::{BackgroundFlush, DEFAULT_BACKGROUND_FLUSH};
 
 use super::client::NfsConn;
 use super::commit::Lost;
 use super::{mount, open_common, proto, transfer, File, NfsOptions, SharedFile};
-
-/// WRITEs of zeroes in flight at once on one handle.
-const ZERO_WRITES_IN_FLIGHT: usize = 4;
 
 /// A file on an NFS server, written over NFSv3. Each [`Target::connect`] opens another TCP
 /// connection; all handles share one record of uncommitted writes, so a flush on any of
@@ -222,17 +218,11 @@ impl Target for NfsTarget {
     async fn write_zeroes(&self, offset: u64, len: u64, _mode: ZeroMode) -> Result<()> {
         let f = &*self.file;
         f.check_range("write_zeroes", offset, len)?;
-        let chunk = u64::from(f.wsize);
         let zeroes = f.zeroes.get_or_init(|| vec![0u8; f.wsize as usize]);
-        let chunks = (0..len.div_ceil(chunk)).map(|i| {
-            let at = offset + i * chunk;
-            (at, (offset + len - at).min(chunk) as usize)
-        });
-        stream::iter(chunks)
-            .map(|(at, n)| self.write_all(at, &zeroes[..n], "write_zeroes"))
-            .buffer_unordered(ZERO_WRITES_IN_FLIGHT)
-            .try_collect::<()>()
-            .await?;
+        super::write_zero_chunks(offset, len, zeroes, |at, z| {
+            self.write_all(at, z, "write_zeroes")
+        })
+        .await?;
         self.background.wrote(len, || {
             let (file, nfs) = (Arc::clone(&self.file), Arc::clone(&self.nfs));
             async move { Self::commit(&file, &nfs).await }

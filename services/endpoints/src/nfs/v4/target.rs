@@ -13,7 +13,6 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use ferry_core::spec::NfsSpec;
 use ferry_core::{Caps, Error, ErrorKind, IoBuf, Result, Target, ZeroMode};
-use futures::stream::{self, StreamExt, TryStreamExt};
 
 use super::super::commit::Lost;
 use super::ops::{self, Ops, Status};
@@ -22,8 +21,6 @@ use super::{open_common, open_error, open_file, Shared};
 use crate::background_flush::{BackgroundFlush, DEFAULT_BACKGROUND_FLUSH};
 use crate::nfs::{client_config, NfsOptions};
 
-/// WRITEs of zeroes in flight at once on one handle.
-const ZERO_WRITES_IN_FLIGHT: usize = 4;
 /// Mode of a file the target creates.
 const CREATE_MODE: u32 = 0o644;
 
@@ -242,17 +239,11 @@ impl Nfs4Target {
 
     async fn write_zero_buffers(&self, offset: u64, len: u64) -> Result<()> {
         let f = &*self.file;
-        let chunk = u64::from(f.wsize);
         let zeroes = f.zeroes.get_or_init(|| vec![0u8; f.wsize as usize]);
-        let chunks = (0..len.div_ceil(chunk)).map(|i| {
-            let at = offset + i * chunk;
-            (at, (offset + len - at).min(chunk) as usize)
-        });
-        stream::iter(chunks)
-            .map(|(at, n)| self.write_all(at, &zeroes[..n], "write_zeroes"))
-            .buffer_unordered(ZERO_WRITES_IN_FLIGHT)
-            .try_collect::<()>()
-            .await
+        super::super::write_zero_chunks(offset, len, zeroes, |at, z| {
+            self.write_all(at, z, "write_zeroes")
+        })
+        .await
     }
 }
 
@@ -320,7 +311,6 @@ impl Target for Nfs4Target {
         Ok(())
     }
 
-    /// COMMITs the file when writes are uncommitted, and checks they survived.
     /// Waits for a background COMMIT, then COMMITs what is left and checks it survived.
     async fn flush(&self) -> Result<()> {
         self.background.settle().await?;
