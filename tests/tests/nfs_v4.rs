@@ -4,7 +4,9 @@
 //! mostly-hole image is copied reading little more than its data), DEALLOCATE proven to
 //! punch holes that read back as zeroes, COMMIT at flush, multi-connection handles bound
 //! to one session, the fallback to NFSv4.1, the conformance suite, and clear errors for
-//! wrong paths, permissions, too-small targets and a server that lost the session.
+//! wrong paths, permissions and too-small targets; and a server restart: the session and open
+//! are recovered (a source copy goes on exact, a target copy's uncommitted writes are reported
+//! lost by the COMMIT verifier check), a file gone after the restart fails clearly.
 //!
 //! Every copy is checked with `qemu-img compare` against the file behind the export and
 //! with the block hash.
@@ -14,6 +16,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ferry_core::{EndpointSpec, ErrorKind, Extent, ExtentKind, IoBuf, Source, Target, ZeroMode};
 use ferry_endpoints::conformance::{self, TargetFixture};
@@ -534,27 +537,139 @@ async fn conformance_target() {
     .await;
 }
 
-/// A restarted server has forgotten the session: requests fail with an error that says
-/// so (ferry does not recover NFSv4 open state) instead of hanging or misreading.
+/// Short timeouts for the fault tests, with a reconnect window that covers a restart.
+fn fault_options() -> NfsOptions {
+    NfsOptions {
+        connect_timeout: Duration::from_secs(2),
+        request_timeout: Duration::from_secs(5),
+        reconnect_timeout: Duration::from_secs(30),
+        privileged_port: None,
+    }
+}
+
+/// A rate-limited copy that flushes only at the end, so it is still running (and its
+/// writes uncommitted) at the restart.
+fn slow() -> CopyOptions {
+    CopyOptions {
+        rate_limit: Some(4 * MIB),
+        checkpoint_interval: Duration::ZERO,
+        ..CopyOptions::default()
+    }
+}
+
+/// A restarted server has forgotten the session and the open: the next request
+/// recovers them (new client id, session and OPEN by file handle) and is sent again.
 #[tokio::test]
-async fn a_restarted_server_fails_requests_with_a_clear_error() {
+async fn a_restarted_server_is_recovered_from() {
     let mut server = Ganesha::start();
     std::fs::write(server.path("r.img"), vec![3u8; 65536]).unwrap();
-    let s = Nfs4Source::open(&spec(&server.url_v4("r.img")), &NfsOptions::default())
+    let s = Nfs4Source::open(&spec(&server.url_v4("r.img")), &fault_options())
         .await
         .unwrap();
+    let h = s.connect().await.unwrap();
     let buf = s.read_at(0, IoBuf::new(4096)).await.unwrap();
     assert!(buf.iter().all(|b| *b == 3));
     server.restart();
-    let started = std::time::Instant::now();
+    // Both handles at once: one recovers, the other waits for it.
+    let (a, b) = tokio::join!(
+        s.read_at(0, IoBuf::new(4096)),
+        h.read_at(61440, IoBuf::new(4096))
+    );
+    assert!(a.unwrap().iter().all(|b| *b == 3));
+    assert!(b.unwrap().iter().all(|b| *b == 3));
+    // The recovered session serves later requests too, on both handles.
+    let buf = h.read_at(4096, IoBuf::new(4096)).await.unwrap();
+    assert!(buf.iter().all(|b| *b == 3));
+}
+
+/// A file removed while the server was down cannot be opened again: the recovery fails
+/// with a clear stale-handle error instead of reading something else.
+#[tokio::test]
+async fn a_file_gone_after_a_restart_fails_clearly() {
+    let mut server = Ganesha::start();
+    std::fs::write(server.path("gone.img"), vec![3u8; 65536]).unwrap();
+    let s = Nfs4Source::open(&spec(&server.url_v4("gone.img")), &fault_options())
+        .await
+        .unwrap();
+    s.read_at(0, IoBuf::new(4096)).await.unwrap();
+    std::fs::remove_file(server.path("gone.img")).unwrap();
+    server.restart();
+    let started = Instant::now();
     let err = s
         .read_at(0, IoBuf::new(4096))
         .await
-        .expect_err("the server lost the session");
-    assert_eq!(err.kind(), ErrorKind::Disconnected, "{err}");
+        .expect_err("the file is gone");
     let text = format!("{err} {:?}", std::error::Error::source(&err));
-    assert!(text.contains("lost this client's session"), "{text}");
-    assert!(started.elapsed() < std::time::Duration::from_secs(40));
+    assert!(text.contains("stale file handle"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(40));
+    // Later requests fail the same way, without trying again.
+    s.read_at(0, IoBuf::new(4096))
+        .await
+        .expect_err("the session stays lost");
+}
+
+#[tokio::test]
+async fn nfs4_source_server_restarted_mid_copy_is_survived() {
+    let mut server = Ganesha::start();
+    let dir = scratch_dir();
+    let image = half_data(&server.path("src.raw"), 5);
+    let out = dir.path().join("dst.raw");
+    let s: Arc<dyn Source> = Arc::new(
+        Nfs4Source::open(&spec(&server.url_v4("src.raw")), &fault_options())
+            .await
+            .unwrap(),
+    );
+    let t = target(out.to_str().unwrap(), SIZE).await.unwrap();
+    let copying = tokio::spawn(async move { copying::run(s, t, &slow()).await });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !copying.is_finished(),
+        "the copy must still run at the restart"
+    );
+    let server = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server
+    })
+    .await
+    .unwrap();
+    copying.await.unwrap().unwrap();
+    qemu_img_compare(&image.path, &out);
+    assert_eq!(blkhash_file(&out), blkhash_file(&image.path));
+    drop(server);
+}
+
+#[tokio::test]
+async fn nfs4_target_server_restarted_before_commit_reports_lost_writes() {
+    let mut server = Ganesha::start();
+    let dir = scratch_dir();
+    let image = half_data(&dir.path().join("src.raw"), 6);
+    let s = source(image.path.to_str().unwrap()).await.unwrap();
+    let t: Arc<dyn Target> = Arc::new(
+        Nfs4Target::open(&spec(&server.url_v4("dst.raw")), SIZE, &fault_options())
+            .await
+            .unwrap(),
+    );
+    let copying = tokio::spawn(async move { copying::run(s, t, &slow()).await });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !copying.is_finished(),
+        "the copy must still run at the restart"
+    );
+    let server = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server
+    })
+    .await
+    .unwrap();
+    let err = copying
+        .await
+        .unwrap()
+        .expect_err("writes made before the restart were never committed");
+    let text = err.to_string();
+    assert!(text.contains("restarted"), "{text}");
+    assert!(text.contains("write verifier"), "{text}");
+    assert_eq!(err.kind(), ErrorKind::Disconnected, "{err}");
+    drop(server);
 }
 
 /// An open left idle for several leases stays valid: the session renews its lease.

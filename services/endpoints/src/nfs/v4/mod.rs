@@ -418,17 +418,29 @@ async fn open_file(
 ) -> std::result::Result<(StateId, Option<StateId>, Fh, Attrs), Nfs4Error> {
     let mut ops = Ops::new();
     ops.putfh(&o.dir)
-        .open(o.session.clientid, b"ferry", access, &o.name, create)
+        .open(
+            o.session.clientid(),
+            session::OPEN_OWNER,
+            access,
+            &o.name,
+            create,
+        )
         .getfh()
         .getattr(FILE_ATTRS);
-    call(&o.session, &o.link, "OPEN", &ops, None, |r| {
+    let opened = call(&o.session, &o.link, "OPEN", &ops, None, |r| {
         r.simple(ops::OP_PUTFH)?;
         let (stateid, deleg) = r.open()?;
         let fh = r.getfh()?;
         let attrs = r.getattr()?;
         Ok((stateid, deleg, fh, attrs))
     })
-    .await
+    .await?;
+    o.session.set_open(session::OpenState {
+        fh: opened.2.clone(),
+        stateid: opened.0,
+        access,
+    });
+    Ok(opened)
 }
 
 #[cfg(test)]

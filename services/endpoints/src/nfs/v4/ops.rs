@@ -335,6 +335,10 @@ fn encode_bitmap(e: &mut Encoder, attrs: &[u32]) {
 pub struct Ops {
     enc: Encoder,
     ops: Vec<u32>,
+    /// Where the file's open state id was encoded: [`compound`] writes the session's
+    /// current one there, so a request prepared before a recovery is sent with the
+    /// state id the recovery obtained.
+    open_state: Vec<usize>,
 }
 
 impl Ops {
@@ -350,6 +354,27 @@ impl Ops {
 
     pub fn len(&self) -> usize {
         self.ops.len()
+    }
+
+    /// Encodes the open state id `stateid`, remembering where.
+    fn open_stateid(&mut self, stateid: &StateId) -> &mut Encoder {
+        self.open_state.push(self.enc.as_slice().len());
+        stateid.encode(&mut self.enc);
+        &mut self.enc
+    }
+
+    /// OPEN of the current file handle without a name (CLAIM_FH, RFC 8881 section
+    /// 18.16.3): the new open after the server lost the old one.
+    pub fn open_fh(&mut self, clientid: u64, owner: &[u8], access: u32) -> &mut Self {
+        self.op(OP_OPEN)
+            .u32(0) // seqid, ignored in 4.1
+            .u32(access | OPEN4_SHARE_ACCESS_WANT_NO_DELEG)
+            .u32(0) // OPEN4_SHARE_DENY_NONE
+            .u64(clientid)
+            .opaque(owner)
+            .u32(0) // OPEN4_NOCREATE
+            .u32(4); // CLAIM_FH
+        self
     }
 
     #[cfg(test)]
@@ -414,9 +439,8 @@ impl Ops {
     }
 
     pub fn close(&mut self, stateid: &StateId) -> &mut Self {
-        let e = self.op(OP_CLOSE);
-        e.u32(0);
-        stateid.encode(e);
+        self.op(OP_CLOSE).u32(0);
+        self.open_stateid(stateid);
         self
     }
 
@@ -427,17 +451,16 @@ impl Ops {
     }
 
     pub fn setattr_size(&mut self, stateid: &StateId, size: u64) -> &mut Self {
-        let e = self.op(OP_SETATTR);
-        stateid.encode(e);
+        self.op(OP_SETATTR);
+        let e = self.open_stateid(stateid);
         encode_bitmap(e, &[FATTR4_SIZE]);
         e.opaque(&size.to_be_bytes());
         self
     }
 
     pub fn read(&mut self, stateid: &StateId, offset: u64, count: u32) -> &mut Self {
-        let e = self.op(OP_READ);
-        stateid.encode(e);
-        e.u64(offset).u32(count);
+        self.op(OP_READ);
+        self.open_stateid(stateid).u64(offset).u32(count);
         self
     }
 
@@ -450,9 +473,8 @@ impl Ops {
         stable: u32,
         len: u32,
     ) -> &mut Self {
-        let e = self.op(OP_WRITE);
-        stateid.encode(e);
-        e.u64(offset).u32(stable).u32(len);
+        self.op(OP_WRITE);
+        self.open_stateid(stateid).u64(offset).u32(stable).u32(len);
         self
     }
 
@@ -462,16 +484,14 @@ impl Ops {
     }
 
     pub fn seek(&mut self, stateid: &StateId, offset: u64, what: u32) -> &mut Self {
-        let e = self.op(OP_SEEK);
-        stateid.encode(e);
-        e.u64(offset).u32(what);
+        self.op(OP_SEEK);
+        self.open_stateid(stateid).u64(offset).u32(what);
         self
     }
 
     pub fn deallocate(&mut self, stateid: &StateId, offset: u64, len: u64) -> &mut Self {
-        let e = self.op(OP_DEALLOCATE);
-        stateid.encode(e);
-        e.u64(offset).u64(len);
+        self.op(OP_DEALLOCATE);
+        self.open_stateid(stateid).u64(offset).u64(len);
         self
     }
 
@@ -535,7 +555,14 @@ impl Ops {
 }
 
 /// A whole COMPOUND4args: header, an optional SEQUENCE, then `ops`.
-pub fn compound(minor: u32, sequence: Option<&Sequence>, ops: &Ops) -> Vec<u8> {
+/// The COMPOUND of `ops` after `sequence`; `stateid`, when given, replaces every open
+/// state id in `ops`.
+pub fn compound(
+    minor: u32,
+    sequence: Option<&Sequence>,
+    ops: &Ops,
+    stateid: Option<&StateId>,
+) -> Vec<u8> {
     let count = ops.len() + usize::from(sequence.is_some());
     let mut e = Encoder::with_capacity(64 + ops.enc.as_slice().len());
     e.opaque(&[]).u32(minor).u32(count as u32);
@@ -548,7 +575,15 @@ pub fn compound(minor: u32, sequence: Option<&Sequence>, ops: &Ops) -> Vec<u8> {
             .bool(false);
     }
     let mut out = e.into_vec();
+    let base = out.len();
     out.extend_from_slice(ops.enc.as_slice());
+    if let Some(id) = stateid {
+        for at in &ops.open_state {
+            let at = base + at;
+            out[at..at + 4].copy_from_slice(&id.seqid.to_be_bytes());
+            out[at + 4..at + 16].copy_from_slice(&id.other);
+        }
+    }
     out
 }
 
@@ -937,7 +972,7 @@ mod tests {
             slot: 2,
             highest_slot: 3,
         };
-        let bytes = compound(2, Some(&seq), &ops);
+        let bytes = compound(2, Some(&seq), &ops, None);
         let mut d = Decoder::new(&bytes);
         assert_eq!(d.opaque(8, "tag").unwrap(), b"");
         assert_eq!(d.u32().unwrap(), 2, "minor version");

@@ -13,7 +13,7 @@
 //! fails every later request with a clear error: ferry does not recover open state.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -25,8 +25,8 @@ use super::super::client::{rpc_kind, ClientConfig};
 use super::super::proto::Verifier;
 use super::super::rpc::{ReadShape, RpcConn, RpcError};
 use super::ops::{
-    self, compound, op_name, ChannelAttrs, Ops, Reply, ReplyError, Sequence, SessionId, Status,
-    NFS4_PROGRAM, NFS4_VERSION, NFSPROC4_COMPOUND, OP_READ, READ_PREFIX,
+    self, compound, op_name, ChannelAttrs, Fh, Ops, Reply, ReplyError, Sequence, SessionId,
+    StateId, Status, NFS4_PROGRAM, NFS4_VERSION, NFSPROC4_COMPOUND, OP_READ, READ_PREFIX,
 };
 
 /// Slots used at most, whatever the server offers.
@@ -54,6 +54,12 @@ pub enum Nfs4Error {
     Malformed { op: &'static str, message: String },
     #[error("the server no longer knows this client's session or open state ({status}): it restarted, or the lease expired; open the file again")]
     SessionLost { status: Status },
+    #[error("the server no longer knows this client's session or open state ({status}: it restarted, or the lease expired) and recovering it failed: {source}")]
+    RecoveryFailed {
+        status: Status,
+        #[source]
+        source: Box<Nfs4Error>,
+    },
 }
 
 impl Nfs4Error {
@@ -71,6 +77,7 @@ impl Nfs4Error {
     pub fn status(&self) -> Option<Status> {
         match self {
             Self::Status { status, .. } | Self::SessionLost { status } => Some(*status),
+            Self::RecoveryFailed { status, source } => source.status().or(Some(*status)),
             _ => None,
         }
     }
@@ -81,6 +88,10 @@ impl Nfs4Error {
             Self::Status { status, .. } => status_kind(*status),
             Self::Malformed { .. } => ErrorKind::Protocol,
             Self::SessionLost { .. } => ErrorKind::Disconnected,
+            Self::RecoveryFailed { source, .. } => match source.status() {
+                Some(s) if !s.is_session_loss() => status_kind(s),
+                _ => ErrorKind::Disconnected,
+            },
         }
     }
 }
@@ -128,7 +139,7 @@ async fn call_plain(
     what: &'static str,
     ops: &Ops,
 ) -> Result<Vec<u8>, Nfs4Error> {
-    let args = compound(minor, None, ops);
+    let args = compound(minor, None, ops, None);
     rpc.call(NFSPROC4_COMPOUND, &args, None, None)
         .await
         .result
@@ -144,6 +155,35 @@ struct Slots {
     busy: Vec<bool>,
     /// Slots usable now (the server's target highest slot id + 1, bounded).
     limit: usize,
+    /// The client id and session these slots belong to, and how many recoveries
+    /// replaced them.
+    clientid: u64,
+    id: SessionId,
+    generation: u64,
+}
+
+impl Slots {
+    fn new(clientid: u64, id: SessionId, generation: u64, channel: &ChannelAttrs) -> Self {
+        let n = channel.max_requests.clamp(1, MAX_SLOTS) as usize;
+        Self {
+            seq: vec![1; n],
+            uncertain: vec![false; n],
+            busy: vec![false; n],
+            limit: n,
+            clientid,
+            id,
+            generation,
+        }
+    }
+}
+
+/// The file opened in this session, re-opened after the server lost it.
+#[derive(Debug, Clone)]
+pub struct OpenState {
+    pub fh: Fh,
+    pub stateid: StateId,
+    /// OPEN4_SHARE_ACCESS_READ or _BOTH.
+    pub access: u32,
 }
 
 /// How a slot's request ended.
@@ -162,6 +202,8 @@ enum Release {
 /// caller was cancelled mid-request).
 struct SlotGuard<'a> {
     session: &'a Session,
+    generation: u64,
+    id: SessionId,
     index: usize,
     seqid: u32,
     uncertain: bool,
@@ -172,7 +214,8 @@ struct SlotGuard<'a> {
 impl SlotGuard<'_> {
     fn release(mut self, how: Release) -> bool {
         self.released = true;
-        self.session.release(self.index, self.seqid, how)
+        self.session
+            .release(self.generation, self.index, self.seqid, how)
     }
 }
 
@@ -180,7 +223,7 @@ impl Drop for SlotGuard<'_> {
     fn drop(&mut self) {
         if !self.released {
             self.session
-                .release(self.index, self.seqid, Release::Uncertain);
+                .release(self.generation, self.index, self.seqid, Release::Uncertain);
         }
     }
 }
@@ -189,12 +232,15 @@ impl Drop for SlotGuard<'_> {
 #[derive(Debug, Default)]
 pub struct Link {
     rpc: tokio::sync::Mutex<Option<RpcConn>>,
+    /// The session generation the connection is bound to.
+    bound: AtomicU64,
 }
 
 impl Link {
-    fn with(rpc: RpcConn) -> Self {
+    fn with(rpc: RpcConn, generation: u64) -> Self {
         Self {
             rpc: tokio::sync::Mutex::new(Some(rpc)),
+            bound: AtomicU64::new(generation),
         }
     }
 
@@ -207,21 +253,31 @@ impl Link {
 
     async fn rpc(&self, session: &Session) -> Result<RpcConn, Nfs4Error> {
         let mut slot = self.rpc.lock().await;
-        if let Some(c) = slot.as_ref().filter(|c| !c.is_closed()) {
-            return Ok(c.clone());
-        }
-        *slot = None;
-        let what = "connect";
-        let rpc = RpcConn::connect(
-            session.addr,
-            NFS4_PROGRAM,
-            NFS4_VERSION,
-            &session.config.rpc,
-        )
-        .await
-        .map_err(|source| Nfs4Error::Rpc { op: what, source })?;
+        let (id, generation) = {
+            let st = session.lock_slots();
+            (st.id, st.generation)
+        };
+        let alive = slot.as_ref().filter(|c| !c.is_closed()).cloned();
+        let rpc = match alive {
+            // Bound to the current session.
+            Some(c) if self.bound.load(Ordering::Acquire) == generation => return Ok(c),
+            // Alive, but bound to a session a recovery replaced: bind it again.
+            Some(c) => c,
+            None => {
+                *slot = None;
+                let what = "connect";
+                RpcConn::connect(
+                    session.addr,
+                    NFS4_PROGRAM,
+                    NFS4_VERSION,
+                    &session.config.rpc,
+                )
+                .await
+                .map_err(|source| Nfs4Error::Rpc { op: what, source })?
+            }
+        };
         let mut ops = Ops::new();
-        ops.bind_conn(&session.id);
+        ops.bind_conn(&id);
         let body = call_plain(&rpc, session.minor, "BIND_CONN_TO_SESSION", &ops).await?;
         let bound = Reply::parse(&body).and_then(|mut r| r.bind_conn());
         match bound {
@@ -230,13 +286,20 @@ impl Link {
             // SEQUENCE (RFC 8881 section 2.10.3.1).
             Err(ReplyError::Status { status, .. }) if status.is_unsupported() => {}
             Err(ReplyError::Status { status, .. }) if status.is_session_loss() => {
-                session.lose(status);
                 return Err(Nfs4Error::SessionLost { status });
             }
             Err(e) => return Err(Nfs4Error::reply("BIND_CONN_TO_SESSION", e)),
         }
+        self.bound.store(generation, Ordering::Release);
         *slot = Some(rpc.clone());
         Ok(rpc)
+    }
+
+    /// Makes `rpc` this link's connection, bound to session `generation`.
+    async fn set(&self, rpc: RpcConn, generation: u64) {
+        let mut slot = self.rpc.lock().await;
+        self.bound.store(generation, Ordering::Release);
+        *slot = Some(rpc);
     }
 }
 
@@ -247,11 +310,18 @@ pub struct Session {
     config: ClientConfig,
     /// The minor version agreed: 2, or 1 when the server has no NFSv4.2.
     pub minor: u32,
-    pub clientid: u64,
-    pub id: SessionId,
-    /// The fore channel as the server granted it.
+    /// The fore channel as the server granted it (at the first CREATE_SESSION).
     pub channel: ChannelAttrs,
+    /// The channel asked for in CREATE_SESSION.
+    wanted: ChannelAttrs,
+    /// This client's owner, the same in every EXCHANGE_ID.
+    verf: Verifier,
+    owner: Vec<u8>,
     slots: Mutex<Slots>,
+    /// The opened file, once opened: re-opened by a recovery.
+    open: Mutex<Option<OpenState>>,
+    /// Held by the one task recovering the session.
+    recovery: tokio::sync::Mutex<()>,
     slot_free: Notify,
     last_used: Mutex<Instant>,
     lost: Mutex<Option<Status>>,
@@ -270,6 +340,55 @@ impl Drop for Session {
         }
     }
 }
+
+/// EXCHANGE_ID: the client id and the sequence id for CREATE_SESSION.
+async fn exchange_id(
+    rpc: &RpcConn,
+    minor: u32,
+    verf: &Verifier,
+    owner: &[u8],
+) -> Result<(u64, u32), Nfs4Error> {
+    let mut ops = Ops::new();
+    ops.exchange_id(verf, owner);
+    let body = call_plain(rpc, minor, "EXCHANGE_ID", &ops).await?;
+    Reply::parse(&body)
+        .and_then(|mut r| r.exchange_id())
+        .map_err(|e| Nfs4Error::reply("EXCHANGE_ID", e))
+}
+
+/// CREATE_SESSION (which also binds `rpc` to the new session).
+async fn create_session(
+    rpc: &RpcConn,
+    minor: u32,
+    clientid: u64,
+    sequence: u32,
+    wanted: &ChannelAttrs,
+) -> Result<(SessionId, ChannelAttrs), Nfs4Error> {
+    let mut ops = Ops::new();
+    ops.create_session(clientid, sequence, wanted);
+    let body = call_plain(rpc, minor, "CREATE_SESSION", &ops).await?;
+    Reply::parse(&body)
+        .and_then(|mut r| r.create_session())
+        .map_err(|e| Nfs4Error::reply("CREATE_SESSION", e))
+}
+
+/// Checks a SEQUENCE + RECLAIM_COMPLETE reply (COMPLETE_ALREADY is fine).
+fn reclaim_complete_reply(body: &[u8]) -> Result<(), Nfs4Error> {
+    match Reply::parse(body).and_then(|mut r| {
+        r.sequence()?;
+        r.simple(ops::OP_RECLAIM_COMPLETE)
+    }) {
+        Ok(())
+        | Err(ReplyError::Status {
+            status: Status::COMPLETE_ALREADY,
+            ..
+        }) => Ok(()),
+        Err(e) => Err(Nfs4Error::reply("RECLAIM_COMPLETE", e)),
+    }
+}
+
+/// The open owner of every OPEN.
+pub const OPEN_OWNER: &[u8] = b"ferry";
 
 /// A client owner unique to this open: one client id per opened file.
 fn client_owner() -> (Verifier, Vec<u8>) {
@@ -309,19 +428,16 @@ impl Session {
         let (verf, owner) = client_owner();
         let mut agreed = None;
         for minor in MINOR_VERSIONS {
-            let mut ops = Ops::new();
-            ops.exchange_id(&verf, &owner);
-            let body = call_plain(&rpc, minor, "EXCHANGE_ID", &ops).await?;
-            match Reply::parse(&body).and_then(|mut r| r.exchange_id()) {
+            match exchange_id(&rpc, minor, &verf, &owner).await {
                 Ok(ids) => {
                     agreed = Some((minor, ids));
                     break;
                 }
-                Err(ReplyError::Status {
+                Err(Nfs4Error::Status {
                     status: Status::MINOR_VERS_MISMATCH,
                     ..
                 }) => continue,
-                Err(e) => return Err(Nfs4Error::reply("EXCHANGE_ID", e)),
+                Err(e) => return Err(e),
             }
         }
         let Some((minor, (clientid, sequence))) = agreed else {
@@ -341,49 +457,31 @@ impl Session {
             max_ops: ops::MAX_RESULTS as u32,
             max_requests: MAX_SLOTS,
         };
-        let mut ops = Ops::new();
-        ops.create_session(clientid, sequence, &wanted);
-        let body = call_plain(&rpc, minor, "CREATE_SESSION", &ops).await?;
-        let (id, channel) = Reply::parse(&body)
-            .and_then(|mut r| r.create_session())
-            .map_err(|e| Nfs4Error::reply("CREATE_SESSION", e))?;
-        let nslots = channel.max_requests.clamp(1, MAX_SLOTS) as usize;
+        let (id, channel) = create_session(&rpc, minor, clientid, sequence, &wanted).await?;
         let session = Arc::new(Self {
             addr,
             config: config.clone(),
             minor,
-            clientid,
-            id,
             channel,
-            slots: Mutex::new(Slots {
-                seq: vec![1; nslots],
-                uncertain: vec![false; nslots],
-                busy: vec![false; nslots],
-                limit: nslots,
-            }),
+            wanted,
+            verf,
+            owner,
+            slots: Mutex::new(Slots::new(clientid, id, 0, &channel)),
+            open: Mutex::new(None),
+            recovery: tokio::sync::Mutex::new(()),
             slot_free: Notify::new(),
             last_used: Mutex::new(Instant::now()),
             lost: Mutex::new(None),
             renewal: Mutex::new(None),
         });
-        let link = Arc::new(Link::with(rpc));
+        let link = Arc::new(Link::with(rpc, 0));
         let mut ops = Ops::new();
         ops.reclaim_complete();
         let body = session
             .call(&link, "RECLAIM_COMPLETE", &ops, None, None)
             .await
             .0?;
-        match Reply::parse(&body).and_then(|mut r| {
-            r.sequence()?;
-            r.simple(ops::OP_RECLAIM_COMPLETE)
-        }) {
-            Ok(()) => {}
-            Err(ReplyError::Status {
-                status: Status::COMPLETE_ALREADY,
-                ..
-            }) => {}
-            Err(e) => return Err(Nfs4Error::reply("RECLAIM_COMPLETE", e)),
-        }
+        reclaim_complete_reply(&body)?;
         Ok((session, link))
     }
 
@@ -428,6 +526,160 @@ impl Session {
         *self.lost.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The current client id (a recovery replaces it).
+    pub fn clientid(&self) -> u64 {
+        self.lock_slots().clientid
+    }
+
+    fn generation(&self) -> u64 {
+        self.lock_slots().generation
+    }
+
+    /// Records the file opened in this session, for a recovery to open it again.
+    pub fn set_open(&self, open: OpenState) {
+        *self.open.lock().unwrap_or_else(|e| e.into_inner()) = Some(open);
+    }
+
+    fn open_state(&self) -> Option<OpenState> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The open state id requests are sent with.
+    fn stateid(&self) -> Option<StateId> {
+        self.open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|o| o.stateid)
+    }
+
+    /// Recovers after the server reported `status` (it lost the session, the client id
+    /// or the open state) for a request sent on session `generation`: one task at a
+    /// time, the others wait and find the session already replaced. When recovery
+    /// fails, the session is lost for every later request.
+    async fn recover(&self, link: &Link, generation: u64, status: Status) -> Result<(), Nfs4Error> {
+        let _one = self.recovery.lock().await;
+        if let Some(status) = self.lost() {
+            return Err(Nfs4Error::SessionLost { status });
+        }
+        if self.generation() != generation {
+            return Ok(());
+        }
+        match self.reestablish(link, generation + 1).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.lose(status);
+                Err(Nfs4Error::RecoveryFailed {
+                    status,
+                    source: Box::new(e),
+                })
+            }
+        }
+    }
+
+    /// RFC 8881 section 8.4.2: a new client id (the same owner) and session,
+    /// RECLAIM_COMPLETE, and the file opened again by its handle (CLAIM_FH) for a new
+    /// open state id, within the reconnect window. `link` gets the new connection, bound
+    /// by CREATE_SESSION; the other handles' connections are bound again at their next
+    /// request.
+    async fn reestablish(&self, link: &Link, generation: u64) -> Result<(), Nfs4Error> {
+        let start = Instant::now();
+        let window = self.config.reconnect_timeout;
+        let mut delay = Duration::from_millis(50);
+        let rpc = loop {
+            match RpcConn::connect(self.addr, NFS4_PROGRAM, NFS4_VERSION, &self.config.rpc).await {
+                Ok(rpc) => break rpc,
+                Err(source) if retryable(&source) && start.elapsed() < window => {
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(1));
+                }
+                Err(source) => {
+                    return Err(Nfs4Error::Rpc {
+                        op: "connect",
+                        source,
+                    })
+                }
+            }
+        };
+        let (clientid, sequence) = exchange_id(&rpc, self.minor, &self.verf, &self.owner).await?;
+        let (id, channel) =
+            create_session(&rpc, self.minor, clientid, sequence, &self.wanted).await?;
+        // Sent on slot 0 of the new session, before any other request can use it.
+        let mut seqid = 1u32;
+        let mut send = |ops: Ops| {
+            let args = compound(
+                self.minor,
+                Some(&Sequence {
+                    session: id,
+                    seqid,
+                    slot: 0,
+                    highest_slot: 0,
+                }),
+                &ops,
+                None,
+            );
+            seqid += 1;
+            let rpc = rpc.clone();
+            async move {
+                rpc.call(NFSPROC4_COMPOUND, &args, None, None)
+                    .await
+                    .result
+                    .map_err(|source| Nfs4Error::Rpc {
+                        op: "recovery",
+                        source,
+                    })
+            }
+        };
+        let mut ops = Ops::new();
+        ops.reclaim_complete();
+        reclaim_complete_reply(&send(ops).await?)?;
+        let mut stateid = None;
+        if let Some(open) = self.open_state() {
+            let mut delay = Duration::from_millis(50);
+            loop {
+                let mut ops = Ops::new();
+                ops.putfh(&open.fh)
+                    .open_fh(clientid, OPEN_OWNER, open.access);
+                let body = send(ops).await?;
+                match Reply::parse(&body).and_then(|mut r| {
+                    r.sequence()?;
+                    r.simple(ops::OP_PUTFH)?;
+                    r.open()
+                }) {
+                    Ok((id, _deleg)) => {
+                        stateid = Some(id);
+                        break;
+                    }
+                    // A server in its grace period allows only reclaims: wait it out.
+                    Err(ReplyError::Status {
+                        status: Status::GRACE | Status::DELAY,
+                        ..
+                    }) if start.elapsed() < window => {
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(1));
+                    }
+                    Err(e) => return Err(Nfs4Error::reply("OPEN", e)),
+                }
+            }
+        }
+        let next_seqid = seqid;
+        {
+            let mut st = self.lock_slots();
+            *st = Slots::new(clientid, id, generation, &channel);
+            st.seq[0] = next_seqid;
+        }
+        if let (Some(stateid), Some(open)) = (
+            stateid,
+            self.open.lock().unwrap_or_else(|e| e.into_inner()).as_mut(),
+        ) {
+            open.stateid = stateid;
+        }
+        *self.lost.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        link.set(rpc, generation).await;
+        self.slot_free.notify_waiters();
+        Ok(())
+    }
+
     fn lock_slots(&self) -> std::sync::MutexGuard<'_, Slots> {
         self.slots.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -442,6 +694,8 @@ impl Session {
                     let highest = st.busy.iter().rposition(|b| *b).unwrap_or(index) as u32;
                     return SlotGuard {
                         session: self,
+                        generation: st.generation,
+                        id: st.id,
                         index,
                         seqid: st.seq[index],
                         uncertain: st.uncertain[index],
@@ -455,9 +709,15 @@ impl Session {
     }
 
     /// Frees a slot; false when a SEQ_MISORDERED could not be repaired.
-    fn release(&self, index: usize, seqid: u32, how: Release) -> bool {
+    fn release(&self, generation: u64, index: usize, seqid: u32, how: Release) -> bool {
         let repaired = {
             let mut st = self.lock_slots();
+            if st.generation != generation {
+                // A slot of a session a recovery replaced: nothing to update.
+                drop(st);
+                self.slot_free.notify_one();
+                return true;
+            }
             st.busy[index] = false;
             match how {
                 Release::Unsent => true,
@@ -519,8 +779,15 @@ impl Session {
             if let Some(status) = self.lost() {
                 return fail(Nfs4Error::SessionLost { status }, sink);
             }
+            let generation = self.generation();
             let rpc = match link.rpc(self).await {
                 Ok(rpc) => rpc,
+                Err(Nfs4Error::SessionLost { status }) => {
+                    match self.recover(link, generation, status).await {
+                        Ok(()) => continue,
+                        Err(e) => return fail(e, sink),
+                    }
+                }
                 Err(Nfs4Error::Rpc { source, .. })
                     if retryable(&source) && start.elapsed() < config.reconnect_timeout =>
                 {
@@ -531,15 +798,18 @@ impl Session {
                 Err(e) => return fail(e, sink),
             };
             let slot = self.acquire().await;
+            let slot_generation = slot.generation;
+            let stateid = self.stateid();
             let args = compound(
                 self.minor,
                 Some(&Sequence {
-                    session: self.id,
+                    session: slot.id,
                     seqid: slot.seqid,
                     slot: slot.index as u32,
                     highest_slot: slot.highest,
                 }),
                 ops,
+                stateid.as_ref(),
             );
             let read_shape = ReadShape::Compound4 {
                 before: READ_PREFIX,
@@ -591,8 +861,10 @@ impl Session {
                         slot.release(Release::Unsent);
                     }
                     if status.is_session_loss() {
-                        self.lose(status);
-                        return fail(Nfs4Error::SessionLost { status }, sink);
+                        match self.recover(link, slot_generation, status).await {
+                            Ok(()) => continue,
+                            Err(e) => return fail(e, sink),
+                        }
                     }
                     if matches!(status, Status::DELAY | Status::GRACE)
                         && start.elapsed() < config.rpc.request_timeout
@@ -623,8 +895,10 @@ impl Session {
                 continue;
             }
             if status.is_session_loss() {
-                self.lose(status);
-                return fail(Nfs4Error::SessionLost { status }, sink);
+                match self.recover(link, slot_generation, status).await {
+                    Ok(()) => continue,
+                    Err(e) => return fail(e, sink),
+                }
             }
             return (Ok(body), sink);
         }
@@ -636,8 +910,12 @@ impl Session {
         let Ok(rpc) = link.rpc(self).await else {
             return;
         };
+        let (clientid, id) = {
+            let st = self.lock_slots();
+            (st.clientid, st.id)
+        };
         let mut ops = Ops::new();
-        ops.destroy_session(&self.id);
+        ops.destroy_session(&id);
         if call_plain(&rpc, self.minor, "DESTROY_SESSION", &ops)
             .await
             .is_err()
@@ -645,7 +923,7 @@ impl Session {
             return;
         }
         let mut ops = Ops::new();
-        ops.destroy_clientid(self.clientid);
+        ops.destroy_clientid(clientid);
         let _ = call_plain(&rpc, self.minor, "DESTROY_CLIENTID", &ops).await;
     }
 }
