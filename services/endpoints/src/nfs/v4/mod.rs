@@ -16,6 +16,9 @@
 //! COMMIT at flush with the write verifier checked (the NFSv3 `commit.rs` tracker). When
 //! the last handle is dropped the file is CLOSEd and the session and client id destroyed,
 //! in a spawned task (best effort: the server expires them with the lease otherwise).
+//! After a server restart the session and the open are recovered (see `session.rs`) and
+//! requests go on with the new state id; writes that were not committed before the restart
+//! make the next flush fail with the write-verifier error.
 
 mod ops;
 mod session;

@@ -83,11 +83,6 @@ pub const NFS4_CONTENT_HOLE: u32 = 1;
 const EXCHGID4_FLAG_USE_NON_PNFS: u32 = 0x0001_0000;
 const CDFC4_FORE: u32 = 0x1;
 
-/// SEQUENCE status flags: the lease expired and the server dropped state.
-pub const SEQ4_STATUS_EXPIRED: u32 = 0x8 | 0x10;
-/// SEQUENCE status flags: the server revoked state.
-pub const SEQ4_STATUS_REVOKED: u32 = 0x20 | 0x40;
-
 /// An NFSv4 status (nfsstat4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Status(pub u32);
@@ -992,6 +987,48 @@ mod tests {
         assert_eq!((d.u64().unwrap(), d.u32().unwrap()), (4096, 512));
         assert_eq!(d.remaining(), 0);
         assert_eq!(ops.opcodes(), [OP_PUTFH, OP_READ]);
+    }
+
+    #[test]
+    fn compound_writes_the_current_open_stateid_over_the_old_one() {
+        let old = StateId {
+            seqid: 1,
+            other: [7; 12],
+        };
+        let new = StateId {
+            seqid: 2,
+            other: [8; 12],
+        };
+        let deleg = StateId {
+            seqid: 3,
+            other: [9; 12],
+        };
+        let mut ops = Ops::new();
+        ops.putfh(&Fh(vec![1, 2, 3]))
+            .read(&old, 4096, 512)
+            .delegreturn(&deleg)
+            .close(&old);
+        let bytes = compound(2, None, &ops, Some(&new));
+        let mut d = Decoder::new(&bytes);
+        d.opaque(8, "tag").unwrap();
+        assert_eq!((d.u32().unwrap(), d.u32().unwrap()), (2, 4));
+        assert_eq!(d.u32().unwrap(), OP_PUTFH);
+        d.opaque(128, "fh").unwrap();
+        assert_eq!(d.u32().unwrap(), OP_READ);
+        assert_eq!(StateId::decode(&mut d).unwrap(), new);
+        assert_eq!((d.u64().unwrap(), d.u32().unwrap()), (4096, 512));
+        assert_eq!(d.u32().unwrap(), OP_DELEGRETURN);
+        assert_eq!(
+            StateId::decode(&mut d).unwrap(),
+            deleg,
+            "not an open state id"
+        );
+        assert_eq!((d.u32().unwrap(), d.u32().unwrap()), (OP_CLOSE, 0));
+        assert_eq!(StateId::decode(&mut d).unwrap(), new);
+        assert_eq!(d.remaining(), 0);
+        // Without a replacement the ids are the ones given.
+        let bytes = compound(2, None, &ops, None);
+        assert!(bytes.windows(12).any(|w| w == [7; 12]));
     }
 
     #[test]

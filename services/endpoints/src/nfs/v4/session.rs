@@ -9,8 +9,22 @@
 //! retried after a pause; lost connections are re-established and the request sent again
 //! within the reconnect window (READ, WRITE, COMMIT, SEEK, DEALLOCATE and GETATTR are
 //! idempotent). The lease is renewed by every request and, when idle, by a lone SEQUENCE
-//! every half lease. A server that forgets the session (a restart, an expired lease)
-//! fails every later request with a clear error: ferry does not recover open state.
+//! every half lease.
+//!
+//! A server that forgets the session, the client id or the open state (a restart, an
+//! expired lease: BADSESSION, DEADSESSION, STALE_CLIENTID, EXPIRED, a stale or bad state
+//! id, reported by SEQUENCE, by an operation, or by BIND_CONN_TO_SESSION on reconnect) is
+//! recovered as RFC 8881 section 8.4.2 describes, by one task while the others wait:
+//! EXCHANGE_ID with the same client owner, CREATE_SESSION, RECLAIM_COMPLETE, and the file
+//! opened again by its handle (CLAIM_FH; a server in its grace period is waited out, as
+//! ferry does not reclaim with CLAIM_PREVIOUS), all within the reconnect window. The
+//! slot table starts afresh; requests still in flight on the old session settle nothing
+//! in it. Every handle's connection is bound to the new session at its next request, and
+//! requests are encoded with the current open state id ([`ops::compound`] writes it over
+//! the one they were built with), so the failed request is simply sent again. Writes made
+//! before the restart are still checked by the COMMIT verifier (the new server's differs).
+//! A recovery that fails, or finds the file gone (STALE), loses the session for good: every
+//! later request fails with a clear error.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -31,6 +45,8 @@ use super::ops::{
 
 /// Slots used at most, whatever the server offers.
 const MAX_SLOTS: u32 = 64;
+/// Recoveries one request may go through.
+const MAX_RECOVERIES: u32 = 3;
 /// Minor versions tried, newest first.
 const MINOR_VERSIONS: [u32; 2] = [2, 1];
 
@@ -577,6 +593,22 @@ impl Session {
         }
     }
 
+    /// [`recover`](Self::recover) for one request, at most [`MAX_RECOVERIES`] times: a
+    /// server that keeps refusing the new state fails the request instead of looping.
+    async fn recover_for(
+        &self,
+        link: &Link,
+        generation: u64,
+        status: Status,
+        recoveries: &mut u32,
+    ) -> Result<(), Nfs4Error> {
+        *recoveries += 1;
+        if *recoveries > MAX_RECOVERIES {
+            return Err(Nfs4Error::SessionLost { status });
+        }
+        self.recover(link, generation, status).await
+    }
+
     /// RFC 8881 section 8.4.2: a new client id (the same owner) and session,
     /// RECLAIM_COMPLETE, and the file opened again by its handle (CLAIM_FH) for a new
     /// open state id, within the reconnect window. `link` gets the new connection, bound
@@ -775,6 +807,7 @@ impl Session {
         let mut delay = Duration::from_millis(20);
         let config = &self.config;
         let fail = |e: Nfs4Error, sink: Option<IoBuf>| (Err(e), sink);
+        let mut recoveries = 0;
         loop {
             if let Some(status) = self.lost() {
                 return fail(Nfs4Error::SessionLost { status }, sink);
@@ -783,7 +816,10 @@ impl Session {
             let rpc = match link.rpc(self).await {
                 Ok(rpc) => rpc,
                 Err(Nfs4Error::SessionLost { status }) => {
-                    match self.recover(link, generation, status).await {
+                    match self
+                        .recover_for(link, generation, status, &mut recoveries)
+                        .await
+                    {
                         Ok(()) => continue,
                         Err(e) => return fail(e, sink),
                     }
@@ -843,12 +879,8 @@ impl Session {
                     slot.release(Release::Done {
                         target_highest: seq.target_highest_slot,
                     });
-                    // With one open per session, any state dropped is this file's.
-                    if seq.status_flags & ops::SEQ4_STATUS_EXPIRED != 0 {
-                        self.lose(Status::EXPIRED);
-                    } else if seq.status_flags & ops::SEQ4_STATUS_REVOKED != 0 {
-                        self.lose(Status::ADMIN_REVOKED);
-                    }
+                    // SEQ4_STATUS_EXPIRED or _REVOKED: the open state is gone; the next
+                    // request using it fails with EXPIRED or a bad state id, and recovers.
                     self.touch();
                     status
                 }
@@ -861,7 +893,10 @@ impl Session {
                         slot.release(Release::Unsent);
                     }
                     if status.is_session_loss() {
-                        match self.recover(link, slot_generation, status).await {
+                        match self
+                            .recover_for(link, slot_generation, status, &mut recoveries)
+                            .await
+                        {
                             Ok(()) => continue,
                             Err(e) => return fail(e, sink),
                         }
@@ -895,7 +930,10 @@ impl Session {
                 continue;
             }
             if status.is_session_loss() {
-                match self.recover(link, slot_generation, status).await {
+                match self
+                    .recover_for(link, slot_generation, status, &mut recoveries)
+                    .await
+                {
                     Ok(()) => continue,
                     Err(e) => return fail(e, sink),
                 }
