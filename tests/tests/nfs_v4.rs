@@ -580,6 +580,31 @@ async fn a_restarted_server_is_recovered_from() {
     // The recovered session serves later requests too, on both handles.
     let buf = h.read_at(4096, IoBuf::new(4096)).await.unwrap();
     assert!(buf.iter().all(|b| *b == 3));
+    // Recovered once, for both handles; with no grace period, by a new OPEN.
+    assert_eq!(s.recoveries(), (0, 1));
+}
+
+/// A server restarted into a grace period lets the open be reclaimed (CLAIM_PREVIOUS)
+/// instead of waiting for the grace period to end for a new OPEN.
+#[tokio::test]
+async fn a_restart_with_a_grace_period_reclaims_the_open() {
+    let mut server =
+        Ganesha::start_with_nfsv4("Graceless = false; Lease_Lifetime = 10; Grace_Period = 30;");
+    std::fs::write(server.path("g.img"), vec![4u8; 65536]).unwrap();
+    let s = Nfs4Source::open(&spec(&server.url_v4("g.img")), &fault_options())
+        .await
+        .unwrap();
+    s.read_at(0, IoBuf::new(4096)).await.unwrap();
+    server.restart();
+    let started = Instant::now();
+    let buf = s.read_at(0, IoBuf::new(4096)).await.unwrap();
+    assert!(buf.iter().all(|b| *b == 4));
+    assert_eq!(s.recoveries(), (1, 0), "reclaimed, not opened anew");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "reclaimed in the grace period, not waited out: {:?}",
+        started.elapsed()
+    );
 }
 
 /// A file removed while the server was down cannot be opened again: the recovery fails
@@ -614,11 +639,12 @@ async fn nfs4_source_server_restarted_mid_copy_is_survived() {
     let dir = scratch_dir();
     let image = half_data(&server.path("src.raw"), 5);
     let out = dir.path().join("dst.raw");
-    let s: Arc<dyn Source> = Arc::new(
+    let opened = Arc::new(
         Nfs4Source::open(&spec(&server.url_v4("src.raw")), &fault_options())
             .await
             .unwrap(),
     );
+    let s: Arc<dyn Source> = opened.clone();
     let t = target(out.to_str().unwrap(), SIZE).await.unwrap();
     let copying = tokio::spawn(async move { copying::run(s, t, &slow()).await });
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -633,6 +659,7 @@ async fn nfs4_source_server_restarted_mid_copy_is_survived() {
     .await
     .unwrap();
     copying.await.unwrap().unwrap();
+    assert_eq!(opened.recoveries(), (0, 1), "the open was recovered once");
     qemu_img_compare(&image.path, &out);
     assert_eq!(blkhash_file(&out), blkhash_file(&image.path));
     drop(server);
@@ -644,11 +671,12 @@ async fn nfs4_target_server_restarted_before_commit_reports_lost_writes() {
     let dir = scratch_dir();
     let image = half_data(&dir.path().join("src.raw"), 6);
     let s = source(image.path.to_str().unwrap()).await.unwrap();
-    let t: Arc<dyn Target> = Arc::new(
+    let opened = Arc::new(
         Nfs4Target::open(&spec(&server.url_v4("dst.raw")), SIZE, &fault_options())
             .await
             .unwrap(),
     );
+    let t: Arc<dyn Target> = opened.clone();
     let copying = tokio::spawn(async move { copying::run(s, t, &slow()).await });
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
@@ -669,6 +697,9 @@ async fn nfs4_target_server_restarted_before_commit_reports_lost_writes() {
     assert!(text.contains("restarted"), "{text}");
     assert!(text.contains("write verifier"), "{text}");
     assert_eq!(err.kind(), ErrorKind::Disconnected, "{err}");
+    // The writes after the restart went on through the recovered open: the failure is
+    // the verifier check's, not a lost session's.
+    assert_eq!(opened.recoveries(), (0, 1));
     drop(server);
 }
 

@@ -358,6 +358,21 @@ impl Ops {
         &mut self.enc
     }
 
+    /// Reclaim of the open of the current file handle the client had before the server
+    /// restarted (CLAIM_PREVIOUS, RFC 8881 section 8.4.2.1), in the server's grace period.
+    pub fn open_previous(&mut self, clientid: u64, owner: &[u8], access: u32) -> &mut Self {
+        self.op(OP_OPEN)
+            .u32(0) // seqid, ignored in 4.1
+            .u32(access | OPEN4_SHARE_ACCESS_WANT_NO_DELEG)
+            .u32(0) // OPEN4_SHARE_DENY_NONE
+            .u64(clientid)
+            .opaque(owner)
+            .u32(0) // OPEN4_NOCREATE
+            .u32(1) // CLAIM_PREVIOUS
+            .u32(0); // OPEN_DELEGATE_NONE held
+        self
+    }
+
     /// OPEN of the current file handle without a name (CLAIM_FH, RFC 8881 section
     /// 18.16.3): the new open after the server lost the old one.
     pub fn open_fh(&mut self, clientid: u64, owner: &[u8], access: u32) -> &mut Self {

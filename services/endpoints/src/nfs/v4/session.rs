@@ -15,16 +15,17 @@
 //! expired lease: BADSESSION, DEADSESSION, STALE_CLIENTID, EXPIRED, a stale or bad state
 //! id, reported by SEQUENCE, by an operation, or by BIND_CONN_TO_SESSION on reconnect) is
 //! recovered as RFC 8881 section 8.4.2 describes, by one task while the others wait:
-//! EXCHANGE_ID with the same client owner, CREATE_SESSION, RECLAIM_COMPLETE, and the file
-//! opened again by its handle (CLAIM_FH; a server in its grace period is waited out, as
-//! ferry does not reclaim with CLAIM_PREVIOUS), all within the reconnect window. The
-//! slot table starts afresh; requests still in flight on the old session settle nothing
-//! in it. Every handle's connection is bound to the new session at its next request, and
-//! requests are encoded with the current open state id ([`ops::compound`] writes it over
-//! the one they were built with), so the failed request is simply sent again. Writes made
-//! before the restart are still checked by the COMMIT verifier (the new server's differs).
-//! A recovery that fails, or finds the file gone (STALE), loses the session for good: every
-//! later request fails with a clear error.
+//! EXCHANGE_ID with the same client owner, CREATE_SESSION, the open reclaimed
+//! (CLAIM_PREVIOUS) when the server is in its grace period, RECLAIM_COMPLETE, and otherwise
+//! (NO_GRACE, as from a graceless server) the file opened again by its handle (CLAIM_FH),
+//! all within the reconnect window. The slot table starts afresh; requests still in
+//! flight on the old session settle nothing in it. Every handle's connection is bound to
+//! the new session at its next request, and requests are encoded with the current open
+//! state id ([`ops::compound`] writes it over the one they were built with), so the failed
+//! request is simply sent again. Writes made before the restart are still checked by the
+//! COMMIT verifier (the new server's differs). A recovery that fails, or finds the file
+//! gone (STALE), loses the session for good: every later request fails with a clear
+//! error. One request goes through at most [`MAX_RECOVERIES`] recoveries.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -338,6 +339,9 @@ pub struct Session {
     open: Mutex<Option<OpenState>>,
     /// Held by the one task recovering the session.
     recovery: tokio::sync::Mutex<()>,
+    /// Opens recovered by reclaim (CLAIM_PREVIOUS) and by a new OPEN (CLAIM_FH).
+    reclaimed: AtomicU32,
+    reopened: AtomicU32,
     slot_free: Notify,
     last_used: Mutex<Instant>,
     lost: Mutex<Option<Status>>,
@@ -485,6 +489,8 @@ impl Session {
             slots: Mutex::new(Slots::new(clientid, id, 0, &channel)),
             open: Mutex::new(None),
             recovery: tokio::sync::Mutex::new(()),
+            reclaimed: AtomicU32::new(0),
+            reopened: AtomicU32::new(0),
             slot_free: Notify::new(),
             last_used: Mutex::new(Instant::now()),
             lost: Mutex::new(None),
@@ -540,6 +546,15 @@ impl Session {
 
     fn lost(&self) -> Option<Status> {
         *self.lost.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Opens recovered after the server lost them: (reclaimed in its grace period, opened
+    /// anew by file handle).
+    pub fn recoveries(&self) -> (u32, u32) {
+        (
+            self.reclaimed.load(Ordering::Relaxed),
+            self.reopened.load(Ordering::Relaxed),
+        )
     }
 
     /// The current client id (a recovery replaces it).
@@ -609,9 +624,9 @@ impl Session {
         self.recover(link, generation, status).await
     }
 
-    /// RFC 8881 section 8.4.2: a new client id (the same owner) and session,
-    /// RECLAIM_COMPLETE, and the file opened again by its handle (CLAIM_FH) for a new
-    /// open state id, within the reconnect window. `link` gets the new connection, bound
+    /// RFC 8881 section 8.4.2: a new client id (the same owner) and session, the open
+    /// reclaimed (CLAIM_PREVIOUS) or, after RECLAIM_COMPLETE, opened again by its handle
+    /// (CLAIM_FH) for a new open state id, within the reconnect window. `link` gets the new connection, bound
     /// by CREATE_SESSION; the other handles' connections are bound again at their next
     /// request.
     async fn reestablish(&self, link: &Link, generation: u64) -> Result<(), Nfs4Error> {
@@ -662,11 +677,51 @@ impl Session {
                     })
             }
         };
+        let open = self.open_state();
+        let mut stateid = None;
+        if let Some(open) = &open {
+            // In the server's grace period the open is reclaimed; a server without one
+            // (NO_GRACE), or that cannot reclaim it, gets a new OPEN below.
+            let mut ops = Ops::new();
+            ops.putfh(&open.fh)
+                .open_previous(clientid, OPEN_OWNER, open.access);
+            let body = send(ops).await?;
+            match Reply::parse(&body).and_then(|mut r| {
+                r.sequence()?;
+                r.simple(ops::OP_PUTFH)?;
+                r.open()
+            }) {
+                Ok((id, _deleg)) => {
+                    stateid = Some(id);
+                    self.reclaimed.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(ReplyError::Status {
+                    status: status @ (Status::STALE | Status::BADHANDLE | Status::FHEXPIRED),
+                    index,
+                    ..
+                }) => {
+                    return Err(Nfs4Error::Status {
+                        op: "PUTFH",
+                        index,
+                        status,
+                    })
+                }
+                Err(ReplyError::Status {
+                    index: 0, status, ..
+                }) => {
+                    return Err(Nfs4Error::Status {
+                        op: "SEQUENCE",
+                        index: 0,
+                        status,
+                    })
+                }
+                Err(_) => {}
+            }
+        }
         let mut ops = Ops::new();
         ops.reclaim_complete();
         reclaim_complete_reply(&send(ops).await?)?;
-        let mut stateid = None;
-        if let Some(open) = self.open_state() {
+        if let (Some(open), None) = (&open, stateid) {
             let mut delay = Duration::from_millis(50);
             loop {
                 let mut ops = Ops::new();
@@ -680,6 +735,7 @@ impl Session {
                 }) {
                     Ok((id, _deleg)) => {
                         stateid = Some(id);
+                        self.reopened.fetch_add(1, Ordering::Relaxed);
                         break;
                     }
                     // A server in its grace period allows only reclaims: wait it out.

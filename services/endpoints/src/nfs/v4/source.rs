@@ -96,6 +96,12 @@ impl Nfs4Source {
         self.file.session.minor
     }
 
+    /// Times the server lost this open (a restart) and it was recovered: (reclaimed in
+    /// the server's grace period, opened anew by file handle).
+    pub fn recoveries(&self) -> (u32, u32) {
+        self.file.session.recoveries()
+    }
+
     /// Whether holes are found with SEEK.
     pub fn uses_seek(&self) -> bool {
         self.file.seek

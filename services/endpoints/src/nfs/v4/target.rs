@@ -159,6 +159,12 @@ impl Nfs4Target {
         self.file.session.minor
     }
 
+    /// Times the server lost this open (a restart) and it was recovered: (reclaimed in
+    /// the server's grace period, opened anew by file handle).
+    pub fn recoveries(&self) -> (u32, u32) {
+        self.file.session.recoveries()
+    }
+
     /// Whether zero ranges are DEALLOCATEd rather than written.
     pub fn deallocates(&self) -> bool {
         self.file.dealloc.load(Ordering::Relaxed)
