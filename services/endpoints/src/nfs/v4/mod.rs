@@ -120,8 +120,12 @@ impl Shared {
                 ": permission denied for uid {} gid {}",
                 self.config.rpc.uid, self.config.rpc.gid
             ),
-            _ if matches!(e, Nfs4Error::SessionLost { .. }) => {
-                ": the server lost this client's session (restarted or expired it)".to_string()
+            _ if matches!(
+                e,
+                Nfs4Error::SessionLost { .. } | Nfs4Error::RecoveryFailed { .. }
+            ) =>
+            {
+                ": the server lost this client's session (restarted or expired it) and it could not be recovered".to_string()
             }
             _ if kind == ErrorKind::Disconnected => format!(
                 " (no connection within the reconnect window of {:?})",

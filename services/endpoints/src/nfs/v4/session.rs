@@ -695,23 +695,17 @@ impl Session {
                     stateid = Some(id);
                     self.reclaimed.fetch_add(1, Ordering::Relaxed);
                 }
-                Err(ReplyError::Status {
-                    status: status @ (Status::STALE | Status::BADHANDLE | Status::FHEXPIRED),
-                    index,
-                    ..
-                }) => {
+                // The file is gone, or the new session already failed.
+                Err(ReplyError::Status { op, index, status })
+                    if index == 0
+                        || matches!(
+                            status,
+                            Status::STALE | Status::BADHANDLE | Status::FHEXPIRED
+                        ) =>
+                {
                     return Err(Nfs4Error::Status {
-                        op: "PUTFH",
+                        op: op_name(op),
                         index,
-                        status,
-                    })
-                }
-                Err(ReplyError::Status {
-                    index: 0, status, ..
-                }) => {
-                    return Err(Nfs4Error::Status {
-                        op: "SEQUENCE",
-                        index: 0,
                         status,
                     })
                 }
@@ -750,17 +744,19 @@ impl Session {
                 }
             }
         }
-        let next_seqid = seqid;
-        {
-            let mut st = self.lock_slots();
-            *st = Slots::new(clientid, id, generation, &channel);
-            st.seq[0] = next_seqid;
-        }
+        // The new state id first: a request on the new session must not carry the old
+        // one (which would start another recovery).
         if let (Some(stateid), Some(open)) = (
             stateid,
             self.open.lock().unwrap_or_else(|e| e.into_inner()).as_mut(),
         ) {
             open.stateid = stateid;
+        }
+        let next_seqid = seqid;
+        {
+            let mut st = self.lock_slots();
+            *st = Slots::new(clientid, id, generation, &channel);
+            st.seq[0] = next_seqid;
         }
         *self.lost.lock().unwrap_or_else(|e| e.into_inner()) = None;
         link.set(rpc, generation).await;
