@@ -746,3 +746,40 @@ async fn nfs4_to_nbd_is_exact() {
     qemu_img_compare(&image.path, &out);
     assert_eq!(blkhash_file(&out), blkhash_file(&image.path));
 }
+
+/// A server that resets the first connection it accepts (as a server only just started
+/// may): the session is started again over a new connection and the copy is exact.
+#[tokio::test]
+async fn a_reset_first_connection_is_retried() {
+    use tokio::io::AsyncReadExt;
+    use tokio::net::{TcpListener, TcpStream};
+    let server = Ganesha::start();
+    let dir = scratch_dir();
+    let image = half_data(&dir.path().join("src.raw"), 9);
+    let proxy = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = proxy.local_addr().unwrap().port();
+    let upstream = ("127.0.0.1", server.nfs_port);
+    let resets = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&resets);
+    tokio::spawn(async move {
+        let mut first = true;
+        while let Ok((mut client, _)) = proxy.accept().await {
+            if std::mem::take(&mut first) {
+                let mut head = [0u8; 4];
+                let _ = client.read_exact(&mut head).await;
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                // Dropped with the request unread: the kernel resets the connection.
+                continue;
+            }
+            let mut to = TcpStream::connect(upstream).await.unwrap();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut to).await;
+            });
+        }
+    });
+    let url = format!("nfs://127.0.0.1/export/dst.raw?nfsport={port}&version=4");
+    run_copy(image.path.to_str().unwrap(), &url).await.unwrap();
+    assert_eq!(resets.load(std::sync::atomic::Ordering::SeqCst), 1);
+    qemu_img_compare(&image.path, &server.path("dst.raw"));
+    assert_eq!(blkhash_of(&url).await, blkhash_file(&image.path));
+}

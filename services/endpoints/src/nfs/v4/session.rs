@@ -431,10 +431,38 @@ fn client_owner() -> (Verifier, Vec<u8>) {
 }
 
 impl Session {
+    /// [`Session::establish_once`], again over a new connection when the connection is
+    /// lost on the way (within the reconnect window, as every other request): a server
+    /// that has only just started can reset the first connections it accepts. A refused
+    /// or timed-out connect fails at once, so a wrong port is reported without delay.
+    pub async fn establish(
+        addr: SocketAddr,
+        config: &ClientConfig,
+        max_transfer: u32,
+    ) -> Result<(Arc<Self>, Arc<Link>), Nfs4Error> {
+        let start = Instant::now();
+        let mut delay = Duration::from_millis(50);
+        loop {
+            let result = Self::establish_once(addr, config, max_transfer).await;
+            let lost = matches!(
+                &result,
+                Err(Nfs4Error::Rpc {
+                    source: RpcError::Disconnected { .. },
+                    ..
+                })
+            );
+            if !lost || start.elapsed() >= config.reconnect_timeout {
+                return result;
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(1));
+        }
+    }
+
     /// Connects, agrees on a minor version (4.2, else 4.1), creates the client id and
     /// the session, and declares reclaims complete. Returns the session and its first
     /// connection.
-    pub async fn establish(
+    async fn establish_once(
         addr: SocketAddr,
         config: &ClientConfig,
         max_transfer: u32,
