@@ -44,6 +44,31 @@ fn port_open(port: u16) -> bool {
     .is_ok()
 }
 
+const NFS_PROGRAM: u32 = 100_003;
+const MOUNT_PROGRAM: u32 = 100_005;
+
+/// Whether `program` answers an RPC NULL call on `port`: the server is serving, not only
+/// listening (a ganesha that has just started can reset the first connections it
+/// accepts).
+fn rpc_answers(port: u16, program: u32, version: u32) -> bool {
+    use std::io::{Read, Write};
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    // Record mark, xid, CALL, RPC version 2, program, version, NULL, AUTH_NONE twice.
+    let words = [0x8000_0000 | 40, 1, 0, 2, program, version, 0, 0, 0, 0, 0];
+    let call: Vec<u8> = words.iter().flat_map(|w| w.to_be_bytes()).collect();
+    let mut reply = [0u8; 28];
+    if s.write_all(&call).is_err() || s.read_exact(&mut reply).is_err() {
+        return false;
+    }
+    let word = |i: usize| u32::from_be_bytes([reply[i], reply[i + 1], reply[i + 2], reply[i + 3]]);
+    // REPLY, MSG_ACCEPTED, an empty verifier, SUCCESS.
+    word(8) == 1 && word(12) == 0 && word(20) == 0 && word(24) == 0
+}
+
 /// Starts rpcbind unless something already answers on port 111.
 pub fn ensure_rpcbind() {
     if port_open(111) {
@@ -212,7 +237,9 @@ impl Ganesha {
                     self.pid = None;
                     return Err(format!("ganesha.nfsd died at start: {}", self.log_tail()));
                 }
-                if port_open(self.nfs_port) && port_open(self.mount_port) {
+                if rpc_answers(self.nfs_port, NFS_PROGRAM, 3)
+                    && rpc_answers(self.mount_port, MOUNT_PROGRAM, 3)
+                {
                     return Ok(());
                 }
             }
