@@ -128,6 +128,28 @@ impl Tracker {
         Err(report)
     }
 
+    /// One flush of the writes completed so far: nothing when none is uncommitted, else
+    /// `send` (the COMMIT, answering the server's verifier) and the verifier check. A loss,
+    /// seen now or before, is a Disconnected error of the flush of `describe`.
+    pub async fn commit<F, Fut>(&self, describe: &str, send: F) -> ferry_core::Result<()>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = ferry_core::Result<Verifier>>,
+    {
+        let lost = |lost: Lost| {
+            ferry_core::Error::new(ferry_core::ErrorKind::Disconnected, lost.to_string())
+                .with_operation("flush")
+                .with_endpoint(describe.to_string())
+        };
+        let mark = match self.begin() {
+            Ok(Some(mark)) => mark,
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(lost(e)),
+        };
+        let verf = send().await?;
+        self.settle(mark, verf).map_err(lost)
+    }
+
     /// Uncommitted writes recorded (for tests and diagnostics).
     pub fn pending(&self) -> usize {
         self.lock().writes.len()

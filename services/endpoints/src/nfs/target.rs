@@ -15,7 +15,6 @@ use ferry_core::{Caps, Error, ErrorKind, IoBuf, Result, Target, ZeroMode};
 use crate::background_flush::{BackgroundFlush, DEFAULT_BACKGROUND_FLUSH};
 
 use super::client::NfsConn;
-use super::commit::Lost;
 use super::{mount, open_common, proto, transfer, File, NfsOptions, SharedFile};
 
 /// A file on an NFS server, written over NFSv3. Each [`Target::connect`] opens another TCP
@@ -133,26 +132,15 @@ impl NfsTarget {
         self.file.commits.pending()
     }
 
-    fn lost(file: &File, lost: Lost) -> Error {
-        Error::new(ErrorKind::Disconnected, lost.to_string())
-            .with_operation("flush")
-            .with_endpoint(file.describe.clone())
-    }
-
     /// COMMITs the file when writes are uncommitted, and checks they survived.
     async fn commit(file: &File, nfs: &NfsConn) -> Result<()> {
-        let mark = match file.commits.begin() {
-            Ok(Some(mark)) => mark,
-            Ok(None) => return Ok(()),
-            Err(lost) => return Err(Self::lost(file, lost)),
-        };
-        let verf = nfs
-            .commit(&file.fh)
-            .await
-            .map_err(|e| file.err(e, "flush", 0))?;
         file.commits
-            .settle(mark, verf)
-            .map_err(|lost| Self::lost(file, lost))
+            .commit(&file.describe, || async {
+                nfs.commit(&file.fh)
+                    .await
+                    .map_err(|e| file.err(e, "flush", 0))
+            })
+            .await
     }
 
     /// Writes `data` at `offset` in WRITEs of at most wsize bytes.

@@ -12,9 +12,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use ferry_core::spec::NfsSpec;
-use ferry_core::{Caps, Error, ErrorKind, IoBuf, Result, Target, ZeroMode};
+use ferry_core::{Caps, Error, IoBuf, Result, Target, ZeroMode};
 
-use super::super::commit::Lost;
 use super::ops::{self, Ops, Status};
 use super::session::Link;
 use super::{open_common, open_error, open_file, Shared};
@@ -175,31 +174,20 @@ impl Nfs4Target {
         self.file.commits.pending()
     }
 
-    fn lost(file: &Shared, lost: Lost) -> Error {
-        Error::new(ErrorKind::Disconnected, lost.to_string())
-            .with_operation("flush")
-            .with_endpoint(file.describe.clone())
-    }
-
     /// COMMITs the file when writes are uncommitted, and checks they survived.
     async fn commit(f: &Shared, link: &Link) -> Result<()> {
-        let mark = match f.commits.begin() {
-            Ok(Some(mark)) => mark,
-            Ok(None) => return Ok(()),
-            Err(lost) => return Err(Self::lost(f, lost)),
-        };
-        let mut ops = Ops::new();
-        ops.putfh(&f.fh).commit(0, 0);
-        let verf = f
-            .call(link, "COMMIT", &ops, None, |r| {
-                r.simple(ops::OP_PUTFH)?;
-                r.commit()
+        f.commits
+            .commit(&f.describe, || async {
+                let mut ops = Ops::new();
+                ops.putfh(&f.fh).commit(0, 0);
+                f.call(link, "COMMIT", &ops, None, |r| {
+                    r.simple(ops::OP_PUTFH)?;
+                    r.commit()
+                })
+                .await
+                .map_err(|e| f.err(e, "flush", 0))
             })
             .await
-            .map_err(|e| f.err(e, "flush", 0))?;
-        f.commits
-            .settle(mark, verf)
-            .map_err(|lost| Self::lost(f, lost))
     }
 
     /// Counts `len` bytes written toward the next background COMMIT.
