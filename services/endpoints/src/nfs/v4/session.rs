@@ -430,6 +430,15 @@ fn client_owner() -> (Verifier, Vec<u8>) {
     (verf, owner.into_bytes())
 }
 
+/// The reply to SEQUENCE, PUTFH, OPEN: the open's state id and delegation.
+fn open_reply(body: &[u8]) -> ops::ReplyResult<(StateId, Option<StateId>)> {
+    Reply::parse(body).and_then(|mut r| {
+        r.sequence()?;
+        r.simple(ops::OP_PUTFH)?;
+        r.open()
+    })
+}
+
 impl Session {
     /// [`Session::establish_once`], again over a new connection when the connection is
     /// lost on the way (within the reconnect window, as every other request): a server
@@ -714,11 +723,7 @@ impl Session {
             ops.putfh(&open.fh)
                 .open_previous(clientid, OPEN_OWNER, open.access);
             let body = send(ops).await?;
-            match Reply::parse(&body).and_then(|mut r| {
-                r.sequence()?;
-                r.simple(ops::OP_PUTFH)?;
-                r.open()
-            }) {
+            match open_reply(&body) {
                 Ok((id, _deleg)) => {
                     stateid = Some(id);
                     self.reclaimed.fetch_add(1, Ordering::Relaxed);
@@ -750,11 +755,7 @@ impl Session {
                 ops.putfh(&open.fh)
                     .open_fh(clientid, OPEN_OWNER, open.access);
                 let body = send(ops).await?;
-                match Reply::parse(&body).and_then(|mut r| {
-                    r.sequence()?;
-                    r.simple(ops::OP_PUTFH)?;
-                    r.open()
-                }) {
+                match open_reply(&body) {
                     Ok((id, _deleg)) => {
                         stateid = Some(id);
                         self.reopened.fetch_add(1, Ordering::Relaxed);
