@@ -137,7 +137,9 @@ mod tests {
         let distinct: std::collections::HashSet<_> = all.iter().collect();
         assert!(distinct.len() > 1500, "{} distinct inputs", distinct.len());
         assert!(all.iter().any(|i| i.windows(5).any(|w| w == b"TOKEN")));
-        assert!(all.iter().any(|i| i.starts_with(b"hello") && i.contains(&0)));
+        assert!(all
+            .iter()
+            .any(|i| i.starts_with(b"hello") && i.contains(&0)));
     }
 
     #[test]

@@ -90,8 +90,20 @@ fn nbd_replies_body(ext: bool, variant: bool) -> Vec<u8> {
     let done = REPLY_FLAG_DONE;
     let mut out = Vec::new();
     let data = |offset: u64, fill: u8| cat(&[&offset.to_be_bytes(), &[fill; 2048]]);
-    out.extend(nbd_chunk(ext, 1, 0, REPLY_TYPE_OFFSET_DATA, &data(2048, 0xab)));
-    out.extend(nbd_chunk(ext, 1, done, REPLY_TYPE_OFFSET_DATA, &data(0, 0xcd)));
+    out.extend(nbd_chunk(
+        ext,
+        1,
+        0,
+        REPLY_TYPE_OFFSET_DATA,
+        &data(2048, 0xab),
+    ));
+    out.extend(nbd_chunk(
+        ext,
+        1,
+        done,
+        REPLY_TYPE_OFFSET_DATA,
+        &data(0, 0xcd),
+    ));
     let hole = cat(&[&nbd_request_offset(2).to_be_bytes(), &4096u32.to_be_bytes()]);
     out.extend(nbd_chunk(ext, 2, 0, REPLY_TYPE_OFFSET_HOLE, &hole));
     out.extend(nbd_chunk(ext, 2, done, REPLY_TYPE_NONE, &[]));
@@ -111,7 +123,13 @@ fn nbd_replies_body(ext: bool, variant: bool) -> Vec<u8> {
     let msg = b"injected";
     let error = |errno: u32| cat(&[&errno.to_be_bytes(), &(msg.len() as u16).to_be_bytes(), msg]);
     let with_offset = cat(&[&error(5), &512u64.to_be_bytes()]);
-    out.extend(nbd_chunk(ext, 4, done, REPLY_TYPE_ERROR_OFFSET, &with_offset));
+    out.extend(nbd_chunk(
+        ext,
+        4,
+        done,
+        REPLY_TYPE_ERROR_OFFSET,
+        &with_offset,
+    ));
     out.extend(nbd_chunk(ext, 5, done, REPLY_TYPE_ERROR, &error(28)));
     if ext || variant {
         out.extend(nbd_chunk(ext, 6, done, REPLY_TYPE_NONE, &[]));
@@ -153,14 +171,35 @@ pub fn nbd_parsers() -> Vec<Seed> {
         seed("status", status),
         seed(
             "greeting",
-            cat(&[&[0], &NBDMAGIC.to_be_bytes(), &IHAVEOPT.to_be_bytes(), &flags.to_be_bytes()]),
+            cat(&[
+                &[0],
+                &NBDMAGIC.to_be_bytes(),
+                &IHAVEOPT.to_be_bytes(),
+                &flags.to_be_bytes(),
+            ]),
         ),
         seed(
             "option-reply",
-            cat(&[&[1], &REPLY_MAGIC.to_be_bytes(), &OPT_GO.to_be_bytes(), &REP_ACK.to_be_bytes(), &0u32.to_be_bytes()]),
+            cat(&[
+                &[1],
+                &REPLY_MAGIC.to_be_bytes(),
+                &OPT_GO.to_be_bytes(),
+                &REP_ACK.to_be_bytes(),
+                &0u32.to_be_bytes(),
+            ]),
         ),
-        seed("server", cat(&[&[3], &4u32.to_be_bytes(), b"disk", b"a disk"])),
-        seed("meta-context", cat(&[&[4], &1u32.to_be_bytes(), CONTEXT_BASE_ALLOCATION.as_bytes()])),
+        seed(
+            "server",
+            cat(&[&[3], &4u32.to_be_bytes(), b"disk", b"a disk"]),
+        ),
+        seed(
+            "meta-context",
+            cat(&[
+                &[4],
+                &1u32.to_be_bytes(),
+                CONTEXT_BASE_ALLOCATION.as_bytes(),
+            ]),
+        ),
         seed("simple-reply", simple),
         seed("error", error),
         seed("hole", hole),
@@ -218,7 +257,11 @@ pub fn iscsi_pdu() -> Vec<Seed> {
     capacity.extend([0, 0, 0xc0, 0]);
     capacity.resize(capacity.len() + 16, 0);
     let descriptor = |lba: u64, blocks: u32, status: u8| {
-        cat(&[&lba.to_be_bytes(), &blocks.to_be_bytes(), &[status, 0, 0, 0]])
+        cat(&[
+            &lba.to_be_bytes(),
+            &blocks.to_be_bytes(),
+            &[status, 0, 0, 0],
+        ])
     };
     let lba = cat(&[
         &[7],
@@ -252,7 +295,12 @@ fn iscsi_target_pdu(opcode: u8, flags: u8, data: &[u8], fields: &[(usize, u32)])
 fn iscsi_full_feature() -> Vec<u8> {
     const NONE: u32 = 0xffff_ffff;
     let pdus = [
-        iscsi_target_pdu(0x25, 0x00, &[0x11; 2048], &[(16, 0x100), (20, NONE), (36, 0), (40, 0)]),
+        iscsi_target_pdu(
+            0x25,
+            0x00,
+            &[0x11; 2048],
+            &[(16, 0x100), (20, NONE), (36, 0), (40, 0)],
+        ),
         iscsi_target_pdu(
             0x25,
             0x81,
@@ -263,7 +311,14 @@ fn iscsi_full_feature() -> Vec<u8> {
             0x31,
             0x80,
             &[],
-            &[(16, 0x101), (20, 0x55), (24, 2), (36, 0), (40, 4096), (44, 4096)],
+            &[
+                (16, 0x101),
+                (20, 0x55),
+                (24, 2),
+                (36, 0),
+                (40, 4096),
+                (44, 4096),
+            ],
         ),
         iscsi_target_pdu(0x20, 0x80, &[], &[(16, NONE), (20, 0x77), (24, 2)]),
         iscsi_target_pdu(0x21, 0x80, &[], &[(16, 0x101), (24, 2)]),

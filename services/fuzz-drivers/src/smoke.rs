@@ -57,7 +57,12 @@ pub struct Failure {
 
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let preview: String = self.input.iter().take(64).map(|b| format!("{b:02x}")).collect();
+        let preview: String = self
+            .input
+            .iter()
+            .take(64)
+            .map(|b| format!("{b:02x}"))
+            .collect();
         write!(
             f,
             "fuzz target {} {} on input {} ({} bytes: {preview}{}); reproduce with \
@@ -85,8 +90,13 @@ pub fn run(driver: &Driver, seed: u64, limit: Duration) -> Result<Summary, Failu
         input,
     };
     let seeds = (driver.seeds)();
-    let tokens = dict::parse(driver.dict)
-        .map_err(|e| fail("dictionary".into(), format!("has a bad dictionary: {e}"), vec![]))?;
+    let tokens = dict::parse(driver.dict).map_err(|e| {
+        fail(
+            "dictionary".into(),
+            format!("has a bad dictionary: {e}"),
+            vec![],
+        )
+    })?;
     let worker = Worker::spawn(driver)
         .map_err(|e| fail("none".into(), format!("could not start: {e}"), vec![]))?;
     for s in &seeds {

@@ -17,7 +17,10 @@ fn save(failure: &Failure) -> String {
     let path = dir.join(format!("{}-{}", failure.driver, failure.label));
     match std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, &failure.input)) {
         Ok(()) => format!("{failure}; input saved as {}", path.display()),
-        Err(e) => format!("{failure}; could not save the input as {}: {e}", path.display()),
+        Err(e) => format!(
+            "{failure}; could not save the input as {}: {e}",
+            path.display()
+        ),
     }
 }
 
@@ -103,21 +106,29 @@ fn fake(name: &'static str, run: fn(&[u8])) -> Driver {
 /// the failure carries that input and the seed.
 #[test]
 fn the_smoke_catches_a_panic_and_a_hang() {
-    let limit = Duration::from_millis(200);
-    let panic = smoke::run(&fake("fake", panics_on_x), 1, limit).expect_err("a panic");
+    // The panic gets the full limit: the panic hook may print a backtrace first.
+    let panic = smoke::run(&fake("fake", panics_on_x), 1, smoke::INPUT_LIMIT).expect_err("a panic");
     assert!(panic.what.contains("panicked: found an X"), "{panic}");
     assert!(panic.input.contains(&b'X') && panic.label.starts_with("mutant-"));
-    assert!(panic.to_string().contains("FERRY_FUZZ_SMOKE_SEED=0x1 "), "{panic}");
+    assert!(
+        panic.to_string().contains("FERRY_FUZZ_SMOKE_SEED=0x1 "),
+        "{panic}"
+    );
+    let limit = Duration::from_millis(200);
     let hang = smoke::run(&fake("fake", sleeps_on_x), 1, limit).expect_err("a hang");
     assert!(hang.what.contains("did not finish within 200ms"), "{hang}");
-    assert_eq!(hang.label, panic.label, "the same seed gives the same inputs");
+    assert_eq!(
+        hang.label, panic.label,
+        "the same seed gives the same inputs"
+    );
 }
 
 /// The dictionaries the smoke and libFuzzer share parse, with every token.
 #[test]
 fn the_dictionaries_parse() {
     let nbd = ferry_fuzz_drivers::dict::parse(ferry_fuzz_drivers::NBD_DICT).expect("nbd.dict");
-    let iscsi = ferry_fuzz_drivers::dict::parse(ferry_fuzz_drivers::ISCSI_DICT).expect("iscsi.dict");
+    let iscsi =
+        ferry_fuzz_drivers::dict::parse(ferry_fuzz_drivers::ISCSI_DICT).expect("iscsi.dict");
     assert_eq!((nbd.len(), iscsi.len()), (11, 36));
     assert!(nbd.contains(&b"base:allocation".to_vec()));
     assert!(iscsi.contains(&vec![0xff; 4]));
