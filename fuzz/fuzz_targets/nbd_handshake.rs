@@ -1,6 +1,4 @@
-//! The whole client against arbitrary server bytes from the first byte on.
+//! The whole NBD client against arbitrary server bytes; see `ferry_fuzz_drivers::nbd_handshake`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    ferry_fuzz::session(data.to_vec());
-});
+libfuzzer_sys::fuzz_target!(|d: &[u8]| ferry_fuzz_drivers::nbd_handshake(d));

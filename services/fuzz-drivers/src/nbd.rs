@@ -1,23 +1,97 @@
-//! Shared driver of the NBD fuzz targets: runs the real client against a "server" whose
-//! every byte comes from the fuzzer, and checks that it ends (no hang) without panicking.
-//! The iSCSI driver lives in [`iscsi`].
-
-pub mod iscsi;
+//! The NBD fuzz targets: `nbd_parsers` drives every pure parser of server messages,
+//! `nbd_handshake` and `nbd_replies` the real client against a "server" whose every byte
+//! comes from the input, checking that it ends (no hang) without panicking.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use ferry_nbd::{proto::*, Client, Config, Transport, ZeroFlags};
+use ferry_nbd::{proto::*, wire, Client, Config, Transport, ZeroFlags};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+/// Every pure parser of server messages on arbitrary bytes; the first byte picks one.
+pub fn nbd_parsers(data: &[u8]) {
+    let Some((&which, rest)) = data.split_first() else {
+        return;
+    };
+    match which % 10 {
+        0 => {
+            if let Ok(b) = <&[u8; 18]>::try_from(rest) {
+                let _ = wire::parse_greeting(b);
+            }
+        }
+        1 => {
+            if let Ok(b) = <&[u8; 20]>::try_from(rest) {
+                let _ = wire::parse_option_reply_header(b);
+            }
+        }
+        2 => {
+            let _ = wire::parse_info(rest);
+        }
+        3 => {
+            let _ = wire::parse_server(rest);
+        }
+        4 => {
+            let _ = wire::parse_meta_context(rest);
+        }
+        5 => {
+            if rest.len() >= 4 {
+                let magic = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]);
+                let _ = wire::parse_reply_header(magic, &rest[4..]);
+                for mode in [
+                    wire::ReplyMode::Simple,
+                    wire::ReplyMode::Structured,
+                    wire::ReplyMode::Extended,
+                ] {
+                    let _ = wire::reply_header_rest(magic, mode);
+                }
+            }
+        }
+        6 => {
+            if rest.len() >= 2 {
+                let kind = u16::from_be_bytes([rest[0], rest[1]]) | REPLY_TYPE_FLAG_ERROR;
+                let _ = wire::parse_error_chunk(kind, &rest[2..]);
+                let _ = wire::parse_error_chunk(REPLY_TYPE_ERROR, &rest[2..]);
+                let _ = wire::parse_error_chunk(REPLY_TYPE_ERROR_OFFSET, &rest[2..]);
+            }
+        }
+        7 => {
+            let _ = wire::parse_hole(rest);
+        }
+        8 => {
+            let _ = wire::parse_block_status(REPLY_TYPE_BLOCK_STATUS, rest);
+        }
+        _ => {
+            let _ = wire::parse_block_status(REPLY_TYPE_BLOCK_STATUS_EXT, rest);
+        }
+    }
+}
+
+/// The whole client against arbitrary server bytes from the first byte on.
+pub fn nbd_handshake(data: &[u8]) {
+    session(data.to_vec());
+}
+
+/// Transmission-phase replies: a valid handshake (extended headers when the first byte is
+/// odd, else structured replies), then arbitrary reply bytes.
+pub fn nbd_replies(data: &[u8]) {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let mut bytes = handshake(mode & 1 == 1);
+    bytes.extend_from_slice(rest);
+    session(bytes);
+}
+
 /// Serves fixed bytes, then end of file; swallows whatever the client writes.
+#[derive(Debug)]
 pub struct Scripted {
     data: Vec<u8>,
     at: usize,
 }
 
 impl Scripted {
+    /// A stream that serves `data`.
     pub fn new(data: Vec<u8>) -> Self {
         Self { data, at: 0 }
     }

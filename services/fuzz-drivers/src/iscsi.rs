@@ -1,7 +1,7 @@
-//! Driver of the iSCSI session fuzz target: the real initiator (login with or without
-//! CHAP, SendTargets discovery, a full-feature session with commands in flight) against a
-//! loopback "target" whose every byte comes from the fuzzer, checking that it ends (no
-//! hang) without panicking.
+//! The iSCSI fuzz targets: `iscsi_pdu` drives ferry-iscsi's pure parsers, `iscsi_session`
+//! the real initiator (login with or without CHAP, SendTargets discovery, a full-feature
+//! session with commands in flight) against a loopback "target" whose every byte comes
+//! from the input, checking that it ends (no hang) without panicking.
 //!
 //! ferry-iscsi talks to a `TcpStream`, so the scripted target is a real loopback socket:
 //! it writes the scripted bytes, closes its sending side and swallows whatever the
@@ -10,12 +10,80 @@
 
 use std::time::Duration;
 
-use ferry_iscsi::{discover, scsi, Chap, Config, Session, Transfer};
+use ferry_iscsi::pdu::{Digests, Pdu};
+use ferry_iscsi::{discover, scsi, text, Chap, Config, Session, Transfer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 /// The target name a session logs in to.
 pub const TARGET: &str = "iqn.2026-01.io.ferry:fuzz";
+
+/// ferry-iscsi's pure parsers on arbitrary bytes: PDU framing (with and without digests,
+/// bounded segment length), text keys, CHAP binary values, sense data, VPD pages,
+/// READ CAPACITY(16) and GET LBA STATUS data. The first byte picks one.
+pub fn iscsi_pdu(data: &[u8]) {
+    let Some((&which, rest)) = data.split_first() else {
+        return;
+    };
+    match which % 8 {
+        0 | 1 => {
+            let digests = Digests {
+                header: which & 0x10 != 0,
+                data: which & 0x20 != 0,
+            };
+            let mut buf = rest;
+            while let Ok(Some((pdu, used))) = Pdu::parse(buf, digests, 8192) {
+                assert!(pdu.data.len() <= 8192);
+                assert!(used > 0 && used <= buf.len());
+                buf = &buf[used..];
+            }
+        }
+        2 => {
+            if let Ok(pairs) = text::decode(rest) {
+                let _ = ferry_iscsi::parse_send_targets(&pairs);
+                assert_eq!(text::decode(&text::encode(&pairs)).ok(), Some(pairs));
+            }
+        }
+        3 => {
+            if let Ok(s) = std::str::from_utf8(rest) {
+                let _ = text::decode_binary(s);
+            }
+        }
+        4 => {
+            if let Some(s) = scsi::Sense::parse(rest) {
+                let _ = s.to_string();
+            }
+        }
+        5 => {
+            let _ = scsi::BlockLimits::parse(rest);
+            let _ = scsi::Provisioning::parse(rest);
+            let _ = scsi::Inquiry::parse(rest);
+        }
+        6 => {
+            let _ = scsi::Capacity::parse(rest).map(|c| c.bytes());
+        }
+        _ => {
+            let _ = scsi::parse_lba_status(rest);
+        }
+    }
+}
+
+/// The whole initiator against arbitrary target bytes: the first byte picks the [`Mode`];
+/// unless it asks for raw bytes, a valid login comes first and the rest of the input is
+/// the full-feature phase (or the SendTargets answer).
+pub fn iscsi_session(data: &[u8]) {
+    let Some((&first, rest)) = data.split_first() else {
+        return;
+    };
+    let mode = Mode::from_byte(first);
+    let mut script = if mode.raw {
+        Vec::new()
+    } else {
+        login_prefix(mode)
+    };
+    script.extend_from_slice(rest);
+    session(mode, script);
+}
 
 /// What the first byte of an input selects.
 #[derive(Debug, Clone, Copy)]
@@ -31,6 +99,7 @@ pub struct Mode {
 }
 
 impl Mode {
+    /// Bit 0: raw, 1: discovery, 2: CHAP, 3: header digest, 4: data digest.
     pub fn from_byte(b: u8) -> Self {
         Self {
             raw: b & 0x01 != 0,

@@ -1,0 +1,49 @@
+//! The bodies of ferry's fuzz targets as plain functions, one per cargo-fuzz target in
+//! `fuzz/fuzz_targets/` (each a one-line `fuzz_target!` calling its function here), with
+//! their seed inputs and the fuzz smoke that runs them all on stable Rust in the test
+//! suite (`tests/smoke.rs`). Dev only: nothing in the product depends on it.
+//!
+//! Adding a target is one function and one line in [`DRIVERS`] (plus its cargo-fuzz
+//! binary; a test checks the two lists agree).
+
+pub mod dict;
+pub mod iscsi;
+pub mod mutate;
+pub mod nbd;
+pub mod seeds;
+pub mod smoke;
+
+pub use iscsi::{iscsi_pdu, iscsi_session};
+pub use nbd::{nbd_handshake, nbd_parsers, nbd_replies};
+
+/// One fuzz target, as the smoke and `make-seeds` see it.
+#[derive(Debug, Clone, Copy)]
+pub struct Driver {
+    /// The cargo-fuzz target's name (`fuzz/fuzz_targets/NAME.rs`) and its function's.
+    pub name: &'static str,
+    /// The target's body: must return (not panic, not hang) on every input.
+    pub run: fn(&[u8]),
+    /// Its seed inputs (the libFuzzer seed corpus, the smoke's starting points).
+    pub seeds: fn() -> Vec<seeds::Seed>,
+    /// The libFuzzer dictionary fuzz/README.md passes with `-dict=`, "" for none.
+    pub dict: &'static str,
+    /// Mutated inputs per smoke run: the whole smoke stays under about 30 s in a debug build.
+    pub inputs: usize,
+    /// The `-max_len` fuzz/README.md gives libFuzzer; the smoke cuts inputs to it.
+    pub max_len: usize,
+}
+
+/// libFuzzer dictionaries, shared with the cargo-fuzz runs.
+pub const NBD_DICT: &str = include_str!("../../../fuzz/seeds/nbd.dict");
+pub const ISCSI_DICT: &str = include_str!("../../../fuzz/seeds/iscsi.dict");
+
+/// Every fuzz target. A new protocol's targets (NFS: `nfs_xdr`, `nfs_rpc_reply`,
+/// `nfs4_compound_reply`) are a module with their functions and seeds, and a line each here.
+#[rustfmt::skip]
+pub const DRIVERS: &[Driver] = &[
+    Driver { name: "nbd_parsers", run: nbd_parsers, seeds: seeds::nbd_parsers, dict: NBD_DICT, inputs: 200_000, max_len: 4096 },
+    Driver { name: "nbd_handshake", run: nbd_handshake, seeds: seeds::nbd_handshake, dict: NBD_DICT, inputs: 40_000, max_len: 16384 },
+    Driver { name: "nbd_replies", run: nbd_replies, seeds: seeds::nbd_replies, dict: NBD_DICT, inputs: 25_000, max_len: 16384 },
+    Driver { name: "iscsi_pdu", run: iscsi_pdu, seeds: seeds::iscsi_pdu, dict: ISCSI_DICT, inputs: 200_000, max_len: 16384 },
+    Driver { name: "iscsi_session", run: iscsi_session, seeds: seeds::iscsi_session, dict: ISCSI_DICT, inputs: 8_000, max_len: 16384 },
+];
