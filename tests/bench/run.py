@@ -45,14 +45,14 @@ def main() -> int:
 
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     target_dir = cargo_target_dir()
-    if not args.no_build:
+    if not args.no_build and not args.list:  # listing the cases needs no binaries
         log("building ferry (release)")
         subprocess.run(["cargo", "build", "--release", "-p", "ferry-mover", "--bin", "ferry",
                         "-p", "ferry-tests", "--bin", "ferry-mkimage"], cwd=REPO, check=True)
     ferry = target_dir / "release" / "ferry"
     mkimage = target_dir / "release" / "ferry-mkimage"
     for binary in (ferry, mkimage):
-        if not binary.exists():
+        if not binary.exists() and not args.list:
             ap.error(f"{binary} is missing: build it or drop --no-build")
 
     temporary = args.dir is None
