@@ -5,8 +5,9 @@
 
 Builds ferry (release), makes the images in DIR (default: a temporary directory under
 /var/tmp, removed afterwards; a DIR you name keeps its images for the next run), runs every
-case's commands alternately REPEAT times after a warm-up, and prints per case the median,
-min-max, peak RSS and ferry's time as a ratio of each peer's, then the issue's goals.
+case's commands alternately REPEAT times after a warm-up, and prints a markdown report: the
+command, commit, date, machine and tool versions, the goals met or missed, then per case
+the median, min-max, peak RSS and ferry's time as a ratio of each peer's.
 Cases live in tests/bench/cases/ (one module per family; see cases/__init__.py).
 """
 
