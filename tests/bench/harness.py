@@ -279,15 +279,22 @@ def render_case(case: Case, stats: dict) -> str:
 
 
 def judge_goals(cases: list, results: dict) -> str:
-    lines = ["### Goals", "", "| goal | result | |", "|---|---|---|"]
+    """The goals of the cases run, each met, missed or n/a (could not be judged: a row did
+    not run), with a count of each at the top."""
+    rows, counts = [], {"met": 0, "missed": 0, "n/a": 0}
     for case in cases:
         for goal in case.goals:
             try:
                 met, detail = goal.judge(results)
             except Exception as e:  # missing rows: say so rather than crash
                 met, detail = None, f"cannot judge: {e}"
-            mark = {True: "met", False: "MISSED", None: "n/a"}[met]
-            lines.append(f"| {goal.text} | {mark} | {detail} |")
+            mark = {True: "met", False: "missed", None: "n/a"}[met]
+            counts[mark] += 1
+            rows.append(f"| {goal.text} | {'**met**' if met else mark} | {detail} |")
+    summary = ", ".join(f"{n} {mark}" for mark, n in counts.items() if n)
+    lines = ["### Goals", "", f"{summary or 'no goals in the cases run'}.", ""]
+    if rows:
+        lines += ["| goal | result | measured |", "|---|---|---|", *rows]
     lines.append("")
     return "\n".join(lines)
 

@@ -5,8 +5,9 @@
 
 Builds ferry (release), makes the images in DIR (default: a temporary directory under
 /var/tmp, removed afterwards; a DIR you name keeps its images for the next run), runs every
-case's commands alternately REPEAT times after a warm-up, and prints per case the median,
-min-max, peak RSS and ferry's time as a ratio of each peer's, then the issue's goals.
+case's commands alternately REPEAT times after a warm-up, and prints a markdown report: the
+command, commit, date, machine and tool versions, the goals met or missed, then per case
+the median, min-max, peak RSS and ferry's time as a ratio of each peer's.
 Cases live in tests/bench/cases/ (one module per family; see cases/__init__.py).
 """
 
@@ -45,14 +46,14 @@ def main() -> int:
 
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     target_dir = cargo_target_dir()
-    if not args.no_build:
+    if not args.no_build and not args.list:  # listing the cases needs no binaries
         log("building ferry (release)")
         subprocess.run(["cargo", "build", "--release", "-p", "ferry-mover", "--bin", "ferry",
                         "-p", "ferry-tests", "--bin", "ferry-mkimage"], cwd=REPO, check=True)
     ferry = target_dir / "release" / "ferry"
     mkimage = target_dir / "release" / "ferry-mkimage"
     for binary in (ferry, mkimage):
-        if not binary.exists():
+        if not binary.exists() and not args.list:
             ap.error(f"{binary} is missing: build it or drop --no-build")
 
     temporary = args.dir is None
@@ -86,39 +87,62 @@ def main() -> int:
 
 
 def render(args, env, selected, results) -> str:
-    command = "python3 tests/bench/run.py" + "".join(
-        f" {a}" for a in sys.argv[1:])
+    """The report: what ran where (command, commit, date, machine, tools), the goals with
+    met or missed, then one table per case."""
+    command = "python3 tests/bench/run.py" + "".join(f" {a}" for a in sys.argv[1:])
     out = [f"Command: `{command}`", "",
-           f"Run: {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}, commit {git_commit()}, "
-           f"{env.repeat} timed runs of each command after one warm-up, alternating; page cache warm.",
-           "", "Machine:", ""]
-    out += [f"- {line}" for line in machine(env)]
+           f"{env.repeat} timed runs of each command after one untimed warm-up, the commands "
+           "of a case alternating; page cache warm."
+           + (" --quick: every image is 16 times smaller than its title says." if env.quick else ""),
+           "",
+           "| | |", "|---|---|",
+           f"| commit | {git_commit()} |",
+           f"| date | {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC |"]
+    out += [f"| {key} | {value} |" for key, value in machine(env)]
+    out += ["", "Tools:", ""]
+    out += [f"- {line}" for line in tool_versions(env)]
     out.append("")
+    out.append(harness.judge_goals(selected, results))
     for case in selected:
         out.append(harness.render_case(case, results[case.name]))
-    out.append(harness.judge_goals(selected, results))
     return "\n".join(out)
 
 
 def machine(env) -> list:
-    lines = []
-    cpu = next((l.split(":", 1)[1].strip() for l in read("/proc/cpuinfo").splitlines()
-                if l.startswith("model name")), platform.processor() or "unknown CPU")
+    """(key, value) rows: CPU model and cores, memory, kernel, and the images' file system."""
+    cpuinfo = read("/proc/cpuinfo").splitlines()
+    cpu = next((l.split(":", 1)[1].strip() for l in cpuinfo if l.startswith("model name")),
+               platform.processor() or "unknown CPU")
     mem = next((int(l.split()[1]) for l in read("/proc/meminfo").splitlines()
                 if l.startswith("MemTotal")), 0)
-    lines.append(f"{os.cpu_count()} x {cpu}, {mem / (1 << 20):.0f} GiB memory, Linux {platform.release()}")
-    fs = run(["df", "-T", "--output=fstype,source", str(env.workdir)]).splitlines()
-    if len(fs) > 1:
-        lines.append(f"images on {fs[1].split()[0]} ({fs[1].split()[1]}), {env.workdir}")
+    rows = [("CPU", f"{cpu}, {os.cpu_count()} cores"),
+            ("memory", f"{mem / (1 << 20):.1f} GiB"),
+            ("kernel", f"{platform.system()} {platform.release()}")]
+    fs = run(["df", "--output=fstype,source", str(env.workdir)]).splitlines()
+    if len(fs) > 1 and len(fs[1].split()) >= 2:
+        fstype, device = fs[1].split()[:2]
+        rows.append(("images on", f"{fstype} ({device}), {env.workdir}"))
+    return rows
+
+
+def tool_versions(env) -> list:
+    """The first line of each tool's --version; tools that are not installed are left out
+    here (their rows in the tables say how to install them)."""
+    lines = []
     for tool in (["ferry", "--version"], ["qemu-img", "--version"], ["nbdcopy", "--version"],
-                 ["cp", "--version"], ["sha256sum", "--version"], ["blksum", "--version"],
-                 ["rclone", "--version"], ["aws", "--version"], ["s3s-fs", "--version"],
-                 ["rustc", "--version"]):
+                 ["cp", "--version"], ["sha256sum", "--version"],
+                 ["blksum", "--version"], ["rclone", "--version"], ["aws", "--version"],
+                 ["s3s-fs", "--version"], ["rustc", "--version"]):
         exe = str(env.ferry) if tool[0] == "ferry" else shutil.which(tool[0])
         if exe:
             first = run([exe, *tool[1:]], stderr=True).splitlines()
             if first:
                 lines.append(first[0].strip())
+    # Servers and tools with no --version: their Debian packages' versions.
+    packages = [f"{pkg} {version}" for pkg in ("nbdkit", "nfs-ganesha", "tgt", "libnfs-utils")
+                if (version := run(["dpkg-query", "-W", "-f", "${Version}", pkg]).strip())]
+    if packages:
+        lines.append("Debian packages: " + ", ".join(packages))
     return lines
 
 
@@ -129,7 +153,11 @@ def cargo_target_dir() -> Path:
 
 
 def git_commit() -> str:
-    return run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]).strip() or "unknown"
+    """HEAD's short hash, marked when the work tree has uncommitted changes to tracked files
+    (the report then does not describe that commit exactly)."""
+    commit = run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]).strip() or "unknown"
+    dirty = run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"]).strip()
+    return f"{commit} (with uncommitted changes)" if dirty else commit
 
 
 def run(argv, stderr=False) -> str:

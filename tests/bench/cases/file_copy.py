@@ -9,7 +9,7 @@ flush variant runs `sync FILE` after it.
 
 import subprocess
 
-from harness import GiB, Case, Command, Goal, ratio, which
+from harness import GiB, Case, Command, Goal, peer, ratio, which
 
 IMAGES = [
     # name, pattern, size, title
@@ -61,9 +61,10 @@ def commands(env, source, target, flush):
         found.append(cmd("qemu-img convert -m 8 -W" + (" -t writeback" if flush else ""),
                          ["qemu-img", "convert", "-m", "8", "-W", "-f", "raw", "-O", "raw",
                           *cache, source, target]))
-    if which("nbdcopy"):
-        found.append(cmd("nbdcopy" + (" --flush" if flush else ""),
-                         ["nbdcopy", *(["--flush"] if flush else []), source, target]))
+    found.append(peer("nbdcopy" + (" --flush" if flush else ""),
+                      ["nbdcopy", *(["--flush"] if flush else []), source, target],
+                      install="apt-get install -y libnbd-bin",
+                      setup=remove, cleanup=remove, check=check))
     if flush:
         found.append(cmd("cp --sparse=always && sync FILE",
                          ["sh", "-c", 'cp --sparse=always "$0" "$1" && sync "$1"',
