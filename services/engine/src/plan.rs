@@ -253,7 +253,7 @@ impl Planner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::MemSource;
+    use ferry_testkit::MemSource;
     use crate::CopyOptions;
     use ferry_core::{BlockSizes, Caps, Extent};
 
