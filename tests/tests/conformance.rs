@@ -106,7 +106,10 @@ async fn nbd() {
     let servers = Mutex::new(Vec::new());
     let dst = |n: usize| dir.path().join(format!("dst-{n}.img"));
     let targets = BackedFixture::new(dst, |n, size| {
-        std::fs::File::create(dst(n)).unwrap().set_len(size).unwrap();
+        std::fs::File::create(dst(n))
+            .unwrap()
+            .set_len(size)
+            .unwrap();
         let server = NbdServer::qemu_nbd(&dst(n), &QemuNbd::default());
         let uri = server.uri();
         servers.lock().push(server);

@@ -53,8 +53,8 @@ async fn file_to_nfs_new_target_is_exact_and_sparse(version: u8) {
         image.path.to_str().unwrap(),
         &server.url_for(version, "dst.raw"),
     )
-        .await
-        .unwrap();
+    .await
+    .unwrap();
     assert_eq!(report.size, SIZE);
     let backing = server.path("dst.raw");
     assert_eq!(std::fs::metadata(&backing).unwrap().len(), SIZE);
@@ -240,11 +240,17 @@ async fn open_target(
     let spec = spec(&server.url_for(version, name));
     match version {
         3 => {
-            let t = NfsTarget::open(&spec, size, &restart_options()).await.unwrap();
+            let t = NfsTarget::open(&spec, size, &restart_options())
+                .await
+                .unwrap();
             (Arc::new(t), None)
         }
         _ => {
-            let t = Arc::new(Nfs4Target::open(&spec, size, &restart_options()).await.unwrap());
+            let t = Arc::new(
+                Nfs4Target::open(&spec, size, &restart_options())
+                    .await
+                    .unwrap(),
+            );
             (t.clone(), Some(t))
         }
     }

@@ -68,7 +68,11 @@ async fn open_errors_are_clear(version: u8) {
         .err()
         .unwrap();
     assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
-    let named = if version == 3 { "missing.img" } else { "/export/missing.img" };
+    let named = if version == 3 {
+        "missing.img"
+    } else {
+        "/export/missing.img"
+    };
     assert!(err.to_string().contains(named), "{err}");
 
     // A directory that does not exist, for a target.
@@ -77,7 +81,11 @@ async fn open_errors_are_clear(version: u8) {
         .err()
         .unwrap();
     assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
-    let named = if version == 3 { "nodir" } else { "/export/nodir" };
+    let named = if version == 3 {
+        "nodir"
+    } else {
+        "/export/nodir"
+    };
     assert!(err.to_string().contains(named), "{err}");
 
     // A directory is not an image.

@@ -9,8 +9,8 @@ use std::process::Stdio;
 use ferry_tests::bin::{wait_with_deadline, Run, DEFAULT_DEADLINE};
 use ferry_tests::check::{blkhash_file, qemu_img_compare};
 use ferry_tests::images::{self, Pattern};
-use ferry_tests::{ferry, scratch_dir};
 use ferry_tests::s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
+use ferry_tests::{ferry, scratch_dir};
 
 const BUCKET: &str = "images";
 

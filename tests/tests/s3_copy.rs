@@ -17,8 +17,8 @@ use ferry_engine::{CancellationToken, ChecksumOptions, CopyOptions, Progress};
 use ferry_tests::check::{blkhash_bytes, blkhash_file, qemu_img_compare};
 use ferry_tests::images::{self, Pattern};
 use ferry_tests::nbd_servers::{NbdServer, QemuNbd};
-use ferry_tests::scratch_dir;
 use ferry_tests::s3_server::S3Server;
+use ferry_tests::scratch_dir;
 
 const BUCKET: &str = "images";
 const MIB: u64 = 1024 * 1024;

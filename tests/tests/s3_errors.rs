@@ -14,8 +14,8 @@ use ferry_endpoints::s3::{S3Options, S3Source, S3Target, MIN_PART_SIZE};
 use ferry_endpoints::SourceOptions;
 use ferry_engine::{CancellationToken, CopyOptions, Progress};
 use ferry_tests::images::{self, Pattern};
-use ferry_tests::scratch_dir;
 use ferry_tests::s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
+use ferry_tests::scratch_dir;
 
 const BUCKET: &str = "images";
 const MIB: u64 = 1024 * 1024;

@@ -3,7 +3,6 @@
 //! cancellation, limits, idempotency, bad requests, path escapes, health, reflection,
 //! metrics parsed with a Prometheus parser, bearer tokens and mutual TLS.
 
-
 use std::time::Duration;
 
 use ferry_mover::service::proto::{self, JobState};

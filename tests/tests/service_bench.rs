@@ -14,7 +14,6 @@
 //!
 //! FERRY_BENCH_SIZE (bytes) shrinks the copy for a quick look.
 
-
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;

@@ -1,7 +1,6 @@
 //! Load: 1,000 small jobs queued at once by 50 concurrent clients while 100 watchers
 //! follow them; every job reaches a terminal state, nothing is lost, no watcher starves.
 
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,6 @@
 //! resumes from its checkpoint, not from zero, and the result is byte-exact), graceful
 //! SIGTERM within a bounded time, and the `ferry job` client commands.
 
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;

@@ -10,7 +10,6 @@
 //! ListJobs and WatchJob answers, its logs (at debug level), /metrics and the bytes of
 //! its job store.
 
-
 // Until tests/src/lib.rs exports it as ferry_tests::s3_server.
 
 use std::path::{Path, PathBuf};

@@ -367,9 +367,9 @@ async fn sha256(
 mod tests {
     use super::*;
     use crate::blkhash::digest_bytes;
-    use ferry_testkit::MemSource;
     use async_trait::async_trait;
     use ferry_core::{BlockSizes, Caps, ErrorKind, Extent};
+    use ferry_testkit::MemSource;
     use proptest::prelude::*;
     use sha2::Digest as _;
 

@@ -24,7 +24,8 @@ pub fn sparse_scratch() -> tempfile::TempDir {
     let probe = dir.path().join("probe");
     let f = File::create(&probe).expect("create a probe file");
     f.set_len(MIB).expect("size the probe file");
-    f.write_all_at(&[1], 512 * KIB).expect("write the probe file");
+    f.write_all_at(&[1], 512 * KIB)
+        .expect("write the probe file");
     assert!(
         allocated(&probe) < MIB,
         "the file system of /var/tmp does not keep sparse files sparse; these tests need one that does (ext4, xfs, btrfs)"

@@ -15,8 +15,8 @@
 //! dev-dependency without a cycle. Its checks panic, as test assertions do.
 
 pub mod conformance;
-mod fixture;
 pub mod files;
+mod fixture;
 mod gauge;
 mod source;
 mod target;

@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use ferry_core::{merge_extents, Caps, Extent, IoBuf, Result, Source};
 use parking_lot::Mutex;
 
-use crate::gauge::Gauge;
 use crate::check_range;
+use crate::gauge::Gauge;
 
 /// What a [`MemSource`] and every handle connected from it were asked.
 #[derive(Debug, Default)]

@@ -137,7 +137,11 @@ impl RecordingTarget {
     }
 
     fn ranges_of(&self, pick: impl Fn(&Op) -> bool) -> Vec<(u64, u64)> {
-        self.ops().iter().filter(|o| pick(o)).map(Op::range).collect()
+        self.ops()
+            .iter()
+            .filter(|o| pick(o))
+            .map(Op::range)
+            .collect()
     }
 
     /// The parts of `[start, end)` that no completed flush made durable, in order.

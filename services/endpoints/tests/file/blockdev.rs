@@ -4,9 +4,9 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
+use crate::{conformance, scratch, target_options, LoopDevice, MIB};
 use ferry_core::{EndpointSpec, ErrorKind, Extent, IoBuf, ZeroMode};
 use ferry_endpoints::{open_target, CacheMode, Preallocation};
-use crate::{conformance, scratch, target_options, LoopDevice, MIB};
 
 #[tokio::test]
 async fn a_block_device_conforms_as_source_and_target() {

@@ -3,10 +3,10 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
+use crate::{scratch, source_options, MIB};
 use ferry_core::{EndpointSpec, Error, ErrorKind};
 use ferry_endpoints::file::FileSource;
 use ferry_endpoints::{open_source, open_target, CacheMode, SourceOptions, TargetOptions};
-use crate::{scratch, source_options, MIB};
 
 async fn source_error(path: &Path) -> Error {
     open_source(

@@ -4,12 +4,9 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
+use crate::{conformance, open_flags, scratch, source_options, target_options, write_sparse, MIB};
 use ferry_core::{EndpointSpec, ErrorKind, IoBuf, ZeroMode};
 use ferry_endpoints::{open_source, open_target, CacheMode, Preallocation};
-use crate::{
-    conformance, open_flags, scratch, source_options, target_options, write_sparse,
-    MIB,
-};
 
 #[tokio::test]
 async fn file_source_conforms_in_both_cache_modes() {
@@ -98,11 +95,7 @@ async fn a_created_target_has_the_size_asked_and_is_zero() {
     assert!(dst.is_zero());
     assert_eq!(dst.size(), 5 * MIB + 1);
     assert_eq!(std::fs::metadata(&path).unwrap().len(), 5 * MIB + 1);
-    assert_eq!(
-        crate::allocated(&path),
-        0,
-        "a new target must be sparse"
-    );
+    assert_eq!(crate::allocated(&path), 0, "a new target must be sparse");
 }
 
 #[tokio::test]

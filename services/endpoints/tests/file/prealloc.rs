@@ -3,9 +3,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::{allocated, scratch, target_options, MIB};
 use ferry_core::{EndpointSpec, IoBuf, Target, ZeroMode};
 use ferry_endpoints::{open_target, CacheMode, Preallocation};
-use crate::{allocated, scratch, target_options, MIB};
 
 async fn open(
     path: &Path,

@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
+use crate::{allocated, scratch, target_options, KIB, MIB};
 use ferry_core::{EndpointSpec, ExtentKind, Target, ZeroMode};
 use ferry_endpoints::{open_target, CacheMode, Preallocation};
-use crate::{allocated, scratch, target_options, KIB, MIB};
 
 async fn full_target(path: &Path, size: u64, cache: CacheMode) -> std::sync::Arc<dyn Target> {
     std::fs::write(path, vec![0xEEu8; size as usize]).unwrap();
