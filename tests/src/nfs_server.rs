@@ -14,6 +14,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use ferry_core::spec::NfsSpec;
+use ferry_core::EndpointSpec;
+
 use crate::check::require_tool;
 
 /// The Debian packages the NFS tests need (libnfs-utils: nfs-cp and nfs-ls, the peers).
@@ -293,6 +296,16 @@ impl Ganesha {
         )
     }
 
+    /// [`Ganesha::url`] for version 3, [`Ganesha::url_v4`] for version 4: tests that run
+    /// for both versions (see [`crate::nfs_versions`]) name their files with this.
+    pub fn url_for(&self, version: u8, name: &str) -> String {
+        match version {
+            3 => self.url(name),
+            4 => self.url_v4(name),
+            _ => panic!("NFS version {version}: the tests know versions 3 and 4"),
+        }
+    }
+
     pub fn log_path(&self) -> PathBuf {
         self.dir.path().join("ganesha.log")
     }
@@ -349,5 +362,13 @@ impl Ganesha {
 impl Drop for Ganesha {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// The NFS spec of `url`, for opening `ferry_endpoints::nfs` sources and targets directly.
+pub fn nfs_spec(url: &str) -> NfsSpec {
+    match EndpointSpec::parse(url) {
+        Ok(EndpointSpec::Nfs(s)) => s,
+        other => panic!("{url} parsed as {other:?}"),
     }
 }

@@ -1,5 +1,5 @@
-//! The iSCSI endpoint with the real engine, against a tgtd started here: the conformance
-//! suite for source and target (thin and thick LUNs), copies file->iscsi, iscsi->file,
+//! The iSCSI endpoint with the real engine, against a tgtd started here (the conformance
+//! suite runs in conformance.rs): copies file->iscsi, iscsi->file,
 //! iscsi->nbd and nbd->iscsi committed in order and out of order with unaligned image
 //! sizes, reads and writes ending inside a block, a sparse source keeping a thin LUN thin,
 //! tgtd killed mid-copy, and `ferry copy --verify` with an iscsi:// URL whose CHAP secret
@@ -8,14 +8,11 @@
 //! Every copy is checked with `qemu-img compare` against the file behind the LUN and with
 //! the block hash, and thin LUNs for sparseness by their backing file's allocated blocks.
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_core::{ErrorKind, Result, Target};
-use ferry_endpoints::conformance::{self, TargetFixture};
 use ferry_engine::{copy, CancellationToken, CommitOrder, CopyOptions, CopyReport, Progress};
 use ferry_tests::check::{allocated_bytes, assert_allocated_about, blkhash_file, qemu_img_compare};
 use ferry_tests::copying::{blkhash_of, copy_urls, source, target};
@@ -71,125 +68,6 @@ fn options(order: CommitOrder) -> CopyOptions {
 
 fn half_data(path: &Path, size: u64, seed: u64) -> Image {
     images::make(path, Pattern::HalfData, size, seed).unwrap()
-}
-
-/// Writes a conformance image with its zero runs left as holes.
-fn write_sparse(path: &Path, image: &conformance::Image) {
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::File::create(path).unwrap();
-    f.set_len(image.data.len() as u64).unwrap();
-    for e in &image.layout {
-        if e.kind == ferry_core::ExtentKind::Data {
-            f.write_all_at(&image.data[e.offset as usize..e.end() as usize], e.offset)
-                .unwrap();
-        }
-    }
-}
-
-#[tokio::test]
-async fn conformance_source_thin_and_thick() {
-    let dir = scratch_dir();
-    // LUNs are whole blocks: 3 MiB and seven 512-byte blocks.
-    let size = 3 * MIB + 7 * 512;
-    let image = conformance::test_image(size, 7);
-    let a = dir.path().join("thin.img");
-    let b = dir.path().join("thick.img");
-    write_sparse(&a, &image);
-    write_sparse(&b, &image);
-    let mut tgt = Tgtd::start();
-    tgt.add_target(1, IQN, &[thin(&a), thick(&b)]);
-
-    let s = source(&url(&tgt, IQN, 1)).await.unwrap();
-    let caps = s.caps();
-    assert!(caps.extents && caps.multi_conn, "{caps:?}");
-    assert_eq!(caps.block.minimum, 512, "{caps:?}");
-    // The thin LUN reports the holes as zero extents.
-    let extents = s.extents(0, size).await.unwrap();
-    assert!(
-        extents
-            .iter()
-            .any(|e| e.kind == ferry_core::ExtentKind::Zero),
-        "{extents:?}"
-    );
-    conformance::check_source(s, &image.data).await;
-
-    let s = source(&url(&tgt, IQN, 2)).await.unwrap();
-    assert!(!s.caps().extents, "a thick LUN has no extents");
-    conformance::check_source(s, &image.data).await;
-}
-
-/// Each open makes a new target with one fresh LUN (thin or thick) of the size rounded up
-/// to whole blocks.
-struct Fixture {
-    tgt: Mutex<Tgtd>,
-    dir: PathBuf,
-    thin: bool,
-    opened: Mutex<u32>,
-}
-
-impl Fixture {
-    fn backing(&self, n: u32) -> PathBuf {
-        self.dir.join(format!("lun-{n}.img"))
-    }
-}
-
-type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-// Written out as async_trait expands it (this crate does not depend on async-trait).
-impl TargetFixture for Fixture {
-    fn open<'a, 'b>(&'a self, size: u64) -> BoxFuture<'b, Result<Arc<dyn Target>>>
-    where
-        'a: 'b,
-        Self: 'b,
-    {
-        Box::pin(async move {
-            let (n, url) = {
-                let mut opened = self.opened.lock().unwrap();
-                *opened += 1;
-                let n = *opened;
-                let backing = empty(&self.backing(n), size.div_ceil(512) * 512);
-                let iqn = format!("{IQN}-{n}");
-                let mut tgt = self.tgt.lock().unwrap();
-                let lun = Lun {
-                    backing,
-                    thin: self.thin,
-                };
-                tgt.add_target(n, &iqn, &[lun]);
-                (n, url(&tgt, &iqn, 1))
-            };
-            let t = target(&url, size).await?;
-            assert_eq!(t.caps().trim, self.thin, "LUN {n}: {:?}", t.caps());
-            Ok(t)
-        })
-    }
-
-    fn contents<'a, 'b>(&'a self, size: u64) -> BoxFuture<'b, Result<Vec<u8>>>
-    where
-        'a: 'b,
-        Self: 'b,
-    {
-        Box::pin(async move {
-            let n = *self.opened.lock().unwrap();
-            let mut data = std::fs::read(self.backing(n)).unwrap();
-            data.truncate(size as usize);
-            Ok(data)
-        })
-    }
-}
-
-#[tokio::test]
-async fn conformance_target_thin_and_thick() {
-    for thin in [true, false] {
-        let dir = scratch_dir();
-        let fixture = Fixture {
-            tgt: Mutex::new(Tgtd::start()),
-            dir: dir.path().to_path_buf(),
-            thin,
-            opened: Mutex::new(0),
-        };
-        // Not a whole number of blocks: the last write ends inside a block.
-        conformance::check_target(&fixture, 3 * MIB + 4097).await;
-    }
 }
 
 /// Reads, writes and zero writes that end inside a block (the image end of a copy whose

@@ -1,105 +1,28 @@
-//! The NFS endpoint against a real nfs-ganesha started here: the conformance suite for
-//! source and target, and the errors a user meets (wrong export, missing file or
-//! directory, NFSv4, an existing target too small, permission denied, a directory).
+//! The NFS endpoints against a real nfs-ganesha started here, each test run for NFSv3 and
+//! NFSv4 (`name::v3`, `name::v4`) where both versions behave alike: a new target's size
+//! and zeroes, and the errors a user meets (wrong export, missing file or directory, an
+//! existing target too small, permission denied, a directory, nothing listening). Then
+//! what only NFSv3 does: UNSTABLE writes committed at flush, a stale handle after a
+//! restart. The conformance suite runs in conformance.rs, NFSv4's own tests in nfs_v4.rs.
 
-use std::sync::Arc;
+use std::os::unix::fs::PermissionsExt;
 
-use std::future::Future;
-use std::pin::Pin;
-
-use ferry_core::{EndpointSpec, ErrorKind, Result, Source, Target};
-use ferry_endpoints::conformance::{self, TargetFixture};
+use ferry_core::{ErrorKind, Source, Target};
 use ferry_endpoints::nfs::{NfsOptions, NfsSource, NfsTarget};
 use ferry_tests::copying::{source, target};
-use ferry_tests::nfs_server::Ganesha;
+use ferry_tests::nfs_server::{nfs_spec as spec, Ganesha};
+use ferry_tests::nfs_versions;
 
-fn spec(url: &str) -> ferry_core::spec::NfsSpec {
-    match EndpointSpec::parse(url).unwrap() {
-        EndpointSpec::Nfs(s) => s,
-        other => panic!("{url} parsed as {other:?}"),
-    }
-}
+nfs_versions!(
+    new_target_is_created_with_the_size_and_reads_as_zero,
+    open_errors_are_clear,
+    permission_denied_names_the_credentials,
+);
 
-#[tokio::test]
-async fn conformance_source() {
+async fn new_target_is_created_with_the_size_and_reads_as_zero(version: u8) {
     let server = Ganesha::start();
-    let size = 3 * 1024 * 1024 + 4097;
-    let image = conformance::test_image(size, 7);
-    std::fs::write(server.path("src.img"), &image.data).unwrap();
-    let s = source(&server.url("src.img")).await.unwrap();
-    let caps = s.caps();
-    assert!(!caps.extents, "NFSv3 cannot report holes");
-    assert!(caps.multi_conn);
-    assert!(caps.block.maximum >= 64 * 1024, "{caps:?}");
-    conformance::check_source(s, &image.data).await;
-}
-
-/// Each open makes a new file: ganesha caches directory entries, so a file removed behind
-/// its back would still be found by name for a while.
-struct Fixture<'a> {
-    server: &'a Ganesha,
-    opened: std::sync::atomic::AtomicUsize,
-}
-
-impl Fixture<'_> {
-    fn name(&self) -> String {
-        let n = self.opened.load(std::sync::atomic::Ordering::SeqCst);
-        format!("dst-{n}.img")
-    }
-}
-
-type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-// Written out as async_trait expands it (this crate does not depend on async-trait).
-impl TargetFixture for Fixture<'_> {
-    fn open<'a, 'b>(&'a self, size: u64) -> BoxFuture<'b, Result<Arc<dyn Target>>>
-    where
-        'a: 'b,
-        Self: 'b,
-    {
-        Box::pin(async move {
-            self.opened
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            target(&self.server.url(&self.name()), size).await
-        })
-    }
-
-    fn contents<'a, 'b>(&'a self, size: u64) -> BoxFuture<'b, Result<Vec<u8>>>
-    where
-        'a: 'b,
-        Self: 'b,
-    {
-        Box::pin(async move {
-            let mut data = std::fs::read(self.server.path(&self.name())).unwrap();
-            data.truncate(size as usize);
-            Ok(data)
-        })
-    }
-}
-
-#[tokio::test]
-async fn conformance_target() {
-    let server = Ganesha::start();
-    conformance::check_target(
-        &Fixture {
-            server: &server,
-            opened: Default::default(),
-        },
-        3 * 1024 * 1024 + 4097,
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn new_target_is_created_with_the_size_and_reads_as_zero() {
-    let server = Ganesha::start();
-    let t = NfsTarget::open(
-        &spec(&server.url("new.img")),
-        5_000_001,
-        &NfsOptions::default(),
-    )
-    .await
-    .unwrap();
+    let url = server.url_for(version, "new.img");
+    let t = target(&url, 5_000_001).await.unwrap();
     assert!(t.is_zero());
     assert_eq!(t.size(), 5_000_001);
     t.finish().await.unwrap();
@@ -107,9 +30,154 @@ async fn new_target_is_created_with_the_size_and_reads_as_zero() {
     assert_eq!(meta.len(), 5_000_001);
 
     // Opened again it exists: not known to be zero, and its size stays.
-    let t = target(&server.url("new.img"), 4096).await.unwrap();
+    let t = target(&url, 4096).await.unwrap();
     assert!(!t.is_zero());
     assert_eq!(t.size(), 5_000_001);
+}
+
+async fn open_errors_are_clear(version: u8) {
+    let server = Ganesha::start();
+    std::fs::write(server.path("small.img"), vec![1u8; 4096]).unwrap();
+    std::fs::create_dir(server.path("dir")).unwrap();
+    let port = server.nfs_port;
+    let port_opts = format!("nfsport={port}&mountport={}", server.mount_port);
+    let export = server.export_dir().display().to_string();
+
+    // An export that does not exist: NFSv3 lists the exports, NFSv4 names the pseudo path
+    // it could not find.
+    let url = match version {
+        3 => format!("nfs://127.0.0.1/no/such/export/x.img?{port_opts}"),
+        _ => format!("nfs://127.0.0.1/nosuch/x.img?version=4&nfsport={port}"),
+    };
+    let err = source(&url).await.err().unwrap();
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    let text = err.to_string();
+    if version == 3 {
+        assert!(text.contains("export not found"), "{text}");
+        assert!(text.contains(&export), "lists the exports: {text}");
+    } else {
+        assert!(
+            text.contains("/nosuch") && text.contains("pseudo path"),
+            "{text}"
+        );
+    }
+
+    // A file that does not exist (NFSv4 names its pseudo path).
+    let err = source(&server.url_for(version, "missing.img"))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    let named = if version == 3 {
+        "missing.img"
+    } else {
+        "/export/missing.img"
+    };
+    assert!(err.to_string().contains(named), "{err}");
+
+    // A directory that does not exist, for a target.
+    let err = target(&server.url_for(version, "nodir/x.img"), 4096)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    let named = if version == 3 {
+        "nodir"
+    } else {
+        "/export/nodir"
+    };
+    assert!(err.to_string().contains(named), "{err}");
+
+    // A directory is not an image.
+    let err = source(&server.url_for(version, "dir")).await.err().unwrap();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    assert!(err.to_string().contains("directory"), "{err}");
+
+    // An existing target smaller than the image.
+    let err = target(&server.url_for(version, "small.img"), 8192)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    let text = err.to_string();
+    assert!(text.contains("4096") && text.contains("8192"), "{text}");
+
+    if version == 3 {
+        // NFSv4 with the real path instead of the pseudo path: the NFSv4 endpoint says
+        // which directory it could not find and that v4 URLs use pseudo paths.
+        let err = source(&server.url_with("small.img", "version=4"))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+        assert!(err.to_string().contains("pseudo path"), "{err}");
+    } else {
+        // The NFSv3 endpoint opened directly with a version=4 URL says where v4 lives.
+        let err = NfsSource::open(&spec(&server.url_v4("small.img")), &NfsOptions::default())
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+        assert!(err.to_string().contains("Nfs4Source"), "{err}");
+    }
+
+    // The export path itself names no image.
+    let url = match version {
+        3 => format!("nfs://127.0.0.1{export}?{port_opts}"),
+        _ => format!("nfs://127.0.0.1/export?version=4&nfsport={port}"),
+    };
+    let err = source(&url).await.err().unwrap();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+
+    // Nothing listens on the port.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = match version {
+        3 => format!("nfs://127.0.0.1{export}/small.img?nfsport={closed}&mountport={closed}"),
+        _ => format!("nfs://127.0.0.1/export/small.img?version=4&nfsport={closed}"),
+    };
+    let started = std::time::Instant::now();
+    let err = source(&url).await.err().unwrap();
+    assert_eq!(err.kind(), ErrorKind::Disconnected, "{err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+}
+
+async fn permission_denied_names_the_credentials(version: u8) {
+    let server = Ganesha::start();
+    // A root-owned directory only root may write into, and a file only root may read.
+    let locked = server.path("locked");
+    std::fs::create_dir(&locked).unwrap();
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(server.path("secret.img"), vec![7u8; 8192]).unwrap();
+    std::fs::set_permissions(
+        server.path("secret.img"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    let as_nobody = |name: &str| format!("{}&uid=65534&gid=65534", server.url_for(version, name));
+
+    let err = target(&as_nobody("locked/x.img"), 4096)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+    assert!(err.to_string().contains("uid 65534"), "{err}");
+
+    // NFSv3 checks access at READ, NFSv4 already at OPEN for reading.
+    let err = match source(&as_nobody("secret.img")).await {
+        Err(e) => e,
+        Ok(s) => {
+            assert_eq!(version, 3, "NFSv4 OPEN for reading checks access");
+            s.read_at(0, ferry_core::IoBuf::new(4096))
+                .await
+                .expect_err("a read as uid 65534 of a 0600 root file must fail")
+        }
+    };
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+    assert!(err.to_string().contains("65534"), "{err}");
 }
 
 #[tokio::test]
@@ -132,128 +200,6 @@ async fn unstable_writes_are_committed_by_flush() {
     let data = std::fs::read(server.path("c.img")).unwrap();
     assert!(data[65536..131072].iter().all(|b| *b == 0x5a));
     assert!(data[..65536].iter().all(|b| *b == 0));
-}
-
-#[tokio::test]
-async fn open_errors_are_clear() {
-    let server = Ganesha::start();
-    std::fs::write(server.path("small.img"), vec![1u8; 4096]).unwrap();
-    std::fs::create_dir(server.path("dir")).unwrap();
-    let port_opts = format!(
-        "nfsport={}&mountport={}",
-        server.nfs_port, server.mount_port
-    );
-
-    // An export that does not exist.
-    let err = source(&format!("nfs://127.0.0.1/no/such/export/x.img?{port_opts}"))
-        .await
-        .err()
-        .unwrap();
-    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
-    let text = err.to_string();
-    assert!(text.contains("export not found"), "{text}");
-    assert!(
-        text.contains(&server.export_dir().display().to_string()),
-        "lists the exports: {text}"
-    );
-
-    // A file that does not exist.
-    let err = source(&server.url("missing.img")).await.err().unwrap();
-    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
-    assert!(err.to_string().contains("missing.img"), "{err}");
-
-    // A directory that does not exist, for a target.
-    let err = target(&server.url("nodir/x.img"), 4096)
-        .await
-        .err()
-        .unwrap();
-    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
-    assert!(err.to_string().contains("nodir"), "{err}");
-
-    // A directory is not an image.
-    let err = source(&server.url("dir")).await.err().unwrap();
-    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
-    assert!(err.to_string().contains("directory"), "{err}");
-
-    // An existing target smaller than the image.
-    let err = target(&server.url("small.img"), 8192).await.err().unwrap();
-    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
-    let text = err.to_string();
-    assert!(text.contains("4096") && text.contains("8192"), "{text}");
-
-    // NFSv4 with the real path instead of the pseudo path: the NFSv4 endpoint says
-    // which directory it could not find and that v4 URLs use pseudo paths.
-    let err = source(&server.url_with("small.img", "version=4"))
-        .await
-        .err()
-        .unwrap();
-    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
-    assert!(err.to_string().contains("pseudo path"), "{err}");
-
-    // The export path itself names no image.
-    let err = source(&format!(
-        "nfs://127.0.0.1{}?{port_opts}",
-        server.export_dir().display()
-    ))
-    .await
-    .err()
-    .unwrap();
-    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
-
-    // Nothing listens on the port.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let started = std::time::Instant::now();
-    let err = source(&format!(
-        "nfs://127.0.0.1{}/small.img?nfsport={closed}&mountport={closed}",
-        server.export_dir().display()
-    ))
-    .await
-    .err()
-    .unwrap();
-    assert_eq!(err.kind(), ErrorKind::Disconnected, "{err}");
-    assert!(started.elapsed() < std::time::Duration::from_secs(10));
-}
-
-#[tokio::test]
-async fn permission_denied_names_the_credentials() {
-    let server = Ganesha::start();
-    // A root-owned directory only root may write into, and a file only root may read.
-    let locked = server.path("locked");
-    std::fs::create_dir(&locked).unwrap();
-    std::fs::write(server.path("secret.img"), vec![7u8; 8192]).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::set_permissions(
-        server.path("secret.img"),
-        std::fs::Permissions::from_mode(0o600),
-    )
-    .unwrap();
-
-    let err = target(
-        &server.url_with("locked/x.img", "uid=65534&gid=65534"),
-        4096,
-    )
-    .await
-    .err()
-    .unwrap();
-    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
-    assert!(err.to_string().contains("uid 65534"), "{err}");
-
-    // The server checks access at READ.
-    let s = source(&server.url_with("secret.img", "uid=65534&gid=65534")).await;
-    let err = match s {
-        Err(e) => e,
-        Ok(s) => s
-            .read_at(0, ferry_core::IoBuf::new(4096))
-            .await
-            .expect_err("a read as uid 65534 of a 0600 root file must fail"),
-    };
-    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
-    assert!(err.to_string().contains("65534"), "{err}");
 }
 
 /// A file removed while the server was down: its handle is stale after the restart.

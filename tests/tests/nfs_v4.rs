@@ -1,32 +1,29 @@
-//! NFSv4.2 (`version=4` URLs) against nfs-ganesha started here: copies file->nfs4 and
-//! nfs4->file with the real engine (new and existing targets, sparse images, an unaligned
-//! size), SEEK proven used (the source's extents match the file's real layout and a
-//! mostly-hole image is copied reading little more than its data), DEALLOCATE proven to
-//! punch holes that read back as zeroes, COMMIT at flush, multi-connection handles bound
-//! to one session, the fallback to NFSv4.1, the conformance suite, and clear errors for
-//! wrong paths, permissions and too-small targets; and a server restart: the session and open
-//! are recovered (a source copy goes on exact, a target copy's uncommitted writes are reported
-//! lost by the COMMIT verifier check), a file gone after the restart fails clearly.
+//! What only NFSv4.2 (`version=4` URLs) does, against nfs-ganesha started here: SEEK
+//! proven used (the source's extents match the file's real layout, a copy to a file reads
+//! only the data, and a mostly-hole image is copied reading little more than its data),
+//! DEALLOCATE proven to punch holes that read back as zeroes, COMMIT at flush,
+//! multi-connection handles bound to one session, the fallback to NFSv4.1, a first
+//! connection reset; and a server restart: the session and open are recovered or
+//! reclaimed in a grace period, a file gone after the restart fails clearly, an idle open
+//! outlives its leases. Tests NFSv4 shares with NFSv3 run for both in nfs_copy.rs and
+//! nfs_endpoint.rs, the conformance suite in conformance.rs.
 //!
 //! Every copy is checked with `qemu-img compare` against the file behind the export and
 //! with the block hash.
 
-use std::future::Future;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_core::{EndpointSpec, ErrorKind, Extent, ExtentKind, IoBuf, Source, Target, ZeroMode};
-use ferry_endpoints::conformance::{self, TargetFixture};
 use ferry_endpoints::nfs::{Nfs4Source, Nfs4Target, NfsOptions, NfsSource};
 use ferry_engine::{CopyOptions, CopyReport};
 use ferry_tests::check::{allocated_bytes, assert_allocated_about, blkhash_file, qemu_img_compare};
 use ferry_tests::copying::{self, blkhash_of, copy_urls, source, target};
 use ferry_tests::images::{self, Image, Pattern};
 use ferry_tests::nbd_servers::{NbdServer, QemuNbd};
-use ferry_tests::nfs_server::Ganesha;
+use ferry_tests::nfs_server::{nfs_spec as spec, Ganesha};
 use ferry_tests::scratch_dir;
 
 /// A copy with the default options.
@@ -42,13 +39,6 @@ async fn run(s: Arc<dyn Source>, t: Arc<dyn Target>) -> ferry_core::Result<CopyR
 const MIB: u64 = 1 << 20;
 /// 12 data runs of 1 MiB in 24 MiB, and a tail that is not a multiple of any block size.
 const SIZE: u64 = 24 * MIB + 12_345;
-
-fn spec(url: &str) -> ferry_core::spec::NfsSpec {
-    match EndpointSpec::parse(url).unwrap() {
-        EndpointSpec::Nfs(s) => s,
-        other => panic!("{url} parsed as {other:?}"),
-    }
-}
 
 fn half_data(path: &Path, seed: u64) -> Image {
     images::make(path, Pattern::HalfData, SIZE, seed).unwrap()
@@ -91,26 +81,6 @@ async fn all_extents(s: &dyn Source) -> Vec<Extent> {
         out.extend(got);
     }
     ferry_core::merge_extents(out)
-}
-
-#[tokio::test]
-async fn file_to_nfs4_new_target_is_exact_and_sparse() {
-    let server = Ganesha::start();
-    let dir = scratch_dir();
-    let image = half_data(&dir.path().join("src.raw"), 1);
-    let report = run_copy(image.path.to_str().unwrap(), &server.url_v4("dst.raw"))
-        .await
-        .unwrap();
-    assert_eq!(report.size, SIZE);
-    let backing = server.path("dst.raw");
-    assert_eq!(std::fs::metadata(&backing).unwrap().len(), SIZE);
-    qemu_img_compare(&image.path, &backing);
-    // Zero ranges were skipped on the new target: only the data is allocated.
-    assert_allocated_about(&backing, image.nonzero_block_bytes);
-    assert_eq!(
-        blkhash_of(&server.url_v4("dst.raw")).await,
-        blkhash_file(&image.path)
-    );
 }
 
 #[tokio::test]
@@ -266,145 +236,6 @@ async fn writes_are_unstable_until_flush_and_handles_share_one_session() {
     assert_eq!(&buf[10..], &[4u8; 10]);
 }
 
-#[tokio::test]
-async fn unaligned_sizes_copy_exactly_both_ways() {
-    let server = Ganesha::start();
-    let dir = scratch_dir();
-    let size = 3 * MIB + 4097;
-    let image = images::make(&dir.path().join("odd.raw"), Pattern::Random, size, 5).unwrap();
-    run_copy(image.path.to_str().unwrap(), &server.url_v4("odd.raw"))
-        .await
-        .unwrap();
-    assert_eq!(
-        std::fs::metadata(server.path("odd.raw")).unwrap().len(),
-        size
-    );
-    qemu_img_compare(&image.path, &server.path("odd.raw"));
-    let back = dir.path().join("back.raw");
-    run_copy(&server.url_v4("odd.raw"), back.to_str().unwrap())
-        .await
-        .unwrap();
-    qemu_img_compare(&image.path, &back);
-    assert_eq!(blkhash_file(&back), blkhash_file(&image.path));
-    let tiny = images::make(&server.path("tiny.raw"), Pattern::Random, 1000, 6).unwrap();
-    let out = dir.path().join("tiny.out");
-    run_copy(&server.url_v4("tiny.raw"), out.to_str().unwrap())
-        .await
-        .unwrap();
-    assert_eq!(
-        std::fs::read(&out).unwrap(),
-        std::fs::read(&tiny.path).unwrap()
-    );
-}
-
-#[tokio::test]
-async fn open_errors_are_clear() {
-    let server = Ganesha::start();
-    std::fs::write(server.path("small.img"), vec![1u8; 4096]).unwrap();
-    std::fs::create_dir(server.path("dir")).unwrap();
-    let port = server.nfs_port;
-
-    // An export (pseudo path) that does not exist: the path not found is named.
-    let err = source(&format!(
-        "nfs://127.0.0.1/nosuch/x.img?version=4&nfsport={port}"
-    ))
-    .await
-    .err()
-    .unwrap();
-    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
-    let text = err.to_string();
-    assert!(
-        text.contains("/nosuch") && text.contains("pseudo path"),
-        "{text}"
-    );
-
-    // A file that does not exist.
-    let err = source(&server.url_v4("missing.img")).await.err().unwrap();
-    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
-    assert!(err.to_string().contains("/export/missing.img"), "{err}");
-
-    // A directory that does not exist, for a target.
-    let err = target(&server.url_v4("nodir/x.img"), 4096)
-        .await
-        .err()
-        .unwrap();
-    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
-    assert!(err.to_string().contains("/export/nodir"), "{err}");
-
-    // A directory is not an image.
-    let err = source(&server.url_v4("dir")).await.err().unwrap();
-    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
-    assert!(err.to_string().contains("directory"), "{err}");
-
-    // An existing target smaller than the image.
-    let err = target(&server.url_v4("small.img"), 8192)
-        .await
-        .err()
-        .unwrap();
-    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
-    let text = err.to_string();
-    assert!(text.contains("4096") && text.contains("8192"), "{text}");
-
-    // The export itself names no image.
-    let err = source(&format!("nfs://127.0.0.1/export?version=4&nfsport={port}"))
-        .await
-        .err()
-        .unwrap();
-    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
-
-    // The NFSv3 endpoint opened directly with a version=4 URL says where v4 lives.
-    let err = NfsSource::open(&spec(&server.url_v4("small.img")), &NfsOptions::default())
-        .await
-        .err()
-        .unwrap();
-    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
-    assert!(err.to_string().contains("Nfs4Source"), "{err}");
-
-    // Nothing listens on the port.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let started = std::time::Instant::now();
-    let err = source(&format!(
-        "nfs://127.0.0.1/export/small.img?version=4&nfsport={closed}"
-    ))
-    .await
-    .err()
-    .unwrap();
-    assert_eq!(err.kind(), ErrorKind::Disconnected, "{err}");
-    assert!(started.elapsed() < std::time::Duration::from_secs(10));
-}
-
-#[tokio::test]
-async fn permission_denied_names_the_credentials() {
-    use std::os::unix::fs::PermissionsExt;
-    let server = Ganesha::start();
-    let locked = server.path("locked");
-    std::fs::create_dir(&locked).unwrap();
-    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::write(server.path("secret.img"), vec![7u8; 8192]).unwrap();
-    std::fs::set_permissions(
-        server.path("secret.img"),
-        std::fs::Permissions::from_mode(0o600),
-    )
-    .unwrap();
-    let as_nobody = |name: &str| format!("{}&uid=65534&gid=65534", server.url_v4(name));
-
-    let err = target(&as_nobody("locked/x.img"), 4096)
-        .await
-        .err()
-        .unwrap();
-    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
-    assert!(err.to_string().contains("uid 65534"), "{err}");
-
-    // OPEN for reading checks access.
-    let err = source(&as_nobody("secret.img")).await.err().unwrap();
-    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
-    assert!(err.to_string().contains("65534"), "{err}");
-}
-
 /// The extents of a source without data at all, and of one that is all data.
 #[tokio::test]
 async fn extents_of_empty_and_full_files() {
@@ -466,75 +297,6 @@ async fn a_server_without_nfs42_is_spoken_to_in_nfs41() {
         blkhash_file(&server.path("old.raw")),
         blkhash_file(&image.path)
     );
-}
-
-#[tokio::test]
-async fn conformance_source() {
-    let server = Ganesha::start();
-    let size = 3 * MIB as usize + 4097;
-    let image = conformance::test_image(size as u64, 7);
-    std::fs::write(server.path("src.img"), &image.data).unwrap();
-    let s = source(&server.url_v4("src.img")).await.unwrap();
-    let caps = s.caps();
-    assert!(caps.extents, "NFSv4.2 SEEK reports holes");
-    assert!(caps.multi_conn);
-    assert!(caps.block.maximum >= 64 * 1024, "{caps:?}");
-    conformance::check_source(s, &image.data).await;
-}
-
-/// Each open makes a new file (ganesha caches directory entries).
-struct Fixture<'a> {
-    server: &'a Ganesha,
-    opened: std::sync::atomic::AtomicUsize,
-}
-
-impl Fixture<'_> {
-    fn name(&self) -> String {
-        let n = self.opened.load(std::sync::atomic::Ordering::SeqCst);
-        format!("dst-{n}.img")
-    }
-}
-
-type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-// Written out as async_trait expands it (this crate does not depend on async-trait).
-impl TargetFixture for Fixture<'_> {
-    fn open<'a, 'b>(&'a self, size: u64) -> BoxFuture<'b, ferry_core::Result<Arc<dyn Target>>>
-    where
-        'a: 'b,
-        Self: 'b,
-    {
-        Box::pin(async move {
-            self.opened
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            target(&self.server.url_v4(&self.name()), size).await
-        })
-    }
-
-    fn contents<'a, 'b>(&'a self, size: u64) -> BoxFuture<'b, ferry_core::Result<Vec<u8>>>
-    where
-        'a: 'b,
-        Self: 'b,
-    {
-        Box::pin(async move {
-            let mut data = std::fs::read(self.server.path(&self.name())).unwrap();
-            data.truncate(size as usize);
-            Ok(data)
-        })
-    }
-}
-
-#[tokio::test]
-async fn conformance_target() {
-    let server = Ganesha::start();
-    conformance::check_target(
-        &Fixture {
-            server: &server,
-            opened: Default::default(),
-        },
-        3 * MIB + 4097,
-    )
-    .await;
 }
 
 /// Short timeouts for the fault tests, with a reconnect window that covers a restart.
@@ -633,76 +395,6 @@ async fn a_file_gone_after_a_restart_fails_clearly() {
         .expect_err("the session stays lost");
 }
 
-#[tokio::test]
-async fn nfs4_source_server_restarted_mid_copy_is_survived() {
-    let mut server = Ganesha::start();
-    let dir = scratch_dir();
-    let image = half_data(&server.path("src.raw"), 5);
-    let out = dir.path().join("dst.raw");
-    let opened = Arc::new(
-        Nfs4Source::open(&spec(&server.url_v4("src.raw")), &fault_options())
-            .await
-            .unwrap(),
-    );
-    let s: Arc<dyn Source> = opened.clone();
-    let t = target(out.to_str().unwrap(), SIZE).await.unwrap();
-    let copying = tokio::spawn(async move { copying::run(s, t, &slow()).await });
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(
-        !copying.is_finished(),
-        "the copy must still run at the restart"
-    );
-    let server = tokio::task::spawn_blocking(move || {
-        server.restart();
-        server
-    })
-    .await
-    .unwrap();
-    copying.await.unwrap().unwrap();
-    assert_eq!(opened.recoveries(), (0, 1), "the open was recovered once");
-    qemu_img_compare(&image.path, &out);
-    assert_eq!(blkhash_file(&out), blkhash_file(&image.path));
-    drop(server);
-}
-
-#[tokio::test]
-async fn nfs4_target_server_restarted_before_commit_reports_lost_writes() {
-    let mut server = Ganesha::start();
-    let dir = scratch_dir();
-    let image = half_data(&dir.path().join("src.raw"), 6);
-    let s = source(image.path.to_str().unwrap()).await.unwrap();
-    let opened = Arc::new(
-        Nfs4Target::open(&spec(&server.url_v4("dst.raw")), SIZE, &fault_options())
-            .await
-            .unwrap(),
-    );
-    let t: Arc<dyn Target> = opened.clone();
-    let copying = tokio::spawn(async move { copying::run(s, t, &slow()).await });
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(
-        !copying.is_finished(),
-        "the copy must still run at the restart"
-    );
-    let server = tokio::task::spawn_blocking(move || {
-        server.restart();
-        server
-    })
-    .await
-    .unwrap();
-    let err = copying
-        .await
-        .unwrap()
-        .expect_err("writes made before the restart were never committed");
-    let text = err.to_string();
-    assert!(text.contains("restarted"), "{text}");
-    assert!(text.contains("write verifier"), "{text}");
-    assert_eq!(err.kind(), ErrorKind::Disconnected, "{err}");
-    // The writes after the restart went on through the recovered open: the failure is
-    // the verifier check's, not a lost session's.
-    assert_eq!(opened.recoveries(), (0, 1));
-    drop(server);
-}
-
 /// An open left idle for several leases stays valid: the session renews its lease.
 #[tokio::test]
 async fn an_idle_open_outlives_several_leases() {
@@ -714,37 +406,6 @@ async fn an_idle_open_outlives_several_leases() {
     tokio::time::sleep(std::time::Duration::from_secs(12)).await;
     let buf = s.read_at(0, IoBuf::new(4096)).await.unwrap();
     assert!(buf.iter().all(|b| *b == 5));
-}
-
-/// nfs4 -> nbd into a target full of garbage (the holes SEEK reports become zeroes
-/// written through NBD).
-#[tokio::test]
-async fn nfs4_to_nbd_is_exact() {
-    let server = Ganesha::start();
-    let dir = scratch_dir();
-    let image = half_data(&server.path("src.raw"), 11);
-    // qemu-nbd serves whole 512-byte sectors: the target is SIZE rounded up.
-    let served = SIZE.div_ceil(512) * 512;
-    let mid = images::make(&dir.path().join("mid.raw"), Pattern::Random, served, 12).unwrap();
-    let mut nbd = NbdServer::qemu_nbd(
-        &mid.path,
-        &QemuNbd {
-            export: "disk".into(),
-            ..QemuNbd::default()
-        },
-    );
-    let report = run_copy(&server.url_v4("src.raw"), &nbd.uri())
-        .await
-        .unwrap();
-    assert!(report.zero_bytes >= SIZE / 3, "{report:?}");
-    nbd.stop();
-    // Compare the image's bytes: the served tail past SIZE is the target's own.
-    let out = dir.path().join("cmp.raw");
-    let mut bytes = std::fs::read(&mid.path).unwrap();
-    bytes.truncate(SIZE as usize);
-    std::fs::write(&out, &bytes).unwrap();
-    qemu_img_compare(&image.path, &out);
-    assert_eq!(blkhash_file(&out), blkhash_file(&image.path));
 }
 
 /// A server that resets the first connection it accepts (as a server only just started

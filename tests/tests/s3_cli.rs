@@ -3,17 +3,14 @@
 //! the in-process s3s-fs; the ferry binary under test is a separate process).
 
 // Until tests/src/lib.rs exports it as ferry_tests::s3_server.
-#[allow(dead_code)]
-#[path = "../src/s3_server.rs"]
-mod s3_server;
 
 use std::process::Stdio;
 
 use ferry_tests::bin::{wait_with_deadline, Run, DEFAULT_DEADLINE};
 use ferry_tests::check::{blkhash_file, qemu_img_compare};
 use ferry_tests::images::{self, Pattern};
+use ferry_tests::s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
 use ferry_tests::{ferry, scratch_dir};
-use s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
 
 const BUCKET: &str = "images";
 

@@ -5,9 +5,6 @@
 //! by `qemu-img compare`.
 
 // Until tests/src/lib.rs exports it as ferry_tests::s3_server.
-#[allow(dead_code)]
-#[path = "../src/s3_server.rs"]
-mod s3_server;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -20,8 +17,8 @@ use ferry_engine::{CancellationToken, ChecksumOptions, CopyOptions, Progress};
 use ferry_tests::check::{blkhash_bytes, blkhash_file, qemu_img_compare};
 use ferry_tests::images::{self, Pattern};
 use ferry_tests::nbd_servers::{NbdServer, QemuNbd};
+use ferry_tests::s3_server::S3Server;
 use ferry_tests::scratch_dir;
-use s3_server::S3Server;
 
 const BUCKET: &str = "images";
 const MIB: u64 = 1024 * 1024;

@@ -4,9 +4,6 @@
 //! upload is aborted once the server is back; an upload dropped unfinished is aborted too.
 
 // Until tests/src/lib.rs exports it as ferry_tests::s3_server.
-#[allow(dead_code)]
-#[path = "../src/s3_server.rs"]
-mod s3_server;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,8 +14,8 @@ use ferry_endpoints::s3::{S3Options, S3Source, S3Target, MIN_PART_SIZE};
 use ferry_endpoints::SourceOptions;
 use ferry_engine::{CancellationToken, CopyOptions, Progress};
 use ferry_tests::images::{self, Pattern};
+use ferry_tests::s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
 use ferry_tests::scratch_dir;
-use s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
 
 const BUCKET: &str = "images";
 const MIB: u64 = 1024 * 1024;

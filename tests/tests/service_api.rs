@@ -3,14 +3,10 @@
 //! cancellation, limits, idempotency, bad requests, path escapes, health, reflection,
 //! metrics parsed with a Prometheus parser, bearer tokens and mutual TLS.
 
-#[path = "../src/service_support.rs"]
-#[allow(dead_code)]
-mod service_support;
-
 use std::time::Duration;
 
 use ferry_mover::service::proto::{self, JobState};
-use service_support::*;
+use ferry_tests::service_support::*;
 use tonic::Code;
 
 const LIMIT: Duration = Duration::from_secs(120);

@@ -14,16 +14,12 @@
 //!
 //! FERRY_BENCH_SIZE (bytes) shrinks the copy for a quick look.
 
-#[path = "../src/service_support.rs"]
-#[allow(dead_code)]
-mod service_support;
-
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use service_support::*;
+use ferry_tests::service_support::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ferry-e2e");
 const GIB: u64 = 1024 * 1024 * 1024;

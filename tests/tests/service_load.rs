@@ -1,15 +1,11 @@
 //! Load: 1,000 small jobs queued at once by 50 concurrent clients while 100 watchers
 //! follow them; every job reaches a terminal state, nothing is lost, no watcher starves.
 
-#[path = "../src/service_support.rs"]
-#[allow(dead_code)]
-mod service_support;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_mover::service::proto::{self, JobState};
-use service_support::*;
+use ferry_tests::service_support::*;
 
 const JOBS: usize = 1000;
 const CLIENTS: usize = 50;

@@ -2,14 +2,11 @@
 //! per job, sampled endpoint operations) to an OTLP/gRPC trace collector this test runs,
 //! and JSON logs when asked.
 
-#[path = "../src/service_support.rs"]
-#[allow(dead_code)]
-mod service_support;
-
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ferry_tests::service_support::*;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -17,7 +14,6 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
-use service_support::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ferry-e2e");
 

@@ -2,16 +2,12 @@
 //! resumes from its checkpoint, not from zero, and the result is byte-exact), graceful
 //! SIGTERM within a bounded time, and the `ferry job` client commands.
 
-#[path = "../src/service_support.rs"]
-#[allow(dead_code)]
-mod service_support;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use ferry_mover::service::proto::{self, JobState};
-use service_support::*;
+use ferry_tests::service_support::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ferry-e2e");
 const LIMIT: Duration = Duration::from_secs(180);

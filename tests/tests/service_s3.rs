@@ -10,22 +10,15 @@
 //! ListJobs and WatchJob answers, its logs (at debug level), /metrics and the bytes of
 //! its job store.
 
-#[path = "../src/service_support.rs"]
-#[allow(dead_code)]
-mod service_support;
-
 // Until tests/src/lib.rs exports it as ferry_tests::s3_server.
-#[allow(dead_code)]
-#[path = "../src/s3_server.rs"]
-mod s3_server;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ferry_mover::service::proto::{self, secret_ref, JobState, SecretRef};
 use ferry_tests::check::blkhash_file;
-use s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
-use service_support::*;
+use ferry_tests::s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
+use ferry_tests::service_support::*;
 use tonic::Code;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ferry-e2e");

@@ -5,11 +5,8 @@ mod background_flush;
 mod open;
 mod options;
 
-#[doc(hidden)]
-pub mod conformance;
 pub mod file;
 pub mod iscsi;
-pub mod mem;
 pub mod nbd;
 pub mod nfs;
 pub mod s3;

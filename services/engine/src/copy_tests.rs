@@ -1,16 +1,14 @@
 //! Copy engine tests against the in-memory source and the recording target: the recorded
 //! writes and zero runs are sorted and compared exactly, as nbdcopy's tests do.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_core::{BlockSizes, Caps, ErrorKind, Extent, ZeroMode};
+use ferry_testkit::{MemSource, Op, RecordingTarget, GARBAGE};
 use proptest::prelude::*;
 
-use crate::progress::lock;
 use crate::ranges::RangeSet;
-use crate::testing::{MemSource, Op, RecordingTarget, GARBAGE};
 use crate::{copy, CancellationToken, Checkpoint, CommitOrder, CopyOptions, CopyReport, Progress};
 
 const K: usize = 1024;
@@ -114,7 +112,7 @@ async fn zero_runs_merge_into_one_write_zeroes() {
         assert_eq!(report.zero_bytes, 5 * M as u64);
         assert_eq!(report.data_bytes, 2 * M as u64);
         // the hole was never read
-        let reads = lock(&src.stats.reads).clone();
+        let reads = src.stats.reads();
         assert!(reads
             .iter()
             .all(|&(o, l)| o + l as u64 <= 4 * M as u64 || o >= 6 * M as u64));
@@ -219,12 +217,12 @@ async fn memory_bound_holds_and_buffers_are_reused() {
     };
     run(&src, &tgt, &opts).await.unwrap();
     assert_same(&tgt.data(), src.data());
-    let buffers = lock(&src.stats.buffers).clone();
+    let buffers = src.stats.buffers();
     let buffer_bytes: usize = buffers.iter().map(|b| b.1).sum();
     assert!(buffer_bytes <= budget, "{buffer_bytes} bytes of buffers");
     assert!(src.stats.in_flight.max() <= budget);
     assert!(tgt.log.in_flight.max() <= budget);
-    let reads = lock(&src.stats.reads).len();
+    let reads = src.stats.reads().len();
     assert!(
         reads >= 8 * buffers.len(),
         "{reads} reads, {} buffers",
@@ -269,17 +267,16 @@ async fn cancellation_is_prompt_and_checkpoint_lists_only_flushed_ranges() {
             .unwrap()
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Cancelled);
-        assert!(tgt.log.aborted.load(Ordering::SeqCst));
-        assert!(!tgt.log.finished.load(Ordering::SeqCst));
+        assert!(tgt.is_aborted());
+        assert!(!tgt.is_finished());
         let checkpoint = progress.checkpoint();
         assert_eq!(checkpoint.size, size as u64);
         assert!(checkpoint.committed_bytes() >= 2 * M as u64);
         assert!(!checkpoint.is_complete());
-        let durable = tgt.durable();
         let data = tgt.data();
         for &(s, e) in &checkpoint.committed {
             assert_eq!(
-                durable.gaps(s, e),
+                tgt.durable_gaps(s, e),
                 vec![],
                 "{order:?}: {s}..{e} not flushed"
             );
@@ -371,7 +368,7 @@ async fn target_too_small_is_invalid_input() {
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
     assert!(err.to_string().contains("smaller than the source"), "{err}");
     assert!(tgt.ops().is_empty());
-    assert!(!tgt.log.finished.load(Ordering::SeqCst));
+    assert!(!tgt.is_finished());
 }
 
 #[tokio::test]
@@ -392,8 +389,8 @@ async fn target_errors_carry_operation_offset_and_endpoint() {
             .starts_with("write at offset 262144 on recording-target"),
         "{err}"
     );
-    assert!(tgt.log.aborted.load(Ordering::SeqCst));
-    assert!(!tgt.log.finished.load(Ordering::SeqCst));
+    assert!(tgt.is_aborted());
+    assert!(!tgt.is_finished());
 }
 
 #[tokio::test]
@@ -421,7 +418,7 @@ async fn rate_limit_is_respected() {
     let start = tokio::time::Instant::now();
     run(&src, &tgt, &opts).await.unwrap();
     let elapsed = start.elapsed().as_secs_f64();
-    let tokens: usize = lock(&src.stats.reads).iter().map(|r| r.1).sum();
+    let tokens: usize = src.stats.reads().iter().map(|r| r.1).sum();
     assert_eq!(tokens, size);
     // the bucket starts with one request's worth; the rest is paid at `rate`
     let floor = (tokens - request) as f64 / rate as f64;
@@ -457,7 +454,7 @@ async fn unusual_block_sizes_are_respected() {
         run(&src, &tgt, &opts).await.unwrap();
         assert_same(&tgt.data(), src.data());
         let size = src.len();
-        for &(o, l) in lock(&src.stats.reads).iter() {
+        for &(o, l) in src.stats.reads().iter() {
             assert!(l <= 24 * K, "read of {l}");
             assert_eq!(o % 4096, 0, "unaligned read at {o}");
             assert!(l % 4096 == 0 || o + l as u64 == size, "read of {l}");
@@ -517,7 +514,7 @@ async fn tiny_images_and_progress() {
         let snap = progress.snapshot();
         assert_eq!((snap.total, snap.done), (size as u64, size as u64));
         assert!(progress.checkpoint().is_complete());
-        assert!(tgt.log.finished.load(Ordering::SeqCst));
+        assert!(tgt.is_finished());
     }
 }
 

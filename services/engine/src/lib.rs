@@ -26,8 +26,6 @@ mod zero;
 
 #[cfg(test)]
 mod copy_tests;
-#[cfg(test)]
-mod testing;
 
 pub use checksum::{checksum, Digest};
 pub use copy::{copy, CopyReport};

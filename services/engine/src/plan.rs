@@ -253,9 +253,9 @@ impl Planner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::MemSource;
     use crate::CopyOptions;
     use ferry_core::{BlockSizes, Caps, Extent};
+    use ferry_testkit::MemSource;
 
     fn plan_all(
         source: MemSource,

@@ -1,14 +1,12 @@
 //! Block devices (loop devices over scratch files; needs root): size from BLKGETSIZE64,
 //! the conformance suite in both cache modes, zeroing, exclusive opens, too-small devices.
 
-mod file_support;
-
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
+use crate::{conformance, scratch, target_options, LoopDevice, MIB};
 use ferry_core::{EndpointSpec, ErrorKind, Extent, IoBuf, ZeroMode};
 use ferry_endpoints::{open_target, CacheMode, Preallocation};
-use file_support::{conformance, scratch, target_options, FileFixture, LoopDevice, MIB};
 
 #[tokio::test]
 async fn a_block_device_conforms_as_source_and_target() {
@@ -20,7 +18,7 @@ async fn a_block_device_conforms_as_source_and_target() {
     let dev = LoopDevice::attach(&backing);
 
     for cache in [CacheMode::PageCache, CacheMode::Direct] {
-        let src = file_support::open_source(&dev.path, cache).await;
+        let src = crate::open_source(&dev.path, cache).await;
         assert_eq!(src.size(), size, "BLKGETSIZE64");
         let caps = src.caps();
         assert!(!caps.extents, "a block device cannot report holes");
@@ -38,7 +36,7 @@ async fn a_block_device_conforms_as_source_and_target() {
         conformance::check_source(src, &image.data).await;
     }
     for cache in [CacheMode::PageCache, CacheMode::Direct] {
-        let fixture = FileFixture::device(dev.path.clone(), cache);
+        let fixture = crate::device_fixture(&dev.path, cache);
         conformance::check_target(&fixture, size).await;
         // Smaller images than the device are written over its first bytes only.
         conformance::check_target(&fixture, size - 3 * 4096).await;

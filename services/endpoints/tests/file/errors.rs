@@ -1,14 +1,12 @@
 //! Bad input: each refusal has the right kind and a message that names what was wrong.
 
-mod file_support;
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
+use crate::{scratch, source_options, MIB};
 use ferry_core::{EndpointSpec, Error, ErrorKind};
 use ferry_endpoints::file::FileSource;
 use ferry_endpoints::{open_source, open_target, CacheMode, SourceOptions, TargetOptions};
-use file_support::{scratch, source_options, MIB};
 
 async fn source_error(path: &Path) -> Error {
     open_source(

@@ -1,13 +1,11 @@
 //! Extents of sparse files from SEEK_DATA/SEEK_HOLE against layouts the test wrote.
 
-mod file_support;
-
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
+use crate::{conformance, open_source, scratch, write_sparse, KIB, MIB};
 use ferry_core::{ErrorKind, Extent};
 use ferry_endpoints::CacheMode;
-use file_support::{conformance, open_source, scratch, write_sparse, KIB, MIB};
 
 /// Data at 0..64K, hole 64K..1M, data 1M..1M+4K, hole to 2M, data 2M..2M+100 (the last
 /// block partly written), hole to the end at 3M.

@@ -1,13 +1,11 @@
 //! Preallocation modes: allocated blocks (st_blocks) and final size of each.
 
-mod file_support;
-
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::{allocated, scratch, target_options, MIB};
 use ferry_core::{EndpointSpec, IoBuf, Target, ZeroMode};
 use ferry_endpoints::{open_target, CacheMode, Preallocation};
-use file_support::{allocated, scratch, target_options, MIB};
 
 async fn open(
     path: &Path,
@@ -106,7 +104,7 @@ async fn full_writes_zeroes_everywhere_and_keeps_data() {
         assert!(dst.is_zero());
         // Written zeroes, not unwritten extents: SEEK_DATA sees data at 0 and no hole
         // before the end.
-        let src = file_support::open_source(&path, CacheMode::PageCache).await;
+        let src = crate::open_source(&path, CacheMode::PageCache).await;
         assert_eq!(
             src.extents(0, size).await.unwrap(),
             vec![ferry_core::Extent::data(0, size)],

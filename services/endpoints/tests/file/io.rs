@@ -1,17 +1,12 @@
 //! Reads and writes of files: the conformance suite in both cache modes, round trips
 //! through open_source/open_target, and the target's size and is_zero rules.
 
-mod file_support;
-
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
+use crate::{conformance, open_flags, scratch, source_options, target_options, write_sparse, MIB};
 use ferry_core::{EndpointSpec, ErrorKind, IoBuf, ZeroMode};
 use ferry_endpoints::{open_source, open_target, CacheMode, Preallocation};
-use file_support::{
-    conformance, open_flags, scratch, source_options, target_options, write_sparse, FileFixture,
-    MIB,
-};
 
 #[tokio::test]
 async fn file_source_conforms_in_both_cache_modes() {
@@ -21,7 +16,7 @@ async fn file_source_conforms_in_both_cache_modes() {
         let image = conformance::test_image(size, i as u64);
         write_sparse(&path, &image);
         for cache in [CacheMode::PageCache, CacheMode::Direct] {
-            let src = file_support::open_source(&path, cache).await;
+            let src = crate::open_source(&path, cache).await;
             conformance::check_source(src, &image.data).await;
         }
     }
@@ -31,7 +26,7 @@ async fn file_source_conforms_in_both_cache_modes() {
 async fn file_target_conforms_in_both_cache_modes() {
     let dir = scratch();
     for cache in [CacheMode::PageCache, CacheMode::Direct] {
-        let fixture = FileFixture::new(dir.path().join("dst.img"), cache);
+        let fixture = crate::file_fixture(dir.path(), cache);
         for size in [1, 4096, 3 * MIB + 4097] {
             conformance::check_target(&fixture, size).await;
         }
@@ -100,11 +95,7 @@ async fn a_created_target_has_the_size_asked_and_is_zero() {
     assert!(dst.is_zero());
     assert_eq!(dst.size(), 5 * MIB + 1);
     assert_eq!(std::fs::metadata(&path).unwrap().len(), 5 * MIB + 1);
-    assert_eq!(
-        file_support::allocated(&path),
-        0,
-        "a new target must be sparse"
-    );
+    assert_eq!(crate::allocated(&path), 0, "a new target must be sparse");
 }
 
 #[tokio::test]
@@ -150,7 +141,7 @@ async fn reads_and_writes_past_the_end_are_refused() {
     let dir = scratch();
     let path = dir.path().join("x.img");
     std::fs::write(&path, vec![1u8; 8192]).unwrap();
-    let src = file_support::open_source(&path, CacheMode::PageCache).await;
+    let src = crate::open_source(&path, CacheMode::PageCache).await;
     let err = src.read_at(8192 - 10, IoBuf::new(11)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
     assert!(err.to_string().contains("past the end"), "{err}");
@@ -177,7 +168,7 @@ async fn a_source_that_shrank_fails_the_read_with_a_clear_error() {
     let dir = scratch();
     let path = dir.path().join("shrinks.img");
     std::fs::write(&path, vec![1u8; 8192]).unwrap();
-    let src = file_support::open_source(&path, CacheMode::PageCache).await;
+    let src = crate::open_source(&path, CacheMode::PageCache).await;
     File::options()
         .write(true)
         .open(&path)

@@ -1,13 +1,11 @@
 //! write_zeroes on files: MayDeallocate punches holes, Allocate keeps the blocks; both
 //! read back as zeroes, with the file size kept, for aligned and unaligned ranges.
 
-mod file_support;
-
 use std::path::Path;
 
+use crate::{allocated, scratch, target_options, KIB, MIB};
 use ferry_core::{EndpointSpec, ExtentKind, Target, ZeroMode};
 use ferry_endpoints::{open_target, CacheMode, Preallocation};
-use file_support::{allocated, scratch, target_options, KIB, MIB};
 
 async fn full_target(path: &Path, size: u64, cache: CacheMode) -> std::sync::Arc<dyn Target> {
     std::fs::write(path, vec![0xEEu8; size as usize]).unwrap();
@@ -50,7 +48,7 @@ async fn may_deallocate_leaves_holes_that_read_as_zeroes() {
         assert!(data[3 * MIB as usize..].iter().all(|b| *b == 0xEE));
 
         // The file endpoint now reports the hole.
-        let src = file_support::open_source(&path, CacheMode::PageCache).await;
+        let src = crate::open_source(&path, CacheMode::PageCache).await;
         let extents = src.extents(0, size).await.unwrap();
         assert_eq!(extents.len(), 3);
         assert_eq!(extents[1].kind, ExtentKind::Zero);

@@ -1,18 +1,19 @@
 //! One conformance suite for every endpoint: the same checks against any [`Source`] or
 //! [`Target`], only the constructor differs (cloud-hypervisor's habit).
 //!
-//! Test support, not product code: the checks panic with a message naming the endpoint and
-//! the broken rule, as test assertions do. Use it from an endpoint's tests:
+//! The checks panic with a message naming the endpoint and the broken rule, as test
+//! assertions do. Where an endpoint legitimately differs from another, the rule follows
+//! what its [`Caps`] say rather than being skipped: a source without `extents` must
+//! report everything as data, a target without `random_write` is written strictly in
+//! order through one handle, request sizes follow the block sizes.
 //!
 //! ```ignore
 //! let image = conformance::test_image(3 * 1024 * 1024 + 4097, 7);
 //! // ...create the image as the endpoint's storage, holes where image.layout says Zero...
 //! conformance::check_source(source, &image.data).await;
-//! conformance::check_target(&MyFixture { .. }, 3 * 1024 * 1024 + 4097).await;
+//! let fixture = BackedFixture::new(|n| dir.join(format!("dst-{n}.img")), |n, size| ...);
+//! conformance::check_target(&fixture, 3 * 1024 * 1024 + 4097).await;
 //! ```
-//!
-//! Only `ferry_core` paths are used, so the file compiles both inside ferry-endpoints and
-//! included by path from a test crate.
 
 use std::sync::Arc;
 
@@ -151,6 +152,10 @@ async fn walk_extents(source: &dyn Source, offset: u64, len: u64, expected: &[u8
             );
             assert!(e.len > 0, "{name}: empty extent {e:?}");
             assert!(e.end() <= end, "{name}: extent {e:?} reaches past {end}");
+            assert!(
+                source.caps().extents || e.kind == ExtentKind::Data,
+                "{name}: caps say no extents, yet extent {e:?} is not data"
+            );
             if e.kind == ExtentKind::Zero {
                 let bytes = &expected[e.offset as usize..e.end() as usize];
                 assert!(
@@ -304,19 +309,27 @@ pub async fn check_target(fixture: &dyn TargetFixture, size: u64) {
     check_caps(&name, &caps);
     let min = u64::from(caps.block.minimum);
     let step = request_size(&caps);
-    let zero_promised = target.is_zero();
-    target
-        .finish()
-        .await
-        .unwrap_or_else(|e| panic!("{name}: finish failed: {e}"));
-    // Every handle is dropped before the next open: some targets are exclusive.
-    drop(target);
-    if zero_promised {
+    // A target that reads as zeroes may be finished untouched (the engine skips zero
+    // ranges there) and must then hold zeroes. Any other target is written whole before
+    // it is finished (an upload must not store bytes nobody wrote), so it is discarded.
+    if target.is_zero() {
+        target
+            .finish()
+            .await
+            .unwrap_or_else(|e| panic!("{name}: finish failed: {e}"));
+        // Every handle is dropped before the next open: some targets are exclusive.
+        drop(target);
         let got = fixture.contents(size).await.expect("read back");
         assert!(
             got.iter().all(|b| *b == 0),
             "{name}: is_zero() was true but the new target holds data"
         );
+    } else {
+        target
+            .abort()
+            .await
+            .unwrap_or_else(|e| panic!("{name}: abort of a new target failed: {e}"));
+        drop(target);
     }
 
     // Writes past the end fail.
