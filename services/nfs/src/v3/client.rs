@@ -8,110 +8,47 @@
 //! check in `commit.rs` sees a restart.
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
-
-use ferry_core::{ErrorKind, IoBuf};
 
 use super::proto::{self, Attr, FileHandle, FsInfo, NfsStat, Verifier};
-use super::rpc::{RpcConfig, RpcConn, RpcError};
-use super::xdr::{Decoder, XdrError};
+use crate::error::{Error, ErrorKind, Result};
+use crate::retry::{Retry, FIRST_DELAY};
+use crate::rpc::{RpcConn, Sink, SinkKeeper};
+use crate::xdr::{Decoder, XdrError};
+use crate::ClientConfig;
 
-/// Connection settings of one server.
-#[derive(Debug, Clone)]
-pub struct ClientConfig {
-    pub rpc: RpcConfig,
-    /// How long a lost connection is retried before a call fails.
-    pub reconnect_timeout: Duration,
-}
-
-/// Why an NFS call failed.
-#[derive(Debug, thiserror::Error)]
-pub enum NfsError {
-    #[error("{op}: {source}")]
-    Rpc {
-        op: &'static str,
-        #[source]
-        source: RpcError,
-    },
-    #[error("{op}: the server replied {status}")]
-    Status { op: &'static str, status: NfsStat },
-    #[error("{op}: malformed reply: {message}")]
-    Malformed { op: &'static str, message: String },
-}
-
-impl NfsError {
-    fn malformed(op: &'static str, e: XdrError) -> Self {
-        Self::Malformed { op, message: e.0 }
-    }
-
-    pub fn status(&self) -> Option<NfsStat> {
+impl NfsStat {
+    /// The kind of failure this status is.
+    pub fn kind(self) -> ErrorKind {
         match self {
-            Self::Status { status, .. } => Some(*status),
-            _ => None,
+            Self::PERM | Self::ACCES | Self::ROFS => ErrorKind::PermissionDenied,
+            Self::NOENT | Self::STALE | Self::BADHANDLE => ErrorKind::NotFound,
+            Self::NOSPC | Self::DQUOT => ErrorKind::NoSpace,
+            Self::INVAL | Self::FBIG | Self::ISDIR | Self::NOTDIR => ErrorKind::InvalidInput,
+            Self::NOTSUPP => ErrorKind::Unsupported,
+            Self::JUKEBOX => ErrorKind::Timeout,
+            _ => ErrorKind::Io,
         }
     }
-
-    /// The ferry error kind this failure belongs to.
-    pub fn kind(&self) -> ErrorKind {
-        match self {
-            Self::Rpc { source, .. } => rpc_kind(source),
-            Self::Status { status, .. } => status_kind(*status),
-            Self::Malformed { .. } => ErrorKind::Protocol,
-        }
-    }
-}
-
-pub fn rpc_kind(e: &RpcError) -> ErrorKind {
-    match e {
-        RpcError::Connect { source, .. } => match ErrorKind::from_io(source) {
-            ErrorKind::Io | ErrorKind::NotFound => ErrorKind::Disconnected,
-            k => k,
-        },
-        RpcError::ConnectTimeout { .. } | RpcError::Timeout { .. } => ErrorKind::Timeout,
-        RpcError::Disconnected { .. } => ErrorKind::Disconnected,
-        RpcError::GarbageArgs { .. } => ErrorKind::Protocol,
-        RpcError::ProgramUnavailable { .. }
-        | RpcError::VersionMismatch { .. }
-        | RpcError::ProcedureUnavailable { .. } => ErrorKind::Unsupported,
-        RpcError::SystemError { .. } => ErrorKind::Io,
-        RpcError::Auth { .. } => ErrorKind::PermissionDenied,
-    }
-}
-
-pub fn status_kind(status: NfsStat) -> ErrorKind {
-    match status {
-        NfsStat::PERM | NfsStat::ACCES | NfsStat::ROFS => ErrorKind::PermissionDenied,
-        NfsStat::NOENT | NfsStat::STALE | NfsStat::BADHANDLE => ErrorKind::NotFound,
-        NfsStat::NOSPC | NfsStat::DQUOT => ErrorKind::NoSpace,
-        NfsStat::INVAL | NfsStat::FBIG | NfsStat::ISDIR | NfsStat::NOTDIR => {
-            ErrorKind::InvalidInput
-        }
-        NfsStat::NOTSUPP => ErrorKind::Unsupported,
-        NfsStat::JUKEBOX => ErrorKind::Timeout,
-        _ => ErrorKind::Io,
-    }
-}
-
-fn retryable(e: &RpcError) -> bool {
-    matches!(
-        e,
-        RpcError::Disconnected { .. } | RpcError::Connect { .. } | RpcError::ConnectTimeout { .. }
-    )
 }
 
 /// One connection to a server's NFS service (re-established when lost).
+/// `B` is the buffer type READ data is placed into.
 #[derive(Debug)]
-pub struct NfsConn {
+pub struct NfsConn<B = Vec<u8>> {
     addr: SocketAddr,
     config: ClientConfig,
-    conn: tokio::sync::Mutex<Option<RpcConn>>,
+    conn: tokio::sync::Mutex<Option<RpcConn<B>>>,
 }
 
-impl NfsConn {
+impl<B: Sink> NfsConn<B> {
     /// Connects now, so that a wrong port or a down server fails the open.
-    pub async fn connect(addr: SocketAddr, config: &ClientConfig) -> Result<Self, RpcError> {
-        let conn =
-            RpcConn::connect(addr, proto::NFS_PROGRAM, proto::NFS_VERSION, &config.rpc).await?;
+    pub async fn connect(addr: SocketAddr, config: &ClientConfig) -> Result<Self> {
+        let conn = RpcConn::connect(addr, proto::NFS_PROGRAM, proto::NFS_VERSION, &config.rpc)
+            .await
+            .map_err(|source| Error::Transport {
+                doing: "connect to the NFS service".into(),
+                source,
+            })?;
         Ok(Self {
             addr,
             config: config.clone(),
@@ -123,7 +60,7 @@ impl NfsConn {
         self.addr
     }
 
-    async fn rpc(&self) -> Result<RpcConn, RpcError> {
+    async fn rpc(&self) -> Result<RpcConn<B>, crate::rpc::RpcError> {
         let mut slot = self.conn.lock().await;
         if let Some(c) = slot.as_ref().filter(|c| !c.is_closed()) {
             return Ok(c.clone());
@@ -140,50 +77,39 @@ impl NfsConn {
         Ok(c)
     }
 
-    /// One call, retried over new connections while the reconnect window lasts and after
-    /// JUKEBOX while the request timeout lasts. Returns the reply body (status first) and
-    /// the sink, which always comes back when one was given.
+    /// One call, retried as `retry.rs` says (JUKEBOX is the busy answer). Returns the
+    /// reply body (status first) and the sink, which always comes back when one was given.
     async fn call(
         &self,
         op: &'static str,
         procedure: u32,
         args: &[u8],
         data: Option<&[u8]>,
-        mut sink: Option<IoBuf>,
-    ) -> (Result<Vec<u8>, NfsError>, Option<IoBuf>) {
-        let shape = sink.as_ref().map(|b| (b.capacity(), b.view()));
-        let restore = |sink: Option<IoBuf>| {
-            sink.or_else(|| {
-                shape.clone().map(|(cap, view)| {
-                    let mut b = IoBuf::new(cap);
-                    b.set_view(view.start, view.len());
-                    b
-                })
-            })
-        };
-        let start = Instant::now();
-        let mut delay = Duration::from_millis(50);
+        mut sink: Option<B>,
+    ) -> (Result<Vec<u8>>, Option<B>) {
+        let keeper = SinkKeeper::new(sink.as_ref());
+        let mut retry = Retry::new(
+            FIRST_DELAY,
+            self.config.reconnect_timeout,
+            self.config.rpc.request_timeout,
+        );
         loop {
             let result = match self.rpc().await {
                 Ok(conn) => {
                     let out = conn.call(procedure, args, data, sink.take()).await;
-                    sink = restore(out.sink);
+                    sink = keeper.restore(out.sink);
                     out.result
                 }
                 Err(e) => Err(e),
             };
             let again = match &result {
-                Ok(body) => {
-                    body.get(..4) == Some(&NfsStat::JUKEBOX.0.to_be_bytes()[..])
-                        && start.elapsed() < self.config.rpc.request_timeout
-                }
-                Err(e) => retryable(e) && start.elapsed() < self.config.reconnect_timeout,
+                Ok(body) if is_jukebox(body) => retry.after_busy().await,
+                Ok(_) => false,
+                Err(e) => retry.after_rpc_error(e).await,
             };
             if !again {
-                return (result.map_err(|source| NfsError::Rpc { op, source }), sink);
+                return (result.map_err(|source| Error::Rpc { op, source }), sink);
             }
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(1));
         }
     }
 
@@ -193,18 +119,18 @@ impl NfsConn {
         op: &'static str,
         procedure: u32,
         args: &[u8],
-    ) -> Result<Vec<u8>, NfsError> {
+    ) -> Result<Vec<u8>> {
         let body = self.call(op, procedure, args, None, None).await.0?;
         check_status(op, &body)?;
         Ok(body)
     }
 
-    pub async fn getattr(&self, fh: &FileHandle) -> Result<Attr, NfsError> {
+    pub async fn getattr(&self, fh: &FileHandle) -> Result<Attr> {
         let op = "GETATTR";
         let body = self
             .call_ok(op, proto::NFSPROC_GETATTR, proto::fh_args(fh).as_slice())
             .await?;
-        Attr::decode(&mut after_status(&body)).map_err(|e| NfsError::malformed(op, e))
+        Attr::decode(&mut after_status(&body)).map_err(|e| Error::malformed(op, e))
     }
 
     /// The handle and attributes of `name` in `dir`, or None when it does not exist.
@@ -212,7 +138,7 @@ impl NfsConn {
         &self,
         dir: &FileHandle,
         name: &str,
-    ) -> Result<Option<(FileHandle, Option<Attr>)>, NfsError> {
+    ) -> Result<Option<(FileHandle, Option<Attr>)>> {
         let op = "LOOKUP";
         let body = self
             .call(
@@ -227,8 +153,8 @@ impl NfsConn {
         match check_status(op, &body) {
             Ok(()) => proto::lookup_ok(&mut after_status(&body))
                 .map(Some)
-                .map_err(|e| NfsError::malformed(op, e)),
-            Err(e) if e.status() == Some(NfsStat::NOENT) => Ok(None),
+                .map_err(|e| Error::malformed(op, e)),
+            Err(e) if e.nfs3_status() == Some(NfsStat::NOENT) => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -240,7 +166,7 @@ impl NfsConn {
         dir: &FileHandle,
         name: &str,
         mode: u32,
-    ) -> Result<Option<Option<FileHandle>>, NfsError> {
+    ) -> Result<Option<Option<FileHandle>>> {
         let op = "CREATE";
         let body = self
             .call(
@@ -255,13 +181,13 @@ impl NfsConn {
         match check_status(op, &body) {
             Ok(()) => proto::create_ok(&mut after_status(&body))
                 .map(|(fh, _)| Some(fh))
-                .map_err(|e| NfsError::malformed(op, e)),
-            Err(e) if e.status() == Some(NfsStat::EXIST) => Ok(None),
+                .map_err(|e| Error::malformed(op, e)),
+            Err(e) if e.nfs3_status() == Some(NfsStat::EXIST) => Ok(None),
             Err(e) => Err(e),
         }
     }
 
-    pub async fn set_size(&self, fh: &FileHandle, size: u64) -> Result<(), NfsError> {
+    pub async fn set_size(&self, fh: &FileHandle, size: u64) -> Result<()> {
         self.call_ok(
             "SETATTR",
             proto::NFSPROC_SETATTR,
@@ -271,12 +197,12 @@ impl NfsConn {
         .map(|_| ())
     }
 
-    pub async fn fsinfo(&self, fh: &FileHandle) -> Result<FsInfo, NfsError> {
+    pub async fn fsinfo(&self, fh: &FileHandle) -> Result<FsInfo> {
         let op = "FSINFO";
         let body = self
             .call_ok(op, proto::NFSPROC_FSINFO, proto::fh_args(fh).as_slice())
             .await?;
-        proto::fsinfo_ok(&mut after_status(&body)).map_err(|e| NfsError::malformed(op, e))
+        proto::fsinfo_ok(&mut after_status(&body)).map_err(|e| Error::malformed(op, e))
     }
 
     /// Reads up to `buf.len()` bytes at `offset` into the start of the buffer's view:
@@ -285,15 +211,14 @@ impl NfsConn {
         &self,
         fh: &FileHandle,
         offset: u64,
-        buf: IoBuf,
-    ) -> (Result<(u32, bool), NfsError>, IoBuf) {
+        buf: B,
+    ) -> (Result<(u32, bool)>, Option<B>) {
         let op = "READ";
         let count = u32::try_from(buf.len()).unwrap_or(u32::MAX);
         let args = proto::read_args(fh, offset, count);
         let (result, sink) = self
             .call(op, proto::NFSPROC_READ, args.as_slice(), None, Some(buf))
             .await;
-        let buf = sink.unwrap_or_else(|| IoBuf::new(0));
         let result = result.and_then(|body| {
             check_status(op, &body)?;
             let mut d = after_status(&body);
@@ -303,9 +228,9 @@ impl NfsConn {
                 let eof = d.bool()?;
                 Ok::<_, XdrError>((count, eof))
             })();
-            parsed.map_err(|e| NfsError::malformed(op, e))
+            parsed.map_err(|e| Error::malformed(op, e))
         });
-        (result, buf)
+        (result, sink)
     }
 
     /// Writes `data` at `offset`: bytes written, how stable they are, the verifier.
@@ -315,11 +240,10 @@ impl NfsConn {
         offset: u64,
         data: &[u8],
         stable: u32,
-    ) -> Result<(u32, u32, Verifier), NfsError> {
+    ) -> Result<(u32, u32, Verifier)> {
         let op = "WRITE";
-        let len = u32::try_from(data.len()).map_err(|_| NfsError::Malformed {
-            op,
-            message: format!("write of {} bytes is too large", data.len()),
+        let len = u32::try_from(data.len()).map_err(|_| {
+            Error::InvalidInput(format!("write of {} bytes is too large", data.len()))
         })?;
         let args = proto::write_args_head(fh, offset, len, stable);
         let body = self
@@ -327,11 +251,11 @@ impl NfsConn {
             .await
             .0?;
         check_status(op, &body)?;
-        proto::write_ok(&mut after_status(&body)).map_err(|e| NfsError::malformed(op, e))
+        proto::write_ok(&mut after_status(&body)).map_err(|e| Error::malformed(op, e))
     }
 
     /// Commits the whole file; returns the server's verifier.
-    pub async fn commit(&self, fh: &FileHandle) -> Result<Verifier, NfsError> {
+    pub async fn commit(&self, fh: &FileHandle) -> Result<Verifier> {
         let op = "COMMIT";
         let body = self
             .call_ok(
@@ -340,18 +264,23 @@ impl NfsConn {
                 proto::commit_args(fh, 0, 0).as_slice(),
             )
             .await?;
-        proto::commit_ok(&mut after_status(&body)).map_err(|e| NfsError::malformed(op, e))
+        proto::commit_ok(&mut after_status(&body)).map_err(|e| Error::malformed(op, e))
     }
 }
 
-fn check_status(op: &'static str, body: &[u8]) -> Result<(), NfsError> {
+/// Whether a reply says NFS3ERR_JUKEBOX: the server is busy, try again later.
+fn is_jukebox(body: &[u8]) -> bool {
+    body.get(..4) == Some(&NfsStat::JUKEBOX.0.to_be_bytes()[..])
+}
+
+fn check_status(op: &'static str, body: &[u8]) -> Result<()> {
     let status = Decoder::new(body)
         .u32()
-        .map_err(|e| NfsError::malformed(op, e))?;
+        .map_err(|e| Error::malformed(op, e))?;
     if status == 0 {
         Ok(())
     } else {
-        Err(NfsError::Status {
+        Err(Error::Nfs3 {
             op,
             status: NfsStat(status),
         })
