@@ -243,7 +243,10 @@ mod tests {
             op: "READ",
             status: NfsStat::STALE,
         };
-        assert_eq!((e.kind(), e.cause()), (ErrorKind::NotFound, Some(Cause::Stale)));
+        assert_eq!(
+            (e.kind(), e.cause()),
+            (ErrorKind::NotFound, Some(Cause::Stale))
+        );
         let e = Error::Open {
             doing: "look up /x".into(),
             source: Box::new(Error::Nfs4 {
@@ -263,7 +266,10 @@ mod tests {
                 status: Status::STALE,
             }),
         };
-        assert_eq!((e.kind(), e.cause()), (ErrorKind::NotFound, Some(Cause::Stale)));
+        assert_eq!(
+            (e.kind(), e.cause()),
+            (ErrorKind::NotFound, Some(Cause::Stale))
+        );
         let e = Error::SessionLost {
             status: Status::BADSESSION,
         };
@@ -284,7 +290,10 @@ mod tests {
                 version: 4,
             },
         };
-        assert_eq!((e.kind(), e.cause()), (ErrorKind::Unsupported, Some(Cause::NoNfs4)));
+        assert_eq!(
+            (e.kind(), e.cause()),
+            (ErrorKind::Unsupported, Some(Cause::NoNfs4))
+        );
         let e = Error::Rpc {
             op: "READ",
             source: RpcError::ProgramUnavailable {
@@ -293,6 +302,10 @@ mod tests {
                 version: 3,
             },
         };
-        assert_eq!(e.cause(), None, "NFSv3 missing is not advice to use version=3");
+        assert_eq!(
+            e.cause(),
+            None,
+            "NFSv3 missing is not advice to use version=3"
+        );
     }
 }

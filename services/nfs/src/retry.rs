@@ -102,7 +102,11 @@ mod tests {
         };
         assert!(!r.after_rpc_error(&lost).await);
         assert!(!r.after_busy().await);
-        let mut r = Retry::new(Duration::from_millis(1), Duration::from_secs(60), Duration::ZERO);
+        let mut r = Retry::new(
+            Duration::from_millis(1),
+            Duration::from_secs(60),
+            Duration::ZERO,
+        );
         assert!(r.after_rpc_error(&lost).await);
         let refused = RpcError::GarbageArgs {
             addr: "127.0.0.1:1".parse().unwrap(),

@@ -290,6 +290,27 @@ struct Inner<B> {
     reader: JoinHandle<()>,
 }
 
+impl<B> Inner<B> {
+    /// The record mark, call header, credentials and `args` of call `xid`, whose
+    /// `data_len` bytes of data (and their padding) follow on the wire.
+    fn call_head(&self, xid: u32, procedure: u32, args: &[u8], data_len: usize) -> Vec<u8> {
+        let body_len =
+            CALL_HEADER_LEN + self.auth.len() + args.len() + data_len + padding(data_len);
+        let mut head = Encoder::with_capacity(4 + body_len - data_len);
+        head.u32(LAST_FRAGMENT | body_len as u32);
+        head.u32(xid)
+            .u32(CALL)
+            .u32(RPC_VERSION)
+            .u32(self.program)
+            .u32(self.version)
+            .u32(procedure);
+        let mut head = head.into_vec();
+        head.extend_from_slice(&self.auth);
+        head.extend_from_slice(args);
+        head
+    }
+}
+
 impl<B> Drop for Inner<B> {
     fn drop(&mut self) {
         self.reader.abort();
@@ -443,20 +464,7 @@ impl<B: Sink> RpcConn<B> {
             shared: &inner.shared,
             xid,
         };
-        let data_len = data.map_or(0, <[u8]>::len);
-        let mut head = Encoder::with_capacity(64 + inner.auth.len() + args.len());
-        let body_len =
-            CALL_HEADER_LEN + inner.auth.len() + args.len() + data_len + padding(data_len);
-        head.u32(LAST_FRAGMENT | body_len as u32);
-        head.u32(xid)
-            .u32(CALL)
-            .u32(RPC_VERSION)
-            .u32(inner.program)
-            .u32(inner.version)
-            .u32(procedure);
-        let mut head = head.into_vec();
-        head.extend_from_slice(&inner.auth);
-        head.extend_from_slice(args);
+        let head = inner.call_head(xid, procedure, args, data.map_or(0, <[u8]>::len));
         let exchange = async {
             {
                 let mut writer = inner.writer.lock().await;
@@ -749,7 +757,10 @@ pub fn decode_reply<B: Sink>(
     };
     let mut decode = std::pin::pin!(decode);
     // Reading a slice never waits: one poll runs the decoder to its end.
-    match decode.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+    match decode
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
         Poll::Ready(result) => result.map_err(ReadError::reason),
         Poll::Pending => Err("the reply is incomplete".to_string()),
     }
@@ -1093,7 +1104,9 @@ mod tests {
             s.write_all(&reply(x3, e.as_slice(), true)).await.unwrap();
             s
         });
-        let conn = RpcConn::<View>::connect(addr, 7, 1, &config()).await.unwrap();
+        let conn = RpcConn::<View>::connect(addr, 7, 1, &config())
+            .await
+            .unwrap();
         let (a, b) = tokio::join!(conn.call(1, &[], None, None), conn.call(2, &[], None, None));
         assert_eq!(a.result.unwrap(), [0, 0, 0, 1]);
         assert_eq!(b.result.unwrap(), [0, 0, 0, 2]);
@@ -1149,7 +1162,9 @@ mod tests {
             s.write_all(&reply(x, &body, false)).await.unwrap();
             tokio::time::sleep(Duration::from_secs(1)).await;
         });
-        let conn = RpcConn::<View>::connect(addr, 100_003, 4, &config()).await.unwrap();
+        let conn = RpcConn::<View>::connect(addr, 100_003, 4, &config())
+            .await
+            .unwrap();
         let mut buf = View::new(16);
         buf.set_view(2, 8);
         let out = conn.call_shaped(1, &[], None, Some(buf), SHAPE).await;
@@ -1196,7 +1211,9 @@ mod tests {
             read_call(&mut s).await;
             drop(s);
         });
-        let conn = RpcConn::<View>::connect(addr, 7, 1, &config()).await.unwrap();
+        let conn = RpcConn::<View>::connect(addr, 7, 1, &config())
+            .await
+            .unwrap();
         let out = conn.call(1, &[], None, Some(View::new(8))).await;
         assert!(
             matches!(out.result, Err(RpcError::Timeout { .. })),
@@ -1233,7 +1250,9 @@ mod tests {
                     // Closed with data unread: the kernel resets the connection.
                     drop(s);
                 });
-                let conn = RpcConn::<View>::connect(addr, 7, 1, &config()).await.unwrap();
+                let conn = RpcConn::<View>::connect(addr, 7, 1, &config())
+                    .await
+                    .unwrap();
                 let data = vec![7u8; 32 << 20];
                 conn.call(7, &[0, 0, 0, 1], Some(&data), Some(View::new(8)))
                     .await
@@ -1263,7 +1282,9 @@ mod tests {
             s.write_all(&0xffff_ffffu32.to_be_bytes()).await.unwrap();
             tokio::time::sleep(Duration::from_secs(2)).await;
         });
-        let conn = RpcConn::<View>::connect(addr, 7, 1, &config()).await.unwrap();
+        let conn = RpcConn::<View>::connect(addr, 7, 1, &config())
+            .await
+            .unwrap();
         let out = conn.call(1, &[], None, None).await;
         match out.result {
             Err(RpcError::Disconnected { reason, .. }) => {

@@ -108,10 +108,16 @@ pub fn nfs4_compound_reply(data: &[u8]) {
         while decode(&mut r).is_ok() {
             decoded += 1;
         }
-        assert!(decoded <= ops::MAX_RESULTS, "no more results than the bound");
+        assert!(
+            decoded <= ops::MAX_RESULTS,
+            "no more results than the bound"
+        );
     }
     if let Ok(mut r) = Reply::parse(data) {
-        let _ = r.sequence().and_then(|_| r.simple(ops::OP_PUTFH)).and_then(|_| r.read_into_sink());
+        let _ = r
+            .sequence()
+            .and_then(|_| r.simple(ops::OP_PUTFH))
+            .and_then(|_| r.read_into_sink());
     }
 }
 
@@ -173,7 +179,11 @@ fn compound_seed() -> Vec<u8> {
     e.u32(ops::OP_GETFH).u32(0).opaque(&[5; 20]);
     let mut vals = Encoder::new();
     vals.u32(ops::NF4REG).u64(12345);
-    e.u32(ops::OP_GETATTR).u32(0).u32(1).u32(0b10010).opaque(vals.as_slice());
+    e.u32(ops::OP_GETATTR)
+        .u32(0)
+        .u32(1)
+        .u32(0b10010)
+        .opaque(vals.as_slice());
     e.u32(ops::OP_OPEN).u32(0).u32(1).fixed(&[3; 12]);
     e.bool(true).u64(1).u64(2).u32(0).u32(0).u32(0);
     e.u32(ops::OP_SETATTR).u32(0).u32(0);
@@ -181,11 +191,25 @@ fn compound_seed() -> Vec<u8> {
     e.u32(ops::OP_COMMIT).u32(0).fixed(&[9; 8]);
     e.u32(ops::OP_SEEK).u32(0).bool(false).u64(8192);
     e.u32(ops::OP_EXCHANGE_ID).u32(0).u64(77).u32(1);
-    e.u32(ops::OP_CREATE_SESSION).u32(0).fixed(&[2; 16]).u32(1).u32(0);
+    e.u32(ops::OP_CREATE_SESSION)
+        .u32(0)
+        .fixed(&[2; 16])
+        .u32(1)
+        .u32(0);
     for _ in 0..2 {
-        e.u32(0).u32(1 << 20).u32(1 << 20).u32(4096).u32(8).u32(16).u32(0);
+        e.u32(0)
+            .u32(1 << 20)
+            .u32(1 << 20)
+            .u32(4096)
+            .u32(8)
+            .u32(16)
+            .u32(0);
     }
-    e.u32(ops::OP_BIND_CONN_TO_SESSION).u32(0).fixed(&[2; 16]).u32(1).bool(false);
+    e.u32(ops::OP_BIND_CONN_TO_SESSION)
+        .u32(0)
+        .fixed(&[2; 16])
+        .u32(1)
+        .bool(false);
     e.into_vec()
 }
 
@@ -193,13 +217,21 @@ fn xdr_seed() -> Vec<u8> {
     let mut e = Encoder::new();
     e.u32(0).u32(7).u32(1).u64(1 << 40).u32(2).bool(true);
     e.u32(3).opaque(b"abcde").u32(4).string("name");
-    e.bool(true).string("/export").bool(true).string("*").bool(false).bool(false);
+    e.bool(true)
+        .string("/export")
+        .bool(true)
+        .string("*")
+        .bool(false)
+        .bool(false);
     e.into_vec()
 }
 
 fn seeds() -> Vec<Vec<u8>> {
     let mut lookup = Encoder::new();
-    lookup.opaque(&[1; 32]).bool(true).fixed(fattr3(5).as_slice());
+    lookup
+        .opaque(&[1; 32])
+        .bool(true)
+        .fixed(fattr3(5).as_slice());
     vec![
         xdr_seed(),
         lookup.into_vec(),
@@ -286,11 +318,18 @@ fn xdr_truncated_oversized_and_garbage_input_is_an_error() {
     assert!(failed, "a truncated stream ends in an error");
     let mut e = Encoder::new();
     e.u32(u32::MAX).fixed(&[0; 8]);
-    let err = Decoder::new(e.as_slice()).opaque(1024, "a name").unwrap_err();
+    let err = Decoder::new(e.as_slice())
+        .opaque(1024, "a name")
+        .unwrap_err();
     assert!(err.0.contains("exceeds the limit"), "{err}");
-    let err = Decoder::new(e.as_slice()).opaque(usize::MAX, "a name").unwrap_err();
+    let err = Decoder::new(e.as_slice())
+        .opaque(usize::MAX, "a name")
+        .unwrap_err();
     assert!(err.0.contains("too short"), "{err}");
-    assert!(Decoder::new(&[0, 0, 0, 9]).bool().is_err(), "garbage boolean");
+    assert!(
+        Decoder::new(&[0, 0, 0, 9]).bool().is_err(),
+        "garbage boolean"
+    );
     assert!(Decoder::new(&[0; 7]).u64().is_err());
     assert!(Decoder::new(&[0; 3]).skip(4).is_err());
 }
@@ -299,14 +338,27 @@ fn xdr_truncated_oversized_and_garbage_input_is_an_error() {
 fn nfs3_reply_decoders_refuse_truncated_oversized_and_garbage_input() {
     type Decode = fn(&mut Decoder<'_>) -> bool;
     let mut lookup = Encoder::new();
-    lookup.opaque(&[1; 32]).bool(true).fixed(fattr3(5).as_slice());
+    lookup
+        .opaque(&[1; 32])
+        .bool(true)
+        .fixed(fattr3(5).as_slice());
     let mut create = Encoder::new();
     create.bool(true).opaque(&[1; 32]).bool(false);
     let mut fsinfo = Encoder::new();
     fsinfo.bool(false).u32(1 << 20).u32(1 << 20).u32(1);
-    fsinfo.u32(1 << 20).u32(1 << 20).u32(1).u32(4096).u64(1 << 40);
+    fsinfo
+        .u32(1 << 20)
+        .u32(1 << 20)
+        .u32(1)
+        .u32(4096)
+        .u64(1 << 40);
     let mut write = Encoder::new();
-    write.bool(false).bool(false).u32(4096).u32(0).fixed(&[1; 8]);
+    write
+        .bool(false)
+        .bool(false)
+        .u32(4096)
+        .u32(0)
+        .fixed(&[1; 8]);
     let mut exports = Encoder::new();
     exports.bool(true).string("/a").bool(false).bool(false);
     let cases: [(Vec<u8>, Decode); 5] = [
@@ -324,10 +376,16 @@ fn nfs3_reply_decoders_refuse_truncated_oversized_and_garbage_input() {
     }
     let mut e = Encoder::new();
     e.u32(u32::MAX);
-    assert!(proto::mount_ok(&mut Decoder::new(e.as_slice())).is_err(), "huge handle");
+    assert!(
+        proto::mount_ok(&mut Decoder::new(e.as_slice())).is_err(),
+        "huge handle"
+    );
     let mut e = Encoder::new();
     e.bool(true).opaque(&[0; 65]).bool(false);
-    assert!(proto::create_ok(&mut Decoder::new(e.as_slice())).is_err(), "65-byte handle");
+    assert!(
+        proto::create_ok(&mut Decoder::new(e.as_slice())).is_err(),
+        "65-byte handle"
+    );
     let mut e = Encoder::new();
     for _ in 0..=proto::MAX_EXPORTS {
         e.bool(true).string("/x").bool(false);
@@ -337,7 +395,10 @@ fn nfs3_reply_decoders_refuse_truncated_oversized_and_garbage_input() {
     assert!(err.0.contains("more than"), "{err}");
     let mut e = Encoder::new();
     e.bool(true).string("/x").u32(7);
-    assert!(proto::exports(&mut Decoder::new(e.as_slice())).is_err(), "garbage boolean");
+    assert!(
+        proto::exports(&mut Decoder::new(e.as_slice())).is_err(),
+        "garbage boolean"
+    );
 }
 
 #[test]
@@ -350,12 +411,12 @@ fn rpc_replies_that_are_truncated_oversized_or_garbage_are_refused() {
         );
     }
     // A record longer than any reply.
-    let err = decode_reply::<Vec<u8>>(&0xffff_ffffu32.to_be_bytes(), None, ReadShape::Read3)
-        .unwrap_err();
+    let err =
+        decode_reply::<Vec<u8>>(&0xffff_ffffu32.to_be_bytes(), None, ReadShape::Read3).unwrap_err();
     assert!(err.contains("longer than"), "{err}");
     // More READ data than the buffer holds.
-    let err = decode_reply(&read3_reply(&[1; 64]), Some(vec![0u8; 8]), ReadShape::Read3)
-        .unwrap_err();
+    let err =
+        decode_reply(&read3_reply(&[1; 64]), Some(vec![0u8; 8]), ReadShape::Read3).unwrap_err();
     assert!(err.contains("READ reply carries 64 bytes"), "{err}");
     // A verifier over the RFC's 400 bytes.
     let mut e = Encoder::new();
@@ -400,16 +461,29 @@ fn compound_decoders_refuse_every_truncation_and_oversized_lengths() {
             r.create_session()?;
             r.bind_conn()
         });
-        assert!(matches!(decoded, Err(ReplyError::Malformed(_))), "cut at {cut}: {decoded:?}");
+        assert!(
+            matches!(decoded, Err(ReplyError::Malformed(_))),
+            "cut at {cut}: {decoded:?}"
+        );
     }
     let mut e = Encoder::new();
     compound_header(&mut e, 0, 1);
-    e.u32(ops::OP_CREATE_SESSION).u32(0).fixed(&[2; 16]).u32(1).u32(0);
+    e.u32(ops::OP_CREATE_SESSION)
+        .u32(0)
+        .fixed(&[2; 16])
+        .u32(1)
+        .u32(0);
     e.u32(0).u32(1).u32(1).u32(1).u32(1).u32(1).u32(u32::MAX);
-    let err = Reply::parse(e.as_slice()).unwrap().create_session().unwrap_err();
+    let err = Reply::parse(e.as_slice())
+        .unwrap()
+        .create_session()
+        .unwrap_err();
     assert!(err.to_string().contains("RDMA"), "{err}");
     let mut e = Encoder::new();
     compound_header(&mut e, 0, 1);
     e.u32(ops::OP_SETATTR).u32(0).u32(1_000_000);
-    assert!(Reply::parse(e.as_slice()).unwrap().setattr().is_err(), "huge bitmap");
+    assert!(
+        Reply::parse(e.as_slice()).unwrap().setattr().is_err(),
+        "huge bitmap"
+    );
 }

@@ -22,7 +22,10 @@ impl NfsSource {
     /// Opens the file `spec` names; it must exist and be a regular file.
     pub async fn open(spec: &NfsSpec, options: &NfsOptions) -> Result<Self> {
         let (opened, resolved, fsinfo) = open_common(spec, options).await?;
-        let fail = |e: Error| e.with_operation("open").with_endpoint(opened.describe.clone());
+        let fail = |e: Error| {
+            e.with_operation("open")
+                .with_endpoint(opened.describe.clone())
+        };
         let Some((fh, attr)) = resolved.file else {
             return Err(fail(Error::new(
                 ErrorKind::NotFound,
@@ -39,7 +42,14 @@ impl NfsSource {
                 attr.type_name()
             ))));
         }
-        let file = Arc::new(File::new(opened, &resolved.nfs, fh, attr.size, &fsinfo, false));
+        let file = Arc::new(File::new(
+            opened,
+            &resolved.nfs,
+            fh,
+            attr.size,
+            &fsinfo,
+            false,
+        ));
         Ok(Self {
             file,
             nfs: resolved.nfs,
@@ -63,13 +73,20 @@ impl Source for NfsSource {
 
     async fn read_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
         let f = &*self.file;
-        super::read_pieces(&f.describe, f.size, f.rsize, offset, buf, |at, piece| async move {
-            let (result, back) = self.nfs.read(&f.fh, at, piece).await;
-            let result = result
-                .map(|(count, eof)| (eof, count))
-                .map_err(|e| f.err(e, "read", at));
-            (result, back)
-        })
+        super::read_pieces(
+            &f.describe,
+            f.size,
+            f.rsize,
+            offset,
+            buf,
+            |at, piece| async move {
+                let (result, back) = self.nfs.read(&f.fh, at, piece).await;
+                let result = result
+                    .map(|(count, eof)| (eof, count))
+                    .map_err(|e| f.err(e, "read", at));
+                (result, back)
+            },
+        )
         .await
     }
 

@@ -154,7 +154,14 @@ impl NfsTarget {
         let found = Self::find_or_create(spec, size, &resolved, &opening.config)
             .await
             .map_err(fail)?;
-        let file = File::new(opening, &resolved.nfs, found.fh, found.size, &fsinfo, found.created);
+        let file = File::new(
+            opening,
+            &resolved.nfs,
+            found.fh,
+            found.size,
+            &fsinfo,
+            found.created,
+        );
         Ok(Self {
             file: Arc::new(file),
             nfs: Arc::new(resolved.nfs),
@@ -181,7 +188,11 @@ impl NfsTarget {
                         None => Self::lookup(spec, resolved, config).await?.0,
                     };
                     nfs.set_size(&fh, size).await.map_err(|e| {
-                        doing_error(e, &format!("set the new file's size to {size} bytes"), config)
+                        doing_error(
+                            e,
+                            &format!("set the new file's size to {size} bytes"),
+                            config,
+                        )
                     })?;
                     return Ok(Found {
                         fh,
@@ -262,14 +273,22 @@ impl NfsTarget {
     /// Writes `data` at `offset` in WRITEs of at most wsize bytes.
     async fn write_all(&self, offset: u64, data: &[u8], op: &'static str) -> Result<()> {
         let f = &*self.file;
-        super::write_pieces(&f.describe, &f.commits, f.wsize, op, offset, data, |at, piece| async move {
-            let (count, committed, verf) = self
-                .nfs
-                .write(&f.fh, at, piece, proto::UNSTABLE)
-                .await
-                .map_err(|e| f.err(e, op, at))?;
-            Ok((count, committed == proto::FILE_SYNC, verf))
-        })
+        super::write_pieces(
+            &f.describe,
+            &f.commits,
+            f.wsize,
+            op,
+            offset,
+            data,
+            |at, piece| async move {
+                let (count, committed, verf) = self
+                    .nfs
+                    .write(&f.fh, at, piece, proto::UNSTABLE)
+                    .await
+                    .map_err(|e| f.err(e, op, at))?;
+                Ok((count, committed == proto::FILE_SYNC, verf))
+            },
+        )
         .await
     }
 }

@@ -114,12 +114,7 @@ impl<B: Sink> NfsConn<B> {
     }
 
     /// A call whose reply starts with an nfsstat3; returns the body after an OK status.
-    async fn call_ok(
-        &self,
-        op: &'static str,
-        procedure: u32,
-        args: &[u8],
-    ) -> Result<Vec<u8>> {
+    async fn call_ok(&self, op: &'static str, procedure: u32, args: &[u8]) -> Result<Vec<u8>> {
         let body = self.call(op, procedure, args, None, None).await.0?;
         check_status(op, &body)?;
         Ok(body)

@@ -98,7 +98,10 @@ async fn walk<B: Sink>(
     root: FileHandle,
     path: &str,
 ) -> Result<(FileHandle, String, String)> {
-    let rest = path.get(export.len()..).unwrap_or_default().trim_start_matches('/');
+    let rest = path
+        .get(export.len()..)
+        .unwrap_or_default()
+        .trim_start_matches('/');
     let mut parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
     let Some(name) = parts.pop() else {
         return Err(Error::InvalidInput(format!(

@@ -171,9 +171,20 @@ pub async fn open_path<B: Sink>(
         .lease_time
         .unwrap_or(DEFAULT_LEASE_SECS)
         .max(MIN_LEASE_SECS);
-    session.start_renewal(Arc::clone(&link), Duration::from_secs(u64::from(lease_secs)));
-    let rsize = transfer(dir_attrs.maxread, session.channel.max_response, max_transfer);
-    let wsize = transfer(dir_attrs.maxwrite, session.channel.max_request, max_transfer);
+    session.start_renewal(
+        Arc::clone(&link),
+        Duration::from_secs(u64::from(lease_secs)),
+    );
+    let rsize = transfer(
+        dir_attrs.maxread,
+        session.channel.max_response,
+        max_transfer,
+    );
+    let wsize = transfer(
+        dir_attrs.maxwrite,
+        session.channel.max_request,
+        max_transfer,
+    );
     Ok(Opened {
         session,
         link,
@@ -331,9 +342,7 @@ impl OpenFile {
         let mut ops = self.ops();
         ops.read(&self.stateid, offset, count);
         let (result, buf) = session.call(link, "READ", &ops, None, Some(buf)).await;
-        let result = result.and_then(|body| {
-            read_reply(&body).map_err(|e| Error::reply("READ", e))
-        });
+        let result = result.and_then(|body| read_reply(&body).map_err(|e| Error::reply("READ", e)));
         (result, buf)
     }
 

@@ -55,7 +55,12 @@ impl Session {
     /// or the open state) for a request sent on session `generation`: one task at a
     /// time, the others wait and find the session already replaced. When recovery
     /// fails, the session is lost for every later request.
-    async fn recover<B: Sink>(&self, link: &Link<B>, generation: u64, status: Status) -> Result<()> {
+    async fn recover<B: Sink>(
+        &self,
+        link: &Link<B>,
+        generation: u64,
+        status: Status,
+    ) -> Result<()> {
         let _one = self.recovery.lock().await;
         if let Some(status) = self.lost() {
             return Err(Error::SessionLost { status });
@@ -106,7 +111,9 @@ impl Session {
             session: id,
             seqid: 1,
         };
-        let stateid = self.recover_open(&mut slot0, clientid, &mut backoff).await?;
+        let stateid = self
+            .recover_open(&mut slot0, clientid, &mut backoff)
+            .await?;
         let mut slots = Slots::new(clientid, id, generation, &channel);
         slots.seq[0] = slot0.seqid;
         self.install(link, rpc.clone(), slots, stateid).await;
@@ -116,8 +123,7 @@ impl Session {
     /// A new connection, retried while the reconnect window lasts.
     async fn reconnect<B: Sink>(&self, backoff: &mut Backoff) -> Result<RpcConn<B>> {
         loop {
-            match RpcConn::connect(self.addr, NFS4_PROGRAM, NFS4_VERSION, &self.config.rpc).await
-            {
+            match RpcConn::connect(self.addr, NFS4_PROGRAM, NFS4_VERSION, &self.config.rpc).await {
                 Ok(rpc) => return Ok(rpc),
                 Err(source)
                     if source.is_connection_loss()
@@ -174,7 +180,10 @@ impl Session {
             }
             Err(ReplyError::Status { op, index, status })
                 if index == 0
-                    || matches!(status, Status::STALE | Status::BADHANDLE | Status::FHEXPIRED) =>
+                    || matches!(
+                        status,
+                        Status::STALE | Status::BADHANDLE | Status::FHEXPIRED
+                    ) =>
             {
                 Err(Error::Nfs4 {
                     op: op_name(op),

@@ -24,7 +24,12 @@ pub(super) struct Slots {
 }
 
 impl Slots {
-    pub(super) fn new(clientid: u64, id: SessionId, generation: u64, channel: &ChannelAttrs) -> Self {
+    pub(super) fn new(
+        clientid: u64,
+        id: SessionId,
+        generation: u64,
+        channel: &ChannelAttrs,
+    ) -> Self {
         let n = channel.max_requests.clamp(1, MAX_SLOTS) as usize;
         Self {
             seq: vec![1; n],
@@ -184,7 +189,10 @@ mod tests {
         assert!(s.free(0, 2, Release::Misordered), "repaired");
         assert_eq!((s.seq[0], s.uncertain[0]), (1, false));
         s.busy[0] = true;
-        assert!(!s.free(0, 1, Release::Misordered), "a certain slot cannot be");
+        assert!(
+            !s.free(0, 1, Release::Misordered),
+            "a certain slot cannot be"
+        );
         s.busy[0] = true;
         assert!(s.free(0, 1, Release::Done { target_highest: 3 }));
         assert_eq!((s.seq[0], s.limit), (2, 4));

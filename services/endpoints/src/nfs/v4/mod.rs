@@ -139,7 +139,8 @@ impl Opening {
 
     /// An open failure with its context.
     fn fail(&self, e: Error) -> Error {
-        e.with_operation("open").with_endpoint(self.describe.clone())
+        e.with_operation("open")
+            .with_endpoint(self.describe.clone())
     }
 
     /// Connects, creates the session and looks the path up.

@@ -48,12 +48,14 @@ impl Nfs4Source {
         let (file, deleg, attrs) = ferry_nfs::v4::open_file(&o, ops::OPEN4_SHARE_ACCESS_READ, None)
             .await
             .map_err(|e| {
-                opening.fail(doing_error(e, &format!("open {}", spec.path), &opening.config))
+                opening.fail(doing_error(
+                    e,
+                    &format!("open {}", spec.path),
+                    &opening.config,
+                ))
             })?;
         let Some(size) = attrs.size else {
-            return Err(opening.fail(Error::protocol(
-                "the server did not return the file's size",
-            )));
+            return Err(opening.fail(Error::protocol("the server did not return the file's size")));
         };
         let seek = seek_works(&o, &file).await;
         let opened = Open {
@@ -183,13 +185,20 @@ impl Source for Nfs4Source {
     async fn read_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
         let f = &*self.file;
         let session: &Session = &f.session;
-        crate::nfs::read_pieces(&f.describe, f.size, f.rsize, offset, buf, |at, piece| async move {
-            let (result, back) = f.file.read(session, &self.link, at, piece).await;
-            if let Ok((_, count)) = &result {
-                f.read_bytes.fetch_add(u64::from(*count), Ordering::Relaxed);
-            }
-            (result.map_err(|e| f.err(e, "read", at)), back)
-        })
+        crate::nfs::read_pieces(
+            &f.describe,
+            f.size,
+            f.rsize,
+            offset,
+            buf,
+            |at, piece| async move {
+                let (result, back) = f.file.read(session, &self.link, at, piece).await;
+                if let Ok((_, count)) = &result {
+                    f.read_bytes.fetch_add(u64::from(*count), Ordering::Relaxed);
+                }
+                (result.map_err(|e| f.err(e, "read", at)), back)
+            },
+        )
         .await
     }
 

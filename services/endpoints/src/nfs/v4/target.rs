@@ -107,14 +107,22 @@ impl Nfs4Target {
     /// Writes `data` at `offset` in WRITEs of at most wsize bytes.
     async fn write_all(&self, offset: u64, data: &[u8], op: &'static str) -> Result<()> {
         let f = &*self.file;
-        crate::nfs::write_pieces(&f.describe, &f.commits, f.wsize, op, offset, data, |at, piece| async move {
-            let (count, committed, verf) = f
-                .file
-                .write(&f.session, &self.link, at, piece)
-                .await
-                .map_err(|e| f.err(e, op, at))?;
-            Ok((count, committed == ops::FILE_SYNC4, verf))
-        })
+        crate::nfs::write_pieces(
+            &f.describe,
+            &f.commits,
+            f.wsize,
+            op,
+            offset,
+            data,
+            |at, piece| async move {
+                let (count, committed, verf) = f
+                    .file
+                    .write(&f.session, &self.link, at, piece)
+                    .await
+                    .map_err(|e| f.err(e, op, at))?;
+                Ok((count, committed == ops::FILE_SYNC4, verf))
+            },
+        )
         .await
     }
 
@@ -147,9 +155,15 @@ async fn open_or_create(
     }
     match ferry_nfs::v4::open_file(o, access, Some(CREATE_MODE)).await {
         Ok((file, deleg, _)) => {
-            file.set_size(&o.session, &o.link, size).await.map_err(|e| {
-                doing_error(e, &format!("set the new file's size to {size} bytes"), config)
-            })?;
+            file.set_size(&o.session, &o.link, size)
+                .await
+                .map_err(|e| {
+                    doing_error(
+                        e,
+                        &format!("set the new file's size to {size} bytes"),
+                        config,
+                    )
+                })?;
             let attrs = Attrs {
                 ftype: Some(ops::NF4REG),
                 size: Some(size),
