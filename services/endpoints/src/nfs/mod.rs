@@ -1,44 +1,36 @@
-//! [`NfsSource`] and [`NfsTarget`]: a file on an NFS server as a ferry endpoint.
+//! [`NfsSource`], [`NfsTarget`], [`Nfs4Source`] and [`Nfs4Target`]: a file on an NFS
+//! server as a ferry endpoint. This module is the adapter; the protocol (XDR, ONC RPC,
+//! MOUNT, NFSv3, NFSv4.1/4.2 sessions and recovery) is the `ferry-nfs` crate.
 //!
-//! NFSv3 over TCP with AUTH_SYS, spoken by this module's own small client (XDR in
-//! `xdr.rs`, ONC RPC with many calls in flight per connection in `rpc.rs`, the NFSv3,
-//! MOUNT and portmapper messages in `proto.rs`, retries in `client.rs`, export and path
-//! resolution in `mount.rs`). Each handle from `connect()` has its own TCP connection.
-//! READ and WRITE requests are sized to the server's FSINFO rtmax/wtmax; writes are
-//! UNSTABLE and made durable by COMMIT at flush, with the write verifier checked
-//! (`commit.rs`). NFSv3 cannot report holes, so the source has no extents and the engine
-//! finds zero blocks in the data it reads.
+//! NFSv3 (the default) resolves the URL's real path through MOUNT and LOOKUPs; each
+//! handle from `connect()` has its own TCP connection. READ and WRITE requests are sized
+//! to the server's limits; writes are UNSTABLE and made durable by COMMIT at flush, with
+//! the write verifier checked (ferry-nfs's commit tracker). NFSv3 cannot report holes, so
+//! the source has no extents and the engine finds zero blocks in the data it reads.
 //!
 //! `version=4` URLs name the server's NFSv4 pseudo path and are served by
 //! [`Nfs4Source`]/[`Nfs4Target`] (`v4/`): NFSv4.2 with SEEK for holes and DEALLOCATE for
 //! zero ranges, or NFSv4.1 when the server has no 4.2. [`open_source`] and
-//! [`open_target`] pick the version the URL asks for (NFSv3 by default).
+//! [`open_target`] pick the version the URL asks for. Error advice for both versions is
+//! worded in `error.rs`.
 
-mod client;
-mod commit;
-mod mount;
-mod proto;
-mod rpc;
+mod error;
 mod source;
 mod target;
 mod v4;
-mod xdr;
 
-use std::net::SocketAddr;
+use std::ops::{Deref, DerefMut, Range};
 use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_core::spec::NfsSpec;
-use ferry_core::{BlockSizes, Error, ErrorKind, Result};
+use ferry_core::{BlockSizes, Caps, Error, ErrorKind, IoBuf, Result};
+use ferry_nfs::{ClientConfig, RpcConfig, Sink};
 
-pub use commit::Lost;
+pub use ferry_nfs::Lost;
 pub use source::NfsSource;
 pub use target::NfsTarget;
 pub use v4::{Nfs4Source, Nfs4Target};
-
-use client::{ClientConfig, NfsConn, NfsError};
-use proto::FileHandle;
-use rpc::RpcConfig;
 
 /// Request size when the caller chose none (clamped to the server's rsize/wsize).
 /// Measured against ganesha on loopback (4 GiB, half data, 8 workers): reads 2.8-3.1 s at
@@ -46,6 +38,14 @@ use rpc::RpcConfig;
 pub(crate) const REQUEST_SIZE: u32 = 1024 * 1024;
 /// The largest READ or WRITE ferry sends, whatever the server allows.
 const MAX_TRANSFER: u32 = 16 * 1024 * 1024;
+/// The smallest largest request ferry reports for a file.
+const MIN_MAX_REQUEST: u32 = 4096;
+/// READ and WRITE size of an NFSv3 server that names none.
+const DEFAULT_TRANSFER: u32 = 64 * 1024;
+/// WRITEs of zeroes in flight at once on one handle.
+const ZERO_WRITES_IN_FLIGHT: usize = 4;
+/// Mode of a file a target creates.
+const CREATE_MODE: u32 = 0o644;
 
 /// NFS-specific settings (the URL carries server, path, ports and credentials).
 #[derive(Debug, Clone)]
@@ -68,6 +68,38 @@ impl Default for NfsOptions {
             reconnect_timeout: Duration::from_secs(30),
             privileged_port: None,
         }
+    }
+}
+
+/// An [`IoBuf`] as the buffer ferry-nfs places READ data into: the data lands at the
+/// start of its view. Wrapping moves the buffer, it copies nothing.
+#[derive(Debug)]
+struct NfsBuf(IoBuf);
+
+impl Deref for NfsBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl DerefMut for NfsBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+}
+
+impl Sink for NfsBuf {
+    type Shape = (usize, Range<usize>);
+
+    fn shape(&self) -> Self::Shape {
+        (self.0.capacity(), self.0.view())
+    }
+
+    fn remake((capacity, view): &Self::Shape) -> Self {
+        let mut b = IoBuf::new(*capacity);
+        b.set_view(view.start, view.len());
+        Self(b)
     }
 }
 
@@ -97,6 +129,10 @@ fn client_config(spec: &NfsSpec, options: &NfsOptions) -> ClientConfig {
         },
         reconnect_timeout: options.reconnect_timeout,
     }
+}
+
+fn describe(spec: &NfsSpec) -> String {
+    ferry_core::EndpointSpec::Nfs(spec.clone()).to_string()
 }
 
 fn check_version(spec: &NfsSpec, describe: &str) -> Result<()> {
@@ -140,90 +176,6 @@ pub async fn open_target(
     })
 }
 
-/// What all handles of one opened file share.
-#[derive(Debug)]
-struct File {
-    describe: String,
-    addr: SocketAddr,
-    config: ClientConfig,
-    fh: FileHandle,
-    size: u64,
-    /// READ and WRITE sizes (FSINFO rtmax, wtmax, capped).
-    rsize: u32,
-    wsize: u32,
-    rpref: u32,
-    wpref: u32,
-    /// UNSTABLE writes not yet committed (targets only).
-    commits: commit::Tracker,
-    /// A target this open created: it reads as zeroes.
-    created: bool,
-    /// A WRITE's worth of zeroes, made on the first `write_zeroes`.
-    zeroes: std::sync::OnceLock<Vec<u8>>,
-}
-
-impl File {
-    fn err(&self, e: NfsError, op: &'static str, offset: u64) -> Error {
-        let kind = e.kind();
-        let advice = match e.status() {
-            Some(proto::NfsStat::STALE | proto::NfsStat::BADHANDLE) => {
-                ": stale file handle: the file was removed or replaced on the server, or the export changed"
-                    .to_string()
-            }
-            Some(proto::NfsStat::PERM | proto::NfsStat::ACCES) => format!(
-                ": permission denied for uid {} gid {}",
-                self.config.rpc.uid, self.config.rpc.gid
-            ),
-            _ if kind == ErrorKind::Disconnected => format!(
-                " (no connection within the reconnect window of {:?})",
-                self.config.reconnect_timeout
-            ),
-            _ => String::new(),
-        };
-        Error::new(kind, format!("NFS request failed{advice}"))
-            .with_source(e)
-            .at(op, offset)
-            .with_endpoint(self.describe.clone())
-    }
-
-    fn check_range(&self, op: &'static str, offset: u64, len: u64) -> Result<()> {
-        check_range(&self.describe, self.size, op, offset, len)
-    }
-
-    fn block_sizes(&self, preferred: u32, maximum: u32) -> BlockSizes {
-        block_sizes(preferred, maximum)
-    }
-
-    /// A new connection for another handle.
-    async fn connect(&self) -> Result<NfsConn> {
-        NfsConn::connect(self.addr, &self.config)
-            .await
-            .map_err(|e| mount::rpc_error(e, "connect to the NFS service"))
-            .map_err(|e| {
-                e.with_operation("connect")
-                    .with_endpoint(self.describe.clone())
-            })
-    }
-}
-
-/// Resolves the URL and reads the server's transfer sizes: everything source and target
-/// share at open.
-async fn open_common(
-    spec: &NfsSpec,
-    options: &NfsOptions,
-) -> Result<(String, ClientConfig, mount::Resolved, proto::FsInfo)> {
-    let describe = ferry_core::EndpointSpec::Nfs(spec.clone()).to_string();
-    check_version(spec, &describe)?;
-    let config = client_config(spec, options);
-    let resolved = mount::resolve(spec, &config, &describe).await?;
-    let fsinfo = resolved
-        .nfs
-        .fsinfo(&resolved.dir)
-        .await
-        .map_err(|e| mount::nfs_error(e, "read the server's limits (FSINFO)", &config))
-        .map_err(|e| e.with_operation("open").with_endpoint(describe.clone()))?;
-    Ok((describe, config, resolved, fsinfo))
-}
-
 /// Fails a request that reaches past the end of the image (`size` bytes).
 fn check_range(describe: &str, size: u64, op: &'static str, offset: u64, len: u64) -> Result<()> {
     match offset.checked_add(len) {
@@ -236,13 +188,22 @@ fn check_range(describe: &str, size: u64, op: &'static str, offset: u64, len: u6
     }
 }
 
-/// Block sizes of an NFS file: any alignment, at most `maximum` (at least 4 KiB) per request.
-fn block_sizes(preferred: u32, maximum: u32) -> BlockSizes {
-    let maximum = maximum.max(4096);
-    BlockSizes {
-        minimum: 1,
-        preferred: preferred.clamp(1, maximum),
-        maximum,
+/// The capabilities of an NFS file (both versions): any alignment, at most `maximum`
+/// (at least 4 KiB) per request, several connections.
+fn caps(preferred: u32, maximum: u32, extents: bool, zero: bool) -> Caps {
+    let maximum = maximum.max(MIN_MAX_REQUEST);
+    Caps {
+        extents,
+        efficient_zero: zero,
+        trim: zero,
+        random_write: true,
+        multi_conn: true,
+        block: BlockSizes {
+            minimum: 1,
+            preferred: preferred.clamp(1, maximum),
+            maximum,
+        },
+        request_size: Some(REQUEST_SIZE),
     }
 }
 
@@ -295,8 +256,57 @@ fn check_write_count(
     Ok(())
 }
 
-/// WRITEs of zeroes in flight at once on one handle.
-const ZERO_WRITES_IN_FLIGHT: usize = 4;
+/// Reads `buf`'s view from `offset` in READs of at most `rsize` bytes, each sent by
+/// `read` (at, buffer viewing the piece) and answering (eof, bytes read), the buffer
+/// coming back each time: the read loop of both versions.
+async fn read_pieces<F, Fut>(
+    describe: &str,
+    size: u64,
+    rsize: u32,
+    offset: u64,
+    mut buf: IoBuf,
+    mut read: F,
+) -> Result<IoBuf>
+where
+    F: FnMut(u64, NfsBuf) -> Fut,
+    Fut: std::future::Future<Output = (Result<(bool, u32)>, Option<NfsBuf>)>,
+{
+    let len = buf.len();
+    check_range(describe, size, "read", offset, len as u64)?;
+    let view = buf.view();
+    let mut done = 0usize;
+    while done < len {
+        let n = (len - done).min(rsize as usize);
+        buf.set_view(view.start + done, n);
+        let at = offset + done as u64;
+        let (result, back) = read(at, NfsBuf(buf)).await;
+        // The sink comes back from every call; a missing one is an empty buffer.
+        buf = back.map_or_else(|| IoBuf::new(0), |b| b.0);
+        let (eof, count) = result?;
+        let count = count as usize;
+        check_read_count(describe, size, at, n, count, eof)?;
+        done += count;
+    }
+    buf.set_view(view.start, view.len());
+    Ok(buf)
+}
+
+/// One flush of `commits`: nothing when no write is uncommitted, else `send` (the
+/// COMMIT, answering the server's verifier) and the verifier check. A loss, seen now or
+/// before, fails the flush of `describe` as Disconnected.
+async fn commit<F, Fut>(commits: &ferry_nfs::Tracker, describe: &str, send: F) -> Result<()>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<ferry_nfs::Verifier>>,
+{
+    commits
+        .commit(send, |lost| {
+            Error::new(ErrorKind::Disconnected, lost.to_string())
+                .with_operation("flush")
+                .with_endpoint(describe.to_string())
+        })
+        .await
+}
 
 /// Writes `len` zero bytes at `offset` with `write`, in pieces of at most `zeroes.len()`
 /// bytes taken from the one shared zero buffer, a few in flight: how a zero range reaches a
@@ -324,12 +334,41 @@ where
         .await
 }
 
+/// Writes `data` at `offset` in WRITEs of at most `wsize` bytes, each sent by `write`
+/// (answering bytes written, how stable, the verifier); UNSTABLE ones are recorded in
+/// `commits`: the write loop of both versions.
+async fn write_pieces<'a, F, Fut>(
+    describe: &str,
+    commits: &ferry_nfs::Tracker,
+    wsize: u32,
+    op: &'static str,
+    offset: u64,
+    data: &'a [u8],
+    write: F,
+) -> Result<()>
+where
+    F: Fn(u64, &'a [u8]) -> Fut,
+    Fut: std::future::Future<Output = Result<(u32, bool, ferry_nfs::Verifier)>>,
+{
+    let mut done = 0usize;
+    while done < data.len() {
+        let n = (data.len() - done).min(wsize as usize);
+        let at = offset + done as u64;
+        let (count, stable, verf) = write(at, &data[done..done + n]).await?;
+        let count = count as usize;
+        check_write_count(describe, op, at, n, count)?;
+        if !stable {
+            commits.record(at, count as u64, verf);
+        }
+        done += count;
+    }
+    Ok(())
+}
+
+/// An NFSv3 server's READ or WRITE sizes: (largest, preferred), bounded.
 fn transfer(max: u32, pref: u32) -> (u32, u32) {
-    let max = if max == 0 { 64 * 1024 } else { max };
+    let max = if max == 0 { DEFAULT_TRANSFER } else { max };
     let max = max.min(MAX_TRANSFER);
     let pref = if pref == 0 { max } else { pref.min(max) };
     (max, pref)
 }
-
-/// Shares `Arc<File>` between source and target modules.
-type SharedFile = Arc<File>;

@@ -1,27 +1,31 @@
-//! [`NfsSource`]: reads an image from an NFS server.
+//! [`NfsSource`]: reads an image from an NFS server over NFSv3.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use ferry_core::spec::NfsSpec;
 use ferry_core::{Caps, Error, ErrorKind, IoBuf, Result, Source};
+use ferry_nfs::v3::{proto, NfsConn};
 
-use super::client::NfsConn;
-use super::{open_common, proto, transfer, File, NfsOptions, SharedFile};
+use super::target::{open_common, File};
+use super::{NfsBuf, NfsOptions};
 
 /// A file on an NFS server, read over NFSv3. Each [`Source::connect`] opens another
 /// TCP connection.
 #[derive(Debug)]
 pub struct NfsSource {
-    file: SharedFile,
-    nfs: NfsConn,
+    file: Arc<File>,
+    nfs: NfsConn<NfsBuf>,
 }
 
 impl NfsSource {
     /// Opens the file `spec` names; it must exist and be a regular file.
     pub async fn open(spec: &NfsSpec, options: &NfsOptions) -> Result<Self> {
-        let (describe, config, resolved, fsinfo) = open_common(spec, options).await?;
-        let fail = |e: Error| e.with_operation("open").with_endpoint(describe.clone());
+        let (opened, resolved, fsinfo) = open_common(spec, options).await?;
+        let fail = |e: Error| {
+            e.with_operation("open")
+                .with_endpoint(opened.describe.clone())
+        };
         let Some((fh, attr)) = resolved.file else {
             return Err(fail(Error::new(
                 ErrorKind::NotFound,
@@ -38,22 +42,14 @@ impl NfsSource {
                 attr.type_name()
             ))));
         }
-        let (rsize, rpref) = transfer(fsinfo.rtmax, fsinfo.rtpref);
-        let (wsize, wpref) = transfer(fsinfo.wtmax, fsinfo.wtpref);
-        let file = Arc::new(File {
-            describe,
-            addr: resolved.nfs.addr(),
-            config,
+        let file = Arc::new(File::new(
+            opened,
+            &resolved.nfs,
             fh,
-            size: attr.size,
-            rsize,
-            wsize,
-            rpref,
-            wpref,
-            commits: Default::default(),
-            created: false,
-            zeroes: Default::default(),
-        });
+            attr.size,
+            &fsinfo,
+            false,
+        ));
         Ok(Self {
             file,
             nfs: resolved.nfs,
@@ -72,36 +68,26 @@ impl Source for NfsSource {
     }
 
     fn caps(&self) -> Caps {
-        Caps {
-            extents: false,
-            efficient_zero: false,
-            trim: false,
-            random_write: true,
-            multi_conn: true,
-            block: self.file.block_sizes(self.file.rpref, self.file.rsize),
-            request_size: Some(super::REQUEST_SIZE),
-        }
+        super::caps(self.file.rpref, self.file.rsize, false, false)
     }
 
-    async fn read_at(&self, offset: u64, mut buf: IoBuf) -> Result<IoBuf> {
+    async fn read_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
         let f = &*self.file;
-        let len = buf.len();
-        f.check_range("read", offset, len as u64)?;
-        let view = buf.view();
-        let mut done = 0usize;
-        while done < len {
-            let n = (len - done).min(f.rsize as usize);
-            buf.set_view(view.start + done, n);
-            let at = offset + done as u64;
-            let (result, back) = self.nfs.read(&f.fh, at, buf).await;
-            buf = back;
-            let (count, eof) = result.map_err(|e| f.err(e, "read", at))?;
-            let count = count as usize;
-            super::check_read_count(&f.describe, f.size, at, n, count, eof)?;
-            done += count;
-        }
-        buf.set_view(view.start, view.len());
-        Ok(buf)
+        super::read_pieces(
+            &f.describe,
+            f.size,
+            f.rsize,
+            offset,
+            buf,
+            |at, piece| async move {
+                let (result, back) = self.nfs.read(&f.fh, at, piece).await;
+                let result = result
+                    .map(|(count, eof)| (eof, count))
+                    .map_err(|e| f.err(e, "read", at));
+                (result, back)
+            },
+        )
+        .await
     }
 
     async fn connect(&self) -> Result<Arc<dyn Source>> {

@@ -1,16 +1,17 @@
 //! [`Nfs4Source`]: reads an image over NFSv4.2 (or 4.1), reporting holes with SEEK.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use ferry_core::spec::NfsSpec;
 use ferry_core::{Caps, Error, ErrorKind, Extent, IoBuf, Result, Source};
+use ferry_nfs::v4::ops::{self, Status};
+use ferry_nfs::v4::{Link, OpenFile, Opened, Session};
 
-use super::ops::{self, Ops, Reply, ReplyError, Status};
-use super::session::{Link, Nfs4Error};
-use super::{open_common, open_error, open_file, Shared};
-use crate::nfs::{client_config, NfsOptions};
+use super::{Open, Opening, Shared};
+use crate::nfs::error::doing_error;
+use crate::nfs::{NfsBuf, NfsOptions};
 
 /// Extents reported by one [`Source::extents`] call at most (each costs one round trip).
 const MAX_EXTENTS: usize = 64;
@@ -20,25 +21,23 @@ const MAX_EXTENTS: usize = 64;
 #[derive(Debug)]
 pub struct Nfs4Source {
     file: Arc<Shared>,
-    link: Arc<Link>,
+    link: Arc<Link<NfsBuf>>,
 }
 
 impl Nfs4Source {
     /// Opens the file `spec` names (its NFSv4 pseudo path); it must be a regular file.
     pub async fn open(spec: &NfsSpec, options: &NfsOptions) -> Result<Self> {
-        let describe = ferry_core::EndpointSpec::Nfs(spec.clone()).to_string();
-        let config = client_config(spec, options);
-        let fail = |e: Error| e.with_operation("open").with_endpoint(describe.clone());
-        let o = open_common(spec, &config, &describe).await?;
+        let opening = Opening::new(spec, options);
+        let o = opening.lookup(spec).await?;
         match &o.file {
             None => {
-                return Err(fail(Error::new(
+                return Err(opening.fail(Error::new(
                     ErrorKind::NotFound,
                     format!("no such file: {} does not exist on the server", spec.path),
                 )))
             }
             Some((_, attrs)) if attrs.ftype != Some(ops::NF4REG) => {
-                return Err(fail(Error::invalid_input(format!(
+                return Err(opening.fail(Error::invalid_input(format!(
                     "{} is {}, not a regular file",
                     spec.path,
                     attrs.type_name()
@@ -46,49 +45,29 @@ impl Nfs4Source {
             }
             Some(_) => {}
         }
-        let (stateid, deleg, fh, attrs) =
-            open_file(&o, ops::OPEN4_SHARE_ACCESS_READ, None)
-                .await
-                .map_err(|e| fail(open_error(e, &format!("open {}", spec.path), &config)))?;
+        let (file, deleg, attrs) = ferry_nfs::v4::open_file(&o, ops::OPEN4_SHARE_ACCESS_READ, None)
+            .await
+            .map_err(|e| {
+                opening.fail(doing_error(
+                    e,
+                    &format!("open {}", spec.path),
+                    &opening.config,
+                ))
+            })?;
         let Some(size) = attrs.size else {
-            return Err(fail(Error::protocol(
-                "the server did not return the file's size",
-            )));
+            return Err(opening.fail(Error::protocol("the server did not return the file's size")));
         };
-        // SEEK is NFSv4.2; a server may still not implement it.
-        let seek = o.session.minor >= 2 && {
-            let mut ops = Ops::new();
-            ops.putfh(&fh).seek(&stateid, 0, ops::NFS4_CONTENT_DATA);
-            let probe = super::call(&o.session, &o.link, "SEEK", &ops, None, |r| {
-                r.simple(ops::OP_PUTFH)?;
-                r.seek()
-            })
-            .await;
-            match probe {
-                Ok(_) => true,
-                Err(e) if e.status() == Some(Status::NXIO) => true,
-                Err(_) => false,
-            }
-        };
-        let file = Arc::new(Shared {
-            describe,
-            config,
-            session: o.session,
-            main: Arc::clone(&o.link),
-            fh,
-            stateid,
+        let seek = seek_works(&o, &file).await;
+        let opened = Open {
+            file,
             deleg,
-            size,
-            rsize: o.rsize,
-            wsize: o.wsize,
-            seek,
-            dealloc: AtomicBool::new(false),
-            commits: Default::default(),
             created: false,
-            zeroes: Default::default(),
-            read_bytes: AtomicU64::new(0),
-        });
-        Ok(Self { file, link: o.link })
+            seek,
+            dealloc: false,
+        };
+        let link = Arc::clone(&o.link);
+        let file = Arc::new(Shared::new(o, opening, opened, size));
+        Ok(Self { file, link })
     }
 
     /// The NFSv4 minor version in use (2, or 1 when the server has no NFSv4.2).
@@ -115,37 +94,35 @@ impl Nfs4Source {
     /// SEEK for data and for a hole from `offset` in one request: the next data's offset
     /// (None: no data up to the end of the file) and, when `offset` holds data, where it
     /// ends.
-    async fn seek(&self, offset: u64) -> std::result::Result<(Option<u64>, u64), Nfs4Error> {
+    async fn seek(&self, offset: u64) -> ferry_nfs::Result<(Option<u64>, u64)> {
         let f = &*self.file;
-        let mut ops = Ops::new();
-        ops.putfh(&f.fh)
-            .seek(&f.stateid, offset, ops::NFS4_CONTENT_DATA)
-            .seek(&f.stateid, offset, ops::NFS4_CONTENT_HOLE);
-        let result = f
-            .call(&self.link, "SEEK", &ops, None, |r| {
-                r.simple(ops::OP_PUTFH)?;
-                Ok((r.seek()?, r.seek()?))
-            })
-            .await;
-        match result {
+        let what = [ops::NFS4_CONTENT_DATA, ops::NFS4_CONTENT_HOLE];
+        match f.file.seek(&f.session, &self.link, offset, what).await {
             // sr_eof on the data search: no data found before the end of the file (RFC
             // 7862 15.11), unless the hole search says `offset` itself holds data.
-            Ok(((true, _), (_, hole))) if hole <= offset => Ok((None, f.size)),
-            Ok(((true, _), (_, hole))) => Ok((Some(offset), hole)),
+            Ok([(true, _), (_, hole)]) if hole <= offset => Ok((None, f.size)),
+            Ok([(true, _), (_, hole)]) => Ok((Some(offset), hole)),
             // sr_eof on the hole search: the hole is the end of the file.
-            Ok(((false, data), (true, _))) => Ok((Some(data), f.size)),
-            Ok(((false, data), (false, hole))) => Ok((Some(data), hole)),
-            Err(e) if e.status() == Some(Status::NXIO) => Ok((None, f.size)),
+            Ok([(false, data), (true, _)]) => Ok((Some(data), f.size)),
+            Ok([(false, data), (false, hole)]) => Ok((Some(data), hole)),
+            Err(e) if e.nfs4_status() == Some(Status::NXIO) => Ok((None, f.size)),
             Err(e) => Err(e),
         }
     }
 }
 
-fn read_reply(body: &[u8]) -> std::result::Result<(bool, u32), ReplyError> {
-    let mut r = Reply::parse(body)?;
-    r.sequence()?;
-    r.simple(ops::OP_PUTFH)?;
-    r.read_into_sink()
+/// Whether SEEK works: it is NFSv4.2, and a server may still not implement it.
+async fn seek_works(o: &Opened<NfsBuf>, file: &OpenFile) -> bool {
+    if o.session.minor < 2 {
+        return false;
+    }
+    let probe = file
+        .seek(&o.session, &o.link, 0, [ops::NFS4_CONTENT_DATA])
+        .await;
+    match probe {
+        Ok(_) => true,
+        Err(e) => e.nfs4_status() == Some(Status::NXIO),
+    }
 }
 
 #[async_trait]
@@ -159,15 +136,8 @@ impl Source for Nfs4Source {
     }
 
     fn caps(&self) -> Caps {
-        Caps {
-            extents: self.file.seek,
-            efficient_zero: false,
-            trim: false,
-            random_write: true,
-            multi_conn: true,
-            block: self.file.block_sizes(self.file.rsize),
-            request_size: Some(super::super::REQUEST_SIZE),
-        }
+        let f = &self.file;
+        crate::nfs::caps(f.rsize, f.rsize, f.seek, false)
     }
 
     /// With SEEK: data and hole extents as the server's file system has them (holes are
@@ -212,33 +182,24 @@ impl Source for Nfs4Source {
         Ok(ferry_core::merge_extents(out))
     }
 
-    async fn read_at(&self, offset: u64, mut buf: IoBuf) -> Result<IoBuf> {
+    async fn read_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
         let f = &*self.file;
-        let len = buf.len();
-        f.check_range("read", offset, len as u64)?;
-        let view = buf.view();
-        let mut done = 0usize;
-        while done < len {
-            let n = (len - done).min(f.rsize as usize);
-            buf.set_view(view.start + done, n);
-            let at = offset + done as u64;
-            let mut ops = Ops::new();
-            ops.putfh(&f.fh).read(&f.stateid, at, n as u32);
-            let (result, back) = f
-                .session
-                .call(&self.link, "READ", &ops, None, Some(buf))
-                .await;
-            buf = back.unwrap_or_else(|| IoBuf::new(0));
-            let (eof, count) = result
-                .and_then(|body| read_reply(&body).map_err(|e| Nfs4Error::reply("READ", e)))
-                .map_err(|e| f.err(e, "read", at))?;
-            let count = count as usize;
-            super::super::check_read_count(&f.describe, f.size, at, n, count, eof)?;
-            f.read_bytes.fetch_add(count as u64, Ordering::Relaxed);
-            done += count;
-        }
-        buf.set_view(view.start, view.len());
-        Ok(buf)
+        let session: &Session = &f.session;
+        crate::nfs::read_pieces(
+            &f.describe,
+            f.size,
+            f.rsize,
+            offset,
+            buf,
+            |at, piece| async move {
+                let (result, back) = f.file.read(session, &self.link, at, piece).await;
+                if let Ok((_, count)) = &result {
+                    f.read_bytes.fetch_add(u64::from(*count), Ordering::Relaxed);
+                }
+                (result.map_err(|e| f.err(e, "read", at)), back)
+            },
+        )
+        .await
     }
 
     async fn connect(&self) -> Result<Arc<dyn Source>> {

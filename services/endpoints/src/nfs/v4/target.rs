@@ -2,26 +2,27 @@
 //!
 //! A missing file is created by OPEN (GUARDED, mode 0644) and sized with SETATTR; it then
 //! reads as zeroes, so the engine skips zero ranges. An existing file must be at least as
-//! large as the image. Writes are UNSTABLE; flush COMMITs and checks the write verifier
-//! with the NFSv3 tracker, and a COMMIT goes out in the background every 256 MiB written
-//! (`background_flush.rs`), as for NFSv3. Zero ranges are DEALLOCATEd (holes that read as zeroes) when
-//! the server supports it, else written as zero buffers.
+//! large as the image. Writes are UNSTABLE; flush COMMITs and checks the write verifier,
+//! and a COMMIT goes out in the background every 256 MiB written (`background_flush.rs`),
+//! as for NFSv3. Zero ranges are DEALLOCATEd (holes that read as zeroes) when the server
+//! supports it, else written as zero buffers.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use ferry_core::spec::NfsSpec;
 use ferry_core::{Caps, Error, IoBuf, Result, Target, ZeroMode};
+use ferry_nfs::v4::ops::{self, Attrs, Status};
+use ferry_nfs::v4::{Link, OpenFile, Opened, StateId};
 
-use super::ops::{self, Ops, Status};
-use super::session::Link;
-use super::{open_common, open_error, open_file, Shared};
+use super::{Open, Opening, Shared};
 use crate::background_flush::{BackgroundFlush, DEFAULT_BACKGROUND_FLUSH};
-use crate::nfs::{client_config, NfsOptions};
+use crate::nfs::error::doing_error;
+use crate::nfs::{NfsBuf, NfsOptions, CREATE_MODE};
 
-/// Mode of a file the target creates.
-const CREATE_MODE: u32 = 0o644;
+/// Bytes the DEALLOCATE probe asks for, past the end of the file.
+const DEALLOCATE_PROBE: u64 = 4096;
 
 /// A file on an NFSv4 server, written over NFSv4. Each [`Target::connect`] opens another
 /// TCP connection bound to the same session; all handles share one record of uncommitted
@@ -29,7 +30,7 @@ const CREATE_MODE: u32 = 0o644;
 #[derive(Debug)]
 pub struct Nfs4Target {
     file: Arc<Shared>,
-    link: Arc<Link>,
+    link: Arc<Link<NfsBuf>>,
     /// COMMITs as the copy goes, shared by every handle.
     background: Arc<BackgroundFlush>,
 }
@@ -38,117 +39,27 @@ impl Nfs4Target {
     /// Opens the file `spec` names (its NFSv4 pseudo path) for writing `size` bytes,
     /// creating it when missing.
     pub async fn open(spec: &NfsSpec, size: u64, options: &NfsOptions) -> Result<Self> {
-        let describe = ferry_core::EndpointSpec::Nfs(spec.clone()).to_string();
-        let config = client_config(spec, options);
-        let fail = |e: Error| e.with_operation("open").with_endpoint(describe.clone());
-        let o = open_common(spec, &config, &describe).await?;
-        let access = ops::OPEN4_SHARE_ACCESS_BOTH;
-        let opening = |create| open_file(&o, access, create);
-        let opened = match &o.file {
-            Some(_) => opening(None).await,
-            None => match opening(Some(CREATE_MODE)).await {
-                // Someone else created it meanwhile: it is an existing file.
-                Err(e) if e.status() == Some(Status::EXIST) => opening(None).await,
-                Ok(created) => {
-                    let (stateid, deleg, fh, _) = created;
-                    let mut ops = Ops::new();
-                    ops.putfh(&fh).setattr_size(&stateid, size);
-                    super::call(&o.session, &o.link, "SETATTR", &ops, None, |r| {
-                        r.simple(ops::OP_PUTFH)?;
-                        r.setattr()
-                    })
-                    .await
-                    .map_err(|e| {
-                        fail(open_error(
-                            e,
-                            &format!("set the new file's size to {size} bytes"),
-                            &config,
-                        ))
-                    })?;
-                    let attrs = ops::Attrs {
-                        ftype: Some(ops::NF4REG),
-                        size: Some(size),
-                        ..Default::default()
-                    };
-                    return Self::finish_open(
-                        o,
-                        describe,
-                        config,
-                        (stateid, deleg, fh, attrs),
-                        true,
-                    )
-                    .await;
-                }
-                Err(e) => Err(e),
-            },
-        };
-        let opened = opened.map_err(|e| {
-            fail(open_error(
-                e,
-                &format!("open {} for writing", spec.path),
-                &config,
-            ))
-        })?;
-        let attrs = opened.3;
-        if attrs.ftype != Some(ops::NF4REG) {
-            return Err(fail(Error::invalid_input(format!(
-                "{} is {}, not a regular file",
-                spec.path,
-                attrs.type_name()
-            ))));
-        }
-        let existing = attrs.size.unwrap_or(0);
-        if existing < size {
-            return Err(fail(Error::invalid_input(format!(
-                "the existing target {} is {existing} bytes, smaller than the image ({size} bytes): remove it or grow it first",
-                spec.path
-            ))));
-        }
-        Self::finish_open(o, describe, config, opened, false).await
-    }
-
-    async fn finish_open(
-        o: super::Opened,
-        describe: String,
-        config: super::super::client::ClientConfig,
-        opened: (ops::StateId, Option<ops::StateId>, ops::Fh, ops::Attrs),
-        created: bool,
-    ) -> Result<Self> {
-        let (stateid, deleg, fh, attrs) = opened;
-        let size = attrs.size.unwrap_or(0);
-        // DEALLOCATE is NFSv4.2; probe it past the end of the file, where a hole changes
-        // nothing.
-        let dealloc = o.session.minor >= 2 && {
-            let mut ops = Ops::new();
-            ops.putfh(&fh).deallocate(&stateid, size, 4096);
-            super::call(&o.session, &o.link, "DEALLOCATE", &ops, None, |r| {
-                r.simple(ops::OP_PUTFH)?;
-                r.simple(ops::OP_DEALLOCATE)
-            })
+        let opening = Opening::new(spec, options);
+        let o = opening.lookup(spec).await?;
+        let (file, deleg, attrs, created) = open_or_create(&o, &opening, spec, size)
             .await
-            .is_ok()
-        };
-        let file = Arc::new(Shared {
-            describe,
-            config,
-            session: o.session,
-            main: Arc::clone(&o.link),
-            fh,
-            stateid,
-            deleg,
-            size,
-            rsize: o.rsize,
-            wsize: o.wsize,
-            seek: false,
-            dealloc: AtomicBool::new(dealloc),
-            commits: Default::default(),
-            created,
-            zeroes: Default::default(),
-            read_bytes: AtomicU64::new(0),
-        });
-        Ok(Self {
+            .map_err(|e| opening.fail(e))?;
+        if !created {
+            check_existing(spec, &attrs, size).map_err(|e| opening.fail(e))?;
+        }
+        let size = attrs.size.unwrap_or(0);
+        let dealloc = deallocate_works(&o, &file, size).await;
+        let opened = Open {
             file,
-            link: o.link,
+            deleg,
+            created,
+            seek: false,
+            dealloc,
+        };
+        let link = Arc::clone(&o.link);
+        Ok(Self {
+            file: Arc::new(Shared::new(o, opening, opened, size)),
+            link,
             background: Arc::new(BackgroundFlush::new(DEFAULT_BACKGROUND_FLUSH)),
         })
     }
@@ -175,19 +86,14 @@ impl Nfs4Target {
     }
 
     /// COMMITs the file when writes are uncommitted, and checks they survived.
-    async fn commit(f: &Shared, link: &Link) -> Result<()> {
-        f.commits
-            .commit(&f.describe, || async {
-                let mut ops = Ops::new();
-                ops.putfh(&f.fh).commit(0, 0);
-                f.call(link, "COMMIT", &ops, None, |r| {
-                    r.simple(ops::OP_PUTFH)?;
-                    r.commit()
-                })
+    async fn commit(f: &Shared, link: &Link<NfsBuf>) -> Result<()> {
+        crate::nfs::commit(&f.commits, &f.describe, || async {
+            f.file
+                .commit(&f.session, link)
                 .await
                 .map_err(|e| f.err(e, "flush", 0))
-            })
-            .await
+        })
+        .await
     }
 
     /// Counts `len` bytes written toward the next background COMMIT.
@@ -201,44 +107,108 @@ impl Nfs4Target {
     /// Writes `data` at `offset` in WRITEs of at most wsize bytes.
     async fn write_all(&self, offset: u64, data: &[u8], op: &'static str) -> Result<()> {
         let f = &*self.file;
-        let mut done = 0usize;
-        while done < data.len() {
-            let n = (data.len() - done).min(f.wsize as usize);
-            let at = offset + done as u64;
-            let mut ops = Ops::new();
-            ops.putfh(&f.fh)
-                .write_head(&f.stateid, at, ops::UNSTABLE4, n as u32);
-            let (count, committed, verf) = f
-                .call(
-                    &self.link,
-                    "WRITE",
-                    &ops,
-                    Some(&data[done..done + n]),
-                    |r| {
-                        r.simple(ops::OP_PUTFH)?;
-                        r.write()
-                    },
-                )
-                .await
-                .map_err(|e| f.err(e, op, at))?;
-            let count = count as usize;
-            super::super::check_write_count(&f.describe, op, at, n, count)?;
-            if committed != ops::FILE_SYNC4 {
-                f.commits.record(at, count as u64, verf);
-            }
-            done += count;
-        }
-        Ok(())
+        crate::nfs::write_pieces(
+            &f.describe,
+            &f.commits,
+            f.wsize,
+            op,
+            offset,
+            data,
+            |at, piece| async move {
+                let (count, committed, verf) = f
+                    .file
+                    .write(&f.session, &self.link, at, piece)
+                    .await
+                    .map_err(|e| f.err(e, op, at))?;
+                Ok((count, committed == ops::FILE_SYNC4, verf))
+            },
+        )
+        .await
     }
 
     async fn write_zero_buffers(&self, offset: u64, len: u64) -> Result<()> {
         let f = &*self.file;
         let zeroes = f.zeroes.get_or_init(|| vec![0u8; f.wsize as usize]);
-        super::super::write_zero_chunks(offset, len, zeroes, |at, z| {
+        crate::nfs::write_zero_chunks(offset, len, zeroes, |at, z| {
             self.write_all(at, z, "write_zeroes")
         })
         .await
     }
+}
+
+/// OPENs the existing file, or creates it (then sized to `size`): the file, a
+/// delegation, its attributes, and whether this open created it.
+async fn open_or_create(
+    o: &Opened<NfsBuf>,
+    opening: &Opening,
+    spec: &NfsSpec,
+    size: u64,
+) -> Result<(OpenFile, Option<StateId>, Attrs, bool)> {
+    let access = ops::OPEN4_SHARE_ACCESS_BOTH;
+    let config = &opening.config;
+    let opening_error = |e| doing_error(e, &format!("open {} for writing", spec.path), config);
+    if o.file.is_some() {
+        let (file, deleg, attrs) = ferry_nfs::v4::open_file(o, access, None)
+            .await
+            .map_err(opening_error)?;
+        return Ok((file, deleg, attrs, false));
+    }
+    match ferry_nfs::v4::open_file(o, access, Some(CREATE_MODE)).await {
+        Ok((file, deleg, _)) => {
+            file.set_size(&o.session, &o.link, size)
+                .await
+                .map_err(|e| {
+                    doing_error(
+                        e,
+                        &format!("set the new file's size to {size} bytes"),
+                        config,
+                    )
+                })?;
+            let attrs = Attrs {
+                ftype: Some(ops::NF4REG),
+                size: Some(size),
+                ..Default::default()
+            };
+            Ok((file, deleg, attrs, true))
+        }
+        // Someone else created it meanwhile: it is an existing file.
+        Err(e) if e.nfs4_status() == Some(Status::EXIST) => {
+            let (file, deleg, attrs) = ferry_nfs::v4::open_file(o, access, None)
+                .await
+                .map_err(opening_error)?;
+            Ok((file, deleg, attrs, false))
+        }
+        Err(e) => Err(opening_error(e)),
+    }
+}
+
+/// An existing target must be a regular file of at least `size` bytes.
+fn check_existing(spec: &NfsSpec, attrs: &Attrs, size: u64) -> Result<()> {
+    if attrs.ftype != Some(ops::NF4REG) {
+        return Err(Error::invalid_input(format!(
+            "{} is {}, not a regular file",
+            spec.path,
+            attrs.type_name()
+        )));
+    }
+    let existing = attrs.size.unwrap_or(0);
+    if existing < size {
+        return Err(Error::invalid_input(format!(
+            "the existing target {} is {existing} bytes, smaller than the image ({size} bytes): remove it or grow it first",
+            spec.path
+        )));
+    }
+    Ok(())
+}
+
+/// Whether DEALLOCATE works: it is NFSv4.2; probed past the end of the file, where a
+/// hole changes nothing.
+async fn deallocate_works(o: &Opened<NfsBuf>, file: &OpenFile, size: u64) -> bool {
+    o.session.minor >= 2
+        && file
+            .deallocate(&o.session, &o.link, size, DEALLOCATE_PROBE)
+            .await
+            .is_ok()
 }
 
 #[async_trait]
@@ -252,16 +222,8 @@ impl Target for Nfs4Target {
     }
 
     fn caps(&self) -> Caps {
-        let dealloc = self.deallocates();
-        Caps {
-            extents: false,
-            efficient_zero: dealloc,
-            trim: dealloc,
-            random_write: true,
-            multi_conn: true,
-            block: self.file.block_sizes(self.file.wsize),
-            request_size: Some(super::super::REQUEST_SIZE),
-        }
+        let f = &self.file;
+        crate::nfs::caps(f.wsize, f.wsize, false, self.deallocates())
     }
 
     fn is_zero(&self) -> bool {
@@ -284,17 +246,9 @@ impl Target for Nfs4Target {
             return Ok(());
         }
         if mode == ZeroMode::MayDeallocate && self.deallocates() {
-            let mut ops = Ops::new();
-            ops.putfh(&f.fh).deallocate(&f.stateid, offset, len);
-            let result = f
-                .call(&self.link, "DEALLOCATE", &ops, None, |r| {
-                    r.simple(ops::OP_PUTFH)?;
-                    r.simple(ops::OP_DEALLOCATE)
-                })
-                .await;
-            match result {
+            match f.file.deallocate(&f.session, &self.link, offset, len).await {
                 Ok(()) => return Ok(()),
-                Err(e) if e.status().is_some_and(Status::is_unsupported) => {
+                Err(e) if e.nfs4_status().is_some_and(Status::is_unsupported) => {
                     f.dealloc.store(false, Ordering::Relaxed);
                 }
                 Err(e) => return Err(f.err(e, "write_zeroes", offset)),

@@ -9,8 +9,9 @@
 
 use std::fmt;
 
-use super::super::proto::Verifier;
-use super::super::xdr::{Decoder, Encoder, XdrError, XdrResult};
+use crate::error::ErrorKind;
+use crate::v3::proto::Verifier;
+use crate::xdr::{Decoder, Encoder, XdrError, XdrResult};
 
 pub const NFS4_PROGRAM: u32 = 100_003;
 pub const NFS4_VERSION: u32 = 4;
@@ -81,7 +82,42 @@ pub const NFS4_CONTENT_DATA: u32 = 0;
 pub const NFS4_CONTENT_HOLE: u32 = 1;
 
 const EXCHGID4_FLAG_USE_NON_PNFS: u32 = 0x0001_0000;
+const SP4_NONE: u32 = 0;
 const CDFC4_FORE: u32 = 0x1;
+/// OPEN arguments (RFC 8881 section 18.16).
+const OPEN4_SHARE_DENY_NONE: u32 = 0;
+const OPEN4_NOCREATE: u32 = 0;
+const OPEN4_CREATE: u32 = 1;
+const GUARDED4: u32 = 1;
+const CLAIM_NULL: u32 = 0;
+const CLAIM_PREVIOUS: u32 = 1;
+const CLAIM_FH: u32 = 4;
+const OPEN_DELEGATE_NONE: u32 = 0;
+const OPEN_DELEGATE_READ: u32 = 1;
+const OPEN_DELEGATE_WRITE: u32 = 2;
+const OPEN_DELEGATE_NONE_EXT: u32 = 3;
+/// nfs_space_limit4 kinds of a write delegation.
+const NFS_LIMIT_SIZE: u32 = 1;
+const NFS_LIMIT_BLOCKS: u32 = 2;
+/// why_no_delegation4 values followed by a bool (WND4_CONTENTION, WND4_RESOURCE).
+const WND4_CONTENTION: u32 = 7;
+const WND4_RESOURCE: u32 = 8;
+/// The back channel asked for in CREATE_SESSION: the smallest, ferry serves no callbacks.
+const BACK_CHANNEL: ChannelAttrs = ChannelAttrs {
+    header_pad: 0,
+    max_request: 4096,
+    max_response: 4096,
+    max_response_cached: 0,
+    max_ops: 2,
+    max_requests: 1,
+};
+/// The callback program number sent (unused: no back channel is served).
+const CALLBACK_PROGRAM: u32 = 0x4000_0000;
+const AUTH_NONE: u32 = 0;
+/// Words of a stateid4 on the wire: seqid and 12 bytes of `other`.
+const STATEID_LEN: usize = 4 + 12;
+/// Length of a session id (sessionid4).
+const SESSION_ID_LEN: usize = 16;
 
 /// An NFSv4 status (nfsstat4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,6 +245,31 @@ impl Status {
         )
     }
 
+    /// The kind of failure this status is.
+    pub fn kind(self) -> ErrorKind {
+        match self {
+            Self::PERM | Self::ACCESS | Self::ROFS | Self::WRONGSEC => ErrorKind::PermissionDenied,
+            Self::NOENT | Self::STALE | Self::BADHANDLE | Self::FHEXPIRED => ErrorKind::NotFound,
+            Self::NOSPC | Self::DQUOT => ErrorKind::NoSpace,
+            Self::INVAL
+            | Self::FBIG
+            | Self::ISDIR
+            | Self::NOTDIR
+            | Self::SYMLINK
+            | Self::WRONG_TYPE
+            | Self::BADTYPE
+            | Self::NAMETOOLONG
+            | Self::SHARE_DENIED
+            | Self::OPENMODE => ErrorKind::InvalidInput,
+            Self::NOTSUPP | Self::OP_ILLEGAL | Self::UNION_NOTSUPP | Self::MINOR_VERS_MISMATCH => {
+                ErrorKind::Unsupported
+            }
+            Self::DELAY | Self::GRACE => ErrorKind::Timeout,
+            s if s.is_session_loss() => ErrorKind::Disconnected,
+            _ => ErrorKind::Io,
+        }
+    }
+
     /// The operation is not implemented by this server.
     pub fn is_unsupported(self) -> bool {
         matches!(self, Self::NOTSUPP | Self::OP_ILLEGAL | Self::UNION_NOTSUPP)
@@ -249,7 +310,7 @@ pub fn op_name(op: u32) -> &'static str {
 }
 
 /// A session id (sessionid4).
-pub type SessionId = [u8; 16];
+pub type SessionId = [u8; SESSION_ID_LEN];
 
 /// An NFSv4 file handle.
 #[derive(Clone, PartialEq, Eq)]
@@ -351,6 +412,10 @@ impl Ops {
         self.ops.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
     /// Encodes the open state id `stateid`, remembering where.
     fn open_stateid(&mut self, stateid: &StateId) -> &mut Encoder {
         self.open_state.push(self.enc.as_slice().len());
@@ -361,29 +426,29 @@ impl Ops {
     /// Reclaim of the open of the current file handle the client had before the server
     /// restarted (CLAIM_PREVIOUS, RFC 8881 section 8.4.2.1), in the server's grace period.
     pub fn open_previous(&mut self, clientid: u64, owner: &[u8], access: u32) -> &mut Self {
+        self.open_head(clientid, owner, access)
+            .u32(OPEN4_NOCREATE)
+            .u32(CLAIM_PREVIOUS)
+            .u32(OPEN_DELEGATE_NONE); // the delegation held before: none
+        self
+    }
+
+    /// OPEN up to its openflag4: the share access and the open owner.
+    fn open_head(&mut self, clientid: u64, owner: &[u8], access: u32) -> &mut Encoder {
         self.op(OP_OPEN)
             .u32(0) // seqid, ignored in 4.1
             .u32(access | OPEN4_SHARE_ACCESS_WANT_NO_DELEG)
-            .u32(0) // OPEN4_SHARE_DENY_NONE
+            .u32(OPEN4_SHARE_DENY_NONE)
             .u64(clientid)
             .opaque(owner)
-            .u32(0) // OPEN4_NOCREATE
-            .u32(1) // CLAIM_PREVIOUS
-            .u32(0); // OPEN_DELEGATE_NONE held
-        self
     }
 
     /// OPEN of the current file handle without a name (CLAIM_FH, RFC 8881 section
     /// 18.16.3): the new open after the server lost the old one.
     pub fn open_fh(&mut self, clientid: u64, owner: &[u8], access: u32) -> &mut Self {
-        self.op(OP_OPEN)
-            .u32(0) // seqid, ignored in 4.1
-            .u32(access | OPEN4_SHARE_ACCESS_WANT_NO_DELEG)
-            .u32(0) // OPEN4_SHARE_DENY_NONE
-            .u64(clientid)
-            .opaque(owner)
-            .u32(0) // OPEN4_NOCREATE
-            .u32(4); // CLAIM_FH
+        self.open_head(clientid, owner, access)
+            .u32(OPEN4_NOCREATE)
+            .u32(CLAIM_FH);
         self
     }
 
@@ -428,23 +493,18 @@ impl Ops {
         name: &str,
         create: Option<u32>,
     ) -> &mut Self {
-        let e = self.op(OP_OPEN);
-        e.u32(0) // seqid, ignored in 4.1
-            .u32(access | OPEN4_SHARE_ACCESS_WANT_NO_DELEG)
-            .u32(0) // OPEN4_SHARE_DENY_NONE
-            .u64(clientid)
-            .opaque(owner);
+        let e = self.open_head(clientid, owner, access);
         match create {
             None => {
-                e.u32(0); // OPEN4_NOCREATE
+                e.u32(OPEN4_NOCREATE);
             }
             Some(mode) => {
-                e.u32(1).u32(1); // OPEN4_CREATE, GUARDED4
+                e.u32(OPEN4_CREATE).u32(GUARDED4);
                 encode_bitmap(e, &[FATTR4_MODE]);
                 e.opaque(&mode.to_be_bytes());
             }
         }
-        e.u32(0).string(name); // CLAIM_NULL
+        e.u32(CLAIM_NULL).string(name);
         self
     }
 
@@ -515,7 +575,7 @@ impl Ops {
         e.fixed(verifier)
             .opaque(owner)
             .u32(EXCHGID4_FLAG_USE_NON_PNFS)
-            .u32(0) // SP4_NONE
+            .u32(SP4_NONE)
             .u32(0); // no implementation id
         self
     }
@@ -529,19 +589,8 @@ impl Ops {
         let e = self.op(OP_CREATE_SESSION);
         e.u64(clientid).u32(sequence).u32(0); // no flags: no back channel
         fore.encode(e);
-        // A minimal back channel: ferry never serves callbacks.
-        ChannelAttrs {
-            header_pad: 0,
-            max_request: 4096,
-            max_response: 4096,
-            max_response_cached: 0,
-            max_ops: 2,
-            max_requests: 1,
-        }
-        .encode(e);
-        e.u32(0x4000_0000) // callback program (unused)
-            .u32(1)
-            .u32(0); // one security parameter: AUTH_NONE
+        BACK_CHANNEL.encode(e);
+        e.u32(CALLBACK_PROGRAM).u32(1).u32(AUTH_NONE); // one security parameter
         self
     }
 
@@ -591,7 +640,7 @@ pub fn compound(
         for at in &ops.open_state {
             let at = base + at;
             out[at..at + 4].copy_from_slice(&id.seqid.to_be_bytes());
-            out[at + 4..at + 16].copy_from_slice(&id.other);
+            out[at + 4..at + STATEID_LEN].copy_from_slice(&id.other);
         }
     }
     out
@@ -720,7 +769,6 @@ impl<'a> Reply<'a> {
     }
 
     /// Whether another result follows.
-    #[cfg(test)]
     pub fn has_more(&self) -> bool {
         self.left > 0
     }
@@ -766,8 +814,8 @@ impl<'a> Reply<'a> {
     pub fn sequence(&mut self) -> ReplyResult<SequenceOk> {
         self.next(OP_SEQUENCE)?;
         let d = &mut self.d;
-        let mut session = [0u8; 16];
-        session.copy_from_slice(d.fixed(16)?);
+        let mut session = [0u8; SESSION_ID_LEN];
+        session.copy_from_slice(d.fixed(SESSION_ID_LEN)?);
         Ok(SequenceOk {
             session,
             seqid: d.u32()?,
@@ -800,16 +848,16 @@ impl<'a> Reply<'a> {
         d.u32()?; // rflags
         skip_bitmap(d)?; // attrset
         let deleg = match d.u32()? {
-            0 => None, // OPEN_DELEGATE_NONE
-            kind @ (1 | 2) => {
+            OPEN_DELEGATE_NONE => None,
+            kind @ (OPEN_DELEGATE_READ | OPEN_DELEGATE_WRITE) => {
                 let id = StateId::decode(d)?;
                 d.bool()?; // recall
-                if kind == 2 {
+                if kind == OPEN_DELEGATE_WRITE {
                     match d.u32()? {
-                        1 => {
+                        NFS_LIMIT_SIZE => {
                             d.u64()?;
                         }
-                        2 => {
+                        NFS_LIMIT_BLOCKS => {
                             d.u32()?;
                             d.u32()?;
                         }
@@ -826,9 +874,9 @@ impl<'a> Reply<'a> {
                 d.opaque(OPAQUE_LIMIT, "ACE principal")?;
                 Some(id)
             }
-            3 => {
-                // OPEN_DELEGATE_NONE_EXT: why, and a bool for two of the reasons.
-                if matches!(d.u32()?, 7 | 8) {
+            OPEN_DELEGATE_NONE_EXT => {
+                // Why there is none, and a bool for two of the reasons.
+                if matches!(d.u32()?, WND4_CONTENTION | WND4_RESOURCE) {
                     d.bool()?;
                 }
                 None
@@ -892,8 +940,8 @@ impl<'a> Reply<'a> {
     /// CREATE_SESSION4resok: the session id and the fore channel's attributes.
     pub fn create_session(&mut self) -> ReplyResult<(SessionId, ChannelAttrs)> {
         self.next(OP_CREATE_SESSION)?;
-        let mut id = [0u8; 16];
-        id.copy_from_slice(self.d.fixed(16)?);
+        let mut id = [0u8; SESSION_ID_LEN];
+        id.copy_from_slice(self.d.fixed(SESSION_ID_LEN)?);
         self.d.u32()?; // sequence
         self.d.u32()?; // flags
         let fore = ChannelAttrs::decode(&mut self.d)?;
@@ -903,7 +951,7 @@ impl<'a> Reply<'a> {
 
     pub fn bind_conn(&mut self) -> ReplyResult<()> {
         self.next(OP_BIND_CONN_TO_SESSION)?;
-        self.d.fixed(16)?;
+        self.d.fixed(SESSION_ID_LEN)?;
         self.d.u32()?;
         self.d.bool()?;
         Ok(())

@@ -1,5 +1,5 @@
-//! XDR (RFC 4506) encoding and bounded decoding of the few types NFSv3, MOUNT and the
-//! portmapper use: 32/64-bit integers, booleans, fixed and variable opaque data, strings.
+//! XDR (RFC 4506) encoding and bounded decoding of the few types NFSv3, NFSv4, MOUNT and
+//! the portmapper use: 32/64-bit integers, booleans, fixed and variable opaque data, strings.
 //!
 //! The decoder works on a byte slice that holds a whole reply and never allocates from a
 //! length read off the wire: every variable-length item is checked against both the bytes
@@ -75,9 +75,12 @@ impl Encoder {
         self.opaque(s.as_bytes())
     }
 
-    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.buf.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
     }
 
     pub fn as_slice(&self) -> &[u8] {

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::xdr::{Decoder, Encoder, XdrError, XdrResult};
+use crate::xdr::{Decoder, Encoder, XdrError, XdrResult};
 
 pub const PMAP_PROGRAM: u32 = 100_000;
 pub const PMAP_VERSION: u32 = 2;
@@ -36,7 +36,7 @@ pub const MAX_NAME: usize = 4096;
 pub const MAX_EXPORTS: usize = 1024;
 
 /// Size of an encoded fattr3.
-const FATTR3_LEN: usize = 84;
+pub const FATTR3_LEN: usize = 84;
 /// Size of an encoded wcc_attr.
 const WCC_ATTR_LEN: usize = 24;
 

@@ -4,53 +4,55 @@
 
 use std::net::SocketAddr;
 
-use ferry_core::spec::NfsSpec;
-use ferry_core::{Error, ErrorKind, Result};
-
-use super::client::{rpc_kind, status_kind, ClientConfig, NfsConn, NfsError};
+use super::client::NfsConn;
 use super::proto::{self, Attr, FileHandle, NfsStat};
-use super::rpc::{RpcConn, RpcError};
-use super::xdr::Decoder;
+use crate::error::{Error, Result};
+use crate::rpc::{RpcConn, Sink};
+use crate::xdr::Decoder;
+use crate::ClientConfig;
+
+/// Where a file is: the server, the path on it, and the ports when they are known
+/// (otherwise the server's portmapper is asked).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    pub host: String,
+    pub path: String,
+    pub nfs_port: Option<u16>,
+    pub mount_port: Option<u16>,
+}
 
 /// A path resolved on the server: the directory holding the image, its name there, and
 /// the image's handle and attributes when it exists.
 #[derive(Debug)]
-pub struct Resolved {
-    pub nfs: NfsConn,
+pub struct Resolved<B = Vec<u8>> {
+    pub nfs: NfsConn<B>,
     pub export: String,
     pub dir: FileHandle,
     pub name: String,
     pub file: Option<(FileHandle, Attr)>,
 }
 
-/// Resolves `spec` (whose version was checked to be 3).
-pub async fn resolve(spec: &NfsSpec, config: &ClientConfig, describe: &str) -> Result<Resolved> {
-    let fail = |e: Error| e.with_operation("open").with_endpoint(describe.to_string());
-    let ip = lookup_host(&spec.host, config).await.map_err(fail)?;
-    let nfs_port = match spec.nfsport.or(spec.port) {
+/// Resolves `spec` over NFSv3: ports, export, then LOOKUPs down to the file.
+pub async fn resolve<B: Sink>(spec: &Location, config: &ClientConfig) -> Result<Resolved<B>> {
+    let ip = lookup_host(&spec.host, config).await?;
+    let nfs_port = match spec.nfs_port {
         Some(p) => p,
-        None => getport(ip, proto::NFS_PROGRAM, "NFS", config)
-            .await
-            .map_err(fail)?,
+        None => getport(ip, proto::NFS_PROGRAM, "NFS", config).await?,
     };
-    let mount_port = match spec.mountport {
+    let mount_port = match spec.mount_port {
         Some(p) => p,
-        None => getport(ip, proto::MOUNT_PROGRAM, "MOUNT", config)
-            .await
-            .map_err(fail)?,
+        None => getport(ip, proto::MOUNT_PROGRAM, "MOUNT", config).await?,
     };
     let mount_addr = SocketAddr::new(ip, mount_port);
-    let mount = RpcConn::connect(
+    let mount: RpcConn = RpcConn::connect(
         mount_addr,
         proto::MOUNT_PROGRAM,
         proto::MOUNT_VERSION,
         &config.rpc,
     )
     .await
-    .map_err(|e| fail(rpc_error(e, "connect to the MOUNT service")))?;
-    let (export, root) = mount_export(&mount, &spec.host, &spec.path, config)
-        .await
-        .map_err(fail)?;
+    .map_err(|e| rpc_error(e, "connect to the MOUNT service"))?;
+    let (export, root) = mount_export(&mount, &spec.host, &spec.path, config).await?;
     // The handle stays valid without the mount; tell the server we are done with it.
     let _ = mount
         .call(
@@ -62,75 +64,76 @@ pub async fn resolve(spec: &NfsSpec, config: &ClientConfig, describe: &str) -> R
         .await;
     drop(mount);
 
-    let nfs = NfsConn::connect(SocketAddr::new(ip, nfs_port), config)
-        .await
-        .map_err(|e| fail(rpc_error(e, "connect to the NFS service")))?;
-    let rest = spec.path[export.len()..].trim_start_matches('/');
-    let mut parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
-    let Some(name) = parts.pop() else {
-        return Err(fail(Error::invalid_input(format!(
-            "the path names the export {export} itself: add the image's path, for example nfs://{}{export}/disk.img",
-            spec.host
-        ))));
-    };
-    let mut dir = root;
-    let mut walked = export.clone();
-    for part in parts {
-        let next = match nfs.lookup(&dir, part).await {
-            Ok(Some((fh, attr))) => {
-                if attr.is_some_and(|a| a.ftype != proto::NF3DIR) {
-                    return Err(fail(Error::invalid_input(format!(
-                        "{walked}/{part} is not a directory"
-                    ))));
-                }
-                fh
-            }
-            Ok(None) => {
-                return Err(fail(Error::new(
-                    ErrorKind::NotFound,
-                    format!("directory {walked}/{part} does not exist in export {export}"),
-                )))
-            }
-            Err(e) => {
-                return Err(fail(nfs_error(
-                    e,
-                    &format!("look up {walked}/{part}"),
-                    config,
-                )))
-            }
-        };
-        walked = format!("{walked}/{part}");
-        dir = next;
-    }
-    let file = match nfs.lookup(&dir, name).await {
+    let nfs = NfsConn::connect(SocketAddr::new(ip, nfs_port), config).await?;
+    let (dir, name, walked) = walk(&nfs, &spec.host, &export, root, &spec.path).await?;
+    let file = match nfs.lookup(&dir, &name).await {
         Ok(Some((fh, attr))) => {
             let attr = match attr {
                 Some(a) => a,
                 None => nfs
                     .getattr(&fh)
                     .await
-                    .map_err(|e| fail(nfs_error(e, "get the image's attributes", config)))?,
+                    .map_err(|e| nfs_error(e, "get the image's attributes"))?,
             };
             Some((fh, attr))
         }
         Ok(None) => None,
-        Err(e) => {
-            return Err(fail(nfs_error(
-                e,
-                &format!("look up {walked}/{name}"),
-                config,
-            )))
-        }
+        Err(e) => return Err(nfs_error(e, &format!("look up {walked}/{name}"))),
     };
     Ok(Resolved {
         nfs,
         export,
         dir,
-        name: name.to_string(),
+        name,
         file,
     })
 }
 
+/// LOOKUPs from the export's `root` down to the directory holding `path`'s last
+/// component: that directory, the component, and the directory's path.
+async fn walk<B: Sink>(
+    nfs: &NfsConn<B>,
+    host: &str,
+    export: &str,
+    root: FileHandle,
+    path: &str,
+) -> Result<(FileHandle, String, String)> {
+    let rest = path
+        .get(export.len()..)
+        .unwrap_or_default()
+        .trim_start_matches('/');
+    let mut parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
+    let Some(name) = parts.pop() else {
+        return Err(Error::InvalidInput(format!(
+            "the path names the export {export} itself: add the image's path, for example nfs://{host}{export}/disk.img"
+        )));
+    };
+    let mut dir = root;
+    let mut walked = export.to_string();
+    for part in parts {
+        let next = match nfs.lookup(&dir, part).await {
+            Ok(Some((fh, attr))) => {
+                if attr.is_some_and(|a| a.ftype != proto::NF3DIR) {
+                    return Err(Error::InvalidInput(format!(
+                        "{walked}/{part} is not a directory"
+                    )));
+                }
+                fh
+            }
+            Ok(None) => {
+                return Err(Error::NotFound(format!(
+                    "directory {walked}/{part} does not exist in export {export}"
+                )))
+            }
+            Err(e) => return Err(nfs_error(e, &format!("look up {walked}/{part}"))),
+        };
+        walked = format!("{walked}/{part}");
+        dir = next;
+    }
+    Ok((dir, name.to_string(), walked))
+}
+
+/// The address of `host` (a name or an IP address).
 pub async fn lookup_host(host: &str, config: &ClientConfig) -> Result<std::net::IpAddr> {
     if let Ok(ip) = host.parse() {
         return Ok(ip);
@@ -140,12 +143,15 @@ pub async fn lookup_host(host: &str, config: &ClientConfig) -> Result<std::net::
         tokio::net::lookup_host((host, 0)),
     )
     .await
-    .map_err(|_| Error::new(ErrorKind::Timeout, format!("resolving {host} timed out")))?
-    .map_err(|e| Error::io(format!("cannot resolve host {host}"), e))?
+    .map_err(|_| Error::Timeout(format!("resolving {host} timed out")))?
+    .map_err(|source| Error::Resolve {
+        message: format!("cannot resolve host {host}"),
+        source,
+    })?
     .next();
     found
         .map(|a| a.ip())
-        .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("host {host} has no address")))
+        .ok_or_else(|| Error::NotFound(format!("host {host} has no address")))
 }
 
 /// Asks the portmapper (rpcbind) for a program's TCP port.
@@ -157,16 +163,13 @@ async fn getport(
 ) -> Result<u16> {
     let addr = SocketAddr::new(ip, proto::PMAP_PORT);
     let hint = "or give nfsport= and mountport= in the URL";
-    let pmap = RpcConn::connect(addr, proto::PMAP_PROGRAM, proto::PMAP_VERSION, &config.rpc)
-        .await
-        .map_err(|e| {
-            let kind = rpc_kind(&e);
-            Error::new(
-                kind,
-                format!("cannot reach the portmapper (rpcbind) to find the {name} port ({hint})"),
-            )
-            .with_source(e)
-        })?;
+    let pmap: RpcConn =
+        RpcConn::connect(addr, proto::PMAP_PROGRAM, proto::PMAP_VERSION, &config.rpc)
+            .await
+            .map_err(|source| Error::Transport {
+                doing: format!("reach the portmapper (rpcbind) to find the {name} port ({hint})"),
+                source,
+            })?;
     let version = if program == proto::NFS_PROGRAM {
         proto::NFS_VERSION
     } else {
@@ -185,16 +188,13 @@ async fn getport(
         .map_err(|e| rpc_error(e, "ask the portmapper for a port"))?;
     let port = Decoder::new(&body)
         .u32()
-        .map_err(|e| Error::protocol(format!("malformed portmapper reply: {e}")))?;
+        .map_err(|e| Error::Protocol(format!("malformed portmapper reply: {e}")))?;
     match u16::try_from(port) {
-        Ok(0) => Err(Error::new(
-            ErrorKind::Unsupported,
-            format!(
-                "the server has no {name} version {version} over TCP registered with its portmapper ({hint})"
-            ),
-        )),
+        Ok(0) => Err(Error::Unsupported(format!(
+            "the server has no {name} version {version} over TCP registered with its portmapper ({hint})"
+        ))),
         Ok(p) => Ok(p),
-        Err(_) => Err(Error::protocol(format!(
+        Err(_) => Err(Error::Protocol(format!(
             "the portmapper gave port {port} for {name}"
         ))),
     }
@@ -233,15 +233,14 @@ async fn mount_export(
         .flatten()
         .any(|e| normalize(e) == path_trimmed)
     {
-        return Err(Error::invalid_input(format!(
+        return Err(Error::InvalidInput(format!(
             "the path names the export {path_trimmed} itself: add the image's path, for example nfs://{host}{path_trimmed}/disk.img"
         )));
     }
     if candidates.is_empty() {
-        return Err(Error::new(
-            ErrorKind::NotFound,
-            format!("export not found: no export of {host} contains {path}; {listed}"),
-        ));
+        return Err(Error::NotFound(format!(
+            "export not found: no export of {host} contains {path}; {listed}"
+        )));
     }
     let mut refused = None;
     for export in &candidates {
@@ -259,11 +258,11 @@ async fn mount_export(
         let mut d = Decoder::new(&body);
         let status = d
             .u32()
-            .map_err(|e| Error::protocol(format!("malformed MOUNT reply: {e}")))?;
+            .map_err(|e| Error::Protocol(format!("malformed MOUNT reply: {e}")))?;
         match NfsStat(status) {
             NfsStat::OK => {
                 let fh = proto::mount_ok(&mut d)
-                    .map_err(|e| Error::protocol(format!("malformed MOUNT reply: {e}")))?;
+                    .map_err(|e| Error::Protocol(format!("malformed MOUNT reply: {e}")))?;
                 return Ok((export.clone(), fh));
             }
             NfsStat::PERM | NfsStat::ACCES => refused = Some((export.clone(), NfsStat(status))),
@@ -271,17 +270,13 @@ async fn mount_export(
         }
     }
     match refused {
-        Some((export, status)) => Err(Error::new(
-            ErrorKind::PermissionDenied,
-            format!(
-                "the server refused to mount {export} for this client (uid {}, gid {}): {status}",
-                config.rpc.uid, config.rpc.gid
-            ),
-        )),
-        None => Err(Error::new(
-            ErrorKind::NotFound,
-            format!("export not found: {host} would not mount any directory containing {path}; {listed}"),
-        )),
+        Some((export, status)) => Err(Error::PermissionDenied(format!(
+            "the server refused to mount {export} for this client (uid {}, gid {}): {status}",
+            config.rpc.uid, config.rpc.gid
+        ))),
+        None => Err(Error::NotFound(format!(
+            "export not found: {host} would not mount any directory containing {path}; {listed}"
+        ))),
     }
 }
 
@@ -325,28 +320,19 @@ fn ancestors(path: &str) -> Vec<String> {
 }
 
 /// An RPC failure while opening, with what was being done.
-pub fn rpc_error(e: RpcError, doing: &str) -> Error {
-    Error::new(rpc_kind(&e), format!("cannot {doing}")).with_source(e)
+fn rpc_error(source: crate::rpc::RpcError, doing: &str) -> Error {
+    Error::Transport {
+        doing: doing.to_string(),
+        source,
+    }
 }
 
-/// An NFS failure, with what was being done and advice for the common statuses.
-pub fn nfs_error(e: NfsError, doing: &str, config: &ClientConfig) -> Error {
-    let advice = match e.status() {
-        Some(NfsStat::PERM | NfsStat::ACCES) => format!(
-            " (permission denied for uid {} gid {}: set uid= and gid= in the URL or fix the file's permissions)",
-            config.rpc.uid, config.rpc.gid
-        ),
-        Some(NfsStat::STALE | NfsStat::BADHANDLE) => {
-            " (stale file handle: the file was removed or replaced on the server, or the export changed)".into()
-        }
-        Some(NfsStat::ROFS) => " (the export is read-only)".into(),
-        _ => String::new(),
-    };
-    let kind = match e.status() {
-        Some(s) => status_kind(s),
-        None => e.kind(),
-    };
-    Error::new(kind, format!("cannot {doing}{advice}")).with_source(e)
+/// An NFS failure while opening, with what was being done.
+fn nfs_error(e: Error, doing: &str) -> Error {
+    Error::Open {
+        doing: doing.to_string(),
+        source: Box::new(e),
+    }
 }
 
 #[cfg(test)]

@@ -3,24 +3,25 @@
 //!
 //! Why not an existing crate: the NFSv3 clients on crates.io send one call at a time per
 //! connection and copy every READ reply twice. Here a reader task owns the socket's read
-//! half and places READ data straight into the caller's [`IoBuf`]; WRITE data goes from
+//! half and places READ data straight into the caller's buffer (a [`Sink`]); WRITE data goes from
 //! the caller's buffer to the socket. Every length read from the wire is bounded; a
 //! malformed reply closes the connection, it never panics.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_core::IoBuf;
+use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::xdr::{padding, Decoder, Encoder};
+use crate::error::{connect_kind, ErrorKind};
+use crate::xdr::{padding, Decoder, Encoder};
 
 /// Largest record accepted from the server: the largest READ ferry asks for plus headers.
 pub const MAX_RECORD: usize = 64 * 1024 * 1024 + 64 * 1024;
@@ -30,6 +31,30 @@ const MAX_SMALL_REPLY: usize = 1024 * 1024;
 const MAX_FRAGMENTS: usize = 65_536;
 /// Longest RPC verifier body (RFC 5531: 400 bytes).
 const MAX_AUTH: usize = 400;
+/// Longest AUTH_SYS machine name (RFC 5531).
+const MAX_MACHINE_NAME: usize = 255;
+/// Record marking: the fragment header's last-fragment bit; the rest is the length.
+const LAST_FRAGMENT: u32 = 0x8000_0000;
+/// msg_type of a call and of a reply, and the RPC version (RFC 5531).
+const CALL: u32 = 0;
+const REPLY: u32 = 1;
+const RPC_VERSION: u32 = 2;
+/// A call's header words after the record mark: xid, msg_type, rpcvers, prog, vers, proc.
+const CALL_HEADER_LEN: usize = 6 * 4;
+/// reply_stat and accept_stat values.
+const MSG_ACCEPTED: u32 = 0;
+const MSG_DENIED: u32 = 1;
+const SUCCESS: u32 = 0;
+/// Auth flavors.
+const AUTH_NONE: u32 = 0;
+const AUTH_SYS: u32 = 1;
+/// Read buffer of the reply reader: headers come from it, large READ data bypasses it.
+const READ_BUFFER: usize = 256 * 1024;
+/// Reserved source ports tried (600..1024, as libtirpc's bindresvport), at most
+/// [`RESERVED_PORT_TRIES`] of them, [`RESERVED_PORT_STRIDE`] apart from a random start.
+const RESERVED_PORTS: std::ops::Range<u16> = 600..1024;
+const RESERVED_PORT_TRIES: u32 = 32;
+const RESERVED_PORT_STRIDE: u32 = 13;
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -91,14 +116,85 @@ pub struct RpcConfig {
 /// What a reply delivered: the reply body after the RPC header (for READ, up to the data),
 /// and the caller's buffer back (holding READ data at its view's start).
 #[derive(Debug)]
-pub struct Outcome {
+pub struct Outcome<B> {
     pub result: Result<Vec<u8>, RpcError>,
-    pub sink: Option<IoBuf>,
+    pub sink: Option<B>,
 }
 
-struct Pending {
-    tx: oneshot::Sender<Outcome>,
-    sink: Option<IoBuf>,
+/// A buffer READ data is placed into: owned, so it travels with the call to the
+/// connection's reader task and back. The data lands at the start of the slice it derefs
+/// to.
+pub trait Sink: std::ops::DerefMut<Target = [u8]> + Send + 'static {
+    /// What [`Sink::remake`] needs to make an equal buffer.
+    type Shape: Clone + Send + Sync;
+    fn shape(&self) -> Self::Shape;
+    /// A buffer shaped like the one `shape` was taken from (its contents do not matter):
+    /// the replacement for a buffer that went down with its connection, so the call can
+    /// be retried.
+    fn remake(shape: &Self::Shape) -> Self;
+}
+
+impl Sink for Vec<u8> {
+    type Shape = usize;
+    fn shape(&self) -> usize {
+        self.len()
+    }
+    fn remake(len: &usize) -> Self {
+        vec![0; *len]
+    }
+}
+
+/// Keeps a call's sink across retries: the sink comes back with every outcome, or is
+/// remade when its connection failed while holding it.
+pub(crate) struct SinkKeeper<B: Sink>(Option<B::Shape>);
+
+impl<B: Sink> SinkKeeper<B> {
+    pub(crate) fn new(sink: Option<&B>) -> Self {
+        Self(sink.map(B::shape))
+    }
+
+    pub(crate) fn restore(&self, sink: Option<B>) -> Option<B> {
+        sink.or_else(|| self.0.as_ref().map(B::remake))
+    }
+}
+
+impl RpcError {
+    /// The connection is gone (or never came): the call may be sent again on a new one.
+    pub fn is_connection_loss(&self) -> bool {
+        matches!(
+            self,
+            Self::Disconnected { .. } | Self::Connect { .. } | Self::ConnectTimeout { .. }
+        )
+    }
+
+    /// The server lacks program version `version` (it answered PROG_UNAVAIL or
+    /// PROG_MISMATCH to a call of that version).
+    pub fn is_missing_version(&self, version: u32) -> bool {
+        matches!(
+            self,
+            Self::ProgramUnavailable { version: v, .. } | Self::VersionMismatch { version: v, .. }
+                if *v == version
+        )
+    }
+
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Connect { source, .. } => connect_kind(source),
+            Self::ConnectTimeout { .. } | Self::Timeout { .. } => ErrorKind::Timeout,
+            Self::Disconnected { .. } => ErrorKind::Disconnected,
+            Self::GarbageArgs { .. } => ErrorKind::Protocol,
+            Self::ProgramUnavailable { .. }
+            | Self::VersionMismatch { .. }
+            | Self::ProcedureUnavailable { .. } => ErrorKind::Unsupported,
+            Self::SystemError { .. } => ErrorKind::Io,
+            Self::Auth { .. } => ErrorKind::PermissionDenied,
+        }
+    }
+}
+
+struct Pending<B> {
+    tx: oneshot::Sender<Outcome<B>>,
+    sink: Option<B>,
     shape: ReadShape,
 }
 
@@ -116,20 +212,28 @@ pub enum ReadShape {
     },
 }
 
-#[derive(Default)]
-struct State {
-    pending: HashMap<u32, Pending>,
+struct State<B> {
+    pending: HashMap<u32, Pending<B>>,
     closed: Option<String>,
 }
 
-struct Shared {
-    addr: SocketAddr,
-    state: Mutex<State>,
+impl<B> Default for State<B> {
+    fn default() -> Self {
+        Self {
+            pending: HashMap::new(),
+            closed: None,
+        }
+    }
 }
 
-impl Shared {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+struct Shared<B> {
+    addr: SocketAddr,
+    state: Mutex<State<B>>,
+}
+
+impl<B> Shared<B> {
+    fn lock(&self) -> parking_lot::MutexGuard<'_, State<B>> {
+        self.state.lock()
     }
 
     /// Marks the connection dead and fails every call in flight.
@@ -152,13 +256,20 @@ impl Shared {
 }
 
 /// One TCP connection to one RPC program. Cheap to clone; the socket closes when the last
-/// clone is dropped.
-#[derive(Clone)]
-pub struct RpcConn {
-    inner: Arc<Inner>,
+/// clone is dropped. `B` is the buffer type READ data is placed into.
+pub struct RpcConn<B = Vec<u8>> {
+    inner: Arc<Inner<B>>,
 }
 
-impl std::fmt::Debug for RpcConn {
+impl<B> Clone for RpcConn<B> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<B> std::fmt::Debug for RpcConn<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RpcConn")
             .field("addr", &self.inner.shared.addr)
@@ -167,8 +278,8 @@ impl std::fmt::Debug for RpcConn {
     }
 }
 
-struct Inner {
-    shared: Arc<Shared>,
+struct Inner<B> {
+    shared: Arc<Shared<B>>,
     writer: tokio::sync::Mutex<Option<OwnedWriteHalf>>,
     program: u32,
     version: u32,
@@ -179,7 +290,28 @@ struct Inner {
     reader: JoinHandle<()>,
 }
 
-impl Drop for Inner {
+impl<B> Inner<B> {
+    /// The record mark, call header, credentials and `args` of call `xid`, whose
+    /// `data_len` bytes of data (and their padding) follow on the wire.
+    fn call_head(&self, xid: u32, procedure: u32, args: &[u8], data_len: usize) -> Vec<u8> {
+        let body_len =
+            CALL_HEADER_LEN + self.auth.len() + args.len() + data_len + padding(data_len);
+        let mut head = Encoder::with_capacity(4 + body_len - data_len);
+        head.u32(LAST_FRAGMENT | body_len as u32);
+        head.u32(xid)
+            .u32(CALL)
+            .u32(RPC_VERSION)
+            .u32(self.program)
+            .u32(self.version)
+            .u32(procedure);
+        let mut head = head.into_vec();
+        head.extend_from_slice(&self.auth);
+        head.extend_from_slice(args);
+        head
+    }
+}
+
+impl<B> Drop for Inner<B> {
     fn drop(&mut self) {
         self.reader.abort();
     }
@@ -187,16 +319,16 @@ impl Drop for Inner {
 
 fn auth_sys(config: &RpcConfig) -> Vec<u8> {
     let machine = config.machine.as_bytes();
-    let machine = &machine[..machine.len().min(255)];
+    let machine = &machine[..machine.len().min(MAX_MACHINE_NAME)];
     let mut body = Encoder::new();
-    body.u32(0)
+    body.u32(0) // stamp
         .opaque(machine)
         .u32(config.uid)
         .u32(config.gid)
-        .u32(0);
+        .u32(0); // no supplementary groups
     let mut e = Encoder::new();
-    e.u32(1).opaque(body.as_slice()); // AUTH_SYS
-    e.u32(0).u32(0); // verifier AUTH_NONE
+    e.u32(AUTH_SYS).opaque(body.as_slice());
+    e.u32(AUTH_NONE).u32(0); // the verifier
     e.into_vec()
 }
 
@@ -210,9 +342,10 @@ fn initial_xid() -> u32 {
 
 async fn connect_tcp(addr: SocketAddr, privileged: bool) -> std::io::Result<TcpStream> {
     if privileged {
-        let start = initial_xid() % 400;
-        for i in 0..32u32 {
-            let port = 600 + ((start + i * 13) % 424) as u16;
+        let span = u32::from(RESERVED_PORTS.end - RESERVED_PORTS.start);
+        let start = initial_xid() % span;
+        for i in 0..RESERVED_PORT_TRIES {
+            let port = RESERVED_PORTS.start + ((start + i * RESERVED_PORT_STRIDE) % span) as u16;
             let socket = if addr.is_ipv4() {
                 TcpSocket::new_v4()?
             } else {
@@ -243,7 +376,7 @@ async fn connect_tcp(addr: SocketAddr, privileged: bool) -> std::io::Result<TcpS
     TcpStream::connect(addr).await
 }
 
-impl RpcConn {
+impl<B: Sink> RpcConn<B> {
     /// Connects to `addr` for `program`/`version`.
     pub async fn connect(
         addr: SocketAddr,
@@ -295,8 +428,8 @@ impl RpcConn {
         procedure: u32,
         args: &[u8],
         data: Option<&[u8]>,
-        sink: Option<IoBuf>,
-    ) -> Outcome {
+        sink: Option<B>,
+    ) -> Outcome<B> {
         self.call_shaped(procedure, args, data, sink, ReadShape::Read3)
             .await
     }
@@ -307,9 +440,9 @@ impl RpcConn {
         procedure: u32,
         args: &[u8],
         data: Option<&[u8]>,
-        sink: Option<IoBuf>,
+        sink: Option<B>,
         shape: ReadShape,
-    ) -> Outcome {
+    ) -> Outcome<B> {
         let inner = &*self.inner;
         let addr = inner.shared.addr;
         let xid = inner.xid.fetch_add(1, Ordering::Relaxed);
@@ -331,19 +464,7 @@ impl RpcConn {
             shared: &inner.shared,
             xid,
         };
-        let data_len = data.map_or(0, <[u8]>::len);
-        let mut head = Encoder::with_capacity(64 + inner.auth.len() + args.len());
-        let body_len = 24 + inner.auth.len() + args.len() + data_len + padding(data_len);
-        head.u32(0x8000_0000 | body_len as u32);
-        head.u32(xid)
-            .u32(0)
-            .u32(2)
-            .u32(inner.program)
-            .u32(inner.version)
-            .u32(procedure);
-        let mut head = head.into_vec();
-        head.extend_from_slice(&inner.auth);
-        head.extend_from_slice(args);
+        let head = inner.call_head(xid, procedure, args, data.map_or(0, <[u8]>::len));
         let exchange = async {
             {
                 let mut writer = inner.writer.lock().await;
@@ -412,13 +533,13 @@ fn name_call(result: &mut Result<Vec<u8>, RpcError>, prog: u32, vers: u32, proce
 }
 
 /// Removes a call's entry when the caller stops waiting (timeout or cancellation).
-struct PendingGuard<'a> {
-    shared: &'a Shared,
+struct PendingGuard<'a, B> {
+    shared: &'a Shared<B>,
     xid: u32,
 }
 
-impl PendingGuard<'_> {
-    fn take_sink(self) -> Option<IoBuf> {
+impl<B> PendingGuard<'_, B> {
+    fn take_sink(self) -> Option<B> {
         let sink = self
             .shared
             .lock()
@@ -430,20 +551,20 @@ impl PendingGuard<'_> {
     }
 }
 
-impl Drop for PendingGuard<'_> {
+impl<B> Drop for PendingGuard<'_, B> {
     fn drop(&mut self) {
         self.shared.lock().pending.remove(&self.xid);
     }
 }
 
 /// Closes the connection when a call is abandoned half sent: the stream would be corrupt.
-struct SendGuard<'a, 'w> {
-    shared: &'a Shared,
+struct SendGuard<'a, 'w, B> {
+    shared: &'a Shared<B>,
     writer: &'w mut Option<OwnedWriteHalf>,
     done: bool,
 }
 
-impl SendGuard<'_, '_> {
+impl<B> SendGuard<'_, '_, B> {
     async fn send(&mut self, head: &[u8], data: Option<&[u8]>) {
         let Some(w) = self.writer.as_mut() else {
             self.done = true;
@@ -467,7 +588,7 @@ impl SendGuard<'_, '_> {
     }
 }
 
-impl Drop for SendGuard<'_, '_> {
+impl<B> Drop for SendGuard<'_, '_, B> {
     fn drop(&mut self) {
         if !self.done {
             *self.writer = None;
@@ -514,8 +635,8 @@ impl<'a, R: AsyncRead + Unpin> Record<'a, R> {
     async fn next_fragment(&mut self) -> Result<(), ReadError> {
         let header = self.r.read_u32().await?;
         self.fragments += 1;
-        self.last = header & 0x8000_0000 != 0;
-        self.left = (header & 0x7fff_ffff) as usize;
+        self.last = header & LAST_FRAGMENT != 0;
+        self.left = (header & !LAST_FRAGMENT) as usize;
         self.total += self.left;
         if self.total > MAX_RECORD {
             return Err(ReadError::Format(format!(
@@ -591,30 +712,78 @@ impl<'a, R: AsyncRead + Unpin> Record<'a, R> {
 }
 
 /// Reads replies until the connection fails, handing each to its caller.
-async fn read_loop(shared: Arc<Shared>, rd: OwnedReadHalf) {
-    let mut rd = BufReader::with_capacity(256 * 1024, rd);
+async fn read_loop<B: Sink>(shared: Arc<Shared<B>>, rd: OwnedReadHalf) {
+    let mut rd = BufReader::with_capacity(READ_BUFFER, rd);
     let reason = loop {
-        match read_one(&shared, &mut rd).await {
-            Ok(()) => {}
-            Err(ReadError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                break "the server closed the connection".to_string()
-            }
-            Err(ReadError::Io(e)) => break format!("receive failed: {e}"),
-            Err(ReadError::Format(m)) => break format!("malformed reply: {m}"),
+        if let Err(e) = read_one(&shared, &mut rd).await {
+            break e.reason();
         }
     };
     shared.close(&reason);
 }
 
-async fn read_one<R: AsyncRead + Unpin>(shared: &Shared, rd: &mut R) -> Result<(), ReadError> {
+impl ReadError {
+    /// Why the connection closes.
+    fn reason(self) -> String {
+        match self {
+            Self::Io(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                "the server closed the connection".to_string()
+            }
+            Self::Io(e) => format!("receive failed: {e}"),
+            Self::Format(m) => format!("malformed reply: {m}"),
+        }
+    }
+}
+
+/// Decodes one reply as a connection's reader does, from `wire` (the record, fragment
+/// headers included): its xid and what the caller would get, READ data placed into
+/// `sink` as `shape` lays it out. Err: why the reader would close the connection over
+/// it (a malformed, oversized or incomplete reply). Every length is bounded as on a
+/// connection; for tests and fuzzing.
+pub fn decode_reply<B: Sink>(
+    wire: &[u8],
+    sink: Option<B>,
+    shape: ReadShape,
+) -> Result<(u32, Outcome<B>), String> {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    let addr = SocketAddr::from(([0, 0, 0, 0], 0));
+    let mut rd = wire;
+    let decode = async {
+        let (mut rec, xid) = reply_header(&mut rd).await?;
+        let (result, sink) = read_reply(addr, &mut rec, sink, shape).await?;
+        rec.discard().await?;
+        Ok::<_, ReadError>((xid, Outcome { result, sink }))
+    };
+    let mut decode = std::pin::pin!(decode);
+    // Reading a slice never waits: one poll runs the decoder to its end.
+    match decode
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(result) => result.map_err(ReadError::reason),
+        Poll::Pending => Err("the reply is incomplete".to_string()),
+    }
+}
+
+/// Starts a record and reads its xid and message type, which must be a reply's.
+async fn reply_header<R: AsyncRead + Unpin>(rd: &mut R) -> Result<(Record<'_, R>, u32), ReadError> {
     let mut rec = Record::start(rd).await?;
     let xid = rec.u32().await?;
     let mtype = rec.u32().await?;
-    if mtype != 1 {
+    if mtype != REPLY {
         return Err(ReadError::Format(format!(
             "message type {mtype} where a reply was expected"
         )));
     }
+    Ok((rec, xid))
+}
+
+async fn read_one<B: Sink, R: AsyncRead + Unpin>(
+    shared: &Shared<B>,
+    rd: &mut R,
+) -> Result<(), ReadError> {
+    let (mut rec, xid) = reply_header(rd).await?;
     let pending = shared.lock().pending.remove(&xid);
     let Some(Pending { tx, sink, shape }) = pending else {
         // A reply nobody waits for any more (its caller timed out).
@@ -628,14 +797,14 @@ async fn read_one<R: AsyncRead + Unpin>(shared: &Shared, rd: &mut R) -> Result<(
 
 /// Reads a reply's body. Errors the caller should see are in the inner result; the outer
 /// one is for a stream that cannot go on.
-async fn read_reply<R: AsyncRead + Unpin>(
+async fn read_reply<B: Sink, R: AsyncRead + Unpin>(
     addr: SocketAddr,
     rec: &mut Record<'_, R>,
-    mut sink: Option<IoBuf>,
+    mut sink: Option<B>,
     shape: ReadShape,
-) -> Result<(Result<Vec<u8>, RpcError>, Option<IoBuf>), ReadError> {
+) -> Result<(Result<Vec<u8>, RpcError>, Option<B>), ReadError> {
     let reply_stat = rec.u32().await?;
-    if reply_stat == 1 {
+    if reply_stat == MSG_DENIED {
         let err = match rec.u32().await? {
             0 => {
                 let low = rec.u32().await?;
@@ -655,7 +824,7 @@ async fn read_reply<R: AsyncRead + Unpin>(
         };
         return Ok((Err(err), sink));
     }
-    if reply_stat != 0 {
+    if reply_stat != MSG_ACCEPTED {
         return Err(ReadError::Format(format!(
             "unknown reply status {reply_stat}"
         )));
@@ -671,7 +840,7 @@ async fn read_reply<R: AsyncRead + Unpin>(
     rec.read_exact(&mut verf[..len + padding(len)]).await?;
     let accept = rec.u32().await?;
     let err = match accept {
-        0 => {
+        SUCCESS => {
             let mut body = Vec::new();
             match sink.as_mut() {
                 Some(buf) => match shape {
@@ -713,7 +882,7 @@ async fn read_reply<R: AsyncRead + Unpin>(
 async fn read_data_reply<R: AsyncRead + Unpin>(
     rec: &mut Record<'_, R>,
     body: &mut Vec<u8>,
-    buf: &mut IoBuf,
+    buf: &mut [u8],
 ) -> Result<(), ReadError> {
     let status = rec.u32().await?;
     body.extend_from_slice(&status.to_be_bytes());
@@ -723,11 +892,12 @@ async fn read_data_reply<R: AsyncRead + Unpin>(
     let follows = rec.u32().await?;
     body.extend_from_slice(&follows.to_be_bytes());
     if follows == 1 {
-        let mut attr = [0u8; 84];
+        let mut attr = [0u8; crate::v3::proto::FATTR3_LEN];
         rec.read_exact(&mut attr).await?;
         body.extend_from_slice(&attr);
     }
-    let mut tail = [0u8; 12];
+    // count, eof, and the data's length word.
+    let mut tail = [0u8; 3 * 4];
     rec.read_exact(&mut tail).await?;
     body.extend_from_slice(&tail);
     let mut d = Decoder::new(&tail);
@@ -754,7 +924,7 @@ const MAX_TAG: usize = 1024;
 async fn read_compound_data_reply<R: AsyncRead + Unpin>(
     rec: &mut Record<'_, R>,
     body: &mut Vec<u8>,
-    buf: &mut IoBuf,
+    buf: &mut [u8],
     before: &[(u32, usize)],
     read_op: u32,
 ) -> Result<(), ReadError> {
@@ -829,6 +999,53 @@ mod tests {
     use tokio::io::AsyncWriteExt;
     use tokio::net::TcpListener;
 
+    /// A sink viewing part of a larger buffer, as the buffers of ferry's engine do.
+    #[derive(Debug)]
+    struct View {
+        storage: Vec<u8>,
+        start: usize,
+        len: usize,
+    }
+
+    impl View {
+        fn new(capacity: usize) -> Self {
+            Self {
+                storage: vec![0; capacity],
+                start: 0,
+                len: capacity,
+            }
+        }
+
+        fn set_view(&mut self, start: usize, len: usize) {
+            (self.start, self.len) = (start, len);
+        }
+    }
+
+    impl std::ops::Deref for View {
+        type Target = [u8];
+        fn deref(&self) -> &[u8] {
+            &self.storage[self.start..self.start + self.len]
+        }
+    }
+
+    impl std::ops::DerefMut for View {
+        fn deref_mut(&mut self) -> &mut [u8] {
+            &mut self.storage[self.start..self.start + self.len]
+        }
+    }
+
+    impl Sink for View {
+        type Shape = (usize, usize, usize);
+        fn shape(&self) -> Self::Shape {
+            (self.storage.len(), self.start, self.len)
+        }
+        fn remake(&(capacity, start, len): &Self::Shape) -> Self {
+            let mut v = Self::new(capacity);
+            v.set_view(start, len);
+            v
+        }
+    }
+
     fn config() -> RpcConfig {
         RpcConfig {
             uid: 1,
@@ -843,7 +1060,7 @@ mod tests {
     /// Reads one call record and returns (xid, whole record).
     async fn read_call(s: &mut TcpStream) -> (u32, Vec<u8>) {
         let h = s.read_u32().await.unwrap();
-        let mut rec = vec![0u8; (h & 0x7fff_ffff) as usize];
+        let mut rec = vec![0u8; (h & !LAST_FRAGMENT) as usize];
         s.read_exact(&mut rec).await.unwrap();
         let xid = u32::from_be_bytes([rec[0], rec[1], rec[2], rec[3]]);
         (xid, rec)
@@ -859,10 +1076,10 @@ mod tests {
             let (a, b) = msg.split_at(10);
             out.extend_from_slice(&(a.len() as u32).to_be_bytes());
             out.extend_from_slice(a);
-            out.extend_from_slice(&(0x8000_0000 | b.len() as u32).to_be_bytes());
+            out.extend_from_slice(&(LAST_FRAGMENT | b.len() as u32).to_be_bytes());
             out.extend_from_slice(b);
         } else {
-            out.extend_from_slice(&(0x8000_0000 | msg.len() as u32).to_be_bytes());
+            out.extend_from_slice(&(LAST_FRAGMENT | msg.len() as u32).to_be_bytes());
             out.extend_from_slice(&msg);
         }
         out
@@ -887,11 +1104,13 @@ mod tests {
             s.write_all(&reply(x3, e.as_slice(), true)).await.unwrap();
             s
         });
-        let conn = RpcConn::connect(addr, 7, 1, &config()).await.unwrap();
+        let conn = RpcConn::<View>::connect(addr, 7, 1, &config())
+            .await
+            .unwrap();
         let (a, b) = tokio::join!(conn.call(1, &[], None, None), conn.call(2, &[], None, None));
         assert_eq!(a.result.unwrap(), [0, 0, 0, 1]);
         assert_eq!(b.result.unwrap(), [0, 0, 0, 2]);
-        let mut buf = IoBuf::new(16);
+        let mut buf = View::new(16);
         buf.set_view(4, 8);
         let out = conn.call(6, &[], None, Some(buf)).await;
         let body = out.result.unwrap();
@@ -943,8 +1162,10 @@ mod tests {
             s.write_all(&reply(x, &body, false)).await.unwrap();
             tokio::time::sleep(Duration::from_secs(1)).await;
         });
-        let conn = RpcConn::connect(addr, 100_003, 4, &config()).await.unwrap();
-        let mut buf = IoBuf::new(16);
+        let conn = RpcConn::<View>::connect(addr, 100_003, 4, &config())
+            .await
+            .unwrap();
+        let mut buf = View::new(16);
         buf.set_view(2, 8);
         let out = conn.call_shaped(1, &[], None, Some(buf), SHAPE).await;
         let body = out.result.unwrap();
@@ -960,7 +1181,7 @@ mod tests {
         assert_eq!(&out.sink.unwrap()[..5], b"hello");
 
         let out = conn
-            .call_shaped(1, &[], None, Some(IoBuf::new(8)), SHAPE)
+            .call_shaped(1, &[], None, Some(View::new(8)), SHAPE)
             .await;
         let body = out.result.unwrap();
         assert_eq!(&body[..4], &70u32.to_be_bytes());
@@ -968,7 +1189,7 @@ mod tests {
         assert!(out.sink.is_some());
 
         let out = conn
-            .call_shaped(1, &[], None, Some(IoBuf::new(8)), SHAPE)
+            .call_shaped(1, &[], None, Some(View::new(8)), SHAPE)
             .await;
         match out.result {
             Err(RpcError::Disconnected { reason, .. }) => {
@@ -990,8 +1211,10 @@ mod tests {
             read_call(&mut s).await;
             drop(s);
         });
-        let conn = RpcConn::connect(addr, 7, 1, &config()).await.unwrap();
-        let out = conn.call(1, &[], None, Some(IoBuf::new(8))).await;
+        let conn = RpcConn::<View>::connect(addr, 7, 1, &config())
+            .await
+            .unwrap();
+        let out = conn.call(1, &[], None, Some(View::new(8))).await;
         assert!(
             matches!(out.result, Err(RpcError::Timeout { .. })),
             "{out:?}"
@@ -1027,9 +1250,11 @@ mod tests {
                     // Closed with data unread: the kernel resets the connection.
                     drop(s);
                 });
-                let conn = RpcConn::connect(addr, 7, 1, &config()).await.unwrap();
+                let conn = RpcConn::<View>::connect(addr, 7, 1, &config())
+                    .await
+                    .unwrap();
                 let data = vec![7u8; 32 << 20];
-                conn.call(7, &[0, 0, 0, 1], Some(&data), Some(IoBuf::new(8)))
+                conn.call(7, &[0, 0, 0, 1], Some(&data), Some(View::new(8)))
                     .await
             });
             let _ = done_tx.send(out);
@@ -1057,7 +1282,9 @@ mod tests {
             s.write_all(&0xffff_ffffu32.to_be_bytes()).await.unwrap();
             tokio::time::sleep(Duration::from_secs(2)).await;
         });
-        let conn = RpcConn::connect(addr, 7, 1, &config()).await.unwrap();
+        let conn = RpcConn::<View>::connect(addr, 7, 1, &config())
+            .await
+            .unwrap();
         let out = conn.call(1, &[], None, None).await;
         match out.result {
             Err(RpcError::Disconnected { reason, .. }) => {

@@ -8,9 +8,9 @@
 //! checkpoint never counts them as committed, so a resume writes them again. Once a loss
 //! is seen every later flush fails too, so a later success cannot hide it.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 
-use super::proto::Verifier;
+use crate::v3::proto::Verifier;
 
 /// One completed UNSTABLE write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,13 +71,9 @@ pub struct Tracker {
 pub struct Mark(u64);
 
 impl Tracker {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Records a completed UNSTABLE write.
     pub fn record(&self, offset: u64, len: u64, verf: Verifier) {
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         let seq = st.next_seq;
         st.next_seq += 1;
         st.writes.push(Entry {
@@ -91,7 +87,7 @@ impl Tracker {
     /// Starts a flush: Ok(None) when no write needs a COMMIT, the mark otherwise, or the
     /// loss seen before.
     pub fn begin(&self) -> Result<Option<Mark>, Lost> {
-        let st = self.lock();
+        let st = self.state.lock();
         if let Some(lost) = &st.lost {
             return Err(lost.clone());
         }
@@ -101,7 +97,7 @@ impl Tracker {
     /// Settles the writes before `mark` against the COMMIT's verifier: they are committed
     /// when the verifiers match, possibly lost otherwise.
     pub fn settle(&self, mark: Mark, commit: Verifier) -> Result<(), Lost> {
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         let mut lost: Vec<Entry> = Vec::new();
         st.writes.retain(|e| {
             if e.seq >= mark.0 {
@@ -130,17 +126,12 @@ impl Tracker {
 
     /// One flush of the writes completed so far: nothing when none is uncommitted, else
     /// `send` (the COMMIT, answering the server's verifier) and the verifier check. A loss,
-    /// seen now or before, is a Disconnected error of the flush of `describe`.
-    pub async fn commit<F, Fut>(&self, describe: &str, send: F) -> ferry_core::Result<()>
+    /// seen now or before, is the error `lost` makes of it.
+    pub async fn commit<F, Fut, E>(&self, send: F, lost: impl Fn(Lost) -> E) -> Result<(), E>
     where
         F: FnOnce() -> Fut,
-        Fut: std::future::Future<Output = ferry_core::Result<Verifier>>,
+        Fut: std::future::Future<Output = Result<Verifier, E>>,
     {
-        let lost = |lost: Lost| {
-            ferry_core::Error::new(ferry_core::ErrorKind::Disconnected, lost.to_string())
-                .with_operation("flush")
-                .with_endpoint(describe.to_string())
-        };
         let mark = match self.begin() {
             Ok(Some(mark)) => mark,
             Ok(None) => return Ok(()),
@@ -152,7 +143,7 @@ impl Tracker {
 
     /// Uncommitted writes recorded (for tests and diagnostics).
     pub fn pending(&self) -> usize {
-        self.lock().writes.len()
+        self.state.lock().writes.len()
     }
 }
 
