@@ -367,7 +367,6 @@ async fn sha256(
 mod tests {
     use super::*;
     use crate::blkhash::digest_bytes;
-    use crate::progress::lock;
     use crate::testing::MemSource;
     use async_trait::async_trait;
     use ferry_core::{BlockSizes, Caps, ErrorKind, Extent};
@@ -469,7 +468,7 @@ mod tests {
                 let hole = with_hole(data);
                 let stats = Arc::clone(&hole.stats);
                 assert_eq!(blk(hole).await, expected);
-                assert!(lock(&stats.reads).is_empty());
+                assert!(stats.reads.lock().is_empty());
             }
         }
     }
@@ -527,7 +526,7 @@ mod tests {
         });
         let stats = Arc::clone(&source.stats);
         assert_eq!(blk(source).await, to_hex(&digest_bytes(&data)));
-        for &(offset, len) in lock(&stats.reads).iter() {
+        for &(offset, len) in stats.reads.lock().iter() {
             assert!(len <= 24 * 1024 && offset % 512 == 0, "{offset}+{len}");
         }
     }

@@ -8,7 +8,6 @@ use std::time::Duration;
 use ferry_core::{BlockSizes, Caps, ErrorKind, Extent, ZeroMode};
 use proptest::prelude::*;
 
-use crate::progress::lock;
 use crate::ranges::RangeSet;
 use crate::testing::{MemSource, Op, RecordingTarget, GARBAGE};
 use crate::{copy, CancellationToken, Checkpoint, CommitOrder, CopyOptions, CopyReport, Progress};
@@ -114,7 +113,7 @@ async fn zero_runs_merge_into_one_write_zeroes() {
         assert_eq!(report.zero_bytes, 5 * M as u64);
         assert_eq!(report.data_bytes, 2 * M as u64);
         // the hole was never read
-        let reads = lock(&src.stats.reads).clone();
+        let reads = src.stats.reads.lock().clone();
         assert!(reads
             .iter()
             .all(|&(o, l)| o + l as u64 <= 4 * M as u64 || o >= 6 * M as u64));
@@ -219,12 +218,12 @@ async fn memory_bound_holds_and_buffers_are_reused() {
     };
     run(&src, &tgt, &opts).await.unwrap();
     assert_same(&tgt.data(), src.data());
-    let buffers = lock(&src.stats.buffers).clone();
+    let buffers = src.stats.buffers.lock().clone();
     let buffer_bytes: usize = buffers.iter().map(|b| b.1).sum();
     assert!(buffer_bytes <= budget, "{buffer_bytes} bytes of buffers");
     assert!(src.stats.in_flight.max() <= budget);
     assert!(tgt.log.in_flight.max() <= budget);
-    let reads = lock(&src.stats.reads).len();
+    let reads = src.stats.reads.lock().len();
     assert!(
         reads >= 8 * buffers.len(),
         "{reads} reads, {} buffers",
@@ -421,7 +420,7 @@ async fn rate_limit_is_respected() {
     let start = tokio::time::Instant::now();
     run(&src, &tgt, &opts).await.unwrap();
     let elapsed = start.elapsed().as_secs_f64();
-    let tokens: usize = lock(&src.stats.reads).iter().map(|r| r.1).sum();
+    let tokens: usize = src.stats.reads.lock().iter().map(|r| r.1).sum();
     assert_eq!(tokens, size);
     // the bucket starts with one request's worth; the rest is paid at `rate`
     let floor = (tokens - request) as f64 / rate as f64;
@@ -457,7 +456,7 @@ async fn unusual_block_sizes_are_respected() {
         run(&src, &tgt, &opts).await.unwrap();
         assert_same(&tgt.data(), src.data());
         let size = src.len();
-        for &(o, l) in lock(&src.stats.reads).iter() {
+        for &(o, l) in src.stats.reads.lock().iter() {
             assert!(l <= 24 * K, "read of {l}");
             assert_eq!(o % 4096, 0, "unaligned read at {o}");
             assert!(l % 4096 == 0 || o + l as u64 == size, "read of {l}");

@@ -5,13 +5,13 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use ferry_core::{Caps, Error, Extent, IoBuf, Result, Source, Target, ZeroMode};
+use parking_lot::Mutex;
 
-use crate::progress::lock;
 use crate::ranges::RangeSet;
 
 /// Tracks the bytes of concurrent requests and their maximum.
@@ -174,8 +174,11 @@ impl Source for MemSource {
         if end > self.data.len() {
             return Err(Error::invalid_input("read past the end").at("read", offset));
         }
-        lock(&self.stats.buffers).insert((buf.full().as_ptr() as usize, buf.capacity()));
-        lock(&self.stats.reads).push((offset, len));
+        self.stats
+            .buffers
+            .lock()
+            .insert((buf.full().as_ptr() as usize, buf.capacity()));
+        self.stats.reads.lock().push((offset, len));
         self.stats.in_flight.enter(len);
         if self.hang_from.is_some_and(|h| offset >= h) {
             std::future::pending::<()>().await;
@@ -260,7 +263,7 @@ impl RecordingTarget {
     /// A target that reads as zeroes and says so.
     pub fn zeroed(size: u64) -> Self {
         let t = Self::new(size);
-        lock(&t.log.data).fill(0);
+        t.log.data.lock().fill(0);
         Self { is_zero: true, ..t }
     }
 
@@ -280,11 +283,11 @@ impl RecordingTarget {
     }
 
     pub fn data(&self) -> Vec<u8> {
-        lock(&self.log.data).clone()
+        self.log.data.lock().clone()
     }
 
     pub fn ops(&self) -> Vec<Op> {
-        lock(&self.log.ops).clone()
+        self.log.ops.lock().clone()
     }
 
     pub fn writes(&self) -> Vec<(u64, u64)> {
@@ -304,7 +307,7 @@ impl RecordingTarget {
     }
 
     pub fn durable(&self) -> RangeSet {
-        lock(&self.log.durable).clone()
+        self.log.durable.lock().clone()
     }
 
     fn check(&self, offset: u64, len: u64) -> Result<()> {
@@ -324,7 +327,7 @@ impl RecordingTarget {
     }
 
     fn complete(&self, offset: u64, len: u64) {
-        lock(&self.log.completed).insert(offset, offset + len);
+        self.log.completed.lock().insert(offset, offset + len);
     }
 }
 
@@ -349,12 +352,12 @@ impl Target for RecordingTarget {
     async fn write_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
         let len = buf.len() as u64;
         self.check(offset, len)?;
-        lock(&self.log.ops).push(Op::Write { offset, len });
+        self.log.ops.lock().push(Op::Write { offset, len });
         self.log.in_flight.enter(len as usize);
         if !self.write_delay.is_zero() {
             tokio::time::sleep(self.write_delay).await;
         }
-        lock(&self.log.data)[offset as usize..(offset + len) as usize].copy_from_slice(&buf);
+        self.log.data.lock()[offset as usize..(offset + len) as usize].copy_from_slice(&buf);
         self.log.in_flight.leave(len as usize);
         self.complete(offset, len);
         Ok(buf)
@@ -362,16 +365,16 @@ impl Target for RecordingTarget {
 
     async fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> Result<()> {
         self.check(offset, len)?;
-        lock(&self.log.ops).push(Op::Zero { offset, len, mode });
-        lock(&self.log.data)[offset as usize..(offset + len) as usize].fill(0);
+        self.log.ops.lock().push(Op::Zero { offset, len, mode });
+        self.log.data.lock()[offset as usize..(offset + len) as usize].fill(0);
         self.complete(offset, len);
         Ok(())
     }
 
     async fn flush(&self) -> Result<()> {
-        let snapshot = lock(&self.log.completed).clone();
+        let snapshot = self.log.completed.lock().clone();
         tokio::task::yield_now().await;
-        let mut durable = lock(&self.log.durable);
+        let mut durable = self.log.durable.lock();
         for (s, e) in snapshot.to_vec() {
             durable.insert(s, e);
         }
