@@ -630,7 +630,10 @@ mod tests {
         assert_eq!(r.isid, [0x80, 1, 2, 3, 0, 0]);
         assert_eq!(r.tsih, 0x100);
         assert_eq!((r.stat_sn, r.exp_cmd_sn, r.max_cmd_sn), (1, 1, 2));
-        assert_eq!((r.status_class, r.status_detail), (login_status::SUCCESS, 0));
+        assert_eq!(
+            (r.status_class, r.status_detail),
+            (login_status::SUCCESS, 0)
+        );
     }
 
     #[test]
