@@ -2,8 +2,8 @@
 //!
 //! Every PDU type the initiator sends or receives is a plain struct of its named fields
 //! with `to_bhs` (encode) and `from_bhs` (decode). The tables below are the only place in
-//! the crate where a byte offset or a flag mask appears; both directions are copies of at
-//! most 48 bytes, with no allocation, so the data path may decode every PDU.
+//! the crate where the offset or flag mask of a header field appears; both directions are
+//! copies of at most 48 bytes, with no allocation, so the data path may decode every PDU.
 
 /// Length of the basic header segment.
 pub const BHS_LEN: usize = 48;
