@@ -2,11 +2,12 @@
 //! error context, counts progress, remembers what was written, and turns that into
 //! checkpoints (flush first, then publish: a checkpoint never claims unflushed bytes).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use ferry_core::{IoBuf, Result, Target, ZeroMode};
+use parking_lot::Mutex;
 
-use crate::progress::{lock, Checkpoint, Progress};
+use crate::progress::{Checkpoint, Progress};
 use crate::ranges::RangeSet;
 
 pub(crate) struct Committer {
@@ -78,12 +79,12 @@ impl Committer {
     }
 
     fn mark(&self, start: u64, end: u64) {
-        lock(&self.written).insert(start, end);
+        self.written.lock().insert(start, end);
     }
 
     /// Flushes the target and publishes what was written before the flush started.
     pub async fn checkpoint(&self) -> Result<()> {
-        let written = lock(&self.written).clone();
+        let written = self.written.lock().clone();
         self.target.flush().await.map_err(|e| {
             e.with_operation("flush")
                 .with_endpoint(self.target.describe())
@@ -94,7 +95,7 @@ impl Committer {
 
     /// Finishes the target (which flushes it) and publishes the final checkpoint.
     pub async fn finish(&self) -> Result<()> {
-        let written = lock(&self.written).clone();
+        let written = self.written.lock().clone();
         self.target.finish().await.map_err(|e| {
             e.with_operation("finish")
                 .with_endpoint(self.target.describe())
@@ -105,7 +106,7 @@ impl Committer {
 
     /// Bytes written (or skipped as resumed) so far.
     pub fn written_bytes(&self) -> u64 {
-        lock(&self.written).len()
+        self.written.lock().len()
     }
 
     fn publish(&self, written: &RangeSet) {

@@ -17,7 +17,7 @@ use crate::geometry::Geometry;
 use crate::options::{CommitOrder, CopyOptions};
 use crate::plan::{Cursor, Planner, Segment};
 use crate::pool::{Slot, SlotPool};
-use crate::progress::{lock, Checkpoint, Progress};
+use crate::progress::{Checkpoint, Progress};
 use crate::ranges::RangeSet;
 use crate::rate::RateLimiter;
 use crate::sequencer::Sequencer;
@@ -304,7 +304,10 @@ async fn process(
                 .map(|r| seg.offset + r.end() as u64);
             let tail_start = last.filter(|r| r.zero).map(|r| seg.offset + r.start as u64);
             let [before, after] =
-                lock(&seg.span.merger).resolve(seg.offset, seg.end(), head_end, tail_start);
+                seg.span
+                    .merger
+                    .lock()
+                    .resolve(seg.offset, seg.end(), head_end, tail_start);
             // Offset order: the run closed at the head goes first, because it may complete
             // a part of the target (an S3 part buffer) that this segment's data must wait for.
             if let Some((start, end)) = before {
@@ -351,7 +354,7 @@ async fn commit_zero_segment(shared: &Shared, target: &dyn Target, seg: &Segment
     let committer = &shared.committer;
     match &shared.sequencer {
         None => {
-            let closed = lock(&seg.span.merger).resolve(
+            let closed = seg.span.merger.lock().resolve(
                 seg.offset,
                 seg.end(),
                 Some(seg.end()),

@@ -7,9 +7,10 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use ferry_core::{Error, ExtentKind, Result, Source};
+use parking_lot::Mutex;
 
 use crate::geometry::{round_down, round_up, Geometry};
 use crate::merge::ZeroMerger;

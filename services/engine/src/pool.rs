@@ -5,11 +5,9 @@
 //! the slots are its share of the memory bound. Buffers are allocated the first time a
 //! slot reads (an all-zero image never allocates one) and reused afterwards.
 
-use std::sync::Mutex;
-
 use ferry_core::IoBuf;
+use parking_lot::Mutex;
 
-use crate::progress::lock;
 use crate::zero::Run;
 
 /// What one in-flight request owns.
@@ -77,7 +75,9 @@ impl BufPool {
 
     /// A buffer viewing its first `len` bytes (`len` at most the pool's capacity).
     pub fn get(&self, len: usize) -> IoBuf {
-        let mut buf = lock(&self.free)
+        let mut buf = self
+            .free
+            .lock()
             .pop()
             .unwrap_or_else(|| IoBuf::new(self.capacity));
         buf.set_len(len);
@@ -85,7 +85,7 @@ impl BufPool {
     }
 
     pub fn put(&self, buf: IoBuf) {
-        lock(&self.free).push(buf);
+        self.free.lock().push(buf);
     }
 }
 

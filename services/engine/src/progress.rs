@@ -5,8 +5,9 @@
 //! (the counters are atomics; the checkpoint changes only every checkpoint interval).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 /// Which ranges of the target hold the source's bytes durably (written and flushed).
@@ -75,7 +76,7 @@ impl Progress {
 
     /// The latest published checkpoint.
     pub fn checkpoint(&self) -> Checkpoint {
-        lock(&self.inner.checkpoint).clone()
+        self.inner.checkpoint.lock().clone()
     }
 
     pub(crate) fn start(&self, total: u64, already_done: u64) {
@@ -97,13 +98,8 @@ impl Progress {
     }
 
     pub(crate) fn publish(&self, checkpoint: Checkpoint) {
-        *lock(&self.inner.checkpoint) = checkpoint;
+        *self.inner.checkpoint.lock() = checkpoint;
     }
-}
-
-/// Locks a mutex whose data stays consistent even if a holder panicked.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

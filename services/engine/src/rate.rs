@@ -4,12 +4,10 @@
 //! paid by sleeping, so concurrent workers queue behind each other fairly and requests
 //! larger than the burst still pass. It runs on tokio's clock so tests can pause time.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::time::Instant;
-
-use crate::progress::lock;
 
 #[derive(Debug)]
 struct State {
@@ -45,7 +43,7 @@ impl RateLimiter {
     /// Takes `bytes` tokens, sleeping while the bucket is in debt.
     pub async fn acquire(&self, bytes: u64) {
         let wait = {
-            let mut s = lock(&self.state);
+            let mut s = self.state.lock();
             let now = Instant::now();
             let elapsed = now.saturating_duration_since(s.last).as_secs_f64();
             s.last = now;
@@ -65,7 +63,7 @@ impl RateLimiter {
 
     #[cfg(test)]
     pub fn taken(&self) -> u64 {
-        lock(&self.state).taken
+        self.state.lock().taken
     }
 }
 

@@ -5,12 +5,10 @@
 //! past ranges a resumed copy skips). Zero runs accumulate here across requests and
 //! units and are written as one run right before the next data write.
 
-use std::sync::Mutex;
-
 use ferry_core::{Error, Result};
+use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::progress::lock;
 use crate::ranges::RangeSet;
 
 /// A pending zero run is written once it grows this large, so checkpoints of a long
@@ -55,7 +53,7 @@ impl Sequencer {
     /// Adds zero bytes `[start, end)` to the pending run. Returns a run to write first
     /// when the pending one cannot be extended (not contiguous) or is large enough.
     pub fn add_zero(&self, start: u64, end: u64) -> Option<(u64, u64)> {
-        let mut pending = lock(&self.pending_zero);
+        let mut pending = self.pending_zero.lock();
         match *pending {
             Some((s, e)) if e == start && e - s < MAX_PENDING_ZERO => {
                 *pending = Some((s, end));
@@ -70,7 +68,7 @@ impl Sequencer {
 
     /// Takes the pending zero run (to write it before data, or at the end).
     pub fn take_zero(&self) -> Option<(u64, u64)> {
-        lock(&self.pending_zero).take()
+        self.pending_zero.lock().take()
     }
 
     /// Moves the commit offset to `end` (past resumed ranges) and says whether the
@@ -103,7 +101,7 @@ mod tests {
             let (seq, order) = (seq.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
                 seq.wait_turn(start).await.unwrap();
-                lock(&order).push(start);
+                order.lock().push(start);
                 seq.advance(end)
             }));
         }
@@ -111,7 +109,7 @@ mod tests {
         for t in tasks {
             complete.push(t.await.unwrap());
         }
-        assert_eq!(*lock(&order), vec![10, 20, 60]);
+        assert_eq!(*order.lock(), vec![10, 20, 60]);
         assert_eq!(complete, vec![true, false, false]);
     }
 

@@ -3,8 +3,16 @@
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::scsi::{self, BlockLimits, Capacity, Inquiry, LbaExtent, Provisioning};
+use crate::scsi::{self, vpd, BlockLimits, Capacity, Inquiry, LbaExtent, Provisioning};
 use crate::session::{Completion, DataBuf, Session, Transfer};
+
+/// Allocation lengths of the small commands that learn the LUN: enough for the fields
+/// we parse, and for a GET LBA STATUS answer of 255 descriptors.
+const STANDARD_INQUIRY_LEN: u16 = 96;
+const SUPPORTED_PAGES_LEN: u16 = 255;
+const VPD_PAGE_LEN: u16 = 64;
+const CAPACITY_LEN: u32 = 32;
+const LBA_STATUS_LEN: u32 = 4096;
 
 /// A LUN reached through a session.
 #[derive(Debug)]
@@ -35,32 +43,52 @@ impl Device {
 
     /// Uses an established session for `lun`.
     pub async fn with_session(session: Session, lun: u64) -> Result<Self> {
-        let inquiry = Inquiry::parse(&small(&session, lun, &scsi::inquiry(None, 96)).await?)?;
-        if inquiry.peripheral_type != 0 {
+        let inquiry = Inquiry::parse(
+            &small(&session, lun, &scsi::inquiry(None, STANDARD_INQUIRY_LEN)).await?,
+        )?;
+        if inquiry.peripheral_type != scsi::PERIPHERAL_DISK {
             return Err(Error::InvalidRequest(format!(
                 "LUN {lun} is not a block device (peripheral type {})",
                 inquiry.peripheral_type
             )));
         }
-        let capacity = match small(&session, lun, &scsi::read_capacity16(32)).await {
+        let capacity = match small(&session, lun, &scsi::read_capacity16(CAPACITY_LEN)).await {
             Ok(d) => Capacity::parse(&d)?,
             // A unit attention after login is reported once; ask again.
-            Err(Error::CheckCondition(s)) if s.key == 6 => {
-                Capacity::parse(&small(&session, lun, &scsi::read_capacity16(32)).await?)?
+            Err(Error::CheckCondition(s)) if s.key == scsi::SENSE_KEY_UNIT_ATTENTION => {
+                Capacity::parse(&small(&session, lun, &scsi::read_capacity16(CAPACITY_LEN)).await?)?
             }
             Err(e) => return Err(e),
         };
-        let pages = small(&session, lun, &scsi::inquiry(Some(0), 255))
-            .await
-            .unwrap_or_default();
+        let pages = small(
+            &session,
+            lun,
+            &scsi::inquiry(Some(vpd::SUPPORTED_PAGES), SUPPORTED_PAGES_LEN),
+        )
+        .await
+        .unwrap_or_default();
         let has = |p: u8| pages.len() > 4 && pages[4..].contains(&p);
-        let limits = if has(0xb0) {
-            BlockLimits::parse(&small(&session, lun, &scsi::inquiry(Some(0xb0), 64)).await?)?
+        let limits = if has(vpd::BLOCK_LIMITS) {
+            BlockLimits::parse(
+                &small(
+                    &session,
+                    lun,
+                    &scsi::inquiry(Some(vpd::BLOCK_LIMITS), VPD_PAGE_LEN),
+                )
+                .await?,
+            )?
         } else {
             BlockLimits::default()
         };
-        let provisioning = if has(0xb2) {
-            Provisioning::parse(&small(&session, lun, &scsi::inquiry(Some(0xb2), 64)).await?)?
+        let provisioning = if has(vpd::LOGICAL_BLOCK_PROVISIONING) {
+            Provisioning::parse(
+                &small(
+                    &session,
+                    lun,
+                    &scsi::inquiry(Some(vpd::LOGICAL_BLOCK_PROVISIONING), VPD_PAGE_LEN),
+                )
+                .await?,
+            )?
         } else {
             Provisioning::default()
         };
@@ -218,7 +246,12 @@ impl Device {
     /// GET LBA STATUS from `lba`: descriptors starting at `lba`.
     pub async fn lba_status(&self, lba: u64) -> Result<Vec<LbaExtent>> {
         self.check_range(lba, 1)?;
-        let d = small(&self.session, self.lun, &scsi::get_lba_status(lba, 4096)).await?;
+        let d = small(
+            &self.session,
+            self.lun,
+            &scsi::get_lba_status(lba, LBA_STATUS_LEN),
+        )
+        .await?;
         scsi::parse_lba_status(&d)
     }
 
@@ -239,7 +272,7 @@ impl Device {
 /// A command returning a few bytes of data (allocation length from the CDB).
 async fn small(session: &Session, lun: u64, cdb: &[u8; 16]) -> Result<Vec<u8>> {
     let alloc = match cdb[0] {
-        0x12 => usize::from(u16::from_be_bytes([cdb[3], cdb[4]])),
+        scsi::opcode::INQUIRY => usize::from(u16::from_be_bytes([cdb[3], cdb[4]])),
         _ => u32::from_be_bytes([cdb[10], cdb[11], cdb[12], cdb[13]]) as usize,
     };
     let c = session

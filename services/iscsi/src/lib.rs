@@ -6,11 +6,13 @@
 //! target's CmdSN window; R2T, NOP, ABORT TASK on timeout, logout; and the SBC commands
 //! a disk copy needs ([`Device`]). It knows nothing of ferry.
 
+pub mod bhs;
 mod config;
 mod device;
 mod error;
 mod login;
 pub mod pdu;
+mod reader;
 pub mod scsi;
 mod session;
 pub mod text;

@@ -6,122 +6,16 @@
 
 use crate::error::{Error, Result};
 
-pub const BHS_LEN: usize = 48;
-
-/// Opcodes (initiator to target).
-pub mod op {
-    pub const NOP_OUT: u8 = 0x00;
-    pub const SCSI_CMD: u8 = 0x01;
-    pub const TMF_REQ: u8 = 0x02;
-    pub const LOGIN_REQ: u8 = 0x03;
-    pub const TEXT_REQ: u8 = 0x04;
-    pub const DATA_OUT: u8 = 0x05;
-    pub const LOGOUT_REQ: u8 = 0x06;
-    // Target to initiator.
-    pub const NOP_IN: u8 = 0x20;
-    pub const SCSI_RSP: u8 = 0x21;
-    pub const TMF_RSP: u8 = 0x22;
-    pub const LOGIN_RSP: u8 = 0x23;
-    pub const TEXT_RSP: u8 = 0x24;
-    pub const DATA_IN: u8 = 0x25;
-    pub const LOGOUT_RSP: u8 = 0x26;
-    pub const R2T: u8 = 0x31;
-    pub const ASYNC: u8 = 0x32;
-    pub const REJECT: u8 = 0x3f;
-}
-
-/// The immediate-delivery bit of byte 0.
-pub const IMMEDIATE: u8 = 0x40;
-/// The final bit of byte 1.
-pub const FINAL: u8 = 0x80;
-/// The reserved tag value.
-pub const RESERVED_TAG: u32 = 0xffff_ffff;
-
-/// A basic header segment.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct Bhs(pub [u8; BHS_LEN]);
-
-impl std::fmt::Debug for Bhs {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Bhs(op=0x{:02x} flags=0x{:02x} itt=0x{:08x} dsl={})",
-            self.opcode(),
-            self.flags(),
-            self.itt(),
-            self.data_len()
-        )
-    }
-}
-
-impl Default for Bhs {
-    fn default() -> Self {
-        Self([0; BHS_LEN])
-    }
-}
-
-impl Bhs {
-    pub fn new(opcode: u8, flags: u8) -> Self {
-        let mut b = Self::default();
-        b.0[0] = opcode;
-        b.0[1] = flags;
-        b
-    }
-    pub fn opcode(&self) -> u8 {
-        self.0[0] & 0x3f
-    }
-    pub fn flags(&self) -> u8 {
-        self.0[1]
-    }
-    pub fn u8_at(&self, i: usize) -> u8 {
-        self.0[i]
-    }
-    pub fn u16_at(&self, i: usize) -> u16 {
-        u16::from_be_bytes([self.0[i], self.0[i + 1]])
-    }
-    pub fn u32_at(&self, i: usize) -> u32 {
-        u32::from_be_bytes(self.0[i..i + 4].try_into().unwrap_or([0; 4]))
-    }
-    pub fn set_u16(&mut self, i: usize, v: u16) {
-        self.0[i..i + 2].copy_from_slice(&v.to_be_bytes());
-    }
-    pub fn set_u32(&mut self, i: usize, v: u32) {
-        self.0[i..i + 4].copy_from_slice(&v.to_be_bytes());
-    }
-    pub fn set_u64(&mut self, i: usize, v: u64) {
-        self.0[i..i + 8].copy_from_slice(&v.to_be_bytes());
-    }
-    /// TotalAHSLength in bytes.
-    pub fn ahs_len(&self) -> usize {
-        usize::from(self.0[4]) * 4
-    }
-    /// DataSegmentLength (without padding).
-    pub fn data_len(&self) -> usize {
-        (usize::from(self.0[5]) << 16) | (usize::from(self.0[6]) << 8) | usize::from(self.0[7])
-    }
-    pub fn set_data_len(&mut self, len: usize) {
-        let len = len as u32;
-        self.0[5] = (len >> 16) as u8;
-        self.0[6] = (len >> 8) as u8;
-        self.0[7] = len as u8;
-    }
-    pub fn itt(&self) -> u32 {
-        self.u32_at(16)
-    }
-    pub fn set_itt(&mut self, v: u32) {
-        self.set_u32(16, v)
-    }
-    pub fn set_lun(&mut self, lun: [u8; 8]) {
-        self.0[8..16].copy_from_slice(&lun);
-    }
-    pub fn lun(&self) -> [u8; 8] {
-        self.0[8..16].try_into().unwrap_or([0; 8])
-    }
-}
+pub use crate::bhs::{op, Bhs, BHS_LEN, FINAL, IMMEDIATE, RESERVED_TAG};
 
 /// Padding needed after a data segment of `len` bytes.
 pub fn pad(len: usize) -> usize {
     (4 - len % 4) % 4
+}
+
+/// The zero bytes that pad a data segment of `len` bytes to a multiple of 4.
+pub fn padding(len: usize) -> &'static [u8] {
+    &[0u8; 3][..pad(len)]
 }
 
 /// The iSCSI CRC32C digest, as its 4 wire bytes.
@@ -133,6 +27,11 @@ pub fn digest(parts: &[&[u8]]) -> [u8; 4] {
     crc.to_le_bytes()
 }
 
+/// Length of a CRC32C digest on the wire.
+pub const DIGEST_LEN: usize = 4;
+/// Most bytes that follow a data segment: padding and a data digest.
+pub const MAX_DATA_TAIL: usize = 3 + DIGEST_LEN;
+
 /// Digest settings of a connection.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Digests {
@@ -140,10 +39,29 @@ pub struct Digests {
     pub data: bool,
 }
 
+impl Digests {
+    /// Bytes of header digest after the header and its AHS.
+    pub fn header_len(self) -> usize {
+        if self.header {
+            DIGEST_LEN
+        } else {
+            0
+        }
+    }
+    /// Bytes of data digest after a data segment of `data_len` bytes (none when empty).
+    pub fn data_len(self, data_len: usize) -> usize {
+        if self.data && data_len > 0 {
+            DIGEST_LEN
+        } else {
+            0
+        }
+    }
+}
+
 /// Checks a received header against the receive limit and returns the bytes that follow
 /// it on the wire before the data segment: AHS and header digest.
 pub fn check_header(bhs: &Bhs, max_data: usize) -> Result<()> {
-    if bhs.0[0] & 0x80 != 0 {
+    if bhs.reserved_bit() {
         return Err(Error::Protocol(format!(
             "reserved bit set in byte 0 of {bhs:?}"
         )));
@@ -177,7 +95,8 @@ impl Pdu {
 
     /// The PDU's wire form.
     pub fn encode(&self, digests: Digests) -> Vec<u8> {
-        let mut out = Vec::with_capacity(BHS_LEN + self.data.len() + 12);
+        let most = BHS_LEN + DIGEST_LEN + self.data.len() + MAX_DATA_TAIL;
+        let mut out = Vec::with_capacity(most);
         encode_into(&mut out, &self.bhs, &self.data, digests);
         out
     }
@@ -192,23 +111,23 @@ impl Pdu {
         bhs.0.copy_from_slice(&buf[..BHS_LEN]);
         check_header(&bhs, max_data)?;
         let ahs = bhs.ahs_len();
-        let hd = if digests.header { 4 } else { 0 };
+        let hd = digests.header_len();
         let dl = bhs.data_len();
         let padded = dl + pad(dl);
-        let dd = if digests.data && dl > 0 { 4 } else { 0 };
+        let dd = digests.data_len(dl);
         let total = BHS_LEN + ahs + hd + padded + dd;
         if buf.len() < total {
             return Ok(None);
         }
         if digests.header {
-            let got = &buf[BHS_LEN + ahs..BHS_LEN + ahs + 4];
+            let got = &buf[BHS_LEN + ahs..BHS_LEN + ahs + DIGEST_LEN];
             if digest(&[&buf[..BHS_LEN + ahs]]) != got {
                 return Err(Error::Protocol("header digest mismatch".into()));
             }
         }
         let start = BHS_LEN + ahs + hd;
-        if dd == 4 {
-            let got = &buf[start + padded..start + padded + 4];
+        if dd == DIGEST_LEN {
+            let got = &buf[start + padded..start + padded + DIGEST_LEN];
             if digest(&[&buf[start..start + padded]]) != got {
                 return Err(Error::Protocol("data digest mismatch".into()));
             }
@@ -227,7 +146,7 @@ impl Pdu {
 /// Appends the wire form of a PDU with header `bhs` (its data length is set here) and data.
 pub fn encode_into(out: &mut Vec<u8>, bhs: &Bhs, data: &[u8], digests: Digests) {
     let mut bhs = *bhs;
-    bhs.0[4] = 0;
+    bhs.clear_ahs_len();
     bhs.set_data_len(data.len());
     out.extend_from_slice(&bhs.0);
     if digests.header {
@@ -235,10 +154,10 @@ pub fn encode_into(out: &mut Vec<u8>, bhs: &Bhs, data: &[u8], digests: Digests) 
     }
     if !data.is_empty() {
         out.extend_from_slice(data);
-        let p = pad(data.len());
-        out.extend_from_slice(&[0u8; 3][..p]);
+        let p = padding(data.len());
+        out.extend_from_slice(p);
         if digests.data {
-            out.extend_from_slice(&digest(&[data, &[0u8; 3][..p]]));
+            out.extend_from_slice(&digest(&[data, p]));
         }
     }
 }
@@ -263,8 +182,12 @@ mod tests {
                 data: true,
             },
         ] {
-            let mut bhs = Bhs::new(op::TEXT_RSP, FINAL);
-            bhs.set_itt(7);
+            let bhs = crate::bhs::TextResponse {
+                final_: true,
+                itt: 7,
+                ..Default::default()
+            }
+            .to_bhs();
             let pdu = Pdu::new(bhs, b"abcde".to_vec());
             let wire = pdu.encode(digests);
             assert_eq!(wire.len() % 4, 0);
@@ -286,7 +209,7 @@ mod tests {
 
     #[test]
     fn oversized_segment_is_refused() {
-        let mut bhs = Bhs::new(op::DATA_IN, 0);
+        let mut bhs = crate::bhs::DataIn::default().to_bhs();
         bhs.set_data_len(0xff_ffff);
         assert!(Pdu::parse(&bhs.0, Digests::default(), 262144).is_err());
     }

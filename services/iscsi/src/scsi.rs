@@ -8,6 +8,38 @@ use crate::error::{Error, Result};
 pub const STATUS_GOOD: u8 = 0x00;
 pub const STATUS_CHECK_CONDITION: u8 = 0x02;
 
+/// Operation codes (byte 0 of a CDB).
+pub mod opcode {
+    pub const INQUIRY: u8 = 0x12;
+    pub const UNMAP: u8 = 0x42;
+    pub const READ_16: u8 = 0x88;
+    pub const WRITE_16: u8 = 0x8a;
+    pub const SYNCHRONIZE_CACHE_16: u8 = 0x91;
+    pub const WRITE_SAME_16: u8 = 0x93;
+    /// SERVICE ACTION IN(16): READ CAPACITY(16) and GET LBA STATUS.
+    pub const SERVICE_ACTION_IN_16: u8 = 0x9e;
+}
+
+/// Service actions of SERVICE ACTION IN(16) (byte 1 of its CDB).
+const READ_CAPACITY_16: u8 = 0x10;
+const GET_LBA_STATUS: u8 = 0x12;
+/// INQUIRY's EVPD bit: return the vital product data page named in byte 2.
+const EVPD: u8 = 0x01;
+/// WRITE SAME(16)'s UNMAP bit.
+const WRITE_SAME_UNMAP: u8 = 0x08;
+
+/// Vital product data pages.
+pub mod vpd {
+    pub const SUPPORTED_PAGES: u8 = 0x00;
+    pub const BLOCK_LIMITS: u8 = 0xb0;
+    pub const LOGICAL_BLOCK_PROVISIONING: u8 = 0xb2;
+}
+
+/// The sense key of a unit attention (reported once after login or a reset).
+pub const SENSE_KEY_UNIT_ATTENTION: u8 = 0x6;
+/// The peripheral device type of a direct-access block device.
+pub const PERIPHERAL_DISK: u8 = 0x00;
+
 /// Names a SCSI status byte.
 pub fn status_name(status: u8) -> &'static str {
     match status {
@@ -25,9 +57,9 @@ pub fn status_name(status: u8) -> &'static str {
 
 pub fn inquiry(page: Option<u8>, alloc: u16) -> [u8; 16] {
     let mut c = [0u8; 16];
-    c[0] = 0x12;
+    c[0] = opcode::INQUIRY;
     if let Some(p) = page {
-        c[1] = 1;
+        c[1] = EVPD;
         c[2] = p;
     }
     c[3..5].copy_from_slice(&alloc.to_be_bytes());
@@ -36,16 +68,16 @@ pub fn inquiry(page: Option<u8>, alloc: u16) -> [u8; 16] {
 
 pub fn read_capacity16(alloc: u32) -> [u8; 16] {
     let mut c = [0u8; 16];
-    c[0] = 0x9e;
-    c[1] = 0x10;
+    c[0] = opcode::SERVICE_ACTION_IN_16;
+    c[1] = READ_CAPACITY_16;
     c[10..14].copy_from_slice(&alloc.to_be_bytes());
     c
 }
 
 pub fn get_lba_status(lba: u64, alloc: u32) -> [u8; 16] {
     let mut c = [0u8; 16];
-    c[0] = 0x9e;
-    c[1] = 0x12;
+    c[0] = opcode::SERVICE_ACTION_IN_16;
+    c[1] = GET_LBA_STATUS;
     c[2..10].copy_from_slice(&lba.to_be_bytes());
     c[10..14].copy_from_slice(&alloc.to_be_bytes());
     c
@@ -61,20 +93,21 @@ fn rw16(opcode: u8, flags: u8, lba: u64, blocks: u32) -> [u8; 16] {
 }
 
 pub fn read16(lba: u64, blocks: u32) -> [u8; 16] {
-    rw16(0x88, 0, lba, blocks)
+    rw16(opcode::READ_16, 0, lba, blocks)
 }
 
 pub fn write16(lba: u64, blocks: u32) -> [u8; 16] {
-    rw16(0x8a, 0, lba, blocks)
+    rw16(opcode::WRITE_16, 0, lba, blocks)
 }
 
 /// WRITE SAME(16); `unmap` sets the UNMAP bit.
 pub fn write_same16(lba: u64, blocks: u32, unmap: bool) -> [u8; 16] {
-    rw16(0x93, if unmap { 0x08 } else { 0 }, lba, blocks)
+    let flags = if unmap { WRITE_SAME_UNMAP } else { 0 };
+    rw16(opcode::WRITE_SAME_16, flags, lba, blocks)
 }
 
 pub fn sync_cache16(lba: u64, blocks: u32) -> [u8; 16] {
-    rw16(0x91, 0, lba, blocks)
+    rw16(opcode::SYNCHRONIZE_CACHE_16, 0, lba, blocks)
 }
 
 /// UNMAP's CDB (10 bytes, padded to 16) and parameter list for `ranges` of (lba, blocks).
@@ -89,7 +122,7 @@ pub fn unmap(ranges: &[(u64, u32)]) -> ([u8; 16], Vec<u8>) {
         d[8..12].copy_from_slice(&n.to_be_bytes());
     }
     let mut c = [0u8; 16];
-    c[0] = 0x42;
+    c[0] = opcode::UNMAP;
     c[7..9].copy_from_slice(&(len as u16).to_be_bytes());
     (c, p)
 }
@@ -234,7 +267,7 @@ pub struct BlockLimits {
 
 impl BlockLimits {
     pub fn parse(d: &[u8]) -> Result<Self> {
-        if d.len() < 16 || d[1] != 0xb0 {
+        if d.len() < 16 || d[1] != vpd::BLOCK_LIMITS {
             return Err(Error::Protocol("malformed Block Limits VPD page".into()));
         }
         Ok(Self {
@@ -264,7 +297,7 @@ pub struct Provisioning {
 
 impl Provisioning {
     pub fn parse(d: &[u8]) -> Result<Self> {
-        if d.len() < 8 || d[1] != 0xb2 {
+        if d.len() < 8 || d[1] != vpd::LOGICAL_BLOCK_PROVISIONING {
             return Err(Error::Protocol(
                 "malformed Logical Block Provisioning VPD page".into(),
             ));

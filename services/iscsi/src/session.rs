@@ -10,20 +10,40 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::pin::pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use parking_lot::Mutex;
+use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio::task::JoinHandle;
 
+use crate::bhs::{
+    task_attr, tmf, DataOut, LogoutRequest, NopOut, ScsiCommand, TaskManagementRequest,
+    COMMAND_COMPLETED, LOGOUT_CLOSE_SESSION, LOGOUT_SUCCESSFUL,
+};
 use crate::config::{Config, Params};
 use crate::error::{Error, Result};
 use crate::login::{self, DiscoveredTarget, Established};
-use crate::pdu::{self, op, Bhs, Digests, BHS_LEN, FINAL, IMMEDIATE, RESERVED_TAG};
+use crate::pdu::{self, Bhs, Digests, RESERVED_TAG};
+use crate::reader::reader_task;
 use crate::scsi::{self, Sense};
+
+/// The first ITT of a session's tasks; the ones below are left to login and discovery.
+const FIRST_ITT: u32 = 0x100;
+/// Buffer size of each direction of the connection.
+const SOCKET_BUFFER: usize = 64 * 1024;
+/// The longest an ABORT TASK waits for its answer.
+const MAX_ABORT_WAIT: Duration = Duration::from_secs(10);
+/// LUNs below this use SAM peripheral device addressing (one byte); the others use flat
+/// space addressing: method 01b in the top bits and 14 bits of LUN.
+const PERIPHERAL_LUNS: u64 = 256;
+const FLAT_SPACE_ADDRESSING: u8 = 0x40;
+const FLAT_SPACE_HIGH_BITS: u8 = 0x3f;
+/// Half the serial number space (RFC 1982): b is after a when less than this ahead.
+const SERIAL_HALF: u32 = 1 << 31;
 
 /// A buffer a read command fills: any owned byte buffer.
 pub trait DataBuf: Send + 'static {
@@ -41,70 +61,73 @@ impl<T: AsMut<[u8]> + Send + 'static> DataBuf for T {
 }
 
 /// Serial number arithmetic (RFC 1982) for 32-bit sequence numbers: a < b.
-fn sn_lt(a: u32, b: u32) -> bool {
-    a != b && b.wrapping_sub(a) < (1 << 31)
+pub(crate) fn sn_lt(a: u32, b: u32) -> bool {
+    a != b && b.wrapping_sub(a) < SERIAL_HALF
 }
 
-fn sn_le(a: u32, b: u32) -> bool {
+pub(crate) fn sn_le(a: u32, b: u32) -> bool {
     a == b || sn_lt(a, b)
 }
 
 /// Encodes a LUN (SAM peripheral or flat addressing).
 pub fn encode_lun(lun: u64) -> [u8; 8] {
     let mut l = [0u8; 8];
-    if lun < 256 {
+    if lun < PERIPHERAL_LUNS {
         l[1] = lun as u8;
     } else {
-        l[0] = 0x40 | ((lun >> 8) as u8 & 0x3f);
+        l[0] = FLAT_SPACE_ADDRESSING | ((lun >> 8) as u8 & FLAT_SPACE_HIGH_BITS);
         l[1] = lun as u8;
     }
     l
 }
 
 #[derive(Debug)]
-struct Sn {
-    cmd_sn: u32,
-    exp_cmd_sn: u32,
-    max_cmd_sn: u32,
-    exp_stat_sn: u32,
+pub(crate) struct Sn {
+    pub cmd_sn: u32,
+    pub exp_cmd_sn: u32,
+    pub max_cmd_sn: u32,
+    pub exp_stat_sn: u32,
     next_itt: u32,
 }
 
-enum Event {
+/// What the reader tells a waiting task.
+pub(crate) enum Event {
     R2t { ttt: u32, offset: u32, len: u32 },
     Done(Outcome),
 }
 
+/// How a task ended, as the target reported it.
 #[derive(Default)]
-struct Outcome {
-    response: u8,
-    status: u8,
-    sense: Vec<u8>,
-    underflow: u32,
-    overflow: bool,
-    rejected: Option<u8>,
+pub(crate) struct Outcome {
+    pub response: u8,
+    pub status: u8,
+    pub sense: Vec<u8>,
+    pub underflow: u32,
+    pub overflow: bool,
+    pub rejected: Option<u8>,
 }
 
-struct Task {
-    tx: mpsc::UnboundedSender<Event>,
-    buf: Option<Box<dyn DataBuf>>,
+pub(crate) struct Task {
+    pub tx: mpsc::UnboundedSender<Event>,
+    pub buf: Option<Box<dyn DataBuf>>,
 }
 
 #[derive(Default)]
-struct Pending {
-    tasks: HashMap<u32, Task>,
-    closed: Option<String>,
+pub(crate) struct Pending {
+    pub tasks: HashMap<u32, Task>,
+    pub closed: Option<String>,
 }
 
-struct Inner {
-    writer: tokio::sync::Mutex<BufWriter<OwnedWriteHalf>>,
+/// The session state the command futures and the reader share.
+pub(crate) struct Inner {
+    pub writer: tokio::sync::Mutex<BufWriter<OwnedWriteHalf>>,
     gate: tokio::sync::Mutex<()>,
-    sn: Mutex<Sn>,
-    window: Notify,
-    pending: Mutex<Pending>,
+    pub sn: Mutex<Sn>,
+    pub window: Notify,
+    pub pending: Mutex<Pending>,
     slots: Semaphore,
-    params: Params,
-    digests: Digests,
+    pub params: Params,
+    pub digests: Digests,
     config: Config,
 }
 
@@ -208,14 +231,14 @@ impl Session {
             data: est.params.data_digest,
         };
         let inner = Arc::new(Inner {
-            writer: tokio::sync::Mutex::new(BufWriter::with_capacity(64 * 1024, wr)),
+            writer: tokio::sync::Mutex::new(BufWriter::with_capacity(SOCKET_BUFFER, wr)),
             gate: tokio::sync::Mutex::new(()),
             sn: Mutex::new(Sn {
                 cmd_sn: est.cmd_sn,
                 exp_cmd_sn: est.cmd_sn,
                 max_cmd_sn: est.max_cmd_sn,
                 exp_stat_sn: est.exp_stat_sn,
-                next_itt: 0x100,
+                next_itt: FIRST_ITT,
             }),
             window: Notify::new(),
             pending: Mutex::new(Pending::default()),
@@ -226,7 +249,7 @@ impl Session {
         });
         let reader = tokio::spawn(reader_task(
             Arc::clone(&inner),
-            BufReader::with_capacity(64 * 1024, rd),
+            BufReader::with_capacity(SOCKET_BUFFER, rd),
         ));
         Ok(Self { inner, reader })
     }
@@ -270,16 +293,16 @@ impl Session {
         buf: Option<Box<dyn DataBuf>>,
     ) -> Result<(u32, mpsc::UnboundedReceiver<Event>)> {
         let itt = {
-            let mut sn = self.inner.sn.lock().unwrap_or_else(|e| e.into_inner());
+            let mut sn = self.inner.sn.lock();
             let itt = sn.next_itt;
             sn.next_itt = sn.next_itt.wrapping_add(1);
             if sn.next_itt == RESERVED_TAG {
-                sn.next_itt = 0x100;
+                sn.next_itt = FIRST_ITT;
             }
             itt
         };
         let (tx, rx) = mpsc::unbounded_channel();
-        let mut p = self.inner.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = self.inner.pending.lock();
         if let Some(reason) = &p.closed {
             return Err(Error::Disconnected(reason.clone()));
         }
@@ -288,19 +311,19 @@ impl Session {
     }
 
     fn attach(&self, itt: u32, buf: Box<dyn DataBuf>) {
-        let mut p = self.inner.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = self.inner.pending.lock();
         if let Some(t) = p.tasks.get_mut(&itt) {
             t.buf = Some(buf);
         }
     }
 
     fn unregister(&self, itt: u32) -> Option<Box<dyn DataBuf>> {
-        let mut p = self.inner.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = self.inner.pending.lock();
         p.tasks.remove(&itt).and_then(|t| t.buf)
     }
 
     fn closed_error(&self) -> Error {
-        let p = self.inner.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let p = self.inner.pending.lock();
         match &p.closed {
             Some(r) => Error::Disconnected(r.clone()),
             None => Error::Closed,
@@ -314,19 +337,12 @@ impl Session {
             let mut notified = pin!(self.inner.window.notified());
             notified.as_mut().enable();
             {
-                let sn = self.inner.sn.lock().unwrap_or_else(|e| e.into_inner());
+                let sn = self.inner.sn.lock();
                 if sn_le(sn.cmd_sn, sn.max_cmd_sn) {
                     return Ok(gate);
                 }
             }
-            if self
-                .inner
-                .pending
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .closed
-                .is_some()
-            {
+            if self.inner.pending.lock().closed.is_some() {
                 return Err(self.closed_error());
             }
             notified.await;
@@ -346,93 +362,22 @@ impl Session {
         write: Option<&[u8]>,
         rx: &mut mpsc::UnboundedReceiver<Event>,
     ) -> Result<u32> {
-        let p = self.inner.params;
         let lun_bytes = encode_lun(lun);
         let write_len = write.map_or(0, <[u8]>::len);
         let expected = read_len.max(write_len);
-        let expected32 = u32::try_from(expected).map_err(|_| {
+        let expected = u32::try_from(expected).map_err(|_| {
             Error::InvalidRequest(format!("transfer of {expected} bytes is too large"))
         })?;
-        let xmit = p.max_xmit_data_segment_length as usize;
-        let (immediate, unsolicited) = match write {
-            Some(d) => {
-                let first = (p.first_burst_length as usize).min(d.len());
-                let imm = if p.immediate_data { first.min(xmit) } else { 0 };
-                let unsol = if p.initial_r2t { imm } else { first };
-                (imm, unsol)
-            }
-            None => (0, 0),
+        let command = Command {
+            itt,
+            lun: lun_bytes,
+            cdb,
+            read: read_len > 0,
+            expected,
+            write,
         };
-        let cmd_sn;
-        {
-            let _gate = self.wait_window().await?;
-            let mut w = self.inner.writer.lock().await;
-            let exp_stat_sn;
-            {
-                let mut sn = self.inner.sn.lock().unwrap_or_else(|e| e.into_inner());
-                cmd_sn = sn.cmd_sn;
-                sn.cmd_sn = sn.cmd_sn.wrapping_add(1);
-                exp_stat_sn = sn.exp_stat_sn;
-            }
-            let mut flags = 0x01; // simple task attribute
-            if unsolicited <= immediate {
-                flags |= FINAL;
-            }
-            if read_len > 0 {
-                flags |= 0x40;
-            }
-            if write.is_some() {
-                flags |= 0x20;
-            }
-            let mut bhs = Bhs::new(op::SCSI_CMD, flags);
-            bhs.set_lun(lun_bytes);
-            bhs.set_itt(itt);
-            bhs.set_u32(20, expected32);
-            bhs.set_u32(24, cmd_sn);
-            bhs.set_u32(28, exp_stat_sn);
-            bhs.0[32..48].copy_from_slice(cdb);
-            let data = write.map_or(&[][..], |d| &d[..immediate]);
-            self.send(&mut w, &bhs, data).await?;
-            if let Some(d) = write {
-                self.send_data_out(
-                    &mut w,
-                    itt,
-                    RESERVED_TAG,
-                    lun_bytes,
-                    d,
-                    immediate,
-                    unsolicited - immediate,
-                )
-                .await?;
-            }
-            w.flush()
-                .await
-                .map_err(|e| Error::io("sending a command", e))?;
-        }
-        let wait = async {
-            loop {
-                match rx.recv().await {
-                    None => return Err(self.closed_error()),
-                    Some(Event::R2t { ttt, offset, len }) => {
-                        let d = write.ok_or_else(|| {
-                            Error::Protocol("R2T for a command without data-out".into())
-                        })?;
-                        let (o, l) = (offset as usize, len as usize);
-                        if o.checked_add(l).is_none_or(|e| e > d.len()) || l == 0 {
-                            return Err(Error::Protocol(format!(
-                                "R2T for {l} bytes at {o} outside the {} bytes of the command",
-                                d.len()
-                            )));
-                        }
-                        let mut w = self.inner.writer.lock().await;
-                        self.send_data_out(&mut w, itt, ttt, lun_bytes, d, o, l)
-                            .await?;
-                        w.flush().await.map_err(|e| Error::io("sending data", e))?;
-                    }
-                    Some(Event::Done(o)) => return Ok(o),
-                }
-            }
-        };
+        let cmd_sn = self.send_command(&command).await?;
+        let wait = self.await_outcome(&command, rx);
         let outcome = match self.inner.config.request_timeout {
             None => wait.await?,
             Some(t) => match tokio::time::timeout(t, wait).await {
@@ -446,69 +391,129 @@ impl Session {
                 }
             },
         };
-        if let Some(reason) = outcome.rejected {
-            return Err(Error::Rejected(reason));
-        }
-        if outcome.response != 0 {
-            return Err(Error::TargetFailure(outcome.response));
-        }
-        match outcome.status {
-            scsi::STATUS_GOOD => {}
-            scsi::STATUS_CHECK_CONDITION => {
-                return Err(match Sense::parse(&outcome.sense) {
-                    Some(s) => Error::CheckCondition(s),
-                    None => Error::Status {
-                        status: outcome.status,
-                        name: "CHECK CONDITION without sense data",
-                    },
-                })
-            }
-            s => {
-                return Err(Error::Status {
-                    status: s,
-                    name: scsi::status_name(s),
-                })
-            }
-        }
-        if outcome.overflow {
-            return Err(Error::Protocol(
-                "the target reported a residual overflow".into(),
-            ));
-        }
-        Ok(outcome.underflow)
+        check_outcome(outcome)
     }
 
-    /// Sends `len` bytes of `data` from `offset` as Data-Out PDUs of at most
-    /// MaxXmitDataSegmentLength.
-    #[allow(clippy::too_many_arguments)]
+    /// How many bytes of `write` go as immediate data in the command PDU, and how many
+    /// as unsolicited data in all (immediate included), within FirstBurstLength.
+    fn unsolicited(&self, write: Option<&[u8]>) -> (usize, usize) {
+        let p = self.inner.params;
+        let xmit = p.max_xmit_data_segment_length as usize;
+        match write {
+            Some(d) => {
+                let first = (p.first_burst_length as usize).min(d.len());
+                let imm = if p.immediate_data { first.min(xmit) } else { 0 };
+                let unsol = if p.initial_r2t { imm } else { first };
+                (imm, unsol)
+            }
+            None => (0, 0),
+        }
+    }
+
+    /// Sends the command PDU and its unsolicited data in CmdSN order; returns its CmdSN.
+    async fn send_command(&self, c: &Command<'_>) -> Result<u32> {
+        let (immediate, unsolicited) = self.unsolicited(c.write);
+        let _gate = self.wait_window().await?;
+        let mut w = self.inner.writer.lock().await;
+        let (cmd_sn, exp_stat_sn) = {
+            let mut sn = self.inner.sn.lock();
+            let cmd_sn = sn.cmd_sn;
+            sn.cmd_sn = sn.cmd_sn.wrapping_add(1);
+            (cmd_sn, sn.exp_stat_sn)
+        };
+        let bhs = ScsiCommand {
+            final_: unsolicited <= immediate,
+            read: c.read,
+            write: c.write.is_some(),
+            task_attr: task_attr::SIMPLE,
+            lun: c.lun,
+            itt: c.itt,
+            expected_data_transfer_length: c.expected,
+            cmd_sn,
+            exp_stat_sn,
+            cdb: *c.cdb,
+            ..ScsiCommand::default()
+        }
+        .to_bhs();
+        let data = c.write.map_or(&[][..], |d| &d[..immediate]);
+        self.send(&mut w, &bhs, data).await?;
+        if let Some(d) = c.write {
+            let burst = Burst {
+                itt: c.itt,
+                ttt: RESERVED_TAG,
+                lun: c.lun,
+                offset: immediate,
+                len: unsolicited - immediate,
+            };
+            self.send_data_out(&mut w, &burst, d).await?;
+        }
+        w.flush()
+            .await
+            .map_err(|e| Error::io("sending a command", e))?;
+        Ok(cmd_sn)
+    }
+
+    /// Answers the command's R2Ts until its status arrives.
+    async fn await_outcome(
+        &self,
+        c: &Command<'_>,
+        rx: &mut mpsc::UnboundedReceiver<Event>,
+    ) -> Result<Outcome> {
+        loop {
+            match rx.recv().await {
+                None => return Err(self.closed_error()),
+                Some(Event::R2t { ttt, offset, len }) => {
+                    let d = c.write.ok_or_else(|| {
+                        Error::Protocol("R2T for a command without data-out".into())
+                    })?;
+                    let (o, l) = (offset as usize, len as usize);
+                    if o.checked_add(l).is_none_or(|e| e > d.len()) || l == 0 {
+                        return Err(Error::Protocol(format!(
+                            "R2T for {l} bytes at {o} outside the {} bytes of the command",
+                            d.len()
+                        )));
+                    }
+                    let burst = Burst {
+                        itt: c.itt,
+                        ttt,
+                        lun: c.lun,
+                        offset: o,
+                        len: l,
+                    };
+                    let mut w = self.inner.writer.lock().await;
+                    self.send_data_out(&mut w, &burst, d).await?;
+                    w.flush().await.map_err(|e| Error::io("sending data", e))?;
+                }
+                Some(Event::Done(o)) => return Ok(o),
+            }
+        }
+    }
+
+    /// Sends the `burst.len` bytes of `data` from `burst.offset` as Data-Out PDUs of at
+    /// most MaxXmitDataSegmentLength.
     async fn send_data_out(
         &self,
         w: &mut BufWriter<OwnedWriteHalf>,
-        itt: u32,
-        ttt: u32,
-        lun: [u8; 8],
+        burst: &Burst,
         data: &[u8],
-        offset: usize,
-        len: usize,
     ) -> Result<()> {
         let xmit = self.inner.params.max_xmit_data_segment_length as usize;
+        let (offset, len) = (burst.offset, burst.len);
         let mut done = 0;
         let mut data_sn = 0u32;
         while done < len {
             let n = (len - done).min(xmit);
-            let exp_stat_sn = self
-                .inner
-                .sn
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .exp_stat_sn;
-            let mut bhs = Bhs::new(op::DATA_OUT, if done + n == len { FINAL } else { 0 });
-            bhs.set_lun(lun);
-            bhs.set_itt(itt);
-            bhs.set_u32(20, ttt);
-            bhs.set_u32(28, exp_stat_sn);
-            bhs.set_u32(36, data_sn);
-            bhs.set_u32(40, (offset + done) as u32);
+            let exp_stat_sn = self.inner.sn.lock().exp_stat_sn;
+            let bhs = DataOut {
+                final_: done + n == len,
+                lun: burst.lun,
+                itt: burst.itt,
+                ttt: burst.ttt,
+                exp_stat_sn,
+                data_sn,
+                buffer_offset: (offset + done) as u32,
+            }
+            .to_bhs();
             self.send(w, &bhs, &data[offset + done..offset + done + n])
                 .await?;
             done += n;
@@ -517,19 +522,26 @@ impl Session {
         Ok(())
     }
 
-    /// Sends an immediate non-SCSI request and waits for its answer.
-    async fn immediate(&self, mut bhs: Bhs, timeout: Duration) -> Result<Outcome> {
+    /// Sends an immediate non-SCSI request, built by `request` from the task tag and
+    /// sequence numbers it is sent with, and waits for its answer.
+    async fn immediate(
+        &self,
+        request: impl FnOnce(RequestTags) -> Bhs,
+        timeout: Duration,
+    ) -> Result<Outcome> {
         let (itt, mut rx) = self.register(None)?;
-        bhs.set_itt(itt);
         let r = async {
             {
                 let mut w = self.inner.writer.lock().await;
-                {
-                    let sn = self.inner.sn.lock().unwrap_or_else(|e| e.into_inner());
-                    bhs.set_u32(24, sn.cmd_sn);
-                    bhs.set_u32(28, sn.exp_stat_sn);
-                }
-                self.send(&mut w, &bhs, &[]).await?;
+                let tags = {
+                    let sn = self.inner.sn.lock();
+                    RequestTags {
+                        itt,
+                        cmd_sn: sn.cmd_sn,
+                        exp_stat_sn: sn.exp_stat_sn,
+                    }
+                };
+                self.send(&mut w, &request(tags), &[]).await?;
                 w.flush()
                     .await
                     .map_err(|e| Error::io("sending a request", e))?;
@@ -552,19 +564,30 @@ impl Session {
 
     /// ABORT TASK through task management (best effort: the command fails anyway).
     async fn abort_task(&self, itt: u32, cmd_sn: u32, lun: u64) {
-        let mut bhs = Bhs::new(op::TMF_REQ | IMMEDIATE, FINAL | 0x01);
-        bhs.set_lun(encode_lun(lun));
-        bhs.set_u32(20, itt);
-        bhs.set_u32(32, cmd_sn);
+        let request = |t: RequestTags| {
+            TaskManagementRequest {
+                immediate: true,
+                final_: true,
+                function: tmf::ABORT_TASK,
+                lun: encode_lun(lun),
+                itt: t.itt,
+                referenced_task_tag: itt,
+                cmd_sn: t.cmd_sn,
+                exp_stat_sn: t.exp_stat_sn,
+                ref_cmd_sn: cmd_sn,
+                ..TaskManagementRequest::default()
+            }
+            .to_bhs()
+        };
         // A target that does not answer the command may not answer this either: wait no
         // longer than for the command itself.
         let wait = self
             .inner
             .config
             .request_timeout
-            .unwrap_or(Duration::from_secs(10))
-            .min(Duration::from_secs(10));
-        match self.immediate(bhs, wait).await {
+            .unwrap_or(MAX_ABORT_WAIT)
+            .min(MAX_ABORT_WAIT);
+        match self.immediate(request, wait).await {
             Ok(o) => tracing::debug!(itt, response = o.response, "ABORT TASK answered"),
             Err(e) => tracing::debug!(itt, error = %e, "ABORT TASK failed"),
         }
@@ -572,23 +595,44 @@ impl Session {
 
     /// NOP-Out ping: proves the target answers.
     pub async fn ping(&self) -> Result<()> {
-        let mut bhs = Bhs::new(op::NOP_OUT | IMMEDIATE, FINAL);
-        bhs.set_u32(20, RESERVED_TAG);
-        self.immediate(bhs, self.inner.config.connect_timeout)
+        let request = |t: RequestTags| {
+            NopOut {
+                immediate: true,
+                final_: true,
+                itt: t.itt,
+                ttt: RESERVED_TAG,
+                cmd_sn: t.cmd_sn,
+                exp_stat_sn: t.exp_stat_sn,
+                ..NopOut::default()
+            }
+            .to_bhs()
+        };
+        self.immediate(request, self.inner.config.connect_timeout)
             .await
             .map(|_| ())
     }
 
     /// Logs out (closes the session) and ends the reader.
     pub async fn logout(&self) -> Result<()> {
-        let bhs = Bhs::new(op::LOGOUT_REQ | IMMEDIATE, FINAL);
+        let request = |t: RequestTags| {
+            LogoutRequest {
+                immediate: true,
+                final_: true,
+                reason_code: LOGOUT_CLOSE_SESSION,
+                itt: t.itt,
+                cmd_sn: t.cmd_sn,
+                exp_stat_sn: t.exp_stat_sn,
+                ..LogoutRequest::default()
+            }
+            .to_bhs()
+        };
         let o = self
-            .immediate(bhs, self.inner.config.connect_timeout)
+            .immediate(request, self.inner.config.connect_timeout)
             .await?;
         self.reader.abort();
         let mut w = self.inner.writer.lock().await;
         let _ = w.shutdown().await;
-        if o.response != 0 {
+        if o.response != LOGOUT_SUCCESSFUL {
             return Err(Error::Protocol(format!(
                 "logout answered with response {}",
                 o.response
@@ -598,14 +642,77 @@ impl Session {
     }
 }
 
-async fn send_pdu(
+/// A SCSI command being sent: what [`Session::run`] hands its steps.
+struct Command<'a> {
+    itt: u32,
+    lun: [u8; 8],
+    cdb: &'a [u8; 16],
+    read: bool,
+    /// Expected Data Transfer Length.
+    expected: u32,
+    write: Option<&'a [u8]>,
+}
+
+/// One sequence of Data-Out PDUs: unsolicited data, or the answer to one R2T.
+struct Burst {
+    itt: u32,
+    ttt: u32,
+    lun: [u8; 8],
+    offset: usize,
+    len: usize,
+}
+
+/// The task tag and sequence numbers an immediate request is sent with.
+#[derive(Clone, Copy)]
+struct RequestTags {
+    itt: u32,
+    cmd_sn: u32,
+    exp_stat_sn: u32,
+}
+
+/// A command's result from its outcome: the underflow residual, or the error its
+/// response, status or residual flags stand for.
+fn check_outcome(outcome: Outcome) -> Result<u32> {
+    if let Some(reason) = outcome.rejected {
+        return Err(Error::Rejected(reason));
+    }
+    if outcome.response != COMMAND_COMPLETED {
+        return Err(Error::TargetFailure(outcome.response));
+    }
+    match outcome.status {
+        scsi::STATUS_GOOD => {}
+        scsi::STATUS_CHECK_CONDITION => {
+            return Err(match Sense::parse(&outcome.sense) {
+                Some(s) => Error::CheckCondition(s),
+                None => Error::Status {
+                    status: outcome.status,
+                    name: "CHECK CONDITION without sense data",
+                },
+            })
+        }
+        s => {
+            return Err(Error::Status {
+                status: s,
+                name: scsi::status_name(s),
+            })
+        }
+    }
+    if outcome.overflow {
+        return Err(Error::Protocol(
+            "the target reported a residual overflow".into(),
+        ));
+    }
+    Ok(outcome.underflow)
+}
+
+pub(crate) async fn send_pdu(
     w: &mut BufWriter<OwnedWriteHalf>,
     bhs: &Bhs,
     data: &[u8],
     digests: Digests,
 ) -> Result<()> {
     let mut bhs = *bhs;
-    bhs.0[4] = 0;
+    bhs.clear_ahs_len();
     bhs.set_data_len(data.len());
     let io = |e| Error::io("sending a PDU", e);
     w.write_all(&bhs.0).await.map_err(io)?;
@@ -614,7 +721,7 @@ async fn send_pdu(
     }
     if !data.is_empty() {
         w.write_all(data).await.map_err(io)?;
-        let p = &[0u8; 3][..pdu::pad(data.len())];
+        let p = pdu::padding(data.len());
         w.write_all(p).await.map_err(io)?;
         if digests.data {
             w.write_all(&pdu::digest(&[data, p])).await.map_err(io)?;
@@ -623,266 +730,12 @@ async fn send_pdu(
     Ok(())
 }
 
-async fn reader_task(inner: Arc<Inner>, mut rd: BufReader<OwnedReadHalf>) {
-    let reason = match read_loop(&inner, &mut rd).await {
-        Ok(()) => "the session ended".to_string(),
-        Err(e) => e.to_string(),
-    };
-    tracing::debug!(%reason, "iSCSI reader stops");
-    let mut p = inner.pending.lock().unwrap_or_else(|e| e.into_inner());
-    p.closed = Some(reason);
-    // Dropping the senders wakes every waiting command.
-    for t in p.tasks.values_mut() {
-        let (tx, _) = mpsc::unbounded_channel();
-        t.tx = tx;
-    }
-    drop(p);
-    inner.window.notify_waiters();
-}
-
-fn update_window(inner: &Inner, bhs: &Bhs, advances_stat_sn: bool) {
-    let mut sn = inner.sn.lock().unwrap_or_else(|e| e.into_inner());
-    let (exp, max) = (bhs.u32_at(28), bhs.u32_at(32));
-    // MaxCmdSN may only move forward, and must not fall more than one below ExpCmdSN.
-    if sn_le(exp.wrapping_sub(1), max) {
-        if sn_lt(sn.exp_cmd_sn, exp) {
-            sn.exp_cmd_sn = exp;
-        }
-        if sn_lt(sn.max_cmd_sn, max) {
-            sn.max_cmd_sn = max;
-            inner.window.notify_waiters();
-        }
-    }
-    if advances_stat_sn {
-        let next = bhs.u32_at(24).wrapping_add(1);
-        if sn_lt(sn.exp_stat_sn, next) {
-            sn.exp_stat_sn = next;
-        }
-    }
-}
-
-fn complete(inner: &Inner, itt: u32, outcome: Outcome) {
-    let p = inner.pending.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(t) = p.tasks.get(&itt) {
-        let _ = t.tx.send(Event::Done(outcome));
-    }
-}
-
-async fn read_exact(rd: &mut BufReader<OwnedReadHalf>, buf: &mut [u8]) -> Result<()> {
-    rd.read_exact(buf)
-        .await
-        .map(|_| ())
-        .map_err(|e| Error::io("reading from the target", e))
-}
-
-async fn read_loop(inner: &Arc<Inner>, rd: &mut BufReader<OwnedReadHalf>) -> Result<()> {
-    let digests = inner.digests;
-    let max = inner.params.max_recv_data_segment_length as usize;
-    let mut scratch = Vec::new();
-    loop {
-        let mut bhs = Bhs::default();
-        read_exact(rd, &mut bhs.0).await?;
-        pdu::check_header(&bhs, max)?;
-        let ahs = bhs.ahs_len();
-        if ahs > 0 || digests.header {
-            let mut extra = vec![0u8; ahs + if digests.header { 4 } else { 0 }];
-            read_exact(rd, &mut extra).await?;
-            if digests.header {
-                let mut covered = bhs.0.to_vec();
-                covered.extend_from_slice(&extra[..ahs]);
-                if pdu::digest(&[&covered]) != extra[ahs..] {
-                    return Err(Error::Protocol("header digest mismatch".into()));
-                }
-            }
-        }
-        let dl = bhs.data_len();
-        let tail = pdu::pad(dl) + if digests.data && dl > 0 { 4 } else { 0 };
-        let itt = bhs.itt();
-        if bhs.opcode() == op::DATA_IN {
-            update_window(inner, &bhs, bhs.flags() & 0x01 != 0);
-            let offset = bhs.u32_at(40) as usize;
-            let buf = {
-                let mut p = inner.pending.lock().unwrap_or_else(|e| e.into_inner());
-                p.tasks.get_mut(&itt).and_then(|t| t.buf.take())
-            };
-            let mut buf = match buf {
-                Some(b) => b,
-                None if dl == 0 => Box::new(Vec::<u8>::new()) as Box<dyn DataBuf>,
-                None => {
-                    // A task we gave up on (aborted): drain its data.
-                    scratch.resize(dl + tail, 0);
-                    read_exact(rd, &mut scratch).await?;
-                    continue;
-                }
-            };
-            let bytes = buf.bytes_mut();
-            if offset.checked_add(dl).is_none_or(|e| e > bytes.len()) {
-                return Err(Error::Protocol(format!(
-                    "Data-In of {dl} bytes at offset {offset} overruns the {}-byte buffer",
-                    bytes.len()
-                )));
-            }
-            let dst = &mut bytes[offset..offset + dl];
-            read_exact(rd, dst).await?;
-            let mut t = [0u8; 7];
-            read_exact(rd, &mut t[..tail]).await?;
-            if digests.data && dl > 0 {
-                let p = pdu::pad(dl);
-                if pdu::digest(&[dst, &t[..p]]) != t[p..p + 4] {
-                    return Err(Error::Protocol("data digest mismatch".into()));
-                }
-            }
-            {
-                let mut p = inner.pending.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(task) = p.tasks.get_mut(&itt) {
-                    task.buf = Some(buf);
-                }
-            }
-            if bhs.flags() & 0x01 != 0 {
-                complete(
-                    inner,
-                    itt,
-                    Outcome {
-                        status: bhs.u8_at(3),
-                        underflow: if bhs.flags() & 0x02 != 0 {
-                            bhs.u32_at(44)
-                        } else {
-                            0
-                        },
-                        overflow: bhs.flags() & 0x04 != 0,
-                        ..Outcome::default()
-                    },
-                );
-            }
-            continue;
-        }
-        scratch.resize(dl + tail, 0);
-        read_exact(rd, &mut scratch).await?;
-        if digests.data && dl > 0 {
-            let p = pdu::pad(dl);
-            if pdu::digest(&[&scratch[..dl + p]]) != scratch[dl + p..dl + p + 4] {
-                return Err(Error::Protocol("data digest mismatch".into()));
-            }
-        }
-        let data = &scratch[..dl];
-        match bhs.opcode() {
-            op::SCSI_RSP => {
-                update_window(inner, &bhs, true);
-                let sense = if data.len() >= 2 {
-                    let n = usize::from(u16::from_be_bytes([data[0], data[1]])).min(data.len() - 2);
-                    data[2..2 + n].to_vec()
-                } else {
-                    Vec::new()
-                };
-                complete(
-                    inner,
-                    itt,
-                    Outcome {
-                        response: bhs.u8_at(2),
-                        status: bhs.u8_at(3),
-                        sense,
-                        underflow: if bhs.flags() & 0x02 != 0 {
-                            bhs.u32_at(44)
-                        } else {
-                            0
-                        },
-                        overflow: bhs.flags() & 0x04 != 0,
-                        rejected: None,
-                    },
-                );
-            }
-            op::R2T => {
-                update_window(inner, &bhs, false);
-                let p = inner.pending.lock().unwrap_or_else(|e| e.into_inner());
-                match p.tasks.get(&itt) {
-                    Some(t) => {
-                        let _ = t.tx.send(Event::R2t {
-                            ttt: bhs.u32_at(20),
-                            offset: bhs.u32_at(40),
-                            len: bhs.u32_at(44),
-                        });
-                    }
-                    None => tracing::debug!(itt, "R2T for an unknown task"),
-                }
-            }
-            op::NOP_IN => {
-                let ttt = bhs.u32_at(20);
-                update_window(inner, &bhs, itt != RESERVED_TAG);
-                if itt != RESERVED_TAG {
-                    complete(inner, itt, Outcome::default());
-                } else if ttt != RESERVED_TAG {
-                    // The target pings us: answer from another task so the reader never
-                    // waits for the writer.
-                    let inner = Arc::clone(inner);
-                    let lun = bhs.lun();
-                    tokio::spawn(async move {
-                        let mut out = Bhs::new(op::NOP_OUT | IMMEDIATE, FINAL);
-                        out.set_lun(lun);
-                        out.set_itt(RESERVED_TAG);
-                        out.set_u32(20, ttt);
-                        {
-                            let sn = inner.sn.lock().unwrap_or_else(|e| e.into_inner());
-                            out.set_u32(24, sn.cmd_sn);
-                            out.set_u32(28, sn.exp_stat_sn);
-                        }
-                        let mut w = inner.writer.lock().await;
-                        if send_pdu(&mut w, &out, &[], inner.digests).await.is_ok() {
-                            let _ = w.flush().await;
-                        }
-                    });
-                }
-            }
-            op::TMF_RSP | op::LOGOUT_RSP => {
-                update_window(inner, &bhs, true);
-                complete(
-                    inner,
-                    itt,
-                    Outcome {
-                        response: bhs.u8_at(2),
-                        ..Outcome::default()
-                    },
-                );
-            }
-            op::REJECT => {
-                update_window(inner, &bhs, true);
-                let reason = bhs.u8_at(2);
-                if data.len() >= BHS_LEN {
-                    let rejected = u32::from_be_bytes([data[16], data[17], data[18], data[19]]);
-                    complete(
-                        inner,
-                        rejected,
-                        Outcome {
-                            rejected: Some(reason),
-                            ..Outcome::default()
-                        },
-                    );
-                } else {
-                    return Err(Error::Rejected(reason));
-                }
-            }
-            op::ASYNC => {
-                update_window(inner, &bhs, true);
-                let event = bhs.u8_at(36);
-                tracing::debug!(event, "asynchronous message");
-                if matches!(event, 1..=3) {
-                    return Err(Error::Disconnected(format!(
-                        "the target asked to end the session (asynchronous event {event})"
-                    )));
-                }
-            }
-            op::TEXT_RSP => update_window(inner, &bhs, true),
-            other => {
-                return Err(Error::Protocol(format!(
-                    "unexpected opcode 0x{other:02x} from the target"
-                )))
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bhs::{stage, LoginResponse};
+    use crate::pdu::BHS_LEN;
+    use tokio::io::AsyncReadExt;
 
     #[test]
     fn serial_numbers_wrap() {
@@ -896,14 +749,28 @@ mod tests {
     /// then stays silent.
     async fn silent_after_login(listener: tokio::net::TcpListener, keys: &[u8]) -> TcpStream {
         let (mut s, _) = listener.accept().await.unwrap();
-        for (flags, text) in [(0x81u8, &b"AuthMethod=None\0"[..]), (0x87, keys)] {
+        let stages = [
+            (
+                stage::SECURITY,
+                stage::OPERATIONAL,
+                &b"AuthMethod=None\0"[..],
+            ),
+            (stage::OPERATIONAL, stage::FULL_FEATURE, keys),
+        ];
+        for (current_stage, next_stage, text) in stages {
             let mut req = [0u8; BHS_LEN];
             s.read_exact(&mut req).await.unwrap();
             let len = Bhs(req).data_len();
             let mut data = vec![0u8; len + pdu::pad(len)];
             s.read_exact(&mut data).await.unwrap();
-            let mut bhs = Bhs::new(op::LOGIN_RSP, flags);
-            bhs.set_u32(32, 8);
+            let bhs = LoginResponse {
+                transit: true,
+                current_stage,
+                next_stage,
+                max_cmd_sn: 8,
+                ..LoginResponse::default()
+            }
+            .to_bhs();
             let p = pdu::Pdu::new(bhs, text.to_vec());
             s.write_all(&p.encode(Digests::default())).await.unwrap();
         }

@@ -14,9 +14,10 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::ops::DerefMut;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::task::AbortHandle;
@@ -96,21 +97,14 @@ struct Shared {
 }
 
 impl Shared {
-    fn table(&self) -> MutexGuard<'_, Table> {
-        // A panic while holding this lock cannot leave the table inconsistent in a way
-        // that matters more than failing every request, which the poison path does not
-        // do; recover the guard.
-        self.table.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     fn failure(&self) -> Option<Error> {
-        self.table().failure.clone()
+        self.table.lock().failure.clone()
     }
 
     /// Fails the connection once: every pending request gets `err`, later ones too.
     fn fail(&self, err: Error) {
         let drained: Vec<Entry> = {
-            let mut table = self.table();
+            let mut table = self.table.lock();
             if table.failure.is_some() {
                 return;
             }
@@ -120,7 +114,7 @@ impl Shared {
         for entry in drained {
             let _ = entry.reply.send(Err(err.clone()));
         }
-        if let Some(reader) = self.reader.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(reader) = self.reader.lock().take() {
             reader.abort();
         }
         if let Ok(mut writer) = self.writer.try_lock() {
@@ -130,7 +124,7 @@ impl Shared {
     }
 
     fn take(&self, cookie: u64) -> Result<Entry> {
-        self.table().entries.remove(&cookie).ok_or_else(|| {
+        self.table.lock().entries.remove(&cookie).ok_or_else(|| {
             Error::protocol(format!(
                 "reply for cookie {cookie:#x}, which matches no request in flight"
             ))
@@ -139,7 +133,7 @@ impl Shared {
 
     /// Puts a partly answered request back, unless the connection failed meanwhile.
     fn put_back(&self, cookie: u64, entry: Entry) {
-        let mut table = self.table();
+        let mut table = self.table.lock();
         match table.failure.clone() {
             Some(err) => {
                 drop(table);
@@ -170,7 +164,7 @@ impl Shared {
     /// simply closes (a hard disconnect, which servers handle as well).
     fn disconnect_now(&self) {
         {
-            let table = self.table();
+            let table = self.table.lock();
             if table.failure.is_some() || !table.entries.is_empty() {
                 return;
             }
@@ -317,7 +311,7 @@ impl Client {
             closing: AtomicBool::new(false),
         });
         let task = tokio::spawn(reader_loop(shared.clone(), read));
-        *shared.reader.lock().unwrap_or_else(|p| p.into_inner()) = Some(task.abort_handle());
+        *shared.reader.lock() = Some(task.abort_handle());
         Ok(Client {
             handle: Arc::new(Handle { shared }),
         })
@@ -614,7 +608,7 @@ impl Client {
         let cookie = shared.next_cookie.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         {
-            let mut table = shared.table();
+            let mut table = shared.table.lock();
             if let Some(err) = table.failure.clone() {
                 return Err(err);
             }
@@ -639,7 +633,7 @@ impl Client {
         {
             let mut writer = shared.writer.lock().await;
             let Some(w) = writer.as_mut() else {
-                shared.table().entries.remove(&cookie);
+                shared.table.lock().entries.remove(&cookie);
                 return Err(shared.failure().unwrap_or(Error::Closed));
             };
             let mut guard = SendGuard {
@@ -695,7 +689,7 @@ async fn read_reply(shared: &Shared, r: &mut BufReader<BoxRead>) -> Result<()> {
     if let Err(e) = r.read_exact(&mut magic).await {
         return Err(match e.kind() {
             std::io::ErrorKind::UnexpectedEof => {
-                let waiting = shared.table().entries.len();
+                let waiting = shared.table.lock().entries.len();
                 Error::Disconnected(if waiting == 0 {
                     "while no request was in flight".to_string()
                 } else {
