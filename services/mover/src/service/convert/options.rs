@@ -232,9 +232,6 @@ pub fn checksum_options(o: &proto::ChecksumOptions) -> Result<ChecksumOptions> {
     Ok(c)
 }
 
-    Ok(c)
-}
-
 /// What a job opens for one endpoint: the confined path or the URL with credentials
 /// resolved from their references just now, and the endpoint's per-job S3 settings (the
 /// SDK's standard chain alone when the request has none). Called at every start of a job,
