@@ -58,7 +58,11 @@ fn assert_image_then_fill(image: &Path, target: &Path, size: u64) {
             .unwrap_or_else(|e| panic!("read {} at {offset}: {e}", target.display()));
         if offset < IMAGE {
             want.read_exact(&mut a).expect("read the image");
-            assert!(a == b, "{} differs from the image in the MiB at {offset}", target.display());
+            assert!(
+                a == b,
+                "{} differs from the image in the MiB at {offset}",
+                target.display()
+            );
         } else {
             assert!(
                 b.iter().all(|&x| x == FILL),
@@ -139,7 +143,10 @@ fn assert_verified(job: &proto::Job, image: &Path) {
         panic!("no transfer result: {job:?}")
     };
     assert_eq!(r.size, IMAGE);
-    let (s, t) = (r.source_digest.clone().unwrap(), r.target_digest.clone().unwrap());
+    let (s, t) = (
+        r.source_digest.clone().unwrap(),
+        r.target_digest.clone().unwrap(),
+    );
     assert_eq!(s, t);
     assert_eq!(s.hex, blkhash_file(image));
 }

@@ -132,18 +132,13 @@ where
         stage: Stage::Verify,
         error: reworded(e, "verify: cannot open the target for reading"),
     })?;
-    let verification = verify_read_back(
-        source,
-        read_back,
-        &verify.checksum,
-        &stages.verify,
-        cancel,
-    )
-    .await
-    .map_err(|error| StageError {
-        stage: Stage::Verify,
-        error,
-    })?;
+    let verification =
+        verify_read_back(source, read_back, &verify.checksum, &stages.verify, cancel)
+            .await
+            .map_err(|error| StageError {
+                stage: Stage::Verify,
+                error,
+            })?;
     Ok(VerifiedCopy {
         copy: report,
         verification: Some(verification),
@@ -392,7 +387,10 @@ mod tests {
     async fn a_mismatch_fails_the_verify_stage() {
         let source = image();
         let cases: [(&str, Box<dyn FnOnce(&mut Vec<u8>)>); 3] = [
-            ("flipped", Box::new(|b: &mut Vec<u8>| b[2 * MIB + 17] ^= 0x40)),
+            (
+                "flipped",
+                Box::new(|b: &mut Vec<u8>| b[2 * MIB + 17] ^= 0x40),
+            ),
             ("dropped", Box::new(|b: &mut Vec<u8>| b.fill(0))),
             ("short", Box::new(|b: &mut Vec<u8>| b.truncate(MIB))),
         ];

@@ -12,8 +12,8 @@ use ferry_endpoints::{open_source, SourceOptions};
 use ferry_engine::{CancellationToken, ChecksumOptions, Digest, HashAlgorithm, Progress};
 
 use super::args::{self, ProgressArgs};
-use crate::options::{self, Cache};
 use super::{cancel_on_ctrl_c, interrupted, progress};
+use crate::options::{self, Cache};
 
 /// Arguments of `ferry checksum`.
 #[derive(Debug, Clone, Args)]

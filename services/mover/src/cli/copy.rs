@@ -16,9 +16,9 @@ use ferry_engine::{
 };
 
 use super::args::{self, ProgressArgs};
-use crate::options::{self, Cache};
 use super::summary::CopySummary;
 use super::{cancel_on_ctrl_c, interrupted, progress};
+use crate::options::{self, Cache};
 
 /// Arguments of `ferry copy`.
 #[derive(Debug, Clone, Args)]
@@ -165,7 +165,9 @@ pub async fn run(args: CopyArgs) -> anyhow::Result<ExitCode> {
     display.finish().await;
     let done = match result {
         Ok(done) => done,
-        Err(e) if ctrl_c.is_cancelled() => return Ok(interrupted(&cancelled(e.stage, &target_name))),
+        Err(e) if ctrl_c.is_cancelled() => {
+            return Ok(interrupted(&cancelled(e.stage, &target_name)))
+        }
         Err(e) => {
             let _ = source.close().await;
             return Err(match e.stage {

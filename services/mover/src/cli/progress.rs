@@ -34,7 +34,12 @@ pub fn start(progress: &Progress, label: &str, choice: Option<bool>) -> Option<D
 }
 
 /// A display of `progress` that starts drawing once `after` (an earlier display) is cleared.
-fn spawn(progress: &Progress, label: &str, terminal: bool, after: Option<JoinHandle<()>>) -> Display {
+fn spawn(
+    progress: &Progress,
+    label: &str,
+    terminal: bool,
+    after: Option<JoinHandle<()>>,
+) -> Display {
     let stop = CancellationToken::new();
     let (progress, label, token) = (progress.clone(), label.to_string(), stop.clone());
     let task = tokio::spawn(async move {

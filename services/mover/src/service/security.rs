@@ -290,7 +290,10 @@ mod tests {
         let err = AllowRoots::new(std::slice::from_ref(&missing)).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::NotFound);
         let text = err.to_string();
-        assert!(text.contains(&format!("mkdir -p {}", missing.display())), "{text}");
+        assert!(
+            text.contains(&format!("mkdir -p {}", missing.display())),
+            "{text}"
+        );
         assert_eq!(text.matches("does not exist").count(), 1, "{text}");
         let file = dir.path().join("file");
         std::fs::write(&file, b"x").unwrap();

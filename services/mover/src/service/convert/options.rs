@@ -321,7 +321,11 @@ fn check_s3_settings(what: &str, o: &proto::S3Options) -> Result<()> {
 /// A request's S3 settings as endpoint options, with the credentials read from their
 /// references. Errors name the reference (`source.s3.secret_access_key`, the variable or
 /// the file), never a value.
-pub(super) fn s3_options(what: &str, o: &proto::S3Options, secrets: &SecretResolver) -> Result<S3Options> {
+pub(super) fn s3_options(
+    what: &str,
+    o: &proto::S3Options,
+    secrets: &SecretResolver,
+) -> Result<S3Options> {
     check_s3_settings(what, o)?;
     let mut s3 = S3Options::new();
     if !o.endpoint_url.is_empty() {
@@ -347,4 +351,3 @@ pub(super) fn s3_options(what: &str, o: &proto::S3Options, secrets: &SecretResol
     }
     Ok(s3)
 }
-

@@ -9,7 +9,6 @@ use crate::service::proto;
 use crate::service::secrets::SecretResolver;
 use crate::service::security::AllowRoots;
 
-
 fn validator(root: &std::path::Path) -> Validator {
     Validator {
         roots: AllowRoots::new(&[root.to_path_buf()]).unwrap(),
@@ -336,7 +335,12 @@ fn nbd_unix_sockets_are_confined_to_the_allowed_roots() {
         dir.path().join("sub/../nbd.sock"),
     ] {
         let err = v.transfer(&request(&bad)).unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{}: {err}", bad.display());
+        assert_eq!(
+            err.kind(),
+            ErrorKind::PermissionDenied,
+            "{}: {err}",
+            bad.display()
+        );
         assert!(err.to_string().contains("source: NBD socket"), "{err}");
     }
     let checksum = proto::StartChecksumRequest {

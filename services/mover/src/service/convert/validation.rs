@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use ferry_core::{EndpointSpec, Error, Result};
 use ferry_core::spec::NbdAddress;
+use ferry_core::{EndpointSpec, Error, Result};
 use prost::Message;
 use sha2::{Digest as _, Sha256};
 

@@ -265,7 +265,10 @@ impl JobManager {
                 .is_some_and(|e| e.record.state == JobState::Queued)
         };
         if still_queued {
-            inner.sched.lock().enqueue(&record.id, record.priority, record.seq, claim(&record));
+            inner
+                .sched
+                .lock()
+                .enqueue(&record.id, record.priority, record.seq, claim(&record));
             inner.wake.notify_one();
         }
         tracing::info!(job = %record.id, kind = record.kind.as_str(), "job accepted");
@@ -273,7 +276,9 @@ impl JobManager {
     }
 
     pub fn get(&self, id: &str) -> Result<JobRecord, ServiceError> {
-        self.inner.table.lock()
+        self.inner
+            .table
+            .lock()
             .jobs
             .get(id)
             .map(|e| e.record.clone())
@@ -324,7 +329,9 @@ impl JobManager {
 
     /// A channel with the job's record, updated on every change.
     pub fn watch(&self, id: &str) -> Result<watch::Receiver<JobRecord>, ServiceError> {
-        self.inner.table.lock()
+        self.inner
+            .table
+            .lock()
             .jobs
             .get(id)
             .map(|e| e.tx.subscribe())

@@ -49,7 +49,14 @@ pub(super) async fn run(inner: Arc<Inner>, id: String, resumed: bool) {
         let error = Error::internal(
             "the stored request of this job cannot be read (the server log at startup says why)",
         );
-        finish(&inner, &id, JobState::Failed, None, Some(error_record(&error))).await;
+        finish(
+            &inner,
+            &id,
+            JobState::Failed,
+            None,
+            Some(error_record(&error)),
+        )
+        .await;
         return;
     };
     let span = tracing::info_span!("job", job.id = %id, job.kind = record.kind.as_str(),
@@ -250,7 +257,6 @@ async fn interrupted(inner: &Arc<Inner>, id: &str) {
         tracing::error!(job = %id, error = %e, "cannot persist the interrupted job");
     }
 }
-
 
 /// What [`drive`] remembers between ticks.
 struct Ticks {
@@ -474,14 +480,8 @@ async fn transfer(
         verify: Progress::new(),
         entered: &entered,
     };
-    let work = ferry_engine::copy_and_verify(
-        opened.source,
-        opened.target,
-        &copy,
-        verify,
-        &stages,
-        cancel,
-    );
+    let work =
+        ferry_engine::copy_and_verify(opened.source, opened.target, &copy, verify, &stages, cancel);
     let done = drive(inner, id, &stages.copy, true, async {
         work.await.map_err(Error::from)
     })
