@@ -4,7 +4,8 @@
 //! [`Target`](ferry_core::Target): workers take work units from a shared cursor, ask
 //! for extents lazily, read in pooled buffers, skip or merge zeroes, and commit out of
 //! order or strictly in order, with a memory bound, a rate limit, progress, prompt
-//! cancellation and checkpoints a later run can resume from. [`checksum`] computes the
+//! cancellation and checkpoints a later run can resume from. [`copy_and_verify`] is the
+//! copy with a verification of the flushed target read back. [`checksum`] computes the
 //! blksum-compatible block hash (or plain SHA-256) of a source on all cores.
 //! The engine knows nothing of protocols: only the traits of ferry-core.
 
@@ -22,6 +23,7 @@ mod ranges;
 mod rate;
 mod sequencer;
 mod sha256;
+mod verified;
 mod zero;
 
 #[cfg(test)]
@@ -35,4 +37,8 @@ pub use options::{
 };
 pub use progress::{Checkpoint, Progress, ProgressSnapshot};
 pub use tokio_util::sync::CancellationToken;
+pub use verified::{
+    copy_and_verify, verify_read_back, Prefix, Stage, StageError, Stages, Verification,
+    VerifiedCopy, Verify,
+};
 pub use zero::is_zero;

@@ -54,8 +54,43 @@ pub fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("ferry: {e:#}");
+            eprintln!("ferry: {}", one_line(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// An error and its causes on one line, each cause once: ferry's errors already end with
+/// the text of their source, which anyhow's `{:#}` would print a second time.
+pub fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if line.ends_with(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_cause_is_printed_once() {
+        let io = std::io::Error::from_raw_os_error(2);
+        let core = ferry_core::Error::io("--allow-root /x cannot be resolved", io);
+        let e = anyhow::Error::new(core);
+        assert_eq!(
+            one_line(&e),
+            "--allow-root /x cannot be resolved: No such file or directory (os error 2)"
+        );
+        let e = anyhow::anyhow!("inner cause").context("what failed");
+        assert_eq!(one_line(&e), "what failed: inner cause");
     }
 }

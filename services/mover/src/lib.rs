@@ -3,4 +3,5 @@
 
 pub mod app;
 pub mod cli;
+pub mod options;
 pub mod service;

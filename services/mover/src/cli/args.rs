@@ -1,12 +1,9 @@
-//! Argument types shared by the subcommands: sizes with suffixes, counts, cache and
-//! preallocation modes, and the progress switch.
+//! Argument types shared by the subcommands: sizes with suffixes, counts and the progress
+//! switch. The mode enums (cache, order, preallocation, algorithm) are in
+//! [`crate::options`], shared with `ferry job` and the service.
 
-use clap::ValueEnum;
 use ferry_core::size::parse_size;
-use ferry_endpoints::{CacheMode, Preallocation};
 
-/// Default extension step of `--preallocation grow` (as QEMU's preallocate filter).
-pub const DEFAULT_GROW_STEP: u64 = 128 << 20;
 /// Largest request size accepted, to keep memory bounded.
 pub const MAX_REQUEST_SIZE: u64 = 64 << 20;
 
@@ -74,49 +71,6 @@ pub fn count(text: &str) -> Result<usize, String> {
     }
 }
 
-/// `off`, `falloc`, `full`, `grow` or `grow=STEP`.
-pub fn preallocation(text: &str) -> Result<Preallocation, String> {
-    match text.split_once('=') {
-        None => match text {
-            "off" => Ok(Preallocation::Off),
-            "falloc" => Ok(Preallocation::Falloc),
-            "full" => Ok(Preallocation::Full),
-            "grow" => Ok(Preallocation::Grow {
-                step: DEFAULT_GROW_STEP,
-            }),
-            _ => Err(format!(
-                "unknown preallocation '{text}': expected off, falloc, full, grow or grow=STEP"
-            )),
-        },
-        Some(("grow", step)) => match size(step)? {
-            0 => Err("grow step must be at least 1M".to_string()),
-            step => Ok(Preallocation::Grow { step }),
-        },
-        Some(_) => Err(format!(
-            "unknown preallocation '{text}': only grow takes a step (grow=STEP)"
-        )),
-    }
-}
-
-/// `--cache`: how file I/O goes through the kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
-pub enum Cache {
-    /// Through the page cache.
-    #[default]
-    Writeback,
-    /// Direct I/O (O_DIRECT), bypassing the page cache.
-    None,
-}
-
-impl From<Cache> for CacheMode {
-    fn from(cache: Cache) -> Self {
-        match cache {
-            Cache::Writeback => CacheMode::PageCache,
-            Cache::None => CacheMode::Direct,
-        }
-    }
-}
-
 /// `--progress` / `--no-progress`, shared by the subcommands.
 #[derive(Debug, Clone, Copy, Default, clap::Args)]
 pub struct ProgressArgs {
@@ -166,25 +120,5 @@ mod tests {
         assert_eq!(show_size(1 << 30), "1G");
         assert_eq!(show_size(4097), "4097");
         assert_eq!(show_size(0), "0");
-    }
-
-    #[test]
-    fn preallocation_modes() {
-        assert_eq!(preallocation("off"), Ok(Preallocation::Off));
-        assert_eq!(preallocation("falloc"), Ok(Preallocation::Falloc));
-        assert_eq!(preallocation("full"), Ok(Preallocation::Full));
-        assert_eq!(
-            preallocation("grow"),
-            Ok(Preallocation::Grow {
-                step: DEFAULT_GROW_STEP
-            })
-        );
-        assert_eq!(
-            preallocation("grow=64M"),
-            Ok(Preallocation::Grow { step: 64 << 20 })
-        );
-        assert!(preallocation("grow=0").is_err());
-        assert!(preallocation("full=1M").is_err());
-        assert!(preallocation("sometimes").is_err());
     }
 }

@@ -11,8 +11,9 @@ use ferry_core::EndpointSpec;
 use ferry_endpoints::{open_source, SourceOptions};
 use ferry_engine::{CancellationToken, ChecksumOptions, Digest, HashAlgorithm, Progress};
 
-use super::args::{self, Cache, ProgressArgs};
+use super::args::{self, ProgressArgs};
 use super::{cancel_on_ctrl_c, interrupted, progress};
+use crate::options::{self, Cache};
 
 /// Arguments of `ferry checksum`.
 #[derive(Debug, Clone, Args)]
@@ -21,7 +22,7 @@ pub struct ChecksumArgs {
     #[arg(value_name = "URL", required = true)]
     pub urls: Vec<String>,
     /// blkhash (blksum-compatible block hash) or sha256 (equal to sha256sum).
-    #[arg(long, short = 'a', value_name = "ALGORITHM", default_value = "blkhash", value_parser = algorithm)]
+    #[arg(long, short = 'a', value_name = "ALGORITHM", default_value = "blkhash", value_parser = options::algorithm)]
     pub algorithm: HashAlgorithm,
     /// Reads in flight at once [default: 8].
     #[arg(long, value_name = "N", value_parser = args::count)]
@@ -37,11 +38,6 @@ pub struct ChecksumArgs {
     pub cache: Cache,
     #[command(flatten)]
     pub progress: ProgressArgs,
-}
-
-fn algorithm(text: &str) -> Result<HashAlgorithm, String> {
-    text.parse()
-        .map_err(|e: ferry_core::Error| e.message().to_string())
 }
 
 impl ChecksumArgs {
@@ -78,7 +74,7 @@ pub async fn run(args: ChecksumArgs) -> anyhow::Result<ExitCode> {
                 return Ok(interrupted(&format!("the checksum of {url} was cancelled")))
             }
             Err(e) => {
-                eprintln!("ferry: {e:#}");
+                eprintln!("ferry: {}", crate::app::one_line(&e));
                 failed = true;
             }
         }

@@ -1,20 +1,24 @@
 //! `ferry copy SRC DST`: copy an image between any two endpoints.
 //!
-//! Opens the source, then the target sized to it, runs the copy engine with progress and
-//! Ctrl-C cancellation, optionally verifies both sides by block hash, and prints a summary
-//! (or `--json`). Nothing is printed on stdout unless the copy succeeded (and verified).
+//! Opens the source, then the target sized to it, runs the engine's copy (and with
+//! `--verify` its verification of the flushed target read back, the path the job service
+//! takes too) with progress and Ctrl-C cancellation, and prints a summary (or `--json`).
+//! Nothing is printed on stdout unless the copy succeeded (and verified).
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Args;
-use ferry_core::{EndpointSpec, Source, ZeroMode};
+use ferry_core::{EndpointSpec, Source};
 use ferry_endpoints::{open_source, open_target, Preallocation, SourceOptions, TargetOptions};
-use ferry_engine::{CancellationToken, ChecksumOptions, CommitOrder, CopyOptions, Progress};
+use ferry_engine::{
+    CancellationToken, ChecksumOptions, CommitOrder, CopyOptions, Progress, Stage, Stages, Verify,
+};
 
-use super::args::{self, Cache, ProgressArgs};
+use super::args::{self, ProgressArgs};
 use super::summary::CopySummary;
-use super::{cancel_on_ctrl_c, interrupted, progress, verify};
+use super::{cancel_on_ctrl_c, interrupted, progress};
+use crate::options::{self, Cache};
 
 /// Arguments of `ferry copy`.
 #[derive(Debug, Clone, Args)]
@@ -51,7 +55,7 @@ pub struct CopyArgs {
     #[arg(long)]
     pub target_is_zero: bool,
     /// Target preallocation: off, falloc, full, grow or grow=STEP (extend by STEP, 128M by default).
-    #[arg(long, value_name = "MODE", value_parser = args::preallocation, default_value = "off")]
+    #[arg(long, value_name = "MODE", value_parser = options::preallocation, default_value = "off")]
     pub preallocation: Preallocation,
     /// writeback: through the page cache; none: direct I/O (O_DIRECT).
     #[arg(long, value_enum, default_value_t = Cache::Writeback)]
@@ -90,12 +94,15 @@ impl CopyArgs {
         }
         options.target_is_zero = self.target_is_zero;
         options.rate_limit = self.rate_limit;
-        // A preallocated target must stay allocated: zeroes may not punch holes into it.
-        if matches!(
-            self.preallocation,
-            Preallocation::Falloc | Preallocation::Full
-        ) {
-            options.zero_mode = ZeroMode::Allocate;
+        options.zero_mode = options::zero_mode(self.preallocation);
+        options
+    }
+
+    /// The checksum options of `--verify`.
+    fn verify_options(&self) -> ChecksumOptions {
+        let mut options = ChecksumOptions::default();
+        if let Some(workers) = self.workers {
+            options.workers = workers;
         }
         options
     }
@@ -135,60 +142,60 @@ pub async fn run(args: CopyArgs) -> anyhow::Result<ExitCode> {
 
     let cancel = CancellationToken::new();
     let ctrl_c = cancel_on_ctrl_c(&cancel);
-    let progress = Progress::new();
-    let display = progress::start(&progress, "copy", args.progress.choice());
-    let result = ferry_engine::copy(source.clone(), target, &options, &progress, &cancel).await;
-    progress::finish(display).await;
-    let report = match result {
-        Ok(report) => report,
-        Err(_) if ctrl_c.is_cancelled() => {
-            return Ok(interrupted(&format!(
-                "the copy was cancelled; {target_name} is incomplete"
-            )))
+    // Verification reads the target through a new handle, opened after the copy flushed it.
+    let verify = args.verify.then(|| Verify {
+        checksum: args.verify_options(),
+        read_back: || async {
+            open_source(&target_spec, &source_options)
+                .await
+                .map_err(|e| e.with_endpoint(&target_name))
+        },
+    });
+    let (copy_progress, verify_progress) = (Progress::new(), Progress::new());
+    let display = progress::Stages::start(&copy_progress, &verify_progress, args.progress.choice());
+    let entered = |stage: Stage| display.enter(stage);
+    let stages = Stages {
+        copy: copy_progress,
+        verify: verify_progress,
+        entered: &entered,
+    };
+    let result =
+        ferry_engine::copy_and_verify(source.clone(), target, &options, verify, &stages, &cancel)
+            .await;
+    display.finish().await;
+    let done = match result {
+        Ok(done) => done,
+        Err(e) if ctrl_c.is_cancelled() => {
+            return Ok(interrupted(&cancelled(e.stage, &target_name)))
         }
         Err(e) => {
             let _ = source.close().await;
-            return Err(super::failed(e, "copy failed"));
+            return Err(match e.stage {
+                Stage::Copy => super::failed(e.error, "copy failed"),
+                // Verification errors already say "verify ...".
+                Stage::Verify => anyhow::anyhow!("{}", e.error),
+            });
         }
     };
-    let mut summary = CopySummary::new(source_name, target_name.clone(), &report);
-
-    if args.verify {
-        let mut checksum_options = ChecksumOptions::default();
-        if let Some(workers) = args.workers {
-            checksum_options.workers = workers;
-        }
-        let progress = Progress::new();
-        let display = progress::start(&progress, "verify", args.progress.choice());
-        let verified = verify::verify(
-            source.clone(),
-            &target_spec,
-            &target_name,
-            &source_options,
-            &checksum_options,
-            &progress,
-            &cancel,
-        )
-        .await;
-        progress::finish(display).await;
-        let verified = match verified {
-            Ok(verified) => verified,
-            Err(_) if ctrl_c.is_cancelled() => {
-                return Ok(interrupted(&format!(
-                    "the verification of {target_name} was cancelled"
-                )))
-            }
-            Err(e) => return Err(e),
-        };
-        summary = summary.with_digests(&verified.source, &verified.target, verified.elapsed);
-    }
     let _ = source.close().await;
     cancel.cancel();
 
+    let mut summary = CopySummary::new(source_name, target_name, &done.copy);
+    if let Some(v) = &done.verification {
+        summary = summary.with_digests(&v.source, &v.target, v.elapsed);
+    }
     if args.json {
         println!("{}", summary.to_json());
     } else {
         println!("{}", summary.to_text());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What an interrupted copy tells the user, by the stage Ctrl-C stopped.
+fn cancelled(stage: Stage, target: &str) -> String {
+    match stage {
+        Stage::Copy => format!("the copy was cancelled; {target} is incomplete"),
+        Stage::Verify => format!("the verification of {target} was cancelled"),
+    }
 }

@@ -9,7 +9,6 @@ pub mod checksum;
 pub mod copy;
 pub mod progress;
 pub mod summary;
-pub mod verify;
 
 use std::process::ExitCode;
 

@@ -30,13 +30,66 @@ pub fn start(progress: &Progress, label: &str, choice: Option<bool>) -> Option<D
     if !choice.unwrap_or(terminal) {
         return None;
     }
+    Some(spawn(progress, label, terminal, None))
+}
+
+/// A display of `progress` that starts drawing once `after` (an earlier display) is cleared.
+fn spawn(
+    progress: &Progress,
+    label: &str,
+    terminal: bool,
+    after: Option<JoinHandle<()>>,
+) -> Display {
     let stop = CancellationToken::new();
-    let task = if terminal {
-        tokio::spawn(bar(progress.clone(), label.to_string(), stop.clone()))
-    } else {
-        tokio::spawn(lines(progress.clone(), label.to_string(), stop.clone()))
-    };
-    Some(Display { stop, task })
+    let (progress, label, token) = (progress.clone(), label.to_string(), stop.clone());
+    let task = tokio::spawn(async move {
+        if let Some(earlier) = after {
+            let _ = earlier.await;
+        }
+        if terminal {
+            bar(progress, label, token).await;
+        } else {
+            lines(progress, label, token).await;
+        }
+    });
+    Display { stop, task }
+}
+
+/// The display of a verified copy: the copy's progress, then the verification's, each
+/// under its own label. [`Stages::enter`] switches from a stage callback (synchronous).
+#[derive(Debug)]
+pub struct Stages {
+    current: parking_lot::Mutex<Option<Display>>,
+    verify: Progress,
+}
+
+impl Stages {
+    /// Starts showing `copy` (when `choice` asks for a display); `verify` is shown from
+    /// the verify stage on.
+    pub fn start(copy: &Progress, verify: &Progress, choice: Option<bool>) -> Self {
+        Self {
+            current: parking_lot::Mutex::new(start(copy, "copy", choice)),
+            verify: verify.clone(),
+        }
+    }
+
+    /// Follows the verified copy into `stage`.
+    pub fn enter(&self, stage: ferry_engine::Stage) {
+        if stage != ferry_engine::Stage::Verify {
+            return;
+        }
+        let mut current = self.current.lock();
+        if let Some(copy) = current.take() {
+            copy.stop.cancel();
+            let terminal = std::io::stderr().is_terminal();
+            *current = Some(spawn(&self.verify, "verify", terminal, Some(copy.task)));
+        }
+    }
+
+    /// Stops and clears whatever is shown.
+    pub async fn finish(self) {
+        finish(self.current.into_inner()).await;
+    }
 }
 
 impl Display {

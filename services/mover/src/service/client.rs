@@ -1,7 +1,6 @@
 //! `ferry job start|get|list|watch|cancel`: a gRPC client of `ferry serve`, with a
 //! progress bar while watching.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -10,12 +9,18 @@ use anyhow::{bail, Context};
 use clap::{Args, Subcommand, ValueEnum};
 use ferry_core::size::{format_size, parse_size};
 use ferry_core::Secret;
+use ferry_endpoints::{CacheMode, Preallocation};
+use ferry_engine::{CommitOrder, HashAlgorithm};
 use indicatif::{ProgressBar, ProgressStyle};
 use tonic::codegen::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
+use super::convert::output::state as state_proto;
+use super::convert::{kind_from_proto, state_from_proto};
+use super::jobs::model::JobState;
 use super::proto::{self, job_service_client::JobServiceClient};
 use super::security::BearerToken;
+use crate::options::{self, Cache, Order};
 
 /// Start, watch and cancel jobs on a running `ferry serve`.
 #[derive(Debug, Clone, Args)]
@@ -79,44 +84,6 @@ pub enum JobCommand {
     Cancel { id: String },
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum Order {
-    Auto,
-    InOrder,
-    OutOfOrder,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum Prealloc {
-    Off,
-    Falloc,
-    Full,
-    Grow,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum Cache {
-    /// Through the page cache.
-    Writeback,
-    /// O_DIRECT.
-    None,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum Algorithm {
-    Blkhash,
-    Sha256,
-}
-
-impl Algorithm {
-    fn proto(self) -> i32 {
-        match self {
-            Self::Blkhash => proto::HashAlgorithm::Blkhash as i32,
-            Self::Sha256 => proto::HashAlgorithm::Sha256 as i32,
-        }
-    }
-}
-
 #[derive(Debug, Clone, Args)]
 pub struct StartArgs {
     /// Source path or URL.
@@ -126,9 +93,9 @@ pub struct StartArgs {
     /// Start a checksum of SRC instead of a transfer.
     #[arg(long)]
     pub checksum: bool,
-    /// Checksum algorithm (for --checksum and --verify).
-    #[arg(long, value_enum, default_value = "blkhash")]
-    pub algorithm: Algorithm,
+    /// Checksum algorithm (for --checksum and --verify): blkhash or sha256.
+    #[arg(long, default_value = "blkhash", value_parser = options::algorithm)]
+    pub algorithm: HashAlgorithm,
     /// Parallel workers.
     #[arg(long)]
     pub workers: Option<u32>,
@@ -143,8 +110,10 @@ pub struct StartArgs {
     /// The target reads as zeroes already.
     #[arg(long)]
     pub target_is_zero: bool,
-    #[arg(long, value_enum)]
-    pub preallocation: Option<Prealloc>,
+    /// Target preallocation: off, falloc, full, grow or grow=STEP (extend by STEP, 128M by
+    /// default).
+    #[arg(long, value_name = "MODE", value_parser = options::preallocation)]
+    pub preallocation: Option<Preallocation>,
     #[arg(long, value_enum)]
     pub cache: Option<Cache>,
     /// Bytes per second (e.g. 100M).
@@ -277,158 +246,160 @@ fn status_error(e: tonic::Status) -> anyhow::Error {
 /// Runs `ferry job ...`.
 pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
     let mut client = connect(&args).await?;
-    match &args.command {
+    let job = match &args.command {
         JobCommand::Start(s) => {
-            let labels: BTreeMap<_, _> = s.labels.iter().cloned().collect();
-            let job = if s.checksum {
-                if s.dst.is_some() {
-                    bail!("--checksum takes only SRC");
-                }
-                let req = proto::StartChecksumRequest {
-                    source: Some(endpoint(&s.src, s.secret_env.as_ref())),
-                    options: Some(proto::ChecksumOptions {
-                        algorithm: s.algorithm.proto(),
-                        workers: s.workers.unwrap_or(0),
-                        request_size: s.request_size.unwrap_or(0),
-                        threads: 0,
-                        cache: cache(s.cache),
-                    }),
-                    idempotency_key: s.key.clone().unwrap_or_default(),
-                    labels,
-                    priority: s.priority,
-                };
-                client
-                    .start_checksum(req)
-                    .await
-                    .map_err(status_error)?
-                    .into_inner()
-            } else {
-                let Some(dst) = &s.dst else {
-                    bail!("a transfer needs SRC and DST (or use --checksum)");
-                };
-                let req = proto::StartTransferRequest {
-                    source: Some(endpoint(&s.src, s.secret_env.as_ref())),
-                    target: Some(endpoint(dst, s.secret_env.as_ref())),
-                    options: Some(proto::TransferOptions {
-                        workers: s.workers.unwrap_or(0),
-                        request_size: s.request_size.unwrap_or(0),
-                        order: match s.order {
-                            None | Some(Order::Auto) => proto::CommitOrder::Auto,
-                            Some(Order::InOrder) => proto::CommitOrder::InOrder,
-                            Some(Order::OutOfOrder) => proto::CommitOrder::OutOfOrder,
-                        } as i32,
-                        sparse_size: s.sparse_size,
-                        target_is_zero: s.target_is_zero,
-                        preallocation: match s.preallocation {
-                            None | Some(Prealloc::Off) => proto::Preallocation::Off,
-                            Some(Prealloc::Falloc) => proto::Preallocation::Falloc,
-                            Some(Prealloc::Full) => proto::Preallocation::Full,
-                            Some(Prealloc::Grow) => proto::Preallocation::Grow,
-                        } as i32,
-                        preallocation_step: 0,
-                        cache: cache(s.cache),
-                        rate_limit: s.rate_limit.unwrap_or(0),
-                        verify: s.verify,
-                        verify_algorithm: s.algorithm.proto(),
-                    }),
-                    idempotency_key: s.key.clone().unwrap_or_default(),
-                    labels,
-                    priority: s.priority,
-                    refuse_if_target_busy: s.refuse_if_busy,
-                };
-                client
-                    .start_transfer(req)
-                    .await
-                    .map_err(status_error)?
-                    .into_inner()
-            };
+            let job = start(&mut client, s).await?;
             if s.watch {
                 return watch(&mut client, &job.id, args.json, false).await;
             }
-            print_job(&job, args.json);
+            job
         }
-        JobCommand::Get { id } => {
-            let job = client
-                .get_job(proto::GetJobRequest { id: id.clone() })
-                .await
-                .map_err(status_error)?
-                .into_inner();
-            print_job(&job, args.json);
-        }
+        JobCommand::Get { id } => client
+            .get_job(proto::GetJobRequest { id: id.clone() })
+            .await
+            .map_err(status_error)?
+            .into_inner(),
         JobCommand::List(l) => {
-            let mut token = String::new();
-            let mut all = Vec::new();
-            loop {
-                let page = client
-                    .list_jobs(proto::ListJobsRequest {
-                        states: l.states.iter().map(|s| state_proto(*s)).collect(),
-                        labels: l.labels.iter().cloned().collect(),
-                        kind: 0,
-                        page_size: l.page_size,
-                        page_token: token.clone(),
-                    })
-                    .await
-                    .map_err(status_error)?
-                    .into_inner();
-                all.extend(page.jobs);
-                token = page.next_page_token;
-                if token.is_empty() || !l.all {
-                    break;
-                }
-            }
-            if args.json {
-                let list: Vec<_> = all.iter().map(job_json).collect();
-                println!("{}", serde_json::Value::Array(list));
-            } else {
-                println!(
-                    "{:<36}  {:<9}  {:<10}  {:>7}  MESSAGE",
-                    "ID", "KIND", "STATE", "DONE"
-                );
-                for j in &all {
-                    println!(
-                        "{:<36}  {:<9}  {:<10}  {:>6.1}%  {}",
-                        j.id,
-                        kind_name(j.kind),
-                        state_name(j.state),
-                        percent(j),
-                        j.message
-                    );
-                }
-                if !token.is_empty() {
-                    println!("(more: --all)");
-                }
-            }
+            list(&mut client, l, args.json).await?;
+            return Ok(ExitCode::SUCCESS);
         }
         JobCommand::Watch { id, no_progress } => {
             return watch(&mut client, id, args.json, *no_progress).await;
         }
-        JobCommand::Cancel { id } => {
-            let job = client
-                .cancel_job(proto::CancelJobRequest { id: id.clone() })
-                .await
-                .map_err(status_error)?
-                .into_inner();
-            print_job(&job, args.json);
-        }
-    }
+        JobCommand::Cancel { id } => client
+            .cancel_job(proto::CancelJobRequest { id: id.clone() })
+            .await
+            .map_err(status_error)?
+            .into_inner(),
+    };
+    print_job(&job, args.json);
     Ok(ExitCode::SUCCESS)
 }
 
-fn cache(c: Option<Cache>) -> i32 {
-    match c {
-        None | Some(Cache::Writeback) => proto::CacheMode::PageCache as i32,
-        Some(Cache::None) => proto::CacheMode::None as i32,
+/// `ferry job start`: a checksum of SRC, or a transfer from SRC to DST.
+async fn start(client: &mut Client, s: &StartArgs) -> anyhow::Result<proto::Job> {
+    let job = if s.checksum {
+        if s.dst.is_some() {
+            bail!("--checksum takes only SRC");
+        }
+        client.start_checksum(checksum_request(s)).await
+    } else {
+        let Some(dst) = &s.dst else {
+            bail!("a transfer needs SRC and DST (or use --checksum)");
+        };
+        client.start_transfer(transfer_request(s, dst)).await
+    };
+    Ok(job.map_err(status_error)?.into_inner())
+}
+
+fn checksum_request(s: &StartArgs) -> proto::StartChecksumRequest {
+    proto::StartChecksumRequest {
+        source: Some(endpoint(&s.src, s.secret_env.as_ref())),
+        options: Some(proto::ChecksumOptions {
+            algorithm: proto::HashAlgorithm::from(s.algorithm) as i32,
+            workers: s.workers.unwrap_or(0),
+            request_size: s.request_size.unwrap_or(0),
+            threads: 0,
+            cache: cache(s.cache),
+        }),
+        idempotency_key: s.key.clone().unwrap_or_default(),
+        labels: s.labels.iter().cloned().collect(),
+        priority: s.priority,
     }
 }
 
-fn state_proto(s: StateArg) -> i32 {
-    (match s {
-        StateArg::Queued => proto::JobState::Queued,
-        StateArg::Running => proto::JobState::Running,
-        StateArg::Succeeded => proto::JobState::Succeeded,
-        StateArg::Failed => proto::JobState::Failed,
-        StateArg::Cancelled => proto::JobState::Cancelled,
-    }) as i32
+fn transfer_request(s: &StartArgs, dst: &str) -> proto::StartTransferRequest {
+    let order = s.order.map_or(CommitOrder::Auto, CommitOrder::from);
+    let (preallocation, preallocation_step) =
+        options::preallocation_to_proto(s.preallocation.unwrap_or_default());
+    proto::StartTransferRequest {
+        source: Some(endpoint(&s.src, s.secret_env.as_ref())),
+        target: Some(endpoint(dst, s.secret_env.as_ref())),
+        options: Some(proto::TransferOptions {
+            workers: s.workers.unwrap_or(0),
+            request_size: s.request_size.unwrap_or(0),
+            order: proto::CommitOrder::from(order) as i32,
+            sparse_size: s.sparse_size,
+            target_is_zero: s.target_is_zero,
+            preallocation: preallocation as i32,
+            preallocation_step,
+            cache: cache(s.cache),
+            rate_limit: s.rate_limit.unwrap_or(0),
+            verify: s.verify,
+            verify_algorithm: proto::HashAlgorithm::from(s.algorithm) as i32,
+        }),
+        idempotency_key: s.key.clone().unwrap_or_default(),
+        labels: s.labels.iter().cloned().collect(),
+        priority: s.priority,
+        refuse_if_target_busy: s.refuse_if_busy,
+    }
+}
+
+/// `ferry job list`: one page, or with --all every page, as a table or JSON.
+async fn list(client: &mut Client, l: &ListArgs, json: bool) -> anyhow::Result<()> {
+    let mut token = String::new();
+    let mut all = Vec::new();
+    loop {
+        let page = client
+            .list_jobs(proto::ListJobsRequest {
+                states: l
+                    .states
+                    .iter()
+                    .map(|s| state_proto(JobState::from(*s)) as i32)
+                    .collect(),
+                labels: l.labels.iter().cloned().collect(),
+                kind: 0,
+                page_size: l.page_size,
+                page_token: token.clone(),
+            })
+            .await
+            .map_err(status_error)?
+            .into_inner();
+        all.extend(page.jobs);
+        token = page.next_page_token;
+        if token.is_empty() || !l.all {
+            break;
+        }
+    }
+    if json {
+        let list: Vec<_> = all.iter().map(job_json).collect();
+        println!("{}", serde_json::Value::Array(list));
+        return Ok(());
+    }
+    println!(
+        "{:<36}  {:<9}  {:<10}  {:>7}  MESSAGE",
+        "ID", "KIND", "STATE", "DONE"
+    );
+    for j in &all {
+        println!(
+            "{:<36}  {:<9}  {:<10}  {:>6.1}%  {}",
+            j.id,
+            kind_name(j.kind),
+            state_name(j.state),
+            percent(j),
+            j.message
+        );
+    }
+    if !token.is_empty() {
+        println!("(more: --all)");
+    }
+    Ok(())
+}
+
+fn cache(c: Option<Cache>) -> i32 {
+    proto::CacheMode::from(CacheMode::from(c.unwrap_or_default())) as i32
+}
+
+impl From<StateArg> for JobState {
+    fn from(s: StateArg) -> Self {
+        match s {
+            StateArg::Queued => JobState::Queued,
+            StateArg::Running => JobState::Running,
+            StateArg::Succeeded => JobState::Succeeded,
+            StateArg::Failed => JobState::Failed,
+            StateArg::Cancelled => JobState::Cancelled,
+        }
+    }
 }
 
 async fn watch(
@@ -496,28 +467,20 @@ fn percent(j: &proto::Job) -> f64 {
 }
 
 fn kind_name(k: i32) -> &'static str {
-    match proto::JobKind::try_from(k) {
-        Ok(proto::JobKind::Transfer) => "transfer",
-        Ok(proto::JobKind::Checksum) => "checksum",
+    match kind_from_proto(k) {
+        Ok(Some(kind)) => kind.as_str(),
         _ => "unknown",
     }
 }
 
 fn state_name(s: i32) -> &'static str {
-    match proto::JobState::try_from(s) {
-        Ok(proto::JobState::Queued) => "queued",
-        Ok(proto::JobState::Running) => "running",
-        Ok(proto::JobState::Succeeded) => "succeeded",
-        Ok(proto::JobState::Failed) => "failed",
-        Ok(proto::JobState::Cancelled) => "cancelled",
-        _ => "unknown",
-    }
+    state_from_proto(s).map_or("unknown", JobState::as_str)
 }
 
 fn digest_json(d: &Option<proto::Digest>) -> serde_json::Value {
     match d {
         Some(d) => serde_json::json!({
-            "algorithm": if d.algorithm == proto::HashAlgorithm::Sha256 as i32 { "sha256" } else { "blkhash" },
+            "algorithm": options::hash_algorithm(d.algorithm).unwrap_or_default().as_str(),
             "hex": d.hex,
         }),
         None => serde_json::Value::Null,

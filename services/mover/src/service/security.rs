@@ -20,11 +20,19 @@ impl AllowRoots {
     pub fn new(roots: &[PathBuf]) -> Result<Self> {
         let mut canonical = Vec::new();
         for root in roots {
-            let c = std::fs::canonicalize(root).map_err(|e| {
-                Error::io(
+            let c = std::fs::canonicalize(root).map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Error::new(
+                    ErrorKind::NotFound,
+                    format!(
+                        "--allow-root {shown} does not exist: create it first \
+                         (mkdir -p {shown}) or allow another directory",
+                        shown = root.display()
+                    ),
+                ),
+                _ => Error::io(
                     format!("--allow-root {} cannot be resolved", root.display()),
                     e,
-                )
+                ),
             })?;
             if !c.is_dir() {
                 return Err(Error::invalid_input(format!(
@@ -272,6 +280,25 @@ mod tests {
                 .kind(),
             ErrorKind::PermissionDenied
         );
+    }
+
+    /// A missing root names the fix, once.
+    #[test]
+    fn a_missing_root_says_to_create_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("images");
+        let err = AllowRoots::new(std::slice::from_ref(&missing)).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotFound);
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("mkdir -p {}", missing.display())),
+            "{text}"
+        );
+        assert_eq!(text.matches("does not exist").count(), 1, "{text}");
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        let err = AllowRoots::new(&[file]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
     }
 
     #[test]

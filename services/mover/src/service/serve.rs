@@ -12,6 +12,7 @@ use clap::Args;
 use ferry_core::Secret;
 
 use super::config::{self, parse_duration, FileConfig, ServiceConfig};
+use super::jobs::ManagerConfig;
 use super::security::TlsFiles;
 use super::server;
 use super::telemetry::{self, LogFormat};
@@ -148,7 +149,33 @@ impl ServeArgs {
             self.allow_root.clone()
         };
         cfg.secrets_dir = self.secrets_dir.clone().or(file.secrets_dir.clone());
-        let m = &mut cfg.manager;
+        self.resolve_manager(&file, &mut cfg.manager)?;
+        cfg.shutdown_timeout = duration(
+            &self.shutdown_timeout,
+            &file.shutdown_timeout,
+            cfg.shutdown_timeout,
+        )?;
+        cfg.tls = self.resolve_tls(&file)?;
+        cfg.auth_token = match self
+            .auth_token_file
+            .as_ref()
+            .or(file.auth_token_file.as_ref())
+        {
+            Some(p) => Some(read_token(p)?),
+            None => std::env::var("FERRY_AUTH_TOKEN")
+                .ok()
+                .filter(|t| !t.trim().is_empty())
+                .map(|t| Secret::new(t.trim())),
+        };
+        if let Some(n) = self.max_message_bytes.or(file.max_message_bytes) {
+            cfg.max_message_bytes = n.clamp(64 * 1024, 64 * 1024 * 1024);
+        }
+        let (format, filter) = self.resolve_log(&file)?;
+        Ok((cfg, format, filter))
+    }
+
+    /// Job limits, retries and history: flags over the file over the defaults.
+    fn resolve_manager(&self, file: &FileConfig, m: &mut ManagerConfig) -> anyhow::Result<()> {
         if let Some(n) = self.max_running_jobs.or(file.max_running_jobs) {
             m.limits.max_running = n.max(1);
         }
@@ -176,15 +203,15 @@ impl ServeArgs {
         if let Some(n) = self.history_max_count.or(file.history_max_count) {
             m.history_max_count = n;
         }
-        cfg.shutdown_timeout = duration(
-            &self.shutdown_timeout,
-            &file.shutdown_timeout,
-            cfg.shutdown_timeout,
-        )?;
+        Ok(())
+    }
+
+    /// The server's TLS files: none, or a certificate with its key (and a client CA).
+    fn resolve_tls(&self, file: &FileConfig) -> anyhow::Result<Option<TlsFiles>> {
         let cert = self.tls_cert.clone().or(file.tls_cert.clone());
         let key = self.tls_key.clone().or(file.tls_key.clone());
         let client_ca = self.tls_client_ca.clone().or(file.tls_client_ca.clone());
-        cfg.tls = match (cert, key) {
+        Ok(match (cert, key) {
             (Some(cert), Some(key)) => Some(TlsFiles {
                 cert,
                 key,
@@ -194,21 +221,11 @@ impl ServeArgs {
             _ => bail!(
                 "TLS needs both --tls-cert and --tls-key (and --tls-client-ca only with them)"
             ),
-        };
-        cfg.auth_token = match self
-            .auth_token_file
-            .as_ref()
-            .or(file.auth_token_file.as_ref())
-        {
-            Some(p) => Some(read_token(p)?),
-            None => std::env::var("FERRY_AUTH_TOKEN")
-                .ok()
-                .filter(|t| !t.trim().is_empty())
-                .map(|t| Secret::new(t.trim())),
-        };
-        if let Some(n) = self.max_message_bytes.or(file.max_message_bytes) {
-            cfg.max_message_bytes = n.clamp(64 * 1024, 64 * 1024 * 1024);
-        }
+        })
+    }
+
+    /// The log format and filter.
+    fn resolve_log(&self, file: &FileConfig) -> anyhow::Result<(LogFormat, String)> {
         let format = match (self.log_format, file.log_format.as_deref()) {
             (Some(f), _) => f,
             (None, Some("json")) => LogFormat::Json,
@@ -220,7 +237,7 @@ impl ServeArgs {
             .clone()
             .or(file.log_filter.clone())
             .unwrap_or_else(|| "info".to_string());
-        Ok((cfg, format, filter))
+        Ok((format, filter))
     }
 }
 

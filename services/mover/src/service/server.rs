@@ -48,6 +48,41 @@ async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener> {
         .map_err(|e| Error::io(format!("cannot listen for {what} on {addr}"), e))
 }
 
+/// Opens the store and starts the job manager on what it holds.
+fn start_manager(
+    cfg: &ServiceConfig,
+    metrics: &Metrics,
+    opener: Arc<dyn Opener>,
+    secrets: &SecretResolver,
+) -> Result<JobManager> {
+    let (store, loaded) = Store::open(&cfg.data_dir)?;
+    tracing::info!(
+        jobs = loaded.jobs.len(),
+        checkpoints = loaded.checkpoints.len(),
+        data_dir = %cfg.data_dir.display(),
+        "job store opened"
+    );
+    Ok(JobManager::start(
+        cfg.manager.clone(),
+        store,
+        loaded,
+        metrics.clone(),
+        opener,
+        secrets.clone(),
+    ))
+}
+
+/// The gRPC server, with TLS when configured.
+fn server_builder(cfg: &ServiceConfig) -> Result<Server> {
+    let builder = Server::builder().concurrency_limit_per_connection(256);
+    match &cfg.tls {
+        None => Ok(builder),
+        Some(tls) => builder
+            .tls_config(tls.server_config()?)
+            .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("TLS configuration: {e}"))),
+    }
+}
+
 /// Starts the service with the real endpoints.
 pub async fn start(cfg: ServiceConfig) -> Result<RunningService> {
     start_with(cfg, Arc::new(Endpoints)).await
@@ -66,23 +101,8 @@ pub async fn start_with(cfg: ServiceConfig, opener: Arc<dyn Opener>) -> Result<R
         None => None,
     };
     let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
-
-    let (store, loaded) = Store::open(&cfg.data_dir)?;
     let metrics = Metrics::new();
-    tracing::info!(
-        jobs = loaded.jobs.len(),
-        checkpoints = loaded.checkpoints.len(),
-        data_dir = %cfg.data_dir.display(),
-        "job store opened"
-    );
-    let manager = JobManager::start(
-        cfg.manager.clone(),
-        store,
-        loaded,
-        metrics.clone(),
-        opener,
-        secrets.clone(),
-    );
+    let manager = start_manager(&cfg, &metrics, opener, &secrets)?;
     let stop = CancellationToken::new();
     let api = JobApi::new(manager.clone(), Validator { roots, secrets }, stop.clone());
     let jobs = JobServiceServer::new(api)
@@ -114,13 +134,7 @@ pub async fn start_with(cfg: ServiceConfig, opener: Arc<dyn Opener>) -> Result<R
         .build_v1alpha()
         .map_err(|e| Error::internal(format!("reflection: {e}")))?;
 
-    let mut builder = Server::builder().concurrency_limit_per_connection(256);
-    if let Some(tls) = &cfg.tls {
-        builder = builder
-            .tls_config(tls.server_config()?)
-            .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("TLS configuration: {e}")))?;
-    }
-    let router = builder
+    let router = server_builder(&cfg)?
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)

@@ -54,7 +54,7 @@ pub struct Loaded {
 #[derive(Debug, Clone)]
 pub struct Store {
     tx: mpsc::Sender<Msg>,
-    writer: Arc<std::sync::Mutex<Option<std::thread::JoinHandle<()>>>>,
+    writer: Arc<parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>>,
 }
 
 impl std::fmt::Debug for Msg {
@@ -97,7 +97,7 @@ impl Store {
             .name("ferry-store".into())
             .spawn(move || writer(db, rx))
             .map_err(|e| Error::io("cannot start the store writer thread", e))?;
-        let writer = Arc::new(std::sync::Mutex::new(Some(handle)));
+        let writer = Arc::new(parking_lot::Mutex::new(Some(handle)));
         Ok((Self { tx, writer }, loaded))
     }
 
@@ -145,7 +145,7 @@ impl Store {
     /// Finishes pending commits and closes the database. Later commits fail.
     pub fn close(&self) {
         let _ = self.tx.send(Msg::Close);
-        let handle = self.writer.lock().ok().and_then(|mut h| h.take());
+        let handle = self.writer.lock().take();
         if let Some(handle) = handle {
             let _ = handle.join();
         }

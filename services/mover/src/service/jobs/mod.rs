@@ -12,18 +12,19 @@ pub mod opener;
 mod runner;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_core::{Error, ErrorKind};
 use ferry_engine::Checkpoint;
+use parking_lot::Mutex;
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use self::model::{now_ms, ErrorRecord, JobKind, JobRecord, JobState};
 use self::opener::Opener;
-use super::convert::Accepted;
+use super::convert::{Accepted, JobSpec};
 use super::metrics::Metrics;
 use super::scheduler::{Claim, Limits, Scheduler};
 use super::secrets::SecretResolver;
@@ -71,6 +72,9 @@ impl Default for ManagerConfig {
 
 struct Entry {
     record: JobRecord,
+    /// What the job runs with; None for a finished job taken over from the store (or a
+    /// stored request that no longer decodes, which fails the job when it would run).
+    spec: Option<Arc<JobSpec>>,
     tx: watch::Sender<JobRecord>,
     cancel: CancellationToken,
     checkpoint: Option<Checkpoint>,
@@ -137,10 +141,6 @@ pub struct JobManager {
     inner: Arc<Inner>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl JobManager {
     /// Takes over what the store held: queued jobs queue again, running jobs resume from
     /// their checkpoints, finished jobs stay queryable. Spawns the dispatcher and pruner.
@@ -164,28 +164,7 @@ impl JobManager {
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
         });
-        let mut resumed = Vec::new();
-        {
-            let mut table = lock(&inner.table);
-            let mut sched = lock(&inner.sched);
-            let mut checkpoints = loaded.checkpoints;
-            for record in loaded.jobs {
-                table.next_seq = table.next_seq.max(record.seq + 1);
-                inner.metrics.job_state(None, Some(record.state));
-                match record.state {
-                    JobState::Queued => {
-                        sched.enqueue(&record.id, record.priority, record.seq, claim(&record))
-                    }
-                    JobState::Running => {
-                        sched.resume_running(&record.id, claim(&record));
-                        resumed.push(record.id.clone());
-                    }
-                    _ => {}
-                }
-                let checkpoint = checkpoints.remove(&record.id);
-                inner.insert_locked(&mut table, record, checkpoint);
-            }
-        }
+        let resumed = inner.take_over(loaded);
         for id in resumed {
             tracing::info!(job = %id, "resuming job that was running before the restart");
             inner.spawn_runner(id, true);
@@ -220,7 +199,7 @@ impl JobManager {
             return Err(ServiceError::ShuttingDown);
         }
         let record = {
-            let mut table = lock(&inner.table);
+            let mut table = inner.table.lock();
             if !acc.idempotency_key.is_empty() {
                 if let Some(id) = table.keys.get(&acc.idempotency_key) {
                     let existing = &table.jobs[id].record;
@@ -234,7 +213,7 @@ impl JobManager {
                 }
             }
             {
-                let sched = lock(&inner.sched);
+                let sched = inner.sched.lock();
                 if acc.refuse_if_target_busy {
                     if let Some(t) = &acc.plan.target_key {
                         if sched.target_in_use(t) || table_writes(&table, t) {
@@ -271,7 +250,7 @@ impl JobManager {
                 message: "queued".into(),
             };
             inner.metrics.job_state(None, Some(JobState::Queued));
-            inner.insert_locked(&mut table, record.clone(), None);
+            inner.insert_locked(&mut table, record.clone(), Some(acc.spec), None);
             record
         };
         if let Err(e) = inner.store.put_job(&record).await {
@@ -279,14 +258,17 @@ impl JobManager {
             return Err(e.into());
         }
         let still_queued = {
-            let table = lock(&inner.table);
+            let table = inner.table.lock();
             table
                 .jobs
                 .get(&record.id)
                 .is_some_and(|e| e.record.state == JobState::Queued)
         };
         if still_queued {
-            lock(&inner.sched).enqueue(&record.id, record.priority, record.seq, claim(&record));
+            inner
+                .sched
+                .lock()
+                .enqueue(&record.id, record.priority, record.seq, claim(&record));
             inner.wake.notify_one();
         }
         tracing::info!(job = %record.id, kind = record.kind.as_str(), "job accepted");
@@ -294,7 +276,9 @@ impl JobManager {
     }
 
     pub fn get(&self, id: &str) -> Result<JobRecord, ServiceError> {
-        lock(&self.inner.table)
+        self.inner
+            .table
+            .lock()
             .jobs
             .get(id)
             .map(|e| e.record.clone())
@@ -322,7 +306,7 @@ impl JobManager {
                     })?,
             )
         };
-        let table = lock(&self.inner.table);
+        let table = self.inner.table.lock();
         let range = match after {
             Some(seq) => table.order.range(seq + 1..),
             None => table.order.range(..),
@@ -345,7 +329,9 @@ impl JobManager {
 
     /// A channel with the job's record, updated on every change.
     pub fn watch(&self, id: &str) -> Result<watch::Receiver<JobRecord>, ServiceError> {
-        lock(&self.inner.table)
+        self.inner
+            .table
+            .lock()
             .jobs
             .get(id)
             .map(|e| e.tx.subscribe())
@@ -359,7 +345,7 @@ impl JobManager {
         let state = self.get(id)?.state;
         match state {
             JobState::Queued => {
-                let removed = lock(&inner.sched).remove_queued(id);
+                let removed = inner.sched.lock().remove_queued(id);
                 let done = inner.update(id, |r| {
                     if r.state == JobState::Queued {
                         finish_record(r, JobState::Cancelled, Some(cancelled_error()));
@@ -381,7 +367,7 @@ impl JobManager {
             _ => return self.get(id),
         }
         let mut rx = self.watch(id)?;
-        if let Some(e) = lock(&inner.table).jobs.get(id) {
+        if let Some(e) = inner.table.lock().jobs.get(id) {
             e.cancel.cancel();
         }
         let _ = tokio::time::timeout(
@@ -407,7 +393,7 @@ impl JobManager {
                 "jobs did not stop within {timeout:?}; persisting their last checkpoints"
             );
             let ops: Vec<Op> = {
-                let table = lock(&inner.table);
+                let table = inner.table.lock();
                 table
                     .jobs
                     .values()
@@ -419,14 +405,18 @@ impl JobManager {
                     })
                     .collect()
             };
-            let _ = inner.store.commit(ops).await;
+            if let Err(e) = inner.store.commit(ops).await {
+                // The jobs stay running in the store; a restart resumes them from their
+                // last persisted checkpoints instead, redoing more of the copy.
+                tracing::error!(error = %e, "cannot persist the checkpoints of unfinished jobs");
+            }
         }
         inner.store.close();
     }
 
     /// Number of jobs the manager knows (all states).
     pub fn len(&self) -> usize {
-        lock(&self.inner.table).jobs.len()
+        self.inner.table.lock().jobs.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -468,7 +458,52 @@ fn finish_record(r: &mut JobRecord, state: JobState, error: Option<ErrorRecord>)
 }
 
 impl Inner {
-    fn insert_locked(&self, table: &mut Table, record: JobRecord, checkpoint: Option<Checkpoint>) {
+    /// Takes over the jobs of the store: queued ones queue again, running ones are
+    /// returned to be resumed; unfinished ones get their typed options from their stored
+    /// request.
+    fn take_over(&self, loaded: Loaded) -> Vec<String> {
+        let mut resumed = Vec::new();
+        let mut table = self.table.lock();
+        let mut sched = self.sched.lock();
+        let mut checkpoints = loaded.checkpoints;
+        for record in loaded.jobs {
+            table.next_seq = table.next_seq.max(record.seq + 1);
+            self.metrics.job_state(None, Some(record.state));
+            match record.state {
+                JobState::Queued => {
+                    sched.enqueue(&record.id, record.priority, record.seq, claim(&record))
+                }
+                JobState::Running => {
+                    sched.resume_running(&record.id, claim(&record));
+                    resumed.push(record.id.clone());
+                }
+                _ => {}
+            }
+            let spec = if record.state.is_terminal() {
+                None
+            } else {
+                match JobSpec::from_record(&record) {
+                    Ok(spec) => Some(Arc::new(spec)),
+                    Err(e) => {
+                        tracing::error!(job = %record.id, error = %e,
+                                        "the stored job cannot be read; it fails when it runs");
+                        None
+                    }
+                }
+            };
+            let checkpoint = checkpoints.remove(&record.id);
+            self.insert_locked(&mut table, record, spec, checkpoint);
+        }
+        resumed
+    }
+
+    fn insert_locked(
+        &self,
+        table: &mut Table,
+        record: JobRecord,
+        spec: Option<Arc<JobSpec>>,
+        checkpoint: Option<Checkpoint>,
+    ) {
         let (tx, _) = watch::channel(record.clone());
         if !record.idempotency_key.is_empty() {
             table
@@ -480,6 +515,7 @@ impl Inner {
             record.id.clone(),
             Entry {
                 record,
+                spec,
                 tx,
                 cancel: self.shutdown.child_token(),
                 checkpoint,
@@ -488,7 +524,7 @@ impl Inner {
     }
 
     fn forget(&self, id: &str) {
-        let mut table = lock(&self.table);
+        let mut table = self.table.lock();
         if let Some(e) = table.jobs.remove(id) {
             table.order.remove(&e.record.seq);
             if table
@@ -505,7 +541,7 @@ impl Inner {
     /// Applies `f` to the record; when it returns true the change is published. Returns
     /// the record after the change (None: unknown job or no change).
     fn update(&self, id: &str, f: impl FnOnce(&mut JobRecord) -> bool) -> Option<JobRecord> {
-        let mut table = lock(&self.table);
+        let mut table = self.table.lock();
         let entry = table.jobs.get_mut(id)?;
         let before = entry.record.state;
         if !f(&mut entry.record) {
@@ -520,17 +556,22 @@ impl Inner {
     }
 
     fn set_checkpoint(&self, id: &str, cp: Checkpoint) {
-        if let Some(e) = lock(&self.table).jobs.get_mut(id) {
+        if let Some(e) = self.table.lock().jobs.get_mut(id) {
             e.checkpoint = Some(cp);
         }
     }
 
+    /// The typed options of a job (None: unknown job, or a stored one that does not decode).
+    fn spec(&self, id: &str) -> Option<Arc<JobSpec>> {
+        self.table.lock().jobs.get(id)?.spec.clone()
+    }
+
     fn checkpoint(&self, id: &str) -> Option<Checkpoint> {
-        lock(&self.table).jobs.get(id)?.checkpoint.clone()
+        self.table.lock().jobs.get(id)?.checkpoint.clone()
     }
 
     fn cancel_token(&self, id: &str) -> Option<CancellationToken> {
-        Some(lock(&self.table).jobs.get(id)?.cancel.clone())
+        Some(self.table.lock().jobs.get(id)?.cancel.clone())
     }
 
     fn finished_metrics(&self, r: &JobRecord) {
@@ -554,7 +595,7 @@ impl Inner {
                 _ = self.shutdown.cancelled() => return,
                 _ = self.wake.notified() => {}
             }
-            let batch = lock(&self.sched).next_batch();
+            let batch = self.sched.lock().next_batch();
             for id in batch {
                 self.spawn_runner(id, false);
             }
@@ -565,7 +606,7 @@ impl Inner {
         let inner = self.clone();
         self.tasks.spawn(async move {
             runner::run(inner.clone(), id.clone(), resumed).await;
-            lock(&inner.sched).release(&id);
+            inner.sched.lock().release(&id);
             inner.wake.notify_one();
         });
     }
@@ -574,7 +615,7 @@ impl Inner {
         let max_age_ms = self.cfg.history_max_age.as_millis() as u64;
         let now = now_ms();
         let doomed: Vec<String> = {
-            let table = lock(&self.table);
+            let table = self.table.lock();
             let finished: Vec<&JobRecord> = table
                 .order
                 .values()

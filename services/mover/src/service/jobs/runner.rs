@@ -2,23 +2,26 @@
 //! persisting checkpoints, retries transient errors with backoff (resuming from the last
 //! checkpoint), and records the outcome. On shutdown it persists the checkpoint and
 //! leaves the job running in the store, so the next server resumes it.
+//!
+//! A job runs with the typed options its request was accepted with ([`JobSpec`]); a
+//! transfer copies and verifies through the engine's one copy-then-verify path
+//! ([`ferry_engine::copy_and_verify`]), the one `ferry copy --verify` takes.
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_core::{Error, ErrorKind, Result};
-use ferry_engine::{Checkpoint, Progress};
-use prost::Message;
+use ferry_core::{Error, Result, Source, Target};
+use ferry_engine::{Checkpoint, CopyOptions, Progress, Stage, Stages, VerifiedCopy, Verify};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::metered::{JobCounts, MeteredSource, MeteredTarget};
-use super::model::{now_ms, DigestRecord, ErrorRecord, JobKind, JobRecord, JobState, ResultRecord};
+use super::model::{now_ms, DigestRecord, ErrorRecord, JobRecord, JobState, ResultRecord};
 use super::{finish_record, Inner};
-use crate::service::convert;
-use crate::service::proto;
+use crate::service::convert::options::source_options;
+use crate::service::convert::{ChecksumSpec, JobSpec, TransferSpec};
 use crate::service::scheduler::{backoff, jitter_random};
 use crate::service::store::Op;
 
@@ -38,7 +41,36 @@ pub(super) async fn run(inner: Arc<Inner>, id: String, resumed: bool) {
     let Some(cancel) = inner.cancel_token(&id) else {
         return;
     };
-    let started = inner.update(&id, |r| {
+    let Some(record) = mark_running(&inner, &id, resumed) else {
+        return;
+    };
+    persist(&inner, &record, "start").await;
+    let Some(spec) = inner.spec(&id) else {
+        let error = Error::internal(
+            "the stored request of this job cannot be read (the server log at startup says why)",
+        );
+        finish(
+            &inner,
+            &id,
+            JobState::Failed,
+            None,
+            Some(error_record(&error)),
+        )
+        .await;
+        return;
+    };
+    let span = tracing::info_span!("job", job.id = %id, job.kind = record.kind.as_str(),
+                                   source = %record.plan.source_kind,
+                                   target = record.plan.target_kind.as_deref().unwrap_or(""));
+    run_attempts(&inner, &id, record, &spec, &cancel)
+        .instrument(span)
+        .await;
+}
+
+/// Moves a queued job (or, on resumption, a running one) to running and counts the
+/// attempt; None when the job is not runnable.
+fn mark_running(inner: &Inner, id: &str, resumed: bool) -> Option<JobRecord> {
+    inner.update(id, |r| {
         let runnable = r.state == JobState::Queued || (resumed && r.state == JobState::Running);
         if !runnable {
             return false;
@@ -60,32 +92,31 @@ pub(super) async fn run(inner: Arc<Inner>, id: String, resumed: bool) {
             "running".into()
         };
         true
-    });
-    let Some(record) = started else {
-        return;
-    };
-    if let Err(e) = inner.store.put_job(&record).await {
-        tracing::error!(job = %id, error = %e, "cannot persist job start");
+    })
+}
+
+/// Persists the record of a job that keeps running. A failed write is logged and the
+/// job goes on rather than failing: the record in memory (what clients see) is current,
+/// the stored one only lags until the job's next write (its outcome is always written),
+/// and after a crash in between the job resumes as running from what is stored either way.
+async fn persist(inner: &Inner, record: &JobRecord, what: &str) {
+    if let Err(e) = inner.store.put_job(record).await {
+        tracing::warn!(job = %record.id, error = %e, "cannot persist the job's {what}");
     }
-    let span = tracing::info_span!("job", job.id = %id, job.kind = record.kind.as_str(),
-                                   source = %record.plan.source_kind,
-                                   target = record.plan.target_kind.as_deref().unwrap_or(""));
-    run_attempts(&inner, &id, record, &cancel)
-        .instrument(span)
-        .await;
 }
 
 async fn run_attempts(
     inner: &Arc<Inner>,
     id: &str,
     mut record: JobRecord,
+    spec: &JobSpec,
     cancel: &CancellationToken,
 ) {
     loop {
         tracing::info!(attempt = record.attempt, "job attempt starting");
-        let outcome = match record.kind {
-            JobKind::Transfer => transfer(inner, &record, cancel).await,
-            JobKind::Checksum => checksum(inner, &record, cancel).await,
+        let outcome = match spec {
+            JobSpec::Transfer(t) => transfer(inner, id, t, cancel).await,
+            JobSpec::Checksum(c) => checksum(inner, id, c, cancel).await,
         };
         let err = match outcome {
             Ok(result) => {
@@ -95,79 +126,81 @@ async fn run_attempts(
             }
             Err(e) => e,
         };
-        if inner.shutdown.is_cancelled() {
-            interrupted(inner, id).await;
+        if stopped(inner, id, cancel).await {
             return;
         }
-        if cancel.is_cancelled() {
-            tracing::info!("job cancelled");
-            finish(
-                inner,
-                id,
-                JobState::Cancelled,
-                None,
-                Some(super::cancelled_error()),
-            )
-            .await;
+        if !err.kind().is_transient() || record.attempt >= inner.cfg.max_attempts {
+            tracing::warn!(error = %err, "job failed");
+            finish(inner, id, JobState::Failed, None, Some(error_record(&err))).await;
             return;
         }
-        let kind = err.kind();
-        if kind.is_transient() && record.attempt < inner.cfg.max_attempts {
-            let delay = backoff(
-                record.attempt,
-                inner.cfg.retry_base,
-                inner.cfg.retry_max,
-                jitter_random(),
-            );
-            tracing::warn!(error = %err, ?delay, "transient error; retrying");
-            inner
-                .metrics
-                .job_retries
-                .with_label_values(&[record.kind.as_str()])
-                .inc();
-            let message = format!("retrying in {:.1}s after: {err}", delay.as_secs_f64());
-            if let Some(r) = inner.update(id, |r| {
-                r.message = message;
-                r.error = Some(error_record(&err));
-                true
-            }) {
-                let _ = inner.store.put_job(&r).await;
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = cancel.cancelled() => {}
-            }
-            if inner.shutdown.is_cancelled() {
-                interrupted(inner, id).await;
-                return;
-            }
-            if cancel.is_cancelled() {
-                finish(
-                    inner,
-                    id,
-                    JobState::Cancelled,
-                    None,
-                    Some(super::cancelled_error()),
-                )
-                .await;
-                return;
-            }
-            match inner.update(id, |r| {
-                r.attempt += 1;
-                r.error = None;
-                r.message = format!("attempt {}", r.attempt);
-                true
-            }) {
-                Some(r) => record = r,
-                None => return,
-            }
-            let _ = inner.store.put_job(&record).await;
-            continue;
+        match retry(inner, id, &record, &err, cancel).await {
+            Some(next) => record = next,
+            None => return,
         }
-        tracing::warn!(error = %err, "job failed");
-        finish(inner, id, JobState::Failed, None, Some(error_record(&err))).await;
-        return;
     }
+}
+
+/// Ends the job when the server is stopping (it stays running in the store) or the job
+/// was cancelled; true when it did.
+async fn stopped(inner: &Arc<Inner>, id: &str, cancel: &CancellationToken) -> bool {
+    if inner.shutdown.is_cancelled() {
+        interrupted(inner, id).await;
+        return true;
+    }
+    if cancel.is_cancelled() {
+        tracing::info!("job cancelled");
+        let error = super::cancelled_error();
+        finish(inner, id, JobState::Cancelled, None, Some(error)).await;
+        return true;
+    }
+    false
+}
+
+/// Waits out the backoff after a transient error and starts the next attempt; None when
+/// the job stopped meanwhile.
+async fn retry(
+    inner: &Arc<Inner>,
+    id: &str,
+    record: &JobRecord,
+    err: &Error,
+    cancel: &CancellationToken,
+) -> Option<JobRecord> {
+    let delay = backoff(
+        record.attempt,
+        inner.cfg.retry_base,
+        inner.cfg.retry_max,
+        jitter_random(),
+    );
+    tracing::warn!(error = %err, ?delay, "transient error; retrying");
+    inner
+        .metrics
+        .job_retries
+        .with_label_values(&[record.kind.as_str()])
+        .inc();
+    let message = format!("retrying in {:.1}s after: {err}", delay.as_secs_f64());
+    if let Some(r) = inner.update(id, |r| {
+        r.message = message;
+        r.error = Some(error_record(err));
+        true
+    }) {
+        persist(inner, &r, "retry").await;
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => {}
+        _ = cancel.cancelled() => {}
+    }
+    if stopped(inner, id, cancel).await {
+        return None;
+    }
+    let next = inner.update(id, |r| {
+        r.attempt += 1;
+        r.error = None;
+        r.message = format!("attempt {}", r.attempt);
+        true
+    })?;
+    persist(inner, &next, "next attempt").await;
+    Some(next)
 }
 
 fn error_record(e: &Error) -> ErrorRecord {
@@ -225,6 +258,68 @@ async fn interrupted(inner: &Arc<Inner>, id: &str) {
     }
 }
 
+/// What [`drive`] remembers between ticks.
+struct Ticks {
+    last_persist: Instant,
+    last_cp: Option<Checkpoint>,
+    last_done: (Instant, u64),
+}
+
+impl Ticks {
+    fn new(inner: &Inner, id: &str) -> Self {
+        Self {
+            last_persist: Instant::now(),
+            last_cp: inner.checkpoint(id),
+            last_done: (Instant::now(), 0),
+        }
+    }
+
+    /// Publishes progress, and every checkpoint interval the engine's checkpoint (when
+    /// it moved).
+    fn tick(&mut self, inner: &Inner, id: &str, progress: &Progress, checkpoints: bool) {
+        let snap = progress.snapshot();
+        let now = Instant::now();
+        let dt = now.duration_since(self.last_done.0).as_secs_f64();
+        let rate = if dt > 0.0 && self.last_done.1 > 0 {
+            snap.done.saturating_sub(self.last_done.1) as f64 / dt
+        } else {
+            0.0
+        };
+        self.last_done = (now, snap.done);
+        let cp = checkpoints.then(|| progress.checkpoint());
+        let persist = checkpoints
+            && self.last_persist.elapsed() >= inner.cfg.checkpoint_interval
+            && cp.as_ref() != self.last_cp.as_ref()
+            && cp.as_ref().is_some_and(|c| !c.committed.is_empty());
+        let record = inner.update(id, |r| {
+            r.progress.total = snap.total;
+            r.progress.done = snap.done;
+            r.progress.data = snap.data_bytes;
+            r.progress.zero = snap.zero_bytes;
+            r.progress.bytes_per_second = rate;
+            if let Some(cp) = &cp {
+                r.progress.committed = cp.committed_bytes();
+            }
+            true
+        });
+        if !persist {
+            return;
+        }
+        let cp = cp.unwrap_or_default();
+        inner.set_checkpoint(id, cp.clone());
+        let mut ops = vec![Op::PutCheckpoint(id.to_string(), cp.clone())];
+        if let Some(r) = record {
+            ops.push(Op::PutJob(Box::new(r)));
+        }
+        // Queued now, committed in call order; not waited for, so a failed write is not
+        // seen here: the checkpoint is kept in memory, persisted again at the next
+        // interval, and written by the job's outcome, interruption or shutdown.
+        drop(inner.store.submit(ops));
+        self.last_cp = Some(cp);
+        self.last_persist = Instant::now();
+    }
+}
+
 /// Polls the engine future while publishing progress every progress interval and
 /// persisting the engine's checkpoint every checkpoint interval (when it moved).
 async fn drive<T>(
@@ -237,68 +332,15 @@ async fn drive<T>(
     tokio::pin!(work);
     let mut tick = tokio::time::interval(inner.cfg.progress_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_persist = Instant::now();
-    let mut last_cp: Option<Checkpoint> = inner.checkpoint(id);
-    let mut last_done = (Instant::now(), 0u64);
+    let mut ticks = Ticks::new(inner, id);
     let result = loop {
         tokio::select! {
             r = &mut work => break r,
-            _ = tick.tick() => {
-                let snap = progress.snapshot();
-                let now = Instant::now();
-                let dt = now.duration_since(last_done.0).as_secs_f64();
-                let rate = if dt > 0.0 && last_done.1 > 0 {
-                    snap.done.saturating_sub(last_done.1) as f64 / dt
-                } else {
-                    0.0
-                };
-                last_done = (now, snap.done);
-                let cp = checkpoints.then(|| progress.checkpoint());
-                let persist = checkpoints
-                    && last_persist.elapsed() >= inner.cfg.checkpoint_interval
-                    && cp.as_ref() != last_cp.as_ref()
-                    && cp.as_ref().is_some_and(|c| !c.committed.is_empty());
-                let record = inner.update(id, |r| {
-                    r.progress.total = snap.total;
-                    r.progress.done = snap.done;
-                    r.progress.data = snap.data_bytes;
-                    r.progress.zero = snap.zero_bytes;
-                    r.progress.bytes_per_second = rate;
-                    if let Some(cp) = &cp {
-                        r.progress.committed = cp.committed_bytes();
-                    }
-                    true
-                });
-                if persist {
-                    let cp = cp.clone().unwrap_or_default();
-                    inner.set_checkpoint(id, cp.clone());
-                    let mut ops = vec![Op::PutCheckpoint(id.to_string(), cp.clone())];
-                    if let Some(r) = record {
-                        ops.push(Op::PutJob(Box::new(r)));
-                    }
-                    // Queued now, committed in call order; no need to wait for the fsync.
-                    drop(inner.store.submit(ops));
-                    last_cp = Some(cp);
-                    last_persist = Instant::now();
-                }
-            }
+            _ = tick.tick() => ticks.tick(inner, id, progress, checkpoints),
         }
     };
     if checkpoints {
-        let cp = progress.checkpoint();
-        if !cp.committed.is_empty() && Some(&cp) != last_cp.as_ref() {
-            inner.set_checkpoint(id, cp.clone());
-            inner.update(id, |r| {
-                r.progress.committed = cp.committed_bytes();
-                true
-            });
-            if result.is_err() {
-                let _ = inner
-                    .store
-                    .commit(vec![Op::PutCheckpoint(id.to_string(), cp)])
-                    .await;
-            }
-        }
+        keep_last_checkpoint(inner, id, progress, ticks.last_cp.as_ref(), result.is_err()).await;
     }
     let snap = progress.snapshot();
     inner.update(id, |r| {
@@ -311,44 +353,77 @@ async fn drive<T>(
     result
 }
 
-async fn transfer(
-    inner: &Arc<Inner>,
-    record: &JobRecord,
-    cancel: &CancellationToken,
-) -> Result<ResultRecord> {
-    let id = record.id.as_str();
-    let req = proto::StartTransferRequest::decode(record.request.as_slice())
-        .map_err(|e| Error::internal(format!("stored request does not decode: {e}")))?;
-    let opts = req.options.unwrap_or_default();
-    let plan = &record.plan;
-    let target_plan = plan
-        .target
-        .as_ref()
-        .ok_or_else(|| Error::internal("transfer job without a target"))?;
-    let (src_spec, src_s3) =
-        convert::open_spec(&plan.source, req.source.as_ref(), &inner.secrets, "source")?;
-    let (tgt_spec, tgt_s3) =
-        convert::open_spec(target_plan, req.target.as_ref(), &inner.secrets, "target")?;
-    let src_kind = kind_label(&plan.source_kind);
-    let tgt_kind = kind_label(plan.target_kind.as_deref().unwrap_or("other"));
+/// Keeps the engine's last checkpoint for the next attempt; after a failure it is also
+/// persisted at once, for a restart.
+async fn keep_last_checkpoint(
+    inner: &Inner,
+    id: &str,
+    progress: &Progress,
+    last: Option<&Checkpoint>,
+    failed: bool,
+) {
+    let cp = progress.checkpoint();
+    if cp.committed.is_empty() || Some(&cp) == last {
+        return;
+    }
+    inner.set_checkpoint(id, cp.clone());
+    inner.update(id, |r| {
+        r.progress.committed = cp.committed_bytes();
+        true
+    });
+    if failed {
+        if let Err(e) = inner
+            .store
+            .commit(vec![Op::PutCheckpoint(id.to_string(), cp)])
+            .await
+        {
+            // The next attempt in this process resumes from the checkpoint in memory;
+            // only a restart would start from the last one stored.
+            tracing::warn!(job = %id, error = %e, "cannot persist the checkpoint of a failed attempt");
+        }
+    }
+}
 
-    let src_options = convert::source_options(opts.cache, src_s3)?;
-    let source = inner.opener.open_source(&src_spec, &src_options).await?;
-    let source = MeteredSource::wrap(source, &inner.metrics, src_kind);
-    let size = source.size();
+/// A transfer's endpoints, open.
+struct Opened {
+    source: Arc<dyn Source>,
+    target: Arc<dyn Target>,
+    counts: Arc<JobCounts>,
+    target_kind: &'static str,
+}
+
+/// Opens a transfer's source, then its target sized to it, both metered.
+async fn open_transfer(inner: &Inner, spec: &TransferSpec) -> Result<Opened> {
+    let (src_spec, src_s3) = spec.source.open(&inner.secrets)?;
+    let (tgt_spec, tgt_s3) = spec.target.open(&inner.secrets)?;
+    let source = inner
+        .opener
+        .open_source(&src_spec, &source_options(spec.cache, src_s3))
+        .await?;
+    let source = MeteredSource::wrap(source, &inner.metrics, kind_label(src_spec.kind()));
+    let target_kind = kind_label(tgt_spec.kind());
+    let counts = Arc::new(JobCounts::default());
+    let target = inner
+        .opener
+        .open_target(&tgt_spec, source.size(), &spec.target_options(tgt_s3))
+        .await?;
+    let target = MeteredTarget::wrap(target, &inner.metrics, target_kind, counts.clone());
+    Ok(Opened {
+        source,
+        target,
+        counts,
+        target_kind,
+    })
+}
+
+/// The engine options of this attempt: the spec's, resuming from the job's checkpoint
+/// when it has one for this source size. Returns them with the bytes resumed.
+fn attempt_options(inner: &Inner, id: &str, spec: &TransferSpec, size: u64) -> (CopyOptions, u64) {
     let resume = inner
         .checkpoint(id)
         .filter(|c| c.size == size && !c.committed.is_empty());
     let resumed_bytes = resume.as_ref().map_or(0, Checkpoint::committed_bytes);
-    let counts = Arc::new(JobCounts::default());
-    let tgt_options = convert::target_options(&opts, tgt_s3.clone())?;
-    let target = inner
-        .opener
-        .open_target(&tgt_spec, size, &tgt_options)
-        .await?;
-    let target = MeteredTarget::wrap(target, &inner.metrics, tgt_kind, counts.clone());
-
-    let mut copy = convert::copy_options(&opts)?;
+    let mut copy = spec.copy.clone();
     copy.checkpoint_interval = inner.cfg.checkpoint_interval;
     if resume.is_some() {
         // Uncommitted ranges may hold partial writes of the earlier run.
@@ -368,95 +443,89 @@ async fn transfer(
     if resumed_bytes > 0 {
         tracing::info!(resumed_bytes, size, "resuming copy from checkpoint");
     }
-    let progress = Progress::new();
-    let report = drive(
-        inner,
-        id,
-        &progress,
-        true,
-        ferry_engine::copy(source.clone(), target.clone(), &copy, &progress, cancel),
-    )
+    (copy, resumed_bytes)
+}
+
+async fn transfer(
+    inner: &Arc<Inner>,
+    id: &str,
+    spec: &TransferSpec,
+    cancel: &CancellationToken,
+) -> Result<ResultRecord> {
+    let opened = open_transfer(inner, spec).await?;
+    let size = opened.source.size();
+    let (copy, resumed_bytes) = attempt_options(inner, id, spec, size);
+    // Verification reads the target through a new handle, opened after the copy
+    // flushed the target and released it.
+    let target_kind = opened.target_kind;
+    let verify = spec.verify.clone().map(|checksum| Verify {
+        checksum,
+        read_back: || async move {
+            let (tgt_spec, tgt_s3) = spec.target.open(&inner.secrets)?;
+            let options = source_options(spec.cache, tgt_s3);
+            let target = inner.opener.open_source(&tgt_spec, &options).await?;
+            Ok(MeteredSource::wrap(target, &inner.metrics, target_kind))
+        },
+    });
+    let entered = |stage: Stage| {
+        if stage == Stage::Verify {
+            inner.update(id, |r| {
+                r.message = "verifying".into();
+                true
+            });
+        }
+    };
+    let stages = Stages {
+        copy: Progress::new(),
+        verify: Progress::new(),
+        entered: &entered,
+    };
+    let work =
+        ferry_engine::copy_and_verify(opened.source, opened.target, &copy, verify, &stages, cancel);
+    let done = drive(inner, id, &stages.copy, true, async {
+        work.await.map_err(Error::from)
+    })
     .await?;
+    let counts = &opened.counts;
     let moved = counts.written.load(Ordering::Relaxed) + counts.zeroed.load(Ordering::Relaxed);
     inner
         .metrics
         .bytes_skipped
-        .with_label_values(&[tgt_kind])
+        .with_label_values(&[target_kind])
         .inc_by(size.saturating_sub(moved));
+    Ok(transfer_result(&done, resumed_bytes))
+}
 
-    let (mut source_digest, mut target_digest) = (None, None);
-    if opts.verify {
-        inner.update(id, |r| {
-            r.message = "verifying".into();
-            true
-        });
-        let mut ck = ferry_engine::ChecksumOptions {
-            algorithm: convert::hash_algorithm(opts.verify_algorithm)?,
-            ..Default::default()
-        };
-        if opts.workers > 0 {
-            ck.workers = opts.workers as usize;
-        }
-        let verify_options = convert::source_options(opts.cache, tgt_s3)?;
-        let verify_target = inner.opener.open_source(&tgt_spec, &verify_options).await?;
-        let verify_target = MeteredSource::wrap(verify_target, &inner.metrics, tgt_kind);
-        let p1 = Progress::new();
-        let p2 = Progress::new();
-        let (a, b) = tokio::join!(
-            ferry_engine::checksum(source.clone(), &ck, &p1, cancel),
-            ferry_engine::checksum(verify_target, &ck, &p2, cancel),
-        );
-        let (a, b) = (a?, b?);
-        let (ha, hb) = (a.hex(), b.hex());
-        if ha != hb {
-            return Err(Error::new(
-                ErrorKind::Corrupt,
-                format!(
-                    "verify failed: source {} digest {ha} but target digest {hb}",
-                    ck.algorithm
-                ),
-            ));
-        }
-        source_digest = Some(DigestRecord {
-            algorithm: ck.algorithm.as_str().into(),
-            hex: ha,
-        });
-        target_digest = Some(DigestRecord {
-            algorithm: ck.algorithm.as_str().into(),
-            hex: hb,
-        });
-    }
-    Ok(ResultRecord::Transfer {
-        size: report.size,
-        data_bytes: report.data_bytes,
-        zero_bytes: report.zero_bytes,
-        seconds: report.elapsed.as_secs_f64(),
-        source_digest,
-        target_digest,
+fn transfer_result(done: &VerifiedCopy, resumed_bytes: u64) -> ResultRecord {
+    let digest = |d: &ferry_engine::Digest| DigestRecord {
+        algorithm: d.algorithm.as_str().into(),
+        hex: d.hex(),
+    };
+    let v = done.verification.as_ref();
+    ResultRecord::Transfer {
+        size: done.copy.size,
+        data_bytes: done.copy.data_bytes,
+        zero_bytes: done.copy.zero_bytes,
+        seconds: done.copy.elapsed.as_secs_f64(),
+        source_digest: v.map(|v| digest(&v.source)),
+        target_digest: v.map(|v| digest(&v.target)),
         resumed_bytes,
-    })
+    }
 }
 
 async fn checksum(
     inner: &Arc<Inner>,
-    record: &JobRecord,
+    id: &str,
+    spec: &ChecksumSpec,
     cancel: &CancellationToken,
 ) -> Result<ResultRecord> {
-    let id = record.id.as_str();
-    let req = proto::StartChecksumRequest::decode(record.request.as_slice())
-        .map_err(|e| Error::internal(format!("stored request does not decode: {e}")))?;
-    let opts = req.options.unwrap_or_default();
-    let (spec, s3) = convert::open_spec(
-        &record.plan.source,
-        req.source.as_ref(),
-        &inner.secrets,
-        "source",
-    )?;
-    let source_options = convert::source_options(opts.cache, s3)?;
-    let source = inner.opener.open_source(&spec, &source_options).await?;
-    let source = MeteredSource::wrap(source, &inner.metrics, kind_label(&record.plan.source_kind));
+    let (source_spec, s3) = spec.source.open(&inner.secrets)?;
+    let source = inner
+        .opener
+        .open_source(&source_spec, &source_options(spec.cache, s3))
+        .await?;
+    let source = MeteredSource::wrap(source, &inner.metrics, kind_label(source_spec.kind()));
     let size = source.size();
-    let ck = convert::checksum_options(&opts)?;
     let progress = Progress::new();
     let started = Instant::now();
     let digest = drive(
@@ -464,7 +533,7 @@ async fn checksum(
         id,
         &progress,
         false,
-        ferry_engine::checksum(source, &ck, &progress, cancel),
+        ferry_engine::checksum(source, &spec.checksum, &progress, cancel),
     )
     .await?;
     Ok(ResultRecord::Checksum {

@@ -1,0 +1,353 @@
+//! The typed options a job runs with ([`JobSpec`]): a request's options turned into engine
+//! and endpoint options once, when the request is accepted (or when a restarted server
+//! takes over a stored job), so the runner never decodes or converts a request itself.
+//! Secrets stay references here and are read at every open ([`EndpointAccess::open`]).
+
+use ferry_core::{EndpointSpec, Error, Result};
+use ferry_endpoints::s3::S3Options;
+use ferry_endpoints::{CacheMode, Preallocation, SourceOptions, TargetOptions};
+use ferry_engine::{ChecksumOptions, CopyOptions};
+use prost::Message;
+
+use super::validation::{has_inline_password, invalid, MAX_URL_BYTES};
+use crate::options;
+use crate::service::jobs::model::{JobKind, JobPlan, JobRecord, ResolvedEndpoint};
+use crate::service::proto;
+use crate::service::secrets::SecretResolver;
+
+/// Most workers (or hashing threads) a request may ask for.
+pub const MAX_WORKERS: u32 = 256;
+/// Largest request (and sparse) size a request may ask for.
+pub const MAX_REQUEST_SIZE: u64 = 64 * 1024 * 1024;
+
+/// What a job does, with its options typed.
+#[derive(Debug, Clone)]
+pub enum JobSpec {
+    Transfer(TransferSpec),
+    Checksum(ChecksumSpec),
+}
+
+impl JobSpec {
+    /// The spec of a stored job, from the request and plan its record keeps (a restarted
+    /// server takes over queued and running jobs with this).
+    pub fn from_record(record: &JobRecord) -> Result<Self> {
+        let undecodable =
+            |e: prost::DecodeError| Error::internal(format!("stored request does not decode: {e}"));
+        Ok(match record.kind {
+            JobKind::Transfer => {
+                let req = proto::StartTransferRequest::decode(record.request.as_slice())
+                    .map_err(undecodable)?;
+                Self::Transfer(TransferSpec::new(&req, &record.plan)?)
+            }
+            JobKind::Checksum => {
+                let req = proto::StartChecksumRequest::decode(record.request.as_slice())
+                    .map_err(undecodable)?;
+                Self::Checksum(ChecksumSpec::new(&req, &record.plan)?)
+            }
+        })
+    }
+}
+
+/// A transfer's endpoints and options.
+#[derive(Debug, Clone)]
+pub struct TransferSpec {
+    pub source: EndpointAccess,
+    pub target: EndpointAccess,
+    /// Engine options (the runner sets the checkpoint interval and what to resume).
+    pub copy: CopyOptions,
+    pub cache: CacheMode,
+    pub preallocation: Preallocation,
+    /// Present when the request asks to verify the copy.
+    pub verify: Option<ChecksumOptions>,
+}
+
+impl TransferSpec {
+    /// Checks and converts a transfer request's options; `plan` is what validation
+    /// resolved its endpoints to.
+    pub fn new(req: &proto::StartTransferRequest, plan: &JobPlan) -> Result<Self> {
+        let o = req.options.unwrap_or_default();
+        let target = plan
+            .target
+            .as_ref()
+            .ok_or_else(|| Error::internal("transfer job without a target"))?;
+        let mut copy = copy_options(&o)?;
+        let cache = options::cache_mode(o.cache)?;
+        let preallocation =
+            options::preallocation_from_proto(o.preallocation, o.preallocation_step)?;
+        copy.zero_mode = options::zero_mode(preallocation);
+        let verify = if o.verify {
+            let mut checksum = ChecksumOptions {
+                algorithm: options::hash_algorithm(o.verify_algorithm)?,
+                ..ChecksumOptions::default()
+            };
+            if o.workers > 0 {
+                checksum.workers = o.workers as usize;
+            }
+            Some(checksum)
+        } else {
+            None
+        };
+        Ok(Self {
+            source: EndpointAccess::new(&plan.source, req.source.as_ref(), "source"),
+            target: EndpointAccess::new(target, req.target.as_ref(), "target"),
+            copy,
+            cache,
+            preallocation,
+            verify,
+        })
+    }
+
+    /// Options to open the target with, given its S3 settings from [`EndpointAccess::open`].
+    pub fn target_options(&self, s3: S3Options) -> TargetOptions {
+        let mut t = TargetOptions::default();
+        t.cache = self.cache;
+        t.preallocation = self.preallocation;
+        t.s3 = s3;
+        t
+    }
+}
+
+/// A checksum's endpoint and options.
+#[derive(Debug, Clone)]
+pub struct ChecksumSpec {
+    pub source: EndpointAccess,
+    pub checksum: ChecksumOptions,
+    pub cache: CacheMode,
+}
+
+impl ChecksumSpec {
+    /// Checks and converts a checksum request's options.
+    pub fn new(req: &proto::StartChecksumRequest, plan: &JobPlan) -> Result<Self> {
+        let o = req.options.unwrap_or_default();
+        Ok(Self {
+            source: EndpointAccess::new(&plan.source, req.source.as_ref(), "source"),
+            checksum: checksum_options(&o)?,
+            cache: options::cache_mode(o.cache)?,
+        })
+    }
+}
+
+/// Options to read an endpoint with: the job's cache mode and the endpoint's S3 settings
+/// from [`EndpointAccess::open`] (a parameter, so no caller can open an S3 endpoint without
+/// the job's own endpoint URL, region and credentials).
+pub fn source_options(cache: CacheMode, s3: S3Options) -> SourceOptions {
+    let mut s = SourceOptions::default();
+    s.cache = cache;
+    s.s3 = s3;
+    s
+}
+
+/// How a job opens one endpoint: what validation resolved (a confined path or a URL
+/// without secrets) and the request's endpoint options, whose credentials are references.
+#[derive(Debug, Clone)]
+pub struct EndpointAccess {
+    resolved: ResolvedEndpoint,
+    endpoint: Option<proto::Endpoint>,
+    what: &'static str,
+}
+
+impl EndpointAccess {
+    pub fn new(
+        resolved: &ResolvedEndpoint,
+        endpoint: Option<&proto::Endpoint>,
+        what: &'static str,
+    ) -> Self {
+        Self {
+            resolved: resolved.clone(),
+            endpoint: endpoint.cloned(),
+            what,
+        }
+    }
+
+    /// The spec to open, with credentials read from their references just now, and the
+    /// endpoint's S3 settings (see [`open_spec`]).
+    pub fn open(&self, secrets: &SecretResolver) -> Result<(EndpointSpec, S3Options)> {
+        open_spec(&self.resolved, self.endpoint.as_ref(), secrets, self.what)
+    }
+}
+
+/// Engine copy options for a request (the checkpoint interval, resume and zero mode are
+/// set by the caller).
+pub fn copy_options(o: &proto::TransferOptions) -> Result<CopyOptions> {
+    let mut c = CopyOptions::default();
+    if o.workers > MAX_WORKERS {
+        return Err(invalid(format!(
+            "workers {}: at most {MAX_WORKERS}",
+            o.workers
+        )));
+    }
+    if o.workers > 0 {
+        c.workers = o.workers as usize;
+    }
+    if o.request_size > MAX_REQUEST_SIZE {
+        return Err(invalid(format!(
+            "request_size {}: at most {MAX_REQUEST_SIZE}",
+            o.request_size
+        )));
+    }
+    if o.request_size > 0 {
+        c.request_size = Some(o.request_size as usize);
+    }
+    c.order = options::commit_order(o.order)?;
+    if let Some(s) = o.sparse_size {
+        if s > MAX_REQUEST_SIZE {
+            return Err(invalid(format!(
+                "sparse_size {s}: at most {MAX_REQUEST_SIZE}"
+            )));
+        }
+        c.sparse_size = s as usize;
+    }
+    c.target_is_zero = o.target_is_zero;
+    c.rate_limit = (o.rate_limit > 0).then_some(o.rate_limit);
+    Ok(c)
+}
+
+/// Engine checksum options for a request.
+pub fn checksum_options(o: &proto::ChecksumOptions) -> Result<ChecksumOptions> {
+    let mut c = ChecksumOptions {
+        algorithm: options::hash_algorithm(o.algorithm)?,
+        ..ChecksumOptions::default()
+    };
+    if o.workers > MAX_WORKERS || o.threads > MAX_WORKERS {
+        return Err(invalid(format!(
+            "workers and threads: at most {MAX_WORKERS}"
+        )));
+    }
+    if o.workers > 0 {
+        c.workers = o.workers as usize;
+    }
+    if o.threads > 0 {
+        c.threads = o.threads as usize;
+    }
+    if o.request_size > MAX_REQUEST_SIZE {
+        return Err(invalid(format!(
+            "request_size {}: at most {MAX_REQUEST_SIZE}",
+            o.request_size
+        )));
+    }
+    if o.request_size > 0 {
+        c.request_size = o.request_size as usize;
+    }
+    options::cache_mode(o.cache)?;
+    Ok(c)
+}
+
+/// What a job opens for one endpoint: the confined path or the URL with credentials
+/// resolved from their references just now, and the endpoint's per-job S3 settings (the
+/// SDK's standard chain alone when the request has none). Called at every start of a job,
+/// including its resumption after a restart, because secrets are never stored.
+pub fn open_spec(
+    resolved: &ResolvedEndpoint,
+    endpoint: Option<&proto::Endpoint>,
+    secrets: &SecretResolver,
+    what: &str,
+) -> Result<(EndpointSpec, S3Options)> {
+    let mut spec = match resolved {
+        ResolvedEndpoint::File(p) => EndpointSpec::File(p.clone()),
+        ResolvedEndpoint::Url(u) => EndpointSpec::parse(u)?,
+    };
+    let mut s3 = S3Options::new();
+    use proto::endpoint::Options;
+    match (&mut spec, endpoint.and_then(|e| e.options.as_ref())) {
+        (EndpointSpec::Iscsi(s), Some(Options::Iscsi(o))) => {
+            if !o.user.is_empty() {
+                s.user = Some(o.user.clone());
+            }
+            if let Some(p) = &o.password {
+                s.password = Some(secrets.resolve(&format!("{what}.iscsi.password"), p)?);
+            }
+        }
+        (EndpointSpec::Nbd(s), Some(Options::Nbd(o))) if !o.tls_certificates_dir.is_empty() => {
+            s.tls_certificates = Some(o.tls_certificates_dir.clone().into());
+        }
+        (EndpointSpec::S3(_), Some(Options::S3(o))) => s3 = s3_options(what, o, secrets)?,
+        _ => {}
+    }
+    Ok((spec, s3))
+}
+
+/// Longest region name accepted (AWS's are about 15 bytes; other stores pick their own).
+const MAX_REGION_BYTES: usize = 64;
+
+/// The form of a request's S3 settings, before any secret is read.
+fn check_s3_settings(what: &str, o: &proto::S3Options) -> Result<()> {
+    let url = &o.endpoint_url;
+    if !url.is_empty() {
+        if url.len() > MAX_URL_BYTES {
+            return Err(invalid(format!(
+                "{what}.s3.endpoint_url is longer than {MAX_URL_BYTES} bytes"
+            )));
+        }
+        if has_inline_password(url) {
+            return Err(invalid(format!(
+                "{what}.s3.endpoint_url carries a password: give credentials by reference \
+                 in access_key_id and secret_access_key"
+            )));
+        }
+        let rest = url
+            .strip_prefix("http://")
+            .or_else(|| url.strip_prefix("https://"));
+        if rest
+            .is_none_or(|r| r.is_empty() || r.chars().any(|c| c.is_whitespace() || c.is_control()))
+        {
+            return Err(invalid(format!(
+                "{what}.s3.endpoint_url is not an http:// or https:// URL"
+            )));
+        }
+    }
+    let region = &o.region;
+    if region.len() > MAX_REGION_BYTES
+        || !region
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err(invalid(format!(
+            "{what}.s3.region must be at most {MAX_REGION_BYTES} letters, digits, '-', '_' or '.'"
+        )));
+    }
+    if o.access_key_id.is_some() != o.secret_access_key.is_some() {
+        return Err(invalid(format!(
+            "{what}.s3: access_key_id and secret_access_key go together"
+        )));
+    }
+    if o.session_token.is_some() && o.access_key_id.is_none() {
+        return Err(invalid(format!(
+            "{what}.s3: session_token needs access_key_id and secret_access_key"
+        )));
+    }
+    Ok(())
+}
+
+/// A request's S3 settings as endpoint options, with the credentials read from their
+/// references. Errors name the reference (`source.s3.secret_access_key`, the variable or
+/// the file), never a value.
+pub(super) fn s3_options(
+    what: &str,
+    o: &proto::S3Options,
+    secrets: &SecretResolver,
+) -> Result<S3Options> {
+    check_s3_settings(what, o)?;
+    let mut s3 = S3Options::new();
+    if !o.endpoint_url.is_empty() {
+        s3 = s3.with_endpoint_url(o.endpoint_url.clone());
+    }
+    if !o.region.is_empty() {
+        s3 = s3.with_region(o.region.clone());
+    }
+    // proto3 bool: false leaves addressing to the SDK (path style for IP endpoints).
+    if o.force_path_style {
+        s3 = s3.with_force_path_style(true);
+    }
+    let resolve = |name: &str, r: &Option<proto::SecretRef>| {
+        r.as_ref()
+            .map(|r| secrets.resolve(&format!("{what}.s3.{name}"), r))
+            .transpose()
+    };
+    let key_id = resolve("access_key_id", &o.access_key_id)?;
+    let secret_key = resolve("secret_access_key", &o.secret_access_key)?;
+    let token = resolve("session_token", &o.session_token)?;
+    if let (Some(key_id), Some(secret_key)) = (key_id, secret_key) {
+        s3 = s3.with_credentials(key_id, secret_key, token);
+    }
+    Ok(s3)
+}
