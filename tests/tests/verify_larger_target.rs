@@ -8,9 +8,6 @@
 //!
 //! Also here: the service confines NBD Unix sockets to the allowed roots like files.
 
-#[path = "../src/service_support.rs"]
-#[allow(dead_code)]
-mod service_support;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -23,7 +20,8 @@ use ferry_mover::service::server::RunningService;
 use ferry_tests::check::blkhash_file;
 use ferry_tests::ferry;
 use ferry_tests::nbd_servers::{NbdServer, Nbdkit, QemuNbd};
-use service_support::*;
+use ferry_testkit::files::LoopDevice;
+use ferry_tests::service_support::*;
 use tonic::Code;
 
 const MIB: u64 = 1 << 20;
@@ -71,37 +69,6 @@ fn assert_image_then_fill(image: &Path, target: &Path, size: u64) {
             );
         }
         offset += MIB;
-    }
-}
-
-/// A loop device over a file, detached on drop.
-struct LoopDevice {
-    path: PathBuf,
-}
-
-impl LoopDevice {
-    /// Attaches `backing` to a free loop device (needs root and loop devices).
-    fn attach(backing: &Path) -> Self {
-        let out = Command::new("losetup")
-            .args(["--find", "--show"])
-            .arg(backing)
-            .output()
-            .unwrap_or_else(|e| {
-                panic!("cannot run losetup ({e}): install it with `apt-get install -y mount`")
-            });
-        assert!(
-            out.status.success(),
-            "losetup failed (these tests need root and loop devices): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-        Self { path }
-    }
-}
-
-impl Drop for LoopDevice {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup").arg("-d").arg(&self.path).status();
     }
 }
 

@@ -279,10 +279,10 @@ impl Source for Prefix {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::Ordering;
-    use std::sync::Mutex;
+    use parking_lot::Mutex;
 
     use super::*;
-    use crate::testing::{MemSource, RecordingTarget};
+    use ferry_testkit::{MemSource, RecordingTarget};
 
     const MIB: usize = 1 << 20;
 
@@ -308,7 +308,7 @@ mod tests {
         damage: impl FnOnce(&mut Vec<u8>),
     ) -> Run {
         let seen = Mutex::new(Vec::new());
-        let entered = |s: Stage| seen.lock().unwrap().push(s);
+        let entered = |s: Stage| seen.lock().push(s);
         let stages = Stages {
             copy: Progress::new(),
             verify: Progress::new(),
@@ -319,10 +319,10 @@ mod tests {
         let read_back = || async {
             read_backs.fetch_add(1, Ordering::SeqCst);
             assert!(
-                reader.log.finished.load(Ordering::SeqCst),
+                reader.log.is_finished(),
                 "read back before the copy finished the target"
             );
-            assert!(reader.log.flushes.load(Ordering::SeqCst) > 0);
+            assert!(reader.log.flushes() > 0);
             let mut bytes = reader.data();
             damage(&mut bytes);
             Ok(Arc::new(MemSource::new(bytes)) as Arc<dyn Source>)
@@ -342,7 +342,7 @@ mod tests {
         .await;
         Run {
             result,
-            stages: seen.into_inner().unwrap(),
+            stages: seen.into_inner(),
             read_backs: read_backs.load(Ordering::SeqCst),
         }
     }
@@ -376,7 +376,7 @@ mod tests {
         assert_eq!(&data[..source.len() as usize], source.data());
         assert!(data[source.len() as usize..]
             .iter()
-            .all(|&b| b == crate::testing::GARBAGE));
+            .all(|&b| b == ferry_testkit::GARBAGE));
         // The whole larger target differs from the image: hashing all of it would fail.
         assert_ne!(digest(MemSource::new(data)).await, v.source);
     }
