@@ -10,11 +10,13 @@ pub mod dict;
 pub mod iscsi;
 pub mod mutate;
 pub mod nbd;
+pub mod nfs;
 pub mod seeds;
 pub mod smoke;
 
 pub use iscsi::{iscsi_pdu, iscsi_session};
 pub use nbd::{nbd_handshake, nbd_parsers, nbd_replies};
+pub use nfs::{nfs4_compound_reply, nfs_rpc_reply, nfs_xdr};
 
 /// One fuzz target, as the smoke and `make-seeds` see it.
 #[derive(Debug, Clone, Copy)]
@@ -36,9 +38,10 @@ pub struct Driver {
 /// libFuzzer dictionaries, shared with the cargo-fuzz runs.
 pub const NBD_DICT: &str = include_str!("../../../fuzz/seeds/nbd.dict");
 pub const ISCSI_DICT: &str = include_str!("../../../fuzz/seeds/iscsi.dict");
+pub const NFS_DICT: &str = include_str!("../../../fuzz/seeds/nfs.dict");
 
-/// Every fuzz target. A new protocol's targets (NFS: `nfs_xdr`, `nfs_rpc_reply`,
-/// `nfs4_compound_reply`) are a module with their functions and seeds, and a line each here.
+/// Every fuzz target. A new protocol's targets are a module with their functions, their
+/// seeds in [`seeds`], and a line each here.
 #[rustfmt::skip]
 pub const DRIVERS: &[Driver] = &[
     Driver { name: "nbd_parsers", run: nbd_parsers, seeds: seeds::nbd_parsers, dict: NBD_DICT, inputs: 200_000, max_len: 4096 },
@@ -46,4 +49,7 @@ pub const DRIVERS: &[Driver] = &[
     Driver { name: "nbd_replies", run: nbd_replies, seeds: seeds::nbd_replies, dict: NBD_DICT, inputs: 25_000, max_len: 16384 },
     Driver { name: "iscsi_pdu", run: iscsi_pdu, seeds: seeds::iscsi_pdu, dict: ISCSI_DICT, inputs: 200_000, max_len: 16384 },
     Driver { name: "iscsi_session", run: iscsi_session, seeds: seeds::iscsi_session, dict: ISCSI_DICT, inputs: 8_000, max_len: 16384 },
+    Driver { name: "nfs_xdr", run: nfs_xdr, seeds: seeds::nfs_xdr, dict: NFS_DICT, inputs: 20_000, max_len: 4096 },
+    Driver { name: "nfs_rpc_reply", run: nfs_rpc_reply, seeds: seeds::nfs_rpc_reply, dict: NFS_DICT, inputs: 20_000, max_len: 4096 },
+    Driver { name: "nfs4_compound_reply", run: nfs4_compound_reply, seeds: seeds::nfs4_compound_reply, dict: NFS_DICT, inputs: 20_000, max_len: 4096 },
 ];

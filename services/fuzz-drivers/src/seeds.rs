@@ -5,8 +5,12 @@
 //! [`crate::nbd::session`] sends (cookies 1..=7: read 0+4096, read 1M-4096+4096, block
 //! status 0+1M, write, write zeroes, trim, flush); the iSCSI session seeds answer what
 //! [`crate::iscsi::session`] sends (tags 0x100..=0x103: READ, WRITE, NOP-Out, logout).
+//! The NFS seeds are valid replies for each decoder [`crate::nfs`] drives.
 
 use ferry_nbd::proto::*;
+use ferry_nfs::v3::proto as nfs3;
+use ferry_nfs::v4::ops;
+use ferry_nfs::xdr::Encoder;
 
 use crate::{iscsi, nbd};
 
@@ -374,4 +378,243 @@ pub fn iscsi_session() -> Vec<Seed> {
     }
     seeds.push(seed("check", cat(&[&[0], &iscsi_check_condition()])));
     seeds
+}
+
+// ---------------------------------------------------------------------------------------
+// NFS
+
+/// An NFSv3 `fattr3` of a regular file of `size` bytes.
+fn nfs_fattr3(size: u64) -> Encoder {
+    let mut e = Encoder::new();
+    e.u32(nfs3::NF3REG).u32(0o644).u32(1).u32(0).u32(0);
+    e.u64(size).u64(size).u32(0).u32(0).u64(1).u64(2);
+    for _ in 0..6 {
+        e.u32(0);
+    }
+    e
+}
+
+/// An RPC reply record (one fragment): `xid`, accepted with `stat`, then `body`.
+fn nfs_rpc_record(xid: u32, accepted: bool, stat: u32, body: &[u8]) -> Vec<u8> {
+    let mut e = Encoder::new();
+    e.u32(xid).u32(1).u32(u32::from(!accepted));
+    if accepted {
+        e.u32(0).u32(0).u32(stat);
+    } else {
+        e.u32(stat).u32(5);
+    }
+    e.fixed(body);
+    let msg = e.into_vec();
+    cat(&[&(0x8000_0000u32 | msg.len() as u32).to_be_bytes(), &msg])
+}
+
+fn nfs_read3_reply(data: &[u8]) -> Vec<u8> {
+    let mut e = Encoder::new();
+    e.u32(0).bool(true).fixed(nfs_fattr3(9).as_slice());
+    e.u32(data.len() as u32).bool(true).opaque(data);
+    nfs_rpc_record(7, true, 0, e.as_slice())
+}
+
+fn nfs_compound_header(e: &mut Encoder, status: u32, count: u32) {
+    e.u32(status).opaque(b"").u32(count);
+}
+
+fn nfs_sequence_ok(e: &mut Encoder) {
+    e.u32(ops::OP_SEQUENCE).u32(0).fixed(&[1; 16]);
+    e.u32(7).u32(0).u32(3).u32(15).u32(0);
+}
+
+/// The reply to a read COMPOUND (SEQUENCE, PUTFH, READ) carrying `data`.
+fn nfs_read4_body(data: &[u8]) -> Vec<u8> {
+    let mut e = Encoder::new();
+    nfs_compound_header(&mut e, 0, 3);
+    nfs_sequence_ok(&mut e);
+    e.u32(ops::OP_PUTFH).u32(0);
+    e.u32(ops::OP_READ).u32(0).bool(false).opaque(data);
+    e.into_vec()
+}
+
+/// A COMPOUND reply holding one result of every decoder ferry uses, in the order
+/// `sequence, PUTFH, getfh, getattr, open, setattr, write, commit, seek, exchange_id,
+/// create_session, bind_conn`.
+fn nfs_compound_all() -> Vec<u8> {
+    let mut e = Encoder::new();
+    nfs_compound_header(&mut e, 0, 12);
+    nfs_sequence_ok(&mut e);
+    e.u32(ops::OP_PUTFH).u32(0);
+    e.u32(ops::OP_GETFH).u32(0).opaque(&[5; 20]);
+    let mut vals = Encoder::new();
+    vals.u32(ops::NF4REG).u64(12345);
+    e.u32(ops::OP_GETATTR).u32(0).u32(1).u32(0b10010);
+    e.opaque(vals.as_slice());
+    e.u32(ops::OP_OPEN).u32(0).u32(1).fixed(&[3; 12]);
+    e.bool(true).u64(1).u64(2).u32(0).u32(0).u32(0);
+    e.u32(ops::OP_SETATTR).u32(0).u32(0);
+    e.u32(ops::OP_WRITE).u32(0).u32(4096).u32(0).fixed(&[9; 8]);
+    e.u32(ops::OP_COMMIT).u32(0).fixed(&[9; 8]);
+    e.u32(ops::OP_SEEK).u32(0).bool(false).u64(8192);
+    e.u32(ops::OP_EXCHANGE_ID).u32(0).u64(77).u32(1);
+    e.u32(ops::OP_CREATE_SESSION).u32(0).fixed(&[2; 16]);
+    e.u32(1).u32(0);
+    for _ in 0..2 {
+        e.u32(0).u32(1 << 20).u32(1 << 20).u32(4096);
+        e.u32(8).u32(16).u32(0);
+    }
+    e.u32(ops::OP_BIND_CONN_TO_SESSION).u32(0).fixed(&[2; 16]);
+    e.u32(1).bool(false);
+    e.into_vec()
+}
+
+/// `nfs_xdr`: a walk over every primitive (pick, then its value), and one valid reply
+/// body per NFSv3 and MOUNT decoder.
+pub fn nfs_xdr() -> Vec<Seed> {
+    let mut walk = Encoder::new();
+    walk.u32(0).u32(7).u32(1).u64(1 << 40).u32(2).bool(true);
+    walk.u32(3).opaque(b"abcde").u32(4).string("name");
+    // The driver takes a pick `% 7` and a length `(pick >> 3) % 64`: 54 is `fixed(6)`,
+    // 34 is `skip(4)`.
+    walk.u32(54).fixed(&[1; 6]).u32(34).u32(0);
+    let mut lookup = Encoder::new();
+    lookup.opaque(&[1; 32]).bool(true);
+    lookup.fixed(nfs_fattr3(5).as_slice());
+    let mut create = Encoder::new();
+    create.bool(true).opaque(&[1; 32]).bool(false);
+    let mut fsinfo = Encoder::new();
+    fsinfo.bool(false).u32(1 << 20).u32(1 << 20).u32(1);
+    fsinfo
+        .u32(1 << 20)
+        .u32(1 << 20)
+        .u32(1)
+        .u32(4096)
+        .u64(1 << 40);
+    let mut write = Encoder::new();
+    write
+        .bool(false)
+        .bool(false)
+        .u32(4096)
+        .u32(0)
+        .fixed(&[1; 8]);
+    let mut mount = Encoder::new();
+    mount.opaque(&[1; 32]);
+    let mut exports = Encoder::new();
+    exports.bool(true).string("/export").bool(true).string("*");
+    exports.bool(false).bool(false);
+    vec![
+        seed("walk", walk.into_vec()),
+        seed("attr", nfs_fattr3(4096).into_vec()),
+        seed("lookup", lookup.into_vec()),
+        seed("create", create.into_vec()),
+        seed("fsinfo", fsinfo.into_vec()),
+        seed("write", write.into_vec()),
+        seed("mount", mount.into_vec()),
+        seed("exports", exports.into_vec()),
+    ]
+}
+
+/// `nfs_rpc_reply`: an NFSv3 READ reply, an NFSv4 read COMPOUND reply, a denied call.
+pub fn nfs_rpc_reply() -> Vec<Seed> {
+    let read4 = nfs_read4_body(b"hello, world");
+    vec![
+        seed("read3", nfs_read3_reply(b"hello")),
+        seed("read4", nfs_rpc_record(9, true, 0, &read4)),
+        seed("denied", nfs_rpc_record(3, false, 1, &[])),
+    ]
+}
+
+/// `nfs4_compound_reply`: a read COMPOUND reply, and one result of every decoder.
+pub fn nfs4_compound_reply() -> Vec<Seed> {
+    vec![
+        seed("read", nfs_read4_body(b"data")),
+        seed("all", nfs_compound_all()),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use ferry_nfs::rpc::{decode_reply, ReadShape, RpcError};
+    use ferry_nfs::v4::ops::{self, Reply};
+    use ferry_nfs::xdr::Decoder;
+
+    use super::*;
+
+    fn bytes(seeds: &[Seed], name: &str) -> Vec<u8> {
+        let found = seeds.iter().find(|s| s.name == name);
+        found.map(|s| s.bytes.clone()).unwrap_or_default()
+    }
+
+    // Each NFS seed is the valid reply its name says, so mutations start from deep paths.
+
+    #[test]
+    fn nfs_xdr_seeds_decode_as_intended() {
+        let xdr = nfs_xdr();
+        let whole = |name| bytes(&xdr, name);
+        let walk = whole("walk");
+        let mut d = Decoder::new(&walk);
+        assert_eq!(
+            (d.u32(), d.u32(), d.u32(), d.u64()),
+            (Ok(0), Ok(7), Ok(1), Ok(1 << 40))
+        );
+        assert_eq!((d.u32(), d.bool(), d.u32()), (Ok(2), Ok(true), Ok(3)));
+        assert_eq!(d.opaque(1024, "opaque"), Ok(&b"abcde"[..]));
+        assert_eq!(
+            (d.u32(), d.string(255, "string").as_deref()),
+            (Ok(4), Ok("name"))
+        );
+        assert_eq!((d.u32(), d.fixed(6)), (Ok(54), Ok(&[1; 6][..])));
+        assert_eq!((d.u32(), d.skip(4), d.remaining()), (Ok(34), Ok(()), 0));
+        assert_eq!(
+            nfs3::Attr::decode(&mut Decoder::new(&whole("attr"))).map(|a| a.size),
+            Ok(4096)
+        );
+        assert!(nfs3::lookup_ok(&mut Decoder::new(&whole("lookup"))).is_ok());
+        assert!(nfs3::create_ok(&mut Decoder::new(&whole("create"))).is_ok());
+        assert!(nfs3::fsinfo_ok(&mut Decoder::new(&whole("fsinfo"))).is_ok());
+        assert!(nfs3::write_ok(&mut Decoder::new(&whole("write"))).is_ok());
+        assert!(nfs3::mount_ok(&mut Decoder::new(&whole("mount"))).is_ok());
+        let exports = nfs3::exports(&mut Decoder::new(&whole("exports")));
+        assert_eq!(exports, Ok(vec!["/export".to_string()]));
+    }
+
+    #[test]
+    fn nfs_rpc_reply_seeds_decode_as_intended() {
+        let rpc = nfs_rpc_reply();
+        let (xid, out) = decode_reply(&bytes(&rpc, "read3"), Some(vec![0u8; 8]), ReadShape::Read3)
+            .expect("a good READ reply");
+        assert_eq!((xid, out.result.is_ok()), (7, true));
+        assert_eq!(&out.sink.unwrap_or_default()[..5], b"hello");
+        let compound = ReadShape::Compound4 {
+            before: ops::READ_PREFIX,
+            read_op: ops::OP_READ,
+        };
+        let (xid, out) = decode_reply(&bytes(&rpc, "read4"), Some(vec![0u8; 12]), compound)
+            .expect("a good read COMPOUND reply");
+        assert_eq!((xid, out.result.is_ok()), (9, true));
+        assert_eq!(out.sink.unwrap_or_default(), b"hello, world");
+        let (_, out) = decode_reply::<Vec<u8>>(&bytes(&rpc, "denied"), None, ReadShape::Read3)
+            .expect("a denied call is a reply");
+        assert!(matches!(out.result, Err(RpcError::Auth { .. })), "{out:?}");
+    }
+
+    #[test]
+    fn nfs4_compound_reply_seeds_decode_as_intended() {
+        let v4 = nfs4_compound_reply();
+        let all = bytes(&v4, "all");
+        let mut r = Reply::parse(&all).expect("a COMPOUND reply");
+        r.sequence().expect("SEQUENCE");
+        r.simple(ops::OP_PUTFH).expect("PUTFH");
+        assert_eq!(r.getfh().map(|fh| fh.0), Ok(vec![5; 20]));
+        assert_eq!(r.getattr().map(|a| a.size), Ok(Some(12345)));
+        assert!(r.open().is_ok() && r.setattr().is_ok());
+        assert_eq!(r.write().map(|w| w.0), Ok(4096));
+        assert!(r.commit().is_ok());
+        assert_eq!(r.seek(), Ok((false, 8192)));
+        assert_eq!(r.exchange_id(), Ok((77, 1)));
+        assert_eq!(r.create_session().map(|s| s.1.max_requests), Ok(16));
+        assert!(r.bind_conn().is_ok() && !r.has_more());
+        let read = bytes(&v4, "read");
+        let mut r = Reply::parse(&read).expect("a read COMPOUND reply");
+        r.sequence().expect("SEQUENCE");
+        r.simple(ops::OP_PUTFH).expect("PUTFH");
+        assert!(r.read_into_sink().is_ok());
+    }
 }

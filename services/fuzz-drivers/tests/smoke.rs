@@ -129,7 +129,9 @@ fn the_dictionaries_parse() {
     let nbd = ferry_fuzz_drivers::dict::parse(ferry_fuzz_drivers::NBD_DICT).expect("nbd.dict");
     let iscsi =
         ferry_fuzz_drivers::dict::parse(ferry_fuzz_drivers::ISCSI_DICT).expect("iscsi.dict");
-    assert_eq!((nbd.len(), iscsi.len()), (11, 36));
+    let nfs = ferry_fuzz_drivers::dict::parse(ferry_fuzz_drivers::NFS_DICT).expect("nfs.dict");
+    assert_eq!((nbd.len(), iscsi.len(), nfs.len()), (11, 36, 28));
     assert!(nbd.contains(&b"base:allocation".to_vec()));
     assert!(iscsi.contains(&vec![0xff; 4]));
+    assert!(nfs.contains(&53u32.to_be_bytes().to_vec()), "OP_SEQUENCE");
 }

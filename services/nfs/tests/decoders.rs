@@ -1,127 +1,14 @@
 //! Every decoder of network input, fed truncated, oversized-length and garbage input:
 //! each must answer a clean error, never panic, never allocate from a length it read.
-//! The three drivers at the top are the fuzz targets' bodies (XDR, RPC replies, NFSv4
-//! COMPOUND replies); the tests run them over valid seeds, every truncation of them and
-//! pseudo-random bytes.
+//! The fuzz targets over the same decoders (`nfs_xdr`, `nfs_rpc_reply`,
+//! `nfs4_compound_reply`) live in ferry-fuzz-drivers, whose smoke runs them on every test run.
 
 use ferry_nfs::rpc::{decode_reply, ReadShape, RpcError};
 use ferry_nfs::v3::proto;
 use ferry_nfs::v4::ops::{self, Reply, ReplyError};
 use ferry_nfs::xdr::{Decoder, Encoder};
 
-// ---- the fuzz drivers ----
-
-/// XDR primitives in an order the input picks, then every NFSv3, MOUNT and portmapper
-/// reply decoder on the whole input.
-pub fn nfs_xdr(data: &[u8]) {
-    let mut d = Decoder::new(data);
-    while let Ok(pick) = d.u32() {
-        let before = d.remaining();
-        let ok = match pick % 7 {
-            0 => d.u32().is_ok(),
-            1 => d.u64().is_ok(),
-            2 => d.bool().is_ok(),
-            3 => d.opaque(1024, "opaque").is_ok_and(|b| b.len() <= 1024),
-            4 => d.string(255, "string").is_ok(),
-            5 => {
-                let n = (pick >> 3) as usize % 64;
-                d.fixed(n).is_ok_and(|b| b.len() == n)
-            }
-            _ => d.skip((pick >> 3) as usize % 64).is_ok(),
-        };
-        assert!(d.remaining() <= before, "a decoder cannot give bytes back");
-        if !ok {
-            break;
-        }
-    }
-    let whole = || Decoder::new(data);
-    let _ = proto::Attr::decode(&mut whole());
-    let _ = proto::post_op_attr(&mut whole());
-    let _ = proto::skip_wcc_data(&mut whole());
-    if let Ok((fh, _)) = proto::lookup_ok(&mut whole()) {
-        assert!(fh.0.len() <= proto::FHSIZE3);
-    }
-    if let Ok((Some(fh), _)) = proto::create_ok(&mut whole()) {
-        assert!(fh.0.len() <= proto::FHSIZE3);
-    }
-    let _ = proto::fsinfo_ok(&mut whole());
-    let _ = proto::write_ok(&mut whole());
-    let _ = proto::commit_ok(&mut whole());
-    if let Ok(fh) = proto::mount_ok(&mut whole()) {
-        assert!(fh.0.len() <= proto::FHSIZE3);
-    }
-    if let Ok(exports) = proto::exports(&mut whole()) {
-        assert!(exports.len() <= proto::MAX_EXPORTS);
-    }
-}
-
-/// An ONC RPC reply as a connection's reader takes it: without a buffer, and with one
-/// for NFSv3 READ data and for NFSv4 READ data (its size picked by the first byte).
-pub fn nfs_rpc_reply(data: &[u8]) {
-    if let Ok((_, out)) = decode_reply::<Vec<u8>>(data, None, ReadShape::Read3) {
-        assert!(out.sink.is_none());
-        if let Ok(body) = &out.result {
-            assert!(body.len() <= data.len(), "the body comes from the input");
-        }
-    }
-    let len = data.first().map_or(0, |b| usize::from(*b) * 16);
-    let compound = ReadShape::Compound4 {
-        before: ops::READ_PREFIX,
-        read_op: ops::OP_READ,
-    };
-    for shape in [ReadShape::Read3, compound] {
-        if let Ok((_, out)) = decode_reply(data, Some(vec![0u8; len]), shape) {
-            let sink = out.sink.expect("a decoded reply hands the buffer back");
-            assert_eq!(sink.len(), len, "the buffer keeps its size");
-            if let Ok(body) = &out.result {
-                assert!(body.len() <= data.len(), "the body comes from the input");
-            }
-        }
-    }
-}
-
-/// A COMPOUND4res read result by result with each decoder in turn, and as the reply to
-/// a read COMPOUND (SEQUENCE, PUTFH, READ).
-pub fn nfs4_compound_reply(data: &[u8]) {
-    type Decode = fn(&mut Reply<'_>) -> Result<(), ReplyError>;
-    let decoders: [Decode; 14] = [
-        |r| r.sequence().map(drop),
-        |r| r.getfh().map(|fh| assert!(fh.0.len() <= ops::NFS4_FHSIZE)),
-        |r| r.getattr().map(drop),
-        |r| r.open().map(drop),
-        |r| r.setattr(),
-        |r| r.read_into_sink().map(drop),
-        |r| r.write().map(drop),
-        |r| r.commit().map(drop),
-        |r| r.seek().map(drop),
-        |r| r.exchange_id().map(drop),
-        |r| r.create_session().map(drop),
-        |r| r.bind_conn(),
-        |r| r.simple(ops::OP_PUTFH),
-        |r| r.simple(ops::OP_LOOKUP),
-    ];
-    for decode in decoders {
-        let Ok(mut r) = Reply::parse(data) else {
-            return;
-        };
-        let mut decoded = 0;
-        while decode(&mut r).is_ok() {
-            decoded += 1;
-        }
-        assert!(
-            decoded <= ops::MAX_RESULTS,
-            "no more results than the bound"
-        );
-    }
-    if let Ok(mut r) = Reply::parse(data) {
-        let _ = r
-            .sequence()
-            .and_then(|_| r.simple(ops::OP_PUTFH))
-            .and_then(|_| r.read_into_sink());
-    }
-}
-
-// ---- seeds ----
+// ---- fixtures ----
 
 fn fattr3(size: u64) -> Encoder {
     let mut e = Encoder::new();
@@ -159,15 +46,6 @@ fn compound_header(e: &mut Encoder, status: u32, count: u32) {
 fn sequence_ok(e: &mut Encoder) {
     e.u32(ops::OP_SEQUENCE).u32(0).fixed(&[1; 16]);
     e.u32(7).u32(0).u32(3).u32(15).u32(0);
-}
-
-fn read4_reply_body(data: &[u8]) -> Vec<u8> {
-    let mut e = Encoder::new();
-    compound_header(&mut e, 0, 3);
-    sequence_ok(&mut e);
-    e.u32(ops::OP_PUTFH).u32(0);
-    e.u32(ops::OP_READ).u32(0).bool(false).opaque(data);
-    e.into_vec()
 }
 
 /// A COMPOUND reply holding one result of every decoder ferry uses.
@@ -226,62 +104,10 @@ fn xdr_seed() -> Vec<u8> {
     e.into_vec()
 }
 
-fn seeds() -> Vec<Vec<u8>> {
-    let mut lookup = Encoder::new();
-    lookup
-        .opaque(&[1; 32])
-        .bool(true)
-        .fixed(fattr3(5).as_slice());
-    vec![
-        xdr_seed(),
-        lookup.into_vec(),
-        read3_reply(b"hello"),
-        rpc_reply(9, &read4_reply_body(b"hello, world")),
-        read4_reply_body(b"data"),
-        compound_seed(),
-    ]
-}
-
-/// xorshift64*: pseudo-random bytes without a dependency.
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.max(1);
-    (0..len)
-        .map(|_| {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8
-        })
-        .collect()
-}
-
-fn drive(data: &[u8]) {
-    nfs_xdr(data);
-    nfs_rpc_reply(data);
-    nfs4_compound_reply(data);
-}
-
 // ---- tests ----
 
 #[test]
-fn the_drivers_survive_seeds_truncations_flips_and_noise() {
-    for seed in seeds() {
-        for cut in 0..=seed.len() {
-            drive(&seed[..cut]);
-        }
-        for i in 0..seed.len() {
-            let mut flipped = seed.clone();
-            flipped[i] ^= 0xff;
-            drive(&flipped);
-        }
-    }
-    for n in 0..2000u64 {
-        drive(&noise(n, (n as usize * 7) % 600));
-    }
-}
-
-#[test]
-fn seeds_decode_as_intended() {
+fn fixtures_decode_as_intended() {
     let (xid, out) = decode_reply(&read3_reply(b"hello"), Some(vec![0u8; 8]), ReadShape::Read3)
         .expect("a good READ reply");
     assert_eq!(xid, 7);
