@@ -9,10 +9,9 @@
 //! the block hash, and thin LUNs for sparseness by their backing file's allocated blocks.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_core::{ErrorKind, Result, Target};
+use ferry_core::{ErrorKind, Result};
 use ferry_engine::{copy, CancellationToken, CommitOrder, CopyOptions, CopyReport, Progress};
 use ferry_tests::check::{allocated_bytes, assert_allocated_about, blkhash_file, qemu_img_compare};
 use ferry_tests::copying::{blkhash_of, copy_urls, source, target};

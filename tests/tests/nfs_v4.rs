@@ -16,13 +16,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_core::{EndpointSpec, ErrorKind, Extent, ExtentKind, IoBuf, Source, Target, ZeroMode};
-use ferry_endpoints::nfs::{Nfs4Source, Nfs4Target, NfsOptions, NfsSource};
+use ferry_core::{ErrorKind, Extent, ExtentKind, IoBuf, Source, Target, ZeroMode};
+use ferry_endpoints::nfs::{Nfs4Source, Nfs4Target, NfsOptions};
 use ferry_engine::{CopyOptions, CopyReport};
 use ferry_tests::check::{allocated_bytes, assert_allocated_about, blkhash_file, qemu_img_compare};
 use ferry_tests::copying::{self, blkhash_of, copy_urls, source, target};
 use ferry_tests::images::{self, Image, Pattern};
-use ferry_tests::nbd_servers::{NbdServer, QemuNbd};
 use ferry_tests::nfs_server::{nfs_spec as spec, Ganesha};
 use ferry_tests::scratch_dir;
 
@@ -306,16 +305,6 @@ fn fault_options() -> NfsOptions {
         request_timeout: Duration::from_secs(5),
         reconnect_timeout: Duration::from_secs(30),
         privileged_port: None,
-    }
-}
-
-/// A rate-limited copy that flushes only at the end, so it is still running (and its
-/// writes uncommitted) at the restart.
-fn slow() -> CopyOptions {
-    CopyOptions {
-        rate_limit: Some(4 * MIB),
-        checkpoint_interval: Duration::ZERO,
-        ..CopyOptions::default()
     }
 }
 

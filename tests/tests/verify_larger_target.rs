@@ -8,19 +8,17 @@
 //!
 //! Also here: the service confines NBD Unix sockets to the allowed roots like files.
 
-
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use ferry_mover::service::config::ServiceConfig;
 use ferry_mover::service::proto::{self, JobState};
 use ferry_mover::service::server::RunningService;
+use ferry_testkit::files::LoopDevice;
 use ferry_tests::check::blkhash_file;
 use ferry_tests::ferry;
 use ferry_tests::nbd_servers::{NbdServer, Nbdkit, QemuNbd};
-use ferry_testkit::files::LoopDevice;
 use ferry_tests::service_support::*;
 use tonic::Code;
 

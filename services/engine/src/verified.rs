@@ -278,8 +278,8 @@ impl Source for Prefix {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::Ordering;
     use parking_lot::Mutex;
+    use std::sync::atomic::Ordering;
 
     use super::*;
     use ferry_testkit::{MemSource, RecordingTarget};
@@ -319,10 +319,10 @@ mod tests {
         let read_back = || async {
             read_backs.fetch_add(1, Ordering::SeqCst);
             assert!(
-                reader.log.is_finished(),
+                reader.is_finished(),
                 "read back before the copy finished the target"
             );
-            assert!(reader.log.flushes() > 0);
+            assert!(reader.flushes() > 0);
             let mut bytes = reader.data();
             damage(&mut bytes);
             Ok(Arc::new(MemSource::new(bytes)) as Arc<dyn Source>)
@@ -386,7 +386,8 @@ mod tests {
     #[tokio::test]
     async fn a_mismatch_fails_the_verify_stage() {
         let source = image();
-        let cases: [(&str, Box<dyn FnOnce(&mut Vec<u8>)>); 3] = [
+        type Damage = Box<dyn FnOnce(&mut Vec<u8>)>;
+        let cases: [(&str, Damage); 3] = [
             (
                 "flipped",
                 Box::new(|b: &mut Vec<u8>| b[2 * MIB + 17] ^= 0x40),

@@ -23,8 +23,8 @@ pub const MAX_REQUEST_SIZE: u64 = 64 * 1024 * 1024;
 /// What a job does, with its options typed.
 #[derive(Debug, Clone)]
 pub enum JobSpec {
-    Transfer(TransferSpec),
-    Checksum(ChecksumSpec),
+    Transfer(Box<TransferSpec>),
+    Checksum(Box<ChecksumSpec>),
 }
 
 impl JobSpec {
@@ -37,12 +37,12 @@ impl JobSpec {
             JobKind::Transfer => {
                 let req = proto::StartTransferRequest::decode(record.request.as_slice())
                     .map_err(undecodable)?;
-                Self::Transfer(TransferSpec::new(&req, &record.plan)?)
+                Self::Transfer(Box::new(TransferSpec::new(&req, &record.plan)?))
             }
             JobKind::Checksum => {
                 let req = proto::StartChecksumRequest::decode(record.request.as_slice())
                     .map_err(undecodable)?;
-                Self::Checksum(ChecksumSpec::new(&req, &record.plan)?)
+                Self::Checksum(Box::new(ChecksumSpec::new(&req, &record.plan)?))
             }
         })
     }

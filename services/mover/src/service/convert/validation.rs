@@ -251,7 +251,7 @@ impl Validator {
             source_kind: source.kind.to_string(),
             target_kind: Some(target.kind.to_string()),
         };
-        let spec = JobSpec::Transfer(TransferSpec::new(req, &plan)?);
+        let spec = JobSpec::Transfer(Box::new(TransferSpec::new(req, &plan)?));
         let request = req.encode_to_vec();
         Ok(Accepted {
             kind: JobKind::Transfer,
@@ -278,7 +278,7 @@ impl Validator {
             source_kind: source.kind.to_string(),
             target_kind: None,
         };
-        let spec = JobSpec::Checksum(ChecksumSpec::new(req, &plan)?);
+        let spec = JobSpec::Checksum(Box::new(ChecksumSpec::new(req, &plan)?));
         let request = req.encode_to_vec();
         Ok(Accepted {
             kind: JobKind::Checksum,
