@@ -215,7 +215,7 @@ pub struct ServeProcess {
     pub child: Child,
     pub grpc: SocketAddr,
     pub metrics: Option<SocketAddr>,
-    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    stderr: std::sync::Arc<parking_lot::Mutex<String>>,
 }
 
 impl ServeProcess {
@@ -239,7 +239,7 @@ impl ServeProcess {
             cmd.env(k, v);
         }
         let mut child = cmd.spawn().expect("start ferry-e2e serve");
-        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let stderr = std::sync::Arc::new(parking_lot::Mutex::new(String::new()));
         let sink = stderr.clone();
         let mut err = child.stderr.take().expect("stderr");
         std::thread::spawn(move || {
@@ -248,9 +248,7 @@ impl ServeProcess {
                 if n == 0 {
                     break;
                 }
-                if let Ok(mut s) = sink.lock() {
-                    s.push_str(&String::from_utf8_lossy(&buf[..n]));
-                }
+                sink.lock().push_str(&String::from_utf8_lossy(&buf[..n]));
             }
         });
         let stdout = child.stdout.take().expect("stdout");
@@ -268,7 +266,7 @@ impl ServeProcess {
                 let _ = child.kill();
                 panic!(
                     "ferry serve did not report its ports; stderr:\n{}",
-                    stderr.lock().map(|s| s.clone()).unwrap_or_default()
+                    stderr.lock().clone()
                 );
             }
         };
@@ -292,7 +290,7 @@ impl ServeProcess {
 
     /// What the server logged so far.
     pub fn stderr(&self) -> String {
-        self.stderr.lock().map(|s| s.clone()).unwrap_or_default()
+        self.stderr.lock().clone()
     }
 
     /// SIGKILL: no chance to clean up.

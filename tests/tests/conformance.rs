@@ -16,7 +16,7 @@ use ferry_testkit::files::{write_sparse, LoopDevice};
 use ferry_testkit::BackedFixture;
 use ferry_tests::copying::{source, target};
 use ferry_tests::iscsi_server::{Lun, Tgtd};
-use ferry_tests::nbd_servers::{NbdServer, QemuNbd};
+use ferry_tests::nbd_servers::{NbdServer, Nbdkit, QemuNbd};
 use ferry_tests::nfs_server::Ganesha;
 use ferry_tests::s3_server::S3Server;
 use ferry_tests::scratch_dir;
@@ -98,7 +98,9 @@ async fn nbd() {
     let image = image(SIZE);
     let src = dir.path().join("src.img");
     write_sparse(&src, &image);
-    let server = NbdServer::qemu_nbd(&src, &QemuNbd::default());
+    // nbdkit serves the file's exact size (qemu-nbd rounds an export up to 512 bytes).
+    let file = format!("file={}", src.display());
+    let server = NbdServer::nbdkit(&["file", &file], &Nbdkit::default());
     let s = source(&server.uri()).await.unwrap();
     let caps = s.caps();
     assert!(caps.extents && caps.multi_conn, "{caps:?}");

@@ -47,7 +47,7 @@ async fn start_many(
     prefix: &str,
     per_client: usize,
 ) -> (Vec<f64>, Duration) {
-    let latencies = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let latencies = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     let t = Instant::now();
     for c in 0..50 {
@@ -59,10 +59,7 @@ async fn start_many(
                 let req = transfer(&small, &root.join(format!("{prefix}{c}-{i}.img")));
                 let t = Instant::now();
                 client.start_transfer(req).await.unwrap();
-                latencies
-                    .lock()
-                    .unwrap()
-                    .push(t.elapsed().as_secs_f64() * 1000.0);
+                latencies.lock().push(t.elapsed().as_secs_f64() * 1000.0);
             }
         }));
     }
@@ -70,7 +67,7 @@ async fn start_many(
         t.await.unwrap();
     }
     let wall = t.elapsed();
-    let mut lat = latencies.lock().unwrap().clone();
+    let mut lat = latencies.lock().clone();
     lat.sort_by(|a, b| a.total_cmp(b));
     (lat, wall)
 }

@@ -3,7 +3,9 @@
 //! and JSON logs when asked.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use ferry_tests::service_support::*;
@@ -47,7 +49,7 @@ impl TraceService for Collector {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let mut spans = self.spans.lock().unwrap();
+        let mut spans = self.spans.lock();
         for rs in &request.get_ref().resource_spans {
             let resource = rs
                 .resource
@@ -115,7 +117,7 @@ async fn spans_are_exported_over_otlp() {
         assert!(v.get("level").is_some(), "{line}");
     }
 
-    let spans = collector.spans.lock().unwrap().clone();
+    let spans = collector.spans.lock().clone();
     receiver.abort();
     let job_span = spans
         .iter()

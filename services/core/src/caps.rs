@@ -34,6 +34,10 @@ pub struct Caps {
     /// The target accepts writes in any order (false for streams and multipart uploads
     /// that must be written in order).
     pub random_write: bool,
+    /// A range already written may be written again (false for uploads that take each
+    /// byte once, such as the parts of an S3 multipart upload). The engine writes every
+    /// byte once; callers that rewrite (tests, repairs) ask first.
+    pub rewrite: bool,
     /// Another connection sees the same data, so workers may each have their own.
     pub multi_conn: bool,
     /// Request size limits.
@@ -51,6 +55,7 @@ impl Default for Caps {
             efficient_zero: false,
             trim: false,
             random_write: true,
+            rewrite: true,
             multi_conn: true,
             block: BlockSizes::default(),
             request_size: None,

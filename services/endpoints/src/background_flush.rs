@@ -12,9 +12,10 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use ferry_core::{Error, Result};
+use parking_lot::Mutex;
 
 /// Default bytes written to a target between two background flushes. Measured qemu-nbd
 /// -> nbdkit file, 4 GiB with 2 GiB of data: 64 MiB, 256 MiB and 1 GiB were equal within
@@ -60,7 +61,7 @@ impl BackgroundFlush {
         let flushing = flush();
         tokio::spawn(async move {
             if let Err(e) = flushing.await {
-                let mut failed = this.failed.lock().unwrap_or_else(|e| e.into_inner());
+                let mut failed = this.failed.lock();
                 failed.get_or_insert(e);
             }
             drop(running);
@@ -70,7 +71,7 @@ impl BackgroundFlush {
     /// Waits for the background flush in flight, then returns the first that failed.
     pub(crate) async fn settle(&self) -> Result<()> {
         let _idle = self.running.lock().await;
-        match self.failed.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        match self.failed.lock().take() {
             Some(e) => Err(e),
             None => Ok(()),
         }

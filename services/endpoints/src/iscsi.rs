@@ -232,6 +232,7 @@ impl Lu {
             efficient_zero: true,
             trim: self.can_deallocate(),
             random_write: true,
+            rewrite: true,
             multi_conn: true,
             block: BlockSizes {
                 minimum: bs,

@@ -217,6 +217,7 @@ impl Export {
             efficient_zero: info.can_zero(),
             trim: info.can_trim(),
             random_write: true,
+            rewrite: true,
             multi_conn: info.can_multi_conn(),
             block: BlockSizes {
                 minimum: bs.minimum,

@@ -379,7 +379,7 @@ pub async fn check_target(fixture: &dyn TargetFixture, size: u64) {
                 .unwrap_or_else(|e| panic!("{name}: connect failed: {e}")),
         );
     }
-    if caps.random_write {
+    if caps.random_write && caps.rewrite {
         // Garbage first where zeroes will go, so zeroing must really zero.
         for op in &ops {
             if let Op::Zero(offset, len, _) = *op {

@@ -26,10 +26,11 @@
 
 use std::collections::VecDeque;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::thread;
 
 use ferry_core::{Error, Result};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use tokio::sync::oneshot;
 
 /// Most threads one handle runs at once.
@@ -69,7 +70,7 @@ struct State {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 
     /// A thread's life: take jobs until the executor is dropped and the queue is empty.
@@ -89,7 +90,7 @@ impl Shared {
                 return;
             }
             st.idle += 1;
-            st = self.wake.wait(st).unwrap_or_else(|e| e.into_inner());
+            self.wake.wait(&mut st);
             st.idle -= 1;
             st.notified = st.notified.saturating_sub(1);
         }

@@ -75,6 +75,7 @@ impl FileHandle {
             efficient_zero: true,
             trim: regular,
             random_write: true,
+            rewrite: true,
             multi_conn: true,
             block: BlockSizes {
                 minimum,

@@ -13,9 +13,9 @@
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
 
 use ferry_core::IoBuf;
+use parking_lot::Mutex;
 
 use super::handle::{FileHandle, Kind};
 use super::sys;
@@ -99,7 +99,7 @@ impl Grow {
         {
             return;
         }
-        let _guard = self.extend.lock().unwrap_or_else(|e| e.into_inner());
+        let _guard = self.extend.lock();
         let from = self.end.load(Ordering::Acquire);
         if end <= from {
             return;

@@ -16,7 +16,8 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::sync::Mutex;
+
+use parking_lot::Mutex;
 
 use super::sys;
 
@@ -37,7 +38,7 @@ impl WriteBehind {
         }
         let _ = sys::sync_file_range(file, offset, len, libc::SYNC_FILE_RANGE_WRITE);
         let oldest = {
-            let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
+            let mut window = self.window.lock();
             window.push_back((offset, len));
             if window.len() > WINDOW {
                 window.pop_front()
@@ -82,7 +83,7 @@ mod tests {
             file.write_at(&data, i * block as u64).unwrap();
             wb.written(&file, i * block as u64, block as u64);
         }
-        assert_eq!(wb.window.lock().unwrap().len(), WINDOW);
+        assert_eq!(wb.window.lock().len(), WINDOW);
         let mut back = vec![0u8; block];
         for i in 0..(WINDOW as u64 * 3) {
             file.read_at(&mut back, i * block as u64).unwrap();

@@ -197,6 +197,7 @@ fn caps(preferred: u32, maximum: u32, extents: bool, zero: bool) -> Caps {
         efficient_zero: zero,
         trim: zero,
         random_write: true,
+        rewrite: true,
         multi_conn: true,
         block: BlockSizes {
             minimum: 1,

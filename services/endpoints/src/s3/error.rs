@@ -117,6 +117,10 @@ where
 }
 
 /// Classifies an error response from the store by HTTP status and S3 error code.
+///
+/// One flat list of rules in order of precedence (a specific S3 code before the bare HTTP
+/// status it comes with), each rule one error a user can act on; kept in one function so
+/// the order stays visible.
 pub(crate) fn from_service(
     status: u16,
     code: Option<&str>,

@@ -2,9 +2,10 @@
 //! the bounded pool of part buffers. Pure bookkeeping: no network here.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use ferry_core::{Error, Result};
+use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 const MIB: u64 = 1024 * 1024;
@@ -185,7 +186,6 @@ impl BufferPool {
         let data = self
             .free
             .lock()
-            .expect("pool lock")
             .pop()
             .unwrap_or_else(|| vec![0u8; self.capacity]);
         PartBuffer {
@@ -227,9 +227,7 @@ impl AsRef<[u8]> for PartBuffer {
 impl Drop for PartBuffer {
     fn drop(&mut self) {
         let data = std::mem::take(&mut self.data);
-        if let Ok(mut free) = self.home.free.lock() {
-            free.push(data);
-        }
+        self.home.free.lock().push(data);
         if let Some(permit) = self.permit.take() {
             let taken_back = self
                 .home

@@ -196,6 +196,7 @@ impl Source for S3Source {
             efficient_zero: false,
             trim: false,
             random_write: false,
+            rewrite: true,
             multi_conn: true,
             block: BlockSizes {
                 minimum: 1,

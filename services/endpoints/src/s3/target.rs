@@ -19,7 +19,7 @@
 //! happening at all.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -31,6 +31,7 @@ use aws_sdk_s3::Client;
 use bytes::Bytes;
 use ferry_core::spec::S3Spec;
 use ferry_core::{BlockSizes, Caps, Error, ErrorKind, IoBuf, Result, Target, ZeroMode};
+use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
@@ -132,6 +133,66 @@ struct Upload {
     stall_warned: std::sync::atomic::AtomicBool,
 }
 
+/// A missing bucket or an unreachable store fails here, before the copy reads anything
+/// (some stores accept CreateMultipartUpload into a missing bucket). HeadBucket needs list
+/// permission, which a writer may lack: a refusal is left for the upload itself to explain.
+async fn check_bucket(client: &Client, spec: &S3Spec, describe: &str) -> Result<()> {
+    if let Err(e) = client.head_bucket().bucket(&spec.bucket).send().await {
+        let e = from_sdk(
+            e,
+            Subject {
+                bucket: &spec.bucket,
+                key: "",
+            },
+        );
+        if e.kind() != ErrorKind::PermissionDenied {
+            return Err(e.with_operation("open").with_endpoint(describe.to_string()));
+        }
+    }
+    Ok(())
+}
+
+/// Starts the multipart upload of an object of `size` bytes and returns its upload id.
+async fn create_upload(
+    client: &Client,
+    spec: &S3Spec,
+    size: u64,
+    checksums: bool,
+    describe: &str,
+) -> Result<String> {
+    let metadata = FerryMetadata {
+        size: Some(size),
+        block_hash: None,
+    };
+    let mut create = client
+        .create_multipart_upload()
+        .bucket(&spec.bucket)
+        .key(&spec.key);
+    for (k, v) in metadata.to_pairs() {
+        create = create.metadata(k, v);
+    }
+    if checksums {
+        create = create.checksum_algorithm(ChecksumAlgorithm::Crc32C);
+    }
+    let out = create.send().await.map_err(|e| {
+        from_sdk(
+            e,
+            Subject {
+                bucket: &spec.bucket,
+                key: &spec.key,
+            },
+        )
+        .with_operation("open")
+        .with_endpoint(describe.to_string())
+    })?;
+    let id = out.upload_id().filter(|id| !id.is_empty()).ok_or_else(|| {
+        Error::protocol("CreateMultipartUpload answered without an upload id")
+            .with_operation("open")
+            .with_endpoint(describe.to_string())
+    })?;
+    Ok(id.to_string())
+}
+
 impl S3Target {
     /// Starts writing `size` bytes to `s3://bucket/key`.
     pub async fn open(spec: &S3Spec, size: u64, options: &S3Options) -> Result<Self> {
@@ -142,56 +203,11 @@ impl S3Target {
         let layout = Layout { size, part_size };
         let single = size <= part_size;
         let checksums = options.checksums.unwrap_or(true);
-        // A missing bucket or an unreachable store fails here, before the copy reads
-        // anything (and some stores accept CreateMultipartUpload into a missing bucket).
-        // HeadBucket needs list permission, which a writer may lack: a refusal is left for
-        // the upload itself to explain.
-        if let Err(e) = client.head_bucket().bucket(&spec.bucket).send().await {
-            let e = from_sdk(
-                e,
-                Subject {
-                    bucket: &spec.bucket,
-                    key: "",
-                },
-            );
-            if e.kind() != ErrorKind::PermissionDenied {
-                return Err(e.with_operation("open").with_endpoint(describe));
-            }
-        }
+        check_bucket(&client, spec, &describe).await?;
         let upload_id = if single {
             None
         } else {
-            let metadata = FerryMetadata {
-                size: Some(size),
-                block_hash: None,
-            };
-            let mut create = client
-                .create_multipart_upload()
-                .bucket(&spec.bucket)
-                .key(&spec.key);
-            for (k, v) in metadata.to_pairs() {
-                create = create.metadata(k, v);
-            }
-            if checksums {
-                create = create.checksum_algorithm(ChecksumAlgorithm::Crc32C);
-            }
-            let out = create.send().await.map_err(|e| {
-                from_sdk(
-                    e,
-                    Subject {
-                        bucket: &spec.bucket,
-                        key: &spec.key,
-                    },
-                )
-                .with_operation("open")
-                .with_endpoint(describe.clone())
-            })?;
-            let id = out.upload_id().filter(|id| !id.is_empty()).ok_or_else(|| {
-                Error::protocol("CreateMultipartUpload answered without an upload id")
-                    .with_operation("open")
-                    .with_endpoint(describe.clone())
-            })?;
-            Some(id.to_string())
+            Some(create_upload(&client, spec, size, checksums, &describe).await?)
         };
         let count = layout.count();
         let buffer_len = usize::try_from(part_size.min(size.max(1)))
@@ -257,7 +273,7 @@ impl S3Target {
                 "'{hex}' is not a block hash (64 hex digits)"
             )));
         }
-        *self.up.block_hash.lock().expect("hash lock") = Some(hex.to_ascii_lowercase());
+        *self.up.block_hash.lock() = Some(hex.to_ascii_lowercase());
         Ok(())
     }
 
@@ -279,14 +295,14 @@ impl PartIo {
     }
 
     fn fail(&self, e: &Error) {
-        let mut failure = self.failure.lock().expect("failure lock");
+        let mut failure = self.failure.lock();
         if failure.is_none() {
             *failure = Some((e.kind(), e.to_string()));
         }
     }
 
     fn check(&self) -> Result<()> {
-        match &*self.failure.lock().expect("failure lock") {
+        match &*self.failure.lock() {
             None => Ok(()),
             Some((kind, message)) => Err(Error::new(
                 *kind,
@@ -305,7 +321,7 @@ impl PartIo {
     }
 
     fn zero_crc(&self, len: usize) -> String {
-        let mut cache = self.zero_crcs.lock().expect("crc lock");
+        let mut cache = self.zero_crcs.lock();
         if let Some((_, c)) = cache.iter().find(|(n, _)| *n == len) {
             return c.clone();
         }
@@ -399,7 +415,6 @@ impl PartIo {
         let parts = self
             .completed
             .lock()
-            .expect("completed lock")
             .iter()
             .enumerate()
             .map(|(i, p)| {
@@ -549,7 +564,7 @@ impl Drop for InFlight {
 
 impl Upload {
     fn phase(&self) -> Phase {
-        *self.phase.lock().expect("phase lock")
+        *self.phase.lock()
     }
 
     fn ensure_open(&self) -> Result<()> {
@@ -603,7 +618,7 @@ impl Upload {
         spare: &mut Option<PartBuffer>,
     ) -> Result<Step> {
         let part_len = self.layout.part_len(seg.part);
-        let mut slot = self.slots[seg.part].lock().expect("slot lock");
+        let mut slot = self.slots[seg.part].lock();
         let Slot::Filling(filling) = &mut *slot else {
             return Err(Error::invalid_input(format!(
                 "write to part {} (bytes {}..{}) after that part was already complete: \
@@ -693,7 +708,7 @@ impl Upload {
             let _permit = permit;
             match io.upload_part(part, content).await {
                 Ok(done) => {
-                    io.completed.lock().expect("completed lock")[part] = Some(done);
+                    io.completed.lock()[part] = Some(done);
                 }
                 Err(e) => {
                     let e = e.at("upload_part", offset).with_endpoint(io.describe());
@@ -702,7 +717,7 @@ impl Upload {
                 }
             }
         });
-        let mut tasks = self.tasks.lock().expect("tasks lock");
+        let mut tasks = self.tasks.lock();
         tasks.retain(|t| !t.is_finished());
         tasks.push(handle);
         Ok(())
@@ -711,7 +726,7 @@ impl Upload {
     /// Waits for every upload started so far.
     async fn drain(&self) -> Result<()> {
         loop {
-            let batch: Vec<_> = std::mem::take(&mut *self.tasks.lock().expect("tasks lock"));
+            let batch: Vec<_> = std::mem::take(&mut *self.tasks.lock());
             if batch.is_empty() {
                 return self.io.check();
             }
@@ -727,17 +742,18 @@ impl Upload {
 
     /// The first byte no write has covered, if any.
     fn first_missing(&self) -> Option<u64> {
-        self.slots.iter().enumerate().find_map(|(i, slot)| {
-            match &*slot.lock().expect("slot lock") {
+        self.slots
+            .iter()
+            .enumerate()
+            .find_map(|(i, slot)| match &*slot.lock() {
                 Slot::Filling(f) => Some(self.layout.part_start(i) + f.covered.first_gap()),
                 _ => None,
-            }
-        })
+            })
     }
 
     async fn finish(&self) -> Result<()> {
         {
-            let mut phase = self.phase.lock().expect("phase lock");
+            let mut phase = self.phase.lock();
             match *phase {
                 Phase::Open => *phase = Phase::Finishing,
                 Phase::Finished => return Ok(()),
@@ -748,7 +764,7 @@ impl Upload {
             }
         }
         let result = self.finish_inner().await;
-        *self.phase.lock().expect("phase lock") = match result {
+        *self.phase.lock() = match result {
             Ok(()) => Phase::Finished,
             Err(_) => Phase::Open,
         };
@@ -764,7 +780,7 @@ impl Upload {
                 self.layout.size
             )));
         }
-        let block_hash = self.block_hash.lock().expect("hash lock").clone();
+        let block_hash = self.block_hash.lock().clone();
         let metadata = FerryMetadata {
             size: Some(self.layout.size),
             block_hash: block_hash.clone(),
@@ -772,12 +788,10 @@ impl Upload {
         if self.single {
             let content = match self.slots.first() {
                 None => Content::Zero(0),
-                Some(slot) => {
-                    match std::mem::replace(&mut *slot.lock().expect("slot lock"), Slot::Sent) {
-                        Slot::Ready(content) => content,
-                        _ => return Err(Error::internal("single part not ready")),
-                    }
-                }
+                Some(slot) => match std::mem::replace(&mut *slot.lock(), Slot::Sent) {
+                    Slot::Ready(content) => content,
+                    _ => return Err(Error::internal("single part not ready")),
+                },
             };
             return self.io.put_single(content, &metadata).await;
         }
@@ -798,13 +812,13 @@ impl Upload {
 
     async fn abort(&self) -> Result<()> {
         {
-            let mut phase = self.phase.lock().expect("phase lock");
+            let mut phase = self.phase.lock();
             if *phase == Phase::Finished {
                 return Ok(());
             }
             *phase = Phase::Aborted;
         }
-        let tasks: Vec<_> = std::mem::take(&mut *self.tasks.lock().expect("tasks lock"));
+        let tasks: Vec<_> = std::mem::take(&mut *self.tasks.lock());
         for task in &tasks {
             task.abort();
         }
@@ -812,7 +826,7 @@ impl Upload {
             let _ = task.await;
         }
         for slot in &self.slots {
-            *slot.lock().expect("slot lock") = Slot::Sent;
+            *slot.lock() = Slot::Sent;
         }
         self.io.abort_upload(self.abort_timeout).await
     }
@@ -820,16 +834,11 @@ impl Upload {
 
 impl Drop for Upload {
     fn drop(&mut self) {
-        let phase = *self.phase.get_mut().unwrap_or_else(|e| e.into_inner());
+        let phase = *self.phase.get_mut();
         if matches!(phase, Phase::Finished | Phase::Aborted) || self.io.upload_id.is_none() {
             return;
         }
-        for task in self
-            .tasks
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-        {
+        for task in self.tasks.get_mut().drain(..) {
             task.abort();
         }
         let io = Arc::clone(&self.io);
@@ -868,6 +877,7 @@ impl Target for S3Target {
             efficient_zero: false,
             trim: false,
             random_write: true,
+            rewrite: false,
             multi_conn: true,
             block: BlockSizes {
                 minimum: 1,
