@@ -62,9 +62,29 @@ pub(crate) struct Combiner {
     outer: Sha256,
 }
 
+/// Copies of one digest fed to the outer hash per call when a zero run is combined: large
+/// enough that SHA-256 runs over whole buffers, not one 32-byte call per block.
+const RUN_BATCH: usize = 256;
+
 impl Combiner {
     pub fn add(&mut self, block: &Hash) {
         self.outer.update(block);
+    }
+
+    /// Adds consecutive block digests in one call.
+    pub fn add_all(&mut self, blocks: &[Hash]) {
+        self.outer.update(blocks.as_flattened());
+    }
+
+    /// Adds `count` copies of `digest` (a run of identical blocks, such as zeroes).
+    pub fn add_run(&mut self, digest: &Hash, count: u64) {
+        let batch = [*digest; RUN_BATCH];
+        let mut left = count;
+        while left > 0 {
+            let n = left.min(RUN_BATCH as u64) as usize;
+            self.outer.update(batch[..n].as_flattened());
+            left -= n as u64;
+        }
     }
 
     pub fn finish(mut self, size: u64) -> Hash {
@@ -139,6 +159,30 @@ mod tests {
         assert_eq!(z.for_len(100), sha256(&[0; 100]));
         assert_eq!(block_digest(&[0; 100], &z), sha256(&[0; 100]));
         assert_eq!(block_digest(&[1; 100], &z), sha256(&[1; 100]));
+    }
+
+    #[test]
+    fn a_run_equals_its_blocks_added_one_by_one() {
+        let digest = sha256(b"block");
+        for count in [
+            0,
+            1,
+            RUN_BATCH as u64 - 1,
+            RUN_BATCH as u64,
+            3 * RUN_BATCH as u64 + 7,
+        ] {
+            let mut one_by_one = Combiner::default();
+            (0..count).for_each(|_| one_by_one.add(&digest));
+            let mut run = Combiner::default();
+            run.add_run(&digest, count);
+            assert_eq!(run.finish(count), one_by_one.finish(count), "count {count}");
+        }
+        let blocks = [sha256(b"a"), sha256(b"b"), sha256(b"c")];
+        let mut all = Combiner::default();
+        all.add_all(&blocks);
+        let mut each = Combiner::default();
+        blocks.iter().for_each(|b| each.add(b));
+        assert_eq!(all.finish(3), each.finish(3));
     }
 
     #[test]

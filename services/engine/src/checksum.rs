@@ -126,11 +126,23 @@ impl ChunkPlanner {
             return Ok(None);
         }
         let start = self.next;
-        let end = (start + self.chunk).min(self.size);
-        self.next = end;
+        let mut end = (start + self.chunk).min(self.size);
         while self.covered < end {
             self.fetch_extents(end).await?;
         }
+        while self.extents.front().is_some_and(|e| e.1 <= start) {
+            self.extents.pop_front();
+        }
+        if self.known_zero(start, end) {
+            end = self.zero_run_end(end);
+            self.next = end;
+            return Ok(Some(Chunk {
+                offset: start,
+                len: (end - start) as usize,
+                reads: Vec::new(),
+            }));
+        }
+        self.next = end;
         let mut reads: Vec<(usize, usize)> = Vec::new();
         let mut block = start;
         while block < end {
@@ -154,6 +166,18 @@ impl ChunkPlanner {
             len: (end - start) as usize,
             reads,
         }))
+    }
+
+    /// Where a zero run that covers `[.., end)` may stop: the end of its known zero extent,
+    /// on the chunk grid (so later chunks keep their alignment), or the image's end. One plan
+    /// item then stands for a whole run instead of one per chunk.
+    fn zero_run_end(&self, end: u64) -> u64 {
+        let extent_end = self.extents.front().map_or(end, |e| e.1);
+        if extent_end >= self.size {
+            self.size
+        } else {
+            round_down(extent_end, self.chunk).max(end)
+        }
     }
 
     /// Whether `[start, end)` lies in one zero extent. Extents ending before `start` have
@@ -266,13 +290,9 @@ async fn blkhash(
             let (pool, hashers) = (&pool, &hashers);
             async move {
                 let chunk = chunk?;
-                let blocks = chunk.len.div_ceil(BLOCK_SIZE);
                 let read_bytes = chunk.read_bytes();
                 if chunk.reads.is_empty() {
-                    let digests = (0..blocks)
-                        .map(|i| zeroes.for_len((chunk.len - i * BLOCK_SIZE).min(BLOCK_SIZE)))
-                        .collect::<Vec<_>>();
-                    return Ok((chunk, digests, read_bytes));
+                    return Ok((chunk, BlockDigests::Zero, read_bytes));
                 }
                 let buf = read_chunk(&**source, &chunk, max_read, pool, false).await?;
                 let permit = hashers
@@ -280,7 +300,7 @@ async fn blkhash(
                     .await
                     .map_err(|_| Error::internal("hash thread limit closed"))?;
                 let (buf, chunk, digests) = tokio::task::spawn_blocking(move || {
-                    let digests = hash_blocks(&buf, &chunk, &zeroes);
+                    let digests = BlockDigests::Each(hash_blocks(&buf, &chunk, &zeroes));
                     (buf, chunk, digests)
                 })
                 .await
@@ -295,13 +315,29 @@ async fn blkhash(
     let mut combiner = Combiner::default();
     while let Some(result) = results.next().await {
         let (chunk, digests, read_bytes) = result?;
-        for d in &digests {
-            combiner.add(d);
+        match digests {
+            BlockDigests::Each(digests) => combiner.add_all(&digests),
+            BlockDigests::Zero => {
+                let len = chunk.len as u64;
+                let block = BLOCK_SIZE as u64;
+                combiner.add_run(&zeroes.for_len(BLOCK_SIZE), len / block);
+                if len % block != 0 {
+                    combiner.add(&zeroes.for_len((len % block) as usize));
+                }
+            }
         }
         progress.add_data(read_bytes);
         progress.add_zero(chunk.len as u64 - read_bytes);
     }
     Ok(combiner.finish(size))
+}
+
+/// What a chunk contributes to the outer hash.
+enum BlockDigests {
+    /// Every block is zero (the chunk may be a long run: see `ChunkPlanner::zero_run_end`).
+    Zero,
+    /// One digest per block, in order.
+    Each(Vec<Hash>),
 }
 
 /// Block digests of one chunk; blocks outside the read ranges are known zero.
@@ -495,6 +531,37 @@ mod tests {
             assert_eq!(snap.data_bytes + snap.zero_bytes, 1 << 30);
             assert_eq!(snap.zero_bytes, if extents { 1 << 30 } else { 0 });
         }
+    }
+
+    #[tokio::test]
+    async fn a_zero_run_is_one_plan_item_on_the_chunk_grid() {
+        async fn plan(source: impl Source, request: usize) -> Vec<(u64, usize, bool)> {
+            let planner = ChunkPlanner::new(Arc::new(source), request).unwrap();
+            let chunks: Vec<_> = planner.into_stream().collect().await;
+            let chunks = chunks.into_iter().map(Result::unwrap);
+            chunks
+                .map(|c| (c.offset, c.len, c.reads.is_empty()))
+                .collect()
+        }
+        let empty = Zeroes {
+            size: (1 << 30) + 5,
+            extents: true,
+        };
+        // Extents are asked for a lookahead at a time, so a run stops at its end.
+        let lookahead = EXTENTS_LOOKAHEAD as usize;
+        let expected = [(0, lookahead, true), (lookahead as u64, 5, true)];
+        assert_eq!(plan(empty, B).await, expected);
+        // data | 10 blocks of hole | data, in 2-block chunks: the run ends on the grid.
+        let source = MemSource::new(vec![7; 16 * B]).with_holes(&[(B as u64, 11 * B as u64)]);
+        let items = plan(source, 2 * B).await;
+        let expected = [
+            (0, 2 * B, false),
+            (2 * B as u64, 8 * B, true),
+            (10 * B as u64, 2 * B, false),
+            (12 * B as u64, 2 * B, false),
+            (14 * B as u64, 2 * B, false),
+        ];
+        assert_eq!(items, expected);
     }
 
     #[tokio::test]
