@@ -321,8 +321,9 @@ async fn blkhash(
                 let len = chunk.len as u64;
                 let block = BLOCK_SIZE as u64;
                 combiner.add_run(&zeroes.for_len(BLOCK_SIZE), len / block);
-                if len % block != 0 {
-                    combiner.add(&zeroes.for_len((len % block) as usize));
+                let tail = (len % block) as usize;
+                if tail != 0 {
+                    combiner.add(&zeroes.for_len(tail));
                 }
             }
         }
