@@ -131,13 +131,15 @@ def tool_versions(env) -> list:
     lines = []
     for tool in (["ferry", "--version"], ["qemu-img", "--version"], ["nbdcopy", "--version"],
                  ["cp", "--version"], ["sha256sum", "--version"],
-                 ["blksum", "--version"], ["rclone", "--version"], ["aws", "--version"],
+                 ["rclone", "--version"], ["aws", "--version"],
                  ["s3s-fs", "--version"], ["rustc", "--version"]):
         exe = str(env.ferry) if tool[0] == "ferry" else shutil.which(tool[0])
         if exe:
             first = run([exe, *tool[1:]], stderr=True).splitlines()
             if first:
                 lines.append(first[0].strip())
+    if blksum := shutil.which("blksum"):
+        lines.append(f"blksum (no --version): {blksum}")
     # Servers and tools with no --version: their Debian packages' versions.
     packages = [f"{pkg} {version}" for pkg in ("nbdkit", "nfs-ganesha", "tgt", "libnfs-utils")
                 if (version := run(["dpkg-query", "-W", "-f", "${Version}", pkg]).strip())]
