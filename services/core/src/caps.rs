@@ -38,6 +38,10 @@ pub struct Caps {
     /// byte once, such as the parts of an S3 multipart upload). The engine writes every
     /// byte once; callers that rewrite (tests, repairs) ask first.
     pub rewrite: bool,
+    /// What the target has written (and flushed) can be read through a new handle while the
+    /// target is still being written (false for an S3 multipart upload, whose object exists
+    /// only once it is finished). A verified copy then reads the target back as it goes.
+    pub read_while_writing: bool,
     /// Another connection sees the same data, so workers may each have their own.
     pub multi_conn: bool,
     /// Request size limits.
@@ -56,6 +60,7 @@ impl Default for Caps {
             trim: false,
             random_write: true,
             rewrite: true,
+            read_while_writing: true,
             multi_conn: true,
             block: BlockSizes::default(),
             request_size: None,

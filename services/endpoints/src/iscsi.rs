@@ -233,6 +233,7 @@ impl Lu {
             trim: self.can_deallocate(),
             random_write: true,
             rewrite: true,
+            read_while_writing: true,
             multi_conn: true,
             block: BlockSizes {
                 minimum: bs,

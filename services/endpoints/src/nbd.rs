@@ -218,6 +218,7 @@ impl Export {
             trim: info.can_trim(),
             random_write: true,
             rewrite: true,
+            read_while_writing: true,
             multi_conn: info.can_multi_conn(),
             block: BlockSizes {
                 minimum: bs.minimum,

@@ -45,6 +45,10 @@ pub struct SourceOptions {
 pub struct TargetOptions {
     pub cache: CacheMode,
     pub preallocation: Preallocation,
+    /// The target is read back right after it is written (a verified copy): file targets
+    /// keep written pages in the page cache (still written to disk as the copy goes)
+    /// instead of dropping them, so the read-back finds them there.
+    pub keep_cached: bool,
     /// Per-job settings of `s3://` targets over the SDK's standard chain.
     pub s3: S3Options,
 }

@@ -7,7 +7,7 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_core::{Error, Result, Source, Target, ZeroMode};
+use ferry_core::{Error, IoBuf, Result, Source, Target, ZeroMode};
 use futures::stream::{self, FuturesUnordered, StreamExt};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -21,6 +21,7 @@ use crate::progress::{Checkpoint, Progress};
 use crate::ranges::RangeSet;
 use crate::rate::RateLimiter;
 use crate::sequencer::Sequencer;
+use crate::tap::BlockTap;
 use crate::zero::scan;
 
 /// What a finished copy did.
@@ -44,6 +45,8 @@ struct Shared {
     /// Present for in-order commits.
     sequencer: Option<Sequencer>,
     rate: Option<RateLimiter>,
+    /// Takes the block hash of what the copy reads (a verified copy's source digest).
+    tap: Option<Arc<BlockTap>>,
 }
 
 /// Copies `source` to `target` (which must be at least as large).
@@ -59,8 +62,20 @@ pub async fn copy(
     progress: &Progress,
     cancel: &CancellationToken,
 ) -> Result<CopyReport> {
+    copy_tapped(source, target, options, progress, cancel, None).await
+}
+
+/// [`copy`], handing every segment read (or known zero) to `tap` as well.
+pub(crate) async fn copy_tapped(
+    source: Arc<dyn Source>,
+    target: Arc<dyn Target>,
+    options: &CopyOptions,
+    progress: &Progress,
+    cancel: &CancellationToken,
+    tap: Option<Arc<BlockTap>>,
+) -> Result<CopyReport> {
     let started = Instant::now();
-    let shared = match prepare(&source, &target, options, progress) {
+    let shared = match prepare(&source, &target, options, progress, tap) {
         Ok(shared) => Arc::new(shared),
         Err(e) => {
             let _ = target.abort().await;
@@ -89,6 +104,7 @@ fn prepare(
     target: &Arc<dyn Target>,
     options: &CopyOptions,
     progress: &Progress,
+    tap: Option<Arc<BlockTap>>,
 ) -> Result<Shared> {
     options.validate()?;
     let size = source.size();
@@ -142,6 +158,7 @@ fn prepare(
         rate: options
             .rate_limit
             .map(|rate| RateLimiter::new(rate, geometry.request as u64)),
+        tap,
     })
 }
 
@@ -275,6 +292,9 @@ async fn process(
     mut slot: Slot,
 ) -> Result<Slot> {
     if seg.zero {
+        if let Some(tap) = &shared.tap {
+            tap.zero(seg.offset, seg.len);
+        }
         commit_zero_segment(shared, target, &seg).await?;
         return Ok(slot);
     }
@@ -287,6 +307,9 @@ async fn process(
         .read_at(seg.offset, buf)
         .await
         .map_err(|e| e.at("read", seg.offset).with_endpoint(source.describe()))?;
+    if let Some(tap) = &shared.tap {
+        buf = hash_into(tap, seg.offset, buf).await?;
+    }
     scan(
         &buf,
         seg.offset,
@@ -348,6 +371,18 @@ async fn process(
     }
     slot.put_buf(buf);
     Ok(slot)
+}
+
+/// Hands the bytes read at `offset` to the tap on a blocking thread (hashing is CPU work
+/// the async workers must not wait on).
+async fn hash_into(tap: &Arc<BlockTap>, offset: u64, buf: IoBuf) -> Result<IoBuf> {
+    let tap = Arc::clone(tap);
+    tokio::task::spawn_blocking(move || {
+        tap.data(offset, &buf);
+        buf
+    })
+    .await
+    .map_err(|_| Error::internal("a hashing thread panicked"))
 }
 
 async fn commit_zero_segment(shared: &Shared, target: &dyn Target, seg: &Segment) -> Result<()> {

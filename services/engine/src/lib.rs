@@ -21,8 +21,10 @@ mod pool;
 mod progress;
 mod ranges;
 mod rate;
+mod readback;
 mod sequencer;
 mod sha256;
+mod tap;
 mod verified;
 mod zero;
 

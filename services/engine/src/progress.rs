@@ -29,6 +29,15 @@ impl Checkpoint {
     pub fn is_complete(&self) -> bool {
         self.committed_bytes() == self.size
     }
+
+    /// The end of the committed range that starts at offset 0: every byte before it is
+    /// durable.
+    pub fn committed_prefix(&self) -> u64 {
+        match self.committed.first() {
+            Some(&(0, end)) => end,
+            _ => 0,
+        }
+    }
 }
 
 /// A point-in-time copy of the counters.
@@ -51,6 +60,8 @@ struct Inner {
     data_bytes: AtomicU64,
     zero_bytes: AtomicU64,
     checkpoint: Mutex<Checkpoint>,
+    /// Woken whenever a checkpoint is published.
+    published: tokio::sync::Notify,
 }
 
 /// Live progress of one copy or checksum. Clones share the same counters.
@@ -99,6 +110,12 @@ impl Progress {
 
     pub(crate) fn publish(&self, checkpoint: Checkpoint) {
         *self.inner.checkpoint.lock() = checkpoint;
+        self.inner.published.notify_waiters();
+    }
+
+    /// Resolves at the next [`Progress::publish`] after it is enabled or first polled.
+    pub(crate) fn published(&self) -> tokio::sync::futures::Notified<'_> {
+        self.inner.published.notified()
     }
 }
 

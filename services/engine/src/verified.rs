@@ -17,7 +17,12 @@ use async_trait::async_trait;
 use ferry_core::{Caps, Error, ErrorKind, Extent, IoBuf, Result, Source, Target};
 use tokio_util::sync::CancellationToken;
 
-use crate::{checksum, copy, ChecksumOptions, CopyOptions, CopyReport, Digest, Progress};
+use crate::copy::copy_tapped;
+use crate::readback::{Gate, Gated};
+use crate::tap::BlockTap;
+use crate::{
+    checksum, copy, ChecksumOptions, CopyOptions, CopyReport, Digest, HashAlgorithm, Progress,
+};
 
 /// The stage of a verified copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,9 +102,17 @@ impl From<StageError> for Error {
     }
 }
 
-/// Copies `source` to `target` (which the copy flushes), then, when `verify` is given,
-/// reads the target back and compares its first `source.size()` bytes with the source by
-/// digest. A mismatch is an [`ErrorKind::Corrupt`] error of the [`Stage::Verify`] stage.
+/// Copies `source` to `target` (which the copy flushes) and, when `verify` is given,
+/// compares the target's first `source.size()` bytes, read back through a new handle, with
+/// the source by digest. A mismatch is an [`ErrorKind::Corrupt`] error of the
+/// [`Stage::Verify`] stage.
+///
+/// With the block hash, the source's digest is taken from the bytes the copy reads (no
+/// second read of the source), and a target that can be read while it is written
+/// ([`Caps::read_while_writing`]) is read back as the copy goes, each range only after a
+/// flush covered it (see `readback`). Plain SHA-256, and a copy that resumes (part of the
+/// source is not read again), hash the source in a second pass after the copy; targets
+/// readable only once finished are read back after the copy.
 pub async fn copy_and_verify<R, F>(
     source: Arc<dyn Source>,
     target: Arc<dyn Target>,
@@ -113,6 +126,12 @@ where
     F: Future<Output = Result<Arc<dyn Source>>>,
 {
     (stages.entered)(Stage::Copy);
+    let verify = match verify {
+        Some(v) if hashes_in_flight(&v, options) => {
+            return in_flight(source, target, options, v, stages, cancel).await;
+        }
+        v => v,
+    };
     // The copy takes the only handle: the target is finished (flushed) and released
     // before it is opened again for reading.
     let report = copy(source.clone(), target, options, &stages.copy, cancel)
@@ -128,10 +147,7 @@ where
         });
     };
     (stages.entered)(Stage::Verify);
-    let read_back = (verify.read_back)().await.map_err(|e| StageError {
-        stage: Stage::Verify,
-        error: reworded(e, "verify: cannot open the target for reading"),
-    })?;
+    let read_back = open_read_back(verify.read_back).await?;
     let verification =
         verify_read_back(source, read_back, &verify.checksum, &stages.verify, cancel)
             .await
@@ -142,6 +158,209 @@ where
     Ok(VerifiedCopy {
         copy: report,
         verification: Some(verification),
+    })
+}
+
+/// Checkpoint interval of a copy whose target is read back as it goes: how far the
+/// read-back trails the copy.
+const READ_BACK_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Whether the source's digest can come from the copy's own reads.
+fn hashes_in_flight<R>(verify: &Verify<R>, options: &CopyOptions) -> bool {
+    verify.checksum.algorithm == HashAlgorithm::Blkhash
+        && options
+            .resume
+            .as_ref()
+            .is_none_or(|c| c.committed.is_empty())
+}
+
+/// The verified copy with the source hashed from the copy's reads and, where the target
+/// allows it, the target read back during the copy.
+async fn in_flight<R, F>(
+    source: Arc<dyn Source>,
+    target: Arc<dyn Target>,
+    options: &CopyOptions,
+    verify: Verify<R>,
+    stages: &Stages<'_>,
+    cancel: &CancellationToken,
+) -> std::result::Result<VerifiedCopy, StageError>
+where
+    R: FnOnce() -> F,
+    F: Future<Output = Result<Arc<dyn Source>>>,
+{
+    let size = source.size();
+    let tap = Arc::new(BlockTap::new(size));
+    let copy_stage = |error| StageError {
+        stage: Stage::Copy,
+        error,
+    };
+    let verify_stage = |error| StageError {
+        stage: Stage::Verify,
+        error,
+    };
+    if !target.caps().read_while_writing {
+        let report = copy_tapped(
+            source,
+            target,
+            options,
+            &stages.copy,
+            cancel,
+            Some(tap.clone()),
+        )
+        .await
+        .map_err(copy_stage)?;
+        (stages.entered)(Stage::Verify);
+        let started = Instant::now();
+        let read_back = open_read_back(verify.read_back).await?;
+        let read_back = prefix_view(read_back, size).await.map_err(verify_stage)?;
+        let target_digest = hash_read_back(&read_back, &verify.checksum, stages, cancel).await;
+        let verification = compare(&tap, target_digest, &read_back.describe(), size, started)
+            .map_err(verify_stage)?;
+        return Ok(VerifiedCopy {
+            copy: report,
+            verification: Some(verification),
+        });
+    }
+    let read_back = match open_read_back(verify.read_back).await {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = target.abort().await;
+            return Err(e);
+        }
+    };
+    let read_back = match prefix_view(read_back, size).await {
+        Ok(r) => r,
+        Err(short) => {
+            // Reported as the verify stage's failure once the copy has run, as it would
+            // be had the target been read back afterwards.
+            copy_tapped(source, target, options, &stages.copy, cancel, None)
+                .await
+                .map_err(copy_stage)?;
+            (stages.entered)(Stage::Verify);
+            return Err(verify_stage(short));
+        }
+    };
+    let name = read_back.describe();
+    let gate = Arc::new(Gate::new(stages.copy.clone()));
+    let gated: Arc<dyn Source> = Arc::new(Gated::new(read_back.clone(), Arc::clone(&gate)));
+    let mut copy_options = options.clone();
+    if copy_options.checkpoint_interval.is_zero()
+        || copy_options.checkpoint_interval > READ_BACK_INTERVAL
+    {
+        copy_options.checkpoint_interval = READ_BACK_INTERVAL;
+    }
+    let started = Instant::now();
+    let copying = async {
+        let result = copy_tapped(
+            source,
+            target,
+            &copy_options,
+            &stages.copy,
+            cancel,
+            Some(tap.clone()),
+        )
+        .await;
+        if result.is_ok() {
+            (stages.entered)(Stage::Verify);
+        }
+        gate.end();
+        result
+    };
+    let (report, target_digest) = tokio::join!(
+        copying,
+        hash_read_back(&gated, &verify.checksum, stages, cancel)
+    );
+    let report = report.map_err(copy_stage)?;
+    let verification = compare(&tap, target_digest, &name, size, started).map_err(verify_stage)?;
+    Ok(VerifiedCopy {
+        copy: report,
+        verification: Some(verification),
+    })
+}
+
+async fn open_read_back<R, F>(read_back: R) -> std::result::Result<Arc<dyn Source>, StageError>
+where
+    R: FnOnce() -> F,
+    F: Future<Output = Result<Arc<dyn Source>>>,
+{
+    read_back().await.map_err(|e| StageError {
+        stage: Stage::Verify,
+        error: reworded(e, "verify: cannot open the target for reading"),
+    })
+}
+
+/// The read-back target cut to the image's size; one that is smaller is corrupt.
+async fn prefix_view(target: Arc<dyn Source>, size: u64) -> Result<Arc<dyn Source>> {
+    if target.size() < size {
+        let _ = target.close().await;
+        return Err(Error::new(
+            ErrorKind::Corrupt,
+            format!(
+                "verify: the target {} reads back {} bytes, fewer than the source's {size}",
+                target.describe(),
+                target.size()
+            ),
+        ));
+    }
+    Ok(if target.size() == size {
+        target
+    } else {
+        Arc::new(Prefix::new(target, size))
+    })
+}
+
+/// The target's digest, read back through `target`, which is closed afterwards.
+async fn hash_read_back(
+    target: &Arc<dyn Source>,
+    options: &ChecksumOptions,
+    stages: &Stages<'_>,
+    cancel: &CancellationToken,
+) -> Result<Digest> {
+    let digest = checksum(target.clone(), options, &stages.verify, cancel).await;
+    let _ = target.close().await;
+    digest.map_err(|e| reworded(e, "verify: checksum of the target"))
+}
+
+/// Compares the tapped source digest with the target's.
+fn compare(
+    tap: &BlockTap,
+    target: Result<Digest>,
+    name: &str,
+    size: u64,
+    started: Instant,
+) -> Result<Verification> {
+    let target = target?;
+    let source = Digest {
+        algorithm: HashAlgorithm::Blkhash,
+        bytes: tap.finish()?.to_vec(),
+    };
+    check_equal(source, target, name, size, started)
+}
+
+/// A verification when the digests are equal, else the corrupt error users see.
+fn check_equal(
+    source: Digest,
+    target: Digest,
+    name: &str,
+    size: u64,
+    started: Instant,
+) -> Result<Verification> {
+    if source != target {
+        return Err(Error::new(
+            ErrorKind::Corrupt,
+            format!(
+                "verify failed: the target {name} differs from the source \
+                 ({} of the source {}, of the target's first {size} bytes {})",
+                source.algorithm,
+                source.hex(),
+                target.hex()
+            ),
+        ));
+    }
+    Ok(Verification {
+        source,
+        target,
+        elapsed: started.elapsed(),
     })
 }
 
@@ -158,21 +377,7 @@ pub async fn verify_read_back(
     let started = Instant::now();
     let name = target.describe();
     let size = source.size();
-    if target.size() < size {
-        let _ = target.close().await;
-        return Err(Error::new(
-            ErrorKind::Corrupt,
-            format!(
-                "verify: the target {name} reads back {} bytes, fewer than the source's {size}",
-                target.size()
-            ),
-        ));
-    }
-    let target: Arc<dyn Source> = if target.size() == size {
-        target
-    } else {
-        Arc::new(Prefix::new(target, size))
-    };
+    let target = prefix_view(target, size).await?;
     let target_progress = Progress::new();
     let (source_digest, target_digest) = tokio::join!(
         checksum(source, options, progress, cancel),
@@ -181,23 +386,7 @@ pub async fn verify_read_back(
     let _ = target.close().await;
     let source_digest = source_digest.map_err(|e| reworded(e, "verify: checksum of the source"))?;
     let target_digest = target_digest.map_err(|e| reworded(e, "verify: checksum of the target"))?;
-    if source_digest != target_digest {
-        return Err(Error::new(
-            ErrorKind::Corrupt,
-            format!(
-                "verify failed: the target {name} differs from the source \
-                 ({} of the source {}, of the target's first {size} bytes {})",
-                source_digest.algorithm,
-                source_digest.hex(),
-                target_digest.hex()
-            ),
-        ));
-    }
-    Ok(Verification {
-        source: source_digest,
-        target: target_digest,
-        elapsed: started.elapsed(),
-    })
+    check_equal(source_digest, target_digest, &name, size, started)
 }
 
 /// `error` with `what` in front, keeping its kind (so cancellation stays cancellation and
@@ -279,7 +468,8 @@ impl Source for Prefix {
 #[cfg(test)]
 mod tests {
     use parking_lot::Mutex;
-    use std::sync::atomic::Ordering;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
 
     use super::*;
     use ferry_testkit::{MemSource, RecordingTarget};
@@ -297,15 +487,75 @@ mod tests {
         result: std::result::Result<VerifiedCopy, StageError>,
         stages: Vec<Stage>,
         read_backs: usize,
+        reader: Arc<LiveReadBack>,
     }
 
-    /// Copies `source` into `target` with verification, reading the target back through
-    /// `damage` applied to its bytes after the copy finished (and flushed) it.
-    async fn run(
+    type Damage = Arc<dyn Fn(&mut Vec<u8>) + Send + Sync>;
+
+    /// The target read back as it is at each read, through `damage`; records reads of
+    /// bytes no flush had made durable yet and reads made before the target finished.
+    struct LiveReadBack {
+        target: RecordingTarget,
+        damage: Damage,
+        size: u64,
+        undurable_reads: Mutex<Vec<(u64, u64)>>,
+        reads_before_finish: AtomicUsize,
+        reads: AtomicUsize,
+    }
+
+    impl LiveReadBack {
+        fn new(target: RecordingTarget, damage: Damage) -> Self {
+            let mut bytes = target.data();
+            damage(&mut bytes);
+            Self {
+                size: bytes.len() as u64,
+                target,
+                damage,
+                undurable_reads: Mutex::default(),
+                reads_before_finish: AtomicUsize::new(0),
+                reads: AtomicUsize::new(0),
+            }
+        }
+    }
+
+    #[async_trait]
+    impl Source for LiveReadBack {
+        fn describe(&self) -> String {
+            "read-back".into()
+        }
+        fn size(&self) -> u64 {
+            self.size
+        }
+        fn caps(&self) -> Caps {
+            Caps::default()
+        }
+        async fn read_at(&self, offset: u64, mut buf: IoBuf) -> Result<IoBuf> {
+            let end = offset + buf.len() as u64;
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            if !self.target.durable_gaps(offset, end).is_empty() {
+                self.undurable_reads.lock().push((offset, end));
+            }
+            if !self.target.is_finished() {
+                self.reads_before_finish.fetch_add(1, Ordering::SeqCst);
+            }
+            let mut bytes = self.target.data();
+            (self.damage)(&mut bytes);
+            buf.copy_from_slice(&bytes[offset as usize..end as usize]);
+            Ok(buf)
+        }
+        async fn connect(&self) -> Result<Arc<dyn Source>> {
+            Err(Error::unsupported("one connection"))
+        }
+    }
+
+    /// Copies `source` into `target` with verification, reading the target back live
+    /// through `damage`.
+    async fn run_with(
         source: &MemSource,
         target: &RecordingTarget,
-        verify: bool,
-        damage: impl FnOnce(&mut Vec<u8>),
+        verify: Option<ChecksumOptions>,
+        options: &CopyOptions,
+        damage: impl Fn(&mut Vec<u8>) + Send + Sync + 'static,
     ) -> Run {
         let seen = Mutex::new(Vec::new());
         let entered = |s: Stage| seen.lock().push(s);
@@ -314,27 +564,23 @@ mod tests {
             verify: Progress::new(),
             entered: &entered,
         };
-        let read_backs = std::sync::atomic::AtomicUsize::new(0);
-        let reader = target.clone();
+        let read_backs = AtomicUsize::new(0);
+        let reader = Arc::new(LiveReadBack::new(target.clone(), Arc::new(damage)));
         let read_back = || async {
             read_backs.fetch_add(1, Ordering::SeqCst);
-            assert!(
-                reader.is_finished(),
-                "read back before the copy finished the target"
-            );
-            assert!(reader.flushes() > 0);
-            let mut bytes = reader.data();
-            damage(&mut bytes);
-            Ok(Arc::new(MemSource::new(bytes)) as Arc<dyn Source>)
+            if !target.caps().read_while_writing {
+                assert!(target.is_finished(), "read back before the target finished");
+            }
+            Ok(Arc::clone(&reader) as Arc<dyn Source>)
         };
-        let verify = verify.then(|| Verify {
-            checksum: ChecksumOptions::default(),
+        let verify = verify.map(|checksum| Verify {
+            checksum,
             read_back,
         });
         let result = copy_and_verify(
             Arc::new(source.clone()),
             Arc::new(target.clone()),
-            &CopyOptions::default(),
+            options,
             verify,
             &stages,
             &CancellationToken::new(),
@@ -344,7 +590,23 @@ mod tests {
             result,
             stages: seen.into_inner(),
             read_backs: read_backs.load(Ordering::SeqCst),
+            reader,
         }
+    }
+
+    async fn run(
+        source: &MemSource,
+        target: &RecordingTarget,
+        verify: bool,
+        damage: impl Fn(&mut Vec<u8>) + Send + Sync + 'static,
+    ) -> Run {
+        let verify = verify.then(ChecksumOptions::default);
+        let run = run_with(source, target, verify, &CopyOptions::default(), damage).await;
+        assert!(
+            run.reader.undurable_reads.lock().is_empty(),
+            "read back unflushed bytes"
+        );
+        run
     }
 
     async fn digest(source: MemSource) -> Digest {
@@ -386,7 +648,7 @@ mod tests {
     #[tokio::test]
     async fn a_mismatch_fails_the_verify_stage() {
         let source = image();
-        type Damage = Box<dyn FnOnce(&mut Vec<u8>)>;
+        type Damage = Box<dyn Fn(&mut Vec<u8>) + Send + Sync>;
         let cases: [(&str, Damage); 3] = [
             (
                 "flipped",
@@ -430,7 +692,91 @@ mod tests {
         let err = run_failing.result.unwrap_err();
         assert_eq!(err.stage, Stage::Copy);
         assert_eq!(err.error.kind(), ErrorKind::Io);
-        assert_eq!(run_failing.read_backs, 0);
+        // The read-back handle is opened with the copy, but nothing was committed to read.
+        assert_eq!(run_failing.reader.reads.load(Ordering::SeqCst), 0);
+        assert_eq!(run_failing.stages, [Stage::Copy]);
+    }
+
+    /// The target is read back while the copy still writes it (a slow target, one worker:
+    /// the copy takes about a second), never ahead of a flush; the source is read once.
+    #[tokio::test]
+    async fn the_target_is_read_back_during_the_copy_and_only_after_flushes() {
+        let data: Vec<u8> = (0..8 * MIB).map(|i| (i % 253) as u8 | 1).collect();
+        let source = MemSource::new(data);
+        let target =
+            RecordingTarget::new(source.len()).with_write_delay(Duration::from_millis(120));
+        let options = CopyOptions {
+            workers: 1,
+            request_size: Some(MIB),
+            ..CopyOptions::default()
+        };
+        let run = run_with(
+            &source,
+            &target,
+            Some(ChecksumOptions::default()),
+            &options,
+            |_| {},
+        )
+        .await;
+        let done = run.result.unwrap();
+        let mut read = source.stats.reads();
+        read.sort_unstable();
+        let total: usize = read.iter().map(|r| r.1).sum();
+        assert_eq!(
+            total as u64,
+            source.len(),
+            "the source is read once: {read:?}"
+        );
+        let v = done.verification.unwrap();
+        assert_eq!(v.source, digest(source.clone()).await);
+        assert!(run.reader.undurable_reads.lock().is_empty());
+        assert!(run.reader.reads_before_finish.load(Ordering::SeqCst) > 0);
+        assert_eq!(run.stages, [Stage::Copy, Stage::Verify]);
+    }
+
+    /// A target that can only be read once finished (an S3 upload) is read back after
+    /// the copy; plain SHA-256 takes the second pass over the source; both verify, and
+    /// both still catch a damaged target.
+    #[tokio::test]
+    async fn finished_only_targets_and_sha256_verify_after_the_copy() {
+        let source = image();
+        let sha = ChecksumOptions {
+            algorithm: HashAlgorithm::Sha256,
+            ..ChecksumOptions::default()
+        };
+        let finished_only = Caps {
+            read_while_writing: false,
+            ..RecordingTarget::new(0).caps()
+        };
+        for (caps, checksum) in [
+            (finished_only, ChecksumOptions::default()),
+            (Caps::default(), sha.clone()),
+            (finished_only, sha),
+        ] {
+            let target = RecordingTarget::new(source.len()).with_caps(caps);
+            let run = run_with(
+                &source,
+                &target,
+                Some(checksum.clone()),
+                &CopyOptions::default(),
+                |_| {},
+            )
+            .await;
+            let v = run.result.unwrap().verification.unwrap();
+            assert_eq!(v.source.algorithm, checksum.algorithm);
+            assert_eq!(v.source, v.target);
+            assert_eq!(run.reader.reads_before_finish.load(Ordering::SeqCst), 0);
+            let target = RecordingTarget::new(source.len()).with_caps(caps);
+            let run = run_with(
+                &source,
+                &target,
+                Some(checksum),
+                &CopyOptions::default(),
+                |b| b[5] ^= 1,
+            )
+            .await;
+            assert_eq!(run.result.unwrap_err().error.kind(), ErrorKind::Corrupt);
+        }
     }
 
     #[tokio::test]

@@ -76,6 +76,7 @@ impl FileHandle {
             trim: regular,
             random_write: true,
             rewrite: true,
+            read_while_writing: true,
             multi_conn: true,
             block: BlockSizes {
                 minimum,

@@ -30,6 +30,8 @@ struct Shared {
     handle: Arc<FileHandle>,
     zeroed: bool,
     grow: Option<Grow>,
+    /// Written pages stay cached for a read-back ([`TargetOptions::keep_cached`]).
+    keep_cached: bool,
 }
 
 impl FileTarget {
@@ -79,6 +81,7 @@ impl FileTarget {
             handle: Arc::new(handle),
             zeroed: opened.zeroed,
             grow,
+            keep_cached: options.keep_cached,
         });
         Ok(Self::with_shared(shared))
     }
@@ -87,7 +90,7 @@ impl FileTarget {
         let direct = shared.handle.direct.is_some();
         Self {
             exec: Executor::for_handle(direct),
-            write_behind: (!direct).then(|| Arc::new(WriteBehind::default())),
+            write_behind: (!direct).then(|| Arc::new(WriteBehind::new(!shared.keep_cached))),
             shared,
         }
     }

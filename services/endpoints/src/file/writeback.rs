@@ -13,6 +13,10 @@
 //!
 //! Errors here are only hints lost: durability still comes from the final fdatasync,
 //! which reports any write error.
+//!
+//! A target that is read back right after it is written (a verified copy) keeps its pages:
+//! they are still written back and waited for, but stay in the cache as clean pages (which
+//! the kernel reclaims when memory is short), so the read-back does not read the disk.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -25,12 +29,27 @@ use super::sys;
 const WINDOW: usize = 8;
 
 /// One handle's recent writes still in writeback.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct WriteBehind {
     window: Mutex<VecDeque<(u64, u64)>>,
+    /// Drop a range from the cache once it is on disk.
+    evict: bool,
+}
+
+impl Default for WriteBehind {
+    fn default() -> Self {
+        Self::new(true)
+    }
 }
 
 impl WriteBehind {
+    pub(crate) fn new(evict: bool) -> Self {
+        Self {
+            window: Mutex::default(),
+            evict,
+        }
+    }
+
     /// Called after `len` bytes were written at `offset` through the page cache.
     pub(crate) fn written(&self, file: &File, offset: u64, len: u64) {
         if len == 0 {
@@ -55,7 +74,9 @@ impl WriteBehind {
                     | libc::SYNC_FILE_RANGE_WRITE
                     | libc::SYNC_FILE_RANGE_WAIT_AFTER,
             );
-            let _ = sys::fadvise_dontneed(file, offset, len);
+            if self.evict {
+                let _ = sys::fadvise_dontneed(file, offset, len);
+            }
         }
     }
 }
@@ -88,6 +109,62 @@ mod tests {
         for i in 0..(WINDOW as u64 * 3) {
             file.read_at(&mut back, i * block as u64).unwrap();
             assert!(back.iter().all(|&b| b == i as u8 + 1), "block {i}");
+        }
+    }
+
+    /// Pages of `file` in the page cache, out of its first `len` bytes.
+    fn resident_pages(file: &File, len: usize) -> usize {
+        use std::os::fd::AsRawFd;
+        let page = 4096;
+        // SAFETY: a read-only shared mapping of `len` bytes of an open file, only passed to
+        // mincore and unmapped before returning; its memory is never touched.
+        unsafe {
+            let map = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            );
+            assert_ne!(map, libc::MAP_FAILED);
+            let mut vec = vec![0u8; len.div_ceil(page)];
+            assert_eq!(libc::mincore(map, len, vec.as_mut_ptr()), 0);
+            libc::munmap(map, len);
+            vec.iter().filter(|&&b| b & 1 == 1).count()
+        }
+    }
+
+    /// Evicting write-behind drops the ranges that left its window; keeping leaves every
+    /// written page cached for a read-back.
+    #[test]
+    fn written_pages_are_dropped_only_when_evicting() {
+        let block = 64 * 1024;
+        let blocks = WINDOW * 4;
+        for evict in [true, false] {
+            let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
+            let file = File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(dir.path().join("f"))
+                .unwrap();
+            let wb = WriteBehind::new(evict);
+            for i in 0..blocks as u64 {
+                file.write_at(&vec![7; block], i * block as u64).unwrap();
+                wb.written(&file, i * block as u64, block as u64);
+            }
+            let resident = resident_pages(&file, blocks * block);
+            let all = blocks * block / 4096;
+            if evict {
+                assert!(
+                    resident <= WINDOW * block / 4096,
+                    "{resident} of {all} cached"
+                );
+            } else {
+                assert_eq!(resident, all);
+            }
         }
     }
 }

@@ -198,6 +198,7 @@ fn caps(preferred: u32, maximum: u32, extents: bool, zero: bool) -> Caps {
         trim: zero,
         random_write: true,
         rewrite: true,
+        read_while_writing: true,
         multi_conn: true,
         block: BlockSizes {
             minimum: 1,

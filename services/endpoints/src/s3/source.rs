@@ -197,6 +197,7 @@ impl Source for S3Source {
             trim: false,
             random_write: false,
             rewrite: true,
+            read_while_writing: true,
             multi_conn: true,
             block: BlockSizes {
                 minimum: 1,

@@ -878,6 +878,7 @@ impl Target for S3Target {
             trim: false,
             random_write: true,
             rewrite: false,
+            read_while_writing: false,
             multi_conn: true,
             block: BlockSizes {
                 minimum: 1,

@@ -117,6 +117,7 @@ impl CopyArgs {
         let mut options = TargetOptions::default();
         options.cache = self.cache.into();
         options.preallocation = self.preallocation;
+        options.keep_cached = self.verify;
         options
     }
 }

@@ -102,6 +102,7 @@ impl TransferSpec {
         let mut t = TargetOptions::default();
         t.cache = self.cache;
         t.preallocation = self.preallocation;
+        t.keep_cached = self.verify.is_some();
         t.s3 = s3;
         t
     }
