@@ -102,8 +102,8 @@ fn context(dir: &Path) -> u64 {
         let dest = rootfs.join(to.strip_prefix("/").unwrap_or(to));
         std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
         // Follows symlinks: the image gets the files themselves.
-        bytes += std::fs::copy(from, &dest)
-            .unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
+        bytes +=
+            std::fs::copy(from, &dest).unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
     };
     put(Path::new(BIN), Path::new("/ferry"));
     for lib in shared_libraries(Path::new(BIN)) {
@@ -171,8 +171,7 @@ fn scratch_image_runs_ferry_version_and_a_copy_as_non_root() {
     let data = tmp.path().join("data");
     std::fs::create_dir(&data).unwrap();
     let src = make_image(&data.join("src.img"), 8 * MIB, 11);
-    std::fs::set_permissions(&data, std::os::unix::fs::PermissionsExt::from_mode(0o777))
-        .unwrap();
+    std::fs::set_permissions(&data, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     let mount = format!("{}:/data", data.display());
     buildah.run(&[
         "run",

@@ -163,7 +163,10 @@ async fn kill_then_resume_elsewhere(d: &Dirs, source_url: &str, src: &Path, endp
     // The resumed bytes were not read again: less than the image's 32 MiB of data.
     let s = parse_metrics(&scrape_metrics(server.metrics.unwrap()).await);
     let read = sample(&s, "ferry_read_bytes_total", &[("endpoint", endpoint_kind)]).unwrap();
-    assert!(read < 32.0 * MIB as f64, "read {read} bytes after the resume");
+    assert!(
+        read < 32.0 * MIB as f64,
+        "read {read} bytes after the resume"
+    );
     eprintln!(
         "resumed {resumed} of {SIZE} bytes ({} ranges); the second server read {read} bytes \
          and finished in {:?}",
@@ -325,7 +328,10 @@ async fn verify_catches_a_resume_into_a_target_without_the_bytes() {
     assert_eq!(state(trusted), JobState::Succeeded, "{trusted:?}");
     assert_eq!(transfer_result(trusted).resumed_bytes, 4 * MIB);
     let differs = qemu_img_compare_result(&src, dst).expect_err("the skipped bytes are missing");
-    assert!(differs.contains("Content mismatch at offset 0"), "{differs}");
+    assert!(
+        differs.contains("Content mismatch at offset 0"),
+        "{differs}"
+    );
     // The copied half is right: only the claimed range is wrong.
     let tail = |p: &Path| std::fs::read(p).unwrap()[4 * MIB as usize..].to_vec();
     assert!(tail(&src) == tail(dst));

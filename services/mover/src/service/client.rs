@@ -348,10 +348,10 @@ fn transfer_request(s: &StartArgs, dst: &str) -> proto::StartTransferRequest {
 /// The checkpoint in a file written from `ferry job get --json` (or a bare checkpoint in
 /// the same shape); the server checks the ranges.
 fn read_checkpoint(file: &std::path::Path) -> anyhow::Result<proto::Checkpoint> {
-    let text = std::fs::read_to_string(file)
-        .with_context(|| format!("cannot read {}", file.display()))?;
-    let value: serde_json::Value = serde_json::from_str(&text)
-        .with_context(|| format!("{} is not JSON", file.display()))?;
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", file.display()))?;
     let c = match value.get("checkpoint") {
         Some(serde_json::Value::Null) => bail!("the job in {} has no checkpoint", file.display()),
         Some(c) => c,

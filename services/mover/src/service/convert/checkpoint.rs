@@ -27,7 +27,9 @@ pub fn checkpoint_from_proto(what: &str, c: &proto::Checkpoint) -> Result<Checkp
     for (i, r) in c.committed.iter().enumerate() {
         let field = format!("{what}.committed[{i}] [{}, {})", r.start, r.end);
         if r.start >= r.end {
-            return Err(invalid(format!("{field} is empty: start must be below end")));
+            return Err(invalid(format!(
+                "{field} is empty: start must be below end"
+            )));
         }
         if r.end > c.size {
             return Err(invalid(format!(
@@ -100,7 +102,10 @@ mod tests {
         assert_eq!(c.committed_bytes(), 70);
         let empty = checkpoint_from_proto("resume_from", &wire(0, &[])).unwrap();
         assert!(empty.committed.is_empty());
-        assert_eq!(checkpoint_to_proto(&c), wire(100, &[(0, 10), (10, 20), (50, 100)]));
+        assert_eq!(
+            checkpoint_to_proto(&c),
+            wire(100, &[(0, 10), (10, 20), (50, 100)])
+        );
     }
 
     #[test]

@@ -18,9 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::metered::{JobCounts, MeteredSource, MeteredTarget};
-use super::model::{
-    now_ms, DigestRecord, ErrorRecord, JobKind, JobRecord, JobState, ResultRecord,
-};
+use super::model::{now_ms, DigestRecord, ErrorRecord, JobKind, JobRecord, JobState, ResultRecord};
 use super::{finish_record, Inner};
 use crate::service::convert::checkpoint::bounded;
 use crate::service::convert::options::source_options;
@@ -250,7 +248,11 @@ async fn finish(
 fn complete(size: u64) -> Checkpoint {
     Checkpoint {
         size,
-        committed: if size > 0 { vec![(0, size)] } else { Vec::new() },
+        committed: if size > 0 {
+            vec![(0, size)]
+        } else {
+            Vec::new()
+        },
     }
 }
 
@@ -288,8 +290,8 @@ impl Ticks {
         }
     }
 
-    /// Publishes progress, and every checkpoint interval the engine's checkpoint (when
-    /// it moved).
+    /// Publishes progress and the engine's checkpoint, and persists the checkpoint every
+    /// checkpoint interval (when it moved).
     fn tick(&mut self, inner: &Inner, id: &str, progress: &Progress, checkpoints: bool) {
         let snap = progress.snapshot();
         let now = Instant::now();
@@ -313,7 +315,9 @@ impl Ticks {
             r.progress.bytes_per_second = rate;
             if let Some(cp) = &cp {
                 r.progress.committed = cp.committed_bytes();
-                if persist {
+                // The engine publishes a checkpoint once the target is flushed: watchers
+                // see it at once, the store at the next checkpoint interval.
+                if !cp.committed.is_empty() {
                     r.checkpoint = Some(bounded(cp));
                 }
             }
@@ -420,7 +424,11 @@ async fn open_transfer(inner: &Inner, spec: &TransferSpec) -> Result<Opened> {
         .open_source(&src_spec, &source_options(spec.cache, src_s3))
         .await?;
     let source = MeteredSource::wrap(source, &inner.metrics, kind_label(src_spec.kind()));
-    if let Some(c) = spec.resume_from.as_ref().filter(|c| c.size != source.size()) {
+    if let Some(c) = spec
+        .resume_from
+        .as_ref()
+        .filter(|c| c.size != source.size())
+    {
         // Checked before the target is opened (a file target would be created): a
         // checkpoint of another image says nothing about this target.
         return Err(Error::invalid_input(format!(
