@@ -271,7 +271,7 @@ async fn malformed_checkpoints_are_refused_naming_the_problem() {
     let job = client.start_transfer(req).await.unwrap().into_inner();
     let done = wait_terminal(&mut client, &job.id, LIMIT).await;
     assert_eq!(state(&done), JobState::Failed, "{done:?}");
-    let error = done.error.unwrap();
+    let error = done.error.clone().unwrap();
     assert_eq!(error.kind, "invalid_input", "{error:?}");
     assert!(
         error
