@@ -10,7 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian packages the tests need: test servers and peers. One list; add yours here.
-PACKAGES="qemu-utils nbdkit libnbd-bin util-linux coreutils nfs-ganesha nfs-ganesha-vfs rpcbind tgt"
+# buildah builds and runs the container image test (tests/tests/container_image.rs).
+PACKAGES="qemu-utils nbdkit libnbd-bin util-linux coreutils nfs-ganesha nfs-ganesha-vfs rpcbind tgt buildah"
 
 lint=1
 runner_args=()

@@ -140,6 +140,11 @@ pub struct StartArgs {
     /// Watch the job after starting it.
     #[arg(long)]
     pub watch: bool,
+    /// Resume from a checkpoint: a file with what `ferry job get --json` printed for the
+    /// earlier job (its "checkpoint"), or the checkpoint alone ({"size": N, "committed":
+    /// [[START, END], ...]}). DST must be the target that job wrote.
+    #[arg(long, value_name = "FILE")]
+    pub resume_from: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -287,7 +292,11 @@ async fn start(client: &mut Client, s: &StartArgs) -> anyhow::Result<proto::Job>
         let Some(dst) = &s.dst else {
             bail!("a transfer needs SRC and DST (or use --checksum)");
         };
-        client.start_transfer(transfer_request(s, dst)).await
+        let mut request = transfer_request(s, dst);
+        if let Some(file) = &s.resume_from {
+            request.resume_from = Some(read_checkpoint(file)?);
+        }
+        client.start_transfer(request).await
     };
     Ok(job.map_err(status_error)?.into_inner())
 }
@@ -332,6 +341,54 @@ fn transfer_request(s: &StartArgs, dst: &str) -> proto::StartTransferRequest {
         labels: s.labels.iter().cloned().collect(),
         priority: s.priority,
         refuse_if_target_busy: s.refuse_if_busy,
+        resume_from: None,
+    }
+}
+
+/// The checkpoint in a file written from `ferry job get --json` (or a bare checkpoint in
+/// the same shape); the server checks the ranges.
+fn read_checkpoint(file: &std::path::Path) -> anyhow::Result<proto::Checkpoint> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", file.display()))?;
+    let c = match value.get("checkpoint") {
+        Some(serde_json::Value::Null) => bail!("the job in {} has no checkpoint", file.display()),
+        Some(c) => c,
+        None => &value,
+    };
+    let shape = || {
+        format!(
+            "{}: expected {{\"size\": N, \"committed\": [[START, END], ...]}}",
+            file.display()
+        )
+    };
+    let size = c.get("size").and_then(|v| v.as_u64()).with_context(shape)?;
+    let ranges = c
+        .get("committed")
+        .and_then(|v| v.as_array())
+        .with_context(shape)?;
+    let committed = ranges
+        .iter()
+        .map(|r| match r.as_array().map(|a| a.as_slice()) {
+            Some([start, end]) => Some(proto::Range {
+                start: start.as_u64()?,
+                end: end.as_u64()?,
+            }),
+            _ => None,
+        })
+        .collect::<Option<Vec<_>>>()
+        .with_context(shape)?;
+    Ok(proto::Checkpoint { size, committed })
+}
+
+fn checkpoint_json(c: &Option<proto::Checkpoint>) -> serde_json::Value {
+    match c {
+        Some(c) => serde_json::json!({
+            "size": c.size,
+            "committed": c.committed.iter().map(|r| [r.start, r.end]).collect::<Vec<_>>(),
+        }),
+        None => serde_json::Value::Null,
     }
 }
 
@@ -520,6 +577,7 @@ pub fn job_json(j: &proto::Job) -> serde_json::Value {
         "result": result,
         "error": j.error.as_ref().map(|e| serde_json::json!({"kind": e.kind, "message": e.message})),
         "message": j.message,
+        "checkpoint": checkpoint_json(&j.checkpoint),
     })
 }
 

@@ -296,6 +296,7 @@ mod tests {
             result: None,
             error: None,
             message: String::new(),
+            checkpoint: None,
         }
     }
 

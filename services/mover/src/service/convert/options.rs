@@ -6,9 +6,10 @@
 use ferry_core::{EndpointSpec, Error, Result};
 use ferry_endpoints::s3::S3Options;
 use ferry_endpoints::{CacheMode, Preallocation, SourceOptions, TargetOptions};
-use ferry_engine::{ChecksumOptions, CopyOptions};
+use ferry_engine::{Checkpoint, ChecksumOptions, CopyOptions};
 use prost::Message;
 
+use super::checkpoint::checkpoint_from_proto;
 use super::validation::{has_inline_password, invalid, MAX_URL_BYTES};
 use crate::options;
 use crate::service::jobs::model::{JobKind, JobPlan, JobRecord, ResolvedEndpoint};
@@ -59,6 +60,8 @@ pub struct TransferSpec {
     pub preallocation: Preallocation,
     /// Present when the request asks to verify the copy.
     pub verify: Option<ChecksumOptions>,
+    /// The caller's checkpoint to start from (`resume_from`), checked except for its size.
+    pub resume_from: Option<Checkpoint>,
 }
 
 impl TransferSpec {
@@ -87,6 +90,11 @@ impl TransferSpec {
         } else {
             None
         };
+        let resume_from = req
+            .resume_from
+            .as_ref()
+            .map(|c| checkpoint_from_proto("resume_from", c))
+            .transpose()?;
         Ok(Self {
             source: EndpointAccess::new(&plan.source, req.source.as_ref(), "source"),
             target: EndpointAccess::new(target, req.target.as_ref(), "target"),
@@ -94,6 +102,7 @@ impl TransferSpec {
             cache,
             preallocation,
             verify,
+            resume_from,
         })
     }
 

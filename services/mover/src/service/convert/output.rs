@@ -5,6 +5,7 @@ use ferry_core::{Error, ErrorKind, Result};
 use ferry_engine::HashAlgorithm;
 use prost::Message;
 
+use super::checkpoint::checkpoint_to_proto;
 use crate::service::jobs::model::{DigestRecord, JobKind, JobRecord, JobState, ResultRecord};
 use crate::service::proto;
 
@@ -124,6 +125,7 @@ pub fn job_to_proto(r: &JobRecord) -> proto::Job {
             message: e.message.clone(),
         }),
         message: r.message.clone(),
+        checkpoint: r.checkpoint.as_ref().map(checkpoint_to_proto),
     }
 }
 

@@ -293,6 +293,7 @@ fn record_round_trip_to_proto() {
         }),
         error: None,
         message: String::new(),
+        checkpoint: None,
     };
     let job = job_to_proto(&rec);
     assert_eq!(job.state, proto::JobState::Succeeded as i32);
@@ -415,6 +416,7 @@ fn typed_options_survive_the_store() {
         result: None,
         error: None,
         message: String::new(),
+        checkpoint: None,
     };
     let stored = serde_json::to_string(&record).unwrap();
     let loaded: JobRecord = serde_json::from_str(&stored).unwrap();

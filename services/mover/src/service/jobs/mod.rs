@@ -24,6 +24,7 @@ use tokio_util::task::TaskTracker;
 
 use self::model::{now_ms, ErrorRecord, JobKind, JobRecord, JobState};
 use self::opener::Opener;
+use super::convert::checkpoint::bounded;
 use super::convert::{Accepted, JobSpec};
 use super::metrics::Metrics;
 use super::scheduler::{Claim, Limits, Scheduler};
@@ -198,7 +199,7 @@ impl JobManager {
         if inner.shutdown.is_cancelled() {
             return Err(ServiceError::ShuttingDown);
         }
-        let record = {
+        let (record, resume_from) = {
             let mut table = inner.table.lock();
             if !acc.idempotency_key.is_empty() {
                 if let Some(id) = table.keys.get(&acc.idempotency_key) {
@@ -229,6 +230,10 @@ impl JobManager {
             }
             let seq = table.next_seq;
             table.next_seq += 1;
+            let resume_from = match acc.spec.as_ref() {
+                JobSpec::Transfer(t) => t.resume_from.clone(),
+                JobSpec::Checksum(_) => None,
+            };
             let record = JobRecord {
                 id: uuid::Uuid::now_v7().to_string(),
                 seq,
@@ -248,12 +253,24 @@ impl JobManager {
                 result: None,
                 error: None,
                 message: "queued".into(),
+                checkpoint: resume_from.as_ref().map(bounded),
             };
             inner.metrics.job_state(None, Some(JobState::Queued));
-            inner.insert_locked(&mut table, record.clone(), Some(acc.spec), None);
-            record
+            inner.insert_locked(
+                &mut table,
+                record.clone(),
+                Some(acc.spec),
+                resume_from.clone(),
+            );
+            (record, resume_from)
         };
-        if let Err(e) = inner.store.put_job(&record).await {
+        // A caller's checkpoint is stored with the job: it is where the job starts, the
+        // first time and after a restart of this server alike.
+        let mut ops = vec![Op::PutJob(Box::new(record.clone()))];
+        if let Some(cp) = resume_from {
+            ops.push(Op::PutCheckpoint(record.id.clone(), cp));
+        }
+        if let Err(e) = inner.store.commit(ops).await {
             inner.forget(&record.id);
             return Err(e.into());
         }

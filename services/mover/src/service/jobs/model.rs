@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use ferry_engine::Checkpoint;
 use serde::{Deserialize, Serialize};
 
 /// What a job does.
@@ -156,6 +157,11 @@ pub struct JobRecord {
     pub result: Option<ResultRecord>,
     pub error: Option<ErrorRecord>,
     pub message: String,
+    /// The latest checkpoint of a transfer as `Job.checkpoint` shows it (bounded; the
+    /// full one the job resumes from is kept beside the record). Records written before
+    /// this field existed have none.
+    #[serde(default)]
+    pub checkpoint: Option<Checkpoint>,
 }
 
 /// Milliseconds since the Unix epoch.

@@ -18,8 +18,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::metered::{JobCounts, MeteredSource, MeteredTarget};
-use super::model::{now_ms, DigestRecord, ErrorRecord, JobRecord, JobState, ResultRecord};
+use super::model::{now_ms, DigestRecord, ErrorRecord, JobKind, JobRecord, JobState, ResultRecord};
 use super::{finish_record, Inner};
+use crate::service::convert::checkpoint::bounded;
 use crate::service::convert::options::source_options;
 use crate::service::convert::{ChecksumSpec, JobSpec, TransferSpec};
 use crate::service::scheduler::{backoff, jitter_random};
@@ -225,6 +226,9 @@ async fn finish(
         if state == JobState::Succeeded {
             r.progress.done = r.progress.total;
             r.progress.committed = r.progress.total;
+            if r.kind == JobKind::Transfer {
+                r.checkpoint = Some(complete(r.progress.total));
+            }
         }
         true
     }) else {
@@ -237,6 +241,18 @@ async fn finish(
     }
     if let Err(e) = inner.store.commit(ops).await {
         tracing::error!(job = %id, error = %e, "cannot persist the job's outcome");
+    }
+}
+
+/// The checkpoint of a finished copy: every byte committed.
+fn complete(size: u64) -> Checkpoint {
+    Checkpoint {
+        size,
+        committed: if size > 0 {
+            vec![(0, size)]
+        } else {
+            Vec::new()
+        },
     }
 }
 
@@ -274,8 +290,8 @@ impl Ticks {
         }
     }
 
-    /// Publishes progress, and every checkpoint interval the engine's checkpoint (when
-    /// it moved).
+    /// Publishes progress and the engine's checkpoint, and persists the checkpoint every
+    /// checkpoint interval (when it moved).
     fn tick(&mut self, inner: &Inner, id: &str, progress: &Progress, checkpoints: bool) {
         let snap = progress.snapshot();
         let now = Instant::now();
@@ -299,6 +315,11 @@ impl Ticks {
             r.progress.bytes_per_second = rate;
             if let Some(cp) = &cp {
                 r.progress.committed = cp.committed_bytes();
+                // The engine publishes a checkpoint once the target is flushed: watchers
+                // see it at once, the store at the next checkpoint interval.
+                if !cp.committed.is_empty() {
+                    r.checkpoint = Some(bounded(cp));
+                }
             }
             true
         });
@@ -369,6 +390,7 @@ async fn keep_last_checkpoint(
     inner.set_checkpoint(id, cp.clone());
     inner.update(id, |r| {
         r.progress.committed = cp.committed_bytes();
+        r.checkpoint = Some(bounded(&cp));
         true
     });
     if failed {
@@ -392,7 +414,8 @@ struct Opened {
     target_kind: &'static str,
 }
 
-/// Opens a transfer's source, then its target sized to it, both metered.
+/// Opens a transfer's source, then (when the caller's checkpoint, if any, is of an image
+/// of that size) its target sized to it, both metered.
 async fn open_transfer(inner: &Inner, spec: &TransferSpec) -> Result<Opened> {
     let (src_spec, src_s3) = spec.source.open(&inner.secrets)?;
     let (tgt_spec, tgt_s3) = spec.target.open(&inner.secrets)?;
@@ -401,6 +424,20 @@ async fn open_transfer(inner: &Inner, spec: &TransferSpec) -> Result<Opened> {
         .open_source(&src_spec, &source_options(spec.cache, src_s3))
         .await?;
     let source = MeteredSource::wrap(source, &inner.metrics, kind_label(src_spec.kind()));
+    if let Some(c) = spec
+        .resume_from
+        .as_ref()
+        .filter(|c| c.size != source.size())
+    {
+        // Checked before the target is opened (a file target would be created): a
+        // checkpoint of another image says nothing about this target.
+        return Err(Error::invalid_input(format!(
+            "resume_from.size {} is not the source's size {}: the checkpoint is of \
+             another image",
+            c.size,
+            source.size()
+        )));
+    }
     let target_kind = kind_label(tgt_spec.kind());
     let counts = Arc::new(JobCounts::default());
     let target = inner

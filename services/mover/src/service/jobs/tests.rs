@@ -439,3 +439,40 @@ async fn history_is_pruned_by_count() {
         .encode()
         .contains("ferry_jobs{state=\"succeeded\"} 3"));
 }
+
+/// A caller's checkpoint (`resume_from`) is where the job starts: shown on the record at
+/// once, its bytes skipped (here the target holds other bytes there, which stay), and a
+/// finished copy's checkpoint covers the image.
+#[tokio::test]
+async fn a_callers_checkpoint_is_where_the_job_starts() {
+    let f = fixture(config());
+    let data = image(4 * 1024 * 1024, 10);
+    std::fs::write(f.path("a.img"), &data).unwrap();
+    let mut target = data.clone();
+    target[..1024 * 1024].fill(0xee);
+    std::fs::write(f.path("b.img"), &target).unwrap();
+    let mut req = f.transfer("a.img", "b.img");
+    req.resume_from = Some(proto::Checkpoint {
+        size: data.len() as u64,
+        committed: vec![proto::Range {
+            start: 0,
+            end: 1024 * 1024,
+        }],
+    });
+    let job = f.start(&req).await.unwrap();
+    let seeded = job.checkpoint.clone().expect("the caller's checkpoint");
+    assert_eq!(seeded.committed, [(0, 1024 * 1024)]);
+    let done = f.wait(&job.id).await;
+    assert_eq!(done.state, JobState::Succeeded, "{:?}", done.error);
+    assert_eq!(done.progress.resumed, 1024 * 1024);
+    let Some(ResultRecord::Transfer { resumed_bytes, .. }) = done.result else {
+        panic!("no transfer result: {done:?}")
+    };
+    assert_eq!(resumed_bytes, 1024 * 1024);
+    let cp = done.checkpoint.expect("a checkpoint");
+    assert_eq!(
+        (cp.size, cp.committed),
+        (data.len() as u64, vec![(0, data.len() as u64)])
+    );
+    assert_eq!(std::fs::read(f.path("b.img")).unwrap(), target);
+}

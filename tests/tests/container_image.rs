@@ -1,0 +1,252 @@
+//! The container image, built and run here without a registry or a daemon: `buildah`
+//! (vfs storage under a temporary root, chroot isolation) builds a `FROM scratch` image
+//! holding the ferry binary this test suite built and the shared libraries `ldd` lists,
+//! running as a non-root user like the top-level Containerfile's image; then `buildah run`
+//! runs `ferry --version` and a `ferry copy` between files bind-mounted from the host,
+//! whose bytes are checked on the host. Also checks that the top-level Containerfile
+//! builds and runs what the service needs (the release `ferry`, the ports it listens on).
+//!
+//! Nothing here touches the machine's own image store: images and containers live in the
+//! test's storage root and go with its temporary directory.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Instant;
+
+use ferry_mover::service::config::{DEFAULT_GRPC_LISTEN, DEFAULT_METRICS_LISTEN};
+use ferry_tests::check::{assert_allocated_about, blkhash_file, qemu_img_compare};
+use ferry_tests::service_support::make_image;
+
+const BIN: &str = env!("CARGO_BIN_EXE_ferry-e2e");
+const MIB: u64 = 1024 * 1024;
+/// The non-root user of the image (distroless's `nonroot`).
+const USER: &str = "65532:65532";
+
+/// buildah with its own storage under `root`.
+struct Buildah {
+    root: PathBuf,
+}
+
+impl Buildah {
+    fn cmd(&self) -> Command {
+        let mut cmd = Command::new("buildah");
+        cmd.arg("--root")
+            .arg(self.root.join("storage"))
+            .arg("--runroot")
+            .arg(self.root.join("run"))
+            .args(["--storage-driver", "vfs"])
+            .env("BUILDAH_ISOLATION", "chroot")
+            .env("STORAGE_DRIVER", "vfs");
+        cmd
+    }
+
+    /// Runs `buildah ARGS` and returns its output; fails the test when it fails.
+    fn run(&self, args: &[&str]) -> Output {
+        let out = self
+            .cmd()
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run buildah: {e}"));
+        assert!(
+            out.status.success(),
+            "buildah {args:?} failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+}
+
+/// Panics with the install command when buildah is missing.
+fn require_buildah() {
+    let found = Command::new("buildah").arg("--version").output().is_ok();
+    assert!(
+        found,
+        "buildah is not installed: run `apt-get update && apt-get install -y buildah` \
+         (or the project's test command, scripts/test.sh, which installs it)"
+    );
+}
+
+/// The files `ldd` says the binary loads (the dynamic loader included), by absolute path.
+fn shared_libraries(bin: &Path) -> Vec<PathBuf> {
+    let out = Command::new("ldd").arg(bin).output().expect("run ldd");
+    assert!(out.status.success(), "ldd {}: {out:?}", bin.display());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let libs: Vec<PathBuf> = text
+        .lines()
+        .filter_map(|line| {
+            // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or
+            // "/lib64/ld-linux-x86-64.so.2 (0x...)"; linux-vdso has no file.
+            let path = match line.split_once("=>") {
+                Some((_, rest)) => rest.split_whitespace().next()?,
+                None => line.split_whitespace().next()?,
+            };
+            path.starts_with('/').then(|| PathBuf::from(path))
+        })
+        .collect();
+    assert!(
+        libs.iter().any(|l| l.to_string_lossy().contains("libc.so")),
+        "ldd listed no libc: {text}"
+    );
+    libs
+}
+
+/// A build context: `rootfs/` with `/ferry` and its libraries at their paths, and a
+/// Containerfile that puts it in a scratch image.
+fn context(dir: &Path) -> u64 {
+    let rootfs = dir.join("rootfs");
+    std::fs::create_dir_all(&rootfs).unwrap();
+    let mut bytes = 0;
+    let mut put = |from: &Path, to: &Path| {
+        let dest = rootfs.join(to.strip_prefix("/").unwrap_or(to));
+        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        // Follows symlinks: the image gets the files themselves.
+        bytes +=
+            std::fs::copy(from, &dest).unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
+    };
+    put(Path::new(BIN), Path::new("/ferry"));
+    for lib in shared_libraries(Path::new(BIN)) {
+        put(&lib, &lib);
+    }
+    std::fs::write(
+        dir.join("Containerfile"),
+        format!(
+            "FROM scratch\nCOPY rootfs/ /\nUSER {USER}\nENTRYPOINT [\"/ferry\"]\nCMD [\"--help\"]\n"
+        ),
+    )
+    .unwrap();
+    bytes
+}
+
+#[test]
+fn scratch_image_runs_ferry_version_and_a_copy_as_non_root() {
+    require_buildah();
+    let started = Instant::now();
+    let tmp = ferry_tests::scratch_dir();
+    let buildah = Buildah {
+        root: tmp.path().join("buildah"),
+    };
+    let ctx = tmp.path().join("context");
+    let image_bytes = context(&ctx);
+    let image = "localhost/ferry-test:latest";
+    buildah.run(&[
+        "bud",
+        "--isolation",
+        "chroot",
+        "--layers=false",
+        "-t",
+        image,
+        ctx.to_str().unwrap(),
+    ]);
+    let built = started.elapsed();
+
+    let inspect = buildah.run(&["inspect", "--type", "image", image]);
+    let config: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
+    assert_eq!(config["OCIv1"]["config"]["User"], USER, "{config}");
+    assert_eq!(
+        config["OCIv1"]["config"]["Entrypoint"],
+        serde_json::json!(["/ferry"])
+    );
+
+    let container = String::from_utf8(buildah.run(&["from", image]).stdout).unwrap();
+    let container = container.trim();
+
+    let version = buildah.run(&[
+        "run",
+        "--isolation",
+        "chroot",
+        container,
+        "--",
+        "/ferry",
+        "--version",
+    ]);
+    let version = String::from_utf8_lossy(&version.stdout);
+    assert!(
+        version.contains(env!("CARGO_PKG_VERSION")),
+        "ferry --version printed: {version}"
+    );
+
+    // A copy between files of the host, bind-mounted; the image's user writes the target.
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let src = make_image(&data.join("src.img"), 8 * MIB, 11);
+    std::fs::set_permissions(&data, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let mount = format!("{}:/data", data.display());
+    buildah.run(&[
+        "run",
+        "--isolation",
+        "chroot",
+        "-v",
+        &mount,
+        container,
+        "--",
+        "/ferry",
+        "copy",
+        "/data/src.img",
+        "/data/dst.img",
+    ]);
+    let dst = data.join("dst.img");
+    qemu_img_compare(&src, &dst);
+    assert_eq!(blkhash_file(&src), blkhash_file(&dst));
+    assert_allocated_about(&dst, 4 * MIB);
+    let owner = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&dst).unwrap());
+    assert_eq!(owner, 65532, "the copy ran as the image's non-root user");
+
+    buildah.run(&["rm", container]);
+    buildah.run(&["rmi", image]);
+    let images = buildah.run(&["images", "-q"]);
+    assert!(images.stdout.trim_ascii().is_empty(), "{images:?}");
+    eprintln!(
+        "image of {} MiB (ferry and {} bytes of libraries) built in {built:?}; whole test {:?}",
+        image_bytes / MIB,
+        image_bytes - std::fs::metadata(BIN).unwrap().len(),
+        started.elapsed()
+    );
+}
+
+/// The top-level Containerfile (it cannot be built here: its base images come from
+/// registries) builds the release `ferry`, runs it as non-root on a minimal base, and
+/// its service defaults match what `ferry serve` listens on.
+#[test]
+fn containerfile_builds_the_release_binary_and_exposes_the_service_ports() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let text = std::fs::read_to_string(root.join("Containerfile")).unwrap();
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    let froms: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| l.starts_with("FROM "))
+        .collect();
+    assert_eq!(
+        froms,
+        [
+            "FROM docker.io/library/rust:1.95-bookworm AS build",
+            "FROM gcr.io/distroless/cc-debian12:nonroot"
+        ]
+    );
+    assert!(text.contains("cargo build --release --locked -p ferry-mover --bin ferry"));
+    assert!(lines.contains(&"COPY --from=build /out/ferry /ferry"));
+    assert!(lines.contains(&format!("USER {USER}").as_str()));
+    assert!(lines.contains(&r#"ENTRYPOINT ["/ferry"]"#));
+    let port = |addr: &str| addr.rsplit_once(':').unwrap().1.to_string();
+    let grpc = port(DEFAULT_GRPC_LISTEN);
+    let metrics = port(DEFAULT_METRICS_LISTEN);
+    assert!(
+        lines.contains(&format!("EXPOSE {grpc} {metrics}").as_str()),
+        "{lines:?}"
+    );
+    assert!(text.contains(&format!("FERRY_GRPC_LISTEN=0.0.0.0:{grpc}")));
+    assert!(text.contains(&format!("FERRY_METRICS_LISTEN=0.0.0.0:{metrics}")));
+    // The build context leaves out build outputs and images (both ignore files agree).
+    for name in [".containerignore", ".dockerignore"] {
+        let ignore = std::fs::read_to_string(root.join(name)).unwrap();
+        for entry in ["target", ".git", "**/*.img"] {
+            assert!(ignore.lines().any(|l| l == entry), "{name} lacks {entry}");
+        }
+    }
+}
