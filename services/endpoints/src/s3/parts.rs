@@ -203,10 +203,7 @@ impl BufferPool {
 
     /// Waits until [`BufferPool::try_take`] succeeds. `lowest` says whether the part is the
     /// lowest one still being assembled, or fails to stop the wait (an aborted upload).
-    pub async fn take(
-        self: &Arc<Self>,
-        lowest: impl Fn() -> Result<bool>,
-    ) -> Result<PartBuffer> {
+    pub async fn take(self: &Arc<Self>, lowest: impl Fn() -> Result<bool>) -> Result<PartBuffer> {
         loop {
             let changed = self.changed.notified();
             let mut changed = std::pin::pin!(changed);
@@ -330,7 +327,10 @@ mod tests {
         let pool = BufferPool::new(64, 3);
         let a = pool.try_take(false).unwrap();
         let b = pool.take(|| Ok(false)).await.unwrap();
-        assert!(pool.try_take(false).is_none(), "the last buffer is reserved");
+        assert!(
+            pool.try_take(false).is_none(),
+            "the last buffer is reserved"
+        );
         let ptr = a.as_ref().as_ptr();
         drop(a);
         let c = pool.try_take(false).unwrap();
