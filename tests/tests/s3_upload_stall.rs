@@ -221,13 +221,13 @@ fn image(size: u64, seed: u64) -> MemSource {
     while at < size {
         let run = 64 * KIB + next() % (1600 * KIB);
         let end = (at + run).min(size);
-        if next() % 2 == 0 {
+        if next().is_multiple_of(2) {
             holes.push((at, end));
         } else {
             for block in (at.div_ceil(4 * KIB) * 4 * KIB..end.saturating_sub(4 * KIB))
                 .step_by(4 * KIB as usize)
             {
-                if next() % 5 == 0 {
+                if next().is_multiple_of(5) {
                     data[block as usize..(block + 4 * KIB) as usize].fill(0);
                 }
             }
