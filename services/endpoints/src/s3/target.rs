@@ -17,9 +17,10 @@
 //! still being assembled. A writer can hold back bytes of other parts while it waits (the
 //! engine commits a request's pieces one after another, and a zero run merged across
 //! requests is written by whichever request completes it, after that request's own data),
-//! but only bytes at higher offsets than the part it waits for: every write request is
-//! applied in offset order, and the engine hands out and commits its pieces in offset
-//! order per worker. So the lowest part's missing bytes are never behind a waiting writer:
+//! but only bytes at higher offsets than the part it waits for: a write is applied in
+//! offset order, the engine commits each request's pieces in offset order (a zero run it
+//! closes at its head first, one at its tail last) and plans each worker's requests in
+//! offset order. So the lowest part's missing bytes are never behind a waiting writer:
 //! its writers either find its buffer, or take the reserved one, and it completes; its
 //! upload returns the buffer, and the next lowest part moves up. Without the reservation
 //! every buffer could go to higher parts whose missing bytes sit behind writers waiting
