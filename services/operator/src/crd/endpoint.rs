@@ -335,7 +335,7 @@ pub enum AccessMode {
 }
 
 /// A claim the operator creates in the resource's namespace before the copy.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PvcTemplate {
     /// Name of the claim to create (an existing claim of this name is an error unless it
@@ -370,7 +370,7 @@ impl PvcTemplate {
 
 /// A copy target: an endpoint, or a claim to create (`pvcTemplate`); exactly one of `url`,
 /// `pvc` and `pvcTemplate`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Target {
     /// An existing endpoint (URL or claim).
