@@ -96,8 +96,8 @@ fn the_schema_carries_the_validation() {
     let spec = &s["openAPIV3Schema"]["properties"]["spec"];
     assert_eq!(spec["required"], serde_json::json!(["source", "targets"]));
     let targets = &spec["properties"]["targets"];
-    assert_eq!(targets["minItems"], 1);
-    assert_eq!(targets["maxItems"], 64);
+    assert_eq!(targets["minItems"].as_f64(), Some(1.0));
+    assert_eq!(targets["maxItems"].as_f64(), Some(64.0));
     let rules = targets["x-kubernetes-validations"].to_string();
     assert!(rules.contains("exists_one"), "{rules}");
     let source_rules = spec["properties"]["source"]["x-kubernetes-validations"].to_string();
@@ -111,8 +111,8 @@ fn the_schema_carries_the_validation() {
         options["order"]["enum"],
         serde_json::json!(["Auto", "InOrder", "OutOfOrder"])
     );
-    assert_eq!(options["workers"]["minimum"], 1);
-    assert_eq!(options["workers"]["maximum"], 256);
+    assert_eq!(options["workers"]["minimum"].as_f64(), Some(1.0));
+    assert_eq!(options["workers"]["maximum"].as_f64(), Some(256.0));
     assert_eq!(
         options["verifyAlgorithm"]["enum"],
         serde_json::json!(["blkhash", "sha256"])
@@ -123,7 +123,7 @@ fn the_schema_carries_the_validation() {
         serde_json::json!(["Pending", "Running", "Succeeded", "Failed", "Cancelled"])
     );
     assert_eq!(status["progress"]["properties"]["totalBytes"]["type"], "integer");
-    assert_eq!(status["checkpoint"]["properties"]["committed"]["maxItems"], 256);
+    assert_eq!(status["checkpoint"]["properties"]["committed"]["maxItems"].as_f64(), Some(256.0));
     // Target items carry the endpoint's fields and the template side by side.
     let target = &targets["items"]["properties"];
     for field in ["url", "s3", "nbd", "iscsi", "nfs", "pvc", "pvcTemplate"] {

@@ -28,8 +28,10 @@ pub enum CommitOrder {
 /// How a file target is preallocated.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum Preallocation {
-    /// No preallocation.
+    /// No preallocation. Spelled `None` in the resource: YAML 1.1 readers (kubectl)
+    /// would read an unquoted `Off` as the boolean false.
     #[default]
+    #[serde(rename = "None")]
     Off,
     /// fallocate the whole size up front.
     Falloc,
@@ -93,7 +95,7 @@ pub struct TransferOptions {
     /// The targets are known to read as zeroes: zero ranges are not written at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_is_zero: Option<bool>,
-    /// Preallocation of file targets (default Off).
+    /// Preallocation of file targets (default None).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preallocation: Option<Preallocation>,
     /// Step in bytes of Grow preallocation (default 64 MiB).

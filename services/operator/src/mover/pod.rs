@@ -625,6 +625,8 @@ mod tests {
         let (pvcs, defaults) = (pvcs(), defaults());
         let pod = transfer_pod(&transfer(), &input(&pvcs, &defaults)).unwrap();
         let expected = json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
             "metadata": {
                 "name": "import-mover-1",
                 "namespace": "vms",
