@@ -12,8 +12,7 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-const REGENERATE: &str =
-    "cargo run -p ferry-mover --bin ferry -- operator crds > deploy/crds.yaml";
+const REGENERATE: &str = "cargo run -p ferry-mover --bin ferry -- operator crds > deploy/crds.yaml";
 
 #[test]
 fn deploy_crds_yaml_is_the_generated_output() {
@@ -54,8 +53,16 @@ fn kinds_names_and_columns() {
     assert_eq!(
         all,
         vec![
-            ("transfers.ferry.dev".into(), "Namespaced".into(), vec!["ft".into()]),
-            ("checksums.ferry.dev".into(), "Namespaced".into(), vec!["fcs".into()]),
+            (
+                "transfers.ferry.dev".into(),
+                "Namespaced".into(),
+                vec!["ft".into()]
+            ),
+            (
+                "checksums.ferry.dev".into(),
+                "Namespaced".into(),
+                vec!["fcs".into()]
+            ),
             (
                 "volumeimagesources.ferry.dev".into(),
                 "Namespaced".into(),
@@ -85,9 +92,16 @@ fn kinds_names_and_columns() {
         ]
     );
     let checksum = crd("Checksum");
-    assert!(checksum.spec.versions[0].subresources.as_ref().unwrap().status.is_some());
+    assert!(checksum.spec.versions[0]
+        .subresources
+        .as_ref()
+        .unwrap()
+        .status
+        .is_some());
     // The populator's source has no status to keep.
-    assert!(crd("VolumeImageSource").spec.versions[0].subresources.is_none());
+    assert!(crd("VolumeImageSource").spec.versions[0]
+        .subresources
+        .is_none());
 }
 
 #[test]
@@ -101,7 +115,10 @@ fn the_schema_carries_the_validation() {
     let rules = targets["x-kubernetes-validations"].to_string();
     assert!(rules.contains("exists_one"), "{rules}");
     let source_rules = spec["properties"]["source"]["x-kubernetes-validations"].to_string();
-    assert!(source_rules.contains("has(self.url) != has(self.pvc)"), "{source_rules}");
+    assert!(
+        source_rules.contains("has(self.url) != has(self.pvc)"),
+        "{source_rules}"
+    );
     assert_eq!(
         spec["properties"]["expectedDigest"]["pattern"],
         "^(sha256|blkhash):[0-9a-f]{64}$"
@@ -122,11 +139,20 @@ fn the_schema_carries_the_validation() {
         status["phase"]["enum"],
         serde_json::json!(["Pending", "Running", "Succeeded", "Failed", "Cancelled"])
     );
-    assert_eq!(status["progress"]["properties"]["totalBytes"]["type"], "integer");
-    assert_eq!(status["checkpoint"]["properties"]["committed"]["maxItems"].as_f64(), Some(256.0));
+    assert_eq!(
+        status["progress"]["properties"]["totalBytes"]["type"],
+        "integer"
+    );
+    assert_eq!(
+        status["checkpoint"]["properties"]["committed"]["maxItems"].as_f64(),
+        Some(256.0)
+    );
     // Target items carry the endpoint's fields and the template side by side.
     let target = &targets["items"]["properties"];
     for field in ["url", "s3", "nbd", "iscsi", "nfs", "pvc", "pvcTemplate"] {
-        assert!(target.get(field).is_some(), "targets[] lacks {field}: {target}");
+        assert!(
+            target.get(field).is_some(),
+            "targets[] lacks {field}: {target}"
+        );
     }
 }

@@ -25,7 +25,11 @@ use super::validate::ValidationError;
     doc = "Computes the checksum of a disk image (URL or PVC)",
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Digest", type_ = "string", json_path = ".status.digest"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ChecksumSpec {

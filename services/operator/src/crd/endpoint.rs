@@ -583,7 +583,11 @@ mod tests {
             endpoint: Endpoint::pvc("other"),
             pvc_template: Some(template.clone()),
         };
-        assert!(t.validate("t").unwrap_err().message.contains("exactly one of url, pvc or pvcTemplate"));
+        assert!(t
+            .validate("t")
+            .unwrap_err()
+            .message
+            .contains("exactly one of url, pvc or pvcTemplate"));
         let t = Target {
             endpoint: Endpoint::default(),
             pvc_template: Some(PvcTemplate {

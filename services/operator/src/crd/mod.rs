@@ -19,7 +19,9 @@ pub use endpoint::{
     AccessMode, Endpoint, IscsiOptions, NbdOptions, NfsOptions, PvcRef, PvcTemplate, S3Options,
     SecretKeyRef, Target, TargetKey, VolumeMode,
 };
-pub use options::{CacheMode, ChecksumOptions, CommitOrder, HashAlgorithm, Preallocation, TransferOptions};
+pub use options::{
+    CacheMode, ChecksumOptions, CommitOrder, HashAlgorithm, Preallocation, TransferOptions,
+};
 pub use settings::MoverSettings;
 pub use status::{Checkpoint, Phase, Progress};
 pub use transfer::{Digests, TargetStatus, Transfer, TransferSpec, TransferStatus};

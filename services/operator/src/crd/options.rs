@@ -237,7 +237,10 @@ mod tests {
             workers: Some(0),
             ..TransferOptions::default()
         };
-        assert_eq!(err(&o), "spec.options.workers: workers must be between 1 and 256");
+        assert_eq!(
+            err(&o),
+            "spec.options.workers: workers must be between 1 and 256"
+        );
         let o = TransferOptions {
             request_size: Some(MAX_REQUEST_SIZE + 1),
             ..TransferOptions::default()

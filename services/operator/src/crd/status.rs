@@ -161,7 +161,10 @@ mod tests {
 
     #[test]
     fn checkpoint_sorts_merges_and_clips() {
-        let c = Checkpoint::new(100, [(50, 60), (0, 10), (10, 20), (55, 70), (90, 150), (5, 5)]);
+        let c = Checkpoint::new(
+            100,
+            [(50, 60), (0, 10), (10, 20), (55, 70), (90, 150), (5, 5)],
+        );
         assert_eq!(c.committed, vec![[0, 20], [50, 70], [90, 100]]);
         assert_eq!(c.committed_bytes(), 50);
     }
@@ -169,7 +172,9 @@ mod tests {
     #[test]
     fn checkpoint_keeps_the_longest_ranges_when_too_many() {
         // 300 ranges: range i is [i*100, i*100 + 1 + i % 7), never touching.
-        let ranges: Vec<(u64, u64)> = (0..300u64).map(|i| (i * 100, i * 100 + 1 + i % 7)).collect();
+        let ranges: Vec<(u64, u64)> = (0..300u64)
+            .map(|i| (i * 100, i * 100 + 1 + i % 7))
+            .collect();
         let c = Checkpoint::new(1 << 20, ranges.clone());
         assert_eq!(c.committed.len(), MAX_CHECKPOINT_RANGES);
         // Every kept range was committed (a subset of the input), in order.

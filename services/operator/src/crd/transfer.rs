@@ -30,10 +30,29 @@ pub const MAX_TARGETS: usize = 64;
     category = "ferry",
     doc = "Copies a disk image from a source (URL or PVC) into one or more targets",
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "Total", type_ = "integer", json_path = ".status.progress.totalBytes", description = "image size in bytes"),
-    printcolumn(name = "Done", type_ = "integer", json_path = ".status.progress.doneBytes", description = "bytes processed"),
-    printcolumn(name = "Node", type_ = "string", json_path = ".status.node", priority = "1"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Total",
+        type_ = "integer",
+        json_path = ".status.progress.totalBytes",
+        description = "image size in bytes"
+    ),
+    printcolumn(
+        name = "Done",
+        type_ = "integer",
+        json_path = ".status.progress.doneBytes",
+        description = "bytes processed"
+    ),
+    printcolumn(
+        name = "Node",
+        type_ = "string",
+        json_path = ".status.node",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct TransferSpec {
@@ -81,14 +100,18 @@ impl TransferSpec {
                 if Some(name.as_str()) == source_pvc {
                     return Err(invalid(
                         &field,
-                        &format!("pvc/{name} is also the source: a claim cannot be copied onto itself"),
+                        &format!(
+                            "pvc/{name} is also the source: a claim cannot be copied onto itself"
+                        ),
                     ));
                 }
             }
             if let Some(first) = seen.iter().position(|k| k == &key) {
                 return Err(invalid(
                     &field,
-                    &format!("{key} is also spec.targets[{first}]: each target must be written once"),
+                    &format!(
+                        "{key} is also spec.targets[{first}]: each target must be written once"
+                    ),
                 ));
             }
             seen.push(key);
@@ -220,9 +243,13 @@ mod tests {
 
     #[test]
     fn a_fan_out_passes() {
-        spec(vec![to(Endpoint::pvc("a")), template("b"), to(Endpoint::url("nbd://h/e"))])
-            .validate()
-            .unwrap();
+        spec(vec![
+            to(Endpoint::pvc("a")),
+            template("b"),
+            to(Endpoint::url("nbd://h/e")),
+        ])
+        .validate()
+        .unwrap();
     }
 
     #[test]
@@ -231,8 +258,14 @@ mod tests {
             spec(vec![]).validate().unwrap_err().to_string(),
             "spec.targets: give at least one target"
         );
-        let many = (0..=MAX_TARGETS).map(|i| template(&format!("t{i}"))).collect();
-        assert!(spec(many).validate().unwrap_err().message.contains("at most 64"));
+        let many = (0..=MAX_TARGETS)
+            .map(|i| template(&format!("t{i}")))
+            .collect();
+        assert!(spec(many)
+            .validate()
+            .unwrap_err()
+            .message
+            .contains("at most 64"));
     }
 
     #[test]
@@ -244,13 +277,20 @@ mod tests {
             e.to_string(),
             "spec.targets[1]: pvc/a is also spec.targets[0]: each target must be written once"
         );
-        let e = spec(vec![to(Endpoint::url("nbd://h/e")), to(Endpoint::url("nbd://h/e"))])
-            .validate()
-            .unwrap_err();
+        let e = spec(vec![
+            to(Endpoint::url("nbd://h/e")),
+            to(Endpoint::url("nbd://h/e")),
+        ])
+        .validate()
+        .unwrap_err();
         assert_eq!(e.field, "spec.targets[1]");
         let mut s = spec(vec![to(Endpoint::pvc("golden"))]);
         s.source = Endpoint::pvc("golden");
-        assert!(s.validate().unwrap_err().message.contains("copied onto itself"));
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .message
+            .contains("copied onto itself"));
     }
 
     #[test]
@@ -302,7 +342,10 @@ mod tests {
         assert_eq!(v["phase"], "Running");
         assert_eq!(v["progress"]["totalBytes"], 4u64 << 30);
         assert_eq!(v["progress"]["doneBytes"], 1u64 << 30);
-        assert_eq!(v["checkpoint"]["committed"], serde_json::json!([[0, 1u64 << 29]]));
+        assert_eq!(
+            v["checkpoint"]["committed"],
+            serde_json::json!([[0, 1u64 << 29]])
+        );
         let back: TransferStatus = serde_json::from_value(v).unwrap();
         assert_eq!(back, status);
     }

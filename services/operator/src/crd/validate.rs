@@ -121,7 +121,9 @@ pub(crate) fn check_relative_path(field: &str, path: &str) -> Result<(), Validat
     let bad = path.is_empty()
         || path.starts_with('/')
         || path.contains('\0')
-        || path.split('/').any(|c| c.is_empty() || c == "." || c == "..");
+        || path
+            .split('/')
+            .any(|c| c.is_empty() || c == "." || c == "..");
     if bad {
         return Err(invalid(
             field,
@@ -144,7 +146,10 @@ pub(crate) fn check_secret_ref(field: &str, r: &SecretKeyRef) -> Result<(), Vali
     if !key_ok {
         return Err(invalid(
             &format!("{field}.key"),
-            &format!("'{}' is not a valid Secret key (letters, digits, '-', '_', '.')", r.key),
+            &format!(
+                "'{}' is not a valid Secret key (letters, digits, '-', '_', '.')",
+                r.key
+            ),
         ));
     }
     Ok(())
@@ -172,13 +177,13 @@ pub(crate) fn check_quantity(field: &str, q: &Quantity) -> Result<(), Validation
 
 /// An expected digest: `sha256:<64 hex>` or `blkhash:<64 hex>`, lower case.
 pub fn check_digest(field: &str, digest: &str) -> Result<(), ValidationError> {
-    let ok = digest
-        .split_once(':')
-        .is_some_and(|(algorithm, hex)| {
-            matches!(algorithm, "sha256" | "blkhash")
-                && hex.len() == 64
-                && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        });
+    let ok = digest.split_once(':').is_some_and(|(algorithm, hex)| {
+        matches!(algorithm, "sha256" | "blkhash")
+            && hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    });
     if !ok {
         return Err(invalid(
             field,

@@ -24,7 +24,11 @@ use super::validate::{check_digest, ValidationError};
     doc = "A disk image (URL or PVC) that PVCs name in dataSourceRef to be created holding it",
     printcolumn(name = "URL", type_ = "string", json_path = ".spec.source.url"),
     printcolumn(name = "PVC", type_ = "string", json_path = ".spec.source.pvc.name"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct VolumeImageSourceSpec {
@@ -74,6 +78,10 @@ mod tests {
         assert_eq!(s.validate().unwrap_err().field, "spec.expectedDigest");
         s.expected_digest = None;
         s.source = Endpoint::url("s3://user:pw@images/f.raw");
-        assert!(s.validate().unwrap_err().message.contains("password inside the URL"));
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .message
+            .contains("password inside the URL"));
     }
 }

@@ -45,7 +45,9 @@ pub enum MoverError {
     #[error("the {0} has no namespace, name or uid: build movers only for stored resources")]
     NotStored(&'static str),
     /// A claim the spec names was not resolved by the caller.
-    #[error("pvc/{0} was not resolved: look the claim up (or create it) before building the mover")]
+    #[error(
+        "pvc/{0} was not resolved: look the claim up (or create it) before building the mover"
+    )]
     UnresolvedPvc(String),
 }
 

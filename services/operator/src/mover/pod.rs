@@ -185,7 +185,11 @@ impl Attachments {
                     .or_default()
                     .insert(r.key.clone());
             }
-            if let Some(name) = endpoint.nbd.as_ref().and_then(|n| n.tls_secret_name.clone()) {
+            if let Some(name) = endpoint
+                .nbd
+                .as_ref()
+                .and_then(|n| n.tls_secret_name.clone())
+            {
                 a.nbd_tls.insert(name);
             }
         }
@@ -193,7 +197,9 @@ impl Attachments {
     }
 
     fn has_block(&self) -> bool {
-        self.pvcs.iter().any(|(_, mode, _)| *mode == VolumeMode::Block)
+        self.pvcs
+            .iter()
+            .any(|(_, mode, _)| *mode == VolumeMode::Block)
     }
 
     fn has_filesystem(&self) -> bool {
@@ -328,7 +334,11 @@ fn container(
         }
     }
     for (i, secret) in attached.nbd_tls.iter().enumerate() {
-        mounts.push(mount(&nbd_tls_volume(i), &layout::nbd_tls_dir(secret), true));
+        mounts.push(mount(
+            &nbd_tls_volume(i),
+            &layout::nbd_tls_dir(secret),
+            true,
+        ));
     }
     Container {
         name: "mover".into(),
@@ -400,7 +410,11 @@ fn volumes(attached: &Attachments, token_secret: &str) -> Vec<Volume> {
         path: layout::TOKEN_KEY.into(),
         mode: None,
     };
-    volumes.push(secret_volume("auth-token".into(), token_secret, Some(vec![token])));
+    volumes.push(secret_volume(
+        "auth-token".into(),
+        token_secret,
+        Some(vec![token]),
+    ));
     for (i, (name, _, read_only)) in attached.pvcs.iter().enumerate() {
         volumes.push(Volume {
             name: pvc_volume(i),
@@ -496,9 +510,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::crd::{
-        ChecksumSpec, PvcTemplate, S3Options, SecretKeyRef, Target, TransferSpec,
-    };
+    use crate::crd::{ChecksumSpec, PvcTemplate, S3Options, SecretKeyRef, Target, TransferSpec};
 
     fn meta() -> ObjectMeta {
         ObjectMeta {
@@ -766,13 +778,19 @@ mod tests {
             json!({"name": "secrets", "projected": {"defaultMode": 0o440, "sources": []}})
         );
         let args = c["args"].to_string();
-        assert!(args.contains(r#""--allow-root","/var/run/ferry/volumes/golden""#), "{args}");
+        assert!(
+            args.contains(r#""--allow-root","/var/run/ferry/volumes/golden""#),
+            "{args}"
+        );
         assert!(!args.contains("/dev/ferry"), "{args}");
     }
 
     #[test]
     fn nbd_tls_secrets_are_mounted_and_allowed() {
-        let (pvcs, defaults) = (vec![ResolvedPvc::new("out", VolumeMode::Filesystem)], defaults());
+        let (pvcs, defaults) = (
+            vec![ResolvedPvc::new("out", VolumeMode::Filesystem)],
+            defaults(),
+        );
         let mut source = Endpoint::url("nbds://nbd.storage/export");
         source.nbd = Some(crate::crd::NbdOptions {
             tls_secret_name: Some("nbd-certs".into()),
@@ -816,7 +834,10 @@ mod tests {
             ..PodSecurityContext::default()
         });
         let v = serde_json::to_value(transfer_pod(&t, &input(&pvcs, &defaults)).unwrap()).unwrap();
-        assert_eq!(v["spec"]["securityContext"], json!({"runAsUser": 107, "fsGroup": 107}));
+        assert_eq!(
+            v["spec"]["securityContext"],
+            json!({"runAsUser": 107, "fsGroup": 107})
+        );
         // The container's restrictions stay.
         assert_eq!(v["spec"]["containers"][0]["securityContext"], dropped_all());
     }

@@ -433,7 +433,8 @@ mod tests {
                 mover: None,
             },
         ));
-        let r = checksum_request(&c, &[ResolvedPvc::new("golden", VolumeMode::Filesystem)]).unwrap();
+        let r =
+            checksum_request(&c, &[ResolvedPvc::new("golden", VolumeMode::Filesystem)]).unwrap();
         assert_eq!(
             r,
             StartChecksum {
