@@ -13,6 +13,8 @@ use super::status::{Phase, Progress};
 use super::validate::ValidationError;
 
 /// Compute the digest of `source`.
+// kube's printcolumn(...) entries repeat their keys by design.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[kube(
     group = "ferry.dev",

@@ -19,6 +19,8 @@ use super::validate::{check_digest, invalid, ValidationError};
 pub const MAX_TARGETS: usize = 64;
 
 /// Copy a disk image from `source` into every target.
+// kube's printcolumn(...) entries repeat their keys by design.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[kube(
     group = "ferry.dev",

@@ -13,6 +13,8 @@ use super::settings::MoverSettings;
 use super::validate::{check_digest, ValidationError};
 
 /// An image to populate new claims with.
+// kube's printcolumn(...) entries repeat their keys by design.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[kube(
     group = "ferry.dev",
