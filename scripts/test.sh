@@ -51,13 +51,17 @@ install_rust_components() {
     fi
 }
 
-# Python tools the tests call (kubernetes-validate checks deploy/ and the rendered chart).
-PIP_PACKAGES="kubernetes-validate"
+# Python tools the tests call (kubernetes-validate and yamllint check deploy/ and the rendered chart).
+# Pinned: the tests' expectations (the Kubernetes versions checked) follow the tool's schemas.
+PIP_PACKAGES="kubernetes-validate==1.37.0 yamllint==1.38.0"
 
 install_pip_packages() {
-    local missing=()
-    for pkg in $PIP_PACKAGES; do
-        python3 -m pip show -q "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+    local missing=() name want have
+    for spec in $PIP_PACKAGES; do
+        name="${spec%%==*}"
+        want="${spec#*==}"
+        have="$(python3 -m pip show "$name" 2>/dev/null | sed -n 's/^Version: //p')"
+        [ "$have" = "$want" ] || missing+=("$spec")
     done
     [ ${#missing[@]} -eq 0 ] && return 0
     step "pip installing ${missing[*]}"

@@ -25,6 +25,8 @@ enum Command {
     Serve(service::serve::ServeArgs),
     /// Start, watch and cancel jobs on a running service.
     Job(service::client::JobArgs),
+    /// Kubernetes: print the CRDs (`ferry operator crds`).
+    Operator(cli::operator::OperatorArgs),
 }
 
 /// Runs the `ferry` command line with the process arguments.
@@ -49,6 +51,7 @@ pub fn main() -> ExitCode {
             Command::Checksum(args) => cli::checksum::run(args).await,
             Command::Serve(args) => service::serve::run(args).await,
             Command::Job(args) => service::client::run(args).await,
+            Command::Operator(args) => cli::operator::run(args).await,
         }
     });
     match result {

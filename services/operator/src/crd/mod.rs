@@ -1,0 +1,59 @@
+//! The custom resource kinds of group `ferry.dev`, version `v1alpha1` (one module per
+//! kind, shared pieces beside them), and the CRD objects generated from them: the YAML
+//! in deploy/crds.yaml is [`crds_yaml`]'s output, never edited by hand.
+
+pub mod checksum;
+pub mod endpoint;
+pub mod options;
+pub mod settings;
+pub mod status;
+pub mod transfer;
+pub mod validate;
+pub mod volume_image_source;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+
+pub use checksum::{Checksum, ChecksumSpec, ChecksumStatus};
+pub use endpoint::{
+    AccessMode, Endpoint, IscsiOptions, NbdOptions, NfsOptions, PvcRef, PvcTemplate, S3Options,
+    SecretKeyRef, Target, TargetKey, VolumeMode,
+};
+pub use options::{
+    CacheMode, ChecksumOptions, CommitOrder, HashAlgorithm, Preallocation, TransferOptions,
+};
+pub use settings::MoverSettings;
+pub use status::{Checkpoint, Phase, Progress};
+pub use transfer::{Digests, TargetStatus, Transfer, TransferSpec, TransferStatus};
+pub use validate::ValidationError;
+pub use volume_image_source::{VolumeImageSource, VolumeImageSourceSpec};
+
+/// The API group of every kind.
+pub const GROUP: &str = "ferry.dev";
+/// The API version of every kind.
+pub const VERSION: &str = "v1alpha1";
+
+/// The CRD objects of every kind, in a fixed order.
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    vec![Transfer::crd(), Checksum::crd(), VolumeImageSource::crd()]
+}
+
+/// The CRDs could not be written as YAML.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write the CRDs as YAML: {0}")]
+pub struct CrdYamlError(#[from] serde_yaml::Error);
+
+/// Every CRD as one multi-document YAML stream, as `ferry operator crds` prints it and
+/// deploy/crds.yaml holds it.
+pub fn crds_yaml() -> Result<String, CrdYamlError> {
+    let mut out = String::from(
+        "# The ferry CustomResourceDefinitions, generated from the Rust types by\n\
+         # `ferry operator crds`: do not edit; regenerate with\n\
+         # cargo run -p ferry-mover --bin ferry -- operator crds > deploy/crds.yaml\n",
+    );
+    for crd in crds() {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(&crd)?);
+    }
+    Ok(out)
+}

@@ -1,0 +1,354 @@
+//! The `Transfer` kind: copy one source into one or more targets (URLs, existing claims,
+//! or claims the operator creates), with per-target status and a checkpoint that survives
+//! the mover pod.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::endpoint::{Endpoint, Target};
+use super::options::TransferOptions;
+use super::settings::MoverSettings;
+use super::status::{Checkpoint, Phase, Progress};
+use super::validate::{check_digest, invalid, ValidationError};
+
+/// Most targets of one Transfer.
+pub const MAX_TARGETS: usize = 64;
+
+/// Copy a disk image from `source` into every target.
+// kube's printcolumn(...) entries repeat their keys by design.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "ferry.dev",
+    version = "v1alpha1",
+    kind = "Transfer",
+    namespaced,
+    status = "TransferStatus",
+    shortname = "ft",
+    category = "ferry",
+    doc = "Copies a disk image from a source (URL or PVC) into one or more targets",
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "Total",
+        type_ = "integer",
+        json_path = ".status.progress.totalBytes",
+        description = "image size in bytes"
+    ),
+    printcolumn(
+        name = "Done",
+        type_ = "integer",
+        json_path = ".status.progress.doneBytes",
+        description = "bytes processed"
+    ),
+    printcolumn(
+        name = "Node",
+        type_ = "string",
+        json_path = ".status.node",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct TransferSpec {
+    /// What to read: exactly one of url or pvc.
+    #[x_kube(validation = Rule::new("has(self.url) != has(self.pvc)").message("source: give exactly one of url or pvc"))]
+    pub source: Endpoint,
+    /// What to write: 1 to 64 targets, each exactly one of url, pvc or pvcTemplate.
+    #[schemars(length(min = 1, max = 64))]
+    #[x_kube(validation = Rule::new("self.all(t, [has(t.url), has(t.pvc), has(t.pvcTemplate)].exists_one(x, x))").message("each target: give exactly one of url, pvc or pvcTemplate"))]
+    pub targets: Vec<Target>,
+    /// How to copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub options: Option<TransferOptions>,
+    /// The digest the image must have (`sha256:<hex>` or `blkhash:<hex>`); the Transfer
+    /// fails when a target's digest differs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^(sha256|blkhash):[0-9a-f]{64}$"))]
+    pub expected_digest: Option<String>,
+    /// How the mover pod runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mover: Option<MoverSettings>,
+}
+
+impl TransferSpec {
+    /// Checks what the schema cannot: URLs, inline passwords, option combinations,
+    /// duplicate targets, the digest.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        self.source.validate("spec.source")?;
+        if self.targets.is_empty() {
+            return Err(invalid("spec.targets", "give at least one target"));
+        }
+        if self.targets.len() > MAX_TARGETS {
+            return Err(invalid(
+                "spec.targets",
+                &format!("at most {MAX_TARGETS} targets per Transfer: split it"),
+            ));
+        }
+        let source_pvc = self.source.pvc.as_ref().map(|p| p.name.as_str());
+        let mut seen = Vec::with_capacity(self.targets.len());
+        for (i, target) in self.targets.iter().enumerate() {
+            let field = format!("spec.targets[{i}]");
+            target.validate(&field)?;
+            let Some(key) = target.key() else { continue };
+            if let super::endpoint::TargetKey::Pvc(name) = &key {
+                if Some(name.as_str()) == source_pvc {
+                    return Err(invalid(
+                        &field,
+                        &format!(
+                            "pvc/{name} is also the source: a claim cannot be copied onto itself"
+                        ),
+                    ));
+                }
+            }
+            if let Some(first) = seen.iter().position(|k| k == &key) {
+                return Err(invalid(
+                    &field,
+                    &format!(
+                        "{key} is also spec.targets[{first}]: each target must be written once"
+                    ),
+                ));
+            }
+            seen.push(key);
+        }
+        if let Some(options) = &self.options {
+            options.validate("spec.options")?;
+        }
+        if let Some(digest) = &self.expected_digest {
+            check_digest("spec.expectedDigest", digest)?;
+        }
+        Ok(())
+    }
+}
+
+/// The state of one target.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetStatus {
+    /// The target as `pvc/<name>` or its URL (never with credentials).
+    pub name: String,
+    /// Where this target's copy is.
+    #[serde(default)]
+    pub phase: Phase,
+    /// Bytes of this target processed so far.
+    #[serde(default)]
+    pub done_bytes: u64,
+    /// The target's digest after a verified copy (`<algorithm>:<hex>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// What went wrong with this target, and what to fix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Digests the copy computed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Digests {
+    /// The source's digest (`<algorithm>:<hex>`), when verified or checked against
+    /// `expectedDigest`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Each target's digest by target name (as in `targets[].name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub targets: Option<BTreeMap<String, String>>,
+}
+
+/// What the operator observed of a Transfer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TransferStatus {
+    /// Pending, Running, Succeeded, Failed or Cancelled.
+    #[serde(default)]
+    pub phase: Phase,
+    /// Bytes over all targets' copy (one pass over the source).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Progress>,
+    /// One entry per target, in `spec.targets` order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub targets: Vec<TargetStatus>,
+    /// Digests of the source and targets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digests: Option<Digests>,
+    /// Ready and Running, with reasons.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// When the first mover started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When the Transfer reached a final phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+    /// Mover pods started so far (1 for a copy that ran through).
+    #[serde(default)]
+    pub attempts: u32,
+    /// The current (or last) mover pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mover_pod: Option<String>,
+    /// The node the mover runs on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// On failure: what went wrong and what to fix (never a secret).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The spec generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// What was committed, so a replacement mover resumes instead of starting over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<Checkpoint>,
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    use super::*;
+    use crate::crd::endpoint::PvcTemplate;
+
+    fn spec(targets: Vec<Target>) -> TransferSpec {
+        TransferSpec {
+            source: Endpoint::url("s3://images/fedora.raw"),
+            targets,
+            options: None,
+            expected_digest: None,
+            mover: None,
+        }
+    }
+
+    fn to(endpoint: Endpoint) -> Target {
+        Target {
+            endpoint,
+            pvc_template: None,
+        }
+    }
+
+    fn template(name: &str) -> Target {
+        Target {
+            endpoint: Endpoint::default(),
+            pvc_template: Some(PvcTemplate {
+                name: name.into(),
+                storage_class_name: Some("fast".into()),
+                size: Quantity("20Gi".into()),
+                volume_mode: None,
+                access_modes: None,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_fan_out_passes() {
+        spec(vec![
+            to(Endpoint::pvc("a")),
+            template("b"),
+            to(Endpoint::url("nbd://h/e")),
+        ])
+        .validate()
+        .unwrap();
+    }
+
+    #[test]
+    fn zero_targets_are_refused() {
+        assert_eq!(
+            spec(vec![]).validate().unwrap_err().to_string(),
+            "spec.targets: give at least one target"
+        );
+        let many = (0..=MAX_TARGETS)
+            .map(|i| template(&format!("t{i}")))
+            .collect();
+        assert!(spec(many)
+            .validate()
+            .unwrap_err()
+            .message
+            .contains("at most 64"));
+    }
+
+    #[test]
+    fn duplicate_targets_are_refused() {
+        let e = spec(vec![to(Endpoint::pvc("a")), template("a")])
+            .validate()
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "spec.targets[1]: pvc/a is also spec.targets[0]: each target must be written once"
+        );
+        let e = spec(vec![
+            to(Endpoint::url("nbd://h/e")),
+            to(Endpoint::url("nbd://h/e")),
+        ])
+        .validate()
+        .unwrap_err();
+        assert_eq!(e.field, "spec.targets[1]");
+        let mut s = spec(vec![to(Endpoint::pvc("golden"))]);
+        s.source = Endpoint::pvc("golden");
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .message
+            .contains("copied onto itself"));
+    }
+
+    #[test]
+    fn bad_digests_are_refused() {
+        let mut s = spec(vec![template("a")]);
+        s.expected_digest = Some(format!("sha256:{}", "a".repeat(64)));
+        s.validate().unwrap();
+        s.expected_digest = Some(format!("blkhash:{}", "0".repeat(64)));
+        s.validate().unwrap();
+        for bad in [
+            format!("md5:{}", "a".repeat(64)),
+            format!("sha256:{}", "A".repeat(64)),
+            format!("sha256:{}", "a".repeat(63)),
+            "a".repeat(64),
+        ] {
+            s.expected_digest = Some(bad.clone());
+            let e = s.validate().unwrap_err();
+            assert_eq!(e.field, "spec.expectedDigest", "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_source_and_options_are_checked() {
+        let mut s = spec(vec![template("a")]);
+        s.source = Endpoint::url("iscsi://u%secret@h/iqn.x/0");
+        assert_eq!(s.validate().unwrap_err().field, "spec.source.url");
+        let mut s = spec(vec![template("a")]);
+        s.options = Some(TransferOptions {
+            workers: Some(1000),
+            ..TransferOptions::default()
+        });
+        assert_eq!(s.validate().unwrap_err().field, "spec.options.workers");
+    }
+
+    #[test]
+    fn status_serializes_progress_as_integers() {
+        let status = TransferStatus {
+            phase: Phase::Running,
+            progress: Some(Progress {
+                total_bytes: 4 << 30,
+                done_bytes: 1 << 30,
+                resumed_bytes: 0,
+                committed_bytes: 1 << 29,
+            }),
+            checkpoint: Some(Checkpoint::new(4 << 30, [(0, 1 << 29)])),
+            ..TransferStatus::default()
+        };
+        let v = serde_json::to_value(&status).unwrap();
+        assert_eq!(v["phase"], "Running");
+        assert_eq!(v["progress"]["totalBytes"], 4u64 << 30);
+        assert_eq!(v["progress"]["doneBytes"], 1u64 << 30);
+        assert_eq!(
+            v["checkpoint"]["committed"],
+            serde_json::json!([[0, 1u64 << 29]])
+        );
+        let back: TransferStatus = serde_json::from_value(v).unwrap();
+        assert_eq!(back, status);
+    }
+}

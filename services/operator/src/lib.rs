@@ -1,0 +1,30 @@
+//! ferry-operator: ferry on Kubernetes.
+//!
+//! **Custom resources** (group `ferry.dev`, version `v1alpha1`, namespaced, status
+//! subresource), defined in [`crd`] as Rust types from which the CRDs are generated
+//! (`ferry operator crds`, deploy/crds.yaml):
+//! - `Transfer` (`ft`): copy a source (a URL with typed options, or a PVC) into 1..=64
+//!   targets (URLs, existing PVCs, or PVCs created from a `pvcTemplate`), with the options
+//!   of the gRPC API's `TransferOptions` and an optional `expectedDigest`. Status: phase,
+//!   progress in bytes, per-target status, digests, Ready/Running conditions with reasons,
+//!   times, attempts, mover pod and node, a message saying what to fix, and a checkpoint
+//!   of committed ranges that survives the mover pod.
+//! - `Checksum` (`fcs`): the digest of a URL or a PVC.
+//! - `VolumeImageSource` (`vis`): the volume populator's data source; a PVC whose
+//!   `dataSourceRef` names one is created holding the image.
+//!
+//! Credentials appear only as references to a key of a Secret in the resource's
+//! namespace; every spec has a `validate()` for what the schema cannot express.
+//!
+//! **Movers** ([`mover`]): each Transfer or Checksum runs in a mover pod built by a pure
+//! function from the resource, the resolved PVCs and the operator's defaults. The pod runs
+//! `ferry serve` with the PVCs attached (Filesystem volumes mounted under
+//! `/var/run/ferry/volumes/<pvc>`, Block volumes as devices at `/dev/ferry/<pvc>`), the
+//! referenced Secret keys projected read-only under `/var/run/ferry/secrets`, and a
+//! per-mover bearer token; the operator sends it the job over gRPC (the requests are built
+//! here as plain data, [`mover::request`]) and reads progress back from the job stream,
+//! never from logs. Kubernetes picks the node; the pod runs non-root wherever the volumes
+//! allow, with no privilege.
+
+pub mod crd;
+pub mod mover;

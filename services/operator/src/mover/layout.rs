@@ -1,0 +1,55 @@
+//! Where things are inside a mover pod: one place for the paths the pod builder mounts and
+//! the job requests name, so the two always agree.
+
+use crate::crd::{PvcRef, SecretKeyRef, VolumeMode};
+
+/// The port `ferry serve` listens on for gRPC.
+pub const GRPC_PORT: i32 = 50051;
+/// Filesystem claims are mounted at `<VOLUMES_DIR>/<claim>`.
+pub const VOLUMES_DIR: &str = "/var/run/ferry/volumes";
+/// Block claims appear as devices at `<DEVICES_DIR>/<claim>`.
+pub const DEVICES_DIR: &str = "/dev/ferry";
+/// Secret keys are projected at `<SECRETS_DIR>/<secret>/<key>` (`--secrets-dir`).
+pub const SECRETS_DIR: &str = "/var/run/ferry/secrets";
+/// The per-mover bearer token's Secret is mounted here.
+pub const TOKEN_DIR: &str = "/var/run/ferry/auth";
+/// The key of the token in the per-mover token Secret.
+pub const TOKEN_KEY: &str = "token";
+/// NBD TLS Secrets are mounted at `<NBD_TLS_DIR>/<secret>`.
+pub const NBD_TLS_DIR: &str = "/var/run/ferry/nbd-tls";
+/// The job store of the mover (an emptyDir: the checkpoint that must survive the pod is
+/// in the resource's status, not here).
+pub const DATA_DIR: &str = "/var/lib/ferry";
+/// Scratch for the process (the root filesystem is read-only).
+pub const TMP_DIR: &str = "/tmp";
+
+/// Where a claim is attached in the mover.
+pub fn pvc_mount(name: &str, mode: VolumeMode) -> String {
+    match mode {
+        VolumeMode::Filesystem => format!("{VOLUMES_DIR}/{name}"),
+        VolumeMode::Block => format!("{DEVICES_DIR}/{name}"),
+    }
+}
+
+/// The image inside a claim: a file in a Filesystem volume, the device of a Block one.
+pub fn pvc_image(pvc: &PvcRef, mode: VolumeMode) -> String {
+    match mode {
+        VolumeMode::Filesystem => format!("{VOLUMES_DIR}/{}/{}", pvc.name, pvc.image_path()),
+        VolumeMode::Block => format!("{DEVICES_DIR}/{}", pvc.name),
+    }
+}
+
+/// A Secret key's file, relative to `--secrets-dir` (what a `SecretRef{file}` names).
+pub fn secret_file(r: &SecretKeyRef) -> String {
+    format!("{}/{}", r.name, r.key)
+}
+
+/// The directory of an NBD TLS Secret.
+pub fn nbd_tls_dir(secret: &str) -> String {
+    format!("{NBD_TLS_DIR}/{secret}")
+}
+
+/// The token file (`--auth-token-file`).
+pub fn token_file() -> String {
+    format!("{TOKEN_DIR}/{TOKEN_KEY}")
+}

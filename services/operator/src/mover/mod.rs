@@ -1,0 +1,58 @@
+//! Movers: the pods that move the bytes of a Transfer or a Checksum.
+//!
+//! A mover is one pod running `ferry serve` with the resource's claims attached; the
+//! operator sends it the job over gRPC ([`request`]) and follows the job stream for
+//! progress, so nothing is read from logs. Building the pod is a pure function of the
+//! resource, the resolved claims and the operator's defaults ([`pod`]), so the reconciler
+//! only decides *when* to create one.
+
+pub mod layout;
+pub mod pod;
+pub mod request;
+
+use crate::crd::{ValidationError, VolumeMode};
+
+pub use pod::{checksum_pod, transfer_pod, MoverDefaults, MoverPodInput};
+pub use request::{checksum_request, transfer_requests};
+
+/// A claim the reconciler looked up (or will create from a template), with the volume
+/// mode that decides how the mover attaches it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedPvc {
+    /// The claim's name.
+    pub name: String,
+    /// Filesystem (mounted; the image is a file) or Block (a device; the image itself).
+    pub mode: VolumeMode,
+}
+
+impl ResolvedPvc {
+    /// A resolved claim.
+    pub fn new(name: impl Into<String>, mode: VolumeMode) -> Self {
+        Self {
+            name: name.into(),
+            mode,
+        }
+    }
+}
+
+/// Why a mover pod or request cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MoverError {
+    /// The spec cannot run as written.
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    /// The resource has no namespace, name or uid yet (it was not read from the API).
+    #[error("the {0} has no namespace, name or uid: build movers only for stored resources")]
+    NotStored(&'static str),
+    /// A claim the spec names was not resolved by the caller.
+    #[error(
+        "pvc/{0} was not resolved: look the claim up (or create it) before building the mover"
+    )]
+    UnresolvedPvc(String),
+}
+
+fn find_pvc<'a>(pvcs: &'a [ResolvedPvc], name: &str) -> Result<&'a ResolvedPvc, MoverError> {
+    pvcs.iter()
+        .find(|p| p.name == name)
+        .ok_or_else(|| MoverError::UnresolvedPvc(name.to_string()))
+}

@@ -1,0 +1,867 @@
+//! The mover pod of a Transfer or a Checksum, built as a pure function of the resource,
+//! the resolved claims and the operator's defaults.
+//!
+//! The pod runs `ferry serve` (gRPC on port 50051, no metrics port, the job store on an
+//! emptyDir) with: Filesystem claims mounted at `/var/run/ferry/volumes/<claim>` and
+//! allowed as file roots; Block claims as devices at `/dev/ferry/<claim>`; every
+//! referenced Secret key projected read-only at `/var/run/ferry/secrets/<secret>/<key>`
+//! (the job request names that file, never the value); the per-mover token Secret mounted
+//! for `--auth-token-file`. It never restarts in place (`restartPolicy: Never`): a lost
+//! mover is replaced by the operator, which resumes from the checkpoint in the status.
+//!
+//! Security: no service account token, no privilege escalation, every capability dropped,
+//! a read-only root filesystem, seccomp `RuntimeDefault`; it runs as a non-root user with
+//! that user's group as `fsGroup`, so Filesystem volumes are writable. Block volumes are
+//! the exception: Kubernetes does not apply `fsGroup` to raw block devices (the device
+//! node in the container keeps the owner the node gave it, root with mode 0660 on common
+//! CSI drivers), so a non-root user cannot open it. A pod with a Block claim therefore
+//! runs as UID 0, still with no capability and no privilege escalation: root opens the
+//! device through ordinary file permissions, and nothing else root could do is left.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, GRPCAction, KeyToPath,
+    PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, Probe,
+    ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecretProjection,
+    SecretVolumeSource, SecurityContext, Toleration, Volume, VolumeDevice, VolumeMount,
+    VolumeProjection,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Resource;
+
+use super::layout::{self, GRPC_PORT};
+use super::{find_pvc, MoverError, ResolvedPvc};
+use crate::crd::{Checksum, Endpoint, MoverSettings, Transfer, VolumeMode};
+
+/// The non-root user (and group) movers run as: the conventional "nonroot" of distroless
+/// images.
+pub const MOVER_UID: i64 = 65532;
+/// Read-only for the owner and the group (the `fsGroup`).
+const SECRET_MODE: i32 = 0o440;
+
+/// Label keys of mover pods.
+pub mod labels {
+    /// `ferry`.
+    pub const NAME: &str = "app.kubernetes.io/name";
+    /// `mover`.
+    pub const COMPONENT: &str = "app.kubernetes.io/component";
+    /// `ferry-operator`.
+    pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+    /// The owner's kind (`Transfer`, `Checksum`).
+    pub const OWNER_KIND: &str = "ferry.dev/owner-kind";
+    /// The owner's uid (names may be longer than a label value allows; uids fit).
+    pub const OWNER_UID: &str = "ferry.dev/owner-uid";
+}
+
+/// What the operator applies when a resource does not say.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoverDefaults {
+    /// The mover image (the ferry image; `ferry` on its PATH).
+    pub image: String,
+    /// Pull policy of the image (default: Kubernetes' own).
+    pub image_pull_policy: Option<String>,
+    /// Container resources when the resource gives none.
+    pub resources: Option<ResourceRequirements>,
+    /// Node selector; the resource's entries win on the same key.
+    pub node_selector: BTreeMap<String, String>,
+    /// Tolerations; the resource's are added.
+    pub tolerations: Vec<Toleration>,
+    /// Priority class when the resource gives none.
+    pub priority_class_name: Option<String>,
+    /// Service account when the resource gives none.
+    pub service_account_name: Option<String>,
+}
+
+/// What the reconciler decided for this mover.
+#[derive(Debug, Clone, Copy)]
+pub struct MoverPodInput<'a> {
+    /// The pod's name.
+    pub pod_name: &'a str,
+    /// The per-mover Secret holding the bearer token under `token`.
+    pub token_secret: &'a str,
+    /// Every claim the resource names (source, targets, templates), resolved.
+    pub pvcs: &'a [ResolvedPvc],
+    /// The operator's defaults.
+    pub defaults: &'a MoverDefaults,
+}
+
+/// The mover pod of a Transfer.
+pub fn transfer_pod(transfer: &Transfer, input: &MoverPodInput<'_>) -> Result<Pod, MoverError> {
+    transfer.spec.validate()?;
+    let mut endpoints = vec![Attach::Source(&transfer.spec.source)];
+    for target in &transfer.spec.targets {
+        match &target.pvc_template {
+            Some(template) => endpoints.push(Attach::Created(&template.name)),
+            None => endpoints.push(Attach::Target(&target.endpoint)),
+        }
+    }
+    build(
+        Owner::of(transfer, "Transfer")?,
+        &endpoints,
+        transfer.spec.mover.as_ref(),
+        input,
+    )
+}
+
+/// The mover pod of a Checksum.
+pub fn checksum_pod(checksum: &Checksum, input: &MoverPodInput<'_>) -> Result<Pod, MoverError> {
+    checksum.spec.validate()?;
+    build(
+        Owner::of(checksum, "Checksum")?,
+        &[Attach::Source(&checksum.spec.source)],
+        checksum.spec.mover.as_ref(),
+        input,
+    )
+}
+
+/// How an endpoint is attached: read-only for the source, read-write otherwise.
+enum Attach<'a> {
+    Source(&'a Endpoint),
+    Target(&'a Endpoint),
+    Created(&'a str),
+}
+
+struct Owner {
+    kind: &'static str,
+    namespace: String,
+    name: String,
+    uid: String,
+    reference: OwnerReference,
+}
+
+impl Owner {
+    fn of<K: Resource<DynamicType = ()>>(r: &K, kind: &'static str) -> Result<Self, MoverError> {
+        let meta = r.meta();
+        let (Some(namespace), Some(name), Some(uid), Some(reference)) = (
+            meta.namespace.clone(),
+            meta.name.clone(),
+            meta.uid.clone(),
+            r.controller_owner_ref(&()),
+        ) else {
+            return Err(MoverError::NotStored(kind));
+        };
+        Ok(Self {
+            kind,
+            namespace,
+            name,
+            uid,
+            reference,
+        })
+    }
+}
+
+/// What the pod attaches, gathered from the endpoints.
+#[derive(Default)]
+struct Attachments {
+    /// (claim, mode, read-only) in the endpoints' order.
+    pvcs: Vec<(String, VolumeMode, bool)>,
+    /// Secret name -> keys.
+    secrets: BTreeMap<String, BTreeSet<String>>,
+    /// NBD TLS Secrets.
+    nbd_tls: BTreeSet<String>,
+}
+
+impl Attachments {
+    fn gather(endpoints: &[Attach<'_>], pvcs: &[ResolvedPvc]) -> Result<Self, MoverError> {
+        let mut a = Self::default();
+        for attach in endpoints {
+            let (endpoint, read_only) = match attach {
+                Attach::Created(name) => {
+                    let pvc = find_pvc(pvcs, name)?;
+                    a.pvcs.push((pvc.name.clone(), pvc.mode, false));
+                    continue;
+                }
+                Attach::Source(e) => (*e, true),
+                Attach::Target(e) => (*e, false),
+            };
+            if let Some(r) = &endpoint.pvc {
+                let pvc = find_pvc(pvcs, &r.name)?;
+                a.pvcs.push((pvc.name.clone(), pvc.mode, read_only));
+            }
+            for r in endpoint.secret_refs() {
+                a.secrets
+                    .entry(r.name.clone())
+                    .or_default()
+                    .insert(r.key.clone());
+            }
+            if let Some(name) = endpoint
+                .nbd
+                .as_ref()
+                .and_then(|n| n.tls_secret_name.clone())
+            {
+                a.nbd_tls.insert(name);
+            }
+        }
+        Ok(a)
+    }
+
+    fn has_block(&self) -> bool {
+        self.pvcs
+            .iter()
+            .any(|(_, mode, _)| *mode == VolumeMode::Block)
+    }
+
+    fn has_filesystem(&self) -> bool {
+        self.pvcs
+            .iter()
+            .any(|(_, mode, _)| *mode == VolumeMode::Filesystem)
+    }
+}
+
+fn build(
+    owner: Owner,
+    endpoints: &[Attach<'_>],
+    settings: Option<&MoverSettings>,
+    input: &MoverPodInput<'_>,
+) -> Result<Pod, MoverError> {
+    let attached = Attachments::gather(endpoints, input.pvcs)?;
+    let defaults = input.defaults;
+    let settings = settings.cloned().unwrap_or_default();
+    let mut node_selector = defaults.node_selector.clone();
+    node_selector.extend(settings.node_selector.clone().unwrap_or_default());
+    let mut tolerations = defaults.tolerations.clone();
+    tolerations.extend(settings.tolerations.clone().unwrap_or_default());
+    let security_context = settings
+        .security_context
+        .clone()
+        .unwrap_or_else(|| pod_security_context(&attached));
+    let spec = PodSpec {
+        containers: vec![container(&attached, &settings, defaults)],
+        volumes: Some(volumes(&attached, input.token_secret)),
+        restart_policy: Some("Never".into()),
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        service_account_name: settings
+            .service_account_name
+            .clone()
+            .or_else(|| defaults.service_account_name.clone()),
+        priority_class_name: settings
+            .priority_class_name
+            .clone()
+            .or_else(|| defaults.priority_class_name.clone()),
+        node_selector: (!node_selector.is_empty()).then_some(node_selector),
+        tolerations: (!tolerations.is_empty()).then_some(tolerations),
+        security_context: Some(security_context),
+        ..PodSpec::default()
+    };
+    Ok(Pod {
+        metadata: metadata(&owner, input.pod_name),
+        spec: Some(spec),
+        status: None,
+    })
+}
+
+fn metadata(owner: &Owner, pod_name: &str) -> ObjectMeta {
+    let labels = BTreeMap::from([
+        (labels::NAME.to_string(), "ferry".to_string()),
+        (labels::COMPONENT.to_string(), "mover".to_string()),
+        (labels::MANAGED_BY.to_string(), "ferry-operator".to_string()),
+        (labels::OWNER_KIND.to_string(), owner.kind.to_string()),
+        (labels::OWNER_UID.to_string(), owner.uid.clone()),
+    ]);
+    ObjectMeta {
+        name: Some(pod_name.to_string()),
+        namespace: Some(owner.namespace.clone()),
+        labels: Some(labels),
+        annotations: Some(BTreeMap::from([(
+            "ferry.dev/owner-name".to_string(),
+            owner.name.clone(),
+        )])),
+        owner_references: Some(vec![owner.reference.clone()]),
+        ..ObjectMeta::default()
+    }
+}
+
+/// `ferry serve`'s arguments: every Filesystem mount, the device directory (when a Block
+/// claim is attached) and each NBD TLS directory are the allowed file roots.
+fn args(attached: &Attachments) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "serve",
+        "--grpc-listen",
+        "0.0.0.0:50051",
+        "--metrics-listen",
+        "off",
+    ]
+    .map(String::from)
+    .to_vec();
+    for (name, mode, _) in &attached.pvcs {
+        if *mode == VolumeMode::Filesystem {
+            args.extend(["--allow-root".into(), layout::pvc_mount(name, *mode)]);
+        }
+    }
+    if attached.has_block() {
+        args.extend(["--allow-root".into(), layout::DEVICES_DIR.into()]);
+    }
+    for secret in &attached.nbd_tls {
+        args.extend(["--allow-root".into(), layout::nbd_tls_dir(secret)]);
+    }
+    args.extend(
+        [
+            "--data-dir",
+            layout::DATA_DIR,
+            "--secrets-dir",
+            layout::SECRETS_DIR,
+            "--auth-token-file",
+        ]
+        .map(String::from),
+    );
+    args.push(layout::token_file());
+    args.extend(["--log-format".into(), "json".into()]);
+    args
+}
+
+fn container(
+    attached: &Attachments,
+    settings: &MoverSettings,
+    defaults: &MoverDefaults,
+) -> Container {
+    let mut mounts = vec![
+        mount("data", layout::DATA_DIR, false),
+        mount("tmp", layout::TMP_DIR, false),
+        mount("secrets", layout::SECRETS_DIR, true),
+        mount("auth-token", layout::TOKEN_DIR, true),
+    ];
+    let mut devices = Vec::new();
+    for (i, (name, mode, read_only)) in attached.pvcs.iter().enumerate() {
+        let path = layout::pvc_mount(name, *mode);
+        match mode {
+            VolumeMode::Filesystem => mounts.push(mount(&pvc_volume(i), &path, *read_only)),
+            VolumeMode::Block => devices.push(VolumeDevice {
+                name: pvc_volume(i),
+                device_path: path,
+            }),
+        }
+    }
+    for (i, secret) in attached.nbd_tls.iter().enumerate() {
+        mounts.push(mount(
+            &nbd_tls_volume(i),
+            &layout::nbd_tls_dir(secret),
+            true,
+        ));
+    }
+    Container {
+        name: "mover".into(),
+        image: Some(defaults.image.clone()),
+        image_pull_policy: defaults.image_pull_policy.clone(),
+        command: Some(vec!["ferry".into()]),
+        args: Some(args(attached)),
+        ports: Some(vec![ContainerPort {
+            name: Some("grpc".into()),
+            container_port: GRPC_PORT,
+            protocol: Some("TCP".into()),
+            ..ContainerPort::default()
+        }]),
+        readiness_probe: Some(Probe {
+            grpc: Some(GRPCAction {
+                port: GRPC_PORT,
+                service: None,
+            }),
+            period_seconds: Some(2),
+            ..Probe::default()
+        }),
+        resources: settings
+            .resources
+            .clone()
+            .or_else(|| defaults.resources.clone()),
+        security_context: Some(container_security_context()),
+        volume_mounts: Some(mounts),
+        volume_devices: (!devices.is_empty()).then_some(devices),
+        ..Container::default()
+    }
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: read_only.then_some(true),
+        ..VolumeMount::default()
+    }
+}
+
+fn pvc_volume(i: usize) -> String {
+    format!("pvc-{i}")
+}
+
+fn nbd_tls_volume(i: usize) -> String {
+    format!("nbd-tls-{i}")
+}
+
+fn volumes(attached: &Attachments, token_secret: &str) -> Vec<Volume> {
+    let empty = |name: &str| Volume {
+        name: name.into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Volume::default()
+    };
+    let secret_volume = |name: String, secret: &str, items: Option<Vec<KeyToPath>>| Volume {
+        name,
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.into()),
+            items,
+            default_mode: Some(SECRET_MODE),
+            optional: Some(false),
+        }),
+        ..Volume::default()
+    };
+    let mut volumes = vec![empty("data"), empty("tmp"), secrets_volume(attached)];
+    let token = KeyToPath {
+        key: layout::TOKEN_KEY.into(),
+        path: layout::TOKEN_KEY.into(),
+        mode: None,
+    };
+    volumes.push(secret_volume(
+        "auth-token".into(),
+        token_secret,
+        Some(vec![token]),
+    ));
+    for (i, (name, _, read_only)) in attached.pvcs.iter().enumerate() {
+        volumes.push(Volume {
+            name: pvc_volume(i),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: name.clone(),
+                read_only: read_only.then_some(true),
+            }),
+            ..Volume::default()
+        });
+    }
+    for (i, secret) in attached.nbd_tls.iter().enumerate() {
+        volumes.push(secret_volume(nbd_tls_volume(i), secret, None));
+    }
+    volumes
+}
+
+/// One projected volume with each referenced key at `<secret>/<key>`; always present
+/// (empty when nothing is referenced) so `--secrets-dir` exists.
+fn secrets_volume(attached: &Attachments) -> Volume {
+    let sources = attached
+        .secrets
+        .iter()
+        .map(|(name, keys)| VolumeProjection {
+            secret: Some(SecretProjection {
+                name: name.clone(),
+                items: Some(
+                    keys.iter()
+                        .map(|key| KeyToPath {
+                            key: key.clone(),
+                            path: format!("{name}/{key}"),
+                            mode: None,
+                        })
+                        .collect(),
+                ),
+                optional: Some(false),
+            }),
+            ..VolumeProjection::default()
+        })
+        .collect();
+    Volume {
+        name: "secrets".into(),
+        projected: Some(ProjectedVolumeSource {
+            sources: Some(sources),
+            default_mode: Some(SECRET_MODE),
+        }),
+        ..Volume::default()
+    }
+}
+
+fn runtime_default() -> SeccompProfile {
+    SeccompProfile {
+        type_: "RuntimeDefault".into(),
+        localhost_profile: None,
+    }
+}
+
+/// Non-root with `fsGroup` (Filesystem claims writable), or UID 0 when a Block claim is
+/// attached (see the module comment).
+fn pod_security_context(attached: &Attachments) -> PodSecurityContext {
+    let block = attached.has_block();
+    let user = if block { 0 } else { MOVER_UID };
+    PodSecurityContext {
+        run_as_user: Some(user),
+        run_as_group: Some(user),
+        run_as_non_root: Some(!block),
+        fs_group: attached.has_filesystem().then_some(MOVER_UID),
+        fs_group_change_policy: attached
+            .has_filesystem()
+            .then(|| "OnRootMismatch".to_string()),
+        seccomp_profile: Some(runtime_default()),
+        ..PodSecurityContext::default()
+    }
+}
+
+/// The same for every mover, whatever the pod's security context says.
+fn container_security_context() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        privileged: Some(false),
+        read_only_root_filesystem: Some(true),
+        capabilities: Some(Capabilities {
+            add: None,
+            drop: Some(vec!["ALL".into()]),
+        }),
+        seccomp_profile: Some(runtime_default()),
+        ..SecurityContext::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use serde_json::json;
+
+    use super::*;
+    use crate::crd::{ChecksumSpec, PvcTemplate, S3Options, SecretKeyRef, Target, TransferSpec};
+
+    fn meta() -> ObjectMeta {
+        ObjectMeta {
+            name: Some("import".into()),
+            namespace: Some("vms".into()),
+            uid: Some("0b0e5e1c-uid".into()),
+            ..ObjectMeta::default()
+        }
+    }
+
+    fn defaults() -> MoverDefaults {
+        MoverDefaults {
+            image: "ghcr.io/ferry-project/ferry:0.1.0".into(),
+            image_pull_policy: Some("IfNotPresent".into()),
+            resources: None,
+            node_selector: BTreeMap::from([
+                ("kubernetes.io/os".to_string(), "linux".to_string()),
+                ("pool".to_string(), "default".to_string()),
+            ]),
+            tolerations: vec![],
+            priority_class_name: None,
+            service_account_name: Some("ferry-mover".into()),
+        }
+    }
+
+    fn secret(name: &str, key: &str) -> SecretKeyRef {
+        SecretKeyRef {
+            name: name.into(),
+            key: key.into(),
+        }
+    }
+
+    /// Source: a Block claim. Targets: a Filesystem claim, S3 with credentials, a created
+    /// Filesystem claim. Mover settings: a node selector entry, a toleration, resources.
+    fn transfer() -> Transfer {
+        let mut s3 = Endpoint::url("s3://backups/golden.raw");
+        s3.s3 = Some(S3Options {
+            endpoint_url: Some("http://minio.storage:9000".into()),
+            access_key_id: Some(secret("s3-creds", "id")),
+            secret_access_key: Some(secret("s3-creds", "secret")),
+            ..S3Options::default()
+        });
+        let spec = TransferSpec {
+            source: Endpoint::pvc("golden"),
+            targets: vec![
+                Target {
+                    endpoint: Endpoint::pvc("copy-a"),
+                    pvc_template: None,
+                },
+                Target {
+                    endpoint: s3,
+                    pvc_template: None,
+                },
+                Target {
+                    endpoint: Endpoint::default(),
+                    pvc_template: Some(PvcTemplate {
+                        name: "copy-b".into(),
+                        storage_class_name: None,
+                        size: Quantity("10Gi".into()),
+                        volume_mode: None,
+                        access_modes: None,
+                    }),
+                },
+            ],
+            options: None,
+            expected_digest: None,
+            mover: Some(MoverSettings {
+                node_selector: Some(BTreeMap::from([(
+                    "pool".to_string(),
+                    "storage".to_string(),
+                )])),
+                tolerations: Some(vec![Toleration {
+                    key: Some("dedicated".into()),
+                    operator: Some("Equal".into()),
+                    value: Some("storage".into()),
+                    effect: Some("NoSchedule".into()),
+                    toleration_seconds: None,
+                }]),
+                resources: Some(ResourceRequirements {
+                    limits: Some(BTreeMap::from([(
+                        "memory".to_string(),
+                        Quantity("1Gi".into()),
+                    )])),
+                    ..ResourceRequirements::default()
+                }),
+                priority_class_name: Some("bulk".into()),
+                ..MoverSettings::default()
+            }),
+        };
+        let mut t = Transfer::new("import", spec);
+        t.metadata = meta();
+        t
+    }
+
+    fn pvcs() -> Vec<ResolvedPvc> {
+        vec![
+            ResolvedPvc::new("golden", VolumeMode::Block),
+            ResolvedPvc::new("copy-a", VolumeMode::Filesystem),
+            ResolvedPvc::new("copy-b", VolumeMode::Filesystem),
+        ]
+    }
+
+    fn input<'a>(pvcs: &'a [ResolvedPvc], defaults: &'a MoverDefaults) -> MoverPodInput<'a> {
+        MoverPodInput {
+            pod_name: "import-mover-1",
+            token_secret: "import-mover-token",
+            pvcs,
+            defaults,
+        }
+    }
+
+    fn dropped_all() -> serde_json::Value {
+        json!({
+            "allowPrivilegeEscalation": false,
+            "capabilities": {"drop": ["ALL"]},
+            "privileged": false,
+            "readOnlyRootFilesystem": true,
+            "seccompProfile": {"type": "RuntimeDefault"}
+        })
+    }
+
+    #[test]
+    fn transfer_pod_is_exact() {
+        let (pvcs, defaults) = (pvcs(), defaults());
+        let pod = transfer_pod(&transfer(), &input(&pvcs, &defaults)).unwrap();
+        let expected = json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "import-mover-1",
+                "namespace": "vms",
+                "labels": {
+                    "app.kubernetes.io/component": "mover",
+                    "app.kubernetes.io/managed-by": "ferry-operator",
+                    "app.kubernetes.io/name": "ferry",
+                    "ferry.dev/owner-kind": "Transfer",
+                    "ferry.dev/owner-uid": "0b0e5e1c-uid"
+                },
+                "annotations": {"ferry.dev/owner-name": "import"},
+                "ownerReferences": [{
+                    "apiVersion": "ferry.dev/v1alpha1",
+                    "kind": "Transfer",
+                    "name": "import",
+                    "uid": "0b0e5e1c-uid",
+                    "controller": true
+                }]
+            },
+            "spec": {
+                "automountServiceAccountToken": false,
+                "enableServiceLinks": false,
+                "restartPolicy": "Never",
+                "serviceAccountName": "ferry-mover",
+                "priorityClassName": "bulk",
+                "nodeSelector": {"kubernetes.io/os": "linux", "pool": "storage"},
+                "tolerations": [{
+                    "key": "dedicated", "operator": "Equal", "value": "storage",
+                    "effect": "NoSchedule"
+                }],
+                "securityContext": {
+                    "runAsUser": 0,
+                    "runAsGroup": 0,
+                    "runAsNonRoot": false,
+                    "fsGroup": 65532,
+                    "fsGroupChangePolicy": "OnRootMismatch",
+                    "seccompProfile": {"type": "RuntimeDefault"}
+                },
+                "containers": [{
+                    "name": "mover",
+                    "image": "ghcr.io/ferry-project/ferry:0.1.0",
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["ferry"],
+                    "args": [
+                        "serve", "--grpc-listen", "0.0.0.0:50051", "--metrics-listen", "off",
+                        "--allow-root", "/var/run/ferry/volumes/copy-a",
+                        "--allow-root", "/var/run/ferry/volumes/copy-b",
+                        "--allow-root", "/dev/ferry",
+                        "--data-dir", "/var/lib/ferry",
+                        "--secrets-dir", "/var/run/ferry/secrets",
+                        "--auth-token-file", "/var/run/ferry/auth/token",
+                        "--log-format", "json"
+                    ],
+                    "ports": [{"name": "grpc", "containerPort": 50051, "protocol": "TCP"}],
+                    "readinessProbe": {"grpc": {"port": 50051}, "periodSeconds": 2},
+                    "resources": {"limits": {"memory": "1Gi"}},
+                    "securityContext": dropped_all(),
+                    "volumeMounts": [
+                        {"name": "data", "mountPath": "/var/lib/ferry"},
+                        {"name": "tmp", "mountPath": "/tmp"},
+                        {"name": "secrets", "mountPath": "/var/run/ferry/secrets", "readOnly": true},
+                        {"name": "auth-token", "mountPath": "/var/run/ferry/auth", "readOnly": true},
+                        {"name": "pvc-1", "mountPath": "/var/run/ferry/volumes/copy-a"},
+                        {"name": "pvc-2", "mountPath": "/var/run/ferry/volumes/copy-b"}
+                    ],
+                    "volumeDevices": [{"name": "pvc-0", "devicePath": "/dev/ferry/golden"}]
+                }],
+                "volumes": [
+                    {"name": "data", "emptyDir": {}},
+                    {"name": "tmp", "emptyDir": {}},
+                    {"name": "secrets", "projected": {
+                        "defaultMode": 0o440,
+                        "sources": [{"secret": {
+                            "name": "s3-creds",
+                            "items": [
+                                {"key": "id", "path": "s3-creds/id"},
+                                {"key": "secret", "path": "s3-creds/secret"}
+                            ],
+                            "optional": false
+                        }}]
+                    }},
+                    {"name": "auth-token", "secret": {
+                        "secretName": "import-mover-token",
+                        "items": [{"key": "token", "path": "token"}],
+                        "defaultMode": 0o440,
+                        "optional": false
+                    }},
+                    {"name": "pvc-0", "persistentVolumeClaim": {"claimName": "golden", "readOnly": true}},
+                    {"name": "pvc-1", "persistentVolumeClaim": {"claimName": "copy-a"}},
+                    {"name": "pvc-2", "persistentVolumeClaim": {"claimName": "copy-b"}}
+                ]
+            }
+        });
+        assert_eq!(serde_json::to_value(&pod).unwrap(), expected);
+    }
+
+    #[test]
+    fn filesystem_only_runs_as_non_root() {
+        let pvcs = vec![ResolvedPvc::new("golden", VolumeMode::Filesystem)];
+        let defaults = defaults();
+        let mut checksum = Checksum::new(
+            "sum",
+            ChecksumSpec {
+                source: Endpoint::pvc("golden"),
+                options: None,
+                mover: None,
+            },
+        );
+        checksum.metadata = meta();
+        let pod = checksum_pod(&checksum, &input(&pvcs, &defaults)).unwrap();
+        let v = serde_json::to_value(&pod).unwrap();
+        assert_eq!(
+            v["spec"]["securityContext"],
+            json!({
+                "runAsUser": 65532,
+                "runAsGroup": 65532,
+                "runAsNonRoot": true,
+                "fsGroup": 65532,
+                "fsGroupChangePolicy": "OnRootMismatch",
+                "seccompProfile": {"type": "RuntimeDefault"}
+            })
+        );
+        let c = &v["spec"]["containers"][0];
+        assert_eq!(c["securityContext"], dropped_all());
+        assert_eq!(
+            c["volumeMounts"][4],
+            json!({"name": "pvc-0", "mountPath": "/var/run/ferry/volumes/golden", "readOnly": true})
+        );
+        assert!(c.get("volumeDevices").is_none());
+        assert_eq!(v["metadata"]["labels"]["ferry.dev/owner-kind"], "Checksum");
+        assert_eq!(v["spec"]["nodeSelector"]["pool"], "default");
+        assert!(v["spec"].get("tolerations").is_none());
+        assert!(v["spec"].get("priorityClassName").is_none());
+        // Nothing referenced: the secrets directory still exists, empty.
+        assert_eq!(
+            v["spec"]["volumes"][2],
+            json!({"name": "secrets", "projected": {"defaultMode": 0o440, "sources": []}})
+        );
+        let args = c["args"].to_string();
+        assert!(
+            args.contains(r#""--allow-root","/var/run/ferry/volumes/golden""#),
+            "{args}"
+        );
+        assert!(!args.contains("/dev/ferry"), "{args}");
+    }
+
+    #[test]
+    fn nbd_tls_secrets_are_mounted_and_allowed() {
+        let (pvcs, defaults) = (
+            vec![ResolvedPvc::new("out", VolumeMode::Filesystem)],
+            defaults(),
+        );
+        let mut source = Endpoint::url("nbds://nbd.storage/export");
+        source.nbd = Some(crate::crd::NbdOptions {
+            tls_secret_name: Some("nbd-certs".into()),
+        });
+        let mut t = Transfer::new(
+            "import",
+            TransferSpec {
+                source,
+                targets: vec![Target {
+                    endpoint: Endpoint::pvc("out"),
+                    pvc_template: None,
+                }],
+                options: None,
+                expected_digest: None,
+                mover: None,
+            },
+        );
+        t.metadata = meta();
+        let v = serde_json::to_value(transfer_pod(&t, &input(&pvcs, &defaults)).unwrap()).unwrap();
+        let c = &v["spec"]["containers"][0];
+        assert!(c["args"]
+            .to_string()
+            .contains(r#""--allow-root","/var/run/ferry/nbd-tls/nbd-certs""#));
+        assert_eq!(
+            c["volumeMounts"][5],
+            json!({"name": "nbd-tls-0", "mountPath": "/var/run/ferry/nbd-tls/nbd-certs", "readOnly": true})
+        );
+        assert_eq!(
+            v["spec"]["volumes"][5],
+            json!({"name": "nbd-tls-0", "secret": {"secretName": "nbd-certs", "defaultMode": 0o440, "optional": false}})
+        );
+    }
+
+    #[test]
+    fn a_pod_security_context_from_the_resource_replaces_the_default() {
+        let (pvcs, defaults) = (pvcs(), defaults());
+        let mut t = transfer();
+        t.spec.mover.as_mut().unwrap().security_context = Some(PodSecurityContext {
+            run_as_user: Some(107),
+            fs_group: Some(107),
+            ..PodSecurityContext::default()
+        });
+        let v = serde_json::to_value(transfer_pod(&t, &input(&pvcs, &defaults)).unwrap()).unwrap();
+        assert_eq!(
+            v["spec"]["securityContext"],
+            json!({"runAsUser": 107, "fsGroup": 107})
+        );
+        // The container's restrictions stay.
+        assert_eq!(v["spec"]["containers"][0]["securityContext"], dropped_all());
+    }
+
+    #[test]
+    fn missing_pieces_are_errors() {
+        let defaults = defaults();
+        let partial = vec![ResolvedPvc::new("golden", VolumeMode::Block)];
+        assert_eq!(
+            transfer_pod(&transfer(), &input(&partial, &defaults)).unwrap_err(),
+            MoverError::UnresolvedPvc("copy-a".into())
+        );
+        let pvcs = pvcs();
+        let mut t = transfer();
+        t.metadata.uid = None;
+        assert_eq!(
+            transfer_pod(&t, &input(&pvcs, &defaults)).unwrap_err(),
+            MoverError::NotStored("Transfer")
+        );
+        let mut t = transfer();
+        t.spec.targets.clear();
+        assert!(matches!(
+            transfer_pod(&t, &input(&pvcs, &defaults)).unwrap_err(),
+            MoverError::Invalid(_)
+        ));
+    }
+}
