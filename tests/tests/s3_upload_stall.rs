@@ -248,12 +248,13 @@ async fn upload(key: &str, size: u64, options: CopyOptions) {
     let target = S3Target::open(&spec, size, &store.options())
         .await
         .expect("open the S3 target");
+    let (progress, cancel) = (Progress::new(), CancellationToken::new());
     let copy = ferry_engine::copy(
         Arc::new(Jittery(source.clone())),
         Arc::new(target),
         &options,
-        &Progress::new(),
-        &CancellationToken::new(),
+        &progress,
+        &cancel,
     );
     let report = tokio::time::timeout(DEADLINE, copy)
         .await

@@ -211,6 +211,9 @@ def download_commands(env, image, server):
 
 
 def goals(case_name, direction):
+    # The upload's goal is issue 16's: 0.8x the best peer; the download's, parity.
+    most = 0.8 if direction == "upload" else 1.0
+
     def best_peer(flushing):
         def judge(results):
             rows = results[case_name]
@@ -220,19 +223,19 @@ def goals(case_name, direction):
                 return None, "no peer ran"
             best = min(peers, key=lambda s: s.median)
             x = ratio(results, case_name, "ferry copy", best.label)
-            return x <= 1.0, f"{x:.2f}x {best.label}"
+            return x <= most, f"{x:.2f}x {best.label}"
         return judge
 
     def rss(results):
         mib = results[case_name]["ferry copy"].peak_rss_mib
         return mib <= RSS_LIMIT_MIB, f"{mib:.0f} MiB"
 
-    found = [Goal(f"S3 {direction} at least as fast as the best peer"
+    found = [Goal(f"S3 {direction} <= {most}x the best peer"
                   + (" (peers followed by sync FILE, like ferry's fsync)"
                      if direction == "download" else ""), best_peer(True))]
     if direction == "download":
         found.append(Goal("S3 download at least as fast as the best peer without a flush",
                           best_peer(False)))
     found.append(Goal(f"S3 {direction} peak RSS <= 64 MiB + workers x part size "
-                      f"({RSS_LIMIT_MIB} MiB)", rss))
+                      f"({RSS_LIMIT_MIB} MiB) in every timed run", rss))
     return found
