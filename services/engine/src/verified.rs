@@ -698,10 +698,11 @@ mod tests {
     }
 
     /// The target is read back while the copy still writes it (a slow target, one worker:
-    /// the copy takes about a second), never ahead of a flush; the source is read once.
+    /// the copy takes about two seconds, eight checkpoints; the read-back reads 1 MiB at a
+    /// time), never ahead of a flush; the source is read once.
     #[tokio::test]
     async fn the_target_is_read_back_during_the_copy_and_only_after_flushes() {
-        let data: Vec<u8> = (0..8 * MIB).map(|i| (i % 253) as u8 | 1).collect();
+        let data: Vec<u8> = (0..16 * MIB).map(|i| (i % 253) as u8 | 1).collect();
         let source = MemSource::new(data);
         let target =
             RecordingTarget::new(source.len()).with_write_delay(Duration::from_millis(120));
@@ -713,7 +714,10 @@ mod tests {
         let run = run_with(
             &source,
             &target,
-            Some(ChecksumOptions::default()),
+            Some(ChecksumOptions {
+                request_size: MIB,
+                ..ChecksumOptions::default()
+            }),
             &options,
             |_| {},
         )
