@@ -1,12 +1,11 @@
 //! How an image maps onto multipart-upload parts, which bytes of a part have arrived, and
 //! the bounded pool of part buffers. Pure bookkeeping: no network here.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ferry_core::{Error, Result};
 use parking_lot::Mutex;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Notify;
 
 const MIB: u64 = 1024 * 1024;
 /// S3's smallest part (every part but the last).
@@ -128,71 +127,91 @@ impl RangeSet {
     }
 }
 
-/// Part buffers, at most as many as there are permits. A buffer returns to the pool (and
-/// its permit to the semaphore) when the upload that owned it drops its body.
+/// Part buffers within a budget of `budget` at once (one per writer handle plus one),
+/// the last of which only the lowest part still being assembled may take.
+///
+/// That reservation is what keeps the upload from deadlocking: every write that waits
+/// here waits for a part above the lowest one, whose missing bytes are never held back by
+/// such a write (the engine writes each request's pieces in offset order, see the target
+/// module's docs), so the lowest part always either has a buffer or can take the reserved
+/// one, completes, and returns its buffer when its upload ends.
 #[derive(Debug)]
 pub(crate) struct BufferPool {
     capacity: usize,
-    permits: Arc<Semaphore>,
-    free: Mutex<Vec<Vec<u8>>>,
-    /// Permits granted beyond the budget to break a stall; taken back as buffers return.
-    overdraft: AtomicUsize,
+    state: Mutex<PoolState>,
+    /// Signalled when a buffer returns, the budget grows or the lowest part moves on.
+    changed: Notify,
+}
+
+#[derive(Debug)]
+struct PoolState {
+    budget: usize,
+    taken: usize,
+    /// Buffers returned, reused before allocating.
+    free: Vec<Vec<u8>>,
 }
 
 impl BufferPool {
-    pub fn new(capacity: usize, permits: usize) -> Arc<Self> {
+    pub fn new(capacity: usize, budget: usize) -> Arc<Self> {
         Arc::new(Self {
             capacity,
-            permits: Arc::new(Semaphore::new(permits)),
-            free: Mutex::new(Vec::new()),
-            overdraft: AtomicUsize::new(0),
+            state: Mutex::new(PoolState {
+                budget,
+                taken: 0,
+                free: Vec::new(),
+            }),
+            changed: Notify::new(),
         })
     }
 
     /// Raises the budget (one more writer).
-    pub fn add_permits(&self, n: usize) {
-        self.permits.add_permits(n);
+    pub fn add_budget(&self, n: usize) {
+        self.state.lock().budget += n;
+        self.changed.notify_waiters();
     }
 
-    /// Grants one buffer beyond the budget, taken back when a buffer returns.
-    pub fn overdraw(&self) {
-        self.overdraft.fetch_add(1, Ordering::AcqRel);
-        self.permits.add_permits(1);
-    }
-
-    /// Permits currently available (for tests and stall detection).
+    /// Buffers that may still be taken (for tests).
+    #[cfg(test)]
     pub fn available(&self) -> usize {
-        self.permits.available_permits()
+        let state = self.state.lock();
+        state.budget - state.taken
     }
 
-    /// A buffer if the budget allows one right now.
-    pub fn try_take(self: &Arc<Self>) -> Option<PartBuffer> {
-        let permit = self.permits.clone().try_acquire_owned().ok()?;
-        Some(self.wrap(permit))
+    /// Wakes the waiters to check again (the lowest part moved on, or the upload failed).
+    pub fn wake(&self) {
+        self.changed.notify_waiters();
     }
 
-    /// Waits for the budget to allow a buffer.
-    pub async fn take(self: &Arc<Self>) -> PartBuffer {
-        let permit = self
-            .permits
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the pool semaphore is never closed");
-        self.wrap(permit)
-    }
-
-    fn wrap(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> PartBuffer {
-        let data = self
-            .free
-            .lock()
-            .pop()
-            .unwrap_or_else(|| vec![0u8; self.capacity]);
-        PartBuffer {
+    /// A buffer if the budget allows one right now: the last one only when `lowest`.
+    pub fn try_take(self: &Arc<Self>, lowest: bool) -> Option<PartBuffer> {
+        let reused = {
+            let mut state = self.state.lock();
+            let left = state.budget - state.taken;
+            if left == 0 || (left == 1 && !lowest) {
+                return None;
+            }
+            state.taken += 1;
+            state.free.pop()
+        };
+        let data = reused.unwrap_or_else(|| vec![0u8; self.capacity]);
+        Some(PartBuffer {
             data,
             len: self.capacity,
             home: Arc::clone(self),
-            permit: Some(permit),
+        })
+    }
+
+    /// Waits until [`BufferPool::try_take`] succeeds. `lowest` says whether the part is the
+    /// lowest one still being assembled, or fails to stop the wait (an aborted upload).
+    pub async fn take(self: &Arc<Self>, lowest: impl Fn() -> Result<bool>) -> Result<PartBuffer> {
+        loop {
+            let changed = self.changed.notified();
+            let mut changed = std::pin::pin!(changed);
+            changed.as_mut().enable();
+            if let Some(buf) = self.try_take(lowest()?) {
+                return Ok(buf);
+            }
+            changed.await;
         }
     }
 }
@@ -204,7 +223,6 @@ pub(crate) struct PartBuffer {
     data: Vec<u8>,
     len: usize,
     home: Arc<BufferPool>,
-    permit: Option<OwnedSemaphorePermit>,
 }
 
 impl PartBuffer {
@@ -227,17 +245,12 @@ impl AsRef<[u8]> for PartBuffer {
 impl Drop for PartBuffer {
     fn drop(&mut self) {
         let data = std::mem::take(&mut self.data);
-        self.home.free.lock().push(data);
-        if let Some(permit) = self.permit.take() {
-            let taken_back = self
-                .home
-                .overdraft
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-                .is_ok();
-            if taken_back {
-                permit.forget();
-            }
+        {
+            let mut state = self.home.state.lock();
+            state.free.push(data);
+            state.taken -= 1;
         }
+        self.home.changed.notify_waiters();
     }
 }
 
@@ -311,17 +324,50 @@ mod tests {
 
     #[tokio::test]
     async fn pool_bounds_and_reuses() {
-        let pool = BufferPool::new(64, 2);
-        let a = pool.try_take().unwrap();
-        let b = pool.take().await;
-        assert!(pool.try_take().is_none());
+        let pool = BufferPool::new(64, 3);
+        let a = pool.try_take(false).unwrap();
+        let b = pool.take(|| Ok(false)).await.unwrap();
+        assert!(
+            pool.try_take(false).is_none(),
+            "the last buffer is reserved"
+        );
         let ptr = a.as_ref().as_ptr();
         drop(a);
-        let c = pool.try_take().unwrap();
+        let c = pool.try_take(false).unwrap();
         assert_eq!(c.as_ref().as_ptr(), ptr, "buffer reused");
-        pool.overdraw();
-        let d = pool.try_take().unwrap();
-        drop((b, c, d));
-        assert_eq!(pool.available(), 2, "the overdraft is taken back");
+        let d = pool.try_take(true).unwrap();
+        assert!(pool.try_take(true).is_none(), "never beyond the budget");
+        pool.add_budget(1);
+        let e = pool.try_take(true).unwrap();
+        drop((b, c, d, e));
+        assert_eq!(pool.available(), 4);
+    }
+
+    #[tokio::test]
+    async fn the_reserved_buffer_goes_to_the_lowest_part() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let pool = BufferPool::new(64, 2);
+        let held = pool.try_take(false).unwrap();
+        let lowest = Arc::new(AtomicBool::new(false));
+        let waiter = {
+            let (pool, lowest) = (Arc::clone(&pool), Arc::clone(&lowest));
+            tokio::spawn(async move { pool.take(|| Ok(lowest.load(Ordering::SeqCst))).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished(), "a higher part waits for the reserve");
+        lowest.store(true, Ordering::SeqCst);
+        pool.wake();
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+            .await
+            .expect("the lowest part gets the reserved buffer")
+            .unwrap()
+            .unwrap();
+        assert_eq!(pool.available(), 0);
+        drop((held, got));
+        let failed = pool
+            .take(|| Err(Error::invalid_input("aborted")))
+            .await
+            .map(|_| ());
+        assert!(failed.is_err(), "a failed check ends the wait");
     }
 }

@@ -7,16 +7,26 @@
 //! buffer and never gets a buffer of its own. Images no larger than one part are sent as a
 //! single PUT from [`Target::finish`].
 //!
-//! Memory bound: part buffers come from a pool with one permit per writer handle plus one
-//! (the opening handle counts as a writer; every [`Target::connect`] adds a permit), so at
-//! most `workers + 1` parts are assembled or uploading at once: `(workers + 1) x part size`
-//! bytes. A write that needs a new buffer waits for a permit, which returns when an upload
-//! finishes. If every buffer belongs to a half-assembled part and no upload is running, the
-//! writers could wait for each other forever (a worker holding one part while the bytes that
-//! complete it sit in another worker that is waiting for a buffer); after a second of that,
-//! one buffer beyond the budget is granted and taken back when a buffer returns. Aligning
-//! the engine's work units to the part size (the `block.preferred` cap) keeps this from
-//! happening at all.
+//! Memory bound: part buffers come from a pool with a budget of one buffer per writer
+//! handle plus one (the opening handle counts as a writer; every [`Target::connect`] adds
+//! one), so at most `workers + 1` parts are assembled or uploading at once: `(workers + 1)
+//! x part size` bytes, never more. A write that needs a new buffer waits until an upload
+//! returns one.
+//!
+//! No stall, by construction: the last buffer of the budget is reserved for the lowest part
+//! still being assembled. A writer can hold back bytes of other parts while it waits (the
+//! engine commits a request's pieces one after another, and a zero run merged across
+//! requests is written by whichever request completes it, after that request's own data),
+//! but only bytes at higher offsets than the part it waits for: a write is applied in
+//! offset order, the engine commits each request's pieces in offset order (a zero run it
+//! closes at its head first, one at its tail last) and plans each worker's requests in
+//! offset order. So the lowest part's missing bytes are never behind a waiting writer:
+//! its writers either find its buffer, or take the reserved one, and it completes; its
+//! upload returns the buffer, and the next lowest part moves up. Without the reservation
+//! every buffer could go to higher parts whose missing bytes sit behind writers waiting
+//! for a buffer for a lower one, and the upload would wait forever (the engine's work
+//! units being whole parts does not prevent it: within a unit a worker assembles several
+//! parts at once as its requests complete out of order).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -43,10 +53,6 @@ use super::{client, FerryMetadata, S3Options};
 /// Objects up to this size can have their metadata replaced with one CopyObject.
 const MAX_COPY_OBJECT: u64 = 5 * 1024 * 1024 * 1024;
 const DEFAULT_ABORT_TIMEOUT: Duration = Duration::from_secs(60);
-/// How often a writer waiting for a buffer checks for a stall, and how many quiet checks
-/// make one.
-const STALL_CHECK: Duration = Duration::from_millis(250);
-const STALL_CHECKS: u32 = 4;
 
 /// Opens `s3://bucket/key` for writing an image of `size` bytes. For images larger than
 /// one part this starts the multipart upload, so a missing bucket or bad credentials fail
@@ -80,7 +86,6 @@ struct PartIo {
     checksums: bool,
     completed: Mutex<Vec<Option<CompletedPart>>>,
     failure: Mutex<Option<(ErrorKind, String)>>,
-    in_flight: AtomicUsize,
     /// One part of zeroes, shared by every all-zero part (calloc'd: costs no memory until
     /// written, and it never is).
     zero: Bytes,
@@ -107,8 +112,10 @@ struct Filling {
 /// What [`Upload::try_apply`] did.
 enum Step {
     NeedBuffer,
-    /// Applied; the part's content when that completed it.
-    Applied(Option<Content>),
+    /// Applied, not completing the part.
+    Applied,
+    /// Applied and completed the part; its content when it must be uploaded now.
+    Completed(Option<Content>),
 }
 
 #[derive(Debug)]
@@ -123,6 +130,8 @@ struct Upload {
     layout: Layout,
     single: bool,
     slots: Vec<Mutex<Slot>>,
+    /// The lowest part still being assembled (`slots.len()` when none is).
+    lowest: AtomicUsize,
     pool: Arc<BufferPool>,
     send_slots: Arc<Semaphore>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -130,7 +139,6 @@ struct Upload {
     /// The block hash, when someone tells us before the object is stored.
     block_hash: Mutex<Option<String>>,
     abort_timeout: Duration,
-    stall_warned: std::sync::atomic::AtomicBool,
 }
 
 /// A missing bucket or an unreachable store fails here, before the copy reads anything
@@ -223,7 +231,6 @@ impl S3Target {
                     checksums,
                     completed: Mutex::new(vec![None; if single { 0 } else { count }]),
                     failure: Mutex::new(None),
-                    in_flight: AtomicUsize::new(0),
                     zero: Bytes::from(vec![0u8; buffer_len]),
                     zero_crcs: Mutex::new(Vec::new()),
                 }),
@@ -232,13 +239,13 @@ impl S3Target {
                 slots: (0..count)
                     .map(|_| Mutex::new(Slot::Filling(Filling::default())))
                     .collect(),
+                lowest: AtomicUsize::new(0),
                 pool: BufferPool::new(buffer_len, 2),
                 send_slots: Arc::new(Semaphore::new(2)),
                 tasks: Mutex::new(Vec::new()),
                 phase: Mutex::new(Phase::Open),
                 block_hash: Mutex::new(None),
                 abort_timeout: options.abort_timeout.unwrap_or(DEFAULT_ABORT_TIMEOUT),
-                stall_warned: Default::default(),
             }),
         })
     }
@@ -540,7 +547,6 @@ impl std::fmt::Debug for PartIo {
             .field("bucket", &self.bucket)
             .field("key", &self.key)
             .field("upload_id", &self.upload_id)
-            .field("in_flight", &self.in_flight)
             .finish_non_exhaustive()
     }
 }
@@ -552,15 +558,6 @@ const COPY_SOURCE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUM
     .remove(b'_')
     .remove(b'.')
     .remove(b'~');
-
-/// Decrements the in-flight count however the upload task ends (even when aborted).
-struct InFlight(Arc<PartIo>);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
-    }
-}
 
 impl Upload {
     fn phase(&self) -> Phase {
@@ -603,10 +600,36 @@ impl Upload {
         let mut spare: Option<PartBuffer> = None;
         loop {
             match self.try_apply(seg, data, &mut spare)? {
-                Step::NeedBuffer => spare = Some(self.wait_for_buffer().await?),
-                Step::Applied(content) => return Ok(content),
+                Step::NeedBuffer => spare = Some(self.wait_for_buffer(seg.part).await?),
+                Step::Applied => return Ok(None),
+                Step::Completed(content) => {
+                    self.advance_lowest();
+                    return Ok(content);
+                }
             }
         }
+    }
+
+    fn is_lowest(&self, part: usize) -> bool {
+        self.lowest.load(Ordering::Acquire) == part
+    }
+
+    /// Moves the lowest part past the parts no longer being assembled and lets the
+    /// writers waiting for a buffer check again. Called without a slot locked.
+    fn advance_lowest(&self) {
+        let mut low = self.lowest.load(Ordering::Acquire);
+        while low < self.slots.len() && !matches!(*self.slots[low].lock(), Slot::Filling(_)) {
+            low = match self.lowest.compare_exchange(
+                low,
+                low + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => low + 1,
+                Err(now) => now,
+            };
+        }
+        self.pool.wake();
     }
 
     /// [`Upload::apply`] without waiting: asks for a buffer when the part needs one and
@@ -629,7 +652,8 @@ impl Upload {
             )));
         };
         if data.is_some() && filling.buf.is_none() {
-            let Some(mut buf) = spare.take().or_else(|| self.pool.try_take()) else {
+            let lowest = self.is_lowest(seg.part);
+            let Some(mut buf) = spare.take().or_else(|| self.pool.try_take(lowest)) else {
                 return Ok(Step::NeedBuffer);
             };
             buf.truncate(part_len as usize);
@@ -649,7 +673,7 @@ impl Upload {
         }
         filling.covered.insert(seg.start, seg.start + seg.len);
         if filling.covered.total() < part_len {
-            return Ok(Step::Applied(None));
+            return Ok(Step::Applied);
         }
         let content = match filling.buf.take() {
             Some(buf) => Content::Data(buf),
@@ -657,39 +681,20 @@ impl Upload {
         };
         if self.single {
             *slot = Slot::Ready(content);
-            return Ok(Step::Applied(None));
+            return Ok(Step::Completed(None));
         }
         *slot = Slot::Sent;
-        Ok(Step::Applied(Some(content)))
+        Ok(Step::Completed(Some(content)))
     }
 
-    /// Waits for a part buffer, breaking a stall (see the module docs).
-    async fn wait_for_buffer(&self) -> Result<PartBuffer> {
-        let mut quiet = 0;
-        loop {
-            tokio::select! {
-                buf = self.pool.take() => return Ok(buf),
-                _ = tokio::time::sleep(STALL_CHECK) => {
-                    self.ensure_open()?;
-                    if self.io.in_flight.load(Ordering::Acquire) == 0 && self.pool.available() == 0 {
-                        quiet += 1;
-                    } else {
-                        quiet = 0;
-                    }
-                    if quiet >= STALL_CHECKS {
-                        if !self.stall_warned.swap(true, Ordering::AcqRel) {
-                            tracing::warn!(
-                                endpoint = %self.io.describe(),
-                                "every part buffer holds a half-written part and no upload is running: \
-                                 granting one more buffer (align work units to the part size to avoid this)"
-                            );
-                        }
-                        self.pool.overdraw();
-                        quiet = 0;
-                    }
-                }
-            }
-        }
+    /// Waits for a buffer for `part` (the reserved one too when it is the lowest part).
+    async fn wait_for_buffer(&self, part: usize) -> Result<PartBuffer> {
+        self.pool
+            .take(|| {
+                self.ensure_open()?;
+                Ok(self.is_lowest(part))
+            })
+            .await
     }
 
     /// Starts the upload of a complete part once an upload slot is free.
@@ -699,12 +704,10 @@ impl Upload {
             .await
             .map_err(|_| Error::internal("send slots closed"))?;
         self.ensure_open()?;
-        self.io.in_flight.fetch_add(1, Ordering::AcqRel);
-        let guard = InFlight(Arc::clone(&self.io));
         let io = Arc::clone(&self.io);
+        let pool = Arc::clone(&self.pool);
         let offset = self.layout.part_start(part);
         let handle = tokio::spawn(async move {
-            let _guard = guard;
             let _permit = permit;
             match io.upload_part(part, content).await {
                 Ok(done) => {
@@ -714,6 +717,8 @@ impl Upload {
                     let e = e.at("upload_part", offset).with_endpoint(io.describe());
                     tracing::debug!(error = %e, part = part + 1, "S3 part upload failed");
                     io.fail(&e);
+                    // Writers waiting for a buffer see the failure now.
+                    pool.wake();
                 }
             }
         });
@@ -828,6 +833,7 @@ impl Upload {
         for slot in &self.slots {
             *slot.lock() = Slot::Sent;
         }
+        self.advance_lowest();
         self.io.abort_upload(self.abort_timeout).await
     }
 }
@@ -914,7 +920,7 @@ impl Target for S3Target {
     }
 
     async fn connect(&self) -> Result<Arc<dyn Target>> {
-        self.up.pool.add_permits(1);
+        self.up.pool.add_budget(1);
         self.up.send_slots.add_permits(1);
         Ok(Arc::new(S3Target {
             up: Arc::clone(&self.up),
