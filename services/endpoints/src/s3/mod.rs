@@ -17,6 +17,7 @@ mod client;
 mod error;
 mod metadata;
 mod parts;
+mod sends;
 mod source;
 mod target;
 

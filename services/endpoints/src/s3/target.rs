@@ -48,6 +48,7 @@ use tokio::task::JoinHandle;
 use super::error::{from_sdk, Subject};
 use super::metadata::is_block_hash;
 use super::parts::{part_size_for, BufferPool, Layout, PartBuffer, RangeSet, Segment};
+use super::sends::{Running, Sends};
 use super::{client, FerryMetadata, S3Options};
 
 /// Objects up to this size can have their metadata replaced with one CopyObject.
@@ -134,7 +135,9 @@ struct Upload {
     lowest: AtomicUsize,
     pool: Arc<BufferPool>,
     send_slots: Arc<Semaphore>,
+    /// The upload tasks, kept to stop them on abort (waits use `sends`).
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    sends: Arc<Sends>,
     phase: Mutex<Phase>,
     /// The block hash, when someone tells us before the object is stored.
     block_hash: Mutex<Option<String>>,
@@ -243,6 +246,7 @@ impl S3Target {
                 pool: BufferPool::new(buffer_len, 2),
                 send_slots: Arc::new(Semaphore::new(2)),
                 tasks: Mutex::new(Vec::new()),
+                sends: Arc::default(),
                 phase: Mutex::new(Phase::Open),
                 block_hash: Mutex::new(None),
                 abort_timeout: options.abort_timeout.unwrap_or(DEFAULT_ABORT_TIMEOUT),
@@ -551,6 +555,22 @@ impl std::fmt::Debug for PartIo {
     }
 }
 
+/// Moved into a part's upload task: records the task's end, however it ends; a panic
+/// fails the upload.
+struct TaskEnd {
+    io: Arc<PartIo>,
+    _running: Running,
+}
+
+impl Drop for TaskEnd {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.io
+                .fail(&Error::internal("a part upload task panicked"));
+        }
+    }
+}
+
 /// Characters kept as they are in a CopySource key (everything else is percent-encoded).
 const COPY_SOURCE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
     .remove(b'/')
@@ -707,8 +727,13 @@ impl Upload {
         let io = Arc::clone(&self.io);
         let pool = Arc::clone(&self.pool);
         let offset = self.layout.part_start(part);
+        let end = TaskEnd {
+            io: Arc::clone(&self.io),
+            _running: self.sends.start(),
+        };
         let handle = tokio::spawn(async move {
             let _permit = permit;
+            let _end = end;
             match io.upload_part(part, content).await {
                 Ok(done) => {
                     io.completed.lock()[part] = Some(done);
@@ -728,21 +753,10 @@ impl Upload {
         Ok(())
     }
 
-    /// Waits for every upload started so far.
+    /// Waits for every upload started so far (cancel-safe: see [`Sends`]).
     async fn drain(&self) -> Result<()> {
-        loop {
-            let batch: Vec<_> = std::mem::take(&mut *self.tasks.lock());
-            if batch.is_empty() {
-                return self.io.check();
-            }
-            for task in batch {
-                if let Err(e) = task.await {
-                    if e.is_panic() {
-                        return Err(Error::internal("a part upload task panicked"));
-                    }
-                }
-            }
-        }
+        self.sends.wait_for_earlier().await;
+        self.io.check()
     }
 
     /// The first byte no write has covered, if any.

@@ -1,12 +1,18 @@
-//! S3 uploads under a slow, reordering setting must never stall: many workers, a request
-//! size that does not divide the part size, work units that are not whole parts, reads
-//! that complete out of order and a store that answers some UploadPart calls late. Every
-//! copy must finish well within its deadline, the target must never warn (the old design
-//! broke a stall after a second by granting a buffer beyond its budget, with a warning),
-//! and the stored object must hold exactly the source's bytes.
+//! S3 uploads must never stall and never lose a part.
 //!
-//! The store is s3s-fs in process, behind a wrapper that delays every third UploadPart, so
-//! part buffers stay busy while the copy runs ahead.
+//! Stalls: many workers, a request size that does not divide the part size, work units
+//! that are not whole parts, reads that complete out of order and a store that answers
+//! some UploadPart calls late. Every copy must finish well within its deadline, the target
+//! must never warn (an older design broke a stall after a second by granting a buffer
+//! beyond its budget, with a warning), and the stored object must hold exactly the
+//! source's bytes.
+//!
+//! Lost parts: the copy flushes the target at every checkpoint and drops that flush when
+//! its workers end, then finishes; a flush dropped (or running beside another wait) while
+//! a part is on its way must leave `finish` waiting for that part.
+//!
+//! The store is s3s-fs in process, behind a wrapper that delays every third UploadPart
+//! (parts 1, 4, 7, ...), so part buffers stay busy while the copy runs ahead.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -15,7 +21,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ferry_core::spec::S3Spec;
-use ferry_core::{Caps, Extent, IoBuf, Result, Secret, Source};
+use ferry_core::{Caps, Extent, IoBuf, Result, Secret, Source, Target};
 use ferry_endpoints::s3::{S3Options, S3Target, MIN_PART_SIZE};
 use ferry_engine::{CancellationToken, CommitOrder, CopyOptions, Progress};
 use ferry_testkit::MemSource;
@@ -303,4 +309,34 @@ async fn few_workers_units_of_several_parts_out_of_order() {
 async fn many_workers_in_order() {
     let opts = options(16, 96 * KIB, 3 * MIB, CommitOrder::InOrder);
     upload("in-order.img", 18 * MIN_PART_SIZE + 77 * KIB, opts).await;
+}
+
+/// Writes a whole image of three parts at once (each part complete, part 1 slow to store),
+/// drops a flush that waits for part 1, and finishes beside a second flush.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_flush_loses_no_part() {
+    let store = Store::start(Duration::from_millis(600)).await;
+    let size = 3 * MIN_PART_SIZE;
+    let source = image(size, 7);
+    let spec = S3Spec {
+        bucket: BUCKET.to_string(),
+        key: "dropped-flush.img".to_string(),
+    };
+    let target = S3Target::open(&spec, size, &store.options())
+        .await
+        .expect("open the S3 target");
+    let mut buf = IoBuf::new(size as usize);
+    buf.copy_from_slice(source.data());
+    target.write_at(0, buf).await.expect("write the image");
+    let dropped = tokio::time::timeout(Duration::from_millis(50), target.flush()).await;
+    assert!(dropped.is_err(), "part 1 was still being stored");
+    let (flushed, finished) = tokio::join!(target.flush(), target.finish());
+    flushed.expect("a flush beside the finish");
+    finished.expect("finish waits for the part the dropped flush was waiting for");
+    let stored = store.object("dropped-flush.img");
+    assert_eq!(stored.len() as u64, size, "object size");
+    assert!(
+        stored == source.data(),
+        "the stored object differs from the source"
+    );
 }
