@@ -40,7 +40,8 @@ def main() -> int:
                     help="run only cases whose name contains TEXT (repeatable)")
     ap.add_argument("--quick", action="store_true", help="images 16x smaller, to try the harness")
     ap.add_argument("--no-build", action="store_true", help="use the binaries already built")
-    ap.add_argument("--output", type=Path, help="also write the report to this file")
+    ap.add_argument("--output", type=Path,
+                    help="also write the report to this file (rewritten after every case)")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     args = ap.parse_args()
 
@@ -76,6 +77,9 @@ def main() -> int:
         for case in selected:
             log(f"case {case.name}")
             results[case.name] = harness.run_case(env, case)
+            if args.output:  # a run stopped early keeps the report of the cases it finished
+                done = [c for c in selected if c.name in results]
+                args.output.write_text(render(args, env, done, results))
         report = render(args, env, selected, results)
     finally:
         if temporary:
