@@ -26,5 +26,6 @@
 //! never from logs. Kubernetes picks the node; the pod runs non-root wherever the volumes
 //! allow, with no privilege.
 
+pub mod controller;
 pub mod crd;
 pub mod mover;
