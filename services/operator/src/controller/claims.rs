@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::PostParams;
-use kube::{Api, Resource};
+use kube::Api;
 
 use crate::crd::{PvcTemplate, VolumeMode};
 use crate::mover::ResolvedPvc;

@@ -93,7 +93,7 @@ pub async fn run<K: MoverKind>(ctx: &Context, f: Follow<K>) -> Result<(), Error>
             return Ok(());
         }
     }
-    finish(ctx, &obj, &ids, status, &reports).await
+    finish(ctx, obj.as_ref(), &ids, status, &reports).await
 }
 
 /// Writes how the resource ended and removes the mover (for a retry too: the reconciler

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
 use kube::api::{DeleteParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
-use kube::{Api, Resource};
+use kube::Api;
 
 use crate::crd::VolumeMode;
 use crate::mover::layout::{GRPC_PORT, TOKEN_KEY};

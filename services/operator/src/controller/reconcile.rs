@@ -22,7 +22,6 @@ use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
-use kube::Resource;
 
 use crate::crd::status::condition::{reason, READY, RUNNING};
 use crate::crd::Phase;
