@@ -74,8 +74,11 @@ pub trait MoverKind:
     /// Its mover pod.
     fn mover_pod(&self, input: &MoverPodInput<'_>) -> Result<Pod, MoverError>;
     /// Its jobs, resuming from what the status recorded.
-    fn jobs(&self, status: &Self::Status, pvcs: &[ResolvedPvc])
-        -> Result<Vec<JobRequest>, MoverError>;
+    fn jobs(
+        &self,
+        status: &Self::Status,
+        pvcs: &[ResolvedPvc],
+    ) -> Result<Vec<JobRequest>, MoverError>;
     /// Progress, checkpoint and per-job state of the latest reports, into the status.
     fn observe(&self, status: &mut Self::Status, reports: &[JobReport]);
     /// Whether a write of `after` over `before` records new committed ranges (written at

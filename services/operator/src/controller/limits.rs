@@ -39,12 +39,7 @@ fn is_active(pod: &Pod) -> bool {
 
 /// The slot of a new mover of the resource `uid` (its own older pods do not count),
 /// pinned to `node` when its node selector names one.
-pub fn slot(
-    pods: &[Arc<Pod>],
-    uid: &str,
-    node: Option<&str>,
-    settings: &OperatorSettings,
-) -> Slot {
+pub fn slot(pods: &[Arc<Pod>], uid: &str, node: Option<&str>, settings: &OperatorSettings) -> Slot {
     let others: Vec<&Pod> = pods
         .iter()
         .map(|p| p.as_ref())
@@ -172,7 +167,9 @@ mod tests {
             pod("c", None, "Pending"),
             pod("d", Some("n2"), "Failed"),
         ];
-        assert!(matches!(slot(&pods, "x", None, &settings(3, 0)), Slot::Queued(m) if m.contains("limit is 3")));
+        assert!(
+            matches!(slot(&pods, "x", None, &settings(3, 0)), Slot::Queued(m) if m.contains("limit is 3"))
+        );
         // Its own pod does not count.
         assert_eq!(
             slot(&pods, "c", None, &settings(3, 0)),
@@ -184,7 +181,9 @@ mod tests {
                 full_nodes: vec!["n1".into()]
             }
         );
-        assert!(matches!(slot(&pods, "x", Some("n1"), &settings(0, 2)), Slot::Queued(m) if m.contains("node n1")));
+        assert!(
+            matches!(slot(&pods, "x", Some("n1"), &settings(0, 2)), Slot::Queued(m) if m.contains("node n1"))
+        );
         assert_eq!(
             slot(&pods, "x", Some("n2"), &settings(0, 2)),
             Slot::Free {

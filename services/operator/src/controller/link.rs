@@ -51,7 +51,7 @@ pub enum JobRequest {
     /// (`StartTransferRequest.resume_from`).
     Transfer {
         /// The request.
-        request: StartTransfer,
+        request: Box<StartTransfer>,
         /// Ranges an earlier mover committed.
         resume_from: Option<Checkpoint>,
     },

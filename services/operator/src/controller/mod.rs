@@ -41,8 +41,7 @@ pub use context::Context;
 pub use error::Error;
 pub use kind::MoverKind;
 pub use link::{
-    JobFailure, JobReport, JobRequest, JobState, LinkError, MoverAddress, MoverLink,
-    ReportStream,
+    JobFailure, JobReport, JobRequest, JobState, LinkError, MoverAddress, MoverLink, ReportStream,
 };
 pub use reconcile::reconcile;
 pub use settings::OperatorSettings;
@@ -59,7 +58,10 @@ pub fn mover_selector() -> String {
 /// What the controller does after a failed reconcile: log it and look again later (the
 /// failure is usually the API server or a mover being unreachable for a moment).
 pub fn error_policy<K: MoverKind>(obj: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
-    let name = kube::Resource::meta(obj.as_ref()).name.clone().unwrap_or_default();
+    let name = kube::Resource::meta(obj.as_ref())
+        .name
+        .clone()
+        .unwrap_or_default();
     tracing::warn!(kind = K::KIND, %name, %error, "reconcile failed");
     Action::requeue(ctx.settings.pending_backoff.max(Duration::from_secs(1)))
 }
@@ -87,25 +89,34 @@ pub async fn run(
     let selector = mover_selector();
     let (store, writer) = reflector::store::<Pod>();
     let pods = Api::<Pod>::all(client.clone());
-    let pod_watch = reflector(writer, watcher(pods, watcher::Config::default().labels(&selector)))
-        .default_backoff()
-        .for_each(|_| std::future::ready(()));
+    let pod_watch = reflector(
+        writer,
+        watcher(pods, watcher::Config::default().labels(&selector)),
+    )
+    .default_backoff()
+    .for_each(|_| std::future::ready(()));
     let pod_task = tokio::spawn(pod_watch);
     store.wait_until_ready().await.map_err(|_| RunError)?;
     let ctx = Arc::new(Context::new(client.clone(), settings, link, store));
     let owned = |kind: &str| {
         watcher::Config::default().labels(&format!("{selector},{}={kind}", labels::OWNER_KIND))
     };
-    let transfers = Controller::new(Api::<Transfer>::all(client.clone()), watcher::Config::default())
-        .owns(Api::<Pod>::all(client.clone()), owned("Transfer"))
-        .shutdown_on_signal()
-        .run(reconcile::<Transfer>, error_policy::<Transfer>, ctx.clone())
-        .for_each(log_result);
-    let checksums = Controller::new(Api::<Checksum>::all(client.clone()), watcher::Config::default())
-        .owns(Api::<Pod>::all(client), owned("Checksum"))
-        .shutdown_on_signal()
-        .run(reconcile::<Checksum>, error_policy::<Checksum>, ctx)
-        .for_each(log_result);
+    let transfers = Controller::new(
+        Api::<Transfer>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(Api::<Pod>::all(client.clone()), owned("Transfer"))
+    .shutdown_on_signal()
+    .run(reconcile::<Transfer>, error_policy::<Transfer>, ctx.clone())
+    .for_each(log_result);
+    let checksums = Controller::new(
+        Api::<Checksum>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(Api::<Pod>::all(client), owned("Checksum"))
+    .shutdown_on_signal()
+    .run(reconcile::<Checksum>, error_policy::<Checksum>, ctx)
+    .for_each(log_result);
     futures::join!(transfers, checksums);
     pod_task.abort();
     Ok(())

@@ -14,7 +14,11 @@ pub fn mover_pod(short: &str, name: &str, uid: &str, attempt: u32) -> String {
     if name.len() + suffix.len() <= MAX_NAME {
         return format!("{name}{suffix}");
     }
-    let uid: String = uid.chars().filter(char::is_ascii_alphanumeric).take(8).collect();
+    let uid: String = uid
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(8)
+        .collect();
     let keep = MAX_NAME - suffix.len() - uid.len() - 1;
     let prefix = name[..keep.min(name.len())].trim_end_matches(['-', '.']);
     format!("{prefix}-{uid}{suffix}")

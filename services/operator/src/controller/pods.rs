@@ -168,14 +168,17 @@ pub async fn create_token<K: MoverKind>(
         string_data: Some(BTreeMap::from([(TOKEN_KEY.to_string(), token.clone())])),
         ..Secret::default()
     };
-    match secrets(ctx, ids).create(&PostParams::default(), &secret).await {
+    match secrets(ctx, ids)
+        .create(&PostParams::default(), &secret)
+        .await
+    {
         Ok(_) => {
             ctx.remember_token(secret_name, &token);
             Ok(())
         }
-        Err(kube::Error::Api(e)) if e.code == 409 => read_token(ctx, ids, secret_name)
-            .await
-            .map(|_| ()),
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            read_token(ctx, ids, secret_name).await.map(|_| ())
+        }
         Err(e) => Err(e.into()),
     }
 }

@@ -79,9 +79,10 @@ pub fn first_failure(reports: &[JobReport]) -> Option<(usize, &JobReport)> {
 pub fn failure_text(report: &JobReport) -> (String, String) {
     match &report.error {
         Some(e) => (e.kind.clone(), e.message.clone()),
-        None if report.state == JobState::Cancelled => {
-            ("cancelled".into(), "the job was cancelled on the mover".into())
-        }
+        None if report.state == JobState::Cancelled => (
+            "cancelled".into(),
+            "the job was cancelled on the mover".into(),
+        ),
         None => ("internal".into(), "the job failed without an error".into()),
     }
 }
@@ -114,7 +115,10 @@ mod tests {
         let shared = shared_checkpoint(&[a.clone(), b.clone()]).unwrap();
         assert_eq!(shared.committed, vec![[10, 40], [60, 70]]);
         let p = overall(&[a.clone(), b], Some(&shared));
-        assert_eq!((p.total_bytes, p.done_bytes, p.committed_bytes), (100, 70, 40));
+        assert_eq!(
+            (p.total_bytes, p.done_bytes, p.committed_bytes),
+            (100, 70, 40)
+        );
         assert_eq!(shared_checkpoint(&[a.clone(), report(None, 0)]), None);
         let other_size = report(Some(Checkpoint::new(50, [(0, 10)])), 0);
         assert_eq!(shared_checkpoint(&[a, other_size]), None);

@@ -56,7 +56,15 @@ pub async fn reconcile<K: MoverKind>(obj: Arc<K>, ctx: Arc<Context>) -> Result<A
     }
     if let Err(e) = obj.validate() {
         let message = format!("{e}: fix the spec and create the {} again", K::KIND);
-        return fail(&ctx, obj.as_ref(), &ids, &status, reason::INVALID_SPEC, &message).await;
+        return fail(
+            &ctx,
+            obj.as_ref(),
+            &ids,
+            &status,
+            reason::INVALID_SPEC,
+            &message,
+        )
+        .await;
     }
     match pods::observe(&ctx, &ids, life.mover_pod.as_deref()).await? {
         PodState::Absent => start_attempt(&ctx, obj.as_ref(), &ids, &status).await,
@@ -159,7 +167,9 @@ async fn start_attempt<K: MoverKind>(
     })?;
     let movers = ctx.pods.state();
     match limits::slot(&movers, &ids.uid, limits::pinned_node(&pod), &ctx.settings) {
-        Slot::Queued(message) => return wait(ctx, obj, ids, status, reason::QUEUED, &message).await,
+        Slot::Queued(message) => {
+            return wait(ctx, obj, ids, status, reason::QUEUED, &message).await
+        }
         Slot::Free { full_nodes } => limits::avoid_nodes(&mut pod, &full_nodes),
     }
     pods::create_token(ctx, obj, ids, &secret).await?;
@@ -206,7 +216,8 @@ async fn run_jobs<K: MoverKind>(
         l.set_condition(READY, false, reason::MOVER_RUNNING, &message);
     });
     if update::<K>(ctx, ids, status, &next).await? {
-        ctx.event(obj.as_ref(), false, "MoverRunning", &message).await;
+        ctx.event(obj.as_ref(), false, "MoverRunning", &message)
+            .await;
     }
     let mover = pods::address(ctx, ids, pod).await?;
     let jobs = obj.jobs(&next, &pods::attached_pvcs(pod))?;
@@ -253,10 +264,7 @@ async fn lost<K: MoverKind>(
     ctx.stop_watch(&ids.uid);
     let life = status.life();
     let settings = &ctx.settings;
-    let recorded = matches!(
-        life.running_reason(),
-        reason::MOVER_LOST | reason::RETRYING
-    );
+    let recorded = matches!(life.running_reason(), reason::MOVER_LOST | reason::RETRYING);
     if life.attempts >= settings.max_attempts {
         if let Some(pod) = &life.mover_pod {
             pods::delete_mover(ctx, ids, pod).await?;
@@ -310,7 +318,8 @@ async fn on_delete<K: MoverKind>(ctx: &Context, obj: &K, ids: &Ids) -> Result<Ac
             cancel_jobs(ctx, ids, pod_name).await?;
             pods::delete_mover(ctx, ids, pod_name).await?;
         }
-        let message = "deleted while it ran: the mover was stopped; what it had committed stays written";
+        let message =
+            "deleted while it ran: the mover was stopped; what it had committed stays written";
         let next = with_life(obj, &status, |l| {
             l.finish(Phase::Cancelled, reason::CANCELLED, Some(message));
         });

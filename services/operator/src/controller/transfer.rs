@@ -22,7 +22,10 @@ fn target_name(transfer: &Transfer, index: usize) -> String {
         .targets
         .get(index)
         .and_then(|t| t.key())
-        .map_or_else(|| format!("target {index}"), |k| redact_userinfo(&k.to_string()))
+        .map_or_else(
+            || format!("target {index}"),
+            |k| redact_userinfo(&k.to_string()),
+        )
 }
 
 fn phase_of(state: JobState) -> Phase {
@@ -58,11 +61,20 @@ impl MoverKind for Transfer {
     }
 
     fn claims(&self) -> Vec<Claim<'_>> {
-        let source = self.spec.source.pvc.iter().map(|p| Claim::Existing(&p.name));
-        let targets = self.spec.targets.iter().filter_map(|t| match &t.pvc_template {
-            Some(template) => Some(Claim::Template(template)),
-            None => t.endpoint.pvc.as_ref().map(|p| Claim::Existing(&p.name)),
-        });
+        let source = self
+            .spec
+            .source
+            .pvc
+            .iter()
+            .map(|p| Claim::Existing(&p.name));
+        let targets = self
+            .spec
+            .targets
+            .iter()
+            .filter_map(|t| match &t.pvc_template {
+                Some(template) => Some(Claim::Template(template)),
+                None => t.endpoint.pvc.as_ref().map(|p| Claim::Existing(&p.name)),
+            });
         source.chain(targets).collect()
     }
 
@@ -88,7 +100,7 @@ impl MoverKind for Transfer {
                     request.options.verify_algorithm = algorithm;
                 }
                 JobRequest::Transfer {
-                    request,
+                    request: Box::new(request),
                     resume_from: resume_from.clone(),
                 }
             })
@@ -108,7 +120,10 @@ impl MoverKind for Transfer {
                 phase: phase_of(r.state),
                 done_bytes: r.progress.done_bytes,
                 digest: r.target_digest.clone(),
-                message: r.error.as_ref().map(|e| format!("{}: {}", e.kind, e.message)),
+                message: r
+                    .error
+                    .as_ref()
+                    .map(|e| format!("{}: {}", e.kind, e.message)),
             })
             .collect();
     }
