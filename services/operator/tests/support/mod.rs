@@ -133,6 +133,8 @@ impl ApiServer {
 }
 
 /// A call the operator made on the fake link.
+// A few records per test: their size does not matter, matching on them does.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Call {
     Start(JobRequest),
