@@ -269,6 +269,8 @@ async fn a_new_transfer_runs_to_success() {
         &id,
         vec![
             with_checkpoint(report(&id, JobState::Running, 2 * MIB), &[(0, MIB)]),
+            // More bytes, the same checkpoint, within the progress interval: not written.
+            with_checkpoint(report(&id, JobState::Running, 3 * MIB), &[(0, MIB)]),
             done,
         ],
     );

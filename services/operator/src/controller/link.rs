@@ -146,3 +146,22 @@ pub trait MoverLink: Send + Sync {
     /// Cancels every job of the resource with this uid (the jobs' owner-uid label).
     async fn cancel(&self, mover: &MoverAddress, owner_uid: &str) -> Result<(), LinkError>;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_token_is_never_printed() {
+        let mover = MoverAddress {
+            namespace: "vms".into(),
+            pod: "import-ft-1".into(),
+            ip: "10.0.0.1".into(),
+            port: 50051,
+            token: "s3cr3t-token".into(),
+        };
+        let text = format!("{mover:?}");
+        assert!(!text.contains("s3cr3t"), "{text}");
+        assert!(text.contains("import-ft-1"), "{text}");
+    }
+}
