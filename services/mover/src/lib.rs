@@ -2,7 +2,7 @@
 //! (jobs, scheduling, persistence, metrics, tracing). The binaries only call [`app::main`].
 
 pub mod app;
-pub mod operator_link;
 pub mod cli;
+pub mod operator_link;
 pub mod options;
 pub mod service;

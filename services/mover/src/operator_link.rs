@@ -12,10 +12,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ferry_core::Secret;
 use ferry_operator::controller::{
-    JobFailure, JobReport, JobRequest, JobState, LinkError, MoverAddress, MoverLink,
-    ReportStream,
+    JobFailure, JobReport, JobRequest, JobState, LinkError, MoverAddress, MoverLink, ReportStream,
 };
-use ferry_operator::crd::{CacheMode, Checkpoint, CommitOrder, HashAlgorithm, Preallocation, Progress};
+use ferry_operator::crd::{
+    CacheMode, Checkpoint, CommitOrder, HashAlgorithm, Preallocation, Progress,
+};
 use ferry_operator::mover::request::{
     EndpointOptions, SecretRef, StartChecksum, StartTransfer, WireEndpoint, WireTransferOptions,
     OWNER_UID_LABEL,
@@ -138,9 +139,15 @@ impl MoverLink for GrpcMoverLink {
     async fn cancel(&self, mover: &MoverAddress, owner_uid: &str) -> Result<(), LinkError> {
         let mut client = self.client(mover).await?;
         let labels = [(OWNER_UID_LABEL.to_string(), owner_uid.to_string())].into();
-        let states = vec![proto::JobState::Queued as i32, proto::JobState::Running as i32];
+        let states = vec![
+            proto::JobState::Queued as i32,
+            proto::JobState::Running as i32,
+        ];
         for job in list(&mut client, &labels, states).await? {
-            match client.cancel_job(proto::CancelJobRequest { id: job.id }).await {
+            match client
+                .cancel_job(proto::CancelJobRequest { id: job.id })
+                .await
+            {
                 Ok(_) => {}
                 // Ended in the meantime.
                 Err(s) if s.code() == Code::FailedPrecondition || s.code() == Code::NotFound => {}
@@ -422,7 +429,10 @@ mod tests {
         assert_eq!(resume.size, 100);
         assert_eq!(
             resume.committed,
-            vec![proto::Range { start: 0, end: 10 }, proto::Range { start: 20, end: 30 }]
+            vec![
+                proto::Range { start: 0, end: 10 },
+                proto::Range { start: 20, end: 30 }
+            ]
         );
         let c = checksum_request(&StartChecksum {
             source: r.target.clone(),
@@ -434,7 +444,10 @@ mod tests {
             labels: BTreeMap::new(),
             priority: 0,
         });
-        assert_eq!(c.options.unwrap().algorithm, proto::HashAlgorithm::Sha256 as i32);
+        assert_eq!(
+            c.options.unwrap().algorithm,
+            proto::HashAlgorithm::Sha256 as i32
+        );
     }
 
     #[test]
@@ -504,5 +517,117 @@ mod tests {
             link_error(&Status::unauthenticated("token")),
             LinkError::Rejected(_)
         ));
+    }
+
+    /// The link against a real job service in this process: a verified copy, the same
+    /// start again (another resume_from) answered with the same job, a checksum, a wrong
+    /// token refused, a cancel of nothing running.
+    #[tokio::test]
+    async fn drives_a_real_job_service() {
+        use crate::service::config::ServiceConfig;
+        use crate::service::server;
+        use ferry_operator::mover::request::{StartChecksum, WireChecksumOptions, TARGET_LABEL};
+
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(&root).unwrap();
+        let mut cfg = ServiceConfig::new(dir.path().join("data"));
+        cfg.grpc_listen = "127.0.0.1:0".parse().unwrap();
+        cfg.metrics_listen = None;
+        cfg.allow_roots = vec![root.clone()];
+        cfg.auth_token = Some(Secret::new("t0ken"));
+        let service = server::start(cfg).await.unwrap();
+        let addr = service.grpc_addr();
+        let src = root.join("src.img");
+        let dst = root.join("dst.img");
+        let bytes: Vec<u8> = (0..3u32 << 20).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&src, &bytes).unwrap();
+        let mover = MoverAddress {
+            namespace: "ns".into(),
+            pod: "p".into(),
+            ip: addr.ip().to_string(),
+            port: addr.port(),
+            token: "t0ken".into(),
+        };
+        let link = GrpcMoverLink::default();
+        let file = |p: &std::path::Path| WireEndpoint {
+            url: p.display().to_string(),
+            options: None,
+        };
+        let request = StartTransfer {
+            source: file(&src),
+            target: file(&dst),
+            options: WireTransferOptions {
+                verify: true,
+                verify_algorithm: HashAlgorithm::Sha256,
+                ..WireTransferOptions::default()
+            },
+            idempotency_key: "uid/0".into(),
+            labels: BTreeMap::from([
+                (OWNER_UID_LABEL.to_string(), "uid".to_string()),
+                (TARGET_LABEL.to_string(), "0".to_string()),
+            ]),
+            priority: 0,
+            refuse_if_target_busy: true,
+        };
+        let job = JobRequest::Transfer {
+            request: Box::new(request.clone()),
+            resume_from: None,
+        };
+        let started = link.start(&mover, &job).await.unwrap();
+        let again = JobRequest::Transfer {
+            request: Box::new(request),
+            resume_from: Some(Checkpoint::new(3 << 20, [(0, 1 << 20)])),
+        };
+        assert_eq!(link.start(&mover, &again).await.unwrap().id, started.id);
+
+        async fn last(link: &GrpcMoverLink, mover: &MoverAddress, id: &str) -> JobReport {
+            let mut stream = link.watch(mover, id).await.unwrap();
+            let mut last = None;
+            while let Some(r) = stream.next().await {
+                let r = r.unwrap();
+                let end = r.state.is_terminal();
+                last = Some(r);
+                if end {
+                    break;
+                }
+            }
+            last.expect("at least one report")
+        }
+        let copied = last(&link, &mover, &started.id).await;
+        assert_eq!(copied.state, JobState::Succeeded, "{copied:?}");
+        assert_eq!(std::fs::read(&dst).unwrap(), bytes);
+        let source_digest = copied.source_digest.clone().unwrap();
+        assert!(source_digest.starts_with("sha256:"), "{source_digest}");
+        assert_eq!(
+            copied.target_digest.as_deref(),
+            Some(source_digest.as_str())
+        );
+        assert_eq!(copied.progress.total_bytes, 3 << 20);
+
+        let checksum = JobRequest::Checksum(StartChecksum {
+            source: file(&dst),
+            options: WireChecksumOptions {
+                algorithm: HashAlgorithm::Sha256,
+                ..WireChecksumOptions::default()
+            },
+            idempotency_key: "uid-c".into(),
+            labels: BTreeMap::from([(OWNER_UID_LABEL.to_string(), "uid-c".to_string())]),
+            priority: 0,
+        });
+        let started = link.start(&mover, &checksum).await.unwrap();
+        let summed = last(&link, &mover, &started.id).await;
+        assert_eq!(summed.source_digest, Some(source_digest));
+
+        let wrong = MoverAddress {
+            token: "wrong".into(),
+            ..mover.clone()
+        };
+        assert!(matches!(
+            link.start(&wrong, &checksum).await,
+            Err(LinkError::Rejected(_))
+        ));
+        link.cancel(&mover, "uid").await.unwrap();
+        service.shutdown().await;
     }
 }

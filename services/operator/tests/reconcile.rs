@@ -122,6 +122,11 @@ fn status_of(seen: &support::Seen) -> &Value {
     assert!(seen.query.contains("force=true"), "{}", seen.query);
     assert_eq!(seen.body["apiVersion"], "ferry.dev/v1alpha1");
     assert_eq!(seen.body["kind"], "Transfer");
+    assert_eq!(
+        seen.body["metadata"],
+        json!({"resourceVersion": "7"}),
+        "every status write is guarded by the version it was decided on"
+    );
     &seen.body["status"]
 }
 

@@ -25,7 +25,7 @@ use super::pods;
 /// What the task needs.
 #[derive(Debug)]
 pub struct Follow<K: MoverKind> {
-    /// The resource.
+    /// The resource as last written (its version guards the task's writes).
     pub obj: Arc<K>,
     /// Its ids.
     pub ids: Ids,
@@ -57,7 +57,7 @@ fn all_ended(reports: &[JobReport]) -> bool {
 /// Follows the jobs to their end (see the module comment).
 pub async fn run<K: MoverKind>(ctx: &Context, f: Follow<K>) -> Result<(), Error> {
     let Follow {
-        obj,
+        mut obj,
         ids,
         mut status,
         mover,
@@ -83,7 +83,7 @@ pub async fn run<K: MoverKind>(ctx: &Context, f: Follow<K>) -> Result<(), Error>
             let due = last_write.elapsed() >= ctx.settings.progress_interval
                 || K::checkpoint_changed(&status, &next);
             if due && !same_status(&status, &next) {
-                write_status::<K>(ctx, &ids, &next).await?;
+                obj = Arc::new(write_status(ctx, &ids, obj.as_ref(), &next).await?);
                 status = next;
                 last_write = Instant::now();
             }
@@ -130,7 +130,7 @@ async fn finish<K: MoverKind>(
     };
     let pod = life.mover_pod.clone();
     status.set_life(life);
-    write_status::<K>(ctx, ids, &status).await?;
+    write_status(ctx, ids, obj, &status).await?;
     if let Some(pod) = pod {
         pods::delete_mover(ctx, ids, &pod).await?;
     }

@@ -114,18 +114,26 @@ impl Ids {
 }
 
 /// Writes the whole status by server-side apply (field manager `ferry-operator`), so
-/// what the operator no longer sets is removed. Returns the resource as written.
+/// what the operator no longer sets is removed. The write carries the resource version
+/// of `based_on`, the object the step decided on: when the resource changed since (a
+/// reconcile working from a stale copy while the follow task wrote), the API server
+/// refuses it (409) and the next reconcile decides again from the current object.
+/// Returns the resource as written.
 pub async fn write_status<K: MoverKind>(
     ctx: &Context,
     ids: &Ids,
+    based_on: &K,
     status: &K::Status,
 ) -> Result<K, Error> {
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &ids.namespace);
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "apiVersion": K::api_version(&()),
         "kind": K::kind(&()),
         "status": status,
     });
+    if let Some(version) = &based_on.meta().resource_version {
+        body["metadata"] = serde_json::json!({ "resourceVersion": version });
+    }
     Ok(api
         .patch_status(
             &ids.name,

@@ -74,18 +74,19 @@ pub async fn reconcile<K: MoverKind>(obj: Arc<K>, ctx: Arc<Context>) -> Result<A
     }
 }
 
-/// Writes `next` when it differs from `before`; returns whether it did.
+/// Writes `next` when it differs from `before` (the status of `obj`); returns the
+/// resource as written when it did.
 async fn update<K: MoverKind>(
     ctx: &Context,
     ids: &Ids,
+    obj: &K,
     before: &K::Status,
     next: &K::Status,
-) -> Result<bool, Error> {
+) -> Result<Option<K>, Error> {
     if same_status(before, next) {
-        return Ok(false);
+        return Ok(None);
     }
-    write_status::<K>(ctx, ids, next).await?;
-    Ok(true)
+    Ok(Some(write_status(ctx, ids, obj, next).await?))
 }
 
 /// The status with its shared part changed by `f`, for the resource's generation.
@@ -108,7 +109,7 @@ async fn fail<K: MoverKind>(
     message: &str,
 ) -> Result<Action, Error> {
     let next = with_life(obj, status, |l| l.finish(Phase::Failed, why, Some(message)));
-    if update::<K>(ctx, ids, status, &next).await? {
+    if update(ctx, ids, obj, status, &next).await?.is_some() {
         ctx.event(obj, true, why, message).await;
     }
     ctx.done_waiting(&ids.uid);
@@ -131,7 +132,7 @@ async fn wait<K: MoverKind>(
         l.mover_pod = None;
         l.node = None;
     });
-    if update::<K>(ctx, ids, status, &next).await? {
+    if update(ctx, ids, obj, status, &next).await?.is_some() {
         ctx.event(obj, why != reason::QUEUED, why, message).await;
     }
     let settings = &ctx.settings;
@@ -186,7 +187,7 @@ async fn start_attempt<K: MoverKind>(
         l.set_condition(RUNNING, false, reason::MOVER_STARTING, &message);
         l.set_condition(READY, false, reason::MOVER_STARTING, &message);
     });
-    write_status::<K>(ctx, ids, &next).await?;
+    write_status(ctx, ids, obj, &next).await?;
     ctx.event(obj, false, "MoverCreated", &message).await;
     Ok(Action::requeue(ctx.settings.resync))
 }
@@ -215,10 +216,14 @@ async fn run_jobs<K: MoverKind>(
         l.set_condition(RUNNING, true, reason::MOVER_RUNNING, &message);
         l.set_condition(READY, false, reason::MOVER_RUNNING, &message);
     });
-    if update::<K>(ctx, ids, status, &next).await? {
-        ctx.event(obj.as_ref(), false, "MoverRunning", &message)
-            .await;
-    }
+    let latest = match update(ctx, ids, obj.as_ref(), status, &next).await? {
+        Some(written) => {
+            ctx.event(obj.as_ref(), false, "MoverRunning", &message)
+                .await;
+            Arc::new(written)
+        }
+        None => obj.clone(),
+    };
     let mover = pods::address(ctx, ids, pod).await?;
     let jobs = obj.jobs(&next, &pods::attached_pvcs(pod))?;
     let mut reports = Vec::with_capacity(jobs.len());
@@ -231,12 +236,12 @@ async fn run_jobs<K: MoverKind>(
             }
             Err(LinkError::Rejected(e)) => {
                 let message = format!("the mover refused the job: {e}");
-                return fail(ctx, obj.as_ref(), ids, &next, reason::FAILED, &message).await;
+                return fail(ctx, latest.as_ref(), ids, &next, reason::FAILED, &message).await;
             }
         }
     }
     let follow = Follow {
-        obj: obj.clone(),
+        obj: latest,
         ids: ids.clone(),
         status: next,
         mover,
@@ -289,7 +294,7 @@ async fn lost<K: MoverKind>(
                 c.last_transition_time = now();
             }
         });
-        write_status::<K>(ctx, ids, &next).await?;
+        write_status(ctx, ids, obj, &next).await?;
         ctx.event(obj, true, reason::MOVER_LOST, why).await;
         return Ok(Action::requeue(wait));
     }
@@ -323,7 +328,7 @@ async fn on_delete<K: MoverKind>(ctx: &Context, obj: &K, ids: &Ids) -> Result<Ac
         let next = with_life(obj, &status, |l| {
             l.finish(Phase::Cancelled, reason::CANCELLED, Some(message));
         });
-        latest = Some(write_status::<K>(ctx, ids, &next).await?);
+        latest = Some(write_status(ctx, ids, obj, &next).await?);
         ctx.event(obj, false, reason::CANCELLED, message).await;
     }
     finalizer::remove(ctx, latest.as_ref().unwrap_or(obj), ids).await?;
