@@ -896,3 +896,165 @@ async fn a_checksum_writes_its_digest() {
     assert_eq!(request.idempotency_key, "uid-c");
     assert_eq!(h.server.count, 7);
 }
+
+/// A fan-out: two targets, one job each in the one mover; the status has one entry per
+/// target and the checkpoint both targets share.
+#[tokio::test]
+async fn a_fan_out_reports_each_target() {
+    let mut h = Harness::new(settings());
+    let mut object = transfer_json(Some(running_status(1)));
+    object["spec"]["targets"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"pvc": {"name": "other"}}));
+    let t = transfer(&object);
+    let pvcs = [
+        ResolvedPvc::new("golden", VolumeMode::Block),
+        ResolvedPvc::new("copy", VolumeMode::Filesystem),
+        ResolvedPvc::new("other", VolumeMode::Block),
+    ];
+    let pod = transfer_pod(
+        &t,
+        &MoverPodInput {
+            pod_name: "import-ft-1",
+            token_secret: "import-ft-1-token",
+            pvcs: &pvcs,
+            defaults: &settings().mover,
+        },
+    )
+    .unwrap();
+    h.pod_seen(ready(pod, "node-a"));
+    h.ctx.remember_token("import-ft-1-token", "secret-token");
+    for (i, committed) in [(0, 4 * MIB), (1, 3 * MIB)] {
+        let id = job_id(&format!("uid-1/{i}"));
+        let mut done =
+            with_checkpoint(report(&id, JobState::Succeeded, 4 * MIB), &[(0, committed)]);
+        done.target_digest = Some(digest());
+        h.link.script(&id, vec![done]);
+    }
+    let task = tokio::spawn(reconcile(t, h.ctx.clone()));
+    finish(task).await;
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let end = status_of(&seen).clone();
+    assert_eq!(end["phase"], "Succeeded");
+    let names: Vec<&str> = end["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["pvc/copy", "pvc/other"]);
+    assert_eq!(end["checkpoint"]["committed"], json!([[0, 3 * MIB]]));
+    assert_eq!(end["digests"]["targets"]["pvc/other"], digest());
+    h.server
+        .expect("DELETE", &format!("{PODS}/import-ft-1"), Reply::Deleted)
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{SECRETS}/import-ft-1-token"),
+            Reply::Deleted,
+        )
+        .await;
+    h.server.expect_event(NS).await;
+    h.ctx.take_watch("uid-1").unwrap().task.await.unwrap();
+    h.server.done().await;
+    let started: Vec<String> = h
+        .link
+        .calls()
+        .iter()
+        .filter_map(|c| match c {
+            Call::Start(JobRequest::Transfer { request, .. }) => Some(request.target.url.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        started,
+        ["/var/run/ferry/volumes/copy/disk.img", "/dev/ferry/other"]
+    );
+}
+
+/// `expectedDigest`: the jobs verify with its algorithm, and a different digest fails
+/// the Transfer with DigestMismatch.
+#[tokio::test]
+async fn a_digest_mismatch_fails_the_transfer() {
+    let mut h = Harness::new(settings());
+    let mut object = transfer_json(Some(running_status(1)));
+    let expected = format!("sha256:{}", "cd".repeat(32));
+    object["spec"]["expectedDigest"] = json!(expected);
+    let t = transfer(&object);
+    h.pod_seen(ready(mover_pod(&t, 1), "node-a"));
+    h.ctx.remember_token("import-ft-1-token", "secret-token");
+    let id = job_id("uid-1/0");
+    let mut done = report(&id, JobState::Succeeded, 4 * MIB);
+    done.source_digest = Some(digest());
+    done.target_digest = Some(digest());
+    h.link.script(&id, vec![done]);
+    let task = tokio::spawn(reconcile(t, h.ctx.clone()));
+    finish(task).await;
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let end = status_of(&seen).clone();
+    assert_eq!(end["phase"], "Failed");
+    assert_eq!(condition(&end, "Ready")["reason"], "DigestMismatch");
+    assert!(end["message"].as_str().unwrap().contains(&expected));
+    h.server
+        .expect("DELETE", &format!("{PODS}/import-ft-1"), Reply::Deleted)
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{SECRETS}/import-ft-1-token"),
+            Reply::Deleted,
+        )
+        .await;
+    h.server.expect_event(NS).await;
+    h.ctx.take_watch("uid-1").unwrap().task.await.unwrap();
+    h.server.done().await;
+    let calls = h.link.calls();
+    let Call::Start(JobRequest::Transfer { request, .. }) = &calls[0] else {
+        panic!("{calls:?}")
+    };
+    assert!(request.options.verify);
+    assert_eq!(
+        request.options.verify_algorithm,
+        ferry_operator::crd::HashAlgorithm::Sha256
+    );
+}
+
+/// A pvcTemplate naming a claim someone else created: Failed, saying what to change.
+#[tokio::test]
+async fn a_template_claim_owned_by_someone_else_fails() {
+    let mut h = Harness::new(settings());
+    let object = transfer_json(None);
+    let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", &format!("{PVCS}/golden"), Reply::Ok(golden_pvc()))
+        .await;
+    let mut foreign = copy_pvc();
+    foreign["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("ownerReferences");
+    h.server
+        .expect("GET", &format!("{PVCS}/copy"), Reply::Ok(foreign))
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let end = status_of(&seen).clone();
+    assert_eq!(end["phase"], "Failed");
+    assert!(end["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("pvc/copy already exists and was not created by this Transfer"));
+    h.server.expect_event(NS).await;
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+}
