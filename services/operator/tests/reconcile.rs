@@ -1058,3 +1058,80 @@ async fn a_template_claim_owned_by_someone_else_fails() {
     assert_eq!(finish(task).await, Action::await_change());
     h.server.done().await;
 }
+
+/// A referenced Secret key that does not exist: Pending, naming the Secret and the key
+/// (never a value), before any pod would hang on mounting it.
+#[tokio::test]
+async fn a_missing_secret_key_waits_with_its_name() {
+    let mut h = Harness::new(settings());
+    let mut object = transfer_json(None);
+    object["spec"]["source"] = json!({
+        "url": "s3://images/fedora.raw",
+        "s3": {"accessKeyId": {"name": "s3-creds", "key": "id"},
+               "secretAccessKey": {"name": "s3-creds", "key": "secret"}},
+    });
+    let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", &format!("{PVCS}/copy"), Reply::Ok(copy_pvc()))
+        .await;
+    let secret = json!({"apiVersion": "v1", "kind": "Secret",
+                        "metadata": {"name": "s3-creds", "namespace": NS},
+                        "data": {"id": "QUtJQUVYQU1QTEU="}});
+    h.server
+        .expect("GET", &format!("{SECRETS}/s3-creds"), Reply::Ok(secret))
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let pending = status_of(&seen).clone();
+    assert_eq!(pending["phase"], "Pending");
+    assert_eq!(
+        pending["message"],
+        "secret/s3-creds has no key 'secret': add it, or fix the secretKeyRef's key"
+    );
+    let event = h.server.expect_event(NS).await;
+    for text in [seen.body.to_string(), event.body.to_string()] {
+        assert!(!text.contains("QUtJQUVYQU1QTEU"), "{text}");
+    }
+    finish(task).await;
+    h.server.done().await;
+}
+
+/// A mover pod that cannot be scheduled: the status says why; the same reason again
+/// writes nothing.
+#[tokio::test]
+async fn an_unschedulable_mover_is_reported() {
+    let mut h = Harness::new(settings());
+    let message = "mover pod import-ft-1 (attempt 1) is starting";
+    let status = json!({
+        "phase": "Running", "attempts": 1, "moverPod": "import-ft-1", "observedGeneration": 1,
+        "startTime": "2026-01-01T00:00:00Z",
+        "conditions": conditions(("False", "MoverStarting"), ("False", "MoverStarting"), message),
+    });
+    let object = transfer_json(Some(status));
+    let t = transfer(&object);
+    let mut pod = mover_pod(&t, 1);
+    pod.status = Some(
+        serde_json::from_value(json!({"phase": "Pending", "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity."}]}))
+        .unwrap(),
+    );
+    h.pod_seen(pod);
+    let task = tokio::spawn(reconcile(t, h.ctx.clone()));
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let stuck = status_of(&seen).clone();
+    let why = "mover pod import-ft-1 (attempt 1) cannot start yet: Unschedulable: 0/3 nodes are available: 3 node(s) didn't match Pod's node affinity.";
+    assert_eq!(stuck["message"], why);
+    assert_eq!(condition(&stuck, "Running")["message"], why);
+    assert_eq!(h.server.expect_event(NS).await.body["type"], "Warning");
+    finish(task).await;
+    let object = with_status(&object, &json!({ "status": stuck }));
+    reconcile(transfer(&object), h.ctx.clone()).await.unwrap();
+    h.server.done().await;
+    assert_eq!(h.server.count, 2);
+}

@@ -4,7 +4,7 @@
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::crd::status::condition::reason;
-use crate::crd::{Checksum, ChecksumStatus, ValidationError};
+use crate::crd::{Checksum, ChecksumStatus, Endpoint, ValidationError};
 use crate::mover::{checksum_pod, checksum_request, MoverError, MoverPodInput, ResolvedPvc};
 
 use super::kind::{Claim, MoverKind, Outcome};
@@ -31,6 +31,10 @@ impl MoverKind for Checksum {
             .iter()
             .map(|p| Claim::Existing(&p.name))
             .collect()
+    }
+
+    fn endpoints(&self) -> Vec<&Endpoint> {
+        vec![&self.spec.source]
     }
 
     fn mover_pod(&self, input: &MoverPodInput<'_>) -> Result<Pod, MoverError> {

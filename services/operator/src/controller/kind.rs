@@ -11,7 +11,7 @@ use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::crd::{PvcTemplate, ValidationError};
+use crate::crd::{Endpoint, PvcTemplate, ValidationError};
 use crate::mover::{MoverError, MoverPodInput, ResolvedPvc};
 
 use super::context::{Context, MANAGER};
@@ -71,6 +71,8 @@ pub trait MoverKind:
     fn validate(&self) -> Result<(), ValidationError>;
     /// Every claim it names, in spec order.
     fn claims(&self) -> Vec<Claim<'_>>;
+    /// Every endpoint it names (for the Secrets they reference).
+    fn endpoints(&self) -> Vec<&Endpoint>;
     /// Its mover pod.
     fn mover_pod(&self, input: &MoverPodInput<'_>) -> Result<Pod, MoverError>;
     /// Its jobs, resuming from what the status recorded.

@@ -22,6 +22,7 @@ pub mod names;
 pub mod pods;
 pub mod progress;
 pub mod reconcile;
+pub mod secrets;
 pub mod settings;
 pub mod transfer;
 

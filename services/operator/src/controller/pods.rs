@@ -28,8 +28,8 @@ use super::names;
 pub enum PodState {
     /// The status names no pod.
     Absent,
-    /// Created, not ready yet.
-    Starting,
+    /// Created, not ready yet; why, when Kubernetes says it cannot start.
+    Starting(Option<String>),
     /// Ready to take jobs.
     Ready(Arc<Pod>),
     /// Gone, failed, evicted or being deleted: why.
@@ -60,7 +60,7 @@ pub fn classify(pod: Arc<Pod>) -> PodState {
         return PodState::Lost(format!("mover pod {name} is being deleted"));
     }
     let Some(status) = pod.status.as_ref() else {
-        return PodState::Starting;
+        return PodState::Starting(None);
     };
     match status.phase.as_deref() {
         Some("Failed") | Some("Succeeded") => {
@@ -84,10 +84,48 @@ pub fn classify(pod: Arc<Pod>) -> PodState {
             if ready && status.pod_ip.is_some() {
                 PodState::Ready(pod)
             } else {
-                PodState::Starting
+                PodState::Starting(why_not_started(&pod))
             }
         }
     }
+}
+
+/// Container waiting reasons that need someone to act (the others pass by themselves).
+const STUCK: [&str; 5] = [
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+];
+
+/// Why a pod that is not ready cannot start: unschedulable, or its container stuck.
+fn why_not_started(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    let unschedulable = status.conditions.iter().flatten().find(|c| {
+        c.type_ == "PodScheduled"
+            && c.status == "False"
+            && c.reason.as_deref() == Some("Unschedulable")
+    });
+    if let Some(c) = unschedulable {
+        return Some(format!(
+            "Unschedulable: {}",
+            c.message.as_deref().unwrap_or("no node fits")
+        ));
+    }
+    status
+        .container_statuses
+        .iter()
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.waiting.as_ref())
+        .find(|w| w.reason.as_deref().is_some_and(|r| STUCK.contains(&r)))
+        .map(|w| {
+            format!(
+                "{}: {}",
+                w.reason.as_deref().unwrap_or_default(),
+                w.message.as_deref().unwrap_or("")
+            )
+        })
 }
 
 /// Why the mover container ended (`OOMKilled`, `Error`), when it did.

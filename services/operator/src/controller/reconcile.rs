@@ -6,9 +6,11 @@
 //! 3. final phase -> nothing;
 //! 4. invalid spec -> Failed (InvalidSpec), never retried;
 //! 5. by the mover pod of the status:
-//!    - none: claims resolved (missing -> Pending, backoff), a slot (else Queued), the
-//!      token Secret and the pod of the next attempt created -> Running, MoverStarting;
-//!    - starting: wait for the pod's own events;
+//!    - none: claims resolved and referenced Secret keys present (missing -> Pending,
+//!      backoff), a slot (else Queued), the token Secret and the pod of the next
+//!      attempt created -> Running, MoverStarting;
+//!    - starting: wait for the pod's own events; why it cannot start (unschedulable, an
+//!      image that cannot be pulled) goes into the MoverStarting condition's message;
 //!    - ready: Running/MoverRunning with the node, the jobs started (resuming from the
 //!      checkpoint) and followed by a task ([`super::follow`]);
 //!    - lost (deleted, evicted, failed, or removed by a retry): recorded as MoverLost
@@ -38,6 +40,7 @@ use super::limits::{self, Slot};
 use super::link::LinkError;
 use super::names;
 use super::pods::{self, PodState};
+use super::secrets;
 
 /// One reconcile of a Transfer or a Checksum.
 pub async fn reconcile<K: MoverKind>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -68,7 +71,7 @@ pub async fn reconcile<K: MoverKind>(obj: Arc<K>, ctx: Arc<Context>) -> Result<A
     }
     match pods::observe(&ctx, &ids, life.mover_pod.as_deref()).await? {
         PodState::Absent => start_attempt(&ctx, obj.as_ref(), &ids, &status).await,
-        PodState::Starting => Ok(Action::requeue(ctx.settings.resync)),
+        PodState::Starting(why) => starting(&ctx, obj.as_ref(), &ids, &status, why).await,
         PodState::Ready(pod) => run_jobs(&ctx, &obj, &ids, &status, &pod).await,
         PodState::Lost(why) => lost(&ctx, obj.as_ref(), &ids, &status, &why).await,
     }
@@ -157,6 +160,9 @@ async fn start_attempt<K: MoverKind>(
             return fail(ctx, obj, ids, status, reason::FAILED, &message).await
         }
     };
+    if let Some(message) = secrets::missing(ctx, ids, &obj.endpoints()).await? {
+        return wait(ctx, obj, ids, status, reason::PENDING, &message).await;
+    }
     let attempt = status.life().attempts + 1;
     let pod_name = names::mover_pod(K::SHORT, &ids.name, &ids.uid, attempt);
     let secret = names::token_secret(&pod_name);
@@ -189,6 +195,36 @@ async fn start_attempt<K: MoverKind>(
     });
     write_status(ctx, ids, obj, &next).await?;
     ctx.event(obj, false, "MoverCreated", &message).await;
+    Ok(Action::requeue(ctx.settings.resync))
+}
+
+/// The pod is not ready yet: when Kubernetes says why, the status says it too.
+async fn starting<K: MoverKind>(
+    ctx: &Context,
+    obj: &K,
+    ids: &Ids,
+    status: &K::Status,
+    why: Option<String>,
+) -> Result<Action, Error> {
+    let life = status.life();
+    let attempt = life.attempts;
+    if ctx.is_watching(&ids.uid, attempt) {
+        // It was ready and its jobs run: a passing readiness blip is not a new state.
+        return Ok(Action::requeue(ctx.settings.resync));
+    }
+    let pod = life.mover_pod.as_deref().unwrap_or_default();
+    let message = match &why {
+        Some(why) => format!("mover pod {pod} (attempt {attempt}) cannot start yet: {why}"),
+        None => format!("mover pod {pod} (attempt {attempt}) is starting"),
+    };
+    let next = with_life(obj, status, |l| {
+        l.message = why.is_some().then(|| message.clone());
+        l.set_condition(RUNNING, false, reason::MOVER_STARTING, &message);
+        l.set_condition(READY, false, reason::MOVER_STARTING, &message);
+    });
+    if update(ctx, ids, obj, status, &next).await?.is_some() && why.is_some() {
+        ctx.event(obj, true, reason::MOVER_STARTING, &message).await;
+    }
     Ok(Action::requeue(ctx.settings.resync))
 }
 

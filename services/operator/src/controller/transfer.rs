@@ -8,7 +8,9 @@ use ferry_core::spec::redact_userinfo;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::crd::status::condition::reason;
-use crate::crd::{HashAlgorithm, Phase, TargetStatus, Transfer, TransferStatus, ValidationError};
+use crate::crd::{
+    Endpoint, HashAlgorithm, Phase, TargetStatus, Transfer, TransferStatus, ValidationError,
+};
 use crate::mover::{transfer_pod, transfer_requests, MoverError, MoverPodInput, ResolvedPvc};
 
 use super::kind::{Claim, MoverKind, Outcome};
@@ -76,6 +78,11 @@ impl MoverKind for Transfer {
                 None => t.endpoint.pvc.as_ref().map(|p| Claim::Existing(&p.name)),
             });
         source.chain(targets).collect()
+    }
+
+    fn endpoints(&self) -> Vec<&Endpoint> {
+        let targets = self.spec.targets.iter().map(|t| &t.endpoint);
+        std::iter::once(&self.spec.source).chain(targets).collect()
     }
 
     fn mover_pod(&self, input: &MoverPodInput<'_>) -> Result<Pod, MoverError> {
