@@ -21,6 +21,15 @@ use super::settings::OperatorSettings;
 /// The field manager and event reporter of every write.
 pub const MANAGER: &str = "ferry-operator";
 
+/// The longest prefix of `text` of at most `max` bytes that ends on a character.
+fn within(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 /// A running job-stream task of one attempt of a resource.
 #[derive(Debug)]
 pub struct Watch {
@@ -96,7 +105,7 @@ impl Context {
                 EventType::Normal
             },
             reason: reason.into(),
-            note: Some(note.chars().take(1000).collect()),
+            note: Some(within(note, 1000).to_string()),
             action: reason.into(),
             secondary: None,
         };
@@ -161,5 +170,17 @@ impl Context {
     /// The resource stopped waiting.
     pub fn done_waiting(&self, uid: &str) {
         self.waits.lock().remove(uid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::within;
+
+    #[test]
+    fn notes_are_cut_on_a_character_within_the_limit() {
+        assert_eq!(within("abc", 10), "abc");
+        assert_eq!(within("aé", 2), "a");
+        assert_eq!(within(&"é".repeat(600), 1000).len(), 1000);
     }
 }

@@ -288,3 +288,44 @@ pub async fn address(ctx: &Context, ids: &Ids, pod: &Pod) -> Result<MoverAddress
         token,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn pod(status: serde_json::Value) -> Arc<Pod> {
+        Arc::new(
+            serde_json::from_value(json!({"metadata": {"name": "m-ft-1"}, "status": status}))
+                .unwrap(),
+        )
+    }
+
+    #[test]
+    fn pod_states() {
+        let oom = pod(json!({"phase": "Failed", "containerStatuses": [{
+            "name": "mover", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}));
+        assert!(
+            matches!(classify(oom), PodState::Lost(why) if why == "mover pod m-ft-1 stopped: OOMKilled")
+        );
+        let pulling = pod(json!({"phase": "Pending", "containerStatuses": [{
+            "name": "mover", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]}));
+        assert!(matches!(
+            classify(pulling),
+            PodState::Starting(Some(why)) if why == "ImagePullBackOff: Back-off pulling image"
+        ));
+        let creating = pod(json!({"phase": "Pending", "containerStatuses": [{
+            "name": "mover", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "ContainerCreating"}}}]}));
+        assert!(matches!(classify(creating), PodState::Starting(None)));
+        let ready_without_ip = pod(json!({"phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}]}));
+        assert!(matches!(
+            classify(ready_without_ip),
+            PodState::Starting(None)
+        ));
+    }
+}
