@@ -1135,3 +1135,32 @@ async fn an_unschedulable_mover_is_reported() {
     h.server.done().await;
     assert_eq!(h.server.count, 2);
 }
+
+/// A final Transfer whose mover pod was left behind (the operator stopped between the
+/// final status and the deletion) gets it deleted; one without costs nothing.
+#[tokio::test]
+async fn a_mover_left_behind_by_a_final_transfer_is_deleted() {
+    let mut h = Harness::new(settings());
+    let mut status = running_status(1);
+    status["phase"] = json!("Succeeded");
+    let object = transfer_json(Some(status));
+    let t = transfer(&object);
+    let pod = ready(mover_pod(&t, 1), "node-a");
+    h.pod_seen(pod.clone());
+    let task = tokio::spawn(reconcile(t.clone(), h.ctx.clone()));
+    h.server
+        .expect("DELETE", &format!("{PODS}/import-ft-1"), Reply::Deleted)
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{SECRETS}/import-ft-1-token"),
+            Reply::Deleted,
+        )
+        .await;
+    assert_eq!(finish(task).await, Action::await_change());
+    h.pod_gone(pod);
+    reconcile(t, h.ctx.clone()).await.unwrap();
+    h.server.done().await;
+    assert_eq!(h.server.count, 2);
+}

@@ -3,7 +3,7 @@
 //!
 //! 1. deleted -> cancel the jobs, delete the mover, Cancelled, finalizer removed;
 //! 2. no finalizer -> add it;
-//! 3. final phase -> nothing;
+//! 3. final phase -> nothing (a mover pod left behind is deleted);
 //! 4. invalid spec -> Failed (InvalidSpec), never retried;
 //! 5. by the mover pod of the status:
 //!    - none: claims resolved and referenced Secret keys present (missing -> Pending,
@@ -55,7 +55,7 @@ pub async fn reconcile<K: MoverKind>(obj: Arc<K>, ctx: Arc<Context>) -> Result<A
     let status = obj.status().cloned().unwrap_or_default();
     let life = status.life();
     if life.phase.is_final() {
-        return Ok(Action::await_change());
+        return leftover(&ctx, &ids, &life).await;
     }
     if let Err(e) = obj.validate() {
         let message = format!("{e}: fix the spec and create the {} again", K::KIND);
@@ -75,6 +75,24 @@ pub async fn reconcile<K: MoverKind>(obj: Arc<K>, ctx: Arc<Context>) -> Result<A
         PodState::Ready(pod) => run_jobs(&ctx, &obj, &ids, &status, &pod).await,
         PodState::Lost(why) => lost(&ctx, obj.as_ref(), &ids, &status, &why).await,
     }
+}
+
+/// A final resource whose mover pod is still there (the operator stopped between the
+/// final status and the pod's deletion): delete it. Read from the store, so a final
+/// resource costs no request.
+async fn leftover(ctx: &Context, ids: &Ids, life: &Life) -> Result<Action, Error> {
+    let Some(name) = life.mover_pod.as_deref() else {
+        return Ok(Action::await_change());
+    };
+    let key = kube::runtime::reflector::ObjectRef::new(name).within(&ids.namespace);
+    let present = ctx
+        .pods
+        .get(&key)
+        .is_some_and(|p| p.metadata.deletion_timestamp.is_none());
+    if present && !ctx.is_watching(&ids.uid, life.attempts) {
+        pods::delete_mover(ctx, ids, name).await?;
+    }
+    Ok(Action::await_change())
 }
 
 /// Writes `next` when it differs from `before` (the status of `obj`); returns the
