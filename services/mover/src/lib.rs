@@ -3,5 +3,6 @@
 
 pub mod app;
 pub mod cli;
+pub mod operator_link;
 pub mod options;
 pub mod service;

@@ -25,6 +25,13 @@
 //! here as plain data, [`mover::request`]) and reads progress back from the job stream,
 //! never from logs. Kubernetes picks the node; the pod runs non-root wherever the volumes
 //! allow, with no privilege.
+//!
+//! **Reconcilers** ([`controller`]): one state machine for both kinds (finalizer, spec
+//! check, claims, mover limits, the mover pod per attempt, jobs started through the
+//! [`controller::MoverLink`] trait and followed from the job stream, resume from the
+//! status checkpoint after a lost mover, cancel on deletion), and [`controller::run`],
+//! which builds both kube-runtime controllers.
 
+pub mod controller;
 pub mod crd;
 pub mod mover;

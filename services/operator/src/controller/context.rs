@@ -1,0 +1,186 @@
+//! What every reconcile shares: the client, the settings, the mover link, the store of
+//! mover pods (filled by a watch, so reading a pod or counting movers costs no request),
+//! the event recorder, and the operator's memory of what it runs: the job-stream tasks,
+//! the tokens of its movers and the backoff of resources waiting for a claim. That memory
+//! is only a cache: after a restart everything is found again from the API and the
+//! movers.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::Store;
+use kube::{Client, Resource};
+use parking_lot::Mutex;
+use tokio::task::JoinHandle;
+
+use super::link::MoverLink;
+use super::settings::OperatorSettings;
+
+/// The field manager and event reporter of every write.
+pub const MANAGER: &str = "ferry-operator";
+
+/// The longest prefix of `text` of at most `max` bytes that ends on a character.
+fn within(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// A running job-stream task of one attempt of a resource.
+#[derive(Debug)]
+pub struct Watch {
+    /// The attempt it follows.
+    pub attempt: u32,
+    /// The task.
+    pub task: JoinHandle<()>,
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    /// The API client.
+    pub client: Client,
+    /// The operator's settings.
+    pub settings: OperatorSettings,
+    /// How the operator talks to movers.
+    pub link: Arc<dyn MoverLink>,
+    /// Every mover pod of the cluster (by the mover labels).
+    pub pods: Store<Pod>,
+    recorder: Recorder,
+    watches: Mutex<HashMap<String, Watch>>,
+    tokens: Mutex<HashMap<String, String>>,
+    waits: Mutex<HashMap<String, u32>>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("settings", &self.settings)
+            .field("pods", &self.pods.len())
+            .field("watches", &self.watches.lock().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    /// A context over this client, settings, link and store of mover pods.
+    pub fn new(
+        client: Client,
+        settings: OperatorSettings,
+        link: Arc<dyn MoverLink>,
+        pods: Store<Pod>,
+    ) -> Self {
+        let reporter = Reporter {
+            controller: MANAGER.into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            settings,
+            link,
+            pods,
+            watches: Mutex::default(),
+            tokens: Mutex::default(),
+            waits: Mutex::default(),
+        }
+    }
+
+    /// Publishes an event on the resource; a failure is logged, never fatal. `note` must
+    /// hold no secret (the callers pass messages that were redacted at their source).
+    pub async fn event<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        warning: bool,
+        reason: &str,
+        note: &str,
+    ) {
+        let event = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.into(),
+            note: Some(within(note, 1000).to_string()),
+            action: reason.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
+            tracing::warn!(reason, error = %e, "cannot publish an event");
+        }
+    }
+
+    /// Whether a job-stream task follows this attempt of the resource.
+    pub fn is_watching(&self, uid: &str, attempt: u32) -> bool {
+        self.watches
+            .lock()
+            .get(uid)
+            .is_some_and(|w| w.attempt == attempt && !w.task.is_finished())
+    }
+
+    /// Records the task following an attempt (stopping an older one).
+    pub fn set_watch(&self, uid: &str, watch: Watch) {
+        if let Some(old) = self.watches.lock().insert(uid.to_string(), watch) {
+            old.task.abort();
+        }
+    }
+
+    /// Stops the task following the resource, if any.
+    pub fn stop_watch(&self, uid: &str) {
+        if let Some(old) = self.watches.lock().remove(uid) {
+            old.task.abort();
+        }
+    }
+
+    /// Takes the task following the resource (tests await it).
+    pub fn take_watch(&self, uid: &str) -> Option<Watch> {
+        self.watches.lock().remove(uid)
+    }
+
+    /// The token of a mover's Secret, if this operator wrote or read it.
+    pub fn token(&self, secret: &str) -> Option<String> {
+        self.tokens.lock().get(secret).cloned()
+    }
+
+    /// Remembers the token of a mover's Secret.
+    pub fn remember_token(&self, secret: &str, token: &str) {
+        self.tokens
+            .lock()
+            .insert(secret.to_string(), token.to_string());
+    }
+
+    /// Forgets the token of a mover's Secret.
+    pub fn forget_token(&self, secret: &str) {
+        self.tokens.lock().remove(secret);
+    }
+
+    /// How many times in a row the resource waited (and counts this one).
+    pub fn waited(&self, uid: &str) -> u32 {
+        let mut waits = self.waits.lock();
+        let n = waits.entry(uid.to_string()).or_insert(0);
+        let before = *n;
+        *n = n.saturating_add(1);
+        before
+    }
+
+    /// The resource stopped waiting.
+    pub fn done_waiting(&self, uid: &str) {
+        self.waits.lock().remove(uid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::within;
+
+    #[test]
+    fn notes_are_cut_on_a_character_within_the_limit() {
+        assert_eq!(within("abc", 10), "abc");
+        assert_eq!(within("aé", 2), "a");
+        assert_eq!(within(&"é".repeat(600), 1000).len(), 1000);
+    }
+}

@@ -1,0 +1,26 @@
+//! Why a reconcile step could not finish; the controller logs it and retries the
+//! resource after a backoff (see [`super::error_policy`]).
+
+use crate::mover::MoverError;
+
+use super::link::LinkError;
+
+/// A reconcile step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A request to the Kubernetes API failed.
+    #[error("Kubernetes API request failed: {0}")]
+    Kube(#[from] kube::Error),
+    /// The mover pod or a job request could not be built.
+    #[error(transparent)]
+    Mover(#[from] MoverError),
+    /// The mover could not be asked.
+    #[error(transparent)]
+    Link(#[from] LinkError),
+    /// The resource was not read from the API (no namespace, name or uid).
+    #[error("the {0} has no namespace, name or uid")]
+    NotStored(&'static str),
+    /// The mover's token Secret has no token.
+    #[error("secret {0} has no token: delete it so the operator writes a new one")]
+    NoToken(String),
+}

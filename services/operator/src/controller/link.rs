@@ -1,0 +1,167 @@
+//! What the reconcilers need from a running mover, as a trait: start its jobs, follow
+//! them, cancel them. The operator crate only knows this trait and the plain-data job
+//! requests of [`crate::mover::request`]; the gRPC implementation lives with the
+//! generated types in ferry-mover (which depends on this crate, not the other way).
+//!
+//! Contract every implementation keeps:
+//! - `start` is idempotent by the request's idempotency key: starting a job whose key
+//!   the mover already knows returns that job as it is (running or finished);
+//! - `watch` yields the job as it changes, ending after a report with a terminal state
+//!   (an error or an early end means the link or the mover was lost);
+//! - nothing here ever carries a secret value except [`MoverAddress::token`], which the
+//!   address's `Debug` hides.
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+
+use crate::crd::{Checkpoint, Progress};
+use crate::mover::request::{StartChecksum, StartTransfer};
+
+/// Where a mover listens and how to authenticate to it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct MoverAddress {
+    /// Namespace of the mover pod.
+    pub namespace: String,
+    /// Name of the mover pod.
+    pub pod: String,
+    /// The pod's IP.
+    pub ip: String,
+    /// The gRPC port.
+    pub port: u16,
+    /// The per-mover bearer token (never logged: `Debug` hides it).
+    pub token: String,
+}
+
+impl std::fmt::Debug for MoverAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MoverAddress")
+            .field("namespace", &self.namespace)
+            .field("pod", &self.pod)
+            .field("ip", &self.ip)
+            .field("port", &self.port)
+            .field("token", &"<redacted>")
+            .finish()
+    }
+}
+
+/// A job to start on a mover.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobRequest {
+    /// A copy into one target, resuming from committed ranges when given
+    /// (`StartTransferRequest.resume_from`).
+    Transfer {
+        /// The request.
+        request: Box<StartTransfer>,
+        /// Ranges an earlier mover committed.
+        resume_from: Option<Checkpoint>,
+    },
+    /// A checksum.
+    Checksum(StartChecksum),
+}
+
+impl JobRequest {
+    /// The request's idempotency key.
+    pub fn idempotency_key(&self) -> &str {
+        match self {
+            Self::Transfer { request, .. } => &request.idempotency_key,
+            Self::Checksum(request) => &request.idempotency_key,
+        }
+    }
+}
+
+/// Where a job is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobState {
+    /// Accepted, not running yet.
+    Queued,
+    /// Moving bytes.
+    Running,
+    /// Done.
+    Succeeded,
+    /// Failed; the report's error says why.
+    Failed,
+    /// Cancelled.
+    Cancelled,
+}
+
+impl JobState {
+    /// Whether the job will not change any more.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
+    }
+}
+
+/// Why a job failed: the stable kind (`timeout`, `no_space`, ...) and a message with
+/// secrets already redacted by the mover.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobFailure {
+    /// The error kind, as ferry names them.
+    pub kind: String,
+    /// What went wrong and what to do about it.
+    pub message: String,
+}
+
+/// A job as the mover reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobReport {
+    /// The mover's job id.
+    pub id: String,
+    /// Where the job is.
+    pub state: JobState,
+    /// Bytes so far.
+    pub progress: Progress,
+    /// The latest committed ranges of a copy.
+    pub checkpoint: Option<Checkpoint>,
+    /// The source's digest (`<algorithm>:<hex>`): a verified copy's, or a checksum's result.
+    pub source_digest: Option<String>,
+    /// The target's digest of a verified copy.
+    pub target_digest: Option<String>,
+    /// Why a failed (or cancelled) job ended.
+    pub error: Option<JobFailure>,
+}
+
+/// A stream of reports of one job.
+pub type ReportStream = BoxStream<'static, Result<JobReport, LinkError>>;
+
+/// The mover could not be asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LinkError {
+    /// Not reachable, or the call broke off: worth asking again later.
+    #[error("the mover is not reachable: {0}")]
+    Unavailable(String),
+    /// The mover refused the request as written (retrying it cannot help).
+    #[error("the mover refused the request: {0}")]
+    Rejected(String),
+}
+
+/// Everything the reconcilers need from a running mover.
+#[async_trait]
+pub trait MoverLink: Send + Sync {
+    /// Starts a job (or returns the job of the same idempotency key).
+    async fn start(&self, mover: &MoverAddress, job: &JobRequest) -> Result<JobReport, LinkError>;
+
+    /// Follows a job until its terminal state.
+    async fn watch(&self, mover: &MoverAddress, job_id: &str) -> Result<ReportStream, LinkError>;
+
+    /// Cancels every job of the resource with this uid (the jobs' owner-uid label).
+    async fn cancel(&self, mover: &MoverAddress, owner_uid: &str) -> Result<(), LinkError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_token_is_never_printed() {
+        let mover = MoverAddress {
+            namespace: "vms".into(),
+            pod: "import-ft-1".into(),
+            ip: "10.0.0.1".into(),
+            port: 50051,
+            token: "s3cr3t-token".into(),
+        };
+        let text = format!("{mover:?}");
+        assert!(!text.contains("s3cr3t"), "{text}");
+        assert!(text.contains("import-ft-1"), "{text}");
+    }
+}

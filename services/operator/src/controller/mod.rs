@@ -1,0 +1,124 @@
+//! The reconcilers of Transfers and Checksums, and [`run`], which builds both
+//! controllers.
+//!
+//! Each resource gets a mover pod ([`crate::mover`]); the reconciler
+//! ([`reconcile::reconcile`]) drives it through a small state machine, talking to the
+//! mover through the [`link::MoverLink`] trait (implemented over gRPC in ferry-mover).
+//! Mover pods are read from a watched store, so a running resource costs no API request
+//! per reconcile; a task per running mover ([`follow`]) turns the job stream into status
+//! writes. Leader election, metrics and the volume populator are the caller's.
+
+pub mod checksum;
+pub mod claims;
+pub mod context;
+pub mod error;
+pub mod finalizer;
+pub mod follow;
+pub mod kind;
+pub mod life;
+pub mod limits;
+pub mod link;
+pub mod names;
+pub mod pods;
+pub mod progress;
+pub mod reconcile;
+pub mod secrets;
+pub mod settings;
+pub mod transfer;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::{reflector, watcher, WatchStreamExt};
+use kube::{Api, Client};
+
+use crate::crd::{Checksum, Transfer};
+use crate::mover::pod::labels;
+
+pub use context::Context;
+pub use error::Error;
+pub use kind::MoverKind;
+pub use link::{
+    JobFailure, JobReport, JobRequest, JobState, LinkError, MoverAddress, MoverLink, ReportStream,
+};
+pub use reconcile::reconcile;
+pub use settings::OperatorSettings;
+
+/// The label selector of every mover pod.
+pub fn mover_selector() -> String {
+    format!(
+        "{}=mover,{}=ferry-operator",
+        labels::COMPONENT,
+        labels::MANAGED_BY
+    )
+}
+
+/// What the controller does after a failed reconcile: log it and look again later (the
+/// failure is usually the API server or a mover being unreachable for a moment).
+pub fn error_policy<K: MoverKind>(obj: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
+    let name = kube::Resource::meta(obj.as_ref())
+        .name
+        .clone()
+        .unwrap_or_default();
+    tracing::warn!(kind = K::KIND, %name, %error, "reconcile failed");
+    Action::requeue(ctx.settings.pending_backoff.max(Duration::from_secs(1)))
+}
+
+fn log_result<T, E: std::fmt::Display>(result: Result<T, E>) -> std::future::Ready<()> {
+    if let Err(e) = result {
+        tracing::warn!(error = %e, "controller");
+    }
+    std::future::ready(())
+}
+
+/// The store of mover pods went away before it was filled.
+#[derive(Debug, thiserror::Error)]
+#[error("the watch of mover pods stopped before it listed them")]
+pub struct RunError;
+
+/// Runs the Transfer and Checksum controllers until a termination signal: one watch of
+/// mover pods fills the shared store; each controller watches its kind and the pods it
+/// owns.
+pub async fn run(
+    client: Client,
+    settings: OperatorSettings,
+    link: Arc<dyn MoverLink>,
+) -> Result<(), RunError> {
+    let selector = mover_selector();
+    let (store, writer) = reflector::store::<Pod>();
+    let pods = Api::<Pod>::all(client.clone());
+    let pod_watch = reflector(
+        writer,
+        watcher(pods, watcher::Config::default().labels(&selector)),
+    )
+    .default_backoff()
+    .for_each(|_| std::future::ready(()));
+    let pod_task = tokio::spawn(pod_watch);
+    store.wait_until_ready().await.map_err(|_| RunError)?;
+    let ctx = Arc::new(Context::new(client.clone(), settings, link, store));
+    let owned = |kind: &str| {
+        watcher::Config::default().labels(&format!("{selector},{}={kind}", labels::OWNER_KIND))
+    };
+    let transfers = Controller::new(
+        Api::<Transfer>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(Api::<Pod>::all(client.clone()), owned("Transfer"))
+    .shutdown_on_signal()
+    .run(reconcile::<Transfer>, error_policy::<Transfer>, ctx.clone())
+    .for_each(log_result);
+    let checksums = Controller::new(
+        Api::<Checksum>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(Api::<Pod>::all(client), owned("Checksum"))
+    .shutdown_on_signal()
+    .run(reconcile::<Checksum>, error_policy::<Checksum>, ctx)
+    .for_each(log_result);
+    futures::join!(transfers, checksums);
+    pod_task.abort();
+    Ok(())
+}

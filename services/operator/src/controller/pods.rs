@@ -1,0 +1,331 @@
+//! The mover pod of an attempt: what state it is in (read from the store of mover pods,
+//! confirmed by one GET only when the store does not have it), its token Secret, its
+//! creation and deletion, and the address the link talks to.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::ByteString;
+use kube::api::{DeleteParams, PostParams};
+use kube::runtime::reflector::ObjectRef;
+use kube::Api;
+
+use crate::crd::VolumeMode;
+use crate::mover::layout::{GRPC_PORT, TOKEN_KEY};
+use crate::mover::pod::labels;
+use crate::mover::ResolvedPvc;
+
+use super::context::Context;
+use super::error::Error;
+use super::kind::{Ids, MoverKind};
+use super::link::MoverAddress;
+use super::names;
+
+/// What became of the mover pod the status names.
+#[derive(Debug, Clone)]
+pub enum PodState {
+    /// The status names no pod.
+    Absent,
+    /// Created, not ready yet; why, when Kubernetes says it cannot start.
+    Starting(Option<String>),
+    /// Ready to take jobs.
+    Ready(Arc<Pod>),
+    /// Gone, failed, evicted or being deleted: why.
+    Lost(String),
+}
+
+/// The state of the pod `name` (the status's `moverPod`).
+pub async fn observe(ctx: &Context, ids: &Ids, name: Option<&str>) -> Result<PodState, Error> {
+    let Some(name) = name else {
+        return Ok(PodState::Absent);
+    };
+    let key = ObjectRef::new(name).within(&ids.namespace);
+    let pod = match ctx.pods.get(&key) {
+        Some(pod) => pod,
+        // The store may not have seen a pod created a moment ago: ask once.
+        None => match pods(ctx, ids).get_opt(name).await? {
+            Some(pod) => Arc::new(pod),
+            None => return Ok(PodState::Lost(format!("mover pod {name} was deleted"))),
+        },
+    };
+    Ok(classify(pod))
+}
+
+/// A pod's state from its status.
+pub fn classify(pod: Arc<Pod>) -> PodState {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    if pod.metadata.deletion_timestamp.is_some() {
+        return PodState::Lost(format!("mover pod {name} is being deleted"));
+    }
+    let Some(status) = pod.status.as_ref() else {
+        return PodState::Starting(None);
+    };
+    match status.phase.as_deref() {
+        Some("Failed") | Some("Succeeded") => {
+            let why = status
+                .reason
+                .clone()
+                .or_else(|| terminated_reason(&pod))
+                .unwrap_or_else(|| "it exited".into());
+            let mut text = format!("mover pod {name} stopped: {why}");
+            if let Some(message) = &status.message {
+                text.push_str(&format!(" ({message})"));
+            }
+            PodState::Lost(text)
+        }
+        _ => {
+            let ready = status
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            if ready && status.pod_ip.is_some() {
+                PodState::Ready(pod)
+            } else {
+                PodState::Starting(why_not_started(&pod))
+            }
+        }
+    }
+}
+
+/// Container waiting reasons that need someone to act (the others pass by themselves).
+const STUCK: [&str; 5] = [
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+];
+
+/// Why a pod that is not ready cannot start: unschedulable, or its container stuck.
+fn why_not_started(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    let unschedulable = status.conditions.iter().flatten().find(|c| {
+        c.type_ == "PodScheduled"
+            && c.status == "False"
+            && c.reason.as_deref() == Some("Unschedulable")
+    });
+    if let Some(c) = unschedulable {
+        return Some(format!(
+            "Unschedulable: {}",
+            c.message.as_deref().unwrap_or("no node fits")
+        ));
+    }
+    status
+        .container_statuses
+        .iter()
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.waiting.as_ref())
+        .find(|w| w.reason.as_deref().is_some_and(|r| STUCK.contains(&r)))
+        .map(|w| {
+            format!(
+                "{}: {}",
+                w.reason.as_deref().unwrap_or_default(),
+                w.message.as_deref().unwrap_or("")
+            )
+        })
+}
+
+/// Why the mover container ended (`OOMKilled`, `Error`), when it did.
+fn terminated_reason(pod: &Pod) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .iter()
+        .flatten()
+        .find_map(|c| c.state.as_ref()?.terminated.as_ref()?.reason.clone())
+}
+
+/// The claims attached to a mover pod, with the mode the pod attaches them in: what the
+/// job requests need, without looking the claims up again.
+pub fn attached_pvcs(pod: &Pod) -> Vec<ResolvedPvc> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Vec::new();
+    };
+    let devices: Vec<&str> = spec
+        .containers
+        .iter()
+        .flat_map(|c| c.volume_devices.iter().flatten())
+        .map(|d| d.name.as_str())
+        .collect();
+    spec.volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| {
+            let claim = v.persistent_volume_claim.as_ref()?;
+            let mode = if devices.contains(&v.name.as_str()) {
+                VolumeMode::Block
+            } else {
+                VolumeMode::Filesystem
+            };
+            Some(ResolvedPvc::new(claim.claim_name.clone(), mode))
+        })
+        .collect()
+}
+
+fn pods(ctx: &Context, ids: &Ids) -> Api<Pod> {
+    Api::namespaced(ctx.client.clone(), &ids.namespace)
+}
+
+fn secrets(ctx: &Context, ids: &Ids) -> Api<Secret> {
+    Api::namespaced(ctx.client.clone(), &ids.namespace)
+}
+
+/// A fresh bearer token: 32 random bytes as hex.
+fn new_token() -> Result<String, Error> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| Error::NoToken(format!("(no randomness for a new token: {e})")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Creates the token Secret of a mover pod (owned by the resource, so it goes with it),
+/// or reads the token of the one an earlier reconcile created.
+pub async fn create_token<K: MoverKind>(
+    ctx: &Context,
+    obj: &K,
+    ids: &Ids,
+    secret_name: &str,
+) -> Result<(), Error> {
+    let token = new_token()?;
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(secret_name.to_string()),
+            namespace: Some(ids.namespace.clone()),
+            labels: Some(BTreeMap::from([
+                (labels::MANAGED_BY.to_string(), "ferry-operator".to_string()),
+                (labels::OWNER_UID.to_string(), ids.uid.clone()),
+            ])),
+            owner_references: obj.controller_owner_ref(&()).map(|r| vec![r]),
+            ..ObjectMeta::default()
+        },
+        type_: Some("Opaque".into()),
+        immutable: Some(true),
+        string_data: Some(BTreeMap::from([(TOKEN_KEY.to_string(), token.clone())])),
+        ..Secret::default()
+    };
+    match secrets(ctx, ids)
+        .create(&PostParams::default(), &secret)
+        .await
+    {
+        Ok(_) => {
+            ctx.remember_token(secret_name, &token);
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            read_token(ctx, ids, secret_name).await.map(|_| ())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The token of a mover, from memory or its Secret.
+pub async fn read_token(ctx: &Context, ids: &Ids, secret_name: &str) -> Result<String, Error> {
+    if let Some(token) = ctx.token(secret_name) {
+        return Ok(token);
+    }
+    let secret = secrets(ctx, ids).get(secret_name).await?;
+    let token = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(TOKEN_KEY))
+        .and_then(|ByteString(bytes)| String::from_utf8(bytes.clone()).ok())
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| Error::NoToken(secret_name.to_string()))?;
+    ctx.remember_token(secret_name, &token);
+    Ok(token)
+}
+
+/// Creates the pod (an existing pod of the same name is the one an earlier reconcile
+/// created: names include the attempt).
+pub async fn create_pod(ctx: &Context, ids: &Ids, pod: &Pod) -> Result<(), Error> {
+    match pods(ctx, ids).create(&PostParams::default(), pod).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deletes a mover pod and its token Secret (either may be gone already).
+pub async fn delete_mover(ctx: &Context, ids: &Ids, pod: &str) -> Result<(), Error> {
+    let secret = names::token_secret(pod);
+    for result in [
+        pods(ctx, ids)
+            .delete(pod, &DeleteParams::default())
+            .await
+            .map(|_| ()),
+        secrets(ctx, ids)
+            .delete(&secret, &DeleteParams::default())
+            .await
+            .map(|_| ()),
+    ] {
+        match result {
+            Ok(()) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    ctx.forget_token(&secret);
+    Ok(())
+}
+
+/// Where the link reaches a ready mover pod.
+pub async fn address(ctx: &Context, ids: &Ids, pod: &Pod) -> Result<MoverAddress, Error> {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let token = read_token(ctx, ids, &names::token_secret(&name)).await?;
+    let ip = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .unwrap_or_default();
+    Ok(MoverAddress {
+        namespace: ids.namespace.clone(),
+        pod: name,
+        ip,
+        port: GRPC_PORT as u16,
+        token,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn pod(status: serde_json::Value) -> Arc<Pod> {
+        Arc::new(
+            serde_json::from_value(json!({"metadata": {"name": "m-ft-1"}, "status": status}))
+                .unwrap(),
+        )
+    }
+
+    #[test]
+    fn pod_states() {
+        let oom = pod(json!({"phase": "Failed", "containerStatuses": [{
+            "name": "mover", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}));
+        assert!(
+            matches!(classify(oom), PodState::Lost(why) if why == "mover pod m-ft-1 stopped: OOMKilled")
+        );
+        let pulling = pod(json!({"phase": "Pending", "containerStatuses": [{
+            "name": "mover", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]}));
+        assert!(matches!(
+            classify(pulling),
+            PodState::Starting(Some(why)) if why == "ImagePullBackOff: Back-off pulling image"
+        ));
+        let creating = pod(json!({"phase": "Pending", "containerStatuses": [{
+            "name": "mover", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "ContainerCreating"}}}]}));
+        assert!(matches!(classify(creating), PodState::Starting(None)));
+        let ready_without_ip = pod(json!({"phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}]}));
+        assert!(matches!(
+            classify(ready_without_ip),
+            PodState::Starting(None)
+        ));
+    }
+}

@@ -1,0 +1,402 @@
+//! The reconciler of Transfers and Checksums: a state machine driven by the status and
+//! the observed world, each step one small function. One reconcile does one step:
+//!
+//! 1. deleted -> cancel the jobs, delete the mover, Cancelled, finalizer removed;
+//! 2. no finalizer -> add it;
+//! 3. final phase -> nothing (a mover pod left behind is deleted);
+//! 4. invalid spec -> Failed (InvalidSpec), never retried;
+//! 5. by the mover pod of the status:
+//!    - none: claims resolved and referenced Secret keys present (missing -> Pending,
+//!      backoff), a slot (else Queued), the token Secret and the pod of the next
+//!      attempt created -> Running, MoverStarting;
+//!    - starting: wait for the pod's own events; why it cannot start (unschedulable, an
+//!      image that cannot be pulled) goes into the MoverStarting condition's message;
+//!    - ready: Running/MoverRunning with the node, the jobs started (resuming from the
+//!      checkpoint) and followed by a task ([`super::follow`]);
+//!    - lost (deleted, evicted, failed, or removed by a retry): recorded as MoverLost
+//!      and the pod deleted; after a backoff doubling per attempt a new attempt, until
+//!      the operator's limit of attempts -> Failed.
+//!
+//! Every status write goes through [`write_status`] only when the status changes, so a
+//! waiting resource costs no write per look; a running one costs no request at all.
+
+use std::sync::Arc;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::controller::Action;
+
+use crate::crd::status::condition::{reason, READY, RUNNING};
+use crate::crd::Phase;
+use crate::mover::MoverPodInput;
+
+use super::claims::{self, Claims};
+use super::context::Context;
+use super::error::Error;
+use super::finalizer;
+use super::follow::{self, Follow};
+use super::kind::{write_status, Ids, MoverKind};
+use super::life::{now, same_status, HasLife, Life};
+use super::limits::{self, Slot};
+use super::link::LinkError;
+use super::names;
+use super::pods::{self, PodState};
+use super::secrets;
+
+/// One reconcile of a Transfer or a Checksum.
+pub async fn reconcile<K: MoverKind>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ids = Ids::of(obj.as_ref())?;
+    if obj.meta().deletion_timestamp.is_some() {
+        return on_delete(&ctx, obj.as_ref(), &ids).await;
+    }
+    if !finalizer::has(obj.as_ref()) {
+        finalizer::add(&ctx, obj.as_ref(), &ids).await?;
+        return Ok(Action::await_change());
+    }
+    let status = obj.status().cloned().unwrap_or_default();
+    let life = status.life();
+    if life.phase.is_final() {
+        return leftover(&ctx, &ids, &life).await;
+    }
+    if let Err(e) = obj.validate() {
+        let message = format!("{e}: fix the spec and create the {} again", K::KIND);
+        return fail(
+            &ctx,
+            obj.as_ref(),
+            &ids,
+            &status,
+            reason::INVALID_SPEC,
+            &message,
+        )
+        .await;
+    }
+    match pods::observe(&ctx, &ids, life.mover_pod.as_deref()).await? {
+        PodState::Absent => start_attempt(&ctx, obj.as_ref(), &ids, &status).await,
+        PodState::Starting(why) => starting(&ctx, obj.as_ref(), &ids, &status, why).await,
+        PodState::Ready(pod) => run_jobs(&ctx, &obj, &ids, &status, &pod).await,
+        PodState::Lost(why) => lost(&ctx, obj.as_ref(), &ids, &status, &why).await,
+    }
+}
+
+/// A final resource whose mover pod is still there (the operator stopped between the
+/// final status and the pod's deletion): delete it. Read from the store, so a final
+/// resource costs no request.
+async fn leftover(ctx: &Context, ids: &Ids, life: &Life) -> Result<Action, Error> {
+    let Some(name) = life.mover_pod.as_deref() else {
+        return Ok(Action::await_change());
+    };
+    let key = kube::runtime::reflector::ObjectRef::new(name).within(&ids.namespace);
+    let present = ctx
+        .pods
+        .get(&key)
+        .is_some_and(|p| p.metadata.deletion_timestamp.is_none());
+    if present && !ctx.is_watching(&ids.uid, life.attempts) {
+        pods::delete_mover(ctx, ids, name).await?;
+    }
+    Ok(Action::await_change())
+}
+
+/// Writes `next` when it differs from `before` (the status of `obj`); returns the
+/// resource as written when it did.
+async fn update<K: MoverKind>(
+    ctx: &Context,
+    ids: &Ids,
+    obj: &K,
+    before: &K::Status,
+    next: &K::Status,
+) -> Result<Option<K>, Error> {
+    if same_status(before, next) {
+        return Ok(None);
+    }
+    Ok(Some(write_status(ctx, ids, obj, next).await?))
+}
+
+/// The status with its shared part changed by `f`, for the resource's generation.
+fn with_life<K: MoverKind>(obj: &K, status: &K::Status, f: impl FnOnce(&mut Life)) -> K::Status {
+    let mut next = status.clone();
+    let mut life = next.life();
+    life.observed_generation = obj.meta().generation;
+    f(&mut life);
+    next.set_life(life);
+    next
+}
+
+/// A final failure.
+async fn fail<K: MoverKind>(
+    ctx: &Context,
+    obj: &K,
+    ids: &Ids,
+    status: &K::Status,
+    why: &str,
+    message: &str,
+) -> Result<Action, Error> {
+    let next = with_life(obj, status, |l| l.finish(Phase::Failed, why, Some(message)));
+    if update(ctx, ids, obj, status, &next).await?.is_some() {
+        ctx.event(obj, true, why, message).await;
+    }
+    ctx.done_waiting(&ids.uid);
+    Ok(Action::await_change())
+}
+
+/// Pending with a reason (a missing claim, no mover slot), looked at again after a
+/// backoff. The lost pod of an earlier attempt is forgotten: the next look starts anew.
+async fn wait<K: MoverKind>(
+    ctx: &Context,
+    obj: &K,
+    ids: &Ids,
+    status: &K::Status,
+    why: &str,
+    message: &str,
+) -> Result<Action, Error> {
+    let step = ctx.waited(&ids.uid);
+    let next = with_life(obj, status, |l| {
+        l.pending(why, message);
+        l.mover_pod = None;
+        l.node = None;
+    });
+    if update(ctx, ids, obj, status, &next).await?.is_some() {
+        ctx.event(obj, why != reason::QUEUED, why, message).await;
+    }
+    let settings = &ctx.settings;
+    Ok(Action::requeue(
+        settings.backoff(settings.pending_backoff, step),
+    ))
+}
+
+/// Claims, a slot, the token Secret and the pod of the next attempt.
+async fn start_attempt<K: MoverKind>(
+    ctx: &Context,
+    obj: &K,
+    ids: &Ids,
+    status: &K::Status,
+) -> Result<Action, Error> {
+    let pvcs = match claims::resolve(ctx, obj, ids).await? {
+        Claims::Ready(pvcs) => pvcs,
+        Claims::Missing(message) => {
+            return wait(ctx, obj, ids, status, reason::PENDING, &message).await
+        }
+        Claims::Conflict(message) => {
+            return fail(ctx, obj, ids, status, reason::FAILED, &message).await
+        }
+    };
+    if let Some(message) = secrets::missing(ctx, ids, &obj.endpoints()).await? {
+        return wait(ctx, obj, ids, status, reason::PENDING, &message).await;
+    }
+    let attempt = status.life().attempts + 1;
+    let pod_name = names::mover_pod(K::SHORT, &ids.name, &ids.uid, attempt);
+    let secret = names::token_secret(&pod_name);
+    let mut pod = obj.mover_pod(&MoverPodInput {
+        pod_name: &pod_name,
+        token_secret: &secret,
+        pvcs: &pvcs,
+        defaults: &ctx.settings.mover,
+    })?;
+    let movers = ctx.pods.state();
+    match limits::slot(&movers, &ids.uid, limits::pinned_node(&pod), &ctx.settings) {
+        Slot::Queued(message) => {
+            return wait(ctx, obj, ids, status, reason::QUEUED, &message).await
+        }
+        Slot::Free { full_nodes } => limits::avoid_nodes(&mut pod, &full_nodes),
+    }
+    pods::create_token(ctx, obj, ids, &secret).await?;
+    pods::create_pod(ctx, ids, &pod).await?;
+    ctx.done_waiting(&ids.uid);
+    let message = format!("mover pod {pod_name} (attempt {attempt}) is starting");
+    let next = with_life(obj, status, |l| {
+        l.phase = Phase::Running;
+        l.attempts = attempt;
+        l.mover_pod = Some(pod_name.clone());
+        l.node = None;
+        l.message = None;
+        l.start_time.get_or_insert_with(now);
+        l.set_condition(RUNNING, false, reason::MOVER_STARTING, &message);
+        l.set_condition(READY, false, reason::MOVER_STARTING, &message);
+    });
+    write_status(ctx, ids, obj, &next).await?;
+    ctx.event(obj, false, "MoverCreated", &message).await;
+    Ok(Action::requeue(ctx.settings.resync))
+}
+
+/// The pod is not ready yet: when Kubernetes says why, the status says it too.
+async fn starting<K: MoverKind>(
+    ctx: &Context,
+    obj: &K,
+    ids: &Ids,
+    status: &K::Status,
+    why: Option<String>,
+) -> Result<Action, Error> {
+    let life = status.life();
+    let attempt = life.attempts;
+    if ctx.is_watching(&ids.uid, attempt) {
+        // It was ready and its jobs run: a passing readiness blip is not a new state.
+        return Ok(Action::requeue(ctx.settings.resync));
+    }
+    let pod = life.mover_pod.as_deref().unwrap_or_default();
+    let message = match &why {
+        Some(why) => format!("mover pod {pod} (attempt {attempt}) cannot start yet: {why}"),
+        None => format!("mover pod {pod} (attempt {attempt}) is starting"),
+    };
+    let next = with_life(obj, status, |l| {
+        l.message = why.is_some().then(|| message.clone());
+        l.set_condition(RUNNING, false, reason::MOVER_STARTING, &message);
+        l.set_condition(READY, false, reason::MOVER_STARTING, &message);
+    });
+    if update(ctx, ids, obj, status, &next).await?.is_some() && why.is_some() {
+        ctx.event(obj, true, reason::MOVER_STARTING, &message).await;
+    }
+    Ok(Action::requeue(ctx.settings.resync))
+}
+
+/// The pod is ready: Running on its node, the jobs started and followed.
+async fn run_jobs<K: MoverKind>(
+    ctx: &Arc<Context>,
+    obj: &Arc<K>,
+    ids: &Ids,
+    status: &K::Status,
+    pod: &Arc<k8s_openapi::api::core::v1::Pod>,
+) -> Result<Action, Error> {
+    let attempt = status.life().attempts;
+    if ctx.is_watching(&ids.uid, attempt) {
+        return Ok(Action::requeue(ctx.settings.resync));
+    }
+    let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+    let pod_name = pod.metadata.name.clone().unwrap_or_default();
+    let message = format!(
+        "mover pod {pod_name} runs on node {}",
+        node.as_deref().unwrap_or("(unknown)")
+    );
+    let next = with_life(obj.as_ref(), status, |l| {
+        l.phase = Phase::Running;
+        l.node = node.clone();
+        l.set_condition(RUNNING, true, reason::MOVER_RUNNING, &message);
+        l.set_condition(READY, false, reason::MOVER_RUNNING, &message);
+    });
+    let latest = match update(ctx, ids, obj.as_ref(), status, &next).await? {
+        Some(written) => {
+            ctx.event(obj.as_ref(), false, "MoverRunning", &message)
+                .await;
+            Arc::new(written)
+        }
+        None => obj.clone(),
+    };
+    let mover = pods::address(ctx, ids, pod).await?;
+    let jobs = obj.jobs(&next, &pods::attached_pvcs(pod))?;
+    let mut reports = Vec::with_capacity(jobs.len());
+    for job in &jobs {
+        match ctx.link.start(&mover, job).await {
+            Ok(report) => reports.push(report),
+            Err(LinkError::Unavailable(e)) => {
+                tracing::info!(kind = K::KIND, name = %ids.name, error = %e, "mover not reachable yet");
+                return Ok(Action::requeue(ctx.settings.pending_backoff));
+            }
+            Err(LinkError::Rejected(e)) => {
+                let message = format!("the mover refused the job: {e}");
+                return fail(ctx, latest.as_ref(), ids, &next, reason::FAILED, &message).await;
+            }
+        }
+    }
+    let follow = Follow {
+        obj: latest,
+        ids: ids.clone(),
+        status: next,
+        mover,
+        reports,
+    };
+    follow::spawn(ctx, attempt, follow);
+    Ok(Action::requeue(ctx.settings.resync))
+}
+
+/// Milliseconds since the Running condition last changed.
+fn since_running_changed(life: &Life) -> i64 {
+    life.condition(RUNNING).map_or(i64::MAX, |c| {
+        Timestamp::now().as_millisecond() - c.last_transition_time.0.as_millisecond()
+    })
+}
+
+/// The mover pod is gone: record it, then replace it after a backoff.
+async fn lost<K: MoverKind>(
+    ctx: &Context,
+    obj: &K,
+    ids: &Ids,
+    status: &K::Status,
+    why: &str,
+) -> Result<Action, Error> {
+    ctx.stop_watch(&ids.uid);
+    let life = status.life();
+    let settings = &ctx.settings;
+    let recorded = matches!(life.running_reason(), reason::MOVER_LOST | reason::RETRYING);
+    if life.attempts >= settings.max_attempts {
+        if let Some(pod) = &life.mover_pod {
+            pods::delete_mover(ctx, ids, pod).await?;
+        }
+        let message = format!(
+            "{}; gave up after {} mover pods (the operator's limit of attempts): {}",
+            life.message.as_deref().unwrap_or(why),
+            life.attempts,
+            "check the events of the mover pods and the endpoints, then create the resource again"
+        );
+        return fail(ctx, obj, ids, status, reason::FAILED, &message).await;
+    }
+    let wait = settings.backoff(settings.retry_backoff, life.attempts.saturating_sub(1));
+    if !recorded {
+        if let Some(pod) = &life.mover_pod {
+            pods::delete_mover(ctx, ids, pod).await?;
+        }
+        let next = with_life(obj, status, |l| {
+            l.message = Some(why.to_string());
+            l.set_condition(RUNNING, false, reason::MOVER_LOST, why);
+            if let Some(c) = l.conditions.iter_mut().find(|c| c.type_ == RUNNING) {
+                c.last_transition_time = now();
+            }
+        });
+        write_status(ctx, ids, obj, &next).await?;
+        ctx.event(obj, true, reason::MOVER_LOST, why).await;
+        return Ok(Action::requeue(wait));
+    }
+    let waited = u64::try_from(since_running_changed(&life)).unwrap_or(0);
+    let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+    if waited < wait_ms {
+        return Ok(Action::requeue(std::time::Duration::from_millis(
+            wait_ms - waited,
+        )));
+    }
+    start_attempt(ctx, obj, ids, status).await
+}
+
+/// Deleted: cancel the jobs, delete the mover, Cancelled, finalizer removed.
+async fn on_delete<K: MoverKind>(ctx: &Context, obj: &K, ids: &Ids) -> Result<Action, Error> {
+    if !finalizer::has(obj) {
+        return Ok(Action::await_change());
+    }
+    ctx.stop_watch(&ids.uid);
+    ctx.done_waiting(&ids.uid);
+    let status = obj.status().cloned().unwrap_or_default();
+    let life = status.life();
+    let mut latest = None;
+    if !life.phase.is_final() {
+        if let Some(pod_name) = &life.mover_pod {
+            cancel_jobs(ctx, ids, pod_name).await?;
+            pods::delete_mover(ctx, ids, pod_name).await?;
+        }
+        let message =
+            "deleted while it ran: the mover was stopped; what it had committed stays written";
+        let next = with_life(obj, &status, |l| {
+            l.finish(Phase::Cancelled, reason::CANCELLED, Some(message));
+        });
+        latest = Some(write_status(ctx, ids, obj, &next).await?);
+        ctx.event(obj, false, reason::CANCELLED, message).await;
+    }
+    finalizer::remove(ctx, latest.as_ref().unwrap_or(obj), ids).await?;
+    Ok(Action::await_change())
+}
+
+/// Asks a ready mover to cancel the resource's jobs (best effort: the pod is deleted
+/// next either way, which stops them too).
+async fn cancel_jobs(ctx: &Context, ids: &Ids, pod_name: &str) -> Result<(), Error> {
+    if let PodState::Ready(pod) = pods::observe(ctx, ids, Some(pod_name)).await? {
+        let mover = pods::address(ctx, ids, &pod).await?;
+        if let Err(e) = ctx.link.cancel(&mover, &ids.uid).await {
+            tracing::warn!(name = %ids.name, error = %e, "cannot cancel the mover's jobs; deleting the mover");
+        }
+    }
+    Ok(())
+}

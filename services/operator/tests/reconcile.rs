@@ -1,0 +1,1166 @@
+//! Reconciler scenarios against a mocked API server and a fake mover link: each step
+//! calls the reconcile function directly and checks every request it makes (method,
+//! path, the important body fields), in order, and how many there were.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_operator::controller::{reconcile, JobFailure, JobRequest, JobState};
+use ferry_operator::crd::VolumeMode;
+use ferry_operator::crd::{Checkpoint, Checksum, Transfer};
+use ferry_operator::mover::{transfer_pod, MoverPodInput, ResolvedPvc};
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::controller::Action;
+use serde_json::{json, Value};
+
+use support::{
+    job_id, ready, report, settings, with_checkpoint, with_status, Call, Harness, Reply,
+};
+
+const NS: &str = "vms";
+const T: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/transfers/import";
+const T_STATUS: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/transfers/import/status";
+const PVCS: &str = "/api/v1/namespaces/vms/persistentvolumeclaims";
+const PODS: &str = "/api/v1/namespaces/vms/pods";
+const SECRETS: &str = "/api/v1/namespaces/vms/secrets";
+const MIB: u64 = 1 << 20;
+
+fn digest() -> String {
+    format!("sha256:{}", "ab".repeat(32))
+}
+
+/// Transfer `import`: a Block claim `golden` into a new Filesystem claim `copy`.
+fn transfer_json(status: Option<Value>) -> Value {
+    let mut t = json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+        "metadata": {
+            "name": "import", "namespace": NS, "uid": "uid-1", "generation": 1,
+            "resourceVersion": "7", "finalizers": ["ferry.dev/cancel"],
+        },
+        "spec": {
+            "source": {"pvc": {"name": "golden"}},
+            "targets": [{"pvcTemplate": {"name": "copy", "size": "10Gi", "storageClassName": "fast"}}],
+        },
+    });
+    if let Some(status) = status {
+        t["status"] = status;
+    }
+    t
+}
+
+fn transfer(v: &Value) -> Arc<Transfer> {
+    Arc::new(serde_json::from_value(v.clone()).unwrap())
+}
+
+fn golden_pvc() -> Value {
+    json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+           "metadata": {"name": "golden", "namespace": NS}, "spec": {"volumeMode": "Block"}})
+}
+
+fn copy_pvc() -> Value {
+    json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+           "metadata": {"name": "copy", "namespace": NS,
+                        "ownerReferences": [{"apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+                                             "name": "import", "uid": "uid-1", "controller": true}]},
+           "spec": {"volumeMode": "Filesystem"}})
+}
+
+fn token_secret(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": NS},
+           "data": {"token": "c2VjcmV0LXRva2Vu"}})
+}
+
+fn conditions(running: (&str, &str), ready: (&str, &str), message: &str) -> Value {
+    json!([
+        {"type": "Running", "status": running.0, "reason": running.1, "message": message,
+         "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1},
+        {"type": "Ready", "status": ready.0, "reason": ready.1, "message": message,
+         "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1},
+    ])
+}
+
+/// The status of attempt `attempt` running on node-a, with 1 MiB committed.
+fn running_status(attempt: u32) -> Value {
+    let pod = format!("import-ft-{attempt}");
+    json!({
+        "phase": "Running", "attempts": attempt, "moverPod": pod, "node": "node-a",
+        "observedGeneration": 1, "startTime": "2026-01-01T00:00:00Z",
+        "checkpoint": {"size": 4 * MIB, "committed": [[0, MIB]]},
+        "conditions": conditions(("True", "MoverRunning"), ("False", "MoverRunning"),
+                                 &format!("mover pod {pod} runs on node node-a")),
+    })
+}
+
+/// The mover pod of attempt `attempt`, as the operator builds it.
+fn mover_pod(t: &Transfer, attempt: u32) -> Pod {
+    let name = format!("import-ft-{attempt}");
+    let secret = format!("{name}-token");
+    let pvcs = [
+        ResolvedPvc::new("golden", VolumeMode::Block),
+        ResolvedPvc::new("copy", VolumeMode::Filesystem),
+    ];
+    transfer_pod(
+        t,
+        &MoverPodInput {
+            pod_name: &name,
+            token_secret: &secret,
+            pvcs: &pvcs,
+            defaults: &settings().mover,
+        },
+    )
+    .unwrap()
+}
+
+fn status_of(seen: &support::Seen) -> &Value {
+    assert!(
+        seen.query.contains("fieldManager=ferry-operator"),
+        "{}",
+        seen.query
+    );
+    assert!(seen.query.contains("force=true"), "{}", seen.query);
+    assert_eq!(seen.body["apiVersion"], "ferry.dev/v1alpha1");
+    assert_eq!(seen.body["kind"], "Transfer");
+    assert_eq!(
+        seen.body["metadata"],
+        json!({"resourceVersion": "7"}),
+        "every status write is guarded by the version it was decided on"
+    );
+    &seen.body["status"]
+}
+
+fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
+    status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
+}
+
+async fn finish(
+    task: tokio::task::JoinHandle<Result<Action, ferry_operator::controller::Error>>,
+) -> Action {
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the reconcile did not finish")
+        .unwrap()
+        .unwrap()
+}
+
+/// New Transfer -> finalizer; then the claim, the token Secret, the right pod and a
+/// Running status; then, once the pod is ready, the jobs, progress, Succeeded with
+/// digests and the mover removed. The whole life costs 16 API requests.
+#[tokio::test]
+async fn a_new_transfer_runs_to_success() {
+    let mut h = Harness::new(settings());
+
+    // 1. The finalizer first, nothing else.
+    let mut fresh = transfer_json(None);
+    fresh["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("finalizers");
+    let task = tokio::spawn(reconcile(transfer(&fresh), h.ctx.clone()));
+    let seen = h
+        .server
+        .expect("PATCH", T, Reply::Ok(transfer_json(None)))
+        .await;
+    assert_eq!(
+        seen.body,
+        json!({"metadata": {"finalizers": ["ferry.dev/cancel"], "resourceVersion": "7"}})
+    );
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+
+    // 2. Claims, the created claim, the token Secret, the pod, Running.
+    let object = transfer_json(None);
+    let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", &format!("{PVCS}/golden"), Reply::Ok(golden_pvc()))
+        .await;
+    h.server
+        .expect("GET", &format!("{PVCS}/copy"), Reply::NotFound)
+        .await;
+    let pvc = h.server.expect("POST", PVCS, Reply::Echo).await.body;
+    assert_eq!(pvc["metadata"]["name"], "copy");
+    assert_eq!(pvc["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+    assert_eq!(pvc["spec"]["resources"]["requests"]["storage"], "10Gi");
+    assert_eq!(pvc["spec"]["storageClassName"], "fast");
+    assert_eq!(pvc["spec"]["volumeMode"], "Filesystem");
+    assert_eq!(pvc["spec"]["accessModes"], json!(["ReadWriteOnce"]));
+    let event = h.server.expect_event(NS).await.body;
+    assert_eq!(event["reason"], "ClaimCreated");
+    let secret = h.server.expect("POST", SECRETS, Reply::Echo).await.body;
+    assert_eq!(secret["metadata"]["name"], "import-ft-1-token");
+    assert_eq!(secret["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+    let token = secret["stringData"]["token"].as_str().unwrap().to_string();
+    assert_eq!(token.len(), 64);
+    let pod = h.server.expect("POST", PODS, Reply::Echo).await.body;
+    assert_eq!(pod["metadata"]["name"], "import-ft-1");
+    assert_eq!(pod["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+    assert_eq!(pod["metadata"]["ownerReferences"][0]["controller"], true);
+    assert_eq!(
+        pod["metadata"]["labels"]["app.kubernetes.io/component"],
+        "mover"
+    );
+    let spec = &pod["spec"];
+    assert_eq!(spec["restartPolicy"], "Never");
+    assert_eq!(spec["automountServiceAccountToken"], false);
+    let volumes = spec["volumes"].as_array().unwrap();
+    let claim = |name: &str| {
+        volumes
+            .iter()
+            .find(|v| v["persistentVolumeClaim"]["claimName"] == name)
+            .unwrap_or_else(|| panic!("no volume of pvc/{name}"))
+    };
+    assert_eq!(claim("golden")["persistentVolumeClaim"]["readOnly"], true);
+    assert!(claim("copy")["persistentVolumeClaim"]
+        .get("readOnly")
+        .is_none());
+    assert!(volumes
+        .iter()
+        .any(|v| v["secret"]["secretName"] == "import-ft-1-token"));
+    let container = &spec["containers"][0];
+    assert_eq!(
+        container["volumeDevices"],
+        json!([{"name": claim("golden")["name"], "devicePath": "/dev/ferry/golden"}])
+    );
+    assert!(container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| m["mountPath"] == "/var/run/ferry/volumes/copy"
+            && m["name"] == claim("copy")["name"]));
+    // A Block claim: UID 0 without any privilege (see mover/pod.rs).
+    assert_eq!(spec["securityContext"]["runAsUser"], 0);
+    let sc = &container["securityContext"];
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["privileged"], false);
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+    assert!(
+        !pod.to_string().contains(&token),
+        "the token is only in the Secret"
+    );
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = status_of(&seen).clone();
+    assert_eq!(status["phase"], "Running");
+    assert_eq!(status["attempts"], 1);
+    assert_eq!(status["moverPod"], "import-ft-1");
+    assert!(status["startTime"].is_string());
+    assert_eq!(condition(&status, "Running")["reason"], "MoverStarting");
+    assert_eq!(
+        h.server.expect_event(NS).await.body["reason"],
+        "MoverCreated"
+    );
+    finish(task).await;
+    h.server.done().await;
+    assert_eq!(h.server.count, 9);
+
+    // 3. The pod is ready: Running on its node, the job started and followed.
+    let object = with_status(&transfer_json(None), &json!({ "status": status }));
+    let pod: Pod = serde_json::from_value(pod).unwrap();
+    h.pod_seen(ready(pod.clone(), "node-a"));
+    let id = job_id("uid-1/0");
+    let done = report(&id, JobState::Succeeded, 4 * MIB);
+    let mut done = with_checkpoint(done, &[(0, 4 * MIB)]);
+    done.source_digest = Some(digest());
+    done.target_digest = Some(digest());
+    h.link.script(
+        &id,
+        vec![
+            with_checkpoint(report(&id, JobState::Running, 2 * MIB), &[(0, MIB)]),
+            // More bytes, the same checkpoint, within the progress interval: not written.
+            with_checkpoint(report(&id, JobState::Running, 3 * MIB), &[(0, MIB)]),
+            done,
+        ],
+    );
+    let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = status_of(&seen).clone();
+    assert_eq!(status["node"], "node-a");
+    assert_eq!(condition(&status, "Running")["status"], "True");
+    assert_eq!(condition(&status, "Running")["reason"], "MoverRunning");
+    assert_eq!(
+        h.server.expect_event(NS).await.body["reason"],
+        "MoverRunning"
+    );
+    finish(task).await;
+    // The follow task: the new checkpoint at once, then the end.
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let progress = status_of(&seen).clone();
+    assert_eq!(
+        progress["checkpoint"],
+        json!({"size": 4 * MIB, "committed": [[0, MIB]]})
+    );
+    assert_eq!(progress["progress"]["doneBytes"], 2 * MIB);
+    assert_eq!(progress["progress"]["committedBytes"], MIB);
+    assert_eq!(progress["targets"][0]["name"], "pvc/copy");
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let end = status_of(&seen).clone();
+    assert_eq!(end["phase"], "Succeeded");
+    assert_eq!(end["digests"]["source"], digest());
+    assert_eq!(end["digests"]["targets"]["pvc/copy"], digest());
+    assert_eq!(end["targets"][0]["phase"], "Succeeded");
+    assert_eq!(end["targets"][0]["digest"], digest());
+    assert!(end["completionTime"].is_string());
+    assert_eq!(condition(&end, "Ready")["status"], "True");
+    h.server
+        .expect("DELETE", &format!("{PODS}/import-ft-1"), Reply::Deleted)
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{SECRETS}/import-ft-1-token"),
+            Reply::Deleted,
+        )
+        .await;
+    assert_eq!(h.server.expect_event(NS).await.body["reason"], "Succeeded");
+    let watch = h.ctx.take_watch("uid-1").expect("a follow task");
+    watch.task.await.unwrap();
+    h.server.done().await;
+    let calls = h.link.calls();
+    let Call::Start(JobRequest::Transfer {
+        request,
+        resume_from,
+    }) = &calls[0]
+    else {
+        panic!("{calls:?}")
+    };
+    assert_eq!(request.source.url, "/dev/ferry/golden");
+    assert_eq!(request.target.url, "/var/run/ferry/volumes/copy/disk.img");
+    assert_eq!(request.idempotency_key, "uid-1/0");
+    assert_eq!(
+        resume_from, &None,
+        "the first attempt has no checkpoint yet"
+    );
+    assert_eq!(calls[1], Call::Watch(id));
+    assert!(h.link.tokens.lock().iter().all(|t| *t == token));
+
+    // 4. Succeeded is final: a reconcile costs nothing.
+    let object = with_status(&object, &json!({ "status": end }));
+    h.pod_gone(ready(pod, "node-a"));
+    let action = reconcile(transfer(&object), h.ctx.clone()).await.unwrap();
+    assert_eq!(action, Action::await_change());
+    h.server.done().await;
+    // The reconcile cost of one Transfer from creation to success: 16 API requests (7 of
+    // them events), none of them while the mover copied.
+    assert_eq!(h.server.count, 16, "requests for one Transfer");
+}
+
+/// An evicted mover is recorded as lost and removed; the replacement is attempt 2 and
+/// its job resumes from the checkpoint in the status.
+#[tokio::test]
+async fn a_killed_mover_is_replaced_and_resumes_from_the_checkpoint() {
+    let mut h = Harness::new(settings());
+    let object = transfer_json(Some(running_status(1)));
+    let t = transfer(&object);
+    let mut evicted = mover_pod(&t, 1);
+    evicted.status = Some(
+        serde_json::from_value(json!({"phase": "Failed", "reason": "Evicted",
+                                      "message": "The node was low on resource: memory."}))
+        .unwrap(),
+    );
+    h.pod_seen(evicted.clone());
+
+    // 1. Lost: recorded, pod and Secret removed.
+    let task = tokio::spawn(reconcile(t.clone(), h.ctx.clone()));
+    h.server
+        .expect("DELETE", &format!("{PODS}/import-ft-1"), Reply::Deleted)
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{SECRETS}/import-ft-1-token"),
+            Reply::NotFound,
+        )
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let lost = status_of(&seen).clone();
+    assert_eq!(condition(&lost, "Running")["reason"], "MoverLost");
+    assert_eq!(
+        lost["message"],
+        "mover pod import-ft-1 stopped: Evicted (The node was low on resource: memory.)"
+    );
+    assert_eq!(
+        lost["checkpoint"],
+        json!({"size": 4 * MIB, "committed": [[0, MIB]]})
+    );
+    assert_eq!(h.server.expect_event(NS).await.body["reason"], "MoverLost");
+    assert_eq!(finish(task).await, Action::requeue(Duration::ZERO));
+    h.server.done().await;
+    h.pod_gone(evicted);
+
+    // 2. After the backoff: attempt 2.
+    let object = with_status(&object, &json!({ "status": lost }));
+    let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", &format!("{PODS}/import-ft-1"), Reply::NotFound)
+        .await;
+    h.server
+        .expect("GET", &format!("{PVCS}/golden"), Reply::Ok(golden_pvc()))
+        .await;
+    h.server
+        .expect("GET", &format!("{PVCS}/copy"), Reply::Ok(copy_pvc()))
+        .await;
+    let secret = h.server.expect("POST", SECRETS, Reply::Echo).await.body;
+    assert_eq!(secret["metadata"]["name"], "import-ft-2-token");
+    let pod = h.server.expect("POST", PODS, Reply::Echo).await.body;
+    assert_eq!(pod["metadata"]["name"], "import-ft-2");
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let second = status_of(&seen).clone();
+    assert_eq!(second["attempts"], 2);
+    assert_eq!(second["moverPod"], "import-ft-2");
+    assert_eq!(second["phase"], "Running");
+    assert_eq!(
+        second["startTime"], "2026-01-01T00:00:00Z",
+        "the first start is kept"
+    );
+    assert_eq!(
+        second["checkpoint"],
+        json!({"size": 4 * MIB, "committed": [[0, MIB]]})
+    );
+    assert_eq!(
+        h.server.expect_event(NS).await.body["reason"],
+        "MoverCreated"
+    );
+    finish(task).await;
+    h.server.done().await;
+
+    // 3. The replacement is ready on another node: the job resumes from the checkpoint.
+    *h.link.hold.lock() = true;
+    let object = with_status(&object, &json!({ "status": second }));
+    let pod: Pod = serde_json::from_value(pod).unwrap();
+    h.pod_seen(ready(pod, "node-b"));
+    let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert_eq!(status_of(&seen)["node"], "node-b");
+    h.server.expect_event(NS).await;
+    finish(task).await;
+    h.server.done().await;
+    let calls = h.link.calls();
+    let Call::Start(JobRequest::Transfer { resume_from, .. }) = &calls[0] else {
+        panic!("{calls:?}")
+    };
+    assert_eq!(resume_from, &Some(Checkpoint::new(4 * MIB, [(0, MIB)])));
+    h.ctx.stop_watch("uid-1");
+    assert!(h.server.count <= 15, "{} requests", h.server.count);
+}
+
+/// A permanent job failure (the target claim is too small): Failed with the kind and
+/// the mover's message, the mover removed.
+#[tokio::test]
+async fn a_permanent_failure_fails_with_its_kind() {
+    let mut h = Harness::new(settings());
+    let object = transfer_json(Some(running_status(1)));
+    let t = transfer(&object);
+    h.pod_seen(ready(mover_pod(&t, 1), "node-a"));
+    let id = job_id("uid-1/0");
+    let mut failed = report(&id, JobState::Failed, MIB);
+    failed.error = Some(JobFailure {
+        kind: "no_space".into(),
+        message: "the target is 1 GiB, the source 4 GiB: make the claim at least 4 GiB".into(),
+    });
+    h.link.script(&id, vec![failed]);
+    let task = tokio::spawn(reconcile(t, h.ctx.clone()));
+    // The status already says Running on node-a: no write; the token is read once.
+    h.server
+        .expect(
+            "GET",
+            &format!("{SECRETS}/import-ft-1-token"),
+            Reply::Ok(token_secret("import-ft-1-token")),
+        )
+        .await;
+    finish(task).await;
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let end = status_of(&seen).clone();
+    assert_eq!(end["phase"], "Failed");
+    let message =
+        "pvc/copy: no_space: the target is 1 GiB, the source 4 GiB: make the claim at least 4 GiB";
+    assert_eq!(end["message"], message);
+    assert_eq!(condition(&end, "Ready")["reason"], "Failed");
+    assert_eq!(end["targets"][0]["phase"], "Failed");
+    h.server
+        .expect("DELETE", &format!("{PODS}/import-ft-1"), Reply::Deleted)
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{SECRETS}/import-ft-1-token"),
+            Reply::Deleted,
+        )
+        .await;
+    let event = h.server.expect_event(NS).await.body;
+    assert_eq!(
+        (event["type"].as_str(), event["note"].as_str()),
+        (Some("Warning"), Some(message))
+    );
+    h.ctx.take_watch("uid-1").unwrap().task.await.unwrap();
+    h.server.done().await;
+    assert_eq!(*h.link.tokens.lock(), vec!["secret-token".to_string(); 2]);
+    assert_eq!(h.server.count, 5);
+}
+
+/// Deleting a running Transfer: its jobs cancelled, the mover removed, Cancelled, the
+/// finalizer removed.
+#[tokio::test]
+async fn deletion_cancels_and_removes_the_finalizer() {
+    let mut h = Harness::new(settings());
+    let mut object = transfer_json(Some(running_status(1)));
+    object["metadata"]["deletionTimestamp"] = json!("2026-01-01T01:00:00Z");
+    let t = transfer(&object);
+    h.pod_seen(ready(mover_pod(&t, 1), "node-a"));
+    let task = tokio::spawn(reconcile(t, h.ctx.clone()));
+    h.server
+        .expect(
+            "GET",
+            &format!("{SECRETS}/import-ft-1-token"),
+            Reply::Ok(token_secret("import-ft-1-token")),
+        )
+        .await;
+    h.server
+        .expect("DELETE", &format!("{PODS}/import-ft-1"), Reply::Deleted)
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{SECRETS}/import-ft-1-token"),
+            Reply::Deleted,
+        )
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let end = status_of(&seen).clone();
+    assert_eq!(end["phase"], "Cancelled");
+    assert_eq!(condition(&end, "Ready")["reason"], "Cancelled");
+    h.server.expect_event(NS).await;
+    let seen = h
+        .server
+        .expect("PATCH", T, Reply::Ok(transfer_json(None)))
+        .await;
+    assert_eq!(seen.body["metadata"]["finalizers"], json!([]));
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+    assert_eq!(h.link.calls(), vec![Call::Cancel("uid-1".into())]);
+    assert_eq!(h.server.count, 6);
+}
+
+/// A missing source claim: Pending with a reason naming it, looked at again with a
+/// growing backoff and without writing the same status twice.
+#[tokio::test]
+async fn a_missing_claim_waits_with_its_name() {
+    let mut h = Harness::new(settings());
+    let object = transfer_json(None);
+    let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", &format!("{PVCS}/golden"), Reply::NotFound)
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let pending = status_of(&seen).clone();
+    assert_eq!(pending["phase"], "Pending");
+    let message =
+        "pvc/golden does not exist in namespace vms: create it, or fix the name in the spec";
+    assert_eq!(pending["message"], message);
+    assert_eq!(condition(&pending, "Ready")["reason"], "Pending");
+    let event = h.server.expect_event(NS).await.body;
+    assert_eq!(
+        (event["type"].as_str(), event["note"].as_str()),
+        (Some("Warning"), Some(message))
+    );
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(5)));
+    h.server.done().await;
+
+    // Still missing: one GET, no write, a longer wait.
+    let object = with_status(&object, &json!({ "status": pending }));
+    let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", &format!("{PVCS}/golden"), Reply::NotFound)
+        .await;
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(10)));
+    h.server.done().await;
+    assert_eq!(h.server.count, 4);
+}
+
+/// An invalid spec (a password inside the URL): Failed with what to fix, the password
+/// never repeated; a Failed resource costs nothing more.
+#[tokio::test]
+async fn an_invalid_spec_fails_without_repeating_the_secret() {
+    let mut h = Harness::new(settings());
+    let mut object = transfer_json(None);
+    object["spec"]["source"] =
+        json!({"url": "iscsi://admin:hunter2@san/iqn.2024-01.dev.ferry:disk/0"});
+    let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let failed = status_of(&seen).clone();
+    assert_eq!(failed["phase"], "Failed");
+    assert_eq!(condition(&failed, "Ready")["reason"], "InvalidSpec");
+    let message = failed["message"].as_str().unwrap();
+    assert!(message.starts_with("spec.source.url: "), "{message}");
+    assert!(message.contains("remove it"), "{message}");
+    let event = h.server.expect_event(NS).await;
+    assert_eq!(finish(task).await, Action::await_change());
+    for text in [seen.body.to_string(), event.body.to_string()] {
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+    let object = with_status(&object, &json!({ "status": failed }));
+    let action = reconcile(transfer(&object), h.ctx.clone()).await.unwrap();
+    assert_eq!(action, Action::await_change());
+    h.server.done().await;
+    assert_eq!(h.server.count, 2);
+}
+
+/// The cluster limit reached: Pending with reason Queued, looked at again later; a
+/// mover pinned to a full node waits the same way.
+#[tokio::test]
+async fn over_the_limit_the_transfer_is_queued() {
+    let mut s = settings();
+    s.max_movers = 1;
+    s.max_movers_per_node = 1;
+    let mut h = Harness::new(s);
+    let mut other: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "other-ft-1", "namespace": "other",
+                     "labels": {"ferry.dev/owner-uid": "uid-9"}},
+        "spec": {"containers": []},
+    }))
+    .unwrap();
+    other = ready(other, "node-a");
+    h.pod_seen(other.clone());
+    let object = transfer_json(None);
+    let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", &format!("{PVCS}/golden"), Reply::Ok(golden_pvc()))
+        .await;
+    h.server
+        .expect("GET", &format!("{PVCS}/copy"), Reply::Ok(copy_pvc()))
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let queued = status_of(&seen).clone();
+    assert_eq!(queued["phase"], "Pending");
+    assert_eq!(condition(&queued, "Running")["reason"], "Queued");
+    assert_eq!(
+        queued["message"],
+        "1 movers run, the operator's limit is 1: waiting for one to finish"
+    );
+    let event = h.server.expect_event(NS).await.body;
+    assert_eq!(
+        (event["type"].as_str(), event["reason"].as_str()),
+        (Some("Normal"), Some("Queued"))
+    );
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(5)));
+    h.server.done().await;
+
+    // Per node: the other mover's node is full; a Transfer pinned to it waits.
+    h.ctx.done_waiting("uid-1");
+    let mut s = settings();
+    s.max_movers_per_node = 1;
+    let mut h2 = Harness::new(s);
+    h2.pod_seen(other);
+    let mut object = transfer_json(None);
+    object["spec"]["mover"] = json!({"nodeSelector": {"kubernetes.io/hostname": "node-a"}});
+    let task = tokio::spawn(reconcile(transfer(&object), h2.ctx.clone()));
+    h2.server
+        .expect("GET", &format!("{PVCS}/golden"), Reply::Ok(golden_pvc()))
+        .await;
+    h2.server
+        .expect("GET", &format!("{PVCS}/copy"), Reply::Ok(copy_pvc()))
+        .await;
+    let seen = h2
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let queued = status_of(&seen).clone();
+    assert_eq!(condition(&queued, "Running")["reason"], "Queued");
+    assert!(queued["message"].as_str().unwrap().contains("node node-a"));
+    h2.server.expect_event(NS).await;
+    finish(task).await;
+    h2.server.done().await;
+
+    // Unpinned, it may start, kept off the full node.
+    let object = transfer_json(None);
+    let task = tokio::spawn(reconcile(transfer(&object), h2.ctx.clone()));
+    h2.server
+        .expect("GET", &format!("{PVCS}/golden"), Reply::Ok(golden_pvc()))
+        .await;
+    h2.server
+        .expect("GET", &format!("{PVCS}/copy"), Reply::Ok(copy_pvc()))
+        .await;
+    h2.server.expect("POST", SECRETS, Reply::Echo).await;
+    let pod = h2.server.expect("POST", PODS, Reply::Echo).await.body;
+    let term = &pod["spec"]["affinity"]["nodeAffinity"]
+        ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0];
+    assert_eq!(
+        term["matchExpressions"],
+        json!([{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["node-a"]}])
+    );
+    h2.server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    h2.server.expect_event(NS).await;
+    finish(task).await;
+    h2.server.done().await;
+}
+
+/// A transient failure (the source went away): the status records it with the
+/// checkpoint, the mover is removed; at the operator's limit of attempts it fails.
+#[tokio::test]
+async fn a_transient_failure_retries_until_the_limit() {
+    let mut h = Harness::new(settings());
+    let object = transfer_json(Some(running_status(1)));
+    let t = transfer(&object);
+    h.pod_seen(ready(mover_pod(&t, 1), "node-a"));
+    h.ctx.remember_token("import-ft-1-token", "secret-token");
+    let id = job_id("uid-1/0");
+    let mut failed = with_checkpoint(report(&id, JobState::Failed, 3 * MIB), &[(0, 3 * MIB)]);
+    failed.error = Some(JobFailure {
+        kind: "disconnected".into(),
+        message: "the source closed the connection".into(),
+    });
+    h.link.script(&id, vec![failed]);
+    let task = tokio::spawn(reconcile(t, h.ctx.clone()));
+    finish(task).await;
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let retry = status_of(&seen).clone();
+    assert_eq!(retry["phase"], "Running");
+    assert_eq!(condition(&retry, "Running")["reason"], "Retrying");
+    assert_eq!(
+        retry["checkpoint"],
+        json!({"size": 4 * MIB, "committed": [[0, 3 * MIB]]})
+    );
+    h.server
+        .expect("DELETE", &format!("{PODS}/import-ft-1"), Reply::Deleted)
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{SECRETS}/import-ft-1-token"),
+            Reply::Deleted,
+        )
+        .await;
+    assert_eq!(h.server.expect_event(NS).await.body["reason"], "Retrying");
+    h.ctx.take_watch("uid-1").unwrap().task.await.unwrap();
+    h.server.done().await;
+
+    // At the limit (3 attempts in these settings) the next loss is final.
+    let mut at_limit = retry.clone();
+    at_limit["attempts"] = json!(3);
+    at_limit["moverPod"] = json!("import-ft-3");
+    let object = with_status(&object, &json!({ "status": at_limit }));
+    let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", &format!("{PODS}/import-ft-3"), Reply::NotFound)
+        .await;
+    h.server
+        .expect("DELETE", &format!("{PODS}/import-ft-3"), Reply::NotFound)
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{SECRETS}/import-ft-3-token"),
+            Reply::NotFound,
+        )
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let end = status_of(&seen).clone();
+    assert_eq!(end["phase"], "Failed");
+    let message = end["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(
+            "pvc/copy: disconnected: the source closed the connection; gave up after 3 mover pods"
+        ),
+        "{message}"
+    );
+    h.server.expect_event(NS).await;
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+}
+
+/// A Checksum: the job started on its ready mover, the digest in the status.
+#[tokio::test]
+async fn a_checksum_writes_its_digest() {
+    let mut h = Harness::new(settings());
+    let object = json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Checksum",
+        "metadata": {"name": "golden-sum", "namespace": NS, "uid": "uid-c", "generation": 1,
+                     "resourceVersion": "3", "finalizers": ["ferry.dev/cancel"]},
+        "spec": {"source": {"pvc": {"name": "golden"}}, "options": {"algorithm": "sha256"}},
+        "status": {"phase": "Running", "attempts": 1, "moverPod": "golden-sum-fcs-1",
+                   "observedGeneration": 1,
+                   "conditions": conditions(("False", "MoverStarting"), ("False", "MoverStarting"),
+                                            "mover pod golden-sum-fcs-1 (attempt 1) is starting")},
+    });
+    let checksum: Arc<Checksum> = Arc::new(serde_json::from_value(object.clone()).unwrap());
+    let pod = ferry_operator::mover::checksum_pod(
+        &checksum,
+        &MoverPodInput {
+            pod_name: "golden-sum-fcs-1",
+            token_secret: "golden-sum-fcs-1-token",
+            pvcs: &[ResolvedPvc::new("golden", VolumeMode::Filesystem)],
+            defaults: &settings().mover,
+        },
+    )
+    .unwrap();
+    h.pod_seen(ready(pod, "node-c"));
+    let id = job_id("uid-c");
+    let mut done = report(&id, JobState::Succeeded, 4 * MIB);
+    done.source_digest = Some(digest());
+    h.link.script(&id, vec![done]);
+    let path = "/apis/ferry.dev/v1alpha1/namespaces/vms/checksums/golden-sum/status";
+    let task = tokio::spawn(reconcile(checksum, h.ctx.clone()));
+    let seen = h
+        .server
+        .expect("PATCH", path, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert_eq!(seen.body["kind"], "Checksum");
+    assert_eq!(seen.body["status"]["node"], "node-c");
+    h.server.expect_event(NS).await;
+    h.server
+        .expect(
+            "GET",
+            &format!("{SECRETS}/golden-sum-fcs-1-token"),
+            Reply::Ok(token_secret("golden-sum-fcs-1-token")),
+        )
+        .await;
+    finish(task).await;
+    let seen = h
+        .server
+        .expect("PATCH", path, Reply::ApplyStatus(object.clone()))
+        .await;
+    let end = &seen.body["status"];
+    assert_eq!(end["phase"], "Succeeded");
+    assert_eq!(end["digest"], digest());
+    assert_eq!(end["progress"]["totalBytes"], 4 * MIB);
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{PODS}/golden-sum-fcs-1"),
+            Reply::Deleted,
+        )
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{SECRETS}/golden-sum-fcs-1-token"),
+            Reply::Deleted,
+        )
+        .await;
+    assert_eq!(h.server.expect_event(NS).await.body["reason"], "Succeeded");
+    h.ctx.take_watch("uid-c").unwrap().task.await.unwrap();
+    h.server.done().await;
+    let calls = h.link.calls();
+    let Call::Start(JobRequest::Checksum(request)) = &calls[0] else {
+        panic!("{calls:?}")
+    };
+    assert_eq!(request.source.url, "/var/run/ferry/volumes/golden/disk.img");
+    assert_eq!(request.idempotency_key, "uid-c");
+    assert_eq!(h.server.count, 7);
+}
+
+/// A fan-out: two targets, one job each in the one mover; the status has one entry per
+/// target and the checkpoint both targets share.
+#[tokio::test]
+async fn a_fan_out_reports_each_target() {
+    let mut h = Harness::new(settings());
+    let mut object = transfer_json(Some(running_status(1)));
+    object["spec"]["targets"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"pvc": {"name": "other"}}));
+    let t = transfer(&object);
+    let pvcs = [
+        ResolvedPvc::new("golden", VolumeMode::Block),
+        ResolvedPvc::new("copy", VolumeMode::Filesystem),
+        ResolvedPvc::new("other", VolumeMode::Block),
+    ];
+    let pod = transfer_pod(
+        &t,
+        &MoverPodInput {
+            pod_name: "import-ft-1",
+            token_secret: "import-ft-1-token",
+            pvcs: &pvcs,
+            defaults: &settings().mover,
+        },
+    )
+    .unwrap();
+    h.pod_seen(ready(pod, "node-a"));
+    h.ctx.remember_token("import-ft-1-token", "secret-token");
+    for (i, committed) in [(0, 4 * MIB), (1, 3 * MIB)] {
+        let id = job_id(&format!("uid-1/{i}"));
+        let mut done =
+            with_checkpoint(report(&id, JobState::Succeeded, 4 * MIB), &[(0, committed)]);
+        done.target_digest = Some(digest());
+        h.link.script(&id, vec![done]);
+    }
+    let task = tokio::spawn(reconcile(t, h.ctx.clone()));
+    finish(task).await;
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let end = status_of(&seen).clone();
+    assert_eq!(end["phase"], "Succeeded");
+    let names: Vec<&str> = end["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["pvc/copy", "pvc/other"]);
+    assert_eq!(end["checkpoint"]["committed"], json!([[0, 3 * MIB]]));
+    assert_eq!(end["digests"]["targets"]["pvc/other"], digest());
+    h.server
+        .expect("DELETE", &format!("{PODS}/import-ft-1"), Reply::Deleted)
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{SECRETS}/import-ft-1-token"),
+            Reply::Deleted,
+        )
+        .await;
+    h.server.expect_event(NS).await;
+    h.ctx.take_watch("uid-1").unwrap().task.await.unwrap();
+    h.server.done().await;
+    let started: Vec<String> = h
+        .link
+        .calls()
+        .iter()
+        .filter_map(|c| match c {
+            Call::Start(JobRequest::Transfer { request, .. }) => Some(request.target.url.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        started,
+        ["/var/run/ferry/volumes/copy/disk.img", "/dev/ferry/other"]
+    );
+}
+
+/// `expectedDigest`: the jobs verify with its algorithm, and a different digest fails
+/// the Transfer with DigestMismatch.
+#[tokio::test]
+async fn a_digest_mismatch_fails_the_transfer() {
+    let mut h = Harness::new(settings());
+    let mut object = transfer_json(Some(running_status(1)));
+    let expected = format!("sha256:{}", "cd".repeat(32));
+    object["spec"]["expectedDigest"] = json!(expected);
+    let t = transfer(&object);
+    h.pod_seen(ready(mover_pod(&t, 1), "node-a"));
+    h.ctx.remember_token("import-ft-1-token", "secret-token");
+    let id = job_id("uid-1/0");
+    let mut done = report(&id, JobState::Succeeded, 4 * MIB);
+    done.source_digest = Some(digest());
+    done.target_digest = Some(digest());
+    h.link.script(&id, vec![done]);
+    let task = tokio::spawn(reconcile(t, h.ctx.clone()));
+    finish(task).await;
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let end = status_of(&seen).clone();
+    assert_eq!(end["phase"], "Failed");
+    assert_eq!(condition(&end, "Ready")["reason"], "DigestMismatch");
+    assert!(end["message"].as_str().unwrap().contains(&expected));
+    h.server
+        .expect("DELETE", &format!("{PODS}/import-ft-1"), Reply::Deleted)
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{SECRETS}/import-ft-1-token"),
+            Reply::Deleted,
+        )
+        .await;
+    h.server.expect_event(NS).await;
+    h.ctx.take_watch("uid-1").unwrap().task.await.unwrap();
+    h.server.done().await;
+    let calls = h.link.calls();
+    let Call::Start(JobRequest::Transfer { request, .. }) = &calls[0] else {
+        panic!("{calls:?}")
+    };
+    assert!(request.options.verify);
+    assert_eq!(
+        request.options.verify_algorithm,
+        ferry_operator::crd::HashAlgorithm::Sha256
+    );
+}
+
+/// A pvcTemplate naming a claim someone else created: Failed, saying what to change.
+#[tokio::test]
+async fn a_template_claim_owned_by_someone_else_fails() {
+    let mut h = Harness::new(settings());
+    let object = transfer_json(None);
+    let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", &format!("{PVCS}/golden"), Reply::Ok(golden_pvc()))
+        .await;
+    let mut foreign = copy_pvc();
+    foreign["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("ownerReferences");
+    h.server
+        .expect("GET", &format!("{PVCS}/copy"), Reply::Ok(foreign))
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let end = status_of(&seen).clone();
+    assert_eq!(end["phase"], "Failed");
+    assert!(end["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("pvc/copy already exists and was not created by this Transfer"));
+    h.server.expect_event(NS).await;
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+}
+
+/// A referenced Secret key that does not exist: Pending, naming the Secret and the key
+/// (never a value), before any pod would hang on mounting it.
+#[tokio::test]
+async fn a_missing_secret_key_waits_with_its_name() {
+    let mut h = Harness::new(settings());
+    let mut object = transfer_json(None);
+    object["spec"]["source"] = json!({
+        "url": "s3://images/fedora.raw",
+        "s3": {"accessKeyId": {"name": "s3-creds", "key": "id"},
+               "secretAccessKey": {"name": "s3-creds", "key": "secret"}},
+    });
+    let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", &format!("{PVCS}/copy"), Reply::Ok(copy_pvc()))
+        .await;
+    let secret = json!({"apiVersion": "v1", "kind": "Secret",
+                        "metadata": {"name": "s3-creds", "namespace": NS},
+                        "data": {"id": "QUtJQUVYQU1QTEU="}});
+    h.server
+        .expect("GET", &format!("{SECRETS}/s3-creds"), Reply::Ok(secret))
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let pending = status_of(&seen).clone();
+    assert_eq!(pending["phase"], "Pending");
+    assert_eq!(
+        pending["message"],
+        "secret/s3-creds has no key 'secret': add it, or fix the secretKeyRef's key"
+    );
+    let event = h.server.expect_event(NS).await;
+    for text in [seen.body.to_string(), event.body.to_string()] {
+        assert!(!text.contains("QUtJQUVYQU1QTEU"), "{text}");
+    }
+    finish(task).await;
+    h.server.done().await;
+}
+
+/// A mover pod that cannot be scheduled: the status says why; the same reason again
+/// writes nothing.
+#[tokio::test]
+async fn an_unschedulable_mover_is_reported() {
+    let mut h = Harness::new(settings());
+    let message = "mover pod import-ft-1 (attempt 1) is starting";
+    let status = json!({
+        "phase": "Running", "attempts": 1, "moverPod": "import-ft-1", "observedGeneration": 1,
+        "startTime": "2026-01-01T00:00:00Z",
+        "conditions": conditions(("False", "MoverStarting"), ("False", "MoverStarting"), message),
+    });
+    let object = transfer_json(Some(status));
+    let t = transfer(&object);
+    let mut pod = mover_pod(&t, 1);
+    pod.status = Some(
+        serde_json::from_value(json!({"phase": "Pending", "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity."}]}))
+        .unwrap(),
+    );
+    h.pod_seen(pod);
+    let task = tokio::spawn(reconcile(t, h.ctx.clone()));
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let stuck = status_of(&seen).clone();
+    let why = "mover pod import-ft-1 (attempt 1) cannot start yet: Unschedulable: 0/3 nodes are available: 3 node(s) didn't match Pod's node affinity.";
+    assert_eq!(stuck["message"], why);
+    assert_eq!(condition(&stuck, "Running")["message"], why);
+    assert_eq!(h.server.expect_event(NS).await.body["type"], "Warning");
+    finish(task).await;
+    let object = with_status(&object, &json!({ "status": stuck }));
+    reconcile(transfer(&object), h.ctx.clone()).await.unwrap();
+    h.server.done().await;
+    assert_eq!(h.server.count, 2);
+}
+
+/// A final Transfer whose mover pod was left behind (the operator stopped between the
+/// final status and the deletion) gets it deleted; one without costs nothing.
+#[tokio::test]
+async fn a_mover_left_behind_by_a_final_transfer_is_deleted() {
+    let mut h = Harness::new(settings());
+    let mut status = running_status(1);
+    status["phase"] = json!("Succeeded");
+    let object = transfer_json(Some(status));
+    let t = transfer(&object);
+    let pod = ready(mover_pod(&t, 1), "node-a");
+    h.pod_seen(pod.clone());
+    let task = tokio::spawn(reconcile(t.clone(), h.ctx.clone()));
+    h.server
+        .expect("DELETE", &format!("{PODS}/import-ft-1"), Reply::Deleted)
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{SECRETS}/import-ft-1-token"),
+            Reply::Deleted,
+        )
+        .await;
+    assert_eq!(finish(task).await, Action::await_change());
+    h.pod_gone(pod);
+    reconcile(t, h.ctx.clone()).await.unwrap();
+    h.server.done().await;
+    assert_eq!(h.server.count, 2);
+}

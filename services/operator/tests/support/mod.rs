@@ -1,0 +1,295 @@
+//! Test support for the reconciler scenarios: a mocked API server (a kube `Client` over
+//! `tower_test::mock::pair`, as kube-rs/controller-rs test their reconcilers) that checks
+//! each request in order and answers it, and a fake `MoverLink` that records calls and
+//! plays scripted job reports.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ferry_operator::controller::{
+    Context, JobReport, JobRequest, JobState, LinkError, MoverAddress, MoverLink, OperatorSettings,
+    ReportStream,
+};
+use ferry_operator::crd::{Checkpoint, Progress};
+use ferry_operator::mover::MoverDefaults;
+use futures::StreamExt;
+use http::{Request, Response};
+use k8s_openapi::api::core::v1::Pod;
+use kube::client::Body;
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::watcher;
+use kube::Client;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+/// One request the operator sent.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: String,
+    pub path: String,
+    pub query: String,
+    pub body: Value,
+}
+
+/// The mocked API server.
+pub struct ApiServer {
+    handle: Handle,
+    /// Requests answered so far.
+    pub count: usize,
+}
+
+/// How to answer a request.
+pub enum Reply {
+    /// 200 with this JSON.
+    Ok(Value),
+    /// 200 with the request's own body (a create or a patch of a whole object).
+    Echo,
+    /// 200 with this object, its status replaced by the one of the request (an apply
+    /// patch of the status subresource).
+    ApplyStatus(Value),
+    /// 404 Not Found.
+    NotFound,
+    /// 200 with a delete's Status.
+    Deleted,
+}
+
+fn status_json(code: u16, reason: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Status", "metadata": {},
+        "status": if code < 300 { "Success" } else { "Failure" },
+        "reason": reason, "code": code, "message": reason,
+    })
+}
+
+impl ApiServer {
+    /// A client and the server behind it.
+    pub fn new() -> (Client, Self) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        (Client::new(service, "default"), Self { handle, count: 0 })
+    }
+
+    /// Waits for the next request, checks its method and path, answers it and returns it.
+    pub async fn expect(&mut self, method: &str, path: &str, reply: Reply) -> Seen {
+        let next = tokio::time::timeout(Duration::from_secs(10), self.handle.next_request())
+            .await
+            .unwrap_or_else(|_| panic!("no request came; expected {method} {path}"));
+        let (request, send) = next.expect("the client went away");
+        let method_seen = request.method().to_string();
+        let path_seen = request.uri().path().to_string();
+        let query = request.uri().query().unwrap_or("").to_string();
+        let bytes = request.into_body().collect_bytes().await.unwrap();
+        let body: Value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap()
+        };
+        assert_eq!(
+            (method_seen.as_str(), path_seen.as_str()),
+            (method, path),
+            "unexpected request; its body: {body}"
+        );
+        self.count += 1;
+        let (code, answer) = match reply {
+            Reply::Ok(v) => (200, v),
+            Reply::Echo => (200, body.clone()),
+            Reply::ApplyStatus(object) => (200, with_status(&object, &body)),
+            Reply::NotFound => (404, status_json(404, "NotFound")),
+            Reply::Deleted => (200, status_json(200, "Deleted")),
+        };
+        let response = Response::builder()
+            .status(code)
+            .header("content-type", "application/json")
+            .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+            .unwrap();
+        send.send_response(response);
+        Seen {
+            method: method_seen,
+            path: path_seen,
+            query,
+            body,
+        }
+    }
+
+    /// Answers an event (`events.k8s.io`) and returns it.
+    pub async fn expect_event(&mut self, namespace: &str) -> Seen {
+        let path = format!("/apis/events.k8s.io/v1/namespaces/{namespace}/events");
+        self.expect("POST", &path, Reply::Echo).await
+    }
+
+    /// Asserts that no further request comes.
+    pub async fn done(&mut self) {
+        let extra =
+            tokio::time::timeout(Duration::from_millis(200), self.handle.next_request()).await;
+        if let Ok(Some((request, _))) = extra {
+            panic!("unexpected request {} {}", request.method(), request.uri());
+        }
+    }
+}
+
+/// A call the operator made on the fake link.
+// A few records per test: their size does not matter, matching on them does.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum Call {
+    Start(JobRequest),
+    Watch(String),
+    Cancel(String),
+}
+
+/// A fake mover: records calls; `start` answers Running; `watch` plays the reports
+/// scripted for the job id (and then stays open when `hold` is set).
+#[derive(Default)]
+pub struct FakeLink {
+    pub calls: Mutex<Vec<Call>>,
+    pub scripts: Mutex<HashMap<String, Vec<JobReport>>>,
+    pub hold: Mutex<bool>,
+    pub tokens: Mutex<Vec<String>>,
+}
+
+impl FakeLink {
+    pub fn script(&self, id: &str, reports: Vec<JobReport>) {
+        self.scripts.lock().insert(id.to_string(), reports);
+    }
+
+    pub fn calls(&self) -> Vec<Call> {
+        self.calls.lock().clone()
+    }
+}
+
+/// The job id the fake gives a request.
+pub fn job_id(key: &str) -> String {
+    format!("job-{key}")
+}
+
+#[async_trait]
+impl MoverLink for FakeLink {
+    async fn start(&self, mover: &MoverAddress, job: &JobRequest) -> Result<JobReport, LinkError> {
+        self.calls.lock().push(Call::Start(job.clone()));
+        self.tokens.lock().push(mover.token.clone());
+        Ok(report(&job_id(job.idempotency_key()), JobState::Running, 0))
+    }
+
+    async fn watch(&self, mover: &MoverAddress, job_id: &str) -> Result<ReportStream, LinkError> {
+        self.calls.lock().push(Call::Watch(job_id.to_string()));
+        self.tokens.lock().push(mover.token.clone());
+        let reports = self.scripts.lock().get(job_id).cloned().unwrap_or_default();
+        let played = futures::stream::iter(reports.into_iter().map(Ok));
+        if *self.hold.lock() {
+            Ok(played.chain(futures::stream::pending()).boxed())
+        } else {
+            Ok(played.boxed())
+        }
+    }
+
+    async fn cancel(&self, mover: &MoverAddress, owner_uid: &str) -> Result<(), LinkError> {
+        self.calls.lock().push(Call::Cancel(owner_uid.to_string()));
+        self.tokens.lock().push(mover.token.clone());
+        Ok(())
+    }
+}
+
+/// A job report.
+pub fn report(id: &str, state: JobState, done: u64) -> JobReport {
+    JobReport {
+        id: id.into(),
+        state,
+        progress: Progress {
+            total_bytes: 4 << 20,
+            done_bytes: done,
+            resumed_bytes: 0,
+            committed_bytes: 0,
+        },
+        checkpoint: None,
+        source_digest: None,
+        target_digest: None,
+        error: None,
+    }
+}
+
+/// A report with committed ranges.
+pub fn with_checkpoint(mut r: JobReport, ranges: &[(u64, u64)]) -> JobReport {
+    r.checkpoint = Some(Checkpoint::new(4 << 20, ranges.iter().copied()));
+    r
+}
+
+/// Operator settings for the scenarios: no waiting between retries.
+pub fn settings() -> OperatorSettings {
+    let mut s = OperatorSettings::new(MoverDefaults {
+        image: "ghcr.io/ferry-project/ferry:0.1.0".into(),
+        image_pull_policy: Some("IfNotPresent".into()),
+        resources: None,
+        node_selector: Default::default(),
+        tolerations: vec![],
+        priority_class_name: None,
+        service_account_name: Some("ferry-mover".into()),
+    });
+    s.retry_backoff = Duration::ZERO;
+    s.max_attempts = 3;
+    s
+}
+
+/// Everything a scenario needs.
+pub struct Harness {
+    pub server: ApiServer,
+    pub ctx: Arc<Context>,
+    pub link: Arc<FakeLink>,
+    pub pods: Writer<Pod>,
+}
+
+impl Harness {
+    pub fn new(settings: OperatorSettings) -> Self {
+        let (client, server) = ApiServer::new();
+        let link = Arc::new(FakeLink::default());
+        let pods = Writer::<Pod>::default();
+        let ctx = Arc::new(Context::new(
+            client,
+            settings,
+            link.clone(),
+            pods.as_reader(),
+        ));
+        Self {
+            server,
+            ctx,
+            link,
+            pods,
+        }
+    }
+
+    /// The watch of mover pods saw this pod.
+    pub fn pod_seen(&mut self, pod: Pod) {
+        self.pods.apply_watcher_event(&watcher::Event::Apply(pod));
+    }
+
+    /// The watch of mover pods saw this pod go.
+    pub fn pod_gone(&mut self, pod: Pod) {
+        self.pods.apply_watcher_event(&watcher::Event::Delete(pod));
+    }
+}
+
+/// The pod as the API server would have it once it runs and is ready on `node`.
+pub fn ready(mut pod: Pod, node: &str) -> Pod {
+    let spec = pod.spec.get_or_insert_with(Default::default);
+    spec.node_name = Some(node.into());
+    pod.status = Some(
+        serde_json::from_value(json!({
+            "phase": "Running",
+            "podIP": "10.1.2.3",
+            "conditions": [{"type": "Ready", "status": "True"}],
+        }))
+        .unwrap(),
+    );
+    pod
+}
+
+/// A JSON object with `status` replaced by the one in an apply patch body.
+pub fn with_status(object: &Value, patch: &Value) -> Value {
+    let mut o = object.clone();
+    o["status"] = patch["status"].clone();
+    o
+}
