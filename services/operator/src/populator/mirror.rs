@@ -154,7 +154,7 @@ mod tests {
             first.text
         );
         assert_eq!(note(Some(said), said, &t, "p"), None);
-        let later = running(310);
+        let later = running(299);
         assert_eq!(note(Some(said), now(&later), &later, "p"), None);
         let later = running(400);
         assert_eq!(

@@ -39,6 +39,12 @@ enum Placement {
     Wait(Action),
 }
 
+/// A step's result: go on with this, or stop here and come back as the action says.
+enum Step<T> {
+    Go(T),
+    Wait(Action),
+}
+
 /// Reconciles one claim (see the module docs).
 pub async fn reconcile(
     pvc: Arc<PersistentVolumeClaim>,
@@ -47,12 +53,13 @@ pub async fn reconcile(
     let Some(source) = source::of(&pvc) else {
         return Ok(Action::await_change());
     };
+    let ids = ClaimIds::of(&pvc).ok_or(Error::NotStored)?;
     if pvc.metadata.deletion_timestamp.is_some() {
         // The prime claim and the Transfer are owned by the claim: the garbage collector
         // removes them.
+        ctx.forget(&ids.uid);
         return Ok(Action::await_change());
     }
-    let ids = ClaimIds::of(&pvc).ok_or(Error::NotStored)?;
     if let Some(other) = source
         .namespace
         .as_deref()
@@ -101,13 +108,13 @@ async fn populate(
     let prime = match ctx.claim(&ids.namespace, &prime_name) {
         Some(prime) => prime,
         None => match create_prime(ctx, pvc, ids).await? {
-            Ok(prime) => Arc::new(prime),
-            Err(wait) => return Ok(wait),
+            Step::Go(prime) => Arc::new(prime),
+            Step::Wait(action) => return Ok(action),
         },
     };
     let transfer = match ensure_transfer(ctx, pvc, ids, &source).await? {
-        Ok(transfer) => transfer,
-        Err(wait) => return Ok(wait),
+        Step::Go(transfer) => transfer,
+        Step::Wait(action) => return Ok(action),
     };
     if let Some(note) = ctx.news(&ids.uid, &transfer, &prime_name) {
         ctx.event(pvc, note.warning, note.reason, &note.text).await;
@@ -155,11 +162,11 @@ async fn create_prime(
     ctx: &Context,
     pvc: &PersistentVolumeClaim,
     ids: &ClaimIds,
-) -> Result<Result<PersistentVolumeClaim, Action>, Error> {
+) -> Result<Step<PersistentVolumeClaim>, Error> {
     let node = match placement(ctx, pvc).await? {
         Placement::Anywhere => None,
         Placement::Node(node) => Some(node),
-        Placement::Wait(action) => return Ok(Err(action)),
+        Placement::Wait(action) => return Ok(Step::Wait(action)),
     };
     let prime = build::prime_claim(pvc, ids, node.as_deref());
     let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ids.namespace);
@@ -169,10 +176,10 @@ async fn create_prime(
             let place = node.map(|n| format!(" on node {n}")).unwrap_or_default();
             let note = format!("created prime claim pvc/{name}{place} to fill with the image");
             ctx.event(pvc, false, "PrimeCreated", &note).await;
-            Ok(Ok(created))
+            Ok(Step::Go(created))
         }
         // Created by an earlier reconcile the store has not seen yet.
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(Ok(prime)),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(Step::Go(prime)),
         Err(e) => Err(e.into()),
     }
 }
@@ -184,7 +191,7 @@ async fn ensure_transfer(
     pvc: &PersistentVolumeClaim,
     ids: &ClaimIds,
     source: &VolumeImageSource,
-) -> Result<Result<Arc<Transfer>, Action>, Error> {
+) -> Result<Step<Arc<Transfer>>, Error> {
     let name = names::transfer(&ids.name);
     let existing = match ctx.transfer(&ids.namespace, &name) {
         Some(t) => Some(t),
@@ -200,7 +207,7 @@ async fn ensure_transfer(
                         names::prime(&ids.uid)
                     );
                     ctx.event(pvc, false, "TransferCreated", &note).await;
-                    return Ok(Err(Action::await_change()));
+                    return Ok(Step::Wait(Action::await_change()));
                 }
                 Err(kube::Error::Api(e)) if e.code == 409 => {
                     api.get_opt(&name).await?.map(Arc::new)
@@ -210,13 +217,13 @@ async fn ensure_transfer(
         }
     };
     match existing {
-        Some(t) if build::owned_by(t.as_ref(), &ids.uid) => Ok(Ok(t)),
+        Some(t) if build::owned_by(t.as_ref(), &ids.uid) => Ok(Step::Go(t)),
         _ => {
             let note = format!(
                 "Transfer {name} exists and does not fill this claim: delete or rename it; the claim waits"
             );
             ctx.event(pvc, true, "TransferConflict", &note).await;
-            Ok(Err(Action::requeue(RECHECK)))
+            Ok(Step::Wait(Action::requeue(RECHECK)))
         }
     }
 }
