@@ -434,3 +434,54 @@ async fn other_data_sources_are_ignored() {
         h.server.done().await;
     }
 }
+
+/// A prime claim an earlier reconcile created but the store has not seen yet (409) ->
+/// taken as created; the Transfer follows.
+#[tokio::test]
+async fn a_prime_claim_created_before_is_not_created_twice() {
+    let mut h = Harness::new();
+    let task = tokio::spawn(reconcile(pvc(&claim()), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(source())).await;
+    h.server
+        .expect("GET", SC, Reply::Ok(storage_class("Immediate")))
+        .await;
+    h.server.expect("POST", PVCS, Reply::Fail(409)).await;
+    h.server.expect("POST", TRANSFERS, Reply::Echo).await;
+    on_claim(
+        &h.server.expect_event(NS).await,
+        "Normal",
+        "TransferCreated",
+    );
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+}
+
+/// A source in another namespace, or one that fails its checks -> a warning, nothing
+/// created.
+#[tokio::test]
+async fn foreign_and_invalid_sources_are_refused_with_a_warning() {
+    let mut h = Harness::new();
+    let mut foreign = claim();
+    foreign["spec"]["dataSourceRef"]["namespace"] = json!("images");
+    let task = tokio::spawn(reconcile(pvc(&foreign), h.ctx.clone()));
+    let note = on_claim(
+        &h.server.expect_event(NS).await,
+        "Warning",
+        "CrossNamespaceSource",
+    );
+    assert!(
+        note.starts_with("VolumeImageSource images/fedora is in another namespace"),
+        "{note}"
+    );
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+
+    let mut invalid = source();
+    invalid["spec"]["source"]["url"] = json!("s3://user:pw@images/fedora.raw");
+    let task = tokio::spawn(reconcile(pvc(&claim()), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(invalid)).await;
+    let note = on_claim(&h.server.expect_event(NS).await, "Warning", "InvalidSource");
+    assert!(note.contains("password inside the URL"), "{note}");
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+}

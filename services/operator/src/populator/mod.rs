@@ -113,3 +113,46 @@ pub async fn run(client: Client) -> Result<(), RunError> {
     transfer_task.abort();
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use kube::runtime::reflector::store::Writer;
+    use kube::runtime::watcher::Event;
+    use serde_json::json;
+
+    use super::*;
+
+    fn claim(namespace: &str, name: &str, source: &str) -> PersistentVolumeClaim {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"dataSourceRef": {"apiGroup": "ferry.dev", "kind": "VolumeImageSource",
+                                       "name": source}},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_source_wakes_the_claims_of_its_namespace_that_name_it() {
+        let mut writer = Writer::<PersistentVolumeClaim>::default();
+        for c in [
+            claim("vms", "a", "fedora"),
+            claim("vms", "b", "debian"),
+            claim("other", "c", "fedora"),
+            claim("vms", "d", "fedora"),
+        ] {
+            writer.apply_watcher_event(&Event::Apply(c));
+        }
+        let vis: VolumeImageSource = serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "VolumeImageSource",
+            "metadata": {"name": "fedora", "namespace": "vms"},
+            "spec": {"source": {"url": "s3://b/k"}},
+        }))
+        .unwrap();
+        let mut woken: Vec<String> = claims_naming(&writer.as_reader(), &vis)
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        woken.sort();
+        assert_eq!(woken, ["a", "d"]);
+    }
+}
