@@ -31,7 +31,12 @@
 //! [`controller::MoverLink`] trait and followed from the job stream, resume from the
 //! status checkpoint after a lost mover, cancel on deletion), and [`controller::run`],
 //! which builds both kube-runtime controllers.
+//!
+//! **Volume populator** ([`populator`]): claims naming a `VolumeImageSource` in
+//! `dataSourceRef` are filled through a prime claim and a Transfer, whose volume is then
+//! rebound to them; [`populator::run`] runs beside [`controller::run`].
 
 pub mod controller;
 pub mod crd;
 pub mod mover;
+pub mod populator;

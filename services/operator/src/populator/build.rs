@@ -1,0 +1,159 @@
+//! The objects the populator creates, as pure functions of the user's claim and its
+//! VolumeImageSource: the prime claim (the user's claim without its data source, so the
+//! provisioner gives it a volume at once) and the Transfer that fills it. Both are owned
+//! by the user's claim, so deleting the claim deletes them.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Resource;
+
+use crate::crd::{Endpoint, Target, Transfer, TransferSpec, VolumeImageSource};
+
+use super::names;
+
+/// Namespace, name and uid of the user's claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimIds {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl ClaimIds {
+    /// The ids of a claim read from the API, if it was.
+    pub fn of(pvc: &PersistentVolumeClaim) -> Option<Self> {
+        let meta = &pvc.metadata;
+        Some(Self {
+            namespace: meta.namespace.clone()?,
+            name: meta.name.clone()?,
+            uid: meta.uid.clone()?,
+        })
+    }
+
+    /// A controller reference to the claim. `blockOwnerDeletion` is left out: setting it
+    /// would need the update right on claims' finalizers, and nothing waits on it.
+    pub fn owner(&self) -> OwnerReference {
+        OwnerReference {
+            api_version: PersistentVolumeClaim::api_version(&()).into_owned(),
+            kind: PersistentVolumeClaim::kind(&()).into_owned(),
+            name: self.name.clone(),
+            uid: self.uid.clone(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        }
+    }
+
+    fn meta(&self, name: String) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name),
+            namespace: Some(self.namespace.clone()),
+            labels: Some(names::labels(&self.uid)),
+            owner_references: Some(vec![self.owner()]),
+            ..ObjectMeta::default()
+        }
+    }
+}
+
+/// Whether `obj` is owned by the object of uid `uid`.
+pub fn owned_by<K: Resource>(obj: &K, uid: &str) -> bool {
+    obj.meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|r| r.uid == uid)
+}
+
+/// The prime claim of `pvc`: same storage class, size, access modes and volume mode, no
+/// data source; pinned to `node` (WaitForFirstConsumer classes) when given.
+pub fn prime_claim(
+    pvc: &PersistentVolumeClaim,
+    ids: &ClaimIds,
+    node: Option<&str>,
+) -> PersistentVolumeClaim {
+    let spec = pvc.spec.clone().unwrap_or_default();
+    let mut metadata = ids.meta(names::prime(&ids.uid));
+    metadata.annotations =
+        node.map(|n| BTreeMap::from([(names::SELECTED_NODE.to_string(), n.to_string())]));
+    PersistentVolumeClaim {
+        metadata,
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: spec.access_modes,
+            resources: spec.resources,
+            storage_class_name: spec.storage_class_name,
+            volume_mode: spec.volume_mode,
+            volume_attributes_class_name: spec.volume_attributes_class_name,
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// The Transfer copying the VolumeImageSource's image into the prime claim, with its
+/// options, expected digest and mover settings.
+pub fn transfer(ids: &ClaimIds, source: &VolumeImageSource) -> Transfer {
+    let spec = TransferSpec {
+        source: source.spec.source.clone(),
+        targets: vec![Target {
+            endpoint: Endpoint::pvc(names::prime(&ids.uid)),
+            pvc_template: None,
+        }],
+        options: source.spec.options.clone(),
+        expected_digest: source.spec.expected_digest.clone(),
+        mover: source.spec.mover.clone(),
+    };
+    let mut transfer = Transfer::new(&names::transfer(&ids.name), spec);
+    transfer.metadata = ids.meta(names::transfer(&ids.name));
+    transfer
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn user_claim() -> PersistentVolumeClaim {
+        serde_json::from_value(json!({
+            "metadata": {"name": "disk", "namespace": "vms", "uid": "u-1",
+                         "annotations": {"volume.kubernetes.io/selected-node": "node-b"}},
+            "spec": {
+                "accessModes": ["ReadWriteMany"], "storageClassName": "fast",
+                "volumeMode": "Block", "resources": {"requests": {"storage": "20Gi"}},
+                "dataSourceRef": {"apiGroup": "ferry.dev", "kind": "VolumeImageSource",
+                                  "name": "fedora"},
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_prime_claim_is_the_users_without_its_source_and_owned_by_it() {
+        let pvc = user_claim();
+        let ids = ClaimIds::of(&pvc).unwrap();
+        let prime = serde_json::to_value(prime_claim(&pvc, &ids, Some("node-b"))).unwrap();
+        assert_eq!(prime["metadata"]["name"], "ferry-prime-u-1");
+        assert_eq!(prime["metadata"]["namespace"], "vms");
+        assert_eq!(
+            prime["metadata"]["annotations"],
+            json!({"volume.kubernetes.io/selected-node": "node-b"})
+        );
+        assert_eq!(
+            prime["metadata"]["labels"]["ferry.dev/populated-claim"],
+            "u-1"
+        );
+        assert_eq!(
+            prime["metadata"]["ownerReferences"],
+            json!([{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": "disk",
+                    "uid": "u-1", "controller": true}])
+        );
+        assert_eq!(
+            prime["spec"],
+            json!({"accessModes": ["ReadWriteMany"], "storageClassName": "fast",
+                   "volumeMode": "Block", "resources": {"requests": {"storage": "20Gi"}}})
+        );
+        let unpinned = prime_claim(&pvc, &ids, None);
+        assert_eq!(unpinned.metadata.annotations, None);
+    }
+}

@@ -1,0 +1,135 @@
+//! What every populator reconcile shares: the client, the stores of claims (every claim,
+//! so prime claims are read at no cost) and of populator Transfers, the event recorder,
+//! and what the claim's events last said about each Transfer. The stores are filled by
+//! watches; what they miss (a just-created object) is created again and the conflict
+//! taken as success, so they only save requests, never decide alone.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource};
+use parking_lot::Mutex;
+
+use crate::crd::Transfer;
+
+use super::mirror::{self, Note, Said};
+
+/// The event reporter of the populator.
+pub const REPORTER: &str = "ferry-operator";
+
+/// The longest prefix of `text` of at most `max` bytes that ends on a character.
+fn within(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// Shared by every populator reconcile.
+pub struct Context {
+    /// The API client.
+    pub client: Client,
+    /// Every claim of the cluster.
+    pub claims: Store<PersistentVolumeClaim>,
+    /// The Transfers the populator created.
+    pub transfers: Store<Transfer>,
+    recorder: Recorder,
+    said: Mutex<HashMap<String, Said>>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("claims", &self.claims.len())
+            .field("transfers", &self.transfers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    /// A context over this client and these stores.
+    pub fn new(
+        client: Client,
+        claims: Store<PersistentVolumeClaim>,
+        transfers: Store<Transfer>,
+    ) -> Self {
+        let reporter = Reporter {
+            controller: REPORTER.into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            claims,
+            transfers,
+            said: Mutex::default(),
+        }
+    }
+
+    /// The claim `name` in `namespace`, as last watched.
+    pub fn claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<std::sync::Arc<PersistentVolumeClaim>> {
+        self.claims.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// The populator Transfer `name` in `namespace`, as last watched.
+    pub fn transfer(&self, namespace: &str, name: &str) -> Option<std::sync::Arc<Transfer>> {
+        self.transfers.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// Publishes an event on the user's claim; a failure is logged, never fatal.
+    pub async fn event(
+        &self,
+        pvc: &PersistentVolumeClaim,
+        warning: bool,
+        reason: &str,
+        note: &str,
+    ) {
+        let event = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.into(),
+            note: Some(within(note, 1000).to_string()),
+            action: reason.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &pvc.object_ref(&())).await {
+            tracing::warn!(reason, error = %e, "cannot publish an event");
+        }
+    }
+
+    /// The event telling the Transfer's state on the claim `uid`, if it has news (and
+    /// remembers it as told).
+    pub fn news(&self, uid: &str, transfer: &Transfer, prime: &str) -> Option<Note> {
+        let now = mirror::now(transfer);
+        let mut said = self.said.lock();
+        let note = mirror::note(said.get(uid).copied(), now, transfer, prime)?;
+        said.insert(uid.to_string(), now);
+        Some(note)
+    }
+
+    /// The claim is populated: nothing more to tell about it.
+    pub fn forget(&self, uid: &str) {
+        self.said.lock().remove(uid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::within;
+
+    #[test]
+    fn notes_are_cut_on_a_character_within_the_limit() {
+        assert_eq!(within("abc", 10), "abc");
+        assert_eq!(within("aé", 2), "a");
+    }
+}

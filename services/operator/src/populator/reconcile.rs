@@ -1,0 +1,229 @@
+//! The populator's state machine for one user claim, re-entered from the top on every
+//! reconcile (every step is idempotent, so a restarted operator continues where the last
+//! one stopped):
+//! 1. a claim that does not name a VolumeImageSource is ignored, with no request;
+//! 2. a claim with a volume is finished: [`super::rebind::finish`] cleans up;
+//! 3. wait for the VolumeImageSource (a Pending event while it is missing);
+//! 4. create the prime claim, after the storage class allows it (WaitForFirstConsumer:
+//!    once the scheduler picked a node, and pinned there);
+//! 5. create the Transfer filling the prime claim; tell its progress on the claim;
+//! 6. once it succeeded, [`super::rebind::rebind`] hands the prime's volume over.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::PostParams;
+use kube::runtime::controller::Action;
+use kube::Api;
+
+use crate::crd::{Phase, Transfer, VolumeImageSource};
+
+use super::build::{self, ClaimIds};
+use super::context::Context;
+use super::error::Error;
+use super::{names, rebind, source};
+
+/// How long a claim waits before looking again at what no watch reports (a storage
+/// class, a volume, a conflicting Transfer someone else owns).
+pub const RECHECK: Duration = Duration::from_secs(60);
+
+/// Where the prime claim may be provisioned.
+enum Placement {
+    /// Wherever the provisioner likes (Immediate binding, or no class).
+    Anywhere,
+    /// On the node the scheduler picked for the user's claim.
+    Node(String),
+    /// Not yet.
+    Wait(Action),
+}
+
+/// A step's result: go on with this, or stop here and come back as the action says.
+enum Step<T> {
+    Go(T),
+    Wait(Action),
+}
+
+/// Reconciles one claim (see the module docs).
+pub async fn reconcile(
+    pvc: Arc<PersistentVolumeClaim>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let Some(source) = source::of(&pvc) else {
+        return Ok(Action::await_change());
+    };
+    let ids = ClaimIds::of(&pvc).ok_or(Error::NotStored)?;
+    if pvc.metadata.deletion_timestamp.is_some() {
+        // The prime claim and the Transfer are owned by the claim: the garbage collector
+        // removes them.
+        ctx.forget(&ids.uid);
+        return Ok(Action::await_change());
+    }
+    if let Some(other) = source
+        .namespace
+        .as_deref()
+        .filter(|ns| *ns != ids.namespace)
+    {
+        let note = format!(
+            "VolumeImageSource {other}/{} is in another namespace: ferry populates only from a VolumeImageSource in the claim's namespace ({})",
+            source.name, ids.namespace
+        );
+        ctx.event(&pvc, true, "CrossNamespaceSource", &note).await;
+        return Ok(Action::await_change());
+    }
+    if pvc
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .is_some_and(|v| !v.is_empty())
+    {
+        return rebind::finish(&ctx, &pvc, &ids).await;
+    }
+    populate(&ctx, &pvc, &ids, &source.name).await
+}
+
+async fn populate(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    ids: &ClaimIds,
+    source_name: &str,
+) -> Result<Action, Error> {
+    let sources: Api<VolumeImageSource> = Api::namespaced(ctx.client.clone(), &ids.namespace);
+    let Some(source) = sources.get_opt(source_name).await? else {
+        let note = format!(
+            "waiting for VolumeImageSource {source_name} in namespace {}: create it, or fix spec.dataSourceRef",
+            ids.namespace
+        );
+        ctx.event(pvc, false, "Pending", &note).await;
+        // The watch of VolumeImageSources wakes the claim when it appears.
+        return Ok(Action::await_change());
+    };
+    if let Err(e) = source.spec.validate() {
+        let note = format!("VolumeImageSource {source_name}: {e}");
+        ctx.event(pvc, true, "InvalidSource", &note).await;
+        return Ok(Action::await_change());
+    }
+    let prime_name = names::prime(&ids.uid);
+    let prime = match ctx.claim(&ids.namespace, &prime_name) {
+        Some(prime) => prime,
+        None => match create_prime(ctx, pvc, ids).await? {
+            Step::Go(prime) => Arc::new(prime),
+            Step::Wait(action) => return Ok(action),
+        },
+    };
+    let transfer = match ensure_transfer(ctx, pvc, ids, &source).await? {
+        Step::Go(transfer) => transfer,
+        Step::Wait(action) => return Ok(action),
+    };
+    if let Some(note) = ctx.news(&ids.uid, &transfer, &prime_name) {
+        ctx.event(pvc, note.warning, note.reason, &note.text).await;
+    }
+    match transfer.status.as_ref().map(|s| s.phase) {
+        Some(Phase::Succeeded) => rebind::rebind(ctx, pvc, ids, &prime, source_name).await,
+        // Failed or Cancelled: the prime claim stays for inspection; the Transfer retried
+        // as its own policy says. Deleting it makes the next reconcile create a new one.
+        _ => Ok(Action::await_change()),
+    }
+}
+
+async fn placement(ctx: &Context, pvc: &PersistentVolumeClaim) -> Result<Placement, Error> {
+    let class = pvc
+        .spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.as_deref());
+    let Some(class) = class.filter(|c| !c.is_empty()) else {
+        return Ok(Placement::Anywhere);
+    };
+    let classes: Api<StorageClass> = Api::all(ctx.client.clone());
+    let Some(sc) = classes.get_opt(class).await? else {
+        let note = format!("waiting for StorageClass {class}: it does not exist");
+        ctx.event(pvc, false, "Pending", &note).await;
+        return Ok(Placement::Wait(Action::requeue(RECHECK)));
+    };
+    if sc.volume_binding_mode.as_deref() != Some("WaitForFirstConsumer") {
+        return Ok(Placement::Anywhere);
+    }
+    let node = pvc
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(names::SELECTED_NODE));
+    Ok(match node {
+        Some(node) => Placement::Node(node.clone()),
+        // The scheduler annotates the claim once a pod using it has a node; that update
+        // wakes the claim.
+        None => Placement::Wait(Action::await_change()),
+    })
+}
+
+/// Creates the prime claim, or says how long to wait before it may be.
+async fn create_prime(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    ids: &ClaimIds,
+) -> Result<Step<PersistentVolumeClaim>, Error> {
+    let node = match placement(ctx, pvc).await? {
+        Placement::Anywhere => None,
+        Placement::Node(node) => Some(node),
+        Placement::Wait(action) => return Ok(Step::Wait(action)),
+    };
+    let prime = build::prime_claim(pvc, ids, node.as_deref());
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ids.namespace);
+    match api.create(&PostParams::default(), &prime).await {
+        Ok(created) => {
+            let name = names::prime(&ids.uid);
+            let place = node.map(|n| format!(" on node {n}")).unwrap_or_default();
+            let note = format!("created prime claim pvc/{name}{place} to fill with the image");
+            ctx.event(pvc, false, "PrimeCreated", &note).await;
+            Ok(Step::Go(created))
+        }
+        // Created by an earlier reconcile the store has not seen yet.
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(Step::Go(prime)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The claim's Transfer, or what to do while there is none to follow: just created
+/// (its watch wakes the claim) or a Transfer of that name that belongs to something else.
+async fn ensure_transfer(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    ids: &ClaimIds,
+    source: &VolumeImageSource,
+) -> Result<Step<Arc<Transfer>>, Error> {
+    let name = names::transfer(&ids.name);
+    let existing = match ctx.transfer(&ids.namespace, &name) {
+        Some(t) => Some(t),
+        None => {
+            let api: Api<Transfer> = Api::namespaced(ctx.client.clone(), &ids.namespace);
+            match api
+                .create(&PostParams::default(), &build::transfer(ids, source))
+                .await
+            {
+                Ok(_) => {
+                    let note = format!(
+                        "created Transfer {name} to copy the image into pvc/{}",
+                        names::prime(&ids.uid)
+                    );
+                    ctx.event(pvc, false, "TransferCreated", &note).await;
+                    return Ok(Step::Wait(Action::await_change()));
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    api.get_opt(&name).await?.map(Arc::new)
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    };
+    match existing {
+        Some(t) if build::owned_by(t.as_ref(), &ids.uid) => Ok(Step::Go(t)),
+        _ => {
+            let note = format!(
+                "Transfer {name} exists and does not fill this claim: delete or rename it; the claim waits"
+            );
+            ctx.event(pvc, true, "TransferConflict", &note).await;
+            Ok(Step::Wait(Action::requeue(RECHECK)))
+        }
+    }
+}

@@ -1,0 +1,487 @@
+//! Volume populator scenarios against a mocked API server: each step calls the
+//! populator's reconcile directly, with its stores filled as the watches would fill them,
+//! and checks every request it makes (method, path, the important body fields), in
+//! order, and that no other request follows.
+
+#[path = "support/populator.rs"]
+mod api;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::{Harness, Reply, Seen};
+use ferry_operator::populator::reconcile;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::runtime::controller::Action;
+use serde_json::{json, Value};
+
+const NS: &str = "vms";
+const UID: &str = "u-1";
+const PRIME: &str = "ferry-prime-u-1";
+const VIS: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/volumeimagesources/fedora";
+const SC: &str = "/apis/storage.k8s.io/v1/storageclasses/fast";
+const PVCS: &str = "/api/v1/namespaces/vms/persistentvolumeclaims";
+const TRANSFERS: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/transfers";
+const PV: &str = "/api/v1/persistentvolumes/pv-7";
+
+/// The user's claim `disk`, 20Gi of class `fast`, Block, populated from `fedora`.
+fn claim() -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "disk", "namespace": NS, "uid": UID, "resourceVersion": "40"},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"], "storageClassName": "fast", "volumeMode": "Block",
+            "resources": {"requests": {"storage": "20Gi"}},
+            "dataSourceRef": {"apiGroup": "ferry.dev", "kind": "VolumeImageSource", "name": "fedora"},
+        },
+        "status": {"phase": "Pending"},
+    })
+}
+
+fn source() -> Value {
+    json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "VolumeImageSource",
+        "metadata": {"name": "fedora", "namespace": NS, "uid": "vis-1"},
+        "spec": {
+            "source": {"url": "s3://images/fedora.raw", "s3": {"region": "eu-west-1"}},
+            "options": {"workers": 4},
+            "expectedDigest": format!("sha256:{}", "ab".repeat(32)),
+        },
+    })
+}
+
+fn storage_class(mode: &str) -> Value {
+    json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+           "metadata": {"name": "fast"}, "provisioner": "csi.example.com",
+           "volumeBindingMode": mode})
+}
+
+fn owner() -> Value {
+    json!([{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": "disk", "uid": UID,
+            "controller": true}])
+}
+
+fn labels() -> Value {
+    json!({"app.kubernetes.io/component": "populator",
+           "app.kubernetes.io/managed-by": "ferry-operator",
+           "ferry.dev/populated-claim": UID})
+}
+
+/// The prime claim as the API server has it, Bound to pv-7 when `bound`.
+fn prime_claim(bound: bool) -> Value {
+    let mut p = json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": PRIME, "namespace": NS, "uid": "prime-uid",
+                     "labels": labels(), "ownerReferences": owner()},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "fast",
+                 "volumeMode": "Block", "resources": {"requests": {"storage": "20Gi"}}},
+        "status": {"phase": "Pending"},
+    });
+    if bound {
+        p["spec"]["volumeName"] = json!("pv-7");
+        p["status"]["phase"] = json!("Bound");
+    }
+    p
+}
+
+/// The populator's Transfer as the API server has it, with this status.
+fn transfer(status: Value) -> Value {
+    json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+        "metadata": {"name": "disk", "namespace": NS, "uid": "t-1",
+                     "labels": labels(), "ownerReferences": owner()},
+        "spec": {"source": {"url": "s3://images/fedora.raw"}, "targets": [{"pvc": {"name": PRIME}}]},
+        "status": status,
+    })
+}
+
+fn pv(claim_uid: &str, claim_name: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pv-7"},
+        "spec": {"capacity": {"storage": "20Gi"}, "persistentVolumeReclaimPolicy": "Delete",
+                 "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                              "namespace": NS, "name": claim_name, "uid": claim_uid,
+                              "resourceVersion": "12"}},
+    })
+}
+
+fn pvc(v: &Value) -> Arc<PersistentVolumeClaim> {
+    Arc::new(serde_json::from_value(v.clone()).unwrap())
+}
+
+async fn finish(
+    task: tokio::task::JoinHandle<Result<Action, ferry_operator::populator::Error>>,
+) -> Action {
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the reconcile did not finish")
+        .unwrap()
+        .unwrap()
+}
+
+/// Checks an event published on the user's claim; returns its note.
+fn on_claim(event: &Seen, type_: &str, reason: &str) -> String {
+    assert_eq!(event.body["reason"], reason, "{}", event.body);
+    assert_eq!(event.body["type"], type_, "{}", event.body);
+    assert_eq!(event.body["regarding"]["kind"], "PersistentVolumeClaim");
+    assert_eq!(event.body["regarding"]["name"], "disk");
+    assert_eq!(event.body["regarding"]["uid"], UID);
+    event.body["note"].as_str().unwrap().to_string()
+}
+
+/// New claim naming a VolumeImageSource -> the prime claim (the user's spec, no data
+/// source, owned and labelled) and the Transfer from the source into it; then the
+/// Transfer's progress is told on the claim, once per change.
+#[tokio::test]
+async fn a_new_claim_gets_a_prime_claim_and_a_transfer() {
+    let mut h = Harness::new();
+    let task = tokio::spawn(reconcile(pvc(&claim()), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(source())).await;
+    h.server
+        .expect("GET", SC, Reply::Ok(storage_class("Immediate")))
+        .await;
+    let prime = h.server.expect("POST", PVCS, Reply::Echo).await.body;
+    assert_eq!(
+        prime,
+        json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": PRIME, "namespace": NS, "labels": labels(),
+                         "ownerReferences": owner()},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "fast",
+                     "volumeMode": "Block", "resources": {"requests": {"storage": "20Gi"}}},
+        })
+    );
+    let note = on_claim(&h.server.expect_event(NS).await, "Normal", "PrimeCreated");
+    assert_eq!(
+        note,
+        format!("created prime claim pvc/{PRIME} to fill with the image")
+    );
+    let t = h.server.expect("POST", TRANSFERS, Reply::Echo).await.body;
+    assert_eq!(
+        t,
+        json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+            "metadata": {"name": "disk", "namespace": NS, "labels": labels(),
+                         "ownerReferences": owner()},
+            "spec": {
+                "source": {"url": "s3://images/fedora.raw", "s3": {"region": "eu-west-1"}},
+                "targets": [{"pvc": {"name": PRIME}}],
+                "options": {"workers": 4},
+                "expectedDigest": format!("sha256:{}", "ab".repeat(32)),
+            },
+        })
+    );
+    on_claim(
+        &h.server.expect_event(NS).await,
+        "Normal",
+        "TransferCreated",
+    );
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+
+    // The watches saw both; the Transfer runs: one event, and none for the same state.
+    h.claim_seen(&prime_claim(false));
+    let running = json!({"phase": "Running", "moverPod": "disk-ft-1", "node": "node-a",
+                         "progress": {"totalBytes": 1000, "doneBytes": 500}});
+    h.transfer_seen(&transfer(running));
+    for round in 0..2 {
+        let task = tokio::spawn(reconcile(pvc(&claim()), h.ctx.clone()));
+        h.server.expect("GET", VIS, Reply::Ok(source())).await;
+        if round == 0 {
+            let note = on_claim(
+                &h.server.expect_event(NS).await,
+                "Normal",
+                "PopulatorRunning",
+            );
+            assert_eq!(
+                note,
+                format!("Transfer disk copies the image into pvc/{PRIME}: 500 of 1000 bytes (50%) by mover pod disk-ft-1 on node node-a")
+            );
+        }
+        assert_eq!(finish(task).await, Action::await_change());
+        h.server.done().await;
+    }
+}
+
+/// The VolumeImageSource does not exist (yet) -> a Pending event, no prime claim.
+#[tokio::test]
+async fn a_missing_source_leaves_the_claim_pending() {
+    let mut h = Harness::new();
+    let task = tokio::spawn(reconcile(pvc(&claim()), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Fail(404)).await;
+    let note = on_claim(&h.server.expect_event(NS).await, "Normal", "Pending");
+    assert_eq!(
+        note,
+        "waiting for VolumeImageSource fedora in namespace vms: create it, or fix spec.dataSourceRef"
+    );
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+}
+
+/// WaitForFirstConsumer without a selected node -> nothing yet; once the scheduler
+/// picked one, the prime claim is pinned there.
+#[tokio::test]
+async fn wait_for_first_consumer_waits_for_the_node_and_pins_the_prime() {
+    let mut h = Harness::new();
+    let task = tokio::spawn(reconcile(pvc(&claim()), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(source())).await;
+    h.server
+        .expect("GET", SC, Reply::Ok(storage_class("WaitForFirstConsumer")))
+        .await;
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+
+    let mut scheduled = claim();
+    scheduled["metadata"]["annotations"] = json!({"volume.kubernetes.io/selected-node": "node-b"});
+    let task = tokio::spawn(reconcile(pvc(&scheduled), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(source())).await;
+    h.server
+        .expect("GET", SC, Reply::Ok(storage_class("WaitForFirstConsumer")))
+        .await;
+    let prime = h.server.expect("POST", PVCS, Reply::Echo).await.body;
+    assert_eq!(
+        prime["metadata"]["annotations"],
+        json!({"volume.kubernetes.io/selected-node": "node-b"})
+    );
+    assert_eq!(prime["metadata"]["name"], PRIME);
+    let note = on_claim(&h.server.expect_event(NS).await, "Normal", "PrimeCreated");
+    assert!(
+        note.ends_with("on node node-b to fill with the image"),
+        "{note}"
+    );
+    h.server.expect("POST", TRANSFERS, Reply::Echo).await;
+    on_claim(
+        &h.server.expect_event(NS).await,
+        "Normal",
+        "TransferCreated",
+    );
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+}
+
+/// Transfer Succeeded: nothing until the prime claim is Bound; then its volume's
+/// claimRef is patched to the user's claim; a repeat finds it handed over.
+#[tokio::test]
+async fn a_succeeded_transfer_hands_the_volume_to_the_claim() {
+    let mut h = Harness::new();
+    h.claim_seen(&prime_claim(false));
+    h.transfer_seen(&transfer(json!({"phase": "Succeeded"})));
+    let task = tokio::spawn(reconcile(pvc(&claim()), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(source())).await;
+    on_claim(&h.server.expect_event(NS).await, "Normal", "ImageCopied");
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+
+    h.claim_seen(&prime_claim(true));
+    let task = tokio::spawn(reconcile(pvc(&claim()), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(source())).await;
+    h.server
+        .expect("GET", PV, Reply::Ok(pv("prime-uid", PRIME)))
+        .await;
+    let patch = h
+        .server
+        .expect("PATCH", PV, Reply::Ok(pv(UID, "disk")))
+        .await;
+    assert_eq!(patch.content_type, "application/merge-patch+json");
+    assert_eq!(
+        patch.body,
+        json!({
+            "metadata": {"annotations": {"ferry.dev/populated-from": "vms/fedora"}},
+            "spec": {"claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                                  "namespace": NS, "name": "disk", "uid": UID,
+                                  "resourceVersion": "40"}},
+        })
+    );
+    let note = on_claim(&h.server.expect_event(NS).await, "Normal", "Rebinding");
+    assert_eq!(
+        note,
+        "volume pv-7 holds the image: handed over to this claim"
+    );
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+
+    // Again before the PV controller bound the claim: the volume is already ours.
+    let task = tokio::spawn(reconcile(pvc(&claim()), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(source())).await;
+    h.server.expect("GET", PV, Reply::Ok(pv(UID, "disk"))).await;
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+}
+
+/// A volume whose claimRef names neither the prime nor the user's claim is left alone.
+#[tokio::test]
+async fn a_volume_claimed_by_someone_else_is_not_taken() {
+    let mut h = Harness::new();
+    h.claim_seen(&prime_claim(true));
+    h.transfer_seen(&transfer(json!({"phase": "Succeeded"})));
+    let task = tokio::spawn(reconcile(pvc(&claim()), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(source())).await;
+    on_claim(&h.server.expect_event(NS).await, "Normal", "ImageCopied");
+    h.server
+        .expect("GET", PV, Reply::Ok(pv("x-9", "other")))
+        .await;
+    let note = on_claim(&h.server.expect_event(NS).await, "Warning", "VolumeTaken");
+    assert!(note.contains("claimed by vms/other"), "{note}");
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+}
+
+/// The user's claim Bound to the volume -> the prime claim and the Transfer are deleted;
+/// after that the claim costs no request.
+#[tokio::test]
+async fn a_bound_claim_deletes_the_prime_and_the_transfer() {
+    let mut h = Harness::new();
+    h.claim_seen(&prime_claim(true));
+    h.transfer_seen(&transfer(json!({"phase": "Succeeded"})));
+    let mut bound = claim();
+    bound["spec"]["volumeName"] = json!("pv-7");
+    // Named but not yet Bound: wait.
+    let task = tokio::spawn(reconcile(pvc(&bound), h.ctx.clone()));
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+
+    bound["status"]["phase"] = json!("Bound");
+    let task = tokio::spawn(reconcile(pvc(&bound), h.ctx.clone()));
+    let seen = h
+        .server
+        .expect("DELETE", &format!("{PVCS}/{PRIME}"), Reply::Deleted)
+        .await;
+    assert_eq!(seen.body["propagationPolicy"], "Background");
+    let note = on_claim(&h.server.expect_event(NS).await, "Normal", "Populated");
+    assert_eq!(
+        note,
+        format!("populated: bound to volume pv-7; prime claim pvc/{PRIME} deleted")
+    );
+    h.server
+        .expect("DELETE", &format!("{TRANSFERS}/disk"), Reply::Deleted)
+        .await;
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+
+    // The watches saw both go.
+    let mut h2 = Harness::new();
+    let task = tokio::spawn(reconcile(pvc(&bound), h2.ctx.clone()));
+    assert_eq!(finish(task).await, Action::await_change());
+    h2.server.done().await;
+}
+
+/// A failed Transfer -> a warning on the claim; the prime claim stays, nothing else.
+#[tokio::test]
+async fn a_failed_transfer_warns_and_keeps_the_prime() {
+    let mut h = Harness::new();
+    h.claim_seen(&prime_claim(true));
+    h.transfer_seen(&transfer(
+        json!({"phase": "Failed", "message": "source: s3://images/fedora.raw does not exist"}),
+    ));
+    let task = tokio::spawn(reconcile(pvc(&claim()), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(source())).await;
+    let note = on_claim(
+        &h.server.expect_event(NS).await,
+        "Warning",
+        "PopulatorFailed",
+    );
+    assert_eq!(
+        note,
+        format!("Transfer disk failed: source: s3://images/fedora.raw does not exist; pvc/{PRIME} is kept for inspection; delete Transfer disk to try again")
+    );
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+}
+
+/// A Transfer named after the claim that someone else owns -> a warning, no takeover.
+#[tokio::test]
+async fn a_foreign_transfer_of_the_same_name_is_a_conflict() {
+    let mut h = Harness::new();
+    h.claim_seen(&prime_claim(false));
+    let task = tokio::spawn(reconcile(pvc(&claim()), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(source())).await;
+    h.server.expect("POST", TRANSFERS, Reply::Fail(409)).await;
+    let mut foreign = transfer(json!({"phase": "Running"}));
+    foreign["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("ownerReferences");
+    h.server
+        .expect("GET", &format!("{TRANSFERS}/disk"), Reply::Ok(foreign))
+        .await;
+    on_claim(
+        &h.server.expect_event(NS).await,
+        "Warning",
+        "TransferConflict",
+    );
+    assert_eq!(
+        finish(task).await,
+        Action::requeue(ferry_operator::populator::reconcile::RECHECK)
+    );
+    h.server.done().await;
+}
+
+/// Claims whose dataSourceRef is another kind (or none) -> ignored, no request.
+#[tokio::test]
+async fn other_data_sources_are_ignored() {
+    let mut h = Harness::new();
+    let mut snapshot = claim();
+    snapshot["spec"]["dataSourceRef"] =
+        json!({"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": "fedora"});
+    let mut plain = claim();
+    plain["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("dataSourceRef");
+    for c in [snapshot, plain] {
+        let task = tokio::spawn(reconcile(pvc(&c), h.ctx.clone()));
+        assert_eq!(finish(task).await, Action::await_change());
+        h.server.done().await;
+    }
+}
+
+/// A prime claim an earlier reconcile created but the store has not seen yet (409) ->
+/// taken as created; the Transfer follows.
+#[tokio::test]
+async fn a_prime_claim_created_before_is_not_created_twice() {
+    let mut h = Harness::new();
+    let task = tokio::spawn(reconcile(pvc(&claim()), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(source())).await;
+    h.server
+        .expect("GET", SC, Reply::Ok(storage_class("Immediate")))
+        .await;
+    h.server.expect("POST", PVCS, Reply::Fail(409)).await;
+    h.server.expect("POST", TRANSFERS, Reply::Echo).await;
+    on_claim(
+        &h.server.expect_event(NS).await,
+        "Normal",
+        "TransferCreated",
+    );
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+}
+
+/// A source in another namespace, or one that fails its checks -> a warning, nothing
+/// created.
+#[tokio::test]
+async fn foreign_and_invalid_sources_are_refused_with_a_warning() {
+    let mut h = Harness::new();
+    let mut foreign = claim();
+    foreign["spec"]["dataSourceRef"]["namespace"] = json!("images");
+    let task = tokio::spawn(reconcile(pvc(&foreign), h.ctx.clone()));
+    let note = on_claim(
+        &h.server.expect_event(NS).await,
+        "Warning",
+        "CrossNamespaceSource",
+    );
+    assert!(
+        note.starts_with("VolumeImageSource images/fedora is in another namespace"),
+        "{note}"
+    );
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+
+    let mut invalid = source();
+    invalid["spec"]["source"]["url"] = json!("s3://user:pw@images/fedora.raw");
+    let task = tokio::spawn(reconcile(pvc(&claim()), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(invalid)).await;
+    let note = on_claim(&h.server.expect_event(NS).await, "Warning", "InvalidSource");
+    assert!(note.contains("password inside the URL"), "{note}");
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+}
