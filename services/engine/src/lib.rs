@@ -13,6 +13,7 @@ pub mod blkhash;
 mod checksum;
 mod commit;
 mod copy;
+mod fanout;
 mod geometry;
 mod merge;
 mod options;
@@ -33,6 +34,7 @@ mod copy_tests;
 
 pub use checksum::{checksum, Digest};
 pub use copy::{copy, CopyReport};
+pub use fanout::{Failure, FanOut, MemberOutcome};
 pub use options::{
     ChecksumOptions, CommitOrder, CopyOptions, HashAlgorithm, DEFAULT_REQUEST_SIZE,
     DEFAULT_WORKERS, DEFAULT_WORK_UNIT,
