@@ -6,8 +6,9 @@
 //! last one has written it, so memory stays that of a single copy; the copy's other
 //! requests in flight keep every member busy meanwhile. A member that fails is dropped
 //! from the copy (aborted at the end) and the others go on: the fan-out fails only when
-//! no member is left. A failed write takes its buffer with it, so the members after it
-//! get those bytes read from the source again (the only time anything is read twice).
+//! no member is left. A failed write takes its buffer with it, so the buffer is read from
+//! the source again, whole, for the members after it and for the caller (the only time
+//! anything is read twice).
 //! [`FanOut::outcomes`] says afterwards how each member ended.
 //!
 //! The fan-out's capabilities are what every member can do (zeroes are efficient only if
@@ -159,14 +160,23 @@ impl FanOut {
             .collect()
     }
 
-    /// The bytes a failed member's write took with it, read again for the members after it.
+    /// The buffer a failed member's write took with it, read again whole: the caller
+    /// filled it from the source at the image offset of its first byte (`offset` minus the
+    /// view's start) and may write other views of it after this one.
     async fn reread(&self, offset: u64, capacity: usize, view: Range<usize>) -> Result<IoBuf> {
+        let source = &self.members.source;
+        let base = offset
+            .checked_sub(view.start as u64)
+            .ok_or_else(|| Error::internal("a write view starts before the image"))?;
+        let len = source.size().saturating_sub(base).min(capacity as u64) as usize;
         let mut b = IoBuf::new(capacity);
+        b.set_view(0, len);
+        let mut b = source
+            .read_at(base, b)
+            .await
+            .map_err(|e| e.at("read", base).with_endpoint(source.describe()))?;
         b.set_view(view.start, view.len());
-        self.members.source.read_at(offset, b).await.map_err(|e| {
-            e.at("read", offset)
-                .with_endpoint(self.members.source.describe())
-        })
+        Ok(b)
     }
 
     /// Runs `op` on every live member through this handle; a member whose `op` fails is
@@ -255,11 +265,11 @@ impl Target for FanOut {
             }
         }
         self.alive()?;
-        Ok(buf.unwrap_or_else(|| {
-            let mut b = IoBuf::new(capacity);
-            b.set_view(view.start, view.len());
-            b
-        }))
+        match buf {
+            Some(b) => Ok(b),
+            // The caller may write other views of this buffer next: give it back whole.
+            None => self.reread(offset, capacity, view).await,
+        }
     }
 
     async fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> Result<()> {
@@ -328,8 +338,18 @@ mod tests {
 
     const MIB: u64 = 1024 * 1024;
 
+    /// Data with a zero 4 KiB block in every 64 KiB (so the engine writes several views
+    /// of each read buffer) and two holes.
     fn image(size: u64) -> MemSource {
-        let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8 + 1).collect();
+        let data: Vec<u8> = (0..size)
+            .map(|i| {
+                if i % (64 * 1024) < 4096 {
+                    0
+                } else {
+                    (i % 251) as u8 + 1
+                }
+            })
+            .collect();
         MemSource::new(data).with_holes(&[(MIB, 3 * MIB), (7 * MIB, 8 * MIB)])
     }
 
@@ -381,7 +401,7 @@ mod tests {
         let source = image(10 * MIB);
         let targets = vec![
             RecordingTarget::new(10 * MIB),
-            RecordingTarget::new(10 * MIB).fail_write_at(5 * MIB),
+            RecordingTarget::new(10 * MIB).fail_write_at(5 * MIB + 8192),
             RecordingTarget::new(10 * MIB),
         ];
         let (result, fan) = fan_out(&source, &targets).await;
@@ -409,6 +429,20 @@ mod tests {
             read as u64 > 7 * MIB,
             "the request the failed write took was read again for the member after it"
         );
+    }
+
+    #[tokio::test]
+    async fn the_last_target_failing_leaves_the_buffer_whole_for_the_rest_of_the_request() {
+        let source = image(10 * MIB);
+        let targets = vec![
+            RecordingTarget::new(10 * MIB),
+            RecordingTarget::new(10 * MIB).fail_write_at(4 * MIB + 8192),
+        ];
+        let (result, fan) = fan_out(&source, &targets).await;
+        result.unwrap();
+        assert_eq!(targets[0].data(), source.data());
+        assert!(targets[1].is_aborted());
+        assert!(fan.outcomes()[1].error.is_some());
     }
 
     #[tokio::test]

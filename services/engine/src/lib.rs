@@ -42,7 +42,7 @@ pub use options::{
 pub use progress::{Checkpoint, Progress, ProgressSnapshot};
 pub use tokio_util::sync::CancellationToken;
 pub use verified::{
-    copy_and_verify, verify_read_back, Prefix, Stage, StageError, Stages, Verification,
-    VerifiedCopy, Verify,
+    copy_and_verify, verify_read_back, verify_read_backs, Prefix, Stage, StageError, Stages,
+    Verification, VerifiedCopy, Verify,
 };
 pub use zero::is_zero;

@@ -389,6 +389,37 @@ pub async fn verify_read_back(
     check_equal(source_digest, target_digest, &name, size, started)
 }
 
+/// [`verify_read_back`] of several targets written from one source (a fan-out): the
+/// source is hashed once, then each target read back, one after another. One result per
+/// target, in order; a target's failure does not stop the others.
+pub async fn verify_read_backs(
+    source: Arc<dyn Source>,
+    targets: Vec<Arc<dyn Source>>,
+    options: &ChecksumOptions,
+    progress: &Progress,
+    cancel: &CancellationToken,
+) -> Result<Vec<Result<Verification>>> {
+    let size = source.size();
+    let source_digest = checksum(source, options, progress, cancel)
+        .await
+        .map_err(|e| reworded(e, "verify: checksum of the source"))?;
+    let mut results = Vec::with_capacity(targets.len());
+    for target in targets {
+        let started = Instant::now();
+        let name = target.describe();
+        let result = async {
+            let target = prefix_view(target, size).await?;
+            let digest = checksum(target.clone(), options, &Progress::new(), cancel).await;
+            let _ = target.close().await;
+            let digest = digest.map_err(|e| reworded(e, "verify: checksum of the target"))?;
+            check_equal(source_digest.clone(), digest, &name, size, started)
+        }
+        .await;
+        results.push(result);
+    }
+    Ok(results)
+}
+
 /// `error` with `what` in front, keeping its kind (so cancellation stays cancellation and
 /// a lost connection stays worth a retry).
 fn reworded(error: Error, what: &str) -> Error {

@@ -1,15 +1,20 @@
-//! `ferry copy SRC DST`: copy an image between any two endpoints.
+//! `ferry copy SRC DST [DST...]`: copy an image between any endpoints.
 //!
 //! Opens the source, then the target sized to it, runs the engine's copy (and with
 //! `--verify` its verification of the flushed target read back, the path the job service
 //! takes too) with progress and Ctrl-C cancellation, and prints a summary (or `--json`).
 //! Nothing is printed on stdout unless the copy succeeded (and verified).
+//!
+//! With several targets the copy is one pass ([`ferry_engine::FanOut`]): each extent is
+//! read once and written to every target; a target that fails is reported and the others
+//! go on; `--verify` hashes the source once and reads each target back. The summary names
+//! the targets that hold the image; the exit status is 0 only if every one does.
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Args;
-use ferry_core::{EndpointSpec, Source};
+use ferry_core::{EndpointSpec, Source, Target};
 use ferry_endpoints::{open_source, open_target, Preallocation, SourceOptions, TargetOptions};
 use ferry_engine::{
     CancellationToken, ChecksumOptions, CommitOrder, CopyOptions, Progress, Stage, Stages, Verify,
@@ -26,9 +31,10 @@ pub struct CopyArgs {
     /// Image to read: a path, file:///path, nbd://host[:port]/export, nbd+unix:///export?socket=PATH, ...
     #[arg(value_name = "SRC")]
     pub source: String,
-    /// Image to write; a missing file is created with the source's size.
-    #[arg(value_name = "DST")]
-    pub target: String,
+    /// Image to write; a missing file is created with the source's size. Several: one
+    /// pass writes them all.
+    #[arg(value_name = "DST", required = true, num_args = 1..)]
+    pub targets: Vec<String>,
     #[arg(long, value_name = "N", value_parser = args::count,
           help = format!("Concurrent copy workers [default: {}]", ferry_engine::DEFAULT_WORKERS))]
     pub workers: Option<usize>,
@@ -99,7 +105,7 @@ impl CopyArgs {
     }
 
     /// The checksum options of `--verify`.
-    fn verify_options(&self) -> ChecksumOptions {
+    pub(super) fn verify_options(&self) -> ChecksumOptions {
         let mut options = ChecksumOptions::default();
         if let Some(workers) = self.workers {
             options.workers = workers;
@@ -107,7 +113,7 @@ impl CopyArgs {
         options
     }
 
-    fn source_options(&self) -> SourceOptions {
+    pub(super) fn source_options(&self) -> SourceOptions {
         let mut options = SourceOptions::default();
         options.cache = self.cache.into();
         options
@@ -127,18 +133,54 @@ pub async fn run(args: CopyArgs) -> anyhow::Result<ExitCode> {
     super::init_tracing();
     let source_spec =
         EndpointSpec::parse(&args.source).map_err(|e| super::failed(e, "invalid source"))?;
-    let target_spec =
-        EndpointSpec::parse(&args.target).map_err(|e| super::failed(e, "invalid target"))?;
-    let (source_name, target_name) = (source_spec.to_string(), target_spec.to_string());
-    let options = args.copy_options();
-
+    let target_specs = args
+        .targets
+        .iter()
+        .map(|t| EndpointSpec::parse(t).map_err(|e| super::failed(e, "invalid target")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let source_name = source_spec.to_string();
     let source_options = args.source_options();
     let source: Arc<dyn Source> = open_source(&source_spec, &source_options)
         .await
         .map_err(|e| super::named(e, &source_name, "cannot open the source"))?;
-    let target = open_target(&target_spec, source.size(), &args.target_options())
-        .await
-        .map_err(|e| super::named(e, &target_name, "cannot open the target"))?;
+    let mut targets: Vec<Arc<dyn Target>> = Vec::with_capacity(target_specs.len());
+    for spec in &target_specs {
+        let target = open_target(spec, source.size(), &args.target_options())
+            .await
+            .map_err(|e| super::named(e, &spec.to_string(), "cannot open the target"))?;
+        targets.push(target);
+    }
+    let opened = Opened {
+        source,
+        source_name,
+        source_options,
+    };
+    match <[_; 1]>::try_from(targets) {
+        Ok([target]) => copy_one(&args, opened, &target_specs[0], target).await,
+        Err(targets) => super::fan_out::run(&args, opened, &target_specs, targets).await,
+    }
+}
+
+/// The opened source and how to open it again.
+pub(super) struct Opened {
+    pub source: Arc<dyn Source>,
+    pub source_name: String,
+    pub source_options: SourceOptions,
+}
+
+async fn copy_one(
+    args: &CopyArgs,
+    opened: Opened,
+    target_spec: &EndpointSpec,
+    target: Arc<dyn Target>,
+) -> anyhow::Result<ExitCode> {
+    let Opened {
+        source,
+        source_name,
+        source_options,
+    } = opened;
+    let target_name = target_spec.to_string();
+    let options = args.copy_options();
     tracing::debug!(source = %source_name, target = %target_name, size = source.size(), ?options, "copy");
 
     let cancel = CancellationToken::new();
@@ -147,7 +189,7 @@ pub async fn run(args: CopyArgs) -> anyhow::Result<ExitCode> {
     let verify = args.verify.then(|| Verify {
         checksum: args.verify_options(),
         read_back: || async {
-            open_source(&target_spec, &source_options)
+            open_source(target_spec, &source_options)
                 .await
                 .map_err(|e| e.with_endpoint(&target_name))
         },

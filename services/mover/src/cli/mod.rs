@@ -7,6 +7,7 @@
 pub mod args;
 pub mod checksum;
 pub mod copy;
+pub mod fan_out;
 pub mod operator;
 pub mod progress;
 pub mod summary;

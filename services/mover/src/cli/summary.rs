@@ -26,6 +26,17 @@ pub struct CopySummary {
     /// command would have failed).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub digests: Option<Digests>,
+    /// With several targets: those that do not hold the image, and why (`target` then
+    /// names only those that do).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failed_targets: Vec<FailedTarget>,
+}
+
+/// A target of a fan-out copy that does not hold the image.
+#[derive(Debug, Clone, Serialize)]
+pub struct FailedTarget {
+    pub target: String,
+    pub error: String,
 }
 
 /// Digests of both sides after a verified copy.
@@ -49,6 +60,7 @@ impl CopySummary {
             seconds,
             throughput_bytes_per_second: rate(report.size, report.elapsed),
             digests: None,
+            failed_targets: Vec::new(),
         }
     }
 
