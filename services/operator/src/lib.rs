@@ -34,4 +34,6 @@
 
 pub mod controller;
 pub mod crd;
+pub mod leader;
+pub mod metrics;
 pub mod mover;

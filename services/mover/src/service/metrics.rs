@@ -253,8 +253,26 @@ fn code_name(code: tonic::Code) -> &'static str {
     }
 }
 
+/// Metrics that can be served: the service's, and the operator's.
+pub trait Exposition: Clone + Send + Sync + 'static {
+    /// The text exposition format.
+    fn encode(&self) -> String;
+}
+
+impl Exposition for Metrics {
+    fn encode(&self) -> String {
+        Metrics::encode(self)
+    }
+}
+
+impl Exposition for std::sync::Arc<ferry_operator::metrics::OperatorMetrics> {
+    fn encode(&self) -> String {
+        self.as_ref().encode()
+    }
+}
+
 /// Serves `GET /metrics` (and `/healthz`) until `shutdown` fires.
-pub async fn serve(listener: TcpListener, metrics: Metrics, shutdown: CancellationToken) {
+pub async fn serve<E: Exposition>(listener: TcpListener, metrics: E, shutdown: CancellationToken) {
     loop {
         let (stream, _peer): (_, SocketAddr) = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -284,7 +302,7 @@ pub async fn serve(listener: TcpListener, metrics: Metrics, shutdown: Cancellati
     }
 }
 
-fn respond(req: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> {
+fn respond<E: Exposition>(req: &Request<Incoming>, metrics: &E) -> Response<Full<Bytes>> {
     let (status, content_type, body) = match (req.method(), req.uri().path()) {
         (&hyper::Method::GET, "/metrics") => (
             200,
