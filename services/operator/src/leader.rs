@@ -59,7 +59,9 @@ impl LeaseConfig {
 /// The identity of this replica: the pod name (POD_NAME, from the downward API), else
 /// the host name (a pod's host name is its name).
 pub fn identity() -> String {
-    let from_env = std::env::var("POD_NAME").ok().filter(|s| !s.trim().is_empty());
+    let from_env = std::env::var("POD_NAME")
+        .ok()
+        .filter(|s| !s.trim().is_empty());
     from_env
         .or_else(|| {
             std::fs::read_to_string("/proc/sys/kernel/hostname")

@@ -40,7 +40,9 @@ fn lease(holder: Option<&str>, renewed: &str, transitions: i32, version: &str) -
 }
 
 fn now() -> String {
-    Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+    Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%S%.6fZ")
+        .to_string()
 }
 
 fn time(v: &Value) -> Timestamp {

@@ -64,13 +64,21 @@ pub struct RunArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_attempts: u32,
     /// Address of the operator's metrics (/metrics), or "off".
-    #[arg(long, env = "FERRY_OPERATOR_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
+    #[arg(
+        long,
+        env = "FERRY_OPERATOR_METRICS_LISTEN",
+        default_value = "0.0.0.0:9090"
+    )]
     pub metrics_listen: String,
     /// Namespace of the leader Lease [default: the pod's namespace, else "default"].
     #[arg(long, env = "FERRY_OPERATOR_LEASE_NAMESPACE")]
     pub lease_namespace: Option<String>,
     /// Name of the leader Lease.
-    #[arg(long, env = "FERRY_OPERATOR_LEASE_NAME", default_value = "ferry-operator")]
+    #[arg(
+        long,
+        env = "FERRY_OPERATOR_LEASE_NAME",
+        default_value = "ferry-operator"
+    )]
     pub lease_name: String,
     /// Watch only this namespace [default: all namespaces].
     #[arg(long, env = "FERRY_OPERATOR_WATCH_NAMESPACE")]
@@ -275,8 +283,8 @@ mod tests {
 
     #[test]
     fn a_bad_metrics_address_is_refused() {
-        let cli = Cli::try_parse_from(["x", "--mover-image", "i", "--metrics-listen", "nope"])
-            .unwrap();
+        let cli =
+            Cli::try_parse_from(["x", "--mover-image", "i", "--metrics-listen", "nope"]).unwrap();
         let e = cli.run.metrics_addr().unwrap_err().to_string();
         assert!(e.contains("--metrics-listen 'nope'"), "{e}");
         assert!(Cli::try_parse_from(["x", "--mover-image", "i", "--max-attempts", "0"]).is_err());

@@ -106,7 +106,10 @@ pub async fn run(
     let (store, writer) = reflector::store::<Pod>();
     let pod_watch = reflector(
         writer,
-        watcher(api(&client, &ns), watcher::Config::default().labels(&selector)),
+        watcher(
+            api(&client, &ns),
+            watcher::Config::default().labels(&selector),
+        ),
     )
     .default_backoff()
     .for_each(|_| std::future::ready(()));
