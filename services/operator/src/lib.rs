@@ -31,6 +31,10 @@
 //! [`controller::MoverLink`] trait and followed from the job stream, resume from the
 //! status checkpoint after a lost mover, cancel on deletion), and [`controller::run`],
 //! which builds both kube-runtime controllers.
+//!
+//! **Leader election** ([`leader`]): one replica at a time runs the controllers, through
+//! a coordination.k8s.io Lease. **Metrics** ([`metrics`]): the operator's Prometheus
+//! metrics, counted by the reconcilers and sampled from the watched stores.
 
 pub mod controller;
 pub mod crd;
