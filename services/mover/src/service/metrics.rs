@@ -349,4 +349,28 @@ mod tests {
         assert!(text.contains("ferry_grpc_requests_total{code=\"ok\",method=\"StartTransfer\"} 1"));
         assert!(text.contains("ferry_grpc_requests_in_flight{method=\"StartTransfer\"} 0"));
     }
+
+    #[tokio::test]
+    async fn the_operator_metrics_are_served_on_their_port() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let operator = std::sync::Arc::new(ferry_operator::metrics::OperatorMetrics::new());
+        operator.leader.set(1);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        tokio::spawn(serve(listener, operator, stop.clone()));
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut response = String::new();
+        conn.read_to_string(&mut response).await.unwrap();
+        stop.cancel();
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        assert!(
+            response.contains("\nferry_operator_leader 1\n"),
+            "{response}"
+        );
+        assert!(response.contains("ferry_operator_reconciles_total{kind=\"Transfer\"} 0"));
+    }
 }

@@ -6,7 +6,8 @@
 //! mover through the [`link::MoverLink`] trait (implemented over gRPC in ferry-mover).
 //! Mover pods are read from a watched store, so a running resource costs no API request
 //! per reconcile; a task per running mover ([`follow`]) turns the job stream into status
-//! writes. Leader election, metrics and the volume populator are the caller's.
+//! writes. The reconcilers count into [`crate::metrics`]; leader election
+//! ([`crate::leader`]) and the volume populator are the caller's.
 
 pub mod checksum;
 pub mod claims;
