@@ -38,7 +38,7 @@ enum OperatorCommand {
     /// (kubectl apply -f - installs them).
     Crds,
     /// Run the operator (in a pod, or against the cluster of the kubeconfig).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
 }
 
 /// Flags of `ferry operator run`; each has an environment fallback.
@@ -149,7 +149,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
                 .context("cannot write the CRDs to stdout")?;
             Ok(ExitCode::SUCCESS)
         }
-        OperatorCommand::Run(args) => run_operator(args).await,
+        OperatorCommand::Run(args) => run_operator(*args).await,
     }
 }
 
