@@ -35,8 +35,14 @@
 //! **Volume populator** ([`populator`]): claims naming a `VolumeImageSource` in
 //! `dataSourceRef` are filled through a prime claim and a Transfer, whose volume is then
 //! rebound to them; [`populator::run`] runs beside [`controller::run`].
+//!
+//! **Leader election** ([`leader`]): one replica at a time runs the controllers, through
+//! a coordination.k8s.io Lease. **Metrics** ([`metrics`]): the operator's Prometheus
+//! metrics, counted by the reconcilers and sampled from the watched stores.
 
 pub mod controller;
 pub mod crd;
+pub mod leader;
+pub mod metrics;
 pub mod mover;
 pub mod populator;

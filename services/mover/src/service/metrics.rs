@@ -253,8 +253,26 @@ fn code_name(code: tonic::Code) -> &'static str {
     }
 }
 
+/// Metrics that can be served: the service's, and the operator's.
+pub trait Exposition: Clone + Send + Sync + 'static {
+    /// The text exposition format.
+    fn encode(&self) -> String;
+}
+
+impl Exposition for Metrics {
+    fn encode(&self) -> String {
+        Metrics::encode(self)
+    }
+}
+
+impl Exposition for std::sync::Arc<ferry_operator::metrics::OperatorMetrics> {
+    fn encode(&self) -> String {
+        self.as_ref().encode()
+    }
+}
+
 /// Serves `GET /metrics` (and `/healthz`) until `shutdown` fires.
-pub async fn serve(listener: TcpListener, metrics: Metrics, shutdown: CancellationToken) {
+pub async fn serve<E: Exposition>(listener: TcpListener, metrics: E, shutdown: CancellationToken) {
     loop {
         let (stream, _peer): (_, SocketAddr) = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -284,7 +302,7 @@ pub async fn serve(listener: TcpListener, metrics: Metrics, shutdown: Cancellati
     }
 }
 
-fn respond(req: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> {
+fn respond<E: Exposition>(req: &Request<Incoming>, metrics: &E) -> Response<Full<Bytes>> {
     let (status, content_type, body) = match (req.method(), req.uri().path()) {
         (&hyper::Method::GET, "/metrics") => (
             200,
@@ -330,5 +348,29 @@ mod tests {
         assert!(text.contains("ferry_read_bytes_total{endpoint=\"file\"} 4096"));
         assert!(text.contains("ferry_grpc_requests_total{code=\"ok\",method=\"StartTransfer\"} 1"));
         assert!(text.contains("ferry_grpc_requests_in_flight{method=\"StartTransfer\"} 0"));
+    }
+
+    #[tokio::test]
+    async fn the_operator_metrics_are_served_on_their_port() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let operator = std::sync::Arc::new(ferry_operator::metrics::OperatorMetrics::new());
+        operator.leader.set(1);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        tokio::spawn(serve(listener, operator, stop.clone()));
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut response = String::new();
+        conn.read_to_string(&mut response).await.unwrap();
+        stop.cancel();
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        assert!(
+            response.contains("\nferry_operator_leader 1\n"),
+            "{response}"
+        );
+        assert!(response.contains("ferry_operator_reconciles_total{kind=\"Transfer\"} 0"));
     }
 }

@@ -15,6 +15,8 @@ use kube::{Client, Resource};
 use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 
+use crate::metrics::OperatorMetrics;
+
 use super::link::MoverLink;
 use super::settings::OperatorSettings;
 
@@ -49,6 +51,8 @@ pub struct Context {
     pub link: Arc<dyn MoverLink>,
     /// Every mover pod of the cluster (by the mover labels).
     pub pods: Store<Pod>,
+    /// The operator's metrics (the reconcilers count into them).
+    pub metrics: Arc<OperatorMetrics>,
     recorder: Recorder,
     watches: Mutex<HashMap<String, Watch>>,
     tokens: Mutex<HashMap<String, String>>,
@@ -83,10 +87,17 @@ impl Context {
             settings,
             link,
             pods,
+            metrics: Arc::default(),
             watches: Mutex::default(),
             tokens: Mutex::default(),
             waits: Mutex::default(),
         }
+    }
+
+    /// The same context counting into `metrics` (the ones the binary serves).
+    pub fn with_metrics(mut self, metrics: Arc<OperatorMetrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Publishes an event on the resource; a failure is logged, never fatal. `note` must

@@ -6,7 +6,8 @@
 //! mover through the [`link::MoverLink`] trait (implemented over gRPC in ferry-mover).
 //! Mover pods are read from a watched store, so a running resource costs no API request
 //! per reconcile; a task per running mover ([`follow`]) turns the job stream into status
-//! writes. Leader election, metrics and the volume populator are the caller's.
+//! writes. The reconcilers count into [`crate::metrics`]; leader election
+//! ([`crate::leader`]) and the volume populator are the caller's.
 
 pub mod checksum;
 pub mod claims;
@@ -36,6 +37,7 @@ use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
 
 use crate::crd::{Checksum, Transfer};
+use crate::metrics::OperatorMetrics;
 use crate::mover::pod::labels;
 
 pub use context::Context;
@@ -64,6 +66,7 @@ pub fn error_policy<K: MoverKind>(obj: Arc<K>, error: &Error, ctx: Arc<Context>)
         .clone()
         .unwrap_or_default();
     tracing::warn!(kind = K::KIND, %name, %error, "reconcile failed");
+    ctx.metrics.failed(K::KIND);
     Action::requeue(ctx.settings.pending_backoff.max(Duration::from_secs(1)))
 }
 
@@ -74,6 +77,17 @@ fn log_result<T, E: std::fmt::Display>(result: Result<T, E>) -> std::future::Rea
     std::future::ready(())
 }
 
+/// The API of `K` in the watched namespace, or in all namespaces.
+fn api<K>(client: &Client, namespace: &Option<String>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
 /// The store of mover pods went away before it was filled.
 #[derive(Debug, thiserror::Error)]
 #[error("the watch of mover pods stopped before it listed them")]
@@ -81,43 +95,50 @@ pub struct RunError;
 
 /// Runs the Transfer and Checksum controllers until a termination signal: one watch of
 /// mover pods fills the shared store; each controller watches its kind and the pods it
-/// owns.
+/// owns. The reconcilers count into `metrics`, whose gauges are sampled from the stores.
 pub async fn run(
     client: Client,
     settings: OperatorSettings,
     link: Arc<dyn MoverLink>,
+    metrics: Arc<OperatorMetrics>,
 ) -> Result<(), RunError> {
     let selector = mover_selector();
+    let ns = settings.watch_namespace.clone();
     let (store, writer) = reflector::store::<Pod>();
-    let pods = Api::<Pod>::all(client.clone());
     let pod_watch = reflector(
         writer,
-        watcher(pods, watcher::Config::default().labels(&selector)),
+        watcher(
+            api(&client, &ns),
+            watcher::Config::default().labels(&selector),
+        ),
     )
     .default_backoff()
     .for_each(|_| std::future::ready(()));
     let pod_task = tokio::spawn(pod_watch);
     store.wait_until_ready().await.map_err(|_| RunError)?;
-    let ctx = Arc::new(Context::new(client.clone(), settings, link, store));
+    let ctx = Context::new(client.clone(), settings, link, store.clone());
+    let ctx = Arc::new(ctx.with_metrics(metrics.clone()));
     let owned = |kind: &str| {
         watcher::Config::default().labels(&format!("{selector},{}={kind}", labels::OWNER_KIND))
     };
-    let transfers = Controller::new(
-        Api::<Transfer>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .owns(Api::<Pod>::all(client.clone()), owned("Transfer"))
-    .shutdown_on_signal()
-    .run(reconcile::<Transfer>, error_policy::<Transfer>, ctx.clone())
-    .for_each(log_result);
-    let checksums = Controller::new(
-        Api::<Checksum>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .owns(Api::<Pod>::all(client), owned("Checksum"))
-    .shutdown_on_signal()
-    .run(reconcile::<Checksum>, error_policy::<Checksum>, ctx)
-    .for_each(log_result);
+    let transfers = Controller::new(api::<Transfer>(&client, &ns), watcher::Config::default())
+        .owns(api::<Pod>(&client, &ns), owned("Transfer"))
+        .shutdown_on_signal();
+    let checksums = Controller::new(api::<Checksum>(&client, &ns), watcher::Config::default())
+        .owns(api::<Pod>(&client, &ns), owned("Checksum"))
+        .shutdown_on_signal();
+    let stores = (transfers.store(), checksums.store());
+    metrics.set_sampler(Box::new(move |m| {
+        m.sample_resources(&stores.0);
+        m.sample_resources(&stores.1);
+        m.sample_movers(&store);
+    }));
+    let transfers = transfers
+        .run(reconcile::<Transfer>, error_policy::<Transfer>, ctx.clone())
+        .for_each(log_result);
+    let checksums = checksums
+        .run(reconcile::<Checksum>, error_policy::<Checksum>, ctx)
+        .for_each(log_result);
     futures::join!(transfers, checksums);
     pod_task.abort();
     Ok(())

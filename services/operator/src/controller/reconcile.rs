@@ -44,6 +44,7 @@ use super::secrets;
 
 /// One reconcile of a Transfer or a Checksum.
 pub async fn reconcile<K: MoverKind>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.metrics.reconciled(K::KIND);
     let ids = Ids::of(obj.as_ref())?;
     if obj.meta().deletion_timestamp.is_some() {
         return on_delete(&ctx, obj.as_ref(), &ids).await;

@@ -27,6 +27,9 @@ pub struct OperatorSettings {
     /// Reconcile of a running resource when nothing happened (costs no API request
     /// while the mover's job stream is followed).
     pub resync: Duration,
+    /// Only resources and mover pods of this namespace are watched (None: all
+    /// namespaces; the mover limits then count this namespace's movers only).
+    pub watch_namespace: Option<String>,
 }
 
 impl OperatorSettings {
@@ -42,6 +45,7 @@ impl OperatorSettings {
             max_backoff: Duration::from_secs(300),
             progress_interval: Duration::from_secs(5),
             resync: Duration::from_secs(300),
+            watch_namespace: None,
         }
     }
 

@@ -57,6 +57,8 @@ pub enum Reply {
     NotFound,
     /// 200 with a delete's Status.
     Deleted,
+    /// 409 Conflict (a stale resourceVersion, or a create of an existing object).
+    Conflict,
 }
 
 fn status_json(code: u16, reason: &str) -> Value {
@@ -101,6 +103,7 @@ impl ApiServer {
             Reply::ApplyStatus(object) => (200, with_status(&object, &body)),
             Reply::NotFound => (404, status_json(404, "NotFound")),
             Reply::Deleted => (200, status_json(200, "Deleted")),
+            Reply::Conflict => (409, status_json(409, "Conflict")),
         };
         let response = Response::builder()
             .status(code)
