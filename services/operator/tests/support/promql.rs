@@ -86,7 +86,13 @@ pub fn metric_names(expr: &str) -> BTreeSet<String> {
             while j < chars.len() && chars[j].is_whitespace() {
                 j += 1;
             }
-            let called = chars.get(j) == Some(&'(');
+            // `sum by (x) (...)`: an aggregation with its grouping first is no metric either.
+            let rest: String = chars[j..].iter().take(8).collect();
+            let grouped = ["by", "without"].iter().any(|g| {
+                rest.strip_prefix(g)
+                    .is_some_and(|r| r.starts_with(|c: char| c == '(' || c.is_whitespace()))
+            });
+            let called = chars.get(j) == Some(&'(') || grouped;
             if KEYWORDS.contains(&word.as_str()) {
                 if called {
                     i = skip_group(&chars, j, '(', ')');
