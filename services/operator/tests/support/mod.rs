@@ -1,9 +1,13 @@
 //! Test support for the reconciler scenarios: a mocked API server (a kube `Client` over
 //! `tower_test::mock::pair`, as kube-rs/controller-rs test their reconcilers) that checks
 //! each request in order and answers it, and a fake `MoverLink` that records calls and
-//! plays scripted job reports.
+//! plays scripted job reports. The server records every request it answers, and at the
+//! end of the scenario (when it is dropped) each must be allowed by the operator's RBAC in
+//! deploy/operator (see rbac.rs).
 
 #![allow(dead_code)]
+
+pub mod rbac;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -42,6 +46,17 @@ pub struct ApiServer {
     handle: Handle,
     /// Requests answered so far.
     pub count: usize,
+    /// Method, path and query of each request answered, for the RBAC check.
+    answered: Vec<(String, String, String)>,
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        // A failing scenario already says what went wrong; a second panic would abort.
+        if !std::thread::panicking() {
+            rbac::assert_allowed(&self.answered);
+        }
+    }
 }
 
 /// How to answer a request.
@@ -73,7 +88,14 @@ impl ApiServer {
     /// A client and the server behind it.
     pub fn new() -> (Client, Self) {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        (Client::new(service, "default"), Self { handle, count: 0 })
+        (
+            Client::new(service, "default"),
+            Self {
+                handle,
+                count: 0,
+                answered: Vec::new(),
+            },
+        )
     }
 
     /// Waits for the next request, checks its method and path, answers it and returns it.
@@ -97,6 +119,8 @@ impl ApiServer {
             "unexpected request; its body: {body}"
         );
         self.count += 1;
+        self.answered
+            .push((method_seen.clone(), path_seen.clone(), query.clone()));
         let (code, answer) = match reply {
             Reply::Ok(v) => (200, v),
             Reply::Echo => (200, body.clone()),

@@ -1,0 +1,60 @@
+{{/* Labels of the operator's objects; its pods' selector is distinct from the service's. */}}
+{{- define "ferry.operatorLabels" -}}
+app.kubernetes.io/name: ferry-operator
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "ferry.operatorSelector" -}}
+app.kubernetes.io/name: ferry-operator
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "ferry.operatorImage" -}}
+{{- $i := mergeOverwrite (deepCopy .Values.image) .Values.operator.image -}}
+{{ $i.repository }}:{{ $i.tag }}
+{{- end }}
+
+{{/*
+The operator's permissions on namespaced resources (the same as deploy/operator/10-rbac.yaml,
+which tests/tests/service_deploy.rs checks): in a ClusterRole when it watches every
+namespace, else in a Role in each watched namespace.
+*/}}
+{{- define "ferry.operatorNamespacedRules" -}}
+- apiGroups: [ferry.dev]
+  resources: [transfers]
+  verbs: [get, list, watch, patch, create, delete]
+- apiGroups: [ferry.dev]
+  resources: [checksums]
+  verbs: [list, watch, patch]
+- apiGroups: [ferry.dev]
+  resources: [transfers/status, checksums/status]
+  verbs: [patch]
+- apiGroups: [ferry.dev]
+  resources: [volumeimagesources]
+  verbs: [get, list, watch]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch, create, delete]
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create, delete]
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+{{- end }}
+
+{{/* Cluster-scoped resources the populator reads or rebinds: always a ClusterRole. */}}
+{{- define "ferry.operatorClusterRules" -}}
+- apiGroups: [""]
+  resources: [persistentvolumes]
+  verbs: [get, patch]
+- apiGroups: [storage.k8s.io]
+  resources: [storageclasses]
+  verbs: [get]
+{{- end }}
