@@ -10,13 +10,13 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::{json, Value};
 use support::{ApiServer, Reply};
 
-const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/ops/leases";
-const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/ferry-operator";
+const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/ferry-system/leases";
+const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/ferry-system/leases/ferry-operator";
 const LONG_AGO: &str = "2020-01-01T00:00:00.000000Z";
 
 fn new_elector() -> (Elector, ApiServer) {
     let (client, server) = ApiServer::new();
-    let mut config = LeaseConfig::new("ops", "ferry-operator", "operator-a");
+    let mut config = LeaseConfig::new("ferry-system", "ferry-operator", "operator-a");
     config.retry_period = Duration::from_millis(10);
     (Elector::new(client, config), server)
 }
@@ -34,7 +34,7 @@ fn lease(holder: Option<&str>, renewed: &str, transitions: i32, version: &str) -
     }
     json!({
         "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-        "metadata": {"name": "ferry-operator", "namespace": "ops", "resourceVersion": version},
+        "metadata": {"name": "ferry-operator", "namespace": "ferry-system", "resourceVersion": version},
         "spec": spec,
     })
 }
@@ -62,7 +62,7 @@ async fn an_absent_lease_is_created_and_held() {
     server.expect("GET", LEASE, Reply::NotFound).await;
     let created = server.expect("POST", LEASES, Reply::Echo).await.body;
     assert_eq!(created["metadata"]["name"], "ferry-operator");
-    assert_eq!(created["metadata"]["namespace"], "ops");
+    assert_eq!(created["metadata"]["namespace"], "ferry-system");
     let spec = &created["spec"];
     assert_eq!(spec["holderIdentity"], "operator-a");
     assert_eq!(spec["leaseDurationSeconds"], 15);

@@ -1164,3 +1164,10 @@ async fn a_mover_left_behind_by_a_final_transfer_is_deleted() {
     h.server.done().await;
     assert_eq!(h.server.count, 2);
 }
+
+/// Least privilege: every grant of deploy/operator's roles is asked for by a scenario (or
+/// exempted with a reason).
+#[test]
+fn the_operator_roles_grant_nothing_the_scenarios_do_not_use() {
+    support::rbac::check_least_privilege();
+}
