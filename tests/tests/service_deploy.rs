@@ -187,7 +187,7 @@ const VALUE_SETS: [&[&str]; 4] = [
         "--set",
         "serviceMonitor.enabled=true,networkPolicy.enabled=true",
         "--set",
-        "operator.watchNamespaces={vms,dev}",
+        "operator.watchNamespaces={vms}",
     ],
     &["--set", "serve.enabled=false"],
     &["--set", "operator.enabled=false"],
@@ -476,4 +476,24 @@ async fn the_dashboard_queries_name_metrics_ferry_serve_exports() {
         }
     }
     assert!(checked >= 10, "{checked} service metrics in the dashboard");
+}
+
+/// The operator watches one namespace or all: a chart asked for two refuses to render,
+/// saying why, rather than deploying an operator that would watch only the last one.
+#[test]
+fn the_chart_refuses_two_watched_namespaces() {
+    let chart = chart_dir();
+    let out = Command::new("helm")
+        .args([
+            "template",
+            "ferry",
+            chart.to_str().unwrap(),
+            "--set",
+            "operator.watchNamespaces={vms,dev}",
+        ])
+        .output()
+        .unwrap_or_else(|e| panic!("helm is needed: {INSTALL_HELM} ({e})"));
+    assert!(!out.status.success(), "two namespaces rendered");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("one namespace or all"), "{stderr}");
 }
