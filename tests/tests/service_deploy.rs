@@ -8,8 +8,7 @@
 //! are deploy/crds.yaml. The Grafana dashboard's queries name only metrics a running
 //! `ferry serve` exports (the operator's are checked by services/operator/tests).
 
-#[path = "../../services/operator/tests/support/promql.rs"]
-mod promql;
+use ferry_testkit::promql;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -8,8 +8,7 @@
 //! security profile, deploy/operator for an order `kubectl apply` can follow, and the
 //! Grafana dashboard for queries naming only metrics ferry exports.
 
-#[path = "support/promql.rs"]
-mod promql;
+use ferry_testkit::promql;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

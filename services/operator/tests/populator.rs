@@ -3,17 +3,16 @@
 //! and checks every request it makes (method, path, the important body fields), in
 //! order, and that no other request follows.
 
-#[path = "support/populator.rs"]
-mod api;
+mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use api::{Harness, Reply, Seen};
 use ferry_operator::populator::reconcile;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::runtime::controller::Action;
 use serde_json::{json, Value};
+use support::populator::{Harness, Reply, Seen};
 
 const NS: &str = "vms";
 const UID: &str = "u-1";

@@ -10,6 +10,7 @@
 //!   (tests/tests/conformance.rs), with [`BackedFixture`] to open targets and read them
 //!   back.
 //! - [`files`]: scratch directories that keep holes, sparse images, loop devices.
+//! - [`promql`]: the metric names a Grafana dashboard's queries use (dashboard tests).
 //!
 //! It depends on ferry-core only, so the engine and the endpoints can use it as a
 //! dev-dependency without a cycle. Its checks panic, as test assertions do.
@@ -18,6 +19,7 @@ pub mod conformance;
 pub mod files;
 mod fixture;
 mod gauge;
+pub mod promql;
 mod source;
 mod target;
 

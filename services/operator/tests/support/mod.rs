@@ -7,6 +7,7 @@
 
 #![allow(dead_code)]
 
+pub mod populator;
 pub mod rbac;
 
 use std::collections::HashMap;

@@ -1,9 +1,7 @@
 //! The metric names a Grafana dashboard's PromQL queries use, so tests can check that
 //! each is one ferry exports (a renamed metric would otherwise leave an empty panel).
-//! Shared by services/operator/tests/manifests.rs (the operator's names) and
+//! Used by services/operator/tests/manifests.rs (the operator's names) and
 //! tests/tests/service_deploy.rs (the service's, scraped from a running `ferry serve`).
-
-#![allow(dead_code)]
 
 use std::collections::BTreeSet;
 use std::path::Path;
