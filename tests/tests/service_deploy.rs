@@ -394,10 +394,7 @@ fn the_chart_rbac_is_deploy_operator_rbac() {
         .filter(|d| d["kind"].as_str() == Some("Role"))
         .map(|d| d["metadata"]["namespace"].as_str().unwrap())
         .collect();
-    assert_eq!(
-        role_namespaces,
-        BTreeSet::from(["dev", "ferry-system", "vms"])
-    );
+    assert_eq!(role_namespaces, BTreeSet::from(["ferry-system", "vms"]));
 }
 
 #[test]
