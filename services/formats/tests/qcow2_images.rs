@@ -16,19 +16,26 @@ use ferry_formats::{
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;
 
-/// A plain file as a byte source (the formats crate knows no endpoints).
+/// A plain file as a byte source (the formats crate knows no endpoints), optionally one
+/// that, like an iSCSI LUN, takes only reads starting on its blocks.
 #[derive(Debug)]
 struct FileBytes {
     path: PathBuf,
     file: std::fs::File,
+    block: u32,
 }
 
 impl FileBytes {
     fn open(path: &Path) -> Arc<dyn Source> {
+        Self::with_block(path, 1)
+    }
+
+    fn with_block(path: &Path, block: u32) -> Arc<dyn Source> {
         let file = std::fs::File::open(path).unwrap();
         Arc::new(Self {
             path: path.to_path_buf(),
             file,
+            block,
         })
     }
 }
@@ -42,16 +49,21 @@ impl Source for FileBytes {
         self.file.metadata().unwrap().len()
     }
     fn caps(&self) -> ferry_core::Caps {
-        ferry_core::Caps::default()
+        let mut caps = ferry_core::Caps::default();
+        caps.block.minimum = self.block;
+        caps
     }
     async fn read_at(&self, offset: u64, mut buf: IoBuf) -> Result<IoBuf> {
+        if offset % u64::from(self.block) != 0 {
+            return Err(Error::invalid_input(format!("unaligned read at {offset}")));
+        }
         self.file
             .read_exact_at(&mut buf, offset)
             .map_err(|e| Error::io("pread", e))?;
         Ok(buf)
     }
     async fn connect(&self) -> Result<Arc<dyn Source>> {
-        Ok(FileBytes::open(&self.path))
+        Ok(FileBytes::with_block(&self.path, self.block))
     }
 }
 
@@ -226,6 +238,15 @@ async fn check_compressed(options: &[&str], compression: &str) {
     };
     let (image, _) = open_image(FileBytes::open(&packed), &small).await.unwrap();
     assert!(read_all(image.as_ref(), 5000).await == raw, "{compression}");
+    // Over a byte source of 512-byte blocks, compressed clusters (at any byte offset)
+    // are read from the block they start in.
+    let (image, _) = open_image(FileBytes::with_block(&packed, 512), &OpenOptions::default())
+        .await
+        .unwrap();
+    assert!(
+        read_all(image.as_ref(), MIB).await == raw,
+        "{compression}: 512-byte blocks"
+    );
 }
 
 #[tokio::test]

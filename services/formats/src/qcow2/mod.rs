@@ -71,9 +71,25 @@ struct Run {
     place: Place,
 }
 
+/// Reads metadata (or a compressed cluster) at any offset: the read itself is widened to
+/// the byte source's minimum block (an iSCSI LUN reads whole blocks only), and the
+/// returned buffer views just the bytes asked for.
 async fn read_bytes(file: &dyn Source, offset: u64, len: u64) -> Result<IoBuf> {
-    let len = usize::try_from(len).map_err(|_| Error::internal("read length exceeds usize"))?;
-    file.read_at(offset, IoBuf::new(len)).await
+    let block = u64::from(file.caps().block.minimum.max(1));
+    let start = offset - offset % block;
+    let end = offset
+        .checked_add(len)
+        .ok_or_else(|| corrupt("a metadata range overflows"))?;
+    let end = end
+        .div_ceil(block)
+        .saturating_mul(block)
+        .min(file.size())
+        .max(end);
+    let total =
+        usize::try_from(end - start).map_err(|_| Error::internal("read length exceeds usize"))?;
+    let mut buf = file.read_at(start, IoBuf::new(total)).await?;
+    buf.set_view((offset - start) as usize, len as usize);
+    Ok(buf)
 }
 
 fn be_words(bytes: &[u8]) -> Vec<u64> {
