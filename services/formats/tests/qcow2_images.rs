@@ -54,7 +54,7 @@ impl Source for FileBytes {
         caps
     }
     async fn read_at(&self, offset: u64, mut buf: IoBuf) -> Result<IoBuf> {
-        if offset % u64::from(self.block) != 0 {
+        if !offset.is_multiple_of(u64::from(self.block)) {
             return Err(Error::invalid_input(format!("unaligned read at {offset}")));
         }
         self.file

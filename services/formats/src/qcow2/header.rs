@@ -218,7 +218,7 @@ impl Header {
             )));
         }
         if self.l1_size > 0 {
-            if self.l1_offset % self.cluster_size() != 0 {
+            if !self.l1_offset.is_multiple_of(self.cluster_size()) {
                 return Err(corrupt(format!(
                     "the L1 table offset {} is not cluster aligned",
                     self.l1_offset

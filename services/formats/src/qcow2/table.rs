@@ -37,7 +37,7 @@ pub fn l1_entry(entry: u64, cluster_size: u64, file_size: u64) -> Result<Option<
     if offset == 0 {
         return Ok(None);
     }
-    if offset % cluster_size != 0 {
+    if !offset.is_multiple_of(cluster_size) {
         return Err(corrupt(format!(
             "L2 table offset {offset} is not cluster aligned"
         )));
@@ -68,7 +68,7 @@ pub fn l2_entry(entry: u64, cluster_bits: u32, file_size: u64) -> Result<Place> 
 }
 
 fn check_data_cluster(offset: u64, cluster_size: u64, file_size: u64) -> Result<()> {
-    if offset % cluster_size != 0 {
+    if !offset.is_multiple_of(cluster_size) {
         return Err(corrupt(format!(
             "data cluster offset {offset} is not cluster aligned"
         )));
