@@ -21,6 +21,8 @@ enum Command {
     Copy(cli::copy::CopyArgs),
     /// Print the checksum of an image (blksum-compatible block hash by default).
     Checksum(cli::checksum::ChecksumArgs),
+    /// Print an image's format, virtual size, allocation and backing chain.
+    Info(cli::info::InfoArgs),
     /// Run the gRPC job service.
     Serve(service::serve::ServeArgs),
     /// Start, watch and cancel jobs on a running service.
@@ -49,6 +51,7 @@ pub fn main() -> ExitCode {
         match cli.command {
             Command::Copy(args) => cli::copy::run(args).await,
             Command::Checksum(args) => cli::checksum::run(args).await,
+            Command::Info(args) => cli::info::run(args).await,
             Command::Serve(args) => service::serve::run(args).await,
             Command::Job(args) => service::client::run(args).await,
             Command::Operator(args) => cli::operator::run(args).await,

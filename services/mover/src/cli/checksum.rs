@@ -8,10 +8,11 @@ use std::process::ExitCode;
 
 use clap::Args;
 use ferry_core::EndpointSpec;
-use ferry_endpoints::{open_source, SourceOptions};
+use ferry_endpoints::SourceOptions;
 use ferry_engine::{CancellationToken, ChecksumOptions, Digest, HashAlgorithm, Progress};
 
 use super::args::{self, ProgressArgs};
+use super::image::{self, FormatArgs};
 use super::{cancel_on_ctrl_c, interrupted, progress};
 use crate::options::{self, Cache};
 
@@ -36,6 +37,8 @@ pub struct ChecksumArgs {
     /// writeback: through the page cache; none: direct I/O (O_DIRECT).
     #[arg(long, value_enum, default_value_t = Cache::Writeback)]
     pub cache: Cache,
+    #[command(flatten)]
+    pub format: FormatArgs,
     #[command(flatten)]
     pub progress: ProgressArgs,
 }
@@ -96,7 +99,8 @@ async fn checksum_one(
     let spec = EndpointSpec::parse(url).map_err(|e| super::failed(e, "invalid image"))?;
     let mut source_options = SourceOptions::default();
     source_options.cache = args.cache.into();
-    let source = open_source(&spec, &source_options)
+    let format = args.format.open_options(&source_options);
+    let (source, _) = image::open(&spec, &source_options, &format)
         .await
         .map_err(|e| super::named(e, &spec.to_string(), "cannot open the image"))?;
     let progress = Progress::new();

@@ -21,6 +21,7 @@ use ferry_engine::{
 };
 
 use super::args::{self, ProgressArgs};
+use super::image::{self, FormatArgs};
 use super::summary::CopySummary;
 use super::{cancel_on_ctrl_c, interrupted, progress};
 use crate::options::{self, Cache};
@@ -72,6 +73,8 @@ pub struct CopyArgs {
     /// After the copy, compare the block hashes of source and target; fail on a mismatch.
     #[arg(long)]
     pub verify: bool,
+    #[command(flatten)]
+    pub format: FormatArgs,
     #[command(flatten)]
     pub progress: ProgressArgs,
     /// Print one JSON object summarising the copy on stdout.
@@ -140,7 +143,8 @@ pub async fn run(args: CopyArgs) -> anyhow::Result<ExitCode> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     let source_name = source_spec.to_string();
     let source_options = args.source_options();
-    let source: Arc<dyn Source> = open_source(&source_spec, &source_options)
+    let format = args.format.open_options(&source_options);
+    let (source, _): (Arc<dyn Source>, _) = image::open(&source_spec, &source_options, &format)
         .await
         .map_err(|e| super::named(e, &source_name, "cannot open the source"))?;
     let mut targets: Vec<Arc<dyn Target>> = Vec::with_capacity(target_specs.len());

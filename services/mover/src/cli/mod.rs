@@ -1,4 +1,5 @@
-//! The `ferry` subcommands that run the data path in this process: `copy` and `checksum`.
+//! The `ferry` subcommands that run the data path in this process: `copy`, `checksum`
+//! and `info`.
 //!
 //! Each subcommand parses its arguments with clap, opens the endpoints, runs the engine
 //! with a progress display and Ctrl-C cancellation, and prints its result. Errors travel
@@ -8,6 +9,8 @@ pub mod args;
 pub mod checksum;
 pub mod copy;
 pub mod fan_out;
+pub mod image;
+pub mod info;
 pub mod operator;
 pub mod progress;
 pub mod summary;

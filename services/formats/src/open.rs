@@ -1,0 +1,198 @@
+//! [`open_image`]: from the bytes an endpoint gives to the image they hold.
+//!
+//! Detects (or takes the caller's word for) the format, opens qcow2 over the bytes, and
+//! follows a backing chain only through the caller's [`BackingOpener`]: a backing name
+//! comes from the image, so it is untrusted; the opener decides how (and whether) a name
+//! resolves, this module bounds the chain's depth and refuses loops.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use ferry_core::{Error, ErrorKind, IoBuf, Result, Source};
+
+use crate::detect::{detect, Detected, SourceFormat, MAGIC_LEN};
+use crate::qcow2::{Qcow2Options, Qcow2Source};
+
+/// The longest backing chain followed (the image itself not counted).
+pub const MAX_BACKING_DEPTH: usize = 16;
+
+/// Opens the byte source a backing file name refers to.
+#[async_trait]
+pub trait BackingOpener: Send + Sync {
+    /// Opens `name`, as found in the image `image` (its [`Source::describe`]), resolved
+    /// relative to that image's location.
+    async fn open_backing(&self, image: &str, name: &str) -> Result<Arc<dyn Source>>;
+}
+
+/// What to do with a backing file the image names.
+#[derive(Clone, Default)]
+pub enum Backing {
+    /// Refuse the image (the default: a backing path is untrusted input).
+    #[default]
+    Refuse,
+    /// Record the name and read unallocated ranges as zeroes (`ferry info` only: the
+    /// bytes are not the image's).
+    NameOnly,
+    /// Follow the chain through this opener.
+    Open(Arc<dyn BackingOpener>),
+}
+
+impl std::fmt::Debug for Backing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Refuse => "Refuse",
+            Self::NameOnly => "NameOnly",
+            Self::Open(_) => "Open",
+        })
+    }
+}
+
+/// How to open an image.
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    pub format: SourceFormat,
+    pub qcow2: Qcow2Options,
+    pub backing: Backing,
+}
+
+/// What `ferry info` reports about an image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageInfo {
+    pub format: Detected,
+    pub virtual_size: u64,
+    /// The image file's own size in bytes.
+    pub file_size: u64,
+    pub cluster_size: Option<u64>,
+    /// qcow2 version (2 or 3).
+    pub version: Option<u32>,
+    pub extended_l2: bool,
+    /// How compressed clusters are compressed (`zlib`, `zstd`), for qcow2.
+    pub compression: Option<&'static str>,
+    /// Backing file names, nearest first, as the images name them.
+    pub backing_chain: Vec<String>,
+}
+
+/// Opens the image held in `bytes` as `options.format` says; returns the image as a
+/// [`Source`] and what was found out about it.
+pub async fn open_image(
+    bytes: Arc<dyn Source>,
+    options: &OpenOptions,
+) -> Result<(Arc<dyn Source>, ImageInfo)> {
+    let mut seen = vec![bytes.describe()];
+    open_layer(bytes, options.format, options, &mut seen).await
+}
+
+async fn sniff(bytes: &dyn Source) -> Result<Detected> {
+    let len = bytes.size().min(MAGIC_LEN as u64) as usize;
+    if len == 0 {
+        return Ok(Detected::Raw);
+    }
+    let head = bytes.read_at(0, IoBuf::new(len)).await?;
+    Ok(detect(&head))
+}
+
+fn raw_info(bytes: &dyn Source) -> ImageInfo {
+    ImageInfo {
+        format: Detected::Raw,
+        virtual_size: bytes.size(),
+        file_size: bytes.size(),
+        cluster_size: None,
+        version: None,
+        extended_l2: false,
+        compression: None,
+        backing_chain: Vec::new(),
+    }
+}
+
+/// Opens one layer of the chain; `seen` names every layer above it.
+async fn open_layer(
+    bytes: Arc<dyn Source>,
+    format: SourceFormat,
+    options: &OpenOptions,
+    seen: &mut Vec<String>,
+) -> Result<(Arc<dyn Source>, ImageInfo)> {
+    let ctx = |e: Error| e.with_operation("open").with_endpoint(bytes.describe());
+    let detected = match format {
+        SourceFormat::Raw => Detected::Raw,
+        SourceFormat::Qcow2 => Detected::Qcow2,
+        SourceFormat::Auto => sniff(bytes.as_ref()).await.map_err(ctx)?,
+    };
+    match detected {
+        Detected::Raw => {
+            let info = raw_info(bytes.as_ref());
+            Ok((bytes, info))
+        }
+        Detected::Qcow2 => Box::pin(open_qcow2(bytes, options, seen)).await,
+        other => Err(ctx(Error::unsupported(format!(
+            "the image is a compressed stream ({other}): not supported yet; \
+             decompress it first, or pass --source-format raw to copy the compressed bytes"
+        )))),
+    }
+}
+
+async fn open_qcow2(
+    bytes: Arc<dyn Source>,
+    options: &OpenOptions,
+    seen: &mut Vec<String>,
+) -> Result<(Arc<dyn Source>, ImageInfo)> {
+    let mut image = Qcow2Source::open(bytes.clone(), &options.qcow2).await?;
+    let h = image.header().clone();
+    let mut info = ImageInfo {
+        format: Detected::Qcow2,
+        virtual_size: h.size,
+        file_size: bytes.size(),
+        cluster_size: Some(h.cluster_size()),
+        version: Some(h.version),
+        extended_l2: h.extended_l2,
+        compression: Some(h.compression.as_str()),
+        backing_chain: Vec::new(),
+    };
+    let Some(name) = image.backing_name().map(str::to_owned) else {
+        return Ok((Arc::new(image), info));
+    };
+    let refuse = |message: String| {
+        Error::new(ErrorKind::Unsupported, message)
+            .with_operation("open backing file")
+            .with_endpoint(bytes.describe())
+    };
+    let opener = match &options.backing {
+        Backing::Refuse => {
+            return Err(refuse(format!(
+                "the image has a backing file ({name:?}); reading backing files must be \
+                 allowed explicitly (--allow-backing)"
+            )))
+        }
+        Backing::NameOnly => {
+            info.backing_chain.push(name);
+            return Ok((Arc::new(image), info));
+        }
+        Backing::Open(opener) => opener.clone(),
+    };
+    if seen.len() > MAX_BACKING_DEPTH {
+        return Err(refuse(format!(
+            "the backing chain is longer than {MAX_BACKING_DEPTH} images"
+        )));
+    }
+    let backing_bytes = opener.open_backing(&bytes.describe(), &name).await?;
+    let resolved = backing_bytes.describe();
+    if seen.contains(&resolved) {
+        return Err(Error::new(
+            ErrorKind::Corrupt,
+            format!("the backing chain loops back to {resolved}"),
+        )
+        .with_operation("open backing file")
+        .with_endpoint(bytes.describe()));
+    }
+    seen.push(resolved);
+    let format = match h.backing_format.as_deref() {
+        Some("raw") => SourceFormat::Raw,
+        Some("qcow2") => SourceFormat::Qcow2,
+        Some(other) => return Err(refuse(format!("backing format {other:?} is not supported"))),
+        None => SourceFormat::Auto,
+    };
+    let (backing, backing_info) = open_layer(backing_bytes, format, options, seen).await?;
+    info.backing_chain.push(name);
+    info.backing_chain.extend(backing_info.backing_chain);
+    image = image.with_backing(backing);
+    Ok((Arc::new(image), info))
+}

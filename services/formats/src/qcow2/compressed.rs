@@ -1,0 +1,97 @@
+//! Decompression of one compressed cluster (raw deflate, or zstd).
+//!
+//! The output is exactly one cluster: a stream that would produce more stops there (no
+//! decompression bomb), one that produces less is corrupt.
+
+use std::io::Read;
+
+use ferry_core::Result;
+
+use super::header::Compression;
+use super::table::corrupt;
+
+/// Decompresses `input` (a compressed cluster, possibly followed by padding) into `out`,
+/// which is one cluster long.
+pub fn decompress(kind: Compression, input: &[u8], out: &mut [u8]) -> Result<()> {
+    match kind {
+        Compression::Deflate => inflate(input, out),
+        Compression::Zstd => unzstd(input, out),
+    }
+}
+
+fn inflate(input: &[u8], out: &mut [u8]) -> Result<()> {
+    let mut stream = flate2::Decompress::new(false);
+    loop {
+        let before = stream.total_out();
+        let status = stream
+            .decompress(
+                &input[stream.total_in() as usize..],
+                &mut out[stream.total_out() as usize..],
+                flate2::FlushDecompress::Finish,
+            )
+            .map_err(|e| corrupt("a compressed cluster does not inflate").with_source(e))?;
+        let done = stream.total_out() as usize;
+        if done == out.len() {
+            return Ok(());
+        }
+        if status == flate2::Status::StreamEnd || stream.total_out() == before {
+            return Err(corrupt(format!(
+                "a compressed cluster inflates to {done} bytes, not {}",
+                out.len()
+            )));
+        }
+    }
+}
+
+fn unzstd(mut input: &[u8], out: &mut [u8]) -> Result<()> {
+    let mut decoder = ruzstd::decoding::StreamingDecoder::new(&mut input).map_err(|e| {
+        corrupt(format!(
+            "a zstd compressed cluster has a bad frame header: {e}"
+        ))
+    })?;
+    decoder.read_exact(out).map_err(|e| {
+        corrupt(format!(
+            "a zstd compressed cluster does not decompress: {e}"
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn deflated(data: &[u8]) -> Vec<u8> {
+        let mut enc = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
+        enc.write_all(data).unwrap();
+        enc.finish().unwrap()
+    }
+
+    #[test]
+    fn inflates_exactly_one_cluster_and_ignores_padding() {
+        let data: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+        let mut input = deflated(&data);
+        input.extend_from_slice(&[0xaa; 300]);
+        let mut out = vec![0u8; 4096];
+        decompress(Compression::Deflate, &input, &mut out).unwrap();
+        assert_eq!(out, data);
+    }
+
+    #[test]
+    fn short_or_garbage_streams_are_corrupt() {
+        let input = deflated(&[7u8; 1000]);
+        let mut out = vec![0u8; 4096];
+        let err = decompress(Compression::Deflate, &input, &mut out).unwrap_err();
+        assert_eq!(err.kind(), ferry_core::ErrorKind::Corrupt);
+        assert!(decompress(Compression::Deflate, &[0xff; 64], &mut out).is_err());
+        assert!(decompress(Compression::Zstd, &[0xff; 64], &mut out).is_err());
+    }
+
+    #[test]
+    fn a_bomb_stops_at_one_cluster() {
+        let input = deflated(&vec![0u8; 8 << 20]);
+        let mut out = vec![1u8; 4096];
+        decompress(Compression::Deflate, &input, &mut out).unwrap();
+        assert!(out.iter().all(|&b| b == 0));
+    }
+}

@@ -1,0 +1,107 @@
+//! The image format options every command that reads a source shares, and the opener
+//! that follows a qcow2 backing chain when `--allow-backing` asks for it.
+//!
+//! Endpoints give bytes; this turns them into the image those bytes hold (raw or qcow2),
+//! so `ferry copy image.qcow2 disk.raw` copies the guest's disk, not the qcow2 file.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use clap::Args;
+use ferry_core::{EndpointSpec, Error, Result, Source};
+use ferry_endpoints::{open_source, SourceOptions};
+use ferry_formats::{Backing, BackingOpener, ImageInfo, OpenOptions, SourceFormat};
+
+/// `--source-format` and `--allow-backing`.
+#[derive(Debug, Clone, Args)]
+pub struct FormatArgs {
+    /// Format of the source image: auto (detected by magic), raw or qcow2. `raw` copies an
+    /// image as its bytes even when they look like qcow2.
+    #[arg(long, value_name = "FORMAT", default_value = "auto", value_parser = parse_format)]
+    pub source_format: SourceFormat,
+    /// Follow a qcow2 image's backing file (resolved relative to the image, for file
+    /// images only; at most 16 deep). Off by default: the name comes from the image.
+    #[arg(long)]
+    pub allow_backing: bool,
+}
+
+fn parse_format(text: &str) -> std::result::Result<SourceFormat, String> {
+    text.parse()
+}
+
+impl FormatArgs {
+    pub fn open_options(&self, source: &SourceOptions) -> OpenOptions {
+        OpenOptions {
+            format: self.source_format,
+            backing: if self.allow_backing {
+                Backing::Open(Arc::new(FileBackingOpener {
+                    options: source.clone(),
+                }))
+            } else {
+                Backing::Refuse
+            },
+            ..OpenOptions::default()
+        }
+    }
+}
+
+/// Opens `spec` and the image its bytes hold.
+pub async fn open(
+    spec: &EndpointSpec,
+    source: &SourceOptions,
+    options: &OpenOptions,
+) -> Result<(Arc<dyn Source>, ImageInfo)> {
+    let bytes = open_source(spec, source).await?;
+    ferry_formats::open_image(bytes, options).await
+}
+
+/// Resolves a backing name against the directory of the file image that names it.
+struct FileBackingOpener {
+    options: SourceOptions,
+}
+
+/// Where backing file `name` of the file image `image` is, or why it is not followed.
+fn resolve(image: &str, name: &str) -> Result<PathBuf> {
+    if name.contains("://") {
+        return Err(Error::unsupported(format!(
+            "backing file {name:?} is not a path; only file backing files are followed"
+        )));
+    }
+    let EndpointSpec::File(path) = EndpointSpec::parse(image)? else {
+        return Err(Error::unsupported(format!(
+            "backing file {name:?}: backing files are followed only for file images"
+        )));
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    Ok(dir.join(name))
+}
+
+#[async_trait]
+impl BackingOpener for FileBackingOpener {
+    async fn open_backing(&self, image: &str, name: &str) -> Result<Arc<dyn Source>> {
+        let path = resolve(image, name)?;
+        let path = std::fs::canonicalize(&path)
+            .map_err(|e| Error::io(format!("backing file {}", path.display()), e))?;
+        open_source(&EndpointSpec::File(path), &self.options).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backing_names_resolve_next_to_the_image() {
+        assert_eq!(
+            resolve("/images/top.qcow2", "base.qcow2").unwrap(),
+            PathBuf::from("/images/base.qcow2")
+        );
+        assert_eq!(
+            resolve("/images/top.qcow2", "/other/base.qcow2").unwrap(),
+            PathBuf::from("/other/base.qcow2")
+        );
+        assert!(resolve("/images/top.qcow2", "nbd://evil/export").is_err());
+        assert!(resolve("nbd://127.0.0.1/top", "base.qcow2").is_err());
+    }
+}

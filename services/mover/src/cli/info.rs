@@ -1,0 +1,165 @@
+//! `ferry info URL [--json]`: what an image is, like `qemu-img info`: its format, virtual
+//! size, cluster size, allocated bytes (the sum of its data extents), backing chain and
+//! compression type.
+//!
+//! Without `--allow-backing` the backing chain shows the name the image gives and the
+//! allocated bytes are the image's own; with it, the whole chain is opened and counted.
+
+use std::process::ExitCode;
+
+use clap::Args;
+use ferry_core::size::format_size;
+use ferry_core::{EndpointSpec, ExtentKind, Result, Source};
+use ferry_endpoints::SourceOptions;
+use ferry_formats::{Backing, ImageInfo};
+
+use super::image::{self, FormatArgs};
+
+/// Arguments of `ferry info`.
+#[derive(Debug, Clone, Args)]
+pub struct InfoArgs {
+    /// The image: a path or URL.
+    #[arg(value_name = "URL")]
+    pub url: String,
+    #[command(flatten)]
+    pub format: FormatArgs,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `ferry info`.
+pub async fn run(args: InfoArgs) -> anyhow::Result<ExitCode> {
+    super::init_tracing();
+    let spec = EndpointSpec::parse(&args.url).map_err(|e| super::failed(e, "invalid image"))?;
+    let name = spec.to_string();
+    let source_options = SourceOptions::default();
+    let mut options = args.format.open_options(&source_options);
+    if !args.format.allow_backing {
+        options.backing = Backing::NameOnly;
+    }
+    let (image, info) = image::open(&spec, &source_options, &options)
+        .await
+        .map_err(|e| super::named(e, &name, "cannot open the image"))?;
+    let allocated = allocated_bytes(image.as_ref())
+        .await
+        .map_err(|e| super::named(e, &name, "cannot map the image"));
+    let _ = image.close().await;
+    let allocated = allocated?;
+    if args.json {
+        println!("{}", to_json(&name, &info, allocated));
+    } else {
+        print!("{}", to_text(&name, &info, allocated));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The sum of the image's data extents.
+async fn allocated_bytes(image: &dyn Source) -> Result<u64> {
+    let (mut offset, mut data) = (0u64, 0u64);
+    while offset < image.size() {
+        let extents = image.extents(offset, image.size() - offset).await?;
+        let before = offset;
+        for e in extents {
+            if e.offset != offset {
+                break;
+            }
+            if e.kind == ExtentKind::Data {
+                data += e.len;
+            }
+            offset = e.end();
+        }
+        if offset == before {
+            return Err(ferry_core::Error::internal("the image reported no extent"));
+        }
+    }
+    Ok(data)
+}
+
+fn to_text(name: &str, info: &ImageInfo, allocated: u64) -> String {
+    let sized = |n: u64| format!("{} ({n} bytes)", format_size(n));
+    let mut out = format!("image: {name}\nfile format: {}\n", info.format);
+    out += &format!("virtual size: {}\n", sized(info.virtual_size));
+    out += &format!("file size: {}\n", sized(info.file_size));
+    out += &format!("allocated: {}\n", sized(allocated));
+    if let Some(cluster) = info.cluster_size {
+        out += &format!("cluster_size: {cluster}\n");
+    }
+    if let Some(version) = info.version {
+        out += &format!("qcow2 version: {version}\n");
+        out += &format!("extended l2: {}\n", info.extended_l2);
+    }
+    if let Some(compression) = info.compression {
+        out += &format!("compression type: {compression}\n");
+    }
+    if let Some(first) = info.backing_chain.first() {
+        out += &format!("backing file: {first}\n");
+        out += &format!("backing chain: {}\n", info.backing_chain.join(" -> "));
+    }
+    out
+}
+
+fn to_json(name: &str, info: &ImageInfo, allocated: u64) -> serde_json::Value {
+    serde_json::json!({
+        "image": name,
+        "format": info.format.as_str(),
+        "virtual_size": info.virtual_size,
+        "file_size": info.file_size,
+        "allocated_bytes": allocated,
+        "cluster_size": info.cluster_size,
+        "qcow2_version": info.version,
+        "extended_l2": info.extended_l2,
+        "compression_type": info.compression,
+        "backing_chain": info.backing_chain,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_formats::Detected;
+
+    fn qcow2_info() -> ImageInfo {
+        ImageInfo {
+            format: Detected::Qcow2,
+            virtual_size: 1 << 30,
+            file_size: 200_704,
+            cluster_size: Some(65536),
+            version: Some(3),
+            extended_l2: false,
+            compression: Some("zlib"),
+            backing_chain: vec!["base.qcow2".into(), "root.raw".into()],
+        }
+    }
+
+    #[test]
+    fn text_names_each_field() {
+        let text = to_text("/i/top.qcow2", &qcow2_info(), 65536);
+        assert!(text.contains("file format: qcow2\n"), "{text}");
+        assert!(
+            text.contains("virtual size: 1.00 GiB (1073741824 bytes)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("allocated: 64.00 KiB (65536 bytes)\n"),
+            "{text}"
+        );
+        assert!(text.contains("cluster_size: 65536\n"), "{text}");
+        assert!(text.contains("compression type: zlib\n"), "{text}");
+        assert!(
+            text.contains("backing chain: base.qcow2 -> root.raw\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn json_has_every_field() {
+        let json = to_json("/i/top.qcow2", &qcow2_info(), 65536);
+        assert_eq!(json["format"], "qcow2");
+        assert_eq!(json["virtual_size"], 1u64 << 30);
+        assert_eq!(json["allocated_bytes"], 65536);
+        assert_eq!(json["cluster_size"], 65536);
+        assert_eq!(json["compression_type"], "zlib");
+        assert_eq!(json["backing_chain"][1], "root.raw");
+    }
+}
