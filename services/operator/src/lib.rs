@@ -42,6 +42,7 @@
 
 pub mod controller;
 pub mod crd;
+pub mod events;
 pub mod leader;
 pub mod metrics;
 pub mod mover;

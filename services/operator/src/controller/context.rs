@@ -9,28 +9,20 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource};
 use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 
+use crate::events;
 use crate::metrics::OperatorMetrics;
 
 use super::link::MoverLink;
 use super::settings::OperatorSettings;
 
 /// The field manager and event reporter of every write.
-pub const MANAGER: &str = "ferry-operator";
-
-/// The longest prefix of `text` of at most `max` bytes that ends on a character.
-fn within(text: &str, max: usize) -> &str {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
+pub const MANAGER: &str = events::REPORTER;
 
 /// A running job-stream task of one attempt of a resource.
 #[derive(Debug)]
@@ -77,12 +69,8 @@ impl Context {
         link: Arc<dyn MoverLink>,
         pods: Store<Pod>,
     ) -> Self {
-        let reporter = Reporter {
-            controller: MANAGER.into(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
         Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: events::recorder(client.clone()),
             client,
             settings,
             link,
@@ -109,20 +97,7 @@ impl Context {
         reason: &str,
         note: &str,
     ) {
-        let event = Event {
-            type_: if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: reason.into(),
-            note: Some(within(note, 1000).to_string()),
-            action: reason.into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
-            tracing::warn!(reason, error = %e, "cannot publish an event");
-        }
+        events::publish(&self.recorder, obj, warning, reason, note).await;
     }
 
     /// Whether a job-stream task follows this attempt of the resource.
@@ -181,17 +156,5 @@ impl Context {
     /// The resource stopped waiting.
     pub fn done_waiting(&self, uid: &str) {
         self.waits.lock().remove(uid);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::within;
-
-    #[test]
-    fn notes_are_cut_on_a_character_within_the_limit() {
-        assert_eq!(within("abc", 10), "abc");
-        assert_eq!(within("aé", 2), "a");
-        assert_eq!(within(&"é".repeat(600), 1000).len(), 1000);
     }
 }

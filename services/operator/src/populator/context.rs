@@ -7,26 +7,15 @@
 use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Client, Resource};
+use kube::Client;
 use parking_lot::Mutex;
 
 use crate::crd::Transfer;
+use crate::events;
 
 use super::mirror::{self, Note, Said};
-
-/// The event reporter of the populator.
-pub const REPORTER: &str = "ferry-operator";
-
-/// The longest prefix of `text` of at most `max` bytes that ends on a character.
-fn within(text: &str, max: usize) -> &str {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
 
 /// Shared by every populator reconcile.
 pub struct Context {
@@ -56,12 +45,8 @@ impl Context {
         claims: Store<PersistentVolumeClaim>,
         transfers: Store<Transfer>,
     ) -> Self {
-        let reporter = Reporter {
-            controller: REPORTER.into(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
         Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: events::recorder(client.clone()),
             client,
             claims,
             transfers,
@@ -91,20 +76,7 @@ impl Context {
         reason: &str,
         note: &str,
     ) {
-        let event = Event {
-            type_: if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: reason.into(),
-            note: Some(within(note, 1000).to_string()),
-            action: reason.into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&event, &pvc.object_ref(&())).await {
-            tracing::warn!(reason, error = %e, "cannot publish an event");
-        }
+        events::publish(&self.recorder, pvc, warning, reason, note).await;
     }
 
     /// The event telling the Transfer's state on the claim `uid`, if it has news (and
@@ -120,16 +92,5 @@ impl Context {
     /// The claim is populated: nothing more to tell about it.
     pub fn forget(&self, uid: &str) {
         self.said.lock().remove(uid);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::within;
-
-    #[test]
-    fn notes_are_cut_on_a_character_within_the_limit() {
-        assert_eq!(within("abc", 10), "abc");
-        assert_eq!(within("aé", 2), "a");
     }
 }

@@ -15,7 +15,7 @@ pub const CLAIM_UID: &str = "ferry.dev/populated-claim";
 
 const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 const COMPONENT: &str = "app.kubernetes.io/component";
-const MANAGER: &str = "ferry-operator";
+const MANAGER: &str = crate::events::REPORTER;
 const POPULATOR: &str = "populator";
 
 /// The prime claim of the user's claim `uid`: `ferry-prime-<uid>`.
