@@ -44,6 +44,10 @@ pub struct Caps {
     pub read_while_writing: bool,
     /// Another connection sees the same data, so workers may each have their own.
     pub multi_conn: bool,
+    /// The source can only be read front to back (a decompressed stream, an HTTP server
+    /// without range requests): readers take it in offset order, one request at a time.
+    /// Reads may skip forward; a read behind the last one costs a restart of the stream.
+    pub sequential_read: bool,
     /// Request size limits.
     pub block: BlockSizes,
     /// The read or write size this endpoint moves data best at, used when the caller
@@ -62,6 +66,7 @@ impl Default for Caps {
             rewrite: true,
             read_while_writing: true,
             multi_conn: true,
+            sequential_read: false,
             block: BlockSizes::default(),
             request_size: None,
         }

@@ -235,6 +235,7 @@ impl Lu {
             rewrite: true,
             read_while_writing: true,
             multi_conn: true,
+            sequential_read: false,
             block: BlockSizes {
                 minimum: bs,
                 preferred,

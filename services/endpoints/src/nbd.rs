@@ -220,6 +220,7 @@ impl Export {
             rewrite: true,
             read_while_writing: true,
             multi_conn: info.can_multi_conn(),
+            sequential_read: false,
             block: BlockSizes {
                 minimum: bs.minimum,
                 preferred: bs.preferred,

@@ -236,6 +236,15 @@ impl ChunkPlanner {
     }
 }
 
+/// Chunks read at once: one for a source that can only be read front to back.
+fn readers(source: &dyn Source, options: &ChecksumOptions) -> usize {
+    if source.caps().sequential_read {
+        1
+    } else {
+        options.workers
+    }
+}
+
 /// Reads the chunk's data ranges into a pooled buffer; with `zero_fill`, also clears the
 /// known-zero ranges so the buffer holds the chunk's exact bytes.
 async fn read_chunk(
@@ -310,7 +319,7 @@ async fn blkhash(
                 Ok::<_, Error>((chunk, digests, read_bytes))
             }
         })
-        .buffered(options.workers);
+        .buffered(readers(&**source, options));
     let mut results = std::pin::pin!(results);
     let mut combiner = Combiner::default();
     while let Some(result) = results.next().await {
@@ -380,7 +389,7 @@ async fn sha256(
                 Ok::<_, Error>((chunk, buf, read_bytes))
             }
         })
-        .buffered(options.workers);
+        .buffered(readers(&**source, options));
     // Reads run ahead in `buffered`; two chunks queued keep the hasher busy.
     let (tx, rx) = tokio::sync::mpsc::channel(2);
     let produce = async {

@@ -217,6 +217,7 @@ fn common_caps(members: &[Arc<dyn Target>]) -> Caps {
         rewrite: all(|c| c.rewrite),
         read_while_writing: all(|c| c.read_while_writing),
         multi_conn: all(|c| c.multi_conn),
+        sequential_read: false,
         block: BlockSizes {
             minimum: caps.iter().map(|c| c.block.minimum).max().unwrap_or(1),
             preferred: caps.iter().map(|c| c.block.preferred).max().unwrap_or(1),

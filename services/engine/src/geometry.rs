@@ -118,6 +118,11 @@ impl Geometry {
             align
         };
         let unit = round_up(options.work_unit.max(1), unit_grain);
+        let (workers, window) = if source.sequential_read {
+            (1, 1)
+        } else {
+            (workers, window)
+        };
         Ok(Self {
             size,
             align,
@@ -185,6 +190,16 @@ mod tests {
             err.to_string().contains("incompatible block sizes"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_sequential_source_is_read_by_one_worker_one_request_at_a_time() {
+        let stream = Caps {
+            sequential_read: true,
+            ..Caps::default()
+        };
+        let g = Geometry::new(1 << 30, stream, Caps::default(), &CopyOptions::default()).unwrap();
+        assert_eq!((g.workers, g.window), (1, 1));
     }
 
     #[test]

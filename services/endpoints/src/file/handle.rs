@@ -78,6 +78,7 @@ impl FileHandle {
             rewrite: true,
             read_while_writing: true,
             multi_conn: true,
+            sequential_read: false,
             block: BlockSizes {
                 minimum,
                 preferred: minimum.max(4096),

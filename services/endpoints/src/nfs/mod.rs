@@ -200,6 +200,7 @@ fn caps(preferred: u32, maximum: u32, extents: bool, zero: bool) -> Caps {
         rewrite: true,
         read_while_writing: true,
         multi_conn: true,
+        sequential_read: false,
         block: BlockSizes {
             minimum: 1,
             preferred: preferred.clamp(1, maximum),

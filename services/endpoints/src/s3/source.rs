@@ -199,6 +199,7 @@ impl Source for S3Source {
             rewrite: true,
             read_while_writing: true,
             multi_conn: true,
+            sequential_read: false,
             block: BlockSizes {
                 minimum: 1,
                 preferred: 8 * 1024 * 1024,

@@ -900,6 +900,7 @@ impl Target for S3Target {
             rewrite: false,
             read_while_writing: false,
             multi_conn: true,
+            sequential_read: false,
             block: BlockSizes {
                 minimum: 1,
                 preferred: part,
