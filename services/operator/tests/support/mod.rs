@@ -3,7 +3,8 @@
 //! each request in order and answers it, and a fake `MoverLink` that records calls and
 //! plays scripted job reports. The server records every request it answers, and at the
 //! end of the scenario (when it is dropped) each must be allowed by the operator's RBAC in
-//! deploy/operator (see rbac.rs).
+//! deploy/operator (see rbac.rs). The populator's scenarios use the same server
+//! (populator.rs adds their context).
 
 #![allow(dead_code)]
 
@@ -39,6 +40,7 @@ pub struct Seen {
     pub method: String,
     pub path: String,
     pub query: String,
+    pub content_type: String,
     pub body: Value,
 }
 
@@ -75,6 +77,9 @@ pub enum Reply {
     Deleted,
     /// 409 Conflict (a stale resourceVersion, or a create of an existing object).
     Conflict,
+    /// A failure Status with this code (404 NotFound, 409 AlreadyExists, others
+    /// InternalError).
+    Fail(u16),
 }
 
 fn status_json(code: u16, reason: &str) -> Value {
@@ -83,6 +88,14 @@ fn status_json(code: u16, reason: &str) -> Value {
         "status": if code < 300 { "Success" } else { "Failure" },
         "reason": reason, "code": code, "message": reason,
     })
+}
+
+fn failure_reason(code: u16) -> &'static str {
+    match code {
+        404 => "NotFound",
+        409 => "AlreadyExists",
+        _ => "InternalError",
+    }
 }
 
 impl ApiServer {
@@ -108,6 +121,12 @@ impl ApiServer {
         let method_seen = request.method().to_string();
         let path_seen = request.uri().path().to_string();
         let query = request.uri().query().unwrap_or("").to_string();
+        let content_type = request
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
         let bytes = request.into_body().collect_bytes().await.unwrap();
         let body: Value = if bytes.is_empty() {
             Value::Null
@@ -129,6 +148,7 @@ impl ApiServer {
             Reply::NotFound => (404, status_json(404, "NotFound")),
             Reply::Deleted => (200, status_json(200, "Deleted")),
             Reply::Conflict => (409, status_json(409, "Conflict")),
+            Reply::Fail(code) => (code, status_json(code, failure_reason(code))),
         };
         let response = Response::builder()
             .status(code)
@@ -140,6 +160,7 @@ impl ApiServer {
             method: method_seen,
             path: path_seen,
             query,
+            content_type,
             body,
         }
     }
