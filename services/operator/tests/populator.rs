@@ -12,7 +12,8 @@ use ferry_operator::populator::reconcile;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::runtime::controller::Action;
 use serde_json::{json, Value};
-use support::populator::{Harness, Reply, Seen};
+use support::populator::Harness;
+use support::{Reply, Seen};
 
 const NS: &str = "vms";
 const UID: &str = "u-1";

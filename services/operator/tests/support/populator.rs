@@ -13,7 +13,7 @@ use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher;
 use serde_json::Value;
 
-pub use super::{ApiServer, Reply, Seen};
+use super::ApiServer;
 
 /// Everything a scenario needs: the server, the context, and the writers of its stores.
 pub struct Harness {
