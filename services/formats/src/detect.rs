@@ -19,9 +19,9 @@ impl Detected {
         match self {
             Self::Raw => "raw",
             Self::Qcow2 => "qcow2",
-            Self::Gzip => "gzip",
+            Self::Gzip => "gz",
             Self::Xz => "xz",
-            Self::Zstd => "zstd",
+            Self::Zstd => "zst",
         }
     }
 
@@ -66,6 +66,31 @@ pub enum SourceFormat {
     Raw,
     /// Insist on qcow2 (an image that is not one is an error).
     Qcow2,
+    /// Insist on a gzip stream of a raw image.
+    Gzip,
+    /// Insist on an xz stream of a raw image.
+    Xz,
+    /// Insist on a zstd stream of a raw image.
+    Zstd,
+}
+
+impl SourceFormat {
+    /// What the format insists on, or None for auto.
+    pub fn forced(self) -> Option<Detected> {
+        match self {
+            Self::Auto => None,
+            Self::Raw => Some(Detected::Raw),
+            Self::Qcow2 => Some(Detected::Qcow2),
+            Self::Gzip => Some(Detected::Gzip),
+            Self::Xz => Some(Detected::Xz),
+            Self::Zstd => Some(Detected::Zstd),
+        }
+    }
+
+    /// The name `--source-format` takes.
+    pub fn as_str(self) -> &'static str {
+        self.forced().map_or("auto", Detected::as_str)
+    }
 }
 
 impl FromStr for SourceFormat {
@@ -76,8 +101,11 @@ impl FromStr for SourceFormat {
             "auto" => Ok(Self::Auto),
             "raw" => Ok(Self::Raw),
             "qcow2" => Ok(Self::Qcow2),
+            "gz" | "gzip" => Ok(Self::Gzip),
+            "xz" => Ok(Self::Xz),
+            "zst" | "zstd" => Ok(Self::Zstd),
             other => Err(format!(
-                "unknown format {other:?}: expected auto, raw or qcow2"
+                "unknown format {other:?}: expected auto, raw, qcow2, gz, xz or zst"
             )),
         }
     }
@@ -105,6 +133,13 @@ mod tests {
         assert_eq!("auto".parse(), Ok(SourceFormat::Auto));
         assert_eq!("raw".parse(), Ok(SourceFormat::Raw));
         assert_eq!("qcow2".parse(), Ok(SourceFormat::Qcow2));
+        assert_eq!("gz".parse(), Ok(SourceFormat::Gzip));
+        assert_eq!("gzip".parse(), Ok(SourceFormat::Gzip));
+        assert_eq!("xz".parse(), Ok(SourceFormat::Xz));
+        assert_eq!("zst".parse(), Ok(SourceFormat::Zstd));
         assert!("vmdk".parse::<SourceFormat>().is_err());
+        for name in ["auto", "raw", "qcow2", "gz", "xz", "zst"] {
+            assert_eq!(name.parse::<SourceFormat>().unwrap().as_str(), name);
+        }
     }
 }

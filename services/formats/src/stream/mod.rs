@@ -1,0 +1,175 @@
+//! Compressed raw images (.gz, .xz, .zst) read as the image they hold.
+//!
+//! The image's size must be known before a copy starts (the target is sized to it).
+//! Where it comes from, by format:
+//! - xz: the index at the end of each stream records it; reading it costs a few small
+//!   reads from the end.
+//! - zstd: each frame header may record its content size (the zstd tool records it when
+//!   it compresses a file); the frames are walked to add them up.
+//! - gzip: the trailer records it modulo 4 GiB only, which is not a size.
+//!
+//! When the stream does not record it, the caller gives it ([`StreamOptions::size`],
+//! `--source-size`; checked against the stream as it is read) or asks for a prescan
+//! ([`StreamOptions::prescan`]: one full decompression pass that counts); otherwise
+//! opening fails and says so.
+//!
+//! A multi-frame zstd file whose frames all record their size (pzstd's output) is read
+//! in parallel, frame by frame ([`FramesSource`]); everything else is decompressed front
+//! to back, ahead of the reader, in a thread of its own ([`StreamSource`]).
+
+mod decode;
+mod input;
+mod parallel;
+mod sequential;
+mod window;
+pub mod xz;
+pub mod zstd;
+
+use std::sync::Arc;
+
+use ferry_core::{Error, Result, Source};
+use tokio::runtime::Handle;
+
+pub use decode::{OUTPUT_CHUNK, OUTPUT_DEPTH, XZ_MEMLIMIT, ZSTD_WINDOW_LOG_MAX};
+pub use parallel::{FramesSource, CACHED_FRAMES, MAX_FRAME};
+pub use sequential::StreamSource;
+
+use crate::detect::Detected;
+use decode::Codec;
+use input::spawn_feeder;
+
+/// How to open a compressed stream.
+#[derive(Debug, Clone, Default)]
+pub struct StreamOptions {
+    /// The decompressed size, when the caller knows it (`--source-size`). Checked
+    /// against what the stream records, and against the stream as it is read.
+    pub size: Option<u64>,
+    /// Count the decompressed size with a full decompression pass when the stream does
+    /// not record it (`--prescan`).
+    pub prescan: bool,
+}
+
+/// What opening a compressed stream found out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamLayout {
+    pub size: u64,
+    /// Independent pieces read in parallel (zstd frames), when the image is read so.
+    pub parallel_frames: Option<u64>,
+}
+
+/// Decoder threads for a single xz stream of several blocks.
+fn xz_threads() -> u32 {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(4) as u32
+}
+
+fn unknown_size(kind: Detected, why: &str) -> Error {
+    Error::invalid_input(format!(
+        "the decompressed size of this {kind} stream is not known: {why}; give it with \
+         --source-size BYTES (source_size in the API), or pass --prescan to count it with \
+         a full decompression pass first"
+    ))
+}
+
+/// Compares what the caller said with what the stream records.
+fn agree(kind: Detected, given: Option<u64>, recorded: u64) -> Result<u64> {
+    match given {
+        Some(given) if given != recorded => Err(Error::invalid_input(format!(
+            "--source-size {given} disagrees with the {recorded} bytes the {kind} stream records"
+        ))),
+        _ => Ok(recorded),
+    }
+}
+
+/// Counts the stream's decompressed bytes with a full pass.
+async fn prescan(bytes: &Arc<dyn Source>, codec: Codec) -> Result<u64> {
+    tracing::info!(
+        source = %bytes.describe(),
+        format = %codec.kind,
+        "prescan: decompressing the whole stream to count its size"
+    );
+    let input = spawn_feeder(&Handle::current(), bytes.clone());
+    let decoder = codec.decoder(input)?;
+    tokio::task::spawn_blocking(move || decode::count(codec, decoder))
+        .await
+        .map_err(|e| Error::internal(format!("the prescan task failed: {e}")))?
+}
+
+/// The last four bytes of a gzip file: its size modulo 4 GiB.
+async fn gzip_isize(bytes: &dyn Source) -> Result<Option<u32>> {
+    if bytes.size() < 18 {
+        return Ok(None);
+    }
+    let tail = crate::qcow2::read_bytes(bytes, bytes.size() - 4, 4).await?;
+    Ok(Some(u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]])))
+}
+
+/// Opens the `kind` stream held in `bytes` as the image it holds.
+pub async fn open_stream(
+    bytes: Arc<dyn Source>,
+    kind: Detected,
+    options: &StreamOptions,
+) -> Result<(Arc<dyn Source>, StreamLayout)> {
+    let seekable = !bytes.caps().sequential_read;
+    let mut codec = Codec { kind, xz_threads: 1 };
+    let size = match kind {
+        Detected::Xz if seekable => {
+            let layout = xz::layout(bytes.as_ref()).await?;
+            if layout.streams == 1 && layout.blocks > 1 {
+                codec.xz_threads = xz_threads();
+            }
+            agree(kind, options.size, layout.size)?
+        }
+        Detected::Zstd if seekable && options.size.is_none() => {
+            let frames = zstd::frames(bytes.as_ref()).await?;
+            if frames.len() > 1 {
+                if let Some(source) = FramesSource::new(bytes.clone(), &frames) {
+                    let layout = StreamLayout {
+                        size: source.size(),
+                        parallel_frames: Some(source.frames() as u64),
+                    };
+                    return Ok((Arc::new(source), layout));
+                }
+            }
+            let sizes: Option<Vec<u64>> = frames.iter().map(|f| f.content_size).collect();
+            match sizes.and_then(|s| s.into_iter().try_fold(0u64, u64::checked_add)) {
+                Some(size) => size,
+                None if options.prescan => prescan(&bytes, codec).await?,
+                None => {
+                    return Err(unknown_size(
+                        kind,
+                        "a frame header does not record it (compressed from a pipe?)",
+                    ))
+                }
+            }
+        }
+        _ => match options.size {
+            Some(size) => size,
+            None if options.prescan => prescan(&bytes, codec).await?,
+            None if !seekable => {
+                return Err(unknown_size(
+                    kind,
+                    "the source can only be read front to back, so its end cannot be read first",
+                ))
+            }
+            None => {
+                let why = match gzip_isize(bytes.as_ref()).await? {
+                    Some(isize) => format!(
+                        "gzip records it modulo 4 GiB only (here {isize} bytes modulo 4 GiB)"
+                    ),
+                    None => "gzip records it modulo 4 GiB only".to_string(),
+                };
+                return Err(unknown_size(kind, &why));
+            }
+        },
+    };
+    let source = StreamSource::open(bytes, codec, size).await?;
+    Ok((
+        Arc::new(source),
+        StreamLayout {
+            size,
+            parallel_frames: None,
+        },
+    ))
+}
