@@ -78,6 +78,24 @@ pub struct ImageInfo {
     pub parallel_frames: Option<u64>,
 }
 
+/// Where the backing file `name` of the file image `image` (its [`Source::describe`])
+/// is: next to the image, or where an absolute name says. Backing files are followed for
+/// file images only, and only to paths (a name with `://` is refused).
+pub fn backing_path(image: &str, name: &str) -> Result<std::path::PathBuf> {
+    if name.contains("://") {
+        return Err(Error::unsupported(format!(
+            "backing file {name:?} is not a path; only file backing files are followed"
+        )));
+    }
+    let ferry_core::EndpointSpec::File(path) = ferry_core::EndpointSpec::parse(image)? else {
+        return Err(Error::unsupported(format!(
+            "backing file {name:?}: backing files are followed only for file images"
+        )));
+    };
+    let dir = path.parent().unwrap_or(std::path::Path::new("."));
+    Ok(dir.join(name))
+}
+
 /// Opens the image held in `bytes` as `options.format` says; returns the image as a
 /// [`Source`] and what was found out about it.
 pub async fn open_image(
@@ -241,4 +259,24 @@ async fn open_qcow2(
     info.backing_chain.extend(backing_info.backing_chain);
     image = image.with_backing(backing);
     Ok((Arc::new(image), info))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    #[test]
+    fn backing_names_resolve_next_to_the_image() {
+        assert_eq!(
+            backing_path("/images/top.qcow2", "base.qcow2").unwrap(),
+            PathBuf::from("/images/base.qcow2")
+        );
+        assert_eq!(
+            backing_path("/images/top.qcow2", "/other/base.qcow2").unwrap(),
+            PathBuf::from("/other/base.qcow2")
+        );
+        assert!(backing_path("/images/top.qcow2", "nbd://evil/export").is_err());
+        assert!(backing_path("nbd://127.0.0.1/top", "base.qcow2").is_err());
+    }
 }

@@ -241,6 +241,7 @@ fn endpoint(url: &str, secret_env: Option<&String>) -> proto::Endpoint {
     proto::Endpoint {
         url: url.to_string(),
         options,
+        ..Default::default()
     }
 }
 

@@ -7,6 +7,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::options::ImageFormat;
+
 use super::validate::{
     check_pvc_name, check_relative_path, check_secret_ref, check_url, invalid, UrlKind,
     ValidationError,
@@ -156,6 +158,14 @@ pub struct Endpoint {
     /// volume is the image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pvc: Option<PvcRef>,
+    /// Sources only: the format of the image: auto (detected by magic, the default), raw,
+    /// qcow2, or a raw image compressed with gz, xz or zst. Targets are written raw.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<ImageFormat>,
+    /// Sources only: follow a qcow2 image's backing file, next to the image in the same
+    /// volume. Off by default: the backing file name comes from the image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_backing: Option<bool>,
 }
 
 impl Endpoint {
@@ -404,6 +414,16 @@ impl Target {
 
     /// Checks the target at `field` (for example `spec.targets[0]`).
     pub fn validate(&self, field: &str) -> Result<(), ValidationError> {
+        let raw = matches!(
+            self.endpoint.format,
+            None | Some(ImageFormat::Auto | ImageFormat::Raw)
+        );
+        if !raw || self.endpoint.allow_backing == Some(true) {
+            return Err(invalid(
+                field,
+                "format and allowBacking apply to the source only: targets are written raw",
+            ));
+        }
         match &self.pvc_template {
             None => self.endpoint.validate(field),
             Some(template) => {
