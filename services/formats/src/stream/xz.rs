@@ -41,7 +41,7 @@ fn le32(b: &[u8]) -> u32 {
 }
 
 /// A stream footer: the index size and the stream flags.
-pub(crate) fn parse_footer(footer: &[u8]) -> Result<(u64, [u8; 2])> {
+pub fn parse_footer(footer: &[u8]) -> Result<(u64, [u8; 2])> {
     if footer.len() != EDGE as usize || footer[10..12] != FOOTER_MAGIC {
         return Err(corrupt("no stream footer at the end (truncated, or not an .xz file)"));
     }
@@ -56,7 +56,7 @@ pub(crate) fn parse_footer(footer: &[u8]) -> Result<(u64, [u8; 2])> {
 }
 
 /// A stream header: its flags.
-pub(crate) fn parse_header(header: &[u8]) -> Result<[u8; 2]> {
+pub fn parse_header(header: &[u8]) -> Result<[u8; 2]> {
     if header.len() != EDGE as usize || header[..6] != HEADER_MAGIC {
         return Err(corrupt("the index does not lead back to a stream header"));
     }
@@ -87,14 +87,14 @@ fn varint(bytes: &[u8], pos: &mut usize) -> Result<u64> {
 
 /// What one index says: uncompressed bytes, the stream's block bytes (padded), blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct IndexSummary {
+pub struct IndexSummary {
     pub uncompressed: u64,
     pub blocks_size: u64,
     pub records: u64,
 }
 
 /// Parses one index (its whole `backward size` bytes).
-pub(crate) fn parse_index(index: &[u8]) -> Result<IndexSummary> {
+pub fn parse_index(index: &[u8]) -> Result<IndexSummary> {
     if index.len() < 8 || !index.len().is_multiple_of(4) || index[0] != 0 {
         return Err(corrupt("the index does not start with an index indicator"));
     }

@@ -33,18 +33,18 @@ pub struct Frame {
 
 /// What a frame header says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct FrameHeader {
+pub struct FrameHeader {
     pub header_len: u64,
     pub content_size: Option<u64>,
     pub checksum: bool,
 }
 
 /// The bytes a frame header needs at most.
-pub(crate) const MAX_HEADER: usize = 18;
+pub const MAX_HEADER: usize = 18;
 
 /// Parses a data frame header (magic included) from the start of `b` (at least the
 /// header's bytes, up to [`MAX_HEADER`]).
-pub(crate) fn parse_frame_header(b: &[u8]) -> Result<FrameHeader> {
+pub fn parse_frame_header(b: &[u8]) -> Result<FrameHeader> {
     if b.len() < 5 || u32::from_le_bytes([b[0], b[1], b[2], b[3]]) != FRAME_MAGIC {
         return Err(corrupt("not a zstd frame"));
     }
