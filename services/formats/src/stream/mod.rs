@@ -67,8 +67,8 @@ fn xz_threads() -> u32 {
 fn unknown_size(kind: Detected, why: &str) -> Error {
     Error::invalid_input(format!(
         "the decompressed size of this {kind} stream is not known: {why}; give it with \
-         --source-size BYTES (source_size in the API), or pass --prescan to count it with \
-         a full decompression pass first"
+         --source-size BYTES (image_size in the API), or pass --prescan (prescan) to count it \
+         with a full decompression pass first"
     ))
 }
 
