@@ -136,7 +136,8 @@ async fn open_layer(
     options: &OpenOptions,
     seen: &mut Vec<String>,
 ) -> Result<(Arc<dyn Source>, ImageInfo)> {
-    let ctx = |e: Error| e.with_operation("open").with_endpoint(bytes.describe());
+    let name = bytes.describe();
+    let ctx = |e: Error| e.with_operation("open").with_endpoint(name.clone());
     let detected = match format.forced() {
         Some(Detected::Raw) => Detected::Raw,
         Some(Detected::Qcow2) => Detected::Qcow2,

@@ -17,16 +17,16 @@ use super::input::{source_error, Input};
 use crate::detect::Detected;
 
 /// Bytes per decompressed chunk.
-pub(crate) const OUTPUT_CHUNK: usize = 1 << 20;
+pub const OUTPUT_CHUNK: usize = 1 << 20;
 /// Decompressed chunks waiting for the reader.
-pub(crate) const OUTPUT_DEPTH: usize = 16;
+pub const OUTPUT_DEPTH: usize = 16;
 /// Largest zstd window accepted (128 MiB, the zstd tool's own default limit; frames made
 /// with `--long=31` need a larger one and are refused).
-pub(crate) const ZSTD_WINDOW_LOG_MAX: u32 = 27;
+pub const ZSTD_WINDOW_LOG_MAX: u32 = 27;
 /// Most memory the xz decoder may use (xz -9 needs 65 MiB in one thread).
-pub(crate) const XZ_MEMLIMIT: u64 = 256 << 20;
+pub const XZ_MEMLIMIT: u64 = 256 << 20;
 /// Memory up to which the xz decoder uses several threads (each holds a block).
-pub(crate) const XZ_MEMLIMIT_THREADING: u64 = 256 << 20;
+pub const XZ_MEMLIMIT_THREADING: u64 = 256 << 20;
 
 /// What the decompressing thread sends.
 #[derive(Debug)]

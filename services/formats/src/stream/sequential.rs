@@ -73,7 +73,7 @@ impl StreamSource {
     /// Opens the stream in `bytes` as an image of `size` bytes (checked against the
     /// stream as it is read). Fails at once when the stream does not start to
     /// decompress, or holds a qcow2 image (not supported inside a compressed stream).
-    pub async fn open(bytes: Arc<dyn Source>, codec: Codec, size: u64) -> Result<Self> {
+    pub(crate) async fn open(bytes: Arc<dyn Source>, codec: Codec, size: u64) -> Result<Self> {
         let handle = Handle::current();
         let rx = start(&bytes, codec, size, &handle)?;
         let source = Self {
@@ -219,7 +219,7 @@ impl Shared {
             if end == self.size && !buf.is_empty() {
                 self.expect_end(&mut state).await?;
             }
-            Ok(())
+            Ok::<(), Error>(())
         }
         .await;
         if result.is_err() {

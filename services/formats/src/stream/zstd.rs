@@ -90,7 +90,7 @@ pub async fn frames(bytes: &dyn Source) -> Result<Vec<Frame>> {
     let mut offset = 0u64;
     let mut hint: Option<u64> = None;
     while offset < size {
-        let magic_bytes = window.get(offset, 8.min((size - offset) as usize), false).await?;
+        let magic_bytes = window.get(offset, 8usize.min((size - offset) as usize), false).await?;
         if magic_bytes.len() < 8 {
             return Err(corrupt(format!("{} stray bytes at the end", magic_bytes.len())));
         }
@@ -131,6 +131,7 @@ pub async fn frames(bytes: &dyn Source) -> Result<Vec<Frame>> {
     if frames.is_empty() {
         return Err(corrupt("no data frame"));
     }
+    tracing::debug!(frames = frames.len(), reads = window.reads, "zstd frames walked");
     Ok(frames)
 }
 
