@@ -617,4 +617,25 @@ mod tests {
         };
         assert_eq!(t.validate("t").unwrap_err().field, "t.pvcTemplate.size");
     }
+
+    #[test]
+    fn format_and_allow_backing_belong_to_sources() {
+        let mut source = Endpoint::pvc("golden");
+        source.format = Some(ImageFormat::Xz);
+        source.allow_backing = Some(true);
+        source.validate("spec.source").unwrap();
+        let target = |format, allow_backing| Target {
+            endpoint: Endpoint {
+                format,
+                allow_backing,
+                ..Endpoint::pvc("copy")
+            },
+            pvc_template: None,
+        };
+        target(Some(ImageFormat::Raw), None).validate("t").unwrap();
+        target(None, Some(false)).validate("t").unwrap();
+        for t in [target(Some(ImageFormat::Qcow2), None), target(None, Some(true))] {
+            assert!(t.validate("t").unwrap_err().message.contains("source only"));
+        }
+    }
 }

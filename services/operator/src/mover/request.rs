@@ -432,6 +432,12 @@ mod tests {
             wire_endpoint(&Endpoint::pvc("gone"), &[]).unwrap_err(),
             MoverError::UnresolvedPvc("gone".into())
         );
+        let mut zst = Endpoint::url("s3://bucket/disk.raw.zst");
+        zst.format = Some(ImageFormat::Zst);
+        zst.allow_backing = Some(true);
+        let wire = wire_endpoint(&zst, &[]).unwrap();
+        assert_eq!((wire.format, wire.allow_backing), (ImageFormat::Zst, true));
+        assert_eq!(wire_endpoint(&s3, &[]).unwrap().format, ImageFormat::Auto);
     }
 
     #[test]
