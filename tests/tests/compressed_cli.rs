@@ -1,7 +1,8 @@
 //! Compressed raw images (.gz, .xz, .zst) end to end through the binary, made by the real
 //! tools (gzip, xz, zstd, pzstd): every copy compared with the original by `qemu-img
-//! compare` and checked for sparseness; concatenated members, streams and frames; pzstd
-//! frames read in parallel; the size options; `ferry info`; and the clear failures
+//! compare` and checked for sparseness; concatenated members, streams and frames; zstd
+//! frames read in parallel (sizes recorded, or pzstd's measured by a prescan); the size
+//! options; `ferry info`; and the clear failures
 //! (truncated and corrupt streams, a wrong `--source-format`, an unknown size, a wrong
 //! size, qcow2 inside a stream).
 
@@ -126,15 +127,21 @@ fn multi_block_xz_pzstd_frames_and_concatenated_members() {
         &i.root.join("blocks.raw.xz"),
     );
     copy_and_check(&i, &xz, &[]);
-    // pzstd writes independent frames that record their size: read in parallel.
+    // pzstd writes independent frames that do not record their size: --prescan measures
+    // them (in parallel), then they are decompressed in parallel.
     let pz = compress("zstd", "pzstd", &["-q", "-p", "2"], &i.raw, &i.root.join("frames.raw.zst"));
-    let info = ferry!().run(["info", "--json", s(&pz)]);
+    let run = ferry!().run(["info", s(&pz)]);
+    assert!(run.assert_clean_failure().contains("--prescan"), "{run}");
+    let info = ferry!().run(["info", "--json", "--prescan", s(&pz)]);
     info.assert_success();
     let json: serde_json::Value = serde_json::from_str(&info.stdout).unwrap();
     assert_eq!(json["format"], "zst", "{info}");
     assert_eq!(json["virtual_size"], SIZE, "{info}");
     assert!(json["parallel_frames"].as_u64().unwrap_or(0) >= 2, "{info}");
-    copy_and_check(&i, &pz, &["--verify"]);
+    copy_and_check(&i, &pz, &["--prescan", "--verify"]);
+    let pz2 = i.root.join("sized-frames.raw.zst");
+    std::fs::copy(&pz, &pz2).unwrap();
+    copy_and_check(&i, &pz2, &["--source-size", "64M"]);
 
     // The halves compressed apart and concatenated, as `cat a.gz b.gz` does.
     let half = |n: u64| {
@@ -159,6 +166,13 @@ fn multi_block_xz_pzstd_frames_and_concatenated_members() {
         std::fs::write(&joined, both).unwrap();
         let sized: &[&str] = if ext == "gz" { &["--source-size", "67108864"] } else { &[] };
         copy_and_check(&i, &joined, sized);
+        if ext == "zst" {
+            // Two frames that record their size: read in parallel without a prescan.
+            let info = ferry!().run(["info", "--json", s(&joined)]);
+            info.assert_success();
+            let json: serde_json::Value = serde_json::from_str(&info.stdout).unwrap();
+            assert_eq!(json["parallel_frames"], 2, "{info}");
+        }
     }
 }
 

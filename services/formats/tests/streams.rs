@@ -48,11 +48,21 @@ fn zst(d: &[u8]) -> Vec<u8> {
     zstd::bulk::compress(d, 3).unwrap()
 }
 
-/// Frames of `frame` bytes each, behind pzstd's skippable size hints when `hints`.
-fn zst_frames(d: &[u8], frame: usize, hints: bool) -> Vec<u8> {
+/// zstd as from a pipe (and as pzstd writes each frame): no content size in the header.
+fn zst_piped(d: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut e = zstd::stream::write::Encoder::new(&mut out, 3).unwrap();
+    e.write_all(d).unwrap();
+    e.finish().unwrap();
+    out
+}
+
+/// Frames of `frame` bytes each, behind pzstd's skippable size hints when `hints`,
+/// recording their size when `sized`.
+fn zst_frames(d: &[u8], frame: usize, hints: bool, sized: bool) -> Vec<u8> {
     let mut out = Vec::new();
     for part in d.chunks(frame) {
-        let f = zst(part);
+        let f = if sized { zst(part) } else { zst_piped(part) };
         if hints {
             out.extend_from_slice(&0x184d_2a50u32.to_le_bytes());
             out.extend_from_slice(&4u32.to_le_bytes());
@@ -166,9 +176,13 @@ async fn a_multi_block_xz_reads_back() {
 #[tokio::test]
 async fn independent_frames_are_read_in_parallel_in_any_order() {
     let data = image();
-    for hints in [true, false] {
-        let bytes = zst_frames(&data, MIB, hints);
-        let (image, info) = open(bytes, SourceFormat::Auto, None, false).await.unwrap();
+    for (hints, sized) in [(true, true), (false, true), (true, false)] {
+        let bytes = zst_frames(&data, MIB, hints, sized);
+        if !sized {
+            let err = open(bytes.clone(), SourceFormat::Auto, None, false).await.unwrap_err();
+            assert!(err.to_string().contains("--prescan"), "{err}");
+        }
+        let (image, info) = open(bytes, SourceFormat::Auto, None, !sized).await.unwrap();
         assert_eq!(info.parallel_frames, Some(5));
         assert!(!image.caps().sequential_read);
         assert_eq!(image.size(), data.len() as u64);
@@ -179,7 +193,7 @@ async fn independent_frames_are_read_in_parallel_in_any_order() {
         }))
         .await;
         for (&(o, n), got) in reads.iter().zip(results) {
-            assert!(got == data[o..o + n], "read {o}+{n}, hints {hints}");
+            assert!(got == data[o..o + n], "read {o}+{n}, hints {hints}, sized {sized}");
         }
     }
 }
@@ -194,12 +208,7 @@ async fn sizes_are_required_where_unrecorded_and_checked() {
     assert_eq!(info.virtual_size, data.len() as u64);
     assert!(read_all(image.as_ref(), MIB).await == data);
     // zstd from a pipe records no size.
-    let mut piped = Vec::new();
-    {
-        let mut e = zstd::stream::write::Encoder::new(&mut piped, 3).unwrap();
-        e.write_all(&data).unwrap();
-        e.finish().unwrap();
-    }
+    let piped = zst_piped(&data);
     let err = open(piped.clone(), SourceFormat::Auto, None, false).await.unwrap_err();
     assert!(err.to_string().contains("--source-size"), "{err}");
     let (image, _) = open(piped, SourceFormat::Auto, Some(data.len() as u64), false)

@@ -5,7 +5,7 @@
 //! - xz: the index at the end of each stream records it; reading it costs a few small
 //!   reads from the end.
 //! - zstd: each frame header may record its content size (the zstd tool records it when
-//!   it compresses a file); the frames are walked to add them up.
+//!   it compresses a file; pzstd never does); the frames are walked to add them up.
 //! - gzip: the trailer records it modulo 4 GiB only, which is not a size.
 //!
 //! When the stream does not record it, the caller gives it ([`StreamOptions::size`],
@@ -13,9 +13,12 @@
 //! ([`StreamOptions::prescan`]: one full decompression pass that counts); otherwise
 //! opening fails and says so.
 //!
-//! A multi-frame zstd file whose frames all record their size (pzstd's output) is read
-//! in parallel, frame by frame ([`FramesSource`]); everything else is decompressed front
-//! to back, ahead of the reader, in a thread of its own ([`StreamSource`]).
+//! A zstd file of several independent frames whose sizes are known is read in parallel,
+//! frame by frame ([`FramesSource`]): frames that record their size (`zstd` run on each
+//! piece of a split image, the seekable format's frames), or pzstd's frames, which do not
+//! but sit behind skippable frames giving their compressed length, once `--prescan` has
+//! measured them (in parallel too). Everything else is decompressed front to back, ahead
+//! of the reader, in a thread of its own ([`StreamSource`]).
 
 mod decode;
 mod input;
@@ -27,7 +30,7 @@ pub mod zstd;
 
 use std::sync::Arc;
 
-use ferry_core::{Error, Result, Source};
+use ferry_core::{Error, ErrorKind, Result, Source};
 use tokio::runtime::Handle;
 
 pub use decode::{OUTPUT_CHUNK, OUTPUT_DEPTH, XZ_MEMLIMIT, ZSTD_WINDOW_LOG_MAX};
@@ -123,25 +126,52 @@ pub async fn open_stream(
         }
         Detected::Zstd if seekable && options.size.is_none() => {
             let frames = zstd::frames(bytes.as_ref()).await?;
-            if frames.len() > 1 {
-                if let Some(source) = FramesSource::new(bytes.clone(), &frames) {
-                    let layout = StreamLayout {
-                        size: source.size(),
-                        parallel_frames: Some(source.frames() as u64),
-                    };
-                    return Ok((Arc::new(source), layout));
+            let recorded: Option<Vec<u64>> = frames.iter().map(|f| f.content_size).collect();
+            let sizes = match recorded {
+                Some(sizes) => Some(sizes),
+                None if options.prescan && frames.len() > 1 => {
+                    tracing::info!(
+                        source = %bytes.describe(),
+                        frames = frames.len(),
+                        "prescan: measuring the zstd frames in parallel"
+                    );
+                    parallel::measure(&bytes, &frames).await?
                 }
-            }
-            let sizes: Option<Vec<u64>> = frames.iter().map(|f| f.content_size).collect();
-            match sizes.and_then(|s| s.into_iter().try_fold(0u64, u64::checked_add)) {
-                Some(size) => size,
-                None if options.prescan => prescan(&bytes, codec).await?,
+                None if options.prescan => None,
                 None => {
                     return Err(unknown_size(
                         kind,
-                        "a frame header does not record it (compressed from a pipe?)",
+                        if frames.len() > 1 {
+                            "its frames do not record their sizes (pzstd writes them so; \
+                             --prescan measures them in parallel)"
+                        } else {
+                            "its frame header does not record it (compressed from a pipe?)"
+                        },
                     ))
                 }
+            };
+            match sizes {
+                Some(sizes) => {
+                    if frames.len() > 1 {
+                        if let Some(source) = FramesSource::new(bytes.clone(), &frames, &sizes) {
+                            let layout = StreamLayout {
+                                size: source.size(),
+                                parallel_frames: Some(source.frames() as u64),
+                            };
+                            return Ok((Arc::new(source), layout));
+                        }
+                    }
+                    sizes
+                        .into_iter()
+                        .try_fold(0u64, u64::checked_add)
+                        .ok_or_else(|| {
+                            Error::new(
+                                ErrorKind::Corrupt,
+                                "zstd: the frames' content sizes overflow",
+                            )
+                        })?
+                }
+                None => prescan(&bytes, codec).await?,
             }
         }
         _ => match options.size {

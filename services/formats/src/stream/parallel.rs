@@ -1,7 +1,8 @@
-//! [`FramesSource`]: a .zst file of independent frames that all record their content
-//! size, read at any offset: a read decompresses the frames it covers (each in a blocking
-//! thread, whole, into exactly its recorded size) and keeps the latest few, so the
-//! engine's workers decompress different frames at once. Not sequential.
+//! [`FramesSource`]: a .zst file of independent frames whose sizes are known (recorded in
+//! their headers, or measured by a parallel prescan, [`measure`]), read at any offset: a
+//! read decompresses the frames it covers (each in a blocking thread, whole, into exactly
+//! its size) and keeps the latest few, so the engine's workers decompress different frames
+//! at once. Not sequential.
 //!
 //! Memory: at most [`CACHED_FRAMES`] decompressed frames are kept (frames larger than
 //! [`MAX_FRAME`] are not read this way), plus the ones being copied from.
@@ -62,13 +63,19 @@ impl std::fmt::Debug for FramesSource {
 }
 
 impl FramesSource {
-    /// The image in `frames` of `bytes`, when every frame records its size and none is
-    /// larger than [`MAX_FRAME`]; None otherwise.
-    pub fn new(bytes: Arc<dyn Source>, frames: &[Frame]) -> Option<Self> {
+    /// The image in `frames` of `bytes`, frame `i` holding `sizes[i]` bytes (recorded in
+    /// its header, or measured by [`measure`]), when no frame is larger than
+    /// [`MAX_FRAME`]; None otherwise.
+    pub fn new(bytes: Arc<dyn Source>, frames: &[Frame], sizes: &[u64]) -> Option<Self> {
+        if frames.len() != sizes.len() {
+            return None;
+        }
         let mut placed = Vec::with_capacity(frames.len());
         let mut start = 0u64;
-        for &frame in frames {
-            let len = frame.content_size.filter(|&n| n <= MAX_FRAME)?;
+        for (&frame, &len) in frames.iter().zip(sizes) {
+            if len > MAX_FRAME {
+                return None;
+            }
             placed.push(Placed { frame, start, len });
             start = start.checked_add(len)?;
         }
@@ -156,6 +163,62 @@ impl Shared {
             index += 1;
         }
         Ok(())
+    }
+}
+
+/// The decompressed size of each frame, measured by decompressing the frames in
+/// parallel (one blocking task per core) without keeping their output: the prescan of
+/// frames that do not record their size (pzstd writes them so). None when a frame is
+/// larger than [`MAX_FRAME`] either way (then the frames are not read in parallel).
+pub async fn measure(bytes: &Arc<dyn Source>, frames: &[Frame]) -> Result<Option<Vec<u64>>> {
+    if frames.iter().any(|f| f.len > MAX_FRAME) {
+        return Ok(None);
+    }
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut sizes = Vec::with_capacity(frames.len());
+    for batch in frames.chunks(threads) {
+        let mut tasks = Vec::with_capacity(batch.len());
+        for frame in batch {
+            let input = read_bytes(bytes.as_ref(), frame.offset, frame.len).await?.to_vec();
+            tasks.push(tokio::task::spawn_blocking(move || count_frame(&input)));
+        }
+        for task in tasks {
+            let size = task
+                .await
+                .map_err(|e| Error::internal(format!("a measuring task failed: {e}")))??;
+            match size {
+                Some(size) => sizes.push(size),
+                None => return Ok(None),
+            }
+        }
+    }
+    Ok(Some(sizes))
+}
+
+/// The decompressed size of one frame, or None past [`MAX_FRAME`].
+fn count_frame(input: &[u8]) -> Result<Option<u64>> {
+    use std::io::Read;
+    let corrupt = |e: std::io::Error| {
+        Error::new(ErrorKind::Corrupt, "a zstd frame does not decompress").with_source(e)
+    };
+    let mut decoder = zstd::stream::read::Decoder::with_buffer(input)
+        .map_err(corrupt)?
+        .single_frame();
+    decoder
+        .window_log_max(super::decode::ZSTD_WINDOW_LOG_MAX)
+        .map_err(corrupt)?;
+    let mut scratch = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        match decoder.read(&mut scratch) {
+            Ok(0) => return Ok(Some(total)),
+            Ok(n) => total += n as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(corrupt(e)),
+        }
+        if total > MAX_FRAME {
+            return Ok(None);
+        }
     }
 }
 
