@@ -49,11 +49,16 @@ pub fn detect(head: &[u8]) -> Detected {
         Detected::Gzip
     } else if head.starts_with(&[0xfd, 0x37, 0x7a, 0x58, 0x5a, 0x00]) {
         Detected::Xz
-    } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+    } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) || is_skippable_frame(head) {
         Detected::Zstd
     } else {
         Detected::Raw
     }
+}
+
+/// A zstd skippable frame (pzstd's output starts with one).
+fn is_skippable_frame(head: &[u8]) -> bool {
+    head.len() >= 4 && head[0] & 0xf0 == 0x50 && head[1..4] == [0x2a, 0x4d, 0x18]
 }
 
 /// The format the caller wants the source read as (`--source-format`).
@@ -121,6 +126,7 @@ mod tests {
         assert_eq!(detect(&[0x1f, 0x8b, 8, 0, 0, 0]), Detected::Gzip);
         assert_eq!(detect(&[0xfd, 0x37, 0x7a, 0x58, 0x5a, 0x00]), Detected::Xz);
         assert_eq!(detect(&[0x28, 0xb5, 0x2f, 0xfd, 0, 0]), Detected::Zstd);
+        assert_eq!(detect(&[0x50, 0x2a, 0x4d, 0x18, 4, 0]), Detected::Zstd);
         assert_eq!(detect(&[0xfd, 0x37, 0x7a, 0x58, 0x5a, 0x01]), Detected::Raw);
         assert_eq!(detect(b"QFI"), Detected::Raw);
         assert_eq!(detect(b""), Detected::Raw);

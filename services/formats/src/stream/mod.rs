@@ -93,8 +93,7 @@ async fn prescan(bytes: &Arc<dyn Source>, codec: Codec) -> Result<u64> {
         "prescan: decompressing the whole stream to count its size"
     );
     let input = spawn_feeder(&Handle::current(), bytes.clone());
-    let decoder = codec.decoder(input)?;
-    tokio::task::spawn_blocking(move || decode::count(codec, decoder))
+    tokio::task::spawn_blocking(move || decode::count(codec, codec.decoder(input)?))
         .await
         .map_err(|e| Error::internal(format!("the prescan task failed: {e}")))?
 }

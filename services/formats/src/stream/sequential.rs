@@ -60,11 +60,16 @@ fn start(
     handle: &Handle,
 ) -> Result<mpsc::Receiver<Result<Msg>>> {
     let input = spawn_feeder(handle, bytes.clone());
-    let decoder = codec.decoder(input)?;
     let (tx, rx) = mpsc::channel(OUTPUT_DEPTH);
+    // The decoder is made in the thread: gzip's reads its header at once, which blocks.
     std::thread::Builder::new()
         .name(format!("ferry-un{}", codec.kind))
-        .spawn(move || decode::produce(codec, decoder, limit, tx))
+        .spawn(move || match codec.decoder(input) {
+            Ok(decoder) => decode::produce(codec, decoder, limit, tx),
+            Err(e) => {
+                let _ = tx.blocking_send(Err(e));
+            }
+        })
         .map_err(|e| Error::io("cannot start the decompressing thread", e))?;
     Ok(rx)
 }
