@@ -44,7 +44,11 @@ fn make_raw(path: &Path) {
             .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8 | 1)
             .collect()
     };
-    for (offset, len, seed) in [(0, 3 * MIB, 1), (5 * MIB, MIB, 2), (60 * MIB, 100 * 1024, 3)] {
+    for (offset, len, seed) in [
+        (0, 3 * MIB, 1),
+        (5 * MIB, MIB, 2),
+        (60 * MIB, 100 * 1024, 3),
+    ] {
         f.seek(SeekFrom::Start(offset)).unwrap();
         f.write_all(&run(seed, len)).unwrap();
     }
@@ -104,9 +108,21 @@ fn copy_and_check(i: &Images, image: &Path, extra: &[&str]) {
 #[test]
 fn copies_of_gz_xz_and_zst_images_are_the_raw_image_and_sparse() {
     let i = images();
-    let xz = compress("xz-utils", "xz", &["-1", "-T1"], &i.raw, &i.root.join("disk.raw.xz"));
+    let xz = compress(
+        "xz-utils",
+        "xz",
+        &["-1", "-T1"],
+        &i.raw,
+        &i.root.join("disk.raw.xz"),
+    );
     copy_and_check(&i, &xz, &[]);
-    let zst = compress("zstd", "zstd", &["-q", "-3"], &i.raw, &i.root.join("disk.raw.zst"));
+    let zst = compress(
+        "zstd",
+        "zstd",
+        &["-q", "-3"],
+        &i.raw,
+        &i.root.join("disk.raw.zst"),
+    );
     copy_and_check(&i, &zst, &["--verify"]);
     let gz = compress("gzip", "gzip", &["-1"], &i.raw, &i.root.join("disk.raw.gz"));
     copy_and_check(&i, &gz, &["--prescan"]);
@@ -129,7 +145,13 @@ fn multi_block_xz_pzstd_frames_and_concatenated_members() {
     copy_and_check(&i, &xz, &[]);
     // pzstd writes independent frames that do not record their size: --prescan measures
     // them (in parallel), then they are decompressed in parallel.
-    let pz = compress("zstd", "pzstd", &["-q", "-p", "2"], &i.raw, &i.root.join("frames.raw.zst"));
+    let pz = compress(
+        "zstd",
+        "pzstd",
+        &["-q", "-p", "2"],
+        &i.raw,
+        &i.root.join("frames.raw.zst"),
+    );
     let run = ferry!().run(["info", s(&pz)]);
     assert!(run.assert_clean_failure().contains("--prescan"), "{run}");
     let info = ferry!().run(["info", "--json", "--prescan", s(&pz)]);
@@ -147,7 +169,11 @@ fn multi_block_xz_pzstd_frames_and_concatenated_members() {
     let half = |n: u64| {
         let p = i.root.join(format!("half{n}.raw"));
         let all = std::fs::read(&i.raw).unwrap();
-        std::fs::write(&p, &all[(n * SIZE / 2) as usize..((n + 1) * SIZE / 2) as usize]).unwrap();
+        std::fs::write(
+            &p,
+            &all[(n * SIZE / 2) as usize..((n + 1) * SIZE / 2) as usize],
+        )
+        .unwrap();
         p
     };
     let (a, b) = (half(0), half(1));
@@ -164,7 +190,11 @@ fn multi_block_xz_pzstd_frames_and_concatenated_members() {
         }
         let joined = i.root.join(format!("joined.raw.{ext}"));
         std::fs::write(&joined, both).unwrap();
-        let sized: &[&str] = if ext == "gz" { &["--source-size", "67108864"] } else { &[] };
+        let sized: &[&str] = if ext == "gz" {
+            &["--source-size", "67108864"]
+        } else {
+            &[]
+        };
         copy_and_check(&i, &joined, sized);
         if ext == "zst" {
             // Two frames that record their size: read in parallel without a prescan.
@@ -179,7 +209,13 @@ fn multi_block_xz_pzstd_frames_and_concatenated_members() {
 #[test]
 fn info_shows_format_and_both_sizes() {
     let i = images();
-    let xz = compress("xz-utils", "xz", &["-1", "-T1"], &i.raw, &i.root.join("disk.raw.xz"));
+    let xz = compress(
+        "xz-utils",
+        "xz",
+        &["-1", "-T1"],
+        &i.raw,
+        &i.root.join("disk.raw.xz"),
+    );
     let run = ferry!().run(["info", s(&xz)]);
     run.assert_success();
     let file_size = std::fs::metadata(&xz).unwrap().len();
@@ -202,8 +238,20 @@ fn info_shows_format_and_both_sizes() {
 #[test]
 fn broken_streams_and_wrong_options_fail_clearly() {
     let i = images();
-    let zst = compress("zstd", "zstd", &["-q"], &i.raw, &i.root.join("disk.raw.zst"));
-    let xz = compress("xz-utils", "xz", &["-1", "-T1"], &i.raw, &i.root.join("disk.raw.xz"));
+    let zst = compress(
+        "zstd",
+        "zstd",
+        &["-q"],
+        &i.raw,
+        &i.root.join("disk.raw.zst"),
+    );
+    let xz = compress(
+        "xz-utils",
+        "xz",
+        &["-1", "-T1"],
+        &i.raw,
+        &i.root.join("disk.raw.xz"),
+    );
     let gz = compress("gzip", "gzip", &["-1"], &i.raw, &i.root.join("disk.raw.gz"));
     let out = i.root.join("out.raw");
     let fails = |args: &[&str], words: &[&str]| {
@@ -218,7 +266,10 @@ fn broken_streams_and_wrong_options_fail_clearly() {
     let bytes = std::fs::read(&zst).unwrap();
     let cut = i.root.join("cut.raw.zst");
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
-    fails(&["copy", s(&cut), s(&out), "--source-size", "64M"], &["zst", "truncated"]);
+    fails(
+        &["copy", s(&cut), s(&out), "--source-size", "64M"],
+        &["zst", "truncated"],
+    );
     // Corrupt: a flipped byte in the middle of the xz data (the index is intact).
     let mut bytes = std::fs::read(&xz).unwrap();
     let middle = bytes.len() / 3;
@@ -234,16 +285,28 @@ fn broken_streams_and_wrong_options_fail_clearly() {
     // gzip does not record its size: the error says what to do.
     fails(&["copy", s(&gz), s(&out)], &["--source-size", "--prescan"]);
     // A size that is not the stream's.
-    fails(&["copy", s(&gz), s(&out), "--source-size", "32M"], &["more than"]);
-    fails(&["copy", s(&gz), s(&out), "--source-size", "65M"], &["ends after"]);
-    fails(&["copy", s(&xz), s(&out), "--source-size", "1M"], &["disagrees"]);
+    fails(
+        &["copy", s(&gz), s(&out), "--source-size", "32M"],
+        &["more than"],
+    );
+    fails(
+        &["copy", s(&gz), s(&out), "--source-size", "65M"],
+        &["ends after"],
+    );
+    fails(
+        &["copy", s(&xz), s(&out), "--source-size", "1M"],
+        &["disagrees"],
+    );
 
     // A wrong --source-format.
     fails(
         &["copy", "--source-format", "xz", s(&zst), s(&out)],
         &["--source-format xz", "zst"],
     );
-    fails(&["copy", "--source-format", "gz", s(&i.raw), s(&out)], &["not gz"]);
+    fails(
+        &["copy", "--source-format", "gz", s(&i.raw), s(&out)],
+        &["not gz"],
+    );
     // raw copies the compressed bytes as they are.
     let as_raw = i.root.join("as-raw.bin");
     ferry!()
@@ -258,6 +321,12 @@ fn broken_streams_and_wrong_options_fail_clearly() {
         "qemu-img",
         &["convert", "-f", "raw", "-O", "qcow2", s(&i.raw), s(&qcow2)],
     );
-    let packed = compress("zstd", "zstd", &["-q"], &qcow2, &i.root.join("disk.qcow2.zst"));
+    let packed = compress(
+        "zstd",
+        "zstd",
+        &["-q"],
+        &qcow2,
+        &i.root.join("disk.qcow2.zst"),
+    );
     fails(&["copy", s(&packed), s(&out)], &["qcow2 inside"]);
 }

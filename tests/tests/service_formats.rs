@@ -38,8 +38,16 @@ fn make_qcow2(path: &Path, backing: Option<&Path>) {
     }
     args.extend([s(path), "32M"]);
     sh("qemu-utils", "qemu-img", &args);
-    for cmd in ["write -P 0x31 0 2M", "write -z 2M 1M", "write -P 0x32 20M 64k"] {
-        sh("qemu-utils", "qemu-io", &["-f", "qcow2", "-c", cmd, s(path)]);
+    for cmd in [
+        "write -P 0x31 0 2M",
+        "write -z 2M 1M",
+        "write -P 0x32 20M 64k",
+    ] {
+        sh(
+            "qemu-utils",
+            "qemu-io",
+            &["-f", "qcow2", "-c", cmd, s(path)],
+        );
     }
 }
 
@@ -94,8 +102,27 @@ async fn qcow2_and_zst_sources_are_transferred_as_their_images() {
     let base = e.root.join("base.qcow2");
     make_qcow2(&base, None);
     let top = e.root.join("top.qcow2");
-    sh("qemu-utils", "qemu-img", &["create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", s(&top), "32M"]);
-    sh("qemu-utils", "qemu-io", &["-f", "qcow2", "-c", "write -P 0x44 1M 512k", s(&top)]);
+    sh(
+        "qemu-utils",
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-b",
+            "base.qcow2",
+            "-F",
+            "qcow2",
+            s(&top),
+            "32M",
+        ],
+    );
+    sh(
+        "qemu-utils",
+        "qemu-io",
+        &["-f", "qcow2", "-c", "write -P 0x44 1M 512k", s(&top)],
+    );
 
     // qcow2, detected by magic: the guest's disk, not the file.
     let out = e.root.join("base.raw");
@@ -114,14 +141,18 @@ async fn qcow2_and_zst_sources_are_transferred_as_their_images() {
     assert!(error.message.contains("allow"), "{}", error.message);
     let _ = std::fs::remove_file(&out);
     let done = e
-        .run(with_source(transfer(&top, &out), |s| s.allow_backing = true))
+        .run(with_source(transfer(&top, &out), |s| {
+            s.allow_backing = true
+        }))
         .await;
     assert_eq!(state(&done), JobState::Succeeded, "{:?}", done.error);
     compare("qcow2", &top, &out);
 
     // format RAW copies the qcow2 file itself.
     let out = e.root.join("file.bin");
-    let req = with_source(transfer(&base, &out), |s| s.format = ImageFormat::Raw as i32);
+    let req = with_source(transfer(&base, &out), |s| {
+        s.format = ImageFormat::Raw as i32
+    });
     let done = e.run(req).await;
     assert_eq!(state(&done), JobState::Succeeded, "{:?}", done.error);
     assert!(std::fs::read(&base).unwrap() == std::fs::read(&out).unwrap());
@@ -139,12 +170,25 @@ async fn qcow2_and_zst_sources_are_transferred_as_their_images() {
         panic!("no transfer result: {done:?}")
     };
     assert_eq!(r.size, 32 * MIB);
-    assert!(r.zero_bytes > 0, "the zeroes of the stream were skipped: {r:?}");
+    assert!(
+        r.zero_bytes > 0,
+        "the zeroes of the stream were skipped: {r:?}"
+    );
 
     // A checksum job reads the image the stream holds.
-    let ck = e.client.start_checksum(checksum(&zst)).await.unwrap().into_inner();
+    let ck = e
+        .client
+        .start_checksum(checksum(&zst))
+        .await
+        .unwrap()
+        .into_inner();
     let ck = wait_terminal(&mut e.client, &ck.id, LIMIT).await;
-    let ck_raw = e.client.start_checksum(checksum(&raw)).await.unwrap().into_inner();
+    let ck_raw = e
+        .client
+        .start_checksum(checksum(&raw))
+        .await
+        .unwrap()
+        .into_inner();
     let ck_raw = wait_terminal(&mut e.client, &ck_raw.id, LIMIT).await;
     let digest = |j: &proto::Job| match &j.result {
         Some(proto::job::Result::ChecksumResult(c)) => c.digest.clone().unwrap().hex,

@@ -12,6 +12,8 @@ pub mod qcow2;
 pub mod stream;
 
 pub use detect::{detect, Detected, SourceFormat};
-pub use open::{backing_path, open_image, Backing, BackingOpener, ImageInfo, OpenOptions, MAX_BACKING_DEPTH};
+pub use open::{
+    backing_path, open_image, Backing, BackingOpener, ImageInfo, OpenOptions, MAX_BACKING_DEPTH,
+};
 pub use qcow2::{Qcow2Options, Qcow2Source};
 pub use stream::{open_stream, FramesSource, StreamLayout, StreamOptions, StreamSource};

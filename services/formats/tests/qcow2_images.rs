@@ -450,9 +450,21 @@ async fn raw_format_reads_a_qcow2_as_its_bytes() {
 async fn compressed_magic_without_a_stream_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     for (name, magic, kind) in [
-        ("a.gz", &[0x1f, 0x8b, 8, 0, 0, 0][..], ErrorKind::InvalidInput),
-        ("a.xz", &[0xfd, 0x37, 0x7a, 0x58, 0x5a, 0][..], ErrorKind::Corrupt),
-        ("a.zst", &[0x28, 0xb5, 0x2f, 0xfd, 0, 0][..], ErrorKind::Corrupt),
+        (
+            "a.gz",
+            &[0x1f, 0x8b, 8, 0, 0, 0][..],
+            ErrorKind::InvalidInput,
+        ),
+        (
+            "a.xz",
+            &[0xfd, 0x37, 0x7a, 0x58, 0x5a, 0][..],
+            ErrorKind::Corrupt,
+        ),
+        (
+            "a.zst",
+            &[0x28, 0xb5, 0x2f, 0xfd, 0, 0][..],
+            ErrorKind::Corrupt,
+        ),
     ] {
         let path = dir.path().join(name);
         std::fs::write(&path, magic).unwrap();

@@ -88,7 +88,10 @@ async fn open(
 }
 
 async fn read(image: &dyn Source, offset: usize, len: usize) -> ferry_core::Result<Vec<u8>> {
-    Ok(image.read_at(offset as u64, IoBuf::new(len)).await?.to_vec())
+    Ok(image
+        .read_at(offset as u64, IoBuf::new(len))
+        .await?
+        .to_vec())
 }
 
 /// Reads the whole image front to back in `request`-byte reads.
@@ -124,16 +127,27 @@ async fn each_format_reads_back_the_image() {
 #[tokio::test]
 async fn reads_skip_forward_and_restart_behind() {
     let data = image();
-    let (image, _) = open(zst(&data), SourceFormat::Zstd, None, false).await.unwrap();
+    let (image, _) = open(zst(&data), SourceFormat::Zstd, None, false)
+        .await
+        .unwrap();
     let at = |o: usize, n: usize| data[o..o + n].to_vec();
-    assert_eq!(read(image.as_ref(), 4096, 100).await.unwrap(), at(4096, 100));
+    assert_eq!(
+        read(image.as_ref(), 4096, 100).await.unwrap(),
+        at(4096, 100)
+    );
     // Forward, across chunks: skipped.
-    assert_eq!(read(image.as_ref(), 3 * MIB + 5, 70_000).await.unwrap(), at(3 * MIB + 5, 70_000));
+    assert_eq!(
+        read(image.as_ref(), 3 * MIB + 5, 70_000).await.unwrap(),
+        at(3 * MIB + 5, 70_000)
+    );
     // Behind: decompression starts over.
     assert_eq!(read(image.as_ref(), 10, 10).await.unwrap(), at(10, 10));
     // The last bytes: the stream must end there.
     let end = data.len();
-    assert_eq!(read(image.as_ref(), end - 3, 3).await.unwrap(), at(end - 3, 3));
+    assert_eq!(
+        read(image.as_ref(), end - 3, 3).await.unwrap(),
+        at(end - 3, 3)
+    );
     // A read past the end is refused.
     assert!(read(image.as_ref(), end - 3, 4).await.is_err());
     // Another handle shares the stream.
@@ -156,7 +170,11 @@ async fn concatenated_members_streams_and_frames() {
     for (bytes, size) in [(two_gz, size), (two_xz, None), (two_zst, None)] {
         let (image, info) = open(bytes, SourceFormat::Auto, size, false).await.unwrap();
         assert_eq!(info.virtual_size, data.len() as u64, "{:?}", info.format);
-        assert!(read_all(image.as_ref(), 300_000).await == data, "{:?}", info.format);
+        assert!(
+            read_all(image.as_ref(), 300_000).await == data,
+            "{:?}",
+            info.format
+        );
     }
 }
 
@@ -179,11 +197,18 @@ async fn independent_frames_are_read_in_parallel_in_any_order() {
     for (hints, sized) in [(true, true), (false, true), (true, false)] {
         let bytes = zst_frames(&data, MIB, hints, sized);
         if !sized {
-            let err = open(bytes.clone(), SourceFormat::Auto, None, false).await.err().unwrap();
+            let err = open(bytes.clone(), SourceFormat::Auto, None, false)
+                .await
+                .err()
+                .unwrap();
             assert!(err.to_string().contains("--prescan"), "{err}");
         }
         let (image, info) = open(bytes, SourceFormat::Auto, None, !sized).await.unwrap();
-        assert_eq!(info.parallel_frames, Some(5), "hints {hints}, sized {sized}");
+        assert_eq!(
+            info.parallel_frames,
+            Some(5),
+            "hints {hints}, sized {sized}"
+        );
         assert!(!image.caps().sequential_read);
         assert_eq!(image.size(), data.len() as u64);
         let reads = [(4 * MIB + 7, 1000), (10, MIB + 20), (MIB - 3, 2 * MIB + 6)];
@@ -193,7 +218,10 @@ async fn independent_frames_are_read_in_parallel_in_any_order() {
         }))
         .await;
         for (&(o, n), got) in reads.iter().zip(results) {
-            assert!(got == data[o..o + n], "read {o}+{n}, hints {hints}, sized {sized}");
+            assert!(
+                got == data[o..o + n],
+                "read {o}+{n}, hints {hints}, sized {sized}"
+            );
         }
     }
 }
@@ -201,22 +229,33 @@ async fn independent_frames_are_read_in_parallel_in_any_order() {
 #[tokio::test]
 async fn sizes_are_required_where_unrecorded_and_checked() {
     let data = image();
-    let err = open(gzip(&data), SourceFormat::Auto, None, false).await.err().unwrap();
+    let err = open(gzip(&data), SourceFormat::Auto, None, false)
+        .await
+        .err()
+        .unwrap();
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
     assert!(err.to_string().contains("--prescan"), "{err}");
-    let (image, info) = open(gzip(&data), SourceFormat::Auto, None, true).await.unwrap();
+    let (image, info) = open(gzip(&data), SourceFormat::Auto, None, true)
+        .await
+        .unwrap();
     assert_eq!(info.virtual_size, data.len() as u64);
     assert!(read_all(image.as_ref(), MIB).await == data);
     // zstd from a pipe records no size.
     let piped = zst_piped(&data);
-    let err = open(piped.clone(), SourceFormat::Auto, None, false).await.err().unwrap();
+    let err = open(piped.clone(), SourceFormat::Auto, None, false)
+        .await
+        .err()
+        .unwrap();
     assert!(err.to_string().contains("--source-size"), "{err}");
     let (image, _) = open(piped, SourceFormat::Auto, Some(data.len() as u64), false)
         .await
         .unwrap();
     assert!(read_all(image.as_ref(), MIB).await == data);
     // A size that disagrees with the index.
-    let err = open(xz(&data), SourceFormat::Auto, Some(7), false).await.err().unwrap();
+    let err = open(xz(&data), SourceFormat::Auto, Some(7), false)
+        .await
+        .err()
+        .unwrap();
     assert!(err.to_string().contains("disagrees"), "{err}");
 }
 
@@ -230,7 +269,9 @@ async fn a_bomb_is_bounded_by_the_size_given() {
     }
     let bomb = e.finish().unwrap();
     assert!(bomb.len() < 400_000);
-    let (image, _) = open(bomb, SourceFormat::Gzip, Some(MIB as u64), false).await.unwrap();
+    let (image, _) = open(bomb, SourceFormat::Gzip, Some(MIB as u64), false)
+        .await
+        .unwrap();
     let err = read(image.as_ref(), 0, MIB).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt);
     assert!(err.to_string().contains("more than"), "{err}");
@@ -253,7 +294,9 @@ async fn broken_streams_are_errors() {
     let mut bad_index = bytes.clone();
     let n = bad_index.len();
     bad_index[n - 20] ^= 1;
-    assert!(open(bad_index, SourceFormat::Xz, None, false).await.is_err());
+    assert!(open(bad_index, SourceFormat::Xz, None, false)
+        .await
+        .is_err());
     let mut bad_data = bytes.clone();
     bad_data[100] ^= 0x40;
     let result = match open(bad_data, SourceFormat::Xz, None, false).await {
@@ -264,15 +307,22 @@ async fn broken_streams_are_errors() {
     // Garbage after a zstd frame.
     let mut trailing = zst(&data);
     trailing.extend(b"garbage!");
-    assert!(open(trailing, SourceFormat::Zstd, None, false).await.is_err());
+    assert!(open(trailing, SourceFormat::Zstd, None, false)
+        .await
+        .is_err());
     // A forced format that is not the stream's.
-    let err = open(zst(&data), SourceFormat::Gzip, Some(1), false).await.err().unwrap();
+    let err = open(zst(&data), SourceFormat::Gzip, Some(1), false)
+        .await
+        .err()
+        .unwrap();
     assert!(err.to_string().contains("not gz"), "{err}");
     // qcow2 inside a stream.
     let mut qcow2 = b"QFI\xfb\0\0\0\x03".to_vec();
     qcow2.resize(MIB, 0);
     let err = open(gzip(&qcow2), SourceFormat::Auto, Some(MIB as u64), false)
-        .await.err().unwrap();
+        .await
+        .err()
+        .unwrap();
     assert_eq!(err.kind(), ErrorKind::Unsupported);
     assert!(err.to_string().contains("qcow2 inside"), "{err}");
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use ferry_core::{IoBuf, Source};
 use ferry_formats::{open_image, open_stream, Backing, Detected, OpenOptions, SourceFormat};
-use ferry_formats::{StreamOptions, Qcow2Options};
+use ferry_formats::{Qcow2Options, StreamOptions};
 use ferry_testkit::MemSource;
 
 /// Most guest bytes a driver reads (or maps) per input.
@@ -42,7 +42,11 @@ async fn exercise(image: &dyn Source) {
         let mut offset = range.0;
         while offset < range.1 {
             let len = REQUEST.min(range.1 - offset);
-            if image.read_at(offset, IoBuf::new(len as usize)).await.is_err() {
+            if image
+                .read_at(offset, IoBuf::new(len as usize))
+                .await
+                .is_err()
+            {
                 break;
             }
             offset += len;

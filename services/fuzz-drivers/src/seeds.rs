@@ -623,10 +623,22 @@ mod tests {
 /// clusters, deflate and zstd compressed clusters, a backing file name.
 pub fn qcow2_image() -> Vec<Seed> {
     vec![
-        seed("plain", include_bytes!("../../../fuzz/seeds/formats/plain.qcow2").to_vec()),
-        seed("deflate", include_bytes!("../../../fuzz/seeds/formats/deflate.qcow2").to_vec()),
-        seed("zstd", include_bytes!("../../../fuzz/seeds/formats/zstd.qcow2").to_vec()),
-        seed("backed", include_bytes!("../../../fuzz/seeds/formats/backed.qcow2").to_vec()),
+        seed(
+            "plain",
+            include_bytes!("../../../fuzz/seeds/formats/plain.qcow2").to_vec(),
+        ),
+        seed(
+            "deflate",
+            include_bytes!("../../../fuzz/seeds/formats/deflate.qcow2").to_vec(),
+        ),
+        seed(
+            "zstd",
+            include_bytes!("../../../fuzz/seeds/formats/zstd.qcow2").to_vec(),
+        ),
+        seed(
+            "backed",
+            include_bytes!("../../../fuzz/seeds/formats/backed.qcow2").to_vec(),
+        ),
     ]
 }
 

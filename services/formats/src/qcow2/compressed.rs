@@ -43,8 +43,8 @@ fn inflate(input: &[u8], out: &mut [u8]) -> Result<()> {
 
 fn unzstd(input: &[u8], out: &mut [u8]) -> Result<()> {
     use zstd::stream::raw::{Decoder, InBuffer, Operation, OutBuffer};
-    let mut decoder = Decoder::new()
-        .map_err(|e| corrupt("cannot start a zstd decoder").with_source(e))?;
+    let mut decoder =
+        Decoder::new().map_err(|e| corrupt("cannot start a zstd decoder").with_source(e))?;
     let mut input = InBuffer::around(input);
     let mut output = OutBuffer::around(out);
     loop {

@@ -49,9 +49,8 @@ pub(crate) struct Codec {
 impl Codec {
     /// A decoder reading `input`.
     pub(crate) fn decoder(self, input: Input) -> Result<Box<dyn Read + Send>> {
-        let failed = |e: io::Error| {
-            Error::internal(format!("cannot start the {} decoder: {e}", self.kind))
-        };
+        let failed =
+            |e: io::Error| Error::internal(format!("cannot start the {} decoder: {e}", self.kind));
         Ok(match self.kind {
             Detected::Gzip => Box::new(flate2::read::MultiGzDecoder::new(input)),
             Detected::Zstd => {
@@ -90,13 +89,19 @@ impl Codec {
             Err(e) => e,
         };
         let text = err.to_string();
-        let hint = if text.contains("memory") || text.contains("Memory") || text.contains("Frame requires too much") {
+        let hint = if text.contains("memory")
+            || text.contains("Memory")
+            || text.contains("Frame requires too much")
+        {
             match self.kind {
                 Detected::Zstd => " (the frame's window is larger than the 128 MiB allowed)",
                 Detected::Xz => " (decoding it needs more than the 256 MiB allowed)",
                 _ => "",
             }
-        } else if err.kind() == io::ErrorKind::UnexpectedEof || text.contains("incomplete") || text.contains("premature") {
+        } else if err.kind() == io::ErrorKind::UnexpectedEof
+            || text.contains("incomplete")
+            || text.contains("premature")
+        {
             " (the stream is truncated)"
         } else {
             ""

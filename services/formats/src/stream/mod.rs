@@ -104,7 +104,9 @@ async fn gzip_isize(bytes: &dyn Source) -> Result<Option<u32>> {
         return Ok(None);
     }
     let tail = crate::qcow2::read_bytes(bytes, bytes.size() - 4, 4).await?;
-    Ok(Some(u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]])))
+    Ok(Some(u32::from_le_bytes([
+        tail[0], tail[1], tail[2], tail[3],
+    ])))
 }
 
 /// Opens the `kind` stream held in `bytes` as the image it holds.
@@ -114,7 +116,10 @@ pub async fn open_stream(
     options: &StreamOptions,
 ) -> Result<(Arc<dyn Source>, StreamLayout)> {
     let seekable = !bytes.caps().sequential_read;
-    let mut codec = Codec { kind, xz_threads: 1 };
+    let mut codec = Codec {
+        kind,
+        xz_threads: 1,
+    };
     let size = match kind {
         Detected::Xz if seekable => {
             let layout = xz::layout(bytes.as_ref()).await?;
@@ -173,25 +178,25 @@ pub async fn open_stream(
                 None => prescan(&bytes, codec).await?,
             }
         }
-        _ => match options.size {
-            Some(size) => size,
-            None if options.prescan => prescan(&bytes, codec).await?,
-            None if !seekable => {
-                return Err(unknown_size(
+        _ => {
+            match options.size {
+                Some(size) => size,
+                None if options.prescan => prescan(&bytes, codec).await?,
+                None if !seekable => return Err(unknown_size(
                     kind,
                     "the source can only be read front to back, so its end cannot be read first",
-                ))
+                )),
+                None => {
+                    let why = match gzip_isize(bytes.as_ref()).await? {
+                        Some(isize) => format!(
+                            "gzip records it modulo 4 GiB only (here {isize} bytes modulo 4 GiB)"
+                        ),
+                        None => "gzip records it modulo 4 GiB only".to_string(),
+                    };
+                    return Err(unknown_size(kind, &why));
+                }
             }
-            None => {
-                let why = match gzip_isize(bytes.as_ref()).await? {
-                    Some(isize) => format!(
-                        "gzip records it modulo 4 GiB only (here {isize} bytes modulo 4 GiB)"
-                    ),
-                    None => "gzip records it modulo 4 GiB only".to_string(),
-                };
-                return Err(unknown_size(kind, &why));
-            }
-        },
+        }
     };
     let source = StreamSource::open(bytes, codec, size).await?;
     Ok((

@@ -146,9 +146,7 @@ impl Shared {
                 ))
             })?;
         let mut done = 0usize;
-        let mut index = self
-            .frames
-            .partition_point(|p| p.start + p.len <= offset);
+        let mut index = self.frames.partition_point(|p| p.start + p.len <= offset);
         while done < buf.len() {
             let placed = *self
                 .frames
@@ -179,7 +177,9 @@ pub async fn measure(bytes: &Arc<dyn Source>, frames: &[Frame]) -> Result<Option
     for batch in frames.chunks(threads) {
         let mut tasks = Vec::with_capacity(batch.len());
         for frame in batch {
-            let input = read_bytes(bytes.as_ref(), frame.offset, frame.len).await?.to_vec();
+            let input = read_bytes(bytes.as_ref(), frame.offset, frame.len)
+                .await?
+                .to_vec();
             tasks.push(tokio::task::spawn_blocking(move || count_frame(&input)));
         }
         for task in tasks {

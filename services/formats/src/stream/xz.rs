@@ -43,7 +43,9 @@ fn le32(b: &[u8]) -> u32 {
 /// A stream footer: the index size and the stream flags.
 pub fn parse_footer(footer: &[u8]) -> Result<(u64, [u8; 2])> {
     if footer.len() != EDGE as usize || footer[10..12] != FOOTER_MAGIC {
-        return Err(corrupt("no stream footer at the end (truncated, or not an .xz file)"));
+        return Err(corrupt(
+            "no stream footer at the end (truncated, or not an .xz file)",
+        ));
     }
     if crc32(&footer[4..10]) != le32(&footer[0..4]) {
         return Err(corrupt("the stream footer's CRC32 does not match"));

@@ -90,11 +90,21 @@ pub async fn frames(bytes: &dyn Source) -> Result<Vec<Frame>> {
     let mut offset = 0u64;
     let mut hint: Option<u64> = None;
     while offset < size {
-        let magic_bytes = window.get(offset, 8usize.min((size - offset) as usize), false).await?;
+        let magic_bytes = window
+            .get(offset, 8usize.min((size - offset) as usize), false)
+            .await?;
         if magic_bytes.len() < 8 {
-            return Err(corrupt(format!("{} stray bytes at the end", magic_bytes.len())));
+            return Err(corrupt(format!(
+                "{} stray bytes at the end",
+                magic_bytes.len()
+            )));
         }
-        let magic = u32::from_le_bytes([magic_bytes[0], magic_bytes[1], magic_bytes[2], magic_bytes[3]]);
+        let magic = u32::from_le_bytes([
+            magic_bytes[0],
+            magic_bytes[1],
+            magic_bytes[2],
+            magic_bytes[3],
+        ]);
         if magic & SKIPPABLE_MASK == SKIPPABLE_MAGIC {
             let len = u64::from(u32::from_le_bytes([
                 magic_bytes[4],
@@ -131,7 +141,11 @@ pub async fn frames(bytes: &dyn Source) -> Result<Vec<Frame>> {
     if frames.is_empty() {
         return Err(corrupt("no data frame"));
     }
-    tracing::debug!(frames = frames.len(), reads = window.reads, "zstd frames walked");
+    tracing::debug!(
+        frames = frames.len(),
+        reads = window.reads,
+        "zstd frames walked"
+    );
     Ok(frames)
 }
 

@@ -12,9 +12,7 @@ use async_trait::async_trait;
 use clap::Args;
 use ferry_core::{EndpointSpec, Error, Result, Source};
 use ferry_endpoints::{open_source, SourceOptions};
-use ferry_formats::{
-    Backing, BackingOpener, ImageInfo, OpenOptions, SourceFormat, StreamOptions,
-};
+use ferry_formats::{Backing, BackingOpener, ImageInfo, OpenOptions, SourceFormat, StreamOptions};
 
 /// `--source-format`, `--allow-backing`, `--source-size` and `--prescan`.
 #[derive(Debug, Clone, Args)]

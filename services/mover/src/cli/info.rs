@@ -152,8 +152,14 @@ mod tests {
         };
         let text = to_text("/i/disk.raw.zst", &info, 1 << 30);
         assert!(text.contains("file format: zst\n"), "{text}");
-        assert!(text.contains("virtual size: 1.00 GiB (1073741824 bytes)\n"), "{text}");
-        assert!(text.contains("file size: 1.00 MiB (1048576 bytes)\n"), "{text}");
+        assert!(
+            text.contains("virtual size: 1.00 GiB (1073741824 bytes)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("file size: 1.00 MiB (1048576 bytes)\n"),
+            "{text}"
+        );
         assert!(text.contains("independent frames: 128"), "{text}");
         let json = to_json("/i/disk.raw.zst", &info, 1 << 30);
         assert_eq!(json["format"], "zst");

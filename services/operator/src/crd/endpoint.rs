@@ -634,7 +634,10 @@ mod tests {
         };
         target(Some(ImageFormat::Raw), None).validate("t").unwrap();
         target(None, Some(false)).validate("t").unwrap();
-        for t in [target(Some(ImageFormat::Qcow2), None), target(None, Some(true))] {
+        for t in [
+            target(Some(ImageFormat::Qcow2), None),
+            target(None, Some(true)),
+        ] {
             assert!(t.validate("t").unwrap_err().message.contains("source only"));
         }
     }

@@ -21,8 +21,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::metered::{JobCounts, MeteredSource, MeteredTarget};
-use super::opener::open_image;
 use super::model::{now_ms, DigestRecord, ErrorRecord, JobKind, JobRecord, JobState, ResultRecord};
+use super::opener::open_image;
 use super::{finish_record, Inner};
 use crate::service::convert::checkpoint::bounded;
 use crate::service::convert::options::source_options;
