@@ -57,6 +57,7 @@ pub fn endpoint(url: impl Into<String>) -> Option<Endpoint> {
     Some(Endpoint {
         url: url.into(),
         options: None,
+        ..Default::default()
     })
 }
 

@@ -122,6 +122,7 @@ impl Setup {
                 session_token: None,
                 force_path_style: true,
             })),
+            ..Default::default()
         })
     }
 

@@ -1,9 +1,10 @@
 //! [`open_image`]: from the bytes an endpoint gives to the image they hold.
 //!
-//! Detects (or takes the caller's word for) the format, opens qcow2 over the bytes, and
-//! follows a backing chain only through the caller's [`BackingOpener`]: a backing name
-//! comes from the image, so it is untrusted; the opener decides how (and whether) a name
-//! resolves, this module bounds the chain's depth and refuses loops.
+//! Detects (or takes the caller's word for) the format, opens qcow2 or a compressed
+//! stream over the bytes, and follows a backing chain only through the caller's
+//! [`BackingOpener`]: a backing name comes from the image, so it is untrusted; the opener
+//! decides how (and whether) a name resolves, this module bounds the chain's depth and
+//! refuses loops.
 
 use std::sync::Arc;
 
@@ -12,6 +13,7 @@ use ferry_core::{Error, ErrorKind, IoBuf, Result, Source};
 
 use crate::detect::{detect, Detected, SourceFormat, MAGIC_LEN};
 use crate::qcow2::{Qcow2Options, Qcow2Source};
+use crate::stream::{open_stream, StreamOptions};
 
 /// The longest backing chain followed (the image itself not counted).
 pub const MAX_BACKING_DEPTH: usize = 16;
@@ -53,6 +55,8 @@ pub struct OpenOptions {
     pub format: SourceFormat,
     pub qcow2: Qcow2Options,
     pub backing: Backing,
+    /// Size and prescan of compressed streams.
+    pub stream: StreamOptions,
 }
 
 /// What `ferry info` reports about an image.
@@ -70,6 +74,26 @@ pub struct ImageInfo {
     pub compression: Option<&'static str>,
     /// Backing file names, nearest first, as the images name them.
     pub backing_chain: Vec<String>,
+    /// For a zstd image read frame by frame in parallel: how many frames.
+    pub parallel_frames: Option<u64>,
+}
+
+/// Where the backing file `name` of the file image `image` (its [`Source::describe`])
+/// is: next to the image, or where an absolute name says. Backing files are followed for
+/// file images only, and only to paths (a name with `://` is refused).
+pub fn backing_path(image: &str, name: &str) -> Result<std::path::PathBuf> {
+    if name.contains("://") {
+        return Err(Error::unsupported(format!(
+            "backing file {name:?} is not a path; only file backing files are followed"
+        )));
+    }
+    let ferry_core::EndpointSpec::File(path) = ferry_core::EndpointSpec::parse(image)? else {
+        return Err(Error::unsupported(format!(
+            "backing file {name:?}: backing files are followed only for file images"
+        )));
+    };
+    let dir = path.parent().unwrap_or(std::path::Path::new("."));
+    Ok(dir.join(name))
 }
 
 /// Opens the image held in `bytes` as `options.format` says; returns the image as a
@@ -101,6 +125,7 @@ fn raw_info(bytes: &dyn Source) -> ImageInfo {
         extended_l2: false,
         compression: None,
         backing_chain: Vec::new(),
+        parallel_frames: None,
     }
 }
 
@@ -111,11 +136,22 @@ async fn open_layer(
     options: &OpenOptions,
     seen: &mut Vec<String>,
 ) -> Result<(Arc<dyn Source>, ImageInfo)> {
-    let ctx = |e: Error| e.with_operation("open").with_endpoint(bytes.describe());
-    let detected = match format {
-        SourceFormat::Raw => Detected::Raw,
-        SourceFormat::Qcow2 => Detected::Qcow2,
-        SourceFormat::Auto => sniff(bytes.as_ref()).await.map_err(ctx)?,
+    let name = bytes.describe();
+    let ctx = |e: Error| e.with_operation("open").with_endpoint(name.clone());
+    let detected = match format.forced() {
+        Some(Detected::Raw) => Detected::Raw,
+        Some(Detected::Qcow2) => Detected::Qcow2,
+        Some(forced) => {
+            let found = sniff(bytes.as_ref()).await.map_err(ctx)?;
+            if found != forced {
+                return Err(ctx(Error::invalid_input(format!(
+                    "--source-format {forced} was given but the image is not {forced} \
+                     (its first bytes say {found}); pass the right format, or auto"
+                ))));
+            }
+            forced
+        }
+        None => sniff(bytes.as_ref()).await.map_err(ctx)?,
     };
     match detected {
         Detected::Raw => {
@@ -123,11 +159,32 @@ async fn open_layer(
             Ok((bytes, info))
         }
         Detected::Qcow2 => Box::pin(open_qcow2(bytes, options, seen)).await,
-        other => Err(ctx(Error::unsupported(format!(
-            "the image is a compressed stream ({other}): not supported yet; \
-             decompress it first, or pass --source-format raw to copy the compressed bytes"
-        )))),
+        compressed => open_compressed(bytes, compressed, &options.stream)
+            .await
+            .map_err(ctx),
     }
+}
+
+/// A raw image compressed with gzip, xz or zstd.
+async fn open_compressed(
+    bytes: Arc<dyn Source>,
+    kind: Detected,
+    options: &StreamOptions,
+) -> Result<(Arc<dyn Source>, ImageInfo)> {
+    let file_size = bytes.size();
+    let (image, layout) = open_stream(bytes, kind, options).await?;
+    let info = ImageInfo {
+        format: kind,
+        virtual_size: layout.size,
+        file_size,
+        cluster_size: None,
+        version: None,
+        extended_l2: false,
+        compression: None,
+        backing_chain: Vec::new(),
+        parallel_frames: layout.parallel_frames,
+    };
+    Ok((image, info))
 }
 
 async fn open_qcow2(
@@ -146,6 +203,7 @@ async fn open_qcow2(
         extended_l2: h.extended_l2,
         compression: Some(h.compression.as_str()),
         backing_chain: Vec::new(),
+        parallel_frames: None,
     };
     let Some(name) = image.backing_name().map(str::to_owned) else {
         return Ok((Arc::new(image), info));
@@ -191,8 +249,35 @@ async fn open_qcow2(
         None => SourceFormat::Auto,
     };
     let (backing, backing_info) = open_layer(backing_bytes, format, options, seen).await?;
+    if backing_info.format.is_compressed_stream() {
+        return Err(refuse(format!(
+            "the backing file {name:?} is a {} stream: compressed backing files are not \
+             supported",
+            backing_info.format
+        )));
+    }
     info.backing_chain.push(name);
     info.backing_chain.extend(backing_info.backing_chain);
     image = image.with_backing(backing);
     Ok((Arc::new(image), info))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    #[test]
+    fn backing_names_resolve_next_to_the_image() {
+        assert_eq!(
+            backing_path("/images/top.qcow2", "base.qcow2").unwrap(),
+            PathBuf::from("/images/base.qcow2")
+        );
+        assert_eq!(
+            backing_path("/images/top.qcow2", "/other/base.qcow2").unwrap(),
+            PathBuf::from("/other/base.qcow2")
+        );
+        assert!(backing_path("/images/top.qcow2", "nbd://evil/export").is_err());
+        assert!(backing_path("nbd://127.0.0.1/top", "base.qcow2").is_err());
+    }
 }

@@ -447,12 +447,24 @@ async fn raw_format_reads_a_qcow2_as_its_bytes() {
 }
 
 #[tokio::test]
-async fn compressed_streams_are_detected_and_not_supported_yet() {
+async fn compressed_magic_without_a_stream_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
-    for (name, magic) in [
-        ("a.gz", &[0x1f, 0x8b, 8, 0, 0, 0][..]),
-        ("a.xz", &[0xfd, 0x37, 0x7a, 0x58, 0x5a, 0][..]),
-        ("a.zst", &[0x28, 0xb5, 0x2f, 0xfd, 0, 0][..]),
+    for (name, magic, kind) in [
+        (
+            "a.gz",
+            &[0x1f, 0x8b, 8, 0, 0, 0][..],
+            ErrorKind::InvalidInput,
+        ),
+        (
+            "a.xz",
+            &[0xfd, 0x37, 0x7a, 0x58, 0x5a, 0][..],
+            ErrorKind::Corrupt,
+        ),
+        (
+            "a.zst",
+            &[0x28, 0xb5, 0x2f, 0xfd, 0, 0][..],
+            ErrorKind::Corrupt,
+        ),
     ] {
         let path = dir.path().join(name);
         std::fs::write(&path, magic).unwrap();
@@ -460,8 +472,9 @@ async fn compressed_streams_are_detected_and_not_supported_yet() {
             .await
             .err()
             .unwrap();
-        assert_eq!(err.kind(), ErrorKind::Unsupported);
-        assert!(err.to_string().contains("not supported yet"), "{err}");
+        assert_eq!(err.kind(), kind, "{name}: {err}");
+        let format = name.rsplit('.').next().unwrap();
+        assert!(err.to_string().contains(format), "{err}");
     }
 }
 

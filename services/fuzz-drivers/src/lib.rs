@@ -1,4 +1,5 @@
-//! The bodies of ferry's fuzz targets as plain functions, one per cargo-fuzz target in
+//! The bodies of ferry's fuzz targets as plain functions (protocol replies, image
+//! formats), one per cargo-fuzz target in
 //! `fuzz/fuzz_targets/` (each a one-line `fuzz_target!` calling its function here), with
 //! their seed inputs and the fuzz smoke that runs them all on stable Rust in the test
 //! suite (`tests/smoke.rs`). Dev only: nothing in the product depends on it.
@@ -7,6 +8,7 @@
 //! binary; a test checks the two lists agree).
 
 pub mod dict;
+pub mod formats;
 pub mod iscsi;
 pub mod mutate;
 pub mod nbd;
@@ -14,6 +16,7 @@ pub mod nfs;
 pub mod seeds;
 pub mod smoke;
 
+pub use formats::{compressed_stream, qcow2_image};
 pub use iscsi::{iscsi_pdu, iscsi_session};
 pub use nbd::{nbd_handshake, nbd_parsers, nbd_replies};
 pub use nfs::{nfs4_compound_reply, nfs_rpc_reply, nfs_xdr};
@@ -52,4 +55,6 @@ pub const DRIVERS: &[Driver] = &[
     Driver { name: "nfs_xdr", run: nfs_xdr, seeds: seeds::nfs_xdr, dict: NFS_DICT, inputs: 20_000, max_len: 4096 },
     Driver { name: "nfs_rpc_reply", run: nfs_rpc_reply, seeds: seeds::nfs_rpc_reply, dict: NFS_DICT, inputs: 20_000, max_len: 4096 },
     Driver { name: "nfs4_compound_reply", run: nfs4_compound_reply, seeds: seeds::nfs4_compound_reply, dict: NFS_DICT, inputs: 20_000, max_len: 4096 },
+    Driver { name: "qcow2_image", run: qcow2_image, seeds: seeds::qcow2_image, dict: "", inputs: 10_000, max_len: 16384 },
+    Driver { name: "compressed_stream", run: compressed_stream, seeds: seeds::compressed_stream, dict: "", inputs: 3_000, max_len: 16384 },
 ];

@@ -15,7 +15,7 @@ use ferry_operator::controller::{
     JobFailure, JobReport, JobRequest, JobState, LinkError, MoverAddress, MoverLink, ReportStream,
 };
 use ferry_operator::crd::{
-    CacheMode, Checkpoint, CommitOrder, HashAlgorithm, Preallocation, Progress,
+    CacheMode, Checkpoint, CommitOrder, HashAlgorithm, ImageFormat, Preallocation, Progress,
 };
 use ferry_operator::mover::request::{
     EndpointOptions, SecretRef, StartChecksum, StartTransfer, WireEndpoint, WireTransferOptions,
@@ -232,6 +232,20 @@ fn endpoint(e: &WireEndpoint) -> proto::Endpoint {
     proto::Endpoint {
         url: e.url.clone(),
         options,
+        format: image_format(e.format) as i32,
+        allow_backing: e.allow_backing,
+        ..proto::Endpoint::default()
+    }
+}
+
+fn image_format(f: ImageFormat) -> proto::ImageFormat {
+    match f {
+        ImageFormat::Auto => proto::ImageFormat::Auto,
+        ImageFormat::Raw => proto::ImageFormat::Raw,
+        ImageFormat::Qcow2 => proto::ImageFormat::Qcow2,
+        ImageFormat::Gz => proto::ImageFormat::Gz,
+        ImageFormat::Xz => proto::ImageFormat::Xz,
+        ImageFormat::Zst => proto::ImageFormat::Zst,
     }
 }
 
@@ -392,10 +406,12 @@ mod tests {
                     secret_access_key: Some(SecretRef::File("s3/key".into())),
                     ..S3Options::default()
                 })),
+                ..WireEndpoint::default()
             },
             target: WireEndpoint {
                 url: "/dev/ferry/copy".into(),
                 options: None,
+                ..WireEndpoint::default()
             },
             options: WireTransferOptions {
                 workers: 4,
@@ -553,6 +569,7 @@ mod tests {
         let file = |p: &std::path::Path| WireEndpoint {
             url: p.display().to_string(),
             options: None,
+            ..WireEndpoint::default()
         };
         let request = StartTransfer {
             source: file(&src),

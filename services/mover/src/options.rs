@@ -1,6 +1,6 @@
 //! One mapping of the option enums between the command line (clap values), the wire
-//! (`ferry.v1` enums) and the engine and endpoints (`CommitOrder`, `CacheMode`,
-//! `Preallocation`, `HashAlgorithm`).
+//! (`ferry.v1` enums) and the engine, endpoints and formats (`CommitOrder`, `CacheMode`,
+//! `Preallocation`, `HashAlgorithm`, `SourceFormat`).
 //!
 //! `ferry copy`, `ferry checksum` and `ferry job start` parse with the same values and
 //! parsers; the job service turns wire values into engine and endpoint options here, and
@@ -11,6 +11,7 @@ use ferry_core::size::parse_size;
 use ferry_core::{Error, Result, ZeroMode};
 use ferry_endpoints::{CacheMode, Preallocation};
 use ferry_engine::{CommitOrder, HashAlgorithm};
+use ferry_formats::SourceFormat;
 
 use crate::service::proto;
 
@@ -120,6 +121,32 @@ pub fn hash_algorithm(v: i32) -> Result<HashAlgorithm> {
         Ok(proto::HashAlgorithm::Blkhash) => Ok(HashAlgorithm::Blkhash),
         Ok(proto::HashAlgorithm::Sha256) => Ok(HashAlgorithm::Sha256),
         Err(_) => Err(invalid(format!("algorithm {v} is not a HashAlgorithm"))),
+    }
+}
+
+/// The source format of a wire value.
+pub fn source_format(v: i32) -> Result<SourceFormat> {
+    match proto::ImageFormat::try_from(v) {
+        Ok(proto::ImageFormat::Auto) => Ok(SourceFormat::Auto),
+        Ok(proto::ImageFormat::Raw) => Ok(SourceFormat::Raw),
+        Ok(proto::ImageFormat::Qcow2) => Ok(SourceFormat::Qcow2),
+        Ok(proto::ImageFormat::Gz) => Ok(SourceFormat::Gzip),
+        Ok(proto::ImageFormat::Xz) => Ok(SourceFormat::Xz),
+        Ok(proto::ImageFormat::Zst) => Ok(SourceFormat::Zstd),
+        Err(_) => Err(invalid(format!("format {v} is not an ImageFormat"))),
+    }
+}
+
+impl From<SourceFormat> for proto::ImageFormat {
+    fn from(format: SourceFormat) -> Self {
+        match format {
+            SourceFormat::Auto => proto::ImageFormat::Auto,
+            SourceFormat::Raw => proto::ImageFormat::Raw,
+            SourceFormat::Qcow2 => proto::ImageFormat::Qcow2,
+            SourceFormat::Gzip => proto::ImageFormat::Gz,
+            SourceFormat::Xz => proto::ImageFormat::Xz,
+            SourceFormat::Zstd => proto::ImageFormat::Zst,
+        }
     }
 }
 

@@ -3,8 +3,6 @@
 //! The output is exactly one cluster: a stream that would produce more stops there (no
 //! decompression bomb), one that produces less is corrupt.
 
-use std::io::Read;
-
 use ferry_core::Result;
 
 use super::header::Compression;
@@ -43,17 +41,30 @@ fn inflate(input: &[u8], out: &mut [u8]) -> Result<()> {
     }
 }
 
-fn unzstd(mut input: &[u8], out: &mut [u8]) -> Result<()> {
-    let mut decoder = ruzstd::decoding::StreamingDecoder::new(&mut input).map_err(|e| {
-        corrupt(format!(
-            "a zstd compressed cluster has a bad frame header: {e}"
-        ))
-    })?;
-    decoder.read_exact(out).map_err(|e| {
-        corrupt(format!(
-            "a zstd compressed cluster does not decompress: {e}"
-        ))
-    })
+fn unzstd(input: &[u8], out: &mut [u8]) -> Result<()> {
+    use zstd::stream::raw::{Decoder, InBuffer, Operation, OutBuffer};
+    let mut decoder =
+        Decoder::new().map_err(|e| corrupt("cannot start a zstd decoder").with_source(e))?;
+    let mut input = InBuffer::around(input);
+    let mut output = OutBuffer::around(out);
+    loop {
+        let before = (input.pos(), output.pos());
+        decoder.run(&mut input, &mut output).map_err(|e| {
+            corrupt(format!(
+                "a zstd compressed cluster does not decompress: {e}"
+            ))
+        })?;
+        if output.pos() == output.capacity() {
+            return Ok(());
+        }
+        if (input.pos(), output.pos()) == before {
+            return Err(corrupt(format!(
+                "a zstd compressed cluster decompresses to {} bytes, not {}",
+                output.pos(),
+                output.capacity()
+            )));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -85,6 +96,19 @@ mod tests {
         assert_eq!(err.kind(), ferry_core::ErrorKind::Corrupt);
         assert!(decompress(Compression::Deflate, &[0xff; 64], &mut out).is_err());
         assert!(decompress(Compression::Zstd, &[0xff; 64], &mut out).is_err());
+        let short = zstd::bulk::compress(&[7u8; 1000], 3).unwrap();
+        let err = decompress(Compression::Zstd, &short, &mut out).unwrap_err();
+        assert_eq!(err.kind(), ferry_core::ErrorKind::Corrupt);
+    }
+
+    #[test]
+    fn unzstd_fills_one_cluster_and_ignores_padding() {
+        let data: Vec<u8> = (0..4096u32).map(|i| (i % 13) as u8).collect();
+        let mut input = zstd::bulk::compress(&data, 3).unwrap();
+        input.extend_from_slice(&[0u8; 300]);
+        let mut out = vec![0u8; 4096];
+        decompress(Compression::Zstd, &input, &mut out).unwrap();
+        assert_eq!(out, data);
     }
 
     #[test]

@@ -74,7 +74,7 @@ struct Run {
 /// Reads metadata (or a compressed cluster) at any offset: the read itself is widened to
 /// the byte source's minimum block (an iSCSI LUN reads whole blocks only), and the
 /// returned buffer views just the bytes asked for.
-async fn read_bytes(file: &dyn Source, offset: u64, len: u64) -> Result<IoBuf> {
+pub(crate) async fn read_bytes(file: &dyn Source, offset: u64, len: u64) -> Result<IoBuf> {
     let block = u64::from(file.caps().block.minimum.max(1));
     let start = offset - offset % block;
     let end = offset

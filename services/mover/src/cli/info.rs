@@ -1,6 +1,6 @@
 //! `ferry info URL [--json]`: what an image is, like `qemu-img info`: its format, virtual
-//! size, cluster size, allocated bytes (the sum of its data extents), backing chain and
-//! compression type.
+//! size, file size (the compressed size of a .gz, .xz or .zst image), cluster size,
+//! allocated bytes (the sum of its data extents), backing chain and compression type.
 //!
 //! Without `--allow-backing` the backing chain shows the name the image gives and the
 //! allocated bytes are the image's own; with it, the whole chain is opened and counted.
@@ -92,6 +92,9 @@ fn to_text(name: &str, info: &ImageInfo, allocated: u64) -> String {
     if let Some(compression) = info.compression {
         out += &format!("compression type: {compression}\n");
     }
+    if let Some(frames) = info.parallel_frames {
+        out += &format!("independent frames: {frames} (decompressed in parallel)\n");
+    }
     if let Some(first) = info.backing_chain.first() {
         out += &format!("backing file: {first}\n");
         out += &format!("backing chain: {}\n", info.backing_chain.join(" -> "));
@@ -111,6 +114,7 @@ fn to_json(name: &str, info: &ImageInfo, allocated: u64) -> serde_json::Value {
         "extended_l2": info.extended_l2,
         "compression_type": info.compression,
         "backing_chain": info.backing_chain,
+        "parallel_frames": info.parallel_frames,
     })
 }
 
@@ -129,7 +133,38 @@ mod tests {
             extended_l2: false,
             compression: Some("zlib"),
             backing_chain: vec!["base.qcow2".into(), "root.raw".into()],
+            parallel_frames: None,
         }
+    }
+
+    #[test]
+    fn a_compressed_image_shows_its_format_and_both_sizes() {
+        let info = ImageInfo {
+            format: Detected::Zstd,
+            virtual_size: 1 << 30,
+            file_size: 1 << 20,
+            cluster_size: None,
+            version: None,
+            extended_l2: false,
+            compression: None,
+            backing_chain: Vec::new(),
+            parallel_frames: Some(128),
+        };
+        let text = to_text("/i/disk.raw.zst", &info, 1 << 30);
+        assert!(text.contains("file format: zst\n"), "{text}");
+        assert!(
+            text.contains("virtual size: 1.00 GiB (1073741824 bytes)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("file size: 1.00 MiB (1048576 bytes)\n"),
+            "{text}"
+        );
+        assert!(text.contains("independent frames: 128"), "{text}");
+        let json = to_json("/i/disk.raw.zst", &info, 1 << 30);
+        assert_eq!(json["format"], "zst");
+        assert_eq!(json["file_size"], 1u64 << 20);
+        assert_eq!(json["parallel_frames"], 128);
     }
 
     #[test]

@@ -20,6 +20,7 @@ use super::convert::{kind_from_proto, state_from_proto};
 use super::jobs::model::JobState;
 use super::proto::{self, job_service_client::JobServiceClient};
 use super::security::BearerToken;
+use crate::cli::image::FormatArgs;
 use crate::options::{self, Cache, Order};
 
 /// Start, watch and cancel jobs on a running `ferry serve`.
@@ -137,6 +138,9 @@ pub struct StartArgs {
     /// settings and credentials go through the gRPC API's `S3Options`.)
     #[arg(long)]
     pub secret_env: Option<String>,
+    /// How the server reads SRC as an image (as `ferry copy` does).
+    #[command(flatten)]
+    pub format: FormatArgs,
     /// Watch the job after starting it.
     #[arg(long)]
     pub watch: bool,
@@ -241,7 +245,18 @@ fn endpoint(url: &str, secret_env: Option<&String>) -> proto::Endpoint {
     proto::Endpoint {
         url: url.to_string(),
         options,
+        ..Default::default()
     }
+}
+
+/// The source endpoint of `ferry job start`: SRC read as `--source-format` and friends say.
+fn source_endpoint(s: &StartArgs) -> proto::Endpoint {
+    let mut ep = endpoint(&s.src, s.secret_env.as_ref());
+    ep.format = proto::ImageFormat::from(s.format.source_format) as i32;
+    ep.allow_backing = s.format.allow_backing;
+    ep.image_size = s.format.source_size;
+    ep.prescan = s.format.prescan;
+    ep
 }
 
 fn status_error(e: tonic::Status) -> anyhow::Error {
@@ -303,7 +318,7 @@ async fn start(client: &mut Client, s: &StartArgs) -> anyhow::Result<proto::Job>
 
 fn checksum_request(s: &StartArgs) -> proto::StartChecksumRequest {
     proto::StartChecksumRequest {
-        source: Some(endpoint(&s.src, s.secret_env.as_ref())),
+        source: Some(source_endpoint(s)),
         options: Some(proto::ChecksumOptions {
             algorithm: proto::HashAlgorithm::from(s.algorithm) as i32,
             workers: s.workers.unwrap_or(0),
@@ -322,7 +337,7 @@ fn transfer_request(s: &StartArgs, dst: &str) -> proto::StartTransferRequest {
     let (preallocation, preallocation_step) =
         options::preallocation_to_proto(s.preallocation.unwrap_or_default());
     proto::StartTransferRequest {
-        source: Some(endpoint(&s.src, s.secret_env.as_ref())),
+        source: Some(source_endpoint(s)),
         target: Some(endpoint(dst, s.secret_env.as_ref())),
         options: Some(proto::TransferOptions {
             workers: s.workers.unwrap_or(0),

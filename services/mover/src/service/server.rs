@@ -54,6 +54,7 @@ fn start_manager(
     metrics: &Metrics,
     opener: Arc<dyn Opener>,
     secrets: &SecretResolver,
+    roots: &AllowRoots,
 ) -> Result<JobManager> {
     let (store, loaded) = Store::open(&cfg.data_dir)?;
     tracing::info!(
@@ -62,8 +63,10 @@ fn start_manager(
         data_dir = %cfg.data_dir.display(),
         "job store opened"
     );
+    let mut manager = cfg.manager.clone();
+    manager.allow_roots = roots.clone();
     Ok(JobManager::start(
-        cfg.manager.clone(),
+        manager,
         store,
         loaded,
         metrics.clone(),
@@ -102,7 +105,7 @@ pub async fn start_with(cfg: ServiceConfig, opener: Arc<dyn Opener>) -> Result<R
     };
     let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
     let metrics = Metrics::new();
-    let manager = start_manager(&cfg, &metrics, opener, &secrets)?;
+    let manager = start_manager(&cfg, &metrics, opener, &secrets, &roots)?;
     let stop = CancellationToken::new();
     let api = JobApi::new(manager.clone(), Validator { roots, secrets }, stop.clone());
     let jobs = JobServiceServer::new(api)

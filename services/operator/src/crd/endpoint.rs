@@ -7,6 +7,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::options::ImageFormat;
+
 use super::validate::{
     check_pvc_name, check_relative_path, check_secret_ref, check_url, invalid, UrlKind,
     ValidationError,
@@ -156,6 +158,14 @@ pub struct Endpoint {
     /// volume is the image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pvc: Option<PvcRef>,
+    /// Sources only: the format of the image: auto (detected by magic, the default), raw,
+    /// qcow2, or a raw image compressed with gz, xz or zst. Targets are written raw.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<ImageFormat>,
+    /// Sources only: follow a qcow2 image's backing file, next to the image in the same
+    /// volume. Off by default: the backing file name comes from the image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_backing: Option<bool>,
 }
 
 impl Endpoint {
@@ -404,6 +414,16 @@ impl Target {
 
     /// Checks the target at `field` (for example `spec.targets[0]`).
     pub fn validate(&self, field: &str) -> Result<(), ValidationError> {
+        let raw = matches!(
+            self.endpoint.format,
+            None | Some(ImageFormat::Auto | ImageFormat::Raw)
+        );
+        if !raw || self.endpoint.allow_backing == Some(true) {
+            return Err(invalid(
+                field,
+                "format and allowBacking apply to the source only: targets are written raw",
+            ));
+        }
         match &self.pvc_template {
             None => self.endpoint.validate(field),
             Some(template) => {
@@ -596,5 +616,29 @@ mod tests {
             }),
         };
         assert_eq!(t.validate("t").unwrap_err().field, "t.pvcTemplate.size");
+    }
+
+    #[test]
+    fn format_and_allow_backing_belong_to_sources() {
+        let mut source = Endpoint::pvc("golden");
+        source.format = Some(ImageFormat::Xz);
+        source.allow_backing = Some(true);
+        source.validate("spec.source").unwrap();
+        let target = |format, allow_backing| Target {
+            endpoint: Endpoint {
+                format,
+                allow_backing,
+                ..Endpoint::pvc("copy")
+            },
+            pvc_template: None,
+        };
+        target(Some(ImageFormat::Raw), None).validate("t").unwrap();
+        target(None, Some(false)).validate("t").unwrap();
+        for t in [
+            target(Some(ImageFormat::Qcow2), None),
+            target(None, Some(true)),
+        ] {
+            assert!(t.validate("t").unwrap_err().message.contains("source only"));
+        }
     }
 }

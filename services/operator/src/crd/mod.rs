@@ -20,7 +20,8 @@ pub use endpoint::{
     SecretKeyRef, Target, TargetKey, VolumeMode,
 };
 pub use options::{
-    CacheMode, ChecksumOptions, CommitOrder, HashAlgorithm, Preallocation, TransferOptions,
+    CacheMode, ChecksumOptions, CommitOrder, HashAlgorithm, ImageFormat, Preallocation,
+    TransferOptions,
 };
 pub use settings::MoverSettings;
 pub use status::{Checkpoint, Phase, Progress};

@@ -41,6 +41,25 @@ pub enum Preallocation {
     Grow,
 }
 
+/// The format of a source image.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ImageFormat {
+    /// Detected by magic bytes, as qemu-img does.
+    #[default]
+    Auto,
+    /// The bytes as they are, whatever they look like.
+    Raw,
+    /// A qcow2 image.
+    Qcow2,
+    /// A raw image compressed with gzip.
+    Gz,
+    /// A raw image compressed with xz.
+    Xz,
+    /// A raw image compressed with zstd.
+    Zst,
+}
+
 /// How file I/O goes through the kernel.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum CacheMode {

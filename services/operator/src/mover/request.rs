@@ -15,8 +15,8 @@ use kube::Resource;
 use super::layout;
 use super::{find_pvc, MoverError, ResolvedPvc};
 use crate::crd::{
-    CacheMode, Checksum, CommitOrder, Endpoint, HashAlgorithm, NfsOptions, Preallocation,
-    SecretKeyRef, Transfer, TransferOptions,
+    CacheMode, Checksum, CommitOrder, Endpoint, HashAlgorithm, ImageFormat, NfsOptions,
+    Preallocation, SecretKeyRef, Transfer, TransferOptions,
 };
 
 /// Label of every job with the owning resource's uid.
@@ -57,10 +57,14 @@ pub enum EndpointOptions {
 }
 
 /// `Endpoint`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WireEndpoint {
     pub url: String,
     pub options: Option<EndpointOptions>,
+    /// `format` (sources only).
+    pub format: ImageFormat,
+    /// `allow_backing` (sources only).
+    pub allow_backing: bool,
 }
 
 /// `TransferOptions`; zero values mean the engine's defaults, as on the wire.
@@ -137,6 +141,7 @@ pub fn transfer_requests(
                 WireEndpoint {
                     url: layout::pvc_image(&r, pvc.mode),
                     options: None,
+                    ..WireEndpoint::default()
                 }
             }
             None => wire_endpoint(&target.endpoint, pvcs)?,
@@ -209,6 +214,8 @@ pub fn wire_endpoint(e: &Endpoint, pvcs: &[ResolvedPvc]) -> Result<WireEndpoint,
         return Ok(WireEndpoint {
             url: layout::pvc_image(r, pvc.mode),
             options: None,
+            format: e.format.unwrap_or_default(),
+            allow_backing: e.allow_backing.unwrap_or(false),
         });
     }
     let mut url = e.url.clone().unwrap_or_default();
@@ -237,7 +244,12 @@ pub fn wire_endpoint(e: &Endpoint, pvcs: &[ResolvedPvc]) -> Result<WireEndpoint,
                 tls_certificates_dir: layout::nbd_tls_dir(secret),
             })
     };
-    Ok(WireEndpoint { url, options })
+    Ok(WireEndpoint {
+        url,
+        options,
+        format: e.format.unwrap_or_default(),
+        allow_backing: e.allow_backing.unwrap_or(false),
+    })
 }
 
 /// `?version=..&uid=..` in the order ferry documents them; empty when nothing is set.
@@ -338,6 +350,7 @@ mod tests {
                 user: "chap".into(),
                 password: Some(SecretRef::File("chap/password".into())),
             }),
+            ..WireEndpoint::default()
         };
         let options = WireTransferOptions {
             workers: 4,
@@ -354,6 +367,7 @@ mod tests {
             target: WireEndpoint {
                 url: url.into(),
                 options: None,
+                ..WireEndpoint::default()
             },
             options: options.clone(),
             idempotency_key: format!("uid-1/{i}"),
@@ -390,6 +404,7 @@ mod tests {
                     session_token: None,
                     force_path_style: true,
                 })),
+                ..WireEndpoint::default()
             }
         );
         let mut nfs = Endpoint::url("nfs://server/export/disk.img");
@@ -417,6 +432,12 @@ mod tests {
             wire_endpoint(&Endpoint::pvc("gone"), &[]).unwrap_err(),
             MoverError::UnresolvedPvc("gone".into())
         );
+        let mut zst = Endpoint::url("s3://bucket/disk.raw.zst");
+        zst.format = Some(ImageFormat::Zst);
+        zst.allow_backing = Some(true);
+        let wire = wire_endpoint(&zst, &[]).unwrap();
+        assert_eq!((wire.format, wire.allow_backing), (ImageFormat::Zst, true));
+        assert_eq!(wire_endpoint(&s3, &[]).unwrap().format, ImageFormat::Auto);
     }
 
     #[test]
@@ -441,6 +462,7 @@ mod tests {
                 source: WireEndpoint {
                     url: "/var/run/ferry/volumes/golden/disk.img".into(),
                     options: None,
+                    ..WireEndpoint::default()
                 },
                 options: WireChecksumOptions {
                     algorithm: HashAlgorithm::Sha256,

@@ -7,6 +7,7 @@ use ferry_core::{EndpointSpec, Error, Result};
 use ferry_endpoints::s3::S3Options;
 use ferry_endpoints::{CacheMode, Preallocation, SourceOptions, TargetOptions};
 use ferry_engine::{Checkpoint, ChecksumOptions, CopyOptions};
+use ferry_formats::SourceFormat;
 use prost::Message;
 
 use super::checkpoint::checkpoint_from_proto;
@@ -49,10 +50,54 @@ impl JobSpec {
     }
 }
 
+/// How a job reads its source's bytes as an image: the endpoint's `format`,
+/// `allow_backing`, `image_size` and `prescan`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImageSpec {
+    pub format: SourceFormat,
+    pub allow_backing: bool,
+    pub size: Option<u64>,
+    pub prescan: bool,
+}
+
+impl ImageSpec {
+    /// The image options of a source endpoint.
+    pub fn source(ep: Option<&proto::Endpoint>) -> Result<Self> {
+        let Some(ep) = ep else {
+            return Ok(Self::default());
+        };
+        Ok(Self {
+            format: options::source_format(ep.format)
+                .map_err(|e| invalid(format!("source.format: {}", e.message())))?,
+            allow_backing: ep.allow_backing,
+            size: ep.image_size,
+            prescan: ep.prescan,
+        })
+    }
+
+    /// A target endpoint is written raw: the image options must be left unset.
+    pub fn check_target(ep: Option<&proto::Endpoint>) -> Result<()> {
+        let Some(ep) = ep else { return Ok(()) };
+        let raw = matches!(
+            proto::ImageFormat::try_from(ep.format),
+            Ok(proto::ImageFormat::Auto | proto::ImageFormat::Raw)
+        );
+        if !raw || ep.allow_backing || ep.image_size.is_some() || ep.prescan {
+            return Err(invalid(
+                "target: format, allow_backing, image_size and prescan apply to sources only \
+                 (targets are written raw)",
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A transfer's endpoints and options.
 #[derive(Debug, Clone)]
 pub struct TransferSpec {
     pub source: EndpointAccess,
+    /// How the source's bytes are read as an image.
+    pub image: ImageSpec,
     pub target: EndpointAccess,
     /// Engine options (the runner sets the checkpoint interval and what to resume).
     pub copy: CopyOptions,
@@ -95,8 +140,10 @@ impl TransferSpec {
             .as_ref()
             .map(|c| checkpoint_from_proto("resume_from", c))
             .transpose()?;
+        ImageSpec::check_target(req.target.as_ref())?;
         Ok(Self {
             source: EndpointAccess::new(&plan.source, req.source.as_ref(), "source"),
+            image: ImageSpec::source(req.source.as_ref())?,
             target: EndpointAccess::new(target, req.target.as_ref(), "target"),
             copy,
             cache,
@@ -121,6 +168,8 @@ impl TransferSpec {
 #[derive(Debug, Clone)]
 pub struct ChecksumSpec {
     pub source: EndpointAccess,
+    /// How the source's bytes are read as an image.
+    pub image: ImageSpec,
     pub checksum: ChecksumOptions,
     pub cache: CacheMode,
 }
@@ -131,6 +180,7 @@ impl ChecksumSpec {
         let o = req.options.unwrap_or_default();
         Ok(Self {
             source: EndpointAccess::new(&plan.source, req.source.as_ref(), "source"),
+            image: ImageSpec::source(req.source.as_ref())?,
             checksum: checksum_options(&o)?,
             cache: options::cache_mode(o.cache)?,
         })

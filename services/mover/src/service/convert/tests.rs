@@ -20,6 +20,7 @@ fn endpoint(url: &str) -> Option<proto::Endpoint> {
     Some(proto::Endpoint {
         url: url.into(),
         options: None,
+        ..Default::default()
     })
 }
 
@@ -81,6 +82,7 @@ fn transfer_validation() {
     mismatched.source = Some(proto::Endpoint {
         url: src.to_str().unwrap().into(),
         options: Some(proto::endpoint::Options::S3(Default::default())),
+        ..Default::default()
     });
     assert!(v.transfer(&mismatched).is_err());
 
@@ -131,6 +133,7 @@ fn s3_options_are_checked_then_resolved_for_the_job() {
         source: Some(proto::Endpoint {
             url: "s3://bucket/disk.img".into(),
             options: Some(proto::endpoint::Options::S3(s3)),
+            ..Default::default()
         }),
         ..Default::default()
     };

@@ -29,6 +29,7 @@ use super::convert::{Accepted, JobSpec};
 use super::metrics::Metrics;
 use super::scheduler::{Claim, Limits, Scheduler};
 use super::secrets::SecretResolver;
+use super::security::AllowRoots;
 use super::status::ServiceError;
 use super::store::{Loaded, Op, Store};
 
@@ -50,6 +51,8 @@ pub struct ManagerConfig {
     pub history_max_age: Duration,
     /// At most this many finished jobs are kept (the oldest go first).
     pub history_max_count: usize,
+    /// Where a qcow2 source's backing files may be (the server's `--allow-root`s).
+    pub allow_roots: AllowRoots,
 }
 
 impl Default for ManagerConfig {
@@ -67,6 +70,7 @@ impl Default for ManagerConfig {
             progress_interval: Duration::from_millis(500),
             history_max_age: Duration::from_secs(7 * 24 * 3600),
             history_max_count: 10_000,
+            allow_roots: AllowRoots::default(),
         }
     }
 }

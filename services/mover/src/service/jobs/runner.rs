@@ -3,6 +3,9 @@
 //! checkpoint), and records the outcome. On shutdown it persists the checkpoint and
 //! leaves the job running in the store, so the next server resumes it.
 //!
+//! A job's source is read as the image its bytes hold (raw, qcow2, gz, xz or zst, as
+//! the request's `format` says; see [`open_image`]).
+//!
 //! A job runs with the typed options its request was accepted with ([`JobSpec`]); a
 //! transfer copies and verifies through the engine's one copy-then-verify path
 //! ([`ferry_engine::copy_and_verify`]), the one `ferry copy --verify` takes.
@@ -19,6 +22,7 @@ use tracing::Instrument;
 
 use super::metered::{JobCounts, MeteredSource, MeteredTarget};
 use super::model::{now_ms, DigestRecord, ErrorRecord, JobKind, JobRecord, JobState, ResultRecord};
+use super::opener::open_image;
 use super::{finish_record, Inner};
 use crate::service::convert::checkpoint::bounded;
 use crate::service::convert::options::source_options;
@@ -419,11 +423,17 @@ struct Opened {
 async fn open_transfer(inner: &Inner, spec: &TransferSpec) -> Result<Opened> {
     let (src_spec, src_s3) = spec.source.open(&inner.secrets)?;
     let (tgt_spec, tgt_s3) = spec.target.open(&inner.secrets)?;
-    let source = inner
-        .opener
-        .open_source(&src_spec, &source_options(spec.cache, src_s3))
-        .await?;
-    let source = MeteredSource::wrap(source, &inner.metrics, kind_label(src_spec.kind()));
+    let options = source_options(spec.cache, src_s3);
+    let bytes = inner.opener.open_source(&src_spec, &options).await?;
+    let bytes = MeteredSource::wrap(bytes, &inner.metrics, kind_label(src_spec.kind()));
+    let source = open_image(
+        bytes,
+        &spec.image,
+        &inner.opener,
+        &options,
+        &inner.cfg.allow_roots,
+    )
+    .await?;
     if let Some(c) = spec
         .resume_from
         .as_ref()
@@ -557,11 +567,17 @@ async fn checksum(
     cancel: &CancellationToken,
 ) -> Result<ResultRecord> {
     let (source_spec, s3) = spec.source.open(&inner.secrets)?;
-    let source = inner
-        .opener
-        .open_source(&source_spec, &source_options(spec.cache, s3))
-        .await?;
-    let source = MeteredSource::wrap(source, &inner.metrics, kind_label(source_spec.kind()));
+    let options = source_options(spec.cache, s3);
+    let bytes = inner.opener.open_source(&source_spec, &options).await?;
+    let bytes = MeteredSource::wrap(bytes, &inner.metrics, kind_label(source_spec.kind()));
+    let source = open_image(
+        bytes,
+        &spec.image,
+        &inner.opener,
+        &options,
+        &inner.cfg.allow_roots,
+    )
+    .await?;
     let size = source.size();
     let progress = Progress::new();
     let started = Instant::now();

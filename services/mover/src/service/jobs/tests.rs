@@ -118,10 +118,12 @@ impl Fixture {
             source: Some(proto::Endpoint {
                 url: self.path(src),
                 options: None,
+                ..Default::default()
             }),
             target: Some(proto::Endpoint {
                 url: self.path(dst),
                 options: None,
+                ..Default::default()
             }),
             options: Some(proto::TransferOptions::default()),
             ..Default::default()
@@ -175,6 +177,7 @@ async fn transfer_with_verify_and_checksum_succeed() {
         source: Some(proto::Endpoint {
             url: f.path("b.img"),
             options: None,
+            ..Default::default()
         }),
         ..Default::default()
     };
@@ -260,6 +263,7 @@ async fn idempotency_keys() {
     other.target = Some(proto::Endpoint {
         url: f.path("c.img"),
         options: None,
+        ..Default::default()
     });
     match f.start(&other).await {
         Err(ServiceError::KeyConflict { job_id, .. }) => assert_eq!(job_id, first.id),

@@ -1,0 +1,209 @@
+//! Compressed raw images (.gz, .xz, .zst) read as the image they hold.
+//!
+//! The image's size must be known before a copy starts (the target is sized to it).
+//! Where it comes from, by format:
+//! - xz: the index at the end of each stream records it; reading it costs a few small
+//!   reads from the end.
+//! - zstd: each frame header may record its content size (the zstd tool records it when
+//!   it compresses a file; pzstd never does); the frames are walked to add them up.
+//! - gzip: the trailer records it modulo 4 GiB only, which is not a size.
+//!
+//! When the stream does not record it, the caller gives it ([`StreamOptions::size`],
+//! `--source-size`; checked against the stream as it is read) or asks for a prescan
+//! ([`StreamOptions::prescan`]: one full decompression pass that counts); otherwise
+//! opening fails and says so.
+//!
+//! A zstd file of several independent frames whose sizes are known is read in parallel,
+//! frame by frame ([`FramesSource`]): frames that record their size (`zstd` run on each
+//! piece of a split image, the seekable format's frames), or pzstd's frames, which do not
+//! but sit behind skippable frames giving their compressed length, once `--prescan` has
+//! measured them (in parallel too). Everything else is decompressed front to back, ahead
+//! of the reader, in a thread of its own ([`StreamSource`]).
+
+mod decode;
+mod input;
+mod parallel;
+mod sequential;
+mod window;
+pub mod xz;
+pub mod zstd;
+
+use std::sync::Arc;
+
+use ferry_core::{Error, ErrorKind, Result, Source};
+use tokio::runtime::Handle;
+
+pub use decode::{OUTPUT_CHUNK, OUTPUT_DEPTH, XZ_MEMLIMIT, ZSTD_WINDOW_LOG_MAX};
+pub use parallel::{FramesSource, CACHED_FRAMES, MAX_FRAME};
+pub use sequential::StreamSource;
+
+use crate::detect::Detected;
+use decode::Codec;
+use input::spawn_feeder;
+
+/// How to open a compressed stream.
+#[derive(Debug, Clone, Default)]
+pub struct StreamOptions {
+    /// The decompressed size, when the caller knows it (`--source-size`). Checked
+    /// against what the stream records, and against the stream as it is read.
+    pub size: Option<u64>,
+    /// Count the decompressed size with a full decompression pass when the stream does
+    /// not record it (`--prescan`).
+    pub prescan: bool,
+}
+
+/// What opening a compressed stream found out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamLayout {
+    pub size: u64,
+    /// Independent pieces read in parallel (zstd frames), when the image is read so.
+    pub parallel_frames: Option<u64>,
+}
+
+/// Decoder threads for a single xz stream of several blocks.
+fn xz_threads() -> u32 {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(4) as u32
+}
+
+fn unknown_size(kind: Detected, why: &str) -> Error {
+    Error::invalid_input(format!(
+        "the decompressed size of this {kind} stream is not known: {why}; give it with \
+         --source-size BYTES (image_size in the API), or pass --prescan (prescan) to count it \
+         with a full decompression pass first"
+    ))
+}
+
+/// Compares what the caller said with what the stream records.
+fn agree(kind: Detected, given: Option<u64>, recorded: u64) -> Result<u64> {
+    match given {
+        Some(given) if given != recorded => Err(Error::invalid_input(format!(
+            "--source-size {given} disagrees with the {recorded} bytes the {kind} stream records"
+        ))),
+        _ => Ok(recorded),
+    }
+}
+
+/// Counts the stream's decompressed bytes with a full pass.
+async fn prescan(bytes: &Arc<dyn Source>, codec: Codec) -> Result<u64> {
+    tracing::info!(
+        source = %bytes.describe(),
+        format = %codec.kind,
+        "prescan: decompressing the whole stream to count its size"
+    );
+    let input = spawn_feeder(&Handle::current(), bytes.clone());
+    tokio::task::spawn_blocking(move || decode::count(codec, codec.decoder(input)?))
+        .await
+        .map_err(|e| Error::internal(format!("the prescan task failed: {e}")))?
+}
+
+/// The last four bytes of a gzip file: its size modulo 4 GiB.
+async fn gzip_isize(bytes: &dyn Source) -> Result<Option<u32>> {
+    if bytes.size() < 18 {
+        return Ok(None);
+    }
+    let tail = crate::qcow2::read_bytes(bytes, bytes.size() - 4, 4).await?;
+    Ok(Some(u32::from_le_bytes([
+        tail[0], tail[1], tail[2], tail[3],
+    ])))
+}
+
+/// Opens the `kind` stream held in `bytes` as the image it holds.
+pub async fn open_stream(
+    bytes: Arc<dyn Source>,
+    kind: Detected,
+    options: &StreamOptions,
+) -> Result<(Arc<dyn Source>, StreamLayout)> {
+    let seekable = !bytes.caps().sequential_read;
+    let mut codec = Codec {
+        kind,
+        xz_threads: 1,
+    };
+    let size = match kind {
+        Detected::Xz if seekable => {
+            let layout = xz::layout(bytes.as_ref()).await?;
+            if layout.streams == 1 && layout.blocks > 1 {
+                codec.xz_threads = xz_threads();
+            }
+            agree(kind, options.size, layout.size)?
+        }
+        Detected::Zstd if seekable && options.size.is_none() => {
+            let frames = zstd::frames(bytes.as_ref()).await?;
+            let recorded: Option<Vec<u64>> = frames.iter().map(|f| f.content_size).collect();
+            let sizes = match recorded {
+                Some(sizes) => Some(sizes),
+                None if options.prescan && frames.len() > 1 => {
+                    tracing::info!(
+                        source = %bytes.describe(),
+                        frames = frames.len(),
+                        "prescan: measuring the zstd frames in parallel"
+                    );
+                    parallel::measure(&bytes, &frames).await?
+                }
+                None if options.prescan => None,
+                None => {
+                    return Err(unknown_size(
+                        kind,
+                        if frames.len() > 1 {
+                            "its frames do not record their sizes (pzstd writes them so; \
+                             --prescan measures them in parallel)"
+                        } else {
+                            "its frame header does not record it (compressed from a pipe?)"
+                        },
+                    ))
+                }
+            };
+            match sizes {
+                Some(sizes) => {
+                    if frames.len() > 1 {
+                        if let Some(source) = FramesSource::new(bytes.clone(), &frames, &sizes) {
+                            let layout = StreamLayout {
+                                size: source.size(),
+                                parallel_frames: Some(source.frames() as u64),
+                            };
+                            return Ok((Arc::new(source), layout));
+                        }
+                    }
+                    sizes
+                        .into_iter()
+                        .try_fold(0u64, u64::checked_add)
+                        .ok_or_else(|| {
+                            Error::new(
+                                ErrorKind::Corrupt,
+                                "zstd: the frames' content sizes overflow",
+                            )
+                        })?
+                }
+                None => prescan(&bytes, codec).await?,
+            }
+        }
+        _ => {
+            match options.size {
+                Some(size) => size,
+                None if options.prescan => prescan(&bytes, codec).await?,
+                None if !seekable => return Err(unknown_size(
+                    kind,
+                    "the source can only be read front to back, so its end cannot be read first",
+                )),
+                None => {
+                    let why = match gzip_isize(bytes.as_ref()).await? {
+                        Some(isize) => format!(
+                            "gzip records it modulo 4 GiB only (here {isize} bytes modulo 4 GiB)"
+                        ),
+                        None => "gzip records it modulo 4 GiB only".to_string(),
+                    };
+                    return Err(unknown_size(kind, &why));
+                }
+            }
+        }
+    };
+    let source = StreamSource::open(bytes, codec, size).await?;
+    Ok((
+        Arc::new(source),
+        StreamLayout {
+            size,
+            parallel_frames: None,
+        },
+    ))
+}

@@ -1,0 +1,237 @@
+//! Image formats through the job service: a qcow2 image (with and without its backing
+//! file allowed) and a .zst image transferred by jobs and compared with the originals by
+//! `qemu-img compare`, a checksum job of a compressed image, and the format options
+//! refused where they do not belong.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use ferry_mover::service::proto::{self, ImageFormat, JobState};
+use ferry_tests::check::require_tool;
+use ferry_tests::service_support::*;
+use tonic::Code;
+
+const LIMIT: Duration = Duration::from_secs(120);
+const MIB: u64 = 1 << 20;
+
+fn sh(package: &str, program: &str, args: &[&str]) -> Vec<u8> {
+    require_tool(program, package);
+    let out = Command::new(program).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// A 32 MiB qcow2 with data, a zero range and holes.
+fn make_qcow2(path: &Path, backing: Option<&Path>) {
+    let mut args = vec!["create", "-q", "-f", "qcow2"];
+    if let Some(b) = backing {
+        args.extend(["-b", s(b), "-F", "qcow2"]);
+    }
+    args.extend([s(path), "32M"]);
+    sh("qemu-utils", "qemu-img", &args);
+    for cmd in [
+        "write -P 0x31 0 2M",
+        "write -z 2M 1M",
+        "write -P 0x32 20M 64k",
+    ] {
+        sh(
+            "qemu-utils",
+            "qemu-io",
+            &["-f", "qcow2", "-c", cmd, s(path)],
+        );
+    }
+}
+
+fn compare(format: &str, image: &Path, raw: &Path) {
+    sh(
+        "qemu-utils",
+        "qemu-img",
+        &["compare", "-f", format, "-F", "raw", s(image), s(raw)],
+    );
+}
+
+struct Env {
+    _dir: tempfile::TempDir,
+    root: std::path::PathBuf,
+    service: ferry_mover::service::server::RunningService,
+    client: Client,
+}
+
+async fn env() -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("images");
+    std::fs::create_dir(&root).unwrap();
+    let service = start_in_process(test_config(&dir.path().join("data"), &root)).await;
+    let client = connect(service.grpc_addr()).await;
+    Env {
+        _dir: dir,
+        root,
+        service,
+        client,
+    }
+}
+
+impl Env {
+    /// Runs a transfer to its end.
+    async fn run(&mut self, req: proto::StartTransferRequest) -> proto::Job {
+        let job = self.client.start_transfer(req).await.unwrap().into_inner();
+        wait_terminal(&mut self.client, &job.id, LIMIT).await
+    }
+}
+
+fn with_source(
+    mut req: proto::StartTransferRequest,
+    edit: impl FnOnce(&mut proto::Endpoint),
+) -> proto::StartTransferRequest {
+    edit(req.source.as_mut().unwrap());
+    req
+}
+
+#[tokio::test]
+async fn qcow2_and_zst_sources_are_transferred_as_their_images() {
+    let mut e = env().await;
+    let base = e.root.join("base.qcow2");
+    make_qcow2(&base, None);
+    let top = e.root.join("top.qcow2");
+    sh(
+        "qemu-utils",
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-b",
+            "base.qcow2",
+            "-F",
+            "qcow2",
+            s(&top),
+            "32M",
+        ],
+    );
+    sh(
+        "qemu-utils",
+        "qemu-io",
+        &["-f", "qcow2", "-c", "write -P 0x44 1M 512k", s(&top)],
+    );
+
+    // qcow2, detected by magic: the guest's disk, not the file.
+    let out = e.root.join("base.raw");
+    let mut req = transfer(&base, &out);
+    req.options.as_mut().unwrap().verify = true;
+    let done = e.run(req).await;
+    assert_eq!(state(&done), JobState::Succeeded, "{:?}", done.error);
+    compare("qcow2", &base, &out);
+
+    // A backing file is refused unless allowed, then followed (under the allowed root).
+    let out = e.root.join("top.raw");
+    let done = e.run(transfer(&top, &out)).await;
+    assert_eq!(state(&done), JobState::Failed);
+    let error = done.error.unwrap();
+    assert_eq!(error.kind, "unsupported");
+    assert!(error.message.contains("allow"), "{}", error.message);
+    let _ = std::fs::remove_file(&out);
+    let done = e
+        .run(with_source(transfer(&top, &out), |s| {
+            s.allow_backing = true
+        }))
+        .await;
+    assert_eq!(state(&done), JobState::Succeeded, "{:?}", done.error);
+    compare("qcow2", &top, &out);
+
+    // format RAW copies the qcow2 file itself.
+    let out = e.root.join("file.bin");
+    let req = with_source(transfer(&base, &out), |s| {
+        s.format = ImageFormat::Raw as i32
+    });
+    let done = e.run(req).await;
+    assert_eq!(state(&done), JobState::Succeeded, "{:?}", done.error);
+    assert!(std::fs::read(&base).unwrap() == std::fs::read(&out).unwrap());
+
+    // A .zst of the raw image, named explicitly and detected.
+    let raw = e.root.join("base.raw");
+    let zst = e.root.join("base.raw.zst");
+    std::fs::write(&zst, sh("zstd", "zstd", &["-q", "-c", s(&raw)])).unwrap();
+    let out = e.root.join("from-zst.raw");
+    let req = with_source(transfer(&zst, &out), |s| s.format = ImageFormat::Zst as i32);
+    let done = e.run(req).await;
+    assert_eq!(state(&done), JobState::Succeeded, "{:?}", done.error);
+    compare("raw", &raw, &out);
+    let Some(proto::job::Result::TransferResult(r)) = &done.result else {
+        panic!("no transfer result: {done:?}")
+    };
+    assert_eq!(r.size, 32 * MIB);
+    assert!(
+        r.zero_bytes > 0,
+        "the zeroes of the stream were skipped: {r:?}"
+    );
+
+    // A checksum job reads the image the stream holds.
+    let ck = e
+        .client
+        .start_checksum(checksum(&zst))
+        .await
+        .unwrap()
+        .into_inner();
+    let ck = wait_terminal(&mut e.client, &ck.id, LIMIT).await;
+    let ck_raw = e
+        .client
+        .start_checksum(checksum(&raw))
+        .await
+        .unwrap()
+        .into_inner();
+    let ck_raw = wait_terminal(&mut e.client, &ck_raw.id, LIMIT).await;
+    let digest = |j: &proto::Job| match &j.result {
+        Some(proto::job::Result::ChecksumResult(c)) => c.digest.clone().unwrap().hex,
+        other => panic!("no checksum result: {other:?} {:?}", j.error),
+    };
+    assert_eq!(digest(&ck), digest(&ck_raw));
+
+    // A gzip stream needs its size, given in the request.
+    let gz = e.root.join("base.raw.gz");
+    std::fs::write(&gz, sh("gzip", "gzip", &["-1", "-c", s(&raw)])).unwrap();
+    let out = e.root.join("from-gz.raw");
+    let done = e.run(transfer(&gz, &out)).await;
+    assert_eq!(state(&done), JobState::Failed);
+    assert!(done.error.unwrap().message.contains("image_size"));
+    let _ = std::fs::remove_file(&out);
+    let req = with_source(transfer(&gz, &out), |s| s.image_size = Some(32 * MIB));
+    let done = e.run(req).await;
+    assert_eq!(state(&done), JobState::Succeeded, "{:?}", done.error);
+    compare("raw", &raw, &out);
+
+    // A wrong format fails the job with the reason.
+    let out = e.root.join("wrong.raw");
+    let req = with_source(transfer(&zst, &out), |s| s.format = ImageFormat::Xz as i32);
+    let done = e.run(req).await;
+    assert_eq!(state(&done), JobState::Failed);
+    let error = done.error.unwrap();
+    assert_eq!(error.kind, "invalid_input");
+    assert!(error.message.contains("not xz"), "{}", error.message);
+    e.service.shutdown().await;
+}
+
+#[tokio::test]
+async fn format_options_are_refused_on_targets_and_out_of_range() {
+    let mut e = env().await;
+    let src = make_image(&e.root.join("src.img"), 4 * MIB, 3);
+    let dst = e.root.join("dst.img");
+    let mut req = transfer(&src, &dst);
+    req.target.as_mut().unwrap().format = ImageFormat::Qcow2 as i32;
+    let status = e.client.start_transfer(req).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("sources only"), "{status:?}");
+    let req = with_source(transfer(&src, &dst), |s| s.format = 99);
+    let status = e.client.start_transfer(req).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    e.service.shutdown().await;
+}
