@@ -53,7 +53,9 @@ fn corrupt(message: String) -> Error {
 impl Codec {
     pub(crate) fn new(zstd_level: Option<i32>, chunk_key: Option<&[u8; 32]>) -> Result<Self> {
         let cipher = chunk_key
-            .map(|key| Aes256Gcm::new_from_slice(key).map_err(|_| Error::internal("AES key length")))
+            .map(|key| {
+                Aes256Gcm::new_from_slice(key).map_err(|_| Error::internal("AES key length"))
+            })
             .transpose()?;
         Ok(Self { zstd_level, cipher })
     }
@@ -86,7 +88,13 @@ impl Codec {
         };
         let nonce: [u8; NONCE_LEN] = random()?;
         let sealed = cipher
-            .encrypt(Nonce::from_slice(&nonce), Payload { msg: payload, aad: &header })
+            .encrypt(
+                Nonce::from_slice(&nonce),
+                Payload {
+                    msg: payload,
+                    aad: &header,
+                },
+            )
             .map_err(|_| Error::internal("AES-GCM encryption failed"))?;
         Ok([header.as_slice(), &nonce, &sealed].concat())
     }
@@ -94,7 +102,10 @@ impl Codec {
     /// Decodes a blob whose plaintext may be at most `max_plain` bytes.
     pub(crate) fn decode(&self, blob: &[u8], max_plain: u64) -> Result<Vec<u8>> {
         if blob.len() < HEADER_LEN {
-            return Err(corrupt(format!("the blob is truncated ({} bytes, less than its header)", blob.len())));
+            return Err(corrupt(format!(
+                "the blob is truncated ({} bytes, less than its header)",
+                blob.len()
+            )));
         }
         let (header, body) = blob.split_at(HEADER_LEN);
         let mut magic = [0u8; 8];
@@ -141,7 +152,9 @@ impl Codec {
         };
         let plain = if compressed {
             if payload.len() as u64 >= declared.max(1) {
-                return Err(corrupt("a compressed blob is not smaller than its plaintext".to_string()));
+                return Err(corrupt(
+                    "a compressed blob is not smaller than its plaintext".to_string(),
+                ));
             }
             let out = zstd::bulk::decompress(payload, declared as usize)
                 .map_err(|e| corrupt(format!("the blob's zstd data is damaged: {e}")))?;
@@ -190,7 +203,11 @@ mod tests {
         for (name, codec) in codecs() {
             let blob = codec.encode(&data).unwrap();
             magics.push(blob[..8].to_vec());
-            assert_eq!(codec.decode(&blob, data.len() as u64).unwrap(), data, "{name}");
+            assert_eq!(
+                codec.decode(&blob, data.len() as u64).unwrap(),
+                data,
+                "{name}"
+            );
         }
         magics.sort();
         magics.dedup();
@@ -199,7 +216,15 @@ mod tests {
 
     #[test]
     fn incompressible_data_is_stored_as_is() {
-        let data: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let data: Vec<u8> = (0..4096)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 32) as u8
+            })
+            .collect();
         let codec = Codec::new(Some(3), None).unwrap();
         let blob = codec.encode(&data).unwrap();
         assert_eq!(&blob[..8], b"FRYBLOBP");
@@ -223,7 +248,10 @@ mod tests {
             // A flip in a plain blob changes the data: the chunk digest check catches it.
             if name.starts_with("encrypted") {
                 let err = codec.decode(&flipped, data.len() as u64).unwrap_err();
-                assert!(err.to_string().contains("wrong key or corrupt blob"), "{name}: {err}");
+                assert!(
+                    err.to_string().contains("wrong key or corrupt blob"),
+                    "{name}: {err}"
+                );
             }
         }
     }
@@ -233,16 +261,31 @@ mod tests {
         let mut blob = b"FRYBLOBZ".to_vec();
         blob.extend_from_slice(&(1u64 << 40).to_le_bytes());
         blob.extend_from_slice(&[0u8; 64]);
-        let err = Codec::new(Some(3), None).unwrap().decode(&blob, 4 << 20).unwrap_err();
+        let err = Codec::new(Some(3), None)
+            .unwrap()
+            .decode(&blob, 4 << 20)
+            .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Corrupt);
     }
 
     #[test]
     fn the_wrong_key_is_named() {
-        let blob = Codec::new(None, Some(&[1; 32])).unwrap().encode(b"secret data").unwrap();
-        let err = Codec::new(None, Some(&[2; 32])).unwrap().decode(&blob, 100).unwrap_err();
-        assert!(err.to_string().contains("wrong key or corrupt blob"), "{err}");
-        let err = Codec::new(None, None).unwrap().decode(&blob, 100).unwrap_err();
+        let blob = Codec::new(None, Some(&[1; 32]))
+            .unwrap()
+            .encode(b"secret data")
+            .unwrap();
+        let err = Codec::new(None, Some(&[2; 32]))
+            .unwrap()
+            .decode(&blob, 100)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("wrong key or corrupt blob"),
+            "{err}"
+        );
+        let err = Codec::new(None, None)
+            .unwrap()
+            .decode(&blob, 100)
+            .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::PermissionDenied);
     }
 }

@@ -81,9 +81,17 @@ impl Config {
         let config: Config = serde_json::from_slice(data).map_err(damaged)?;
         check_chunk_size(config.chunk_size)
             .and_then(|()| check_zstd_level(config.zstd_level))
-            .map_err(|e| Error::new(ErrorKind::Corrupt, format!("the config of {location}: {}", e.message())))?;
+            .map_err(|e| {
+                Error::new(
+                    ErrorKind::Corrupt,
+                    format!("the config of {location}: {}", e.message()),
+                )
+            })?;
         if config.id.len() != 32 || hex::decode(&config.id).is_err() {
-            return Err(Error::new(ErrorKind::Corrupt, format!("the config of {location} has no valid id")));
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!("the config of {location} has no valid id"),
+            ));
         }
         Ok(config)
     }
@@ -104,7 +112,10 @@ mod tests {
         let err = Config::parse(br#"{"format_version": 2, "anything": true}"#, "/r").unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Unsupported);
         let text = err.to_string();
-        assert!(text.contains("format version 2") && text.contains("format version 1"), "{text}");
+        assert!(
+            text.contains("format version 2") && text.contains("format version 1"),
+            "{text}"
+        );
     }
 
     #[test]

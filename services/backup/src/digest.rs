@@ -50,8 +50,14 @@ impl FromStr for Digest {
 
     fn from_str(s: &str) -> Result<Self> {
         let mut out = [0u8; 32];
-        if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
-            return Err(Error::invalid_input(format!("'{s}' is not a chunk digest (64 lowercase hex digits)")));
+        if s.len() != 64
+            || !s
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            return Err(Error::invalid_input(format!(
+                "'{s}' is not a chunk digest (64 lowercase hex digits)"
+            )));
         }
         hex::decode_to_slice(s, &mut out)
             .map_err(|_| Error::invalid_input(format!("'{s}' is not a chunk digest")))?;
@@ -81,8 +87,14 @@ mod tests {
         let name = d.chunk_name();
         assert_eq!(name, format!("chunks/ab/{}", "ab".repeat(32)));
         assert_eq!(Digest::from_chunk_name(&name), Some(d));
-        assert_eq!(Digest::from_chunk_name("chunks/ac/".to_string().as_str()), None);
-        assert_eq!(Digest::from_chunk_name(&format!("chunks/cd/{}", "ab".repeat(32))), None);
+        assert_eq!(
+            Digest::from_chunk_name("chunks/ac/".to_string().as_str()),
+            None
+        );
+        assert_eq!(
+            Digest::from_chunk_name(&format!("chunks/cd/{}", "ab".repeat(32))),
+            None
+        );
         assert_eq!(d.to_string().parse::<Digest>().unwrap(), d);
         assert!("AB".repeat(32).parse::<Digest>().is_err());
         assert!(Digest::ZERO.is_zero());

@@ -174,7 +174,12 @@ pub struct LeaseHeld {
 
 impl std::fmt::Display for LeaseHeld {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "held by {} until {}", self.holder, self.expires.to_rfc3339())
+        write!(
+            f,
+            "held by {} until {}",
+            self.holder,
+            self.expires.to_rfc3339()
+        )
     }
 }
 
@@ -242,15 +247,18 @@ impl GcLease {
     pub async fn acquire(store: Arc<dyn ObjectStore>, holder: &str, ttl: Duration) -> Result<Self> {
         let nonce = hex::encode(random::<8>()?);
         let ttl = ttl.max(Duration::from_secs(1));
-        let body = || Bytes::from(serde_json::to_vec(&record(holder, &nonce, ttl)).unwrap_or_default());
+        let body =
+            || Bytes::from(serde_json::to_vec(&record(holder, &nonce, ttl)).unwrap_or_default());
         for _ in 0..3 {
             let written = match store.put(LEASE, body(), PutMode::CreateOnly).await? {
                 Put::Written => true,
                 Put::Conflict => {
-                    let Some((data, version)) = store.get_versioned(LEASE, MAX_LEASE_LEN).await? else {
+                    let Some((data, version)) = store.get_versioned(LEASE, MAX_LEASE_LEN).await?
+                    else {
                         continue;
                     };
-                    let current: LeaseRecord = serde_json::from_slice(&data).unwrap_or_else(|_| damaged_lease());
+                    let current: LeaseRecord =
+                        serde_json::from_slice(&data).unwrap_or_else(|_| damaged_lease());
                     if !current.is_stale() {
                         return Err(Error::invalid_input(format!(
                             "another garbage collection is running on {} ({}); try again later",
@@ -266,7 +274,10 @@ impl GcLease {
                         }));
                     }
                     tracing::warn!(holder = %current.holder, expired = %current.expires, "taking over a stale garbage collection lease");
-                    store.put(LEASE, body(), PutMode::ReplaceIf(version)).await? == Put::Written
+                    store
+                        .put(LEASE, body(), PutMode::ReplaceIf(version))
+                        .await?
+                        == Put::Written
                 }
             };
             if written {
@@ -281,7 +292,13 @@ impl GcLease {
         )))
     }
 
-    fn start(store: Arc<dyn ObjectStore>, holder: String, nonce: String, version: Version, ttl: Duration) -> Self {
+    fn start(
+        store: Arc<dyn ObjectStore>,
+        holder: String,
+        nonce: String,
+        version: Version,
+        ttl: Duration,
+    ) -> Self {
         let lost = Arc::new(AtomicBool::new(false));
         let version = Arc::new(Mutex::new(version));
         let renewer = tokio::spawn(renew(
@@ -357,7 +374,8 @@ async fn renew(
     let mut last_ok = Instant::now();
     loop {
         tokio::time::sleep(ttl / 3).await;
-        let body = Bytes::from(serde_json::to_vec(&record(&holder, &nonce, ttl)).unwrap_or_default());
+        let body =
+            Bytes::from(serde_json::to_vec(&record(&holder, &nonce, ttl)).unwrap_or_default());
         let expected = version.lock().clone();
         match store.put(LEASE, body, PutMode::ReplaceIf(expected)).await {
             Ok(Put::Written) => match read_back(store.as_ref(), &nonce).await {
@@ -404,7 +422,8 @@ impl Repository {
         let began = Instant::now();
         let started_at = Utc::now();
         let store = Arc::clone(self.store());
-        let lease = GcLease::acquire(Arc::clone(&store), &options.holder, options.lease_ttl).await?;
+        let lease =
+            GcLease::acquire(Arc::clone(&store), &options.holder, options.lease_ttl).await?;
         let result = self.collect(&lease, options).await;
         // Recorded even when the GC failed half-way: backups that ran meanwhile must
         // re-check the chunks they rely on.
@@ -418,7 +437,11 @@ impl Repository {
             report: report.clone(),
         };
         let recorded = store
-            .put(LAST, Bytes::from(serde_json::to_vec_pretty(&last).unwrap_or_default()), PutMode::Overwrite)
+            .put(
+                LAST,
+                Bytes::from(serde_json::to_vec_pretty(&last).unwrap_or_default()),
+                PutMode::Overwrite,
+            )
             .await;
         if let Err(err) = result {
             // Without a release the lease stays until it expires, which also makes
@@ -445,16 +468,28 @@ impl Repository {
         let gc_start = store
             .head(LEASE)
             .await?
-            .ok_or_else(|| Error::new(ErrorKind::Cancelled, "the GC lease vanished as it was taken"))?
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Cancelled,
+                    "the GC lease vanished as it was taken",
+                )
+            })?
             .modified;
         let mut cutoff = before(gc_start, options.grace);
 
         // Running sessions move the cutoff back; crashed ones are cleaned up.
         for meta in store.list("sessions/").await? {
-            let Some(data) = store.get(&meta.name, MAX_SESSION_LEN).await? else { continue };
+            let Some(data) = store.get(&meta.name, MAX_SESSION_LEN).await? else {
+                continue;
+            };
             let record: Option<SessionRecord> = serde_json::from_slice(&data).ok();
-            let stale_after = Duration::from_secs(record.as_ref().map_or(600, |r| r.stale_after_secs));
-            if meta.modified.checked_add(stale_after).is_some_and(|t| t < gc_start) {
+            let stale_after =
+                Duration::from_secs(record.as_ref().map_or(600, |r| r.stale_after_secs));
+            if meta
+                .modified
+                .checked_add(stale_after)
+                .is_some_and(|t| t < gc_start)
+            {
                 lease.check()?;
                 store.delete(&meta.name).await?;
                 report.stale_sessions_removed += 1;
@@ -480,7 +515,11 @@ impl Repository {
         let manifests: HashSet<BackupId> = self.list_snapshots().await?.into_iter().collect();
         let mut referenced: HashSet<Digest> = HashSet::new();
         for meta in store.list("indexes/").await? {
-            let Some(id) = meta.name.strip_prefix("indexes/").and_then(|n| n.parse::<BackupId>().ok()) else {
+            let Some(id) = meta
+                .name
+                .strip_prefix("indexes/")
+                .and_then(|n| n.parse::<BackupId>().ok())
+            else {
                 continue;
             };
             if !manifests.contains(&id) && meta.modified < cutoff {
@@ -516,7 +555,9 @@ impl Repository {
             .collect();
         let mut doomed = Vec::new();
         for meta in store.list("chunks/").await? {
-            let Some(digest) = Digest::from_chunk_name(&meta.name) else { continue };
+            let Some(digest) = Digest::from_chunk_name(&meta.name) else {
+                continue;
+            };
             report.chunks_scanned += 1;
             if referenced.contains(&digest) {
                 report.chunks_referenced += 1;

@@ -88,10 +88,11 @@ impl FixedIndex {
     /// Sets chunk `i`'s digest.
     pub fn set(&mut self, i: usize, digest: Digest) -> Result<()> {
         let count = self.digests.len();
-        let slot = self
-            .digests
-            .get_mut(i)
-            .ok_or_else(|| Error::invalid_input(format!("chunk {i} is past the end of an index of {count} chunks")))?;
+        let slot = self.digests.get_mut(i).ok_or_else(|| {
+            Error::invalid_input(format!(
+                "chunk {i} is past the end of an index of {count} chunks"
+            ))
+        })?;
         *slot = digest;
         Ok(())
     }
@@ -120,11 +121,16 @@ impl FixedIndex {
 
     pub(crate) fn decode(data: &[u8]) -> Result<Self> {
         if data.len() < HEAD_LEN + TRAILER_LEN {
-            return Err(corrupt(format!("the index is truncated ({} bytes)", data.len())));
+            return Err(corrupt(format!(
+                "the index is truncated ({} bytes)",
+                data.len()
+            )));
         }
         let (body, sum) = data.split_at(data.len() - TRAILER_LEN);
         if Sha256::digest(body).as_slice() != sum {
-            return Err(corrupt("the index is damaged (its checksum does not match)"));
+            return Err(corrupt(
+                "the index is damaged (its checksum does not match)",
+            ));
         }
         if body[..8] != MAGIC {
             return Err(corrupt("not a ferry fixed index (unknown magic)"));
@@ -187,7 +193,10 @@ mod tests {
         let index = FixedIndex::new(10 * 65536, 65536).unwrap();
         let mut data = index.encode();
         data[40] ^= 1;
-        assert_eq!(FixedIndex::decode(&data).unwrap_err().kind(), ErrorKind::Corrupt);
+        assert_eq!(
+            FixedIndex::decode(&data).unwrap_err().kind(),
+            ErrorKind::Corrupt
+        );
         let data = index.encode();
         assert!(FixedIndex::decode(&data[..data.len() - 1]).is_err());
     }

@@ -80,8 +80,12 @@ impl KdfParams {
                 ),
             ));
         }
-        Params::new(self.memory_kib, self.iterations, self.parallelism, Some(32))
-            .map_err(|e| Error::new(ErrorKind::Corrupt, format!("invalid argon2id parameters: {e}")))
+        Params::new(self.memory_kib, self.iterations, self.parallelism, Some(32)).map_err(|e| {
+            Error::new(
+                ErrorKind::Corrupt,
+                format!("invalid argon2id parameters: {e}"),
+            )
+        })
     }
 }
 
@@ -111,7 +115,8 @@ impl std::fmt::Debug for Keys {
 
 pub(crate) fn random<const N: usize>() -> Result<[u8; N]> {
     let mut out = [0u8; N];
-    getrandom::fill(&mut out).map_err(|e| Error::internal(format!("the system random source failed: {e}")))?;
+    getrandom::fill(&mut out)
+        .map_err(|e| Error::internal(format!("the system random source failed: {e}")))?;
     Ok(out)
 }
 
@@ -146,7 +151,11 @@ fn aad(repo_id: &[u8]) -> Vec<u8> {
 }
 
 /// Creates a new master key protected by `passphrase`.
-pub(crate) fn create(passphrase: &Secret, kdf: &KdfParams, repo_id: &[u8]) -> Result<(EncryptionConfig, Keys)> {
+pub(crate) fn create(
+    passphrase: &Secret,
+    kdf: &KdfParams,
+    repo_id: &[u8],
+) -> Result<(EncryptionConfig, Keys)> {
     if passphrase.expose().is_empty() {
         return Err(Error::invalid_input("the repository passphrase is empty"));
     }
@@ -154,7 +163,8 @@ pub(crate) fn create(passphrase: &Secret, kdf: &KdfParams, repo_id: &[u8]) -> Re
     let master = Zeroizing::new(random::<32>()?);
     let kek = kek(passphrase, &salt, kdf)?;
     let nonce: [u8; NONCE_LEN] = random()?;
-    let cipher = Aes256Gcm::new_from_slice(&kek[..]).map_err(|_| Error::internal("AES key length"))?;
+    let cipher =
+        Aes256Gcm::new_from_slice(&kek[..]).map_err(|_| Error::internal("AES key length"))?;
     let sealed = cipher
         .encrypt(
             Nonce::from_slice(&nonce),
@@ -175,15 +185,26 @@ pub(crate) fn create(passphrase: &Secret, kdf: &KdfParams, repo_id: &[u8]) -> Re
 }
 
 /// Unlocks the master key with `passphrase`.
-pub(crate) fn unlock(config: &EncryptionConfig, passphrase: &Secret, repo_id: &[u8]) -> Result<Keys> {
-    let corrupt = |what: &str| Error::new(ErrorKind::Corrupt, format!("the repository config's {what} is damaged"));
+pub(crate) fn unlock(
+    config: &EncryptionConfig,
+    passphrase: &Secret,
+    repo_id: &[u8],
+) -> Result<Keys> {
+    let corrupt = |what: &str| {
+        Error::new(
+            ErrorKind::Corrupt,
+            format!("the repository config's {what} is damaged"),
+        )
+    };
     let salt = hex::decode(&config.salt).map_err(|_| corrupt("salt"))?;
-    let wrapped = Zeroizing::new(hex::decode(&config.wrapped_key).map_err(|_| corrupt("wrapped key"))?);
+    let wrapped =
+        Zeroizing::new(hex::decode(&config.wrapped_key).map_err(|_| corrupt("wrapped key"))?);
     if wrapped.len() != NONCE_LEN + 32 + TAG_LEN || salt.len() < 8 {
         return Err(corrupt("wrapped key"));
     }
     let kek = kek(passphrase, &salt, &config.kdf)?;
-    let cipher = Aes256Gcm::new_from_slice(&kek[..]).map_err(|_| Error::internal("AES key length"))?;
+    let cipher =
+        Aes256Gcm::new_from_slice(&kek[..]).map_err(|_| Error::internal("AES key length"))?;
     let master = cipher
         .decrypt(
             Nonce::from_slice(&wrapped[..NONCE_LEN]),
@@ -237,6 +258,11 @@ mod tests {
         let err = kek(&Secret::new("x"), b"saltsalt", &kdf).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Corrupt);
         kdf.algorithm = "scrypt".into();
-        assert_eq!(kek(&Secret::new("x"), b"saltsalt", &kdf).unwrap_err().kind(), ErrorKind::Unsupported);
+        assert_eq!(
+            kek(&Secret::new("x"), b"saltsalt", &kdf)
+                .unwrap_err()
+                .kind(),
+            ErrorKind::Unsupported
+        );
     }
 }

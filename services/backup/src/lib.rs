@@ -75,7 +75,9 @@ mod session;
 pub mod store;
 mod verify;
 
-pub use config::{Config, DEFAULT_CHUNK_SIZE, DEFAULT_ZSTD_LEVEL, FORMAT_VERSION, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE};
+pub use config::{
+    Config, DEFAULT_CHUNK_SIZE, DEFAULT_ZSTD_LEVEL, FORMAT_VERSION, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE,
+};
 pub use digest::Digest;
 pub use gc::{GcLease, GcOptions, GcReport, LeaseHeld};
 pub use index::{FixedIndex, MAX_INDEX_ENTRIES};

@@ -26,7 +26,11 @@ impl RepositoryUrl {
         if let Some(rest) = text.strip_prefix("s3://") {
             let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
             let prefix = prefix.trim_matches('/');
-            if bucket.is_empty() || !bucket.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_')) {
+            if bucket.is_empty()
+                || !bucket
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'))
+            {
                 return Err(Error::invalid_input(format!(
                     "'{text}' does not name an S3 bucket: use s3://BUCKET/PREFIX"
                 )));
@@ -64,7 +68,9 @@ impl RepositoryUrl {
     pub async fn open(&self, s3: &S3Options) -> Arc<dyn ObjectStore> {
         match self {
             Self::Local(path) => Arc::new(LocalStore::new(path.clone())),
-            Self::S3 { bucket, prefix } => Arc::new(S3Store::connect(bucket.clone(), prefix, s3).await),
+            Self::S3 { bucket, prefix } => {
+                Arc::new(S3Store::connect(bucket.clone(), prefix, s3).await)
+            }
         }
     }
 }
@@ -107,12 +113,22 @@ mod tests {
             RepositoryUrl::parse("/mnt/nfs/repo").unwrap(),
             RepositoryUrl::Local("/mnt/nfs/repo".into())
         );
-        assert_eq!(RepositoryUrl::parse("s3://b/p").unwrap().to_string(), "s3://b/p");
+        assert_eq!(
+            RepositoryUrl::parse("s3://b/p").unwrap().to_string(),
+            "s3://b/p"
+        );
     }
 
     #[test]
     fn refuses_what_it_cannot_open() {
-        for bad in ["", "s3://", "s3:///x", "s3://b/../x", "file://relative", "nbd://host/export"] {
+        for bad in [
+            "",
+            "s3://",
+            "s3:///x",
+            "s3://b/../x",
+            "file://relative",
+            "nbd://host/export",
+        ] {
             assert!(RepositoryUrl::parse(bad).is_err(), "{bad}");
         }
     }

@@ -29,7 +29,11 @@ impl BackupId {
     /// A new id for a backup starting at `time`.
     pub fn generate(time: DateTime<Utc>) -> Result<Self> {
         let suffix: [u8; 4] = random()?;
-        Ok(Self(format!("{}-{}", time.format(TIME_FORMAT), hex::encode(suffix))))
+        Ok(Self(format!(
+            "{}-{}",
+            time.format(TIME_FORMAT),
+            hex::encode(suffix)
+        )))
     }
 
     /// The start time encoded in the id.
@@ -64,7 +68,9 @@ impl FromStr for BackupId {
             && s.len() == 25
             && s.as_bytes()[16] == b'-'
             && NaiveDateTime::parse_from_str(&s[..16], TIME_FORMAT).is_ok()
-            && s[17..].bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+            && s[17..]
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
         if valid {
             Ok(Self(s.to_string()))
         } else {
@@ -188,14 +194,22 @@ mod tests {
 
     #[test]
     fn ids_carry_their_time_and_sort_by_it() {
-        let t = DateTime::parse_from_rfc3339("2026-12-02T10:15:00Z").unwrap().to_utc();
+        let t = DateTime::parse_from_rfc3339("2026-12-02T10:15:00Z")
+            .unwrap()
+            .to_utc();
         let id = BackupId::generate(t).unwrap();
         assert!(id.as_str().starts_with("20261202T101500Z-"), "{id}");
         assert_eq!(id.time(), t);
         assert_eq!(id.to_string().parse::<BackupId>().unwrap(), id);
         let later = BackupId::generate(t + chrono::Duration::seconds(1)).unwrap();
         assert!(later > id);
-        for bad in ["", "20261202T101500Z", "20261202T101500Z-0A1B2C3D", "2026120xT101500Z-0a1b2c3d", "../../etc/passwd"] {
+        for bad in [
+            "",
+            "20261202T101500Z",
+            "20261202T101500Z-0A1B2C3D",
+            "2026120xT101500Z-0a1b2c3d",
+            "../../etc/passwd",
+        ] {
             assert!(bad.parse::<BackupId>().is_err(), "{bad}");
         }
     }

@@ -56,11 +56,15 @@ impl CalendarDuration {
     /// minus one month is March 3 in a common year), then days and hours are subtracted.
     /// `None` when out of the representable range.
     pub fn before(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        let month0 = i64::from(t.year()) * 12 + i64::from(t.month0()) - i64::from(self.years) * 12 - i64::from(self.months);
+        let month0 = i64::from(t.year()) * 12 + i64::from(t.month0())
+            - i64::from(self.years) * 12
+            - i64::from(self.months);
         let year = i32::try_from(month0.div_euclid(12)).ok()?;
         let month = u32::try_from(month0.rem_euclid(12)).ok()? + 1;
         let first = NaiveDate::from_ymd_opt(year, month, 1)?;
-        let date = first.checked_add_signed(Duration::days(i64::from(t.day()) - 1 - i64::from(self.days)))?;
+        let date = first.checked_add_signed(Duration::days(
+            i64::from(t.day()) - 1 - i64::from(self.days),
+        ))?;
         let shifted = date.and_time(t.time()).and_utc();
         shifted.checked_sub_signed(Duration::hours(i64::from(self.hours)))
     }
@@ -70,7 +74,11 @@ impl FromStr for CalendarDuration {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        let bad = || Error::invalid_input(format!("'{s}' is not a duration like 1y2m3d4h (years, months, days, hours)"));
+        let bad = || {
+            Error::invalid_input(format!(
+                "'{s}' is not a duration like 1y2m3d4h (years, months, days, hours)"
+            ))
+        };
         let mut out = Self::default();
         let mut number = String::new();
         let mut order = 0;
@@ -104,7 +112,12 @@ impl FromStr for CalendarDuration {
 impl fmt::Display for CalendarDuration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut any = false;
-        for (v, unit) in [(self.years, 'y'), (self.months, 'm'), (self.days, 'd'), (self.hours, 'h')] {
+        for (v, unit) in [
+            (self.years, 'y'),
+            (self.months, 'm'),
+            (self.days, 'd'),
+            (self.hours, 'h'),
+        ] {
             if v > 0 {
                 write!(f, "{v}{unit}")?;
                 any = true;
@@ -173,9 +186,16 @@ impl KeepPolicy {
     /// Whether no rule is on.
     pub fn is_empty(&self) -> bool {
         let off = |k: &Option<Keep>| matches!(k, None | Some(Keep::Count(0)));
-        [&self.last, &self.hourly, &self.daily, &self.weekly, &self.monthly, &self.yearly]
-            .into_iter()
-            .all(off)
+        [
+            &self.last,
+            &self.hourly,
+            &self.daily,
+            &self.weekly,
+            &self.monthly,
+            &self.yearly,
+        ]
+        .into_iter()
+        .all(off)
             && self.within.is_none_or(|w| w.is_zero())
     }
 }
@@ -250,12 +270,18 @@ pub struct PrunePlan {
 impl PrunePlan {
     /// The snapshots kept.
     pub fn kept(&self) -> impl Iterator<Item = &SnapshotRef> {
-        self.decisions.iter().filter(|d| d.keep()).map(|d| &d.snapshot)
+        self.decisions
+            .iter()
+            .filter(|d| d.keep())
+            .map(|d| &d.snapshot)
     }
 
     /// The snapshots to forget.
     pub fn forgotten(&self) -> impl Iterator<Item = &SnapshotRef> {
-        self.decisions.iter().filter(|d| !d.keep()).map(|d| &d.snapshot)
+        self.decisions
+            .iter()
+            .filter(|d| !d.keep())
+            .map(|d| &d.snapshot)
     }
 }
 
@@ -338,7 +364,10 @@ fn plan_group(group: &[&SnapshotRef], policy: &KeepPolicy, now: DateTime<Utc>) -
     .collect();
     let newest = group.iter().map(|s| s.time).filter(|t| *t < now).max();
     // Snapshots newer than this are kept by `within`; `None` keeps them all.
-    let within = policy.within.filter(|w| !w.is_zero()).map(|w| (w, newest.and_then(|n| w.before(n))));
+    let within = policy
+        .within
+        .filter(|w| !w.is_zero())
+        .map(|w| (w, newest.and_then(|n| w.before(n))));
 
     let oldest = group.len().saturating_sub(1);
     group
@@ -383,7 +412,12 @@ pub struct PruneReport {
 impl Repository {
     /// Applies `policy` to every backup: plans, and unless `dry_run` deletes what the plan
     /// forgets (each manifest first, then its index). Chunks are freed by the next GC.
-    pub async fn prune(&self, policy: &KeepPolicy, now: DateTime<Utc>, dry_run: bool) -> Result<PruneReport> {
+    pub async fn prune(
+        &self,
+        policy: &KeepPolicy,
+        now: DateTime<Utc>,
+        dry_run: bool,
+    ) -> Result<PruneReport> {
         if policy.is_empty() {
             return Err(Error::invalid_input(
                 "the retention policy keeps nothing explicitly (no keep rule is set): refusing to remove every backup",

@@ -14,8 +14,8 @@ use zeroize::Zeroizing;
 
 use crate::blob::{Codec, OVERHEAD};
 use crate::config::{
-    check_chunk_size, check_zstd_level, Config, DEFAULT_CHUNK_SIZE, DEFAULT_ZSTD_LEVEL, FORMAT_VERSION,
-    MAX_CONFIG_LEN,
+    check_chunk_size, check_zstd_level, Config, DEFAULT_CHUNK_SIZE, DEFAULT_ZSTD_LEVEL,
+    FORMAT_VERSION, MAX_CONFIG_LEN,
 };
 use crate::digest::Digest;
 use crate::index::{FixedIndex, MAX_INDEX_LEN};
@@ -121,7 +121,10 @@ impl Repository {
             zstd_level: options.zstd_level,
             encryption,
         };
-        match store.put(CONFIG, Bytes::from(config.to_json()), PutMode::CreateOnly).await? {
+        match store
+            .put(CONFIG, Bytes::from(config.to_json()), PutMode::CreateOnly)
+            .await?
+        {
             Put::Written => {}
             Put::Conflict => {
                 return Err(Error::invalid_input(format!(
@@ -146,12 +149,12 @@ impl Repository {
         let config = Config::parse(&data, &location)?;
         let keys = match (&config.encryption, passphrase) {
             (None, _) => None,
-            (Some(_), None) => {
-                return Err(Error::new(
-                    ErrorKind::PermissionDenied,
-                    format!("the repository at {location} is encrypted: a passphrase is needed to open it"),
-                ))
-            }
+            (Some(_), None) => return Err(Error::new(
+                ErrorKind::PermissionDenied,
+                format!(
+                    "the repository at {location} is encrypted: a passphrase is needed to open it"
+                ),
+            )),
             (Some(enc), Some(passphrase)) => Some(
                 keys::unlock(enc, passphrase, config.id.as_bytes())
                     .map_err(|e| e.with_endpoint(location.clone()))?,
@@ -160,7 +163,11 @@ impl Repository {
         Self::assemble(store, config, keys)
     }
 
-    fn assemble(store: Arc<dyn ObjectStore>, config: Config, keys: Option<keys::Keys>) -> Result<Self> {
+    fn assemble(
+        store: Arc<dyn ObjectStore>,
+        config: Config,
+        keys: Option<keys::Keys>,
+    ) -> Result<Self> {
         let codec = Codec::new(config.zstd_level, keys.as_ref().map(|k| &*k.chunk))?;
         let id_key = keys.map(|k| k.id);
         Ok(Self {
@@ -219,7 +226,8 @@ impl Repository {
             return Ok(true);
         }
         let store = self.store();
-        Ok(store.head(&digest.chunk_name()).await?.is_some() && store.head(&digest.bad_name()).await?.is_none())
+        Ok(store.head(&digest.chunk_name()).await?.is_some()
+            && store.head(&digest.bad_name()).await?.is_none())
     }
 
     /// Reads a chunk and checks its content against its name (kind Corrupt if it does
@@ -277,23 +285,37 @@ impl Repository {
 
     /// Reads a backup's manifest.
     pub async fn load_manifest(&self, id: &BackupId) -> Result<Manifest> {
-        let data = self.store().get(&id.manifest_name(), MAX_MANIFEST_LEN).await?.ok_or_else(|| {
-            Error::new(
-                ErrorKind::NotFound,
-                format!("backup {id} does not exist in the repository at {}", self.store().location()),
-            )
-        })?;
+        let data = self
+            .store()
+            .get(&id.manifest_name(), MAX_MANIFEST_LEN)
+            .await?
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::NotFound,
+                    format!(
+                        "backup {id} does not exist in the repository at {}",
+                        self.store().location()
+                    ),
+                )
+            })?;
         let json = if self.is_encrypted() {
             self.inner.codec.decode(&data, MAX_MANIFEST_LEN)?
         } else {
             data
         };
-        let manifest: Manifest = serde_json::from_slice(&json)
-            .map_err(|e| Error::new(ErrorKind::Corrupt, format!("the manifest of backup {id} is damaged: {e}")))?;
+        let manifest: Manifest = serde_json::from_slice(&json).map_err(|e| {
+            Error::new(
+                ErrorKind::Corrupt,
+                format!("the manifest of backup {id} is damaged: {e}"),
+            )
+        })?;
         if manifest.id != *id {
             return Err(Error::new(
                 ErrorKind::Corrupt,
-                format!("the manifest stored as backup {id} belongs to backup {}", manifest.id),
+                format!(
+                    "the manifest stored as backup {id} belongs to backup {}",
+                    manifest.id
+                ),
             ));
         }
         Ok(manifest)
@@ -308,11 +330,18 @@ impl Repository {
         };
         match self
             .store()
-            .put(&manifest.id.manifest_name(), Bytes::from(data), PutMode::CreateOnly)
+            .put(
+                &manifest.id.manifest_name(),
+                Bytes::from(data),
+                PutMode::CreateOnly,
+            )
             .await?
         {
             Put::Written => Ok(()),
-            Put::Conflict => Err(Error::internal(format!("backup {} already has a manifest", manifest.id))),
+            Put::Conflict => Err(Error::internal(format!(
+                "backup {} already has a manifest",
+                manifest.id
+            ))),
         }
     }
 
@@ -325,7 +354,10 @@ impl Repository {
         {
             return Err(Error::new(
                 ErrorKind::Corrupt,
-                format!("the index of backup {} does not match its manifest", manifest.id),
+                format!(
+                    "the index of backup {} does not match its manifest",
+                    manifest.id
+                ),
             ));
         }
         Ok(index)
@@ -334,14 +366,24 @@ impl Repository {
     /// Reads an index without a manifest to check it against (GC, verify), with the
     /// SHA-256 of its serialized form.
     pub(crate) async fn read_index(&self, id: &BackupId) -> Result<(FixedIndex, String)> {
-        let blob = get_required(self.store().as_ref(), &id.index_name(), MAX_INDEX_LEN + OVERHEAD).await?;
-        let data = self
-            .inner
-            .codec
-            .decode(&blob, MAX_INDEX_LEN)
-            .map_err(|e| Error::new(e.kind(), format!("the index of backup {id}: {}", e.message())))?;
-        let index = FixedIndex::decode(&data)
-            .map_err(|e| Error::new(e.kind(), format!("the index of backup {id}: {}", e.message())))?;
+        let blob = get_required(
+            self.store().as_ref(),
+            &id.index_name(),
+            MAX_INDEX_LEN + OVERHEAD,
+        )
+        .await?;
+        let data = self.inner.codec.decode(&blob, MAX_INDEX_LEN).map_err(|e| {
+            Error::new(
+                e.kind(),
+                format!("the index of backup {id}: {}", e.message()),
+            )
+        })?;
+        let index = FixedIndex::decode(&data).map_err(|e| {
+            Error::new(
+                e.kind(),
+                format!("the index of backup {id}: {}", e.message()),
+            )
+        })?;
         Ok((index, hex::encode(Sha256::digest(&data))))
     }
 

@@ -142,7 +142,10 @@ pub struct Session {
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Session").field("id", &self.id).field("time", &self.time).finish()
+        f.debug_struct("Session")
+            .field("id", &self.id)
+            .field("time", &self.time)
+            .finish()
     }
 }
 
@@ -159,7 +162,10 @@ impl Repository {
         let time = now();
         let id = BackupId::generate(time)?;
         // A GC must not take a live session for crashed between two heartbeats.
-        let stale_after = options.stale_after.max(options.heartbeat * 3).max(Duration::from_secs(1));
+        let stale_after = options
+            .stale_after
+            .max(options.heartbeat * 3)
+            .max(Duration::from_secs(1));
         let store = Arc::clone(self.store());
         let mut record = SessionRecord {
             id: id.clone(),
@@ -170,11 +176,18 @@ impl Repository {
             pid: std::process::id(),
         };
         let name = id.session_name();
-        store.put(&name, Bytes::from(json(&record)), PutMode::Overwrite).await?;
+        store
+            .put(&name, Bytes::from(json(&record)), PutMode::Overwrite)
+            .await?;
         let started = store
             .head(&name)
             .await?
-            .ok_or_else(|| Error::new(ErrorKind::Io, format!("the session record {name} vanished after it was written")))?
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Io,
+                    format!("the session record {name} vanished after it was written"),
+                )
+            })?
             .modified;
         record.started = Some(DateTime::<Utc>::from(started));
         let body = Bytes::from(json(&record));
@@ -201,7 +214,9 @@ impl Repository {
             id,
             time,
             started,
-            touch_before: started.checked_sub(options.touch_older_than).unwrap_or(SystemTime::UNIX_EPOCH),
+            touch_before: started
+                .checked_sub(options.touch_older_than)
+                .unwrap_or(SystemTime::UNIX_EPOCH),
             options,
             bad,
             chunks: Mutex::new(Chunks::default()),
@@ -229,7 +244,9 @@ async fn beat(
         tokio::time::sleep(every).await;
         match store.put(&name, body.clone(), PutMode::Overwrite).await {
             Ok(_) => last_ok = Instant::now(),
-            Err(err) => tracing::warn!(session = %name, error = %err, "backup session heartbeat failed"),
+            Err(err) => {
+                tracing::warn!(session = %name, error = %err, "backup session heartbeat failed")
+            }
         }
         if last_ok.elapsed() >= stale_after / 2 {
             lapsed.store(true, Ordering::SeqCst);
@@ -260,10 +277,16 @@ impl Session {
         }
         let digest = self.repo.chunk_digest(data);
         if digest.is_zero() {
-            return Ok(ChunkPut { digest, outcome: ChunkOutcome::Zero });
+            return Ok(ChunkPut {
+                digest,
+                outcome: ChunkOutcome::Zero,
+            });
         }
         if self.known(&digest) {
-            return Ok(ChunkPut { digest, outcome: ChunkOutcome::Reused });
+            return Ok(ChunkPut {
+                digest,
+                outcome: ChunkOutcome::Reused,
+            });
         }
         let outcome = if !self.bad.contains(&digest) && self.reuse_stored(&digest).await? {
             ChunkOutcome::Reused
@@ -429,7 +452,10 @@ impl Session {
                 None => break,
             }
         }
-        Ok(ran || gc::last_run(store.as_ref()).await?.is_some_and(|t| t >= self.started))
+        Ok(ran
+            || gc::last_run(store.as_ref())
+                .await?
+                .is_some_and(|t| t >= self.started))
     }
 
     async fn recheck(&self, reused: &HashSet<Digest>) -> Result<()> {
@@ -455,7 +481,9 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        let Some(task) = self.heartbeat.take() else { return };
+        let Some(task) = self.heartbeat.take() else {
+            return;
+        };
         task.abort();
         let store = Arc::clone(self.repo.store());
         let name = self.id.session_name();

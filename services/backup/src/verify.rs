@@ -120,7 +120,12 @@ impl Repository {
             match index {
                 Ok(index) => {
                     report.snapshots_checked += 1;
-                    let unique: BTreeSet<Digest> = index.digests().iter().filter(|d| !d.is_zero()).copied().collect();
+                    let unique: BTreeSet<Digest> = index
+                        .digests()
+                        .iter()
+                        .filter(|d| !d.is_zero())
+                        .copied()
+                        .collect();
                     for digest in unique {
                         users.entry(digest).or_default().push(id.clone());
                     }
@@ -139,22 +144,31 @@ impl Repository {
             }
         }
 
-        let results: Vec<(Digest, Option<u64>, Option<ChunkFault>)> = stream::iter(users.keys().copied())
-            .map(|digest| async move {
-                match self.get_chunk(&digest).await {
-                    Ok(plain) => Ok((digest, Some(plain.len() as u64), None)),
-                    Err(e) if e.kind() == ErrorKind::NotFound => Ok((digest, None, Some(ChunkFault::Missing))),
-                    Err(e) if e.kind() == ErrorKind::Corrupt => {
-                        Ok((digest, None, Some(ChunkFault::Damaged(e.message().to_string()))))
+        let results: Vec<(Digest, Option<u64>, Option<ChunkFault>)> =
+            stream::iter(users.keys().copied())
+                .map(|digest| async move {
+                    match self.get_chunk(&digest).await {
+                        Ok(plain) => Ok((digest, Some(plain.len() as u64), None)),
+                        Err(e) if e.kind() == ErrorKind::NotFound => {
+                            Ok((digest, None, Some(ChunkFault::Missing)))
+                        }
+                        Err(e) if e.kind() == ErrorKind::Corrupt => Ok((
+                            digest,
+                            None,
+                            Some(ChunkFault::Damaged(e.message().to_string())),
+                        )),
+                        Err(e) => Err(e),
                     }
-                    Err(e) => Err(e),
-                }
-            })
-            .buffer_unordered(options.parallel.max(1))
-            .try_collect()
-            .await?;
+                })
+                .buffer_unordered(options.parallel.max(1))
+                .try_collect()
+                .await?;
 
-        let mut broken: BTreeSet<BackupId> = report.unreadable_snapshots.iter().map(|(id, _)| id.clone()).collect();
+        let mut broken: BTreeSet<BackupId> = report
+            .unreadable_snapshots
+            .iter()
+            .map(|(id, _)| id.clone())
+            .collect();
         for (digest, size, fault) in results {
             report.chunks_checked += 1;
             report.bytes_checked += size.unwrap_or(0);

@@ -88,7 +88,8 @@ fn write_temp(path: &Path, data: &[u8]) -> Result<PathBuf> {
     let dir = path
         .parent()
         .ok_or_else(|| Error::internal("an object path has no directory"))?;
-    fs::create_dir_all(dir).map_err(|e| io_err(format!("cannot create directory {}", dir.display()), e))?;
+    fs::create_dir_all(dir)
+        .map_err(|e| io_err(format!("cannot create directory {}", dir.display()), e))?;
     let temp = dir.join(format!("{TEMP_PREFIX}{}", random_suffix()));
     let result = OpenOptions::new()
         .write(true)
@@ -173,7 +174,8 @@ fn replace_if(path: &Path, dir: &Path, temp: &Path, expected: &Version) -> Resul
         Err(e) if e.kind() == IoKind::NotFound => return Ok(Put::Conflict),
         Err(e) => return Err(io_err(format!("cannot replace {}", path.display()), e)),
     }
-    let current = fs::read(&aside).map_err(|e| io_err(format!("cannot read {}", aside.display()), e));
+    let current =
+        fs::read(&aside).map_err(|e| io_err(format!("cannot read {}", aside.display()), e));
     let matches = matches!(&current, Ok(data) if content_version(data) == *expected);
     let target = if matches { temp } else { aside.as_path() };
     let linked = match fs::hard_link(target, path) {
@@ -207,7 +209,9 @@ fn list_blocking(root: &Path, prefix: &str) -> Result<Vec<ObjectMeta>> {
         for entry in entries {
             let entry = entry.map_err(|e| io_err(format!("cannot list {}", dir.display()), e))?;
             let file_name = entry.file_name();
-            let Some(file_name) = file_name.to_str() else { continue };
+            let Some(file_name) = file_name.to_str() else {
+                continue;
+            };
             if file_name.starts_with(TEMP_PREFIX) {
                 continue;
             }
@@ -229,7 +233,9 @@ fn list_blocking(root: &Path, prefix: &str) -> Result<Vec<ObjectMeta>> {
                 match entry.metadata() {
                     Ok(meta) => out.push(meta_of(name, &meta)),
                     Err(e) if e.kind() == IoKind::NotFound => {}
-                    Err(e) => return Err(io_err(format!("cannot stat {}", entry.path().display()), e)),
+                    Err(e) => {
+                        return Err(io_err(format!("cannot stat {}", entry.path().display()), e))
+                    }
                 }
             }
         }
@@ -245,7 +251,8 @@ impl ObjectStore for LocalStore {
 
     async fn put(&self, name: &str, data: Bytes, mode: PutMode) -> Result<Put> {
         let path = self.path_of(name)?;
-        self.blocking(move |_| put_blocking(&path, &data, mode)).await
+        self.blocking(move |_| put_blocking(&path, &data, mode))
+            .await
     }
 
     async fn get(&self, name: &str, max_len: u64) -> Result<Option<Vec<u8>>> {
@@ -276,7 +283,8 @@ impl ObjectStore for LocalStore {
 
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
         let prefix = prefix.to_string();
-        self.blocking(move |root| list_blocking(root, &prefix)).await
+        self.blocking(move |root| list_blocking(root, &prefix))
+            .await
     }
 
     async fn delete(&self, name: &str) -> Result<()> {
@@ -296,7 +304,10 @@ impl ObjectStore for LocalStore {
         self.blocking(move |_| {
             let file = OpenOptions::new().write(true).open(&path).map_err(|e| {
                 if e.kind() == IoKind::NotFound {
-                    Error::new(ErrorKind::NotFound, format!("{name} is missing from {location}"))
+                    Error::new(
+                        ErrorKind::NotFound,
+                        format!("{name} is missing from {location}"),
+                    )
                 } else {
                     io_err(format!("cannot open {}", path.display()), e)
                 }
@@ -317,11 +328,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = LocalStore::new(dir.path());
         store
-            .put("chunks/ab/abcd", Bytes::from_static(b"x"), PutMode::Overwrite)
+            .put(
+                "chunks/ab/abcd",
+                Bytes::from_static(b"x"),
+                PutMode::Overwrite,
+            )
             .await
             .unwrap();
         std::fs::write(dir.path().join("chunks/ab/.tmp-left-over"), b"half").unwrap();
-        let names: Vec<String> = store.list("chunks/").await.unwrap().into_iter().map(|m| m.name).collect();
+        let names: Vec<String> = store
+            .list("chunks/")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.name)
+            .collect();
         assert_eq!(names, vec!["chunks/ab/abcd".to_string()]);
     }
 
@@ -330,11 +351,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = LocalStore::new(dir.path());
         for name in ["locks/gc", "locks/gc-last", "locks/other", "config"] {
-            store.put(name, Bytes::from_static(b"1"), PutMode::Overwrite).await.unwrap();
+            store
+                .put(name, Bytes::from_static(b"1"), PutMode::Overwrite)
+                .await
+                .unwrap();
         }
-        let mut names: Vec<String> = store.list("locks/gc").await.unwrap().into_iter().map(|m| m.name).collect();
+        let mut names: Vec<String> = store
+            .list("locks/gc")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.name)
+            .collect();
         names.sort();
-        assert_eq!(names, vec!["locks/gc".to_string(), "locks/gc-last".to_string()]);
+        assert_eq!(
+            names,
+            vec!["locks/gc".to_string(), "locks/gc-last".to_string()]
+        );
         let all = store.list("").await.unwrap();
         assert_eq!(all.len(), 4);
     }

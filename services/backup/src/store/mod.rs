@@ -96,11 +96,18 @@ pub trait ObjectStore: Send + Sync + fmt::Debug {
 }
 
 /// Reads an object that must exist: a missing one is a NotFound error naming it.
-pub(crate) async fn get_required(store: &dyn ObjectStore, name: &str, max_len: u64) -> Result<Vec<u8>> {
+pub(crate) async fn get_required(
+    store: &dyn ObjectStore,
+    name: &str,
+    max_len: u64,
+) -> Result<Vec<u8>> {
     store.get(name, max_len).await?.ok_or_else(|| {
         Error::new(
             ErrorKind::NotFound,
-            format!("{name} is missing from the repository at {}", store.location()),
+            format!(
+                "{name} is missing from the repository at {}",
+                store.location()
+            ),
         )
     })
 }
@@ -120,7 +127,9 @@ pub(crate) fn check_name(name: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(Error::invalid_input(format!("'{name}' is not a valid repository object name")))
+        Err(Error::invalid_input(format!(
+            "'{name}' is not a valid repository object name"
+        )))
     }
 }
 
@@ -146,10 +155,25 @@ mod tests {
 
     #[test]
     fn names_stay_inside_the_root() {
-        for good in ["config", "chunks/ab/ab01", "snapshots/20261202T101500Z-0a1b2c3d.json", "locks/gc"] {
+        for good in [
+            "config",
+            "chunks/ab/ab01",
+            "snapshots/20261202T101500Z-0a1b2c3d.json",
+            "locks/gc",
+        ] {
             assert!(check_name(good).is_ok(), "{good}");
         }
-        for bad in ["", "/etc/passwd", "a//b", "../x", "a/../b", "a/./b", "a b", "chunks/", "a\\b"] {
+        for bad in [
+            "",
+            "/etc/passwd",
+            "a//b",
+            "../x",
+            "a/../b",
+            "a/./b",
+            "a b",
+            "chunks/",
+            "a\\b",
+        ] {
             assert!(check_name(bad).is_err(), "{bad}");
         }
     }

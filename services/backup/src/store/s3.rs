@@ -70,7 +70,14 @@ impl S3Store {
 
     async fn read(&self, name: &str, max_len: u64) -> Result<Option<(Vec<u8>, Option<String>)>> {
         let key = self.key(name)?;
-        let out = match self.client.get_object().bucket(&self.bucket).key(&key).send().await {
+        let out = match self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .send()
+            .await
+        {
             Ok(out) => out,
             Err(err) if is_not_found(&err) => return Ok(None),
             Err(err) => return Err(self.error(err, &key)),
@@ -86,7 +93,12 @@ impl S3Store {
             match body.try_next().await {
                 Ok(Some(bytes)) => {
                     if (data.len() + bytes.len()) as u64 > max_len {
-                        return Err(too_large(&self.location(), name, (data.len() + bytes.len()) as u64, max_len));
+                        return Err(too_large(
+                            &self.location(),
+                            name,
+                            (data.len() + bytes.len()) as u64,
+                            max_len,
+                        ));
                     }
                     data.extend_from_slice(&bytes);
                 }
@@ -118,12 +130,17 @@ fn body_error(bucket: &str, key: &str, err: &dyn std::error::Error) -> Error {
     } else {
         ErrorKind::Disconnected
     };
-    Error::new(kind, format!("reading s3://{bucket}/{key} failed: {detail}"))
+    Error::new(
+        kind,
+        format!("reading s3://{bucket}/{key} failed: {detail}"),
+    )
 }
 
 fn time_of(t: Option<&DateTime>) -> SystemTime {
     match t {
-        Some(t) if t.secs() >= 0 => whole_seconds(UNIX_EPOCH + Duration::from_secs(t.secs() as u64)),
+        Some(t) if t.secs() >= 0 => {
+            whole_seconds(UNIX_EPOCH + Duration::from_secs(t.secs() as u64))
+        }
         _ => UNIX_EPOCH,
     }
 }
@@ -154,9 +171,15 @@ impl ObjectStore for S3Store {
         match request.send().await {
             Ok(_) => Ok(Put::Written),
             // 412: the condition failed; 409: a concurrent conditional write won.
-            Err(err) if mode != PutMode::Overwrite && matches!(status_of(&err), Some(412 | 409)) => Ok(Put::Conflict),
+            Err(err)
+                if mode != PutMode::Overwrite && matches!(status_of(&err), Some(412 | 409)) =>
+            {
+                Ok(Put::Conflict)
+            }
             // If-Match on an object that is gone.
-            Err(err) if matches!(mode, PutMode::ReplaceIf(_)) && is_not_found(&err) => Ok(Put::Conflict),
+            Err(err) if matches!(mode, PutMode::ReplaceIf(_)) && is_not_found(&err) => {
+                Ok(Put::Conflict)
+            }
             Err(err) => Err(self.error(err, &key)),
         }
     }
@@ -178,7 +201,14 @@ impl ObjectStore for S3Store {
 
     async fn head(&self, name: &str) -> Result<Option<ObjectMeta>> {
         let key = self.key(name)?;
-        match self.client.head_object().bucket(&self.bucket).key(&key).send().await {
+        match self
+            .client
+            .head_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .send()
+            .await
+        {
             Ok(out) => Ok(Some(ObjectMeta {
                 name: name.to_string(),
                 size: out.content_length().unwrap_or(0).max(0) as u64,
@@ -208,7 +238,9 @@ impl ObjectStore for S3Store {
                 .await
                 .map_err(|err| self.error(err, &full))?;
             for object in page.contents() {
-                let Some(name) = object.key().and_then(|k| self.name_of(k)) else { continue };
+                let Some(name) = object.key().and_then(|k| self.name_of(k)) else {
+                    continue;
+                };
                 if check_name(name).is_err() {
                     continue;
                 }
@@ -219,7 +251,9 @@ impl ObjectStore for S3Store {
                 });
             }
             match page.next_continuation_token() {
-                Some(next) if page.is_truncated().unwrap_or(false) => token = Some(next.to_string()),
+                Some(next) if page.is_truncated().unwrap_or(false) => {
+                    token = Some(next.to_string())
+                }
                 _ => break,
             }
         }
@@ -228,7 +262,14 @@ impl ObjectStore for S3Store {
 
     async fn delete(&self, name: &str) -> Result<()> {
         let key = self.key(name)?;
-        match self.client.delete_object().bucket(&self.bucket).key(&key).send().await {
+        match self
+            .client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .send()
+            .await
+        {
             Ok(_) => Ok(()),
             Err(err) if is_not_found(&err) => Ok(()),
             Err(err) => Err(self.error(err, &key)),
