@@ -10,7 +10,7 @@
 
 use std::str::FromStr;
 
-use chrono::{DateTime, LocalResult, TimeZone, Utc};
+use chrono::{DateTime, LocalResult, Offset, TimeDelta, TimeZone, Utc};
 use chrono_tz::Tz;
 use croner::parser::{CronParser, Seconds, Year};
 use croner::{Cron, JobType};
@@ -20,8 +20,10 @@ use ferry_core::{Error, Result};
 pub const MAX_CRON_BYTES: usize = 256;
 /// Longest time zone name accepted (IANA names are at most about 30 bytes).
 const MAX_ZONE_BYTES: usize = 64;
-/// Wall-clock occurrences one search may step over inside a repeated hour.
+/// Wall-clock occurrences one search may step over near a daylight saving change.
 const MAX_STEPS: usize = 4096;
+/// Longer than any repeated or skipped stretch of wall time a time zone has had.
+const DST_WINDOW: TimeDelta = TimeDelta::hours(3);
 
 /// A parsed cron expression with its time zone.
 #[derive(Debug, Clone)]
@@ -100,25 +102,67 @@ impl CronSpec {
 
     /// The first fire time strictly after `after` (None: the expression never fires again).
     pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let plain = self.first_after(after);
+        if !self.offset_changes_near(after) {
+            return plain;
+        }
+        // Near a change of the UTC offset, a wall time earlier than `after`'s can name a
+        // later instant (the second pass of a repeated hour): walk the wall times from
+        // before the change as well, and take the earliest instant after `after`.
+        let mut best = plain;
+        let end = after + DST_WINDOW;
+        let mut from = (after - DST_WINDOW).with_timezone(&self.zone);
+        for _ in 0..MAX_STEPS {
+            let Ok(found) = self.cron.find_next_occurrence(&from, false) else {
+                break;
+            };
+            let instants = self.instants(&found);
+            if instants.iter().all(|t| *t > end) {
+                break;
+            }
+            for t in instants {
+                if t > after && best.is_none_or(|b| t < b) {
+                    best = Some(t);
+                }
+            }
+            from = found;
+        }
+        best
+    }
+
+    /// The first fire time after `after` in wall-clock order from `after`'s wall time.
+    fn first_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
         let mut from = after.with_timezone(&self.zone);
         for _ in 0..MAX_STEPS {
             let found = self.cron.find_next_occurrence(&from, false).ok()?;
-            // The instants this wall-clock time names: two inside a repeated hour, of
-            // which a fixed time of day takes only the first.
-            let instants = match self.zone.from_local_datetime(&found.naive_local()) {
-                LocalResult::Ambiguous(first, second) if !self.fixed => vec![first, second],
-                _ => vec![found],
-            };
-            if let Some(next) = instants
-                .iter()
-                .map(|t| t.with_timezone(&Utc))
-                .find(|t| *t > after)
-            {
+            if let Some(next) = self.instants(&found).into_iter().find(|t| *t > after) {
                 return Some(next);
             }
             from = found;
         }
         None
+    }
+
+    /// The instants a fire time found by croner stands for: inside a repeated hour both
+    /// passes, except for a fixed time of day, which runs in the first pass only.
+    fn instants(&self, found: &DateTime<Tz>) -> Vec<DateTime<Utc>> {
+        match self.zone.from_local_datetime(&found.naive_local()) {
+            LocalResult::Ambiguous(first, second) if !self.fixed => {
+                vec![first.with_timezone(&Utc), second.with_timezone(&Utc)]
+            }
+            _ => vec![found.with_timezone(&Utc)],
+        }
+    }
+
+    /// Whether the zone's UTC offset changes within [`DST_WINDOW`] of `t`.
+    fn offset_changes_near(&self, t: DateTime<Utc>) -> bool {
+        let offset = |t: DateTime<Utc>| {
+            self.zone
+                .offset_from_utc_datetime(&t.naive_utc())
+                .fix()
+                .local_minus_utc()
+        };
+        offset(t - DST_WINDOW) != offset(t + DST_WINDOW)
     }
 
     /// The fire times in `[first, until]`, where `first` is itself a fire time: how many
