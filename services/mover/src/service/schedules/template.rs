@@ -144,6 +144,84 @@ impl Template {
                 validator.checksum(&r)
             }
         }
-        .map_err(|e| Error::new(e.kind(), format!("template: {}", e.message())))
+        .map_err(|e| Error::new(e.kind(), format!("template: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::jobs::model::JobKind;
+    use crate::service::secrets::SecretResolver;
+    use crate::service::security::AllowRoots;
+
+    fn endpoint(path: &std::path::Path) -> Option<proto::Endpoint> {
+        Some(proto::Endpoint {
+            url: path.display().to_string(),
+            options: None,
+        })
+    }
+
+    fn transfer(dir: &std::path::Path) -> proto::StartTransferRequest {
+        std::fs::write(dir.join("a.img"), [1u8; 4096]).unwrap();
+        proto::StartTransferRequest {
+            source: endpoint(&dir.join("a.img")),
+            target: endpoint(&dir.join("b.img")),
+            ..Default::default()
+        }
+    }
+
+    fn template(r: proto::StartTransferRequest) -> proto::JobTemplate {
+        proto::JobTemplate {
+            request: Some(proto::job_template::Request::Transfer(r)),
+        }
+    }
+
+    #[test]
+    fn what_a_template_may_not_hold() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = Template::from_proto(None).unwrap_err();
+        assert!(e.to_string().contains("template is missing"), "{e}");
+        let mut r = transfer(dir.path());
+        r.idempotency_key = "k".into();
+        let e = Template::from_proto(Some(&template(r))).unwrap_err();
+        assert!(e.to_string().contains("idempotency_key"), "{e}");
+        let mut r = transfer(dir.path());
+        r.resume_from = Some(proto::Checkpoint::default());
+        let e = Template::from_proto(Some(&template(r))).unwrap_err();
+        assert!(e.to_string().contains("resume_from"), "{e}");
+        let mut r = transfer(dir.path());
+        r.labels.insert(SCHEDULE_LABEL.into(), "x".into());
+        let e = Template::from_proto(Some(&template(r))).unwrap_err();
+        assert!(e.to_string().contains("set by the server"), "{e}");
+    }
+
+    #[test]
+    fn a_run_gets_its_key_and_the_schedule_labels_and_is_validated() {
+        let dir = tempfile::tempdir().unwrap();
+        let validator = Validator {
+            roots: AllowRoots::new(&[dir.path().to_path_buf()]).unwrap(),
+            secrets: SecretResolver::new(None),
+        };
+        let mut r = transfer(dir.path());
+        r.labels.insert("team".into(), "x".into());
+        let t = Template::from_proto(Some(&template(r))).unwrap();
+        assert_eq!(Template::from_record(&t.to_record()).unwrap(), t);
+        assert_eq!(t.to_record().kind(), JobKind::Transfer);
+        let accepted = t.accept(&validator, "schedule/s1/1000", "nightly", "s1").unwrap();
+        assert_eq!(accepted.idempotency_key, "schedule/s1/1000");
+        assert_eq!(accepted.labels[SCHEDULE_LABEL], "nightly");
+        assert_eq!(accepted.labels[SCHEDULE_ID_LABEL], "s1");
+        assert_eq!(accepted.labels["team"], "x");
+        // The same fire gives the same request: a resubmission finds the job.
+        let again = t.accept(&validator, "schedule/s1/1000", "nightly", "s1").unwrap();
+        assert_eq!(again.fingerprint, accepted.fingerprint);
+
+        let mut outside = transfer(dir.path());
+        outside.source = endpoint(std::path::Path::new("/etc/passwd"));
+        let t = Template::from_proto(Some(&template(outside))).unwrap();
+        let e = t.accept(&validator, "k", "n", "i").unwrap_err();
+        assert_eq!(e.kind(), ferry_core::ErrorKind::PermissionDenied, "{e}");
+        assert!(e.to_string().starts_with("template: "), "{e}");
     }
 }
