@@ -4,9 +4,9 @@
 //! croner does the calendar search and the daylight saving rules (a fixed time in a
 //! skipped hour runs right after the gap; in a repeated hour it runs once, in the first
 //! pass; expressions with ranges or steps in the time fields run in both passes). Its
-//! search walks wall-clock time, so from inside a repeated hour it can answer with the
-//! first pass of a wall time that is already over; [`CronSpec::next_after`] turns that
-//! into the next instant that is really later.
+//! search walks wall-clock time, and around a repeated hour the next wall time is not
+//! always the next instant (a later pass of an earlier wall time can come first);
+//! [`CronSpec::next_after`] turns its answers into the next instant that is really later.
 
 use std::str::FromStr;
 
@@ -93,11 +93,6 @@ impl CronSpec {
             )));
         }
         Ok(spec)
-    }
-
-    /// The time zone.
-    pub fn zone(&self) -> Tz {
-        self.zone
     }
 
     /// The first fire time strictly after `after` (None: the expression never fires again).
