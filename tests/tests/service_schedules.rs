@@ -65,9 +65,7 @@ impl Env {
     /// Shuts the service down (the clients' connections are dropped first, so the
     /// server has none to wait for).
     async fn stop(&mut self) {
-        let idle = || {
-            tonic::transport::Channel::from_static("http://127.0.0.1:9").connect_lazy()
-        };
+        let idle = || tonic::transport::Channel::from_static("http://127.0.0.1:9").connect_lazy();
         self.jobs = proto::job_service_client::JobServiceClient::new(idle());
         self.schedules = proto::schedule_service_client::ScheduleServiceClient::new(idle());
         if let Some(s) = self.service.take() {
@@ -189,7 +187,11 @@ async fn a_schedule_runs_transfers_on_time_pauses_and_resumes() {
     let mut e = env().await;
     let src = make_image(&e.root.join("src.img"), 4 * MIB + 4096, 1);
     let dst = e.root.join("dst.img");
-    let mut req = create("copy-every-2s", "*/2 * * * * *", transfer_template(&src, &dst, 0));
+    let mut req = create(
+        "copy-every-2s",
+        "*/2 * * * * *",
+        transfer_template(&src, &dst, 0),
+    );
     req.labels.insert("team".into(), "x".into());
     if let Some(proto::job_template::Request::Transfer(t)) =
         req.template.as_mut().unwrap().request.as_mut()
@@ -197,15 +199,13 @@ async fn a_schedule_runs_transfers_on_time_pauses_and_resumes() {
         t.labels.insert("team".into(), "x".into());
     }
     let before = now_ms();
-    let created = e
-        .schedules
-        .create_schedule(req)
-        .await
-        .unwrap()
-        .into_inner();
+    let created = e.schedules.create_schedule(req).await.unwrap().into_inner();
     let after = now_ms();
     let next = ms(&status(&created).next_run_time).expect("a next run time");
-    assert!(next > before && next <= after + 2000, "next {next}, now {before}..{after}");
+    assert!(
+        next > before && next <= after + 2000,
+        "next {next}, now {before}..{after}"
+    );
     assert_eq!(next % 2000, 0, "fires on even seconds");
     assert!(!created.paused);
 
@@ -257,8 +257,14 @@ async fn a_schedule_runs_transfers_on_time_pauses_and_resumes() {
     let jobs = e.jobs_of("copy-every-2s").await.len() as u64;
     assert_eq!(jobs, started, "one job per run");
     let m = e.metrics().await;
-    assert_eq!(sample(&m, "ferry_schedules", &[("state", "paused")]), Some(1.0));
-    assert_eq!(sample(&m, "ferry_schedules", &[("state", "active")]), Some(0.0));
+    assert_eq!(
+        sample(&m, "ferry_schedules", &[("state", "paused")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&m, "ferry_schedules", &[("state", "active")]),
+        Some(0.0)
+    );
     assert!(sample_or_zero(&m, "ferry_schedule_runs_total", &[("result", "started")]) >= 1.0);
     assert!(sample_or_zero(&m, "ferry_schedule_runs_total", &[("result", "succeeded")]) >= 1.0);
     tokio::time::sleep(Duration::from_millis(4500)).await;
@@ -432,7 +438,11 @@ async fn invalid_schedules_are_refused_with_the_reason() {
         ("* * * *", "", "five fields"),
         ("*/2 * * * * *", "", "is not valid"),
         ("0 0 30 2 *", "", "never fires"),
-        ("@daily", "Mars/Olympus_Mons", "time_zone 'Mars/Olympus_Mons'"),
+        (
+            "@daily",
+            "Mars/Olympus_Mons",
+            "time_zone 'Mars/Olympus_Mons'",
+        ),
     ] {
         let mut req = create("bad", cron, good());
         req.time_zone = zone.into();
@@ -461,7 +471,11 @@ async fn invalid_schedules_are_refused_with_the_reason() {
 
     let err = refused(
         e.schedules
-            .create_schedule(create("bad", "@daily", checksum_template(Path::new("/etc/passwd"))))
+            .create_schedule(create(
+                "bad",
+                "@daily",
+                checksum_template(Path::new("/etc/passwd")),
+            ))
             .await,
     );
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
@@ -582,7 +596,10 @@ async fn invalid_schedules_are_refused_with_the_reason() {
             &[("method", "CreateSchedule"), ("code", "invalid_argument")]
         ) >= 6.0
     );
-    assert_eq!(sample(&m, "ferry_schedules", &[("state", "active")]), Some(0.0));
+    assert_eq!(
+        sample(&m, "ferry_schedules", &[("state", "active")]),
+        Some(0.0)
+    );
     e.stop().await;
 }
 
@@ -605,33 +622,62 @@ async fn a_restart_applies_the_missed_run_policy() {
     align(5000, 300).await;
     let mut once = create("once", "*/5 * * * * *", checksum_template(&src));
     once.missed_run_policy = MissedRunPolicy::RunOnce as i32;
-    let once = e.schedules.create_schedule(once).await.unwrap().into_inner();
+    let once = e
+        .schedules
+        .create_schedule(once)
+        .await
+        .unwrap()
+        .into_inner();
     let mut skip = create("skip", "*/5 * * * * *", checksum_template(&src));
     skip.missed_run_policy = MissedRunPolicy::Skip as i32;
-    let skip = e.schedules.create_schedule(skip).await.unwrap().into_inner();
+    let skip = e
+        .schedules
+        .create_schedule(skip)
+        .await
+        .unwrap()
+        .into_inner();
     let fire = ms(&status(&once).next_run_time).unwrap();
     assert_eq!(ms(&status(&skip).next_run_time), Some(fire));
     e.stop().await;
 
     // Down across the fire time, back up before the next one.
-    tokio::time::sleep(Duration::from_millis((fire + 1200).saturating_sub(now_ms()))).await;
+    tokio::time::sleep(Duration::from_millis(
+        (fire + 1200).saturating_sub(now_ms()),
+    ))
+    .await;
     e.restart().await;
     let s = e
-        .wait_for(&once.id, Duration::from_secs(3), "the run of the missed fire", |s| {
-            status(s).last_run.is_some()
-        })
+        .wait_for(
+            &once.id,
+            Duration::from_secs(3),
+            "the run of the missed fire",
+            |s| status(s).last_run.is_some(),
+        )
         .await;
     let run = status(&s).last_run.unwrap();
-    assert_eq!(ms(&run.fire_time), Some(fire), "the run stands for the missed fire");
+    assert_eq!(
+        ms(&run.fire_time),
+        Some(fire),
+        "the run stands for the missed fire"
+    );
     assert_eq!(status(&s).runs_missed, 0, "the one missed fire had its run");
     assert_eq!(ms(&status(&s).next_run_time), Some(fire + 5000));
     let k = e
-        .wait_for(&skip.id, Duration::from_secs(3), "the missed fire counted", |s| {
-            status(s).runs_missed == 1
-        })
+        .wait_for(
+            &skip.id,
+            Duration::from_secs(3),
+            "the missed fire counted",
+            |s| status(s).runs_missed == 1,
+        )
         .await;
-    assert!(now_ms() < fire + 5000, "too slow to tell the policies apart");
-    assert!(status(&k).last_run.is_none(), "skip ran a missed fire: {k:?}");
+    assert!(
+        now_ms() < fire + 5000,
+        "too slow to tell the policies apart"
+    );
+    assert!(
+        status(&k).last_run.is_none(),
+        "skip ran a missed fire: {k:?}"
+    );
     assert_eq!(ms(&status(&k).next_run_time), Some(fire + 5000));
     let m = e.metrics().await;
     assert_eq!(
@@ -665,7 +711,11 @@ async fn a_fire_recorded_before_a_crash_is_started_exactly_once() {
         .unwrap()
         .into_inner();
     let job = r.job.unwrap();
-    let fire = ms(&status(r.schedule.as_ref().unwrap()).last_run.unwrap().fire_time).unwrap();
+    let fire = ms(&status(r.schedule.as_ref().unwrap())
+        .last_run
+        .unwrap()
+        .fire_time)
+    .unwrap();
     wait_terminal(&mut e.jobs, &job.id, LIMIT).await;
     e.stop().await;
 
@@ -698,7 +748,11 @@ async fn a_fire_recorded_before_a_crash_is_started_exactly_once() {
             status(s).last_run.is_some()
         })
         .await;
-    assert_eq!(status(&s).last_run.unwrap().job_id, job.id, "a second job ran");
+    assert_eq!(
+        status(&s).last_run.unwrap().job_id,
+        job.id,
+        "a second job ran"
+    );
     assert_eq!(status(&s).runs_started, 1);
     assert_eq!(e.jobs_of("started").await.len(), 1);
     let u = e
@@ -746,7 +800,11 @@ async fn kill_9_around_fires_never_runs_a_fire_twice() {
     let mut server = ServeProcess::start(Path::new(BIN), &serve_args(&data, &root), &[]);
     let mut schedules = connect_schedules(server.grpc).await;
     let created = schedules
-        .create_schedule(create("every-second", "* * * * * *", checksum_template(&src)))
+        .create_schedule(create(
+            "every-second",
+            "* * * * * *",
+            checksum_template(&src),
+        ))
         .await
         .unwrap()
         .into_inner();
@@ -830,8 +888,21 @@ async fn ferry_schedule_client_commands() {
     let out = schedule_cmd(
         &server,
         &[
-            "--json", "create", "nightly", "--cron", "@daily", "--time-zone", "Europe/Oslo",
-            "--missed", "skip", "--paused", "--label", "team=x", &s, &t, "--verify",
+            "--json",
+            "create",
+            "nightly",
+            "--cron",
+            "@daily",
+            "--time-zone",
+            "Europe/Oslo",
+            "--missed",
+            "skip",
+            "--paused",
+            "--label",
+            "team=x",
+            &s,
+            &t,
+            "--verify",
         ],
     );
     assert!(
@@ -860,7 +931,11 @@ async fn ferry_schedule_client_commands() {
     assert!(got["next_run_time"].is_string(), "{got}");
 
     let out = schedule_cmd(&server, &["--json", "run", "nightly"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let ran: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON run");
     let job_id = ran["job"]["id"].as_str().unwrap().to_string();
     let mut jobs = connect(server.grpc).await;

@@ -404,10 +404,22 @@ mod tests {
         m.schedule_state(Some(false), Some(true));
         m.schedule_run("skipped", 2);
         let text = m.encode();
-        assert!(text.contains("ferry_schedules{state=\"paused\"} 1"), "{text}");
-        assert!(text.contains("ferry_schedules{state=\"active\"} 0"), "{text}");
-        assert!(text.contains("ferry_schedule_runs_total{result=\"skipped\"} 2"), "{text}");
-        assert!(text.contains("ferry_schedule_runs_total{result=\"missed\"} 0"), "{text}");
+        assert!(
+            text.contains("ferry_schedules{state=\"paused\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ferry_schedules{state=\"active\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ferry_schedule_runs_total{result=\"skipped\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ferry_schedule_runs_total{result=\"missed\"} 0"),
+            "{text}"
+        );
     }
 
     #[tokio::test]

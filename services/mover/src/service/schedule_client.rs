@@ -9,8 +9,8 @@ use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 
 use super::client::{
-    channel, checksum_request, job_json, kind_name, parse_label, status_error,
-    transfer_request, ServerArgs, StartArgs,
+    channel, checksum_request, job_json, kind_name, parse_label, status_error, transfer_request,
+    ServerArgs, StartArgs,
 };
 use super::proto::{self, schedule_service_client::ScheduleServiceClient};
 use super::security::BearerToken;
@@ -175,11 +175,7 @@ fn create_request(c: &CreateArgs) -> anyhow::Result<proto::CreateScheduleRequest
     })
 }
 
-async fn list(
-    client: &mut Client,
-    labels: &[(String, String)],
-    json: bool,
-) -> anyhow::Result<()> {
+async fn list(client: &mut Client, labels: &[(String, String)], json: bool) -> anyhow::Result<()> {
     let mut token = String::new();
     let mut all = Vec::new();
     loop {
@@ -329,10 +325,7 @@ fn print_schedule(s: &proto::Schedule, json: bool) {
     println!("id:        {}", s.id);
     println!("name:      {}", s.name);
     println!("cron:      {} ({})", s.cron, zone(s));
-    println!(
-        "state:     {}",
-        if s.paused { "paused" } else { "active" }
-    );
+    println!("state:     {}", if s.paused { "paused" } else { "active" });
     println!("missed:    {}", missed_name(s.missed_run_policy));
     match target {
         Some(t) => println!("job:       {} {source} -> {t}", template_kind(s)),

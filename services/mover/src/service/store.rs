@@ -196,7 +196,10 @@ fn load(db: &Database) -> Result<Loaded> {
     let schedules = txn
         .open_table(SCHEDULES)
         .map_err(|e| db_error("open schedules", e))?;
-    for row in schedules.iter().map_err(|e| db_error("read schedules", e))? {
+    for row in schedules
+        .iter()
+        .map_err(|e| db_error("read schedules", e))?
+    {
         let (key, value) = row.map_err(|e| db_error("read schedule", e))?;
         match serde_json::from_slice::<ScheduleRecord>(value.value()) {
             Ok(s) => loaded.schedules.push(s),

@@ -129,13 +129,11 @@ impl ScheduleService for ScheduleApi {
         request: Request<proto::DeleteScheduleRequest>,
     ) -> Result<Response<proto::DeleteScheduleResponse>, Status> {
         let guard = self.guard("DeleteSchedule");
-        let r = self
-            .schedules
-            .delete(&request.get_ref().id)
-            .await
-            .map(|r| proto::DeleteScheduleResponse {
+        let r = self.schedules.delete(&request.get_ref().id).await.map(|r| {
+            proto::DeleteScheduleResponse {
                 schedule: Some(schedule_to_proto(&r)),
-            });
+            }
+        });
         reply(guard, r)
     }
 

@@ -236,13 +236,25 @@ mod tests {
         );
         let s = CronSpec::parse("@weekly", "", false).unwrap();
         // 2025-06-01 is a Sunday; @weekly is Sunday midnight.
-        assert_eq!(fires(&s, "2025-06-01T00:00:00Z", 1), ["2025-06-08T00:00:00Z"]);
+        assert_eq!(
+            fires(&s, "2025-06-01T00:00:00Z", 1),
+            ["2025-06-08T00:00:00Z"]
+        );
         let s = CronSpec::parse("@monthly", "UTC", false).unwrap();
-        assert_eq!(fires(&s, "2025-06-15T00:00:00Z", 1), ["2025-07-01T00:00:00Z"]);
+        assert_eq!(
+            fires(&s, "2025-06-15T00:00:00Z", 1),
+            ["2025-07-01T00:00:00Z"]
+        );
         let s = CronSpec::parse("@yearly", "", false).unwrap();
-        assert_eq!(fires(&s, "2025-06-15T00:00:00Z", 1), ["2026-01-01T00:00:00Z"]);
+        assert_eq!(
+            fires(&s, "2025-06-15T00:00:00Z", 1),
+            ["2026-01-01T00:00:00Z"]
+        );
         let s = CronSpec::parse("@hourly", "", false).unwrap();
-        assert_eq!(fires(&s, "2025-06-15T10:59:59Z", 1), ["2025-06-15T11:00:00Z"]);
+        assert_eq!(
+            fires(&s, "2025-06-15T10:59:59Z", 1),
+            ["2025-06-15T11:00:00Z"]
+        );
     }
 
     #[test]
@@ -258,10 +270,16 @@ mod tests {
         );
         // Friday 2025-06-06 18:00 -> Monday.
         let s = CronSpec::parse("0 3 * * MON-FRI", "", false).unwrap();
-        assert_eq!(fires(&s, "2025-06-06T18:00:00Z", 1), ["2025-06-09T03:00:00Z"]);
+        assert_eq!(
+            fires(&s, "2025-06-06T18:00:00Z", 1),
+            ["2025-06-09T03:00:00Z"]
+        );
         // Exactly at a fire time: the next one, never the same.
         let s = CronSpec::parse("0 * * * *", "", false).unwrap();
-        assert_eq!(fires(&s, "2025-06-02T10:00:00Z", 1), ["2025-06-02T11:00:00Z"]);
+        assert_eq!(
+            fires(&s, "2025-06-02T10:00:00Z", 1),
+            ["2025-06-02T11:00:00Z"]
+        );
     }
 
     #[test]
@@ -293,18 +311,33 @@ mod tests {
         );
         // Five fields still mean minutes with the hook.
         let s = CronSpec::parse("*/5 * * * *", "", true).unwrap();
-        assert_eq!(fires(&s, "2025-06-02T10:01:00Z", 1), ["2025-06-02T10:05:00Z"]);
+        assert_eq!(
+            fires(&s, "2025-06-02T10:01:00Z", 1),
+            ["2025-06-02T10:05:00Z"]
+        );
     }
 
     #[test]
     fn time_zones_move_the_fire_time() {
         // Oslo is UTC+1 in winter and UTC+2 in summer.
         let s = CronSpec::parse("@daily", "Europe/Oslo", false).unwrap();
-        assert_eq!(fires(&s, "2025-01-10T12:00:00Z", 1), ["2025-01-10T23:00:00Z"]);
-        assert_eq!(fires(&s, "2025-07-10T12:00:00Z", 1), ["2025-07-10T22:00:00Z"]);
+        assert_eq!(
+            fires(&s, "2025-01-10T12:00:00Z", 1),
+            ["2025-01-10T23:00:00Z"]
+        );
+        assert_eq!(
+            fires(&s, "2025-07-10T12:00:00Z", 1),
+            ["2025-07-10T22:00:00Z"]
+        );
         let s = CronSpec::parse("0 9 * * *", "America/New_York", false).unwrap();
-        assert_eq!(fires(&s, "2025-01-10T00:00:00Z", 1), ["2025-01-10T14:00:00Z"]);
-        assert_eq!(fires(&s, "2025-07-10T00:00:00Z", 1), ["2025-07-10T13:00:00Z"]);
+        assert_eq!(
+            fires(&s, "2025-01-10T00:00:00Z", 1),
+            ["2025-01-10T14:00:00Z"]
+        );
+        assert_eq!(
+            fires(&s, "2025-07-10T00:00:00Z", 1),
+            ["2025-07-10T13:00:00Z"]
+        );
     }
 
     #[test]
@@ -399,11 +432,7 @@ mod tests {
             (0, None)
         );
         // Past the counting limit the latest still comes out right.
-        let (n, latest) = s.due(
-            utc("2025-06-02T10:00:00Z"),
-            utc("2025-06-03T10:05:00Z"),
-            10,
-        );
+        let (n, latest) = s.due(utc("2025-06-02T10:00:00Z"), utc("2025-06-03T10:05:00Z"), 10);
         assert_eq!(n, 10);
         assert_eq!(latest, Some(utc("2025-06-03T10:00:00Z")));
     }

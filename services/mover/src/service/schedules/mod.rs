@@ -170,8 +170,7 @@ impl ScheduleManager {
     ) -> Self {
         let mut table = Table::default();
         for record in schedules {
-            let cron = match CronSpec::parse(&record.cron, &record.time_zone, cfg.seconds_field)
-            {
+            let cron = match CronSpec::parse(&record.cron, &record.time_zone, cfg.seconds_field) {
                 Ok(c) => Some(c),
                 Err(e) => {
                     tracing::error!(schedule = %record.name, error = %e,
@@ -293,10 +292,7 @@ impl ScheduleManager {
         } else {
             String::new()
         };
-        (
-            all.into_iter().take(page_size).cloned().collect(),
-            next,
-        )
+        (all.into_iter().take(page_size).cloned().collect(), next)
     }
 
     /// Changes a schedule; the next fire time is computed again from now when the
@@ -436,9 +432,7 @@ impl Inner {
             let old_name = old.record.name.clone();
             table.by_name.remove(&old_name);
         }
-        table
-            .by_name
-            .insert(record.name.clone(), record.id.clone());
+        table.by_name.insert(record.name.clone(), record.id.clone());
         let cron = match cron {
             Some(c) => Some(c),
             None => table.by_id.get(&record.id).and_then(|e| e.cron.clone()),
@@ -584,8 +578,12 @@ impl Inner {
             Ok(job) => {
                 let result = RunResult::of(job.state);
                 let message = job.error.map(|e| e.message).unwrap_or_default();
-                if record.run_ended(&job_id, result, job.ended_ms.unwrap_or_else(now_ms), &message)
-                {
+                if record.run_ended(
+                    &job_id,
+                    result,
+                    job.ended_ms.unwrap_or_else(now_ms),
+                    &message,
+                ) {
                     self.metrics.schedule_run(result.as_str(), 1);
                 }
                 None
@@ -697,8 +695,17 @@ impl Inner {
                 self.metrics.schedule_run("started", 1);
                 let result = RunResult::of(job.state);
                 if result != RunResult::Running {
-                    let message = job.error.as_ref().map(|e| e.message.clone()).unwrap_or_default();
-                    if record.run_ended(&job.id, result, job.ended_ms.unwrap_or_else(now_ms), &message) {
+                    let message = job
+                        .error
+                        .as_ref()
+                        .map(|e| e.message.clone())
+                        .unwrap_or_default();
+                    if record.run_ended(
+                        &job.id,
+                        result,
+                        job.ended_ms.unwrap_or_else(now_ms),
+                        &message,
+                    ) {
                         self.metrics.schedule_run(result.as_str(), 1);
                     }
                 }

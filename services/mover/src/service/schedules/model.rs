@@ -144,7 +144,13 @@ impl ScheduleRecord {
 
     /// Records how the run of `job_id` ended (no change when another run is the latest).
     /// True when the record changed.
-    pub fn run_ended(&mut self, job_id: &str, result: RunResult, ended_ms: u64, message: &str) -> bool {
+    pub fn run_ended(
+        &mut self,
+        job_id: &str,
+        result: RunResult,
+        ended_ms: u64,
+        message: &str,
+    ) -> bool {
         let Some(run) = self.last_run.as_mut() else {
             return false;
         };

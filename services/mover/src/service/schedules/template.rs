@@ -30,9 +30,9 @@ fn invalid(msg: impl Into<String>) -> Error {
 impl Template {
     /// The template of a request; errors name what is missing or not allowed.
     pub fn from_proto(t: Option<&proto::JobTemplate>) -> Result<Self> {
-        let request = t.and_then(|t| t.request.as_ref()).ok_or_else(|| {
-            invalid("template is missing: give a transfer or a checksum request")
-        })?;
+        let request = t
+            .and_then(|t| t.request.as_ref())
+            .ok_or_else(|| invalid("template is missing: give a transfer or a checksum request"))?;
         let template = match request {
             proto::job_template::Request::Transfer(r) => Self::Transfer(r.clone()),
             proto::job_template::Request::Checksum(r) => Self::Checksum(r.clone()),
@@ -208,13 +208,17 @@ mod tests {
         let t = Template::from_proto(Some(&template(r))).unwrap();
         assert_eq!(Template::from_record(&t.to_record()).unwrap(), t);
         assert_eq!(t.to_record().kind(), JobKind::Transfer);
-        let accepted = t.accept(&validator, "schedule/s1/1000", "nightly", "s1").unwrap();
+        let accepted = t
+            .accept(&validator, "schedule/s1/1000", "nightly", "s1")
+            .unwrap();
         assert_eq!(accepted.idempotency_key, "schedule/s1/1000");
         assert_eq!(accepted.labels[SCHEDULE_LABEL], "nightly");
         assert_eq!(accepted.labels[SCHEDULE_ID_LABEL], "s1");
         assert_eq!(accepted.labels["team"], "x");
         // The same fire gives the same request: a resubmission finds the job.
-        let again = t.accept(&validator, "schedule/s1/1000", "nightly", "s1").unwrap();
+        let again = t
+            .accept(&validator, "schedule/s1/1000", "nightly", "s1")
+            .unwrap();
         assert_eq!(again.fingerprint, accepted.fingerprint);
 
         let mut outside = transfer(dir.path());
