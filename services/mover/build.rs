@@ -6,7 +6,10 @@ use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto_root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
-    let jobs = proto_root.join("ferry/v1/jobs.proto");
+    let files = [
+        proto_root.join("ferry/v1/jobs.proto"),
+        proto_root.join("ferry/v1/schedules.proto"),
+    ];
     println!(
         "cargo:rerun-if-changed={}",
         proto_root.join("ferry/v1").display()
@@ -19,6 +22,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     config.btree_map(["."]);
     tonic_prost_build::configure()
         .file_descriptor_set_path(out_dir.join("ferry_v1_descriptor.bin"))
-        .compile_with_config(config, &[jobs], &[proto_root])?;
+        .compile_with_config(config, &files, &[proto_root])?;
     Ok(())
 }

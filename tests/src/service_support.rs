@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use ferry_mover::service::config::ServiceConfig;
 use ferry_mover::service::proto;
 use ferry_mover::service::proto::job_service_client::JobServiceClient;
+use ferry_mover::service::proto::schedule_service_client::ScheduleServiceClient;
 use ferry_mover::service::server::{self, RunningService};
 use tonic::transport::Channel;
 
@@ -20,6 +21,8 @@ pub use proto::{
 
 /// A gRPC client of the job service.
 pub type Client = JobServiceClient<Channel>;
+/// A gRPC client of the schedule service.
+pub type ScheduleClient = ScheduleServiceClient<Channel>;
 
 /// A service configuration for tests: ports chosen at run time, data under `data_dir`,
 /// files allowed under `root`, quick checkpoints and retries.
@@ -41,15 +44,23 @@ pub async fn start_in_process(cfg: ServiceConfig) -> RunningService {
     server::start(cfg).await.expect("start the service")
 }
 
-/// Connects a client to `addr`.
-pub async fn connect(addr: SocketAddr) -> Client {
-    let channel = Channel::from_shared(format!("http://{addr}"))
+async fn channel(addr: SocketAddr) -> Channel {
+    Channel::from_shared(format!("http://{addr}"))
         .expect("url")
         .connect_timeout(Duration::from_secs(5))
         .connect()
         .await
-        .expect("connect to the service");
-    JobServiceClient::new(channel)
+        .expect("connect to the service")
+}
+
+/// Connects a client to `addr`.
+pub async fn connect(addr: SocketAddr) -> Client {
+    JobServiceClient::new(channel(addr).await)
+}
+
+/// Connects a schedule client to `addr`.
+pub async fn connect_schedules(addr: SocketAddr) -> ScheduleClient {
+    ScheduleServiceClient::new(channel(addr).await)
 }
 
 /// An endpoint for a path or URL with no options.

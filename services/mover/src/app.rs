@@ -27,6 +27,8 @@ enum Command {
     Serve(service::serve::ServeArgs),
     /// Start, watch and cancel jobs on a running service.
     Job(service::client::JobArgs),
+    /// Create, pause, resume, run and delete cron schedules of jobs on a running service.
+    Schedule(service::schedule_client::ScheduleArgs),
     /// Kubernetes: print the CRDs (`ferry operator crds`).
     Operator(cli::operator::OperatorArgs),
 }
@@ -54,6 +56,7 @@ pub fn main() -> ExitCode {
             Command::Info(args) => cli::info::run(args).await,
             Command::Serve(args) => service::serve::run(args).await,
             Command::Job(args) => service::client::run(args).await,
+            Command::Schedule(args) => service::schedule_client::run(args).await,
             Command::Operator(args) => cli::operator::run(args).await,
         }
     });

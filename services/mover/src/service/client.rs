@@ -26,6 +26,18 @@ use crate::options::{self, Cache, Order};
 /// Start, watch and cancel jobs on a running `ferry serve`.
 #[derive(Debug, Clone, Args)]
 pub struct JobArgs {
+    #[command(flatten)]
+    pub conn: ServerArgs,
+    /// Print jobs as JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: JobCommand,
+}
+
+/// How to reach a running `ferry serve` (shared by `ferry job` and `ferry schedule`).
+#[derive(Debug, Clone, Args)]
+pub struct ServerArgs {
     /// The server: http://HOST:PORT, or https://HOST:PORT for TLS.
     #[arg(
         long,
@@ -59,11 +71,6 @@ pub struct JobArgs {
     /// Server name to verify the certificate against (default: the host of --server).
     #[arg(long, global = true)]
     pub tls_domain: Option<String>,
-    /// Print jobs as JSON.
-    #[arg(long, global = true)]
-    pub json: bool,
-    #[command(subcommand)]
-    pub command: JobCommand,
 }
 
 #[derive(Debug, Clone, Subcommand)]
@@ -176,7 +183,7 @@ pub enum StateArg {
     Cancelled,
 }
 
-fn parse_label(s: &str) -> Result<(String, String), String> {
+pub(crate) fn parse_label(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .ok_or_else(|| format!("label '{s}' is not KEY=VALUE"))
@@ -186,6 +193,12 @@ type Client = JobServiceClient<InterceptedService<Channel, BearerToken>>;
 
 /// Connects to the server named in the arguments.
 pub async fn connect(args: &JobArgs) -> anyhow::Result<Client> {
+    let (channel, token) = channel(&args.conn).await?;
+    Ok(JobServiceClient::with_interceptor(channel, token))
+}
+
+/// A channel to the server named in the arguments, and the bearer token to send on it.
+pub async fn channel(args: &ServerArgs) -> anyhow::Result<(Channel, BearerToken)> {
     let mut endpoint = Channel::from_shared(args.server.clone())
         .with_context(|| format!("--server '{}' is not a URL", args.server))?
         .connect_timeout(Duration::from_secs(10));
@@ -222,10 +235,7 @@ pub async fn connect(args: &JobArgs) -> anyhow::Result<Client> {
         .connect()
         .await
         .with_context(|| format!("cannot connect to {}", args.server))?;
-    Ok(JobServiceClient::with_interceptor(
-        channel,
-        BearerToken::new(token.as_ref())?,
-    ))
+    Ok((channel, BearerToken::new(token.as_ref())?))
 }
 
 fn endpoint(url: &str, secret_env: Option<&String>) -> proto::Endpoint {
@@ -259,7 +269,7 @@ fn source_endpoint(s: &StartArgs) -> proto::Endpoint {
     ep
 }
 
-fn status_error(e: tonic::Status) -> anyhow::Error {
+pub(crate) fn status_error(e: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{} ({:?})", e.message(), e.code())
 }
 
@@ -316,7 +326,7 @@ async fn start(client: &mut Client, s: &StartArgs) -> anyhow::Result<proto::Job>
     Ok(job.map_err(status_error)?.into_inner())
 }
 
-fn checksum_request(s: &StartArgs) -> proto::StartChecksumRequest {
+pub(crate) fn checksum_request(s: &StartArgs) -> proto::StartChecksumRequest {
     proto::StartChecksumRequest {
         source: Some(source_endpoint(s)),
         options: Some(proto::ChecksumOptions {
@@ -332,7 +342,7 @@ fn checksum_request(s: &StartArgs) -> proto::StartChecksumRequest {
     }
 }
 
-fn transfer_request(s: &StartArgs, dst: &str) -> proto::StartTransferRequest {
+pub(crate) fn transfer_request(s: &StartArgs, dst: &str) -> proto::StartTransferRequest {
     let order = s.order.map_or(CommitOrder::Auto, CommitOrder::from);
     let (preallocation, preallocation_step) =
         options::preallocation_to_proto(s.preallocation.unwrap_or_default());
@@ -538,7 +548,7 @@ fn percent(j: &proto::Job) -> f64 {
     }
 }
 
-fn kind_name(k: i32) -> &'static str {
+pub(crate) fn kind_name(k: i32) -> &'static str {
     match kind_from_proto(k) {
         Ok(Some(kind)) => kind.as_str(),
         _ => "unknown",

@@ -9,6 +9,7 @@ use ferry_core::{Error, Result, Secret};
 use serde::Deserialize;
 
 use super::jobs::ManagerConfig;
+use super::schedules::ScheduleConfig;
 use super::security::TlsFiles;
 
 /// Default gRPC address (loopback: exposing the service is a deliberate choice).
@@ -28,6 +29,7 @@ pub struct ServiceConfig {
     pub allow_roots: Vec<PathBuf>,
     pub secrets_dir: Option<PathBuf>,
     pub manager: ManagerConfig,
+    pub schedules: ScheduleConfig,
     /// How long a SIGTERM waits for running jobs to checkpoint and stop.
     pub shutdown_timeout: Duration,
     pub tls: Option<TlsFiles>,
@@ -45,6 +47,7 @@ impl ServiceConfig {
             allow_roots: Vec::new(),
             secrets_dir: None,
             manager: ManagerConfig::default(),
+            schedules: ScheduleConfig::default(),
             shutdown_timeout: Duration::from_secs(30),
             tls: None,
             auth_token: None,
@@ -85,6 +88,7 @@ pub struct FileConfig {
     pub shutdown_timeout: Option<String>,
     pub history_max_age: Option<String>,
     pub history_max_count: Option<usize>,
+    pub max_schedules: Option<usize>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub tls_client_ca: Option<PathBuf>,

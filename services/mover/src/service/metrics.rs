@@ -1,7 +1,9 @@
 //! Prometheus metrics of the service, served on their own HTTP port.
 //!
 //! Names follow `ferry_<noun>_<unit>[_total]`; labels are bounded sets only (job kind,
-//! job state, result, endpoint kind, operation, gRPC method): never ids, paths or offsets.
+//! job state, result, endpoint kind, operation, gRPC method, schedule state): never ids,
+//! names, paths or offsets. Per-schedule times (next run, last success) are in the
+//! schedule's status over gRPC instead.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -47,7 +49,23 @@ pub struct Metrics {
     pub requests_in_flight: IntGaugeVec,
     /// gRPC requests handled, by method and status code.
     pub requests: IntCounterVec,
+    /// Schedules by state (active, paused).
+    pub schedules: IntGaugeVec,
+    /// Schedule fires and runs by result: started, skipped (the previous run was still
+    /// going), missed (the server was down), and how started runs ended (succeeded,
+    /// failed, cancelled; failed includes runs that could not start).
+    pub schedule_runs: IntCounterVec,
 }
+
+/// The results `ferry_schedule_runs_total` counts.
+pub const SCHEDULE_RUN_RESULTS: [&str; 6] = [
+    "started",
+    "skipped",
+    "missed",
+    "succeeded",
+    "failed",
+    "cancelled",
+];
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
@@ -164,10 +182,28 @@ impl Metrics {
                 "gRPC requests handled, by method and code.",
                 &["method", "code"],
             ),
+            schedules: gauge(
+                &registry,
+                "ferry_schedules",
+                "Schedules by state (active, paused).",
+                &["state"],
+            ),
+            schedule_runs: counter(
+                &registry,
+                "ferry_schedule_runs_total",
+                "Schedule runs by result: started, skipped, missed, succeeded, failed, cancelled.",
+                &["result"],
+            ),
             registry,
         };
         for state in JobState::ALL {
             m.jobs.with_label_values(&[state.as_str()]).set(0);
+        }
+        for state in ["active", "paused"] {
+            m.schedules.with_label_values(&[state]).set(0);
+        }
+        for result in SCHEDULE_RUN_RESULTS {
+            m.schedule_runs.with_label_values(&[result]).inc_by(0);
         }
         m
     }
@@ -180,6 +216,22 @@ impl Metrics {
         if let Some(s) = to {
             self.jobs.with_label_values(&[s.as_str()]).inc();
         }
+    }
+
+    /// Moves one schedule between states in the schedules gauge (None: not counted).
+    pub fn schedule_state(&self, from: Option<bool>, to: Option<bool>) {
+        let name = |paused: bool| if paused { "paused" } else { "active" };
+        if let Some(paused) = from {
+            self.schedules.with_label_values(&[name(paused)]).dec();
+        }
+        if let Some(paused) = to {
+            self.schedules.with_label_values(&[name(paused)]).inc();
+        }
+    }
+
+    /// Counts schedule runs with this result.
+    pub fn schedule_run(&self, result: &'static str, n: u64) {
+        self.schedule_runs.with_label_values(&[result]).inc_by(n);
     }
 
     /// Counts a request in flight until the guard drops; the guard records the code.
@@ -348,6 +400,26 @@ mod tests {
         assert!(text.contains("ferry_read_bytes_total{endpoint=\"file\"} 4096"));
         assert!(text.contains("ferry_grpc_requests_total{code=\"ok\",method=\"StartTransfer\"} 1"));
         assert!(text.contains("ferry_grpc_requests_in_flight{method=\"StartTransfer\"} 0"));
+        m.schedule_state(None, Some(false));
+        m.schedule_state(Some(false), Some(true));
+        m.schedule_run("skipped", 2);
+        let text = m.encode();
+        assert!(
+            text.contains("ferry_schedules{state=\"paused\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ferry_schedules{state=\"active\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ferry_schedule_runs_total{result=\"skipped\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ferry_schedule_runs_total{result=\"missed\"} 0"),
+            "{text}"
+        );
     }
 
     #[tokio::test]

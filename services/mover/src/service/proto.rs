@@ -9,3 +9,6 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("ferr
 
 /// The fully qualified service name, as health checks and reflection list it.
 pub const JOB_SERVICE_NAME: &str = "ferry.v1.JobService";
+
+/// The fully qualified name of the schedule service.
+pub const SCHEDULE_SERVICE_NAME: &str = "ferry.v1.ScheduleService";

@@ -69,6 +69,13 @@ pub struct ServeArgs {
     /// Finished jobs kept at most [default: 10000].
     #[arg(long, env = "FERRY_HISTORY_MAX_COUNT")]
     pub history_max_count: Option<usize>,
+    /// Schedules the server holds at most [default: 1000].
+    #[arg(long, env = "FERRY_MAX_SCHEDULES")]
+    pub max_schedules: Option<usize>,
+    /// Test hook: cron expressions may have a leading seconds field, so tests fire every
+    /// few seconds. Hidden: not for production use.
+    #[arg(long, hide = true)]
+    pub test_cron_seconds: bool,
     /// PEM certificate chain: serve gRPC over TLS.
     #[arg(long, env = "FERRY_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -150,6 +157,10 @@ impl ServeArgs {
         };
         cfg.secrets_dir = self.secrets_dir.clone().or(file.secrets_dir.clone());
         self.resolve_manager(&file, &mut cfg.manager)?;
+        if let Some(n) = self.max_schedules.or(file.max_schedules) {
+            cfg.schedules.max_schedules = n;
+        }
+        cfg.schedules.seconds_field = self.test_cron_seconds;
         cfg.shutdown_timeout = duration(
             &self.shutdown_timeout,
             &file.shutdown_timeout,

@@ -1,9 +1,10 @@
-//! Starts a whole service in-process: store, job manager, gRPC (jobs, health, reflection)
-//! and the metrics endpoint; and stops it in order. `ferry serve` and the tests both use
-//! [`start`].
+//! Starts a whole service in-process: store, job manager, schedule manager, gRPC (jobs,
+//! schedules, health, reflection) and the metrics endpoint; and stops it in order.
+//! `ferry serve` and the tests both use [`start`].
 //!
 //! Shutdown contract: [`RunningService::shutdown`] stops accepting connections, ends
-//! watch streams, interrupts running jobs (each persists its last checkpoint and stays
+//! watch streams, stops the scheduler (no new runs; a fire it recorded but could not
+//! start is started by the next start), interrupts running jobs (each persists its last checkpoint and stays
 //! "running" in the store, so the next start resumes it), waits at most the configured
 //! shutdown timeout for them, and closes the store.
 
@@ -24,7 +25,11 @@ use super::convert::Validator;
 use super::jobs::opener::{Endpoints, Opener};
 use super::jobs::JobManager;
 use super::metrics::{self, Metrics};
+use super::proto::schedule_service_server::ScheduleServiceServer;
 use super::proto::{self, job_service_server::JobServiceServer};
+use super::schedules::api::ScheduleApi;
+use super::schedules::model::ScheduleRecord;
+use super::schedules::ScheduleManager;
 use super::secrets::SecretResolver;
 use super::security::{AllowRoots, BearerAuth};
 use super::store::Store;
@@ -35,6 +40,7 @@ pub struct RunningService {
     grpc_addr: SocketAddr,
     metrics_addr: Option<SocketAddr>,
     manager: JobManager,
+    schedules: ScheduleManager,
     stop: CancellationToken,
     grpc: JoinHandle<std::result::Result<(), tonic::transport::Error>>,
     metrics_task: Option<JoinHandle<()>>,
@@ -48,31 +54,35 @@ async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener> {
         .map_err(|e| Error::io(format!("cannot listen for {what} on {addr}"), e))
 }
 
-/// Opens the store and starts the job manager on what it holds.
+/// Opens the store and starts the job manager on what it holds; returns the store's
+/// schedules for the schedule manager.
 fn start_manager(
     cfg: &ServiceConfig,
     metrics: &Metrics,
     opener: Arc<dyn Opener>,
     secrets: &SecretResolver,
     roots: &AllowRoots,
-) -> Result<JobManager> {
-    let (store, loaded) = Store::open(&cfg.data_dir)?;
+) -> Result<(JobManager, Store, Vec<ScheduleRecord>)> {
+    let (store, mut loaded) = Store::open(&cfg.data_dir)?;
     tracing::info!(
         jobs = loaded.jobs.len(),
         checkpoints = loaded.checkpoints.len(),
+        schedules = loaded.schedules.len(),
         data_dir = %cfg.data_dir.display(),
         "job store opened"
     );
-    let mut manager = cfg.manager.clone();
-    manager.allow_roots = roots.clone();
-    Ok(JobManager::start(
-        manager,
-        store,
+    let schedules = std::mem::take(&mut loaded.schedules);
+    let mut settings = cfg.manager.clone();
+    settings.allow_roots = roots.clone();
+    let manager = JobManager::start(
+        settings,
+        store.clone(),
         loaded,
         metrics.clone(),
         opener,
         secrets.clone(),
-    ))
+    );
+    Ok((manager, store, schedules))
 }
 
 /// The gRPC server, with TLS when configured.
@@ -105,9 +115,19 @@ pub async fn start_with(cfg: ServiceConfig, opener: Arc<dyn Opener>) -> Result<R
     };
     let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
     let metrics = Metrics::new();
-    let manager = start_manager(&cfg, &metrics, opener, &secrets, &roots)?;
+    let (manager, store, stored_schedules) =
+        start_manager(&cfg, &metrics, opener, &secrets, &roots)?;
+    let validator = Validator { roots, secrets };
+    let schedules = ScheduleManager::start(
+        cfg.schedules.clone(),
+        store,
+        stored_schedules,
+        manager.clone(),
+        validator.clone(),
+        metrics.clone(),
+    );
     let stop = CancellationToken::new();
-    let api = JobApi::new(manager.clone(), Validator { roots, secrets }, stop.clone());
+    let api = JobApi::new(manager.clone(), validator, stop.clone());
     let jobs = JobServiceServer::new(api)
         .max_decoding_message_size(cfg.max_message_bytes)
         .max_encoding_message_size(cfg.max_message_bytes);
@@ -115,11 +135,24 @@ pub async fn start_with(cfg: ServiceConfig, opener: Arc<dyn Opener>) -> Result<R
         jobs,
         BearerAuth::new(cfg.auth_token.clone()),
     );
+    let schedule_api = ScheduleServiceServer::new(ScheduleApi::new(schedules.clone()))
+        .max_decoding_message_size(cfg.max_message_bytes)
+        .max_encoding_message_size(cfg.max_message_bytes);
+    let schedule_api = tonic::service::interceptor::InterceptedService::new(
+        schedule_api,
+        BearerAuth::new(cfg.auth_token.clone()),
+    );
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_service_status(
             proto::JOB_SERVICE_NAME,
+            tonic_health::ServingStatus::Serving,
+        )
+        .await;
+    health
+        .set_service_status(
+            proto::SCHEDULE_SERVICE_NAME,
             tonic_health::ServingStatus::Serving,
         )
         .await;
@@ -141,7 +174,8 @@ pub async fn start_with(cfg: ServiceConfig, opener: Arc<dyn Opener>) -> Result<R
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)
-        .add_service(jobs);
+        .add_service(jobs)
+        .add_service(schedule_api);
     // TCP_NODELAY on every accepted connection. `Server::tcp_nodelay` does not apply to a
     // listener we bind ourselves: without this, Nagle held back the tail of a connection's
     // first response until the client's delayed ACK, 40 ms later (the StartTransfer p99
@@ -161,6 +195,7 @@ pub async fn start_with(cfg: ServiceConfig, opener: Arc<dyn Opener>) -> Result<R
         grpc_addr,
         metrics_addr,
         manager,
+        schedules,
         stop,
         grpc,
         metrics_task,
@@ -182,6 +217,10 @@ impl RunningService {
         &self.manager
     }
 
+    pub fn schedules(&self) -> &ScheduleManager {
+        &self.schedules
+    }
+
     /// Stops the service (see the module docs for the order).
     pub async fn shutdown(self) {
         tracing::info!("shutting down: no new requests, checkpointing running jobs");
@@ -191,7 +230,14 @@ impl RunningService {
                 tonic_health::ServingStatus::NotServing,
             )
             .await;
+        self.health
+            .set_service_status(
+                proto::SCHEDULE_SERVICE_NAME,
+                tonic_health::ServingStatus::NotServing,
+            )
+            .await;
         self.stop.cancel();
+        self.schedules.shutdown(self.shutdown_timeout).await;
         self.manager.shutdown(self.shutdown_timeout).await;
         match tokio::time::timeout(Duration::from_secs(5), self.grpc).await {
             Ok(Ok(Ok(()))) => {}

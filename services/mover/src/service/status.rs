@@ -2,7 +2,8 @@
 //!
 //! Data-path errors carry a [`ErrorKind`]; the service adds the few outcomes that only
 //! exist at its level (a used idempotency key, a busy target, a full queue, a job id
-//! nobody knows). Every handler returns [`ServiceError`] and converts here.
+//! nobody knows, and the schedules' own: an unknown schedule, a taken name, a run still
+//! going). Every handler returns [`ServiceError`] and converts here.
 
 use ferry_core::{Error, ErrorKind};
 use tonic::{Code, Status};
@@ -22,6 +23,14 @@ pub enum ServiceError {
     UnknownJob { id: String },
     /// The server is shutting down.
     ShuttingDown,
+    /// No schedule with this id or name.
+    UnknownSchedule { id: String },
+    /// Another schedule has this name.
+    ScheduleNameTaken { name: String },
+    /// The schedule's previous run has not finished.
+    ScheduleBusy { name: String, job_id: String },
+    /// The server holds as many schedules as it allows.
+    TooManySchedules { limit: usize },
 }
 
 impl From<Error> for ServiceError {
@@ -49,7 +58,15 @@ pub fn code_for(kind: ErrorKind) -> Code {
 
 impl From<ServiceError> for Status {
     fn from(e: ServiceError) -> Self {
-        match e {
+        e.to_status()
+    }
+}
+
+impl ServiceError {
+    /// The status a caller gets for this error (its message is what a schedule records
+    /// for a run that could not start).
+    pub fn to_status(&self) -> Status {
+        match self {
             ServiceError::Core(e) => Status::new(code_for(e.kind()), e.to_string()),
             ServiceError::KeyConflict { key, job_id } => Status::already_exists(format!(
                 "idempotency key '{key}' was already used by job {job_id} with a different \
@@ -69,6 +86,19 @@ impl From<ServiceError> for Status {
             ServiceError::ShuttingDown => {
                 Status::unavailable("the server is shutting down: retry on the next one")
             }
+            ServiceError::UnknownSchedule { id } => {
+                Status::not_found(format!("no schedule with id or name '{id}'"))
+            }
+            ServiceError::ScheduleNameTaken { name } => Status::already_exists(format!(
+                "a schedule named '{name}' exists: choose another name, or update that one"
+            )),
+            ServiceError::ScheduleBusy { name, job_id } => Status::failed_precondition(format!(
+                "the previous run of schedule '{name}' (job {job_id}) has not finished: runs \
+                 of a schedule never overlap; wait for it or cancel it"
+            )),
+            ServiceError::TooManySchedules { limit } => Status::resource_exhausted(format!(
+                "the server holds {limit} schedules, as many as it allows: delete one first"
+            )),
         }
     }
 }
@@ -94,6 +124,16 @@ mod tests {
         .into();
         assert_eq!(s.code(), Code::AlreadyExists);
         assert_eq!(code_for(ErrorKind::Disconnected), Code::Unavailable);
+        let s: Status = ServiceError::UnknownSchedule { id: "x".into() }.into();
+        assert_eq!(s.code(), Code::NotFound);
+        let s: Status = ServiceError::ScheduleNameTaken { name: "n".into() }.into();
+        assert_eq!(s.code(), Code::AlreadyExists);
+        let s: Status = ServiceError::ScheduleBusy {
+            name: "n".into(),
+            job_id: "j".into(),
+        }
+        .into();
+        assert_eq!(s.code(), Code::FailedPrecondition);
         assert_eq!(code_for(ErrorKind::Corrupt), Code::DataLoss);
     }
 }

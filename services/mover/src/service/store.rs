@@ -1,5 +1,5 @@
-//! The persistent job store: jobs and checkpoints in an embedded redb database under the
-//! data directory.
+//! The persistent job store: jobs, checkpoints and schedules in an embedded redb database
+//! under the data directory.
 //!
 //! redb commits are atomic and durable (copy-on-write B-trees with a checksummed commit
 //! slot), so a kill -9 at any moment leaves the last committed state. All writes go
@@ -16,9 +16,11 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
 use super::jobs::model::JobRecord;
+use super::schedules::model::ScheduleRecord;
 
 const JOBS: TableDefinition<&str, &[u8]> = TableDefinition::new("jobs");
 const CHECKPOINTS: TableDefinition<&str, &[u8]> = TableDefinition::new("checkpoints");
+const SCHEDULES: TableDefinition<&str, &[u8]> = TableDefinition::new("schedules");
 
 /// Most operations one transaction takes from the queue.
 const MAX_BATCH: usize = 512;
@@ -31,6 +33,8 @@ pub enum Op {
     DeleteCheckpoint(String),
     /// Deletes a job and its checkpoint.
     DeleteJob(String),
+    PutSchedule(Box<ScheduleRecord>),
+    DeleteSchedule(String),
 }
 
 type Reply = oneshot::Sender<Result<()>>;
@@ -47,6 +51,8 @@ pub struct Loaded {
     /// In acceptance order.
     pub jobs: Vec<JobRecord>,
     pub checkpoints: HashMap<String, Checkpoint>,
+    /// In no particular order.
+    pub schedules: Vec<ScheduleRecord>,
 }
 
 /// A handle to the store; cheap to clone. Only the writer thread owns the database, so
@@ -90,6 +96,8 @@ impl Store {
         txn.open_table(JOBS).map_err(|e| db_error("open jobs", e))?;
         txn.open_table(CHECKPOINTS)
             .map_err(|e| db_error("open checkpoints", e))?;
+        txn.open_table(SCHEDULES)
+            .map_err(|e| db_error("open schedules", e))?;
         txn.commit().map_err(|e| db_error("commit", e))?;
         let loaded = load(&db)?;
         let (tx, rx) = mpsc::channel();
@@ -130,6 +138,11 @@ impl Store {
 
     pub async fn put_job(&self, job: &JobRecord) -> Result<()> {
         self.commit(vec![Op::PutJob(Box::new(job.clone()))]).await
+    }
+
+    pub async fn put_schedule(&self, schedule: &ScheduleRecord) -> Result<()> {
+        self.commit(vec![Op::PutSchedule(Box::new(schedule.clone()))])
+            .await
     }
 
     /// Reads everything again (what a restart would see).
@@ -177,6 +190,21 @@ fn load(db: &Database) -> Result<Loaded> {
             }
             Err(e) => {
                 tracing::warn!(id = key.value(), error = %e, "skipping unreadable checkpoint")
+            }
+        }
+    }
+    let schedules = txn
+        .open_table(SCHEDULES)
+        .map_err(|e| db_error("open schedules", e))?;
+    for row in schedules
+        .iter()
+        .map_err(|e| db_error("read schedules", e))?
+    {
+        let (key, value) = row.map_err(|e| db_error("read schedule", e))?;
+        match serde_json::from_slice::<ScheduleRecord>(value.value()) {
+            Ok(s) => loaded.schedules.push(s),
+            Err(e) => {
+                tracing::warn!(id = key.value(), error = %e, "skipping unreadable schedule")
             }
         }
     }
@@ -234,6 +262,9 @@ fn apply<'a>(db: &Database, ops: impl Iterator<Item = &'a Op>) -> Result<()> {
         let mut cps = txn
             .open_table(CHECKPOINTS)
             .map_err(|e| db_error("open checkpoints", e))?;
+        let mut schedules = txn
+            .open_table(SCHEDULES)
+            .map_err(|e| db_error("open schedules", e))?;
         for op in ops {
             match op {
                 Op::PutJob(job) => {
@@ -257,6 +288,18 @@ fn apply<'a>(db: &Database, ops: impl Iterator<Item = &'a Op>) -> Result<()> {
                         .map_err(|e| db_error("delete job", e))?;
                     cps.remove(id.as_str())
                         .map_err(|e| db_error("delete checkpoint", e))?;
+                }
+                Op::PutSchedule(s) => {
+                    let bytes = serde_json::to_vec(s)
+                        .map_err(|e| Error::internal(format!("encode schedule: {e}")))?;
+                    schedules
+                        .insert(s.id.as_str(), bytes.as_slice())
+                        .map_err(|e| db_error("write schedule", e))?;
+                }
+                Op::DeleteSchedule(id) => {
+                    schedules
+                        .remove(id.as_str())
+                        .map_err(|e| db_error("delete schedule", e))?;
                 }
             }
         }
@@ -344,6 +387,49 @@ mod tests {
             vec![(0, 10), (20, 30)]
         );
         assert_eq!(loaded.jobs.last().unwrap().request, vec![1, 2, 3]);
+    }
+
+    #[tokio::test]
+    async fn schedules_persist_across_reopen() {
+        use crate::service::schedules::model::*;
+        let dir = tempfile::tempdir().unwrap();
+        let schedule = |id: &str| ScheduleRecord {
+            id: id.into(),
+            name: format!("name-{id}"),
+            cron: "@daily".into(),
+            time_zone: "Europe/Oslo".into(),
+            paused: false,
+            missed: MissedPolicy::Skip,
+            template: TemplateRecord::Checksum {
+                request: vec![7, 8],
+            },
+            labels: Default::default(),
+            created_ms: 1,
+            updated_ms: 2,
+            next_run_ms: Some(3),
+            pending: Some(PendingFire {
+                fire_ms: 3,
+                manual: false,
+            }),
+            last_run: None,
+            last_success_ms: None,
+            runs_started: 4,
+            runs_skipped: 5,
+            runs_missed: 6,
+            consecutive_failures: 7,
+        };
+        {
+            let (store, _) = Store::open(dir.path()).unwrap();
+            store.put_schedule(&schedule("a")).await.unwrap();
+            store.put_schedule(&schedule("b")).await.unwrap();
+            store
+                .commit(vec![Op::DeleteSchedule("a".into())])
+                .await
+                .unwrap();
+            store.close();
+        }
+        let (_store, loaded) = Store::open(dir.path()).unwrap();
+        assert_eq!(loaded.schedules, vec![schedule("b")]);
     }
 
     #[tokio::test]

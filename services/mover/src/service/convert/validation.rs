@@ -57,7 +57,8 @@ fn fingerprint(bytes: &[u8]) -> String {
     crate::service::jobs::model::hex_bytes::encode(&Sha256::digest(bytes))
 }
 
-fn check_meta(key: &str, labels: &BTreeMap<String, String>) -> Result<()> {
+/// Checks the idempotency key and the labels of a request against their bounds.
+pub(crate) fn check_meta(key: &str, labels: &BTreeMap<String, String>) -> Result<()> {
     if key.len() > MAX_KEY_BYTES {
         return Err(invalid(format!(
             "idempotency_key is {} bytes: at most {MAX_KEY_BYTES}",

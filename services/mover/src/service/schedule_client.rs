@@ -1,0 +1,353 @@
+//! `ferry schedule create|list|get|pause|resume|run|delete`: a gRPC client of the
+//! schedules of `ferry serve`, next to `ferry job`.
+
+use std::process::ExitCode;
+
+use anyhow::bail;
+use clap::{Args, Subcommand, ValueEnum};
+use tonic::codegen::InterceptedService;
+use tonic::transport::Channel;
+
+use super::client::{
+    channel, checksum_request, job_json, kind_name, parse_label, status_error, transfer_request,
+    ServerArgs, StartArgs,
+};
+use super::proto::{self, schedule_service_client::ScheduleServiceClient};
+use super::security::BearerToken;
+
+/// Create, inspect, pause, resume, run and delete schedules on a running `ferry serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ScheduleArgs {
+    #[command(flatten)]
+    pub conn: ServerArgs,
+    /// Print schedules as JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: ScheduleCommand,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum ScheduleCommand {
+    /// Create a schedule that starts a transfer from SRC to DST (or, with --checksum, a
+    /// checksum of SRC) at every fire time of --cron.
+    Create(CreateArgs),
+    /// List schedules.
+    List {
+        /// Only schedules with label KEY=VALUE (repeatable).
+        #[arg(long = "label", value_parser = parse_label)]
+        labels: Vec<(String, String)>,
+    },
+    /// Show a schedule (by id or name).
+    Get { id: String },
+    /// Pause a schedule: no runs until it is resumed.
+    Pause { id: String },
+    /// Resume a paused schedule.
+    Resume { id: String },
+    /// Start a run now (refused while the previous run is still going).
+    Run { id: String },
+    /// Delete a schedule (a run it started goes on as a job).
+    Delete { id: String },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CreateArgs {
+    /// Unique name (letters, digits, '-', '_', '.').
+    pub name: String,
+    /// Cron expression: five fields (minute hour day-of-month month day-of-week) or
+    /// @hourly, @daily, @weekly, @monthly, @yearly.
+    #[arg(long)]
+    pub cron: String,
+    /// IANA time zone the expression is read in (e.g. Europe/Oslo) [default: UTC].
+    #[arg(long)]
+    pub time_zone: Option<String>,
+    /// What to do about fire times missed while the server was down.
+    #[arg(long, value_enum, default_value = "run-once")]
+    pub missed: Missed,
+    /// Create it paused.
+    #[arg(long)]
+    pub paused: bool,
+    /// The job of each run: `ferry job start`'s arguments (not --key, --watch or
+    /// --resume-from). Its labels are the schedule's labels too.
+    #[command(flatten)]
+    pub job: StartArgs,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Missed {
+    /// One run at start when fire times were missed.
+    RunOnce,
+    /// No run for missed fire times.
+    Skip,
+}
+
+type Client = ScheduleServiceClient<InterceptedService<Channel, BearerToken>>;
+
+/// Runs `ferry schedule ...`.
+pub async fn run(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
+    let (channel, token) = channel(&args.conn).await?;
+    let mut client = ScheduleServiceClient::with_interceptor(channel, token);
+    let schedule = match &args.command {
+        ScheduleCommand::Create(c) => client
+            .create_schedule(create_request(c)?)
+            .await
+            .map_err(status_error)?
+            .into_inner(),
+        ScheduleCommand::List { labels } => {
+            list(&mut client, labels, args.json).await?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        ScheduleCommand::Get { id } => client
+            .get_schedule(proto::GetScheduleRequest { id: id.clone() })
+            .await
+            .map_err(status_error)?
+            .into_inner(),
+        ScheduleCommand::Pause { id } => client
+            .pause_schedule(proto::PauseScheduleRequest { id: id.clone() })
+            .await
+            .map_err(status_error)?
+            .into_inner(),
+        ScheduleCommand::Resume { id } => client
+            .resume_schedule(proto::ResumeScheduleRequest { id: id.clone() })
+            .await
+            .map_err(status_error)?
+            .into_inner(),
+        ScheduleCommand::Run { id } => {
+            let r = client
+                .run_schedule_now(proto::RunScheduleNowRequest { id: id.clone() })
+                .await
+                .map_err(status_error)?
+                .into_inner();
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "schedule": r.schedule.as_ref().map(schedule_json),
+                        "job": r.job.as_ref().map(job_json),
+                    })
+                );
+            } else if let Some(job) = &r.job {
+                println!("started job {} ({})", job.id, kind_name(job.kind));
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        ScheduleCommand::Delete { id } => client
+            .delete_schedule(proto::DeleteScheduleRequest { id: id.clone() })
+            .await
+            .map_err(status_error)?
+            .into_inner()
+            .schedule
+            .unwrap_or_default(),
+    };
+    print_schedule(&schedule, args.json);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn create_request(c: &CreateArgs) -> anyhow::Result<proto::CreateScheduleRequest> {
+    let s = &c.job;
+    if s.key.is_some() || s.watch || s.resume_from.is_some() {
+        bail!("--key, --watch and --resume-from are not for schedules: each run gets its own key");
+    }
+    let request = if s.checksum {
+        if s.dst.is_some() {
+            bail!("--checksum takes only SRC");
+        }
+        proto::job_template::Request::Checksum(checksum_request(s))
+    } else {
+        let Some(dst) = &s.dst else {
+            bail!("a transfer needs SRC and DST (or use --checksum)");
+        };
+        proto::job_template::Request::Transfer(transfer_request(s, dst))
+    };
+    Ok(proto::CreateScheduleRequest {
+        name: c.name.clone(),
+        cron: c.cron.clone(),
+        time_zone: c.time_zone.clone().unwrap_or_default(),
+        paused: c.paused,
+        missed_run_policy: match c.missed {
+            Missed::RunOnce => proto::MissedRunPolicy::RunOnce,
+            Missed::Skip => proto::MissedRunPolicy::Skip,
+        } as i32,
+        template: Some(proto::JobTemplate {
+            request: Some(request),
+        }),
+        labels: s.labels.iter().cloned().collect(),
+    })
+}
+
+async fn list(client: &mut Client, labels: &[(String, String)], json: bool) -> anyhow::Result<()> {
+    let mut token = String::new();
+    let mut all = Vec::new();
+    loop {
+        let page = client
+            .list_schedules(proto::ListSchedulesRequest {
+                labels: labels.iter().cloned().collect(),
+                page_size: 0,
+                page_token: token.clone(),
+            })
+            .await
+            .map_err(status_error)?
+            .into_inner();
+        all.extend(page.schedules);
+        token = page.next_page_token;
+        if token.is_empty() {
+            break;
+        }
+    }
+    if json {
+        let list: Vec<_> = all.iter().map(schedule_json).collect();
+        println!("{}", serde_json::Value::Array(list));
+        return Ok(());
+    }
+    println!(
+        "{:<24}  {:<16}  {:<16}  {:<7}  {:<20}  LAST RUN",
+        "NAME", "CRON", "TIME ZONE", "STATE", "NEXT RUN"
+    );
+    for s in &all {
+        let status = s.status.clone().unwrap_or_default();
+        println!(
+            "{:<24}  {:<16}  {:<16}  {:<7}  {:<20}  {}",
+            s.name,
+            s.cron,
+            zone(s),
+            if s.paused { "paused" } else { "active" },
+            time(&status.next_run_time),
+            status
+                .last_run
+                .as_ref()
+                .map_or("-", |r| result_name(r.result)),
+        );
+    }
+    Ok(())
+}
+
+fn zone(s: &proto::Schedule) -> &str {
+    if s.time_zone.is_empty() {
+        "UTC"
+    } else {
+        &s.time_zone
+    }
+}
+
+/// RFC 3339 in UTC, or "-".
+fn time(t: &Option<prost_types::Timestamp>) -> String {
+    t.as_ref()
+        .and_then(|t| chrono::DateTime::from_timestamp(t.seconds, t.nanos.max(0) as u32))
+        .map_or_else(
+            || "-".to_string(),
+            |t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        )
+}
+
+fn time_json(t: &Option<prost_types::Timestamp>) -> serde_json::Value {
+    match t {
+        Some(_) => serde_json::Value::String(time(t)),
+        None => serde_json::Value::Null,
+    }
+}
+
+fn result_name(r: i32) -> &'static str {
+    match proto::ScheduleRunResult::try_from(r) {
+        Ok(proto::ScheduleRunResult::Running) => "running",
+        Ok(proto::ScheduleRunResult::Succeeded) => "succeeded",
+        Ok(proto::ScheduleRunResult::Failed) => "failed",
+        Ok(proto::ScheduleRunResult::Cancelled) => "cancelled",
+        _ => "unknown",
+    }
+}
+
+fn missed_name(p: i32) -> &'static str {
+    match proto::MissedRunPolicy::try_from(p) {
+        Ok(proto::MissedRunPolicy::Skip) => "skip",
+        _ => "run_once",
+    }
+}
+
+fn template_kind(s: &proto::Schedule) -> &'static str {
+    match s.template.as_ref().and_then(|t| t.request.as_ref()) {
+        Some(proto::job_template::Request::Transfer(_)) => "transfer",
+        Some(proto::job_template::Request::Checksum(_)) => "checksum",
+        None => "unknown",
+    }
+}
+
+fn endpoints(s: &proto::Schedule) -> (String, Option<String>) {
+    let url = |e: &Option<proto::Endpoint>| e.as_ref().map(|e| e.url.clone()).unwrap_or_default();
+    match s.template.as_ref().and_then(|t| t.request.as_ref()) {
+        Some(proto::job_template::Request::Transfer(r)) => (url(&r.source), Some(url(&r.target))),
+        Some(proto::job_template::Request::Checksum(r)) => (url(&r.source), None),
+        None => (String::new(), None),
+    }
+}
+
+/// A schedule as JSON (the shape `ferry schedule --json` prints).
+pub fn schedule_json(s: &proto::Schedule) -> serde_json::Value {
+    let status = s.status.clone().unwrap_or_default();
+    let (source, target) = endpoints(s);
+    let last_run = status.last_run.as_ref().map(|r| {
+        serde_json::json!({
+            "job_id": r.job_id,
+            "fire_time": time_json(&r.fire_time),
+            "start_time": time_json(&r.start_time),
+            "result": result_name(r.result),
+            "message": r.message,
+            "manual": r.manual,
+        })
+    });
+    serde_json::json!({
+        "id": s.id,
+        "name": s.name,
+        "cron": s.cron,
+        "time_zone": zone(s),
+        "paused": s.paused,
+        "missed_run_policy": missed_name(s.missed_run_policy),
+        "kind": template_kind(s),
+        "source": source,
+        "target": target,
+        "labels": s.labels,
+        "next_run_time": time_json(&status.next_run_time),
+        "last_run": last_run,
+        "last_success_time": time_json(&status.last_success_time),
+        "runs_started": status.runs_started,
+        "runs_skipped": status.runs_skipped,
+        "runs_missed": status.runs_missed,
+        "consecutive_failures": status.consecutive_failures,
+    })
+}
+
+fn print_schedule(s: &proto::Schedule, json: bool) {
+    if json {
+        println!("{}", schedule_json(s));
+        return;
+    }
+    let status = s.status.clone().unwrap_or_default();
+    let (source, target) = endpoints(s);
+    println!("id:        {}", s.id);
+    println!("name:      {}", s.name);
+    println!("cron:      {} ({})", s.cron, zone(s));
+    println!("state:     {}", if s.paused { "paused" } else { "active" });
+    println!("missed:    {}", missed_name(s.missed_run_policy));
+    match target {
+        Some(t) => println!("job:       {} {source} -> {t}", template_kind(s)),
+        None => println!("job:       {} {source}", template_kind(s)),
+    }
+    println!("next run:  {}", time(&status.next_run_time));
+    if let Some(r) = &status.last_run {
+        let job = if r.job_id.is_empty() { "-" } else { &r.job_id };
+        println!(
+            "last run:  {} at {} (job {job}){}",
+            result_name(r.result),
+            time(&r.fire_time),
+            if r.message.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", r.message)
+            }
+        );
+    }
+    println!("succeeded: {}", time(&status.last_success_time));
+    println!(
+        "runs:      {} started, {} skipped, {} missed, {} failures in a row",
+        status.runs_started, status.runs_skipped, status.runs_missed, status.consecutive_failures
+    );
+}
