@@ -344,7 +344,7 @@ fn targets(job: &proto::Job) -> Vec<TargetReport> {
         Some(proto::job::Request::Transfer(r)) => r
             .labels
             .get(TARGET_LABEL)
-            .and_then(|l| target_indexes(l))
+            .and_then(|l| target_indexes(l.as_str()))
             .filter(|i| i.len() == job.targets.len()),
         _ => None,
     };

@@ -148,7 +148,7 @@ async fn open_members(
                     target.size()
                 )));
             }
-            Ok((target, kind))
+            Ok::<_, Error>((target, kind))
         }
         .await;
         match opened {
@@ -259,14 +259,14 @@ fn settle_copy(
     copy_failed: bool,
 ) -> Option<Error> {
     let dropped = dropped(fan);
-    let last = (copy_failed && dropped.len() == members.len())
-        .then(|| {
-            dropped
-                .iter()
-                .max_by_key(|(i, _)| members[*i].tracking.failed_at.load(Ordering::SeqCst))
-                .map(|(i, _)| *i)
-        })
-        .flatten();
+    let last = if copy_failed && dropped.len() == members.len() {
+        dropped
+            .iter()
+            .max_by_key(|(i, _)| members[*i].tracking.failed_at.load(Ordering::SeqCst))
+            .map(|(i, _)| *i)
+    } else {
+        None
+    };
     inner.update(id, |r| {
         for (i, error) in &dropped {
             let index = members[*i].index;
