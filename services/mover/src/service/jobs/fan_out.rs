@@ -231,13 +231,13 @@ async fn watch_members(
     let mut seen = 0;
     loop {
         tick.tick().await;
-        let dropped = dropped(fan);
-        if dropped.len() == seen {
+        let now = dropped(fan);
+        if now.len() == seen {
             continue;
         }
-        seen = dropped.len();
+        seen = now.len();
         inner.update(id, |r| {
-            for (i, error) in &dropped {
+            for (i, error) in &now {
                 if r.targets.get(members[*i].index).is_some_and(|t| t.is_live()) {
                     drop_target(r, members[*i].index, error.clone());
                 }
@@ -258,9 +258,9 @@ fn settle_copy(
     fan: &FanOut,
     copy_failed: bool,
 ) -> Option<Error> {
-    let dropped = dropped(fan);
-    let last = if copy_failed && dropped.len() == members.len() {
-        dropped
+    let failed = dropped(fan);
+    let last = if copy_failed && failed.len() == members.len() {
+        failed
             .iter()
             .max_by_key(|(i, _)| members[*i].tracking.failed_at.load(Ordering::SeqCst))
             .map(|(i, _)| *i)
@@ -268,7 +268,7 @@ fn settle_copy(
         None
     };
     inner.update(id, |r| {
-        for (i, error) in &dropped {
+        for (i, error) in &failed {
             let index = members[*i].index;
             if Some(*i) == last {
                 if let Some(t) = r.targets.get_mut(index) {
@@ -282,7 +282,7 @@ fn settle_copy(
         }
         true
     });
-    let (_, error) = dropped.into_iter().find(|(i, _)| Some(*i) == last)?;
+    let (_, error) = failed.into_iter().find(|(i, _)| Some(*i) == last)?;
     Some(Error::new(kind_named(&error.kind), error.message))
 }
 
