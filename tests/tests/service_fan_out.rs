@@ -155,7 +155,11 @@ async fn a_failing_target_fails_the_job_naming_it_and_the_others_hold_the_image(
         error.message
     );
     let port = format!(":{}", broken.port().expect("a TCP export"));
-    assert!(error.message.contains(&port), "names the target: {}", error.message);
+    assert!(
+        error.message.contains(&port),
+        "names the target: {}",
+        error.message
+    );
     assert!(
         error.message.contains("a.img") && error.message.contains("c.img"),
         "says where the image is: {}",
@@ -192,7 +196,12 @@ async fn a_cancelled_fan_out_resumes_into_every_target() {
     let o = req.options.as_mut().unwrap();
     o.rate_limit = 8 * MIB;
     o.request_size = 256 * 1024;
-    let job = e.client.start_transfer(req.clone()).await.unwrap().into_inner();
+    let job = e
+        .client
+        .start_transfer(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
     let mut stream = e
         .client
         .watch_job(proto::WatchJobRequest { id: job.id.clone() })
@@ -200,7 +209,13 @@ async fn a_cancelled_fan_out_resumes_into_every_target() {
         .unwrap()
         .into_inner();
     loop {
-        let j = stream.message().await.unwrap().expect("still running").job.unwrap();
+        let j = stream
+            .message()
+            .await
+            .unwrap()
+            .expect("still running")
+            .job
+            .unwrap();
         assert!(!is_terminal(&j), "the copy finished too early: {j:?}");
         if j.progress.unwrap().committed_bytes >= 4 * MIB {
             break;
@@ -230,7 +245,11 @@ async fn a_cancelled_fan_out_resumes_into_every_target() {
     let Some(proto::job::Result::TransferResult(r)) = &done.result else {
         panic!("no result: {done:?}")
     };
-    assert!(r.resumed_bytes >= 4 * MIB, "resumed {} bytes", r.resumed_bytes);
+    assert!(
+        r.resumed_bytes >= 4 * MIB,
+        "resumed {} bytes",
+        r.resumed_bytes
+    );
     for t in &targets {
         qemu_img_compare(&image.path, t);
     }

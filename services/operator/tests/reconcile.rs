@@ -930,7 +930,11 @@ fn outcome(index: usize, state: JobState, error: Option<(&str, &str)>) -> Target
     TargetReport {
         index,
         state,
-        done_bytes: if state == JobState::Succeeded { 4 * MIB } else { MIB },
+        done_bytes: if state == JobState::Succeeded {
+            4 * MIB
+        } else {
+            MIB
+        },
         digest: (state == JobState::Succeeded).then(digest),
         error: error.map(|(kind, message)| JobFailure {
             kind: kind.into(),
@@ -1048,9 +1052,8 @@ async fn a_fan_out_with_a_failed_target_fails_naming_it() {
         .await;
     let end = status_of(&seen).clone();
     assert_eq!(end["phase"], "Failed");
-    let message = format!(
-        "1 of 2 targets failed: pvc/other: no_space: {full}; the image is on pvc/copy"
-    );
+    let message =
+        format!("1 of 2 targets failed: pvc/other: no_space: {full}; the image is on pvc/copy");
     assert_eq!(end["message"], message.as_str());
     assert_eq!(end["targets"][0]["phase"], "Succeeded");
     assert_eq!(end["targets"][0]["digest"], digest());
@@ -1079,7 +1082,11 @@ async fn a_transient_target_failure_retries_only_that_target() {
     });
     failed.targets = vec![
         outcome(0, JobState::Succeeded, None),
-        outcome(1, JobState::Failed, Some(("disconnected", "the server went away"))),
+        outcome(
+            1,
+            JobState::Failed,
+            Some(("disconnected", "the server went away")),
+        ),
     ];
     h.link.script(&id, vec![failed]);
     let task = tokio::spawn(reconcile(t, h.ctx.clone()));

@@ -237,7 +237,11 @@ impl Transfer {
     /// How failed targets end the Transfer: a retry of those targets when every failure
     /// is transient, Failed otherwise, naming how many failed and which, and where the
     /// image is. None when no target failed.
-    fn failed(&self, failed: &[(usize, String, String)], status: &TransferStatus) -> Option<Outcome> {
+    fn failed(
+        &self,
+        failed: &[(usize, String, String)],
+        status: &TransferStatus,
+    ) -> Option<Outcome> {
         if failed.is_empty() {
             return None;
         }
@@ -280,9 +284,8 @@ impl Transfer {
 /// The targets a new job writes: those not done yet (all of them at first).
 fn pending(transfer: &Transfer, status: &TransferStatus) -> Vec<usize> {
     let count = transfer.spec.targets.len();
-    let done = |i: usize| {
-        status.targets.len() == count && status.targets[i].phase == Phase::Succeeded
-    };
+    let done =
+        |i: usize| status.targets.len() == count && status.targets[i].phase == Phase::Succeeded;
     let pending: Vec<usize> = (0..count).filter(|&i| !done(i)).collect();
     if pending.is_empty() {
         (0..count).collect()

@@ -157,14 +157,12 @@ pub fn transfer_request(
         });
     }
     let mut targets = targets.into_iter();
-    let target = targets
-        .next()
-        .ok_or_else(|| {
-            MoverError::Invalid(ValidationError {
-                field: "spec.targets".into(),
-                message: "no target left to write".into(),
-            })
-        })?;
+    let target = targets.next().ok_or_else(|| {
+        MoverError::Invalid(ValidationError {
+            field: "spec.targets".into(),
+            message: "no target left to write".into(),
+        })
+    })?;
     let names: Vec<String> = indexes
         .iter()
         .filter(|&&i| i < transfer.spec.targets.len())

@@ -3,8 +3,8 @@
 use ferry_core::ErrorKind;
 use ferry_endpoints::s3::S3Options;
 
-use super::*;
 use super::validation::MAX_TARGETS;
+use super::*;
 use crate::service::jobs::model::{DigestRecord, JobRecord, JobState, ResultRecord};
 use crate::service::proto;
 use crate::service::secrets::SecretResolver;
@@ -473,14 +473,18 @@ fn fan_out_validation() {
     let err = v.transfer(&twice).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
     assert!(
-        err.message().contains("more_targets[1] and target are the same image"),
+        err.message()
+            .contains("more_targets[1] and target are the same image"),
         "{err}"
     );
 
     let mut source = req.clone();
     source.more_targets[0] = req.source.clone().unwrap();
     let err = v.transfer(&source).unwrap_err();
-    assert!(err.message().contains("more_targets[0] is the source"), "{err}");
+    assert!(
+        err.message().contains("more_targets[0] is the source"),
+        "{err}"
+    );
 
     let mut options = req.clone();
     options.more_targets[0].options = Some(proto::endpoint::Options::Iscsi(proto::IscsiOptions {

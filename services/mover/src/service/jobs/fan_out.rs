@@ -15,14 +15,13 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use ferry_core::{Caps, Error, ErrorKind, IoBuf, Result, Source, Target, ZeroMode};
 use ferry_engine::{
-    verify_read_backs, CancellationToken, FanOut, Progress, VerifiedCopy, Verification,
+    verify_read_backs, CancellationToken, FanOut, Progress, Verification, VerifiedCopy,
 };
 
 use super::metered::{JobCounts, MeteredSource, MeteredTarget};
 use super::model::{DigestRecord, ErrorRecord, JobRecord, TargetState};
 use super::runner::{
-    attempt_options, drive, error_record, kind_label, open_transfer_source, transfer_result,
-    Ended,
+    attempt_options, drive, error_record, kind_label, open_transfer_source, transfer_result, Ended,
 };
 use super::Inner;
 use crate::service::convert::options::source_options;
@@ -82,7 +81,9 @@ pub(super) async fn transfer(
         .map(|(m, _)| m)
         .collect();
     let verification = match &spec.verify {
-        Some(checksum) => verify(inner, id, spec, source.clone(), &holding, checksum, cancel).await?,
+        Some(checksum) => {
+            verify(inner, id, spec, source.clone(), &holding, checksum, cancel).await?
+        }
         None => None,
     };
     let _ = source.close().await;
@@ -238,7 +239,10 @@ async fn watch_members(
         seen = now.len();
         inner.update(id, |r| {
             for (i, error) in &now {
-                if r.targets.get(members[*i].index).is_some_and(|t| t.is_live()) {
+                if r.targets
+                    .get(members[*i].index)
+                    .is_some_and(|t| t.is_live())
+                {
                     drop_target(r, members[*i].index, error.clone());
                 }
             }
@@ -439,9 +443,9 @@ impl Tracking {
         if let Err(e) = &r {
             if e.kind() != ErrorKind::Cancelled && self.failed_at.load(Ordering::SeqCst) == 0 {
                 let now = self.clock.fetch_add(1, Ordering::SeqCst) + 1;
-                let _ =
-                    self.failed_at
-                        .compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst);
+                let _ = self
+                    .failed_at
+                    .compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst);
             }
         }
         r

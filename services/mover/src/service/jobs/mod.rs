@@ -6,10 +6,10 @@
 //! Every state change goes through [`Inner::update`], which also publishes the record to
 //! the job's watch channel and moves the jobs-by-state gauge.
 
+mod fan_out;
 pub mod metered;
 pub mod model;
 pub mod opener;
-mod fan_out;
 mod runner;
 
 use std::collections::{BTreeMap, HashMap};
@@ -23,9 +23,7 @@ use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use self::model::{
-    now_ms, ErrorRecord, JobKind, JobRecord, JobState, TargetRecord, TargetState,
-};
+use self::model::{now_ms, ErrorRecord, JobKind, JobRecord, JobState, TargetRecord, TargetState};
 use self::opener::Opener;
 use super::convert::checkpoint::bounded;
 use super::convert::{Accepted, JobSpec};
@@ -258,7 +256,9 @@ impl JobManager {
                 message: "queued".into(),
                 checkpoint: resume_from.as_ref().map(bounded),
                 targets: match acc.spec.as_ref() {
-                    JobSpec::Transfer(t) => t.targets().map(|t| TargetRecord::new(t.name())).collect(),
+                    JobSpec::Transfer(t) => {
+                        t.targets().map(|t| TargetRecord::new(t.name())).collect()
+                    }
                     JobSpec::Checksum(_) => Vec::new(),
                 },
             };
@@ -454,9 +454,10 @@ impl JobManager {
 }
 
 fn table_writes(table: &Table, target: &str) -> bool {
-    table.jobs.values().any(|e| {
-        !e.record.state.is_terminal() && e.record.plan.writes(target)
-    })
+    table
+        .jobs
+        .values()
+        .any(|e| !e.record.state.is_terminal() && e.record.plan.writes(target))
 }
 
 fn claim(r: &JobRecord) -> Claim {
@@ -481,7 +482,11 @@ fn finish_record(r: &mut JobRecord, state: JobState, error: Option<ErrorRecord>)
     // The targets still being written end with the job: they hold the image when it
     // succeeded, and share its error otherwise (they stay resumable: a checkpoint of a
     // cancelled or failed job still holds for them).
-    for t in r.targets.iter_mut().filter(|t| t.state == TargetState::Running) {
+    for t in r
+        .targets
+        .iter_mut()
+        .filter(|t| t.state == TargetState::Running)
+    {
         if state == JobState::Succeeded {
             t.state = TargetState::Succeeded;
             t.done = r.progress.total;

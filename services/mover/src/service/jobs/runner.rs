@@ -460,7 +460,11 @@ pub(super) async fn drive<T>(
 
 /// The targets being written are as far as the copy.
 fn live_targets_done(r: &mut JobRecord, done: u64) {
-    for t in r.targets.iter_mut().filter(|t| t.state == TargetState::Running) {
+    for t in r
+        .targets
+        .iter_mut()
+        .filter(|t| t.state == TargetState::Running)
+    {
         t.done = done;
     }
 }
