@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Runs one copy the way a ferry mover pod does, for the mover-overhead benchmark.
 
-    mover_job.py FERRY SRC DST
+    mover_job.py FERRY SRC DST [DST...]
 
 Starts `ferry serve` as the operator's mover pod runs it (a fresh data directory, a bearer
 token, file endpoints confined to the image's directory, metrics off), waits until it
-accepts connections, starts the transfer with `ferry job start --watch` as the operator
-does over gRPC, and stops the service (SIGTERM) when the job has ended. Everything a mover
+accepts connections, starts the transfer (one job; several DSTs are one fan-out) with
+`ferry job start --watch` as the operator does over gRPC, and stops the service (SIGTERM) when the job has ended. Everything a mover
 adds to a copy is inside the measured time: the service's start, the job's admission and
 scheduling, the progress stream and the shutdown. Exit status: 0 only if the job succeeded.
 SIGTERM (from first_byte.py) kills the service at once and removes its state.
@@ -42,10 +42,11 @@ def wait_listening(port: int, serve: subprocess.Popen, timeout: float = 30.0) ->
 
 
 def main() -> int:
-    if len(sys.argv) != 4:
+    if len(sys.argv) < 4:
         sys.exit(__doc__)
-    ferry, src, dst = sys.argv[1], Path(sys.argv[2]).resolve(), Path(sys.argv[3]).resolve()
-    roots = sorted({str(src.parent), str(dst.parent)})
+    ferry, src = sys.argv[1], Path(sys.argv[2]).resolve()
+    dsts = [Path(d).resolve() for d in sys.argv[3:]]
+    roots = sorted({str(src.parent), *(str(d.parent) for d in dsts)})
     with tempfile.TemporaryDirectory(prefix="ferry-mover-") as state:
         token = Path(state) / "token"
         token.write_text(secrets.token_hex(32))
@@ -68,7 +69,7 @@ def main() -> int:
             wait_listening(port, serve)
             job = subprocess.run([ferry, "job", "--server", f"http://127.0.0.1:{port}",
                                   "--token-file", str(token), "start", "--watch",
-                                  str(src), str(dst)],
+                                  str(src), *(str(d) for d in dsts)],
                                  stdout=subprocess.DEVNULL)
         finally:
             serve.send_signal(signal.SIGTERM)

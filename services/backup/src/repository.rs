@@ -149,12 +149,14 @@ impl Repository {
         let config = Config::parse(&data, &location)?;
         let keys = match (&config.encryption, passphrase) {
             (None, _) => None,
-            (Some(_), None) => return Err(Error::new(
-                ErrorKind::PermissionDenied,
-                format!(
+            (Some(_), None) => {
+                return Err(Error::new(
+                    ErrorKind::PermissionDenied,
+                    format!(
                     "the repository at {location} is encrypted: a passphrase is needed to open it"
                 ),
-            )),
+                ))
+            }
             (Some(enc), Some(passphrase)) => Some(
                 keys::unlock(enc, passphrase, config.id.as_bytes())
                     .map_err(|e| e.with_endpoint(location.clone()))?,

@@ -13,13 +13,14 @@ use async_trait::async_trait;
 use ferry_core::Secret;
 use ferry_operator::controller::{
     JobFailure, JobReport, JobRequest, JobState, LinkError, MoverAddress, MoverLink, ReportStream,
+    TargetReport,
 };
 use ferry_operator::crd::{
     CacheMode, Checkpoint, CommitOrder, HashAlgorithm, ImageFormat, Preallocation, Progress,
 };
 use ferry_operator::mover::request::{
-    EndpointOptions, SecretRef, StartChecksum, StartTransfer, WireEndpoint, WireTransferOptions,
-    OWNER_UID_LABEL,
+    target_indexes, EndpointOptions, SecretRef, StartChecksum, StartTransfer, WireEndpoint,
+    WireTransferOptions, OWNER_UID_LABEL, TARGET_LABEL,
 };
 use futures_util::StreamExt;
 use tonic::codegen::InterceptedService;
@@ -301,6 +302,7 @@ pub fn transfer_request(
         labels: r.labels.clone(),
         priority: r.priority,
         refuse_if_target_busy: r.refuse_if_target_busy,
+        more_targets: r.more_targets.iter().map(endpoint).collect(),
         resume_from: resume_from.map(|c| proto::Checkpoint {
             size: c.size,
             committed: c
@@ -342,6 +344,42 @@ fn digest(d: Option<&proto::Digest>) -> Option<String> {
     Some(format!("{algorithm}:{}", d.hex))
 }
 
+fn failure(e: &proto::JobError) -> JobFailure {
+    JobFailure {
+        kind: e.kind.clone(),
+        message: e.message.clone(),
+    }
+}
+
+/// A transfer's targets, each with its index in the resource's `spec.targets` as the
+/// job's target label names them (their position in the job without the label).
+fn targets(job: &proto::Job) -> Vec<TargetReport> {
+    let indexes = match &job.request {
+        Some(proto::job::Request::Transfer(r)) => r
+            .labels
+            .get(TARGET_LABEL)
+            .and_then(|l| target_indexes(l.as_str()))
+            .filter(|i| i.len() == job.targets.len()),
+        _ => None,
+    };
+    job.targets
+        .iter()
+        .enumerate()
+        .map(|(k, t)| TargetReport {
+            index: indexes.as_ref().map_or(k, |i| i[k]),
+            state: match proto::TargetState::try_from(t.state) {
+                Ok(proto::TargetState::Succeeded) => JobState::Succeeded,
+                Ok(proto::TargetState::Failed) => JobState::Failed,
+                _ => JobState::Running,
+            },
+            done_bytes: t.done_bytes,
+            digest: digest(t.digest.as_ref()),
+            error: t.error.as_ref().map(failure),
+            resumable: t.resumable,
+        })
+        .collect()
+}
+
 /// A job as the reconciler reads it.
 pub fn report(job: &proto::Job) -> JobReport {
     let state = match proto::JobState::try_from(job.state) {
@@ -380,10 +418,8 @@ pub fn report(job: &proto::Job) -> JobReport {
         checkpoint,
         source_digest,
         target_digest,
-        error: job.error.as_ref().map(|e| JobFailure {
-            kind: e.kind.clone(),
-            message: e.message.clone(),
-        }),
+        error: job.error.as_ref().map(failure),
+        targets: targets(job),
     }
 }
 
@@ -413,6 +449,11 @@ mod tests {
                 options: None,
                 ..WireEndpoint::default()
             },
+            more_targets: vec![WireEndpoint {
+                url: "/dev/ferry/copy2".into(),
+                options: None,
+                ..WireEndpoint::default()
+            }],
             options: WireTransferOptions {
                 workers: 4,
                 order: CommitOrder::InOrder,
@@ -441,6 +482,8 @@ mod tests {
         assert_eq!(o.cache, proto::CacheMode::None as i32);
         assert_eq!(o.verify_algorithm, proto::HashAlgorithm::Sha256 as i32);
         assert!(p.refuse_if_target_busy);
+        assert_eq!(p.more_targets.len(), 1);
+        assert_eq!(p.more_targets[0].url, "/dev/ferry/copy2");
         let resume = p.resume_from.unwrap();
         assert_eq!(resume.size, 100);
         assert_eq!(
@@ -519,6 +562,44 @@ mod tests {
         assert_eq!(r.source_digest, None);
     }
 
+    /// Each target outcome of a fan-out is reported under its index in the resource's
+    /// targets, as the job's target label lists them.
+    #[test]
+    fn target_outcomes_keep_the_resource_indexes() {
+        let outcome = |state: proto::TargetState| proto::TargetOutcome {
+            target: "/dev/ferry/t".into(),
+            state: state as i32,
+            ..proto::TargetOutcome::default()
+        };
+        let mut job = proto::Job {
+            state: proto::JobState::Failed as i32,
+            request: Some(proto::job::Request::Transfer(proto::StartTransferRequest {
+                labels: [(TARGET_LABEL.to_string(), "2,5".to_string())].into(),
+                ..proto::StartTransferRequest::default()
+            })),
+            targets: vec![
+                outcome(proto::TargetState::Succeeded),
+                proto::TargetOutcome {
+                    error: Some(proto::JobError {
+                        kind: "io".into(),
+                        message: "gone".into(),
+                    }),
+                    resumable: false,
+                    ..outcome(proto::TargetState::Failed)
+                },
+            ],
+            ..proto::Job::default()
+        };
+        let r = report(&job);
+        let seen: Vec<(usize, JobState)> = r.targets.iter().map(|t| (t.index, t.state)).collect();
+        assert_eq!(seen, [(2, JobState::Succeeded), (5, JobState::Failed)]);
+        assert_eq!(r.targets[1].error.as_ref().unwrap().kind, "io");
+        assert!(!r.targets[1].resumable);
+        job.request = None;
+        let seen: Vec<usize> = report(&job).targets.iter().map(|t| t.index).collect();
+        assert_eq!(seen, [0, 1]);
+    }
+
     #[test]
     fn statuses_split_into_retry_and_refuse() {
         assert!(matches!(
@@ -542,7 +623,7 @@ mod tests {
     async fn drives_a_real_job_service() {
         use crate::service::config::ServiceConfig;
         use crate::service::server;
-        use ferry_operator::mover::request::{StartChecksum, WireChecksumOptions, TARGET_LABEL};
+        use ferry_operator::mover::request::{StartChecksum, WireChecksumOptions};
 
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("root");
@@ -556,6 +637,7 @@ mod tests {
         let addr = service.grpc_addr();
         let src = root.join("src.img");
         let dst = root.join("dst.img");
+        let dst2 = root.join("dst2.img");
         let bytes: Vec<u8> = (0..3u32 << 20).map(|i| (i % 251) as u8).collect();
         std::fs::write(&src, &bytes).unwrap();
         let mover = MoverAddress {
@@ -574,15 +656,16 @@ mod tests {
         let request = StartTransfer {
             source: file(&src),
             target: file(&dst),
+            more_targets: vec![file(&dst2)],
             options: WireTransferOptions {
                 verify: true,
                 verify_algorithm: HashAlgorithm::Sha256,
                 ..WireTransferOptions::default()
             },
-            idempotency_key: "uid/0".into(),
+            idempotency_key: "uid/0,1".into(),
             labels: BTreeMap::from([
                 (OWNER_UID_LABEL.to_string(), "uid".to_string()),
-                (TARGET_LABEL.to_string(), "0".to_string()),
+                (TARGET_LABEL.to_string(), "0,1".to_string()),
             ]),
             priority: 0,
             refuse_if_target_busy: true,
@@ -614,12 +697,22 @@ mod tests {
         let copied = last(&link, &mover, &started.id).await;
         assert_eq!(copied.state, JobState::Succeeded, "{copied:?}");
         assert_eq!(std::fs::read(&dst).unwrap(), bytes);
+        assert_eq!(std::fs::read(&dst2).unwrap(), bytes);
+        let targets: Vec<(usize, JobState)> =
+            copied.targets.iter().map(|t| (t.index, t.state)).collect();
+        assert_eq!(
+            targets,
+            [(0, JobState::Succeeded), (1, JobState::Succeeded)]
+        );
         let source_digest = copied.source_digest.clone().unwrap();
         assert!(source_digest.starts_with("sha256:"), "{source_digest}");
         assert_eq!(
             copied.target_digest.as_deref(),
             Some(source_digest.as_str())
         );
+        for t in &copied.targets {
+            assert_eq!(t.digest.as_deref(), Some(source_digest.as_str()), "{t:?}");
+        }
         assert_eq!(copied.progress.total_bytes, 3 << 20);
 
         let checksum = JobRequest::Checksum(StartChecksum {

@@ -7,7 +7,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_operator::controller::{reconcile, JobFailure, JobRequest, JobState};
+use ferry_operator::controller::{reconcile, JobFailure, JobRequest, JobState, TargetReport};
 use ferry_operator::crd::VolumeMode;
 use ferry_operator::crd::{Checkpoint, Checksum, Transfer};
 use ferry_operator::mover::{transfer_pod, MoverPodInput, ResolvedPvc};
@@ -897,11 +897,8 @@ async fn a_checksum_writes_its_digest() {
     assert_eq!(h.server.count, 7);
 }
 
-/// A fan-out: two targets, one job each in the one mover; the status has one entry per
-/// target and the checkpoint both targets share.
-#[tokio::test]
-async fn a_fan_out_reports_each_target() {
-    let mut h = Harness::new(settings());
+/// A Transfer of two targets with its mover ready (`pvc/copy` and `pvc/other`).
+fn fan_out(h: &mut Harness) -> (Value, Arc<Transfer>) {
     let mut object = transfer_json(Some(running_status(1)));
     object["spec"]["targets"]
         .as_array_mut()
@@ -925,13 +922,77 @@ async fn a_fan_out_reports_each_target() {
     .unwrap();
     h.pod_seen(ready(pod, "node-a"));
     h.ctx.remember_token("import-ft-1-token", "secret-token");
-    for (i, committed) in [(0, 4 * MIB), (1, 3 * MIB)] {
-        let id = job_id(&format!("uid-1/{i}"));
-        let mut done =
-            with_checkpoint(report(&id, JobState::Succeeded, 4 * MIB), &[(0, committed)]);
-        done.target_digest = Some(digest());
-        h.link.script(&id, vec![done]);
+    (object, t)
+}
+
+/// A target outcome of a fan-out job.
+fn outcome(index: usize, state: JobState, error: Option<(&str, &str)>) -> TargetReport {
+    TargetReport {
+        index,
+        state,
+        done_bytes: if state == JobState::Succeeded {
+            4 * MIB
+        } else {
+            MIB
+        },
+        digest: (state == JobState::Succeeded).then(digest),
+        error: error.map(|(kind, message)| JobFailure {
+            kind: kind.into(),
+            message: message.into(),
+        }),
+        resumable: state != JobState::Failed,
     }
+}
+
+/// The mover removed and the event of the end, after the final status.
+async fn mover_removed(h: &mut Harness) -> Value {
+    h.server
+        .expect("DELETE", &format!("{PODS}/import-ft-1"), Reply::Deleted)
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{SECRETS}/import-ft-1-token"),
+            Reply::Deleted,
+        )
+        .await;
+    let event = h.server.expect_event(NS).await.body;
+    h.ctx.take_watch("uid-1").unwrap().task.await.unwrap();
+    h.server.done().await;
+    event
+}
+
+/// The transfer requests the mover got: (idempotency key, target URLs).
+fn started(h: &Harness) -> Vec<(String, Vec<String>)> {
+    h.link
+        .calls()
+        .iter()
+        .filter_map(|c| match c {
+            Call::Start(JobRequest::Transfer { request, .. }) => Some((
+                request.idempotency_key.clone(),
+                std::iter::once(&request.target)
+                    .chain(&request.more_targets)
+                    .map(|t| t.url.clone())
+                    .collect(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A fan-out: two targets, ONE job in the one mover writing both in one pass; the
+/// status has one entry per target, from the job's per-target outcomes.
+#[tokio::test]
+async fn a_fan_out_runs_as_one_job() {
+    let mut h = Harness::new(settings());
+    let (object, t) = fan_out(&mut h);
+    let id = job_id("uid-1/0,1");
+    let mut done = with_checkpoint(report(&id, JobState::Succeeded, 4 * MIB), &[(0, 4 * MIB)]);
+    done.targets = vec![
+        outcome(0, JobState::Succeeded, None),
+        outcome(1, JobState::Succeeded, None),
+    ];
+    h.link.script(&id, vec![done]);
     let task = tokio::spawn(reconcile(t, h.ctx.clone()));
     finish(task).await;
     let seen = h
@@ -947,34 +1008,126 @@ async fn a_fan_out_reports_each_target() {
         .map(|t| t["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["pvc/copy", "pvc/other"]);
-    assert_eq!(end["checkpoint"]["committed"], json!([[0, 3 * MIB]]));
+    assert_eq!(end["targets"][1]["phase"], "Succeeded");
+    assert_eq!(end["checkpoint"]["committed"], json!([[0, 4 * MIB]]));
+    assert_eq!(end["digests"]["targets"]["pvc/copy"], digest());
     assert_eq!(end["digests"]["targets"]["pvc/other"], digest());
-    h.server
-        .expect("DELETE", &format!("{PODS}/import-ft-1"), Reply::Deleted)
-        .await;
-    h.server
-        .expect(
-            "DELETE",
-            &format!("{SECRETS}/import-ft-1-token"),
-            Reply::Deleted,
-        )
-        .await;
-    h.server.expect_event(NS).await;
-    h.ctx.take_watch("uid-1").unwrap().task.await.unwrap();
-    h.server.done().await;
-    let started: Vec<String> = h
-        .link
-        .calls()
-        .iter()
-        .filter_map(|c| match c {
-            Call::Start(JobRequest::Transfer { request, .. }) => Some(request.target.url.clone()),
-            _ => None,
-        })
-        .collect();
+    mover_removed(&mut h).await;
     assert_eq!(
-        started,
-        ["/var/run/ferry/volumes/copy/disk.img", "/dev/ferry/other"]
+        started(&h),
+        [(
+            "uid-1/0,1".to_string(),
+            vec![
+                "/var/run/ferry/volumes/copy/disk.img".to_string(),
+                "/dev/ferry/other".to_string()
+            ]
+        )]
     );
+}
+
+/// One target of a fan-out fails for good (no space) while the other gets the image:
+/// that target Failed, the other Succeeded with its digest, the Transfer Failed with a
+/// message naming the failed target and where the image is.
+#[tokio::test]
+async fn a_fan_out_with_a_failed_target_fails_naming_it() {
+    let mut h = Harness::new(settings());
+    let (object, t) = fan_out(&mut h);
+    let id = job_id("uid-1/0,1");
+    let mut failed = with_checkpoint(report(&id, JobState::Failed, 4 * MIB), &[(0, 4 * MIB)]);
+    let full = "no space left on the device";
+    failed.error = Some(JobFailure {
+        kind: "no_space".into(),
+        message: format!("1 of 2 targets failed: /dev/ferry/other (no_space: {full})"),
+    });
+    failed.targets = vec![
+        outcome(0, JobState::Succeeded, None),
+        outcome(1, JobState::Failed, Some(("no_space", full))),
+    ];
+    h.link.script(&id, vec![failed]);
+    let task = tokio::spawn(reconcile(t, h.ctx.clone()));
+    finish(task).await;
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let end = status_of(&seen).clone();
+    assert_eq!(end["phase"], "Failed");
+    let message =
+        format!("1 of 2 targets failed: pvc/other: no_space: {full}; the image is on pvc/copy");
+    assert_eq!(end["message"], message.as_str());
+    assert_eq!(end["targets"][0]["phase"], "Succeeded");
+    assert_eq!(end["targets"][0]["digest"], digest());
+    assert_eq!(end["targets"][1]["phase"], "Failed");
+    assert_eq!(
+        end["targets"][1]["message"],
+        format!("no_space: {full}").as_str()
+    );
+    assert_eq!(condition(&end, "Ready")["reason"], "Failed");
+    let event = mover_removed(&mut h).await;
+    assert_eq!(event["note"], message.as_str());
+}
+
+/// A transient failure of one target of a fan-out: the Transfer retries, and the next
+/// mover's job writes only that target, from the beginning (it was dropped while the
+/// copy went on, so the checkpoint does not hold for it).
+#[tokio::test]
+async fn a_transient_target_failure_retries_only_that_target() {
+    let mut h = Harness::new(settings());
+    let (object, t) = fan_out(&mut h);
+    let id = job_id("uid-1/0,1");
+    let mut failed = with_checkpoint(report(&id, JobState::Failed, 4 * MIB), &[(0, 4 * MIB)]);
+    failed.error = Some(JobFailure {
+        kind: "disconnected".into(),
+        message: "1 of 2 targets failed".into(),
+    });
+    failed.targets = vec![
+        outcome(0, JobState::Succeeded, None),
+        outcome(
+            1,
+            JobState::Failed,
+            Some(("disconnected", "the server went away")),
+        ),
+    ];
+    h.link.script(&id, vec![failed]);
+    let task = tokio::spawn(reconcile(t, h.ctx.clone()));
+    finish(task).await;
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let retry = status_of(&seen).clone();
+    assert_eq!(retry["phase"], "Running");
+    assert_eq!(condition(&retry, "Running")["reason"], "Retrying");
+    assert_eq!(retry["targets"][0]["phase"], "Succeeded");
+    assert_eq!(retry["targets"][1]["phase"], "Failed");
+    assert!(retry.get("checkpoint").is_none(), "{retry}");
+    assert_eq!(mover_removed(&mut h).await["reason"], "Retrying");
+
+    // The next mover (attempt 2) gets one job for the target not done yet.
+    let mut again = retry.clone();
+    again["attempts"] = json!(2);
+    again["moverPod"] = json!("import-ft-2");
+    let object = with_status(&object, &json!({ "status": again }));
+    let t = transfer(&object);
+    let pvcs = [
+        ResolvedPvc::new("golden", VolumeMode::Block),
+        ResolvedPvc::new("copy", VolumeMode::Filesystem),
+        ResolvedPvc::new("other", VolumeMode::Block),
+    ];
+    let status: ferry_operator::crd::TransferStatus =
+        serde_json::from_value(again.clone()).unwrap();
+    let jobs = ferry_operator::controller::MoverKind::jobs(t.as_ref(), &status, &pvcs).unwrap();
+    let [JobRequest::Transfer {
+        request,
+        resume_from,
+    }] = jobs.as_slice()
+    else {
+        panic!("{jobs:?}")
+    };
+    assert_eq!(request.idempotency_key, "uid-1/1");
+    assert_eq!(request.target.url, "/dev/ferry/other");
+    assert!(request.more_targets.is_empty());
+    assert_eq!(*resume_from, None);
 }
 
 /// `expectedDigest`: the jobs verify with its algorithm, and a different digest fails

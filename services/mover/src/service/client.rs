@@ -75,7 +75,8 @@ pub struct ServerArgs {
 
 #[derive(Debug, Clone, Subcommand)]
 pub enum JobCommand {
-    /// Start a transfer from SRC to DST (or, with --checksum, a checksum of SRC).
+    /// Start a transfer from SRC to DST, or to several targets in one pass (DST DST2 ...),
+    /// or with --checksum a checksum of SRC.
     Start(StartArgs),
     /// Show a job.
     Get { id: String },
@@ -96,8 +97,9 @@ pub enum JobCommand {
 pub struct StartArgs {
     /// Source path or URL.
     pub src: String,
-    /// Target path or URL (not with --checksum).
-    pub dst: Option<String>,
+    /// Target paths or URLs: one, or several written in one pass over SRC (not with
+    /// --checksum).
+    pub dst: Vec<String>,
     /// Start a checksum of SRC instead of a transfer.
     #[arg(long)]
     pub checksum: bool,
@@ -138,7 +140,7 @@ pub struct StartArgs {
     pub labels: Vec<(String, String)>,
     #[arg(long, default_value_t = 0)]
     pub priority: i32,
-    /// Fail instead of queueing when another job writes DST.
+    /// Fail instead of queueing when another job writes DST (any of them).
     #[arg(long)]
     pub refuse_if_busy: bool,
     /// Environment variable on the server with the iSCSI CHAP password. (Per-job S3
@@ -153,7 +155,7 @@ pub struct StartArgs {
     pub watch: bool,
     /// Resume from a checkpoint: a file with what `ferry job get --json` printed for the
     /// earlier job (its "checkpoint"), or the checkpoint alone ({"size": N, "committed":
-    /// [[START, END], ...]}). DST must be the target that job wrote.
+    /// [[START, END], ...]}). DST must be the targets that job wrote.
     #[arg(long, value_name = "FILE")]
     pub resume_from: Option<PathBuf>,
 }
@@ -309,15 +311,15 @@ pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
 /// `ferry job start`: a checksum of SRC, or a transfer from SRC to DST.
 async fn start(client: &mut Client, s: &StartArgs) -> anyhow::Result<proto::Job> {
     let job = if s.checksum {
-        if s.dst.is_some() {
+        if !s.dst.is_empty() {
             bail!("--checksum takes only SRC");
         }
         client.start_checksum(checksum_request(s)).await
     } else {
-        let Some(dst) = &s.dst else {
+        let Some((dst, more)) = s.dst.split_first() else {
             bail!("a transfer needs SRC and DST (or use --checksum)");
         };
-        let mut request = transfer_request(s, dst);
+        let mut request = transfer_request(s, dst, more);
         if let Some(file) = &s.resume_from {
             request.resume_from = Some(read_checkpoint(file)?);
         }
@@ -342,7 +344,11 @@ pub(crate) fn checksum_request(s: &StartArgs) -> proto::StartChecksumRequest {
     }
 }
 
-pub(crate) fn transfer_request(s: &StartArgs, dst: &str) -> proto::StartTransferRequest {
+pub(crate) fn transfer_request(
+    s: &StartArgs,
+    dst: &str,
+    more: &[String],
+) -> proto::StartTransferRequest {
     let order = s.order.map_or(CommitOrder::Auto, CommitOrder::from);
     let (preallocation, preallocation_step) =
         options::preallocation_to_proto(s.preallocation.unwrap_or_default());
@@ -367,6 +373,10 @@ pub(crate) fn transfer_request(s: &StartArgs, dst: &str) -> proto::StartTransfer
         priority: s.priority,
         refuse_if_target_busy: s.refuse_if_busy,
         resume_from: None,
+        more_targets: more
+            .iter()
+            .map(|d| endpoint(d, s.secret_env.as_ref()))
+            .collect(),
     }
 }
 
@@ -603,6 +613,27 @@ pub fn job_json(j: &proto::Job) -> serde_json::Value {
         "error": j.error.as_ref().map(|e| serde_json::json!({"kind": e.kind, "message": e.message})),
         "message": j.message,
         "checkpoint": checkpoint_json(&j.checkpoint),
+        "targets": j.targets.iter().map(target_json).collect::<Vec<_>>(),
+    })
+}
+
+fn target_state_name(s: i32) -> &'static str {
+    match proto::TargetState::try_from(s) {
+        Ok(proto::TargetState::Running) => "running",
+        Ok(proto::TargetState::Succeeded) => "succeeded",
+        Ok(proto::TargetState::Failed) => "failed",
+        _ => "unknown",
+    }
+}
+
+fn target_json(t: &proto::TargetOutcome) -> serde_json::Value {
+    serde_json::json!({
+        "target": t.target,
+        "state": target_state_name(t.state),
+        "error": t.error.as_ref().map(|e| serde_json::json!({"kind": e.kind, "message": e.message})),
+        "digest": digest_json(&t.digest),
+        "done_bytes": t.done_bytes,
+        "resumable": t.resumable,
     })
 }
 
@@ -646,6 +677,20 @@ fn print_job(j: &proto::Job, json: bool) {
             }
         }
         None => {}
+    }
+    if j.targets.len() > 1 {
+        for t in &j.targets {
+            match &t.error {
+                Some(e) => println!(
+                    "target:   {} {}: {}: {}",
+                    t.target,
+                    target_state_name(t.state),
+                    e.kind,
+                    e.message
+                ),
+                None => println!("target:   {} {}", t.target, target_state_name(t.state)),
+            }
+        }
     }
     if let Some(e) = &j.error {
         println!("error:    {}: {}", e.kind, e.message);

@@ -45,6 +45,9 @@ pub struct Metrics {
     pub bytes_skipped: IntCounterVec,
     /// Failed endpoint operations, by endpoint kind and operation.
     pub io_errors: IntCounterVec,
+    /// Targets of finished transfers (one per target of a fan-out), by endpoint kind and
+    /// result.
+    pub transfer_targets: IntCounterVec,
     /// gRPC requests being handled, by method.
     pub requests_in_flight: IntGaugeVec,
     /// gRPC requests handled, by method and status code.
@@ -169,6 +172,12 @@ impl Metrics {
                 "ferry_io_errors_total",
                 "Failed endpoint operations, by endpoint kind and operation.",
                 &["endpoint", "operation"],
+            ),
+            transfer_targets: counter(
+                &registry,
+                "ferry_transfer_targets_total",
+                "Targets of finished transfers, by endpoint kind and result (succeeded, failed).",
+                &["endpoint", "result"],
             ),
             requests_in_flight: gauge(
                 &registry,

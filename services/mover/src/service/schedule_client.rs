@@ -149,15 +149,15 @@ fn create_request(c: &CreateArgs) -> anyhow::Result<proto::CreateScheduleRequest
         bail!("--key, --watch and --resume-from are not for schedules: each run gets its own key");
     }
     let request = if s.checksum {
-        if s.dst.is_some() {
+        if !s.dst.is_empty() {
             bail!("--checksum takes only SRC");
         }
         proto::job_template::Request::Checksum(checksum_request(s))
     } else {
-        let Some(dst) = &s.dst else {
+        let Some((dst, more)) = s.dst.split_first() else {
             bail!("a transfer needs SRC and DST (or use --checksum)");
         };
-        proto::job_template::Request::Transfer(transfer_request(s, dst))
+        proto::job_template::Request::Transfer(transfer_request(s, dst, more))
     };
     Ok(proto::CreateScheduleRequest {
         name: c.name.clone(),

@@ -3,7 +3,8 @@
 //! Pure bookkeeping with no I/O, so every rule is unit-tested directly: a global limit on
 //! running jobs, a limit per endpoint host, highest priority first and FIFO within a
 //! priority, and at most one running writer per target (a later job on a busy target
-//! waits while jobs behind it on other targets may start). Retry timing lives here too.
+//! waits while jobs behind it on other targets may start; a fan-out waits until every one
+//! of its targets is free). Retry timing lives here too.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap};
@@ -23,8 +24,8 @@ pub struct Limits {
 pub struct Claim {
     /// Endpoint hosts (deduplicated by the scheduler).
     pub hosts: Vec<String>,
-    /// The target it writes, if any.
-    pub target: Option<String>,
+    /// The targets it writes (none for a checksum, several for a fan-out).
+    pub targets: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -75,7 +76,9 @@ impl Scheduler {
         }
         claim.hosts.sort();
         claim.hosts.dedup();
-        if let Some(t) = &claim.target {
+        claim.targets.sort();
+        claim.targets.dedup();
+        for t in &claim.targets {
             *self.target_jobs.entry(t.clone()).or_default() += 1;
         }
         let key = QueueKey {
@@ -116,18 +119,16 @@ impl Scheduler {
                 .iter()
                 .any(|h| hosts_now.get(h).copied().unwrap_or(0) >= self.limits.max_per_host);
             let target_busy = claim
-                .target
-                .as_ref()
-                .is_some_and(|t| self.writers.contains_key(t) || writers_now.contains(t));
+                .targets
+                .iter()
+                .any(|t| self.writers.contains_key(t) || writers_now.contains(t));
             if host_full || target_busy {
                 continue;
             }
             for h in &claim.hosts {
                 *hosts_now.entry(h.clone()).or_default() += 1;
             }
-            if let Some(t) = &claim.target {
-                writers_now.push(t.clone());
-            }
+            writers_now.extend(claim.targets.iter().cloned());
             picked.push(key.clone());
         }
         for key in picked {
@@ -136,7 +137,7 @@ impl Scheduler {
             for h in &claim.hosts {
                 *self.host_load.entry(h.clone()).or_default() += 1;
             }
-            if let Some(t) = &claim.target {
+            for t in &claim.targets {
                 self.writers.insert(t.clone(), key.id.clone());
             }
             self.running.insert(key.id.clone(), claim);
@@ -153,10 +154,12 @@ impl Scheduler {
         }
         claim.hosts.sort();
         claim.hosts.dedup();
+        claim.targets.sort();
+        claim.targets.dedup();
         for h in &claim.hosts {
             *self.host_load.entry(h.clone()).or_default() += 1;
         }
-        if let Some(t) = &claim.target {
+        for t in &claim.targets {
             *self.target_jobs.entry(t.clone()).or_default() += 1;
             self.writers.insert(t.clone(), id.to_string());
         }
@@ -176,7 +179,7 @@ impl Scheduler {
                 }
             }
         }
-        if let Some(t) = &claim.target {
+        for t in &claim.targets {
             if self.writers.get(t).is_some_and(|w| w == id) {
                 self.writers.remove(t);
             }
@@ -185,7 +188,7 @@ impl Scheduler {
     }
 
     fn forget_target(&mut self, claim: &Claim) {
-        if let Some(t) = &claim.target {
+        for t in &claim.targets {
             if let Some(n) = self.target_jobs.get_mut(t) {
                 *n -= 1;
                 if *n == 0 {
@@ -242,7 +245,14 @@ mod tests {
     fn claim(hosts: &[&str], target: Option<&str>) -> Claim {
         Claim {
             hosts: hosts.iter().map(|h| h.to_string()).collect(),
-            target: target.map(str::to_string),
+            targets: target.map(str::to_string).into_iter().collect(),
+        }
+    }
+
+    fn fan_out(targets: &[&str]) -> Claim {
+        Claim {
+            hosts: Vec::new(),
+            targets: targets.iter().map(|t| t.to_string()).collect(),
         }
     }
 
@@ -320,6 +330,32 @@ mod tests {
         s.release("other");
         assert!(!s.target_in_use("/t"));
         assert!(!s.target_in_use("/u"));
+    }
+
+    /// A fan-out holds every one of its targets: it waits while any is written, and
+    /// while it runs no other job writes any of them.
+    #[test]
+    fn a_fan_out_writes_all_its_targets_alone() {
+        let mut s = sched(10, 10);
+        s.enqueue("single", 0, 1, claim(&[], Some("/b")));
+        s.enqueue("fan", 0, 2, fan_out(&["/a", "/b", "/c"]));
+        s.enqueue("after", 0, 3, claim(&[], Some("/c")));
+        s.enqueue("free", 0, 4, claim(&[], Some("/d")));
+        assert_eq!(s.next_batch(), ["single", "after", "free"]);
+        assert!(s.target_in_use("/a"));
+        s.release("single");
+        assert!(s.next_batch().is_empty(), "/c is still written");
+        s.release("after");
+        assert_eq!(s.next_batch(), ["fan"]);
+        s.enqueue("late", 0, 5, claim(&[], Some("/a")));
+        assert!(s.next_batch().is_empty());
+        s.release("fan");
+        assert_eq!(s.next_batch(), ["late"]);
+        s.release("late");
+        s.release("free");
+        for t in ["/a", "/b", "/c", "/d"] {
+            assert!(!s.target_in_use(t), "{t}");
+        }
     }
 
     #[test]

@@ -333,6 +333,7 @@ mod tests {
                 hosts: vec!["h".into()],
                 source_kind: "file".into(),
                 target_kind: Some("nbd".into()),
+                more_targets: Vec::new(),
             },
             attempt: 0,
             progress: Default::default(),
@@ -340,6 +341,7 @@ mod tests {
             error: None,
             message: String::new(),
             checkpoint: None,
+            targets: Vec::new(),
         }
     }
 

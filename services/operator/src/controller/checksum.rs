@@ -57,7 +57,7 @@ impl MoverKind for Checksum {
         false
     }
 
-    fn outcome(&self, reports: &[JobReport]) -> Outcome {
+    fn outcome(&self, _status: &ChecksumStatus, reports: &[JobReport]) -> Outcome {
         match first_failure(reports) {
             Some((_, failed)) => {
                 let (kind, message) = failure_text(failed);

@@ -106,7 +106,7 @@ async fn finish<K: MoverKind>(
     reports: &[JobReport],
 ) -> Result<(), Error> {
     obj.observe(&mut status, reports);
-    let outcome = obj.outcome(reports);
+    let outcome = obj.outcome(&status, reports);
     if outcome == Outcome::Succeeded {
         obj.succeed(&mut status, reports);
     }

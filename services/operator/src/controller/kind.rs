@@ -86,8 +86,8 @@ pub trait MoverKind:
     /// Whether a write of `after` over `before` records new committed ranges (written at
     /// once, not throttled).
     fn checkpoint_changed(before: &Self::Status, after: &Self::Status) -> bool;
-    /// How finished jobs end the resource.
-    fn outcome(&self, reports: &[JobReport]) -> Outcome;
+    /// How finished jobs end the resource, given the status they were observed into.
+    fn outcome(&self, status: &Self::Status, reports: &[JobReport]) -> Outcome;
     /// Digests of succeeded jobs, into the status.
     fn succeed(&self, status: &mut Self::Status, reports: &[JobReport]);
 }

@@ -47,8 +47,8 @@ impl std::fmt::Debug for MoverAddress {
 /// A job to start on a mover.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JobRequest {
-    /// A copy into one target, resuming from committed ranges when given
-    /// (`StartTransferRequest.resume_from`).
+    /// A copy into one target or, in one pass, several, resuming from committed ranges
+    /// when given (`StartTransferRequest.resume_from`).
     Transfer {
         /// The request.
         request: Box<StartTransfer>,
@@ -118,6 +118,27 @@ pub struct JobReport {
     pub target_digest: Option<String>,
     /// Why a failed (or cancelled) job ended.
     pub error: Option<JobFailure>,
+    /// A transfer's targets one by one (`Job.targets`); empty when the mover does not
+    /// report them, and then the job's state stands for each of its targets.
+    pub targets: Vec<TargetReport>,
+}
+
+/// One target of a transfer job as the mover reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetReport {
+    /// The target's index in the resource's `spec.targets`.
+    pub index: usize,
+    /// Where it is: Running, Succeeded or Failed.
+    pub state: JobState,
+    /// Bytes of the source done for it.
+    pub done_bytes: u64,
+    /// Its digest read back, when the job verifies (`<algorithm>:<hex>`).
+    pub digest: Option<String>,
+    /// Why it failed.
+    pub error: Option<JobFailure>,
+    /// It holds every range of the job's checkpoint (false for a target dropped while
+    /// the copy went on: a copy resumed from the checkpoint must not include it).
+    pub resumable: bool,
 }
 
 /// A stream of reports of one job.

@@ -45,6 +45,7 @@ pub use error::Error;
 pub use kind::MoverKind;
 pub use link::{
     JobFailure, JobReport, JobRequest, JobState, LinkError, MoverAddress, MoverLink, ReportStream,
+    TargetReport,
 };
 pub use reconcile::reconcile;
 pub use settings::OperatorSettings;

@@ -105,6 +105,7 @@ mod tests {
             source_digest: None,
             target_digest: None,
             error: None,
+            targets: Vec::new(),
         }
     }
 

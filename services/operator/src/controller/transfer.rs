@@ -1,6 +1,9 @@
-//! The Transfer kind as the reconciler sees it: one job per target in one mover pod,
-//! resuming from the checkpoint in the status, with `expectedDigest` checked by having
-//! the mover verify with the expected digest's algorithm.
+//! The Transfer kind as the reconciler sees it: one job for all its targets in one mover
+//! pod (one pass over the source), resuming from the checkpoint in the status, with
+//! `expectedDigest` checked by having the mover verify with the expected digest's
+//! algorithm. Each target's status comes from the job's per-target outcomes: a failed
+//! target is Failed while the others succeed; after a transient failure the next mover
+//! writes only the targets not done yet.
 
 use std::collections::BTreeMap;
 
@@ -11,10 +14,10 @@ use crate::crd::status::condition::reason;
 use crate::crd::{
     Endpoint, HashAlgorithm, Phase, TargetStatus, Transfer, TransferStatus, ValidationError,
 };
-use crate::mover::{transfer_pod, transfer_requests, MoverError, MoverPodInput, ResolvedPvc};
+use crate::mover::{transfer_pod, transfer_request, MoverError, MoverPodInput, ResolvedPvc};
 
 use super::kind::{Claim, MoverKind, Outcome};
-use super::link::{JobReport, JobRequest, JobState};
+use super::link::{JobFailure, JobReport, JobRequest, JobState};
 use super::progress::{failure_text, first_failure, is_transient, overall, shared_checkpoint};
 
 /// The target's name in the status: `pvc/<name>` or its URL without user information.
@@ -98,39 +101,56 @@ impl MoverKind for Transfer {
             .checkpoint
             .clone()
             .filter(|c| !c.committed.is_empty());
-        let verify_with = expected_algorithm(self);
-        Ok(transfer_requests(self, pvcs)?
-            .into_iter()
-            .map(|mut request| {
-                if let Some(algorithm) = verify_with {
-                    request.options.verify = true;
-                    request.options.verify_algorithm = algorithm;
-                }
-                JobRequest::Transfer {
-                    request: Box::new(request),
-                    resume_from: resume_from.clone(),
-                }
-            })
-            .collect())
+        let mut request = transfer_request(self, pvcs, &pending(self, status))?;
+        if let Some(algorithm) = expected_algorithm(self) {
+            request.options.verify = true;
+            request.options.verify_algorithm = algorithm;
+        }
+        Ok(vec![JobRequest::Transfer {
+            request: Box::new(request),
+            resume_from,
+        }])
     }
 
     fn observe(&self, status: &mut TransferStatus, reports: &[JobReport]) {
-        if let Some(checkpoint) = shared_checkpoint(reports) {
+        let views = views(self, status, reports);
+        // A target dropped while the copy went on lacks ranges the checkpoint holds: a
+        // retry that writes it starts from the beginning.
+        let resumable = views
+            .iter()
+            .filter(|v| v.state != JobState::Succeeded)
+            .all(|v| v.resumable);
+        if !resumable {
+            status.checkpoint = None;
+        } else if let Some(checkpoint) = shared_checkpoint(reports) {
             status.checkpoint = Some(checkpoint);
         }
         status.progress = Some(overall(reports, status.checkpoint.as_ref()));
-        status.targets = reports
-            .iter()
-            .enumerate()
-            .map(|(i, r)| TargetStatus {
-                name: target_name(self, i),
-                phase: phase_of(r.state),
-                done_bytes: r.progress.done_bytes,
-                digest: r.target_digest.clone(),
-                message: r
-                    .error
-                    .as_ref()
-                    .map(|e| format!("{}: {}", e.kind, e.message)),
+        let count = self.spec.targets.len();
+        let previous = std::mem::take(&mut status.targets);
+        status.targets = (0..count)
+            .map(|i| match views.iter().find(|v| v.index == i) {
+                Some(v) => TargetStatus {
+                    name: target_name(self, i),
+                    phase: phase_of(v.state),
+                    done_bytes: v.done_bytes,
+                    digest: v.digest.clone(),
+                    message: v
+                        .error
+                        .as_ref()
+                        .map(|e| format!("{}: {}", e.kind, e.message)),
+                },
+                None => previous
+                    .get(i)
+                    .filter(|_| previous.len() == count)
+                    .cloned()
+                    .unwrap_or_else(|| TargetStatus {
+                        name: target_name(self, i),
+                        phase: Phase::Pending,
+                        done_bytes: 0,
+                        digest: None,
+                        message: None,
+                    }),
             })
             .collect();
     }
@@ -139,8 +159,30 @@ impl MoverKind for Transfer {
         before.checkpoint != after.checkpoint
     }
 
-    fn outcome(&self, reports: &[JobReport]) -> Outcome {
+    fn outcome(&self, status: &TransferStatus, reports: &[JobReport]) -> Outcome {
+        let failed: Vec<(usize, String, String)> = views(self, status, reports)
+            .into_iter()
+            .filter(|v| matches!(v.state, JobState::Failed | JobState::Cancelled))
+            .map(|v| {
+                let (kind, message) = match v.error {
+                    Some(e) => (e.kind, e.message),
+                    None if v.state == JobState::Cancelled => (
+                        "cancelled".to_string(),
+                        "the job was cancelled on the mover".to_string(),
+                    ),
+                    None => (
+                        "internal".to_string(),
+                        "the target failed without an error".to_string(),
+                    ),
+                };
+                (v.index, kind, message)
+            })
+            .collect();
+        if let Some(outcome) = self.failed(&failed, status) {
+            return outcome;
+        }
         if let Some((i, failed)) = first_failure(reports) {
+            // A job that failed without saying which target: all of them.
             let (kind, message) = failure_text(failed);
             let message = format!("{}: {kind}: {message}", target_name(self, i));
             return if is_transient(&kind) {
@@ -155,8 +197,9 @@ impl MoverKind for Transfer {
         let Some(expected) = self.spec.expected_digest.as_deref() else {
             return Outcome::Succeeded;
         };
-        for (i, r) in reports.iter().enumerate() {
-            let digest = r.target_digest.as_deref().or(r.source_digest.as_deref());
+        let source = reports.iter().find_map(|r| r.source_digest.as_deref());
+        for (i, t) in status.targets.iter().enumerate() {
+            let digest = t.digest.as_deref().or(source);
             if digest != Some(expected) {
                 return Outcome::Failed {
                     reason: reason::DIGEST_MISMATCH,
@@ -172,12 +215,15 @@ impl MoverKind for Transfer {
     }
 
     fn succeed(&self, status: &mut TransferStatus, reports: &[JobReport]) {
-        let targets: BTreeMap<String, String> = reports
+        let targets: BTreeMap<String, String> = status
+            .targets
             .iter()
-            .enumerate()
-            .filter_map(|(i, r)| Some((target_name(self, i), r.target_digest.clone()?)))
+            .filter_map(|t| Some((t.name.clone(), t.digest.clone()?)))
             .collect();
-        let source = reports.iter().find_map(|r| r.source_digest.clone());
+        let source = reports
+            .iter()
+            .find_map(|r| r.source_digest.clone())
+            .or_else(|| status.digests.as_ref().and_then(|d| d.source.clone()));
         if source.is_some() || !targets.is_empty() {
             status.digests = Some(crate::crd::Digests {
                 source,
@@ -185,4 +231,103 @@ impl MoverKind for Transfer {
             });
         }
     }
+}
+
+impl Transfer {
+    /// How failed targets end the Transfer: a retry of those targets when every failure
+    /// is transient, Failed otherwise, naming how many failed and which, and where the
+    /// image is. None when no target failed.
+    fn failed(
+        &self,
+        failed: &[(usize, String, String)],
+        status: &TransferStatus,
+    ) -> Option<Outcome> {
+        if failed.is_empty() {
+            return None;
+        }
+        let which: Vec<String> = failed
+            .iter()
+            .map(|(i, kind, message)| format!("{}: {kind}: {message}", target_name(self, *i)))
+            .collect();
+        let count = self.spec.targets.len();
+        let message = if count == 1 {
+            which.join("; ")
+        } else {
+            let holding: Vec<&str> = status
+                .targets
+                .iter()
+                .filter(|t| t.phase == Phase::Succeeded)
+                .map(|t| t.name.as_str())
+                .collect();
+            let held = if holding.is_empty() {
+                "no target holds the image".to_string()
+            } else {
+                format!("the image is on {}", holding.join(", "))
+            };
+            format!(
+                "{} of {count} targets failed: {}; {held}",
+                failed.len(),
+                which.join("; ")
+            )
+        };
+        Some(if failed.iter().all(|(_, kind, _)| is_transient(kind)) {
+            Outcome::Retry { message }
+        } else {
+            Outcome::Failed {
+                reason: reason::FAILED,
+                message,
+            }
+        })
+    }
+}
+
+/// The targets a new job writes: those not done yet (all of them at first).
+fn pending(transfer: &Transfer, status: &TransferStatus) -> Vec<usize> {
+    let count = transfer.spec.targets.len();
+    let done =
+        |i: usize| status.targets.len() == count && status.targets[i].phase == Phase::Succeeded;
+    let pending: Vec<usize> = (0..count).filter(|&i| !done(i)).collect();
+    if pending.is_empty() {
+        (0..count).collect()
+    } else {
+        pending
+    }
+}
+
+/// One target as the latest reports show it.
+struct View {
+    index: usize,
+    state: JobState,
+    done_bytes: u64,
+    digest: Option<String>,
+    error: Option<JobFailure>,
+    resumable: bool,
+}
+
+/// Each target the reports speak of. A report without per-target outcomes stands for
+/// every target not done yet, with the job's own state.
+fn views(transfer: &Transfer, status: &TransferStatus, reports: &[JobReport]) -> Vec<View> {
+    let mut views = Vec::new();
+    for r in reports {
+        if r.targets.is_empty() {
+            views.extend(pending(transfer, status).into_iter().map(|index| View {
+                index,
+                state: r.state,
+                done_bytes: r.progress.done_bytes,
+                digest: r.target_digest.clone(),
+                error: r.error.clone(),
+                resumable: true,
+            }));
+        } else {
+            views.extend(r.targets.iter().map(|t| View {
+                index: t.index,
+                state: t.state,
+                done_bytes: t.done_bytes,
+                digest: t.digest.clone(),
+                error: t.error.clone(),
+                resumable: t.resumable,
+            }));
+        }
+    }
+    views
 }

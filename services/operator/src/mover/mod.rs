@@ -13,7 +13,7 @@ pub mod request;
 use crate::crd::{ValidationError, VolumeMode};
 
 pub use pod::{checksum_pod, transfer_pod, MoverDefaults, MoverPodInput};
-pub use request::{checksum_request, transfer_requests};
+pub use request::{checksum_request, transfer_request};
 
 /// A claim the reconciler looked up (or will create from a template), with the volume
 /// mode that decides how the mover attaches it.

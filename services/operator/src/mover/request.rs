@@ -4,9 +4,10 @@
 //!
 //! Claims become paths inside the mover (see [`super::layout`]); Secret key references
 //! become `SecretRef{file}` names under the mover's `--secrets-dir`; NFS options become
-//! the URL's query options, as ferry parses them. A Transfer becomes one request per
-//! target, in `spec.targets` order, each with an idempotency key of the resource's uid and
-//! the target's index, so a reconciler that repeats itself starts nothing twice.
+//! the URL's query options, as ferry parses them. A Transfer becomes one request for all
+//! its targets (one pass over the source; a retry asks for the targets not done yet),
+//! with an idempotency key of the resource's uid and the targets' indexes, so a
+//! reconciler that repeats itself starts nothing twice.
 
 use std::collections::BTreeMap;
 
@@ -16,13 +17,19 @@ use super::layout;
 use super::{find_pvc, MoverError, ResolvedPvc};
 use crate::crd::{
     CacheMode, Checksum, CommitOrder, Endpoint, HashAlgorithm, ImageFormat, NfsOptions,
-    Preallocation, SecretKeyRef, Transfer, TransferOptions,
+    Preallocation, SecretKeyRef, Transfer, TransferOptions, ValidationError,
 };
 
 /// Label of every job with the owning resource's uid.
 pub const OWNER_UID_LABEL: &str = "ferry.dev/owner-uid";
-/// Label of a transfer job with the index of its target in `spec.targets`.
+/// Label of a transfer job with the indexes of its targets in `spec.targets`, in request
+/// order, separated by commas (`0,1,2`).
 pub const TARGET_LABEL: &str = "ferry.dev/target";
+
+/// The indexes a [`TARGET_LABEL`] value names (None when it is not one).
+pub fn target_indexes(label: &str) -> Option<Vec<usize>> {
+    label.split(',').map(|i| i.parse().ok()).collect()
+}
 
 /// `SecretRef`: where the mover reads a secret.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,6 +105,8 @@ pub struct WireChecksumOptions {
 pub struct StartTransfer {
     pub source: WireEndpoint,
     pub target: WireEndpoint,
+    /// The targets after the first, written in the same pass.
+    pub more_targets: Vec<WireEndpoint>,
     pub options: WireTransferOptions,
     pub idempotency_key: String,
     pub labels: BTreeMap<String, String>,
@@ -120,18 +129,23 @@ fn uid_of<K: Resource>(r: &K, kind: &'static str) -> Result<String, MoverError> 
     r.meta().uid.clone().ok_or(MoverError::NotStored(kind))
 }
 
-/// One request per target of a Transfer, in `spec.targets` order.
-pub fn transfer_requests(
+/// The one request of a Transfer for the targets at `indexes` of `spec.targets` (every
+/// target on the first attempt; those not done yet on a retry), in that order.
+pub fn transfer_request(
     transfer: &Transfer,
     pvcs: &[ResolvedPvc],
-) -> Result<Vec<StartTransfer>, MoverError> {
+    indexes: &[usize],
+) -> Result<StartTransfer, MoverError> {
     transfer.spec.validate()?;
     let uid = uid_of(transfer, "Transfer")?;
     let source = wire_endpoint(&transfer.spec.source, pvcs)?;
     let options = transfer_options(transfer.spec.options.as_ref());
-    let mut requests = Vec::with_capacity(transfer.spec.targets.len());
-    for (i, target) in transfer.spec.targets.iter().enumerate() {
-        let target = match &target.pvc_template {
+    let mut targets = Vec::with_capacity(indexes.len());
+    for &i in indexes {
+        let Some(target) = transfer.spec.targets.get(i) else {
+            continue;
+        };
+        targets.push(match &target.pvc_template {
             Some(template) => {
                 let pvc = find_pvc(pvcs, &template.name)?;
                 let r = crate::crd::PvcRef {
@@ -145,21 +159,34 @@ pub fn transfer_requests(
                 }
             }
             None => wire_endpoint(&target.endpoint, pvcs)?,
-        };
-        requests.push(StartTransfer {
-            source: source.clone(),
-            target,
-            options: options.clone(),
-            idempotency_key: format!("{uid}/{i}"),
-            labels: BTreeMap::from([
-                (OWNER_UID_LABEL.to_string(), uid.clone()),
-                (TARGET_LABEL.to_string(), i.to_string()),
-            ]),
-            priority: 0,
-            refuse_if_target_busy: true,
         });
     }
-    Ok(requests)
+    let mut targets = targets.into_iter();
+    let target = targets.next().ok_or_else(|| {
+        MoverError::Invalid(ValidationError {
+            field: "spec.targets".into(),
+            message: "no target left to write".into(),
+        })
+    })?;
+    let names: Vec<String> = indexes
+        .iter()
+        .filter(|&&i| i < transfer.spec.targets.len())
+        .map(ToString::to_string)
+        .collect();
+    let names = names.join(",");
+    Ok(StartTransfer {
+        source,
+        target,
+        more_targets: targets.collect(),
+        options,
+        idempotency_key: format!("{uid}/{names}"),
+        labels: BTreeMap::from([
+            (OWNER_UID_LABEL.to_string(), uid),
+            (TARGET_LABEL.to_string(), names),
+        ]),
+        priority: 0,
+        refuse_if_target_busy: true,
+    })
 }
 
 /// The request of a Checksum.
@@ -300,7 +327,7 @@ mod tests {
     }
 
     #[test]
-    fn transfer_becomes_one_request_per_target() {
+    fn transfer_becomes_one_request_for_its_targets() {
         let mut iscsi = Endpoint::url("iscsi://san:3260/iqn.2024-01.dev.ferry:disk/1");
         iscsi.iscsi = Some(IscsiOptions {
             user: Some("chap".into()),
@@ -343,7 +370,7 @@ mod tests {
             ResolvedPvc::new("fs", VolumeMode::Filesystem),
             ResolvedPvc::new("blk", VolumeMode::Block),
         ];
-        let requests = transfer_requests(&t, &pvcs).unwrap();
+        let request = transfer_request(&t, &pvcs, &[0, 1]).unwrap();
         let source = WireEndpoint {
             url: "iscsi://san:3260/iqn.2024-01.dev.ferry:disk/1".into(),
             options: Some(EndpointOptions::Iscsi {
@@ -357,29 +384,38 @@ mod tests {
             verify: true,
             ..WireTransferOptions::default()
         };
-        let expected: Vec<StartTransfer> = [
-            ("/var/run/ferry/volumes/fs/images/vm.img", 0),
-            ("/dev/ferry/blk", 1),
-        ]
-        .into_iter()
-        .map(|(url, i)| StartTransfer {
+        let file = |url: &str| WireEndpoint {
+            url: url.into(),
+            options: None,
+            ..WireEndpoint::default()
+        };
+        let expected = StartTransfer {
             source: source.clone(),
-            target: WireEndpoint {
-                url: url.into(),
-                options: None,
-                ..WireEndpoint::default()
-            },
+            target: file("/var/run/ferry/volumes/fs/images/vm.img"),
+            more_targets: vec![file("/dev/ferry/blk")],
             options: options.clone(),
-            idempotency_key: format!("uid-1/{i}"),
+            idempotency_key: "uid-1/0,1".into(),
             labels: BTreeMap::from([
                 (OWNER_UID_LABEL.to_string(), "uid-1".to_string()),
-                (TARGET_LABEL.to_string(), i.to_string()),
+                (TARGET_LABEL.to_string(), "0,1".to_string()),
             ]),
             priority: 0,
             refuse_if_target_busy: true,
-        })
-        .collect();
-        assert_eq!(requests, expected);
+        };
+        assert_eq!(request, expected);
+        assert_eq!(target_indexes("0,1"), Some(vec![0, 1]));
+        // A retry of the second target alone.
+        let retry = transfer_request(&t, &pvcs, &[1]).unwrap();
+        assert_eq!(retry.target, file("/dev/ferry/blk"));
+        assert!(retry.more_targets.is_empty());
+        assert_eq!(retry.idempotency_key, "uid-1/1");
+        assert_eq!(retry.labels[TARGET_LABEL], "1");
+        assert_eq!(target_indexes("1"), Some(vec![1]));
+        assert_eq!(target_indexes("1,x"), None);
+        assert!(matches!(
+            transfer_request(&t, &pvcs, &[]),
+            Err(MoverError::Invalid(_))
+        ));
     }
 
     #[test]

@@ -258,6 +258,7 @@ pub fn report(id: &str, state: JobState, done: u64) -> JobReport {
         source_digest: None,
         target_digest: None,
         error: None,
+        targets: Vec::new(),
     }
 }
 

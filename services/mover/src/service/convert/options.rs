@@ -99,6 +99,8 @@ pub struct TransferSpec {
     /// How the source's bytes are read as an image.
     pub image: ImageSpec,
     pub target: EndpointAccess,
+    /// The targets after the first of a fan-out, in request order.
+    pub more_targets: Vec<EndpointAccess>,
     /// Engine options (the runner sets the checkpoint interval and what to resume).
     pub copy: CopyOptions,
     pub cache: CacheMode,
@@ -141,16 +143,36 @@ impl TransferSpec {
             .map(|c| checkpoint_from_proto("resume_from", c))
             .transpose()?;
         ImageSpec::check_target(req.target.as_ref())?;
+        for target in &req.more_targets {
+            ImageSpec::check_target(Some(target))?;
+        }
+        if plan.more_targets.len() != req.more_targets.len() {
+            return Err(Error::internal(
+                "the plan of a fan-out does not match its request",
+            ));
+        }
+        let more_targets = plan
+            .more_targets
+            .iter()
+            .zip(&req.more_targets)
+            .map(|(p, ep)| EndpointAccess::new(&p.resolved, Some(ep), "more_targets"))
+            .collect();
         Ok(Self {
             source: EndpointAccess::new(&plan.source, req.source.as_ref(), "source"),
             image: ImageSpec::source(req.source.as_ref())?,
             target: EndpointAccess::new(target, req.target.as_ref(), "target"),
+            more_targets,
             copy,
             cache,
             preallocation,
             verify,
             resume_from,
         })
+    }
+
+    /// Every target, the first one first.
+    pub fn targets(&self) -> impl Iterator<Item = &EndpointAccess> {
+        std::iter::once(&self.target).chain(&self.more_targets)
     }
 
     /// Options to open the target with, given its S3 settings from [`EndpointAccess::open`].
@@ -216,6 +238,18 @@ impl EndpointAccess {
             resolved: resolved.clone(),
             endpoint: endpoint.cloned(),
             what,
+        }
+    }
+
+    /// The endpoint as the request named it, without user information (what job
+    /// records and errors show).
+    pub fn name(&self) -> String {
+        match &self.endpoint {
+            Some(e) if !e.url.is_empty() => ferry_core::spec::redact_userinfo(&e.url),
+            _ => match &self.resolved {
+                ResolvedEndpoint::File(p) => p.display().to_string(),
+                ResolvedEndpoint::Url(u) => ferry_core::spec::redact_userinfo(u),
+            },
         }
     }
 

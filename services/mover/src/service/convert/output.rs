@@ -6,7 +6,9 @@ use ferry_engine::HashAlgorithm;
 use prost::Message;
 
 use super::checkpoint::checkpoint_to_proto;
-use crate::service::jobs::model::{DigestRecord, JobKind, JobRecord, JobState, ResultRecord};
+use crate::service::jobs::model::{
+    DigestRecord, JobKind, JobRecord, JobState, ResultRecord, TargetRecord, TargetState,
+};
 use crate::service::proto;
 
 fn timestamp(ms: u64) -> prost_types::Timestamp {
@@ -51,6 +53,24 @@ fn throughput(size: u64, seconds: f64) -> f64 {
         size as f64 / seconds
     } else {
         0.0
+    }
+}
+
+fn target(t: &TargetRecord) -> proto::TargetOutcome {
+    proto::TargetOutcome {
+        target: t.target.clone(),
+        state: match t.state {
+            TargetState::Running => proto::TargetState::Running,
+            TargetState::Succeeded => proto::TargetState::Succeeded,
+            TargetState::Failed => proto::TargetState::Failed,
+        } as i32,
+        error: t.error.as_ref().map(|e| proto::JobError {
+            kind: e.kind.clone(),
+            message: e.message.clone(),
+        }),
+        digest: t.digest.as_ref().map(digest),
+        done_bytes: t.done,
+        resumable: t.resumable,
     }
 }
 
@@ -126,6 +146,7 @@ pub fn job_to_proto(r: &JobRecord) -> proto::Job {
         }),
         message: r.message.clone(),
         checkpoint: r.checkpoint.as_ref().map(checkpoint_to_proto),
+        targets: r.targets.iter().map(target).collect(),
     }
 }
 

@@ -3,6 +3,7 @@
 use ferry_core::ErrorKind;
 use ferry_endpoints::s3::S3Options;
 
+use super::validation::MAX_TARGETS;
 use super::*;
 use crate::service::jobs::model::{DigestRecord, JobRecord, JobState, ResultRecord};
 use crate::service::proto;
@@ -297,6 +298,7 @@ fn record_round_trip_to_proto() {
         error: None,
         message: String::new(),
         checkpoint: None,
+        targets: Vec::new(),
     };
     let job = job_to_proto(&rec);
     assert_eq!(job.state, proto::JobState::Succeeded as i32);
@@ -420,6 +422,7 @@ fn typed_options_survive_the_store() {
         error: None,
         message: String::new(),
         checkpoint: None,
+        targets: Vec::new(),
     };
     let stored = serde_json::to_string(&record).unwrap();
     let loaded: JobRecord = serde_json::from_str(&stored).unwrap();
@@ -435,4 +438,76 @@ fn typed_options_survive_the_store() {
         JobSpec::from_record(&broken).unwrap_err().kind(),
         ErrorKind::Internal
     );
+}
+
+/// A fan-out's targets are checked one by one: none twice, none the source, options
+/// that belong to each one's URL; each is planned for the one-writer rule and the
+/// per-host limit, and the job runs with all of them.
+#[test]
+fn fan_out_validation() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("a.img");
+    std::fs::write(&src, b"x").unwrap();
+    let v = validator(dir.path());
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let mut req = proto::StartTransferRequest {
+        source: endpoint(src.to_str().unwrap()),
+        target: endpoint(&path("b.img")),
+        more_targets: vec![
+            endpoint(&path("c.img")).unwrap(),
+            endpoint("nbd://127.0.0.1:10809/disk").unwrap(),
+        ],
+        ..Default::default()
+    };
+    let ok = v.transfer(&req).unwrap();
+    let keys = ok.plan.target_keys();
+    assert_eq!(keys.len(), 3);
+    assert!(keys[1].ends_with("/c.img"), "{keys:?}");
+    assert_eq!(ok.plan.hosts, vec!["127.0.0.1:10809".to_string()]);
+    assert!(ok.plan.writes(&keys[2]));
+    let JobSpec::Transfer(spec) = ok.spec.as_ref() else {
+        panic!("not a transfer")
+    };
+    let names: Vec<String> = spec.targets().map(|t| t.name()).collect();
+    assert_eq!(names[2], "nbd://127.0.0.1:10809/disk");
+
+    let mut twice = req.clone();
+    twice.more_targets[1] = endpoint(&format!("file://{}", path("b.img"))).unwrap();
+    let err = v.transfer(&twice).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    assert!(
+        err.message()
+            .contains("more_targets[1] and target are the same image"),
+        "{err}"
+    );
+
+    let mut source = req.clone();
+    source.more_targets[0] = req.source.clone().unwrap();
+    let err = v.transfer(&source).unwrap_err();
+    assert!(
+        err.message().contains("more_targets[0] is the source"),
+        "{err}"
+    );
+
+    let mut options = req.clone();
+    options.more_targets[0].options = Some(proto::endpoint::Options::Iscsi(proto::IscsiOptions {
+        user: "u".into(),
+        password: None,
+    }));
+    let err = v.transfer(&options).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    assert!(err.message().contains("more_targets[0]"), "{err}");
+
+    let mut outside = req.clone();
+    outside.more_targets[0] = endpoint("/etc/ferry-nope.img").unwrap();
+    assert_eq!(
+        v.transfer(&outside).unwrap_err().kind(),
+        ErrorKind::PermissionDenied
+    );
+
+    req.more_targets = (0..MAX_TARGETS)
+        .map(|i| endpoint(&path(&format!("t{i}.img"))).unwrap())
+        .collect();
+    let err = v.transfer(&req).unwrap_err();
+    assert!(err.message().contains("at most 64"), "{err}");
 }

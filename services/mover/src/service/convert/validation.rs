@@ -13,7 +13,7 @@ use prost::Message;
 use sha2::{Digest as _, Sha256};
 
 use super::options::{s3_options, ChecksumSpec, JobSpec, TransferSpec};
-use crate::service::jobs::model::{JobKind, JobPlan, ResolvedEndpoint};
+use crate::service::jobs::model::{JobKind, JobPlan, PlannedTarget, ResolvedEndpoint};
 use crate::service::proto;
 use crate::service::secrets::SecretResolver;
 use crate::service::security::AllowRoots;
@@ -24,6 +24,8 @@ pub const MAX_LABELS: usize = 64;
 pub const MAX_LABEL_KEY_BYTES: usize = 63;
 pub const MAX_LABEL_VALUE_BYTES: usize = 256;
 pub const MAX_URL_BYTES: usize = 4096;
+/// Most targets of one transfer (`target` and `more_targets`).
+pub const MAX_TARGETS: usize = 64;
 
 /// What validation needs from the server.
 #[derive(Debug, Clone)]
@@ -240,8 +242,10 @@ impl Validator {
                 source.key
             )));
         }
+        let more = self.more_targets(req, &source, &target)?;
         let hosts = [source.host, target.host.clone()]
             .into_iter()
+            .chain(more.iter().map(|t| t.host.clone()))
             .flatten()
             .collect();
         let plan = JobPlan {
@@ -251,6 +255,14 @@ impl Validator {
             hosts,
             source_kind: source.kind.to_string(),
             target_kind: Some(target.kind.to_string()),
+            more_targets: more
+                .into_iter()
+                .map(|t| PlannedTarget {
+                    resolved: t.resolved,
+                    key: t.key,
+                    kind: t.kind.to_string(),
+                })
+                .collect(),
         };
         let spec = JobSpec::Transfer(Box::new(TransferSpec::new(req, &plan)?));
         let request = req.encode_to_vec();
@@ -267,6 +279,51 @@ impl Validator {
         })
     }
 
+    /// The targets after the first of a fan-out, each checked like `target`, none the
+    /// source, none twice.
+    fn more_targets(
+        &self,
+        req: &proto::StartTransferRequest,
+        source: &Checked,
+        target: &Checked,
+    ) -> Result<Vec<Checked>> {
+        if req.more_targets.len() >= MAX_TARGETS {
+            return Err(invalid(format!(
+                "{} targets: at most {MAX_TARGETS} (target and {} more_targets)",
+                req.more_targets.len() + 1,
+                MAX_TARGETS - 1
+            )));
+        }
+        let mut checked: Vec<Checked> = Vec::with_capacity(req.more_targets.len());
+        for (i, ep) in req.more_targets.iter().enumerate() {
+            let what = format!("more_targets[{i}]");
+            let t = self.endpoint(&what, Some(ep))?;
+            if t.key == source.key {
+                return Err(invalid(format!(
+                    "{what} is the source ({}): a fan-out writes other images than the one \
+                     it reads",
+                    t.key
+                )));
+            }
+            let earlier = std::iter::once(("target".to_string(), target))
+                .chain(
+                    checked
+                        .iter()
+                        .enumerate()
+                        .map(|(j, c)| (format!("more_targets[{j}]"), c)),
+                )
+                .find(|(_, c)| c.key == t.key);
+            if let Some((name, _)) = earlier {
+                return Err(invalid(format!(
+                    "{what} and {name} are the same image ({}): give each target once",
+                    t.key
+                )));
+            }
+            checked.push(t);
+        }
+        Ok(checked)
+    }
+
     /// Validates a StartChecksum request.
     pub fn checksum(&self, req: &proto::StartChecksumRequest) -> Result<Accepted> {
         check_meta(&req.idempotency_key, &req.labels)?;
@@ -278,6 +335,7 @@ impl Validator {
             hosts: source.host.into_iter().collect(),
             source_kind: source.kind.to_string(),
             target_kind: None,
+            more_targets: Vec::new(),
         };
         let spec = JobSpec::Checksum(Box::new(ChecksumSpec::new(req, &plan)?));
         let request = req.encode_to_vec();

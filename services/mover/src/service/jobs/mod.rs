@@ -6,6 +6,7 @@
 //! Every state change goes through [`Inner::update`], which also publishes the record to
 //! the job's watch channel and moves the jobs-by-state gauge.
 
+mod fan_out;
 pub mod metered;
 pub mod model;
 pub mod opener;
@@ -22,7 +23,7 @@ use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use self::model::{now_ms, ErrorRecord, JobKind, JobRecord, JobState};
+use self::model::{now_ms, ErrorRecord, JobKind, JobRecord, JobState, TargetRecord, TargetState};
 use self::opener::Opener;
 use super::convert::checkpoint::bounded;
 use super::convert::{Accepted, JobSpec};
@@ -220,9 +221,9 @@ impl JobManager {
             {
                 let sched = inner.sched.lock();
                 if acc.refuse_if_target_busy {
-                    if let Some(t) = &acc.plan.target_key {
-                        if sched.target_in_use(t) || table_writes(&table, t) {
-                            return Err(ServiceError::TargetBusy { target: t.clone() });
+                    for t in acc.plan.target_keys() {
+                        if sched.target_in_use(&t) || table_writes(&table, &t) {
+                            return Err(ServiceError::TargetBusy { target: t });
                         }
                     }
                 }
@@ -258,6 +259,12 @@ impl JobManager {
                 error: None,
                 message: "queued".into(),
                 checkpoint: resume_from.as_ref().map(bounded),
+                targets: match acc.spec.as_ref() {
+                    JobSpec::Transfer(t) => {
+                        t.targets().map(|t| TargetRecord::new(t.name())).collect()
+                    }
+                    JobSpec::Checksum(_) => Vec::new(),
+                },
             };
             inner.metrics.job_state(None, Some(JobState::Queued));
             inner.insert_locked(
@@ -451,15 +458,16 @@ impl JobManager {
 }
 
 fn table_writes(table: &Table, target: &str) -> bool {
-    table.jobs.values().any(|e| {
-        !e.record.state.is_terminal() && e.record.plan.target_key.as_deref() == Some(target)
-    })
+    table
+        .jobs
+        .values()
+        .any(|e| !e.record.state.is_terminal() && e.record.plan.writes(target))
 }
 
 fn claim(r: &JobRecord) -> Claim {
     Claim {
         hosts: r.plan.hosts.clone(),
-        target: r.plan.target_key.clone(),
+        targets: r.plan.target_keys(),
     }
 }
 
@@ -473,9 +481,25 @@ fn cancelled_error() -> ErrorRecord {
 fn finish_record(r: &mut JobRecord, state: JobState, error: Option<ErrorRecord>) {
     r.state = state;
     r.ended_ms = Some(now_ms());
-    r.error = error;
     r.progress.bytes_per_second = 0.0;
     r.message = state.as_str().into();
+    // The targets still being written end with the job: they hold the image when it
+    // succeeded, and share its error otherwise (they stay resumable: a checkpoint of a
+    // cancelled or failed job still holds for them).
+    for t in r
+        .targets
+        .iter_mut()
+        .filter(|t| t.state == TargetState::Running)
+    {
+        if state == JobState::Succeeded {
+            t.state = TargetState::Succeeded;
+            t.done = r.progress.total;
+        } else {
+            t.state = TargetState::Failed;
+            t.error = error.clone();
+        }
+    }
+    r.error = error;
 }
 
 impl Inner {

@@ -84,6 +84,77 @@ pub struct JobPlan {
     /// Endpoint kinds (file, nbd, ...) for metric labels.
     pub source_kind: String,
     pub target_kind: Option<String>,
+    /// The targets after the first of a fan-out, in request order (records written
+    /// before fan-outs existed have none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more_targets: Vec<PlannedTarget>,
+}
+
+/// A target of a fan-out after the first, as validation resolved it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedTarget {
+    pub resolved: ResolvedEndpoint,
+    /// Its identity for the one-writer rule.
+    pub key: String,
+    /// Its endpoint kind, for metric labels.
+    pub kind: String,
+}
+
+impl JobPlan {
+    /// The identities of every target the job writes, the first target first.
+    pub fn target_keys(&self) -> Vec<String> {
+        self.target_key
+            .iter()
+            .cloned()
+            .chain(self.more_targets.iter().map(|t| t.key.clone()))
+            .collect()
+    }
+
+    /// Whether the job writes this target.
+    pub fn writes(&self, key: &str) -> bool {
+        self.target_key.as_deref() == Some(key) || self.more_targets.iter().any(|t| t.key == key)
+    }
+}
+
+/// Where one target of a transfer is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TargetState {
+    Running,
+    Succeeded,
+    Failed,
+}
+
+/// One target of a transfer: `Job.targets` on the wire.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetRecord {
+    /// The URL or path as requested, without user information.
+    pub target: String,
+    pub state: TargetState,
+    pub error: Option<ErrorRecord>,
+    pub digest: Option<DigestRecord>,
+    pub done: u64,
+    /// It holds every range of the job's checkpoint (a resumed copy may write it).
+    pub resumable: bool,
+}
+
+impl TargetRecord {
+    /// A target not written yet.
+    pub fn new(target: String) -> Self {
+        Self {
+            target,
+            state: TargetState::Running,
+            error: None,
+            digest: None,
+            done: 0,
+            resumable: true,
+        }
+    }
+
+    /// Whether a (resumed) attempt writes it.
+    pub fn is_live(&self) -> bool {
+        self.state != TargetState::Failed
+    }
 }
 
 /// Progress as last observed.
@@ -162,6 +233,10 @@ pub struct JobRecord {
     /// this field existed have none.
     #[serde(default)]
     pub checkpoint: Option<Checkpoint>,
+    /// Transfers: each target and how it is doing, in request order (records written
+    /// before this field existed have none; the job's state then stands for its target).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub targets: Vec<TargetRecord>,
 }
 
 /// Milliseconds since the Unix epoch.

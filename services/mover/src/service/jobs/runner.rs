@@ -8,7 +8,8 @@
 //!
 //! A job runs with the typed options its request was accepted with ([`JobSpec`]); a
 //! transfer copies and verifies through the engine's one copy-then-verify path
-//! ([`ferry_engine::copy_and_verify`]), the one `ferry copy --verify` takes.
+//! ([`ferry_engine::copy_and_verify`]), the one `ferry copy --verify` takes. A transfer
+//! with several targets runs as one fan-out ([`super::fan_out`]).
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -21,7 +22,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::metered::{JobCounts, MeteredSource, MeteredTarget};
-use super::model::{now_ms, DigestRecord, ErrorRecord, JobKind, JobRecord, JobState, ResultRecord};
+use super::model::{
+    now_ms, DigestRecord, ErrorRecord, JobKind, JobRecord, JobState, ResultRecord, TargetState,
+};
 use super::opener::open_image;
 use super::{finish_record, Inner};
 use crate::service::convert::checkpoint::bounded;
@@ -30,7 +33,7 @@ use crate::service::convert::{ChecksumSpec, JobSpec, TransferSpec};
 use crate::service::scheduler::{backoff, jitter_random};
 use crate::service::store::Op;
 
-fn kind_label(kind: &str) -> &'static str {
+pub(super) fn kind_label(kind: &str) -> &'static str {
     match kind {
         "file" => "file",
         "nbd" => "nbd",
@@ -120,13 +123,36 @@ async fn run_attempts(
     loop {
         tracing::info!(attempt = record.attempt, "job attempt starting");
         let outcome = match spec {
-            JobSpec::Transfer(t) => transfer(inner, id, t, cancel).await,
-            JobSpec::Checksum(c) => checksum(inner, id, c, cancel).await,
+            JobSpec::Transfer(t) if !t.more_targets.is_empty() => {
+                super::fan_out::transfer(inner, id, t, cancel).await
+            }
+            JobSpec::Transfer(t) => transfer(inner, id, t, cancel).await.map(Ended::done),
+            JobSpec::Checksum(c) => checksum(inner, id, c, cancel).await.map(Ended::done),
         };
         let err = match outcome {
-            Ok(result) => {
+            Ok(Ended {
+                result,
+                failed: None,
+            }) => {
                 tracing::info!("job succeeded");
                 finish(inner, id, JobState::Succeeded, Some(result), None).await;
+                return;
+            }
+            Ok(Ended {
+                result,
+                failed: Some(e),
+            }) => {
+                // Final: the targets that hold the image are done, the failed ones are
+                // out of the job (a retry would have nothing to write).
+                tracing::warn!(error = %e, "job failed on some of its targets");
+                finish(
+                    inner,
+                    id,
+                    JobState::Failed,
+                    Some(result),
+                    Some(error_record(&e)),
+                )
+                .await;
                 return;
             }
             Err(e) => e,
@@ -208,7 +234,24 @@ async fn retry(
     Some(next)
 }
 
-fn error_record(e: &Error) -> ErrorRecord {
+/// How an attempt that ran to its end ended.
+pub(super) struct Ended {
+    pub result: ResultRecord,
+    /// Set when some targets of a fan-out failed (the others hold the image): the job
+    /// fails with this error, keeping the result.
+    pub failed: Option<Error>,
+}
+
+impl Ended {
+    fn done(result: ResultRecord) -> Self {
+        Self {
+            result,
+            failed: None,
+        }
+    }
+}
+
+pub(super) fn error_record(e: &Error) -> ErrorRecord {
     ErrorRecord {
         kind: e.kind().as_str().into(),
         message: e.to_string(),
@@ -227,6 +270,7 @@ async fn finish(
         if let Some(res) = result {
             r.result = Some(res);
         }
+        target_digests(r);
         if state == JobState::Succeeded {
             r.progress.done = r.progress.total;
             r.progress.committed = r.progress.total;
@@ -239,12 +283,50 @@ async fn finish(
         return;
     };
     inner.finished_metrics(&record);
+    target_metrics(inner, &record);
     let mut ops = vec![Op::PutJob(Box::new(record))];
     if state == JobState::Succeeded {
         ops.push(Op::DeleteCheckpoint(id.to_string()));
     }
     if let Err(e) = inner.store.commit(ops).await {
         tracing::error!(job = %id, error = %e, "cannot persist the job's outcome");
+    }
+}
+
+/// A single target that succeeded has the verified target digest of the result.
+fn target_digests(r: &mut JobRecord) {
+    let Some(ResultRecord::Transfer {
+        target_digest: Some(d),
+        ..
+    }) = &r.result
+    else {
+        return;
+    };
+    if let [t] = r.targets.as_mut_slice() {
+        if t.state == TargetState::Succeeded && t.digest.is_none() {
+            t.digest = Some(d.clone());
+        }
+    }
+}
+
+/// Counts each target of a finished transfer by its endpoint kind and result.
+fn target_metrics(inner: &Inner, r: &JobRecord) {
+    let kinds = r
+        .plan
+        .target_kind
+        .iter()
+        .map(String::as_str)
+        .chain(r.plan.more_targets.iter().map(|t| t.kind.as_str()));
+    for (t, kind) in r.targets.iter().zip(kinds) {
+        let result = match t.state {
+            TargetState::Succeeded => "succeeded",
+            _ => "failed",
+        };
+        inner
+            .metrics
+            .transfer_targets
+            .with_label_values(&[kind_label(kind), result])
+            .inc();
     }
 }
 
@@ -317,6 +399,7 @@ impl Ticks {
             r.progress.data = snap.data_bytes;
             r.progress.zero = snap.zero_bytes;
             r.progress.bytes_per_second = rate;
+            live_targets_done(r, snap.done);
             if let Some(cp) = &cp {
                 r.progress.committed = cp.committed_bytes();
                 // The engine publishes a checkpoint once the target is flushed: watchers
@@ -347,7 +430,7 @@ impl Ticks {
 
 /// Polls the engine future while publishing progress every progress interval and
 /// persisting the engine's checkpoint every checkpoint interval (when it moved).
-async fn drive<T>(
+pub(super) async fn drive<T>(
     inner: &Arc<Inner>,
     id: &str,
     progress: &Progress,
@@ -373,9 +456,21 @@ async fn drive<T>(
         r.progress.done = snap.done;
         r.progress.data = snap.data_bytes;
         r.progress.zero = snap.zero_bytes;
+        live_targets_done(r, snap.done);
         true
     });
     result
+}
+
+/// The targets being written are as far as the copy.
+fn live_targets_done(r: &mut JobRecord, done: u64) {
+    for t in r
+        .targets
+        .iter_mut()
+        .filter(|t| t.state == TargetState::Running)
+    {
+        t.done = done;
+    }
 }
 
 /// Keeps the engine's last checkpoint for the next attempt; after a failure it is also
@@ -421,8 +516,30 @@ struct Opened {
 /// Opens a transfer's source, then (when the caller's checkpoint, if any, is of an image
 /// of that size) its target sized to it, both metered.
 async fn open_transfer(inner: &Inner, spec: &TransferSpec) -> Result<Opened> {
-    let (src_spec, src_s3) = spec.source.open(&inner.secrets)?;
+    let source = open_transfer_source(inner, spec).await?;
     let (tgt_spec, tgt_s3) = spec.target.open(&inner.secrets)?;
+    let target_kind = kind_label(tgt_spec.kind());
+    let counts = Arc::new(JobCounts::default());
+    let target = inner
+        .opener
+        .open_target(&tgt_spec, source.size(), &spec.target_options(tgt_s3))
+        .await?;
+    let target = MeteredTarget::wrap(target, &inner.metrics, target_kind, counts.clone());
+    Ok(Opened {
+        source,
+        target,
+        counts,
+        target_kind,
+    })
+}
+
+/// Opens a transfer's source, metered, and checks the caller's checkpoint (if any) is of
+/// an image of its size, before any target is opened (a file target would be created).
+pub(super) async fn open_transfer_source(
+    inner: &Inner,
+    spec: &TransferSpec,
+) -> Result<Arc<dyn Source>> {
+    let (src_spec, src_s3) = spec.source.open(&inner.secrets)?;
     let options = source_options(spec.cache, src_s3);
     let bytes = inner.opener.open_source(&src_spec, &options).await?;
     let bytes = MeteredSource::wrap(bytes, &inner.metrics, kind_label(src_spec.kind()));
@@ -439,8 +556,7 @@ async fn open_transfer(inner: &Inner, spec: &TransferSpec) -> Result<Opened> {
         .as_ref()
         .filter(|c| c.size != source.size())
     {
-        // Checked before the target is opened (a file target would be created): a
-        // checkpoint of another image says nothing about this target.
+        // A checkpoint of another image says nothing about the targets.
         return Err(Error::invalid_input(format!(
             "resume_from.size {} is not the source's size {}: the checkpoint is of \
              another image",
@@ -448,24 +564,17 @@ async fn open_transfer(inner: &Inner, spec: &TransferSpec) -> Result<Opened> {
             source.size()
         )));
     }
-    let target_kind = kind_label(tgt_spec.kind());
-    let counts = Arc::new(JobCounts::default());
-    let target = inner
-        .opener
-        .open_target(&tgt_spec, source.size(), &spec.target_options(tgt_s3))
-        .await?;
-    let target = MeteredTarget::wrap(target, &inner.metrics, target_kind, counts.clone());
-    Ok(Opened {
-        source,
-        target,
-        counts,
-        target_kind,
-    })
+    Ok(source)
 }
 
 /// The engine options of this attempt: the spec's, resuming from the job's checkpoint
 /// when it has one for this source size. Returns them with the bytes resumed.
-fn attempt_options(inner: &Inner, id: &str, spec: &TransferSpec, size: u64) -> (CopyOptions, u64) {
+pub(super) fn attempt_options(
+    inner: &Inner,
+    id: &str,
+    spec: &TransferSpec,
+    size: u64,
+) -> (CopyOptions, u64) {
     let resume = inner
         .checkpoint(id)
         .filter(|c| c.size == size && !c.committed.is_empty());
@@ -543,7 +652,7 @@ async fn transfer(
     Ok(transfer_result(&done, resumed_bytes))
 }
 
-fn transfer_result(done: &VerifiedCopy, resumed_bytes: u64) -> ResultRecord {
+pub(super) fn transfer_result(done: &VerifiedCopy, resumed_bytes: u64) -> ResultRecord {
     let digest = |d: &ferry_engine::Digest| DigestRecord {
         algorithm: d.algorithm.as_str().into(),
         hex: d.hex(),

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use ferry_core::{EndpointSpec, Error, ErrorKind, Result, Source, Target};
 use ferry_endpoints::{SourceOptions, TargetOptions};
 
-use super::model::{JobRecord, JobState, ResultRecord};
+use super::model::{JobRecord, JobState, ResultRecord, TargetState};
 use super::opener::{Endpoints, Opener};
 use super::{JobManager, ListFilter, ManagerConfig};
 use crate::service::convert::Validator;
@@ -479,4 +479,233 @@ async fn a_callers_checkpoint_is_where_the_job_starts() {
         (data.len() as u64, vec![(0, data.len() as u64)])
     );
     assert_eq!(std::fs::read(f.path("b.img")).unwrap(), target);
+}
+
+/// Opens real endpoints, except that the file targets named in `failing` fail every write
+/// after their first `after` writes with the kind given, the first time they are opened.
+#[derive(Debug)]
+struct Breaking {
+    failing: Vec<(&'static str, ErrorKind)>,
+    after: u32,
+    opened: parking_lot::Mutex<Vec<String>>,
+}
+
+impl Breaking {
+    fn new(failing: Vec<(&'static str, ErrorKind)>, after: u32) -> Arc<Self> {
+        Arc::new(Self {
+            failing,
+            after,
+            opened: parking_lot::Mutex::default(),
+        })
+    }
+}
+
+#[async_trait]
+impl Opener for Breaking {
+    async fn open_source(&self, spec: &EndpointSpec, o: &SourceOptions) -> Result<Arc<dyn Source>> {
+        Endpoints.open_source(spec, o).await
+    }
+
+    async fn open_target(
+        &self,
+        spec: &EndpointSpec,
+        size: u64,
+        o: &TargetOptions,
+    ) -> Result<Arc<dyn Target>> {
+        let target = Endpoints.open_target(spec, size, o).await?;
+        let EndpointSpec::File(path) = spec else {
+            return Ok(target);
+        };
+        let name = path.display().to_string();
+        let Some((_, kind)) = self.failing.iter().find(|(f, _)| name.ends_with(f)) else {
+            return Ok(target);
+        };
+        let mut opened = self.opened.lock();
+        if opened.contains(&name) {
+            return Ok(target);
+        }
+        opened.push(name);
+        Ok(Arc::new(FailAfter {
+            inner: target,
+            writes_left: Arc::new(std::sync::atomic::AtomicI64::new(i64::from(self.after))),
+            kind: *kind,
+        }))
+    }
+}
+
+/// A target whose writes fail once its budget of writes is spent.
+struct FailAfter {
+    inner: Arc<dyn Target>,
+    writes_left: Arc<std::sync::atomic::AtomicI64>,
+    kind: ErrorKind,
+}
+
+impl FailAfter {
+    fn spend(&self) -> Result<()> {
+        if self.writes_left.fetch_sub(1, Ordering::SeqCst) <= 0 {
+            return Err(Error::new(self.kind, "injected write failure").with_operation("write"));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Target for FailAfter {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn caps(&self) -> ferry_core::Caps {
+        self.inner.caps()
+    }
+    async fn write_at(&self, offset: u64, buf: ferry_core::IoBuf) -> Result<ferry_core::IoBuf> {
+        self.spend()?;
+        self.inner.write_at(offset, buf).await
+    }
+    async fn write_zeroes(&self, offset: u64, len: u64, mode: ferry_core::ZeroMode) -> Result<()> {
+        self.inner.write_zeroes(offset, len, mode).await
+    }
+    async fn flush(&self) -> Result<()> {
+        self.inner.flush().await
+    }
+    async fn connect(&self) -> Result<Arc<dyn Target>> {
+        Ok(Arc::new(Self {
+            inner: self.inner.connect().await?,
+            writes_left: self.writes_left.clone(),
+            kind: self.kind,
+        }))
+    }
+    async fn finish(&self) -> Result<()> {
+        self.inner.finish().await
+    }
+    async fn abort(&self) -> Result<()> {
+        self.inner.abort().await
+    }
+}
+
+impl Fixture {
+    fn fan_out(&self, src: &str, targets: &[&str]) -> proto::StartTransferRequest {
+        let mut req = self.transfer(src, targets[0]);
+        req.more_targets = targets[1..]
+            .iter()
+            .map(|t| proto::Endpoint {
+                url: self.path(t),
+                ..Default::default()
+            })
+            .collect();
+        let o = req.options.as_mut().unwrap();
+        o.request_size = 256 * 1024;
+        o.workers = 2;
+        req
+    }
+}
+
+/// One target of three fails for good mid-copy: the other two hold the image, verified;
+/// the job fails naming the failed one, keeps its result, and says target by target
+/// which hold the image.
+#[tokio::test]
+async fn a_fan_out_with_a_failed_target_fails_and_the_others_hold_the_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = open(
+        dir,
+        config(),
+        Breaking::new(vec![("t1.img", ErrorKind::NoSpace)], 2),
+    );
+    let data = image(4 * 1024 * 1024 + 4096, 7);
+    std::fs::write(f.path("a.img"), &data).unwrap();
+    let mut req = f.fan_out("a.img", &["t0.img", "t1.img", "t2.img"]);
+    req.options.as_mut().unwrap().verify = true;
+    let job = f.start(&req).await.unwrap();
+    assert_eq!(job.targets.len(), 3);
+    assert!(job.targets.iter().all(|t| t.state == TargetState::Running));
+    let done = f.wait(&job.id).await;
+    assert_eq!(done.state, JobState::Failed, "{done:?}");
+    assert_eq!(done.attempt, 1, "a partial failure is final");
+    let err = done.error.clone().unwrap();
+    assert_eq!(err.kind, "no_space");
+    assert!(
+        err.message.starts_with("1 of 3 targets failed: "),
+        "{}",
+        err.message
+    );
+    assert!(err.message.contains("t1.img"), "{}", err.message);
+    assert!(err.message.contains("the image is on"), "{}", err.message);
+    for i in [0, 2] {
+        let t = &done.targets[i];
+        assert_eq!(t.state, TargetState::Succeeded, "{t:?}");
+        assert_eq!(std::fs::read(f.path(&format!("t{i}.img"))).unwrap(), data);
+        assert_eq!(t.done, data.len() as u64);
+    }
+    let failed = &done.targets[1];
+    assert_eq!(failed.state, TargetState::Failed);
+    assert!(!failed.resumable);
+    assert_eq!(failed.error.as_ref().unwrap().kind, "no_space");
+    let Some(ResultRecord::Transfer { source_digest, .. }) = &done.result else {
+        panic!("the result of the targets that hold the image: {done:?}")
+    };
+    let source_digest = source_digest.clone().expect("verified");
+    assert_eq!(done.targets[0].digest.as_ref(), Some(&source_digest));
+    assert_eq!(done.targets[2].digest.as_ref(), Some(&source_digest));
+    assert_eq!(failed.digest, None);
+    let text = f.manager.metrics().encode();
+    assert!(
+        text.contains("ferry_transfer_targets_total{endpoint=\"file\",result=\"succeeded\"} 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ferry_transfer_targets_total{endpoint=\"file\",result=\"failed\"} 1"),
+        "{text}"
+    );
+}
+
+/// Both targets fail in one attempt: the one that failed first is out of the job; the
+/// one that failed last (transiently) held every committed range, so the retry resumes
+/// it alone, and it gets the image.
+#[tokio::test]
+async fn the_last_target_to_fail_is_retried_and_an_earlier_failure_stays_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let opener = Breaking::new(
+        vec![
+            ("early.img", ErrorKind::Io),
+            ("late.img", ErrorKind::Disconnected),
+        ],
+        0,
+    );
+    let f = open(dir, config(), opener);
+    let data = image(4 * 1024 * 1024, 9);
+    std::fs::write(f.path("a.img"), &data).unwrap();
+    let mut req = f.fan_out("a.img", &["early.img", "late.img"]);
+    req.options.as_mut().unwrap().workers = 1;
+    let job = f.start(&req).await.unwrap();
+    let done = f.wait(&job.id).await;
+    assert_eq!(done.state, JobState::Failed, "{done:?}");
+    assert_eq!(done.attempt, 2, "the transient failure was retried");
+    let early = &done.targets[0];
+    assert_eq!(early.state, TargetState::Failed);
+    assert!(!early.resumable);
+    assert_eq!(early.error.as_ref().unwrap().kind, "io");
+    assert_eq!(done.targets[1].state, TargetState::Succeeded, "{done:?}");
+    assert_eq!(std::fs::read(f.path("late.img")).unwrap(), data);
+    assert_eq!(done.error.unwrap().kind, "io");
+}
+
+/// Every target holds the image: the job succeeds with one outcome per target.
+#[tokio::test]
+async fn a_fan_out_succeeds_when_every_target_holds_the_image() {
+    let f = fixture(config());
+    let data = image(3 * 1024 * 1024 + 100, 3);
+    std::fs::write(f.path("a.img"), &data).unwrap();
+    let job = f
+        .start(&f.fan_out("a.img", &["x.img", "y.img", "z.img"]))
+        .await
+        .unwrap();
+    let done = f.wait(&job.id).await;
+    assert_eq!(done.state, JobState::Succeeded, "{:?}", done.error);
+    for (t, name) in done.targets.iter().zip(["x.img", "y.img", "z.img"]) {
+        assert_eq!(t.state, TargetState::Succeeded);
+        assert!(t.target.ends_with(name), "{}", t.target);
+        assert_eq!(std::fs::read(f.path(name)).unwrap(), data);
+    }
 }
