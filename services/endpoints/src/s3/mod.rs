@@ -117,6 +117,26 @@ impl S3Options {
 pub use source::open_source;
 pub use target::open_target;
 
+/// An AWS SDK S3 client configured from the standard chain and `options`, exactly as the
+/// S3 endpoint builds its own: other crates that store objects (the backup repository)
+/// use it so that endpoint, region and credentials behave the same everywhere.
+pub async fn client(options: &S3Options) -> aws_sdk_s3::Client {
+    client::build(options).await
+}
+
+/// Turns a failed SDK request on `bucket`/`key` into a ferry error: a kind that decides
+/// retries and a message that says what to do. Credentials never reach the message.
+pub fn sdk_error<E>(
+    err: aws_sdk_s3::error::SdkError<E, aws_sdk_s3::config::http::HttpResponse>,
+    bucket: &str,
+    key: &str,
+) -> ferry_core::Error
+where
+    E: aws_sdk_s3::error::ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    error::from_sdk(err, error::Subject { bucket, key })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,131 @@
+//! The `config` object: what every reader must know before touching anything else
+//! (format version, repository id, chunk size, compression, encryption). Written once,
+//! create-only, by `init`.
+
+use ferry_core::{Error, ErrorKind, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::keys::EncryptionConfig;
+
+/// The repository format this crate reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+/// The default chunk size: 4 MiB.
+pub const DEFAULT_CHUNK_SIZE: u32 = 4 << 20;
+/// Chunk sizes are multiples of the block hash's 64 KiB block...
+pub const MIN_CHUNK_SIZE: u32 = 64 << 10;
+/// ...and at most 64 MiB, so one chunk always fits comfortably in memory.
+pub const MAX_CHUNK_SIZE: u32 = 64 << 20;
+/// The default zstd level.
+pub const DEFAULT_ZSTD_LEVEL: i32 = 3;
+/// A config is small; anything larger is not one.
+pub(crate) const MAX_CONFIG_LEN: u64 = 64 << 10;
+
+/// The parsed `config` object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Config {
+    pub format_version: u32,
+    /// 32 hex digits, random, fixed at init.
+    pub id: String,
+    pub chunk_size: u32,
+    /// The zstd level, or `None` for no compression.
+    pub zstd_level: Option<i32>,
+    /// `None` for an unencrypted repository.
+    pub encryption: Option<EncryptionConfig>,
+}
+
+#[derive(Deserialize)]
+struct VersionOnly {
+    format_version: u32,
+}
+
+pub(crate) fn check_chunk_size(size: u32) -> Result<()> {
+    if !size.is_power_of_two() || !(MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&size) {
+        return Err(Error::invalid_input(format!(
+            "chunk size {size} must be a power of two from {MIN_CHUNK_SIZE} (64 KiB) to {MAX_CHUNK_SIZE} (64 MiB)"
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_zstd_level(level: Option<i32>) -> Result<()> {
+    match level {
+        Some(l) if !(1..=22).contains(&l) => Err(Error::invalid_input(format!(
+            "zstd level {l} is out of range (1 to 22)"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+impl Config {
+    /// Parses a config, checking the format version first so that a newer repository
+    /// gets a clear message instead of a field error.
+    pub(crate) fn parse(data: &[u8], location: &str) -> Result<Self> {
+        let damaged = |e: serde_json::Error| {
+            Error::new(
+                ErrorKind::Corrupt,
+                format!("the config of the repository at {location} is damaged: {e}"),
+            )
+        };
+        let version: VersionOnly = serde_json::from_slice(data).map_err(damaged)?;
+        if version.format_version != FORMAT_VERSION {
+            return Err(Error::unsupported(format!(
+                "the repository at {location} has format version {}, but this ferry reads format version {FORMAT_VERSION}: {}",
+                version.format_version,
+                if version.format_version > FORMAT_VERSION {
+                    "use a newer ferry"
+                } else {
+                    "it is not a repository this ferry can read"
+                }
+            )));
+        }
+        let config: Config = serde_json::from_slice(data).map_err(damaged)?;
+        check_chunk_size(config.chunk_size)
+            .and_then(|()| check_zstd_level(config.zstd_level))
+            .map_err(|e| Error::new(ErrorKind::Corrupt, format!("the config of {location}: {}", e.message())))?;
+        if config.id.len() != 32 || hex::decode(&config.id).is_err() {
+            return Err(Error::new(ErrorKind::Corrupt, format!("the config of {location} has no valid id")));
+        }
+        Ok(config)
+    }
+
+    pub(crate) fn to_json(&self) -> Vec<u8> {
+        let mut out = serde_json::to_vec_pretty(self).unwrap_or_default();
+        out.push(b'\n');
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn another_version_is_named_with_ours() {
+        let err = Config::parse(br#"{"format_version": 2, "anything": true}"#, "/r").unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unsupported);
+        let text = err.to_string();
+        assert!(text.contains("format version 2") && text.contains("format version 1"), "{text}");
+    }
+
+    #[test]
+    fn chunk_sizes_are_powers_of_two_of_whole_blocks() {
+        for ok in [64 << 10, 1 << 20, 4 << 20, 64 << 20] {
+            assert!(check_chunk_size(ok).is_ok(), "{ok}");
+        }
+        for bad in [0, 4096, 3 << 20, 128 << 20] {
+            assert!(check_chunk_size(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let config = Config {
+            format_version: FORMAT_VERSION,
+            id: "00112233445566778899aabbccddeeff".into(),
+            chunk_size: DEFAULT_CHUNK_SIZE,
+            zstd_level: Some(3),
+            encryption: None,
+        };
+        assert_eq!(Config::parse(&config.to_json(), "/r").unwrap(), config);
+    }
+}

@@ -1,0 +1,536 @@
+//! Garbage collection: removes chunks no backup references, without ever removing one
+//! that a running or finishing backup needs.
+//!
+//! # The lease
+//! One GC at a time holds `locks/gc` (holder, start, expiry). It is created create-only;
+//! a lease past its expiry (a crashed GC) is taken over by replacing exactly the stale
+//! version read (S3 `If-Match`, a rename check on disk), so of two GCs racing for a
+//! stale lease one wins. The holder renews it every third of its lifetime and stops
+//! before deleting anything once a renewal shows the lease was lost. At the end, the GC
+//! writes `locks/gc-last` and removes the lease.
+//!
+//! # What is swept
+//! A chunk is removed only if (1) no index lists it, and (2) it was last written or
+//! touched before the cutoff
+//!
+//! ```text
+//! cutoff = min( GC start - grace,
+//!               for every running session S: S.start - max(grace, S.touch_older_than) )
+//! ```
+//!
+//! with every time taken from the store's clock (the lease's and session records'
+//! modification times), never from a host's. Indexes without a manifest (crashed
+//! backups) older than the cutoff are removed first, so their chunks become garbage.
+//!
+//! # Why a running backup is safe (the reasoning of Proxmox Backup Server's GC)
+//! A backup writes chunks, then its index, then its manifest. Until its index is written,
+//! its chunks are referenced by nothing, so (2) must protect them:
+//!
+//! - A chunk the session uploads is written after the session started, so it is younger
+//!   than any cutoff that counts the session.
+//! - A chunk the session reuses (deduplication) was stored earlier. The session touches
+//!   it if it is older than `touch_older_than` before the session's start; otherwise it
+//!   is younger than `S.start - touch_older_than`. Either way it is at or after the
+//!   cutoff of any GC that saw the session's record.
+//! - A GC that started before the session's record existed may have listed a reused
+//!   chunk with its old time and may delete it after the session touched it. So before
+//!   writing its index, a session checks whether a GC ran since it started (a lease is
+//!   held, or `locks/gc-last` is newer than the session's start): it first waits for a
+//!   running GC to end, then heads every chunk it reused. A missing one fails the backup
+//!   with a clear error before anything references it: a backup never points at data
+//!   that is gone.
+//! - A GC that starts after that check sees the session's record (it is removed only
+//!   after the manifest is written), so the first two points hold for it.
+//!
+//! Sessions whose record has not been rewritten for their `stale_after` are crashed and
+//! ignored (and their records removed). A grace period of zero is allowed: running
+//! sessions are still protected by the rule above.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use ferry_core::{Error, ErrorKind, Result};
+use futures::stream::{self, StreamExt, TryStreamExt};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinHandle;
+
+use crate::digest::Digest;
+use crate::keys::random;
+use crate::manifest::BackupId;
+use crate::repository::Repository;
+use crate::session::{SessionRecord, MAX_SESSION_LEN};
+use crate::store::{ObjectStore, Put, PutMode, Version};
+
+const LEASE: &str = "locks/gc";
+const LAST: &str = "locks/gc-last";
+const MAX_LEASE_LEN: u64 = 64 << 10;
+const PARALLEL_DELETES: usize = 16;
+
+/// How a GC runs.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct GcOptions {
+    /// Unreferenced chunks younger than this are kept (default 24 h; zero is allowed).
+    pub grace: Duration,
+    /// The lease's lifetime; it is renewed every third of it (default 10 minutes).
+    pub lease_ttl: Duration,
+    /// Who runs the GC, shown to others that find the lease taken.
+    pub holder: String,
+}
+
+impl Default for GcOptions {
+    fn default() -> Self {
+        Self {
+            grace: Duration::from_secs(24 * 3600),
+            lease_ttl: Duration::from_secs(600),
+            holder: format!(
+                "{} pid {}",
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_string())
+                    .unwrap_or_else(|_| "unknown".into()),
+                std::process::id()
+            ),
+        }
+    }
+}
+
+impl GcOptions {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn with_grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    pub fn with_lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
+    pub fn with_holder(mut self, holder: impl Into<String>) -> Self {
+        self.holder = holder.into();
+        self
+    }
+}
+
+/// What a GC did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct GcReport {
+    /// Indexes read (each backup's, and those of backups still being written).
+    pub indexes: u64,
+    /// Indexes of crashed backups (no manifest) that were removed.
+    pub orphan_indexes_removed: u64,
+    /// Chunks in the store when the sweep began.
+    pub chunks_scanned: u64,
+    pub chunks_removed: u64,
+    pub bytes_removed: u64,
+    /// Chunks kept because an index lists them.
+    pub chunks_referenced: u64,
+    /// Chunks kept although unreferenced, because they are younger than the cutoff.
+    pub chunks_recent: u64,
+    /// Stored bytes of every kept chunk.
+    pub bytes_kept: u64,
+    /// Stale records of crashed backup sessions removed.
+    pub stale_sessions_removed: u64,
+    /// Running backup sessions that moved the cutoff.
+    pub running_sessions: u64,
+    /// The cutoff: unreferenced chunks older than this were removed.
+    pub cutoff: Option<DateTime<Utc>>,
+    /// Wall time of the whole GC.
+    pub duration: Duration,
+}
+
+/// The content of `locks/gc`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRecord {
+    pub holder: String,
+    /// Random, tells two leases of one holder apart.
+    pub nonce: String,
+    pub started: DateTime<Utc>,
+    pub expires: DateTime<Utc>,
+}
+
+impl LeaseRecord {
+    /// Whether the lease has expired (its holder stopped renewing it).
+    pub fn is_stale(&self) -> bool {
+        self.expires < Utc::now()
+    }
+}
+
+/// The error source of a refused GC: another one holds the lease.
+#[derive(Debug, Clone)]
+pub struct LeaseHeld {
+    pub holder: String,
+    pub expires: DateTime<Utc>,
+}
+
+impl std::fmt::Display for LeaseHeld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "held by {} until {}", self.holder, self.expires.to_rfc3339())
+    }
+}
+
+impl std::error::Error for LeaseHeld {}
+
+/// The current GC lease, if any (a damaged one reads as stale).
+pub async fn current_lease(store: &dyn ObjectStore) -> Result<Option<LeaseRecord>> {
+    Ok(store
+        .get(LEASE, MAX_LEASE_LEN)
+        .await?
+        .map(|data| serde_json::from_slice(&data).unwrap_or_else(|_| damaged_lease())))
+}
+
+fn damaged_lease() -> LeaseRecord {
+    LeaseRecord {
+        holder: "unknown (damaged lease)".into(),
+        nonce: String::new(),
+        started: DateTime::<Utc>::UNIX_EPOCH,
+        expires: DateTime::<Utc>::UNIX_EPOCH,
+    }
+}
+
+/// When the last GC finished (the store's clock), if one ever did.
+pub(crate) async fn last_run(store: &dyn ObjectStore) -> Result<Option<SystemTime>> {
+    Ok(store.head(LAST).await?.map(|m| m.modified))
+}
+
+/// The lease held by a running GC. Renewed in the background; released by
+/// [`GcLease::release`] (or left to expire if the holder dies).
+#[derive(Debug)]
+pub struct GcLease {
+    store: Arc<dyn ObjectStore>,
+    nonce: String,
+    lost: Arc<AtomicBool>,
+    renewer: Option<JoinHandle<()>>,
+}
+
+fn record(holder: &str, nonce: &str, ttl: Duration) -> LeaseRecord {
+    let now = Utc::now();
+    LeaseRecord {
+        holder: holder.to_string(),
+        nonce: nonce.to_string(),
+        started: now,
+        expires: now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX),
+    }
+}
+
+/// Reads back the lease after writing it: its version, if it is still ours.
+async fn read_back(store: &dyn ObjectStore, nonce: &str) -> Result<Option<Version>> {
+    Ok(match store.get_versioned(LEASE, MAX_LEASE_LEN).await? {
+        Some((data, version)) => serde_json::from_slice::<LeaseRecord>(&data)
+            .ok()
+            .filter(|r| r.nonce == nonce)
+            .map(|_| version),
+        None => None,
+    })
+}
+
+impl GcLease {
+    /// Takes the lease, or takes over a stale one; refuses (kind InvalidInput, source
+    /// [`LeaseHeld`]) while another GC holds it.
+    pub async fn acquire(store: Arc<dyn ObjectStore>, holder: &str, ttl: Duration) -> Result<Self> {
+        let nonce = hex::encode(random::<8>()?);
+        let ttl = ttl.max(Duration::from_secs(1));
+        let body = || Bytes::from(serde_json::to_vec(&record(holder, &nonce, ttl)).unwrap_or_default());
+        for _ in 0..3 {
+            let written = match store.put(LEASE, body(), PutMode::CreateOnly).await? {
+                Put::Written => true,
+                Put::Conflict => {
+                    let Some((data, version)) = store.get_versioned(LEASE, MAX_LEASE_LEN).await? else {
+                        continue;
+                    };
+                    let current: LeaseRecord = serde_json::from_slice(&data).unwrap_or_else(|_| damaged_lease());
+                    if !current.is_stale() {
+                        return Err(Error::invalid_input(format!(
+                            "another garbage collection is running on {} ({}); try again later",
+                            store.location(),
+                            LeaseHeld {
+                                holder: current.holder.clone(),
+                                expires: current.expires
+                            }
+                        ))
+                        .with_source(LeaseHeld {
+                            holder: current.holder,
+                            expires: current.expires,
+                        }));
+                    }
+                    tracing::warn!(holder = %current.holder, expired = %current.expires, "taking over a stale garbage collection lease");
+                    store.put(LEASE, body(), PutMode::ReplaceIf(version)).await? == Put::Written
+                }
+            };
+            if written {
+                if let Some(version) = read_back(store.as_ref(), &nonce).await? {
+                    return Ok(Self::start(store, holder.to_string(), nonce, version, ttl));
+                }
+            }
+        }
+        Err(Error::invalid_input(format!(
+            "another garbage collection took the lease on {} first; try again later",
+            store.location()
+        )))
+    }
+
+    fn start(store: Arc<dyn ObjectStore>, holder: String, nonce: String, version: Version, ttl: Duration) -> Self {
+        let lost = Arc::new(AtomicBool::new(false));
+        let version = Arc::new(Mutex::new(version));
+        let renewer = tokio::spawn(renew(
+            Arc::clone(&store),
+            holder,
+            nonce.clone(),
+            ttl,
+            version,
+            Arc::clone(&lost),
+        ));
+        Self {
+            store,
+            nonce,
+            lost,
+            renewer: Some(renewer),
+        }
+    }
+
+    /// Whether the lease was lost (renewals failed for its lifetime, or another GC took
+    /// it over): the GC must stop removing things.
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.is_lost() {
+            Err(Error::new(
+                ErrorKind::Cancelled,
+                format!(
+                    "the garbage collection lost its lease on {} (renewals failed or another GC took over); it stopped",
+                    self.store.location()
+                ),
+            ))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Gives the lease up, if it is still ours.
+    pub async fn release(mut self) -> Result<()> {
+        self.stop_renewing().await;
+        if read_back(self.store.as_ref(), &self.nonce).await?.is_some() {
+            self.store.delete(LEASE).await?;
+        }
+        Ok(())
+    }
+
+    async fn stop_renewing(&mut self) {
+        if let Some(task) = self.renewer.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for GcLease {
+    fn drop(&mut self) {
+        // An unreleased lease simply expires.
+        if let Some(task) = self.renewer.take() {
+            task.abort();
+        }
+    }
+}
+
+async fn renew(
+    store: Arc<dyn ObjectStore>,
+    holder: String,
+    nonce: String,
+    ttl: Duration,
+    version: Arc<Mutex<Version>>,
+    lost: Arc<AtomicBool>,
+) {
+    let mut last_ok = Instant::now();
+    loop {
+        tokio::time::sleep(ttl / 3).await;
+        let body = Bytes::from(serde_json::to_vec(&record(&holder, &nonce, ttl)).unwrap_or_default());
+        let expected = version.lock().clone();
+        match store.put(LEASE, body, PutMode::ReplaceIf(expected)).await {
+            Ok(Put::Written) => match read_back(store.as_ref(), &nonce).await {
+                Ok(Some(v)) => {
+                    *version.lock() = v;
+                    last_ok = Instant::now();
+                }
+                Ok(None) => {
+                    lost.store(true, Ordering::SeqCst);
+                    return;
+                }
+                Err(err) => tracing::warn!(error = %err, "cannot read back the GC lease"),
+            },
+            Ok(Put::Conflict) => {
+                lost.store(true, Ordering::SeqCst);
+                return;
+            }
+            Err(err) => tracing::warn!(error = %err, "cannot renew the GC lease"),
+        }
+        if last_ok.elapsed() >= ttl {
+            lost.store(true, Ordering::SeqCst);
+            return;
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct LastRun {
+    holder: String,
+    started: DateTime<Utc>,
+    finished: DateTime<Utc>,
+    report: GcReport,
+}
+
+fn before(t: SystemTime, d: Duration) -> SystemTime {
+    t.checked_sub(d).unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+impl Repository {
+    /// Runs a garbage collection (see the module docs for what is removed and why that
+    /// is safe).
+    pub async fn gc(&self, options: &GcOptions) -> Result<GcReport> {
+        let began = Instant::now();
+        let started_at = Utc::now();
+        let store = Arc::clone(self.store());
+        let lease = GcLease::acquire(Arc::clone(&store), &options.holder, options.lease_ttl).await?;
+        let result = self.collect(&lease, options).await;
+        let mut report = match result {
+            Ok(report) => report,
+            Err(err) => {
+                let _ = lease.release().await;
+                return Err(err);
+            }
+        };
+        report.duration = began.elapsed();
+        let last = LastRun {
+            holder: options.holder.clone(),
+            started: started_at,
+            finished: Utc::now(),
+            report: report.clone(),
+        };
+        store
+            .put(LAST, Bytes::from(serde_json::to_vec_pretty(&last).unwrap_or_default()), PutMode::Overwrite)
+            .await?;
+        lease.release().await?;
+        tracing::info!(
+            removed = report.chunks_removed,
+            bytes_removed = report.bytes_removed,
+            kept = report.chunks_referenced + report.chunks_recent,
+            "garbage collection finished"
+        );
+        Ok(report)
+    }
+
+    async fn collect(&self, lease: &GcLease, options: &GcOptions) -> Result<GcReport> {
+        let store = self.store();
+        let mut report = GcReport::default();
+        let gc_start = store
+            .head(LEASE)
+            .await?
+            .ok_or_else(|| Error::new(ErrorKind::Cancelled, "the GC lease vanished as it was taken"))?
+            .modified;
+        let mut cutoff = before(gc_start, options.grace);
+
+        // Running sessions move the cutoff back; crashed ones are cleaned up.
+        for meta in store.list("sessions/").await? {
+            let Some(data) = store.get(&meta.name, MAX_SESSION_LEN).await? else { continue };
+            let record: Option<SessionRecord> = serde_json::from_slice(&data).ok();
+            let stale_after = Duration::from_secs(record.as_ref().map_or(600, |r| r.stale_after_secs));
+            if meta.modified.checked_add(stale_after).is_some_and(|t| t < gc_start) {
+                lease.check()?;
+                store.delete(&meta.name).await?;
+                report.stale_sessions_removed += 1;
+                continue;
+            }
+            report.running_sessions += 1;
+            let (start, touch) = match &record {
+                Some(r) => (
+                    r.started.map(SystemTime::from).unwrap_or(meta.modified),
+                    Duration::from_secs(r.touch_older_than_secs),
+                ),
+                // An unreadable record of a live session: keep everything it may use.
+                None => (SystemTime::UNIX_EPOCH, Duration::ZERO),
+            };
+            cutoff = cutoff.min(before(start, options.grace.max(touch)));
+        }
+        report.cutoff = Some(DateTime::<Utc>::from(cutoff));
+
+        // Mark.
+        let manifests: HashSet<BackupId> = self.list_snapshots().await?.into_iter().collect();
+        let mut referenced: HashSet<Digest> = HashSet::new();
+        for meta in store.list("indexes/").await? {
+            let Some(id) = meta.name.strip_prefix("indexes/").and_then(|n| n.parse::<BackupId>().ok()) else {
+                continue;
+            };
+            if !manifests.contains(&id) && meta.modified < cutoff {
+                lease.check()?;
+                store.delete(&meta.name).await?;
+                report.orphan_indexes_removed += 1;
+                continue;
+            }
+            let (index, _) = match self.read_index(&id).await {
+                Ok(read) => read,
+                // Deleted by a prune since the listing: it references nothing any more.
+                Err(err) if err.kind() == ErrorKind::NotFound => continue,
+                Err(err) => {
+                    return Err(Error::new(
+                        err.kind(),
+                        format!(
+                            "garbage collection stopped before removing anything: {}; run verify, and delete that backup if it is damaged",
+                            err.message()
+                        ),
+                    ))
+                }
+            };
+            report.indexes += 1;
+            referenced.extend(index.digests().iter().filter(|d| !d.is_zero()).copied());
+        }
+
+        // Sweep.
+        let bad: BTreeSet<Digest> = store
+            .list("bad/")
+            .await?
+            .into_iter()
+            .filter_map(|m| m.name.strip_prefix("bad/").and_then(|h| h.parse().ok()))
+            .collect();
+        let mut doomed = Vec::new();
+        for meta in store.list("chunks/").await? {
+            let Some(digest) = Digest::from_chunk_name(&meta.name) else { continue };
+            report.chunks_scanned += 1;
+            if referenced.contains(&digest) {
+                report.chunks_referenced += 1;
+                report.bytes_kept += meta.size;
+            } else if meta.modified < cutoff {
+                doomed.push((digest, meta.size));
+            } else {
+                report.chunks_recent += 1;
+                report.bytes_kept += meta.size;
+            }
+        }
+        let removed: Vec<(Digest, u64)> = stream::iter(doomed)
+            .map(|(digest, size)| async move {
+                lease.check()?;
+                store.delete(&digest.chunk_name()).await?;
+                Ok::<_, Error>((digest, size))
+            })
+            .buffer_unordered(PARALLEL_DELETES)
+            .try_collect()
+            .await?;
+        for (digest, size) in &removed {
+            report.chunks_removed += 1;
+            report.bytes_removed += size;
+            if bad.contains(digest) {
+                store.delete(&digest.bad_name()).await?;
+            }
+        }
+        Ok(report)
+    }
+}

@@ -1,0 +1,389 @@
+//! [`Repository`]: an opened repository, and every read and write of its objects.
+//!
+//! Writing a backup goes through a [`Session`](crate::Session) (chunks, then index, then
+//! manifest); this module has the rest: init and open, chunk digests, reading chunks
+//! back verified, listing, loading and deleting snapshots.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use ferry_core::{Error, ErrorKind, Result, Secret};
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::{Digest as _, Sha256};
+use zeroize::Zeroizing;
+
+use crate::blob::{Codec, OVERHEAD};
+use crate::config::{
+    check_chunk_size, check_zstd_level, Config, DEFAULT_CHUNK_SIZE, DEFAULT_ZSTD_LEVEL, FORMAT_VERSION,
+    MAX_CONFIG_LEN,
+};
+use crate::digest::Digest;
+use crate::index::{FixedIndex, MAX_INDEX_LEN};
+use crate::keys::{self, KdfParams};
+use crate::manifest::{BackupId, Manifest, MAX_MANIFEST_LEN};
+use crate::store::{get_required, ObjectStore, Put, PutMode};
+
+const CONFIG: &str = "config";
+
+/// How to create a repository.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct InitOptions {
+    /// Chunk size: a power of two from 64 KiB to 64 MiB (default 4 MiB). Fixed for the
+    /// repository's life.
+    pub chunk_size: u32,
+    /// zstd level 1-22, or `None` for no compression (default 3).
+    pub zstd_level: Option<i32>,
+    /// A passphrase encrypts the repository (default: none, unencrypted).
+    pub passphrase: Option<Secret>,
+    /// Argon2id costs for the passphrase (default [`KdfParams::default`]).
+    pub kdf: KdfParams,
+}
+
+impl Default for InitOptions {
+    fn default() -> Self {
+        Self {
+            chunk_size: DEFAULT_CHUNK_SIZE,
+            zstd_level: Some(DEFAULT_ZSTD_LEVEL),
+            passphrase: None,
+            kdf: KdfParams::default(),
+        }
+    }
+}
+
+impl InitOptions {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn with_chunk_size(mut self, size: u32) -> Self {
+        self.chunk_size = size;
+        self
+    }
+
+    pub fn with_zstd_level(mut self, level: Option<i32>) -> Self {
+        self.zstd_level = level;
+        self
+    }
+
+    pub fn with_passphrase(mut self, passphrase: Secret) -> Self {
+        self.passphrase = Some(passphrase);
+        self
+    }
+
+    pub fn with_kdf(mut self, kdf: KdfParams) -> Self {
+        self.kdf = kdf;
+        self
+    }
+}
+
+/// An opened repository. Cheap to clone; every clone shares the store and the keys.
+#[derive(Clone, Debug)]
+pub struct Repository {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn ObjectStore>,
+    config: Config,
+    codec: Codec,
+    id_key: Option<Zeroizing<[u8; 32]>>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Repository")
+            .field("location", &self.store.location())
+            .field("id", &self.config.id)
+            .field("codec", &self.codec)
+            .finish()
+    }
+}
+
+impl Repository {
+    /// Creates a repository in an empty location (refused where a config exists).
+    pub async fn init(store: Arc<dyn ObjectStore>, options: InitOptions) -> Result<Self> {
+        check_chunk_size(options.chunk_size)?;
+        check_zstd_level(options.zstd_level)?;
+        let location = store.location();
+        let id = hex::encode(keys::random::<16>()?);
+        let (encryption, keys) = match &options.passphrase {
+            Some(passphrase) => {
+                let (config, keys) = keys::create(passphrase, &options.kdf, id.as_bytes())?;
+                (Some(config), Some(keys))
+            }
+            None => (None, None),
+        };
+        let config = Config {
+            format_version: FORMAT_VERSION,
+            id,
+            chunk_size: options.chunk_size,
+            zstd_level: options.zstd_level,
+            encryption,
+        };
+        match store.put(CONFIG, Bytes::from(config.to_json()), PutMode::CreateOnly).await? {
+            Put::Written => {}
+            Put::Conflict => {
+                return Err(Error::invalid_input(format!(
+                    "{location} already holds a repository (it has a config): open it instead"
+                )))
+            }
+        }
+        tracing::info!(repository = %location, encrypted = keys.is_some(), "created a backup repository");
+        Self::assemble(store, config, keys)
+    }
+
+    /// Opens a repository. An encrypted one needs its passphrase; an unencrypted one
+    /// ignores it.
+    pub async fn open(store: Arc<dyn ObjectStore>, passphrase: Option<&Secret>) -> Result<Self> {
+        let location = store.location();
+        let data = store.get(CONFIG, MAX_CONFIG_LEN).await?.ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotFound,
+                format!("there is no repository at {location} (no config): create one first"),
+            )
+        })?;
+        let config = Config::parse(&data, &location)?;
+        let keys = match (&config.encryption, passphrase) {
+            (None, _) => None,
+            (Some(_), None) => {
+                return Err(Error::new(
+                    ErrorKind::PermissionDenied,
+                    format!("the repository at {location} is encrypted: a passphrase is needed to open it"),
+                ))
+            }
+            (Some(enc), Some(passphrase)) => Some(
+                keys::unlock(enc, passphrase, config.id.as_bytes())
+                    .map_err(|e| e.with_endpoint(location.clone()))?,
+            ),
+        };
+        Self::assemble(store, config, keys)
+    }
+
+    fn assemble(store: Arc<dyn ObjectStore>, config: Config, keys: Option<keys::Keys>) -> Result<Self> {
+        let codec = Codec::new(config.zstd_level, keys.as_ref().map(|k| &*k.chunk))?;
+        let id_key = keys.map(|k| k.id);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                store,
+                config,
+                codec,
+                id_key,
+            }),
+        })
+    }
+
+    /// The store the repository lives in.
+    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.inner.store
+    }
+
+    /// The repository's config (no secret in it: the master key is stored wrapped).
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// The chunk size every backup in this repository uses.
+    pub fn chunk_size(&self) -> u32 {
+        self.inner.config.chunk_size
+    }
+
+    /// Whether chunks, indexes and manifests are encrypted.
+    pub fn is_encrypted(&self) -> bool {
+        self.inner.codec.encrypted()
+    }
+
+    /// The name of a chunk with this content: [`Digest::ZERO`] for all zeroes, else
+    /// SHA-256 (HMAC-SHA256 under the id key when encrypted, so names leak nothing).
+    pub fn chunk_digest(&self, data: &[u8]) -> Digest {
+        if is_zero(data) {
+            return Digest::ZERO;
+        }
+        let mut out = [0u8; 32];
+        match &self.inner.id_key {
+            Some(key) => {
+                // HMAC accepts keys of any length: this cannot fail.
+                if let Ok(mut mac) = <Hmac<Sha256> as KeyInit>::new_from_slice(key.as_ref()) {
+                    mac.update(data);
+                    out.copy_from_slice(&mac.finalize().into_bytes());
+                }
+            }
+            None => out.copy_from_slice(&Sha256::digest(data)),
+        }
+        Digest(out)
+    }
+
+    /// Whether a chunk is stored and not marked damaged by a verify.
+    pub async fn has_chunk(&self, digest: &Digest) -> Result<bool> {
+        if digest.is_zero() {
+            return Ok(true);
+        }
+        let store = self.store();
+        Ok(store.head(&digest.chunk_name()).await?.is_some() && store.head(&digest.bad_name()).await?.is_none())
+    }
+
+    /// Reads a chunk and checks its content against its name (kind Corrupt if it does
+    /// not match, NotFound if it is missing). The zero marker reads as an error: zero
+    /// chunks are not stored, their length comes from the index.
+    pub async fn get_chunk(&self, digest: &Digest) -> Result<Vec<u8>> {
+        if digest.is_zero() {
+            return Err(Error::invalid_input(
+                "the zero-chunk marker names no stored chunk: restore it as zeroes",
+            ));
+        }
+        let name = digest.chunk_name();
+        let chunk_size = u64::from(self.chunk_size());
+        let blob = get_required(self.store().as_ref(), &name, chunk_size + OVERHEAD).await?;
+        let plain = self
+            .inner
+            .codec
+            .decode(&blob, chunk_size)
+            .map_err(|e| Error::new(e.kind(), format!("chunk {digest}: {}", e.message())))?;
+        if self.chunk_digest(&plain) != *digest {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!("chunk {digest} is damaged: its content does not match its name"),
+            ));
+        }
+        Ok(plain)
+    }
+
+    /// Stores a chunk's blob (always writes; deduplication is the session's job).
+    pub(crate) async fn store_chunk(&self, digest: &Digest, plain: &[u8]) -> Result<()> {
+        let blob = self.inner.codec.encode(plain)?;
+        self.store()
+            .put(&digest.chunk_name(), Bytes::from(blob), PutMode::Overwrite)
+            .await?;
+        Ok(())
+    }
+
+    /// Every finished backup, oldest first.
+    pub async fn list_snapshots(&self) -> Result<Vec<BackupId>> {
+        let mut ids: Vec<BackupId> = self
+            .store()
+            .list("snapshots/")
+            .await?
+            .into_iter()
+            .filter_map(|m| {
+                m.name
+                    .strip_prefix("snapshots/")
+                    .and_then(|n| n.strip_suffix(".json"))
+                    .and_then(|n| n.parse().ok())
+            })
+            .collect();
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// Reads a backup's manifest.
+    pub async fn load_manifest(&self, id: &BackupId) -> Result<Manifest> {
+        let data = self.store().get(&id.manifest_name(), MAX_MANIFEST_LEN).await?.ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotFound,
+                format!("backup {id} does not exist in the repository at {}", self.store().location()),
+            )
+        })?;
+        let json = if self.is_encrypted() {
+            self.inner.codec.decode(&data, MAX_MANIFEST_LEN)?
+        } else {
+            data
+        };
+        let manifest: Manifest = serde_json::from_slice(&json)
+            .map_err(|e| Error::new(ErrorKind::Corrupt, format!("the manifest of backup {id} is damaged: {e}")))?;
+        if manifest.id != *id {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!("the manifest stored as backup {id} belongs to backup {}", manifest.id),
+            ));
+        }
+        Ok(manifest)
+    }
+
+    pub(crate) async fn store_manifest(&self, manifest: &Manifest) -> Result<()> {
+        let json = manifest.to_json();
+        let data = if self.is_encrypted() {
+            self.inner.codec.encode(&json)?
+        } else {
+            json
+        };
+        match self
+            .store()
+            .put(&manifest.id.manifest_name(), Bytes::from(data), PutMode::CreateOnly)
+            .await?
+        {
+            Put::Written => Ok(()),
+            Put::Conflict => Err(Error::internal(format!("backup {} already has a manifest", manifest.id))),
+        }
+    }
+
+    /// Reads a backup's index and checks it against its manifest.
+    pub async fn load_index(&self, manifest: &Manifest) -> Result<FixedIndex> {
+        let (index, sha) = self.read_index(&manifest.id).await?;
+        if sha != manifest.index_sha256
+            || index.image_size() != manifest.image_size
+            || index.chunk_size() != manifest.chunk_size
+        {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!("the index of backup {} does not match its manifest", manifest.id),
+            ));
+        }
+        Ok(index)
+    }
+
+    /// Reads an index without a manifest to check it against (GC, verify), with the
+    /// SHA-256 of its serialized form.
+    pub(crate) async fn read_index(&self, id: &BackupId) -> Result<(FixedIndex, String)> {
+        let blob = get_required(self.store().as_ref(), &id.index_name(), MAX_INDEX_LEN + OVERHEAD).await?;
+        let data = self
+            .inner
+            .codec
+            .decode(&blob, MAX_INDEX_LEN)
+            .map_err(|e| Error::new(e.kind(), format!("the index of backup {id}: {}", e.message())))?;
+        let index = FixedIndex::decode(&data)
+            .map_err(|e| Error::new(e.kind(), format!("the index of backup {id}: {}", e.message())))?;
+        Ok((index, hex::encode(Sha256::digest(&data))))
+    }
+
+    /// Stores an index; returns the SHA-256 of its serialized form for the manifest.
+    pub(crate) async fn store_index(&self, id: &BackupId, index: &FixedIndex) -> Result<String> {
+        let data = index.encode();
+        let sha = hex::encode(Sha256::digest(&data));
+        let blob = self.inner.codec.encode(&data)?;
+        self.store()
+            .put(&id.index_name(), Bytes::from(blob), PutMode::Overwrite)
+            .await?;
+        Ok(sha)
+    }
+
+    /// Deletes a backup: its manifest first (so it is no longer listed), then its index.
+    /// Its chunks stay until a garbage collection finds them unreferenced.
+    pub async fn delete_snapshot(&self, id: &BackupId) -> Result<()> {
+        self.store().delete(&id.manifest_name()).await?;
+        self.store().delete(&id.index_name()).await?;
+        tracing::info!(backup = %id, repository = %self.store().location(), "deleted a backup");
+        Ok(())
+    }
+}
+
+fn is_zero(data: &[u8]) -> bool {
+    let mut words = data.chunks_exact(8);
+    let tail = words.remainder();
+    tail.iter().all(|&b| b == 0) && words.all(|w| w == [0u8; 8])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_detection() {
+        assert!(is_zero(&[0u8; 4097]));
+        let mut d = vec![0u8; 4097];
+        d[4096] = 1;
+        assert!(!is_zero(&d));
+        d[4096] = 0;
+        d[3] = 1;
+        assert!(!is_zero(&d));
+    }
+}

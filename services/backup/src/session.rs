@@ -1,0 +1,436 @@
+//! [`Session`]: one running backup. It stores and reuses chunks, keeps a heartbeat
+//! record under `sessions/` so that garbage collection spares its chunks, and finishes
+//! by writing the index and then the manifest.
+//!
+//! How a session stays safe from a concurrent GC is explained in [`crate::gc`]; in
+//! short: chunks it reuses are touched when older than `touch_older_than`, its record
+//! tells GCs its start time and that threshold, and before the index is written it
+//! re-checks every reused chunk if a GC ran meanwhile.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use ferry_core::{Error, ErrorKind, Result};
+use futures::stream::{self, StreamExt, TryStreamExt};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinHandle;
+
+use crate::digest::Digest;
+use crate::gc;
+use crate::index::FixedIndex;
+use crate::manifest::{now, BackupId, Manifest, SnapshotInfo};
+use crate::repository::Repository;
+use crate::store::{ObjectStore, PutMode};
+
+/// How many store requests a session's checks run at once.
+const PARALLEL_CHECKS: usize = 16;
+/// A session record is small; anything larger is not one.
+pub(crate) const MAX_SESSION_LEN: u64 = 64 << 10;
+
+/// How a session behaves.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct SessionOptions {
+    /// Reused chunks last written or touched longer ago than this (by the store's clock,
+    /// before the session started) are touched. GCs never sweep chunks younger than this
+    /// before a running session's start, whatever their own grace period. Default 12 h
+    /// (half the default GC grace period), so that a daily incremental backup touches
+    /// each chunk about once a day.
+    pub touch_older_than: Duration,
+    /// How often the session record is rewritten (default 60 s).
+    pub heartbeat: Duration,
+    /// How long a session may go without a heartbeat before GCs consider it crashed
+    /// (default 10 minutes).
+    pub stale_after: Duration,
+    /// How long finishing waits for a running GC to end (default 1 hour).
+    pub gc_wait: Duration,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        Self {
+            touch_older_than: Duration::from_secs(12 * 3600),
+            heartbeat: Duration::from_secs(60),
+            stale_after: Duration::from_secs(600),
+            gc_wait: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl SessionOptions {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn with_touch_older_than(mut self, age: Duration) -> Self {
+        self.touch_older_than = age;
+        self
+    }
+
+    pub fn with_heartbeat(mut self, every: Duration, stale_after: Duration) -> Self {
+        self.heartbeat = every;
+        self.stale_after = stale_after;
+        self
+    }
+
+    pub fn with_gc_wait(mut self, wait: Duration) -> Self {
+        self.gc_wait = wait;
+        self
+    }
+}
+
+/// The record under `sessions/<id>.json`, read by GCs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct SessionRecord {
+    pub id: BackupId,
+    /// The store-clock time of the first write of this record.
+    pub started: Option<DateTime<Utc>>,
+    pub touch_older_than_secs: u64,
+    pub stale_after_secs: u64,
+    pub host: String,
+    pub pid: u32,
+}
+
+/// What [`Session::put_chunk`] did with a chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkOutcome {
+    /// Uploaded by this call.
+    New,
+    /// Already stored: not uploaded again.
+    Reused,
+    /// All zeroes: not stored; the index records [`Digest::ZERO`].
+    Zero,
+}
+
+/// The digest of a stored chunk and how it was stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkPut {
+    pub digest: Digest,
+    pub outcome: ChunkOutcome,
+}
+
+#[derive(Default)]
+struct Chunks {
+    new: HashSet<Digest>,
+    reused: HashSet<Digest>,
+}
+
+/// A running backup: from [`Repository::begin_session`] to [`Session::finish`].
+///
+/// Methods take `&self`, so several workers may store chunks at once. Dropping a session
+/// without finishing it abandons the backup: nothing is listed, and its chunks become
+/// garbage for a later GC.
+pub struct Session {
+    repo: Repository,
+    id: BackupId,
+    time: DateTime<Utc>,
+    started: SystemTime,
+    touch_before: SystemTime,
+    options: SessionOptions,
+    bad: HashSet<Digest>,
+    chunks: Mutex<Chunks>,
+    heartbeat: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("id", &self.id).field("time", &self.time).finish()
+    }
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown".to_string())
+}
+
+impl Repository {
+    /// Starts a backup session: writes its record, learns the store's clock from it, and
+    /// starts its heartbeat.
+    pub async fn begin_session(&self, options: SessionOptions) -> Result<Session> {
+        let time = now();
+        let id = BackupId::generate(time)?;
+        let store = Arc::clone(self.store());
+        let mut record = SessionRecord {
+            id: id.clone(),
+            started: None,
+            touch_older_than_secs: options.touch_older_than.as_secs(),
+            stale_after_secs: options.stale_after.as_secs().max(1),
+            host: host_name(),
+            pid: std::process::id(),
+        };
+        let name = id.session_name();
+        store.put(&name, Bytes::from(json(&record)), PutMode::Overwrite).await?;
+        let started = store
+            .head(&name)
+            .await?
+            .ok_or_else(|| Error::new(ErrorKind::Io, format!("the session record {name} vanished after it was written")))?
+            .modified;
+        record.started = Some(DateTime::<Utc>::from(started));
+        let body = Bytes::from(json(&record));
+        store.put(&name, body.clone(), PutMode::Overwrite).await?;
+        let bad = self
+            .store()
+            .list("bad/")
+            .await?
+            .into_iter()
+            .filter_map(|m| m.name.strip_prefix("bad/").and_then(|h| h.parse().ok()))
+            .collect();
+        let heartbeat = tokio::spawn(beat(Arc::clone(&store), name, body, options.heartbeat));
+        tracing::info!(backup = %id, repository = %store.location(), "backup session started");
+        Ok(Session {
+            repo: self.clone(),
+            id,
+            time,
+            started,
+            touch_before: started.checked_sub(options.touch_older_than).unwrap_or(SystemTime::UNIX_EPOCH),
+            options,
+            bad,
+            chunks: Mutex::new(Chunks::default()),
+            heartbeat: Some(heartbeat),
+        })
+    }
+}
+
+fn json<T: Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).unwrap_or_default()
+}
+
+async fn beat(store: Arc<dyn ObjectStore>, name: String, body: Bytes, every: Duration) {
+    let every = every.max(Duration::from_millis(100));
+    loop {
+        tokio::time::sleep(every).await;
+        if let Err(err) = store.put(&name, body.clone(), PutMode::Overwrite).await {
+            tracing::warn!(session = %name, error = %err, "backup session heartbeat failed");
+        }
+    }
+}
+
+impl Session {
+    /// The id the backup will have.
+    pub fn id(&self) -> &BackupId {
+        &self.id
+    }
+
+    /// The repository this session writes to.
+    pub fn repository(&self) -> &Repository {
+        &self.repo
+    }
+
+    /// Stores one chunk of the image (1 byte up to the chunk size; only the last chunk of
+    /// an image may be short) unless it is already stored. The digest is computed here.
+    pub async fn put_chunk(&self, data: &[u8]) -> Result<ChunkPut> {
+        if data.is_empty() || data.len() as u64 > u64::from(self.repo.chunk_size()) {
+            return Err(Error::invalid_input(format!(
+                "a chunk of {} bytes: chunks hold 1 to {} bytes",
+                data.len(),
+                self.repo.chunk_size()
+            )));
+        }
+        let digest = self.repo.chunk_digest(data);
+        if digest.is_zero() {
+            return Ok(ChunkPut { digest, outcome: ChunkOutcome::Zero });
+        }
+        if self.known(&digest) {
+            return Ok(ChunkPut { digest, outcome: ChunkOutcome::Reused });
+        }
+        let outcome = if !self.bad.contains(&digest) && self.reuse_stored(&digest).await? {
+            ChunkOutcome::Reused
+        } else {
+            self.repo.store_chunk(&digest, data).await?;
+            if self.bad.contains(&digest) {
+                self.repo.store().delete(&digest.bad_name()).await?;
+            }
+            self.chunks.lock().new.insert(digest);
+            ChunkOutcome::New
+        };
+        Ok(ChunkPut { digest, outcome })
+    }
+
+    /// Reuses a stored chunk by digest without its data (an incremental backup's
+    /// unchanged chunk, from the parent's index). `false` means it is missing or marked
+    /// damaged: read the data and [`Session::put_chunk`] it.
+    pub async fn reuse_chunk(&self, digest: &Digest) -> Result<bool> {
+        if digest.is_zero() || self.known(digest) {
+            return Ok(true);
+        }
+        if self.bad.contains(digest) {
+            return Ok(false);
+        }
+        self.reuse_stored(digest).await
+    }
+
+    fn known(&self, digest: &Digest) -> bool {
+        let chunks = self.chunks.lock();
+        chunks.new.contains(digest) || chunks.reused.contains(digest)
+    }
+
+    /// Heads a stored chunk, touches it if old, records it as reused.
+    async fn reuse_stored(&self, digest: &Digest) -> Result<bool> {
+        let name = digest.chunk_name();
+        let store = self.repo.store();
+        let Some(meta) = store.head(&name).await? else {
+            return Ok(false);
+        };
+        if meta.modified < self.touch_before {
+            match store.touch(&name).await {
+                Ok(()) => {}
+                // Removed between the head and the touch: store it again.
+                Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        self.chunks.lock().reused.insert(*digest);
+        Ok(true)
+    }
+
+    /// Finishes the backup: checks that every chunk of `index` was stored or reused by
+    /// this session, re-checks reused chunks if a GC ran meanwhile, writes the index,
+    /// then the manifest, and ends the session.
+    pub async fn finish(mut self, index: &FixedIndex, info: SnapshotInfo) -> Result<Manifest> {
+        if index.chunk_size() != self.repo.chunk_size() {
+            return Err(Error::invalid_input(format!(
+                "the index uses {}-byte chunks but the repository {}-byte chunks",
+                index.chunk_size(),
+                self.repo.chunk_size()
+            )));
+        }
+        let (new, reused) = {
+            let chunks = self.chunks.lock();
+            (chunks.new.clone(), chunks.reused.clone())
+        };
+        if let Some(stray) = index
+            .digests()
+            .iter()
+            .find(|d| !d.is_zero() && !new.contains(d) && !reused.contains(d))
+        {
+            return Err(Error::invalid_input(format!(
+                "the index names chunk {stray}, which this session neither stored nor reused"
+            )));
+        }
+        if self.gc_ran().await? {
+            self.recheck(&reused).await?;
+        }
+        let index_sha256 = self.repo.store_index(&self.id, index).await?;
+        let mut manifest = Manifest {
+            id: self.id.clone(),
+            time: self.time,
+            image_size: index.image_size(),
+            chunk_size: index.chunk_size(),
+            source: info.source,
+            parent: info.parent,
+            tags: info.tags,
+            block_hash: info.block_hash,
+            bytes_new: 0,
+            bytes_reused: 0,
+            bytes_zero: 0,
+            chunks_new: 0,
+            chunks_reused: 0,
+            chunks_zero: 0,
+            index_sha256,
+            ferry_version: env!("CARGO_PKG_VERSION").to_string(),
+        };
+        let mut seen = HashSet::new();
+        for (i, digest) in index.digests().iter().enumerate() {
+            let (_, len) = index.chunk_range(i);
+            if digest.is_zero() {
+                manifest.bytes_zero += len;
+                manifest.chunks_zero += 1;
+            } else if new.contains(digest) && seen.insert(*digest) {
+                manifest.bytes_new += len;
+                manifest.chunks_new += 1;
+            } else {
+                manifest.bytes_reused += len;
+                manifest.chunks_reused += 1;
+            }
+        }
+        self.repo.store_manifest(&manifest).await?;
+        self.end().await;
+        tracing::info!(backup = %manifest.id, bytes_new = manifest.bytes_new, bytes_reused = manifest.bytes_reused, "backup finished");
+        Ok(manifest)
+    }
+
+    /// Ends the session without a backup: nothing is listed, and the chunks it stored
+    /// become garbage for a later GC.
+    pub async fn abandon(mut self) {
+        self.end().await;
+    }
+
+    async fn end(&mut self) {
+        if let Some(task) = self.heartbeat.take() {
+            task.abort();
+            let _ = task.await;
+        }
+        if let Err(err) = self.repo.store().delete(&self.id.session_name()).await {
+            tracing::warn!(backup = %self.id, error = %err, "cannot remove the backup session record; GCs ignore it once stale");
+        }
+    }
+
+    /// Whether a GC ran (or runs) since this session started: waits for a running one to
+    /// end first, so that nothing is swept after the re-check.
+    async fn gc_ran(&self) -> Result<bool> {
+        let store = self.repo.store();
+        let deadline = tokio::time::Instant::now() + self.options.gc_wait;
+        let mut ran = false;
+        loop {
+            match gc::current_lease(store.as_ref()).await? {
+                Some(lease) if !lease.is_stale() => {
+                    ran = true;
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(Error::new(
+                            ErrorKind::Timeout,
+                            format!(
+                                "a garbage collection by {} has been running for longer than the session waits ({} s): finish the backup later",
+                                lease.holder,
+                                self.options.gc_wait.as_secs()
+                            ),
+                        ));
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Some(_) => return Ok(true),
+                None => break,
+            }
+        }
+        Ok(ran || gc::last_run(store.as_ref()).await?.is_some_and(|t| t >= self.started))
+    }
+
+    async fn recheck(&self, reused: &HashSet<Digest>) -> Result<()> {
+        let store = self.repo.store();
+        let missing: Vec<Digest> = stream::iter(reused.iter().copied())
+            .map(|d| async move { store.head(&d.chunk_name()).await.map(|m| (d, m.is_none())) })
+            .buffer_unordered(PARALLEL_CHECKS)
+            .try_filter_map(|(d, gone)| async move { Ok(gone.then_some(d)) })
+            .try_collect()
+            .await?;
+        if let Some(first) = missing.first() {
+            return Err(Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "{} chunk(s) this backup reused (first {first}) were removed by a garbage collection that ran during the backup; nothing was written: run the backup again",
+                    missing.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let Some(task) = self.heartbeat.take() else { return };
+        task.abort();
+        let store = Arc::clone(self.repo.store());
+        let name = self.id.session_name();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = task.await;
+                let _ = store.delete(&name).await;
+            });
+        }
+    }
+}

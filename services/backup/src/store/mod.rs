@@ -1,0 +1,162 @@
+//! Where a repository keeps its objects: a small key-value interface that both a
+//! directory (local disk or an NFS mount) and an S3 bucket can honour, including the
+//! two conditional writes the repository's safety rests on (create-only, and
+//! replace-if-unchanged for the GC lease).
+//!
+//! Names are relative, `/`-separated paths made of ASCII letters, digits, `.`, `_` and
+//! `-` (`chunks/ab/ab12...`, `snapshots/20261202T101500Z-0a1b2c3d.json`). Times are the
+//! store's own clock (file modification time, S3 `Last-Modified`), in whole seconds, so
+//! that every comparison the garbage collector makes uses one clock.
+
+mod local;
+mod s3;
+
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use ferry_core::{Error, ErrorKind, Result};
+
+pub use local::LocalStore;
+pub use s3::S3Store;
+
+/// What a listing or a `head` tells about one object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectMeta {
+    /// The object's name, relative to the store's root.
+    pub name: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// When it was last written or touched, by the store's clock, in whole seconds.
+    pub modified: SystemTime,
+}
+
+/// An opaque tag of one state of an object (an S3 ETag; a content digest on disk), used
+/// to replace an object only if nobody changed it since it was read.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Version(pub(crate) String);
+
+impl fmt::Debug for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Version({})", self.0)
+    }
+}
+
+/// How a `put` treats an object that already exists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutMode {
+    /// Replace it.
+    Overwrite,
+    /// Fail with [`Put::Conflict`] (S3 `If-None-Match: *`; a hard link on disk).
+    CreateOnly,
+    /// Replace it only if it is still in the state `Version` (S3 `If-Match`; a rename
+    /// check on disk); otherwise (changed or gone) [`Put::Conflict`].
+    ReplaceIf(Version),
+}
+
+/// What a `put` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Put {
+    /// The object now holds the new data.
+    Written,
+    /// The [`PutMode`] condition did not hold; nothing was written.
+    Conflict,
+}
+
+/// A store of whole objects. Writes are atomic: a reader sees the old object or the new
+/// one, never a part, and a crash never leaves a partial object under its final name.
+#[async_trait]
+pub trait ObjectStore: Send + Sync + fmt::Debug {
+    /// Where the store is (`/srv/backups`, `s3://bucket/prefix`), for messages.
+    fn location(&self) -> String;
+
+    /// Writes `data` as `name` according to `mode`.
+    async fn put(&self, name: &str, data: Bytes, mode: PutMode) -> Result<Put>;
+
+    /// Reads a whole object, or `None` if it does not exist. Objects larger than
+    /// `max_len` are refused (kind Corrupt) without reading them into memory.
+    async fn get(&self, name: &str, max_len: u64) -> Result<Option<Vec<u8>>>;
+
+    /// Like [`ObjectStore::get`], with the version to hand to [`PutMode::ReplaceIf`].
+    async fn get_versioned(&self, name: &str, max_len: u64) -> Result<Option<(Vec<u8>, Version)>>;
+
+    /// Size and modification time, or `None` if the object does not exist.
+    async fn head(&self, name: &str) -> Result<Option<ObjectMeta>>;
+
+    /// Every object whose name starts with `prefix`, in no particular order.
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>>;
+
+    /// Removes an object; removing a missing object is not an error.
+    async fn delete(&self, name: &str) -> Result<()>;
+
+    /// Sets an object's modification time to now without changing its content
+    /// (kind NotFound if it does not exist).
+    async fn touch(&self, name: &str) -> Result<()>;
+}
+
+/// Reads an object that must exist: a missing one is a NotFound error naming it.
+pub(crate) async fn get_required(store: &dyn ObjectStore, name: &str, max_len: u64) -> Result<Vec<u8>> {
+    store.get(name, max_len).await?.ok_or_else(|| {
+        Error::new(
+            ErrorKind::NotFound,
+            format!("{name} is missing from the repository at {}", store.location()),
+        )
+    })
+}
+
+/// Checks a name against the rules above, so that no name can leave the store's root.
+pub(crate) fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 512
+        && name.split('/').all(|part| {
+            !part.is_empty()
+                && part != "."
+                && part != ".."
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid_input(format!("'{name}' is not a valid repository object name")))
+    }
+}
+
+/// The refusal of an object larger than a caller's limit.
+pub(crate) fn too_large(location: &str, name: &str, size: u64, max_len: u64) -> Error {
+    Error::new(
+        ErrorKind::Corrupt,
+        format!("{name} in {location} is {size} bytes, more than the {max_len} bytes such an object can have: it is damaged or not part of this repository"),
+    )
+}
+
+/// Drops the sub-second part, so that times from listings and from `head` compare alike.
+pub(crate) fn whole_seconds(t: SystemTime) -> SystemTime {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => UNIX_EPOCH + Duration::from_secs(d.as_secs()),
+        Err(_) => UNIX_EPOCH,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_stay_inside_the_root() {
+        for good in ["config", "chunks/ab/ab01", "snapshots/20261202T101500Z-0a1b2c3d.json", "locks/gc"] {
+            assert!(check_name(good).is_ok(), "{good}");
+        }
+        for bad in ["", "/etc/passwd", "a//b", "../x", "a/../b", "a/./b", "a b", "chunks/", "a\\b"] {
+            assert!(check_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn times_lose_their_fraction() {
+        let t = UNIX_EPOCH + Duration::from_millis(1_500);
+        assert_eq!(whole_seconds(t), UNIX_EPOCH + Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,251 @@
+//! [`S3Store`]: a repository under a prefix of an S3 bucket (AWS or any S3-compatible
+//! store), through the same SDK client and options as ferry's S3 endpoint.
+//!
+//! Create-only writes use `If-None-Match: *` and lease replacement `If-Match: <ETag>`
+//! (both answered with 412 when the condition fails); `touch` copies an object onto
+//! itself with `MetadataDirective=REPLACE`, which S3 allows and which renews
+//! `Last-Modified`. Retries are the SDK's.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use aws_sdk_s3::config::http::HttpResponse;
+use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::primitives::{ByteStream, DateTime};
+use aws_sdk_s3::types::MetadataDirective;
+use aws_sdk_s3::Client;
+use bytes::Bytes;
+use ferry_core::{Error, ErrorKind, Result};
+use ferry_endpoints::s3::{sdk_error, S3Options};
+
+use super::{check_name, too_large, whole_seconds, ObjectMeta, ObjectStore, Put, PutMode, Version};
+
+/// A repository in `s3://bucket/prefix`.
+#[derive(Debug, Clone)]
+pub struct S3Store {
+    client: Client,
+    bucket: String,
+    /// Empty, or the prefix without a trailing `/`.
+    prefix: String,
+}
+
+impl S3Store {
+    /// A store over an existing client.
+    pub fn new(client: Client, bucket: impl Into<String>, prefix: &str) -> Self {
+        Self {
+            client,
+            bucket: bucket.into(),
+            prefix: prefix.trim_matches('/').to_string(),
+        }
+    }
+
+    /// A store with a client built from `options` and the SDK's standard chain.
+    pub async fn connect(bucket: impl Into<String>, prefix: &str, options: &S3Options) -> Self {
+        Self::new(ferry_endpoints::s3::client(options).await, bucket, prefix)
+    }
+
+    fn key(&self, name: &str) -> Result<String> {
+        check_name(name)?;
+        Ok(if self.prefix.is_empty() {
+            name.to_string()
+        } else {
+            format!("{}/{name}", self.prefix)
+        })
+    }
+
+    fn name_of<'k>(&self, key: &'k str) -> Option<&'k str> {
+        if self.prefix.is_empty() {
+            Some(key)
+        } else {
+            key.strip_prefix(self.prefix.as_str())?.strip_prefix('/')
+        }
+    }
+
+    fn error<E>(&self, err: SdkError<E, HttpResponse>, key: &str) -> Error
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        sdk_error(err, &self.bucket, key)
+    }
+
+    async fn read(&self, name: &str, max_len: u64) -> Result<Option<(Vec<u8>, Option<String>)>> {
+        let key = self.key(name)?;
+        let out = match self.client.get_object().bucket(&self.bucket).key(&key).send().await {
+            Ok(out) => out,
+            Err(err) if is_not_found(&err) => return Ok(None),
+            Err(err) => return Err(self.error(err, &key)),
+        };
+        let size = out.content_length().unwrap_or(0).max(0) as u64;
+        if size > max_len {
+            return Err(too_large(&self.location(), name, size, max_len));
+        }
+        let etag = out.e_tag().map(str::to_string);
+        let mut body = out.body;
+        let mut data = Vec::with_capacity(size as usize);
+        loop {
+            match body.try_next().await {
+                Ok(Some(bytes)) => {
+                    if (data.len() + bytes.len()) as u64 > max_len {
+                        return Err(too_large(&self.location(), name, (data.len() + bytes.len()) as u64, max_len));
+                    }
+                    data.extend_from_slice(&bytes);
+                }
+                Ok(None) => break,
+                Err(err) => return Err(body_error(&self.bucket, &key, &err)),
+            }
+        }
+        Ok(Some((data, etag)))
+    }
+}
+
+fn status_of<E>(err: &SdkError<E, HttpResponse>) -> Option<u16> {
+    match err {
+        SdkError::ServiceError(service) => Some(service.raw().status().as_u16()),
+        _ => None,
+    }
+}
+
+fn is_not_found<E: ProvideErrorMetadata>(err: &SdkError<E, HttpResponse>) -> bool {
+    status_of(err) == Some(404) && err.code() != Some("NoSuchBucket")
+}
+
+/// A broken response body: a failed checksum means the stored bytes are not the ones
+/// written (kind Corrupt); anything else is a lost connection.
+fn body_error(bucket: &str, key: &str, err: &dyn std::error::Error) -> Error {
+    let detail = DisplayErrorContext(err).to_string();
+    let kind = if detail.to_ascii_lowercase().contains("checksum") {
+        ErrorKind::Corrupt
+    } else {
+        ErrorKind::Disconnected
+    };
+    Error::new(kind, format!("reading s3://{bucket}/{key} failed: {detail}"))
+}
+
+fn time_of(t: Option<&DateTime>) -> SystemTime {
+    match t {
+        Some(t) if t.secs() >= 0 => whole_seconds(UNIX_EPOCH + Duration::from_secs(t.secs() as u64)),
+        _ => UNIX_EPOCH,
+    }
+}
+
+#[async_trait]
+impl ObjectStore for S3Store {
+    fn location(&self) -> String {
+        if self.prefix.is_empty() {
+            format!("s3://{}", self.bucket)
+        } else {
+            format!("s3://{}/{}", self.bucket, self.prefix)
+        }
+    }
+
+    async fn put(&self, name: &str, data: Bytes, mode: PutMode) -> Result<Put> {
+        let key = self.key(name)?;
+        let mut request = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .body(ByteStream::from(data));
+        match &mode {
+            PutMode::Overwrite => {}
+            PutMode::CreateOnly => request = request.if_none_match("*"),
+            PutMode::ReplaceIf(version) => request = request.if_match(version.0.clone()),
+        }
+        match request.send().await {
+            Ok(_) => Ok(Put::Written),
+            // 412: the condition failed; 409: a concurrent conditional write won.
+            Err(err) if mode != PutMode::Overwrite && matches!(status_of(&err), Some(412 | 409)) => Ok(Put::Conflict),
+            // If-Match on an object that is gone.
+            Err(err) if matches!(mode, PutMode::ReplaceIf(_)) && is_not_found(&err) => Ok(Put::Conflict),
+            Err(err) => Err(self.error(err, &key)),
+        }
+    }
+
+    async fn get(&self, name: &str, max_len: u64) -> Result<Option<Vec<u8>>> {
+        Ok(self.read(name, max_len).await?.map(|(data, _)| data))
+    }
+
+    async fn get_versioned(&self, name: &str, max_len: u64) -> Result<Option<(Vec<u8>, Version)>> {
+        match self.read(name, max_len).await? {
+            None => Ok(None),
+            Some((data, Some(etag))) => Ok(Some((data, Version(etag)))),
+            Some((_, None)) => Err(Error::unsupported(format!(
+                "the S3 store at {} returned {name} without an ETag: conditional writes cannot work there",
+                self.location()
+            ))),
+        }
+    }
+
+    async fn head(&self, name: &str) -> Result<Option<ObjectMeta>> {
+        let key = self.key(name)?;
+        match self.client.head_object().bucket(&self.bucket).key(&key).send().await {
+            Ok(out) => Ok(Some(ObjectMeta {
+                name: name.to_string(),
+                size: out.content_length().unwrap_or(0).max(0) as u64,
+                modified: time_of(out.last_modified()),
+            })),
+            Err(err) if is_not_found(&err) => Ok(None),
+            Err(err) => Err(self.error(err, &key)),
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
+        let full = if self.prefix.is_empty() {
+            prefix.to_string()
+        } else {
+            format!("{}/{prefix}", self.prefix)
+        };
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let page = self
+                .client
+                .list_objects_v2()
+                .bucket(&self.bucket)
+                .prefix(&full)
+                .set_continuation_token(token.take())
+                .send()
+                .await
+                .map_err(|err| self.error(err, &full))?;
+            for object in page.contents() {
+                let Some(name) = object.key().and_then(|k| self.name_of(k)) else { continue };
+                if check_name(name).is_err() {
+                    continue;
+                }
+                out.push(ObjectMeta {
+                    name: name.to_string(),
+                    size: object.size().unwrap_or(0).max(0) as u64,
+                    modified: time_of(object.last_modified()),
+                });
+            }
+            match page.next_continuation_token() {
+                Some(next) if page.is_truncated().unwrap_or(false) => token = Some(next.to_string()),
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+
+    async fn delete(&self, name: &str) -> Result<()> {
+        let key = self.key(name)?;
+        match self.client.delete_object().bucket(&self.bucket).key(&key).send().await {
+            Ok(_) => Ok(()),
+            Err(err) if is_not_found(&err) => Ok(()),
+            Err(err) => Err(self.error(err, &key)),
+        }
+    }
+
+    async fn touch(&self, name: &str) -> Result<()> {
+        let key = self.key(name)?;
+        self.client
+            .copy_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .copy_source(format!("{}/{key}", self.bucket))
+            .metadata_directive(MetadataDirective::Replace)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|err| self.error(err, &key))
+    }
+}

@@ -1,0 +1,188 @@
+//! Verify: re-reads chunks, checks each against its name, and reports which backups a
+//! missing or damaged chunk breaks.
+//!
+//! A damaged chunk is marked with a `bad/<digest>` record, so that later backups store
+//! that chunk again instead of deduplicating against the damaged copy (which repairs the
+//! backups that reference it, since the name stays the same).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bytes::Bytes;
+use chrono::Utc;
+use ferry_core::{ErrorKind, Result};
+use futures::stream::{self, StreamExt, TryStreamExt};
+use serde::{Deserialize, Serialize};
+
+use crate::digest::Digest;
+use crate::manifest::BackupId;
+use crate::repository::Repository;
+use crate::store::PutMode;
+
+/// What to verify.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct VerifyOptions {
+    /// Only the chunks of these backups; `None`: every backup's chunks and every other
+    /// chunk in the store.
+    pub snapshots: Option<Vec<BackupId>>,
+    /// Record damaged chunks under `bad/` (default on).
+    pub mark_bad: bool,
+    /// Chunks read at once (default 8).
+    pub parallel: usize,
+}
+
+impl Default for VerifyOptions {
+    fn default() -> Self {
+        Self {
+            snapshots: None,
+            mark_bad: true,
+            parallel: 8,
+        }
+    }
+}
+
+impl VerifyOptions {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn with_snapshots(mut self, ids: Vec<BackupId>) -> Self {
+        self.snapshots = Some(ids);
+        self
+    }
+
+    pub fn with_mark_bad(mut self, on: bool) -> Self {
+        self.mark_bad = on;
+        self
+    }
+}
+
+/// What is wrong with a chunk.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ChunkFault {
+    /// Listed by an index but not stored.
+    Missing,
+    /// Stored, but unreadable or not matching its name.
+    Damaged(String),
+}
+
+/// One bad chunk and the backups that need it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkProblem {
+    pub digest: Digest,
+    pub fault: ChunkFault,
+    /// The backups whose index lists the chunk (empty for an unreferenced chunk).
+    pub snapshots: Vec<BackupId>,
+}
+
+/// What a verify found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct VerifyReport {
+    pub snapshots_checked: u64,
+    pub chunks_checked: u64,
+    /// Plaintext bytes of the good chunks.
+    pub bytes_checked: u64,
+    pub problems: Vec<ChunkProblem>,
+    /// Backups whose manifest or index cannot be read, with the reason.
+    pub unreadable_snapshots: Vec<(BackupId, String)>,
+    /// Every backup that cannot be restored whole, sorted.
+    pub broken_snapshots: Vec<BackupId>,
+}
+
+impl VerifyReport {
+    /// Whether everything checked is intact.
+    pub fn is_ok(&self) -> bool {
+        self.problems.is_empty() && self.unreadable_snapshots.is_empty()
+    }
+}
+
+#[derive(Serialize)]
+struct BadRecord {
+    found: chrono::DateTime<Utc>,
+    fault: String,
+}
+
+impl Repository {
+    /// Verifies backups (see [`VerifyOptions`]).
+    pub async fn verify(&self, options: &VerifyOptions) -> Result<VerifyReport> {
+        let mut report = VerifyReport::default();
+        let ids = match &options.snapshots {
+            Some(ids) => ids.clone(),
+            None => self.list_snapshots().await?,
+        };
+        let mut users: BTreeMap<Digest, Vec<BackupId>> = BTreeMap::new();
+        for id in ids {
+            let index = match self.load_manifest(&id).await {
+                Ok(manifest) => self.load_index(&manifest).await,
+                Err(e) => Err(e),
+            };
+            match index {
+                Ok(index) => {
+                    report.snapshots_checked += 1;
+                    let unique: BTreeSet<Digest> = index.digests().iter().filter(|d| !d.is_zero()).copied().collect();
+                    for digest in unique {
+                        users.entry(digest).or_default().push(id.clone());
+                    }
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::Corrupt) => {
+                    report.unreadable_snapshots.push((id, e.to_string()));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if options.snapshots.is_none() {
+            for meta in self.store().list("chunks/").await? {
+                if let Some(digest) = Digest::from_chunk_name(&meta.name) {
+                    users.entry(digest).or_default();
+                }
+            }
+        }
+
+        let results: Vec<(Digest, Option<u64>, Option<ChunkFault>)> = stream::iter(users.keys().copied())
+            .map(|digest| async move {
+                match self.get_chunk(&digest).await {
+                    Ok(plain) => Ok((digest, Some(plain.len() as u64), None)),
+                    Err(e) if e.kind() == ErrorKind::NotFound => Ok((digest, None, Some(ChunkFault::Missing))),
+                    Err(e) if e.kind() == ErrorKind::Corrupt => {
+                        Ok((digest, None, Some(ChunkFault::Damaged(e.message().to_string()))))
+                    }
+                    Err(e) => Err(e),
+                }
+            })
+            .buffer_unordered(options.parallel.max(1))
+            .try_collect()
+            .await?;
+
+        let mut broken: BTreeSet<BackupId> = report.unreadable_snapshots.iter().map(|(id, _)| id.clone()).collect();
+        for (digest, size, fault) in results {
+            report.chunks_checked += 1;
+            report.bytes_checked += size.unwrap_or(0);
+            let Some(fault) = fault else { continue };
+            if let (ChunkFault::Damaged(reason), true) = (&fault, options.mark_bad) {
+                let record = BadRecord {
+                    found: Utc::now(),
+                    fault: reason.clone(),
+                };
+                self.store()
+                    .put(
+                        &digest.bad_name(),
+                        Bytes::from(serde_json::to_vec(&record).unwrap_or_default()),
+                        PutMode::Overwrite,
+                    )
+                    .await?;
+            }
+            let snapshots = users.get(&digest).cloned().unwrap_or_default();
+            broken.extend(snapshots.iter().cloned());
+            tracing::warn!(chunk = %digest, fault = ?fault, backups = snapshots.len(), "verify found a bad chunk");
+            report.problems.push(ChunkProblem {
+                digest,
+                fault,
+                snapshots,
+            });
+        }
+        report.problems.sort_by_key(|p| p.digest);
+        report.broken_snapshots = broken.into_iter().collect();
+        Ok(report)
+    }
+}
