@@ -25,10 +25,12 @@ mod backup;
 pub mod blocks;
 mod changed;
 mod hash;
+mod maintenance;
 mod parent;
 mod restore;
 
 pub use backup::{backup, BackupOptions, BackupReport, DEFAULT_WORKERS};
 pub use changed::{ChangedRanges, NbdDirtyBitmap};
+pub use maintenance::{gc, prune};
 pub use parent::ParentChoice;
 pub use restore::{restore, RestoreOptions, RestoreOrder, RestoreReport};
