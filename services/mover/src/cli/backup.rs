@@ -98,7 +98,17 @@ pub async fn open_repository(text: &str) -> anyhow::Result<Repository> {
     let passphrase = passphrase()?;
     Repository::open(store, passphrase.as_ref())
         .await
-        .map_err(|e| super::failed(e, &format!("cannot open the repository {url}")))
+        .map_err(|e| {
+            let missing_key = passphrase.is_none()
+                && e.kind() == ferry_core::ErrorKind::PermissionDenied
+                && e.message().contains("encrypted");
+            let error = super::failed(e, &format!("cannot open the repository {url}"));
+            if missing_key {
+                anyhow!("{error} (set {KEY_FILE_ENV} to a file whose first line is the passphrase)")
+            } else {
+                error
+            }
+        })
 }
 
 /// Parses a backup id argument.
