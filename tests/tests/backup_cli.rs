@@ -60,11 +60,17 @@ fn directory_repository_lifecycle() {
     assert_eq!(first["tags"]["vm"], "web1");
     assert!(first["full_reason"].as_str().unwrap().contains("no earlier backup"), "{first}");
 
-    // Change one chunk's worth of data, back up again: the parent is found by source.
+    // Change 8 KiB of a chunk that holds data, back up again: the parent is found by
+    // source, and the chunk's old version becomes garbage once the first backup goes.
     {
         use std::os::unix::fs::FileExt;
+        let bytes = std::fs::read(&img.path).unwrap();
+        let chunk = bytes
+            .chunks(256 * 1024)
+            .position(|c| c.iter().any(|&b| b != 0))
+            .unwrap();
         let f = std::fs::OpenOptions::new().write(true).open(&img.path).unwrap();
-        f.write_all_at(&[0xab; 8192], 3 * 1024 * 1024).unwrap();
+        f.write_all_at(&[0xab; 8192], chunk as u64 * 256 * 1024).unwrap();
     }
     let second = ferry.run(["backup", "create", "--no-progress", "--json", s(&img.path), s(&repo)]);
     second.assert_success();
