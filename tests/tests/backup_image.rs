@@ -77,7 +77,6 @@ impl ObjectStore for CountingStore {
 
 /// Counts the bytes read from a source (every handle it connects shares the count), and
 /// fails reads at or past `fail_from` when set.
-#[derive(Debug)]
 struct CountingSource {
     inner: Arc<dyn Source>,
     read: Arc<AtomicU64>,
@@ -93,6 +92,12 @@ impl CountingSource {
             fail_from: None,
         });
         (source, read)
+    }
+}
+
+impl std::fmt::Debug for CountingSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CountingSource").field("source", &self.inner.describe()).finish()
     }
 }
 

@@ -31,10 +31,15 @@ fn s(p: &Path) -> &str {
 }
 
 /// Counts bytes read through a source and every handle it connects.
-#[derive(Debug)]
 struct Counting {
     inner: Arc<dyn Source>,
     read: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for Counting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Counting").field("source", &self.inner.describe()).finish()
+    }
 }
 
 #[async_trait]
