@@ -218,7 +218,10 @@ fn record(holder: &str, nonce: &str, ttl: Duration) -> LeaseRecord {
         holder: holder.to_string(),
         nonce: nonce.to_string(),
         started: now,
-        expires: now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX),
+        expires: chrono::Duration::from_std(ttl)
+            .ok()
+            .and_then(|ttl| now.checked_add_signed(ttl))
+            .unwrap_or(DateTime::<Utc>::MAX_UTC),
     }
 }
 
@@ -386,6 +389,7 @@ struct LastRun {
     holder: String,
     started: DateTime<Utc>,
     finished: DateTime<Utc>,
+    error: Option<String>,
     report: GcReport,
 }
 
@@ -402,23 +406,29 @@ impl Repository {
         let store = Arc::clone(self.store());
         let lease = GcLease::acquire(Arc::clone(&store), &options.holder, options.lease_ttl).await?;
         let result = self.collect(&lease, options).await;
-        let mut report = match result {
-            Ok(report) => report,
-            Err(err) => {
-                let _ = lease.release().await;
-                return Err(err);
-            }
-        };
+        // Recorded even when the GC failed half-way: backups that ran meanwhile must
+        // re-check the chunks they rely on.
+        let mut report = result.as_ref().cloned().unwrap_or_default();
         report.duration = began.elapsed();
         let last = LastRun {
             holder: options.holder.clone(),
             started: started_at,
             finished: Utc::now(),
+            error: result.as_ref().err().map(|e| e.to_string()),
             report: report.clone(),
         };
-        store
+        let recorded = store
             .put(LAST, Bytes::from(serde_json::to_vec_pretty(&last).unwrap_or_default()), PutMode::Overwrite)
-            .await?;
+            .await;
+        if let Err(err) = result {
+            // Without a release the lease stays until it expires, which also makes
+            // backups re-check.
+            if recorded.is_ok() {
+                let _ = lease.release().await;
+            }
+            return Err(err);
+        }
+        recorded?;
         lease.release().await?;
         tracing::info!(
             removed = report.chunks_removed,
@@ -451,6 +461,9 @@ impl Repository {
                 continue;
             }
             report.running_sessions += 1;
+            if let Some(r) = &record {
+                tracing::debug!(backup = %r.id, host = %r.host, pid = r.pid, "a backup is running");
+            }
             let (start, touch) = match &record {
                 Some(r) => (
                     r.started.map(SystemTime::from).unwrap_or(meta.modified),

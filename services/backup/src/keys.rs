@@ -119,7 +119,7 @@ fn kek(passphrase: &Secret, salt: &[u8], kdf: &KdfParams) -> Result<Zeroizing<[u
     let params = kdf.check()?;
     let mut out = Zeroizing::new([0u8; 32]);
     Argon2::new(Algorithm::Argon2id, argon2::Version::V0x13, params)
-        .hash_password_into(passphrase.expose().as_bytes(), salt, out.as_mut())
+        .hash_password_into(passphrase.expose().as_bytes(), salt, &mut out[..])
         .map_err(|e| Error::internal(format!("argon2id failed: {e}")))?;
     Ok(out)
 }
@@ -127,7 +127,7 @@ fn kek(passphrase: &Secret, salt: &[u8], kdf: &KdfParams) -> Result<Zeroizing<[u
 fn derive(master: &[u8; 32], repo_id: &[u8], info: &[u8]) -> Result<Zeroizing<[u8; 32]>> {
     let mut out = Zeroizing::new([0u8; 32]);
     Hkdf::<Sha256>::new(Some(repo_id), master)
-        .expand(info, out.as_mut())
+        .expand(info, &mut out[..])
         .map_err(|_| Error::internal("HKDF output length"))?;
     Ok(out)
 }
@@ -154,12 +154,12 @@ pub(crate) fn create(passphrase: &Secret, kdf: &KdfParams, repo_id: &[u8]) -> Re
     let master = Zeroizing::new(random::<32>()?);
     let kek = kek(passphrase, &salt, kdf)?;
     let nonce: [u8; NONCE_LEN] = random()?;
-    let cipher = Aes256Gcm::new_from_slice(kek.as_ref()).map_err(|_| Error::internal("AES key length"))?;
+    let cipher = Aes256Gcm::new_from_slice(&kek[..]).map_err(|_| Error::internal("AES key length"))?;
     let sealed = cipher
         .encrypt(
             Nonce::from_slice(&nonce),
             Payload {
-                msg: master.as_ref(),
+                msg: &master[..],
                 aad: &aad(repo_id),
             },
         )
@@ -183,7 +183,7 @@ pub(crate) fn unlock(config: &EncryptionConfig, passphrase: &Secret, repo_id: &[
         return Err(corrupt("wrapped key"));
     }
     let kek = kek(passphrase, &salt, &config.kdf)?;
-    let cipher = Aes256Gcm::new_from_slice(kek.as_ref()).map_err(|_| Error::internal("AES key length"))?;
+    let cipher = Aes256Gcm::new_from_slice(&kek[..]).map_err(|_| Error::internal("AES key length"))?;
     let master = cipher
         .decrypt(
             Nonce::from_slice(&wrapped[..NONCE_LEN]),

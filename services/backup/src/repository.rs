@@ -203,7 +203,7 @@ impl Repository {
         match &self.inner.id_key {
             Some(key) => {
                 // HMAC accepts keys of any length: this cannot fail.
-                if let Ok(mut mac) = <Hmac<Sha256> as KeyInit>::new_from_slice(key.as_ref()) {
+                if let Ok(mut mac) = <Hmac<Sha256> as KeyInit>::new_from_slice(&key[..]) {
                     mac.update(data);
                     out.copy_from_slice(&mac.finalize().into_bytes());
                 }

@@ -8,8 +8,9 @@
 //! re-checks every reused chunk if a GC ran meanwhile.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
@@ -134,6 +135,9 @@ pub struct Session {
     bad: HashSet<Digest>,
     chunks: Mutex<Chunks>,
     heartbeat: Option<JoinHandle<()>>,
+    /// Set when heartbeats failed for long enough that a GC may have taken the session
+    /// for crashed.
+    lapsed: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Session {
@@ -154,12 +158,14 @@ impl Repository {
     pub async fn begin_session(&self, options: SessionOptions) -> Result<Session> {
         let time = now();
         let id = BackupId::generate(time)?;
+        // A GC must not take a live session for crashed between two heartbeats.
+        let stale_after = options.stale_after.max(options.heartbeat * 3).max(Duration::from_secs(1));
         let store = Arc::clone(self.store());
         let mut record = SessionRecord {
             id: id.clone(),
             started: None,
             touch_older_than_secs: options.touch_older_than.as_secs(),
-            stale_after_secs: options.stale_after.as_secs().max(1),
+            stale_after_secs: stale_after.as_secs(),
             host: host_name(),
             pid: std::process::id(),
         };
@@ -173,14 +179,22 @@ impl Repository {
         record.started = Some(DateTime::<Utc>::from(started));
         let body = Bytes::from(json(&record));
         store.put(&name, body.clone(), PutMode::Overwrite).await?;
-        let bad = self
+        let bad: HashSet<Digest> = self
             .store()
             .list("bad/")
             .await?
             .into_iter()
             .filter_map(|m| m.name.strip_prefix("bad/").and_then(|h| h.parse().ok()))
             .collect();
-        let heartbeat = tokio::spawn(beat(Arc::clone(&store), name, body, options.heartbeat));
+        let lapsed = Arc::new(AtomicBool::new(false));
+        let heartbeat = tokio::spawn(beat(
+            Arc::clone(&store),
+            name,
+            body,
+            options.heartbeat,
+            stale_after,
+            Arc::clone(&lapsed),
+        ));
         tracing::info!(backup = %id, repository = %store.location(), "backup session started");
         Ok(Session {
             repo: self.clone(),
@@ -192,6 +206,7 @@ impl Repository {
             bad,
             chunks: Mutex::new(Chunks::default()),
             heartbeat: Some(heartbeat),
+            lapsed,
         })
     }
 }
@@ -200,12 +215,24 @@ fn json<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).unwrap_or_default()
 }
 
-async fn beat(store: Arc<dyn ObjectStore>, name: String, body: Bytes, every: Duration) {
+async fn beat(
+    store: Arc<dyn ObjectStore>,
+    name: String,
+    body: Bytes,
+    every: Duration,
+    stale_after: Duration,
+    lapsed: Arc<AtomicBool>,
+) {
     let every = every.max(Duration::from_millis(100));
+    let mut last_ok = Instant::now();
     loop {
         tokio::time::sleep(every).await;
-        if let Err(err) = store.put(&name, body.clone(), PutMode::Overwrite).await {
-            tracing::warn!(session = %name, error = %err, "backup session heartbeat failed");
+        match store.put(&name, body.clone(), PutMode::Overwrite).await {
+            Ok(_) => last_ok = Instant::now(),
+            Err(err) => tracing::warn!(session = %name, error = %err, "backup session heartbeat failed"),
+        }
+        if last_ok.elapsed() >= stale_after / 2 {
+            lapsed.store(true, Ordering::SeqCst);
         }
     }
 }
@@ -313,7 +340,13 @@ impl Session {
             )));
         }
         if self.gc_ran().await? {
-            self.recheck(&reused).await?;
+            // Chunks this session uploaded are safe from a GC that saw the session; one
+            // that took it for crashed (heartbeats failed) may have removed them too.
+            if self.lapsed.load(Ordering::SeqCst) {
+                self.recheck(&reused.union(&new).copied().collect()).await?;
+            } else {
+                self.recheck(&reused).await?;
+            }
         }
         let index_sha256 = self.repo.store_index(&self.id, index).await?;
         let mut manifest = Manifest {
@@ -411,7 +444,7 @@ impl Session {
             return Err(Error::new(
                 ErrorKind::NotFound,
                 format!(
-                    "{} chunk(s) this backup reused (first {first}) were removed by a garbage collection that ran during the backup; nothing was written: run the backup again",
+                    "{} chunk(s) this backup needs (first {first}) were removed by a garbage collection that ran during the backup; nothing was written: run the backup again",
                     missing.len()
                 ),
             ));
