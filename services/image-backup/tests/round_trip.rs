@@ -74,14 +74,15 @@ async fn zero_chunks_are_neither_read_nor_written_and_the_hash_matches() {
         assert!(target.zeroes().is_empty(), "a zero target needs no zeroing");
         let mut writes = target.writes();
         writes.sort();
-        // Zero 4 KiB blocks inside data chunks are not written either.
+        // Zero 4 KiB blocks inside data chunks are not written either ([start, end)).
+        let c = u64::from(CHUNK);
         assert_eq!(
             writes,
             vec![
-                (0, u64::from(CHUNK)),
-                (3 * u64::from(CHUNK) + 4096, 4096),
-                (7 * u64::from(CHUNK), u64::from(CHUNK)),
-                (20 * u64::from(CHUNK), 1000)
+                (0, c),
+                (3 * c + 4096, 3 * c + 8192),
+                (7 * c, 8 * c),
+                (20 * c, 20 * c + 1000)
             ]
         );
     }
