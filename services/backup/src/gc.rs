@@ -192,8 +192,8 @@ fn damaged_lease() -> LeaseRecord {
     LeaseRecord {
         holder: "unknown (damaged lease)".into(),
         nonce: String::new(),
-        started: DateTime::<Utc>::UNIX_EPOCH,
-        expires: DateTime::<Utc>::UNIX_EPOCH,
+        started: DateTime::<Utc>::from(SystemTime::UNIX_EPOCH),
+        expires: DateTime::<Utc>::from(SystemTime::UNIX_EPOCH),
     }
 }
 

@@ -108,7 +108,7 @@ fn write_temp(path: &Path, data: &[u8]) -> Result<PathBuf> {
 }
 
 fn read_bounded(path: &Path, name: &str, location: &str, max_len: u64) -> Result<Option<Vec<u8>>> {
-    let mut file = match File::open(path) {
+    let file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == IoKind::NotFound => return Ok(None),
         Err(e) => return Err(io_err(format!("cannot open {}", path.display()), e)),
@@ -121,8 +121,7 @@ fn read_bounded(path: &Path, name: &str, location: &str, max_len: u64) -> Result
         return Err(too_large(location, name, size, max_len));
     }
     let mut data = Vec::with_capacity(size as usize);
-    (&mut file)
-        .take(max_len.saturating_add(1))
+    file.take(max_len.saturating_add(1))
         .read_to_end(&mut data)
         .map_err(|e| io_err(format!("cannot read {}", path.display()), e))?;
     if data.len() as u64 > max_len {
