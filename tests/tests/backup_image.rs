@@ -97,7 +97,9 @@ impl CountingSource {
 
 impl std::fmt::Debug for CountingSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CountingSource").field("source", &self.inner.describe()).finish()
+        f.debug_struct("CountingSource")
+            .field("source", &self.inner.describe())
+            .finish()
     }
 }
 
@@ -121,7 +123,9 @@ impl Source for CountingSource {
 
     async fn read_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
         if self.fail_from.is_some_and(|f| offset >= f) {
-            return Err(ferry_core::Error::new(ErrorKind::Io, "injected read failure").at("read", offset));
+            return Err(
+                ferry_core::Error::new(ErrorKind::Io, "injected read failure").at("read", offset),
+            );
         }
         self.read.fetch_add(buf.len() as u64, Ordering::Relaxed);
         self.inner.read_at(offset, buf).await
@@ -159,7 +163,12 @@ impl Backend {
         Self::with(Arc::new(store), files, Some(server), scratch_dir())
     }
 
-    fn with(inner: Arc<dyn ObjectStore>, files: PathBuf, server: Option<S3Server>, dir: tempfile::TempDir) -> Self {
+    fn with(
+        inner: Arc<dyn ObjectStore>,
+        files: PathBuf,
+        server: Option<S3Server>,
+        dir: tempfile::TempDir,
+    ) -> Self {
         Self {
             store: Arc::new(CountingStore {
                 inner,
@@ -176,11 +185,15 @@ impl Backend {
     }
 
     async fn init(&self, passphrase: Option<&str>) -> Repository {
-        let mut options = InitOptions::new().with_chunk_size(CHUNK).with_kdf(KdfParams::insecure_fast());
+        let mut options = InitOptions::new()
+            .with_chunk_size(CHUNK)
+            .with_kdf(KdfParams::insecure_fast());
         if let Some(p) = passphrase {
             options = options.with_passphrase(Secret::new(p));
         }
-        Repository::init(self.store.clone(), options).await.expect("init the repository")
+        Repository::init(self.store.clone(), options)
+            .await
+            .expect("init the repository")
     }
 }
 
@@ -188,16 +201,35 @@ fn url(path: &Path) -> String {
     path.to_str().expect("utf-8 path").to_string()
 }
 
-async fn back_up(repo: &Repository, source: Arc<dyn Source>, options: &BackupOptions) -> Result<BackupReport> {
-    backup(repo, source, options, &Progress::new(), &CancellationToken::new()).await
+async fn back_up(
+    repo: &Repository,
+    source: Arc<dyn Source>,
+    options: &BackupOptions,
+) -> Result<BackupReport> {
+    backup(
+        repo,
+        source,
+        options,
+        &Progress::new(),
+        &CancellationToken::new(),
+    )
+    .await
 }
 
 async fn back_up_file(repo: &Repository, image: &Path) -> BackupReport {
     let source = copying::source(&url(image)).await.expect("open the image");
-    back_up(repo, source, &BackupOptions::new(url(image))).await.expect("back the image up")
+    back_up(repo, source, &BackupOptions::new(url(image)))
+        .await
+        .expect("back the image up")
 }
 
-async fn restore_to(repo: &Repository, id: &BackupId, out: &Path, size: u64, order: RestoreOrder) -> Result<ferry_image_backup::RestoreReport> {
+async fn restore_to(
+    repo: &Repository,
+    id: &BackupId,
+    out: &Path,
+    size: u64,
+    order: RestoreOrder,
+) -> Result<ferry_image_backup::RestoreReport> {
     let target = copying::target(&url(out), size).await?;
     restore(
         repo,
@@ -213,22 +245,40 @@ async fn restore_to(repo: &Repository, id: &BackupId, out: &Path, size: u64, ord
 async fn full_backup_and_sparse_restore(backend: Backend) {
     let repo = backend.init(None).await;
     let scratch = scratch_dir();
-    let img = images::make(&scratch.path().join("disk.img"), Pattern::HalfData, 24 * 1024 * 1024 + 4096 + 77, 7).unwrap();
+    let img = images::make(
+        &scratch.path().join("disk.img"),
+        Pattern::HalfData,
+        24 * 1024 * 1024 + 4096 + 77,
+        7,
+    )
+    .unwrap();
     let expected = blkhash_file(&img.path);
 
     let report = back_up_file(&repo, &img.path).await;
     let m = &report.manifest;
     assert_eq!(m.block_hash.as_deref(), Some(expected.as_str()));
     assert_eq!(m.image_size, img.size);
-    assert!(m.chunks_zero > 0, "a half-data image in 256K chunks has zero chunks: {m:?}");
-    assert_eq!(m.chunks_new, backend.puts(), "every new chunk uploaded once");
-    assert_eq!(report.full_reason.as_deref(), Some(format!("there is no earlier backup of {}", url(&img.path)).as_str()));
+    assert!(
+        m.chunks_zero > 0,
+        "a half-data image in 256K chunks has zero chunks: {m:?}"
+    );
+    assert_eq!(
+        m.chunks_new,
+        backend.puts(),
+        "every new chunk uploaded once"
+    );
+    assert_eq!(
+        report.full_reason.as_deref(),
+        Some(format!("there is no earlier backup of {}", url(&img.path)).as_str())
+    );
     // Zero chunks are never read.
     assert!(report.bytes_read <= img.size - m.bytes_zero, "{report:?}");
 
     for order in [RestoreOrder::OutOfOrder, RestoreOrder::InOrder] {
         let out = scratch.path().join(format!("restored-{order:?}.img"));
-        let restored = restore_to(&repo, &m.id, &out, m.image_size, order).await.expect("restore");
+        let restored = restore_to(&repo, &m.id, &out, m.image_size, order)
+            .await
+            .expect("restore");
         assert!(restored.verified);
         assert_eq!(restored.block_hash, expected);
         qemu_img_compare(&img.path, &out);
@@ -252,7 +302,9 @@ fn change_chunks(path: &Path, chunks: &[u64], seed: u8) {
     use std::os::unix::fs::FileExt;
     let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
     for (n, c) in chunks.iter().enumerate() {
-        let data: Vec<u8> = (0..4096u32).map(|i| (i as u8) ^ seed ^ (n as u8).wrapping_mul(31) ^ 0x5a).collect();
+        let data: Vec<u8> = (0..4096u32)
+            .map(|i| (i as u8) ^ seed ^ (n as u8).wrapping_mul(31) ^ 0x5a)
+            .collect();
         file.write_all_at(&data, c * u64::from(CHUNK)).unwrap();
     }
 }
@@ -261,14 +313,24 @@ async fn second_backup_uploads_only_changed_chunks(backend: Backend) {
     let repo = backend.init(None).await;
     let scratch = scratch_dir();
     // 400 chunks of random data; 1% of them change.
-    let img = images::make(&scratch.path().join("disk.img"), Pattern::Random, 400 * u64::from(CHUNK), 3).unwrap();
+    let img = images::make(
+        &scratch.path().join("disk.img"),
+        Pattern::Random,
+        400 * u64::from(CHUNK),
+        3,
+    )
+    .unwrap();
     let first = back_up_file(&repo, &img.path).await;
     assert_eq!(first.manifest.chunks_new, 400);
     let before = backend.puts();
 
     change_chunks(&img.path, &[5, 150, 151, 399], 1);
     let second = back_up_file(&repo, &img.path).await;
-    assert_eq!(backend.puts() - before, 4, "only the changed chunks are uploaded");
+    assert_eq!(
+        backend.puts() - before,
+        4,
+        "only the changed chunks are uploaded"
+    );
     assert_eq!(second.manifest.chunks_new, 4);
     assert_eq!(second.manifest.chunks_reused, 396);
     assert_eq!(second.manifest.parent.as_ref(), Some(&first.manifest.id));
@@ -276,7 +338,15 @@ async fn second_backup_uploads_only_changed_chunks(backend: Backend) {
     assert_eq!(second.manifest.block_hash, Some(blkhash_file(&img.path)));
 
     let out = scratch.path().join("second.img");
-    restore_to(&repo, &second.manifest.id, &out, img.size, RestoreOrder::Auto).await.unwrap();
+    restore_to(
+        &repo,
+        &second.manifest.id,
+        &out,
+        img.size,
+        RestoreOrder::Auto,
+    )
+    .await
+    .unwrap();
     qemu_img_compare(&img.path, &out);
 }
 
@@ -295,7 +365,13 @@ async fn an_interrupted_backup_is_not_listed_and_a_rerun_uploads_the_rest() {
     let backend = Backend::local().await;
     let repo = backend.init(None).await;
     let scratch = scratch_dir();
-    let img = images::make(&scratch.path().join("disk.img"), Pattern::Random, 64 * u64::from(CHUNK), 9).unwrap();
+    let img = images::make(
+        &scratch.path().join("disk.img"),
+        Pattern::Random,
+        64 * u64::from(CHUNK),
+        9,
+    )
+    .unwrap();
     let inner = copying::source(&url(&img.path)).await.unwrap();
     let failing: Arc<dyn Source> = Arc::new(CountingSource {
         inner,
@@ -305,16 +381,26 @@ async fn an_interrupted_backup_is_not_listed_and_a_rerun_uploads_the_rest() {
     let options = BackupOptions::new("disk").with_workers(1);
     let err = back_up(&repo, failing, &options).await.unwrap_err();
     assert!(err.to_string().contains("injected read failure"), "{err}");
-    assert!(repo.list_snapshots().await.unwrap().is_empty(), "a failed backup is not listed");
+    assert!(
+        repo.list_snapshots().await.unwrap().is_empty(),
+        "a failed backup is not listed"
+    );
     let stored = backend.puts();
     assert_eq!(stored, 40);
 
     let source = copying::source(&url(&img.path)).await.unwrap();
     let report = back_up(&repo, source, &options).await.unwrap();
-    assert_eq!(backend.puts() - stored, 24, "the rerun uploads only what the first run did not");
+    assert_eq!(
+        backend.puts() - stored,
+        24,
+        "the rerun uploads only what the first run did not"
+    );
     assert_eq!(report.manifest.chunks_new, 24);
     assert_eq!(report.manifest.chunks_reused, 40);
-    assert_eq!(repo.list_snapshots().await.unwrap(), vec![report.manifest.id.clone()]);
+    assert_eq!(
+        repo.list_snapshots().await.unwrap(),
+        vec![report.manifest.id.clone()]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -322,19 +408,45 @@ async fn encrypted_round_trip_and_wrong_or_missing_key() {
     let backend = Backend::s3().await;
     let repo = backend.init(Some("correct horse battery staple")).await;
     let scratch = scratch_dir();
-    let img = images::make(&scratch.path().join("disk.img"), Pattern::HalfData, 8 * 1024 * 1024, 5).unwrap();
+    let img = images::make(
+        &scratch.path().join("disk.img"),
+        Pattern::HalfData,
+        8 * 1024 * 1024,
+        5,
+    )
+    .unwrap();
     let report = back_up_file(&repo, &img.path).await;
     let store: Arc<dyn ObjectStore> = backend.store.clone();
 
-    let reopened = Repository::open(Arc::clone(&store), Some(&Secret::new("correct horse battery staple"))).await.unwrap();
+    let reopened = Repository::open(
+        Arc::clone(&store),
+        Some(&Secret::new("correct horse battery staple")),
+    )
+    .await
+    .unwrap();
     let out = scratch.path().join("back.img");
-    restore_to(&reopened, &report.manifest.id, &out, img.size, RestoreOrder::Auto).await.unwrap();
+    restore_to(
+        &reopened,
+        &report.manifest.id,
+        &out,
+        img.size,
+        RestoreOrder::Auto,
+    )
+    .await
+    .unwrap();
     qemu_img_compare(&img.path, &out);
     // The block digests are encrypted too: the plaintext digests appear nowhere.
-    let stored = std::fs::read(backend.files.join(ferry_image_backup::blocks::object_name(&report.manifest.id))).unwrap();
+    let stored = std::fs::read(
+        backend
+            .files
+            .join(ferry_image_backup::blocks::object_name(&report.manifest.id)),
+    )
+    .unwrap();
     assert!(!stored.windows(8).any(|w| w == b"FRYBDIG1"));
 
-    let wrong = Repository::open(Arc::clone(&store), Some(&Secret::new("wrong"))).await.unwrap_err();
+    let wrong = Repository::open(Arc::clone(&store), Some(&Secret::new("wrong")))
+        .await
+        .unwrap_err();
     assert!(!wrong.to_string().contains("correct horse"), "{wrong}");
     let none = Repository::open(store, None).await.unwrap_err();
     assert_eq!(none.kind(), ErrorKind::PermissionDenied, "{none}");
@@ -345,7 +457,13 @@ async fn restore_refuses_a_target_smaller_than_the_image() {
     let backend = Backend::local().await;
     let repo = backend.init(None).await;
     let scratch = scratch_dir();
-    let img = images::make(&scratch.path().join("disk.img"), Pattern::HalfData, 4 * 1024 * 1024, 1).unwrap();
+    let img = images::make(
+        &scratch.path().join("disk.img"),
+        Pattern::HalfData,
+        4 * 1024 * 1024,
+        1,
+    )
+    .unwrap();
     let report = back_up_file(&repo, &img.path).await;
     let small = ferry_testkit::RecordingTarget::new(img.size - 512);
     let err = restore(
@@ -360,7 +478,10 @@ async fn restore_refuses_a_target_smaller_than_the_image() {
     .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
     assert!(err.to_string().contains("less than the"), "{err}");
-    assert!(small.ops().is_empty(), "nothing may be written before the size check");
+    assert!(
+        small.ops().is_empty(),
+        "nothing may be written before the size check"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -368,7 +489,13 @@ async fn a_corrupt_chunk_is_detected_at_restore_naming_chunk_and_backup() {
     let backend = Backend::local().await;
     let repo = backend.init(None).await;
     let scratch = scratch_dir();
-    let img = images::make(&scratch.path().join("disk.img"), Pattern::Random, 8 * u64::from(CHUNK), 2).unwrap();
+    let img = images::make(
+        &scratch.path().join("disk.img"),
+        Pattern::Random,
+        8 * u64::from(CHUNK),
+        2,
+    )
+    .unwrap();
     let report = back_up_file(&repo, &img.path).await;
     let index = repo.load_index(&report.manifest).await.unwrap();
     let digest = index.digest(3).unwrap();
@@ -379,11 +506,25 @@ async fn a_corrupt_chunk_is_detected_at_restore_naming_chunk_and_backup() {
     std::fs::write(&file, bytes).unwrap();
 
     let out = scratch.path().join("back.img");
-    let err = restore_to(&repo, &report.manifest.id, &out, img.size, RestoreOrder::Auto).await.unwrap_err();
+    let err = restore_to(
+        &repo,
+        &report.manifest.id,
+        &out,
+        img.size,
+        RestoreOrder::Auto,
+    )
+    .await
+    .unwrap_err();
     let text = err.to_string();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{text}");
-    assert!(text.contains(&digest.to_string()), "names the chunk: {text}");
-    assert!(text.contains(report.manifest.id.as_str()), "names the backup: {text}");
+    assert!(
+        text.contains(&digest.to_string()),
+        "names the chunk: {text}"
+    );
+    assert!(
+        text.contains(report.manifest.id.as_str()),
+        "names the backup: {text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -391,17 +532,32 @@ async fn parent_auto_follows_the_source_and_a_misfit_parent_means_full() {
     let backend = Backend::local().await;
     let repo = backend.init(None).await;
     let scratch = scratch_dir();
-    let a = images::make(&scratch.path().join("a.img"), Pattern::Random, 8 * u64::from(CHUNK), 1).unwrap();
+    let a = images::make(
+        &scratch.path().join("a.img"),
+        Pattern::Random,
+        8 * u64::from(CHUNK),
+        1,
+    )
+    .unwrap();
     let first = back_up_file(&repo, &a.path).await;
     // The same source grown: the parent does not fit.
     let b = images::make(&a.path, Pattern::Random, 9 * u64::from(CHUNK), 1).unwrap();
     let second = back_up_file(&repo, &b.path).await;
     assert!(second.manifest.parent.is_none());
     let reason = second.full_reason.unwrap();
-    assert!(reason.contains(first.manifest.id.as_str()) && reason.contains("bytes"), "{reason}");
+    assert!(
+        reason.contains(first.manifest.id.as_str()) && reason.contains("bytes"),
+        "{reason}"
+    );
     // An explicit parent that does not exist is an error, not a silent full backup.
     let source = copying::source(&url(&b.path)).await.unwrap();
     let missing: BackupId = "20200101T000000Z-00000000".parse().unwrap();
-    let err = back_up(&repo, source, &BackupOptions::new("x").with_parent(ParentChoice::Id(missing))).await.unwrap_err();
+    let err = back_up(
+        &repo,
+        source,
+        &BackupOptions::new("x").with_parent(ParentChoice::Id(missing)),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
 }

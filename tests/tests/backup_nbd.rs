@@ -23,7 +23,11 @@ const CHUNK: u32 = 256 * 1024;
 fn sh(program: &str, args: &[&str]) {
     require_tool(program, "qemu-utils");
     let out = Command::new(program).args(args).output().unwrap();
-    assert!(out.status.success(), "{program} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn s(p: &Path) -> &str {
@@ -38,7 +42,9 @@ struct Counting {
 
 impl std::fmt::Debug for Counting {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Counting").field("source", &self.inner.describe()).finish()
+        f.debug_struct("Counting")
+            .field("source", &self.inner.describe())
+            .finish()
     }
 }
 
@@ -90,8 +96,15 @@ fn export(disk: &Path, bitmap: Option<&str>) -> NbdServer {
 async fn dirty_bitmap_backup_reads_only_dirty_chunks() {
     let dir = scratch_dir();
     let disk = dir.path().join("disk.qcow2");
-    sh("qemu-img", &["create", "-q", "-f", "qcow2", s(&disk), "32M"]);
-    for cmd in ["write -P 0x11 0 3M", "write -P 0x22 10M 2M", "write -P 0x33 30M 64k"] {
+    sh(
+        "qemu-img",
+        &["create", "-q", "-f", "qcow2", s(&disk), "32M"],
+    );
+    for cmd in [
+        "write -P 0x11 0 3M",
+        "write -P 0x22 10M 2M",
+        "write -P 0x33 30M 64k",
+    ] {
         sh("qemu-io", &["-f", "qcow2", "-c", cmd, s(&disk)]);
     }
     let repo = Repository::init(
@@ -105,9 +118,15 @@ async fn dirty_bitmap_backup_reads_only_dirty_chunks() {
     let first = {
         let server = export(&disk, None);
         let source = copying::source(&server.uri()).await.unwrap();
-        backup(&repo, source, &BackupOptions::new("vm/disk"), &progress, &cancel)
-            .await
-            .unwrap()
+        backup(
+            &repo,
+            source,
+            &BackupOptions::new("vm/disk"),
+            &progress,
+            &cancel,
+        )
+        .await
+        .unwrap()
     };
 
     // Writes after the first backup, tracked by b0: chunks 4, 80 and 81 (256 KiB each).
@@ -116,7 +135,18 @@ async fn dirty_bitmap_backup_reads_only_dirty_chunks() {
         sh("qemu-io", &["-f", "qcow2", "-c", cmd, s(&disk)]);
     }
     let reference = dir.path().join("reference.raw");
-    sh("qemu-img", &["convert", "-f", "qcow2", "-O", "raw", s(&disk), s(&reference)]);
+    sh(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "qcow2",
+            "-O",
+            "raw",
+            s(&disk),
+            s(&reference),
+        ],
+    );
 
     let server = export(&disk, Some("b0"));
     let EndpointSpec::Nbd(spec) = EndpointSpec::parse(&server.uri()).unwrap() else {
@@ -129,23 +159,37 @@ async fn dirty_bitmap_backup_reads_only_dirty_chunks() {
         read: Arc::clone(&read),
     });
     let options = BackupOptions::new("vm/disk").with_changed(Arc::new(bitmap));
-    let second = backup(&repo, source, &options, &progress, &cancel).await.unwrap();
+    let second = backup(&repo, source, &options, &progress, &cancel)
+        .await
+        .unwrap();
 
     assert!(second.full_reason.is_none(), "{:?}", second.full_reason);
     assert_eq!(second.manifest.parent.as_ref(), Some(&first.manifest.id));
     assert_eq!(second.chunks_read, 3, "{second:?}");
     assert_eq!(second.chunks_unread, 128 - 3, "{second:?}");
     let bytes = read.load(Ordering::Relaxed);
-    assert!(bytes > 0 && bytes <= 3 * u64::from(CHUNK), "read {bytes} bytes");
+    assert!(
+        bytes > 0 && bytes <= 3 * u64::from(CHUNK),
+        "read {bytes} bytes"
+    );
     assert_eq!(second.manifest.chunks_new, 3);
     // The block hash of the whole image, computed without reading the clean chunks.
     assert_eq!(second.manifest.block_hash, Some(blkhash_file(&reference)));
 
     let out = dir.path().join("restored.raw");
-    let target = copying::target(s(&out), second.manifest.image_size).await.unwrap();
-    restore(&repo, &second.manifest.id, target, &RestoreOptions::new(), &progress, &cancel)
+    let target = copying::target(s(&out), second.manifest.image_size)
         .await
         .unwrap();
+    restore(
+        &repo,
+        &second.manifest.id,
+        target,
+        &RestoreOptions::new(),
+        &progress,
+        &cancel,
+    )
+    .await
+    .unwrap();
     qemu_img_compare(&reference, &out);
 }
 

@@ -10,9 +10,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use chrono::Utc;
 use ferry_backup::{
-    BackupId, ChunkFault, ChunkOutcome, Digest, FixedIndex, GcLease, GcOptions, InitOptions, KdfParams, Keep,
-    KeepPolicy, LeaseHeld, LocalStore, ObjectStore, Put, PutMode, Repository, S3Store, SessionOptions, SnapshotInfo,
-    VerifyOptions,
+    BackupId, ChunkFault, ChunkOutcome, Digest, FixedIndex, GcLease, GcOptions, InitOptions,
+    KdfParams, Keep, KeepPolicy, LeaseHeld, LocalStore, ObjectStore, Put, PutMode, Repository,
+    S3Store, SessionOptions, SnapshotInfo, VerifyOptions,
 };
 use ferry_core::{ErrorKind, Secret};
 use ferry_tests::s3_server::S3Server;
@@ -123,19 +123,29 @@ both_backends!(
 /// Deterministic chunk contents: `seed` picks the pattern.
 fn chunk(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
-        .map(|i| (i as u32).wrapping_mul(2654435761).rotate_left(u32::from(seed)) as u8 ^ seed)
+        .map(|i| {
+            (i as u32)
+                .wrapping_mul(2654435761)
+                .rotate_left(u32::from(seed)) as u8
+                ^ seed
+        })
         .collect()
 }
 
 /// A compressible chunk.
 fn text_chunk(seed: u8) -> Vec<u8> {
-    format!("chunk {seed} ").repeat(CHUNK as usize / 8)[..CHUNK as usize].as_bytes().to_vec()
+    format!("chunk {seed} ").repeat(CHUNK as usize / 8)[..CHUNK as usize]
+        .as_bytes()
+        .to_vec()
 }
 
 /// Backs up `chunks` (the last may be short) as one image; returns the manifest's id.
 async fn backup(repo: &Repository, source: &str, chunks: &[Vec<u8>]) -> (BackupId, FixedIndex) {
     let size: u64 = chunks.iter().map(|c| c.len() as u64).sum();
-    let session = repo.begin_session(SessionOptions::new()).await.expect("begin");
+    let session = repo
+        .begin_session(SessionOptions::new())
+        .await
+        .expect("begin");
     let mut index = FixedIndex::new(size, repo.chunk_size()).expect("index");
     for (i, data) in chunks.iter().enumerate() {
         let put = session.put_chunk(data).await.expect("put chunk");
@@ -177,25 +187,75 @@ async fn store_semantics(b: Backend) {
     let s = &b.store;
     assert_eq!(s.get("config", 100).await.unwrap(), None);
     assert_eq!(s.head("config").await.unwrap(), None);
-    assert_eq!(s.put("a/b/one", Bytes::from_static(b"1111"), PutMode::Overwrite).await.unwrap(), Put::Written);
-    assert_eq!(s.put("a/b/one", Bytes::from_static(b"2"), PutMode::CreateOnly).await.unwrap(), Put::Conflict);
-    assert_eq!(s.get("a/b/one", 100).await.unwrap().as_deref(), Some(&b"1111"[..]));
+    assert_eq!(
+        s.put("a/b/one", Bytes::from_static(b"1111"), PutMode::Overwrite)
+            .await
+            .unwrap(),
+        Put::Written
+    );
+    assert_eq!(
+        s.put("a/b/one", Bytes::from_static(b"2"), PutMode::CreateOnly)
+            .await
+            .unwrap(),
+        Put::Conflict
+    );
+    assert_eq!(
+        s.get("a/b/one", 100).await.unwrap().as_deref(),
+        Some(&b"1111"[..])
+    );
     let err = s.get("a/b/one", 3).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
-    assert_eq!(s.put("a/two", Bytes::from_static(b"22"), PutMode::CreateOnly).await.unwrap(), Put::Written);
+    assert_eq!(
+        s.put("a/two", Bytes::from_static(b"22"), PutMode::CreateOnly)
+            .await
+            .unwrap(),
+        Put::Written
+    );
     let meta = s.head("a/two").await.unwrap().expect("head");
     assert_eq!(meta.size, 2);
 
-    let mut names: Vec<String> = s.list("a/").await.unwrap().into_iter().map(|m| m.name).collect();
+    let mut names: Vec<String> = s
+        .list("a/")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.name)
+        .collect();
     names.sort();
     assert_eq!(names, ["a/b/one", "a/two"]);
 
     // Replace-if-unchanged: the version read wins once, a stale version never.
     let (_, v1) = s.get_versioned("a/two", 100).await.unwrap().unwrap();
-    assert_eq!(s.put("a/two", Bytes::from_static(b"33"), PutMode::ReplaceIf(v1.clone())).await.unwrap(), Put::Written);
-    assert_eq!(s.put("a/two", Bytes::from_static(b"44"), PutMode::ReplaceIf(v1.clone())).await.unwrap(), Put::Conflict);
-    assert_eq!(s.get("a/two", 100).await.unwrap().as_deref(), Some(&b"33"[..]));
-    assert_eq!(s.put("gone", Bytes::from_static(b"1"), PutMode::ReplaceIf(v1)).await.unwrap(), Put::Conflict);
+    assert_eq!(
+        s.put(
+            "a/two",
+            Bytes::from_static(b"33"),
+            PutMode::ReplaceIf(v1.clone())
+        )
+        .await
+        .unwrap(),
+        Put::Written
+    );
+    assert_eq!(
+        s.put(
+            "a/two",
+            Bytes::from_static(b"44"),
+            PutMode::ReplaceIf(v1.clone())
+        )
+        .await
+        .unwrap(),
+        Put::Conflict
+    );
+    assert_eq!(
+        s.get("a/two", 100).await.unwrap().as_deref(),
+        Some(&b"33"[..])
+    );
+    assert_eq!(
+        s.put("gone", Bytes::from_static(b"1"), PutMode::ReplaceIf(v1))
+            .await
+            .unwrap(),
+        Put::Conflict
+    );
     assert_eq!(s.head("gone").await.unwrap(), None);
 
     // Touch renews the time and keeps the content.
@@ -204,26 +264,45 @@ async fn store_semantics(b: Backend) {
     s.touch("a/b/one").await.unwrap();
     let after = s.head("a/b/one").await.unwrap().unwrap().modified;
     assert!(after > before, "{before:?} -> {after:?}");
-    assert_eq!(s.get("a/b/one", 100).await.unwrap().as_deref(), Some(&b"1111"[..]));
-    assert_eq!(s.touch("nothing").await.unwrap_err().kind(), ErrorKind::NotFound);
+    assert_eq!(
+        s.get("a/b/one", 100).await.unwrap().as_deref(),
+        Some(&b"1111"[..])
+    );
+    assert_eq!(
+        s.touch("nothing").await.unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
 
     s.delete("a/b/one").await.unwrap();
     s.delete("a/b/one").await.unwrap();
     assert_eq!(s.head("a/b/one").await.unwrap(), None);
-    assert!(s.put("../escape", Bytes::new(), PutMode::Overwrite).await.is_err());
+    assert!(s
+        .put("../escape", Bytes::new(), PutMode::Overwrite)
+        .await
+        .is_err());
 }
 
 async fn round_trip(b: Backend, options: InitOptions, passphrase: Option<Secret>) {
     let repo = b.init(options).await;
-    let chunks = vec![text_chunk(1), chunk(2, CHUNK as usize), vec![0; CHUNK as usize], chunk(3, 1000)];
+    let chunks = vec![
+        text_chunk(1),
+        chunk(2, CHUNK as usize),
+        vec![0; CHUNK as usize],
+        chunk(3, 1000),
+    ];
     let (id, _) = backup(&repo, "nbd://host/vm1", &chunks).await;
-    let reopened = Repository::open(Arc::clone(&b.store), passphrase.as_ref()).await.expect("reopen");
+    let reopened = Repository::open(Arc::clone(&b.store), passphrase.as_ref())
+        .await
+        .expect("reopen");
     assert_eq!(reopened.list_snapshots().await.unwrap(), vec![id.clone()]);
     assert_eq!(restore(&reopened, &id).await, chunks.concat());
     let m = reopened.load_manifest(&id).await.unwrap();
     assert_eq!(m.image_size, 3 * u64::from(CHUNK) + 1000);
     assert_eq!((m.chunks_new, m.chunks_reused, m.chunks_zero), (3, 0, 1));
-    assert_eq!((m.bytes_new, m.bytes_zero), (2 * u64::from(CHUNK) + 1000, u64::from(CHUNK)));
+    assert_eq!(
+        (m.bytes_new, m.bytes_zero),
+        (2 * u64::from(CHUNK) + 1000, u64::from(CHUNK))
+    );
     assert_eq!(m.source, "nbd://host/vm1");
     assert_eq!(m.tags.get("test").map(String::as_str), Some("yes"));
     assert_eq!(b.chunk_names().await.len(), 3);
@@ -261,8 +340,16 @@ async fn round_trip_encrypted(b: Backend) {
     // Nothing stored reveals the content or the source.
     for path in walk(&files) {
         let data = std::fs::read(&path).unwrap();
-        assert!(!contains(&data, b"chunk 1 chunk 1"), "{} holds plaintext", path.display());
-        assert!(!contains(&data, b"nbd://host/vm1"), "{} names the source", path.display());
+        assert!(
+            !contains(&data, b"chunk 1 chunk 1"),
+            "{} holds plaintext",
+            path.display()
+        );
+        assert!(
+            !contains(&data, b"nbd://host/vm1"),
+            "{} names the source",
+            path.display()
+        );
     }
 }
 
@@ -272,7 +359,9 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 
 fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    let Ok(entries) = std::fs::read_dir(dir) else { return out };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
     for entry in entries.flatten() {
         let path = entry.path();
         if path.is_dir() {
@@ -322,10 +411,17 @@ async fn wrong_and_missing_keys(b: Backend) {
     assert_eq!(err.kind(), ErrorKind::PermissionDenied);
     assert!(err.to_string().contains("wrong passphrase"), "{err}");
     assert!(!err.to_string().contains("right"), "{err}");
-    let err = Repository::open(Arc::clone(&b.store), None).await.unwrap_err();
+    let err = Repository::open(Arc::clone(&b.store), None)
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::PermissionDenied);
-    assert!(err.to_string().contains("encrypted") && err.to_string().contains("passphrase"), "{err}");
-    let repo = Repository::open(Arc::clone(&b.store), Some(&Secret::new("right"))).await.unwrap();
+    assert!(
+        err.to_string().contains("encrypted") && err.to_string().contains("passphrase"),
+        "{err}"
+    );
+    let repo = Repository::open(Arc::clone(&b.store), Some(&Secret::new("right")))
+        .await
+        .unwrap();
     assert!(repo.is_encrypted());
     // Encrypted digests are keyed: not the SHA-256 anyone could compute.
     let data = chunk(1, 100);
@@ -359,7 +455,11 @@ async fn truncated_and_oversized_blobs_are_refused(b: Backend) {
 
     let other = repo.chunk_digest(&chunk(9, 10));
     b.store
-        .put(&other.chunk_name(), Bytes::from(vec![1u8; CHUNK as usize * 3]), PutMode::Overwrite)
+        .put(
+            &other.chunk_name(),
+            Bytes::from(vec![1u8; CHUNK as usize * 3]),
+            PutMode::Overwrite,
+        )
         .await
         .unwrap();
     let err = repo.get_chunk(&other).await.unwrap_err();
@@ -373,19 +473,33 @@ async fn version_mismatch_is_named(b: Backend) {
     let mut json: serde_json::Value = serde_json::from_slice(&config).unwrap();
     json["format_version"] = serde_json::json!(7);
     b.store
-        .put("config", Bytes::from(serde_json::to_vec(&json).unwrap()), PutMode::Overwrite)
+        .put(
+            "config",
+            Bytes::from(serde_json::to_vec(&json).unwrap()),
+            PutMode::Overwrite,
+        )
         .await
         .unwrap();
-    let err = Repository::open(Arc::clone(&b.store), None).await.unwrap_err();
+    let err = Repository::open(Arc::clone(&b.store), None)
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unsupported);
     let text = err.to_string();
-    assert!(text.contains("version 7") && text.contains("version 1"), "{text}");
+    assert!(
+        text.contains("version 7") && text.contains("version 1"),
+        "{text}"
+    );
 }
 
 async fn init_twice_is_refused(b: Backend) {
     b.init(InitOptions::new()).await;
-    let err = Repository::init(Arc::clone(&b.store), InitOptions::new()).await.unwrap_err();
-    assert!(err.to_string().contains("already holds a repository"), "{err}");
+    let err = Repository::init(Arc::clone(&b.store), InitOptions::new())
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("already holds a repository"),
+        "{err}"
+    );
     let err = Repository::open(Arc::new(LocalStore::new("/nonexistent/ferry-repo")), None)
         .await
         .unwrap_err();
@@ -414,17 +528,31 @@ async fn gc_removes_only_unreferenced_old_chunks(b: Backend) {
 
     // The default grace period keeps the young orphan.
     let report = repo.gc(&GcOptions::new()).await.unwrap();
-    assert_eq!((report.chunks_removed, report.chunks_recent, report.chunks_referenced), (0, 1, 2));
+    assert_eq!(
+        (
+            report.chunks_removed,
+            report.chunks_recent,
+            report.chunks_referenced
+        ),
+        (0, 1, 2)
+    );
     assert_eq!(b.chunk_names().await.len(), 3);
 
     // Without grace (and once its second is over), only the orphan goes.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let report = repo.gc(&grace0()).await.unwrap();
-    assert_eq!((report.chunks_removed, report.chunks_referenced), (1, 2), "{report:?}");
+    assert_eq!(
+        (report.chunks_removed, report.chunks_referenced),
+        (1, 2),
+        "{report:?}"
+    );
     assert!(report.bytes_removed > 0);
     assert_eq!(b.chunk_names().await.len(), 2);
     assert_eq!(restore(&repo, &id).await, kept.concat());
-    assert!(b.store.head("locks/gc").await.unwrap().is_none(), "the lease is released");
+    assert!(
+        b.store.head("locks/gc").await.unwrap().is_none(),
+        "the lease is released"
+    );
     assert!(b.store.head("locks/gc-last").await.unwrap().is_some());
 }
 
@@ -440,9 +568,15 @@ async fn gc_respects_a_running_session(b: Backend) {
         .begin_session(SessionOptions::new().with_touch_older_than(Duration::ZERO))
         .await
         .unwrap();
-    assert_eq!(session.put_chunk(&old).await.unwrap().outcome, ChunkOutcome::Reused);
+    assert_eq!(
+        session.put_chunk(&old).await.unwrap().outcome,
+        ChunkOutcome::Reused
+    );
     let new = chunk(2, CHUNK as usize);
-    assert_eq!(session.put_chunk(&new).await.unwrap().outcome, ChunkOutcome::New);
+    assert_eq!(
+        session.put_chunk(&new).await.unwrap().outcome,
+        ChunkOutcome::New
+    );
     tokio::time::sleep(Duration::from_millis(1100)).await;
 
     let report = repo.gc(&grace0()).await.unwrap();
@@ -453,7 +587,10 @@ async fn gc_respects_a_running_session(b: Backend) {
     let mut index = FixedIndex::new(2 * u64::from(CHUNK), CHUNK).unwrap();
     index.set(0, repo.chunk_digest(&old)).unwrap();
     index.set(1, repo.chunk_digest(&new)).unwrap();
-    let manifest = session.finish(&index, SnapshotInfo::new("vm")).await.unwrap();
+    let manifest = session
+        .finish(&index, SnapshotInfo::new("vm"))
+        .await
+        .unwrap();
     assert_eq!(restore(&repo, &manifest.id).await, [old, new].concat());
 
     // Without the session, the same GC removes chunks nothing references.
@@ -467,15 +604,23 @@ async fn second_gc_is_refused(b: Backend) {
     let lease = GcLease::acquire(Arc::clone(&b.store), "first gc", Duration::from_secs(60))
         .await
         .unwrap();
-    let err = repo.gc(&GcOptions::new().with_holder("second gc")).await.unwrap_err();
-    assert!(err.to_string().contains("another garbage collection"), "{err}");
+    let err = repo
+        .gc(&GcOptions::new().with_holder("second gc"))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("another garbage collection"),
+        "{err}"
+    );
     assert!(err.to_string().contains("first gc"), "{err}");
     let held = std::error::Error::source(&err)
         .and_then(|s| s.downcast_ref::<LeaseHeld>())
         .expect("a LeaseHeld source");
     assert_eq!(held.holder, "first gc");
     lease.release().await.unwrap();
-    repo.gc(&GcOptions::new()).await.expect("the GC runs once the lease is released");
+    repo.gc(&GcOptions::new())
+        .await
+        .expect("the GC runs once the lease is released");
 }
 
 async fn stale_lease_is_taken_over(b: Backend) {
@@ -485,7 +630,10 @@ async fn stale_lease_is_taken_over(b: Backend) {
         .await
         .unwrap();
     drop(lease);
-    assert!(repo.gc(&GcOptions::new()).await.is_err(), "the lease is still valid");
+    assert!(
+        repo.gc(&GcOptions::new()).await.is_err(),
+        "the lease is still valid"
+    );
     tokio::time::sleep(Duration::from_millis(1500)).await;
     repo.gc(&GcOptions::new().with_holder("rescuer"))
         .await
@@ -496,7 +644,10 @@ async fn stale_lease_is_taken_over(b: Backend) {
 async fn crash_before_manifest_leaves_nothing_listed(b: Backend) {
     let repo = b.init(InitOptions::new()).await;
     let session = repo
-        .begin_session(SessionOptions::new().with_heartbeat(Duration::from_millis(200), Duration::from_secs(1)))
+        .begin_session(
+            SessionOptions::new()
+                .with_heartbeat(Duration::from_millis(200), Duration::from_secs(1)),
+        )
         .await
         .unwrap();
     session.put_chunk(&chunk(1, CHUNK as usize)).await.unwrap();
@@ -517,16 +668,28 @@ async fn reused_chunk_removed_during_backup_fails_it(b: Backend) {
     repo.delete_snapshot(&first).await.unwrap();
 
     let session = repo.begin_session(SessionOptions::new()).await.unwrap();
-    assert_eq!(session.put_chunk(&shared).await.unwrap().outcome, ChunkOutcome::Reused);
+    assert_eq!(
+        session.put_chunk(&shared).await.unwrap().outcome,
+        ChunkOutcome::Reused
+    );
     // A GC that listed the chunk before this session existed removes it now.
-    b.store.delete(&repo.chunk_digest(&shared).chunk_name()).await.unwrap();
+    b.store
+        .delete(&repo.chunk_digest(&shared).chunk_name())
+        .await
+        .unwrap();
     repo.gc(&grace0()).await.unwrap();
 
     let mut index = FixedIndex::new(u64::from(CHUNK), CHUNK).unwrap();
     index.set(0, repo.chunk_digest(&shared)).unwrap();
-    let err = session.finish(&index, SnapshotInfo::new("vm")).await.unwrap_err();
+    let err = session
+        .finish(&index, SnapshotInfo::new("vm"))
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound);
-    assert!(err.to_string().contains("removed by a garbage collection"), "{err}");
+    assert!(
+        err.to_string().contains("removed by a garbage collection"),
+        "{err}"
+    );
     assert!(repo.list_snapshots().await.unwrap().is_empty());
 }
 
@@ -563,7 +726,10 @@ async fn verify_names_the_broken_snapshots(b: Backend) {
     // The next backup stores the damaged chunk again instead of deduplicating.
     assert!(!repo.has_chunk(&digest).await.unwrap());
     let session = repo.begin_session(SessionOptions::new()).await.unwrap();
-    assert_eq!(session.put_chunk(&shared).await.unwrap().outcome, ChunkOutcome::New);
+    assert_eq!(
+        session.put_chunk(&shared).await.unwrap().outcome,
+        ChunkOutcome::New
+    );
     session.abandon().await;
     assert!(b.store.head(&digest.bad_name()).await.unwrap().is_none());
     assert!(repo.verify(&VerifyOptions::new()).await.unwrap().is_ok());
@@ -589,10 +755,18 @@ async fn prune_deletes_what_the_policy_forgets(b: Backend) {
     let left = repo.list_snapshots().await.unwrap();
     assert_eq!(left.len(), 2);
     for id in &done.deleted {
-        assert!(b.store.head(&format!("indexes/{id}")).await.unwrap().is_none());
+        assert!(b
+            .store
+            .head(&format!("indexes/{id}"))
+            .await
+            .unwrap()
+            .is_none());
         assert!(!left.contains(id));
     }
-    let err = repo.prune(&KeepPolicy::new(), Utc::now(), false).await.unwrap_err();
+    let err = repo
+        .prune(&KeepPolicy::new(), Utc::now(), false)
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
     // The freed chunks go at the next GC.
     tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -607,21 +781,35 @@ async fn incremental_reuse_by_digest(b: Backend) {
     // Chunk 0 is unchanged (reused by digest without reading), chunk 1 changed.
     let session = repo.begin_session(SessionOptions::new()).await.unwrap();
     let mut index = FixedIndex::new(2 * u64::from(CHUNK), CHUNK).unwrap();
-    assert!(session.reuse_chunk(&parent_index.digests()[0]).await.unwrap());
+    assert!(session
+        .reuse_chunk(&parent_index.digests()[0])
+        .await
+        .unwrap());
     index.set(0, parent_index.digests()[0]).unwrap();
     let changed = chunk(3, CHUNK as usize);
-    index.set(1, session.put_chunk(&changed).await.unwrap().digest).unwrap();
-    assert!(!session.reuse_chunk(&repo.chunk_digest(&chunk(4, 10))).await.unwrap());
+    index
+        .set(1, session.put_chunk(&changed).await.unwrap().digest)
+        .unwrap();
+    assert!(!session
+        .reuse_chunk(&repo.chunk_digest(&chunk(4, 10)))
+        .await
+        .unwrap());
     let manifest = session
         .finish(&index, SnapshotInfo::new("vm").with_parent(parent.clone()))
         .await
         .unwrap();
     assert_eq!(manifest.parent, Some(parent));
     assert_eq!((manifest.chunks_new, manifest.chunks_reused), (1, 1));
-    assert_eq!(restore(&repo, &manifest.id).await, [chunks[0].clone(), changed].concat());
+    assert_eq!(
+        restore(&repo, &manifest.id).await,
+        [chunks[0].clone(), changed].concat()
+    );
 
     // An index naming a chunk the session never stored nor reused is refused.
     let session = repo.begin_session(SessionOptions::new()).await.unwrap();
-    let err = session.finish(&index, SnapshotInfo::new("vm")).await.unwrap_err();
+    let err = session
+        .finish(&index, SnapshotInfo::new("vm"))
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
 }

@@ -577,19 +577,30 @@ impl NbdSource {
     /// (context `qemu:dirty-bitmap:BITMAP`, asked for in [`NbdOptions::extra_contexts`])
     /// marks dirty: sorted, merged `[start, end)` pairs. An incremental backup reads only
     /// these. Fails when the server did not select that context.
-    pub async fn dirty_ranges(&self, bitmap: &str, offset: u64, len: u64) -> Result<Vec<(u64, u64)>> {
+    pub async fn dirty_ranges(
+        &self,
+        bitmap: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<(u64, u64)>> {
         let context = format!("{DIRTY_BITMAP_CONTEXT_PREFIX}{bitmap}");
         if !self.info().has_context(&context) {
             return Err(Error::new(
                 ErrorKind::NotFound,
-                format!("the server does not export the dirty bitmap '{bitmap}' (context {context})"),
+                format!(
+                    "the server does not export the dirty bitmap '{bitmap}' (context {context})"
+                ),
             )
             .with_endpoint(self.export.shared.describe.clone()));
         }
         let end = offset
             .checked_add(len)
             .filter(|&e| e <= self.export.size())
-            .ok_or_else(|| Error::invalid_input(format!("{len} bytes at offset {offset} reach past the end of the export")))?;
+            .ok_or_else(|| {
+                Error::invalid_input(format!(
+                    "{len} bytes at offset {offset} reach past the end of the export"
+                ))
+            })?;
         let mut ranges: Vec<(u64, u64)> = Vec::new();
         let mut at = offset;
         while at < end {
@@ -610,9 +621,11 @@ impl NbdSource {
                 advanced = advanced.max(stop);
             }
             if advanced == at {
-                return Err(Error::protocol("block status described no extent of the dirty bitmap")
-                    .at("extents", at)
-                    .with_endpoint(self.export.shared.describe.clone()));
+                return Err(Error::protocol(
+                    "block status described no extent of the dirty bitmap",
+                )
+                .at("extents", at)
+                .with_endpoint(self.export.shared.describe.clone()));
             }
             at = advanced;
         }

@@ -248,7 +248,10 @@ pub async fn backup(
         blocks,
         hash,
     } = state.into_inner();
-    let finished = finish(repo, session, &id, &index, &blocks, hash, options, parent_id).await;
+    let finished = finish(
+        repo, session, &id, &index, &blocks, hash, options, parent_id,
+    )
+    .await;
     let manifest = finished?;
     let report = BackupReport {
         manifest,
@@ -282,7 +285,9 @@ async fn finish(
 ) -> Result<Manifest> {
     let Some(block_hash) = hash.finish() else {
         session.abandon().await;
-        return Err(Error::internal("the backup ended with chunks missing from the block hash"));
+        return Err(Error::internal(
+            "the backup ended with chunks missing from the block hash",
+        ));
     };
     if let Err(err) = blocks::store(repo, id, index, blocks).await {
         session.abandon().await;
@@ -355,13 +360,12 @@ impl Shared {
             self.bytes_read.fetch_add(read, Ordering::Relaxed);
             self.chunks_read.fetch_add(1, Ordering::Relaxed);
             let zeroes = self.zeroes;
-            let (data, digests) =
-                tokio::task::spawn_blocking(move || {
-                    let digests = block_digests(&data, &zeroes);
-                    (data, digests)
-                })
-                .await
-                .map_err(|_| Error::internal("a hashing thread panicked"))?;
+            let (data, digests) = tokio::task::spawn_blocking(move || {
+                let digests = block_digests(&data, &zeroes);
+                (data, digests)
+            })
+            .await
+            .map_err(|_| Error::internal("a hashing thread panicked"))?;
             let put = self
                 .session
                 .put_chunk(&data)
@@ -439,7 +443,11 @@ impl Shared {
         let mut done_to = offset;
         for e in extents.iter().filter(|e| e.kind == ExtentKind::Data) {
             let start = (e.offset / self.minimum * self.minimum).max(done_to);
-            let stop = e.end().div_ceil(self.minimum).saturating_mul(self.minimum).min(end);
+            let stop = e
+                .end()
+                .div_ceil(self.minimum)
+                .saturating_mul(self.minimum)
+                .min(end);
             let mut at = start;
             while at < stop {
                 let n = (stop - at).min(self.request);

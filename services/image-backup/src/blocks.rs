@@ -118,9 +118,12 @@ fn serialize(index: &FixedIndex, digests: &BlockDigests) -> Result<Vec<u8>> {
             continue;
         }
         let (_, len) = index.chunk_range(i);
-        let blocks = digests.get(i).filter(|b| b.len() == blocks_in(len)).ok_or_else(|| {
-            Error::internal(format!("chunk {i} of the backup has no block digests"))
-        })?;
+        let blocks = digests
+            .get(i)
+            .filter(|b| b.len() == blocks_in(len))
+            .ok_or_else(|| {
+                Error::internal(format!("chunk {i} of the backup has no block digests"))
+            })?;
         out.extend_from_slice(&d.0);
         out.extend_from_slice(blocks.as_flattened());
     }
@@ -321,7 +324,10 @@ mod tests {
         assert!(parse(&id, &other, &data).is_err());
         let mut damaged = data.clone();
         damaged[HEAD_LEN + 40] ^= 1;
-        assert_eq!(parse(&id, &index, &damaged).unwrap_err().kind(), ErrorKind::Corrupt);
+        assert_eq!(
+            parse(&id, &index, &damaged).unwrap_err().kind(),
+            ErrorKind::Corrupt
+        );
     }
 
     #[test]

@@ -120,7 +120,10 @@ mod tests {
         let size = BLOCK_SIZE + 10;
         let mut hash = OrderedHash::new(size as u64, (2 * BLOCK_SIZE) as u32);
         hash.add(0, ChunkBlocks::Zero);
-        assert_eq!(hash.finish().unwrap(), to_hex(&digest_bytes(&vec![0; size])));
+        assert_eq!(
+            hash.finish().unwrap(),
+            to_hex(&digest_bytes(&vec![0; size]))
+        );
     }
 
     #[test]

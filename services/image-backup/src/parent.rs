@@ -62,7 +62,9 @@ async fn latest_of(repo: &Repository, source: &str) -> Result<Option<Manifest>> 
         match repo.load_manifest(&id).await {
             Ok(m) if m.source == source => return Ok(Some(m)),
             Ok(_) => {}
-            Err(e) => tracing::warn!(backup = %id, error = %e, "skipping a backup whose manifest cannot be read"),
+            Err(e) => {
+                tracing::warn!(backup = %id, error = %e, "skipping a backup whose manifest cannot be read")
+            }
         }
     }
     Ok(None)
@@ -76,10 +78,18 @@ pub(crate) async fn choose(
     size: u64,
 ) -> Result<Chosen> {
     let manifest = match choice {
-        ParentChoice::None => return Ok(Chosen::Full("no parent was asked for (--parent none)".into())),
+        ParentChoice::None => {
+            return Ok(Chosen::Full(
+                "no parent was asked for (--parent none)".into(),
+            ))
+        }
         ParentChoice::Auto => match latest_of(repo, source).await? {
             Some(m) => m,
-            None => return Ok(Chosen::Full(format!("there is no earlier backup of {source}"))),
+            None => {
+                return Ok(Chosen::Full(format!(
+                    "there is no earlier backup of {source}"
+                )))
+            }
         },
         // A parent named explicitly must exist: a typo should not silently mean "full".
         ParentChoice::Id(id) => repo.load_manifest(id).await?,
@@ -100,12 +110,18 @@ pub(crate) async fn choose(
     }
     let index = match repo.load_index(&manifest).await {
         Ok(index) => index,
-        Err(e) => return Ok(Chosen::Full(format!("the index of the parent {id} cannot be used: {e}"))),
+        Err(e) => {
+            return Ok(Chosen::Full(format!(
+                "the index of the parent {id} cannot be used: {e}"
+            )))
+        }
     };
     let blocks = match blocks::load(repo, &id, &index).await {
         Ok(Some(blocks)) => blocks,
         Ok(None) => {
-            return Ok(Chosen::Full(format!("the parent {id} has no block digests stored")))
+            return Ok(Chosen::Full(format!(
+                "the parent {id} has no block digests stored"
+            )))
         }
         Err(e) => {
             return Ok(Chosen::Full(format!(

@@ -183,7 +183,9 @@ pub async fn restore(
         .map_err(|_| Error::internal("a restore worker outlived the restore"))?;
     let Some(block_hash) = shared.hash.into_inner().finish() else {
         let _ = target.abort().await;
-        return Err(Error::internal("the restore ended with chunks missing from the block hash"));
+        return Err(Error::internal(
+            "the restore ended with chunks missing from the block hash",
+        ));
     };
     let verified = manifest.block_hash.is_some();
     if let Some(expected) = &manifest.block_hash {
@@ -301,7 +303,12 @@ impl Shared {
     }
 
     /// Writes a chunk's data runs; its 4 KiB zero blocks become zeroes.
-    async fn write_chunk(&self, target: &dyn Target, mut data: IoBuf, offset: u64) -> Result<IoBuf> {
+    async fn write_chunk(
+        &self,
+        target: &dyn Target,
+        mut data: IoBuf,
+        offset: u64,
+    ) -> Result<IoBuf> {
         let len = data.len();
         for (start, run_len, zero) in runs(&data) {
             if zero {

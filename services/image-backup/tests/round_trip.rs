@@ -47,11 +47,20 @@ async fn zero_chunks_are_neither_read_nor_written_and_the_hash_matches() {
     let source = MemSource::sparse(data.clone(), 4096);
     let stats = Arc::clone(&source.stats);
     let (progress, cancel) = (Progress::new(), CancellationToken::new());
-    let report = backup(&repo, Arc::new(source), &BackupOptions::new("mem"), &progress, &cancel)
-        .await
-        .unwrap();
+    let report = backup(
+        &repo,
+        Arc::new(source),
+        &BackupOptions::new("mem"),
+        &progress,
+        &cancel,
+    )
+    .await
+    .unwrap();
     let m = &report.manifest;
-    assert_eq!(m.block_hash.as_deref(), Some(to_hex(&digest_bytes(&data)).as_str()));
+    assert_eq!(
+        m.block_hash.as_deref(),
+        Some(to_hex(&digest_bytes(&data)).as_str())
+    );
     assert_eq!((m.chunks_new, m.chunks_reused, m.chunks_zero), (3, 1, 17));
     // Only data extents are read: chunk 0, chunk 7, 4 KiB of chunk 3, the tail block.
     let read: usize = stats.reads().iter().map(|r| r.1).sum();
@@ -89,9 +98,16 @@ async fn zero_chunks_are_neither_read_nor_written_and_the_hash_matches() {
 
     // A target that is not known to be zero gets zero chunks as write_zeroes.
     let target = RecordingTarget::new(data.len() as u64);
-    restore(&repo, &m.id, Arc::new(target.clone()), &RestoreOptions::new(), &progress, &cancel)
-        .await
-        .unwrap();
+    restore(
+        &repo,
+        &m.id,
+        Arc::new(target.clone()),
+        &RestoreOptions::new(),
+        &progress,
+        &cancel,
+    )
+    .await
+    .unwrap();
     assert_eq!(target.data(), data);
     assert!(target.ops().iter().any(|op| matches!(op, Op::Zero { .. })));
 }
@@ -100,19 +116,34 @@ async fn zero_chunks_are_neither_read_nor_written_and_the_hash_matches() {
 async fn in_order_targets_are_written_in_order() {
     let dir = tempfile::tempdir().unwrap();
     let repo = repo(&dir).await;
-    let data: Vec<u8> = (0..12 * CHUNK as usize).map(|i| (i * 7 % 253) as u8 + 1).collect();
+    let data: Vec<u8> = (0..12 * CHUNK as usize)
+        .map(|i| (i * 7 % 253) as u8 + 1)
+        .collect();
     let (progress, cancel) = (Progress::new(), CancellationToken::new());
-    let report = backup(&repo, Arc::new(MemSource::new(data.clone())), &BackupOptions::new("m"), &progress, &cancel)
-        .await
-        .unwrap();
+    let report = backup(
+        &repo,
+        Arc::new(MemSource::new(data.clone())),
+        &BackupOptions::new("m"),
+        &progress,
+        &cancel,
+    )
+    .await
+    .unwrap();
     let caps = Caps {
         random_write: false,
         ..Caps::default()
     };
     let target = RecordingTarget::new(data.len() as u64).with_caps(caps);
-    restore(&repo, &report.manifest.id, Arc::new(target.clone()), &RestoreOptions::new(), &progress, &cancel)
-        .await
-        .unwrap();
+    restore(
+        &repo,
+        &report.manifest.id,
+        Arc::new(target.clone()),
+        &RestoreOptions::new(),
+        &progress,
+        &cancel,
+    )
+    .await
+    .unwrap();
     assert_eq!(target.data(), data);
     let writes = target.writes();
     assert!(writes.windows(2).all(|w| w[0].0 < w[1].0), "{writes:?}");
@@ -144,23 +175,39 @@ async fn changed_ranges_limit_reads_to_dirty_chunks() {
     let repo = repo(&dir).await;
     let mut data = image();
     let (progress, cancel) = (Progress::new(), CancellationToken::new());
-    let first = backup(&repo, Arc::new(MemSource::sparse(data.clone(), 4096)), &BackupOptions::new("mem"), &progress, &cancel)
-        .await
-        .unwrap();
+    let first = backup(
+        &repo,
+        Arc::new(MemSource::sparse(data.clone(), 4096)),
+        &BackupOptions::new("mem"),
+        &progress,
+        &cancel,
+    )
+    .await
+    .unwrap();
     let c = u64::from(CHUNK);
     data[(5 * c) as usize + 3] = 0x77; // a zero chunk gets data
     data[(7 * c) as usize] ^= 0xff; // a data chunk changes
     let source = MemSource::sparse(data.clone(), 4096);
     let stats = Arc::clone(&source.stats);
-    let options = BackupOptions::new("mem")
-        .with_changed(Arc::new(Dirty(vec![(5 * c, 5 * c + 4096), (7 * c, 7 * c + 1)])));
-    let second = backup(&repo, Arc::new(source), &options, &progress, &cancel).await.unwrap();
+    let options = BackupOptions::new("mem").with_changed(Arc::new(Dirty(vec![
+        (5 * c, 5 * c + 4096),
+        (7 * c, 7 * c + 1),
+    ])));
+    let second = backup(&repo, Arc::new(source), &options, &progress, &cancel)
+        .await
+        .unwrap();
     assert_eq!(second.manifest.parent.as_ref(), Some(&first.manifest.id));
     assert_eq!(second.chunks_read, 2);
     assert_eq!(second.chunks_unread, 19);
     let read: Vec<u64> = stats.reads().iter().map(|r| r.0 / c).collect();
-    assert!(read.iter().all(|&chunk| chunk == 5 || chunk == 7), "{read:?}");
-    assert_eq!(second.manifest.block_hash.as_deref(), Some(to_hex(&digest_bytes(&data)).as_str()));
+    assert!(
+        read.iter().all(|&chunk| chunk == 5 || chunk == 7),
+        "{read:?}"
+    );
+    assert_eq!(
+        second.manifest.block_hash.as_deref(),
+        Some(to_hex(&digest_bytes(&data)).as_str())
+    );
 
     // Without a parent the bitmap cannot be used: a full backup, with the reason.
     let source = MemSource::sparse(data.clone(), 4096);

@@ -113,7 +113,8 @@ pub async fn open_repository(text: &str) -> anyhow::Result<Repository> {
 
 /// Parses a backup id argument.
 pub fn backup_id(text: &str) -> Result<BackupId, String> {
-    text.parse().map_err(|e: ferry_core::Error| e.message().to_string())
+    text.parse()
+        .map_err(|e: ferry_core::Error| e.message().to_string())
 }
 
 /// Arguments of `ferry backup init`.

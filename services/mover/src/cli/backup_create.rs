@@ -173,8 +173,9 @@ pub async fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
     let spec = EndpointSpec::parse(&args.source).map_err(|e| super::failed(e, "invalid source"))?;
     let repo = open_repository(&args.repo).await?;
     let (source, changed) = open_source(&args, &spec).await?;
-    let mut options = BackupOptions::new(args.source_id.clone().unwrap_or_else(|| spec.to_string()))
-        .with_parent(args.parent.clone());
+    let mut options =
+        BackupOptions::new(args.source_id.clone().unwrap_or_else(|| spec.to_string()))
+            .with_parent(args.parent.clone());
     if let Some(workers) = args.workers {
         options = options.with_workers(workers);
     }
@@ -188,14 +189,17 @@ pub async fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
     let ctrl_c = cancel_on_ctrl_c(&cancel);
     let progress = Progress::new();
     let display = progress::start(&progress, "backup", args.progress.choice());
-    let result = ferry_image_backup::backup(&repo, source.clone(), &options, &progress, &cancel).await;
+    let result =
+        ferry_image_backup::backup(&repo, source.clone(), &options, &progress, &cancel).await;
     progress::finish(display).await;
     let _ = source.close().await;
     cancel.cancel();
     let report = match result {
         Ok(report) => report,
         Err(_) if ctrl_c.is_cancelled() => {
-            return Ok(interrupted("the backup was cancelled; nothing was recorded"))
+            return Ok(interrupted(
+                "the backup was cancelled; nothing was recorded",
+            ))
         }
         Err(e) => return Err(super::failed(e, "backup failed")),
     };

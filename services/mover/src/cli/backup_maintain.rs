@@ -259,7 +259,11 @@ pub async fn prune(args: PruneArgs) -> anyhow::Result<ExitCode> {
     for e in &summary.keep {
         println!("keep    {}  {}  ({})", e.id, e.source, e.reasons.join(", "));
     }
-    let verb = if args.dry_run { "would remove" } else { "removed" };
+    let verb = if args.dry_run {
+        "would remove"
+    } else {
+        "removed"
+    };
     for e in &summary.remove {
         println!("{verb} {}  {}", e.id, e.source);
     }
@@ -283,9 +287,7 @@ pub fn duration(text: &str) -> Result<Duration, String> {
     if text == "0" {
         return Ok(Duration::ZERO);
     }
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(bad)?;
+    let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
     let (number, unit) = text.split_at(split);
     let n: u64 = number.parse().map_err(|_| bad())?;
     let seconds = match unit {

@@ -90,8 +90,7 @@ impl RestoreSummary {
 
 /// Runs `ferry backup restore`.
 pub async fn run(args: RestoreArgs) -> anyhow::Result<ExitCode> {
-    let spec =
-        EndpointSpec::parse(&args.target).map_err(|e| super::failed(e, "invalid target"))?;
+    let spec = EndpointSpec::parse(&args.target).map_err(|e| super::failed(e, "invalid target"))?;
     let target_name = spec.to_string();
     let repo = open_repository(&args.repo).await?;
     let manifest = repo
@@ -113,7 +112,8 @@ pub async fn run(args: RestoreArgs) -> anyhow::Result<ExitCode> {
     let ctrl_c = cancel_on_ctrl_c(&cancel);
     let progress = Progress::new();
     let display = progress::start(&progress, "restore", args.progress.choice());
-    let result = ferry_image_backup::restore(&repo, &args.id, target, &options, &progress, &cancel).await;
+    let result =
+        ferry_image_backup::restore(&repo, &args.id, target, &options, &progress, &cancel).await;
     progress::finish(display).await;
     cancel.cancel();
     let report = match result {
