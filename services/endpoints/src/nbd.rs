@@ -26,6 +26,9 @@ use ferry_nbd::{proto, Address, Client, Config, TlsConfig, ZeroFlags};
 use crate::background_flush::BackgroundFlush;
 pub use crate::background_flush::DEFAULT_BACKGROUND_FLUSH;
 
+/// Prefix of QEMU's dirty bitmap metadata contexts: `qemu:dirty-bitmap:NAME`.
+pub const DIRTY_BITMAP_CONTEXT_PREFIX: &str = proto::CONTEXT_QEMU_DIRTY_BITMAP_PREFIX;
+
 /// Request size when the caller chose none. Measured qemu-nbd -> nbdkit over loopback
 /// (4 GiB, half data, 8 workers): 2.6-2.7 s at 1 MiB against 2.9-3.2 s at 256 KiB;
 /// 2 and 4 MiB were no faster.
@@ -568,6 +571,65 @@ impl NbdSource {
             .block_status(offset, len)
             .await
             .map_err(|e| self.export.err(e, "extents", offset))
+    }
+
+    /// The ranges of `offset..offset + len` that the selected dirty bitmap `bitmap`
+    /// (context `qemu:dirty-bitmap:BITMAP`, asked for in [`NbdOptions::extra_contexts`])
+    /// marks dirty: sorted, merged `[start, end)` pairs. An incremental backup reads only
+    /// these. Fails when the server did not select that context.
+    pub async fn dirty_ranges(
+        &self,
+        bitmap: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<(u64, u64)>> {
+        let context = format!("{DIRTY_BITMAP_CONTEXT_PREFIX}{bitmap}");
+        if !self.info().has_context(&context) {
+            return Err(Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "the server does not export the dirty bitmap '{bitmap}' (context {context})"
+                ),
+            )
+            .with_endpoint(self.export.shared.describe.clone()));
+        }
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= self.export.size())
+            .ok_or_else(|| {
+                Error::invalid_input(format!(
+                    "{len} bytes at offset {offset} reach past the end of the export"
+                ))
+            })?;
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        let mut at = offset;
+        while at < end {
+            let status = self.block_status(at, (end - at).min(MAX_EFFECT)).await?;
+            let extents = status.context(&context).unwrap_or_default();
+            let mut advanced = at;
+            for e in extents {
+                let (start, stop) = (e.offset.max(at), e.end().min(end));
+                if stop <= start {
+                    continue;
+                }
+                if e.flags & proto::STATE_DIRTY != 0 {
+                    match ranges.last_mut() {
+                        Some(last) if last.1 == start => last.1 = stop,
+                        _ => ranges.push((start, stop)),
+                    }
+                }
+                advanced = advanced.max(stop);
+            }
+            if advanced == at {
+                return Err(Error::protocol(
+                    "block status described no extent of the dirty bitmap",
+                )
+                .at("extents", at)
+                .with_endpoint(self.export.shared.describe.clone()));
+            }
+            at = advanced;
+        }
+        Ok(ranges)
     }
 }
 

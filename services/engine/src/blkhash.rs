@@ -16,19 +16,21 @@ pub const BLOCK_SIZE: usize = 64 * 1024;
 /// A SHA-256 digest.
 pub type Hash = [u8; 32];
 
-pub(crate) fn sha256(data: &[u8]) -> Hash {
+/// SHA-256 of `data`.
+pub fn sha256(data: &[u8]) -> Hash {
     Sha256::digest(data).into()
 }
 
 /// Precomputed digests of all-zero blocks: the full block and the image's short last block.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct ZeroDigests {
+pub struct ZeroDigests {
     full: Hash,
     /// Digest of the short last block's length in zeroes (if the size is unaligned).
     tail: Hash,
 }
 
 impl ZeroDigests {
+    /// The zero digests of an image of `size` bytes.
     pub fn new(size: u64) -> Self {
         let tail_len = (size % BLOCK_SIZE as u64) as usize;
         Self {
@@ -48,7 +50,7 @@ impl ZeroDigests {
 }
 
 /// The digest of one block, using the zero digest when the block is all zeroes.
-pub(crate) fn block_digest(block: &[u8], zeroes: &ZeroDigests) -> Hash {
+pub fn block_digest(block: &[u8], zeroes: &ZeroDigests) -> Hash {
     if is_zero(block) {
         zeroes.for_len(block.len())
     } else {
@@ -58,7 +60,7 @@ pub(crate) fn block_digest(block: &[u8], zeroes: &ZeroDigests) -> Hash {
 
 /// Combines block digests, in block order, into the image digest.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Combiner {
+pub struct Combiner {
     outer: Sha256,
 }
 
@@ -67,6 +69,7 @@ pub(crate) struct Combiner {
 const RUN_BATCH: usize = 256;
 
 impl Combiner {
+    /// Adds the next block's digest.
     pub fn add(&mut self, block: &Hash) {
         self.outer.update(block);
     }
@@ -87,6 +90,7 @@ impl Combiner {
         }
     }
 
+    /// The image digest of an image of `size` bytes whose block digests were all added.
     pub fn finish(mut self, size: u64) -> Hash {
         self.outer.update(size.to_le_bytes());
         self.outer.finalize().into()

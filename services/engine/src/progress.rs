@@ -90,7 +90,9 @@ impl Progress {
         self.inner.checkpoint.lock().clone()
     }
 
-    pub(crate) fn start(&self, total: u64, already_done: u64) {
+    /// Starts counting a run over `total` bytes of which `already_done` need no work
+    /// (used by the engine, and by other data paths such as backups that report here).
+    pub fn start(&self, total: u64, already_done: u64) {
         let i = &self.inner;
         i.total.store(total, Ordering::Relaxed);
         i.done.store(already_done, Ordering::Relaxed);
@@ -98,12 +100,14 @@ impl Progress {
         i.zero_bytes.store(0, Ordering::Relaxed);
     }
 
-    pub(crate) fn add_data(&self, bytes: u64) {
+    /// Counts bytes moved as data.
+    pub fn add_data(&self, bytes: u64) {
         self.inner.data_bytes.fetch_add(bytes, Ordering::Relaxed);
         self.inner.done.fetch_add(bytes, Ordering::Relaxed);
     }
 
-    pub(crate) fn add_zero(&self, bytes: u64) {
+    /// Counts bytes handled as zeroes.
+    pub fn add_zero(&self, bytes: u64) {
         self.inner.zero_bytes.fetch_add(bytes, Ordering::Relaxed);
         self.inner.done.fetch_add(bytes, Ordering::Relaxed);
     }

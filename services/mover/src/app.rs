@@ -23,6 +23,9 @@ enum Command {
     Checksum(cli::checksum::ChecksumArgs),
     /// Print an image's format, virtual size, allocation and backing chain.
     Info(cli::info::InfoArgs),
+    /// Deduplicating backups of images into a repository (directory or S3): init, create,
+    /// list, show, restore, verify, prune, gc.
+    Backup(cli::backup::BackupArgs),
     /// Run the gRPC job service.
     Serve(service::serve::ServeArgs),
     /// Start, watch and cancel jobs on a running service.
@@ -54,6 +57,7 @@ pub fn main() -> ExitCode {
             Command::Copy(args) => cli::copy::run(args).await,
             Command::Checksum(args) => cli::checksum::run(args).await,
             Command::Info(args) => cli::info::run(args).await,
+            Command::Backup(args) => cli::backup::run(args).await,
             Command::Serve(args) => service::serve::run(args).await,
             Command::Job(args) => service::client::run(args).await,
             Command::Schedule(args) => service::schedule_client::run(args).await,

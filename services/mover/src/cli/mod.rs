@@ -1,11 +1,15 @@
-//! The `ferry` subcommands that run the data path in this process: `copy`, `checksum`
-//! and `info`.
+//! The `ferry` subcommands that run the data path in this process: `copy`, `checksum`,
+//! `info` and `backup`.
 //!
 //! Each subcommand parses its arguments with clap, opens the endpoints, runs the engine
 //! with a progress display and Ctrl-C cancellation, and prints its result. Errors travel
 //! up as `anyhow` errors that `app::main` prints as one `ferry: ...` line.
 
 pub mod args;
+pub mod backup;
+pub mod backup_create;
+pub mod backup_maintain;
+pub mod backup_restore;
 pub mod checksum;
 pub mod copy;
 pub mod fan_out;

@@ -1,0 +1,515 @@
+//! [`backup`]: one image into the repository, full or incremental.
+//!
+//! Workers take chunk numbers from a shared cursor. For each chunk a worker first asks
+//! the dirty bitmap (when there is one and a parent fits) whether the chunk changed: a
+//! clean chunk takes the parent's digest and block digests and is not read. Otherwise it
+//! asks the source for the chunk's extents: an all-zero chunk becomes the zero marker
+//! without a read; else the data extents are read into the worker's buffer (zero extents
+//! filled with zeroes), the block digests computed on a blocking thread, and the chunk
+//! handed to the session, which uploads it only if the repository lacks it.
+//!
+//! Write order: chunks, then the block digests, then (in [`Session::finish`]) the index
+//! and the manifest, so an interrupted backup is never listed. Running it again uploads
+//! nothing the first run stored (the repository deduplicates).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_backup::{
+    BackupId, Digest, FixedIndex, Manifest, Repository, Session, SessionOptions, SnapshotInfo,
+};
+use ferry_core::{Error, ErrorKind, Extent, ExtentKind, IoBuf, Result, Source};
+use ferry_engine::blkhash::ZeroDigests;
+use ferry_engine::{CancellationToken, Progress};
+use parking_lot::Mutex;
+use tokio::task::JoinSet;
+
+use crate::blocks::{self, BlockDigests};
+use crate::changed::ChangedRanges;
+use crate::hash::{block_digests, ChunkBlocks, OrderedHash};
+use crate::parent::{self, Chosen, Parent, ParentChoice};
+
+/// Workers when the caller chose none.
+pub const DEFAULT_WORKERS: usize = 8;
+/// Largest read request when the source states no preference.
+const DEFAULT_REQUEST: u64 = 4 << 20;
+
+/// How to make a backup.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct BackupOptions {
+    /// The source's identity: backups are grouped by it (parent `auto`, pruning). A URL
+    /// without secrets, or a name of the caller's choosing.
+    pub source_id: String,
+    pub parent: ParentChoice,
+    pub tags: BTreeMap<String, String>,
+    /// Chunks in flight at once (default [`DEFAULT_WORKERS`]).
+    pub workers: usize,
+    /// The source's changes since the parent (a dirty bitmap): only changed chunks are read.
+    pub changed: Option<Arc<dyn ChangedRanges>>,
+    pub session: SessionOptions,
+}
+
+impl BackupOptions {
+    pub fn new(source_id: impl Into<String>) -> Self {
+        Self {
+            source_id: source_id.into(),
+            parent: ParentChoice::Auto,
+            tags: BTreeMap::new(),
+            workers: DEFAULT_WORKERS,
+            changed: None,
+            session: SessionOptions::default(),
+        }
+    }
+
+    pub fn with_parent(mut self, parent: ParentChoice) -> Self {
+        self.parent = parent;
+        self
+    }
+
+    pub fn with_tag(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.tags.insert(key.into(), value.into());
+        self
+    }
+
+    pub fn with_workers(mut self, workers: usize) -> Self {
+        self.workers = workers;
+        self
+    }
+
+    pub fn with_changed(mut self, changed: Arc<dyn ChangedRanges>) -> Self {
+        self.changed = Some(changed);
+        self
+    }
+
+    pub fn with_session(mut self, session: SessionOptions) -> Self {
+        self.session = session;
+        self
+    }
+}
+
+/// What a finished backup did.
+#[derive(Debug, Clone)]
+pub struct BackupReport {
+    /// The stored manifest (id, sizes, counts, block hash).
+    pub manifest: Manifest,
+    /// Why the backup was made without a parent, when it was.
+    pub full_reason: Option<String>,
+    /// Bytes read from the source.
+    pub bytes_read: u64,
+    /// Chunks read from the source.
+    pub chunks_read: u64,
+    /// Chunks taken from the parent unread (clean in the dirty bitmap).
+    pub chunks_unread: u64,
+    pub elapsed: Duration,
+}
+
+/// What every worker shares.
+struct Shared {
+    session: Session,
+    size: u64,
+    chunk_size: u64,
+    chunks: usize,
+    cursor: AtomicUsize,
+    zeroes: ZeroDigests,
+    /// A parent whose chunks clean in `changed` are taken unread.
+    incremental: Option<(Parent, Arc<dyn ChangedRanges>)>,
+    request: u64,
+    minimum: u64,
+    progress: Progress,
+    stop: CancellationToken,
+    state: Mutex<State>,
+    bytes_read: AtomicU64,
+    chunks_read: AtomicU64,
+    chunks_unread: AtomicU64,
+}
+
+struct State {
+    index: FixedIndex,
+    blocks: BlockDigests,
+    hash: OrderedHash,
+}
+
+/// Backs `source` up into `repo`. `progress` counts image bytes done (chunks taken from
+/// the parent unread count as zero bytes); `cancel` stops the backup (nothing is listed).
+pub async fn backup(
+    repo: &Repository,
+    source: Arc<dyn Source>,
+    options: &BackupOptions,
+    progress: &Progress,
+    cancel: &CancellationToken,
+) -> Result<BackupReport> {
+    let started = Instant::now();
+    let size = source.size();
+    let chunk_size = repo.chunk_size();
+    let index = FixedIndex::new(size, chunk_size)?;
+    let chunks = index.len();
+    let (parent, full_reason) =
+        match parent::choose(repo, &options.parent, &options.source_id, size).await? {
+            Chosen::Parent(p) => (Some(*p), None),
+            Chosen::Full(reason) => (None, Some(reason)),
+        };
+    let parent_id = parent.as_ref().map(|p| p.manifest.id.clone());
+    if let Some(reason) = &full_reason {
+        match &options.changed {
+            Some(changed) => tracing::warn!(
+                source = %options.source_id,
+                "full backup, the {} is not used: {reason}",
+                changed.describe()
+            ),
+            None => tracing::info!(source = %options.source_id, "full backup: {reason}"),
+        }
+    }
+    let incremental = match (parent, &options.changed) {
+        (Some(p), Some(changed)) => Some((p, Arc::clone(changed))),
+        _ => None,
+    };
+    let caps = source.caps();
+    let workers = if caps.sequential_read {
+        1
+    } else {
+        options.workers.clamp(1, 1024)
+    }
+    .min(chunks.max(1));
+    let request = u64::from(caps.request_size.unwrap_or(0))
+        .max(DEFAULT_REQUEST)
+        .min(u64::from(caps.block.maximum.max(1)))
+        .max(1);
+    progress.start(size, 0);
+
+    let session = repo.begin_session(options.session.clone()).await?;
+    let id = session.id().clone();
+    tracing::info!(backup = %id, source = %options.source_id, size, workers, parent = ?parent_id, "backup started");
+    let shared = Arc::new(Shared {
+        session,
+        size,
+        chunk_size: u64::from(chunk_size),
+        chunks,
+        cursor: AtomicUsize::new(0),
+        zeroes: ZeroDigests::new(size),
+        incremental,
+        request,
+        minimum: u64::from(caps.block.minimum.max(1)),
+        progress: progress.clone(),
+        stop: cancel.child_token(),
+        state: Mutex::new(State {
+            index,
+            blocks: BlockDigests::new(chunks),
+            hash: OrderedHash::new(size, chunk_size),
+        }),
+        bytes_read: AtomicU64::new(0),
+        chunks_read: AtomicU64::new(0),
+        chunks_unread: AtomicU64::new(0),
+    });
+
+    let mut set = JoinSet::new();
+    for w in 0..workers {
+        let (shared, source) = (Arc::clone(&shared), Arc::clone(&source));
+        set.spawn(async move {
+            let source = if w == 0 {
+                source
+            } else {
+                source.connect().await?
+            };
+            let result = shared.work(source.as_ref()).await;
+            if result.is_err() {
+                shared.stop.cancel();
+            }
+            if w > 0 {
+                let _ = source.close().await;
+            }
+            result
+        });
+    }
+    let failure = join_all(&mut set, &shared.stop).await;
+
+    let shared = Arc::try_unwrap(shared)
+        .map_err(|_| Error::internal("a backup worker outlived the backup"))?;
+    let Shared {
+        session,
+        state,
+        bytes_read,
+        chunks_read,
+        chunks_unread,
+        ..
+    } = shared;
+    if let Some(err) = failure {
+        session.abandon().await;
+        return Err(err);
+    }
+    if cancel.is_cancelled() {
+        session.abandon().await;
+        return Err(Error::cancelled());
+    }
+    let State {
+        index,
+        blocks,
+        hash,
+    } = state.into_inner();
+    let finished = finish(
+        repo, session, &id, &index, &blocks, hash, options, parent_id,
+    )
+    .await;
+    let manifest = finished?;
+    let report = BackupReport {
+        manifest,
+        full_reason,
+        bytes_read: bytes_read.into_inner(),
+        chunks_read: chunks_read.into_inner(),
+        chunks_unread: chunks_unread.into_inner(),
+        elapsed: started.elapsed(),
+    };
+    tracing::info!(
+        backup = %id,
+        bytes_new = report.manifest.bytes_new,
+        bytes_read = report.bytes_read,
+        chunks_unread = report.chunks_unread,
+        "backup finished"
+    );
+    Ok(report)
+}
+
+/// Stores the block digests, then lets the session write the index and the manifest.
+#[allow(clippy::too_many_arguments)]
+async fn finish(
+    repo: &Repository,
+    session: Session,
+    id: &BackupId,
+    index: &FixedIndex,
+    blocks: &BlockDigests,
+    hash: OrderedHash,
+    options: &BackupOptions,
+    parent: Option<BackupId>,
+) -> Result<Manifest> {
+    let Some(block_hash) = hash.finish() else {
+        session.abandon().await;
+        return Err(Error::internal(
+            "the backup ended with chunks missing from the block hash",
+        ));
+    };
+    if let Err(err) = blocks::store(repo, id, index, blocks).await {
+        session.abandon().await;
+        return Err(err);
+    }
+    let mut info = SnapshotInfo::new(options.source_id.clone()).with_block_hash(block_hash);
+    if let Some(parent) = parent {
+        info = info.with_parent(parent);
+    }
+    for (k, v) in &options.tags {
+        info = info.with_tag(k.clone(), v.clone());
+    }
+    session.finish(index, info).await
+}
+
+/// Waits for every worker; the first real error (not a cancellation caused by it) wins.
+pub(crate) async fn join_all(
+    set: &mut JoinSet<Result<()>>,
+    stop: &CancellationToken,
+) -> Option<Error> {
+    let mut first: Option<Error> = None;
+    while let Some(joined) = set.join_next().await {
+        let result = joined
+            .map_err(|e| Error::internal(format!("a worker panicked: {e}")))
+            .and_then(|r| r);
+        if let Err(err) = result {
+            stop.cancel();
+            let replace = match &first {
+                None => true,
+                Some(f) => f.kind() == ErrorKind::Cancelled && err.kind() != ErrorKind::Cancelled,
+            };
+            if replace {
+                first = Some(err);
+            }
+        }
+    }
+    first
+}
+
+impl Shared {
+    /// One worker: chunks from the cursor until none are left.
+    async fn work(&self, source: &dyn Source) -> Result<()> {
+        let mut buf: Option<IoBuf> = None;
+        loop {
+            if self.stop.is_cancelled() {
+                return Err(Error::cancelled());
+            }
+            let i = self.cursor.fetch_add(1, Ordering::Relaxed);
+            if i >= self.chunks {
+                return Ok(());
+            }
+            let offset = i as u64 * self.chunk_size;
+            let len = self.chunk_size.min(self.size - offset);
+            if let Some((digest, blocks)) = self.clean_in_parent(i, offset, len).await? {
+                self.chunks_unread.fetch_add(1, Ordering::Relaxed);
+                self.progress.add_zero(len);
+                self.record(i, digest, blocks)?;
+                continue;
+            }
+            let extents = extents_of(source, offset, len).await?;
+            if extents.iter().all(|e| e.kind == ExtentKind::Zero) {
+                self.progress.add_zero(len);
+                self.record(i, Digest::ZERO, ChunkBlocks::Zero)?;
+                continue;
+            }
+            let data = buf
+                .take()
+                .unwrap_or_else(|| IoBuf::new(self.chunk_size as usize));
+            let (data, read) = self.read_chunk(source, data, offset, len, &extents).await?;
+            self.bytes_read.fetch_add(read, Ordering::Relaxed);
+            self.chunks_read.fetch_add(1, Ordering::Relaxed);
+            let zeroes = self.zeroes;
+            let (data, digests) = tokio::task::spawn_blocking(move || {
+                let digests = block_digests(&data, &zeroes);
+                (data, digests)
+            })
+            .await
+            .map_err(|_| Error::internal("a hashing thread panicked"))?;
+            let put = self
+                .session
+                .put_chunk(&data)
+                .await
+                .map_err(|e| e.at("store chunk", offset))?;
+            buf = Some(data);
+            self.progress.add_data(len);
+            let blocks = if put.digest.is_zero() {
+                ChunkBlocks::Zero
+            } else {
+                ChunkBlocks::Data(digests)
+            };
+            self.record(i, put.digest, blocks)?;
+        }
+    }
+
+    /// A chunk the dirty bitmap says is clean, taken from the parent: its digest and block
+    /// digests. `None`: read it (changed, no bitmap, or the parent's chunk is missing).
+    async fn clean_in_parent(
+        &self,
+        i: usize,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<(Digest, ChunkBlocks)>> {
+        let Some((parent, changed)) = &self.incremental else {
+            return Ok(None);
+        };
+        if !changed.changed(offset, len).await?.is_empty() {
+            return Ok(None);
+        }
+        let Some(digest) = parent.index.digest(i) else {
+            return Ok(None);
+        };
+        if digest.is_zero() {
+            return Ok(Some((digest, ChunkBlocks::Zero)));
+        }
+        let Some(blocks) = parent.blocks.get(i) else {
+            return Ok(None);
+        };
+        if !self.session.reuse_chunk(&digest).await? {
+            tracing::warn!(chunk = %digest, "a clean chunk of the parent is missing or damaged in the repository: reading it");
+            return Ok(None);
+        }
+        Ok(Some((digest, ChunkBlocks::Data(blocks.to_vec()))))
+    }
+
+    fn record(&self, i: usize, digest: Digest, blocks: ChunkBlocks) -> Result<()> {
+        let mut state = self.state.lock();
+        state.index.set(i, digest)?;
+        match &blocks {
+            ChunkBlocks::Data(d) => state.blocks.set(i, d.clone()),
+            ChunkBlocks::Zero => state.blocks.clear(i),
+        }
+        state.hash.add(i, blocks);
+        Ok(())
+    }
+
+    /// Fills `buf` with the chunk at `offset`: zero extents as zeroes, data extents read
+    /// (widened to the source's minimum block). Returns the buffer viewing the chunk, and
+    /// the bytes read.
+    async fn read_chunk(
+        &self,
+        source: &dyn Source,
+        mut buf: IoBuf,
+        offset: u64,
+        len: u64,
+        extents: &[Extent],
+    ) -> Result<(IoBuf, u64)> {
+        let end = offset + len;
+        for e in extents.iter().filter(|e| e.kind != ExtentKind::Data) {
+            buf.set_view((e.offset - offset) as usize, e.len as usize);
+            buf.fill(0);
+        }
+        let mut read = 0;
+        let mut done_to = offset;
+        for e in extents.iter().filter(|e| e.kind == ExtentKind::Data) {
+            let start = (e.offset / self.minimum * self.minimum).max(done_to);
+            let stop = e
+                .end()
+                .div_ceil(self.minimum)
+                .saturating_mul(self.minimum)
+                .min(end);
+            let mut at = start;
+            while at < stop {
+                let n = (stop - at).min(self.request);
+                buf.set_view((at - offset) as usize, n as usize);
+                buf = source.read_at(at, buf).await?;
+                at += n;
+                read += n;
+            }
+            done_to = done_to.max(stop);
+        }
+        buf.set_len(len as usize);
+        Ok((buf, read))
+    }
+}
+
+/// The extents of `offset..offset + len`, asked until covered, merged.
+async fn extents_of(source: &dyn Source, offset: u64, len: u64) -> Result<Vec<Extent>> {
+    let end = offset + len;
+    let mut out = Vec::new();
+    let mut at = offset;
+    while at < end {
+        let got = source.extents(at, end - at).await?;
+        let before = at;
+        for e in got {
+            let stop = e.end().min(end);
+            if e.offset != at || stop <= at {
+                break;
+            }
+            out.push(Extent {
+                offset: at,
+                len: stop - at,
+                kind: e.kind,
+            });
+            at = stop;
+        }
+        if at == before {
+            return Err(Error::protocol(format!(
+                "{} reported no extent at offset {at}",
+                source.describe()
+            ))
+            .at("extents", at));
+        }
+    }
+    Ok(ferry_core::merge_extents(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_testkit::MemSource;
+
+    #[tokio::test]
+    async fn extents_cover_the_range_exactly() {
+        let mut data = vec![0u8; 1 << 20];
+        data[300_000] = 1;
+        let source = MemSource::sparse(data, 4096).with_extent_limit(1);
+        let extents = extents_of(&source, 100_000, 500_000).await.unwrap();
+        assert_eq!(extents.first().unwrap().offset, 100_000);
+        assert_eq!(extents.last().unwrap().end(), 600_000);
+        assert!(extents.windows(2).all(|w| w[0].end() == w[1].offset));
+        assert!(extents
+            .iter()
+            .any(|e| e.kind == ExtentKind::Data && e.offset <= 300_000 && e.end() > 300_000));
+    }
+}

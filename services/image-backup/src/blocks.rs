@@ -1,0 +1,338 @@
+//! The block digests of a backup: the SHA-256 of every 64 KiB block of its data chunks,
+//! stored beside its index as `blockdigests/<backup id>`.
+//!
+//! The image's block hash is built from block digests, not from chunk digests, so a
+//! backup that reuses a parent's chunk without reading it (a clean chunk of a dirty
+//! bitmap) takes that chunk's block digests from here. Zero chunks need none: their
+//! block digests are a constant.
+//!
+//! Serialized (then compressed with zstd, and encrypted in an encrypted repository):
+//!
+//! ```text
+//! magic "FRYBDIG1" | image size u64 LE | chunk size u32 LE | block size u32 LE (65536)
+//! | data chunks u64 LE
+//! | per data chunk, in image order: its chunk digest (32 bytes) | its block digests (32 bytes each)
+//! | SHA-256 of everything before it
+//! ```
+//!
+//! The chunk digests bind the object to the index: loading checks that they are the
+//! index's non-zero digests in order. The stored object is
+//! `magic (8) | serialized length u64 LE | payload`, the payload being one zstd frame
+//! (`FRYBDZ01`) or, encrypted, a 12-byte nonce and the AES-256-GCM sealed zstd frame
+//! (`FRYBDX01`; the 16-byte header is the associated data).
+//!
+//! The encryption key is HMAC-SHA256 under the repository's id key (the repository's
+//! chunk-digest function) of a label one byte longer than the largest chunk: no chunk
+//! can have that content, so no chunk name reveals the key, and only a holder of the
+//! passphrase can compute it.
+
+use aes_gcm::aead::{Aead, KeyInit, Payload};
+use aes_gcm::{Aes256Gcm, Nonce};
+use bytes::Bytes;
+use ferry_backup::{BackupId, FixedIndex, PutMode, Repository};
+use ferry_core::{Error, ErrorKind, Result};
+use ferry_engine::blkhash::{sha256, Hash, BLOCK_SIZE};
+use zeroize::Zeroizing;
+
+use crate::hash::blocks_in;
+
+const MAGIC: [u8; 8] = *b"FRYBDIG1";
+const MAGIC_ZSTD: [u8; 8] = *b"FRYBDZ01";
+const MAGIC_ENC_ZSTD: [u8; 8] = *b"FRYBDX01";
+const HEAD_LEN: usize = 32;
+const ENVELOPE_LEN: usize = 16;
+const NONCE_LEN: usize = 12;
+const TAG_LEN: usize = 16;
+const ZSTD_LEVEL: i32 = 3;
+const KEY_LABEL: &[u8] = b"ferry image backup: block digests key v1";
+
+/// Where a backup's block digests are stored.
+pub fn object_name(id: &BackupId) -> String {
+    format!("{PREFIX}{id}")
+}
+
+/// The prefix of every block digests object.
+pub const PREFIX: &str = "blockdigests/";
+
+/// The 64 KiB block digests of a backup's data chunks, by chunk number.
+#[derive(Debug, Clone, Default)]
+pub struct BlockDigests {
+    chunks: Vec<Option<Box<[Hash]>>>,
+}
+
+impl BlockDigests {
+    /// No digests yet for an image of `chunks` chunks.
+    pub(crate) fn new(chunks: usize) -> Self {
+        Self {
+            chunks: vec![None; chunks],
+        }
+    }
+
+    /// Chunk `i`'s block digests, if it is a data chunk.
+    pub fn get(&self, i: usize) -> Option<&[Hash]> {
+        self.chunks.get(i).and_then(|c| c.as_deref())
+    }
+
+    pub(crate) fn set(&mut self, i: usize, digests: Vec<Hash>) {
+        if let Some(slot) = self.chunks.get_mut(i) {
+            *slot = Some(digests.into_boxed_slice());
+        }
+    }
+
+    pub(crate) fn clear(&mut self, i: usize) {
+        if let Some(slot) = self.chunks.get_mut(i) {
+            *slot = None;
+        }
+    }
+}
+
+fn corrupt(id: &BackupId, message: impl std::fmt::Display) -> Error {
+    Error::new(
+        ErrorKind::Corrupt,
+        format!("the block digests of backup {id} are damaged: {message}"),
+    )
+}
+
+/// The serialized length for `index`: what loading expects, exactly.
+fn serialized_len(index: &FixedIndex) -> usize {
+    let mut len = HEAD_LEN + 32;
+    for (i, d) in index.digests().iter().enumerate() {
+        if !d.is_zero() {
+            let (_, chunk_len) = index.chunk_range(i);
+            len += 32 + 32 * blocks_in(chunk_len);
+        }
+    }
+    len
+}
+
+fn serialize(index: &FixedIndex, digests: &BlockDigests) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(serialized_len(index));
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&index.image_size().to_le_bytes());
+    out.extend_from_slice(&index.chunk_size().to_le_bytes());
+    out.extend_from_slice(&(BLOCK_SIZE as u32).to_le_bytes());
+    let data = index.digests().iter().filter(|d| !d.is_zero()).count() as u64;
+    out.extend_from_slice(&data.to_le_bytes());
+    for (i, d) in index.digests().iter().enumerate() {
+        if d.is_zero() {
+            continue;
+        }
+        let (_, len) = index.chunk_range(i);
+        let blocks = digests
+            .get(i)
+            .filter(|b| b.len() == blocks_in(len))
+            .ok_or_else(|| {
+                Error::internal(format!("chunk {i} of the backup has no block digests"))
+            })?;
+        out.extend_from_slice(&d.0);
+        out.extend_from_slice(blocks.as_flattened());
+    }
+    let sum = sha256(&out);
+    out.extend_from_slice(&sum);
+    Ok(out)
+}
+
+fn parse(id: &BackupId, index: &FixedIndex, data: &[u8]) -> Result<BlockDigests> {
+    if data.len() != serialized_len(index) {
+        return Err(corrupt(id, "their length does not match the index"));
+    }
+    let (body, sum) = data.split_at(data.len() - 32);
+    if sha256(body) != sum {
+        return Err(corrupt(id, "their checksum does not match"));
+    }
+    let mut head = Vec::with_capacity(HEAD_LEN);
+    head.extend_from_slice(&MAGIC);
+    head.extend_from_slice(&index.image_size().to_le_bytes());
+    head.extend_from_slice(&index.chunk_size().to_le_bytes());
+    head.extend_from_slice(&(BLOCK_SIZE as u32).to_le_bytes());
+    let data_chunks = index.digests().iter().filter(|d| !d.is_zero()).count() as u64;
+    head.extend_from_slice(&data_chunks.to_le_bytes());
+    if body[..HEAD_LEN] != head[..] {
+        return Err(corrupt(id, "their header does not match the index"));
+    }
+    let mut out = BlockDigests::new(index.len());
+    let mut at = HEAD_LEN;
+    for (i, d) in index.digests().iter().enumerate() {
+        if d.is_zero() {
+            continue;
+        }
+        let (_, len) = index.chunk_range(i);
+        let n = blocks_in(len);
+        if body[at..at + 32] != d.0 {
+            return Err(corrupt(id, format!("chunk {i} does not match the index")));
+        }
+        at += 32;
+        let digests = body[at..at + 32 * n]
+            .chunks_exact(32)
+            .map(|c| {
+                let mut h = [0u8; 32];
+                h.copy_from_slice(c);
+                h
+            })
+            .collect();
+        at += 32 * n;
+        out.set(i, digests);
+    }
+    Ok(out)
+}
+
+/// The key that encrypts block digests in an encrypted repository (see the module docs).
+fn key(repo: &Repository) -> Zeroizing<[u8; 32]> {
+    let mut label = vec![0u8; repo.chunk_size() as usize + 1];
+    label[..KEY_LABEL.len()].copy_from_slice(KEY_LABEL);
+    Zeroizing::new(repo.chunk_digest(&label).0)
+}
+
+fn cipher(repo: &Repository) -> Result<Aes256Gcm> {
+    Aes256Gcm::new_from_slice(key(repo).as_ref()).map_err(|_| Error::internal("AES key length"))
+}
+
+fn encode(repo: &Repository, plain: &[u8]) -> Result<Vec<u8>> {
+    let compressed = zstd::bulk::compress(plain, ZSTD_LEVEL)
+        .map_err(|e| Error::internal(format!("zstd compression failed: {e}")))?;
+    let mut header = [0u8; ENVELOPE_LEN];
+    header[8..].copy_from_slice(&(plain.len() as u64).to_le_bytes());
+    if !repo.is_encrypted() {
+        header[..8].copy_from_slice(&MAGIC_ZSTD);
+        return Ok([header.as_slice(), &compressed].concat());
+    }
+    header[..8].copy_from_slice(&MAGIC_ENC_ZSTD);
+    let mut nonce = [0u8; NONCE_LEN];
+    getrandom::fill(&mut nonce)
+        .map_err(|e| Error::internal(format!("the system random source failed: {e}")))?;
+    let sealed = cipher(repo)?
+        .encrypt(
+            Nonce::from_slice(&nonce),
+            Payload {
+                msg: &compressed,
+                aad: &header,
+            },
+        )
+        .map_err(|_| Error::internal("AES-GCM encryption failed"))?;
+    Ok([header.as_slice(), &nonce, &sealed].concat())
+}
+
+fn decode(repo: &Repository, id: &BackupId, blob: &[u8], expected: usize) -> Result<Vec<u8>> {
+    if blob.len() < ENVELOPE_LEN {
+        return Err(corrupt(id, "the object is truncated"));
+    }
+    let (header, payload) = blob.split_at(ENVELOPE_LEN);
+    let mut len = [0u8; 8];
+    len.copy_from_slice(&header[8..]);
+    if u64::from_le_bytes(len) != expected as u64 {
+        return Err(corrupt(id, "their length does not match the index"));
+    }
+    let opened;
+    let frame = match (&header[..8], repo.is_encrypted()) {
+        (m, false) if m == MAGIC_ZSTD => payload,
+        (m, true) if m == MAGIC_ENC_ZSTD => {
+            if payload.len() < NONCE_LEN + TAG_LEN {
+                return Err(corrupt(id, "the encrypted object is truncated"));
+            }
+            let (nonce, sealed) = payload.split_at(NONCE_LEN);
+            opened = cipher(repo)?
+                .decrypt(
+                    Nonce::from_slice(nonce),
+                    Payload {
+                        msg: sealed,
+                        aad: header,
+                    },
+                )
+                .map_err(|_| corrupt(id, "wrong key or corrupt object (authentication failed)"))?;
+            opened.as_slice()
+        }
+        _ => return Err(corrupt(id, "not a block digests object of this repository")),
+    };
+    let plain = zstd::bulk::decompress(frame, expected)
+        .map_err(|e| corrupt(id, format!("they do not decompress: {e}")))?;
+    if plain.len() != expected {
+        return Err(corrupt(id, "their length does not match the index"));
+    }
+    Ok(plain)
+}
+
+/// Stores the block digests of backup `id`, whose index is `index`. Written before the
+/// manifest, so a listed backup always has them (unless removed by hand).
+pub(crate) async fn store(
+    repo: &Repository,
+    id: &BackupId,
+    index: &FixedIndex,
+    digests: &BlockDigests,
+) -> Result<()> {
+    let plain = serialize(index, digests)?;
+    let blob = encode(repo, &plain)?;
+    repo.store()
+        .put(&object_name(id), Bytes::from(blob), PutMode::Overwrite)
+        .await?;
+    Ok(())
+}
+
+/// Loads the block digests of backup `id` and checks them against its index; `None` when
+/// the backup has none stored.
+pub async fn load(
+    repo: &Repository,
+    id: &BackupId,
+    index: &FixedIndex,
+) -> Result<Option<BlockDigests>> {
+    let expected = serialized_len(index);
+    // zstd's worst case on incompressible input, and the envelope.
+    let max_len = (expected + expected / 64 + 1024 + ENVELOPE_LEN + NONCE_LEN + TAG_LEN) as u64;
+    let Some(blob) = repo.store().get(&object_name(id), max_len).await? else {
+        return Ok(None);
+    };
+    let plain = decode(repo, id, &blob, expected)?;
+    parse(id, index, &plain).map(Some)
+}
+
+/// Deletes the block digests of backup `id` (after the backup itself was deleted).
+pub async fn delete(repo: &Repository, id: &BackupId) -> Result<()> {
+    repo.store().delete(&object_name(id)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_backup::Digest;
+
+    fn index_with(chunks: &[bool], size: u64, chunk: u32) -> FixedIndex {
+        let mut index = FixedIndex::new(size, chunk).unwrap();
+        for (i, data) in chunks.iter().enumerate() {
+            if *data {
+                index.set(i, Digest([i as u8 + 1; 32])).unwrap();
+            }
+        }
+        index
+    }
+
+    #[test]
+    fn round_trips_and_binds_to_the_index() {
+        let chunk = 2 * BLOCK_SIZE as u32;
+        let size = 3 * u64::from(chunk) - 100;
+        let index = index_with(&[true, false, true], size, chunk);
+        let mut digests = BlockDigests::new(3);
+        digests.set(0, vec![[1; 32], [2; 32]]);
+        digests.set(2, vec![[3; 32], [4; 32]]);
+        let id: BackupId = "20261202T101500Z-0a1b2c3d".parse().unwrap();
+        let data = serialize(&index, &digests).unwrap();
+        assert_eq!(data.len(), serialized_len(&index));
+        let back = parse(&id, &index, &data).unwrap();
+        assert_eq!(back.get(0).unwrap(), &[[1; 32], [2; 32]]);
+        assert!(back.get(1).is_none());
+        assert_eq!(back.get(2).unwrap(), &[[3; 32], [4; 32]]);
+
+        let other = index_with(&[true, true, false], size, chunk);
+        assert!(parse(&id, &other, &data).is_err());
+        let mut damaged = data.clone();
+        damaged[HEAD_LEN + 40] ^= 1;
+        assert_eq!(
+            parse(&id, &index, &damaged).unwrap_err().kind(),
+            ErrorKind::Corrupt
+        );
+    }
+
+    #[test]
+    fn a_data_chunk_without_digests_is_refused() {
+        let index = index_with(&[true], BLOCK_SIZE as u64, BLOCK_SIZE as u32);
+        assert!(serialize(&index, &BlockDigests::new(1)).is_err());
+    }
+}

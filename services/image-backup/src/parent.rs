@@ -1,0 +1,154 @@
+//! Choosing the parent of an incremental backup, and deciding whether it fits.
+//!
+//! A parent fits when it has the source's size and the repository's chunk size and its
+//! index and block digests load. One that does not fit is not an error: the backup is
+//! made in full, and the reason is reported (logged, and in the report's `full_reason`).
+
+use std::str::FromStr;
+
+use ferry_backup::{BackupId, FixedIndex, Manifest, Repository};
+use ferry_core::{Error, Result};
+
+use crate::blocks::{self, BlockDigests};
+
+/// Which backup an incremental backup builds on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ParentChoice {
+    /// The latest backup of the same source identity, if there is one.
+    #[default]
+    Auto,
+    /// This backup.
+    Id(BackupId),
+    /// None: a full backup.
+    None,
+}
+
+impl FromStr for ParentChoice {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "none" => Ok(Self::None),
+            id => id.parse().map(Self::Id).map_err(|_| {
+                Error::invalid_input(format!(
+                    "'{s}' is not a parent: use auto, none or a backup id (like 20261202T101500Z-0a1b2c3d)"
+                ))
+            }),
+        }
+    }
+}
+
+/// A parent that fits: what an incremental backup takes clean chunks from.
+#[derive(Debug)]
+pub(crate) struct Parent {
+    pub manifest: Manifest,
+    pub index: FixedIndex,
+    pub blocks: BlockDigests,
+}
+
+/// The outcome of choosing: a fitting parent, or why there is none.
+#[derive(Debug)]
+pub(crate) enum Chosen {
+    Parent(Box<Parent>),
+    Full(String),
+}
+
+/// The newest backup of `source`, newest first by id (ids sort by time).
+async fn latest_of(repo: &Repository, source: &str) -> Result<Option<Manifest>> {
+    let mut ids = repo.list_snapshots().await?;
+    ids.reverse();
+    for id in ids {
+        match repo.load_manifest(&id).await {
+            Ok(m) if m.source == source => return Ok(Some(m)),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(backup = %id, error = %e, "skipping a backup whose manifest cannot be read")
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Chooses the parent of a backup of `source` (`size` bytes).
+pub(crate) async fn choose(
+    repo: &Repository,
+    choice: &ParentChoice,
+    source: &str,
+    size: u64,
+) -> Result<Chosen> {
+    let manifest = match choice {
+        ParentChoice::None => {
+            return Ok(Chosen::Full(
+                "no parent was asked for (--parent none)".into(),
+            ))
+        }
+        ParentChoice::Auto => match latest_of(repo, source).await? {
+            Some(m) => m,
+            None => {
+                return Ok(Chosen::Full(format!(
+                    "there is no earlier backup of {source}"
+                )))
+            }
+        },
+        // A parent named explicitly must exist: a typo should not silently mean "full".
+        ParentChoice::Id(id) => repo.load_manifest(id).await?,
+    };
+    let id = manifest.id.clone();
+    if manifest.image_size != size {
+        return Ok(Chosen::Full(format!(
+            "the parent {id} is an image of {} bytes, the source has {size}",
+            manifest.image_size
+        )));
+    }
+    if manifest.chunk_size != repo.chunk_size() {
+        return Ok(Chosen::Full(format!(
+            "the parent {id} has {}-byte chunks, the repository {}-byte chunks",
+            manifest.chunk_size,
+            repo.chunk_size()
+        )));
+    }
+    let index = match repo.load_index(&manifest).await {
+        Ok(index) => index,
+        Err(e) => {
+            return Ok(Chosen::Full(format!(
+                "the index of the parent {id} cannot be used: {e}"
+            )))
+        }
+    };
+    let blocks = match blocks::load(repo, &id, &index).await {
+        Ok(Some(blocks)) => blocks,
+        Ok(None) => {
+            return Ok(Chosen::Full(format!(
+                "the parent {id} has no block digests stored"
+            )))
+        }
+        Err(e) => {
+            return Ok(Chosen::Full(format!(
+                "the block digests of the parent {id} cannot be used: {e}"
+            )))
+        }
+    };
+    Ok(Chosen::Parent(Box::new(Parent {
+        manifest,
+        index,
+        blocks,
+    })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_choices() {
+        assert_eq!("auto".parse::<ParentChoice>().unwrap(), ParentChoice::Auto);
+        assert_eq!("none".parse::<ParentChoice>().unwrap(), ParentChoice::None);
+        let id = "20261202T101500Z-0a1b2c3d";
+        assert_eq!(
+            id.parse::<ParentChoice>().unwrap(),
+            ParentChoice::Id(id.parse().unwrap())
+        );
+        assert!("latest".parse::<ParentChoice>().is_err());
+    }
+}

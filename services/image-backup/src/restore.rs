@@ -1,0 +1,366 @@
+//! [`restore`]: a backup written into any target.
+//!
+//! Workers take chunk numbers from a shared cursor and fetch chunks from the repository,
+//! which checks each against its digest. Zero chunks, and 4 KiB zero blocks inside data
+//! chunks, become `write_zeroes`, or nothing on a target known to read as zeroes (a new
+//! file stays sparse). In order (targets that only take writes in order, or `--order in`)
+//! chunks are still fetched in parallel but written one after another.
+//!
+//! The block hash of the restored image is computed from the plaintext written (never
+//! taken from the backup's stored block digests) and compared with the manifest's before
+//! the target is finished: a mismatch fails the restore and aborts the target.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_backup::{BackupId, FixedIndex, Repository};
+use ferry_core::{Error, ErrorKind, IoBuf, Result, Target, ZeroMode};
+use ferry_engine::blkhash::ZeroDigests;
+use ferry_engine::{CancellationToken, Progress};
+use parking_lot::Mutex;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::backup::{join_all, DEFAULT_WORKERS};
+use crate::hash::{block_digests, ChunkBlocks, OrderedHash};
+
+/// Zero blocks inside data chunks are found at this granularity.
+const SPARSE: usize = 4096;
+
+/// The order chunks are written in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum RestoreOrder {
+    /// Out of order when the target takes random writes, else in order.
+    #[default]
+    Auto,
+    /// In offset order (fetches still run ahead in parallel).
+    InOrder,
+    /// As fetches complete.
+    OutOfOrder,
+}
+
+/// How to restore.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RestoreOptions {
+    /// Chunks in flight at once (default 8).
+    pub workers: usize,
+    pub order: RestoreOrder,
+}
+
+impl Default for RestoreOptions {
+    fn default() -> Self {
+        Self {
+            workers: DEFAULT_WORKERS,
+            order: RestoreOrder::Auto,
+        }
+    }
+}
+
+impl RestoreOptions {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn with_workers(mut self, workers: usize) -> Self {
+        self.workers = workers;
+        self
+    }
+
+    pub fn with_order(mut self, order: RestoreOrder) -> Self {
+        self.order = order;
+        self
+    }
+}
+
+/// What a finished restore did.
+#[derive(Debug, Clone)]
+pub struct RestoreReport {
+    pub id: BackupId,
+    pub size: u64,
+    /// Bytes written as data.
+    pub data_bytes: u64,
+    /// Bytes of zeroes (written as zeroes, or skipped on a zero target).
+    pub zero_bytes: u64,
+    /// The block hash of what was written (equal to the manifest's when it has one).
+    pub block_hash: String,
+    /// Whether the manifest had a block hash to check against.
+    pub verified: bool,
+    pub elapsed: Duration,
+}
+
+struct Shared {
+    repo: Repository,
+    id: BackupId,
+    index: FixedIndex,
+    chunk_size: usize,
+    cursor: AtomicUsize,
+    zeroes: ZeroDigests,
+    skip_zero: bool,
+    /// In order: the next chunk to write.
+    next: Option<watch::Sender<usize>>,
+    max_write: usize,
+    progress: Progress,
+    stop: CancellationToken,
+    hash: Mutex<OrderedHash>,
+}
+
+/// Restores backup `id` of `repo` into `target` (at least the image's size).
+pub async fn restore(
+    repo: &Repository,
+    id: &BackupId,
+    target: Arc<dyn Target>,
+    options: &RestoreOptions,
+    progress: &Progress,
+    cancel: &CancellationToken,
+) -> Result<RestoreReport> {
+    let started = Instant::now();
+    let manifest = repo.load_manifest(id).await?;
+    let index = repo.load_index(&manifest).await?;
+    let size = manifest.image_size;
+    if target.size() < size {
+        return Err(Error::invalid_input(format!(
+            "{} holds {} bytes, less than the {size}-byte image of backup {id}: restore into a target of at least {size} bytes",
+            target.describe(),
+            target.size()
+        )));
+    }
+    let caps = target.caps();
+    let in_order = match options.order {
+        RestoreOrder::InOrder => true,
+        RestoreOrder::Auto => !caps.random_write,
+        RestoreOrder::OutOfOrder if !caps.random_write => {
+            return Err(Error::invalid_input(format!(
+                "{} takes writes only in order: restore in order",
+                target.describe()
+            )))
+        }
+        RestoreOrder::OutOfOrder => false,
+    };
+    let chunks = index.len();
+    let workers = options.workers.clamp(1, 1024).min(chunks.max(1));
+    progress.start(size, 0);
+    let shared = Arc::new(Shared {
+        repo: repo.clone(),
+        id: id.clone(),
+        chunk_size: index.chunk_size() as usize,
+        index,
+        cursor: AtomicUsize::new(0),
+        zeroes: ZeroDigests::new(size),
+        skip_zero: target.is_zero(),
+        next: in_order.then(|| watch::channel(0).0),
+        max_write: (caps.block.maximum.max(SPARSE as u32) as usize) / SPARSE * SPARSE,
+        progress: progress.clone(),
+        stop: cancel.child_token(),
+        hash: Mutex::new(OrderedHash::new(size, manifest.chunk_size)),
+    });
+    tracing::info!(backup = %id, target = %target.describe(), size, workers, in_order, "restore started");
+
+    let mut set = JoinSet::new();
+    for w in 0..workers {
+        let (shared, target) = (Arc::clone(&shared), Arc::clone(&target));
+        set.spawn(async move {
+            let target = if w == 0 {
+                target
+            } else {
+                target.connect().await?
+            };
+            let result = shared.work(target.as_ref()).await;
+            if result.is_err() {
+                shared.stop.cancel();
+            }
+            result
+        });
+    }
+    let failure = join_all(&mut set, &shared.stop).await;
+    let failure = failure.or_else(|| cancel.is_cancelled().then(Error::cancelled));
+    if let Some(err) = failure {
+        let _ = target.abort().await;
+        return Err(err);
+    }
+    let shared = Arc::try_unwrap(shared)
+        .map_err(|_| Error::internal("a restore worker outlived the restore"))?;
+    let Some(block_hash) = shared.hash.into_inner().finish() else {
+        let _ = target.abort().await;
+        return Err(Error::internal(
+            "the restore ended with chunks missing from the block hash",
+        ));
+    };
+    let verified = manifest.block_hash.is_some();
+    if let Some(expected) = &manifest.block_hash {
+        if *expected != block_hash {
+            let _ = target.abort().await;
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!("the restored image of backup {id} has block hash {block_hash}, the backup recorded {expected}: the repository's data does not match the backup"),
+            ));
+        }
+    }
+    target.finish().await?;
+    let snap = progress.snapshot();
+    tracing::info!(backup = %id, %block_hash, "restore finished");
+    Ok(RestoreReport {
+        id: id.clone(),
+        size,
+        data_bytes: snap.data_bytes,
+        zero_bytes: snap.zero_bytes,
+        block_hash,
+        verified,
+        elapsed: started.elapsed(),
+    })
+}
+
+impl Shared {
+    async fn work(&self, target: &dyn Target) -> Result<()> {
+        let mut buf: Option<IoBuf> = None;
+        loop {
+            if self.stop.is_cancelled() {
+                return Err(Error::cancelled());
+            }
+            let i = self.cursor.fetch_add(1, Ordering::Relaxed);
+            if i >= self.index.len() {
+                return Ok(());
+            }
+            let (offset, len) = self.index.chunk_range(i);
+            let Some(digest) = self.index.digest(i) else {
+                return Ok(());
+            };
+            if digest.is_zero() {
+                self.turn(i).await?;
+                self.zeroes_at(target, offset, len).await?;
+                self.done(i);
+                self.hash.lock().add(i, ChunkBlocks::Zero);
+                continue;
+            }
+            let plain = self.repo.get_chunk(&digest).await.map_err(|e| {
+                Error::new(
+                    e.kind(),
+                    format!(
+                        "backup {}: chunk {i} at offset {offset} ({digest}): {}",
+                        self.id,
+                        e.message()
+                    ),
+                )
+            })?;
+            if plain.len() as u64 != len {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!(
+                        "backup {}: chunk {i} at offset {offset} ({digest}) holds {} bytes, the index says {len}",
+                        self.id,
+                        plain.len()
+                    ),
+                ));
+            }
+            let mut data = buf.take().unwrap_or_else(|| IoBuf::new(self.chunk_size));
+            data.set_len(len as usize);
+            data.copy_from_slice(&plain);
+            drop(plain);
+            let zeroes = self.zeroes;
+            let (data, digests) = tokio::task::spawn_blocking(move || {
+                let digests = block_digests(&data, &zeroes);
+                (data, digests)
+            })
+            .await
+            .map_err(|_| Error::internal("a hashing thread panicked"))?;
+            self.turn(i).await?;
+            let data = self.write_chunk(target, data, offset).await?;
+            self.done(i);
+            self.hash.lock().add(i, ChunkBlocks::Data(digests));
+            buf = Some(data);
+        }
+    }
+
+    /// Waits until chunk `i` may be written (in order: every chunk before it is).
+    async fn turn(&self, i: usize) -> Result<()> {
+        let Some(next) = &self.next else {
+            return Ok(());
+        };
+        let mut rx = next.subscribe();
+        tokio::select! {
+            waited = rx.wait_for(|n| *n >= i) => waited
+                .map(|_| ())
+                .map_err(|_| Error::internal("the restore's order keeper went away")),
+            () = self.stop.cancelled() => Err(Error::cancelled()),
+        }
+    }
+
+    fn done(&self, i: usize) {
+        if let Some(next) = &self.next {
+            next.send_modify(|n| *n = (*n).max(i + 1));
+        }
+    }
+
+    async fn zeroes_at(&self, target: &dyn Target, offset: u64, len: u64) -> Result<()> {
+        if len > 0 && !self.skip_zero {
+            target
+                .write_zeroes(offset, len, ZeroMode::MayDeallocate)
+                .await?;
+        }
+        self.progress.add_zero(len);
+        Ok(())
+    }
+
+    /// Writes a chunk's data runs; its 4 KiB zero blocks become zeroes.
+    async fn write_chunk(
+        &self,
+        target: &dyn Target,
+        mut data: IoBuf,
+        offset: u64,
+    ) -> Result<IoBuf> {
+        let len = data.len();
+        for (start, run_len, zero) in runs(&data) {
+            if zero {
+                self.zeroes_at(target, offset + start as u64, run_len as u64)
+                    .await?;
+                continue;
+            }
+            let mut at = start;
+            while at < start + run_len {
+                let n = (start + run_len - at).min(self.max_write);
+                data.set_view(at, n);
+                data = target.write_at(offset + at as u64, data).await?;
+                at += n;
+            }
+            self.progress.add_data(run_len as u64);
+        }
+        data.set_len(len);
+        Ok(data)
+    }
+}
+
+/// Alternating zero and data runs of a chunk, by 4 KiB blocks: `(start, len, zero)`.
+fn runs(data: &[u8]) -> Vec<(usize, usize, bool)> {
+    let mut out: Vec<(usize, usize, bool)> = Vec::new();
+    for (n, block) in data.chunks(SPARSE).enumerate() {
+        let zero = ferry_engine::is_zero(block);
+        match out.last_mut() {
+            Some(last) if last.2 == zero => last.1 += block.len(),
+            _ => out.push((n * SPARSE, block.len(), zero)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_split_zero_and_data_blocks() {
+        let mut data = vec![0u8; 5 * SPARSE + 10];
+        data[SPARSE + 1] = 1;
+        data[2 * SPARSE] = 1;
+        data[5 * SPARSE + 3] = 1;
+        assert_eq!(
+            runs(&data),
+            vec![
+                (0, SPARSE, true),
+                (SPARSE, 2 * SPARSE, false),
+                (3 * SPARSE, 2 * SPARSE, true),
+                (5 * SPARSE, 10, false)
+            ]
+        );
+    }
+}
