@@ -135,8 +135,9 @@ fn chunk(seed: u8, len: usize) -> Vec<u8> {
 
 /// A compressible chunk.
 fn text_chunk(seed: u8) -> Vec<u8> {
-    format!("chunk {seed} ").repeat(CHUNK as usize / 8)[..CHUNK as usize]
-        .as_bytes()
+    format!("chunk {seed} ")
+        .repeat(CHUNK as usize / 8)
+        .as_bytes()[..CHUNK as usize]
         .to_vec()
 }
 
@@ -436,7 +437,7 @@ async fn wrong_and_missing_keys(b: Backend) {
 async fn corrupt_chunk_is_detected(b: Backend) {
     let repo = b.init(InitOptions::new().with_zstd_level(None)).await;
     let data = chunk(5, CHUNK as usize);
-    backup(&repo, "vm", &[data.clone()]).await;
+    backup(&repo, "vm", std::slice::from_ref(&data)).await;
     let digest = repo.chunk_digest(&data);
     flip_bit(&b.file(&digest.chunk_name()), 100);
     let err = repo.get_chunk(&digest).await.unwrap_err();
@@ -446,7 +447,7 @@ async fn corrupt_chunk_is_detected(b: Backend) {
 async fn truncated_and_oversized_blobs_are_refused(b: Backend) {
     let repo = b.init(InitOptions::new()).await;
     let data = chunk(6, CHUNK as usize);
-    backup(&repo, "vm", &[data.clone()]).await;
+    backup(&repo, "vm", std::slice::from_ref(&data)).await;
     let digest = repo.chunk_digest(&data);
     let path = b.file(&digest.chunk_name());
     let stored = std::fs::read(&path).unwrap();
@@ -560,7 +561,7 @@ async fn gc_removes_only_unreferenced_old_chunks(b: Backend) {
 async fn gc_respects_a_running_session(b: Backend) {
     let repo = b.init(InitOptions::new()).await;
     let old = chunk(1, CHUNK as usize);
-    orphan_chunks(&repo, &[old.clone()]).await;
+    orphan_chunks(&repo, std::slice::from_ref(&old)).await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
 
     // A backup is running: it reuses the old orphan and stores a new chunk, and has
@@ -665,7 +666,7 @@ async fn crash_before_manifest_leaves_nothing_listed(b: Backend) {
 async fn reused_chunk_removed_during_backup_fails_it(b: Backend) {
     let repo = b.init(InitOptions::new()).await;
     let shared = chunk(1, CHUNK as usize);
-    let (first, _) = backup(&repo, "vm", &[shared.clone()]).await;
+    let (first, _) = backup(&repo, "vm", std::slice::from_ref(&shared)).await;
     repo.delete_snapshot(&first).await.unwrap();
 
     let session = repo.begin_session(SessionOptions::new()).await.unwrap();
@@ -698,7 +699,7 @@ async fn verify_names_the_broken_snapshots(b: Backend) {
     let repo = b.init(InitOptions::new().with_zstd_level(None)).await;
     let shared = chunk(1, CHUNK as usize);
     let (one, _) = backup(&repo, "vm", &[shared.clone(), chunk(2, 10)]).await;
-    let (two, _) = backup(&repo, "vm", &[shared.clone()]).await;
+    let (two, _) = backup(&repo, "vm", std::slice::from_ref(&shared)).await;
     let (three, _) = backup(&repo, "other", &[chunk(3, 10)]).await;
     let report = repo.verify(&VerifyOptions::new()).await.unwrap();
     assert!(report.is_ok(), "{report:?}");

@@ -529,6 +529,75 @@ pub fn nfs4_compound_reply() -> Vec<Seed> {
     ]
 }
 
+/// qcow2 images made by qemu-img (512-byte clusters, so each is a few KiB): data and zero
+/// clusters, deflate and zstd compressed clusters, a backing file name.
+pub fn qcow2_image() -> Vec<Seed> {
+    vec![
+        seed(
+            "plain",
+            include_bytes!("../../../fuzz/seeds/formats/plain.qcow2").to_vec(),
+        ),
+        seed(
+            "deflate",
+            include_bytes!("../../../fuzz/seeds/formats/deflate.qcow2").to_vec(),
+        ),
+        seed(
+            "zstd",
+            include_bytes!("../../../fuzz/seeds/formats/zstd.qcow2").to_vec(),
+        ),
+        seed(
+            "backed",
+            include_bytes!("../../../fuzz/seeds/formats/backed.qcow2").to_vec(),
+        ),
+    ]
+}
+
+/// A small image's bytes: text, zeroes and a counter.
+fn stream_payload() -> Vec<u8> {
+    let mut data = b"ferry compressed stream seed ".repeat(64);
+    data.extend_from_slice(&[0u8; 8192]);
+    data.extend((0..4096u32).map(|i| (i % 251) as u8));
+    data
+}
+
+/// Compressed streams as the tools write them, each with the mode byte
+/// [`crate::compressed_stream`] reads: gzip (two members), xz (single and two streams),
+/// zstd (one frame, and two frames behind pzstd's skippable size hints), and one given a
+/// size.
+pub fn compressed_stream() -> Vec<Seed> {
+    use std::io::Write;
+    let data = stream_payload();
+    let gzip = |d: &[u8]| {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(d).expect("in-memory gzip");
+        e.finish().expect("in-memory gzip")
+    };
+    let xz = |d: &[u8]| {
+        let mut e = liblzma::write::XzEncoder::new(Vec::new(), 1);
+        e.write_all(d).expect("in-memory xz");
+        e.finish().expect("in-memory xz")
+    };
+    let zst = |d: &[u8]| zstd::bulk::compress(d, 3).expect("in-memory zstd");
+    let (a, b) = data.split_at(data.len() / 2);
+    let mut pzstd = Vec::new();
+    for part in [a, b] {
+        let frame = zst(part);
+        pzstd.extend_from_slice(&0x184d_2a50u32.to_le_bytes());
+        pzstd.extend_from_slice(&4u32.to_le_bytes());
+        pzstd.extend_from_slice(&(frame.len() as u32).to_le_bytes());
+        pzstd.extend_from_slice(&frame);
+    }
+    let sized = (data.len() as u16 / 16).to_le_bytes();
+    vec![
+        seed("gzip", cat(&[&[0], &gzip(&data)])),
+        seed("gzip-members", cat(&[&[4], &sized, &gzip(a), &gzip(b)])),
+        seed("xz", cat(&[&[1], &xz(&data)])),
+        seed("xz-streams", cat(&[&[3], &xz(a), &[0; 4], &xz(b)])),
+        seed("zstd", cat(&[&[2], &zst(&data)])),
+        seed("zstd-frames", cat(&[&[2], &pzstd])),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use ferry_nfs::rpc::{decode_reply, ReadShape, RpcError};
@@ -617,73 +686,4 @@ mod tests {
         r.simple(ops::OP_PUTFH).expect("PUTFH");
         assert!(r.read_into_sink().is_ok());
     }
-}
-
-/// qcow2 images made by qemu-img (512-byte clusters, so each is a few KiB): data and zero
-/// clusters, deflate and zstd compressed clusters, a backing file name.
-pub fn qcow2_image() -> Vec<Seed> {
-    vec![
-        seed(
-            "plain",
-            include_bytes!("../../../fuzz/seeds/formats/plain.qcow2").to_vec(),
-        ),
-        seed(
-            "deflate",
-            include_bytes!("../../../fuzz/seeds/formats/deflate.qcow2").to_vec(),
-        ),
-        seed(
-            "zstd",
-            include_bytes!("../../../fuzz/seeds/formats/zstd.qcow2").to_vec(),
-        ),
-        seed(
-            "backed",
-            include_bytes!("../../../fuzz/seeds/formats/backed.qcow2").to_vec(),
-        ),
-    ]
-}
-
-/// A small image's bytes: text, zeroes and a counter.
-fn stream_payload() -> Vec<u8> {
-    let mut data = b"ferry compressed stream seed ".repeat(64);
-    data.extend_from_slice(&[0u8; 8192]);
-    data.extend((0..4096u32).map(|i| (i % 251) as u8));
-    data
-}
-
-/// Compressed streams as the tools write them, each with the mode byte
-/// [`crate::compressed_stream`] reads: gzip (two members), xz (single and two streams),
-/// zstd (one frame, and two frames behind pzstd's skippable size hints), and one given a
-/// size.
-pub fn compressed_stream() -> Vec<Seed> {
-    use std::io::Write;
-    let data = stream_payload();
-    let gzip = |d: &[u8]| {
-        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        e.write_all(d).expect("in-memory gzip");
-        e.finish().expect("in-memory gzip")
-    };
-    let xz = |d: &[u8]| {
-        let mut e = liblzma::write::XzEncoder::new(Vec::new(), 1);
-        e.write_all(d).expect("in-memory xz");
-        e.finish().expect("in-memory xz")
-    };
-    let zst = |d: &[u8]| zstd::bulk::compress(d, 3).expect("in-memory zstd");
-    let (a, b) = data.split_at(data.len() / 2);
-    let mut pzstd = Vec::new();
-    for part in [a, b] {
-        let frame = zst(part);
-        pzstd.extend_from_slice(&0x184d_2a50u32.to_le_bytes());
-        pzstd.extend_from_slice(&4u32.to_le_bytes());
-        pzstd.extend_from_slice(&(frame.len() as u32).to_le_bytes());
-        pzstd.extend_from_slice(&frame);
-    }
-    let sized = (data.len() as u16 / 16).to_le_bytes();
-    vec![
-        seed("gzip", cat(&[&[0], &gzip(&data)])),
-        seed("gzip-members", cat(&[&[4], &sized, &gzip(a), &gzip(b)])),
-        seed("xz", cat(&[&[1], &xz(&data)])),
-        seed("xz-streams", cat(&[&[3], &xz(a), &[0; 4], &xz(b)])),
-        seed("zstd", cat(&[&[2], &zst(&data)])),
-        seed("zstd-frames", cat(&[&[2], &pzstd])),
-    ]
 }

@@ -119,7 +119,7 @@ pub fn parse_index(index: &[u8]) -> Result<IndexSummary> {
     for _ in 0..records {
         let unpadded = varint(&index[..body], &mut pos)?;
         let uncompressed = varint(&index[..body], &mut pos)?;
-        if unpadded < 5 || unpadded > (1 << 63) - 4 {
+        if !(5..=(1 << 63) - 4).contains(&unpadded) {
             return Err(corrupt("a block's size in the index is impossible"));
         }
         let padded = unpadded.div_ceil(4) * 4;

@@ -185,10 +185,13 @@ pub struct PruneArgs {
     pub json: bool,
 }
 
+/// A keep option as given, with the policy method that applies it.
+type KeepRule = (Option<Keep>, fn(KeepPolicy, Keep) -> KeepPolicy);
+
 impl PruneArgs {
     fn policy(&self) -> KeepPolicy {
         let mut policy = KeepPolicy::new();
-        let rules: [(Option<Keep>, fn(KeepPolicy, Keep) -> KeepPolicy); 6] = [
+        let rules: [KeepRule; 6] = [
             (self.keep_last, KeepPolicy::with_last),
             (self.keep_hourly, KeepPolicy::with_hourly),
             (self.keep_daily, KeepPolicy::with_daily),

@@ -27,6 +27,8 @@ pub struct ScheduleArgs {
     pub command: ScheduleCommand,
 }
 
+// Parsed once per command line: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Subcommand)]
 pub enum ScheduleCommand {
     /// Create a schedule that starts a transfer from SRC to DST (or, with --checksum, a

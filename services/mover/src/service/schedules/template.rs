@@ -17,6 +17,8 @@ pub const SCHEDULE_LABEL: &str = "ferry.schedule";
 pub const SCHEDULE_ID_LABEL: &str = "ferry.schedule_id";
 
 /// A decoded template.
+// One per schedule, held whole: boxing the larger request would only add an indirection.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Template {
     Transfer(proto::StartTransferRequest),
