@@ -289,8 +289,10 @@ fn broken_streams_and_wrong_options_fail_clearly() {
         &["copy", s(&gz), s(&out), "--source-size", "32M"],
         &["more than"],
     );
+    // A fresh target: the failed copies above left a 64 MiB one, smaller than 65M.
+    let out65 = i.root.join("out65.raw");
     fails(
-        &["copy", s(&gz), s(&out), "--source-size", "65M"],
+        &["copy", s(&gz), s(&out65), "--source-size", "65M"],
         &["ends after"],
     );
     fails(

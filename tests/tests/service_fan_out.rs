@@ -264,14 +264,18 @@ async fn ferry_job_start_takes_several_targets() {
     let e = env().await;
     let image = image(&e.root, 16 * MIB);
     let targets = files(&e.root, &["x.img", "y.img", "z.img"]);
-    let out = std::process::Command::new(BIN)
+    let mut command = std::process::Command::new(BIN);
+    command
         .arg("job")
         .args(["--server", &format!("http://{}", e.service.grpc_addr())])
         .args(["start", &image.path.display().to_string()])
         .args(urls(&targets))
         .args(["--verify", "--watch"])
-        .env_remove("RUST_LOG")
-        .output()
+        .env_remove("RUST_LOG");
+    // Off the runtime's thread: the service under test runs on it.
+    let out = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
         .expect("run ferry-e2e job");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(

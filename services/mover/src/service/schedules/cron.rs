@@ -10,7 +10,7 @@
 
 use std::str::FromStr;
 
-use chrono::{DateTime, LocalResult, Offset, TimeDelta, TimeZone, Utc};
+use chrono::{DateTime, LocalResult, Offset, SubsecRound, TimeDelta, TimeZone, Utc};
 use chrono_tz::Tz;
 use croner::parser::{CronParser, Seconds, Year};
 use croner::{Cron, JobType};
@@ -106,7 +106,9 @@ impl CronSpec {
         // before the change as well, and take the earliest instant after `after`.
         let mut best = plain;
         let end = after + DST_WINDOW;
-        let mut from = (after - DST_WINDOW).with_timezone(&self.zone);
+        let mut from = (after - DST_WINDOW)
+            .trunc_subsecs(0)
+            .with_timezone(&self.zone);
         for _ in 0..MAX_STEPS {
             let Ok(found) = self.cron.find_next_occurrence(&from, false) else {
                 break;
@@ -127,7 +129,8 @@ impl CronSpec {
 
     /// The first fire time after `after` in wall-clock order from `after`'s wall time.
     fn first_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        let mut from = after.with_timezone(&self.zone);
+        // Whole seconds: croner keeps the start's fraction of a second in what it finds.
+        let mut from = after.trunc_subsecs(0).with_timezone(&self.zone);
         for _ in 0..MAX_STEPS {
             let found = self.cron.find_next_occurrence(&from, false).ok()?;
             if let Some(next) = self.instants(&found).into_iter().find(|t| *t > after) {
@@ -212,6 +215,14 @@ mod tests {
             out.push(t.format("%Y-%m-%dT%H:%M:%SZ").to_string());
         }
         out
+    }
+
+    #[test]
+    fn a_start_inside_a_second_fires_on_whole_seconds() {
+        let spec = CronSpec::parse("*/2 * * * * *", "UTC", true).unwrap();
+        let after = utc("2026-03-01T10:00:00Z") + TimeDelta::milliseconds(705);
+        let next = spec.next_after(after).unwrap();
+        assert_eq!(next, utc("2026-03-01T10:00:02Z"));
     }
 
     #[test]
