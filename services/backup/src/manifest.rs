@@ -183,9 +183,9 @@ impl Manifest {
     }
 }
 
-/// Now, to the second (ids and manifests carry whole seconds).
+/// Now, to the millisecond (ids name the second; manifests order backups started in one second).
 pub(crate) fn now() -> DateTime<Utc> {
-    Utc::now().trunc_subsecs(0)
+    Utc::now().trunc_subsecs(3)
 }
 
 #[cfg(test)]

@@ -54,20 +54,27 @@ pub(crate) enum Chosen {
     Full(String),
 }
 
-/// The newest backup of `source`, newest first by id (ids sort by time).
+/// The newest backup of `source` by start time (ids name the second only, so two
+/// backups started in one second are told apart by their manifests' exact times).
 async fn latest_of(repo: &Repository, source: &str) -> Result<Option<Manifest>> {
-    let mut ids = repo.list_snapshots().await?;
-    ids.reverse();
-    for id in ids {
+    let mut latest: Option<Manifest> = None;
+    for id in repo.list_snapshots().await? {
         match repo.load_manifest(&id).await {
-            Ok(m) if m.source == source => return Ok(Some(m)),
+            Ok(m) if m.source == source => {
+                if latest
+                    .as_ref()
+                    .is_none_or(|l| (l.time, &l.id) < (m.time, &m.id))
+                {
+                    latest = Some(m);
+                }
+            }
             Ok(_) => {}
             Err(e) => {
                 tracing::warn!(backup = %id, error = %e, "skipping a backup whose manifest cannot be read")
             }
         }
     }
-    Ok(None)
+    Ok(latest)
 }
 
 /// Chooses the parent of a backup of `source` (`size` bytes).

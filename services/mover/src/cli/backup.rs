@@ -227,16 +227,20 @@ async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
         .list_snapshots()
         .await
         .map_err(|e| super::failed(e, "cannot list the backups"))?;
-    let mut entries = Vec::with_capacity(ids.len());
+    let mut manifests = Vec::with_capacity(ids.len());
     for id in &ids {
         let manifest = repo
             .load_manifest(id)
             .await
             .map_err(|e| super::failed(e, &format!("cannot read backup {id}")))?;
         if args.source.as_ref().is_none_or(|s| *s == manifest.source) {
-            entries.push(ListEntry::from(&manifest));
+            manifests.push(manifest);
         }
     }
+    // Oldest first by start time: ids name the second only, so two backups started in
+    // one second are ordered by their manifests' exact times.
+    manifests.sort_by(|a, b| (a.time, &a.id).cmp(&(b.time, &b.id)));
+    let entries: Vec<ListEntry> = manifests.iter().map(ListEntry::from).collect();
     if args.json {
         println!("{}", serde_json::to_string(&entries)?);
         return Ok(ExitCode::SUCCESS);
