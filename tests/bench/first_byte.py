@@ -6,7 +6,7 @@ time is the copy's time to first byte.
 
 Polls TARGET's allocated blocks every millisecond (the target starts absent or empty and
 sparse, so the first block allocated is the first byte written); then stops COMMAND
-(SIGTERM, which `ferry copy` and mover_job.py answer by stopping at once) and exits 0.
+(SIGTERM, which `ferry copy` and ferry-mover-job answer by stopping at once) and exits 0.
 Exits 1 if COMMAND ends before writing anything.
 """
 

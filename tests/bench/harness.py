@@ -31,6 +31,7 @@ class Env:
     repo: Path
     ferry: Path
     mkimage: Path
+    mover_job: Path  # ferry-mover-job: a copy run as a mover pod runs it
     workdir: Path
     repeat: int
     quick: bool

@@ -50,18 +50,20 @@ def main() -> int:
     if not args.no_build and not args.list:  # listing the cases needs no binaries
         log("building ferry (release)")
         subprocess.run(["cargo", "build", "--release", "-p", "ferry-mover", "--bin", "ferry",
-                        "-p", "ferry-tests", "--bin", "ferry-mkimage"], cwd=REPO, check=True)
+                        "-p", "ferry-tests", "--bin", "ferry-mkimage", "--bin", "ferry-mover-job"],
+                       cwd=REPO, check=True)
     ferry = target_dir / "release" / "ferry"
     mkimage = target_dir / "release" / "ferry-mkimage"
-    for binary in (ferry, mkimage):
+    mover_job = target_dir / "release" / "ferry-mover-job"
+    for binary in (ferry, mkimage, mover_job):
         if not binary.exists() and not args.list:
             ap.error(f"{binary} is missing: build it or drop --no-build")
 
     temporary = args.dir is None
     workdir = Path(tempfile.mkdtemp(prefix="ferry-bench-", dir="/var/tmp")) if temporary else args.dir
     workdir.mkdir(parents=True, exist_ok=True)
-    env = harness.Env(repo=REPO, ferry=ferry, mkimage=mkimage, workdir=workdir,
-                      repeat=args.repeat, quick=args.quick, log=log)
+    env = harness.Env(repo=REPO, ferry=ferry, mkimage=mkimage, mover_job=mover_job,
+                      workdir=workdir, repeat=args.repeat, quick=args.quick, log=log)
     try:
         env.dry = args.list
         all_cases = case_registry.load(env)

@@ -9,7 +9,6 @@ flushes every target before it ends.
 """
 
 import subprocess
-import sys
 
 from harness import GiB, Case, Command, Goal, ratio
 
@@ -41,7 +40,7 @@ def cases(env):
     def cmd(label, argv, **kw):
         return Command(label, argv, setup=remove, cleanup=remove, check=check, **kw)
 
-    mover_job = [sys.executable, env.repo / "tests/bench/mover_job.py", env.ferry]
+    mover_job = [env.mover_job, env.ferry]
     commands = [
         cmd(FAN_OUT, [env.ferry, "copy", source, *targets], ferry=True),
         cmd(SEQUENTIAL, ["sh", "-c", 'f="$0"; s="$1"; shift 2; '

@@ -1,5 +1,5 @@
 """The mover's overhead: a copy run the way the Kubernetes operator runs it (a mover pod's
-`ferry serve`, the job started and followed over gRPC; tests/bench/mover_job.py) against the
+`ferry serve`, the job started and followed over gRPC; ferry-mover-job, tests/src/bin) against the
 same copy by `ferry copy`, and each one's time to first byte (tests/bench/first_byte.py).
 
 Both copies flush the target before they end. The mover's time includes the service's
@@ -17,7 +17,7 @@ HERE_BENCH = "tests/bench"
 def cases(env):
     image = env.image("half-4g", "half", env.size(4 * GiB))
     source = image.path
-    mover_job = [sys.executable, env.repo / HERE_BENCH / "mover_job.py", env.ferry]
+    mover_job = [env.mover_job, env.ferry]
     first_byte = [sys.executable, env.repo / HERE_BENCH / "first_byte.py"]
     found = []
     for name, title, first in (
