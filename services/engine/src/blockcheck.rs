@@ -5,7 +5,7 @@
 //! hashing the source (SHA-256 runs at about 2 GB/s per core) on top of the copy, which
 //! already keeps the cores busy. The source's block hash is still computed (it is the
 //! digest reported and stored); the comparison itself uses a cheaper check that both sides
-//! compute per block of the block hash ([`BLOCK_SIZE`]):
+//! compute per block of the block hash (`blkhash::BLOCK_SIZE`):
 //!
 //! - an all-zero block contributes 0, so zero ranges known from extents cost nothing;
 //! - any other block contributes `mix(index, CRC-64/NVME(block))`, where `mix` is a
@@ -21,7 +21,6 @@
 //! damaged blocks could cancel out only with a probability of about 2^-64. It guards
 //! against corruption, not against someone forging a target on purpose.
 
-use crate::blkhash::BLOCK_SIZE;
 use crate::zero::is_zero;
 
 /// The check value of block `index` (the block's bytes: a full block, or the image's short
@@ -43,7 +42,7 @@ pub(crate) fn data_block_value(index: u64, block: &[u8]) -> u64 {
 /// block `first` on (the reference the engine's checks are tested against).
 #[cfg(test)]
 pub(crate) fn blocks_value(first: u64, buf: &[u8]) -> u64 {
-    buf.chunks(BLOCK_SIZE)
+    buf.chunks(crate::blkhash::BLOCK_SIZE)
         .zip(first..)
         .fold(0u64, |sum, (block, index)| {
             sum.wrapping_add(block_value(index, block))
@@ -70,6 +69,7 @@ fn mix(mut z: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::blkhash::BLOCK_SIZE;
 
     const B: usize = BLOCK_SIZE;
 

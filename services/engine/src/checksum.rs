@@ -792,6 +792,13 @@ mod tests {
             let mut opts = ChecksumOptions { workers, threads, request_size: request, ..Default::default() };
             let blk = rt.block_on(sum(source.clone(), &opts)).unwrap();
             prop_assert_eq!(blk, to_hex(&digest_bytes(&data)));
+            let check = rt.block_on(read_back_check(
+                Arc::new(source.clone()),
+                &opts,
+                &Progress::new(),
+                &CancellationToken::new(),
+            ));
+            prop_assert_eq!(check.unwrap(), crate::blockcheck::blocks_value(0, &data));
             opts.algorithm = HashAlgorithm::Sha256;
             let sha = rt.block_on(sum(source, &opts)).unwrap();
             prop_assert_eq!(sha, to_hex(&sha2::Sha256::digest(&data)));
