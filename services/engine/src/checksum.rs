@@ -12,6 +12,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::blkhash::{block_digest, to_hex, Combiner, Hash, ZeroDigests, BLOCK_SIZE};
+use crate::blockcheck::block_value;
 use crate::geometry::{round_down, round_up};
 use crate::options::{ChecksumOptions, HashAlgorithm};
 use crate::pool::BufPool;
@@ -61,6 +62,76 @@ pub async fn checksum(
         _ = cancel.cancelled() => Err(Error::cancelled()),
         r = work => r,
     }
+}
+
+/// The read-back check of the whole source (see `blockcheck`): the same chunk plan and
+/// reads as [`checksum`] (none for zero extents), CRC-64 per block instead of SHA-256.
+pub(crate) async fn read_back_check(
+    source: Arc<dyn Source>,
+    options: &ChecksumOptions,
+    progress: &Progress,
+    cancel: &CancellationToken,
+) -> Result<u64> {
+    options.validate()?;
+    let work = async {
+        progress.start(source.size(), 0);
+        let plan = ChunkPlanner::new(Arc::clone(&source), options.request_size)?;
+        let max_read = plan.max_read;
+        let pool = BufPool::new(plan.chunk as usize);
+        let results = plan
+            .into_stream()
+            .map(|chunk| {
+                let pool = &pool;
+                let source = &source;
+                async move {
+                    let chunk = chunk?;
+                    let read_bytes = chunk.read_bytes();
+                    if chunk.reads.is_empty() {
+                        return Ok((chunk.len as u64, 0, read_bytes));
+                    }
+                    let buf = read_chunk(&**source, &chunk, max_read, pool, false).await?;
+                    // Cheap next to the read: computed here, while the bytes are cached.
+                    let value = chunk_check(&buf, &chunk);
+                    pool.put(buf);
+                    Ok::<_, Error>((chunk.len as u64, value, read_bytes))
+                }
+            })
+            .buffered(readers(&*source, options));
+        let mut results = std::pin::pin!(results);
+        let mut sum = 0u64;
+        while let Some(result) = results.next().await {
+            let (len, value, read_bytes) = result?;
+            sum = sum.wrapping_add(value);
+            progress.add_data(read_bytes);
+            progress.add_zero(len - read_bytes);
+        }
+        Ok(sum)
+    };
+    tokio::select! {
+        biased;
+        _ = cancel.cancelled() => Err(Error::cancelled()),
+        r = work => r,
+    }
+}
+
+/// The check of one chunk; blocks outside the read ranges are known zero (value 0). The
+/// blocks it reads are those [`hash_blocks`] hashes.
+fn chunk_check(buf: &[u8], chunk: &Chunk) -> u64 {
+    let first = chunk.offset / BLOCK_SIZE as u64;
+    let mut reads = chunk.reads.iter().peekable();
+    let mut sum = 0u64;
+    for (i, block) in buf.chunks(BLOCK_SIZE).enumerate() {
+        let start = i * BLOCK_SIZE;
+        while reads.next_if(|r| r.1 <= start).is_some() {}
+        match reads.peek() {
+            Some(&&(s, _)) if s < start + block.len() => {
+                sum = sum.wrapping_add(block_value(first + i as u64, block));
+            }
+            Some(_) => {}
+            None => break,
+        }
+    }
+    sum
 }
 
 /// A chunk of the image: which of its bytes must be read (the rest is known zero).
@@ -721,6 +792,13 @@ mod tests {
             let mut opts = ChecksumOptions { workers, threads, request_size: request, ..Default::default() };
             let blk = rt.block_on(sum(source.clone(), &opts)).unwrap();
             prop_assert_eq!(blk, to_hex(&digest_bytes(&data)));
+            let check = rt.block_on(read_back_check(
+                Arc::new(source.clone()),
+                &opts,
+                &Progress::new(),
+                &CancellationToken::new(),
+            ));
+            prop_assert_eq!(check.unwrap(), crate::blockcheck::blocks_value(0, &data));
             opts.algorithm = HashAlgorithm::Sha256;
             let sha = rt.block_on(sum(source, &opts)).unwrap();
             prop_assert_eq!(sha, to_hex(&sha2::Sha256::digest(&data)));

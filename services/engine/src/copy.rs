@@ -373,16 +373,15 @@ async fn process(
     Ok(slot)
 }
 
-/// Hands the bytes read at `offset` to the tap on a blocking thread (hashing is CPU work
-/// the async workers must not wait on).
+/// Hands the bytes read at `offset` to the tap, hashing them where they were just read
+/// (see `cpu`).
 async fn hash_into(tap: &Arc<BlockTap>, offset: u64, buf: IoBuf) -> Result<IoBuf> {
     let tap = Arc::clone(tap);
-    tokio::task::spawn_blocking(move || {
+    crate::cpu::run(move || {
         tap.data(offset, &buf);
         buf
     })
     .await
-    .map_err(|_| Error::internal("a hashing thread panicked"))
 }
 
 async fn commit_zero_segment(shared: &Shared, target: &dyn Target, seg: &Segment) -> Result<()> {

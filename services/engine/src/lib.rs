@@ -10,9 +10,11 @@
 //! The engine knows nothing of protocols: only the traits of ferry-core.
 
 pub mod blkhash;
+mod blockcheck;
 mod checksum;
 mod commit;
 mod copy;
+mod cpu;
 mod fanout;
 mod geometry;
 mod merge;

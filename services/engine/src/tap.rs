@@ -7,13 +7,19 @@
 //! not be block-aligned (extents end on 4 KiB boundaries): a block cut by a segment edge is
 //! assembled in a buffer of its own until all of its bytes have arrived. Held memory is
 //! bounded by the segments in flight: digests wait only for the blocks before them.
+//!
+//! Each block's read-back check value (see `blockcheck`) is added up as well, from the same
+//! bytes while they are in the cache: it is what the target read back is compared with.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use ferry_core::{Error, Result};
 use parking_lot::Mutex;
 
-use crate::blkhash::{block_digest, Combiner, Hash, ZeroDigests, BLOCK_SIZE};
+use crate::blkhash::{sha256, Combiner, Hash, ZeroDigests, BLOCK_SIZE};
+use crate::blockcheck::data_block_value;
+use crate::zero::is_zero;
 
 const BLOCK: u64 = BLOCK_SIZE as u64;
 
@@ -23,6 +29,8 @@ pub(crate) struct BlockTap {
     size: u64,
     zeroes: ZeroDigests,
     state: Mutex<State>,
+    /// The sum of the check values of the blocks hashed so far.
+    check: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -64,6 +72,7 @@ impl BlockTap {
             size,
             zeroes: ZeroDigests::new(size),
             state: Mutex::default(),
+            check: AtomicU64::new(0),
         }
     }
 
@@ -73,6 +82,7 @@ impl BlockTap {
         let end = offset + data.len() as u64;
         let mut whole: Vec<Hash> = Vec::new();
         let mut whole_from = None;
+        let mut check = 0u64;
         let mut pos = offset;
         while pos < end {
             let (block, start, block_end) = self.block_at(pos);
@@ -80,15 +90,33 @@ impl BlockTap {
             let bytes = &data[(pos - offset) as usize..(pos - offset + n) as usize];
             if pos == start && n == block_end - start {
                 whole_from.get_or_insert(block);
-                whole.push(block_digest(bytes, &self.zeroes));
+                let (digest, value) = self.block(block, bytes);
+                whole.push(digest);
+                check = check.wrapping_add(value);
             } else {
                 self.fill(block, pos - start, n, Some(bytes));
             }
             pos += n;
         }
+        self.check.fetch_add(check, Ordering::Relaxed);
         if let Some(first) = whole_from {
             self.insert(first, Ready::Digests(whole));
         }
+    }
+
+    /// The digest and check value of the whole block `index`.
+    fn block(&self, index: u64, bytes: &[u8]) -> (Hash, u64) {
+        if is_zero(bytes) {
+            (self.zeroes.for_len(bytes.len()), 0)
+        } else {
+            (sha256(bytes), data_block_value(index, bytes))
+        }
+    }
+
+    /// The sum of the check values of every block handed over (complete once
+    /// [`BlockTap::finish`] succeeds).
+    pub fn check(&self) -> u64 {
+        self.check.load(Ordering::Relaxed)
     }
 
     /// `len` zero bytes at `offset` (a range the copy knows to be zero, not read).
@@ -162,7 +190,8 @@ impl BlockTap {
             }
         };
         if let Some(partial) = complete {
-            let digest = block_digest(&partial.bytes, &self.zeroes);
+            let (digest, value) = self.block(block, &partial.bytes);
+            self.check.fetch_add(value, Ordering::Relaxed);
             self.insert(block, Ready::Digests(vec![digest]));
         }
     }
@@ -189,6 +218,7 @@ impl BlockTap {
 mod tests {
     use super::*;
     use crate::blkhash::digest_bytes;
+    use crate::blockcheck::blocks_value;
     use proptest::prelude::*;
 
     /// Hands `data` to a tap in the given pieces (in the given order), zero pieces as
@@ -202,7 +232,9 @@ mod tests {
                 tap.data(start, &data[start as usize..end as usize]);
             }
         }
-        tap.finish()
+        let digest = tap.finish()?;
+        assert_eq!(tap.check(), blocks_value(0, data), "the read-back check");
+        Ok(digest)
     }
 
     #[test]

@@ -37,7 +37,7 @@ def cases(env):
 
     commands = [
         cmd("ferry copy --verify", [env.ferry, "copy", "--verify", source, target],
-            ferry=True, note="blkhash of source and target"),
+            ferry=True, note="block hash of the source, CRC-64 check of both sides"),
         cmd("ferry copy", [env.ferry, "copy", source, target], note="no verify"),
         cmd("ferry copy --verify --cache none",
             [env.ferry, "copy", "--verify", "--cache", "none", source, target]),
