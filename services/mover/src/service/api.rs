@@ -87,6 +87,43 @@ impl JobService for JobApi {
         reply(guard, r)
     }
 
+    async fn start_backup(
+        &self,
+        _request: Request<proto::StartBackupRequest>,
+    ) -> Result<Response<proto::Job>, Status> {
+        Err(Status::unimplemented("StartBackup is not implemented yet"))
+    }
+
+    async fn start_restore(
+        &self,
+        _request: Request<proto::StartRestoreRequest>,
+    ) -> Result<Response<proto::Job>, Status> {
+        Err(Status::unimplemented("StartRestore is not implemented yet"))
+    }
+
+    async fn start_repository_verify(
+        &self,
+        _request: Request<proto::StartRepositoryVerifyRequest>,
+    ) -> Result<Response<proto::Job>, Status> {
+        Err(Status::unimplemented(
+            "StartRepositoryVerify is not implemented yet",
+        ))
+    }
+
+    async fn start_prune(
+        &self,
+        _request: Request<proto::StartPruneRequest>,
+    ) -> Result<Response<proto::Job>, Status> {
+        Err(Status::unimplemented("StartPrune is not implemented yet"))
+    }
+
+    async fn start_gc(
+        &self,
+        _request: Request<proto::StartGcRequest>,
+    ) -> Result<Response<proto::Job>, Status> {
+        Err(Status::unimplemented("StartGc is not implemented yet"))
+    }
+
     async fn get_job(
         &self,
         request: Request<proto::GetJobRequest>,

@@ -594,7 +594,7 @@ pub fn job_json(j: &proto::Job) -> serde_json::Value {
             "throughput_bytes_per_second": r.throughput_bytes_per_second,
             "digest": digest_json(&r.digest),
         }),
-        None => serde_json::Value::Null,
+        Some(_) | None => serde_json::Value::Null,
     };
     serde_json::json!({
         "id": j.id,
@@ -676,7 +676,7 @@ fn print_job(j: &proto::Job, json: bool) {
                 println!("digest:   {}", d.hex);
             }
         }
-        None => {}
+        Some(_) | None => {}
     }
     if j.targets.len() > 1 {
         for t in &j.targets {

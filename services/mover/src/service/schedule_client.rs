@@ -269,8 +269,16 @@ fn template_kind(s: &proto::Schedule) -> &'static str {
     match s.template.as_ref().and_then(|t| t.request.as_ref()) {
         Some(proto::job_template::Request::Transfer(_)) => "transfer",
         Some(proto::job_template::Request::Checksum(_)) => "checksum",
+        Some(proto::job_template::Request::Backup(_)) => "backup",
+        Some(proto::job_template::Request::RepositoryVerify(_)) => "repository_verify",
+        Some(proto::job_template::Request::Prune(_)) => "prune",
+        Some(proto::job_template::Request::Gc(_)) => "gc",
         None => "unknown",
     }
+}
+
+fn repo_url(r: &Option<proto::Repository>) -> Option<String> {
+    Some(r.as_ref().map(|r| r.url.clone()).unwrap_or_default())
 }
 
 fn endpoints(s: &proto::Schedule) -> (String, Option<String>) {
@@ -278,6 +286,12 @@ fn endpoints(s: &proto::Schedule) -> (String, Option<String>) {
     match s.template.as_ref().and_then(|t| t.request.as_ref()) {
         Some(proto::job_template::Request::Transfer(r)) => (url(&r.source), Some(url(&r.target))),
         Some(proto::job_template::Request::Checksum(r)) => (url(&r.source), None),
+        Some(proto::job_template::Request::Backup(r)) => (url(&r.source), repo_url(&r.repository)),
+        Some(proto::job_template::Request::RepositoryVerify(r)) => {
+            (String::new(), repo_url(&r.repository))
+        }
+        Some(proto::job_template::Request::Prune(r)) => (String::new(), repo_url(&r.repository)),
+        Some(proto::job_template::Request::Gc(r)) => (String::new(), repo_url(&r.repository)),
         None => (String::new(), None),
     }
 }

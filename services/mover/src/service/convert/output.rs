@@ -156,6 +156,10 @@ pub fn kind_from_proto(v: i32) -> Result<Option<JobKind>> {
         Ok(proto::JobKind::Unspecified) => Ok(None),
         Ok(proto::JobKind::Transfer) => Ok(Some(JobKind::Transfer)),
         Ok(proto::JobKind::Checksum) => Ok(Some(JobKind::Checksum)),
+        Ok(other) => Err(Error::new(
+            ErrorKind::Unsupported,
+            format!("kind {} is not supported yet", other.as_str_name()),
+        )),
         Err(_) => Err(Error::new(
             ErrorKind::InvalidInput,
             format!("kind {v} is not a JobKind"),

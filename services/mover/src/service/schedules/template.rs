@@ -38,6 +38,12 @@ impl Template {
         let template = match request {
             proto::job_template::Request::Transfer(r) => Self::Transfer(r.clone()),
             proto::job_template::Request::Checksum(r) => Self::Checksum(r.clone()),
+            _ => {
+                return Err(Error::new(
+                    ferry_core::ErrorKind::Unsupported,
+                    "this job template is not supported yet",
+                ))
+            }
         };
         template.check()?;
         Ok(template)
