@@ -8,11 +8,11 @@ use clap::{Args, Subcommand, ValueEnum};
 use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 
+use super::backup_client::RetentionArgs;
 use super::client::{
     channel, checksum_request, job_json, kind_name, parse_label, status_error, transfer_request,
     ServerArgs, StartArgs,
 };
-use super::backup_client::RetentionArgs;
 use super::proto::{self, schedule_service_client::ScheduleServiceClient};
 use super::security::BearerToken;
 
@@ -80,7 +80,12 @@ pub struct CreateArgs {
     #[arg(long, conflicts_with = "checksum")]
     pub backup: bool,
     /// Backups: environment variable on the server with the repository's passphrase.
-    #[arg(long, value_name = "NAME", requires = "backup", conflicts_with = "repo_key_file")]
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "backup",
+        conflicts_with = "repo_key_file"
+    )]
     pub repo_key_env: Option<String>,
     /// Backups: file under the server's --secrets-dir with the repository's passphrase.
     #[arg(long, value_name = "NAME", requires = "backup")]

@@ -20,12 +20,12 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 
 use super::api::JobApi;
+use super::backups::api::BackupApi;
 use super::config::ServiceConfig;
 use super::convert::Validator;
 use super::jobs::opener::{Endpoints, Opener};
 use super::jobs::JobManager;
 use super::metrics::{self, Metrics};
-use super::backups::api::BackupApi;
 use super::proto::backup_service_server::BackupServiceServer;
 use super::proto::schedule_service_server::ScheduleServiceServer;
 use super::proto::{self, job_service_server::JobServiceServer};
