@@ -15,7 +15,7 @@ use ferry_backup::{
     BackupId, InitOptions, KdfParams, LocalStore, ObjectMeta, ObjectStore, Put, PutMode,
     Repository, S3Store,
 };
-use ferry_core::{Caps, ErrorKind, Extent, IoBuf, Result, Secret, Source};
+use ferry_core::{ErrorKind, Result, Secret, Source};
 use ferry_engine::{CancellationToken, Progress};
 use ferry_image_backup::{
     backup, restore, BackupOptions, BackupReport, ParentChoice, RestoreOptions, RestoreOrder,

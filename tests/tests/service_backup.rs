@@ -114,7 +114,7 @@ fn restore_req(
     }
 }
 
-async fn finished(jobs: &mut Client, job: tonic::Response<proto::Job>) -> proto::Job {
+async fn finished(job: tonic::Response<proto::Job>, jobs: &mut Client) -> proto::Job {
     let id = job.into_inner().id;
     wait_terminal(jobs, &id, LIMIT).await
 }
@@ -227,8 +227,8 @@ async fn backup_restore_incremental_prune_gc_and_verify_on_a_directory() {
     let mut req = backup_req(&src.display().to_string(), repo.clone());
     req.tags.insert("vm".into(), "web1".into());
     let first = finished(
-        &mut e.jobs,
         e.jobs.clone().start_backup(req.clone()).await.unwrap(),
+        &mut e.jobs,
     )
     .await;
     assert_eq!(first.kind, proto::JobKind::Backup as i32);
@@ -263,12 +263,12 @@ async fn backup_restore_incremental_prune_gc_and_verify_on_a_directory() {
     // Restore: the same bytes, and sparse.
     let dst = e.root.join("restored.img");
     let restored = finished(
-        &mut e.jobs,
         e.jobs
             .clone()
             .start_restore(restore_req(repo.clone(), &first.snapshot_id, &dst))
             .await
             .unwrap(),
+        &mut e.jobs,
     )
     .await;
     let restored = restore_result(&restored);
@@ -284,8 +284,8 @@ async fn backup_restore_incremental_prune_gc_and_verify_on_a_directory() {
     // Incremental: one 4 KiB write changes one chunk.
     scribble(&src, 4 * MIB + 8192, 0xee);
     let second = finished(
-        &mut e.jobs,
         e.jobs.clone().start_backup(req.clone()).await.unwrap(),
+        &mut e.jobs,
     )
     .await;
     let second = backup_result(&second);
@@ -310,7 +310,6 @@ async fn backup_restore_incremental_prune_gc_and_verify_on_a_directory() {
 
     // Prune keeps the newest; GC frees the one chunk only the first backup used.
     let prune = finished(
-        &mut e.jobs,
         e.jobs
             .clone()
             .start_prune(proto::StartPruneRequest {
@@ -323,6 +322,7 @@ async fn backup_restore_incremental_prune_gc_and_verify_on_a_directory() {
             })
             .await
             .unwrap(),
+        &mut e.jobs,
     )
     .await;
     succeeded(&prune);
@@ -335,7 +335,6 @@ async fn backup_restore_incremental_prune_gc_and_verify_on_a_directory() {
     assert_eq!(p.kept[0].reasons, vec!["last".to_string()]);
     let chunks_before = chunk_files(&repo_dir).len();
     let gc = finished(
-        &mut e.jobs,
         e.jobs
             .clone()
             .start_gc(proto::StartGcRequest {
@@ -345,6 +344,7 @@ async fn backup_restore_incremental_prune_gc_and_verify_on_a_directory() {
             })
             .await
             .unwrap(),
+        &mut e.jobs,
     )
     .await;
     succeeded(&gc);
@@ -357,12 +357,12 @@ async fn backup_restore_incremental_prune_gc_and_verify_on_a_directory() {
     assert_eq!(chunk_files(&repo_dir).len(), chunks_before - 1);
     let dst2 = e.root.join("restored2.img");
     let r2 = finished(
-        &mut e.jobs,
         e.jobs
             .clone()
             .start_restore(restore_req(repo.clone(), &second.snapshot_id, &dst2))
             .await
             .unwrap(),
+        &mut e.jobs,
     )
     .await;
     restore_result(&r2);
@@ -374,12 +374,12 @@ async fn backup_restore_incremental_prune_gc_and_verify_on_a_directory() {
         ..Default::default()
     };
     let clean = finished(
-        &mut e.jobs,
         e.jobs
             .clone()
             .start_repository_verify(verify_req.clone())
             .await
             .unwrap(),
+        &mut e.jobs,
     )
     .await;
     succeeded(&clean);
@@ -389,12 +389,12 @@ async fn backup_restore_incremental_prune_gc_and_verify_on_a_directory() {
     bytes[last] ^= 0xff;
     std::fs::write(victim, bytes).unwrap();
     let bad = finished(
-        &mut e.jobs,
         e.jobs
             .clone()
             .start_repository_verify(verify_req)
             .await
             .unwrap(),
+        &mut e.jobs,
     )
     .await;
     assert_eq!(state(&bad), JobState::Failed, "{bad:?}");
@@ -416,16 +416,20 @@ async fn backup_restore_incremental_prune_gc_and_verify_on_a_directory() {
     let new = sample(
         &s,
         "ferry_backup_bytes_total",
-        &[("repository", &label), ("kind", "new")],
+        &[("repository", label.as_str()), ("kind", "new")],
     );
     assert_eq!(new, Some((8 * MIB + CHUNK) as f64));
     let bad_chunks = sample(
         &s,
         "ferry_repository_verify_chunks_total",
-        &[("repository", &label), ("result", "bad")],
+        &[("repository", label.as_str()), ("result", "bad")],
     );
     assert_eq!(bad_chunks, Some(1.0));
-    let kept = sample(&s, "ferry_repository_chunks", &[("repository", &label)]);
+    let kept = sample(
+        &s,
+        "ferry_repository_chunks",
+        &[("repository", label.as_str())],
+    );
     assert_eq!(kept, Some(32.0));
 }
 
@@ -451,7 +455,7 @@ async fn an_encrypted_s3_repository_with_key_and_credentials_by_reference() {
     let mut req = backup_req(&src.display().to_string(), repo.clone());
     req.init_if_missing = small_chunks();
     req.source_id = "vm/disk0".into();
-    let job = finished(&mut e.jobs, e.jobs.clone().start_backup(req).await.unwrap()).await;
+    let job = finished(e.jobs.clone().start_backup(req).await.unwrap(), &mut e.jobs).await;
     let b = backup_result(&job);
     assert_eq!(b.source_id, "vm/disk0");
     let info = e
@@ -470,12 +474,12 @@ async fn an_encrypted_s3_repository_with_key_and_credentials_by_reference() {
 
     let dst = e.root.join("restored.img");
     let r = finished(
-        &mut e.jobs,
         e.jobs
             .clone()
             .start_restore(restore_req(repo.clone(), &b.snapshot_id, &dst))
             .await
             .unwrap(),
+        &mut e.jobs,
     )
     .await;
     assert!(restore_result(&r).verified);
@@ -487,7 +491,6 @@ async fn an_encrypted_s3_repository_with_key_and_credentials_by_reference() {
         ..repo.clone().unwrap()
     });
     let failed = finished(
-        &mut e.jobs,
         e.jobs
             .clone()
             .start_restore(restore_req(
@@ -497,6 +500,7 @@ async fn an_encrypted_s3_repository_with_key_and_credentials_by_reference() {
             ))
             .await
             .unwrap(),
+        &mut e.jobs,
     )
     .await;
     assert_eq!(state(&failed), JobState::Failed);
@@ -583,7 +587,7 @@ async fn an_incremental_backup_reads_only_the_dirty_bitmap() {
         let mut req = backup_req(&server.uri(), repo.clone());
         req.init_if_missing = small_chunks();
         req.source_id = "disk".into();
-        backup_result(&finished(&mut e.jobs, e.jobs.clone().start_backup(req).await.unwrap()).await)
+        backup_result(&finished(e.jobs.clone().start_backup(req).await.unwrap(), &mut e.jobs).await)
     };
     sh("qemu-img", &["bitmap", "--add", d, "b0"]);
     sh("qemu-io", &["-f", "qcow2", "-c", "write -P 0x55 1M 64k", d]);
@@ -596,7 +600,7 @@ async fn an_incremental_backup_reads_only_the_dirty_bitmap() {
         let mut req = backup_req(&server.uri(), repo.clone());
         req.source_id = "disk".into();
         req.dirty_bitmap = "b0".into();
-        backup_result(&finished(&mut e.jobs, e.jobs.clone().start_backup(req).await.unwrap()).await)
+        backup_result(&finished(e.jobs.clone().start_backup(req).await.unwrap(), &mut e.jobs).await)
     };
     assert_eq!(second.parent_id, first.snapshot_id);
     assert_eq!(second.chunks_read, 2, "{second:?}");
@@ -605,12 +609,12 @@ async fn an_incremental_backup_reads_only_the_dirty_bitmap() {
     assert_eq!(second.bytes_new, 2 * CHUNK, "{second:?}");
     let dst = e.root.join("restored.img");
     let r = finished(
-        &mut e.jobs,
         e.jobs
             .clone()
             .start_restore(restore_req(repo.clone(), &second.snapshot_id, &dst))
             .await
             .unwrap(),
+        &mut e.jobs,
     )
     .await;
     restore_result(&r);
@@ -702,18 +706,11 @@ async fn kill_9_mid_backup_then_the_restarted_server_finishes_it_without_resendi
     assert_eq!(b.chunks_new + b.chunks_reused, 32, "{b:?}");
     assert_eq!(b.digest.as_ref().unwrap().hex, blkhash_file(&src));
     let dst = root.join("restored.img");
-    let r = wait_terminal(
-        &mut jobs,
-        &jobs
-            .clone()
-            .start_restore(restore_req(repo, &b.snapshot_id, &dst))
-            .await
-            .unwrap()
-            .into_inner()
-            .id,
-        LIMIT,
-    )
-    .await;
+    let restore = jobs
+        .start_restore(restore_req(repo, &b.snapshot_id, &dst))
+        .await
+        .unwrap();
+    let r = finished(restore, &mut jobs).await;
     restore_result(&r);
     qemu_img_compare(&src, &dst);
 }
@@ -870,12 +867,12 @@ async fn bad_backup_requests_are_refused_with_the_reason() {
 
     // A missing repository: the job fails saying so; the service calls are NOT_FOUND.
     let job = finished(
-        &mut e.jobs,
         e.jobs
             .clone()
             .start_backup(backup_req(&src_url, repo.clone()))
             .await
             .unwrap(),
+        &mut e.jobs,
     )
     .await;
     assert_eq!(state(&job), JobState::Failed);
