@@ -140,37 +140,39 @@ impl BackupService for BackupApi {
                 n => n.min(MAX_PAGE_SIZE),
             };
             let repo = self.open(req.repository.as_ref()).await?;
-            let mut snapshots = Vec::new();
-            let mut next_page_token = String::new();
+            // Oldest first by start time (ids name the second only), then by id.
+            let mut manifests = Vec::new();
             for id in repo.list_snapshots().await? {
-                if after.as_ref().is_some_and(|a| id <= *a) {
-                    continue;
-                }
                 let manifest = match repo.load_manifest(&id).await {
                     Ok(m) => m,
                     // Deleted by a prune since it was listed.
                     Err(e) if e.kind() == ErrorKind::NotFound => continue,
                     Err(e) => return Err(e.into()),
                 };
-                if !req.source_id.is_empty() && manifest.source != req.source_id {
-                    continue;
+                let wanted = (req.source_id.is_empty() || manifest.source == req.source_id)
+                    && req
+                        .tags
+                        .iter()
+                        .all(|(k, v)| manifest.tags.get(k).is_some_and(|have| have == v));
+                if wanted {
+                    manifests.push(manifest);
                 }
-                if !req
-                    .tags
-                    .iter()
-                    .all(|(k, v)| manifest.tags.get(k).is_some_and(|have| have == v))
-                {
-                    continue;
-                }
-                if snapshots.len() == size {
-                    next_page_token = snapshots
-                        .last()
-                        .map(|s: &proto::Snapshot| s.id.clone())
-                        .unwrap_or_default();
-                    break;
-                }
-                snapshots.push(results::snapshot(&manifest));
             }
+            manifests.sort_by(|a, b| (a.time, &a.id).cmp(&(b.time, &b.id)));
+            let start = match &after {
+                Some(a) => manifests
+                    .iter()
+                    .position(|m| m.id == *a)
+                    .map_or(0, |i| i + 1),
+                None => 0,
+            };
+            let page: Vec<_> = manifests.iter().skip(start).take(size).collect();
+            let next_page_token = if start + page.len() < manifests.len() {
+                page.last().map(|m| m.id.to_string()).unwrap_or_default()
+            } else {
+                String::new()
+            };
+            let snapshots = page.into_iter().map(results::snapshot).collect();
             Ok(proto::ListSnapshotsResponse {
                 snapshots,
                 next_page_token,
