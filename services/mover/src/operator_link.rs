@@ -107,6 +107,11 @@ impl MoverLink for GrpcMoverLink {
                 client.start_checksum(checksum_request(request)).await,
                 &request.labels,
             ),
+            JobRequest::Backup(_) | JobRequest::Prune(_) | JobRequest::Restore(_) => {
+                return Err(LinkError::Rejected(
+                    "this mover's job service has no backup jobs".into(),
+                ))
+            }
         };
         match result {
             Ok(job) => Ok(report(&job.into_inner())),
@@ -420,6 +425,8 @@ pub fn report(job: &proto::Job) -> JobReport {
         target_digest,
         error: job.error.as_ref().map(failure),
         targets: targets(job),
+        backup: None,
+        prune: None,
     }
 }
 
