@@ -12,12 +12,13 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use ferry_operator::controller::backup::reconcile_backup;
 use ferry_operator::controller::repository::reconcile_repository;
+use ferry_operator::controller::restore::reconcile_restore;
 use ferry_operator::controller::{
     BackupSummary, JobFailure, JobRequest, JobState, PruneSummary,
 };
-use ferry_operator::crd::{Backup, BackupRepository, BackupSchedule, VolumeMode};
+use ferry_operator::crd::{Backup, BackupRepository, BackupSchedule, Restore, VolumeMode};
 use ferry_operator::mover::backup_request::Parent;
-use ferry_operator::mover::{backup_pod, MoverPodInput, ResolvedPvc};
+use ferry_operator::mover::{backup_pod, restore_pod, MoverPodInput, ResolvedPvc};
 use ferry_operator::schedule::{self, Clock};
 use kube::runtime::controller::Action;
 use parking_lot::Mutex;
@@ -478,6 +479,96 @@ async fn a_repository_reports_whether_it_can_be_used() {
     assert_eq!((ready["status"].clone(), ready["reason"].clone()), (json!("True"), json!("Valid")));
     finish(task).await;
     h.server.done().await;
+}
+
+/// A Restore of a Backup: the Backup's repository and snapshot looked up, the restore job
+/// on the mover with the target claim, Succeeded with the snapshot id.
+#[tokio::test]
+async fn a_restore_writes_the_backups_snapshot_into_the_claim() {
+    let mut h = Harness::new(settings());
+    let mut status = running_status();
+    status["moverPod"] = json!("web1-copy-frs-1");
+    let object = json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Restore",
+        "metadata": {"name": "web1-copy", "namespace": NS, "uid": "uid-r1", "generation": 1,
+                     "resourceVersion": "9", "finalizers": ["ferry.dev/cancel"]},
+        "spec": {"backup": "web1-now", "targetPVC": "web1-copy"},
+        "status": status,
+    });
+    let restore: Arc<Restore> = Arc::new(serde_json::from_value(object.clone()).unwrap());
+    let repo: BackupRepository = serde_json::from_value(repository_json()).unwrap();
+    let pod = restore_pod(
+        restore.as_ref(),
+        "Restore",
+        &repo.spec,
+        "web1-copy",
+        None,
+        &MoverPodInput {
+            pod_name: "web1-copy-frs-1",
+            token_secret: "web1-copy-frs-1-token",
+            pvcs: &[ResolvedPvc::new("web1-copy", VolumeMode::Filesystem)],
+            defaults: &settings().mover,
+        },
+    )
+    .unwrap();
+    let volumes = serde_json::to_value(&pod.spec.as_ref().unwrap().volumes).unwrap();
+    assert!(volumes.to_string().contains("backup-key/passphrase"), "{volumes}");
+    h.pod_seen(ready(pod, "node-a"));
+    let id = job_id("uid-r1/restore");
+    h.link
+        .script(&id, vec![report(&id, JobState::Succeeded, 4 * MIB)]);
+    let task = tokio::spawn(reconcile_restore(restore, h.ctx.clone()));
+    let mut done = backup_json(None);
+    done["status"] = json!({"phase": "Succeeded", "snapshotId": "20261202T030000Z-0a1b2c3d"});
+    h.server
+        .expect("GET", &format!("{BACKUPS}/web1-now"), Reply::Ok(done))
+        .await;
+    h.server
+        .expect("GET", REPO, Reply::Ok(repository_json()))
+        .await;
+    let path = "/apis/ferry.dev/v1alpha1/namespaces/vms/restores/web1-copy/status";
+    let seen = h
+        .server
+        .expect("PATCH", path, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert_eq!(seen.body["status"]["moverPod"], "web1-copy-frs-1");
+    h.server.expect_event(NS).await;
+    h.server
+        .expect(
+            "GET",
+            &format!("{SECRETS}/web1-copy-frs-1-token"),
+            Reply::Ok(secret("web1-copy-frs-1-token", &["token"])),
+        )
+        .await;
+    finish(task).await;
+    let seen = h
+        .server
+        .expect("PATCH", path, Reply::ApplyStatus(object.clone()))
+        .await;
+    let end = &seen.body["status"];
+    assert_eq!(end["phase"], "Succeeded");
+    assert_eq!(end["snapshotId"], "20261202T030000Z-0a1b2c3d");
+    h.server
+        .expect("DELETE", &format!("{PODS}/web1-copy-frs-1"), Reply::Deleted)
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{SECRETS}/web1-copy-frs-1-token"),
+            Reply::Deleted,
+        )
+        .await;
+    assert_eq!(h.server.expect_event(NS).await.body["reason"], "Succeeded");
+    h.ctx.take_watch("uid-r1").unwrap().task.await.unwrap();
+    h.server.done().await;
+    let calls = h.link.calls();
+    let Call::Start(JobRequest::Restore(request)) = &calls[0] else {
+        panic!("{calls:?}")
+    };
+    assert_eq!(request.snapshot_id, "20261202T030000Z-0a1b2c3d");
+    assert_eq!(request.target.url, "/var/run/ferry/volumes/web1-copy/disk.img");
+    assert_eq!(request.repository.url, "s3://backups/site-a");
+    assert_eq!(request.idempotency_key, "uid-r1/restore");
 }
 
 // ---- schedules ----

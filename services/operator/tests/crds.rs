@@ -83,6 +83,11 @@ fn kinds_names_and_columns() {
                 "Namespaced".into(),
                 vec!["fbs".into()]
             ),
+            (
+                "restores.ferry.dev".into(),
+                "Namespaced".into(),
+                vec!["frs".into()]
+            ),
         ]
     );
     let transfer = crd("Transfer");

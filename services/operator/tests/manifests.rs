@@ -233,6 +233,7 @@ fn the_examples_are_valid_ferry_resources() {
     let mut repositories: Vec<BackupRepository> = Vec::new();
     let mut backups = Vec::new();
     let mut scheduled = Vec::new();
+    let mut restored = Vec::new();
     for file in &files {
         for doc in documents(file) {
             let kind = doc["kind"].as_str().unwrap_or("").to_string();
@@ -272,8 +273,15 @@ fn the_examples_are_valid_ferry_resources() {
                 "PersistentVolumeClaim" => {
                     let r = &doc["spec"]["dataSourceRef"];
                     if r["apiGroup"].as_str() == Some("ferry.dev") {
-                        assert_eq!(r["kind"].as_str(), Some("VolumeImageSource"));
-                        populated.push(r["name"].as_str().unwrap().to_string());
+                        match r["kind"].as_str() {
+                            Some("VolumeImageSource") => {
+                                populated.push(r["name"].as_str().unwrap().to_string())
+                            }
+                            Some("Backup") => {
+                                restored.push(r["name"].as_str().unwrap().to_string())
+                            }
+                            other => panic!("a claim populated from {other:?}"),
+                        }
                     }
                 }
                 _ => {}
@@ -288,6 +296,13 @@ fn the_examples_are_valid_ferry_resources() {
             .find(|r| r.metadata.name.as_deref() == Some(name))
             .map(|r| r.spec.clone())
     };
+    assert!(!restored.is_empty(), "no claim restored from a Backup");
+    for name in &restored {
+        assert!(
+            backups.iter().any(|b| b["metadata"]["name"].as_str() == Some(name)),
+            "no Backup {name} in the examples"
+        );
+    }
     for doc in &backups {
         check_resource(doc, |b: &Backup| {
             let mut b = b.clone();

@@ -7,7 +7,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::crd::status::condition;
-use crate::crd::{BackupStatus, ChecksumStatus, Phase, Progress, TransferStatus};
+use crate::crd::{
+    BackupStatus, ChecksumStatus, Phase, Progress, RestoreStatus, TransferStatus,
+};
 
 /// The shared part of a status.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -69,6 +71,7 @@ macro_rules! has_life {
 has_life!(TransferStatus);
 has_life!(ChecksumStatus);
 has_life!(BackupStatus);
+has_life!(RestoreStatus);
 
 /// Now, as Kubernetes writes times.
 pub fn now() -> Time {

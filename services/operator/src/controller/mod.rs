@@ -26,6 +26,7 @@ pub mod pods;
 pub mod progress;
 pub mod reconcile;
 pub mod repository;
+pub mod restore;
 pub mod secrets;
 pub mod settings;
 pub mod transfer;
@@ -39,7 +40,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
 
-use crate::crd::{Backup, BackupRepository, Checksum, Transfer};
+use crate::crd::{Backup, BackupRepository, Checksum, Restore, Transfer};
 use crate::metrics::OperatorMetrics;
 use crate::mover::pod::labels;
 
@@ -135,16 +136,25 @@ pub async fn run(
     let backups = Controller::new(api::<Backup>(&client, &ns), watcher::Config::default())
         .owns(api::<Pod>(&client, &ns), owned("Backup"))
         .shutdown_on_signal();
+    let restores = Controller::new(api::<Restore>(&client, &ns), watcher::Config::default())
+        .owns(api::<Pod>(&client, &ns), owned("Restore"))
+        .shutdown_on_signal();
     let repositories = Controller::new(
         api::<BackupRepository>(&client, &ns),
         watcher::Config::default(),
     )
     .shutdown_on_signal();
-    let stores = (transfers.store(), checksums.store(), backups.store());
+    let stores = (
+        transfers.store(),
+        checksums.store(),
+        backups.store(),
+        restores.store(),
+    );
     metrics.set_sampler(Box::new(move |m| {
         m.sample_resources(&stores.0);
         m.sample_resources(&stores.1);
         m.sample_resources(&stores.2);
+        m.sample_resources(&stores.3);
         m.sample_movers(&store);
     }));
     let transfers = transfers
@@ -155,6 +165,9 @@ pub async fn run(
         .for_each(log_result);
     let backups = backups
         .run(backup::reconcile_backup, error_policy::<Backup>, ctx.clone())
+        .for_each(log_result);
+    let restores = restores
+        .run(restore::reconcile_restore, error_policy::<Restore>, ctx.clone())
         .for_each(log_result);
     let repositories = repositories
         .run(
@@ -168,7 +181,7 @@ pub async fn run(
         )
         .for_each(log_result);
     let schedules = crate::schedule::run(client.clone(), ns.clone());
-    futures::join!(transfers, checksums, backups, repositories, schedules);
+    futures::join!(transfers, checksums, backups, restores, repositories, schedules);
     pod_task.abort();
     Ok(())
 }

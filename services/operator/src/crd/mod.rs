@@ -8,6 +8,7 @@ pub mod backup_schedule;
 pub mod checksum;
 pub mod endpoint;
 pub mod options;
+pub mod restore;
 pub mod settings;
 pub mod status;
 pub mod transfer;
@@ -33,6 +34,7 @@ pub use options::{
     CacheMode, ChecksumOptions, CommitOrder, HashAlgorithm, ImageFormat, Preallocation,
     TransferOptions,
 };
+pub use restore::{ResolvedSnapshot, Restore, RestoreSpec, RestoreStatus};
 pub use settings::MoverSettings;
 pub use status::{Checkpoint, Phase, Progress};
 pub use transfer::{Digests, TargetStatus, Transfer, TransferSpec, TransferStatus};
@@ -53,6 +55,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         BackupRepository::crd(),
         Backup::crd(),
         BackupSchedule::crd(),
+        Restore::crd(),
     ]
 }
 

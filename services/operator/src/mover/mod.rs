@@ -52,7 +52,8 @@ pub enum MoverError {
     UnresolvedPvc(String),
 }
 
-fn find_pvc<'a>(pvcs: &'a [ResolvedPvc], name: &str) -> Result<&'a ResolvedPvc, MoverError> {
+/// The resolved claim named `name`.
+pub fn find_pvc<'a>(pvcs: &'a [ResolvedPvc], name: &str) -> Result<&'a ResolvedPvc, MoverError> {
     pvcs.iter()
         .find(|p| p.name == name)
         .ok_or_else(|| MoverError::UnresolvedPvc(name.to_string()))
