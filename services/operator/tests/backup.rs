@@ -13,9 +13,7 @@ use chrono::{DateTime, Utc};
 use ferry_operator::controller::backup::reconcile_backup;
 use ferry_operator::controller::repository::reconcile_repository;
 use ferry_operator::controller::restore::reconcile_restore;
-use ferry_operator::controller::{
-    BackupSummary, JobFailure, JobRequest, JobState, PruneSummary,
-};
+use ferry_operator::controller::{BackupSummary, JobFailure, JobRequest, JobState, PruneSummary};
 use ferry_operator::crd::{Backup, BackupRepository, BackupSchedule, Restore, VolumeMode};
 use ferry_operator::mover::backup_request::Parent;
 use ferry_operator::mover::{backup_pod, restore_pod, MoverPodInput, ResolvedPvc};
@@ -89,9 +87,7 @@ fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
 }
 
-async fn finish<E: std::fmt::Debug>(
-    task: tokio::task::JoinHandle<Result<Action, E>>,
-) -> Action {
+async fn finish<E: std::fmt::Debug>(task: tokio::task::JoinHandle<Result<Action, E>>) -> Action {
     tokio::time::timeout(Duration::from_secs(10), task)
         .await
         .expect("the reconcile did not finish")
@@ -183,17 +179,18 @@ async fn a_backup_backs_up_then_prunes_on_one_mover() {
     assert_eq!(pod["metadata"]["name"], "web1-now-fbk-1");
     assert_eq!(pod["metadata"]["labels"]["ferry.dev/owner-kind"], "Backup");
     let container = &pod["spec"]["containers"][0];
-    assert_eq!(container["volumeDevices"][0]["devicePath"], "/dev/ferry/web1");
+    assert_eq!(
+        container["volumeDevices"][0]["devicePath"],
+        "/dev/ferry/web1"
+    );
     let volumes = pod["spec"]["volumes"].as_array().unwrap();
     let web1 = volumes
         .iter()
         .find(|v| v["persistentVolumeClaim"]["claimName"] == "web1")
         .unwrap();
     assert_eq!(web1["persistentVolumeClaim"]["readOnly"], true);
-    let projected: Vec<String> = volumes
-        .iter()
-        .find(|v| v["name"] == "secrets")
-        .unwrap()["projected"]["sources"]
+    let projected: Vec<String> = volumes.iter().find(|v| v["name"] == "secrets").unwrap()
+        ["projected"]["sources"]
         .as_array()
         .unwrap()
         .iter()
@@ -263,7 +260,10 @@ async fn a_backup_backs_up_then_prunes_on_one_mover() {
     let object = with_status(&object, &json!({ "status": step }));
     let id = job_id("uid-b/prune");
     let mut pruned = report(&id, JobState::Succeeded, 0);
-    pruned.prune = Some(PruneSummary { kept: 7, removed: 2 });
+    pruned.prune = Some(PruneSummary {
+        kept: 7,
+        removed: 2,
+    });
     h.link.script(&id, vec![pruned]);
     let task = tokio::spawn(reconcile_backup(backup(&object), h.ctx.clone()));
     h.server
@@ -277,8 +277,15 @@ async fn a_backup_backs_up_then_prunes_on_one_mover() {
     let end = seen.body["status"].clone();
     assert_eq!(end["phase"], "Succeeded");
     assert_eq!(end["snapshotId"], "20261202T030000Z-0a1b2c3d");
-    assert_eq!((end["pruned"].clone(), end["kept"].clone()), (json!(2), json!(7)));
-    assert_eq!(end["progress"]["doneBytes"], 4 * MIB, "the backup's progress stays");
+    assert_eq!(
+        (end["pruned"].clone(), end["kept"].clone()),
+        (json!(2), json!(7))
+    );
+    assert_eq!(
+        end["progress"]["doneBytes"],
+        4 * MIB,
+        "the backup's progress stays"
+    );
     assert_eq!(condition(&end, "Ready")["status"], "True");
     h.server
         .expect("DELETE", &format!("{PODS}/web1-now-fbk-1"), Reply::Deleted)
@@ -373,7 +380,10 @@ async fn a_failed_backup_says_why() {
         )
         .await;
     let event = h.server.expect_event(NS).await.body;
-    assert_eq!((event["type"].clone(), event["reason"].clone()), (json!("Warning"), json!("Failed")));
+    assert_eq!(
+        (event["type"].clone(), event["reason"].clone()),
+        (json!("Warning"), json!("Failed"))
+    );
     h.ctx.take_watch("uid-b").unwrap().task.await.unwrap();
     h.server.done().await;
     assert_eq!(h.link.calls().len(), 2, "no prune after a failed backup");
@@ -436,7 +446,11 @@ async fn a_repository_reports_whether_it_can_be_used() {
         )
         .await;
     h.server
-        .expect("GET", &format!("{SECRETS}/s3"), Reply::Ok(secret("s3", &["id"])))
+        .expect(
+            "GET",
+            &format!("{SECRETS}/s3"),
+            Reply::Ok(secret("s3", &["id"])),
+        )
         .await;
     let path = "/apis/ferry.dev/v1alpha1/namespaces/vms/backuprepositories/site-a/status";
     let seen = h
@@ -446,7 +460,10 @@ async fn a_repository_reports_whether_it_can_be_used() {
     let status = seen.body["status"].clone();
     assert_eq!(status["encrypted"], true);
     let ready = condition(&status, "Ready");
-    assert_eq!((ready["status"].clone(), ready["reason"].clone()), (json!("False"), json!("SecretMissing")));
+    assert_eq!(
+        (ready["status"].clone(), ready["reason"].clone()),
+        (json!("False"), json!("SecretMissing"))
+    );
     assert_eq!(
         status["message"],
         "secret/s3 has no key 'secret': add it, or fix the secretKeyRef's key"
@@ -476,7 +493,10 @@ async fn a_repository_reports_whether_it_can_be_used() {
         .expect("PATCH", path, Reply::ApplyStatus(object.clone()))
         .await;
     let ready = condition(&seen.body["status"], "Ready").clone();
-    assert_eq!((ready["status"].clone(), ready["reason"].clone()), (json!("True"), json!("Valid")));
+    assert_eq!(
+        (ready["status"].clone(), ready["reason"].clone()),
+        (json!("True"), json!("Valid"))
+    );
     finish(task).await;
     h.server.done().await;
 }
@@ -512,7 +532,10 @@ async fn a_restore_writes_the_backups_snapshot_into_the_claim() {
     )
     .unwrap();
     let volumes = serde_json::to_value(&pod.spec.as_ref().unwrap().volumes).unwrap();
-    assert!(volumes.to_string().contains("backup-key/passphrase"), "{volumes}");
+    assert!(
+        volumes.to_string().contains("backup-key/passphrase"),
+        "{volumes}"
+    );
     h.pod_seen(ready(pod, "node-a"));
     let id = job_id("uid-r1/restore");
     h.link
@@ -566,7 +589,10 @@ async fn a_restore_writes_the_backups_snapshot_into_the_claim() {
         panic!("{calls:?}")
     };
     assert_eq!(request.snapshot_id, "20261202T030000Z-0a1b2c3d");
-    assert_eq!(request.target.url, "/var/run/ferry/volumes/web1-copy/disk.img");
+    assert_eq!(
+        request.target.url,
+        "/var/run/ferry/volumes/web1-copy/disk.img"
+    );
     assert_eq!(request.repository.url, "s3://backups/site-a");
     assert_eq!(request.idempotency_key, "uid-r1/restore");
 }
@@ -584,7 +610,9 @@ impl Clock for TestClock {
 }
 
 fn at(text: &str) -> DateTime<Utc> {
-    DateTime::parse_from_rfc3339(text).unwrap().with_timezone(&Utc)
+    DateTime::parse_from_rfc3339(text)
+        .unwrap()
+        .with_timezone(&Utc)
 }
 
 struct Sched {
@@ -651,9 +679,13 @@ async fn looked_up(s: &mut Sched, backups: Vec<Value>) {
     s.server
         .expect("GET", REPO, Reply::Ok(repository_json()))
         .await;
-    let seen = s.server.expect("GET", BACKUPS, Reply::Ok(list(backups))).await;
+    let seen = s
+        .server
+        .expect("GET", BACKUPS, Reply::Ok(list(backups)))
+        .await;
     assert!(
-        seen.query.contains("labelSelector=ferry.dev%2Fschedule%3Dnightly"),
+        seen.query
+            .contains("labelSelector=ferry.dev%2Fschedule%3Dnightly"),
         "{}",
         seen.query
     );
@@ -684,8 +716,14 @@ async fn a_schedule_fires_without_overlap_and_records_each_backup() {
         .await;
     let status = seen.body["status"].clone();
     assert_eq!(status["nextSyncTime"], "2026-12-02T03:00:00Z");
-    assert_eq!(synchronizing(&status), ("False".into(), "WaitingForSchedule".into()));
-    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(1800)));
+    assert_eq!(
+        synchronizing(&status),
+        ("False".into(), "WaitingForSchedule".into())
+    );
+    assert_eq!(
+        finish(task).await,
+        Action::requeue(Duration::from_secs(1800))
+    );
     s.server.done().await;
 
     // 2. The fire time passed: one Backup, owned by the schedule.
@@ -695,9 +733,15 @@ async fn a_schedule_fires_without_overlap_and_records_each_backup() {
     looked_up(&mut s, vec![]).await;
     let created = s.server.expect("POST", BACKUPS, Reply::Echo).await.body;
     assert_eq!(created["metadata"]["name"], "nightly-20261202030000");
-    assert_eq!(created["metadata"]["labels"]["ferry.dev/schedule"], "nightly");
+    assert_eq!(
+        created["metadata"]["labels"]["ferry.dev/schedule"],
+        "nightly"
+    );
     assert_eq!(created["metadata"]["ownerReferences"][0]["uid"], "uid-s");
-    assert_eq!(created["metadata"]["ownerReferences"][0]["controller"], true);
+    assert_eq!(
+        created["metadata"]["ownerReferences"][0]["controller"],
+        true
+    );
     assert_eq!(created["spec"]["sourcePVC"], "web1");
     assert_eq!(created["spec"]["sourceId"], "vms/web1");
     assert_eq!(created["spec"]["retain"], json!({"daily": 7}));
@@ -708,7 +752,10 @@ async fn a_schedule_fires_without_overlap_and_records_each_backup() {
     let status = seen.body["status"].clone();
     assert_eq!(status["lastBackup"], "nightly-20261202030000");
     assert_eq!(status["nextSyncTime"], "2026-12-03T03:00:00Z");
-    assert_eq!(synchronizing(&status), ("True".into(), "BackupRunning".into()));
+    assert_eq!(
+        synchronizing(&status),
+        ("True".into(), "BackupRunning".into())
+    );
     assert_eq!(
         s.server.expect_event(NS).await.body["reason"],
         "BackupCreated"
@@ -728,7 +775,10 @@ async fn a_schedule_fires_without_overlap_and_records_each_backup() {
         .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
         .await;
     let status = seen.body["status"].clone();
-    assert_eq!(synchronizing(&status), ("True".into(), "BackupRunning".into()));
+    assert_eq!(
+        synchronizing(&status),
+        ("True".into(), "BackupRunning".into())
+    );
     assert!(condition(&status, "Synchronizing")["message"]
         .as_str()
         .unwrap()
@@ -885,7 +935,10 @@ async fn copy_method_snapshot_creates_and_cleans_a_snapshot_and_a_claim() {
     let status = &seen.body["status"];
     assert_eq!(status["lastResult"], "Failed");
     assert!(status.get("lastSnapshot").is_none());
-    assert_eq!(synchronizing(status), ("False".into(), "WaitingForSchedule".into()));
+    assert_eq!(
+        synchronizing(status),
+        ("False".into(), "WaitingForSchedule".into())
+    );
     finish(task).await;
     s.server.done().await;
 }
@@ -903,9 +956,15 @@ async fn invalid_schedules_say_what_to_fix() {
         .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
         .await;
     let status = &seen.body["status"];
-    assert_eq!(synchronizing(status), ("False".into(), "InvalidSpec".into()));
+    assert_eq!(
+        synchronizing(status),
+        ("False".into(), "InvalidSpec".into())
+    );
     let message = status["message"].as_str().unwrap();
-    assert!(message.starts_with("spec.trigger: cron '61 3 * * *' is not valid"), "{message}");
+    assert!(
+        message.starts_with("spec.trigger: cron '61 3 * * *' is not valid"),
+        "{message}"
+    );
     assert_eq!(s.server.expect_event(NS).await.body["type"], "Warning");
     assert_eq!(finish(task).await, Action::await_change());
     s.server.done().await;
@@ -918,7 +977,10 @@ async fn invalid_schedules_say_what_to_fix() {
         .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
         .await;
     let status = &seen.body["status"];
-    assert_eq!(synchronizing(status), ("False".into(), "InvalidSpec".into()));
+    assert_eq!(
+        synchronizing(status),
+        ("False".into(), "InvalidSpec".into())
+    );
     assert_eq!(
         status["message"],
         "spec.repository: BackupRepository 'site-a' does not exist in namespace vms: create it, or fix the name"

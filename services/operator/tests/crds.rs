@@ -194,7 +194,14 @@ fn the_backup_kinds_have_their_columns_and_no_operator_field() {
     );
     assert_eq!(
         columns("BackupSchedule"),
-        ["PVC", "Schedule", "Last sync", "Next sync", "Last snapshot", "Age"]
+        [
+            "PVC",
+            "Schedule",
+            "Last sync",
+            "Next sync",
+            "Last snapshot",
+            "Age"
+        ]
     );
     assert_eq!(
         columns("BackupRepository"),
@@ -202,7 +209,10 @@ fn the_backup_kinds_have_their_columns_and_no_operator_field() {
     );
     let backup = schema_json("Backup");
     let spec = &backup["openAPIV3Schema"]["properties"]["spec"];
-    assert_eq!(spec["required"], serde_json::json!(["repository", "sourcePVC"]));
+    assert_eq!(
+        spec["required"],
+        serde_json::json!(["repository", "sourcePVC"])
+    );
     assert!(
         spec["properties"].get("resolvedRepository").is_none(),
         "the operator's lookup is never part of the API: {spec}"

@@ -299,7 +299,9 @@ fn the_examples_are_valid_ferry_resources() {
     assert!(!restored.is_empty(), "no claim restored from a Backup");
     for name in &restored {
         assert!(
-            backups.iter().any(|b| b["metadata"]["name"].as_str() == Some(name)),
+            backups
+                .iter()
+                .any(|b| b["metadata"]["name"].as_str() == Some(name)),
             "no Backup {name} in the examples"
         );
     }
@@ -311,7 +313,10 @@ fn the_examples_are_valid_ferry_resources() {
         });
     }
     for name in &scheduled {
-        assert!(repository(name).is_some(), "no BackupRepository {name} in the examples");
+        assert!(
+            repository(name).is_some(),
+            "no BackupRepository {name} in the examples"
+        );
     }
     for kind in [
         "Transfer",

@@ -7,9 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::crd::status::condition;
-use crate::crd::{
-    BackupStatus, ChecksumStatus, Phase, Progress, RestoreStatus, TransferStatus,
-};
+use crate::crd::{BackupStatus, ChecksumStatus, Phase, Progress, RestoreStatus, TransferStatus};
 
 /// The shared part of a status.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -48,8 +48,8 @@ pub use context::Context;
 pub use error::Error;
 pub use kind::MoverKind;
 pub use link::{
-    BackupSummary, JobFailure, JobReport, JobRequest, JobState, LinkError, MoverAddress, MoverLink, PruneSummary,
-    ReportStream, TargetReport,
+    BackupSummary, JobFailure, JobReport, JobRequest, JobState, LinkError, MoverAddress, MoverLink,
+    PruneSummary, ReportStream, TargetReport,
 };
 pub use reconcile::reconcile;
 pub use settings::OperatorSettings;
@@ -164,10 +164,18 @@ pub async fn run(
         .run(reconcile::<Checksum>, error_policy::<Checksum>, ctx.clone())
         .for_each(log_result);
     let backups = backups
-        .run(backup::reconcile_backup, error_policy::<Backup>, ctx.clone())
+        .run(
+            backup::reconcile_backup,
+            error_policy::<Backup>,
+            ctx.clone(),
+        )
         .for_each(log_result);
     let restores = restores
-        .run(restore::reconcile_restore, error_policy::<Restore>, ctx.clone())
+        .run(
+            restore::reconcile_restore,
+            error_policy::<Restore>,
+            ctx.clone(),
+        )
         .for_each(log_result);
     let repositories = repositories
         .run(
@@ -181,7 +189,14 @@ pub async fn run(
         )
         .for_each(log_result);
     let schedules = crate::schedule::run(client.clone(), ns.clone());
-    futures::join!(transfers, checksums, backups, restores, repositories, schedules);
+    futures::join!(
+        transfers,
+        checksums,
+        backups,
+        restores,
+        repositories,
+        schedules
+    );
     pod_task.abort();
     Ok(())
 }

@@ -66,7 +66,9 @@ pub async fn reconcile_repository(
             }
         }
     };
-    let text = message.clone().unwrap_or_else(|| "the repository can be used".into());
+    let text = message
+        .clone()
+        .unwrap_or_else(|| "the repository can be used".into());
     let mut life = Life {
         conditions: std::mem::take(&mut next.conditions),
         observed_generation: next.observed_generation,

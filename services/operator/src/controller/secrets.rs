@@ -17,7 +17,10 @@ use super::kind::Ids;
 
 /// Secret name -> the keys the endpoints and `keys` reference (empty for a whole-Secret
 /// reference).
-fn referenced(endpoints: &[&Endpoint], keys: &[&SecretKeyRef]) -> BTreeMap<String, BTreeSet<String>> {
+fn referenced(
+    endpoints: &[&Endpoint],
+    keys: &[&SecretKeyRef],
+) -> BTreeMap<String, BTreeSet<String>> {
     let mut wanted: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for r in keys {
         wanted

@@ -64,11 +64,13 @@ pub struct BackupSpec {
     /// `auto` (the latest backup of the same source, the default), `none` (a full
     /// backup), or a snapshot id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 128), regex(pattern = r"^(auto|none|[0-9A-Za-z-]+)$"))]
+    #[schemars(
+        length(min = 1, max = 128),
+        regex(pattern = r"^(auto|none|[0-9A-Za-z-]+)$")
+    )]
     pub parent: Option<String>,
-    /// Tags recorded in the snapshot's manifest.
+    /// Tags recorded in the snapshot's manifest (at most 32).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 32))]
     pub tags: Option<BTreeMap<String, String>>,
     /// After the backup, prune the source's snapshots by these rules (a BackupSchedule
     /// sets it from its own `retain`).
@@ -188,7 +190,9 @@ fn check_parent(field: &str, parent: &str) -> Result<(), ValidationError> {
     if !ok {
         return Err(invalid(
             field,
-            &format!("'{parent}' is not auto, none or a snapshot id (like 20261202T101500Z-0a1b2c3d)"),
+            &format!(
+                "'{parent}' is not auto, none or a snapshot id (like 20261202T101500Z-0a1b2c3d)"
+            ),
         ));
     }
     Ok(())
@@ -216,10 +220,7 @@ impl BackupSpec {
         }
         if let Some(tags) = &self.tags {
             if tags.len() > MAX_TAGS {
-                return Err(invalid(
-                    "spec.tags",
-                    &format!("at most {MAX_TAGS} tags"),
-                ));
+                return Err(invalid("spec.tags", &format!("at most {MAX_TAGS} tags")));
             }
             for (k, v) in tags {
                 let key_ok = !k.is_empty()
@@ -388,7 +389,11 @@ mod tests {
         let mut s = spec();
         s.resolved_repository = None;
         let e = s.validate().unwrap_err();
-        assert!(e.message.contains("BackupRepository 'site-a' does not exist"), "{e}");
+        assert!(
+            e.message
+                .contains("BackupRepository 'site-a' does not exist"),
+            "{e}"
+        );
         let mut s = spec();
         s.resolved_repository = Some(BackupRepositorySpec {
             url: None,
@@ -400,7 +405,11 @@ mod tests {
             encryption: None,
             initialize: None,
         });
-        assert!(s.validate().unwrap_err().message.contains("claim being backed up"));
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .message
+            .contains("claim being backed up"));
     }
 
     #[test]

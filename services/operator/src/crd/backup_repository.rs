@@ -28,7 +28,11 @@ use super::validate::{
     doc = "A deduplicating backup repository (an S3 prefix or a directory in a PVC) that Backups and BackupSchedules write to",
     printcolumn(name = "URL", type_ = "string", json_path = ".spec.url"),
     printcolumn(name = "PVC", type_ = "string", json_path = ".spec.pvc.name"),
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
     printcolumn(name = "Encrypted", type_ = "boolean", json_path = ".status.encrypted"),
     printcolumn(
         name = "Age",
@@ -85,7 +89,10 @@ impl BackupRepositorySpec {
             }
             (None, Some(pvc)) => {
                 if self.s3.is_some() {
-                    return Err(invalid("spec.s3", "s3 options go with an s3:// url, not with a pvc"));
+                    return Err(invalid(
+                        "spec.s3",
+                        "s3 options go with an s3:// url, not with a pvc",
+                    ));
                 }
                 check_pvc_name("spec.pvc.name", &pvc.name)?;
                 if let Some(path) = &pvc.path {

@@ -29,10 +29,18 @@ use super::validate::{check_pvc_name, invalid, ValidationError};
     category = "ferry",
     doc = "Backs up a PVC into a BackupRepository on a cron schedule, pruning by retain",
     printcolumn(name = "PVC", type_ = "string", json_path = ".spec.sourcePVC"),
-    printcolumn(name = "Schedule", type_ = "string", json_path = ".spec.trigger.schedule"),
+    printcolumn(
+        name = "Schedule",
+        type_ = "string",
+        json_path = ".spec.trigger.schedule"
+    ),
     printcolumn(name = "Last sync", type_ = "date", json_path = ".status.lastSyncTime"),
     printcolumn(name = "Next sync", type_ = "date", json_path = ".status.nextSyncTime"),
-    printcolumn(name = "Last snapshot", type_ = "string", json_path = ".status.lastSnapshot"),
+    printcolumn(
+        name = "Last snapshot",
+        type_ = "string",
+        json_path = ".status.lastSnapshot"
+    ),
     printcolumn(
         name = "Age",
         type_ = "date",
@@ -74,9 +82,8 @@ pub struct BackupScheduleSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub storage_class_name: Option<String>,
-    /// Tags recorded in every snapshot.
+    /// Tags recorded in every snapshot (at most 32).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 32))]
     pub tags: Option<BTreeMap<String, String>>,
     /// How the mover pods run.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -82,9 +82,7 @@ impl RestoreSpec {
         check_pvc_name("spec.targetPVC", &self.target_pvc)?;
         match (&self.backup, &self.repository, &self.snapshot_id) {
             (Some(backup), None, None) => check_pvc_name("spec.backup", backup)?,
-            (None, Some(repository), Some(_)) => {
-                check_pvc_name("spec.repository", repository)?
-            }
+            (None, Some(repository), Some(_)) => check_pvc_name("spec.repository", repository)?,
             _ => {
                 return Err(invalid(
                     "spec",
@@ -104,7 +102,10 @@ impl RestoreSpec {
             )),
             Some(Ok(found)) => {
                 found.repository.validate().map_err(|e| {
-                    invalid("spec.repository", &format!("the repository is not valid: {e}"))
+                    invalid(
+                        "spec.repository",
+                        &format!("the repository is not valid: {e}"),
+                    )
                 })?;
                 if found
                     .repository
@@ -199,7 +200,13 @@ mod tests {
         let mut s = spec();
         s.resolved = Some(Err("Backup 'x' does not exist".into()));
         let e = s.validate().unwrap_err();
-        assert_eq!((e.field.as_str(), e.message.as_str()), ("spec.backup", "Backup 'x' does not exist"));
-        assert!(serde_json::to_value(spec()).unwrap().get("resolved").is_none());
+        assert_eq!(
+            (e.field.as_str(), e.message.as_str()),
+            ("spec.backup", "Backup 'x' does not exist")
+        );
+        assert!(serde_json::to_value(spec())
+            .unwrap()
+            .get("resolved")
+            .is_none());
     }
 }

@@ -14,7 +14,7 @@ use kube::Resource;
 
 use super::layout;
 use super::request::{wire_endpoint, EndpointOptions, SecretRef, WireEndpoint, OWNER_UID_LABEL};
-use super::{find_pvc, MoverError, ResolvedPvc};
+use super::{MoverError, ResolvedPvc};
 use crate::crd::{Backup, BackupRepositorySpec, Endpoint, PvcRef, Retention, ValidationError};
 
 /// A repository as the mover opens it.
@@ -96,9 +96,7 @@ pub fn repository_dir(pvc: &PvcRef) -> String {
 
 /// A repository as the mover opens it.
 pub fn wire_repository(repo: &BackupRepositorySpec) -> WireRepository {
-    let key = repo
-        .key()
-        .map(|r| SecretRef::File(layout::secret_file(r)));
+    let key = repo.key().map(|r| SecretRef::File(layout::secret_file(r)));
     match &repo.pvc {
         Some(pvc) => WireRepository {
             url: repository_dir(pvc),
@@ -153,7 +151,6 @@ pub fn backup_request(backup: &Backup, pvcs: &[ResolvedPvc]) -> Result<StartBack
         }),
         ..Endpoint::default()
     };
-    find_pvc(pvcs, &spec.source_pvc)?;
     let namespace = backup.meta().namespace.clone().unwrap_or_default();
     Ok(StartBackup {
         source: wire_endpoint(&source, pvcs)?,

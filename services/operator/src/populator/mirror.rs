@@ -145,7 +145,10 @@ pub fn note<F: Filler>(last: Option<Said>, now: Said, filler: &F, prime: &str) -
     };
     let kept = format!("pvc/{prime} is kept for inspection; delete {kind} {name} to try again");
     match now.phase {
-        Phase::Pending => normal("PopulatorPending", format!("{kind} {name} is pending: {why}")),
+        Phase::Pending => normal(
+            "PopulatorPending",
+            format!("{kind} {name} is pending: {why}"),
+        ),
         Phase::Running => {
             let progress = filler.progress();
             let (pod, node) = filler.mover();
@@ -158,14 +161,24 @@ pub fn note<F: Filler>(last: Option<Said>, now: Said, filler: &F, prime: &str) -
                 pod.unwrap_or("-"),
                 node.unwrap_or("-"),
             );
-            let reason = if same_phase { "PopulatorProgress" } else { "PopulatorRunning" };
+            let reason = if same_phase {
+                "PopulatorProgress"
+            } else {
+                "PopulatorRunning"
+            };
             normal(reason, text)
         }
         Phase::Succeeded => normal(
             "ImageCopied",
-            format!("{kind} {name} {} into pvc/{prime}; its volume is rebound to this claim once bound", F::DONE),
+            format!(
+                "{kind} {name} {} into pvc/{prime}; its volume is rebound to this claim once bound",
+                F::DONE
+            ),
         ),
-        Phase::Failed => warning("PopulatorFailed", format!("{kind} {name} failed: {why}; {kept}")),
+        Phase::Failed => warning(
+            "PopulatorFailed",
+            format!("{kind} {name} failed: {why}; {kept}"),
+        ),
         Phase::Cancelled => warning(
             "PopulatorCancelled",
             format!("{kind} {name} was cancelled: {why}; {kept}"),

@@ -128,9 +128,8 @@ pub async fn run(client: Client) -> Result<(), RunError> {
         watcher::Config::default(),
     );
     let claims = controller.store();
-    let ctx = Arc::new(
-        Context::new(client.clone(), claims.clone(), transfers).with_restores(restores),
-    );
+    let ctx =
+        Arc::new(Context::new(client.clone(), claims.clone(), transfers).with_restores(restores));
     let restoring = claims.clone();
     controller
         .owns(Api::<PersistentVolumeClaim>::all(client.clone()), owned())

@@ -154,7 +154,10 @@ mod tests {
             .unwrap()
             .with_timezone(&Utc);
         assert_eq!(backup_name("nightly", at), "nightly-20261202030000");
-        assert_eq!(temp_claim_name("nightly-20261202030000"), "nightly-20261202030000-src");
+        assert_eq!(
+            temp_claim_name("nightly-20261202030000"),
+            "nightly-20261202030000-src"
+        );
         let long = backup_name(&"a".repeat(260), at);
         assert!(temp_claim_name(&long).len() <= MAX_NAME, "{long}");
     }

@@ -145,7 +145,15 @@ pub async fn reconcile(obj: Arc<BackupSchedule>, ctx: Arc<Context>) -> Result<Ac
             "spec.repository: BackupRepository '{}' does not exist in namespace {namespace}: create it, or fix the name",
             obj.spec.repository
         );
-        return invalid(&ctx, &obj, &before, next, &message, Action::requeue(RECHECK)).await;
+        return invalid(
+            &ctx,
+            &obj,
+            &before,
+            next,
+            &message,
+            Action::requeue(RECHECK),
+        )
+        .await;
     }
     let backups: Api<Backup> = Api::namespaced(ctx.client.clone(), namespace);
     let mut mine = backups
@@ -153,7 +161,7 @@ pub async fn reconcile(obj: Arc<BackupSchedule>, ctx: Arc<Context>) -> Result<Ac
         .await?
         .items;
     mine.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    if let Some(done) = mine.iter().filter(|b| is_final(b)).next_back() {
+    if let Some(done) = mine.iter().rev().find(|b| is_final(b)) {
         record(&ctx, &obj, &mut next, done).await?;
     }
     if let Some(running) = mine.iter().find(|b| !is_final(b)) {
@@ -247,13 +255,14 @@ async fn record(
         .as_ref()
         .and_then(|a| a.get(SNAPSHOT_ANNOTATION))
     {
-        let snapshots: Api<DynamicObject> = Api::namespaced_with(
-            ctx.client.clone(),
-            namespace,
-            &build::volume_snapshot_api(),
-        );
+        let snapshots: Api<DynamicObject> =
+            Api::namespaced_with(ctx.client.clone(), namespace, &build::volume_snapshot_api());
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
-        gone(claims.delete(&done.spec.source_pvc, &DeleteParams::default()).await)?;
+        gone(
+            claims
+                .delete(&done.spec.source_pvc, &DeleteParams::default())
+                .await,
+        )?;
         gone(snapshots.delete(snapshot, &DeleteParams::default()).await)?;
     }
     let (warning, why, note) = match status.phase {
@@ -322,11 +331,8 @@ async fn fire(
             write(ctx, obj, before, &next).await?;
             return Ok(Action::requeue(RECHECK));
         };
-        let snapshots: Api<DynamicObject> = Api::namespaced_with(
-            ctx.client.clone(),
-            namespace,
-            &build::volume_snapshot_api(),
-        );
+        let snapshots: Api<DynamicObject> =
+            Api::namespaced_with(ctx.client.clone(), namespace, &build::volume_snapshot_api());
         made(
             snapshots
                 .create(&PostParams::default(), &build::volume_snapshot(obj, &name))
@@ -334,7 +340,10 @@ async fn fire(
         )?;
         made(
             claims
-                .create(&PostParams::default(), &build::temp_claim(obj, &name, &source))
+                .create(
+                    &PostParams::default(),
+                    &build::temp_claim(obj, &name, &source),
+                )
                 .await,
         )?;
     }
