@@ -159,6 +159,10 @@ impl MoverKind for Backup {
         }
     }
 
+    fn keep_lookups(&self, written: &mut Self) {
+        written.spec.resolved_repository = self.spec.resolved_repository.clone();
+    }
+
     fn succeed(&self, status: &mut BackupStatus, reports: &[JobReport]) {
         for r in reports {
             if let Some(b) = &r.backup {

@@ -100,6 +100,9 @@ pub trait MoverKind:
     /// How finished jobs end the resource (or its step), given the status they were
     /// observed into.
     fn outcome(&self, status: &Self::Status, reports: &[JobReport]) -> Outcome;
+    /// Copies what the operator looked up for this reconcile (never stored, so missing
+    /// from the object a write returns) into `written`.
+    fn keep_lookups(&self, _written: &mut Self) {}
     /// What succeeded jobs produced (digests, a snapshot id), into the status; called for
     /// [`Outcome::Succeeded`] and [`Outcome::Continue`].
     fn succeed(&self, status: &mut Self::Status, reports: &[JobReport]);
@@ -149,11 +152,13 @@ pub async fn write_status<K: MoverKind>(
     if let Some(version) = &based_on.meta().resource_version {
         body["metadata"] = serde_json::json!({ "resourceVersion": version });
     }
-    Ok(api
+    let mut written = api
         .patch_status(
             &ids.name,
             &PatchParams::apply(MANAGER).force(),
             &Patch::Apply(body),
         )
-        .await?)
+        .await?;
+    based_on.keep_lookups(&mut written);
+    Ok(written)
 }

@@ -10,7 +10,7 @@ use kube::runtime::controller::Action;
 use kube::Api;
 
 use crate::crd::status::condition::{reason, READY};
-use crate::crd::{BackupRepository, BackupRepositoryStatus, SecretKeyRef};
+use crate::crd::{BackupRepository, SecretKeyRef};
 
 use super::context::{Context, MANAGER};
 use super::error::Error;

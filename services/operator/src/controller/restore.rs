@@ -184,5 +184,9 @@ impl MoverKind for Restore {
         }
     }
 
+    fn keep_lookups(&self, written: &mut Self) {
+        written.spec.resolved = self.spec.resolved.clone();
+    }
+
     fn succeed(&self, _status: &mut RestoreStatus, _reports: &[JobReport]) {}
 }

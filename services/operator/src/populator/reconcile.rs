@@ -221,7 +221,7 @@ async fn populate(
         Step::Go(transfer) => transfer,
         Step::Wait(action) => return Ok(action),
     };
-    if let Some(note) = ctx.news(&ids.uid, &transfer, &prime_name) {
+    if let Some(note) = ctx.news(&ids.uid, transfer.as_ref(), &prime_name) {
         ctx.event(pvc, note.warning, note.reason, &note.text).await;
     }
     match transfer.status.as_ref().map(|s| s.phase) {
