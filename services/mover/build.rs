@@ -9,6 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         proto_root.join("ferry/v1/jobs.proto"),
         proto_root.join("ferry/v1/schedules.proto"),
+        proto_root.join("ferry/v1/backups.proto"),
     ];
     println!(
         "cargo:rerun-if-changed={}",

@@ -20,6 +20,7 @@ use ferry_engine::{CancellationToken, Progress};
 use ferry_image_backup::{
     backup, restore, BackupOptions, BackupReport, ParentChoice, RestoreOptions, RestoreOrder,
 };
+use ferry_testkit::CountingSource;
 use ferry_tests::check::{assert_allocated_about, blkhash_file, qemu_img_compare};
 use ferry_tests::copying;
 use ferry_tests::images::{self, Pattern};
@@ -72,59 +73,6 @@ impl ObjectStore for CountingStore {
 
     async fn touch(&self, name: &str) -> Result<()> {
         self.inner.touch(name).await
-    }
-}
-
-/// Counts the bytes read from a source (every handle it connects shares the count), and
-/// fails reads at or past `fail_from` when set.
-struct CountingSource {
-    inner: Arc<dyn Source>,
-    read: Arc<AtomicU64>,
-    fail_from: Option<u64>,
-}
-
-impl std::fmt::Debug for CountingSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CountingSource")
-            .field("source", &self.inner.describe())
-            .finish()
-    }
-}
-
-#[async_trait]
-impl Source for CountingSource {
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-
-    fn caps(&self) -> Caps {
-        self.inner.caps()
-    }
-
-    async fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.inner.extents(offset, len).await
-    }
-
-    async fn read_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
-        if self.fail_from.is_some_and(|f| offset >= f) {
-            return Err(
-                ferry_core::Error::new(ErrorKind::Io, "injected read failure").at("read", offset),
-            );
-        }
-        self.read.fetch_add(buf.len() as u64, Ordering::Relaxed);
-        self.inner.read_at(offset, buf).await
-    }
-
-    async fn connect(&self) -> Result<Arc<dyn Source>> {
-        Ok(Arc::new(Self {
-            inner: self.inner.connect().await?,
-            read: Arc::clone(&self.read),
-            fail_from: self.fail_from,
-        }))
     }
 }
 
@@ -361,11 +309,8 @@ async fn an_interrupted_backup_is_not_listed_and_a_rerun_uploads_the_rest() {
     )
     .unwrap();
     let inner = copying::source(&url(&img.path)).await.unwrap();
-    let failing: Arc<dyn Source> = Arc::new(CountingSource {
-        inner,
-        read: Arc::new(AtomicU64::new(0)),
-        fail_from: Some(40 * u64::from(CHUNK)),
-    });
+    let (failing, _) = CountingSource::failing_from(inner, Some(40 * u64::from(CHUNK)));
+    let failing: Arc<dyn Source> = failing;
     let options = BackupOptions::new("disk").with_workers(1);
     let err = back_up(&repo, failing, &options).await.unwrap_err();
     assert!(err.to_string().contains("injected read failure"), "{err}");

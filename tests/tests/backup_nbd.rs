@@ -5,14 +5,14 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use ferry_backup::{InitOptions, LocalStore, Repository};
-use ferry_core::{Caps, EndpointSpec, Extent, IoBuf, Result, Source};
+use ferry_core::{EndpointSpec, Source};
 use ferry_engine::{CancellationToken, Progress};
 use ferry_image_backup::{backup, restore, BackupOptions, NbdDirtyBitmap, RestoreOptions};
+use ferry_testkit::CountingSource;
 use ferry_tests::check::{blkhash_file, qemu_img_compare, require_tool};
 use ferry_tests::copying;
 use ferry_tests::nbd_servers::{NbdServer, QemuNbd};
@@ -32,51 +32,6 @@ fn sh(program: &str, args: &[&str]) {
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
-}
-
-/// Counts bytes read through a source and every handle it connects.
-struct Counting {
-    inner: Arc<dyn Source>,
-    read: Arc<AtomicU64>,
-}
-
-impl std::fmt::Debug for Counting {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Counting")
-            .field("source", &self.inner.describe())
-            .finish()
-    }
-}
-
-#[async_trait]
-impl Source for Counting {
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-
-    fn caps(&self) -> Caps {
-        self.inner.caps()
-    }
-
-    async fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.inner.extents(offset, len).await
-    }
-
-    async fn read_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
-        self.read.fetch_add(buf.len() as u64, Ordering::Relaxed);
-        self.inner.read_at(offset, buf).await
-    }
-
-    async fn connect(&self) -> Result<Arc<dyn Source>> {
-        Ok(Arc::new(Self {
-            inner: self.inner.connect().await?,
-            read: Arc::clone(&self.read),
-        }))
-    }
 }
 
 fn export(disk: &Path, bitmap: Option<&str>) -> NbdServer {
@@ -153,11 +108,8 @@ async fn dirty_bitmap_backup_reads_only_dirty_chunks() {
         panic!("not an NBD URI: {}", server.uri());
     };
     let bitmap = NbdDirtyBitmap::open(&spec, "b0").await.unwrap();
-    let read = Arc::new(AtomicU64::new(0));
-    let source: Arc<dyn Source> = Arc::new(Counting {
-        inner: bitmap.source(),
-        read: Arc::clone(&read),
-    });
+    let (source, read) = CountingSource::wrap(bitmap.source());
+    let source: Arc<dyn Source> = source;
     let options = BackupOptions::new("vm/disk").with_changed(Arc::new(bitmap));
     let second = backup(&repo, source, &options, &progress, &cancel)
         .await

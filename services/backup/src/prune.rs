@@ -418,6 +418,18 @@ impl Repository {
         now: DateTime<Utc>,
         dry_run: bool,
     ) -> Result<PruneReport> {
+        self.prune_source(policy, None, now, dry_run).await
+    }
+
+    /// [`Repository::prune`] of the backups of one source identity only (`None`: every
+    /// source, each on its own): the others are neither planned nor deleted.
+    pub async fn prune_source(
+        &self,
+        policy: &KeepPolicy,
+        source: Option<&str>,
+        now: DateTime<Utc>,
+        dry_run: bool,
+    ) -> Result<PruneReport> {
         if policy.is_empty() {
             return Err(Error::invalid_input(
                 "the retention policy keeps nothing explicitly (no keep rule is set): refusing to remove every backup",
@@ -431,7 +443,9 @@ impl Repository {
                     format!("prune stopped before removing anything: {}", e.message()),
                 )
             })?;
-            refs.push(SnapshotRef::from(&manifest));
+            if source.is_none_or(|s| s == manifest.source) {
+                refs.push(SnapshotRef::from(&manifest));
+            }
         }
         let plan = plan(&refs, policy, now);
         let mut deleted = Vec::new();

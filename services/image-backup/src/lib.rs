@@ -31,6 +31,6 @@ mod restore;
 
 pub use backup::{backup, BackupOptions, BackupReport, DEFAULT_WORKERS};
 pub use changed::{ChangedRanges, NbdDirtyBitmap};
-pub use maintenance::{gc, prune};
+pub use maintenance::{gc, prune, prune_source};
 pub use parent::ParentChoice;
 pub use restore::{restore, RestoreOptions, RestoreOrder, RestoreReport};

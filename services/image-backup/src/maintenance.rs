@@ -17,7 +17,18 @@ pub async fn prune(
     now: DateTime<Utc>,
     dry_run: bool,
 ) -> Result<PruneReport> {
-    let report = repo.prune(policy, now, dry_run).await?;
+    prune_source(repo, policy, None, now, dry_run).await
+}
+
+/// [`prune`] of the backups of one source identity only (`None`: every source).
+pub async fn prune_source(
+    repo: &Repository,
+    policy: &KeepPolicy,
+    source: Option<&str>,
+    now: DateTime<Utc>,
+    dry_run: bool,
+) -> Result<PruneReport> {
+    let report = repo.prune_source(policy, source, now, dry_run).await?;
     for id in &report.deleted {
         blocks::delete(repo, id).await?;
     }

@@ -47,6 +47,9 @@ pub struct RestoreOptions {
     /// Chunks in flight at once (default 8).
     pub workers: usize,
     pub order: RestoreOrder,
+    /// Fail when the block hash of what was written differs from the manifest's
+    /// (default on).
+    pub verify: bool,
 }
 
 impl Default for RestoreOptions {
@@ -54,6 +57,7 @@ impl Default for RestoreOptions {
         Self {
             workers: DEFAULT_WORKERS,
             order: RestoreOrder::Auto,
+            verify: true,
         }
     }
 }
@@ -72,6 +76,11 @@ impl RestoreOptions {
         self.order = order;
         self
     }
+
+    pub fn with_verify(mut self, on: bool) -> Self {
+        self.verify = on;
+        self
+    }
 }
 
 /// What a finished restore did.
@@ -85,7 +94,8 @@ pub struct RestoreReport {
     pub zero_bytes: u64,
     /// The block hash of what was written (equal to the manifest's when it has one).
     pub block_hash: String,
-    /// Whether the manifest had a block hash to check against.
+    /// Whether the block hash was checked against the manifest's (it had one, and the
+    /// check was not turned off).
     pub verified: bool,
     pub elapsed: Duration,
 }
@@ -187,8 +197,9 @@ pub async fn restore(
             "the restore ended with chunks missing from the block hash",
         ));
     };
-    let verified = manifest.block_hash.is_some();
-    if let Some(expected) = &manifest.block_hash {
+    let expected = manifest.block_hash.as_ref().filter(|_| options.verify);
+    let verified = expected.is_some();
+    if let Some(expected) = expected {
         if *expected != block_hash {
             let _ = target.abort().await;
             return Err(Error::new(

@@ -414,7 +414,7 @@ pub fn report(job: &proto::Job) -> JobReport {
             digest(r.target_digest.as_ref()),
         ),
         Some(proto::job::Result::ChecksumResult(r)) => (digest(r.digest.as_ref()), None),
-        None => (None, None),
+        _ => (None, None),
     };
     JobReport {
         id: job.id.clone(),

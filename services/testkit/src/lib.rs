@@ -10,12 +10,14 @@
 //!   (tests/tests/conformance.rs), with [`BackedFixture`] to open targets and read them
 //!   back.
 //! - [`files`]: scratch directories that keep holes, sparse images, loop devices.
+//! - [`CountingSource`]: counts the bytes read through a real source (backup tests).
 //! - [`promql`]: the metric names a Grafana dashboard's queries use (dashboard tests).
 //!
 //! It depends on ferry-core only, so the engine and the endpoints can use it as a
 //! dev-dependency without a cycle. Its checks panic, as test assertions do.
 
 pub mod conformance;
+mod counting;
 pub mod files;
 mod fixture;
 mod gauge;
@@ -23,6 +25,7 @@ pub mod promql;
 mod source;
 mod target;
 
+pub use counting::CountingSource;
 pub use fixture::{BackedFixture, Opening};
 pub use gauge::Gauge;
 pub use source::{MemSource, SourceStats};

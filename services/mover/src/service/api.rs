@@ -1,5 +1,7 @@
 //! The `ferry.v1.JobService` gRPC handlers: thin glue from requests to the validator and
-//! the job manager; errors become status codes in [`super::status`] only.
+//! the job manager; errors become status codes in [`super::status`] only. A restore of a
+//! backup the repository does not hold is NOT_FOUND at once (when the repository can
+//! tell quickly), like an unknown job.
 
 use std::pin::Pin;
 
@@ -7,7 +9,8 @@ use futures_util::Stream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use super::convert::{self, Validator};
+use super::convert::backup::RestoreSpec;
+use super::convert::{self, JobSpec, Validator};
 use super::jobs::{JobManager, ListFilter};
 use super::metrics::RequestGuard;
 use super::proto::{self, job_service_server::JobService};
@@ -39,7 +42,24 @@ impl JobApi {
     fn guard(&self, method: &'static str) -> RequestGuard {
         self.manager.metrics().request(method)
     }
+
+    /// NOT_FOUND at once for a backup the repository does not hold. Only a definite
+    /// answer counts: a repository that cannot be read now (or not within a few seconds)
+    /// is left to the job, which retries transient errors.
+    async fn snapshot_exists(&self, spec: &RestoreSpec) -> Result<(), ServiceError> {
+        let check = async {
+            let repo = spec.repository.open(&self.validator.secrets, None).await?;
+            repo.load_manifest(&spec.id).await.map(|_| ())
+        };
+        match tokio::time::timeout(SNAPSHOT_CHECK_TIMEOUT, check).await {
+            Ok(Err(e)) if e.kind() == ferry_core::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
 }
+
+/// How long StartRestore looks for the backup before leaving it to the job.
+const SNAPSHOT_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn reply<T>(mut guard: RequestGuard, r: Result<T, ServiceError>) -> Result<Response<T>, Status> {
     match r {
@@ -80,6 +100,79 @@ impl JobService for JobApi {
         let guard = self.guard("StartChecksum");
         let r = async {
             let accepted = self.validator.checksum(request.get_ref())?;
+            let record = self.manager.submit(accepted).await?;
+            Ok(convert::job_to_proto(&record))
+        }
+        .await;
+        reply(guard, r)
+    }
+
+    async fn start_backup(
+        &self,
+        request: Request<proto::StartBackupRequest>,
+    ) -> Result<Response<proto::Job>, Status> {
+        let guard = self.guard("StartBackup");
+        let r = async {
+            let accepted = self.validator.backup(request.get_ref())?;
+            let record = self.manager.submit(accepted).await?;
+            Ok(convert::job_to_proto(&record))
+        }
+        .await;
+        reply(guard, r)
+    }
+
+    async fn start_restore(
+        &self,
+        request: Request<proto::StartRestoreRequest>,
+    ) -> Result<Response<proto::Job>, Status> {
+        let guard = self.guard("StartRestore");
+        let r = async {
+            let accepted = self.validator.restore(request.get_ref())?;
+            if let JobSpec::Restore(spec) = accepted.spec.as_ref() {
+                self.snapshot_exists(spec).await?;
+            }
+            let record = self.manager.submit(accepted).await?;
+            Ok(convert::job_to_proto(&record))
+        }
+        .await;
+        reply(guard, r)
+    }
+
+    async fn start_repository_verify(
+        &self,
+        request: Request<proto::StartRepositoryVerifyRequest>,
+    ) -> Result<Response<proto::Job>, Status> {
+        let guard = self.guard("StartRepositoryVerify");
+        let r = async {
+            let accepted = self.validator.repository_verify(request.get_ref())?;
+            let record = self.manager.submit(accepted).await?;
+            Ok(convert::job_to_proto(&record))
+        }
+        .await;
+        reply(guard, r)
+    }
+
+    async fn start_prune(
+        &self,
+        request: Request<proto::StartPruneRequest>,
+    ) -> Result<Response<proto::Job>, Status> {
+        let guard = self.guard("StartPrune");
+        let r = async {
+            let accepted = self.validator.prune(request.get_ref())?;
+            let record = self.manager.submit(accepted).await?;
+            Ok(convert::job_to_proto(&record))
+        }
+        .await;
+        reply(guard, r)
+    }
+
+    async fn start_gc(
+        &self,
+        request: Request<proto::StartGcRequest>,
+    ) -> Result<Response<proto::Job>, Status> {
+        let guard = self.guard("StartGc");
+        let r = async {
+            let accepted = self.validator.gc(request.get_ref())?;
             let record = self.manager.submit(accepted).await?;
             Ok(convert::job_to_proto(&record))
         }

@@ -1,5 +1,5 @@
 //! `ferry job start|get|list|watch|cancel`: a gRPC client of `ferry serve`, with a
-//! progress bar while watching.
+//! progress bar while watching; the backup jobs' commands are in [`super::backup_client`].
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -91,6 +91,18 @@ pub enum JobCommand {
     },
     /// Cancel a job.
     Cancel { id: String },
+    /// Start a backup of SRC into the repository REPO.
+    Backup(super::backup_client::BackupJobArgs),
+    /// Start a restore of backup ID of REPO into DST.
+    Restore(super::backup_client::RestoreJobArgs),
+    /// Start a verify of a repository's chunks.
+    RepoVerify(super::backup_client::VerifyJobArgs),
+    /// Start a prune of a repository's backups by a retention policy.
+    Prune(super::backup_client::PruneJobArgs),
+    /// Start a garbage collection of a repository.
+    Gc(super::backup_client::GcJobArgs),
+    /// List the backups in a repository.
+    Snapshots(super::backup_client::SnapshotsArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -303,8 +315,46 @@ pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
             .await
             .map_err(status_error)?
             .into_inner(),
+        JobCommand::Snapshots(a) => {
+            super::backup_client::snapshots(&args.conn, a, args.json).await?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        JobCommand::Backup(a) => {
+            let job = super::backup_client::start_backup(&mut client, a).await?;
+            return started(&mut client, job, a.meta.watch, args.json).await;
+        }
+        JobCommand::Restore(a) => {
+            let job = super::backup_client::start_restore(&mut client, a).await?;
+            return started(&mut client, job, a.meta.watch, args.json).await;
+        }
+        JobCommand::RepoVerify(a) => {
+            let job = super::backup_client::start_verify(&mut client, a).await?;
+            return started(&mut client, job, a.meta.watch, args.json).await;
+        }
+        JobCommand::Prune(a) => {
+            let job = super::backup_client::start_prune(&mut client, a).await?;
+            return started(&mut client, job, a.meta.watch, args.json).await;
+        }
+        JobCommand::Gc(a) => {
+            let job = super::backup_client::start_gc(&mut client, a).await?;
+            return started(&mut client, job, a.meta.watch, args.json).await;
+        }
     };
     print_job(&job, args.json);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints a job just started, or watches it to its end.
+async fn started(
+    client: &mut Client,
+    job: proto::Job,
+    watch_it: bool,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    if watch_it {
+        return watch(client, &job.id, json, false).await;
+    }
+    print_job(&job, json);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -594,6 +644,7 @@ pub fn job_json(j: &proto::Job) -> serde_json::Value {
             "throughput_bytes_per_second": r.throughput_bytes_per_second,
             "digest": digest_json(&r.digest),
         }),
+        Some(r) => super::backup_client::result_json(r).unwrap_or(serde_json::Value::Null),
         None => serde_json::Value::Null,
     };
     serde_json::json!({
@@ -674,6 +725,11 @@ fn print_job(j: &proto::Job, json: bool) {
         Some(proto::job::Result::ChecksumResult(r)) => {
             if let Some(d) = &r.digest {
                 println!("digest:   {}", d.hex);
+            }
+        }
+        Some(r) => {
+            if let Some(text) = super::backup_client::result_text(r) {
+                println!("{text}");
             }
         }
         None => {}

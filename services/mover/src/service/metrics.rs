@@ -2,8 +2,11 @@
 //!
 //! Names follow `ferry_<noun>_<unit>[_total]`; labels are bounded sets only (job kind,
 //! job state, result, endpoint kind, operation, gRPC method, schedule state): never ids,
-//! names, paths or offsets. Per-schedule times (next run, last success) are in the
-//! schedule's status over gRPC instead.
+//! names or offsets. The one exception is `repository` on the backup metrics: the
+//! repository's directory or s3:// URL (never credentials), a set as small as the
+//! repositories a server backs up into, and what an alert on a failing or growing
+//! repository needs. Per-schedule times (next run, last success) are in the schedule's
+//! status over gRPC instead.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -58,6 +61,19 @@ pub struct Metrics {
     /// going), missed (the server was down), and how started runs ended (succeeded,
     /// failed, cancelled; failed includes runs that could not start).
     pub schedule_runs: IntCounterVec,
+    /// Bytes of finished backups by repository and kind: read (from the source), new
+    /// (stored), reused (already stored), zero (never stored).
+    pub backup_bytes: IntCounterVec,
+    /// Run time of successful backups, by repository.
+    pub backup_duration: HistogramVec,
+    /// When a backup into the repository last succeeded (Unix seconds).
+    pub backup_last_success: IntGaugeVec,
+    /// Chunks a repository holds after its last GC, by repository.
+    pub repository_chunks: IntGaugeVec,
+    /// Stored bytes a repository holds after its last GC, by repository.
+    pub repository_bytes: IntGaugeVec,
+    /// Chunks checked by verifies, by repository and result (good, bad).
+    pub verify_chunks: IntCounterVec,
 }
 
 /// The results `ferry_schedule_runs_total` counts.
@@ -115,7 +131,47 @@ impl Metrics {
         let seconds = vec![
             0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0,
         ];
+        let backup_seconds = vec![
+            1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0,
+        ];
         let m = Self {
+            backup_bytes: counter(
+                &registry,
+                "ferry_backup_bytes_total",
+                "Bytes of finished backups by repository and kind (read, new, reused, zero).",
+                &["repository", "kind"],
+            ),
+            backup_duration: histogram(
+                &registry,
+                "ferry_backup_duration_seconds",
+                "Run time of successful backups, by repository.",
+                &["repository"],
+                backup_seconds,
+            ),
+            backup_last_success: gauge(
+                &registry,
+                "ferry_backup_last_success_timestamp_seconds",
+                "When a backup into the repository last succeeded (Unix time).",
+                &["repository"],
+            ),
+            repository_chunks: gauge(
+                &registry,
+                "ferry_repository_chunks",
+                "Chunks a repository holds after its last garbage collection.",
+                &["repository"],
+            ),
+            repository_bytes: gauge(
+                &registry,
+                "ferry_repository_bytes",
+                "Stored bytes a repository holds after its last garbage collection.",
+                &["repository"],
+            ),
+            verify_chunks: counter(
+                &registry,
+                "ferry_repository_verify_chunks_total",
+                "Chunks checked by repository verifies, by repository and result (good, bad).",
+                &["repository", "result"],
+            ),
             jobs: gauge(&registry, "ferry_jobs", "Jobs by state.", &["state"]),
             jobs_finished: counter(
                 &registry,
@@ -236,6 +292,52 @@ impl Metrics {
         if let Some(paused) = to {
             self.schedules.with_label_values(&[name(paused)]).inc();
         }
+    }
+
+    /// Records a successful backup into `repository`.
+    pub fn backup_done(&self, repository: &str, r: &ferry_image_backup::BackupReport) {
+        let m = &r.manifest;
+        for (kind, bytes) in [
+            ("read", r.bytes_read),
+            ("new", m.bytes_new),
+            ("reused", m.bytes_reused),
+            ("zero", m.bytes_zero),
+        ] {
+            self.backup_bytes
+                .with_label_values(&[repository, kind])
+                .inc_by(bytes);
+        }
+        self.backup_duration
+            .with_label_values(&[repository])
+            .observe(r.elapsed.as_secs_f64());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        self.backup_last_success
+            .with_label_values(&[repository])
+            .set(now);
+    }
+
+    /// Records what a verify of `repository` checked.
+    pub fn verify_done(&self, repository: &str, r: &ferry_backup::VerifyReport) {
+        let bad = r.problems.len() as u64;
+        self.verify_chunks
+            .with_label_values(&[repository, "good"])
+            .inc_by(r.chunks_checked.saturating_sub(bad));
+        self.verify_chunks
+            .with_label_values(&[repository, "bad"])
+            .inc_by(bad);
+    }
+
+    /// Records what a GC of `repository` left.
+    pub fn gc_done(&self, repository: &str, r: &ferry_backup::GcReport) {
+        let kept = r.chunks_referenced + r.chunks_recent;
+        self.repository_chunks
+            .with_label_values(&[repository])
+            .set(kept as i64);
+        self.repository_bytes
+            .with_label_values(&[repository])
+            .set(r.bytes_kept as i64);
     }
 
     /// Counts schedule runs with this result.

@@ -1,6 +1,6 @@
 //! The ferry job service: the gRPC API (proto/ferry/v1), the job manager with its
 //! scheduler and persistent store, cron schedules that start jobs ([`schedules`]),
-//! metrics, tracing and security around them.
+//! backup repositories ([`backups`]), metrics, tracing and security around them.
 //!
 //! [`server::start`] runs a whole service in-process (the tests use it on 127.0.0.1:0);
 //! `ferry serve` ([`serve`]) parses flags, environment and a config file into a
@@ -8,6 +8,8 @@
 //! `ferry schedule` ([`schedule_client`]) talk to it.
 
 pub mod api;
+pub mod backup_client;
+pub mod backups;
 pub mod client;
 pub mod config;
 pub mod convert;

@@ -12,3 +12,6 @@ pub const JOB_SERVICE_NAME: &str = "ferry.v1.JobService";
 
 /// The fully qualified name of the schedule service.
 pub const SCHEDULE_SERVICE_NAME: &str = "ferry.v1.ScheduleService";
+
+/// The fully qualified name of the backup repository service.
+pub const BACKUP_SERVICE_NAME: &str = "ferry.v1.BackupService";

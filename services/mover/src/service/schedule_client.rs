@@ -12,6 +12,7 @@ use super::client::{
     channel, checksum_request, job_json, kind_name, parse_label, status_error, transfer_request,
     ServerArgs, StartArgs,
 };
+use super::backup_client::RetentionArgs;
 use super::proto::{self, schedule_service_client::ScheduleServiceClient};
 use super::security::BearerToken;
 
@@ -32,7 +33,8 @@ pub struct ScheduleArgs {
 #[derive(Debug, Clone, Subcommand)]
 pub enum ScheduleCommand {
     /// Create a schedule that starts a transfer from SRC to DST (or, with --checksum, a
-    /// checksum of SRC) at every fire time of --cron.
+    /// checksum of SRC; with --backup, a backup of SRC into the repository DST) at every
+    /// fire time of --cron.
     Create(CreateArgs),
     /// List schedules.
     List {
@@ -73,6 +75,22 @@ pub struct CreateArgs {
     /// --resume-from). Its labels are the schedule's labels too.
     #[command(flatten)]
     pub job: StartArgs,
+    /// Each run backs SRC up into the repository DST (a directory or s3://bucket/prefix)
+    /// instead of copying; with --keep-... rules it then prunes the source's backups.
+    #[arg(long, conflicts_with = "checksum")]
+    pub backup: bool,
+    /// Backups: environment variable on the server with the repository's passphrase.
+    #[arg(long, value_name = "NAME", requires = "backup", conflicts_with = "repo_key_file")]
+    pub repo_key_env: Option<String>,
+    /// Backups: file under the server's --secrets-dir with the repository's passphrase.
+    #[arg(long, value_name = "NAME", requires = "backup")]
+    pub repo_key_file: Option<String>,
+    /// Backups: the source's identity, which groups its backups [default: SRC].
+    #[arg(long, value_name = "ID", requires = "backup")]
+    pub source_id: Option<String>,
+    /// Backups: the retention applied after each successful run.
+    #[command(flatten)]
+    pub retention: RetentionArgs,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -145,12 +163,51 @@ pub async fn run(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The template of a backup schedule: SRC into the repository DST.
+fn backup_request(c: &CreateArgs) -> anyhow::Result<proto::StartBackupRequest> {
+    let s = &c.job;
+    let [repo] = s.dst.as_slice() else {
+        bail!("--backup needs SRC and the repository (REPO) only");
+    };
+    let key = match (&c.repo_key_env, &c.repo_key_file) {
+        (Some(env), _) => Some(proto::secret_ref::Source::Env(env.clone())),
+        (None, Some(file)) => Some(proto::secret_ref::Source::File(file.clone())),
+        (None, None) => None,
+    };
+    let mut source = proto::Endpoint {
+        url: s.src.clone(),
+        ..Default::default()
+    };
+    source.format = proto::ImageFormat::from(s.format.source_format) as i32;
+    source.allow_backing = s.format.allow_backing;
+    source.image_size = s.format.source_size;
+    source.prescan = s.format.prescan;
+    Ok(proto::StartBackupRequest {
+        source: Some(source),
+        repository: Some(proto::Repository {
+            url: repo.clone(),
+            s3: None,
+            key: key.map(|k| proto::SecretRef { source: Some(k) }),
+        }),
+        source_id: c.source_id.clone().unwrap_or_default(),
+        workers: s.workers.unwrap_or(0),
+        retention: c.retention.to_proto(),
+        labels: s.labels.iter().cloned().collect(),
+        priority: s.priority,
+        ..Default::default()
+    })
+}
+
 fn create_request(c: &CreateArgs) -> anyhow::Result<proto::CreateScheduleRequest> {
     let s = &c.job;
     if s.key.is_some() || s.watch || s.resume_from.is_some() {
         bail!("--key, --watch and --resume-from are not for schedules: each run gets its own key");
     }
-    let request = if s.checksum {
+    let request = if c.backup {
+        proto::job_template::Request::Backup(backup_request(c)?)
+    } else if c.retention.to_proto().is_some() {
+        bail!("--keep-... rules apply to backup schedules (--backup)");
+    } else if s.checksum {
         if !s.dst.is_empty() {
             bail!("--checksum takes only SRC");
         }
@@ -269,8 +326,16 @@ fn template_kind(s: &proto::Schedule) -> &'static str {
     match s.template.as_ref().and_then(|t| t.request.as_ref()) {
         Some(proto::job_template::Request::Transfer(_)) => "transfer",
         Some(proto::job_template::Request::Checksum(_)) => "checksum",
+        Some(proto::job_template::Request::Backup(_)) => "backup",
+        Some(proto::job_template::Request::RepositoryVerify(_)) => "repository_verify",
+        Some(proto::job_template::Request::Prune(_)) => "prune",
+        Some(proto::job_template::Request::Gc(_)) => "gc",
         None => "unknown",
     }
+}
+
+fn repo_url(r: &Option<proto::Repository>) -> Option<String> {
+    Some(r.as_ref().map(|r| r.url.clone()).unwrap_or_default())
 }
 
 fn endpoints(s: &proto::Schedule) -> (String, Option<String>) {
@@ -278,6 +343,12 @@ fn endpoints(s: &proto::Schedule) -> (String, Option<String>) {
     match s.template.as_ref().and_then(|t| t.request.as_ref()) {
         Some(proto::job_template::Request::Transfer(r)) => (url(&r.source), Some(url(&r.target))),
         Some(proto::job_template::Request::Checksum(r)) => (url(&r.source), None),
+        Some(proto::job_template::Request::Backup(r)) => (url(&r.source), repo_url(&r.repository)),
+        Some(proto::job_template::Request::RepositoryVerify(r)) => {
+            (String::new(), repo_url(&r.repository))
+        }
+        Some(proto::job_template::Request::Prune(r)) => (String::new(), repo_url(&r.repository)),
+        Some(proto::job_template::Request::Gc(r)) => (String::new(), repo_url(&r.repository)),
         None => (String::new(), None),
     }
 }

@@ -25,6 +25,8 @@ use super::convert::Validator;
 use super::jobs::opener::{Endpoints, Opener};
 use super::jobs::JobManager;
 use super::metrics::{self, Metrics};
+use super::backups::api::BackupApi;
+use super::proto::backup_service_server::BackupServiceServer;
 use super::proto::schedule_service_server::ScheduleServiceServer;
 use super::proto::{self, job_service_server::JobServiceServer};
 use super::schedules::api::ScheduleApi;
@@ -127,6 +129,13 @@ pub async fn start_with(cfg: ServiceConfig, opener: Arc<dyn Opener>) -> Result<R
         metrics.clone(),
     );
     let stop = CancellationToken::new();
+    let backup_api = BackupServiceServer::new(BackupApi::new(validator.clone(), metrics.clone()))
+        .max_decoding_message_size(cfg.max_message_bytes)
+        .max_encoding_message_size(cfg.max_message_bytes);
+    let backup_api = tonic::service::interceptor::InterceptedService::new(
+        backup_api,
+        BearerAuth::new(cfg.auth_token.clone()),
+    );
     let api = JobApi::new(manager.clone(), validator, stop.clone());
     let jobs = JobServiceServer::new(api)
         .max_decoding_message_size(cfg.max_message_bytes)
@@ -157,6 +166,12 @@ pub async fn start_with(cfg: ServiceConfig, opener: Arc<dyn Opener>) -> Result<R
         )
         .await;
     health
+        .set_service_status(
+            proto::BACKUP_SERVICE_NAME,
+            tonic_health::ServingStatus::Serving,
+        )
+        .await;
+    health
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
     let reflection = tonic_reflection::server::Builder::configure()
@@ -175,7 +190,8 @@ pub async fn start_with(cfg: ServiceConfig, opener: Arc<dyn Opener>) -> Result<R
         .add_service(reflection)
         .add_service(reflection_alpha)
         .add_service(jobs)
-        .add_service(schedule_api);
+        .add_service(schedule_api)
+        .add_service(backup_api);
     // TCP_NODELAY on every accepted connection. `Server::tcp_nodelay` does not apply to a
     // listener we bind ourselves: without this, Nagle held back the tail of a connection's
     // first response until the client's delayed ACK, 40 ms later (the StartTransfer p99
@@ -233,6 +249,12 @@ impl RunningService {
         self.health
             .set_service_status(
                 proto::SCHEDULE_SERVICE_NAME,
+                tonic_health::ServingStatus::NotServing,
+            )
+            .await;
+        self.health
+            .set_service_status(
+                proto::BACKUP_SERVICE_NAME,
                 tonic_health::ServingStatus::NotServing,
             )
             .await;

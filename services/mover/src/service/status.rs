@@ -31,6 +31,8 @@ pub enum ServiceError {
     ScheduleBusy { name: String, job_id: String },
     /// The server holds as many schedules as it allows.
     TooManySchedules { limit: usize },
+    /// InitRepository where a repository exists.
+    RepositoryExists { url: String },
 }
 
 impl From<Error> for ServiceError {
@@ -95,6 +97,9 @@ impl ServiceError {
             ServiceError::ScheduleBusy { name, job_id } => Status::failed_precondition(format!(
                 "the previous run of schedule '{name}' (job {job_id}) has not finished: runs \
                  of a schedule never overlap; wait for it or cancel it"
+            )),
+            ServiceError::RepositoryExists { url } => Status::already_exists(format!(
+                "{url} already holds a backup repository: use it, or choose another location"
             )),
             ServiceError::TooManySchedules { limit } => Status::resource_exhausted(format!(
                 "the server holds {limit} schedules, as many as it allows: delete one first"

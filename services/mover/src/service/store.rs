@@ -334,6 +334,7 @@ mod tests {
                 source_kind: "file".into(),
                 target_kind: Some("nbd".into()),
                 more_targets: Vec::new(),
+                repository: None,
             },
             attempt: 0,
             progress: Default::default(),

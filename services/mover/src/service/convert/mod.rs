@@ -1,8 +1,10 @@
 //! Between the wire and the domain: [`validation`] checks requests into what a job needs
 //! (checked endpoints, confined paths, bounded metadata), [`options`] turns their options
-//! into the typed [`JobSpec`] a job runs with, [`checkpoint`] checks and bounds
-//! checkpoints, and [`output`] turns job records into `ferry.v1.Job`.
+//! into the typed [`JobSpec`] a job runs with, [`backup`] does both for the backup jobs,
+//! [`checkpoint`] checks and bounds checkpoints, and [`output`] turns job records into
+//! `ferry.v1.Job`.
 
+pub mod backup;
 pub mod checkpoint;
 pub mod options;
 pub mod output;

@@ -10,6 +10,7 @@ use ferry_engine::{Checkpoint, ChecksumOptions, CopyOptions};
 use ferry_formats::SourceFormat;
 use prost::Message;
 
+use super::backup::{BackupSpec, GcSpec, PruneSpec, RestoreSpec, VerifySpec};
 use super::checkpoint::checkpoint_from_proto;
 use super::validation::{has_inline_password, invalid, MAX_URL_BYTES};
 use crate::options;
@@ -27,6 +28,11 @@ pub const MAX_REQUEST_SIZE: u64 = 64 * 1024 * 1024;
 pub enum JobSpec {
     Transfer(Box<TransferSpec>),
     Checksum(Box<ChecksumSpec>),
+    Backup(Box<BackupSpec>),
+    Restore(Box<RestoreSpec>),
+    RepositoryVerify(Box<VerifySpec>),
+    Prune(Box<PruneSpec>),
+    Gc(Box<GcSpec>),
 }
 
 impl JobSpec {
@@ -45,6 +51,31 @@ impl JobSpec {
                 let req = proto::StartChecksumRequest::decode(record.request.as_slice())
                     .map_err(undecodable)?;
                 Self::Checksum(Box::new(ChecksumSpec::new(&req, &record.plan)?))
+            }
+            JobKind::Backup => {
+                let req = proto::StartBackupRequest::decode(record.request.as_slice())
+                    .map_err(undecodable)?;
+                Self::Backup(Box::new(BackupSpec::new(&req, &record.plan)?))
+            }
+            JobKind::Restore => {
+                let req = proto::StartRestoreRequest::decode(record.request.as_slice())
+                    .map_err(undecodable)?;
+                Self::Restore(Box::new(RestoreSpec::new(&req, &record.plan)?))
+            }
+            JobKind::RepositoryVerify => {
+                let req = proto::StartRepositoryVerifyRequest::decode(record.request.as_slice())
+                    .map_err(undecodable)?;
+                Self::RepositoryVerify(Box::new(VerifySpec::new(&req, &record.plan)?))
+            }
+            JobKind::Prune => {
+                let req = proto::StartPruneRequest::decode(record.request.as_slice())
+                    .map_err(undecodable)?;
+                Self::Prune(Box::new(PruneSpec::new(&req, &record.plan)?))
+            }
+            JobKind::Gc => {
+                let req = proto::StartGcRequest::decode(record.request.as_slice())
+                    .map_err(undecodable)?;
+                Self::Gc(Box::new(GcSpec::new(&req, &record.plan)?))
             }
         })
     }
@@ -415,7 +446,7 @@ fn check_s3_settings(what: &str, o: &proto::S3Options) -> Result<()> {
 /// A request's S3 settings as endpoint options, with the credentials read from their
 /// references. Errors name the reference (`source.s3.secret_access_key`, the variable or
 /// the file), never a value.
-pub(super) fn s3_options(
+pub(crate) fn s3_options(
     what: &str,
     o: &proto::S3Options,
     secrets: &SecretResolver,

@@ -83,8 +83,25 @@ pub fn job_to_proto(r: &JobRecord) -> proto::Job {
         JobKind::Checksum => proto::StartChecksumRequest::decode(r.request.as_slice())
             .ok()
             .map(proto::job::Request::Checksum),
+        JobKind::Backup => proto::StartBackupRequest::decode(r.request.as_slice())
+            .ok()
+            .map(proto::job::Request::Backup),
+        JobKind::Restore => proto::StartRestoreRequest::decode(r.request.as_slice())
+            .ok()
+            .map(proto::job::Request::Restore),
+        JobKind::RepositoryVerify => {
+            proto::StartRepositoryVerifyRequest::decode(r.request.as_slice())
+                .ok()
+                .map(proto::job::Request::RepositoryVerify)
+        }
+        JobKind::Prune => proto::StartPruneRequest::decode(r.request.as_slice())
+            .ok()
+            .map(proto::job::Request::Prune),
+        JobKind::Gc => proto::StartGcRequest::decode(r.request.as_slice())
+            .ok()
+            .map(proto::job::Request::Gc),
     };
-    let result = r.result.as_ref().map(|res| match res {
+    let result = r.result.as_ref().and_then(|res| match res {
         ResultRecord::Transfer {
             size,
             data_bytes,
@@ -93,7 +110,7 @@ pub fn job_to_proto(r: &JobRecord) -> proto::Job {
             source_digest,
             target_digest,
             resumed_bytes,
-        } => proto::job::Result::TransferResult(proto::TransferResult {
+        } => Some(proto::job::Result::TransferResult(proto::TransferResult {
             size: *size,
             data_bytes: *data_bytes,
             zero_bytes: *zero_bytes,
@@ -102,17 +119,34 @@ pub fn job_to_proto(r: &JobRecord) -> proto::Job {
             source_digest: source_digest.as_ref().map(digest),
             target_digest: target_digest.as_ref().map(digest),
             resumed_bytes: *resumed_bytes,
-        }),
+        })),
         ResultRecord::Checksum {
             digest: d,
             size,
             seconds,
-        } => proto::job::Result::ChecksumResult(proto::ChecksumResult {
+        } => Some(proto::job::Result::ChecksumResult(proto::ChecksumResult {
             digest: Some(digest(d)),
             size: *size,
             seconds: *seconds,
             throughput_bytes_per_second: throughput(*size, *seconds),
-        }),
+        })),
+        ResultRecord::Backup { result } => proto::BackupResult::decode(result.as_slice())
+            .ok()
+            .map(proto::job::Result::BackupResult),
+        ResultRecord::Restore { result } => proto::RestoreResult::decode(result.as_slice())
+            .ok()
+            .map(proto::job::Result::RestoreResult),
+        ResultRecord::RepositoryVerify { result } => {
+            proto::RepositoryVerifyResult::decode(result.as_slice())
+                .ok()
+                .map(proto::job::Result::RepositoryVerifyResult)
+        }
+        ResultRecord::Prune { result } => proto::PruneResult::decode(result.as_slice())
+            .ok()
+            .map(proto::job::Result::PruneResult),
+        ResultRecord::Gc { result } => proto::GcResult::decode(result.as_slice())
+            .ok()
+            .map(proto::job::Result::GcResult),
     });
     let p = &r.progress;
     proto::Job {
@@ -120,6 +154,11 @@ pub fn job_to_proto(r: &JobRecord) -> proto::Job {
         kind: match r.kind {
             JobKind::Transfer => proto::JobKind::Transfer as i32,
             JobKind::Checksum => proto::JobKind::Checksum as i32,
+            JobKind::Backup => proto::JobKind::Backup as i32,
+            JobKind::Restore => proto::JobKind::Restore as i32,
+            JobKind::RepositoryVerify => proto::JobKind::RepositoryVerify as i32,
+            JobKind::Prune => proto::JobKind::Prune as i32,
+            JobKind::Gc => proto::JobKind::Gc as i32,
         },
         state: state(r.state) as i32,
         idempotency_key: r.idempotency_key.clone(),
@@ -156,6 +195,11 @@ pub fn kind_from_proto(v: i32) -> Result<Option<JobKind>> {
         Ok(proto::JobKind::Unspecified) => Ok(None),
         Ok(proto::JobKind::Transfer) => Ok(Some(JobKind::Transfer)),
         Ok(proto::JobKind::Checksum) => Ok(Some(JobKind::Checksum)),
+        Ok(proto::JobKind::Backup) => Ok(Some(JobKind::Backup)),
+        Ok(proto::JobKind::Restore) => Ok(Some(JobKind::Restore)),
+        Ok(proto::JobKind::RepositoryVerify) => Ok(Some(JobKind::RepositoryVerify)),
+        Ok(proto::JobKind::Prune) => Ok(Some(JobKind::Prune)),
+        Ok(proto::JobKind::Gc) => Ok(Some(JobKind::Gc)),
         Err(_) => Err(Error::new(
             ErrorKind::InvalidInput,
             format!("kind {v} is not a JobKind"),

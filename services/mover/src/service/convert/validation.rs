@@ -51,11 +51,11 @@ pub struct Accepted {
     pub refuse_if_target_busy: bool,
 }
 
-pub(super) fn invalid(msg: impl Into<String>) -> Error {
+pub(crate) fn invalid(msg: impl Into<String>) -> Error {
     Error::invalid_input(msg)
 }
 
-fn fingerprint(bytes: &[u8]) -> String {
+pub(super) fn fingerprint(bytes: &[u8]) -> String {
     crate::service::jobs::model::hex_bytes::encode(&Sha256::digest(bytes))
 }
 
@@ -90,7 +90,7 @@ pub(crate) fn check_meta(key: &str, labels: &BTreeMap<String, String>) -> Result
 }
 
 /// Whether the URL carries a password in its authority (`user:pw@`, libiscsi's `user%pw@`).
-pub(super) fn has_inline_password(url: &str) -> bool {
+pub(crate) fn has_inline_password(url: &str) -> bool {
     let Some((_, rest)) = url.split_once("://") else {
         return false;
     };
@@ -101,11 +101,11 @@ pub(super) fn has_inline_password(url: &str) -> bool {
 }
 
 /// A validated endpoint: what to open and how to label it.
-struct Checked {
-    resolved: ResolvedEndpoint,
-    key: String,
-    host: Option<String>,
-    kind: &'static str,
+pub(super) struct Checked {
+    pub resolved: ResolvedEndpoint,
+    pub key: String,
+    pub host: Option<String>,
+    pub kind: &'static str,
 }
 
 /// The URL of an endpoint, checked for size and inline passwords, and parsed.
@@ -205,6 +205,15 @@ impl Validator {
         Ok(())
     }
 
+    /// An endpoint of a backup job, checked as transfers check theirs.
+    pub(super) fn checked_endpoint(
+        &self,
+        what: &str,
+        ep: Option<&proto::Endpoint>,
+    ) -> Result<Checked> {
+        self.endpoint(what, ep)
+    }
+
     fn endpoint(&self, what: &str, ep: Option<&proto::Endpoint>) -> Result<Checked> {
         let ep = ep.ok_or_else(|| invalid(format!("{what} is missing")))?;
         let spec = parse_url(what, ep)?;
@@ -263,6 +272,7 @@ impl Validator {
                     kind: t.kind.to_string(),
                 })
                 .collect(),
+            repository: None,
         };
         let spec = JobSpec::Transfer(Box::new(TransferSpec::new(req, &plan)?));
         let request = req.encode_to_vec();
@@ -336,6 +346,7 @@ impl Validator {
             source_kind: source.kind.to_string(),
             target_kind: None,
             more_targets: Vec::new(),
+            repository: None,
         };
         let spec = JobSpec::Checksum(Box::new(ChecksumSpec::new(req, &plan)?));
         let request = req.encode_to_vec();

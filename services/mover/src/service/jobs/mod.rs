@@ -6,6 +6,7 @@
 //! Every state change goes through [`Inner::update`], which also publishes the record to
 //! the job's watch channel and moves the jobs-by-state gauge.
 
+mod backup;
 mod fan_out;
 pub mod metered;
 pub mod model;
@@ -237,7 +238,7 @@ impl JobManager {
             table.next_seq += 1;
             let resume_from = match acc.spec.as_ref() {
                 JobSpec::Transfer(t) => t.resume_from.clone(),
-                JobSpec::Checksum(_) => None,
+                _ => None,
             };
             let record = JobRecord {
                 id: uuid::Uuid::now_v7().to_string(),
@@ -263,7 +264,7 @@ impl JobManager {
                     JobSpec::Transfer(t) => {
                         t.targets().map(|t| TargetRecord::new(t.name())).collect()
                     }
-                    JobSpec::Checksum(_) => Vec::new(),
+                    _ => Vec::new(),
                 },
             };
             inner.metrics.job_state(None, Some(JobState::Queued));

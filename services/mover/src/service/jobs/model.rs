@@ -15,6 +15,11 @@ use serde::{Deserialize, Serialize};
 pub enum JobKind {
     Transfer,
     Checksum,
+    Backup,
+    Restore,
+    RepositoryVerify,
+    Prune,
+    Gc,
 }
 
 impl JobKind {
@@ -23,6 +28,11 @@ impl JobKind {
         match self {
             Self::Transfer => "transfer",
             Self::Checksum => "checksum",
+            Self::Backup => "backup",
+            Self::Restore => "restore",
+            Self::RepositoryVerify => "repository_verify",
+            Self::Prune => "prune",
+            Self::Gc => "gc",
         }
     }
 }
@@ -88,6 +98,9 @@ pub struct JobPlan {
     /// before fan-outs existed have none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub more_targets: Vec<PlannedTarget>,
+    /// Backup jobs: the repository (a canonical directory or an s3:// URL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repository: Option<ResolvedEndpoint>,
 }
 
 /// A target of a fan-out after the first, as validation resolved it.
@@ -193,6 +206,28 @@ pub enum ResultRecord {
         digest: DigestRecord,
         size: u64,
         seconds: f64,
+    },
+    /// The backup jobs' results are the wire messages, prost-encoded as the requests are
+    /// (BackupResult, RestoreResult, RepositoryVerifyResult, PruneResult, GcResult).
+    Backup {
+        #[serde(with = "hex_bytes")]
+        result: Vec<u8>,
+    },
+    Restore {
+        #[serde(with = "hex_bytes")]
+        result: Vec<u8>,
+    },
+    RepositoryVerify {
+        #[serde(with = "hex_bytes")]
+        result: Vec<u8>,
+    },
+    Prune {
+        #[serde(with = "hex_bytes")]
+        result: Vec<u8>,
+    },
+    Gc {
+        #[serde(with = "hex_bytes")]
+        result: Vec<u8>,
     },
 }
 

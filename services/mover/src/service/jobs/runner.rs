@@ -128,6 +128,11 @@ async fn run_attempts(
             }
             JobSpec::Transfer(t) => transfer(inner, id, t, cancel).await.map(Ended::done),
             JobSpec::Checksum(c) => checksum(inner, id, c, cancel).await.map(Ended::done),
+            JobSpec::Backup(b) => super::backup::backup(inner, id, b, cancel).await,
+            JobSpec::Restore(r) => super::backup::restore(inner, id, r, cancel).await,
+            JobSpec::RepositoryVerify(v) => super::backup::verify(inner, id, v, cancel).await,
+            JobSpec::Prune(p) => super::backup::prune(inner, id, p, cancel).await,
+            JobSpec::Gc(g) => super::backup::gc(inner, id, g, cancel).await,
         };
         let err = match outcome {
             Ok(Ended {
@@ -243,7 +248,7 @@ pub(super) struct Ended {
 }
 
 impl Ended {
-    fn done(result: ResultRecord) -> Self {
+    pub(super) fn done(result: ResultRecord) -> Self {
         Self {
             result,
             failed: None,

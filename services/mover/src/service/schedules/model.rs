@@ -34,6 +34,26 @@ pub enum TemplateRecord {
         #[serde(with = "hex_bytes")]
         request: Vec<u8>,
     },
+    /// A StartBackupRequest.
+    Backup {
+        #[serde(with = "hex_bytes")]
+        request: Vec<u8>,
+    },
+    /// A StartRepositoryVerifyRequest.
+    RepositoryVerify {
+        #[serde(with = "hex_bytes")]
+        request: Vec<u8>,
+    },
+    /// A StartPruneRequest.
+    Prune {
+        #[serde(with = "hex_bytes")]
+        request: Vec<u8>,
+    },
+    /// A StartGcRequest.
+    Gc {
+        #[serde(with = "hex_bytes")]
+        request: Vec<u8>,
+    },
 }
 
 impl TemplateRecord {
@@ -41,6 +61,10 @@ impl TemplateRecord {
         match self {
             Self::Transfer { .. } => JobKind::Transfer,
             Self::Checksum { .. } => JobKind::Checksum,
+            Self::Backup { .. } => JobKind::Backup,
+            Self::RepositoryVerify { .. } => JobKind::RepositoryVerify,
+            Self::Prune { .. } => JobKind::Prune,
+            Self::Gc { .. } => JobKind::Gc,
         }
     }
 }

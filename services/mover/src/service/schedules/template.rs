@@ -1,7 +1,7 @@
 //! Job templates: the start request a schedule runs, checked when the schedule is created
 //! or changed, stored encoded, and turned into one run's request (with the run's
 //! idempotency key and the schedule's labels) that goes through the same validation as
-//! StartTransfer and StartChecksum. A new job kind is one more variant here.
+//! the start calls. A new job kind is one more variant here.
 
 use ferry_core::{Error, Result};
 use prost::Message;
@@ -23,6 +23,10 @@ pub const SCHEDULE_ID_LABEL: &str = "ferry.schedule_id";
 pub enum Template {
     Transfer(proto::StartTransferRequest),
     Checksum(proto::StartChecksumRequest),
+    Backup(proto::StartBackupRequest),
+    RepositoryVerify(proto::StartRepositoryVerifyRequest),
+    Prune(proto::StartPruneRequest),
+    Gc(proto::StartGcRequest),
 }
 
 fn invalid(msg: impl Into<String>) -> Error {
@@ -32,12 +36,20 @@ fn invalid(msg: impl Into<String>) -> Error {
 impl Template {
     /// The template of a request; errors name what is missing or not allowed.
     pub fn from_proto(t: Option<&proto::JobTemplate>) -> Result<Self> {
-        let request = t
-            .and_then(|t| t.request.as_ref())
-            .ok_or_else(|| invalid("template is missing: give a transfer or a checksum request"))?;
+        use proto::job_template::Request;
+        let request = t.and_then(|t| t.request.as_ref()).ok_or_else(|| {
+            invalid(
+                "template is missing: give a transfer, checksum, backup, repository_verify, \
+                 prune or gc request",
+            )
+        })?;
         let template = match request {
-            proto::job_template::Request::Transfer(r) => Self::Transfer(r.clone()),
-            proto::job_template::Request::Checksum(r) => Self::Checksum(r.clone()),
+            Request::Transfer(r) => Self::Transfer(r.clone()),
+            Request::Checksum(r) => Self::Checksum(r.clone()),
+            Request::Backup(r) => Self::Backup(r.clone()),
+            Request::RepositoryVerify(r) => Self::RepositoryVerify(r.clone()),
+            Request::Prune(r) => Self::Prune(r.clone()),
+            Request::Gc(r) => Self::Gc(r.clone()),
         };
         template.check()?;
         Ok(template)
@@ -45,16 +57,20 @@ impl Template {
 
     /// The template a schedule stored.
     pub fn from_record(r: &TemplateRecord) -> Result<Self> {
-        let undecodable = |e: prost::DecodeError| {
-            Error::internal(format!("the stored job template does not decode: {e}"))
-        };
+        fn decode<M: Message + Default>(request: &[u8]) -> Result<M> {
+            M::decode(request).map_err(|e| {
+                Error::internal(format!("the stored job template does not decode: {e}"))
+            })
+        }
         Ok(match r {
-            TemplateRecord::Transfer { request } => Self::Transfer(
-                proto::StartTransferRequest::decode(request.as_slice()).map_err(undecodable)?,
-            ),
-            TemplateRecord::Checksum { request } => Self::Checksum(
-                proto::StartChecksumRequest::decode(request.as_slice()).map_err(undecodable)?,
-            ),
+            TemplateRecord::Transfer { request } => Self::Transfer(decode(request)?),
+            TemplateRecord::Checksum { request } => Self::Checksum(decode(request)?),
+            TemplateRecord::Backup { request } => Self::Backup(decode(request)?),
+            TemplateRecord::RepositoryVerify { request } => {
+                Self::RepositoryVerify(decode(request)?)
+            }
+            TemplateRecord::Prune { request } => Self::Prune(decode(request)?),
+            TemplateRecord::Gc { request } => Self::Gc(decode(request)?),
         })
     }
 
@@ -66,14 +82,31 @@ impl Template {
             Self::Checksum(r) => TemplateRecord::Checksum {
                 request: r.encode_to_vec(),
             },
+            Self::Backup(r) => TemplateRecord::Backup {
+                request: r.encode_to_vec(),
+            },
+            Self::RepositoryVerify(r) => TemplateRecord::RepositoryVerify {
+                request: r.encode_to_vec(),
+            },
+            Self::Prune(r) => TemplateRecord::Prune {
+                request: r.encode_to_vec(),
+            },
+            Self::Gc(r) => TemplateRecord::Gc {
+                request: r.encode_to_vec(),
+            },
         }
     }
 
     pub fn to_proto(&self) -> proto::JobTemplate {
+        use proto::job_template::Request;
         proto::JobTemplate {
             request: Some(match self {
-                Self::Transfer(r) => proto::job_template::Request::Transfer(r.clone()),
-                Self::Checksum(r) => proto::job_template::Request::Checksum(r.clone()),
+                Self::Transfer(r) => Request::Transfer(r.clone()),
+                Self::Checksum(r) => Request::Checksum(r.clone()),
+                Self::Backup(r) => Request::Backup(r.clone()),
+                Self::RepositoryVerify(r) => Request::RepositoryVerify(r.clone()),
+                Self::Prune(r) => Request::Prune(r.clone()),
+                Self::Gc(r) => Request::Gc(r.clone()),
             }),
         }
     }
@@ -82,6 +115,10 @@ impl Template {
         match self {
             Self::Transfer(r) => (&r.idempotency_key, &r.labels),
             Self::Checksum(r) => (&r.idempotency_key, &r.labels),
+            Self::Backup(r) => (&r.idempotency_key, &r.labels),
+            Self::RepositoryVerify(r) => (&r.idempotency_key, &r.labels),
+            Self::Prune(r) => (&r.idempotency_key, &r.labels),
+            Self::Gc(r) => (&r.idempotency_key, &r.labels),
         }
     }
 
@@ -120,7 +157,7 @@ impl Template {
         Ok(())
     }
 
-    /// The request of one run, validated as StartTransfer or StartChecksum validates it.
+    /// The request of one run, validated as its start call validates it.
     pub fn accept(
         &self,
         validator: &Validator,
@@ -144,6 +181,30 @@ impl Template {
                 r.idempotency_key = key.to_string();
                 label(&mut r.labels);
                 validator.checksum(&r)
+            }
+            Self::Backup(r) => {
+                let mut r = r.clone();
+                r.idempotency_key = key.to_string();
+                label(&mut r.labels);
+                validator.backup(&r)
+            }
+            Self::RepositoryVerify(r) => {
+                let mut r = r.clone();
+                r.idempotency_key = key.to_string();
+                label(&mut r.labels);
+                validator.repository_verify(&r)
+            }
+            Self::Prune(r) => {
+                let mut r = r.clone();
+                r.idempotency_key = key.to_string();
+                label(&mut r.labels);
+                validator.prune(&r)
+            }
+            Self::Gc(r) => {
+                let mut r = r.clone();
+                r.idempotency_key = key.to_string();
+                label(&mut r.labels);
+                validator.gc(&r)
             }
         }
         .map_err(|e| Error::new(e.kind(), format!("template: {e}")))

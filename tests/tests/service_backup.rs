@@ -1,0 +1,929 @@
+//! Backups through the job service with real gRPC clients: a directory repository and
+//! the in-process S3 server (s3s + s3s-fs), qemu-nbd with a dirty bitmap for an
+//! incremental backup, restores checked with `qemu-img compare` and their allocation,
+//! verify finding a corrupted chunk, prune and GC numbers, an encrypted repository whose
+//! key is a secret reference (never in a job record or the metrics), kill -9 of a
+//! `ferry-e2e serve` process mid backup, a backup schedule that prunes, and bad requests.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use ferry_mover::service::proto::backup_service_client::BackupServiceClient;
+use ferry_mover::service::proto::{self, JobState};
+use ferry_tests::check::{allocated_bytes, blkhash_file, qemu_img_compare, require_tool};
+use ferry_tests::nbd_servers::{NbdServer, Nbdkit, QemuNbd};
+use ferry_tests::s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
+use ferry_tests::service_support::*;
+use tonic::transport::Channel;
+use tonic::Code;
+
+const BIN: &str = env!("CARGO_BIN_EXE_ferry-e2e");
+const MIB: u64 = 1024 * 1024;
+const CHUNK: u64 = 256 * 1024;
+const LIMIT: Duration = Duration::from_secs(120);
+const PASSPHRASE: &str = "correct horse battery staple";
+
+type Backups = BackupServiceClient<Channel>;
+
+struct Env {
+    dir: tempfile::TempDir,
+    root: PathBuf,
+    service: ferry_mover::service::server::RunningService,
+    jobs: Client,
+    backups: Backups,
+}
+
+fn secrets_dir(dir: &Path) -> PathBuf {
+    let secrets = dir.join("secrets");
+    std::fs::create_dir_all(&secrets).unwrap();
+    std::fs::write(secrets.join("repo-key"), format!("{PASSPHRASE}\n")).unwrap();
+    std::fs::write(secrets.join("wrong-key"), "not the passphrase\n").unwrap();
+    std::fs::write(secrets.join("s3-id"), ACCESS_KEY).unwrap();
+    std::fs::write(secrets.join("s3-secret"), SECRET_KEY).unwrap();
+    secrets
+}
+
+async fn env_with(seconds: bool) -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("images");
+    std::fs::create_dir(&root).unwrap();
+    let mut cfg = test_config(&dir.path().join("data"), &root);
+    cfg.secrets_dir = Some(secrets_dir(dir.path()));
+    cfg.schedules.seconds_field = seconds;
+    let service = start_in_process(cfg).await;
+    let jobs = connect(service.grpc_addr()).await;
+    let backups = connect_backups(service.grpc_addr()).await;
+    Env {
+        dir,
+        root,
+        service,
+        jobs,
+        backups,
+    }
+}
+
+async fn connect_backups(addr: std::net::SocketAddr) -> Backups {
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    BackupServiceClient::new(channel)
+}
+
+fn file_ref(name: &str) -> Option<proto::SecretRef> {
+    Some(proto::SecretRef {
+        source: Some(proto::secret_ref::Source::File(name.into())),
+    })
+}
+
+fn dir_repo(path: &Path) -> Option<proto::Repository> {
+    Some(proto::Repository {
+        url: path.display().to_string(),
+        ..Default::default()
+    })
+}
+
+fn small_chunks() -> Option<proto::RepositoryInit> {
+    Some(proto::RepositoryInit {
+        chunk_size: CHUNK,
+        zstd_level: None,
+    })
+}
+
+fn backup_req(src: &str, repo: Option<proto::Repository>) -> proto::StartBackupRequest {
+    proto::StartBackupRequest {
+        source: endpoint(src),
+        repository: repo,
+        ..Default::default()
+    }
+}
+
+fn restore_req(
+    repo: Option<proto::Repository>,
+    id: &str,
+    dst: &Path,
+) -> proto::StartRestoreRequest {
+    proto::StartRestoreRequest {
+        repository: repo,
+        snapshot_id: id.into(),
+        target: endpoint(dst.display().to_string()),
+        ..Default::default()
+    }
+}
+
+async fn finished(jobs: &mut Client, job: tonic::Response<proto::Job>) -> proto::Job {
+    let id = job.into_inner().id;
+    wait_terminal(jobs, &id, LIMIT).await
+}
+
+fn succeeded(job: &proto::Job) {
+    assert_eq!(
+        state(job),
+        JobState::Succeeded,
+        "{:?} {:?}",
+        job.error,
+        job.message
+    );
+}
+
+fn backup_result(job: &proto::Job) -> proto::BackupResult {
+    succeeded(job);
+    match &job.result {
+        Some(proto::job::Result::BackupResult(r)) => r.clone(),
+        other => panic!("not a backup result: {other:?}"),
+    }
+}
+
+fn restore_result(job: &proto::Job) -> proto::RestoreResult {
+    succeeded(job);
+    match &job.result {
+        Some(proto::job::Result::RestoreResult(r)) => r.clone(),
+        other => panic!("not a restore result: {other:?}"),
+    }
+}
+
+/// An image of `size` bytes: 1 MiB runs of pseudo-random bytes (no two chunks alike, so
+/// nothing deduplicates by accident) alternating with 1 MiB holes.
+fn image(path: &Path, size: u64, seed: u64) -> PathBuf {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::create(path).unwrap();
+    f.set_len(size).unwrap();
+    let mut offset = 0;
+    while offset < size {
+        let len = MIB.min(size - offset);
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ offset ^ 1;
+        let mut buf = Vec::with_capacity(len as usize);
+        while (buf.len() as u64) < len {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            buf.extend_from_slice(&x.to_le_bytes());
+        }
+        buf.truncate(len as usize);
+        f.write_all_at(&buf, offset).unwrap();
+        offset += 2 * MIB;
+    }
+    f.sync_all().unwrap();
+    path.to_path_buf()
+}
+
+/// Overwrites 4 KiB at `offset` with a new pattern.
+fn scribble(path: &Path, offset: u64, byte: u8) {
+    use std::io::{Seek, SeekFrom, Write};
+    let mut f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.seek(SeekFrom::Start(offset)).unwrap();
+    f.write_all(&[byte; 4096]).unwrap();
+    f.sync_all().unwrap();
+}
+
+/// Every chunk file of a directory repository.
+fn chunk_files(repo: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(dirs) = std::fs::read_dir(repo.join("chunks")) else {
+        return out;
+    };
+    for d in dirs.flatten() {
+        for f in std::fs::read_dir(d.path()).unwrap().flatten() {
+            out.push(f.path());
+        }
+    }
+    out.sort();
+    out
+}
+
+async fn snapshots(backups: &mut Backups, repo: Option<proto::Repository>) -> Vec<proto::Snapshot> {
+    backups
+        .list_snapshots(proto::ListSnapshotsRequest {
+            repository: repo,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshots
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backup_restore_incremental_prune_gc_and_verify_on_a_directory() {
+    let mut e = env_with(false).await;
+    let src = image(&e.root.join("src.img"), 16 * MIB, 3);
+    let repo_dir = e.root.join("repo");
+    let repo = dir_repo(&repo_dir);
+    let info = e
+        .backups
+        .init_repository(proto::InitRepositoryRequest {
+            repository: repo.clone(),
+            options: small_chunks(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.chunk_size, CHUNK);
+    assert!(!info.encrypted);
+
+    let mut req = backup_req(&src.display().to_string(), repo.clone());
+    req.tags.insert("vm".into(), "web1".into());
+    let first = finished(
+        &mut e.jobs,
+        e.jobs.clone().start_backup(req.clone()).await.unwrap(),
+    )
+    .await;
+    assert_eq!(first.kind, proto::JobKind::Backup as i32);
+    let first = backup_result(&first);
+    assert_eq!(first.size, 16 * MIB);
+    assert!(first.parent_id.is_empty());
+    assert!(
+        !first.full_reason.is_empty(),
+        "a first backup says why it is full"
+    );
+    assert_eq!(first.bytes_new, 8 * MIB, "{first:?}");
+    assert_eq!(first.bytes_zero, 8 * MIB, "{first:?}");
+    assert_eq!(first.digest.as_ref().unwrap().hex, blkhash_file(&src));
+
+    let listed = snapshots(&mut e.backups, repo.clone()).await;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].id, first.snapshot_id);
+    assert_eq!(listed[0].tags["vm"], "web1");
+    let got = e
+        .backups
+        .get_snapshot(proto::GetSnapshotRequest {
+            repository: repo.clone(),
+            id: first.snapshot_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.size, 16 * MIB);
+    assert_eq!(got.source_id, src.display().to_string());
+    assert_eq!(got.bytes_new, 8 * MIB);
+
+    // Restore: the same bytes, and sparse.
+    let dst = e.root.join("restored.img");
+    let restored = finished(
+        &mut e.jobs,
+        e.jobs
+            .clone()
+            .start_restore(restore_req(repo.clone(), &first.snapshot_id, &dst))
+            .await
+            .unwrap(),
+    )
+    .await;
+    let restored = restore_result(&restored);
+    assert!(restored.verified);
+    assert_eq!(restored.data_bytes, 8 * MIB);
+    qemu_img_compare(&src, &dst);
+    assert!(
+        allocated_bytes(&dst) <= 9 * MIB,
+        "the restore is not sparse: {} bytes allocated",
+        allocated_bytes(&dst)
+    );
+
+    // Incremental: one 4 KiB write changes one chunk.
+    scribble(&src, 4 * MIB + 8192, 0xee);
+    let second = finished(
+        &mut e.jobs,
+        e.jobs.clone().start_backup(req.clone()).await.unwrap(),
+    )
+    .await;
+    let second = backup_result(&second);
+    assert_eq!(second.parent_id, first.snapshot_id);
+    assert_eq!(second.bytes_new, CHUNK, "{second:?}");
+    assert_eq!(second.bytes_reused, 8 * MIB - CHUNK, "{second:?}");
+    assert_eq!(second.digest.as_ref().unwrap().hex, blkhash_file(&src));
+    let by_tag = e
+        .backups
+        .list_snapshots(proto::ListSnapshotsRequest {
+            repository: repo.clone(),
+            tags: BTreeMap::from([("vm".to_string(), "web1".to_string())]),
+            page_size: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(by_tag.snapshots.len(), 1);
+    assert_eq!(by_tag.snapshots[0].id, first.snapshot_id);
+    assert!(!by_tag.next_page_token.is_empty());
+
+    // Prune keeps the newest; GC frees the one chunk only the first backup used.
+    let prune = finished(
+        &mut e.jobs,
+        e.jobs
+            .clone()
+            .start_prune(proto::StartPruneRequest {
+                repository: repo.clone(),
+                retention: Some(proto::Retention {
+                    keep_last: 1,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap(),
+    )
+    .await;
+    succeeded(&prune);
+    let Some(proto::job::Result::PruneResult(p)) = &prune.result else {
+        panic!("{prune:?}")
+    };
+    assert_eq!(p.removed.len(), 1);
+    assert_eq!(p.removed[0].id, first.snapshot_id);
+    assert_eq!(p.kept[0].id, second.snapshot_id);
+    assert_eq!(p.kept[0].reasons, vec!["last".to_string()]);
+    let chunks_before = chunk_files(&repo_dir).len();
+    let gc = finished(
+        &mut e.jobs,
+        e.jobs
+            .clone()
+            .start_gc(proto::StartGcRequest {
+                repository: repo.clone(),
+                grace_seconds: Some(0),
+                ..Default::default()
+            })
+            .await
+            .unwrap(),
+    )
+    .await;
+    succeeded(&gc);
+    let Some(proto::job::Result::GcResult(g)) = &gc.result else {
+        panic!("{gc:?}")
+    };
+    assert_eq!(g.chunks_removed, 1, "{g:?}");
+    assert!(g.bytes_removed > 0, "{g:?}");
+    assert_eq!(g.chunks_referenced, 32, "{g:?}");
+    assert_eq!(chunk_files(&repo_dir).len(), chunks_before - 1);
+    let dst2 = e.root.join("restored2.img");
+    let r2 = finished(
+        &mut e.jobs,
+        e.jobs
+            .clone()
+            .start_restore(restore_req(repo.clone(), &second.snapshot_id, &dst2))
+            .await
+            .unwrap(),
+    )
+    .await;
+    restore_result(&r2);
+    qemu_img_compare(&src, &dst2);
+
+    // Verify: clean, then one damaged chunk names the broken backup.
+    let verify_req = proto::StartRepositoryVerifyRequest {
+        repository: repo.clone(),
+        ..Default::default()
+    };
+    let clean = finished(
+        &mut e.jobs,
+        e.jobs
+            .clone()
+            .start_repository_verify(verify_req.clone())
+            .await
+            .unwrap(),
+    )
+    .await;
+    succeeded(&clean);
+    let victim = &chunk_files(&repo_dir)[0];
+    let mut bytes = std::fs::read(victim).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(victim, bytes).unwrap();
+    let bad = finished(
+        &mut e.jobs,
+        e.jobs
+            .clone()
+            .start_repository_verify(verify_req)
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(state(&bad), JobState::Failed, "{bad:?}");
+    assert_eq!(bad.error.as_ref().unwrap().kind, "corrupt");
+    let Some(proto::job::Result::RepositoryVerifyResult(v)) = &bad.result else {
+        panic!("{bad:?}")
+    };
+    assert!(!v.ok);
+    assert_eq!(v.chunks_bad, 1, "{v:?}");
+    assert_eq!(v.bad_chunks[0].fault, "damaged");
+    assert_eq!(v.broken_snapshots, vec![second.snapshot_id.clone()]);
+    assert_eq!(
+        v.bad_chunks[0].snapshot_ids,
+        vec![second.snapshot_id.clone()]
+    );
+
+    let s = parse_metrics(&scrape_metrics(e.service.metrics_addr().unwrap()).await);
+    let label = repo_dir.canonicalize().unwrap().display().to_string();
+    let new = sample(
+        &s,
+        "ferry_backup_bytes_total",
+        &[("repository", &label), ("kind", "new")],
+    );
+    assert_eq!(new, Some((8 * MIB + CHUNK) as f64));
+    let bad_chunks = sample(
+        &s,
+        "ferry_repository_verify_chunks_total",
+        &[("repository", &label), ("result", "bad")],
+    );
+    assert_eq!(bad_chunks, Some(1.0));
+    let kept = sample(&s, "ferry_repository_chunks", &[("repository", &label)]);
+    assert_eq!(kept, Some(32.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_encrypted_s3_repository_with_key_and_credentials_by_reference() {
+    let mut e = env_with(false).await;
+    let s3 = S3Server::start().await;
+    s3.create_bucket("backups");
+    let s3_options = proto::S3Options {
+        endpoint_url: s3.endpoint_url(),
+        region: "us-east-1".into(),
+        access_key_id: file_ref("s3-id"),
+        secret_access_key: file_ref("s3-secret"),
+        force_path_style: true,
+        ..Default::default()
+    };
+    let repo = Some(proto::Repository {
+        url: "s3://backups/vms".into(),
+        s3: Some(s3_options.clone()),
+        key: file_ref("repo-key"),
+    });
+    let src = image(&e.root.join("disk.img"), 8 * MIB + 4096, 9);
+    let mut req = backup_req(&src.display().to_string(), repo.clone());
+    req.init_if_missing = small_chunks();
+    req.source_id = "vm/disk0".into();
+    let job = finished(&mut e.jobs, e.jobs.clone().start_backup(req).await.unwrap()).await;
+    let b = backup_result(&job);
+    assert_eq!(b.source_id, "vm/disk0");
+    let info = e
+        .backups
+        .get_repository(proto::GetRepositoryRequest {
+            repository: repo.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(info.encrypted);
+    // The manifest in the bucket is encrypted: the source name is not readable there.
+    let manifest = s3.object_path("backups", &format!("vms/snapshots/{}.json", b.snapshot_id));
+    let stored = std::fs::read(&manifest).unwrap();
+    assert!(!String::from_utf8_lossy(&stored).contains("vm/disk0"));
+
+    let dst = e.root.join("restored.img");
+    let r = finished(
+        &mut e.jobs,
+        e.jobs
+            .clone()
+            .start_restore(restore_req(repo.clone(), &b.snapshot_id, &dst))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert!(restore_result(&r).verified);
+    qemu_img_compare(&src, &dst);
+
+    // A wrong key: a clear error, no key in the job record or the metrics.
+    let wrong = Some(proto::Repository {
+        key: file_ref("wrong-key"),
+        ..repo.clone().unwrap()
+    });
+    let failed = finished(
+        &mut e.jobs,
+        e.jobs
+            .clone()
+            .start_restore(restore_req(
+                wrong.clone(),
+                &b.snapshot_id,
+                &e.root.join("x.img"),
+            ))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(state(&failed), JobState::Failed);
+    let error = failed.error.clone().unwrap();
+    assert_eq!(error.kind, "permission_denied", "{error:?}");
+    assert!(
+        error.message.contains("passphrase") || error.message.contains("key"),
+        "{error:?}"
+    );
+    let status = e
+        .backups
+        .list_snapshots(proto::ListSnapshotsRequest {
+            repository: wrong,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    let record = format!(
+        "{:?}",
+        e.jobs
+            .list_jobs(proto::ListJobsRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+    );
+    let metrics = scrape_metrics(e.service.metrics_addr().unwrap()).await;
+    let stored: String = walk(&e.dir.path().join("data"));
+    for text in [&record, &metrics, &stored] {
+        assert!(!text.contains(PASSPHRASE));
+        assert!(!text.contains(SECRET_KEY));
+        assert!(!text.contains("not the passphrase"));
+    }
+}
+
+/// Every file under `dir` as lossy text (the job store, for secret checks).
+fn walk(dir: &Path) -> String {
+    let mut out = String::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = entry.path();
+        if p.is_dir() {
+            out.push_str(&walk(&p));
+        } else if let Ok(bytes) = std::fs::read(&p) {
+            out.push_str(&String::from_utf8_lossy(&bytes));
+        }
+    }
+    out
+}
+
+fn sh(program: &str, args: &[&str]) {
+    require_tool(program, "qemu-utils");
+    let out = Command::new(program).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_incremental_backup_reads_only_the_dirty_bitmap() {
+    let mut e = env_with(false).await;
+    let disk = e.root.join("disk.qcow2");
+    let d = disk.to_str().unwrap();
+    sh("qemu-img", &["create", "-q", "-f", "qcow2", d, "32M"]);
+    for cmd in ["write -P 0x11 0 3M", "write -P 0x22 10M 2M"] {
+        sh("qemu-io", &["-f", "qcow2", "-c", cmd, d]);
+    }
+    let repo = dir_repo(&e.root.join("repo"));
+    let export = |bitmap: Option<&str>| {
+        NbdServer::qemu_nbd(
+            &disk,
+            &QemuNbd {
+                format: Some("qcow2".into()),
+                export: "disk".into(),
+                bitmap: bitmap.map(Into::into),
+                read_only: true,
+                ..QemuNbd::default()
+            },
+        )
+    };
+    let first = {
+        let server = export(None);
+        let mut req = backup_req(&server.uri(), repo.clone());
+        req.init_if_missing = small_chunks();
+        req.source_id = "disk".into();
+        backup_result(&finished(&mut e.jobs, e.jobs.clone().start_backup(req).await.unwrap()).await)
+    };
+    sh("qemu-img", &["bitmap", "--add", d, "b0"]);
+    sh("qemu-io", &["-f", "qcow2", "-c", "write -P 0x55 1M 64k", d]);
+    sh(
+        "qemu-io",
+        &["-f", "qcow2", "-c", "write -P 0x66 20M 64k", d],
+    );
+    let second = {
+        let server = export(Some("b0"));
+        let mut req = backup_req(&server.uri(), repo.clone());
+        req.source_id = "disk".into();
+        req.dirty_bitmap = "b0".into();
+        backup_result(&finished(&mut e.jobs, e.jobs.clone().start_backup(req).await.unwrap()).await)
+    };
+    assert_eq!(second.parent_id, first.snapshot_id);
+    assert_eq!(second.chunks_read, 2, "{second:?}");
+    assert!(second.bytes_read <= 2 * CHUNK, "{second:?}");
+    assert!(second.chunks_unread > 0, "{second:?}");
+    assert_eq!(second.bytes_new, 2 * CHUNK, "{second:?}");
+    let dst = e.root.join("restored.img");
+    let r = finished(
+        &mut e.jobs,
+        e.jobs
+            .clone()
+            .start_restore(restore_req(repo.clone(), &second.snapshot_id, &dst))
+            .await
+            .unwrap(),
+    )
+    .await;
+    restore_result(&r);
+    let out = Command::new("qemu-img")
+        .args(["compare", "-f", "qcow2", "-F", "raw", d])
+        .arg(&dst)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+fn serve_args(data: &Path, root: &Path, secrets: &Path) -> Vec<String> {
+    vec![
+        "--data-dir".into(),
+        data.display().to_string(),
+        "--allow-root".into(),
+        root.display().to_string(),
+        "--secrets-dir".into(),
+        secrets.display().to_string(),
+        "--test-cron-seconds".into(),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_backup_then_the_restarted_server_finishes_it_without_resending() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("images");
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&root).unwrap();
+    let secrets = secrets_dir(tmp.path());
+    let src = image(&root.join("src.img"), 16 * MIB, 5);
+    // Slow reads: 32 data chunks at 150 ms each take about 5 s with one worker.
+    let slow = NbdServer::nbdkit(
+        &["file", src.to_str().unwrap(), "rdelay=150ms"],
+        &Nbdkit {
+            filters: vec!["delay".into()],
+            export: "src".into(),
+            read_only: true,
+            ..Nbdkit::default()
+        },
+    );
+    let repo_dir = root.join("repo");
+    let repo = Some(proto::Repository {
+        url: repo_dir.display().to_string(),
+        key: file_ref("repo-key"),
+        ..Default::default()
+    });
+    let server = ServeProcess::start(Path::new(BIN), &serve_args(&data, &root, &secrets), &[]);
+    let mut jobs = connect(server.grpc).await;
+    let mut req = backup_req(&slow.uri(), repo.clone());
+    req.init_if_missing = small_chunks();
+    req.workers = 1;
+    let id = jobs.start_backup(req).await.unwrap().into_inner().id;
+    let mut stream = jobs
+        .watch_job(proto::WatchJobRequest { id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    loop {
+        let j = stream
+            .message()
+            .await
+            .unwrap()
+            .expect("job still running")
+            .job
+            .unwrap();
+        assert!(!is_terminal(&j), "the backup finished too early: {j:?}");
+        if j.progress.unwrap().done_bytes >= 6 * MIB {
+            break;
+        }
+    }
+    let stored_before_kill = chunk_files(&repo_dir).len() as u64;
+    assert!(stored_before_kill >= 2, "{stored_before_kill}");
+    server.kill9();
+
+    let server = ServeProcess::start(Path::new(BIN), &serve_args(&data, &root, &secrets), &[]);
+    let mut jobs = connect(server.grpc).await;
+    let done = wait_terminal(&mut jobs, &id, LIMIT).await;
+    let b = backup_result(&done);
+    assert_eq!(done.attempt, 2, "{done:?}\n{}", server.stderr());
+    assert!(
+        b.chunks_reused >= stored_before_kill,
+        "chunks stored before the kill were sent again: {b:?} ({stored_before_kill} stored)"
+    );
+    assert_eq!(b.chunks_new + b.chunks_reused, 32, "{b:?}");
+    assert_eq!(b.digest.as_ref().unwrap().hex, blkhash_file(&src));
+    let dst = root.join("restored.img");
+    let r = wait_terminal(
+        &mut jobs,
+        &jobs
+            .clone()
+            .start_restore(restore_req(repo, &b.snapshot_id, &dst))
+            .await
+            .unwrap()
+            .into_inner()
+            .id,
+        LIMIT,
+    )
+    .await;
+    restore_result(&r);
+    qemu_img_compare(&src, &dst);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_schedule_runs_and_prunes_after_each_backup() {
+    let mut e = env_with(true).await;
+    let src = image(&e.root.join("src.img"), 2 * MIB, 1);
+    let repo = dir_repo(&e.root.join("repo"));
+    let mut template = backup_req(&src.display().to_string(), repo.clone());
+    template.init_if_missing = small_chunks();
+    template.retention = Some(proto::Retention {
+        keep_last: 2,
+        ..Default::default()
+    });
+    let mut schedules = connect_schedules(e.service.grpc_addr()).await;
+    let created = schedules
+        .create_schedule(proto::CreateScheduleRequest {
+            name: "nightly".into(),
+            cron: "*/1 * * * * *".into(),
+            template: Some(proto::JobTemplate {
+                request: Some(proto::job_template::Request::Backup(template)),
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    loop {
+        let s = schedules
+            .get_schedule(proto::GetScheduleRequest {
+                id: created.id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let st = s.status.unwrap_or_default();
+        if st.runs_started >= 4
+            && st
+                .last_run
+                .as_ref()
+                .is_some_and(|r| r.result == proto::ScheduleRunResult::Succeeded as i32)
+        {
+            schedules
+                .pause_schedule(proto::PauseScheduleRequest {
+                    id: created.id.clone(),
+                })
+                .await
+                .unwrap();
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{st:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Let a run started before the pause finish.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let jobs = e
+        .jobs
+        .list_jobs(proto::ListJobsRequest {
+            kind: proto::JobKind::Backup as i32,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs;
+    let done: Vec<_> = jobs
+        .iter()
+        .filter(|j| state(j) == JobState::Succeeded)
+        .collect();
+    assert!(done.len() >= 4, "{jobs:?}");
+    let last = backup_result(done.last().unwrap());
+    let pruned = last.prune.expect("the run pruned");
+    assert_eq!(pruned.kept.len(), 2, "{pruned:?}");
+    assert!(!pruned.removed.is_empty() || done.len() == 2);
+    let listed = snapshots(&mut e.backups, repo).await;
+    assert_eq!(listed.len(), 2, "{listed:?}");
+}
+
+#[tokio::test]
+async fn bad_backup_requests_are_refused_with_the_reason() {
+    let mut e = env_with(false).await;
+    let src = image(&e.root.join("src.img"), MIB, 1);
+    let src_url = src.display().to_string();
+    let repo_dir = e.root.join("repo");
+    let repo = dir_repo(&repo_dir);
+
+    let code = |r: Result<tonic::Response<proto::Job>, tonic::Status>| {
+        let s = r.expect_err("refused");
+        (s.code(), s.message().to_string())
+    };
+    let outside = dir_repo(Path::new("/var/tmp/ferry-outside-repo"));
+    let (c, m) = code(e.jobs.start_backup(backup_req(&src_url, outside)).await);
+    assert_eq!(c, Code::PermissionDenied, "{m}");
+    let (c, m) = code(e.jobs.start_backup(backup_req(&src_url, None)).await);
+    assert_eq!(c, Code::InvalidArgument, "{m}");
+    assert!(m.contains("repository"), "{m}");
+    let mut req = backup_req(&src_url, repo.clone());
+    req.parent = "yesterday".into();
+    let (c, m) = code(e.jobs.start_backup(req).await);
+    assert_eq!(c, Code::InvalidArgument);
+    assert!(m.contains("parent"), "{m}");
+    let mut req = backup_req(&src_url, repo.clone());
+    req.dirty_bitmap = "b0".into();
+    let (c, m) = code(e.jobs.start_backup(req).await);
+    assert_eq!(c, Code::InvalidArgument);
+    assert!(m.contains("dirty_bitmap"), "{m}");
+    let mut req = backup_req(&src_url, repo.clone());
+    req.retention = Some(proto::Retention::default());
+    let (c, m) = code(e.jobs.start_backup(req).await);
+    assert_eq!(c, Code::InvalidArgument);
+    assert!(m.contains("retention"), "{m}");
+    let mut req = backup_req(&src_url, repo.clone());
+    req.retention = Some(proto::Retention {
+        keep_daily: -3,
+        ..Default::default()
+    });
+    let (c, m) = code(e.jobs.start_backup(req).await);
+    assert_eq!(c, Code::InvalidArgument);
+    assert!(m.contains("retention.keep_daily"), "{m}");
+    let mut req = backup_req(&src_url, repo.clone());
+    req.init_if_missing = Some(proto::RepositoryInit {
+        chunk_size: 1000,
+        zstd_level: None,
+    });
+    let (c, m) = code(e.jobs.start_backup(req).await);
+    assert_eq!(c, Code::InvalidArgument);
+    assert!(m.contains("init_if_missing.chunk_size"), "{m}");
+    let with_s3 = Some(proto::Repository {
+        s3: Some(proto::S3Options::default()),
+        ..repo.clone().unwrap()
+    });
+    let (c, m) = code(e.jobs.start_backup(backup_req(&src_url, with_s3)).await);
+    assert_eq!(c, Code::InvalidArgument);
+    assert!(m.contains("repository.s3"), "{m}");
+    let (c, m) = code(
+        e.jobs
+            .start_prune(proto::StartPruneRequest {
+                repository: repo.clone(),
+                ..Default::default()
+            })
+            .await,
+    );
+    assert_eq!(c, Code::InvalidArgument);
+    assert!(m.contains("retention"), "{m}");
+    let (c, m) = code(
+        e.jobs
+            .start_restore(restore_req(repo.clone(), "latest", &e.root.join("x.img")))
+            .await,
+    );
+    assert_eq!(c, Code::InvalidArgument);
+    assert!(m.contains("snapshot_id"), "{m}");
+
+    // A missing repository: the job fails saying so; the service calls are NOT_FOUND.
+    let job = finished(
+        &mut e.jobs,
+        e.jobs
+            .clone()
+            .start_backup(backup_req(&src_url, repo.clone()))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(state(&job), JobState::Failed);
+    let error = job.error.unwrap();
+    assert_eq!(error.kind, "not_found", "{error:?}");
+    assert!(error.message.contains("init_if_missing"), "{error:?}");
+    let status = e
+        .backups
+        .get_repository(proto::GetRepositoryRequest {
+            repository: repo.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::NotFound);
+
+    // An unknown snapshot of an existing repository.
+    e.backups
+        .init_repository(proto::InitRepositoryRequest {
+            repository: repo.clone(),
+            options: small_chunks(),
+        })
+        .await
+        .unwrap();
+    let again = e
+        .backups
+        .init_repository(proto::InitRepositoryRequest {
+            repository: repo.clone(),
+            options: small_chunks(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), Code::AlreadyExists);
+    let unknown = "20200101T000000Z-0a1b2c3d";
+    let (c, m) = code(
+        e.jobs
+            .start_restore(restore_req(repo.clone(), unknown, &e.root.join("x.img")))
+            .await,
+    );
+    assert_eq!(c, Code::NotFound, "{m}");
+    assert!(m.contains(unknown), "{m}");
+    let status = e
+        .backups
+        .get_snapshot(proto::GetSnapshotRequest {
+            repository: repo.clone(),
+            id: unknown.into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::NotFound);
+    assert!(!e.root.join("x.img").exists());
+}
