@@ -12,11 +12,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ferry_core::Secret;
 use ferry_operator::controller::{
-    JobFailure, JobReport, JobRequest, JobState, LinkError, MoverAddress, MoverLink, ReportStream,
-    TargetReport,
+    BackupSummary, JobFailure, JobReport, JobRequest, JobState, LinkError, MoverAddress, MoverLink,
+    PruneSummary, ReportStream, TargetReport,
 };
 use ferry_operator::crd::{
     CacheMode, Checkpoint, CommitOrder, HashAlgorithm, ImageFormat, Preallocation, Progress,
+};
+use ferry_operator::mover::backup_request::{
+    Parent, StartBackup, StartPrune, StartRestore, WireRepository, WireRetention,
 };
 use ferry_operator::mover::request::{
     target_indexes, EndpointOptions, SecretRef, StartChecksum, StartTransfer, WireEndpoint,
@@ -105,6 +108,18 @@ impl MoverLink for GrpcMoverLink {
             ),
             JobRequest::Checksum(request) => (
                 client.start_checksum(checksum_request(request)).await,
+                &request.labels,
+            ),
+            JobRequest::Backup(request) => (
+                client.start_backup(backup_request(request)).await,
+                &request.labels,
+            ),
+            JobRequest::Prune(request) => (
+                client.start_prune(prune_request(request)).await,
+                &request.labels,
+            ),
+            JobRequest::Restore(request) => (
+                client.start_restore(restore_request(request)).await,
                 &request.labels,
             ),
         };
@@ -334,6 +349,82 @@ pub fn checksum_request(r: &StartChecksum) -> proto::StartChecksumRequest {
     }
 }
 
+fn repository(r: &WireRepository) -> proto::Repository {
+    let s3 = match &r.options {
+        Some(EndpointOptions::S3(s3)) => Some(proto::S3Options {
+            endpoint_url: s3.endpoint_url.clone(),
+            region: s3.region.clone(),
+            access_key_id: s3.access_key_id.as_ref().map(secret),
+            secret_access_key: s3.secret_access_key.as_ref().map(secret),
+            session_token: s3.session_token.as_ref().map(secret),
+            force_path_style: s3.force_path_style,
+        }),
+        _ => None,
+    };
+    proto::Repository {
+        url: r.url.clone(),
+        s3,
+        key: r.key.as_ref().map(secret),
+    }
+}
+
+fn retention(r: &WireRetention) -> proto::Retention {
+    let count = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
+    proto::Retention {
+        keep_last: count(r.last),
+        keep_hourly: count(r.hourly),
+        keep_daily: count(r.daily),
+        keep_weekly: count(r.weekly),
+        keep_monthly: count(r.monthly),
+        keep_yearly: count(r.yearly),
+        keep_within: r.within.clone(),
+    }
+}
+
+/// The wire request of a backup.
+pub fn backup_request(r: &StartBackup) -> proto::StartBackupRequest {
+    proto::StartBackupRequest {
+        source: Some(endpoint(&r.source)),
+        repository: Some(repository(&r.repository)),
+        parent: match &r.parent {
+            Parent::Auto => "auto".into(),
+            Parent::None => "none".into(),
+            Parent::Id(id) => id.clone(),
+        },
+        source_id: r.source_id.clone(),
+        tags: r.tags.clone().into_iter().collect(),
+        init_if_missing: r.initialize.then(proto::RepositoryInit::default),
+        idempotency_key: r.idempotency_key.clone(),
+        labels: r.labels.clone(),
+        ..proto::StartBackupRequest::default()
+    }
+}
+
+/// The wire request of a prune.
+pub fn prune_request(r: &StartPrune) -> proto::StartPruneRequest {
+    proto::StartPruneRequest {
+        repository: Some(repository(&r.repository)),
+        retention: Some(retention(&r.retain)),
+        source_id: r.source_id.clone(),
+        idempotency_key: r.idempotency_key.clone(),
+        labels: r.labels.clone(),
+        ..proto::StartPruneRequest::default()
+    }
+}
+
+/// The wire request of a restore.
+pub fn restore_request(r: &StartRestore) -> proto::StartRestoreRequest {
+    proto::StartRestoreRequest {
+        repository: Some(repository(&r.repository)),
+        snapshot_id: r.snapshot_id.clone(),
+        target: Some(endpoint(&r.target)),
+        idempotency_key: r.idempotency_key.clone(),
+        labels: r.labels.clone(),
+        refuse_if_target_busy: true,
+        ..proto::StartRestoreRequest::default()
+    }
+}
+
 /// `<algorithm>:<hex>`, as the custom resources spell digests.
 fn digest(d: Option<&proto::Digest>) -> Option<String> {
     let d = d.filter(|d| !d.hex.is_empty())?;
@@ -411,6 +502,24 @@ pub fn report(job: &proto::Job) -> JobReport {
         Some(proto::job::Result::ChecksumResult(r)) => (digest(r.digest.as_ref()), None),
         _ => (None, None),
     };
+    let backup = match &job.result {
+        Some(proto::job::Result::BackupResult(r)) => Some(BackupSummary {
+            snapshot_id: r.snapshot_id.clone(),
+            parent_id: r.parent_id.clone(),
+            bytes_read: r.bytes_read,
+            bytes_new: r.bytes_new,
+            bytes_reused: r.bytes_reused,
+            block_hash: digest(r.digest.as_ref()).unwrap_or_default(),
+        }),
+        _ => None,
+    };
+    let prune = match &job.result {
+        Some(proto::job::Result::PruneResult(r)) => Some(PruneSummary {
+            kept: r.kept.len() as u64,
+            removed: r.removed.len() as u64,
+        }),
+        _ => None,
+    };
     JobReport {
         id: job.id.clone(),
         state,
@@ -420,6 +529,8 @@ pub fn report(job: &proto::Job) -> JobReport {
         target_digest,
         error: job.error.as_ref().map(failure),
         targets: targets(job),
+        backup,
+        prune,
     }
 }
 
@@ -738,6 +849,153 @@ mod tests {
             Err(LinkError::Rejected(_))
         ));
         link.cancel(&mover, "uid").await.unwrap();
+        service.shutdown().await;
+    }
+
+    /// Backup jobs through the link against a real job service in this process: a
+    /// backup into a directory repository it creates, a second backup on top of it, a
+    /// prune keeping the last one, and a restore of the kept snapshot, whose bytes and
+    /// block hash are the source's.
+    #[tokio::test]
+    async fn drives_backups_through_a_real_job_service() {
+        use crate::service::config::ServiceConfig;
+        use crate::service::server;
+        use ferry_operator::mover::backup_request::{
+            Parent, StartBackup, StartPrune, StartRestore, WireRepository, WireRetention,
+        };
+
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(root.join("repo")).unwrap();
+        let mut cfg = ServiceConfig::new(dir.path().join("data"));
+        cfg.grpc_listen = "127.0.0.1:0".parse().unwrap();
+        cfg.metrics_listen = None;
+        cfg.allow_roots = vec![root.clone()];
+        cfg.auth_token = Some(Secret::new("t0ken"));
+        let service = server::start(cfg).await.unwrap();
+        let addr = service.grpc_addr();
+        let mover = MoverAddress {
+            namespace: "ns".into(),
+            pod: "p".into(),
+            ip: addr.ip().to_string(),
+            port: addr.port(),
+            token: "t0ken".into(),
+        };
+        let link = GrpcMoverLink::default();
+        let src = root.join("src.img");
+        let mut bytes: Vec<u8> = (0..12u32 << 20).map(|i| (i % 251) as u8).collect();
+        // The second 4 MiB chunk is all zeroes: never stored.
+        bytes[(4 << 20)..(8 << 20)].fill(0);
+        std::fs::write(&src, &bytes).unwrap();
+        let repo = WireRepository {
+            url: root.join("repo").display().to_string(),
+            options: None,
+            key: None,
+        };
+        let labels = |uid: &str| BTreeMap::from([(OWNER_UID_LABEL.to_string(), uid.to_string())]);
+        async fn last(link: &GrpcMoverLink, mover: &MoverAddress, id: &str) -> JobReport {
+            let mut stream = link.watch(mover, id).await.unwrap();
+            let mut last = None;
+            while let Some(r) = stream.next().await {
+                let r = r.unwrap();
+                let end = r.state.is_terminal();
+                last = Some(r);
+                if end {
+                    break;
+                }
+            }
+            last.expect("at least one report")
+        }
+        let backup = |uid: &str| {
+            JobRequest::Backup(Box::new(StartBackup {
+                source: WireEndpoint {
+                    url: src.display().to_string(),
+                    ..WireEndpoint::default()
+                },
+                repository: repo.clone(),
+                initialize: true,
+                source_id: "vms/web1".into(),
+                parent: Parent::Auto,
+                tags: BTreeMap::from([("vm".into(), "web1".into())]),
+                idempotency_key: format!("{uid}/backup"),
+                labels: labels(uid),
+            }))
+        };
+        let started = link.start(&mover, &backup("b1")).await.unwrap();
+        let first = last(&link, &mover, &started.id).await;
+        assert_eq!(first.state, JobState::Succeeded, "{first:?}");
+        let first = first.backup.expect("a backup summary");
+        assert!(first.parent_id.is_empty(), "{first:?}");
+        assert_eq!(first.bytes_new + first.bytes_reused, 8 << 20, "{first:?}");
+        assert!(first.block_hash.starts_with("blkhash:"), "{first:?}");
+        // The same request again: the same job.
+        assert_eq!(
+            link.start(&mover, &backup("b1")).await.unwrap().id,
+            started.id
+        );
+        let started = link.start(&mover, &backup("b2")).await.unwrap();
+        let second = last(&link, &mover, &started.id).await.backup.unwrap();
+        assert_eq!(second.parent_id, first.snapshot_id);
+        assert_eq!(second.bytes_new, 0, "nothing changed: {second:?}");
+        assert_eq!(second.block_hash, first.block_hash);
+
+        let prune = JobRequest::Prune(Box::new(StartPrune {
+            repository: repo.clone(),
+            source_id: "vms/web1".into(),
+            retain: WireRetention {
+                last: 1,
+                ..WireRetention::default()
+            },
+            idempotency_key: "b2/prune".into(),
+            labels: labels("b2"),
+        }));
+        let started = link.start(&mover, &prune).await.unwrap();
+        let pruned = last(&link, &mover, &started.id).await;
+        assert_eq!(pruned.state, JobState::Succeeded, "{pruned:?}");
+        assert_eq!(
+            pruned.prune,
+            Some(PruneSummary {
+                kept: 1,
+                removed: 1
+            })
+        );
+
+        let dst = root.join("restored.img");
+        let restore = JobRequest::Restore(Box::new(StartRestore {
+            repository: repo.clone(),
+            snapshot_id: second.snapshot_id.clone(),
+            target: WireEndpoint {
+                url: dst.display().to_string(),
+                ..WireEndpoint::default()
+            },
+            idempotency_key: "r1/restore".into(),
+            labels: labels("r1"),
+        }));
+        let started = link.start(&mover, &restore).await.unwrap();
+        let restored = last(&link, &mover, &started.id).await;
+        assert_eq!(restored.state, JobState::Succeeded, "{restored:?}");
+        assert_eq!(std::fs::read(&dst).unwrap(), bytes);
+
+        // The pruned snapshot is gone: restoring it fails, saying so.
+        let gone = JobRequest::Restore(Box::new(StartRestore {
+            snapshot_id: first.snapshot_id.clone(),
+            idempotency_key: "r2/restore".into(),
+            labels: labels("r2"),
+            target: WireEndpoint {
+                url: root.join("gone.img").display().to_string(),
+                ..WireEndpoint::default()
+            },
+            repository: repo.clone(),
+        }));
+        match link.start(&mover, &gone).await {
+            Err(LinkError::Rejected(e)) => assert!(e.contains("NotFound"), "{e}"),
+            Ok(started) => {
+                let failed = last(&link, &mover, &started.id).await;
+                assert_eq!(failed.state, JobState::Failed, "{failed:?}");
+                assert_eq!(failed.error.unwrap().kind, "not_found");
+            }
+            Err(e) => panic!("{e}"),
+        }
         service.shutdown().await;
     }
 }

@@ -12,6 +12,12 @@
 //! - `Checksum` (`fcs`): the digest of a URL or a PVC.
 //! - `VolumeImageSource` (`vis`): the volume populator's data source; a PVC whose
 //!   `dataSourceRef` names one is created holding the image.
+//! - `BackupRepository` (`fbr`): a deduplicating backup repository (an S3 prefix or a
+//!   directory in a claim), its credentials and encryption key by Secret reference.
+//! - `Backup` (`fbk`): one backup of a claim into a repository, and a prune after it when
+//!   `retain` is set; deleting it keeps the snapshot.
+//! - `BackupSchedule` (`fbs`): a Backup per cron fire (from the claim or a VolumeSnapshot
+//!   of it), never overlapping, pruned by `retain` ([`schedule`]).
 //!
 //! Credentials appear only as references to a key of a Secret in the resource's
 //! namespace; every spec has a `validate()` for what the schema cannot express.
@@ -26,7 +32,7 @@
 //! never from logs. Kubernetes picks the node; the pod runs non-root wherever the volumes
 //! allow, with no privilege.
 //!
-//! **Reconcilers** ([`controller`]): one state machine for both kinds (finalizer, spec
+//! **Reconcilers** ([`controller`]): one state machine for Transfers, Checksums and Backups (finalizer, spec
 //! check, claims, mover limits, the mover pod per attempt, jobs started through the
 //! [`controller::MoverLink`] trait and followed from the job stream, resume from the
 //! status checkpoint after a lost mover, cancel on deletion), and [`controller::run`],
@@ -47,3 +53,4 @@ pub mod leader;
 pub mod metrics;
 pub mod mover;
 pub mod populator;
+pub mod schedule;

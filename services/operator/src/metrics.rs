@@ -18,7 +18,7 @@ use kube::runtime::reflector::Store;
 
 use crate::controller::life::HasLife;
 use crate::controller::MoverKind;
-use crate::crd::{Checksum, Phase, Transfer};
+use crate::crd::{Backup, Checksum, Phase, Restore, Transfer};
 
 const PHASES: [Phase; 5] = [
     Phase::Pending,
@@ -101,7 +101,7 @@ impl OperatorMetrics {
             "ferry_operator_reconcile_errors_total",
             "Reconciles that failed and were requeued, by resource kind.",
         );
-        for kind in [Transfer::KIND, Checksum::KIND] {
+        for kind in [Transfer::KIND, Checksum::KIND, Backup::KIND, Restore::KIND] {
             reconciles.with_label_values(&[kind]);
             reconcile_errors.with_label_values(&[kind]);
         }
@@ -119,7 +119,7 @@ impl OperatorMetrics {
         let resources = IntGaugeVec::new(
             Opts::new(
                 "ferry_operator_resources",
-                "Transfers and Checksums by kind and phase.",
+                "Transfers, Checksums, Backups and Restores by kind and phase.",
             ),
             &["kind", "phase"],
         )

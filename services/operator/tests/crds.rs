@@ -68,6 +68,26 @@ fn kinds_names_and_columns() {
                 "Namespaced".into(),
                 vec!["vis".into()]
             ),
+            (
+                "backuprepositories.ferry.dev".into(),
+                "Namespaced".into(),
+                vec!["fbr".into()]
+            ),
+            (
+                "backups.ferry.dev".into(),
+                "Namespaced".into(),
+                vec!["fbk".into()]
+            ),
+            (
+                "backupschedules.ferry.dev".into(),
+                "Namespaced".into(),
+                vec!["fbs".into()]
+            ),
+            (
+                "restores.ferry.dev".into(),
+                "Namespaced".into(),
+                vec!["frs".into()]
+            ),
         ]
     );
     let transfer = crd("Transfer");
@@ -155,4 +175,53 @@ fn the_schema_carries_the_validation() {
             "targets[] lacks {field}: {target}"
         );
     }
+}
+
+#[test]
+fn the_backup_kinds_have_their_columns_and_no_operator_field() {
+    let columns = |kind: &str| -> Vec<String> {
+        crd(kind).spec.versions[0]
+            .additional_printer_columns
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|c| c.name.clone())
+            .collect()
+    };
+    assert_eq!(
+        columns("Backup"),
+        ["PVC", "Repository", "Phase", "Snapshot", "New", "Age"]
+    );
+    assert_eq!(
+        columns("BackupSchedule"),
+        [
+            "PVC",
+            "Schedule",
+            "Last sync",
+            "Next sync",
+            "Last snapshot",
+            "Age"
+        ]
+    );
+    assert_eq!(
+        columns("BackupRepository"),
+        ["URL", "PVC", "Ready", "Encrypted", "Age"]
+    );
+    let backup = schema_json("Backup");
+    let spec = &backup["openAPIV3Schema"]["properties"]["spec"];
+    assert_eq!(
+        spec["required"],
+        serde_json::json!(["repository", "sourcePVC"])
+    );
+    assert!(
+        spec["properties"].get("resolvedRepository").is_none(),
+        "the operator's lookup is never part of the API: {spec}"
+    );
+    let schedule = schema_json("BackupSchedule");
+    let spec = &schedule["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    assert_eq!(
+        spec["copyMethod"]["enum"],
+        serde_json::json!(["Direct", "Snapshot"])
+    );
+    assert_eq!(spec["trigger"]["required"], serde_json::json!(["schedule"]));
 }

@@ -14,7 +14,9 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use ferry_operator::crd::{Checksum, Transfer, VolumeImageSource};
+use ferry_operator::crd::{
+    Backup, BackupRepository, BackupSchedule, Checksum, Transfer, VolumeImageSource,
+};
 use serde_json::{json, Value as Json};
 use serde_yaml::Value;
 
@@ -228,6 +230,10 @@ fn the_examples_are_valid_ferry_resources() {
     let mut sources = BTreeSet::new();
     let mut populated = Vec::new();
     let mut fan_out = 0;
+    let mut repositories: Vec<BackupRepository> = Vec::new();
+    let mut backups = Vec::new();
+    let mut scheduled = Vec::new();
+    let mut restored = Vec::new();
     for file in &files {
         for doc in documents(file) {
             let kind = doc["kind"].as_str().unwrap_or("").to_string();
@@ -249,11 +255,33 @@ fn the_examples_are_valid_ferry_resources() {
                     });
                     sources.insert(doc["metadata"]["name"].as_str().unwrap().to_string());
                 }
+                "BackupRepository" => {
+                    let r: BackupRepository = check_resource(&doc, |r: &BackupRepository| {
+                        r.spec.validate().map_err(|e| e.to_string())
+                    });
+                    repositories.push(r);
+                }
+                "Backup" => {
+                    backups.push(doc.clone());
+                }
+                "BackupSchedule" => {
+                    let s: BackupSchedule = check_resource(&doc, |s: &BackupSchedule| {
+                        s.spec.validate().map(|_| ()).map_err(|e| e.to_string())
+                    });
+                    scheduled.push(s.spec.repository.clone());
+                }
                 "PersistentVolumeClaim" => {
                     let r = &doc["spec"]["dataSourceRef"];
                     if r["apiGroup"].as_str() == Some("ferry.dev") {
-                        assert_eq!(r["kind"].as_str(), Some("VolumeImageSource"));
-                        populated.push(r["name"].as_str().unwrap().to_string());
+                        match r["kind"].as_str() {
+                            Some("VolumeImageSource") => {
+                                populated.push(r["name"].as_str().unwrap().to_string())
+                            }
+                            Some("Backup") => {
+                                restored.push(r["name"].as_str().unwrap().to_string())
+                            }
+                            other => panic!("a claim populated from {other:?}"),
+                        }
                     }
                 }
                 _ => {}
@@ -261,7 +289,43 @@ fn the_examples_are_valid_ferry_resources() {
             kinds.insert(kind);
         }
     }
-    for kind in ["Transfer", "Checksum", "VolumeImageSource"] {
+    // A Backup is checked with the repository it names, as the operator looks it up.
+    let repository = |name: &str| {
+        repositories
+            .iter()
+            .find(|r| r.metadata.name.as_deref() == Some(name))
+            .map(|r| r.spec.clone())
+    };
+    assert!(!restored.is_empty(), "no claim restored from a Backup");
+    for name in &restored {
+        assert!(
+            backups
+                .iter()
+                .any(|b| b["metadata"]["name"].as_str() == Some(name)),
+            "no Backup {name} in the examples"
+        );
+    }
+    for doc in &backups {
+        check_resource(doc, |b: &Backup| {
+            let mut b = b.clone();
+            b.spec.resolved_repository = repository(&b.spec.repository);
+            b.spec.validate().map_err(|e| e.to_string())
+        });
+    }
+    for name in &scheduled {
+        assert!(
+            repository(name).is_some(),
+            "no BackupRepository {name} in the examples"
+        );
+    }
+    for kind in [
+        "Transfer",
+        "Checksum",
+        "VolumeImageSource",
+        "BackupRepository",
+        "Backup",
+        "BackupSchedule",
+    ] {
         assert!(kinds.contains(kind), "no {kind} example: {kinds:?}");
     }
     assert_eq!(fan_out, 10, "the clone example writes 10 claims");

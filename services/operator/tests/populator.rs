@@ -485,3 +485,133 @@ async fn foreign_and_invalid_sources_are_refused_with_a_warning() {
     assert_eq!(finish(task).await, Action::await_change());
     h.server.done().await;
 }
+
+const BACKUP: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/backups/web1-nightly";
+const RESTORES: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/restores";
+
+/// The user's claim `disk` populated from the Backup `web1-nightly`.
+fn restore_claim(volume: bool) -> Value {
+    let mut c = claim();
+    c["spec"]["dataSourceRef"] = json!({"apiGroup": "ferry.dev", "kind": "Backup",
+                                        "name": "web1-nightly"});
+    if volume {
+        c["spec"]["volumeName"] = json!("pv-7");
+        c["status"]["phase"] = json!("Bound");
+    }
+    c
+}
+
+fn backup(phase: &str) -> Value {
+    json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Backup",
+        "metadata": {"name": "web1-nightly", "namespace": NS, "uid": "b-1"},
+        "spec": {"sourcePVC": "web1", "repository": "site-a",
+                 "mover": {"priorityClassName": "backups"}},
+        "status": {"phase": phase, "snapshotId": "20261202T030000Z-0a1b2c3d"},
+    })
+}
+
+fn restore(status: Value) -> Value {
+    json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Restore",
+        "metadata": {"name": "disk", "namespace": NS, "uid": "r-1",
+                     "labels": labels(), "ownerReferences": owner()},
+        "spec": {"backup": "web1-nightly", "targetPVC": PRIME},
+        "status": status,
+    })
+}
+
+/// A claim naming a Backup: it waits for the Backup to succeed; then the prime claim and
+/// a Restore of the Backup into it; once the Restore succeeded and the prime is Bound,
+/// the volume is handed over; once the claim is Bound, the prime and the Restore go.
+#[tokio::test]
+async fn a_claim_naming_a_backup_is_restored_and_bound() {
+    let mut h = Harness::new();
+    let task = tokio::spawn(reconcile(pvc(&restore_claim(false)), h.ctx.clone()));
+    h.server
+        .expect("GET", BACKUP, Reply::Ok(backup("Running")))
+        .await;
+    let note = on_claim(&h.server.expect_event(NS).await, "Normal", "Pending");
+    assert_eq!(note, "waiting for Backup web1-nightly to succeed");
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+
+    let task = tokio::spawn(reconcile(pvc(&restore_claim(false)), h.ctx.clone()));
+    h.server
+        .expect("GET", BACKUP, Reply::Ok(backup("Succeeded")))
+        .await;
+    h.server
+        .expect("GET", SC, Reply::Ok(storage_class("Immediate")))
+        .await;
+    let prime = h.server.expect("POST", PVCS, Reply::Echo).await.body;
+    assert_eq!(prime["metadata"]["name"], PRIME);
+    on_claim(&h.server.expect_event(NS).await, "Normal", "PrimeCreated");
+    let r = h.server.expect("POST", RESTORES, Reply::Echo).await.body;
+    assert_eq!(
+        r,
+        json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "Restore",
+            "metadata": {"name": "disk", "namespace": NS, "labels": labels(),
+                         "ownerReferences": owner()},
+            "spec": {"backup": "web1-nightly", "targetPVC": PRIME,
+                     "mover": {"priorityClassName": "backups"}},
+        })
+    );
+    on_claim(&h.server.expect_event(NS).await, "Normal", "RestoreCreated");
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+
+    // Restored and the prime Bound: the volume handed over.
+    h.claim_seen(&prime_claim(true));
+    h.restore_seen(&restore(json!({"phase": "Succeeded"})));
+    let task = tokio::spawn(reconcile(pvc(&restore_claim(false)), h.ctx.clone()));
+    h.server
+        .expect("GET", BACKUP, Reply::Ok(backup("Succeeded")))
+        .await;
+    let note = on_claim(&h.server.expect_event(NS).await, "Normal", "ImageCopied");
+    assert!(
+        note.starts_with("Restore disk restored the backup into pvc/ferry-prime-u-1"),
+        "{note}"
+    );
+    h.server
+        .expect("GET", PV, Reply::Ok(pv("prime-uid", PRIME)))
+        .await;
+    let patch = h
+        .server
+        .expect("PATCH", PV, Reply::Ok(pv(UID, "disk")))
+        .await;
+    assert_eq!(
+        patch.body["metadata"]["annotations"]["ferry.dev/populated-from"],
+        "vms/web1-nightly"
+    );
+    assert_eq!(patch.body["spec"]["claimRef"]["uid"], UID);
+    on_claim(&h.server.expect_event(NS).await, "Normal", "Rebinding");
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+
+    // Bound: the prime claim and the Restore are deleted.
+    let task = tokio::spawn(reconcile(pvc(&restore_claim(true)), h.ctx.clone()));
+    h.server
+        .expect("DELETE", &format!("{PVCS}/{PRIME}"), Reply::Deleted)
+        .await;
+    on_claim(&h.server.expect_event(NS).await, "Normal", "Populated");
+    h.server
+        .expect("DELETE", &format!("{RESTORES}/disk"), Reply::Deleted)
+        .await;
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+}
+
+/// A claim naming a failed Backup: a warning, nothing created.
+#[tokio::test]
+async fn a_failed_backup_is_not_restored() {
+    let mut h = Harness::new();
+    let task = tokio::spawn(reconcile(pvc(&restore_claim(false)), h.ctx.clone()));
+    h.server
+        .expect("GET", BACKUP, Reply::Ok(backup("Failed")))
+        .await;
+    let note = on_claim(&h.server.expect_event(NS).await, "Warning", "InvalidSource");
+    assert!(note.contains("has no snapshot to restore"), "{note}");
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+}

@@ -107,9 +107,10 @@ async fn finish<K: MoverKind>(
 ) -> Result<(), Error> {
     obj.observe(&mut status, reports);
     let outcome = obj.outcome(&status, reports);
-    if outcome == Outcome::Succeeded {
+    if matches!(outcome, Outcome::Succeeded | Outcome::Continue { .. }) {
         obj.succeed(&mut status, reports);
     }
+
     let mut life = status.life();
     let (warning, event_reason, note) = match &outcome {
         Outcome::Succeeded => {
@@ -126,6 +127,13 @@ async fn finish<K: MoverKind>(
             life.message = Some(message.clone());
             life.set_condition(RUNNING, false, reason::RETRYING, message);
             (true, reason::RETRYING, message.clone())
+        }
+        Outcome::Continue { message } => {
+            // The mover stays for the next step; the status write wakes the reconciler.
+            status.set_life(life);
+            write_status(ctx, ids, obj, &status).await?;
+            ctx.event(obj, false, "StepSucceeded", message).await;
+            return Ok(());
         }
     };
     let pod = life.mover_pod.clone();

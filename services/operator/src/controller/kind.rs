@@ -11,7 +11,7 @@ use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::crd::{Endpoint, PvcTemplate, ValidationError};
+use crate::crd::{Endpoint, PvcTemplate, SecretKeyRef, ValidationError};
 use crate::mover::{MoverError, MoverPodInput, ResolvedPvc};
 
 use super::context::{Context, MANAGER};
@@ -45,6 +45,13 @@ pub enum Outcome {
         /// What went wrong.
         message: String,
     },
+    /// This step's jobs succeeded and the next step's run on the same mover (a backup,
+    /// then the prune after it): the status records the step, the mover stays, and the
+    /// next reconcile starts the jobs [`MoverKind::jobs`] gives for the new status.
+    Continue {
+        /// What was done.
+        message: String,
+    },
 }
 
 /// A kind the operator runs movers for.
@@ -73,6 +80,10 @@ pub trait MoverKind:
     fn claims(&self) -> Vec<Claim<'_>>;
     /// Every endpoint it names (for the Secrets they reference).
     fn endpoints(&self) -> Vec<&Endpoint>;
+    /// Secret keys it references outside its endpoints (a repository's encryption key).
+    fn secret_keys(&self) -> Vec<&SecretKeyRef> {
+        Vec::new()
+    }
     /// Its mover pod.
     fn mover_pod(&self, input: &MoverPodInput<'_>) -> Result<Pod, MoverError>;
     /// Its jobs, resuming from what the status recorded.
@@ -86,9 +97,14 @@ pub trait MoverKind:
     /// Whether a write of `after` over `before` records new committed ranges (written at
     /// once, not throttled).
     fn checkpoint_changed(before: &Self::Status, after: &Self::Status) -> bool;
-    /// How finished jobs end the resource, given the status they were observed into.
+    /// How finished jobs end the resource (or its step), given the status they were
+    /// observed into.
     fn outcome(&self, status: &Self::Status, reports: &[JobReport]) -> Outcome;
-    /// Digests of succeeded jobs, into the status.
+    /// Copies what the operator looked up for this reconcile (never stored, so missing
+    /// from the object a write returns) into `written`.
+    fn keep_lookups(&self, _written: &mut Self) {}
+    /// What succeeded jobs produced (digests, a snapshot id), into the status; called for
+    /// [`Outcome::Succeeded`] and [`Outcome::Continue`].
     fn succeed(&self, status: &mut Self::Status, reports: &[JobReport]);
 }
 
@@ -136,11 +152,13 @@ pub async fn write_status<K: MoverKind>(
     if let Some(version) = &based_on.meta().resource_version {
         body["metadata"] = serde_json::json!({ "resourceVersion": version });
     }
-    Ok(api
+    let mut written = api
         .patch_status(
             &ids.name,
             &PatchParams::apply(MANAGER).force(),
             &Patch::Apply(body),
         )
-        .await?)
+        .await?;
+    based_on.keep_lookups(&mut written);
+    Ok(written)
 }

@@ -1,4 +1,4 @@
-//! The status fields Transfer and Checksum share (phase, conditions, times, attempts,
+//! The status fields Transfer, Checksum and Backup share (phase, conditions, times, attempts,
 //! mover pod and node, message, progress), as one value the reconciler steps work on,
 //! and the condition bookkeeping Kubernetes expects (a transition time that changes only
 //! when the condition's status does).
@@ -7,7 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::crd::status::condition;
-use crate::crd::{ChecksumStatus, Phase, Progress, TransferStatus};
+use crate::crd::{BackupStatus, ChecksumStatus, Phase, Progress, RestoreStatus, TransferStatus};
 
 /// The shared part of a status.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -68,6 +68,8 @@ macro_rules! has_life {
 
 has_life!(TransferStatus);
 has_life!(ChecksumStatus);
+has_life!(BackupStatus);
+has_life!(RestoreStatus);
 
 /// Now, as Kubernetes writes times.
 pub fn now() -> Time {

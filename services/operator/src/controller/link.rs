@@ -15,6 +15,7 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 
 use crate::crd::{Checkpoint, Progress};
+use crate::mover::backup_request::{StartBackup, StartPrune, StartRestore};
 use crate::mover::request::{StartChecksum, StartTransfer};
 
 /// Where a mover listens and how to authenticate to it.
@@ -57,6 +58,12 @@ pub enum JobRequest {
     },
     /// A checksum.
     Checksum(StartChecksum),
+    /// A backup into a repository.
+    Backup(Box<StartBackup>),
+    /// A prune of a source's snapshots.
+    Prune(Box<StartPrune>),
+    /// A restore of a snapshot.
+    Restore(Box<StartRestore>),
 }
 
 impl JobRequest {
@@ -65,6 +72,9 @@ impl JobRequest {
         match self {
             Self::Transfer { request, .. } => &request.idempotency_key,
             Self::Checksum(request) => &request.idempotency_key,
+            Self::Backup(request) => &request.idempotency_key,
+            Self::Prune(request) => &request.idempotency_key,
+            Self::Restore(request) => &request.idempotency_key,
         }
     }
 }
@@ -121,6 +131,36 @@ pub struct JobReport {
     /// A transfer's targets one by one (`Job.targets`); empty when the mover does not
     /// report them, and then the job's state stands for each of its targets.
     pub targets: Vec<TargetReport>,
+    /// What a finished backup wrote.
+    pub backup: Option<BackupSummary>,
+    /// What a finished prune did.
+    pub prune: Option<PruneSummary>,
+}
+
+/// What a backup job wrote, once it succeeded.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BackupSummary {
+    /// The snapshot's id.
+    pub snapshot_id: String,
+    /// The snapshot it built on (empty for a full backup).
+    pub parent_id: String,
+    /// Bytes of the source read.
+    pub bytes_read: u64,
+    /// Bytes of chunks stored new.
+    pub bytes_new: u64,
+    /// Bytes of chunks the repository already had.
+    pub bytes_reused: u64,
+    /// The image's block hash, `blkhash:<hex>`.
+    pub block_hash: String,
+}
+
+/// What a prune job did, once it succeeded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PruneSummary {
+    /// Snapshots kept.
+    pub kept: u64,
+    /// Snapshots removed.
+    pub removed: u64,
 }
 
 /// One target of a transfer job as the mover reports it.

@@ -1,5 +1,6 @@
-//! The reconcilers of Transfers and Checksums, and [`run`], which builds both
-//! controllers.
+//! The reconcilers of Transfers, Checksums, Backups and BackupRepositories, and [`run`],
+//! which builds their controllers (and the BackupSchedule controller,
+//! [`crate::schedule`]).
 //!
 //! Each resource gets a mover pod ([`crate::mover`]); the reconciler
 //! ([`reconcile::reconcile`]) drives it through a small state machine, talking to the
@@ -9,6 +10,7 @@
 //! writes. The reconcilers count into [`crate::metrics`]; leader election
 //! ([`crate::leader`]) and the volume populator are the caller's.
 
+pub mod backup;
 pub mod checksum;
 pub mod claims;
 pub mod context;
@@ -23,6 +25,8 @@ pub mod names;
 pub mod pods;
 pub mod progress;
 pub mod reconcile;
+pub mod repository;
+pub mod restore;
 pub mod secrets;
 pub mod settings;
 pub mod transfer;
@@ -36,7 +40,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
 
-use crate::crd::{Checksum, Transfer};
+use crate::crd::{Backup, BackupRepository, Checksum, Restore, Transfer};
 use crate::metrics::OperatorMetrics;
 use crate::mover::pod::labels;
 
@@ -44,8 +48,8 @@ pub use context::Context;
 pub use error::Error;
 pub use kind::MoverKind;
 pub use link::{
-    JobFailure, JobReport, JobRequest, JobState, LinkError, MoverAddress, MoverLink, ReportStream,
-    TargetReport,
+    BackupSummary, JobFailure, JobReport, JobRequest, JobState, LinkError, MoverAddress, MoverLink,
+    PruneSummary, ReportStream, TargetReport,
 };
 pub use reconcile::reconcile;
 pub use settings::OperatorSettings;
@@ -94,7 +98,8 @@ where
 #[error("the watch of mover pods stopped before it listed them")]
 pub struct RunError;
 
-/// Runs the Transfer and Checksum controllers until a termination signal: one watch of
+/// Runs the Transfer, Checksum, Backup, BackupRepository and BackupSchedule controllers
+/// until a termination signal: one watch of
 /// mover pods fills the shared store; each controller watches its kind and the pods it
 /// owns. The reconcilers count into `metrics`, whose gauges are sampled from the stores.
 pub async fn run(
@@ -128,19 +133,70 @@ pub async fn run(
     let checksums = Controller::new(api::<Checksum>(&client, &ns), watcher::Config::default())
         .owns(api::<Pod>(&client, &ns), owned("Checksum"))
         .shutdown_on_signal();
-    let stores = (transfers.store(), checksums.store());
+    let backups = Controller::new(api::<Backup>(&client, &ns), watcher::Config::default())
+        .owns(api::<Pod>(&client, &ns), owned("Backup"))
+        .shutdown_on_signal();
+    let restores = Controller::new(api::<Restore>(&client, &ns), watcher::Config::default())
+        .owns(api::<Pod>(&client, &ns), owned("Restore"))
+        .shutdown_on_signal();
+    let repositories = Controller::new(
+        api::<BackupRepository>(&client, &ns),
+        watcher::Config::default(),
+    )
+    .shutdown_on_signal();
+    let stores = (
+        transfers.store(),
+        checksums.store(),
+        backups.store(),
+        restores.store(),
+    );
     metrics.set_sampler(Box::new(move |m| {
         m.sample_resources(&stores.0);
         m.sample_resources(&stores.1);
+        m.sample_resources(&stores.2);
+        m.sample_resources(&stores.3);
         m.sample_movers(&store);
     }));
     let transfers = transfers
         .run(reconcile::<Transfer>, error_policy::<Transfer>, ctx.clone())
         .for_each(log_result);
     let checksums = checksums
-        .run(reconcile::<Checksum>, error_policy::<Checksum>, ctx)
+        .run(reconcile::<Checksum>, error_policy::<Checksum>, ctx.clone())
         .for_each(log_result);
-    futures::join!(transfers, checksums);
+    let backups = backups
+        .run(
+            backup::reconcile_backup,
+            error_policy::<Backup>,
+            ctx.clone(),
+        )
+        .for_each(log_result);
+    let restores = restores
+        .run(
+            restore::reconcile_restore,
+            error_policy::<Restore>,
+            ctx.clone(),
+        )
+        .for_each(log_result);
+    let repositories = repositories
+        .run(
+            repository::reconcile_repository,
+            |obj, error, _ctx| {
+                let name = obj.metadata.name.as_deref().unwrap_or_default();
+                tracing::warn!(kind = "BackupRepository", %name, %error, "reconcile failed");
+                Action::requeue(Duration::from_secs(10))
+            },
+            ctx,
+        )
+        .for_each(log_result);
+    let schedules = crate::schedule::run(client.clone(), ns.clone());
+    futures::join!(
+        transfers,
+        checksums,
+        backups,
+        restores,
+        repositories,
+        schedules
+    );
     pod_task.abort();
     Ok(())
 }

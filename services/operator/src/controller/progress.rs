@@ -106,6 +106,8 @@ mod tests {
             target_digest: None,
             error: None,
             targets: Vec::new(),
+            backup: None,
+            prune: None,
         }
     }
 

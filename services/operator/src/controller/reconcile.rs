@@ -179,7 +179,7 @@ async fn start_attempt<K: MoverKind>(
             return fail(ctx, obj, ids, status, reason::FAILED, &message).await
         }
     };
-    if let Some(message) = secrets::missing(ctx, ids, &obj.endpoints()).await? {
+    if let Some(message) = secrets::missing(ctx, ids, &obj.endpoints(), &obj.secret_keys()).await? {
         return wait(ctx, obj, ids, status, reason::PENDING, &message).await;
     }
     let attempt = status.life().attempts + 1;

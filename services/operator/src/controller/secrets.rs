@@ -9,15 +9,25 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 
-use crate::crd::Endpoint;
+use crate::crd::{Endpoint, SecretKeyRef};
 
 use super::context::Context;
 use super::error::Error;
 use super::kind::Ids;
 
-/// Secret name -> the keys the endpoints reference (empty for a whole-Secret reference).
-fn referenced(endpoints: &[&Endpoint]) -> BTreeMap<String, BTreeSet<String>> {
+/// Secret name -> the keys the endpoints and `keys` reference (empty for a whole-Secret
+/// reference).
+fn referenced(
+    endpoints: &[&Endpoint],
+    keys: &[&SecretKeyRef],
+) -> BTreeMap<String, BTreeSet<String>> {
     let mut wanted: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for r in keys {
+        wanted
+            .entry(r.name.clone())
+            .or_default()
+            .insert(r.key.clone());
+    }
     for e in endpoints {
         for r in e.secret_refs() {
             wanted
@@ -38,9 +48,10 @@ pub async fn missing(
     ctx: &Context,
     ids: &Ids,
     endpoints: &[&Endpoint],
+    keys: &[&SecretKeyRef],
 ) -> Result<Option<String>, Error> {
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ids.namespace);
-    for (name, keys) in referenced(endpoints) {
+    for (name, keys) in referenced(endpoints, keys) {
         let Some(secret) = api.get_opt(&name).await? else {
             return Ok(Some(format!(
                 "secret/{name} does not exist in namespace {}: create it, or fix the secretKeyRef",

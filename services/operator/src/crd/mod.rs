@@ -2,9 +2,13 @@
 //! kind, shared pieces beside them), and the CRD objects generated from them: the YAML
 //! in deploy/crds.yaml is [`crds_yaml`]'s output, never edited by hand.
 
+pub mod backup;
+pub mod backup_repository;
+pub mod backup_schedule;
 pub mod checksum;
 pub mod endpoint;
 pub mod options;
+pub mod restore;
 pub mod settings;
 pub mod status;
 pub mod transfer;
@@ -14,6 +18,13 @@ pub mod volume_image_source;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
+pub use backup::{Backup, BackupSpec, BackupStatus, Retention};
+pub use backup_repository::{
+    BackupRepository, BackupRepositorySpec, BackupRepositoryStatus, Encryption,
+};
+pub use backup_schedule::{
+    BackupSchedule, BackupScheduleSpec, BackupScheduleStatus, CopyMethod, Trigger,
+};
 pub use checksum::{Checksum, ChecksumSpec, ChecksumStatus};
 pub use endpoint::{
     AccessMode, Endpoint, IscsiOptions, NbdOptions, NfsOptions, PvcRef, PvcTemplate, S3Options,
@@ -23,6 +34,7 @@ pub use options::{
     CacheMode, ChecksumOptions, CommitOrder, HashAlgorithm, ImageFormat, Preallocation,
     TransferOptions,
 };
+pub use restore::{ResolvedSnapshot, Restore, RestoreSpec, RestoreStatus};
 pub use settings::MoverSettings;
 pub use status::{Checkpoint, Phase, Progress};
 pub use transfer::{Digests, TargetStatus, Transfer, TransferSpec, TransferStatus};
@@ -36,7 +48,15 @@ pub const VERSION: &str = "v1alpha1";
 
 /// The CRD objects of every kind, in a fixed order.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![Transfer::crd(), Checksum::crd(), VolumeImageSource::crd()]
+    vec![
+        Transfer::crd(),
+        Checksum::crd(),
+        VolumeImageSource::crd(),
+        BackupRepository::crd(),
+        Backup::crd(),
+        BackupSchedule::crd(),
+        Restore::crd(),
+    ]
 }
 
 /// The CRDs could not be written as YAML.

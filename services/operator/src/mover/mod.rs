@@ -1,4 +1,4 @@
-//! Movers: the pods that move the bytes of a Transfer or a Checksum.
+//! Movers: the pods that move the bytes of a Transfer, a Checksum or a Backup.
 //!
 //! A mover is one pod running `ferry serve` with the resource's claims attached; the
 //! operator sends it the job over gRPC ([`request`]) and follows the job stream for
@@ -6,13 +6,14 @@
 //! resource, the resolved claims and the operator's defaults ([`pod`]), so the reconciler
 //! only decides *when* to create one.
 
+pub mod backup_request;
 pub mod layout;
 pub mod pod;
 pub mod request;
 
 use crate::crd::{ValidationError, VolumeMode};
 
-pub use pod::{checksum_pod, transfer_pod, MoverDefaults, MoverPodInput};
+pub use pod::{backup_pod, checksum_pod, restore_pod, transfer_pod, MoverDefaults, MoverPodInput};
 pub use request::{checksum_request, transfer_request};
 
 /// A claim the reconciler looked up (or will create from a template), with the volume
@@ -51,7 +52,8 @@ pub enum MoverError {
     UnresolvedPvc(String),
 }
 
-fn find_pvc<'a>(pvcs: &'a [ResolvedPvc], name: &str) -> Result<&'a ResolvedPvc, MoverError> {
+/// The resolved claim named `name`.
+pub fn find_pvc<'a>(pvcs: &'a [ResolvedPvc], name: &str) -> Result<&'a ResolvedPvc, MoverError> {
     pvcs.iter()
         .find(|p| p.name == name)
         .ok_or_else(|| MoverError::UnresolvedPvc(name.to_string()))

@@ -1,4 +1,4 @@
-//! The mover pod of a Transfer or a Checksum, built as a pure function of the resource,
+//! The mover pod of a Transfer, a Checksum, a Backup or a restore, built as a pure function of the resource,
 //! the resolved claims and the operator's defaults.
 //!
 //! The pod runs `ferry serve` (gRPC on port 50051, no metrics port, the job store on an
@@ -32,7 +32,10 @@ use kube::Resource;
 
 use super::layout::{self, GRPC_PORT};
 use super::{find_pvc, MoverError, ResolvedPvc};
-use crate::crd::{Checksum, Endpoint, MoverSettings, Transfer, VolumeMode};
+use crate::crd::{
+    Backup, BackupRepositorySpec, Checksum, Endpoint, MoverSettings, SecretKeyRef, Transfer,
+    VolumeMode,
+};
 
 /// The non-root user (and group) movers run as: the conventional "nonroot" of distroless
 /// images.
@@ -115,11 +118,62 @@ pub fn checksum_pod(checksum: &Checksum, input: &MoverPodInput<'_>) -> Result<Po
     )
 }
 
-/// How an endpoint is attached: read-only for the source, read-write otherwise.
+/// The mover pod of a Backup: the source claim read-only, the repository's claim (when
+/// it is kept in one) read-write, its S3 credentials and encryption key projected.
+pub fn backup_pod(backup: &Backup, input: &MoverPodInput<'_>) -> Result<Pod, MoverError> {
+    backup.spec.validate()?;
+    let source = Endpoint {
+        pvc: Some(crate::crd::PvcRef {
+            name: backup.spec.source_pvc.clone(),
+            path: backup.spec.path.clone(),
+        }),
+        ..Endpoint::default()
+    };
+    let repo = backup
+        .spec
+        .resolved_repository
+        .as_ref()
+        .map(BackupRepositorySpec::endpoint)
+        .unwrap_or_default();
+    let mut endpoints = vec![Attach::Source(&source), Attach::Target(&repo)];
+    let key = backup
+        .spec
+        .resolved_repository
+        .as_ref()
+        .and_then(|r| r.key());
+    endpoints.extend(key.map(Attach::Key));
+    build(
+        Owner::of(backup, "Backup")?,
+        &endpoints,
+        backup.spec.mover.as_ref(),
+        input,
+    )
+}
+
+/// The mover pod of a restore into the claim `target` (owned by `owner`, of kind `kind`):
+/// the target read-write, the repository's claim read-only, its credentials and key.
+pub fn restore_pod<K: Resource<DynamicType = ()>>(
+    owner: &K,
+    kind: &'static str,
+    repo: &BackupRepositorySpec,
+    target: &str,
+    settings: Option<&MoverSettings>,
+    input: &MoverPodInput<'_>,
+) -> Result<Pod, MoverError> {
+    repo.validate()?;
+    let repo_endpoint = repo.endpoint();
+    let mut endpoints = vec![Attach::Source(&repo_endpoint), Attach::Created(target)];
+    endpoints.extend(repo.key().map(Attach::Key));
+    build(Owner::of(owner, kind)?, &endpoints, settings, input)
+}
+
+/// How an endpoint is attached: read-only for the source, read-write otherwise; a lone
+/// Secret key is projected like an endpoint's.
 enum Attach<'a> {
     Source(&'a Endpoint),
     Target(&'a Endpoint),
     Created(&'a str),
+    Key(&'a SecretKeyRef),
 }
 
 struct Owner {
@@ -170,6 +224,13 @@ impl Attachments {
                 Attach::Created(name) => {
                     let pvc = find_pvc(pvcs, name)?;
                     a.pvcs.push((pvc.name.clone(), pvc.mode, false));
+                    continue;
+                }
+                Attach::Key(r) => {
+                    a.secrets
+                        .entry(r.name.clone())
+                        .or_default()
+                        .insert(r.key.clone());
                     continue;
                 }
                 Attach::Source(e) => (*e, true),

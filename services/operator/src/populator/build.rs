@@ -1,6 +1,7 @@
 //! The objects the populator creates, as pure functions of the user's claim and its
-//! VolumeImageSource: the prime claim (the user's claim without its data source, so the
-//! provisioner gives it a volume at once) and the Transfer that fills it. Both are owned
+//! source: the prime claim (the user's claim without its data source, so the provisioner
+//! gives it a volume at once) and the Transfer (of an image) or the Restore (of a
+//! Backup) that fills it. Both are owned
 //! by the user's claim, so deleting the claim deletes them.
 
 use std::collections::BTreeMap;
@@ -9,7 +10,9 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimSpe
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 
-use crate::crd::{Endpoint, Target, Transfer, TransferSpec, VolumeImageSource};
+use crate::crd::{
+    Endpoint, Restore, RestoreSpec, Target, Transfer, TransferSpec, VolumeImageSource,
+};
 
 use super::names;
 
@@ -106,6 +109,22 @@ pub fn transfer(ids: &ClaimIds, source: &VolumeImageSource) -> Transfer {
     let mut transfer = Transfer::new(&names::transfer(&ids.name), spec);
     transfer.metadata = ids.meta(names::transfer(&ids.name));
     transfer
+}
+
+/// The Restore writing the Backup `backup`'s snapshot into the prime claim, with the
+/// Backup's mover settings; named as the Transfer of an image would be.
+pub fn restore(ids: &ClaimIds, backup: &crate::crd::Backup) -> Restore {
+    let spec = RestoreSpec {
+        backup: backup.metadata.name.clone(),
+        repository: None,
+        snapshot_id: None,
+        target_pvc: names::prime(&ids.uid),
+        mover: backup.spec.mover.clone(),
+        resolved: None,
+    };
+    let mut restore = Restore::new(&names::transfer(&ids.name), spec);
+    restore.metadata = ids.meta(names::transfer(&ids.name));
+    restore
 }
 
 #[cfg(test)]

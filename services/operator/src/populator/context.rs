@@ -1,5 +1,5 @@
 //! What every populator reconcile shares: the client, the stores of claims (every claim,
-//! so prime claims are read at no cost) and of populator Transfers, the event recorder,
+//! so prime claims are read at no cost) and of populator Transfers and Restores, the event recorder,
 //! and what the claim's events last said about each Transfer. The stores are filled by
 //! watches; what they miss (a just-created object) is created again and the conflict
 //! taken as success, so they only save requests, never decide alone.
@@ -8,14 +8,15 @@ use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::runtime::events::Recorder;
+use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::Client;
 use parking_lot::Mutex;
 
-use crate::crd::Transfer;
+use crate::crd::{Restore, Transfer};
 use crate::events;
 
-use super::mirror::{self, Note, Said};
+use super::mirror::{self, Filler, Note, Said};
 
 /// Shared by every populator reconcile.
 pub struct Context {
@@ -25,6 +26,8 @@ pub struct Context {
     pub claims: Store<PersistentVolumeClaim>,
     /// The Transfers the populator created.
     pub transfers: Store<Transfer>,
+    /// The Restores the populator created.
+    pub restores: Store<Restore>,
     recorder: Recorder,
     said: Mutex<HashMap<String, Said>>,
 }
@@ -50,8 +53,20 @@ impl Context {
             client,
             claims,
             transfers,
+            restores: Writer::<Restore>::default().as_reader(),
             said: Mutex::default(),
         }
+    }
+
+    /// The same context reading populator Restores from `restores`.
+    pub fn with_restores(mut self, restores: Store<Restore>) -> Self {
+        self.restores = restores;
+        self
+    }
+
+    /// The populator Restore `name` in `namespace`, as last watched.
+    pub fn restore(&self, namespace: &str, name: &str) -> Option<std::sync::Arc<Restore>> {
+        self.restores.get(&ObjectRef::new(name).within(namespace))
     }
 
     /// The claim `name` in `namespace`, as last watched.
@@ -79,12 +94,12 @@ impl Context {
         events::publish(&self.recorder, pvc, warning, reason, note).await;
     }
 
-    /// The event telling the Transfer's state on the claim `uid`, if it has news (and
+    /// The event telling the filler's state on the claim `uid`, if it has news (and
     /// remembers it as told).
-    pub fn news(&self, uid: &str, transfer: &Transfer, prime: &str) -> Option<Note> {
-        let now = mirror::now(transfer);
+    pub fn news<F: Filler>(&self, uid: &str, filler: &F, prime: &str) -> Option<Note> {
+        let now = mirror::now(filler);
         let mut said = self.said.lock();
-        let note = mirror::note(said.get(uid).copied(), now, transfer, prime)?;
+        let note = mirror::note(said.get(uid).copied(), now, filler, prime)?;
         said.insert(uid.to_string(), now);
         Some(note)
     }

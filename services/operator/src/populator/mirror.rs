@@ -1,5 +1,6 @@
-//! The Transfer's life told on the user's claim: users watch their claim (`kubectl
-//! describe pvc`), not the Transfer behind it, so each phase change and each tenth of the
+//! The life of the resource filling the prime claim (a Transfer of an image, a Restore of
+//! a backup) told on the user's claim: users watch their claim (`kubectl describe pvc`),
+//! not the resource behind it, so each phase change and each tenth of the
 //! copy becomes one event there. What was last told is remembered per claim so repeated
 //! reconciles (every status write of the Transfer wakes the claim) stay quiet; after a
 //! restart the current state is told once more.
@@ -7,9 +8,71 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 use crate::crd::status::condition;
-use crate::crd::{Phase, Transfer};
+use crate::crd::{Phase, Progress, Restore, Transfer};
 
-/// What the claim's events last said about its Transfer.
+/// A resource that fills a prime claim, as its events tell it.
+pub trait Filler {
+    /// Its kind (`Transfer`).
+    const KIND: &'static str;
+    /// What it does while it runs (`copies the image`).
+    const DOING: &'static str;
+    /// What it did (`copied the image`).
+    const DONE: &'static str;
+    /// Its name.
+    fn name(&self) -> &str;
+    /// Its phase (Pending without a status).
+    fn phase(&self) -> Phase;
+    /// Its progress.
+    fn progress(&self) -> Progress;
+    /// Its message.
+    fn message(&self) -> Option<&str>;
+    /// Its conditions.
+    fn conditions(&self) -> &[Condition];
+    /// Its mover pod and node.
+    fn mover(&self) -> (Option<&str>, Option<&str>);
+}
+
+macro_rules! filler {
+    ($kind:ty, $doing:expr, $done:expr) => {
+        impl Filler for $kind {
+            const KIND: &'static str = stringify!($kind);
+            const DOING: &'static str = $doing;
+            const DONE: &'static str = $done;
+            fn name(&self) -> &str {
+                self.metadata.name.as_deref().unwrap_or_default()
+            }
+            fn phase(&self) -> Phase {
+                self.status.as_ref().map(|s| s.phase).unwrap_or_default()
+            }
+            fn progress(&self) -> Progress {
+                self.status
+                    .as_ref()
+                    .and_then(|s| s.progress)
+                    .unwrap_or_default()
+            }
+            fn message(&self) -> Option<&str> {
+                self.status.as_ref().and_then(|s| s.message.as_deref())
+            }
+            fn conditions(&self) -> &[Condition] {
+                self.status
+                    .as_ref()
+                    .map(|s| s.conditions.as_slice())
+                    .unwrap_or_default()
+            }
+            fn mover(&self) -> (Option<&str>, Option<&str>) {
+                match &self.status {
+                    Some(s) => (s.mover_pod.as_deref(), s.node.as_deref()),
+                    None => (None, None),
+                }
+            }
+        }
+    };
+}
+
+filler!(Transfer, "copies the image", "copied the image");
+filler!(Restore, "restores the backup", "restored the backup");
+
+/// What the claim's events last said about its filler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Said {
     /// The Transfer's phase.
@@ -29,10 +92,9 @@ pub struct Note {
     pub text: String,
 }
 
-/// Where the Transfer is now.
-pub fn now(transfer: &Transfer) -> Said {
-    let status = transfer.status.as_ref();
-    let progress = status.and_then(|s| s.progress).unwrap_or_default();
+/// Where the filler is now.
+pub fn now<F: Filler>(filler: &F) -> Said {
+    let progress = filler.progress();
     let tenths = if progress.total_bytes == 0 {
         0
     } else {
@@ -41,7 +103,7 @@ pub fn now(transfer: &Transfer) -> Said {
         u8::try_from(t).unwrap_or(10)
     };
     Said {
-        phase: status.map(|s| s.phase).unwrap_or_default(),
+        phase: filler.phase(),
         tenths,
     }
 }
@@ -56,17 +118,16 @@ fn ready_message(conditions: &[Condition]) -> Option<&str> {
 
 /// The event that tells `now` after `last` was told, or None when nothing new happened
 /// (the copy's progress is told only while it runs).
-pub fn note(last: Option<Said>, now: Said, transfer: &Transfer, prime: &str) -> Option<Note> {
+pub fn note<F: Filler>(last: Option<Said>, now: Said, filler: &F, prime: &str) -> Option<Note> {
     let same_phase = last.is_some_and(|l| l.phase == now.phase);
     if same_phase && (now.phase != Phase::Running || last.is_some_and(|l| l.tenths >= now.tenths)) {
         return None;
     }
-    let name = transfer.metadata.name.as_deref().unwrap_or_default();
-    let status = transfer.status.clone().unwrap_or_default();
-    let why = status
-        .message
-        .as_deref()
-        .or_else(|| ready_message(&status.conditions))
+    let name = filler.name();
+    let kind = F::KIND;
+    let why = filler
+        .message()
+        .or_else(|| ready_message(filler.conditions()))
         .unwrap_or("no message");
     let normal = |reason, text| {
         Some(Note {
@@ -82,30 +143,45 @@ pub fn note(last: Option<Said>, now: Said, transfer: &Transfer, prime: &str) -> 
             text,
         })
     };
-    let kept = format!("pvc/{prime} is kept for inspection; delete Transfer {name} to try again");
+    let kept = format!("pvc/{prime} is kept for inspection; delete {kind} {name} to try again");
     match now.phase {
-        Phase::Pending => normal("PopulatorPending", format!("Transfer {name} is pending: {why}")),
+        Phase::Pending => normal(
+            "PopulatorPending",
+            format!("{kind} {name} is pending: {why}"),
+        ),
         Phase::Running => {
-            let progress = status.progress.unwrap_or_default();
+            let progress = filler.progress();
+            let (pod, node) = filler.mover();
             let text = format!(
-                "Transfer {name} copies the image into pvc/{prime}: {} of {} bytes ({}%) by mover pod {} on node {}",
+                "{kind} {name} {} into pvc/{prime}: {} of {} bytes ({}%) by mover pod {} on node {}",
+                F::DOING,
                 progress.done_bytes,
                 progress.total_bytes,
                 u32::from(now.tenths) * 10,
-                status.mover_pod.as_deref().unwrap_or("-"),
-                status.node.as_deref().unwrap_or("-"),
+                pod.unwrap_or("-"),
+                node.unwrap_or("-"),
             );
-            let reason = if same_phase { "PopulatorProgress" } else { "PopulatorRunning" };
+            let reason = if same_phase {
+                "PopulatorProgress"
+            } else {
+                "PopulatorRunning"
+            };
             normal(reason, text)
         }
         Phase::Succeeded => normal(
             "ImageCopied",
-            format!("Transfer {name} copied the image into pvc/{prime}; its volume is rebound to this claim once bound"),
+            format!(
+                "{kind} {name} {} into pvc/{prime}; its volume is rebound to this claim once bound",
+                F::DONE
+            ),
         ),
-        Phase::Failed => warning("PopulatorFailed", format!("Transfer {name} failed: {why}; {kept}")),
+        Phase::Failed => warning(
+            "PopulatorFailed",
+            format!("{kind} {name} failed: {why}; {kept}"),
+        ),
         Phase::Cancelled => warning(
             "PopulatorCancelled",
-            format!("Transfer {name} was cancelled: {why}; {kept}"),
+            format!("{kind} {name} was cancelled: {why}; {kept}"),
         ),
     }
 }

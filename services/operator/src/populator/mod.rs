@@ -1,5 +1,7 @@
 //! The volume populator: a claim whose `spec.dataSourceRef` names a `ferry.dev`
-//! `VolumeImageSource` is created already holding the image, the way
+//! `VolumeImageSource` is created already holding the image (or one naming a `Backup`
+//! holding the backup's snapshot, restored by a `Restore` where a Transfer copies an
+//! image), the way
 //! kubernetes-csi/lib-volume-populator and CDI's populators do it.
 //!
 //! The provisioner leaves such a claim unbound (it does not know the data source), so
@@ -16,7 +18,8 @@
 //!
 //! The Kubernetes calls: claims list/watch/create/delete, persistentvolumes get/patch,
 //! storageclasses get, volumeimagesources get/list/watch, transfers list/watch/create/
-//! get/delete, events create/patch.
+//! get/delete, backups get/list/watch, restores list/watch/create/get/delete, events
+//! create/patch.
 
 pub mod build;
 pub mod context;
@@ -37,7 +40,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
 
-use crate::crd::{Transfer, VolumeImageSource};
+use crate::crd::{Backup, Restore, Transfer, VolumeImageSource};
 
 pub use context::Context;
 pub use error::Error;
@@ -62,7 +65,31 @@ pub fn claims_naming(
         .state()
         .iter()
         .filter(|pvc| pvc.metadata.namespace.as_deref() == namespace)
-        .filter(|pvc| source::of(pvc).is_some_and(|s| Some(s.name.as_str()) == name))
+        .filter(|pvc| {
+            source::of(pvc).is_some_and(|s| {
+                s.kind == source::SourceKind::Image && Some(s.name.as_str()) == name
+            })
+        })
+        .map(|pvc| ObjectRef::from_obj(pvc.as_ref()))
+        .collect()
+}
+
+/// The claims of the store that name the Backup `backup` (to restore it).
+pub fn claims_restoring(
+    claims: &Store<PersistentVolumeClaim>,
+    backup: &Backup,
+) -> Vec<ObjectRef<PersistentVolumeClaim>> {
+    let namespace = backup.metadata.namespace.as_deref();
+    let name = backup.metadata.name.as_deref();
+    claims
+        .state()
+        .iter()
+        .filter(|pvc| pvc.metadata.namespace.as_deref() == namespace)
+        .filter(|pvc| {
+            source::of(pvc).is_some_and(|s| {
+                s.kind == source::SourceKind::Backup && Some(s.name.as_str()) == name
+            })
+        })
         .map(|pvc| ObjectRef::from_obj(pvc.as_ref()))
         .collect()
 }
@@ -87,15 +114,32 @@ pub async fn run(client: Client) -> Result<(), RunError> {
     .for_each(|_| std::future::ready(()));
     let transfer_task = tokio::spawn(transfer_watch);
     transfers.wait_until_ready().await.map_err(|_| RunError)?;
+    let (restores, writer) = reflector::store::<Restore>();
+    let restore_watch = reflector(
+        writer,
+        watcher(Api::<Restore>::all(client.clone()), owned()),
+    )
+    .default_backoff()
+    .for_each(|_| std::future::ready(()));
+    let restore_task = tokio::spawn(restore_watch);
+    restores.wait_until_ready().await.map_err(|_| RunError)?;
     let controller = Controller::new(
         Api::<PersistentVolumeClaim>::all(client.clone()),
         watcher::Config::default(),
     );
     let claims = controller.store();
-    let ctx = Arc::new(Context::new(client.clone(), claims.clone(), transfers));
+    let ctx =
+        Arc::new(Context::new(client.clone(), claims.clone(), transfers).with_restores(restores));
+    let restoring = claims.clone();
     controller
         .owns(Api::<PersistentVolumeClaim>::all(client.clone()), owned())
         .owns(Api::<Transfer>::all(client.clone()), owned())
+        .owns(Api::<Restore>::all(client.clone()), owned())
+        .watches(
+            Api::<Backup>::all(client.clone()),
+            watcher::Config::default(),
+            move |backup| claims_restoring(&restoring, &backup),
+        )
         .watches(
             Api::<VolumeImageSource>::all(client),
             watcher::Config::default(),
@@ -111,6 +155,7 @@ pub async fn run(client: Client) -> Result<(), RunError> {
         })
         .await;
     transfer_task.abort();
+    restore_task.abort();
     Ok(())
 }
 

@@ -1,6 +1,6 @@
 //! The hand-over of a filled volume, as lib-volume-populator does it: the prime claim's
 //! volume gets the user's claim in its `claimRef`, the PV controller binds the user's
-//! claim to it, and the prime claim (now Lost) and the Transfer are deleted. The volume
+//! claim to it, and the prime claim (now Lost) and the Transfer (or Restore) are deleted. The volume
 //! is never copied again and never unclaimed in between.
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
@@ -9,7 +9,7 @@ use kube::runtime::controller::Action;
 use kube::{Api, Resource};
 use serde_json::json;
 
-use crate::crd::Transfer;
+use crate::crd::{Restore, Transfer};
 
 use super::build::{self, ClaimIds};
 use super::context::Context;
@@ -123,6 +123,12 @@ pub async fn finish(
         if build::owned_by(transfer.as_ref(), &ids.uid) {
             let transfers: Api<Transfer> = Api::namespaced(ctx.client.clone(), &ids.namespace);
             delete(&transfers, &transfer_name).await?;
+        }
+    }
+    if let Some(restore) = ctx.restore(&ids.namespace, &transfer_name) {
+        if build::owned_by(restore.as_ref(), &ids.uid) {
+            let restores: Api<Restore> = Api::namespaced(ctx.client.clone(), &ids.namespace);
+            delete(&restores, &transfer_name).await?;
         }
     }
     ctx.forget(&ids.uid);

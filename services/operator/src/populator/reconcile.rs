@@ -18,11 +18,12 @@ use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use kube::Api;
 
-use crate::crd::{Phase, Transfer, VolumeImageSource};
+use crate::crd::{Backup, Phase, Restore, Transfer, VolumeImageSource};
 
 use super::build::{self, ClaimIds};
 use super::context::Context;
 use super::error::Error;
+use super::source::SourceKind;
 use super::{names, rebind, source};
 
 /// How long a claim waits before looking again at what no watch reports (a storage
@@ -65,8 +66,12 @@ pub async fn reconcile(
         .as_deref()
         .filter(|ns| *ns != ids.namespace)
     {
+        let kind = match source.kind {
+            SourceKind::Image => "VolumeImageSource",
+            SourceKind::Backup => "Backup",
+        };
         let note = format!(
-            "VolumeImageSource {other}/{} is in another namespace: ferry populates only from a VolumeImageSource in the claim's namespace ({})",
+            "{kind} {other}/{} is in another namespace: ferry populates only from a {kind} in the claim's namespace ({})",
             source.name, ids.namespace
         );
         ctx.event(&pvc, true, "CrossNamespaceSource", &note).await;
@@ -80,7 +85,107 @@ pub async fn reconcile(
     {
         return rebind::finish(&ctx, &pvc, &ids).await;
     }
-    populate(&ctx, &pvc, &ids, &source.name).await
+    match source.kind {
+        SourceKind::Image => populate(&ctx, &pvc, &ids, &source.name).await,
+        SourceKind::Backup => restore(&ctx, &pvc, &ids, &source.name).await,
+    }
+}
+
+/// A claim naming a Backup: once the Backup succeeded, the prime claim and a Restore of
+/// its snapshot into it; then the same hand-over as for an image.
+async fn restore(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    ids: &ClaimIds,
+    backup_name: &str,
+) -> Result<Action, Error> {
+    let backups: Api<Backup> = Api::namespaced(ctx.client.clone(), &ids.namespace);
+    let Some(backup) = backups.get_opt(backup_name).await? else {
+        let note = format!(
+            "waiting for Backup {backup_name} in namespace {}: create it, or fix spec.dataSourceRef",
+            ids.namespace
+        );
+        ctx.event(pvc, false, "Pending", &note).await;
+        // The watch of Backups wakes the claim when it appears.
+        return Ok(Action::await_change());
+    };
+    match backup.status.as_ref().map(|s| s.phase) {
+        Some(Phase::Succeeded) => {}
+        Some(phase @ (Phase::Failed | Phase::Cancelled)) => {
+            let note = format!(
+                "Backup {backup_name} ended {phase:?}: it has no snapshot to restore; name another Backup in spec.dataSourceRef"
+            );
+            ctx.event(pvc, true, "InvalidSource", &note).await;
+            return Ok(Action::await_change());
+        }
+        _ => {
+            let note = format!("waiting for Backup {backup_name} to succeed");
+            ctx.event(pvc, false, "Pending", &note).await;
+            return Ok(Action::await_change());
+        }
+    }
+    let prime_name = names::prime(&ids.uid);
+    let prime = match ctx.claim(&ids.namespace, &prime_name) {
+        Some(prime) => prime,
+        None => match create_prime(ctx, pvc, ids).await? {
+            Step::Go(prime) => Arc::new(prime),
+            Step::Wait(action) => return Ok(action),
+        },
+    };
+    let restore = match ensure_restore(ctx, pvc, ids, &backup).await? {
+        Step::Go(restore) => restore,
+        Step::Wait(action) => return Ok(action),
+    };
+    if let Some(note) = ctx.news(&ids.uid, restore.as_ref(), &prime_name) {
+        ctx.event(pvc, note.warning, note.reason, &note.text).await;
+    }
+    match restore.status.as_ref().map(|s| s.phase) {
+        Some(Phase::Succeeded) => rebind::rebind(ctx, pvc, ids, &prime, backup_name).await,
+        _ => Ok(Action::await_change()),
+    }
+}
+
+/// The claim's Restore, as [`ensure_transfer`] finds or creates a Transfer.
+async fn ensure_restore(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    ids: &ClaimIds,
+    backup: &Backup,
+) -> Result<Step<Arc<Restore>>, Error> {
+    let name = names::transfer(&ids.name);
+    let existing = match ctx.restore(&ids.namespace, &name) {
+        Some(r) => Some(r),
+        None => {
+            let api: Api<Restore> = Api::namespaced(ctx.client.clone(), &ids.namespace);
+            match api
+                .create(&PostParams::default(), &build::restore(ids, backup))
+                .await
+            {
+                Ok(_) => {
+                    let note = format!(
+                        "created Restore {name} to restore the backup into pvc/{}",
+                        names::prime(&ids.uid)
+                    );
+                    ctx.event(pvc, false, "RestoreCreated", &note).await;
+                    return Ok(Step::Wait(Action::await_change()));
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    api.get_opt(&name).await?.map(Arc::new)
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    };
+    match existing {
+        Some(r) if build::owned_by(r.as_ref(), &ids.uid) => Ok(Step::Go(r)),
+        _ => {
+            let note = format!(
+                "Restore {name} exists and does not fill this claim: delete or rename it; the claim waits"
+            );
+            ctx.event(pvc, true, "RestoreConflict", &note).await;
+            Ok(Step::Wait(Action::requeue(RECHECK)))
+        }
+    }
 }
 
 async fn populate(
@@ -116,7 +221,7 @@ async fn populate(
         Step::Go(transfer) => transfer,
         Step::Wait(action) => return Ok(action),
     };
-    if let Some(note) = ctx.news(&ids.uid, &transfer, &prime_name) {
+    if let Some(note) = ctx.news(&ids.uid, transfer.as_ref(), &prime_name) {
         ctx.event(pvc, note.warning, note.reason, &note.text).await;
     }
     match transfer.status.as_ref().map(|s| s.phase) {

@@ -1,14 +1,26 @@
 //! Which claims the populator serves: those whose `spec.dataSourceRef` names a
-//! `ferry.dev` `VolumeImageSource`. Every other claim is ignored before any request.
+//! `ferry.dev` `VolumeImageSource` (an image to copy) or `Backup` (a snapshot to
+//! restore). Every other claim is ignored before any request.
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::Resource;
 
-use crate::crd::{VolumeImageSource, GROUP};
+use crate::crd::{Backup, VolumeImageSource, GROUP};
 
-/// The VolumeImageSource a claim names.
+/// What a claim is filled from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceKind {
+    /// A VolumeImageSource: a Transfer copies the image.
+    Image,
+    /// A Backup: a Restore writes its snapshot.
+    Backup,
+}
+
+/// The source a claim names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SourceRef {
+    /// Its kind.
+    pub kind: SourceKind,
     /// Its name.
     pub name: String,
     /// The namespace the reference gives, when it gives one (cross-namespace references
@@ -16,11 +28,21 @@ pub struct SourceRef {
     pub namespace: Option<String>,
 }
 
-/// The VolumeImageSource `pvc` asks to be populated from, if it names one.
+/// The source `pvc` asks to be populated from, if it names one of ferry's.
 pub fn of(pvc: &PersistentVolumeClaim) -> Option<SourceRef> {
     let r = pvc.spec.as_ref()?.data_source_ref.as_ref()?;
-    let ours = r.api_group.as_deref() == Some(GROUP) && r.kind == VolumeImageSource::kind(&());
-    ours.then(|| SourceRef {
+    if r.api_group.as_deref() != Some(GROUP) {
+        return None;
+    }
+    let kind = if r.kind == VolumeImageSource::kind(&()) {
+        SourceKind::Image
+    } else if r.kind == Backup::kind(&()) {
+        SourceKind::Backup
+    } else {
+        return None;
+    };
+    Some(SourceRef {
+        kind,
         name: r.name.clone(),
         namespace: r.namespace.clone(),
     })
@@ -45,10 +67,13 @@ mod tests {
         assert_eq!(
             of(&ours),
             Some(SourceRef {
+                kind: SourceKind::Image,
                 name: "f".into(),
                 namespace: None
             })
         );
+        let backup = claim(json!({"apiGroup": "ferry.dev", "kind": "Backup", "name": "b"}));
+        assert_eq!(of(&backup).map(|s| s.kind), Some(SourceKind::Backup));
         let snapshot = claim(json!({"apiGroup": "snapshot.storage.k8s.io",
                                     "kind": "VolumeSnapshot", "name": "f"}));
         assert_eq!(of(&snapshot), None);

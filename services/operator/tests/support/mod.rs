@@ -259,6 +259,8 @@ pub fn report(id: &str, state: JobState, done: u64) -> JobReport {
         target_digest: None,
         error: None,
         targets: Vec::new(),
+        backup: None,
+        prune: None,
     }
 }
 

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use ferry_operator::crd::Transfer;
+use ferry_operator::crd::{Restore, Transfer};
 use ferry_operator::populator::Context;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::runtime::reflector::store::Writer;
@@ -21,6 +21,7 @@ pub struct Harness {
     pub ctx: Arc<Context>,
     pub claims: Writer<PersistentVolumeClaim>,
     pub transfers: Writer<Transfer>,
+    pub restores: Writer<Restore>,
 }
 
 impl Harness {
@@ -28,17 +29,24 @@ impl Harness {
         let (client, server) = ApiServer::new();
         let claims = Writer::<PersistentVolumeClaim>::default();
         let transfers = Writer::<Transfer>::default();
-        let ctx = Arc::new(Context::new(
-            client,
-            claims.as_reader(),
-            transfers.as_reader(),
-        ));
+        let restores = Writer::<Restore>::default();
+        let ctx = Arc::new(
+            Context::new(client, claims.as_reader(), transfers.as_reader())
+                .with_restores(restores.as_reader()),
+        );
         Self {
             server,
             ctx,
             claims,
             transfers,
+            restores,
         }
+    }
+
+    /// The watch of populator Restores saw this Restore.
+    pub fn restore_seen(&mut self, restore: &Value) {
+        let r: Restore = serde_json::from_value(restore.clone()).unwrap();
+        self.restores.apply_watcher_event(&watcher::Event::Apply(r));
     }
 
     /// The watch of claims saw this claim.

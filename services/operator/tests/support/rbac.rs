@@ -286,6 +286,50 @@ pub const UNUSED_WITH_REASON: &[(&str, &str, &str, &str)] = &[
         "kube's Recorder patches an event it already sent \
         (a repeat within its cache) instead of creating it again",
     ),
+    ("get", "ferry.dev", "backuprepositories", BACKUPS),
+    ("list", "ferry.dev", "backuprepositories", WATCHES),
+    ("watch", "ferry.dev", "backuprepositories", WATCHES),
+    ("patch", "ferry.dev", "backuprepositories/status", BACKUPS),
+    ("get", "ferry.dev", "backups", BACKUPS),
+    ("list", "ferry.dev", "backups", BACKUPS),
+    ("watch", "ferry.dev", "backups", WATCHES),
+    ("create", "ferry.dev", "backups", BACKUPS),
+    (
+        "patch",
+        "ferry.dev",
+        "backups",
+        "the finalizer of a Backup (controller/finalizer.rs, the same code as a \
+        Transfer's): the backup scenarios start with it in place",
+    ),
+    ("patch", "ferry.dev", "backups/status", BACKUPS),
+    ("list", "ferry.dev", "backupschedules", WATCHES),
+    ("watch", "ferry.dev", "backupschedules", WATCHES),
+    ("patch", "ferry.dev", "backupschedules/status", BACKUPS),
+    ("get", "ferry.dev", "restores", POPULATOR),
+    ("list", "ferry.dev", "restores", WATCHES),
+    ("watch", "ferry.dev", "restores", WATCHES),
+    ("create", "ferry.dev", "restores", POPULATOR),
+    ("delete", "ferry.dev", "restores", POPULATOR),
+    (
+        "patch",
+        "ferry.dev",
+        "restores",
+        "the finalizer of a Restore (controller/finalizer.rs, the same code as a \
+        Transfer's): the restore scenario starts with it in place",
+    ),
+    ("patch", "ferry.dev", "restores/status", BACKUPS),
+    (
+        "create",
+        "snapshot.storage.k8s.io",
+        "volumesnapshots",
+        BACKUPS,
+    ),
+    (
+        "delete",
+        "snapshot.storage.k8s.io",
+        "volumesnapshots",
+        BACKUPS,
+    ),
     ("get", "coordination.k8s.io", "leases", LEADER),
     ("create", "coordination.k8s.io", "leases", LEADER),
     ("update", "coordination.k8s.io", "leases", LEADER),
@@ -295,6 +339,8 @@ const WATCHES: &str = "controller::run's watchers (list then watch across namesp
     the scenarios call reconcile directly and feed the stores themselves";
 const POPULATOR: &str = "the volume populator (services/operator/src/populator, its \
     scenarios in tests/populator.rs with their own mocked API server)";
+const BACKUPS: &str = "the Backup, BackupRepository and BackupSchedule reconcilers (their \
+    scenarios in tests/backup.rs with their own mocked API server)";
 const LEADER: &str = "leader election (services/operator/src/leader.rs, its own tests)";
 
 /// The least-privilege check over the test binary that calls it (the reconciler

@@ -1,0 +1,226 @@
+//! The `BackupSchedule` kind, in the shape of VolSync's ReplicationSource: back a claim up
+//! on a cron schedule into a `BackupRepository`, keep what `retain` says, optionally from
+//! a VolumeSnapshot (`copyMethod: Snapshot`) so the backup sees one instant of the volume.
+//! Each fire creates a `Backup` owned by the schedule; a fire never overlaps the previous
+//! backup.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::backup::{Retention, MAX_TAGS};
+use super::settings::MoverSettings;
+use super::validate::{check_pvc_name, invalid, ValidationError};
+
+/// Back up a claim on a schedule.
+// kube's printcolumn(...) entries repeat their keys by design.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "ferry.dev",
+    version = "v1alpha1",
+    kind = "BackupSchedule",
+    namespaced,
+    status = "BackupScheduleStatus",
+    shortname = "fbs",
+    category = "ferry",
+    doc = "Backs up a PVC into a BackupRepository on a cron schedule, pruning by retain",
+    printcolumn(name = "PVC", type_ = "string", json_path = ".spec.sourcePVC"),
+    printcolumn(
+        name = "Schedule",
+        type_ = "string",
+        json_path = ".spec.trigger.schedule"
+    ),
+    printcolumn(name = "Last sync", type_ = "date", json_path = ".status.lastSyncTime"),
+    printcolumn(name = "Next sync", type_ = "date", json_path = ".status.nextSyncTime"),
+    printcolumn(
+        name = "Last snapshot",
+        type_ = "string",
+        json_path = ".status.lastSnapshot"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupScheduleSpec {
+    /// The claim to back up (in this namespace).
+    #[serde(rename = "sourcePVC")]
+    #[schemars(length(min = 1, max = 253))]
+    pub source_pvc: String,
+    /// The image file inside a Filesystem volume (default `disk.img`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4096))]
+    pub path: Option<String>,
+    /// The name of a BackupRepository in this namespace.
+    #[schemars(length(min = 1, max = 253))]
+    pub repository: String,
+    /// When to back up.
+    pub trigger: Trigger,
+    /// Which snapshots of the claim to keep: a prune runs after each successful backup.
+    /// Left out: every snapshot is kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retain: Option<Retention>,
+    /// Stop firing (a running backup finishes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<bool>,
+    /// Direct: back up the claim as it is (default). Snapshot: back up a VolumeSnapshot of
+    /// it, through a temporary claim; both are deleted when the backup ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy_method: Option<CopyMethod>,
+    /// The VolumeSnapshotClass of `copyMethod: Snapshot` (default: the cluster's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub volume_snapshot_class_name: Option<String>,
+    /// The storage class of the temporary claim of `copyMethod: Snapshot` (default: the
+    /// source claim's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub storage_class_name: Option<String>,
+    /// Tags recorded in every snapshot (at most 32).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tags: Option<BTreeMap<String, String>>,
+    /// How the mover pods run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mover: Option<MoverSettings>,
+}
+
+/// When a schedule fires.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Trigger {
+    /// Five cron fields (minute hour day-of-month month day-of-week) or @hourly, @daily,
+    /// @weekly, @monthly, @yearly.
+    #[schemars(length(min = 1, max = 256))]
+    pub schedule: String,
+    /// The IANA time zone of the schedule (default UTC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub time_zone: Option<String>,
+}
+
+/// How a schedule reads the claim.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum CopyMethod {
+    /// The claim itself, while it may be in use.
+    #[default]
+    Direct,
+    /// A VolumeSnapshot of the claim, through a temporary claim made from it.
+    Snapshot,
+}
+
+impl BackupScheduleSpec {
+    /// Checks what the schema cannot: names, the cron expression and time zone, the
+    /// retention rules, tags.
+    pub fn validate(&self) -> Result<ferry_cron::CronSpec, ValidationError> {
+        check_pvc_name("spec.sourcePVC", &self.source_pvc)?;
+        if let Some(path) = &self.path {
+            super::validate::check_relative_path("spec.path", path)?;
+        }
+        check_pvc_name("spec.repository", &self.repository)?;
+        let zone = self.trigger.time_zone.as_deref().unwrap_or("");
+        let cron = ferry_cron::CronSpec::parse(&self.trigger.schedule, zone, false)
+            .map_err(|e| invalid("spec.trigger", e.message()))?;
+        if let Some(retain) = &self.retain {
+            retain.validate("spec.retain")?;
+        }
+        for (field, name) in [
+            (
+                "spec.volumeSnapshotClassName",
+                &self.volume_snapshot_class_name,
+            ),
+            ("spec.storageClassName", &self.storage_class_name),
+        ] {
+            if let Some(name) = name {
+                check_pvc_name(field, name)?;
+            }
+        }
+        if self.tags.as_ref().is_some_and(|t| t.len() > MAX_TAGS) {
+            return Err(invalid("spec.tags", &format!("at most {MAX_TAGS} tags")));
+        }
+        Ok(cron)
+    }
+}
+
+/// What the operator observed of a schedule.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupScheduleStatus {
+    /// When the latest backup ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_sync_time: Option<Time>,
+    /// How long the latest backup took (`1h2m3s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_sync_duration: Option<String>,
+    /// When the next backup starts (none while paused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_sync_time: Option<Time>,
+    /// The snapshot id of the latest successful backup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_snapshot: Option<String>,
+    /// The latest Backup the schedule created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_backup: Option<String>,
+    /// The phase the latest finished Backup ended in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_result: Option<String>,
+    /// Synchronizing: True while a backup runs; False between backups (reason
+    /// WaitingForSchedule), when paused (Paused) or when the spec cannot run
+    /// (InvalidSpec).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// What is wrong, when the schedule cannot run (never a secret).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The spec generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> BackupScheduleSpec {
+        BackupScheduleSpec {
+            source_pvc: "web1".into(),
+            path: None,
+            repository: "site-a".into(),
+            trigger: Trigger {
+                schedule: "@daily".into(),
+                time_zone: Some("Europe/Oslo".into()),
+            },
+            retain: Some(Retention {
+                daily: Some(7),
+                ..Retention::default()
+            }),
+            paused: None,
+            copy_method: Some(CopyMethod::Snapshot),
+            volume_snapshot_class_name: None,
+            storage_class_name: None,
+            tags: None,
+            mover: None,
+        }
+    }
+
+    #[test]
+    fn validates_the_trigger_and_retention() {
+        spec().validate().unwrap();
+        let mut s = spec();
+        s.trigger.schedule = "61 * * * *".into();
+        let e = s.validate().unwrap_err();
+        assert_eq!(e.field, "spec.trigger");
+        assert!(e.message.contains("not valid"), "{e}");
+        let mut s = spec();
+        s.trigger.time_zone = Some("Mars/Base".into());
+        assert!(s.validate().unwrap_err().message.contains("IANA"));
+        let mut s = spec();
+        s.retain = Some(Retention::default());
+        assert_eq!(s.validate().unwrap_err().field, "spec.retain");
+    }
+}

@@ -1,0 +1,164 @@
+//! What a schedule creates at a fire, as pure functions of the schedule, the fire time
+//! and (for `copyMethod: Snapshot`) the source claim: the `Backup`, the `VolumeSnapshot`
+//! and the temporary claim made from it. Names derive from the schedule and the fire
+//! time, so a repeated fire finds what the first one created (409) instead of making
+//! two.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::{
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, TypedLocalObjectReference,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::Resource;
+use serde_json::json;
+
+use crate::crd::{Backup, BackupSchedule, BackupSpec};
+
+/// Label of every Backup (and snapshot, and temporary claim) with its schedule's name.
+pub const SCHEDULE_LABEL: &str = "ferry.dev/schedule";
+/// Annotation of a Backup made from a VolumeSnapshot: the snapshot's name (the Backup's
+/// source claim is the temporary claim made from it).
+pub const SNAPSHOT_ANNOTATION: &str = "ferry.dev/volume-snapshot";
+
+/// The VolumeSnapshot API (snapshot.storage.k8s.io/v1).
+pub fn volume_snapshot_api() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", "VolumeSnapshot"),
+        "volumesnapshots",
+    )
+}
+
+/// Longest object name.
+const MAX_NAME: usize = 253;
+
+/// The Backup of the fire at `at`: `<schedule>-<YYYYMMDDHHMMSS>` (UTC).
+pub fn backup_name(schedule: &str, at: DateTime<Utc>) -> String {
+    let stamp = at.format("%Y%m%d%H%M%S").to_string();
+    let keep = MAX_NAME - stamp.len() - 1 - "-src".len();
+    let prefix = schedule[..keep.min(schedule.len())].trim_end_matches(['-', '.']);
+    format!("{prefix}-{stamp}")
+}
+
+/// The temporary claim made from a fire's VolumeSnapshot.
+pub fn temp_claim_name(backup: &str) -> String {
+    format!("{backup}-src")
+}
+
+fn meta(schedule: &BackupSchedule, name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        namespace: schedule.metadata.namespace.clone(),
+        labels: Some(BTreeMap::from([
+            (
+                SCHEDULE_LABEL.to_string(),
+                schedule.metadata.name.clone().unwrap_or_default(),
+            ),
+            (
+                "app.kubernetes.io/managed-by".to_string(),
+                "ferry-operator".to_string(),
+            ),
+        ])),
+        owner_references: schedule.controller_owner_ref(&()).map(|r| vec![r]),
+        ..ObjectMeta::default()
+    }
+}
+
+/// The Backup of a fire; `snapshot` names the VolumeSnapshot whose temporary claim it
+/// reads (copyMethod Snapshot), and the source id stays the schedule's claim's, so
+/// `parent: auto` and pruning see one source whichever way it was read.
+pub fn backup(schedule: &BackupSchedule, name: &str, snapshot: Option<&str>) -> Backup {
+    let spec = &schedule.spec;
+    let namespace = schedule.metadata.namespace.clone().unwrap_or_default();
+    let source_pvc = match snapshot {
+        Some(_) => temp_claim_name(name),
+        None => spec.source_pvc.clone(),
+    };
+    let mut b = Backup::new(
+        name,
+        BackupSpec {
+            source_pvc,
+            path: spec.path.clone(),
+            repository: spec.repository.clone(),
+            source_id: Some(format!("{namespace}/{}", spec.source_pvc)),
+            parent: None,
+            tags: spec.tags.clone(),
+            retain: spec.retain.clone(),
+            mover: spec.mover.clone(),
+            resolved_repository: None,
+        },
+    );
+    b.metadata = meta(schedule, name);
+    if let Some(snapshot) = snapshot {
+        b.metadata.annotations = Some(BTreeMap::from([(
+            SNAPSHOT_ANNOTATION.to_string(),
+            snapshot.to_string(),
+        )]));
+    }
+    b
+}
+
+/// The VolumeSnapshot of the schedule's claim for a fire.
+pub fn volume_snapshot(schedule: &BackupSchedule, name: &str) -> DynamicObject {
+    let mut spec = json!({
+        "source": {"persistentVolumeClaimName": schedule.spec.source_pvc},
+    });
+    if let Some(class) = &schedule.spec.volume_snapshot_class_name {
+        spec["volumeSnapshotClassName"] = json!(class);
+    }
+    let mut object = DynamicObject::new(name, &volume_snapshot_api());
+    object.metadata = meta(schedule, name);
+    object.data = json!({ "spec": spec });
+    object
+}
+
+/// The temporary claim restored from the fire's VolumeSnapshot: the source claim's size,
+/// access and volume modes, in `storageClassName` or the source's class.
+pub fn temp_claim(
+    schedule: &BackupSchedule,
+    snapshot: &str,
+    source: &PersistentVolumeClaim,
+) -> PersistentVolumeClaim {
+    let from = source.spec.clone().unwrap_or_default();
+    PersistentVolumeClaim {
+        metadata: meta(schedule, &temp_claim_name(snapshot)),
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: from.access_modes.clone(),
+            storage_class_name: schedule
+                .spec
+                .storage_class_name
+                .clone()
+                .or(from.storage_class_name.clone()),
+            volume_mode: from.volume_mode.clone(),
+            resources: from.resources.clone(),
+            data_source: Some(TypedLocalObjectReference {
+                api_group: Some("snapshot.storage.k8s.io".into()),
+                kind: "VolumeSnapshot".into(),
+                name: snapshot.to_string(),
+            }),
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_sort_by_fire_time_and_stay_short_enough() {
+        let at = DateTime::parse_from_rfc3339("2026-12-02T03:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        assert_eq!(backup_name("nightly", at), "nightly-20261202030000");
+        assert_eq!(
+            temp_claim_name("nightly-20261202030000"),
+            "nightly-20261202030000-src"
+        );
+        let long = backup_name(&"a".repeat(260), at);
+        assert!(temp_claim_name(&long).len() <= MAX_NAME, "{long}");
+    }
+}

@@ -1,0 +1,365 @@
+//! The state machine of one BackupSchedule, re-entered from the top on every reconcile
+//! (the status and the schedule's Backups are the whole state, so a restarted operator
+//! goes on where the last one stopped):
+//! 1. an invalid spec (cron, time zone, retention) or a missing repository ->
+//!    Synchronizing False, InvalidSpec, with what to fix;
+//! 2. the latest finished Backup not recorded yet -> lastSyncTime, lastSyncDuration,
+//!    lastSnapshot; its VolumeSnapshot and temporary claim deleted;
+//! 3. a Backup still running -> Synchronizing True; nothing fires (never two at once);
+//! 4. paused -> Synchronizing False, Paused, no nextSyncTime;
+//! 5. no nextSyncTime (or the spec changed) -> the next fire after now;
+//! 6. nextSyncTime passed -> fire once (missed fires while the operator was away or a
+//!    backup ran collapse into one): the Backup (after its VolumeSnapshot and temporary
+//!    claim for copyMethod Snapshot), then the next fire after now.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::Api;
+
+use crate::controller::life::Life;
+use crate::controller::Error;
+use crate::crd::status::condition::reason;
+use crate::crd::{Backup, BackupRepository, BackupSchedule, BackupScheduleStatus, CopyMethod};
+
+use super::build::{self, SCHEDULE_LABEL, SNAPSHOT_ANNOTATION};
+use super::{Context, SYNCHRONIZING};
+
+/// How long a schedule waits before looking again at what no watch reports (a missing
+/// repository or source claim).
+pub const RECHECK: Duration = Duration::from_secs(60);
+/// Longest wait between looks, whatever the next fire time.
+const MAX_WAIT: Duration = Duration::from_secs(3600);
+
+/// Condition reasons of Synchronizing.
+pub mod reasons {
+    /// A Backup of the schedule runs.
+    pub const BACKUP_RUNNING: &str = "BackupRunning";
+    /// Waiting for the next fire time.
+    pub const WAITING: &str = "WaitingForSchedule";
+    /// `paused: true`.
+    pub const PAUSED: &str = "Paused";
+    /// The source claim of a snapshot does not exist.
+    pub const SOURCE_MISSING: &str = "SourceMissing";
+}
+
+fn to_time(t: DateTime<Utc>) -> Time {
+    Time(Timestamp::from_millisecond(t.timestamp_millis()).unwrap_or(Timestamp::UNIX_EPOCH))
+}
+
+fn from_time(t: &Time) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(t.0.as_millisecond()).unwrap_or_default()
+}
+
+/// `1h2m3s`, as Kubernetes prints durations.
+pub fn duration_text(d: chrono::TimeDelta) -> String {
+    let s = d.num_seconds().max(0);
+    let (h, m, s) = (s / 3600, (s / 60) % 60, s % 60);
+    match (h, m) {
+        (0, 0) => format!("{s}s"),
+        (0, _) => format!("{m}m{s}s"),
+        _ => format!("{h}h{m}m{s}s"),
+    }
+}
+
+/// Sets the Synchronizing condition (its transition time changes only with its status).
+fn synchronizing(status: &mut BackupScheduleStatus, on: bool, why: &str, message: &str) {
+    let mut life = Life {
+        conditions: std::mem::take(&mut status.conditions),
+        observed_generation: status.observed_generation,
+        ..Life::default()
+    };
+    life.set_condition(SYNCHRONIZING, on, why, message);
+    status.conditions = life.conditions;
+}
+
+/// Writes the status when it changed.
+async fn write(
+    ctx: &Context,
+    obj: &BackupSchedule,
+    before: &BackupScheduleStatus,
+    next: &BackupScheduleStatus,
+) -> Result<bool, Error> {
+    if crate::controller::life::same_status(before, next) {
+        return Ok(false);
+    }
+    let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
+    let name = obj.metadata.name.as_deref().unwrap_or_default();
+    let api: Api<BackupSchedule> = Api::namespaced(ctx.client.clone(), namespace);
+    let body = serde_json::json!({
+        "apiVersion": "ferry.dev/v1alpha1",
+        "kind": "BackupSchedule",
+        "status": next,
+    });
+    api.patch_status(
+        name,
+        &PatchParams::apply(crate::events::REPORTER).force(),
+        &Patch::Apply(body),
+    )
+    .await?;
+    Ok(true)
+}
+
+/// How long until `t` (at least a second, at most [`MAX_WAIT`]).
+fn until(now: DateTime<Utc>, t: DateTime<Utc>) -> Duration {
+    let ms = (t - now).num_milliseconds().max(1000);
+    Duration::from_millis(u64::try_from(ms).unwrap_or(1000)).min(MAX_WAIT)
+}
+
+fn is_final(b: &Backup) -> bool {
+    b.status.as_ref().is_some_and(|s| s.phase.is_final())
+}
+
+/// One reconcile of a schedule (see the module docs).
+pub async fn reconcile(obj: Arc<BackupSchedule>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let (Some(namespace), Some(name)) = (&obj.metadata.namespace, &obj.metadata.name) else {
+        return Err(Error::NotStored("BackupSchedule"));
+    };
+    if obj.metadata.deletion_timestamp.is_some() {
+        // Its Backups, snapshots and temporary claims are owned by it: the garbage
+        // collector removes them (a Backup's finalizer cancels a running mover).
+        return Ok(Action::await_change());
+    }
+    let now = ctx.clock.now();
+    let before = obj.status.clone().unwrap_or_default();
+    let mut next = before.clone();
+    let spec_changed = next.observed_generation != obj.metadata.generation;
+    next.observed_generation = obj.metadata.generation;
+    next.message = None;
+    let cron = match obj.spec.validate() {
+        Ok(cron) => cron,
+        Err(e) => {
+            let message = format!("{e}: fix the spec");
+            return invalid(&ctx, &obj, &before, next, &message, Action::await_change()).await;
+        }
+    };
+    let repositories: Api<BackupRepository> = Api::namespaced(ctx.client.clone(), namespace);
+    if repositories.get_opt(&obj.spec.repository).await?.is_none() {
+        let message = format!(
+            "spec.repository: BackupRepository '{}' does not exist in namespace {namespace}: create it, or fix the name",
+            obj.spec.repository
+        );
+        return invalid(
+            &ctx,
+            &obj,
+            &before,
+            next,
+            &message,
+            Action::requeue(RECHECK),
+        )
+        .await;
+    }
+    let backups: Api<Backup> = Api::namespaced(ctx.client.clone(), namespace);
+    let mut mine = backups
+        .list(&ListParams::default().labels(&format!("{SCHEDULE_LABEL}={name}")))
+        .await?
+        .items;
+    mine.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    if let Some(done) = mine.iter().rev().find(|b| is_final(b)) {
+        record(&ctx, &obj, &mut next, done).await?;
+    }
+    if let Some(running) = mine.iter().find(|b| !is_final(b)) {
+        let running = running.metadata.name.clone().unwrap_or_default();
+        let message = format!("Backup {running} runs; the next fire waits for it");
+        synchronizing(&mut next, true, reasons::BACKUP_RUNNING, &message);
+        write(&ctx, &obj, &before, &next).await?;
+        // Its status changes wake the schedule (the controller watches its Backups).
+        return Ok(Action::requeue(MAX_WAIT));
+    }
+    if obj.spec.paused == Some(true) {
+        next.next_sync_time = None;
+        synchronizing(&mut next, false, reasons::PAUSED, "paused: no backup fires");
+        write(&ctx, &obj, &before, &next).await?;
+        return Ok(Action::await_change());
+    }
+    let due = match (&next.next_sync_time, spec_changed) {
+        (Some(t), false) => from_time(t),
+        _ => {
+            let Some(first) = cron.next_after(now) else {
+                let message = "the schedule never fires again: fix spec.trigger.schedule";
+                return invalid(&ctx, &obj, &before, next, message, Action::await_change()).await;
+            };
+            next.next_sync_time = Some(to_time(first));
+            first
+        }
+    };
+    if now < due {
+        let message = format!("the next backup starts at {}", due.to_rfc3339());
+        synchronizing(&mut next, false, reasons::WAITING, &message);
+        write(&ctx, &obj, &before, &next).await?;
+        return Ok(Action::requeue(until(now, due)));
+    }
+    fire(&ctx, &obj, &before, next, due, now, &cron).await
+}
+
+/// Synchronizing False (InvalidSpec) with the message; looked at again as `action` says.
+async fn invalid(
+    ctx: &Context,
+    obj: &BackupSchedule,
+    before: &BackupScheduleStatus,
+    mut next: BackupScheduleStatus,
+    message: &str,
+    action: Action,
+) -> Result<Action, Error> {
+    next.message = Some(message.to_string());
+    next.next_sync_time = None;
+    synchronizing(&mut next, false, reason::INVALID_SPEC, message);
+    if write(ctx, obj, before, &next).await? {
+        ctx.event(obj, true, reason::INVALID_SPEC, message).await;
+    }
+    Ok(action)
+}
+
+/// Records the latest finished Backup once, and removes its snapshot and temporary claim.
+async fn record(
+    ctx: &Context,
+    obj: &BackupSchedule,
+    next: &mut BackupScheduleStatus,
+    done: &Backup,
+) -> Result<(), Error> {
+    let name = done.metadata.name.clone().unwrap_or_default();
+    let recorded = match next.last_backup.as_deref() {
+        Some(last) => last > name.as_str() || (last == name && next.last_result.is_some()),
+        None => false,
+    };
+    if recorded {
+        return Ok(());
+    }
+    let status = done.status.clone().unwrap_or_default();
+    let ended = status.completion_time.as_ref().map(from_time);
+    let started = status
+        .start_time
+        .as_ref()
+        .or(done.metadata.creation_timestamp.as_ref())
+        .map(from_time);
+    next.last_backup = Some(name.clone());
+    next.last_result = Some(format!("{:?}", status.phase));
+    next.last_sync_time = ended.map(to_time);
+    next.last_sync_duration = match (started, ended) {
+        (Some(s), Some(e)) => Some(duration_text(e - s)),
+        _ => None,
+    };
+    if status.phase == crate::crd::Phase::Succeeded {
+        next.last_snapshot = status.snapshot_id.clone();
+    }
+    let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
+    if let Some(snapshot) = done
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SNAPSHOT_ANNOTATION))
+    {
+        let snapshots: Api<DynamicObject> =
+            Api::namespaced_with(ctx.client.clone(), namespace, &build::volume_snapshot_api());
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
+        gone(
+            claims
+                .delete(&done.spec.source_pvc, &DeleteParams::default())
+                .await,
+        )?;
+        gone(snapshots.delete(snapshot, &DeleteParams::default()).await)?;
+    }
+    let (warning, why, note) = match status.phase {
+        crate::crd::Phase::Succeeded => (
+            false,
+            "BackupSucceeded",
+            format!(
+                "Backup {name} succeeded: snapshot {}",
+                status.snapshot_id.as_deref().unwrap_or("(none)")
+            ),
+        ),
+        phase => (
+            true,
+            "BackupFailed",
+            format!(
+                "Backup {name} ended {phase:?}: {}",
+                status.message.as_deref().unwrap_or("see its status")
+            ),
+        ),
+    };
+    ctx.event(obj, warning, why, &note).await;
+    Ok(())
+}
+
+/// A delete that found nothing is done too.
+fn gone<T>(result: Result<T, kube::Error>) -> Result<(), Error> {
+    match result {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A create that found the object already made (by an earlier try of this fire) is done.
+fn made<T>(result: Result<T, kube::Error>) -> Result<(), Error> {
+    match result {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Starts the Backup of the fire at `due`, then waits for the next fire time.
+async fn fire(
+    ctx: &Context,
+    obj: &BackupSchedule,
+    before: &BackupScheduleStatus,
+    mut next: BackupScheduleStatus,
+    due: DateTime<Utc>,
+    now: DateTime<Utc>,
+    cron: &ferry_cron::CronSpec,
+) -> Result<Action, Error> {
+    let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
+    let schedule = obj.metadata.name.as_deref().unwrap_or_default();
+    let name = build::backup_name(schedule, due);
+    let snapshot = obj.spec.copy_method.unwrap_or_default() == CopyMethod::Snapshot;
+    if snapshot {
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
+        let Some(source) = claims.get_opt(&obj.spec.source_pvc).await? else {
+            let message = format!(
+                "pvc/{} does not exist in namespace {namespace}: the backup starts once it does",
+                obj.spec.source_pvc
+            );
+            next.message = Some(message.clone());
+            synchronizing(&mut next, false, reasons::SOURCE_MISSING, &message);
+            write(ctx, obj, before, &next).await?;
+            return Ok(Action::requeue(RECHECK));
+        };
+        let snapshots: Api<DynamicObject> =
+            Api::namespaced_with(ctx.client.clone(), namespace, &build::volume_snapshot_api());
+        made(
+            snapshots
+                .create(&PostParams::default(), &build::volume_snapshot(obj, &name))
+                .await,
+        )?;
+        made(
+            claims
+                .create(
+                    &PostParams::default(),
+                    &build::temp_claim(obj, &name, &source),
+                )
+                .await,
+        )?;
+    }
+    let backups: Api<Backup> = Api::namespaced(ctx.client.clone(), namespace);
+    let backup = build::backup(obj, &name, snapshot.then_some(name.as_str()));
+    made(backups.create(&PostParams::default(), &backup).await)?;
+    next.last_backup = Some(name.clone());
+    next.last_result = None;
+    let following = cron.next_after(now);
+    next.next_sync_time = following.map(to_time);
+    let message = format!("Backup {name} started");
+    synchronizing(&mut next, true, reasons::BACKUP_RUNNING, &message);
+    write(ctx, obj, before, &next).await?;
+    ctx.event(obj, false, "BackupCreated", &message).await;
+    Ok(match following {
+        Some(t) => Action::requeue(until(now, t)),
+        None => Action::await_change(),
+    })
+}

@@ -1,0 +1,995 @@
+//! Backup scenarios against the mocked API server (every request checked in order and
+//! against the operator's RBAC) and the fake mover link: a Backup's mover backs up and
+//! then prunes, a failed backup says why, a missing repository is an invalid spec, a
+//! BackupRepository reports whether it can be used, and BackupSchedules fire on a clock
+//! the test drives (no overlap, paused, copyMethod Snapshot, invalid cron).
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use ferry_operator::controller::backup::reconcile_backup;
+use ferry_operator::controller::repository::reconcile_repository;
+use ferry_operator::controller::restore::reconcile_restore;
+use ferry_operator::controller::{BackupSummary, JobFailure, JobRequest, JobState, PruneSummary};
+use ferry_operator::crd::{Backup, BackupRepository, BackupSchedule, Restore, VolumeMode};
+use ferry_operator::mover::backup_request::Parent;
+use ferry_operator::mover::{backup_pod, restore_pod, MoverPodInput, ResolvedPvc};
+use ferry_operator::schedule::{self, Clock};
+use kube::runtime::controller::Action;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+
+use support::{job_id, ready, report, settings, with_status, ApiServer, Call, Harness, Reply};
+
+const NS: &str = "vms";
+const B_STATUS: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/backups/web1-now/status";
+const BACKUPS: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/backups";
+const REPO: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/backuprepositories/site-a";
+const S_STATUS: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/backupschedules/nightly/status";
+const SNAPSHOTS: &str = "/apis/snapshot.storage.k8s.io/v1/namespaces/vms/volumesnapshots";
+const PVCS: &str = "/api/v1/namespaces/vms/persistentvolumeclaims";
+const PODS: &str = "/api/v1/namespaces/vms/pods";
+const SECRETS: &str = "/api/v1/namespaces/vms/secrets";
+const MIB: u64 = 1 << 20;
+
+fn repository_json() -> Value {
+    json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "BackupRepository",
+        "metadata": {"name": "site-a", "namespace": NS, "uid": "uid-r", "generation": 1},
+        "spec": {
+            "url": "s3://backups/site-a",
+            "s3": {"endpointUrl": "http://minio:9000", "forcePathStyle": true,
+                   "accessKeyId": {"name": "s3", "key": "id"},
+                   "secretAccessKey": {"name": "s3", "key": "secret"}},
+            "encryption": {"keySecretRef": {"name": "backup-key", "key": "passphrase"}},
+            "initialize": true,
+        },
+    })
+}
+
+fn secret(name: &str, keys: &[&str]) -> Value {
+    let data: serde_json::Map<String, Value> = keys
+        .iter()
+        .map(|k| (k.to_string(), json!("c2VjcmV0")))
+        .collect();
+    json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": NS},
+           "data": data})
+}
+
+/// Backup `web1-now` of the Block claim `web1` into `site-a`, pruning to 7 dailies.
+fn backup_json(status: Option<Value>) -> Value {
+    let mut b = json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Backup",
+        "metadata": {"name": "web1-now", "namespace": NS, "uid": "uid-b", "generation": 1,
+                     "resourceVersion": "5", "finalizers": ["ferry.dev/cancel"]},
+        "spec": {"sourcePVC": "web1", "repository": "site-a", "tags": {"vm": "web1"},
+                 "retain": {"daily": 7}},
+    });
+    if let Some(status) = status {
+        b["status"] = status;
+    }
+    b
+}
+
+fn backup(v: &Value) -> Arc<Backup> {
+    Arc::new(serde_json::from_value(v.clone()).unwrap())
+}
+
+fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
+    status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
+}
+
+async fn finish<E: std::fmt::Debug>(task: tokio::task::JoinHandle<Result<Action, E>>) -> Action {
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the reconcile did not finish")
+        .unwrap()
+        .unwrap()
+}
+
+/// The mover pod of the Backup's first attempt, as the operator builds it.
+fn mover_pod(object: &Value) -> k8s_openapi::api::core::v1::Pod {
+    let mut b = (*backup(object)).clone();
+    let repo: BackupRepository = serde_json::from_value(repository_json()).unwrap();
+    b.spec.resolved_repository = Some(repo.spec);
+    backup_pod(
+        &b,
+        &MoverPodInput {
+            pod_name: "web1-now-fbk-1",
+            token_secret: "web1-now-fbk-1-token",
+            pvcs: &[ResolvedPvc::new("web1", VolumeMode::Block)],
+            defaults: &settings().mover,
+        },
+    )
+    .unwrap()
+}
+
+fn running_status() -> Value {
+    let message = "mover pod web1-now-fbk-1 runs on node node-a";
+    json!({
+        "phase": "Running", "attempts": 1, "moverPod": "web1-now-fbk-1", "node": "node-a",
+        "observedGeneration": 1, "startTime": "2026-01-01T00:00:00Z",
+        "conditions": [
+            {"type": "Running", "status": "True", "reason": "MoverRunning", "message": message,
+             "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1},
+            {"type": "Ready", "status": "False", "reason": "MoverRunning", "message": message,
+             "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1},
+        ],
+    })
+}
+
+fn summary() -> BackupSummary {
+    BackupSummary {
+        snapshot_id: "20261202T030000Z-0a1b2c3d".into(),
+        parent_id: String::new(),
+        bytes_read: 4 * MIB,
+        bytes_new: 3 * MIB,
+        bytes_reused: MIB,
+        block_hash: format!("blkhash:{}", "ab".repeat(32)),
+    }
+}
+
+/// A new Backup: its repository looked up, the claim and every referenced Secret key
+/// checked, a mover with the claim and the keys; once ready the backup job, the snapshot
+/// recorded, then the prune on the same mover, then Succeeded and the mover removed.
+#[tokio::test]
+async fn a_backup_backs_up_then_prunes_on_one_mover() {
+    let mut h = Harness::new(settings());
+
+    // 1. The repository, the claim, the Secrets, the token, the pod, Running.
+    let object = backup_json(None);
+    let task = tokio::spawn(reconcile_backup(backup(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", REPO, Reply::Ok(repository_json()))
+        .await;
+    h.server
+        .expect(
+            "GET",
+            &format!("{PVCS}/web1"),
+            Reply::Ok(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                             "metadata": {"name": "web1", "namespace": NS},
+                             "spec": {"volumeMode": "Block"}})),
+        )
+        .await;
+    h.server
+        .expect(
+            "GET",
+            &format!("{SECRETS}/backup-key"),
+            Reply::Ok(secret("backup-key", &["passphrase"])),
+        )
+        .await;
+    h.server
+        .expect(
+            "GET",
+            &format!("{SECRETS}/s3"),
+            Reply::Ok(secret("s3", &["id", "secret"])),
+        )
+        .await;
+    let token = h.server.expect("POST", SECRETS, Reply::Echo).await.body;
+    assert_eq!(token["metadata"]["name"], "web1-now-fbk-1-token");
+    let pod = h.server.expect("POST", PODS, Reply::Echo).await.body;
+    assert_eq!(pod["metadata"]["name"], "web1-now-fbk-1");
+    assert_eq!(pod["metadata"]["labels"]["ferry.dev/owner-kind"], "Backup");
+    let container = &pod["spec"]["containers"][0];
+    assert_eq!(
+        container["volumeDevices"][0]["devicePath"],
+        "/dev/ferry/web1"
+    );
+    let volumes = pod["spec"]["volumes"].as_array().unwrap();
+    let web1 = volumes
+        .iter()
+        .find(|v| v["persistentVolumeClaim"]["claimName"] == "web1")
+        .unwrap();
+    assert_eq!(web1["persistentVolumeClaim"]["readOnly"], true);
+    let projected: Vec<String> = volumes.iter().find(|v| v["name"] == "secrets").unwrap()
+        ["projected"]["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["secret"]["items"].as_array().unwrap().clone())
+        .map(|i| i["path"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        projected,
+        ["backup-key/passphrase", "s3/id", "s3/secret"],
+        "the key and the S3 credentials, as files"
+    );
+    let seen = h
+        .server
+        .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert_eq!(seen.body["kind"], "Backup");
+    let status = seen.body["status"].clone();
+    assert_eq!(status["phase"], "Running");
+    assert_eq!(status["moverPod"], "web1-now-fbk-1");
+    assert_eq!(
+        h.server.expect_event(NS).await.body["reason"],
+        "MoverCreated"
+    );
+    finish(task).await;
+    h.server.done().await;
+
+    // 2. Ready: the backup job; its snapshot recorded; the mover stays.
+    let object = with_status(&backup_json(None), &json!({ "status": status }));
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(pod).unwrap();
+    h.pod_seen(ready(pod.clone(), "node-a"));
+    let id = job_id("uid-b/backup");
+    let mut done = report(&id, JobState::Succeeded, 4 * MIB);
+    done.backup = Some(summary());
+    h.link.script(&id, vec![done]);
+    let task = tokio::spawn(reconcile_backup(backup(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", REPO, Reply::Ok(repository_json()))
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = seen.body["status"].clone();
+    assert_eq!(condition(&status, "Running")["reason"], "MoverRunning");
+    h.server.expect_event(NS).await;
+    finish(task).await;
+    let seen = h
+        .server
+        .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let step = seen.body["status"].clone();
+    assert_eq!(step["phase"], "Running", "the prune is still to run");
+    assert_eq!(step["snapshotId"], "20261202T030000Z-0a1b2c3d");
+    assert_eq!(step["bytesNew"], 3 * MIB);
+    assert_eq!(step["bytesReused"], MIB);
+    assert_eq!(step["bytesRead"], 4 * MIB);
+    assert_eq!(step["blockHash"], format!("blkhash:{}", "ab".repeat(32)));
+    assert_eq!(step["progress"]["doneBytes"], 4 * MIB);
+    assert_eq!(
+        h.server.expect_event(NS).await.body["reason"],
+        "StepSucceeded"
+    );
+    h.ctx.take_watch("uid-b").unwrap().task.await.unwrap();
+    h.server.done().await;
+
+    // 3. The prune on the same mover, then Succeeded and the mover removed.
+    let object = with_status(&object, &json!({ "status": step }));
+    let id = job_id("uid-b/prune");
+    let mut pruned = report(&id, JobState::Succeeded, 0);
+    pruned.prune = Some(PruneSummary {
+        kept: 7,
+        removed: 2,
+    });
+    h.link.script(&id, vec![pruned]);
+    let task = tokio::spawn(reconcile_backup(backup(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", REPO, Reply::Ok(repository_json()))
+        .await;
+    finish(task).await;
+    let seen = h
+        .server
+        .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let end = seen.body["status"].clone();
+    assert_eq!(end["phase"], "Succeeded");
+    assert_eq!(end["snapshotId"], "20261202T030000Z-0a1b2c3d");
+    assert_eq!(
+        (end["pruned"].clone(), end["kept"].clone()),
+        (json!(2), json!(7))
+    );
+    assert_eq!(
+        end["progress"]["doneBytes"],
+        4 * MIB,
+        "the backup's progress stays"
+    );
+    assert_eq!(condition(&end, "Ready")["status"], "True");
+    h.server
+        .expect("DELETE", &format!("{PODS}/web1-now-fbk-1"), Reply::Deleted)
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{SECRETS}/web1-now-fbk-1-token"),
+            Reply::Deleted,
+        )
+        .await;
+    assert_eq!(h.server.expect_event(NS).await.body["reason"], "Succeeded");
+    h.ctx.take_watch("uid-b").unwrap().task.await.unwrap();
+    h.server.done().await;
+
+    let calls = h.link.calls();
+    assert_eq!(calls.len(), 4, "{calls:?}");
+    let Call::Start(JobRequest::Backup(request)) = &calls[0] else {
+        panic!("{calls:?}")
+    };
+    assert_eq!(request.source.url, "/dev/ferry/web1");
+    assert_eq!(request.repository.url, "s3://backups/site-a");
+    assert!(request.initialize);
+    assert_eq!(request.source_id, "vms/web1");
+    assert_eq!(request.parent, Parent::Auto);
+    assert_eq!(request.tags["vm"], "web1");
+    assert_eq!(request.idempotency_key, "uid-b/backup");
+    assert_eq!(calls[1], Call::Watch(job_id("uid-b/backup")));
+    let Call::Start(JobRequest::Prune(prune)) = &calls[2] else {
+        panic!("{calls:?}")
+    };
+    assert_eq!(prune.retain.daily, 7);
+    assert_eq!(prune.source_id, "vms/web1");
+    assert_eq!(prune.repository.url, "s3://backups/site-a");
+    assert_eq!(calls[3], Call::Watch(job_id("uid-b/prune")));
+
+    // 4. Succeeded is final: no repository lookup, no request.
+    let object = with_status(&object, &json!({ "status": end }));
+    h.pod_gone(ready(pod, "node-a"));
+    let action = reconcile_backup(backup(&object), h.ctx.clone())
+        .await
+        .unwrap();
+    assert_eq!(action, Action::await_change());
+    h.server.done().await;
+}
+
+/// A backup the mover fails: Failed with the error's kind and message, the mover removed.
+#[tokio::test]
+async fn a_failed_backup_says_why() {
+    let mut h = Harness::new(settings());
+    let object = backup_json(Some(running_status()));
+    h.pod_seen(ready(mover_pod(&object), "node-a"));
+    let id = job_id("uid-b/backup");
+    let mut failed = report(&id, JobState::Failed, MIB);
+    failed.error = Some(JobFailure {
+        kind: "permission_denied".into(),
+        message: "s3://backups/site-a: access denied (check the key's policy)".into(),
+    });
+    h.link.script(&id, vec![failed]);
+    let task = tokio::spawn(reconcile_backup(backup(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", REPO, Reply::Ok(repository_json()))
+        .await;
+    h.server
+        .expect(
+            "GET",
+            &format!("{SECRETS}/web1-now-fbk-1-token"),
+            Reply::Ok(secret("web1-now-fbk-1-token", &["token"])),
+        )
+        .await;
+    finish(task).await;
+    let seen = h
+        .server
+        .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let end = &seen.body["status"];
+    assert_eq!(end["phase"], "Failed");
+    assert_eq!(
+        end["message"],
+        "backup permission_denied: s3://backups/site-a: access denied (check the key's policy)"
+    );
+    assert!(end.get("snapshotId").is_none());
+    assert_eq!(condition(end, "Ready")["reason"], "Failed");
+    h.server
+        .expect("DELETE", &format!("{PODS}/web1-now-fbk-1"), Reply::Deleted)
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{SECRETS}/web1-now-fbk-1-token"),
+            Reply::Deleted,
+        )
+        .await;
+    let event = h.server.expect_event(NS).await.body;
+    assert_eq!(
+        (event["type"].clone(), event["reason"].clone()),
+        (json!("Warning"), json!("Failed"))
+    );
+    h.ctx.take_watch("uid-b").unwrap().task.await.unwrap();
+    h.server.done().await;
+    assert_eq!(h.link.calls().len(), 2, "no prune after a failed backup");
+}
+
+/// A Backup naming no existing repository, and one whose repository has a password in
+/// its URL: Failed (InvalidSpec) with what to fix, the password never repeated.
+#[tokio::test]
+async fn a_missing_or_invalid_repository_is_an_invalid_spec() {
+    let mut h = Harness::new(settings());
+    let object = backup_json(None);
+    let task = tokio::spawn(reconcile_backup(backup(&object), h.ctx.clone()));
+    h.server.expect("GET", REPO, Reply::NotFound).await;
+    let seen = h
+        .server
+        .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let failed = &seen.body["status"];
+    assert_eq!(failed["phase"], "Failed");
+    assert_eq!(condition(failed, "Ready")["reason"], "InvalidSpec");
+    assert_eq!(
+        failed["message"],
+        "spec.repository: BackupRepository 'site-a' does not exist in this namespace: create it, or fix the name: fix the spec and create the Backup again"
+    );
+    h.server.expect_event(NS).await;
+    assert_eq!(finish(task).await, Action::await_change());
+
+    let mut h = Harness::new(settings());
+    let mut repo = repository_json();
+    repo["spec"]["url"] = json!("s3://AKIAEXAMPLE:hunter2@backups/site-a");
+    let task = tokio::spawn(reconcile_backup(backup(&object), h.ctx.clone()));
+    h.server.expect("GET", REPO, Reply::Ok(repo)).await;
+    let seen = h
+        .server
+        .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let message = seen.body["status"]["message"].as_str().unwrap().to_string();
+    assert!(message.contains("password inside the URL"), "{message}");
+    let event = h.server.expect_event(NS).await;
+    for text in [seen.body.to_string(), event.body.to_string()] {
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+    finish(task).await;
+    h.server.done().await;
+    assert!(h.link.calls().is_empty());
+}
+
+/// A repository with its Secrets is Ready; with a key missing it says which.
+#[tokio::test]
+async fn a_repository_reports_whether_it_can_be_used() {
+    let mut h = Harness::new(settings());
+    let object = repository_json();
+    let repo: Arc<BackupRepository> = Arc::new(serde_json::from_value(object.clone()).unwrap());
+    let task = tokio::spawn(reconcile_repository(repo.clone(), h.ctx.clone()));
+    h.server
+        .expect(
+            "GET",
+            &format!("{SECRETS}/backup-key"),
+            Reply::Ok(secret("backup-key", &["passphrase"])),
+        )
+        .await;
+    h.server
+        .expect(
+            "GET",
+            &format!("{SECRETS}/s3"),
+            Reply::Ok(secret("s3", &["id"])),
+        )
+        .await;
+    let path = "/apis/ferry.dev/v1alpha1/namespaces/vms/backuprepositories/site-a/status";
+    let seen = h
+        .server
+        .expect("PATCH", path, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = seen.body["status"].clone();
+    assert_eq!(status["encrypted"], true);
+    let ready = condition(&status, "Ready");
+    assert_eq!(
+        (ready["status"].clone(), ready["reason"].clone()),
+        (json!("False"), json!("SecretMissing"))
+    );
+    assert_eq!(
+        status["message"],
+        "secret/s3 has no key 'secret': add it, or fix the secretKeyRef's key"
+    );
+    h.server.expect_event(NS).await;
+    finish(task).await;
+
+    let object = with_status(&object, &json!({ "status": status }));
+    let repo: Arc<BackupRepository> = Arc::new(serde_json::from_value(object.clone()).unwrap());
+    let task = tokio::spawn(reconcile_repository(repo, h.ctx.clone()));
+    h.server
+        .expect(
+            "GET",
+            &format!("{SECRETS}/backup-key"),
+            Reply::Ok(secret("backup-key", &["passphrase"])),
+        )
+        .await;
+    h.server
+        .expect(
+            "GET",
+            &format!("{SECRETS}/s3"),
+            Reply::Ok(secret("s3", &["id", "secret"])),
+        )
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", path, Reply::ApplyStatus(object.clone()))
+        .await;
+    let ready = condition(&seen.body["status"], "Ready").clone();
+    assert_eq!(
+        (ready["status"].clone(), ready["reason"].clone()),
+        (json!("True"), json!("Valid"))
+    );
+    finish(task).await;
+    h.server.done().await;
+}
+
+/// A Restore of a Backup: the Backup's repository and snapshot looked up, the restore job
+/// on the mover with the target claim, Succeeded with the snapshot id.
+#[tokio::test]
+async fn a_restore_writes_the_backups_snapshot_into_the_claim() {
+    let mut h = Harness::new(settings());
+    let mut status = running_status();
+    status["moverPod"] = json!("web1-copy-frs-1");
+    let object = json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Restore",
+        "metadata": {"name": "web1-copy", "namespace": NS, "uid": "uid-r1", "generation": 1,
+                     "resourceVersion": "9", "finalizers": ["ferry.dev/cancel"]},
+        "spec": {"backup": "web1-now", "targetPVC": "web1-copy"},
+        "status": status,
+    });
+    let restore: Arc<Restore> = Arc::new(serde_json::from_value(object.clone()).unwrap());
+    let repo: BackupRepository = serde_json::from_value(repository_json()).unwrap();
+    let pod = restore_pod(
+        restore.as_ref(),
+        "Restore",
+        &repo.spec,
+        "web1-copy",
+        None,
+        &MoverPodInput {
+            pod_name: "web1-copy-frs-1",
+            token_secret: "web1-copy-frs-1-token",
+            pvcs: &[ResolvedPvc::new("web1-copy", VolumeMode::Filesystem)],
+            defaults: &settings().mover,
+        },
+    )
+    .unwrap();
+    let volumes = serde_json::to_value(&pod.spec.as_ref().unwrap().volumes).unwrap();
+    assert!(
+        volumes.to_string().contains("backup-key/passphrase"),
+        "{volumes}"
+    );
+    h.pod_seen(ready(pod, "node-a"));
+    let id = job_id("uid-r1/restore");
+    h.link
+        .script(&id, vec![report(&id, JobState::Succeeded, 4 * MIB)]);
+    let task = tokio::spawn(reconcile_restore(restore, h.ctx.clone()));
+    let mut done = backup_json(None);
+    done["status"] = json!({"phase": "Succeeded", "snapshotId": "20261202T030000Z-0a1b2c3d"});
+    h.server
+        .expect("GET", &format!("{BACKUPS}/web1-now"), Reply::Ok(done))
+        .await;
+    h.server
+        .expect("GET", REPO, Reply::Ok(repository_json()))
+        .await;
+    let path = "/apis/ferry.dev/v1alpha1/namespaces/vms/restores/web1-copy/status";
+    let seen = h
+        .server
+        .expect("PATCH", path, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert_eq!(seen.body["status"]["moverPod"], "web1-copy-frs-1");
+    h.server.expect_event(NS).await;
+    h.server
+        .expect(
+            "GET",
+            &format!("{SECRETS}/web1-copy-frs-1-token"),
+            Reply::Ok(secret("web1-copy-frs-1-token", &["token"])),
+        )
+        .await;
+    finish(task).await;
+    let seen = h
+        .server
+        .expect("PATCH", path, Reply::ApplyStatus(object.clone()))
+        .await;
+    let end = &seen.body["status"];
+    assert_eq!(end["phase"], "Succeeded");
+    assert_eq!(end["snapshotId"], "20261202T030000Z-0a1b2c3d");
+    h.server
+        .expect("DELETE", &format!("{PODS}/web1-copy-frs-1"), Reply::Deleted)
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{SECRETS}/web1-copy-frs-1-token"),
+            Reply::Deleted,
+        )
+        .await;
+    assert_eq!(h.server.expect_event(NS).await.body["reason"], "Succeeded");
+    h.ctx.take_watch("uid-r1").unwrap().task.await.unwrap();
+    h.server.done().await;
+    let calls = h.link.calls();
+    let Call::Start(JobRequest::Restore(request)) = &calls[0] else {
+        panic!("{calls:?}")
+    };
+    assert_eq!(request.snapshot_id, "20261202T030000Z-0a1b2c3d");
+    assert_eq!(
+        request.target.url,
+        "/var/run/ferry/volumes/web1-copy/disk.img"
+    );
+    assert_eq!(request.repository.url, "s3://backups/site-a");
+    assert_eq!(request.idempotency_key, "uid-r1/restore");
+}
+
+// ---- schedules ----
+
+/// A clock the test sets.
+#[derive(Debug)]
+struct TestClock(Mutex<DateTime<Utc>>);
+
+impl Clock for TestClock {
+    fn now(&self) -> DateTime<Utc> {
+        *self.0.lock()
+    }
+}
+
+fn at(text: &str) -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339(text)
+        .unwrap()
+        .with_timezone(&Utc)
+}
+
+struct Sched {
+    server: ApiServer,
+    clock: Arc<TestClock>,
+    ctx: Arc<schedule::Context>,
+}
+
+impl Sched {
+    fn new(now: &str) -> Self {
+        let (client, server) = ApiServer::new();
+        let clock = Arc::new(TestClock(Mutex::new(at(now))));
+        let ctx = Arc::new(schedule::Context::new(client, clock.clone()));
+        Self { server, clock, ctx }
+    }
+
+    fn set(&self, now: &str) {
+        *self.clock.0.lock() = at(now);
+    }
+}
+
+/// Schedule `nightly`: web1 at 03:00 UTC, 7 dailies kept.
+fn schedule_json(status: Option<Value>) -> Value {
+    let mut s = json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "BackupSchedule",
+        "metadata": {"name": "nightly", "namespace": NS, "uid": "uid-s", "generation": 1},
+        "spec": {"sourcePVC": "web1", "repository": "site-a",
+                 "trigger": {"schedule": "0 3 * * *"}, "retain": {"daily": 7}},
+    });
+    if let Some(status) = status {
+        s["status"] = status;
+    }
+    s
+}
+
+fn sched(v: &Value) -> Arc<BackupSchedule> {
+    Arc::new(serde_json::from_value(v.clone()).unwrap())
+}
+
+fn list(items: Vec<Value>) -> Value {
+    json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "BackupList", "metadata": {},
+           "items": items})
+}
+
+/// A Backup of the schedule in `phase`.
+fn scheduled_backup(name: &str, phase: &str, extra: Value) -> Value {
+    let mut b = json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Backup",
+        "metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}"),
+                     "labels": {"ferry.dev/schedule": "nightly"},
+                     "creationTimestamp": "2026-12-02T03:00:01Z"},
+        "spec": {"sourcePVC": "web1", "repository": "site-a"},
+        "status": {"phase": phase},
+    });
+    if let Value::Object(extra) = extra {
+        for (k, v) in extra {
+            b["status"][k] = v;
+        }
+    }
+    b
+}
+
+async fn looked_up(s: &mut Sched, backups: Vec<Value>) {
+    s.server
+        .expect("GET", REPO, Reply::Ok(repository_json()))
+        .await;
+    let seen = s
+        .server
+        .expect("GET", BACKUPS, Reply::Ok(list(backups)))
+        .await;
+    assert!(
+        seen.query
+            .contains("labelSelector=ferry.dev%2Fschedule%3Dnightly"),
+        "{}",
+        seen.query
+    );
+}
+
+fn synchronizing(status: &Value) -> (String, String) {
+    let c = condition(status, "Synchronizing");
+    (
+        c["status"].as_str().unwrap().to_string(),
+        c["reason"].as_str().unwrap().to_string(),
+    )
+}
+
+/// The schedule waits for its fire time, fires one Backup (retain copied into it, so its
+/// mover prunes after the backup), fires nothing while that Backup runs even past the
+/// next fire time, records how it ended, then fires the missed fire once.
+#[tokio::test]
+async fn a_schedule_fires_without_overlap_and_records_each_backup() {
+    let mut s = Sched::new("2026-12-02T02:30:00Z");
+
+    // 1. Before the first fire: nextSyncTime, waiting.
+    let object = schedule_json(None);
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, vec![]).await;
+    let seen = s
+        .server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = seen.body["status"].clone();
+    assert_eq!(status["nextSyncTime"], "2026-12-02T03:00:00Z");
+    assert_eq!(
+        synchronizing(&status),
+        ("False".into(), "WaitingForSchedule".into())
+    );
+    assert_eq!(
+        finish(task).await,
+        Action::requeue(Duration::from_secs(1800))
+    );
+    s.server.done().await;
+
+    // 2. The fire time passed: one Backup, owned by the schedule.
+    s.set("2026-12-02T03:00:05Z");
+    let object = schedule_json(Some(status));
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, vec![]).await;
+    let created = s.server.expect("POST", BACKUPS, Reply::Echo).await.body;
+    assert_eq!(created["metadata"]["name"], "nightly-20261202030000");
+    assert_eq!(
+        created["metadata"]["labels"]["ferry.dev/schedule"],
+        "nightly"
+    );
+    assert_eq!(created["metadata"]["ownerReferences"][0]["uid"], "uid-s");
+    assert_eq!(
+        created["metadata"]["ownerReferences"][0]["controller"],
+        true
+    );
+    assert_eq!(created["spec"]["sourcePVC"], "web1");
+    assert_eq!(created["spec"]["sourceId"], "vms/web1");
+    assert_eq!(created["spec"]["retain"], json!({"daily": 7}));
+    let seen = s
+        .server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = seen.body["status"].clone();
+    assert_eq!(status["lastBackup"], "nightly-20261202030000");
+    assert_eq!(status["nextSyncTime"], "2026-12-03T03:00:00Z");
+    assert_eq!(
+        synchronizing(&status),
+        ("True".into(), "BackupRunning".into())
+    );
+    let event = s.server.expect_event(NS).await.body;
+    assert_eq!(event["reason"], "BackupCreated");
+    // kube's recorder sends a repeat of the same reason on the same object as a patch.
+    let repeat = format!(
+        "/apis/events.k8s.io/v1/namespaces/vms/events/{}",
+        event["metadata"]["name"].as_str().unwrap()
+    );
+    let wait = finish(task).await;
+    assert_eq!(wait, Action::requeue(Duration::from_secs(3600)));
+    s.server.done().await;
+
+    // 3. Past the next fire time while the Backup still runs: nothing fires.
+    s.set("2026-12-03T03:00:10Z");
+    let object = schedule_json(Some(status));
+    let running = scheduled_backup("nightly-20261202030000", "Running", json!({}));
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, vec![running]).await;
+    let seen = s
+        .server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = seen.body["status"].clone();
+    assert_eq!(
+        synchronizing(&status),
+        ("True".into(), "BackupRunning".into())
+    );
+    assert!(condition(&status, "Synchronizing")["message"]
+        .as_str()
+        .unwrap()
+        .contains("the next fire waits for it"));
+    finish(task).await;
+    s.server.done().await;
+
+    // 4. It succeeded: recorded; the missed fire fires once, now.
+    s.set("2026-12-03T03:20:00Z");
+    let object = schedule_json(Some(status));
+    let done = scheduled_backup(
+        "nightly-20261202030000",
+        "Succeeded",
+        json!({"snapshotId": "20261202T030002Z-0a1b2c3d",
+               "startTime": "2026-12-02T03:00:02Z", "completionTime": "2026-12-03T04:01:05Z"}),
+    );
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, vec![done]).await;
+    assert_eq!(
+        s.server.expect_event(NS).await.body["reason"],
+        "BackupSucceeded"
+    );
+    let created = s.server.expect("POST", BACKUPS, Reply::Echo).await.body;
+    assert_eq!(created["metadata"]["name"], "nightly-20261203030000");
+    let seen = s
+        .server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = seen.body["status"].clone();
+    assert_eq!(status["lastSnapshot"], "20261202T030002Z-0a1b2c3d");
+    assert_eq!(status["lastSyncTime"], "2026-12-03T04:01:05Z");
+    assert_eq!(status["lastSyncDuration"], "25h1m3s");
+    assert_eq!(status["lastBackup"], "nightly-20261203030000");
+    assert_eq!(status["nextSyncTime"], "2026-12-04T03:00:00Z");
+    s.server.expect("PATCH", &repeat, Reply::Echo).await;
+    finish(task).await;
+    s.server.done().await;
+}
+
+/// A paused schedule fires nothing, even past its fire time, and shows no next time.
+#[tokio::test]
+async fn a_paused_schedule_does_not_fire() {
+    let mut s = Sched::new("2026-12-02T05:00:00Z");
+    let mut object = schedule_json(Some(json!({"nextSyncTime": "2026-12-02T03:00:00Z",
+                                                "observedGeneration": 1})));
+    object["spec"]["paused"] = json!(true);
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, vec![]).await;
+    let seen = s
+        .server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = &seen.body["status"];
+    assert!(status.get("nextSyncTime").is_none(), "{status}");
+    assert_eq!(synchronizing(status), ("False".into(), "Paused".into()));
+    assert_eq!(finish(task).await, Action::await_change());
+    s.server.done().await;
+}
+
+/// copyMethod Snapshot: a VolumeSnapshot of the claim, a temporary claim from it (the
+/// source's size and modes), the Backup of that claim under the source's id; once the
+/// Backup ended, both are deleted.
+#[tokio::test]
+async fn copy_method_snapshot_creates_and_cleans_a_snapshot_and_a_claim() {
+    let mut s = Sched::new("2026-12-02T03:00:05Z");
+    let mut object = schedule_json(Some(json!({"nextSyncTime": "2026-12-02T03:00:00Z",
+                                                "observedGeneration": 1})));
+    object["spec"]["copyMethod"] = json!("Snapshot");
+    object["spec"]["volumeSnapshotClassName"] = json!("csi-snapclass");
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, vec![]).await;
+    s.server
+        .expect(
+            "GET",
+            &format!("{PVCS}/web1"),
+            Reply::Ok(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "web1", "namespace": NS},
+                "spec": {"volumeMode": "Block", "accessModes": ["ReadWriteOnce"],
+                         "storageClassName": "fast",
+                         "resources": {"requests": {"storage": "20Gi"}}}})),
+        )
+        .await;
+    let snap = s.server.expect("POST", SNAPSHOTS, Reply::Echo).await.body;
+    assert_eq!(snap["apiVersion"], "snapshot.storage.k8s.io/v1");
+    assert_eq!(snap["kind"], "VolumeSnapshot");
+    assert_eq!(snap["metadata"]["name"], "nightly-20261202030000");
+    assert_eq!(snap["metadata"]["ownerReferences"][0]["uid"], "uid-s");
+    assert_eq!(
+        snap["spec"],
+        json!({"source": {"persistentVolumeClaimName": "web1"},
+               "volumeSnapshotClassName": "csi-snapclass"})
+    );
+    let claim = s.server.expect("POST", PVCS, Reply::Echo).await.body;
+    assert_eq!(claim["metadata"]["name"], "nightly-20261202030000-src");
+    assert_eq!(
+        claim["spec"]["dataSource"],
+        json!({"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",
+               "name": "nightly-20261202030000"})
+    );
+    assert_eq!(claim["spec"]["volumeMode"], "Block");
+    assert_eq!(claim["spec"]["storageClassName"], "fast");
+    assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "20Gi");
+    let created = s.server.expect("POST", BACKUPS, Reply::Echo).await.body;
+    assert_eq!(created["spec"]["sourcePVC"], "nightly-20261202030000-src");
+    assert_eq!(created["spec"]["sourceId"], "vms/web1");
+    assert_eq!(
+        created["metadata"]["annotations"]["ferry.dev/volume-snapshot"],
+        "nightly-20261202030000"
+    );
+    let seen = s
+        .server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = seen.body["status"].clone();
+    s.server.expect_event(NS).await;
+    finish(task).await;
+    s.server.done().await;
+
+    // The Backup failed: recorded, the claim and the snapshot deleted, waiting again.
+    s.set("2026-12-02T03:30:00Z");
+    let object = with_status(&object, &json!({ "status": status }));
+    let mut failed = scheduled_backup(
+        "nightly-20261202030000",
+        "Failed",
+        json!({"message": "backup no_space: the repository's volume is full",
+               "completionTime": "2026-12-02T03:10:00Z"}),
+    );
+    failed["spec"]["sourcePVC"] = json!("nightly-20261202030000-src");
+    failed["metadata"]["annotations"] =
+        json!({"ferry.dev/volume-snapshot": "nightly-20261202030000"});
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, vec![failed]).await;
+    s.server
+        .expect(
+            "DELETE",
+            &format!("{PVCS}/nightly-20261202030000-src"),
+            Reply::Deleted,
+        )
+        .await;
+    s.server
+        .expect(
+            "DELETE",
+            &format!("{SNAPSHOTS}/nightly-20261202030000"),
+            Reply::NotFound,
+        )
+        .await;
+    let event = s.server.expect_event(NS).await.body;
+    assert_eq!(event["reason"], "BackupFailed");
+    assert!(event["note"].as_str().unwrap().contains("no_space"));
+    let seen = s
+        .server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = &seen.body["status"];
+    assert_eq!(status["lastResult"], "Failed");
+    assert!(status.get("lastSnapshot").is_none());
+    assert_eq!(
+        synchronizing(status),
+        ("False".into(), "WaitingForSchedule".into())
+    );
+    finish(task).await;
+    s.server.done().await;
+}
+
+/// A bad cron expression and a missing repository: Synchronizing False, InvalidSpec,
+/// saying what to fix; nothing fires.
+#[tokio::test]
+async fn invalid_schedules_say_what_to_fix() {
+    let mut s = Sched::new("2026-12-02T03:00:05Z");
+    let mut object = schedule_json(None);
+    object["spec"]["trigger"]["schedule"] = json!("61 3 * * *");
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    let seen = s
+        .server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = &seen.body["status"];
+    assert_eq!(
+        synchronizing(status),
+        ("False".into(), "InvalidSpec".into())
+    );
+    let message = status["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("spec.trigger: cron '61 3 * * *' is not valid"),
+        "{message}"
+    );
+    assert_eq!(s.server.expect_event(NS).await.body["type"], "Warning");
+    assert_eq!(finish(task).await, Action::await_change());
+    s.server.done().await;
+
+    let mut s = Sched::new("2026-12-02T03:00:05Z");
+    let object = schedule_json(None);
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    s.server.expect("GET", REPO, Reply::NotFound).await;
+    let seen = s
+        .server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = &seen.body["status"];
+    assert_eq!(
+        synchronizing(status),
+        ("False".into(), "InvalidSpec".into())
+    );
+    assert_eq!(
+        status["message"],
+        "spec.repository: BackupRepository 'site-a' does not exist in namespace vms: create it, or fix the name"
+    );
+    s.server.expect_event(NS).await;
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(60)));
+    s.server.done().await;
+}
