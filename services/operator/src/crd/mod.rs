@@ -16,7 +16,8 @@ use kube::CustomResourceExt;
 
 pub use checksum::{Checksum, ChecksumSpec, ChecksumStatus};
 pub use endpoint::{
-    AccessMode, Endpoint, IscsiOptions, NbdOptions, NfsOptions, PvcRef, PvcTemplate, S3Options,
+    AccessMode, Endpoint, HttpHeader, HttpOptions, IscsiOptions, NbdOptions, NfsOptions, PvcRef,
+    PvcTemplate, S3Options,
     SecretKeyRef, Target, TargetKey, VolumeMode,
 };
 pub use options::{

@@ -299,6 +299,7 @@ fn record_round_trip_to_proto() {
         message: String::new(),
         checkpoint: None,
         targets: Vec::new(),
+        source_version: None,
     };
     let job = job_to_proto(&rec);
     assert_eq!(job.state, proto::JobState::Succeeded as i32);
@@ -423,6 +424,7 @@ fn typed_options_survive_the_store() {
         message: String::new(),
         checkpoint: None,
         targets: Vec::new(),
+        source_version: None,
     };
     let stored = serde_json::to_string(&record).unwrap();
     let loaded: JobRecord = serde_json::from_str(&stored).unwrap();
