@@ -234,7 +234,7 @@ impl Source for HttpSource {
             efficient_zero: false,
             trim: false,
             random_write: false,
-            rewrite: false,
+            rewrite: true,
             read_while_writing: true,
             multi_conn: ranges,
             sequential_read: !ranges,
