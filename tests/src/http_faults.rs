@@ -165,17 +165,35 @@ async fn serve(mut stream: TcpStream, data: &[u8], fault: Fault, n: usize) -> st
     if after_probe {
         match fault {
             Fault::UnavailableFirst { count } if n <= count + 2 => {
-                return respond(&mut stream, "503 Service Unavailable", &["Content-Length: 0".into()], b"").await
+                return respond(
+                    &mut stream,
+                    "503 Service Unavailable",
+                    &["Content-Length: 0".into()],
+                    b"",
+                )
+                .await
             }
             Fault::AlwaysFails => {
-                return respond(&mut stream, "500 Internal Server Error", &["Content-Length: 0".into()], b"").await
+                return respond(
+                    &mut stream,
+                    "500 Internal Server Error",
+                    &["Content-Length: 0".into()],
+                    b"",
+                )
+                .await
             }
             _ => {}
         }
     }
     if let (Fault::ChangesAfter { .. }, Some(wanted)) = (fault, &req.if_match) {
         if wanted != etag {
-            return respond(&mut stream, "412 Precondition Failed", &["Content-Length: 0".into()], b"").await;
+            return respond(
+                &mut stream,
+                "412 Precondition Failed",
+                &["Content-Length: 0".into()],
+                b"",
+            )
+            .await;
         }
     }
     let common = vec![
@@ -202,7 +220,10 @@ async fn serve(mut stream: TcpStream, data: &[u8], fault: Fault, n: usize) -> st
         return respond(
             &mut stream,
             "416 Range Not Satisfiable",
-            &[format!("Content-Range: bytes */{size}"), "Content-Length: 0".into()],
+            &[
+                format!("Content-Range: bytes */{size}"),
+                "Content-Length: 0".into(),
+            ],
             b"",
         )
         .await;
@@ -217,7 +238,11 @@ async fn serve(mut stream: TcpStream, data: &[u8], fault: Fault, n: usize) -> st
             return respond(&mut stream, "206 Partial Content", &h, &more).await;
         }
         Fault::WrongContentRange if !probe => {
-            h.push(format!("Content-Range: bytes {}-{}/{size}", first + 1, last + 1));
+            h.push(format!(
+                "Content-Range: bytes {}-{}/{size}",
+                first + 1,
+                last + 1
+            ));
         }
         _ => h.push(format!("Content-Range: bytes {first}-{last}/{size}")),
     }

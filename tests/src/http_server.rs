@@ -168,8 +168,8 @@ http {{
                 return;
             }
             if let Ok(Some(status)) = self.child.try_wait() {
-                let log = std::fs::read_to_string(self.dir.path().join("error.log"))
-                    .unwrap_or_default();
+                let log =
+                    std::fs::read_to_string(self.dir.path().join("error.log")).unwrap_or_default();
                 let mut stderr = String::new();
                 if let Some(mut e) = self.child.stderr.take() {
                     use std::io::Read;

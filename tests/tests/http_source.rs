@@ -56,14 +56,25 @@ fn copies_a_sparse_image_with_parallel_ranges() {
     let img = serve_image(&nginx, "disk.img", 64 * MIB + 4096);
     let scratch = scratch_dir();
     let out = scratch.path().join("out.img");
-    run(&["copy", "--no-progress", &nginx.url("disk.img"), s(&out)], &[]).assert_success();
+    run(
+        &["copy", "--no-progress", &nginx.url("disk.img"), s(&out)],
+        &[],
+    )
+    .assert_success();
     qemu_img_compare(&img.path, &out);
     assert_allocated_about(&out, img.nonzero_block_bytes);
 
     // Small requests: many ranged GETs in parallel, the same bytes.
     let small = scratch.path().join("small.img");
     run(
-        &["copy", "--no-progress", "--request-size", "64K", &nginx.url("disk.img"), s(&small)],
+        &[
+            "copy",
+            "--no-progress",
+            "--request-size",
+            "64K",
+            &nginx.url("disk.img"),
+            s(&small),
+        ],
         &[],
     )
     .assert_success();
@@ -89,7 +100,15 @@ fn https_needs_the_ca() {
     .assert_success();
     qemu_img_compare(&img.path, &out);
 
-    let failed = run(&["copy", "--no-progress", &url, s(&scratch.path().join("no.img"))], &[]);
+    let failed = run(
+        &[
+            "copy",
+            "--no-progress",
+            &url,
+            s(&scratch.path().join("no.img")),
+        ],
+        &[],
+    );
     let line = failed.assert_clean_failure();
     assert!(line.contains("TLS with localhost"), "{line}");
     assert!(line.contains("certificate"), "{line}");
@@ -109,14 +128,25 @@ fn basic_authentication() {
     let out = scratch.path().join("out.img");
     run(
         &["copy", "--no-progress", &url, s(&out)],
-        &[("FERRY_HTTP_USER", USER), ("FERRY_HTTP_PASSWORD_FILE", s(&pw))],
+        &[
+            ("FERRY_HTTP_USER", USER),
+            ("FERRY_HTTP_PASSWORD_FILE", s(&pw)),
+        ],
     )
     .assert_success();
     qemu_img_compare(&img.path, &out);
 
     let failed = run(
-        &["copy", "--no-progress", &url, s(&scratch.path().join("x.img"))],
-        &[("FERRY_HTTP_USER", USER), ("FERRY_HTTP_PASSWORD_FILE", s(&wrong))],
+        &[
+            "copy",
+            "--no-progress",
+            &url,
+            s(&scratch.path().join("x.img")),
+        ],
+        &[
+            ("FERRY_HTTP_USER", USER),
+            ("FERRY_HTTP_PASSWORD_FILE", s(&wrong)),
+        ],
     );
     let line = failed.assert_clean_failure();
     assert!(line.contains("refused the credentials"), "{line}");
@@ -124,12 +154,23 @@ fn basic_authentication() {
     assert!(!failed.stderr.contains("not-the-password-42"), "{failed}");
 
     let inline = format!("http://{USER}:{PASSWORD}@{}", &url["http://".len()..]);
-    let failed = run(&["copy", "--no-progress", &inline, s(&scratch.path().join("y.img"))], &[]);
+    let failed = run(
+        &[
+            "copy",
+            "--no-progress",
+            &inline,
+            s(&scratch.path().join("y.img")),
+        ],
+        &[],
+    );
     let line = failed.assert_clean_failure();
     assert!(line.contains("user information"), "{line}");
     assert!(!line.contains(PASSWORD), "{line}");
 
-    let missing = run(&["checksum", "--no-progress", &nginx.url("nothing.img")], &[]);
+    let missing = run(
+        &["checksum", "--no-progress", &nginx.url("nothing.img")],
+        &[],
+    );
     assert!(!missing.status.success(), "{missing}");
     assert!(missing.stderr.contains("no object at"), "{missing}");
 }
@@ -140,11 +181,26 @@ fn a_server_without_ranges_is_read_as_one_stream() {
     let img = serve_image(&nginx, "stream.img", 24 * MIB + 512);
     let scratch = scratch_dir();
     let out = scratch.path().join("out.img");
-    run(&["copy", "--no-progress", &nginx.url("noranges/stream.img"), s(&out)], &[])
-        .assert_success();
+    run(
+        &[
+            "copy",
+            "--no-progress",
+            &nginx.url("noranges/stream.img"),
+            s(&out),
+        ],
+        &[],
+    )
+    .assert_success();
     qemu_img_compare(&img.path, &out);
     assert_allocated_about(&out, img.nonzero_block_bytes);
-    let sum = run(&["checksum", "--no-progress", &nginx.url("noranges/stream.img")], &[]);
+    let sum = run(
+        &[
+            "checksum",
+            "--no-progress",
+            &nginx.url("noranges/stream.img"),
+        ],
+        &[],
+    );
     sum.assert_success();
     assert!(sum.stdout.contains(&blkhash_file(&img.path)), "{sum}");
 }
@@ -155,17 +211,38 @@ fn redirects_are_followed_within_limits() {
     let img = serve_image(&nginx, "moved.img", 4 * MIB);
     let scratch = scratch_dir();
     let out = scratch.path().join("out.img");
-    run(&["copy", "--no-progress", &nginx.url("redirect/moved.img"), s(&out)], &[])
-        .assert_success();
+    run(
+        &[
+            "copy",
+            "--no-progress",
+            &nginx.url("redirect/moved.img"),
+            s(&out),
+        ],
+        &[],
+    )
+    .assert_success();
     qemu_img_compare(&img.path, &out);
 
-    let looped = run(&["copy", "--no-progress", &nginx.url("loop/moved.img"), s(&scratch.path().join("l.img"))], &[]);
+    let looped = run(
+        &[
+            "copy",
+            "--no-progress",
+            &nginx.url("loop/moved.img"),
+            s(&scratch.path().join("l.img")),
+        ],
+        &[],
+    );
     let line = looped.assert_clean_failure();
     assert!(line.contains("more than 10 redirects"), "{line}");
 
     let ca = nginx.ca_file();
     let down = run(
-        &["copy", "--no-progress", &nginx.https_url("to-http/moved.img"), s(&scratch.path().join("d.img"))],
+        &[
+            "copy",
+            "--no-progress",
+            &nginx.https_url("to-http/moved.img"),
+            s(&scratch.path().join("d.img")),
+        ],
         &[("FERRY_HTTP_CA_FILE", s(&ca))],
     );
     let line = down.assert_clean_failure();
@@ -178,9 +255,29 @@ fn qcow2_and_compressed_images_over_http() {
     let raw = serve_image(&nginx, "disk.raw", 32 * MIB);
     let root = nginx.root();
     let qcow2 = root.join("disk.qcow2");
-    sh("qemu-utils", "qemu-img", &["convert", "-f", "raw", "-O", "qcow2", s(&raw.path), s(&qcow2)]);
-    std::fs::write(root.join("disk.raw.xz"), sh("xz-utils", "xz", &["-T2", "-c", s(&raw.path)])).unwrap();
-    std::fs::write(root.join("disk.raw.gz"), sh("gzip", "gzip", &["-c", s(&raw.path)])).unwrap();
+    sh(
+        "qemu-utils",
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "qcow2",
+            s(&raw.path),
+            s(&qcow2),
+        ],
+    );
+    std::fs::write(
+        root.join("disk.raw.xz"),
+        sh("xz-utils", "xz", &["-T2", "-c", s(&raw.path)]),
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("disk.raw.gz"),
+        sh("gzip", "gzip", &["-c", s(&raw.path)]),
+    )
+    .unwrap();
     let scratch = scratch_dir();
     for name in ["disk.qcow2", "disk.raw.xz", "disk.raw.gz"] {
         let out = scratch.path().join(format!("{name}.out"));
@@ -190,7 +287,16 @@ fn qcow2_and_compressed_images_over_http() {
     }
     // qcow2 from a server without ranges: the format reads it through the stream.
     let out = scratch.path().join("noranges.out");
-    run(&["copy", "--no-progress", &nginx.url("noranges/disk.raw.xz"), s(&out)], &[]).assert_success();
+    run(
+        &[
+            "copy",
+            "--no-progress",
+            &nginx.url("noranges/disk.raw.xz"),
+            s(&out),
+        ],
+        &[],
+    )
+    .assert_success();
     qemu_img_compare(&raw.path, &out);
 }
 
@@ -217,14 +323,31 @@ fn object(len: usize) -> Vec<u8> {
 }
 
 /// Copies from a fault server in 256 KiB requests; returns the run and the target.
-async fn copy_from(fault: Fault) -> (ferry_tests::bin::Run, FaultServer, PathBuf, tempfile::TempDir, Vec<u8>) {
+async fn copy_from(
+    fault: Fault,
+) -> (
+    ferry_tests::bin::Run,
+    FaultServer,
+    PathBuf,
+    tempfile::TempDir,
+    Vec<u8>,
+) {
     let data = object(3 * MIB as usize + 100);
     let server = FaultServer::start(data.clone(), fault).await;
     let scratch = scratch_dir();
     let out = scratch.path().join("out.img");
     let url = server.url();
-    let args = ["copy", "--no-progress", "--request-size", "256K", "--workers", "2", &url, s(&out)]
-        .map(String::from);
+    let args = [
+        "copy",
+        "--no-progress",
+        "--request-size",
+        "256K",
+        "--workers",
+        "2",
+        &url,
+        s(&out),
+    ]
+    .map(String::from);
     let run = tokio::task::spawn_blocking(move || {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         run(&args, &[("FERRY_HTTP_ATTEMPTS", "4")])
@@ -260,7 +383,10 @@ async fn fault_server_cases() {
     ] {
         let (r, _s, _out, _d, _) = copy_from(fault).await;
         let line = r.assert_clean_failure();
-        assert!(line.contains("changed during the copy"), "{fault:?}: {line}");
+        assert!(
+            line.contains("changed during the copy"),
+            "{fault:?}: {line}"
+        );
         if matches!(fault, Fault::ChangesIgnoringIfMatch { .. }) {
             assert!(line.contains("ETag \"v1\" -> \"v2\""), "{line}");
         }

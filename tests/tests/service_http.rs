@@ -81,7 +81,10 @@ fn http_source(url: &str) -> Option<Endpoint> {
 }
 
 fn assert_no_secret(what: &str, text: &str) {
-    assert!(!text.contains(PASSWORD), "the password shows in {what}: {text}");
+    assert!(
+        !text.contains(PASSWORD),
+        "the password shows in {what}: {text}"
+    );
     assert!(
         !text.contains("ferry-query-secret"),
         "the URL query shows in {what}: {text}"
@@ -91,7 +94,13 @@ fn assert_no_secret(what: &str, text: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_read_http_with_a_password_by_reference() {
     let nginx = Nginx::start();
-    let img = images::make(&nginx.root().join("private/disk.img"), Pattern::HalfData, 24 * MIB, 3).unwrap();
+    let img = images::make(
+        &nginx.root().join("private/disk.img"),
+        Pattern::HalfData,
+        24 * MIB,
+        3,
+    )
+    .unwrap();
     let s = setup();
     let server = s.serve("data");
     let mut client = connect(server.grpc).await;
@@ -111,7 +120,12 @@ async fn jobs_read_http_with_a_password_by_reference() {
         .into_inner();
     let id = started.job.unwrap().id;
     let job = wait_terminal(&mut client, &id, LIMIT).await;
-    assert_eq!(state(&job), JobState::Succeeded, "{job:?}\n{}", server.stderr());
+    assert_eq!(
+        state(&job),
+        JobState::Succeeded,
+        "{job:?}\n{}",
+        server.stderr()
+    );
     qemu_img_compare(&img.path, &target);
     assert_no_secret("the job", &format!("{job:?}"));
     let listed = client
@@ -137,7 +151,9 @@ async fn jobs_read_http_with_a_password_by_reference() {
     // A wrong password: a clear failure that names neither secret.
     std::fs::write(s.secrets.join("wrong"), "wrong-password-777\n").unwrap();
     let mut source = http_source(&nginx.url("private/disk.img"));
-    if let Some(proto::endpoint::Options::Http(h)) = source.as_mut().and_then(|e| e.options.as_mut()) {
+    if let Some(proto::endpoint::Options::Http(h)) =
+        source.as_mut().and_then(|e| e.options.as_mut())
+    {
         h.password = Some(file("wrong"));
     }
     let started = client
@@ -168,7 +184,10 @@ async fn jobs_read_http_with_a_password_by_reference() {
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
 
     let metrics = scrape_metrics(server.metrics.expect("metrics address")).await;
-    assert!(metrics.contains("\"http\""), "no http label in the metrics:\n{metrics}");
+    assert!(
+        metrics.contains("\"http\""),
+        "no http label in the metrics:\n{metrics}"
+    );
     assert_no_secret("the metrics", &metrics);
     assert_no_secret("the server log", &server.stderr());
 }
@@ -214,7 +233,13 @@ async fn a_resumed_job_reads_the_same_version_or_fails() {
         limit_rate: Some("512k".into()),
     });
     let size = 48 * MIB;
-    let img = images::make(&nginx.root().join("private/big.img"), Pattern::HalfData, size, 9).unwrap();
+    let img = images::make(
+        &nginx.root().join("private/big.img"),
+        Pattern::HalfData,
+        size,
+        9,
+    )
+    .unwrap();
     let url = nginx.url("private/big.img");
 
     // Same object after the restart: the job resumes and the bytes are right.
@@ -224,7 +249,12 @@ async fn a_resumed_job_reads_the_same_version_or_fails() {
     let server = s.serve("data");
     let mut client = connect(server.grpc).await;
     let job = wait_terminal(&mut client, &id, LIMIT).await;
-    assert_eq!(state(&job), JobState::Succeeded, "{job:?}\n{}", server.stderr());
+    assert_eq!(
+        state(&job),
+        JobState::Succeeded,
+        "{job:?}\n{}",
+        server.stderr()
+    );
     qemu_img_compare(&img.path, &target);
     drop(server);
 
@@ -242,7 +272,12 @@ async fn a_resumed_job_reads_the_same_version_or_fails() {
     let server = s.serve("data");
     let mut client = connect(server.grpc).await;
     let job = wait_terminal(&mut client, &id, LIMIT).await;
-    assert_eq!(state(&job), JobState::Failed, "{job:?}\n{}", server.stderr());
+    assert_eq!(
+        state(&job),
+        JobState::Failed,
+        "{job:?}\n{}",
+        server.stderr()
+    );
     let text = format!("{job:?}");
     assert!(text.contains("changed since the job started"), "{text}");
     assert_no_secret("the job", &text);

@@ -433,10 +433,7 @@ fn parse_http(text: &str) -> Result<HttpSpec> {
             Some((base, _)) => format!("{base}?***"),
             None => text.to_string(),
         };
-        Error::invalid_input(format!(
-            "invalid URL '{}': {e}",
-            redact_userinfo(&shown)
-        ))
+        Error::invalid_input(format!("invalid URL '{}': {e}", redact_userinfo(&shown)))
     })?;
     if !url.username().is_empty() || url.password().is_some() {
         return Err(Error::invalid_input(format!(

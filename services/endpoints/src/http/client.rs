@@ -141,10 +141,7 @@ impl Client {
         match tokio::time::timeout(self.read_timeout, self.hyper.request(request)).await {
             Err(_) => Err(Failure::transient(Error::new(
                 ErrorKind::Timeout,
-                format!(
-                    "{host} did not answer within {:?}",
-                    self.read_timeout
-                ),
+                format!("{host} did not answer within {:?}", self.read_timeout),
             ))),
             Ok(Err(e)) => Err(error::transport(e, &host)),
             Ok(Ok(response)) => Ok(response),
@@ -273,7 +270,13 @@ mod tests {
         assert_eq!(h[0].1.to_str().unwrap(), "Basic YWxpY2U6cHc=");
         assert!(h[0].1.is_sensitive());
         let url = Url::parse("https://a.example/x").unwrap();
-        assert_eq!(Origin::of(&url), Origin::of(&Url::parse("https://A.example:443/y").unwrap()));
-        assert_ne!(Origin::of(&url), Origin::of(&Url::parse("http://a.example/x").unwrap()));
+        assert_eq!(
+            Origin::of(&url),
+            Origin::of(&Url::parse("https://A.example:443/y").unwrap())
+        );
+        assert_ne!(
+            Origin::of(&url),
+            Origin::of(&Url::parse("http://a.example/x").unwrap())
+        );
     }
 }

@@ -118,10 +118,7 @@ impl HttpOptions {
             o.client_cert_pem = Some(read_file("FERRY_HTTP_CLIENT_CERT_FILE", &path)?);
         }
         if let Some(path) = get("FERRY_HTTP_CLIENT_KEY_FILE") {
-            o.client_key_pem = Some(Secret::new(read_file(
-                "FERRY_HTTP_CLIENT_KEY_FILE",
-                &path,
-            )?));
+            o.client_key_pem = Some(Secret::new(read_file("FERRY_HTTP_CLIENT_KEY_FILE", &path)?));
         }
         o.connect_timeout = seconds(get, "FERRY_HTTP_CONNECT_TIMEOUT")?;
         o.read_timeout = seconds(get, "FERRY_HTTP_READ_TIMEOUT")?;

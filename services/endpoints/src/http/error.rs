@@ -124,6 +124,9 @@ pub(super) fn transport(err: hyper_util::client::legacy::Error, host: &str) -> F
 pub(super) fn body(err: hyper::Error, done: usize, len: usize) -> Failure {
     Failure::transient(Error::new(
         ErrorKind::Disconnected,
-        format!("the response body broke off after {done} of {len} bytes: {}", chain(&err)),
+        format!(
+            "the response body broke off after {done} of {len} bytes: {}",
+            chain(&err)
+        ),
     ))
 }

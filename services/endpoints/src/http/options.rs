@@ -136,6 +136,9 @@ mod tests {
         for s in ["pw-hunter2", "tok-abc", "key-xyz", "PRIVATE-KEY-PEM"] {
             assert!(!text.contains(s), "{s} in {text}");
         }
-        assert!(text.contains("alice") && text.contains("X-Api-Key"), "{text}");
+        assert!(
+            text.contains("alice") && text.contains("X-Api-Key"),
+            "{text}"
+        );
     }
 }

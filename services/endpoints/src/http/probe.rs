@@ -1,7 +1,9 @@
 //! Opening an HTTP object: its size, its version and whether ranges work, from a HEAD
 //! and a `Range: bytes=0-0` GET (or only the GET when HEAD is not allowed).
 
-use ferry_core::http_headers::{parse_content_length, parse_content_range, parse_unsatisfied_range};
+use ferry_core::http_headers::{
+    parse_content_length, parse_content_range, parse_unsatisfied_range,
+};
 use ferry_core::{Error, ErrorKind};
 use http::header::{ACCEPT_RANGES, CONTENT_LENGTH, CONTENT_RANGE};
 use http::{HeaderMap, Method, StatusCode};
@@ -48,7 +50,12 @@ pub(super) async fn probe(client: &Client, url: &Url, shown: &str) -> Attempt<Pr
             let none = h
                 .get(ACCEPT_RANGES)
                 .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"none"));
-            (content_length(h), Validator::from_headers(h), none, final_url)
+            (
+                content_length(h),
+                Validator::from_headers(h),
+                none,
+                final_url,
+            )
         } else if matches!(status.as_u16(), 404 | 410 | 401 | 403 | 407)
             || status.is_server_error()
             || status == StatusCode::TOO_MANY_REQUESTS

@@ -70,8 +70,12 @@ impl Inner {
         if !failure.transient || *attempt >= self.attempts {
             let error = failure.error;
             if failure.transient && self.attempts > 1 {
-                let message = format!("{} (gave up after {} attempts)", error.message(), self.attempts);
-                return Err(Error::new(error.kind(), message).with_source(error));
+                let message = format!(
+                    "{} (gave up after {} attempts)",
+                    error.message(),
+                    self.attempts
+                );
+                return Err(Error::new(error.kind(), message));
             }
             return Err(error);
         }
@@ -119,7 +123,9 @@ impl Inner {
             .get(CONTENT_RANGE)
             .and_then(|v| parse_content_range(v.as_bytes()));
         match range {
-            Some(r) if r.start == offset && r.end == last && r.total.is_none_or(|t| t == self.size) => {}
+            Some(r)
+                if r.start == offset && r.end == last && r.total.is_none_or(|t| t == self.size) => {
+            }
             Some(r) => {
                 return Err(Failure::fatal(Error::protocol(format!(
                     "asked for bytes {offset}-{last} of {}, the server answered bytes {}-{}/{}",
@@ -195,7 +201,11 @@ impl HttpSource {
                 .with_endpoint(shown));
             }
         }
-        inner.conditions = found.validator.iter().filter_map(Validator::condition).collect();
+        inner.conditions = found
+            .validator
+            .iter()
+            .filter_map(Validator::condition)
+            .collect();
         inner.size = found.size;
         inner.ranges = found.ranges;
         inner.validator = found.validator;
@@ -266,7 +276,12 @@ impl Source for HttpSource {
             let result = if inner.ranges {
                 inner.fetch(offset, &mut buf).await
             } else {
-                inner.stream.lock().await.read(inner, offset, &mut buf).await
+                inner
+                    .stream
+                    .lock()
+                    .await
+                    .read(inner, offset, &mut buf)
+                    .await
             };
             match result {
                 Ok(()) => return Ok(buf),

@@ -44,9 +44,8 @@ pub(super) fn client_config(options: &HttpOptions) -> Result<ClientConfig> {
         (Some(cert), Some(key)) => {
             let chain = certificates("client certificate", cert)?;
             // The parser's error never quotes the key.
-            let key = PrivateKeyDer::from_pem_slice(key.expose().as_bytes()).map_err(|_| {
-                Error::invalid_input("the client key is not a PEM private key")
-            })?;
+            let key = PrivateKeyDer::from_pem_slice(key.expose().as_bytes())
+                .map_err(|_| Error::invalid_input("the client key is not a PEM private key"))?;
             builder.with_client_auth_cert(chain, key).map_err(|e| {
                 Error::invalid_input(format!(
                     "the client certificate and key cannot be used together: {e}"

@@ -60,7 +60,10 @@ pub struct S3Options {
 #[serde(rename_all = "camelCase")]
 pub struct HttpHeader {
     /// Header name, for example `X-Api-Key`.
-    #[schemars(length(min = 1, max = 256), regex(pattern = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"))]
+    #[schemars(
+        length(min = 1, max = 256),
+        regex(pattern = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+    )]
     pub name: String,
     /// The Secret key holding its value.
     pub value_from: SecretKeyRef,
@@ -337,10 +340,16 @@ impl Endpoint {
 
 fn validate_http(field: &str, http: &HttpOptions) -> Result<(), ValidationError> {
     if http.password.is_some() && http.user.is_none() {
-        return Err(invalid(&format!("{field}.password"), "a password needs a user"));
+        return Err(invalid(
+            &format!("{field}.password"),
+            "a password needs a user",
+        ));
     }
     if http.user.as_deref().is_some_and(|u| u.contains(':')) {
-        return Err(invalid(&format!("{field}.user"), "a user name cannot contain ':'"));
+        return Err(invalid(
+            &format!("{field}.user"),
+            "a user name cannot contain ':'",
+        ));
     }
     if http.bearer_token.is_some() && (http.user.is_some() || http.password.is_some()) {
         return Err(invalid(

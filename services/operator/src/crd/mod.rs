@@ -17,8 +17,7 @@ use kube::CustomResourceExt;
 pub use checksum::{Checksum, ChecksumSpec, ChecksumStatus};
 pub use endpoint::{
     AccessMode, Endpoint, HttpHeader, HttpOptions, IscsiOptions, NbdOptions, NfsOptions, PvcRef,
-    PvcTemplate, S3Options,
-    SecretKeyRef, Target, TargetKey, VolumeMode,
+    PvcTemplate, S3Options, SecretKeyRef, Target, TargetKey, VolumeMode,
 };
 pub use options::{
     CacheMode, ChecksumOptions, CommitOrder, HashAlgorithm, ImageFormat, Preallocation,

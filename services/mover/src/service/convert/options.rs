@@ -364,9 +364,7 @@ pub fn open_spec(
         (EndpointSpec::Nbd(s), Some(Options::Nbd(o))) if !o.tls_certificates_dir.is_empty() => {
             s.tls_certificates = Some(o.tls_certificates_dir.clone().into());
         }
-        (EndpointSpec::S3(_), Some(Options::S3(o))) => {
-            settings.s3 = s3_options(what, o, secrets)?
-        }
+        (EndpointSpec::S3(_), Some(Options::S3(o))) => settings.s3 = s3_options(what, o, secrets)?,
         (EndpointSpec::Http(_), Some(Options::Http(o))) => {
             settings.http = http_options(what, o, secrets)?
         }
@@ -381,7 +379,9 @@ pub fn shown_url(url: &str) -> String {
     match EndpointSpec::parse(url) {
         Ok(spec @ EndpointSpec::Http(_)) => spec.to_string(),
         _ => match url.split_once("://") {
-            Some((scheme, _)) if scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https") => {
+            Some((scheme, _))
+                if scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https") =>
+            {
                 let base = url.split(['?', '#']).next().unwrap_or_default();
                 ferry_core::spec::redact_userinfo(base)
             }
@@ -442,9 +442,10 @@ pub(super) fn http_options(
                 "{what}.http.headers[{i}].name must have 1 to 256 bytes"
             )));
         }
-        let value = header.value.as_ref().ok_or_else(|| {
-            invalid(format!("{what}.http.headers[{i}].value is missing"))
-        })?;
+        let value = header
+            .value
+            .as_ref()
+            .ok_or_else(|| invalid(format!("{what}.http.headers[{i}].value is missing")))?;
         let value = secrets.resolve(&format!("{what}.http.headers[{i}].value"), value)?;
         h.headers.push((header.name.clone(), value));
     }
@@ -453,10 +454,14 @@ pub(super) fn http_options(
         resolve("client_certificate", &o.client_certificate)?.map(|s| s.expose().to_string());
     h.client_key_pem = resolve("client_key", &o.client_key)?;
     if o.connect_timeout_seconds > 0 {
-        h.connect_timeout = Some(std::time::Duration::from_secs(o.connect_timeout_seconds.min(3600).into()));
+        h.connect_timeout = Some(std::time::Duration::from_secs(
+            o.connect_timeout_seconds.min(3600).into(),
+        ));
     }
     if o.read_timeout_seconds > 0 {
-        h.read_timeout = Some(std::time::Duration::from_secs(o.read_timeout_seconds.min(3600).into()));
+        h.read_timeout = Some(std::time::Duration::from_secs(
+            o.read_timeout_seconds.min(3600).into(),
+        ));
     }
     Ok(h)
 }

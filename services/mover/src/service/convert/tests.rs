@@ -158,13 +158,14 @@ fn s3_options_are_checked_then_resolved_for_the_job() {
     let err = v.transfer(&copy("http://127.0.0.1:9000")).unwrap_err();
     assert!(err.to_string().contains("same image"), "{err}");
     let request = req(s3.clone());
-    let (spec, options) = open_spec(
+    let (spec, settings) = open_spec(
         &ok.plan.source,
         request.source.as_ref(),
         &v.secrets,
         "source",
     )
     .unwrap();
+    let options = settings.s3;
     assert_eq!(spec.to_string(), "s3://bucket/disk.img");
     assert_eq!(
         options.endpoint_url.as_deref(),
@@ -196,7 +197,7 @@ fn s3_options_are_checked_then_resolved_for_the_job() {
         "source",
     )
     .unwrap();
-    assert_eq!(options, S3Options::new());
+    assert_eq!(options.s3, S3Options::new());
 
     let bad = [
         (

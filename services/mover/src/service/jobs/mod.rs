@@ -618,7 +618,13 @@ impl Inner {
 
     /// The source version a job's first attempt pinned (see `runner::open_pinned_source`).
     fn source_version(&self, id: &str) -> Option<String> {
-        self.table.lock().jobs.get(id)?.record.source_version.clone()
+        self.table
+            .lock()
+            .jobs
+            .get(id)?
+            .record
+            .source_version
+            .clone()
     }
 
     fn cancel_token(&self, id: &str) -> Option<CancellationToken> {
