@@ -544,6 +544,17 @@ impl Target {
                 "format and allowBacking apply to the source only: targets are written raw",
             ));
         }
+        if self.endpoint.http.is_some()
+            || self.endpoint.url.as_deref().is_some_and(|u| {
+                let scheme = u.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+                matches!(scheme.as_deref(), Some("http" | "https"))
+            })
+        {
+            return Err(invalid(
+                &format!("{field}.url"),
+                "HTTP(S) endpoints are read-only: they can only be sources",
+            ));
+        }
         match &self.pvc_template {
             None => self.endpoint.validate(field),
             Some(template) => {
@@ -591,10 +602,52 @@ mod tests {
             "nfs://server/export/disk.img",
             "iscsi://host:3260/iqn.2024-01.dev.ferry:t/0",
             "s3://bucket/images/disk.qcow2",
+            "https://images.example/disk.qcow2?X-Amz-Signature=abc",
+            "http://10.0.0.1:8080/disk.img",
         ] {
             Endpoint::url(url).validate("spec.source").unwrap();
         }
         Endpoint::pvc("golden").validate("spec.source").unwrap();
+    }
+
+    #[test]
+    fn http_options() {
+        let mut e = Endpoint::url("https://images.example/disk.img");
+        e.http = Some(HttpOptions {
+            user: Some("ops".into()),
+            password: Some(secret("images-http", "password")),
+            headers: vec![HttpHeader {
+                name: "X-Api-Key".into(),
+                value_from: secret("images-http", "api-key"),
+            }],
+            ca_certificates: Some(secret("images-ca", "ca.pem")),
+            ..HttpOptions::default()
+        });
+        e.validate("spec.source").unwrap();
+        assert_eq!(e.secret_refs().len(), 3);
+        let mut token_and_password = e.clone();
+        if let Some(h) = token_and_password.http.as_mut() {
+            h.bearer_token = Some(secret("images-http", "token"));
+        }
+        assert!(err(&token_and_password).contains("bearerToken"));
+        let mut bad_header = e.clone();
+        if let Some(h) = bad_header.http.as_mut() {
+            h.headers[0].name = "X Api".into();
+        }
+        assert!(err(&bad_header).starts_with("spec.source.http.headers[0].name"));
+        let mut wrong_scheme = e.clone();
+        wrong_scheme.url = Some("s3://b/k".into());
+        assert!(err(&wrong_scheme).starts_with("spec.source.http"));
+        assert!(err(&Endpoint::url("https://u:pw@h/x")).contains("password inside the URL"));
+        let target = Target {
+            endpoint: Endpoint::url("https://images.example/out.img"),
+            pvc_template: None,
+        };
+        assert!(target
+            .validate("t")
+            .unwrap_err()
+            .to_string()
+            .contains("read-only"));
     }
 
     #[test]
