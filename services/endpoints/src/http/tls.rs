@@ -40,7 +40,8 @@ pub(super) fn client_config(options: &HttpOptions) -> Result<ClientConfig> {
         .with_safe_default_protocol_versions()
         .map_err(|e| Error::internal(format!("TLS setup: {e}")))?
         .with_root_certificates(roots);
-    let mut config = match (&options.client_cert_pem, &options.client_key_pem) {
+    // ALPN is set by the connector (hyper-rustls refuses a preset one).
+    let config = match (&options.client_cert_pem, &options.client_key_pem) {
         (Some(cert), Some(key)) => {
             let chain = certificates("client certificate", cert)?;
             // The parser's error never quotes the key.
@@ -59,6 +60,5 @@ pub(super) fn client_config(options: &HttpOptions) -> Result<ClientConfig> {
             ))
         }
     };
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(config)
 }
