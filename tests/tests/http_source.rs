@@ -281,7 +281,14 @@ fn qcow2_and_compressed_images_over_http() {
     let scratch = scratch_dir();
     for name in ["disk.qcow2", "disk.raw.xz", "disk.raw.gz"] {
         let out = scratch.path().join(format!("{name}.out"));
-        run(&["copy", "--no-progress", &nginx.url(name), s(&out)], &[]).assert_success();
+        let mut args = vec!["copy", "--no-progress"];
+        if name.ends_with(".gz") {
+            // gzip does not record the size: a first pass over the stream counts it.
+            args.push("--prescan");
+        }
+        let url = nginx.url(name);
+        args.extend([url.as_str(), s(&out)]);
+        run(&args, &[]).assert_success();
         qemu_img_compare(&raw.path, &out);
         assert_allocated_about(&out, raw.nonzero_block_bytes);
     }

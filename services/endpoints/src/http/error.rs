@@ -101,7 +101,21 @@ fn chain(err: &(dyn StdError + 'static)) -> String {
 /// A request that got no answer: TLS trouble is final (retrying will not make the
 /// certificate trusted), connection trouble is transient.
 pub(super) fn transport(err: hyper_util::client::legacy::Error, host: &str) -> Failure {
-    if let Some(tls) = tls_cause(&err) {
+    // The connector boxes its errors, so the rustls error is not always reachable by type:
+    // its text says it too.
+    let text = chain(&err);
+    let tls = tls_cause(&err).or_else(|| {
+        [
+            "peer certificate",
+            "certificate verify",
+            "tls handshake",
+            "received fatal alert",
+        ]
+        .iter()
+        .any(|m| text.to_ascii_lowercase().contains(m))
+        .then(|| text.clone())
+    });
+    if let Some(tls) = tls {
         return Failure::fatal(Error::new(
             ErrorKind::PermissionDenied,
             format!(
@@ -116,7 +130,7 @@ pub(super) fn transport(err: hyper_util::client::legacy::Error, host: &str) -> F
     };
     Failure::transient(Error::new(
         ErrorKind::Disconnected,
-        format!("{what}: {}", chain(&err)),
+        format!("{what}: {text}"),
     ))
 }
 
