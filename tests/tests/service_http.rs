@@ -118,7 +118,7 @@ async fn jobs_read_http_with_a_password_by_reference() {
         .await
         .expect("start transfer")
         .into_inner();
-    let id = started.job.unwrap().id;
+    let id = started.id;
     let job = wait_terminal(&mut client, &id, LIMIT).await;
     assert_eq!(
         state(&job),
@@ -143,7 +143,7 @@ async fn jobs_read_http_with_a_password_by_reference() {
         .await
         .expect("start checksum")
         .into_inner();
-    let job = wait_terminal(&mut client, &sum.job.unwrap().id, LIMIT).await;
+    let job = wait_terminal(&mut client, &sum.id, LIMIT).await;
     assert_eq!(state(&job), JobState::Succeeded, "{job:?}");
     let text = format!("{job:?}");
     assert!(text.contains(&blkhash_file(&img.path)), "{text}");
@@ -165,7 +165,7 @@ async fn jobs_read_http_with_a_password_by_reference() {
         .await
         .expect("start transfer")
         .into_inner();
-    let job = wait_terminal(&mut client, &started.job.unwrap().id, LIMIT).await;
+    let job = wait_terminal(&mut client, &started.id, LIMIT).await;
     assert_eq!(state(&job), JobState::Failed, "{job:?}");
     let text = format!("{job:?}");
     assert!(text.contains("refused the credentials"), "{text}");
@@ -175,7 +175,7 @@ async fn jobs_read_http_with_a_password_by_reference() {
     // HTTP is read-only: a target is refused up front.
     let err = client
         .start_transfer(StartTransferRequest {
-            source: endpoint(img.path.display().to_string()),
+            source: endpoint(target.display().to_string()),
             target: endpoint(nginx.url("x.img")),
             ..Default::default()
         })
@@ -205,7 +205,7 @@ async fn start_and_kill(s: &Setup, url: &str, target: &Path) -> String {
         .await
         .expect("start transfer")
         .into_inner();
-    let id = started.job.unwrap().id;
+    let id = started.id;
     let t0 = Instant::now();
     loop {
         let job = client
