@@ -700,7 +700,7 @@ mod tests {
         assert!(!err.to_string().contains("hunter2"), "{err}");
         assert!(err.to_string().contains("user information"), "{err}");
         assert!(EndpointSpec::parse("http://bob@h/x").is_err());
-        assert!(EndpointSpec::parse("http:///x").is_err());
+        assert!(EndpointSpec::parse("http://").is_err());
     }
 
     #[test]
