@@ -61,8 +61,8 @@ pub enum EndpointOptions {
     S3(S3Options),
     /// `NbdOptions`.
     Nbd { tls_certificates_dir: String },
-    /// `HttpOptions`.
-    Http(HttpOptions),
+    /// `HttpOptions` (boxed: it is the largest by far).
+    Http(Box<HttpOptions>),
 }
 
 /// `HttpOptions`.
@@ -274,7 +274,7 @@ pub fn wire_endpoint(e: &Endpoint, pvcs: &[ResolvedPvc]) -> Result<WireEndpoint,
             force_path_style: s3.force_path_style.unwrap_or(false),
         }))
     } else if let Some(http) = &e.http {
-        Some(EndpointOptions::Http(HttpOptions {
+        Some(EndpointOptions::Http(Box::new(HttpOptions {
             user: http.user.clone().unwrap_or_default(),
             password: http.password.as_ref().map(file),
             bearer_token: http.bearer_token.as_ref().map(file),
@@ -286,7 +286,7 @@ pub fn wire_endpoint(e: &Endpoint, pvcs: &[ResolvedPvc]) -> Result<WireEndpoint,
             ca_certificates: http.ca_certificates.as_ref().map(file),
             client_certificate: http.client_certificate.as_ref().map(file),
             client_key: http.client_key.as_ref().map(file),
-        }))
+        })))
     } else if let Some(iscsi) = &e.iscsi {
         Some(EndpointOptions::Iscsi {
             user: iscsi.user.clone().unwrap_or_default(),
