@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 # Debian packages the tests need: test servers and peers. One list; add yours here.
 # buildah builds and runs the container image test (tests/tests/container_image.rs).
 # gzip, xz-utils and zstd (zstd and pzstd) make the compressed images of the format tests.
-PACKAGES="qemu-utils nbdkit libnbd-bin util-linux coreutils nfs-ganesha nfs-ganesha-vfs rpcbind tgt buildah gzip xz-utils zstd"
+PACKAGES="qemu-utils nbdkit libnbd-bin util-linux coreutils nfs-ganesha nfs-ganesha-vfs rpcbind tgt buildah gzip xz-utils zstd nginx openssl"
 
 lint=1
 runner_args=()

@@ -2,7 +2,8 @@
 //! the results ([`check`]), running the binary under test ([`bin`]) and the job service
 //! ([`service_support`]), opening endpoints by URL ([`copying`]), and the real servers the
 //! tests run against: NBD ([`nbd_servers`]), NFS ([`nfs_server`]), iSCSI
-//! ([`iscsi_server`]) and S3 ([`s3_server`]). In-memory endpoints and the conformance
+//! ([`iscsi_server`]), S3 ([`s3_server`]), HTTP(S) ([`http_server`], nginx) and a
+//! misbehaving HTTP server ([`http_faults`]). In-memory endpoints and the conformance
 //! suite are in ferry-testkit.
 //!
 //! The integration tests in `tests/tests/` use these against the `ferry-e2e` binary, which
@@ -11,6 +12,8 @@
 pub mod bin;
 pub mod check;
 pub mod copying;
+pub mod http_faults;
+pub mod http_server;
 pub mod images;
 pub mod iscsi_server;
 pub mod nbd_servers;

@@ -1,9 +1,9 @@
 //! The conformance suite (ferry-testkit) against every endpoint, each a test against its
 //! real server: a file, a block device (a loop device), NBD (qemu-nbd), NFSv3 and NFSv4
-//! (nfs-ganesha), iSCSI (tgtd, thin and thick LUNs) and S3 (the in-process s3s-fs
-//! server). One body, [`conforms`]; only the constructors differ. Where an endpoint
-//! differs (NFSv3, block devices and thick LUNs report no extents), the suite follows its
-//! caps; the caps each endpoint must report are asserted here.
+//! (nfs-ganesha), iSCSI (tgtd, thin and thick LUNs), S3 (the in-process s3s-fs server) and,
+//! as a source only, HTTP (nginx). One body, [`conforms`]; only the constructors differ.
+//! Where an endpoint differs (NFSv3, block devices and thick LUNs report no extents), the
+//! suite follows its caps; the caps each endpoint must report are asserted here.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -256,4 +256,24 @@ async fn s3() {
         },
     );
     conforms(&image, Arc::new(s), &targets, 2 * MIN_PART_SIZE + 4097).await;
+}
+
+/// HTTP is a source only: the source half of the suite against nginx, with ranges
+/// (parallel reads) and without (one stream, restarted for reads behind it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_source() {
+    let nginx = ferry_tests::http_server::Nginx::start();
+    let image = image(SIZE);
+    std::fs::write(nginx.root().join("src.img"), &image.data).unwrap();
+    let ranged = source(&nginx.url("src.img")).await.unwrap();
+    let caps = ranged.caps();
+    assert!(
+        caps.multi_conn && !caps.sequential_read && !caps.extents,
+        "{caps:?}"
+    );
+    conformance::check_source(ranged, &image.data).await;
+    let stream = source(&nginx.url("noranges/src.img")).await.unwrap();
+    let caps = stream.caps();
+    assert!(caps.sequential_read && !caps.multi_conn, "{caps:?}");
+    conformance::check_source(stream, &image.data).await;
 }

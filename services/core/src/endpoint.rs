@@ -47,6 +47,12 @@ pub trait Source: Send + Sync + 'static {
     /// A handle for another worker.
     async fn connect(&self) -> Result<Arc<dyn Source>>;
 
+    /// The version of the content, where the endpoint can tell and pin it (an HTTP ETag):
+    /// a job stores it so that a resumed attempt reads the same version or fails.
+    fn version(&self) -> Option<String> {
+        None
+    }
+
     /// Ends the session politely (for example NBD_CMD_DISC). Default: nothing to do.
     async fn close(&self) -> Result<()> {
         Ok(())

@@ -5,11 +5,13 @@
 //! parse [`EndpointSpec`]s from URLs. This crate has no network or runtime dependencies
 //! so that it compiles in seconds and every layer can depend on it.
 
+pub mod backoff;
 mod buf;
 mod caps;
 mod endpoint;
 mod error;
 mod extent;
+pub mod http_headers;
 mod secret;
 pub mod size;
 pub mod spec;

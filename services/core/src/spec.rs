@@ -2,8 +2,10 @@
 //!
 //! `/path` or `file:///path`; `nbd://host[:port]/export`, `nbd+unix:///export?socket=PATH`
 //! (the NBD URI specification, with `nbds` for TLS); `nfs://host[:port]/path?version=3`
-//! (libnfs); `iscsi://[user[%password]@]host[:port]/IQN/LUN` (libiscsi); `s3://bucket/key`.
-//! `Display` prints the spec back as a URL with every secret redacted.
+//! (libnfs); `iscsi://[user[%password]@]host[:port]/IQN/LUN` (libiscsi); `s3://bucket/key`;
+//! `http://host[:port]/path[?query]` and `https://...` (read-only sources).
+//! `Display` prints the spec back as a URL with every secret redacted (for HTTP the query,
+//! which often carries a presigned signature, is printed as `?***`).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -72,6 +74,50 @@ pub struct S3Spec {
     pub key: String,
 }
 
+/// An object served over HTTP or HTTPS (read-only). Credentials never sit in the URL:
+/// a URL with `user:password@` is refused, they come from options.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HttpSpec {
+    /// The whole URL, as given (normalized by the URL parser), query included: use it only
+    /// to send requests, never to print; print the spec itself.
+    pub url: Url,
+}
+
+impl HttpSpec {
+    /// `https`.
+    pub fn tls(&self) -> bool {
+        self.url.scheme() == "https"
+    }
+
+    /// The URL with its query (a presigned signature, a token) replaced by `***`.
+    pub fn redacted(&self) -> String {
+        redact_http_url(&self.url)
+    }
+}
+
+impl fmt::Debug for HttpSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpSpec")
+            .field("url", &self.redacted())
+            .finish()
+    }
+}
+
+/// An HTTP(S) URL for logs and errors: no userinfo, the query and fragment as `?***`.
+pub fn redact_http_url(url: &Url) -> String {
+    let mut shown = url.clone();
+    let _ = shown.set_username("");
+    let _ = shown.set_password(None);
+    shown.set_fragment(None);
+    let had_query = shown.query().is_some_and(|q| !q.is_empty());
+    shown.set_query(None);
+    let mut text = shown.to_string();
+    if had_query {
+        text.push_str("?***");
+    }
+    text
+}
+
 /// Where an image lives.
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,9 +127,11 @@ pub enum EndpointSpec {
     Nfs(NfsSpec),
     Iscsi(IscsiSpec),
     S3(S3Spec),
+    /// `http://` or `https://` (a source only).
+    Http(HttpSpec),
 }
 
-const SCHEMES: &str = "file, nbd, nbds, nbd+unix, nbds+unix, nfs, iscsi, s3";
+const SCHEMES: &str = "file, nbd, nbds, nbd+unix, nbds+unix, nfs, iscsi, s3, http, https";
 
 impl EndpointSpec {
     /// Parses a path or URL.
@@ -100,6 +148,7 @@ impl EndpointSpec {
             "nfs" => parse_nfs(text).map(Self::Nfs),
             "iscsi" => parse_iscsi(text).map(Self::Iscsi),
             "s3" => parse_s3(text).map(Self::S3),
+            "http" | "https" => parse_http(text).map(Self::Http),
             other => Err(Error::invalid_input(format!(
                 "unknown scheme '{other}' in '{}': expected a path or one of {SCHEMES}",
                 redact_userinfo(text)
@@ -115,6 +164,8 @@ impl EndpointSpec {
             Self::Nfs(_) => "nfs",
             Self::Iscsi(_) => "iscsi",
             Self::S3(_) => "s3",
+            Self::Http(s) if s.tls() => "https",
+            Self::Http(_) => "http",
         }
     }
 
@@ -129,6 +180,11 @@ impl EndpointSpec {
             Self::Nfs(s) => Some(s.host.clone()),
             Self::Iscsi(s) => Some(format!("{}:{}", s.host, s.port)),
             Self::S3(s) => Some(format!("s3:{}", s.bucket)),
+            Self::Http(s) => Some(format!(
+                "{}:{}",
+                s.url.host_str().unwrap_or_default(),
+                s.url.port_or_known_default().unwrap_or_default()
+            )),
         }
     }
 }
@@ -371,6 +427,30 @@ fn parse_s3(text: &str) -> Result<S3Spec> {
     })
 }
 
+fn parse_http(text: &str) -> Result<HttpSpec> {
+    let url = Url::parse(text).map_err(|e| {
+        let shown = match text.split_once(['?', '#']) {
+            Some((base, _)) => format!("{base}?***"),
+            None => text.to_string(),
+        };
+        Error::invalid_input(format!("invalid URL '{}': {e}", redact_userinfo(&shown)))
+    })?;
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(Error::invalid_input(format!(
+            "HTTP URL '{}' carries user information: give the user and password through the \
+             environment (FERRY_HTTP_USER, FERRY_HTTP_PASSWORD_FILE) or the job's HTTP options",
+            redact_http_url(&url)
+        )));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(Error::invalid_input(format!(
+            "HTTP URL '{}' has no host",
+            redact_http_url(&url)
+        )));
+    }
+    Ok(HttpSpec { url })
+}
+
 /// Replaces `user[:%]password@` in a URL-ish string with `user:***@`, for error messages
 /// about URLs that did not parse.
 pub fn redact_userinfo(text: &str) -> String {
@@ -444,6 +524,7 @@ impl fmt::Display for EndpointSpec {
                 write!(f, "{}:{}/{}/{}", fmt_host(&s.host), s.port, s.iqn, s.lun)
             }
             Self::S3(s) => write!(f, "s3://{}/{}", s.bucket, s.key),
+            Self::Http(s) => f.write_str(&s.redacted()),
         }
     }
 }
@@ -587,6 +668,39 @@ mod tests {
         assert_eq!((s.bucket.as_str(), s.key.as_str()), ("bucket", "dir/a.img"));
         assert!(EndpointSpec::parse("s3://bucket").is_err());
         assert!(EndpointSpec::parse("s3:///key").is_err());
+    }
+
+    #[test]
+    fn http_urls() {
+        let EndpointSpec::Http(s) = parse("https://example.com:8443/images/a.qcow2") else {
+            panic!()
+        };
+        assert!(s.tls());
+        assert_eq!(s.url.as_str(), "https://example.com:8443/images/a.qcow2");
+        let spec = parse("http://Example.com/a.img");
+        assert_eq!(spec.kind(), "http");
+        assert_eq!(spec.host().as_deref(), Some("example.com:80"));
+        assert_eq!(spec.to_string(), "http://example.com/a.img");
+
+        let presigned = "https://h/b/k.img?X-Amz-Signature=deadbeef&X-Amz-Credential=AKID";
+        let spec = parse(presigned);
+        let EndpointSpec::Http(s) = &spec else {
+            panic!()
+        };
+        assert_eq!(s.url.as_str(), presigned);
+        for shown in [spec.to_string(), format!("{spec:?}"), s.redacted()] {
+            assert!(!shown.contains("deadbeef"), "{shown}");
+            assert!(!shown.contains("AKID"), "{shown}");
+            assert!(shown.contains("https://h/b/k.img?***"), "{shown}");
+        }
+        assert_eq!(spec.host().as_deref(), Some("h:443"));
+
+        let err = EndpointSpec::parse("https://alice:hunter2@h/x").unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+        assert!(err.to_string().contains("user information"), "{err}");
+        assert!(EndpointSpec::parse("http://bob@h/x").is_err());
+        assert!(EndpointSpec::parse("http://").is_err());
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod open;
 mod options;
 
 pub mod file;
+pub mod http;
 pub mod iscsi;
 pub mod nbd;
 pub mod nfs;

@@ -20,6 +20,7 @@ pub async fn open_source(spec: &EndpointSpec, options: &SourceOptions) -> Result
             crate::nfs::open_source(nfs, &crate::nfs::NfsOptions::default()).await
         }
         EndpointSpec::S3(s3) => crate::s3::open_source(s3, &options.s3).await,
+        EndpointSpec::Http(http) => crate::http::open_source(http, &options.http).await,
         EndpointSpec::Iscsi(iscsi) => Ok(Arc::new(
             crate::iscsi::IscsiSource::open(iscsi, &crate::iscsi::IscsiOptions::default()).await?,
         )),
@@ -47,6 +48,10 @@ pub async fn open_target(
             crate::iscsi::IscsiTarget::open(iscsi, size, &crate::iscsi::IscsiOptions::default())
                 .await?,
         )),
+        EndpointSpec::Http(_) => Err(Error::unsupported(format!(
+            "{spec} is an HTTP URL: HTTP endpoints are read-only sources, not targets"
+        ))
+        .with_operation("open")),
         other => Err(not_yet(other)),
     }
 }

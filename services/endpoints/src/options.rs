@@ -4,6 +4,7 @@
 //! the service) hand them to [`crate::open_source`] / [`crate::open_target`] without
 //! knowing which kind a URL names; each endpoint reads only its own part.
 
+use crate::http::HttpOptions;
 use crate::s3::S3Options;
 
 /// How file I/O goes through the kernel.
@@ -37,6 +38,8 @@ pub struct SourceOptions {
     pub cache: CacheMode,
     /// Per-job settings of `s3://` sources over the SDK's standard chain.
     pub s3: S3Options,
+    /// Per-job settings of `http://` and `https://` sources.
+    pub http: HttpOptions,
 }
 
 /// Options for opening a target.

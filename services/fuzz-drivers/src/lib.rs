@@ -9,6 +9,7 @@
 
 pub mod dict;
 pub mod formats;
+pub mod http;
 pub mod iscsi;
 pub mod mutate;
 pub mod nbd;
@@ -17,6 +18,7 @@ pub mod seeds;
 pub mod smoke;
 
 pub use formats::{compressed_stream, qcow2_image};
+pub use http::http_headers;
 pub use iscsi::{iscsi_pdu, iscsi_session};
 pub use nbd::{nbd_handshake, nbd_parsers, nbd_replies};
 pub use nfs::{nfs4_compound_reply, nfs_rpc_reply, nfs_xdr};
@@ -56,5 +58,6 @@ pub const DRIVERS: &[Driver] = &[
     Driver { name: "nfs_rpc_reply", run: nfs_rpc_reply, seeds: seeds::nfs_rpc_reply, dict: NFS_DICT, inputs: 20_000, max_len: 4096 },
     Driver { name: "nfs4_compound_reply", run: nfs4_compound_reply, seeds: seeds::nfs4_compound_reply, dict: NFS_DICT, inputs: 20_000, max_len: 4096 },
     Driver { name: "qcow2_image", run: qcow2_image, seeds: seeds::qcow2_image, dict: "", inputs: 10_000, max_len: 16384 },
+    Driver { name: "http_headers", run: http_headers, seeds: seeds::http_headers, dict: "", inputs: 100_000, max_len: 512 },
     Driver { name: "compressed_stream", run: compressed_stream, seeds: seeds::compressed_stream, dict: "", inputs: 3_000, max_len: 16384 },
 ];

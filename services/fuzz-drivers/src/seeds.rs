@@ -34,6 +34,20 @@ fn cat(parts: &[&[u8]]) -> Vec<u8> {
 }
 
 // ---------------------------------------------------------------------------------------
+// HTTP
+
+/// One seed per header parser (the first byte picks it).
+pub fn http_headers() -> Vec<Seed> {
+    vec![
+        seed("content-range", cat(&[&[0], b"bytes 0-1048575/4294967296"])),
+        seed("content-range-star", cat(&[&[0], b"bytes 100-199/*"])),
+        seed("unsatisfied", cat(&[&[1], b"bytes */4096"])),
+        seed("content-length", cat(&[&[2], b"8388608, 8388608"])),
+        seed("etag", cat(&[&[3], b"\"5f1c-66a0b2c3d4e5\""])),
+    ]
+}
+
+// ---------------------------------------------------------------------------------------
 // NBD
 
 /// The four reply streams: structured or extended headers (`ext`), and for structured

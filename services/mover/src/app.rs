@@ -7,7 +7,8 @@ use clap::{Parser, Subcommand};
 
 use crate::{cli, service};
 
-/// Copy and verify disk images between files, block devices, NBD, NFS, iSCSI and S3.
+/// Copy and verify disk images between files, block devices, NBD, NFS, iSCSI and S3, and
+/// from HTTP(S).
 #[derive(Debug, Parser)]
 #[command(name = "ferry", version, about, propagate_version = true)]
 struct Cli {

@@ -244,6 +244,23 @@ fn endpoint(e: &WireEndpoint) -> proto::Endpoint {
         } => proto::endpoint::Options::Nbd(proto::NbdOptions {
             tls_certificates_dir: tls_certificates_dir.clone(),
         }),
+        EndpointOptions::Http(http) => proto::endpoint::Options::Http(proto::HttpOptions {
+            user: http.user.clone(),
+            password: http.password.as_ref().map(secret),
+            bearer_token: http.bearer_token.as_ref().map(secret),
+            headers: http
+                .headers
+                .iter()
+                .map(|(name, value)| proto::HttpHeader {
+                    name: name.clone(),
+                    value: Some(secret(value)),
+                })
+                .collect(),
+            ca_certificates: http.ca_certificates.as_ref().map(secret),
+            client_certificate: http.client_certificate.as_ref().map(secret),
+            client_key: http.client_key.as_ref().map(secret),
+            ..proto::HttpOptions::default()
+        }),
     });
     proto::Endpoint {
         url: e.url.clone(),

@@ -13,7 +13,6 @@ use std::sync::Arc;
 use clap::Args;
 use ferry_core::size::format_size;
 use ferry_core::{EndpointSpec, Source};
-use ferry_endpoints::SourceOptions;
 use ferry_engine::{CancellationToken, Progress};
 use ferry_image_backup::{BackupOptions, BackupReport, NbdDirtyBitmap, ParentChoice};
 use serde::Serialize;
@@ -26,6 +25,7 @@ use super::{cancel_on_ctrl_c, interrupted, progress};
 
 /// Arguments of `ferry backup create`.
 #[derive(Debug, Clone, Args)]
+#[command(after_help = super::HTTP_SOURCE_HELP)]
 pub struct CreateArgs {
     /// Image to back up: a path or URL, as for `ferry copy`.
     #[arg(value_name = "SRC")]
@@ -160,7 +160,7 @@ async fn open_source(
             .map_err(|e| super::named(e, &name, "cannot open the source"))?;
         return Ok((changed.source(), Some(changed)));
     }
-    let source_options = SourceOptions::default();
+    let source_options = super::source_options_from_env()?;
     let format = args.format.open_options(&source_options);
     let (source, _) = image::open(spec, &source_options, &format)
         .await

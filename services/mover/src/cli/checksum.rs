@@ -8,7 +8,6 @@ use std::process::ExitCode;
 
 use clap::Args;
 use ferry_core::EndpointSpec;
-use ferry_endpoints::SourceOptions;
 use ferry_engine::{CancellationToken, ChecksumOptions, Digest, HashAlgorithm, Progress};
 
 use super::args::{self, ProgressArgs};
@@ -18,6 +17,7 @@ use crate::options::{self, Cache};
 
 /// Arguments of `ferry checksum`.
 #[derive(Debug, Clone, Args)]
+#[command(after_help = super::HTTP_SOURCE_HELP)]
 pub struct ChecksumArgs {
     /// Images to hash: paths or URLs.
     #[arg(value_name = "URL", required = true)]
@@ -97,7 +97,7 @@ async fn checksum_one(
     cancel: &CancellationToken,
 ) -> anyhow::Result<Digest> {
     let spec = EndpointSpec::parse(url).map_err(|e| super::failed(e, "invalid image"))?;
-    let mut source_options = SourceOptions::default();
+    let mut source_options = super::source_options_from_env()?;
     source_options.cache = args.cache.into();
     let format = args.format.open_options(&source_options);
     let (source, _) = image::open(&spec, &source_options, &format)

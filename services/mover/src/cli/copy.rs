@@ -28,8 +28,10 @@ use crate::options::{self, Cache};
 
 /// Arguments of `ferry copy`.
 #[derive(Debug, Clone, Args)]
+#[command(after_help = super::HTTP_SOURCE_HELP)]
 pub struct CopyArgs {
-    /// Image to read: a path, file:///path, nbd://host[:port]/export, nbd+unix:///export?socket=PATH, ...
+    /// Image to read: a path, file:///path, nbd://host[:port]/export, nbd+unix:///export?socket=PATH,
+    /// nfs://host/path, iscsi://host/IQN/LUN, s3://bucket/key, http(s)://host/path
     #[arg(value_name = "SRC")]
     pub source: String,
     /// Image to write; a missing file is created with the source's size. Several: one
@@ -116,10 +118,10 @@ impl CopyArgs {
         options
     }
 
-    pub(super) fn source_options(&self) -> SourceOptions {
-        let mut options = SourceOptions::default();
+    pub(super) fn source_options(&self) -> anyhow::Result<SourceOptions> {
+        let mut options = super::source_options_from_env()?;
         options.cache = self.cache.into();
-        options
+        Ok(options)
     }
 
     fn target_options(&self) -> TargetOptions {
@@ -142,7 +144,7 @@ pub async fn run(args: CopyArgs) -> anyhow::Result<ExitCode> {
         .map(|t| EndpointSpec::parse(t).map_err(|e| super::failed(e, "invalid target")))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let source_name = source_spec.to_string();
-    let source_options = args.source_options();
+    let source_options = args.source_options()?;
     let format = args.format.open_options(&source_options);
     let (source, _): (Arc<dyn Source>, _) = image::open(&source_spec, &source_options, &format)
         .await

@@ -10,13 +10,13 @@ use std::process::ExitCode;
 use clap::Args;
 use ferry_core::size::format_size;
 use ferry_core::{EndpointSpec, ExtentKind, Result, Source};
-use ferry_endpoints::SourceOptions;
 use ferry_formats::{Backing, ImageInfo};
 
 use super::image::{self, FormatArgs};
 
 /// Arguments of `ferry info`.
 #[derive(Debug, Clone, Args)]
+#[command(after_help = super::HTTP_SOURCE_HELP)]
 pub struct InfoArgs {
     /// The image: a path or URL.
     #[arg(value_name = "URL")]
@@ -33,7 +33,7 @@ pub async fn run(args: InfoArgs) -> anyhow::Result<ExitCode> {
     super::init_tracing();
     let spec = EndpointSpec::parse(&args.url).map_err(|e| super::failed(e, "invalid image"))?;
     let name = spec.to_string();
-    let source_options = SourceOptions::default();
+    let source_options = super::source_options_from_env()?;
     let mut options = args.format.open_options(&source_options);
     if !args.format.allow_backing {
         options.backing = Backing::NameOnly;

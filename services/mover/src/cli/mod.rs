@@ -57,6 +57,28 @@ pub fn cancel_on_ctrl_c(token: &CancellationToken) -> CancellationToken {
     interrupted
 }
 
+/// The `--help` text on HTTP(S) sources, shared by every command that reads one.
+pub const HTTP_SOURCE_HELP: &str = "\
+HTTP(S) sources (read-only): http://host[:port]/path or https://...; the server's ranges
+are read in parallel, a server without ranges is read as one stream. Credentials never go
+in the URL; they come from the environment:
+  FERRY_HTTP_USER, FERRY_HTTP_PASSWORD_FILE   basic authentication (user, password file)
+  FERRY_HTTP_TOKEN_FILE                       bearer token file
+  FERRY_HTTP_HEADERS_FILE                     extra headers, one 'Name: value' a line
+  FERRY_HTTP_CA_FILE                          extra trusted CA certificates (PEM)
+  FERRY_HTTP_CLIENT_CERT_FILE, _KEY_FILE      client certificate and key (PEM)
+  FERRY_HTTP_CONNECT_TIMEOUT, _READ_TIMEOUT   seconds [default: 10, 30]
+  FERRY_HTTP_ATTEMPTS                         attempts per request [default: 5]";
+
+/// Source options from the environment: `http(s)://` sources take their credentials and
+/// TLS files from the `FERRY_HTTP_*` variables (see `ferry copy --help`).
+pub fn source_options_from_env() -> anyhow::Result<ferry_endpoints::SourceOptions> {
+    let mut options = ferry_endpoints::SourceOptions::default();
+    options.http = ferry_endpoints::http::HttpOptions::from_env()
+        .map_err(|e| failed(e, "invalid HTTP settings"))?;
+    Ok(options)
+}
+
 /// An endpoint error with the endpoint named (unless it already is) and `what` in front.
 pub fn named(error: ferry_core::Error, endpoint: &str, what: &str) -> anyhow::Error {
     failed(error.with_endpoint(endpoint), what)

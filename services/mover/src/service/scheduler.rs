@@ -4,11 +4,10 @@
 //! running jobs, a limit per endpoint host, highest priority first and FIFO within a
 //! priority, and at most one running writer per target (a later job on a busy target
 //! waits while jobs behind it on other targets may start; a fan-out waits until every one
-//! of its targets is free). Retry timing lives here too.
+//! of its targets is free). Retry timing (shared with endpoints) lives in `ferry_core::backoff`.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap};
-use std::time::Duration;
 
 /// Concurrency limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,27 +215,7 @@ impl Scheduler {
     }
 }
 
-/// Delay before retry number `retry` (1 = the first retry): capped exponential backoff
-/// with "equal jitter" (half fixed, half random), `random` in [0, 1).
-pub fn backoff(retry: u32, base: Duration, cap: Duration, random: f64) -> Duration {
-    let exp = base.saturating_mul(1u32 << retry.saturating_sub(1).min(20));
-    let ceiling = exp.min(cap);
-    let random = random.clamp(0.0, 1.0);
-    ceiling.mul_f64(0.5 + random / 2.0)
-}
-
-/// A cheap random number in [0, 1) for jitter (not for anything secret).
-pub fn jitter_random() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
-}
+pub use ferry_core::backoff::{backoff, jitter_random};
 
 #[cfg(test)]
 mod tests {
@@ -376,20 +355,5 @@ mod tests {
         assert!(s.next_batch().is_empty());
         s.release("r");
         assert_eq!(s.next_batch(), ["q"]);
-    }
-
-    #[test]
-    fn backoff_is_capped_exponential_with_jitter() {
-        let base = Duration::from_millis(100);
-        let cap = Duration::from_secs(2);
-        assert_eq!(backoff(1, base, cap, 1.0), Duration::from_millis(100));
-        assert_eq!(backoff(1, base, cap, 0.0), Duration::from_millis(50));
-        assert_eq!(backoff(3, base, cap, 1.0), Duration::from_millis(400));
-        assert_eq!(backoff(30, base, cap, 1.0), cap);
-        assert_eq!(backoff(30, base, cap, 0.0), cap / 2);
-        for _ in 0..100 {
-            let r = jitter_random();
-            assert!((0.0..1.0).contains(&r));
-        }
     }
 }

@@ -349,6 +349,7 @@ mod tests {
             message: String::new(),
             checkpoint: None,
             targets: Vec::new(),
+            source_version: None,
         }
     }
 

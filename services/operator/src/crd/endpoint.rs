@@ -55,6 +55,50 @@ pub struct S3Options {
     pub force_path_style: Option<bool>,
 }
 
+/// A request header of an `http(s)://` source whose value comes from a Secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpHeader {
+    /// Header name, for example `X-Api-Key`.
+    #[schemars(
+        length(min = 1, max = 256),
+        regex(pattern = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+    )]
+    pub name: String,
+    /// The Secret key holding its value.
+    pub value_from: SecretKeyRef,
+}
+
+/// Options of `http://` and `https://` sources (read-only). Credentials and headers are
+/// sent only to the URL's own origin, never to another host a redirect points to.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpOptions {
+    /// Basic authentication user (with `password`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256))]
+    pub user: Option<String>,
+    /// Basic authentication password.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<SecretKeyRef>,
+    /// A bearer token (`Authorization: Bearer`), instead of user and password.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bearer_token: Option<SecretKeyRef>,
+    /// Extra request headers with values from Secrets (at most 64).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub headers: Vec<HttpHeader>,
+    /// Extra trusted CA certificates (PEM), beside the mover's system roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_certificates: Option<SecretKeyRef>,
+    /// A client certificate chain (PEM), with `clientKey`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_certificate: Option<SecretKeyRef>,
+    /// The client certificate's private key (PEM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_key: Option<SecretKeyRef>,
+}
+
 /// Options of `nbds://` endpoints.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -137,8 +181,9 @@ impl PvcRef {
 #[serde(rename_all = "camelCase")]
 pub struct Endpoint {
     /// `nbd://host[:port]/export`, `nbds://...`, `nfs://host/export/path`,
-    /// `iscsi://host[:port]/IQN/LUN` or `s3://bucket/key`. Credentials inside the URL are
-    /// refused: give them by Secret reference in the options.
+    /// `iscsi://host[:port]/IQN/LUN`, `s3://bucket/key`, or (sources only)
+    /// `http(s)://host/path`. Credentials inside the URL are refused: give them by Secret
+    /// reference in the options.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 4096))]
     pub url: Option<String>,
@@ -154,6 +199,9 @@ pub struct Endpoint {
     /// Options of an `nfs://` URL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nfs: Option<NfsOptions>,
+    /// Options of an `http://` or `https://` URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpOptions>,
     /// A claim in this namespace: a Filesystem volume holds the image as a file, a Block
     /// volume is the image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -189,7 +237,11 @@ impl Endpoint {
     }
 
     fn has_options(&self) -> bool {
-        self.s3.is_some() || self.nbd.is_some() || self.iscsi.is_some() || self.nfs.is_some()
+        self.s3.is_some()
+            || self.nbd.is_some()
+            || self.iscsi.is_some()
+            || self.nfs.is_some()
+            || self.http.is_some()
     }
 
     /// Every Secret key the endpoint refers to, in a fixed order.
@@ -202,6 +254,14 @@ impl Endpoint {
         }
         if let Some(iscsi) = &self.iscsi {
             refs.extend(iscsi.password.iter());
+        }
+        if let Some(http) = &self.http {
+            refs.extend(http.password.iter());
+            refs.extend(http.bearer_token.iter());
+            refs.extend(http.headers.iter().map(|h| &h.value_from));
+            refs.extend(http.ca_certificates.iter());
+            refs.extend(http.client_certificate.iter());
+            refs.extend(http.client_key.iter());
         }
         refs
     }
@@ -216,7 +276,7 @@ impl Endpoint {
                 if self.has_options() {
                     return Err(invalid(
                         field,
-                        "s3, nbd, iscsi and nfs options go with a url, not with a pvc",
+                        "s3, nbd, iscsi, nfs and http options go with a url, not with a pvc",
                     ));
                 }
                 pvc.validate(&format!("{field}.pvc"))
@@ -232,6 +292,7 @@ impl Endpoint {
             (self.nbd.is_some(), UrlKind::Nbd, "nbd"),
             (self.iscsi.is_some(), UrlKind::Iscsi, "iscsi"),
             (self.nfs.is_some(), UrlKind::Nfs, "nfs"),
+            (self.http.is_some(), UrlKind::Http, "http"),
         ];
         for (set, wanted, name) in given {
             if set && kind != wanted {
@@ -270,8 +331,67 @@ impl Endpoint {
         if let Some(password) = self.iscsi.as_ref().and_then(|i| i.password.as_ref()) {
             check_secret_ref(&format!("{field}.iscsi.password"), password)?;
         }
+        if let Some(http) = &self.http {
+            validate_http(&format!("{field}.http"), http)?;
+        }
         Ok(())
     }
+}
+
+fn validate_http(field: &str, http: &HttpOptions) -> Result<(), ValidationError> {
+    if http.password.is_some() && http.user.is_none() {
+        return Err(invalid(
+            &format!("{field}.password"),
+            "a password needs a user",
+        ));
+    }
+    if http.user.as_deref().is_some_and(|u| u.contains(':')) {
+        return Err(invalid(
+            &format!("{field}.user"),
+            "a user name cannot contain ':'",
+        ));
+    }
+    if http.bearer_token.is_some() && (http.user.is_some() || http.password.is_some()) {
+        return Err(invalid(
+            field,
+            "give either user and password or bearerToken, not both",
+        ));
+    }
+    if http.client_certificate.is_some() != http.client_key.is_some() {
+        return Err(invalid(
+            field,
+            "clientCertificate and clientKey go together: give both or neither",
+        ));
+    }
+    if http.headers.len() > 64 {
+        return Err(invalid(&format!("{field}.headers"), "at most 64 headers"));
+    }
+    for (name, r) in [
+        ("password", &http.password),
+        ("bearerToken", &http.bearer_token),
+        ("caCertificates", &http.ca_certificates),
+        ("clientCertificate", &http.client_certificate),
+        ("clientKey", &http.client_key),
+    ] {
+        if let Some(r) = r {
+            check_secret_ref(&format!("{field}.{name}"), r)?;
+        }
+    }
+    for (i, h) in http.headers.iter().enumerate() {
+        let ok = !h.name.is_empty()
+            && h.name.len() <= 256
+            && h.name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+.^_`|~-".contains(&b));
+        if !ok {
+            return Err(invalid(
+                &format!("{field}.headers[{i}].name"),
+                "not a valid HTTP header name",
+            ));
+        }
+        check_secret_ref(&format!("{field}.headers[{i}].valueFrom"), &h.value_from)?;
+    }
+    Ok(())
 }
 
 fn validate_s3(field: &str, s3: &S3Options) -> Result<(), ValidationError> {
@@ -424,6 +544,17 @@ impl Target {
                 "format and allowBacking apply to the source only: targets are written raw",
             ));
         }
+        if self.endpoint.http.is_some()
+            || self.endpoint.url.as_deref().is_some_and(|u| {
+                let scheme = u.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+                matches!(scheme.as_deref(), Some("http" | "https"))
+            })
+        {
+            return Err(invalid(
+                &format!("{field}.url"),
+                "HTTP(S) endpoints are read-only: they can only be sources",
+            ));
+        }
         match &self.pvc_template {
             None => self.endpoint.validate(field),
             Some(template) => {
@@ -471,10 +602,52 @@ mod tests {
             "nfs://server/export/disk.img",
             "iscsi://host:3260/iqn.2024-01.dev.ferry:t/0",
             "s3://bucket/images/disk.qcow2",
+            "https://images.example/disk.qcow2?X-Amz-Signature=abc",
+            "http://10.0.0.1:8080/disk.img",
         ] {
             Endpoint::url(url).validate("spec.source").unwrap();
         }
         Endpoint::pvc("golden").validate("spec.source").unwrap();
+    }
+
+    #[test]
+    fn http_options() {
+        let mut e = Endpoint::url("https://images.example/disk.img");
+        e.http = Some(HttpOptions {
+            user: Some("ops".into()),
+            password: Some(secret("images-http", "password")),
+            headers: vec![HttpHeader {
+                name: "X-Api-Key".into(),
+                value_from: secret("images-http", "api-key"),
+            }],
+            ca_certificates: Some(secret("images-ca", "ca.pem")),
+            ..HttpOptions::default()
+        });
+        e.validate("spec.source").unwrap();
+        assert_eq!(e.secret_refs().len(), 3);
+        let mut token_and_password = e.clone();
+        if let Some(h) = token_and_password.http.as_mut() {
+            h.bearer_token = Some(secret("images-http", "token"));
+        }
+        assert!(err(&token_and_password).contains("bearerToken"));
+        let mut bad_header = e.clone();
+        if let Some(h) = bad_header.http.as_mut() {
+            h.headers[0].name = "X Api".into();
+        }
+        assert!(err(&bad_header).starts_with("spec.source.http.headers[0].name"));
+        let mut wrong_scheme = e.clone();
+        wrong_scheme.url = Some("s3://b/k".into());
+        assert!(err(&wrong_scheme).starts_with("spec.source.http"));
+        assert!(err(&Endpoint::url("https://u:pw@h/x")).contains("password inside the URL"));
+        let target = Target {
+            endpoint: Endpoint::url("https://images.example/out.img"),
+            pvc_template: None,
+        };
+        assert!(target
+            .validate("t")
+            .unwrap_err()
+            .to_string()
+            .contains("read-only"));
     }
 
     #[test]

@@ -27,8 +27,8 @@ pub use backup_schedule::{
 };
 pub use checksum::{Checksum, ChecksumSpec, ChecksumStatus};
 pub use endpoint::{
-    AccessMode, Endpoint, IscsiOptions, NbdOptions, NfsOptions, PvcRef, PvcTemplate, S3Options,
-    SecretKeyRef, Target, TargetKey, VolumeMode,
+    AccessMode, Endpoint, HttpHeader, HttpOptions, IscsiOptions, NbdOptions, NfsOptions, PvcRef,
+    PvcTemplate, S3Options, SecretKeyRef, Target, TargetKey, VolumeMode,
 };
 pub use options::{
     CacheMode, ChecksumOptions, CommitOrder, HashAlgorithm, ImageFormat, Preallocation,

@@ -32,6 +32,7 @@ pub(crate) enum UrlKind {
     Nfs,
     Iscsi,
     S3,
+    Http,
 }
 
 impl UrlKind {
@@ -41,6 +42,7 @@ impl UrlKind {
             Self::Nfs => "nfs",
             Self::Iscsi => "iscsi",
             Self::S3 => "s3",
+            Self::Http => "http(s)",
         }
     }
 }
@@ -88,6 +90,7 @@ pub(crate) fn check_url(field: &str, url: &str) -> Result<UrlKind, ValidationErr
         EndpointSpec::Nfs(_) => Ok(UrlKind::Nfs),
         EndpointSpec::Iscsi(_) => Ok(UrlKind::Iscsi),
         EndpointSpec::S3(_) => Ok(UrlKind::S3),
+        EndpointSpec::Http(_) => Ok(UrlKind::Http),
         _ => Err(invalid(
             field,
             &format!(

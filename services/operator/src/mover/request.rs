@@ -61,6 +61,21 @@ pub enum EndpointOptions {
     S3(S3Options),
     /// `NbdOptions`.
     Nbd { tls_certificates_dir: String },
+    /// `HttpOptions` (boxed: it is the largest by far).
+    Http(Box<HttpOptions>),
+}
+
+/// `HttpOptions`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HttpOptions {
+    pub user: String,
+    pub password: Option<SecretRef>,
+    pub bearer_token: Option<SecretRef>,
+    /// (name, value)
+    pub headers: Vec<(String, SecretRef)>,
+    pub ca_certificates: Option<SecretRef>,
+    pub client_certificate: Option<SecretRef>,
+    pub client_key: Option<SecretRef>,
 }
 
 /// `Endpoint`.
@@ -258,6 +273,20 @@ pub fn wire_endpoint(e: &Endpoint, pvcs: &[ResolvedPvc]) -> Result<WireEndpoint,
             session_token: s3.session_token.as_ref().map(file),
             force_path_style: s3.force_path_style.unwrap_or(false),
         }))
+    } else if let Some(http) = &e.http {
+        Some(EndpointOptions::Http(Box::new(HttpOptions {
+            user: http.user.clone().unwrap_or_default(),
+            password: http.password.as_ref().map(file),
+            bearer_token: http.bearer_token.as_ref().map(file),
+            headers: http
+                .headers
+                .iter()
+                .map(|h| (h.name.clone(), file(&h.value_from)))
+                .collect(),
+            ca_certificates: http.ca_certificates.as_ref().map(file),
+            client_certificate: http.client_certificate.as_ref().map(file),
+            client_key: http.client_key.as_ref().map(file),
+        })))
     } else if let Some(iscsi) = &e.iscsi {
         Some(EndpointOptions::Iscsi {
             user: iscsi.user.clone().unwrap_or_default(),

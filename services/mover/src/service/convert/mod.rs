@@ -10,7 +10,10 @@ pub mod options;
 pub mod output;
 pub mod validation;
 
-pub use options::{open_spec, ChecksumSpec, EndpointAccess, ImageSpec, JobSpec, TransferSpec};
+pub use options::{
+    open_spec, shown_url, ChecksumSpec, EndpointAccess, EndpointSettings, ImageSpec, JobSpec,
+    TransferSpec,
+};
 pub use output::{job_to_proto, kind_from_proto, state_from_proto};
 pub use validation::{Accepted, Validator};
 

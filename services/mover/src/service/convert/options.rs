@@ -4,6 +4,7 @@
 //! Secrets stay references here and are read at every open ([`EndpointAccess::open`]).
 
 use ferry_core::{EndpointSpec, Error, Result};
+use ferry_endpoints::http::HttpOptions;
 use ferry_endpoints::s3::S3Options;
 use ferry_endpoints::{CacheMode, Preallocation, SourceOptions, TargetOptions};
 use ferry_engine::{Checkpoint, ChecksumOptions, CopyOptions};
@@ -206,13 +207,13 @@ impl TransferSpec {
         std::iter::once(&self.target).chain(&self.more_targets)
     }
 
-    /// Options to open the target with, given its S3 settings from [`EndpointAccess::open`].
-    pub fn target_options(&self, s3: S3Options) -> TargetOptions {
+    /// Options to open the target with, given its settings from [`EndpointAccess::open`].
+    pub fn target_options(&self, settings: EndpointSettings) -> TargetOptions {
         let mut t = TargetOptions::default();
         t.cache = self.cache;
         t.preallocation = self.preallocation;
         t.keep_cached = self.verify.is_some();
-        t.s3 = s3;
+        t.s3 = settings.s3;
         t
     }
 }
@@ -240,13 +241,22 @@ impl ChecksumSpec {
     }
 }
 
-/// Options to read an endpoint with: the job's cache mode and the endpoint's S3 settings
-/// from [`EndpointAccess::open`] (a parameter, so no caller can open an S3 endpoint without
-/// the job's own endpoint URL, region and credentials).
-pub fn source_options(cache: CacheMode, s3: S3Options) -> SourceOptions {
+/// An endpoint's per-job settings, with credentials read from their references: S3
+/// settings over the SDK's standard chain, HTTP authentication, headers and TLS.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EndpointSettings {
+    pub s3: S3Options,
+    pub http: HttpOptions,
+}
+
+/// Options to read an endpoint with: the job's cache mode and the endpoint's settings
+/// from [`EndpointAccess::open`] (a parameter, so no caller can open an S3 or HTTP
+/// endpoint without the job's own credentials).
+pub fn source_options(cache: CacheMode, settings: EndpointSettings) -> SourceOptions {
     let mut s = SourceOptions::default();
     s.cache = cache;
-    s.s3 = s3;
+    s.s3 = settings.s3;
+    s.http = settings.http;
     s
 }
 
@@ -272,11 +282,11 @@ impl EndpointAccess {
         }
     }
 
-    /// The endpoint as the request named it, without user information (what job
-    /// records and errors show).
+    /// The endpoint as the request named it, without user information or an HTTP query
+    /// (what job records and errors show).
     pub fn name(&self) -> String {
         match &self.endpoint {
-            Some(e) if !e.url.is_empty() => ferry_core::spec::redact_userinfo(&e.url),
+            Some(e) if !e.url.is_empty() => shown_url(&e.url),
             _ => match &self.resolved {
                 ResolvedEndpoint::File(p) => p.display().to_string(),
                 ResolvedEndpoint::Url(u) => ferry_core::spec::redact_userinfo(u),
@@ -285,8 +295,8 @@ impl EndpointAccess {
     }
 
     /// The spec to open, with credentials read from their references just now, and the
-    /// endpoint's S3 settings (see [`open_spec`]).
-    pub fn open(&self, secrets: &SecretResolver) -> Result<(EndpointSpec, S3Options)> {
+    /// endpoint's settings (see [`open_spec`]).
+    pub fn open(&self, secrets: &SecretResolver) -> Result<(EndpointSpec, EndpointSettings)> {
         open_spec(&self.resolved, self.endpoint.as_ref(), secrets, self.what)
     }
 }
@@ -366,12 +376,12 @@ pub fn open_spec(
     endpoint: Option<&proto::Endpoint>,
     secrets: &SecretResolver,
     what: &str,
-) -> Result<(EndpointSpec, S3Options)> {
+) -> Result<(EndpointSpec, EndpointSettings)> {
     let mut spec = match resolved {
         ResolvedEndpoint::File(p) => EndpointSpec::File(p.clone()),
         ResolvedEndpoint::Url(u) => EndpointSpec::parse(u)?,
     };
-    let mut s3 = S3Options::new();
+    let mut settings = EndpointSettings::default();
     use proto::endpoint::Options;
     match (&mut spec, endpoint.and_then(|e| e.options.as_ref())) {
         (EndpointSpec::Iscsi(s), Some(Options::Iscsi(o))) => {
@@ -385,10 +395,106 @@ pub fn open_spec(
         (EndpointSpec::Nbd(s), Some(Options::Nbd(o))) if !o.tls_certificates_dir.is_empty() => {
             s.tls_certificates = Some(o.tls_certificates_dir.clone().into());
         }
-        (EndpointSpec::S3(_), Some(Options::S3(o))) => s3 = s3_options(what, o, secrets)?,
+        (EndpointSpec::S3(_), Some(Options::S3(o))) => settings.s3 = s3_options(what, o, secrets)?,
+        (EndpointSpec::Http(_), Some(Options::Http(o))) => {
+            settings.http = http_options(what, o, secrets)?
+        }
         _ => {}
     }
-    Ok((spec, s3))
+    Ok((spec, settings))
+}
+
+/// A URL as job records and errors show it: no user information, and for HTTP(S) no
+/// query (a presigned signature or token).
+pub fn shown_url(url: &str) -> String {
+    match EndpointSpec::parse(url) {
+        Ok(spec @ EndpointSpec::Http(_)) => spec.to_string(),
+        _ => match url.split_once("://") {
+            Some((scheme, _))
+                if scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https") =>
+            {
+                let base = url.split(['?', '#']).next().unwrap_or_default();
+                ferry_core::spec::redact_userinfo(base)
+            }
+            _ => ferry_core::spec::redact_userinfo(url),
+        },
+    }
+}
+
+/// Most extra headers of an HTTP source.
+const MAX_HTTP_HEADERS: usize = 64;
+/// Longest HTTP user name.
+const MAX_HTTP_USER_BYTES: usize = 256;
+
+/// A request's HTTP settings as endpoint options, with the credentials, headers and
+/// certificates read from their references. Errors name the reference, never a value.
+pub(super) fn http_options(
+    what: &str,
+    o: &proto::HttpOptions,
+    secrets: &SecretResolver,
+) -> Result<HttpOptions> {
+    if o.user.len() > MAX_HTTP_USER_BYTES || o.user.contains(':') {
+        return Err(invalid(format!(
+            "{what}.http.user must be at most {MAX_HTTP_USER_BYTES} bytes without ':'"
+        )));
+    }
+    if o.password.is_some() && o.user.is_empty() {
+        return Err(invalid(format!("{what}.http.password needs a user")));
+    }
+    if o.bearer_token.is_some() && (o.password.is_some() || !o.user.is_empty()) {
+        return Err(invalid(format!(
+            "{what}.http: give either user and password or bearer_token"
+        )));
+    }
+    if o.client_certificate.is_some() != o.client_key.is_some() {
+        return Err(invalid(format!(
+            "{what}.http: client_certificate and client_key go together"
+        )));
+    }
+    if o.headers.len() > MAX_HTTP_HEADERS {
+        return Err(invalid(format!(
+            "{what}.http: at most {MAX_HTTP_HEADERS} headers"
+        )));
+    }
+    let resolve = |name: &str, r: &Option<proto::SecretRef>| {
+        r.as_ref()
+            .map(|r| secrets.resolve(&format!("{what}.http.{name}"), r))
+            .transpose()
+    };
+    let mut h = HttpOptions::new();
+    if !o.user.is_empty() {
+        h.user = Some(o.user.clone());
+    }
+    h.password = resolve("password", &o.password)?;
+    h.bearer_token = resolve("bearer_token", &o.bearer_token)?;
+    for (i, header) in o.headers.iter().enumerate() {
+        if header.name.is_empty() || header.name.len() > 256 {
+            return Err(invalid(format!(
+                "{what}.http.headers[{i}].name must have 1 to 256 bytes"
+            )));
+        }
+        let value = header
+            .value
+            .as_ref()
+            .ok_or_else(|| invalid(format!("{what}.http.headers[{i}].value is missing")))?;
+        let value = secrets.resolve(&format!("{what}.http.headers[{i}].value"), value)?;
+        h.headers.push((header.name.clone(), value));
+    }
+    h.ca_pem = resolve("ca_certificates", &o.ca_certificates)?.map(|s| s.expose().to_string());
+    h.client_cert_pem =
+        resolve("client_certificate", &o.client_certificate)?.map(|s| s.expose().to_string());
+    h.client_key_pem = resolve("client_key", &o.client_key)?;
+    if o.connect_timeout_seconds > 0 {
+        h.connect_timeout = Some(std::time::Duration::from_secs(
+            o.connect_timeout_seconds.min(3600).into(),
+        ));
+    }
+    if o.read_timeout_seconds > 0 {
+        h.read_timeout = Some(std::time::Duration::from_secs(
+            o.read_timeout_seconds.min(3600).into(),
+        ));
+    }
+    Ok(h)
 }
 
 /// Longest region name accepted (AWS's are about 15 bytes; other stores pick their own).

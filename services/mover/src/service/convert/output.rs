@@ -79,13 +79,33 @@ pub fn job_to_proto(r: &JobRecord) -> proto::Job {
     let request = match r.kind {
         JobKind::Transfer => proto::StartTransferRequest::decode(r.request.as_slice())
             .ok()
-            .map(proto::job::Request::Transfer),
+            .map(|mut t| {
+                for ep in t
+                    .source
+                    .iter_mut()
+                    .chain(t.target.iter_mut())
+                    .chain(t.more_targets.iter_mut())
+                {
+                    ep.url = super::shown_url(&ep.url);
+                }
+                proto::job::Request::Transfer(t)
+            }),
         JobKind::Checksum => proto::StartChecksumRequest::decode(r.request.as_slice())
             .ok()
-            .map(proto::job::Request::Checksum),
+            .map(|mut c| {
+                if let Some(ep) = c.source.as_mut() {
+                    ep.url = super::shown_url(&ep.url);
+                }
+                proto::job::Request::Checksum(c)
+            }),
         JobKind::Backup => proto::StartBackupRequest::decode(r.request.as_slice())
             .ok()
-            .map(proto::job::Request::Backup),
+            .map(|mut b| {
+                if let Some(ep) = b.source.as_mut() {
+                    ep.url = super::shown_url(&ep.url);
+                }
+                proto::job::Request::Backup(b)
+            }),
         JobKind::Restore => proto::StartRestoreRequest::decode(r.request.as_slice())
             .ok()
             .map(proto::job::Request::Restore),

@@ -158,13 +158,14 @@ fn s3_options_are_checked_then_resolved_for_the_job() {
     let err = v.transfer(&copy("http://127.0.0.1:9000")).unwrap_err();
     assert!(err.to_string().contains("same image"), "{err}");
     let request = req(s3.clone());
-    let (spec, options) = open_spec(
+    let (spec, settings) = open_spec(
         &ok.plan.source,
         request.source.as_ref(),
         &v.secrets,
         "source",
     )
     .unwrap();
+    let options = settings.s3;
     assert_eq!(spec.to_string(), "s3://bucket/disk.img");
     assert_eq!(
         options.endpoint_url.as_deref(),
@@ -196,7 +197,7 @@ fn s3_options_are_checked_then_resolved_for_the_job() {
         "source",
     )
     .unwrap();
-    assert_eq!(options, S3Options::new());
+    assert_eq!(options.s3, S3Options::new());
 
     let bad = [
         (
@@ -299,6 +300,7 @@ fn record_round_trip_to_proto() {
         message: String::new(),
         checkpoint: None,
         targets: Vec::new(),
+        source_version: None,
     };
     let job = job_to_proto(&rec);
     assert_eq!(job.state, proto::JobState::Succeeded as i32);
@@ -423,6 +425,7 @@ fn typed_options_survive_the_store() {
         message: String::new(),
         checkpoint: None,
         targets: Vec::new(),
+        source_version: None,
     };
     let stored = serde_json::to_string(&record).unwrap();
     let loaded: JobRecord = serde_json::from_str(&stored).unwrap();

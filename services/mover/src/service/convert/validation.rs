@@ -12,7 +12,7 @@ use ferry_core::{EndpointSpec, Error, Result};
 use prost::Message;
 use sha2::{Digest as _, Sha256};
 
-use super::options::{s3_options, ChecksumSpec, JobSpec, TransferSpec};
+use super::options::{http_options, s3_options, ChecksumSpec, JobSpec, TransferSpec};
 use crate::service::jobs::model::{JobKind, JobPlan, PlannedTarget, ResolvedEndpoint};
 use crate::service::proto;
 use crate::service::secrets::SecretResolver;
@@ -175,6 +175,9 @@ impl Validator {
             (EndpointSpec::S3(_), Some(Options::S3(o))) => {
                 s3_options(what, o, &self.secrets)?;
             }
+            (EndpointSpec::Http(_), Some(Options::Http(o))) => {
+                http_options(what, o, &self.secrets)?;
+            }
             (EndpointSpec::Nbd(_), Some(Options::Nbd(o))) => {
                 if !o.tls_certificates_dir.is_empty() {
                     self.roots.confine(Path::new(&o.tls_certificates_dir))?;
@@ -217,6 +220,11 @@ impl Validator {
     fn endpoint(&self, what: &str, ep: Option<&proto::Endpoint>) -> Result<Checked> {
         let ep = ep.ok_or_else(|| invalid(format!("{what} is missing")))?;
         let spec = parse_url(what, ep)?;
+        if matches!(spec, EndpointSpec::Http(_)) && what != "source" {
+            return Err(invalid(format!(
+                "{what}: {spec} is an HTTP URL; HTTP endpoints are read-only and can only be sources"
+            )));
+        }
         self.check_options(what, &spec, ep)?;
         self.confine_nbd(what, &spec)?;
         let kind = spec.kind();

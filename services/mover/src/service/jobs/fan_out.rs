@@ -45,7 +45,7 @@ pub(super) async fn transfer(
     spec: &TransferSpec,
     cancel: &CancellationToken,
 ) -> Result<Ended> {
-    let source = open_transfer_source(inner, spec).await?;
+    let source = open_transfer_source(inner, id, spec).await?;
     let size = source.size();
     let members = open_members(inner, id, spec, size).await?;
     let (copy, resumed_bytes) = attempt_options(inner, id, spec, size);

@@ -266,6 +266,7 @@ impl JobManager {
                     }
                     _ => Vec::new(),
                 },
+                source_version: None,
             };
             inner.metrics.job_state(None, Some(JobState::Queued));
             inner.insert_locked(
@@ -614,6 +615,17 @@ impl Inner {
 
     fn checkpoint(&self, id: &str) -> Option<Checkpoint> {
         self.table.lock().jobs.get(id)?.checkpoint.clone()
+    }
+
+    /// The source version a job's first attempt pinned (see `runner::open_pinned_source`).
+    fn source_version(&self, id: &str) -> Option<String> {
+        self.table
+            .lock()
+            .jobs
+            .get(id)?
+            .record
+            .source_version
+            .clone()
     }
 
     fn cancel_token(&self, id: &str) -> Option<CancellationToken> {

@@ -272,6 +272,11 @@ pub struct JobRecord {
     /// before this field existed have none; the job's state then stands for its target).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub targets: Vec<TargetRecord>,
+    /// The version of the source the first attempt read (an HTTP source's ETag or
+    /// Last-Modified): later attempts and a resumption after a restart must read the same
+    /// one, or fail instead of mixing two versions in one target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_version: Option<String>,
 }
 
 /// Milliseconds since the Unix epoch.

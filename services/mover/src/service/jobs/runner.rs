@@ -16,7 +16,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_core::{Error, Result, Source, Target};
+use ferry_core::{EndpointSpec, Error, Result, Source, Target};
+use ferry_endpoints::SourceOptions;
 use ferry_engine::{Checkpoint, CopyOptions, Progress, Stage, Stages, VerifiedCopy, Verify};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -40,6 +41,8 @@ pub(super) fn kind_label(kind: &str) -> &'static str {
         "nfs" => "nfs",
         "iscsi" => "iscsi",
         "s3" => "s3",
+        "http" => "http",
+        "https" => "https",
         _ => "other",
     }
 }
@@ -520,8 +523,8 @@ struct Opened {
 
 /// Opens a transfer's source, then (when the caller's checkpoint, if any, is of an image
 /// of that size) its target sized to it, both metered.
-async fn open_transfer(inner: &Inner, spec: &TransferSpec) -> Result<Opened> {
-    let source = open_transfer_source(inner, spec).await?;
+async fn open_transfer(inner: &Inner, id: &str, spec: &TransferSpec) -> Result<Opened> {
+    let source = open_transfer_source(inner, id, spec).await?;
     let (tgt_spec, tgt_s3) = spec.target.open(&inner.secrets)?;
     let target_kind = kind_label(tgt_spec.kind());
     let counts = Arc::new(JobCounts::default());
@@ -538,15 +541,43 @@ async fn open_transfer(inner: &Inner, spec: &TransferSpec) -> Result<Opened> {
     })
 }
 
+/// Opens a job's source bytes pinned to the version its first attempt read: a later
+/// attempt (a retry, a resumption after a restart) of a source that can tell its version
+/// (an HTTP ETag) fails when the object changed instead of mixing versions in the target.
+async fn open_pinned_source(
+    inner: &Inner,
+    id: &str,
+    spec: &EndpointSpec,
+    options: &mut SourceOptions,
+) -> Result<Arc<dyn Source>> {
+    let pinned = inner.source_version(id);
+    if let Some(version) = &pinned {
+        options.http.expect_version = Some(version.clone());
+    }
+    let bytes = inner.opener.open_source(spec, options).await?;
+    if pinned.is_none() {
+        if let Some(version) = bytes.version() {
+            if let Some(record) = inner.update(id, |r| {
+                r.source_version = Some(version.clone());
+                true
+            }) {
+                persist(inner, &record, "source version").await;
+            }
+        }
+    }
+    Ok(bytes)
+}
+
 /// Opens a transfer's source, metered, and checks the caller's checkpoint (if any) is of
 /// an image of its size, before any target is opened (a file target would be created).
 pub(super) async fn open_transfer_source(
     inner: &Inner,
+    id: &str,
     spec: &TransferSpec,
 ) -> Result<Arc<dyn Source>> {
-    let (src_spec, src_s3) = spec.source.open(&inner.secrets)?;
-    let options = source_options(spec.cache, src_s3);
-    let bytes = inner.opener.open_source(&src_spec, &options).await?;
+    let (src_spec, src_settings) = spec.source.open(&inner.secrets)?;
+    let mut options = source_options(spec.cache, src_settings);
+    let bytes = open_pinned_source(inner, id, &src_spec, &mut options).await?;
     let bytes = MeteredSource::wrap(bytes, &inner.metrics, kind_label(src_spec.kind()));
     let source = open_image(
         bytes,
@@ -613,7 +644,7 @@ async fn transfer(
     spec: &TransferSpec,
     cancel: &CancellationToken,
 ) -> Result<ResultRecord> {
-    let opened = open_transfer(inner, spec).await?;
+    let opened = open_transfer(inner, id, spec).await?;
     let size = opened.source.size();
     let (copy, resumed_bytes) = attempt_options(inner, id, spec, size);
     // Verification reads the target through a new handle, opened after the copy
@@ -680,9 +711,9 @@ async fn checksum(
     spec: &ChecksumSpec,
     cancel: &CancellationToken,
 ) -> Result<ResultRecord> {
-    let (source_spec, s3) = spec.source.open(&inner.secrets)?;
-    let options = source_options(spec.cache, s3);
-    let bytes = inner.opener.open_source(&source_spec, &options).await?;
+    let (source_spec, settings) = spec.source.open(&inner.secrets)?;
+    let mut options = source_options(spec.cache, settings);
+    let bytes = open_pinned_source(inner, id, &source_spec, &mut options).await?;
     let bytes = MeteredSource::wrap(bytes, &inner.metrics, kind_label(source_spec.kind()));
     let source = open_image(
         bytes,

@@ -1,0 +1,153 @@
+//! Parsers for the HTTP header values an HTTP source trusts for sizes and ranges
+//! (`Content-Range`, `Content-Length`, entity tags).
+//!
+//! They live here, with no HTTP dependency, because they decide how many bytes are read
+//! into which buffer: they are the part of the HTTP source a hostile server reaches first,
+//! so they are small, total (never panic, every length bounded) and fuzzed on their own.
+
+/// Longest header value looked at; anything longer is refused without scanning it.
+pub const MAX_HEADER_VALUE: usize = 256;
+
+/// A `Content-Range: bytes START-END/TOTAL` value (END inclusive, TOTAL `*` = unknown).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContentRange {
+    pub start: u64,
+    /// The last byte, inclusive.
+    pub end: u64,
+    pub total: Option<u64>,
+}
+
+impl ContentRange {
+    /// The number of bytes in the range.
+    pub fn len(&self) -> u64 {
+        self.end - self.start + 1
+    }
+
+    /// Never true: a range holds at least one byte.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+/// Parses a decimal byte count: ASCII digits only (no sign, no spaces), fits u64.
+pub fn parse_length(text: &str) -> Option<u64> {
+    let text = text.trim_matches([' ', '\t']);
+    if text.is_empty() || text.len() > 20 || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+/// Parses a `Content-Range` value of a 206 answer. None when it is malformed, is not in
+/// bytes, has START > END, or END is not below TOTAL.
+pub fn parse_content_range(value: &[u8]) -> Option<ContentRange> {
+    if value.len() > MAX_HEADER_VALUE {
+        return None;
+    }
+    let text = std::str::from_utf8(value).ok()?.trim_matches([' ', '\t']);
+    let (unit, rest) = text.split_once(' ')?;
+    if !unit.eq_ignore_ascii_case("bytes") {
+        return None;
+    }
+    let (range, total) = rest.trim_start().split_once('/')?;
+    let (start, end) = range.split_once('-')?;
+    let start = parse_length(start)?;
+    let end = parse_length(end)?;
+    let total = match total {
+        "*" => None,
+        t => Some(parse_length(t)?),
+    };
+    if start > end || total.is_some_and(|t| end >= t) {
+        return None;
+    }
+    Some(ContentRange { start, end, total })
+}
+
+/// The complete length of a `Content-Range: bytes */TOTAL` value (a 416 answer).
+pub fn parse_unsatisfied_range(value: &[u8]) -> Option<u64> {
+    if value.len() > MAX_HEADER_VALUE {
+        return None;
+    }
+    let text = std::str::from_utf8(value).ok()?.trim_matches([' ', '\t']);
+    let (unit, rest) = text.split_once(' ')?;
+    if !unit.eq_ignore_ascii_case("bytes") {
+        return None;
+    }
+    parse_length(rest.trim_start().strip_prefix("*/")?)
+}
+
+/// Parses a `Content-Length` value (a list of equal values counts as one, as RFC 9110 allows).
+pub fn parse_content_length(value: &[u8]) -> Option<u64> {
+    if value.len() > MAX_HEADER_VALUE {
+        return None;
+    }
+    let text = std::str::from_utf8(value).ok()?;
+    let mut values = text.split(',').map(parse_length);
+    let first = values.next()??;
+    values.all(|v| v == Some(first)).then_some(first)
+}
+
+/// An entity tag, as the server sent it (quotes included), when it is strong (no `W/`)
+/// and well formed: only a strong tag can be sent back in `If-Match`.
+pub fn strong_etag(value: &[u8]) -> Option<&str> {
+    if value.len() > MAX_HEADER_VALUE {
+        return None;
+    }
+    let text = std::str::from_utf8(value).ok()?.trim_matches([' ', '\t']);
+    let inner = text.strip_prefix('"')?.strip_suffix('"')?;
+    // etagc = %x21 / %x23-7E / obs-text; only ASCII is kept.
+    inner
+        .bytes()
+        .all(|b| b == 0x21 || (0x23..=0x7e).contains(&b))
+        .then_some(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_ranges() {
+        assert_eq!(
+            parse_content_range(b"bytes 0-0/1048576"),
+            Some(ContentRange {
+                start: 0,
+                end: 0,
+                total: Some(1048576)
+            })
+        );
+        let r = parse_content_range(b"bytes 100-199/*").unwrap();
+        assert_eq!((r.len(), r.total), (100, None));
+        for bad in [
+            &b"bytes 5-4/10"[..],
+            b"bytes 0-10/10",
+            b"items 0-1/10",
+            b"bytes -1-2/10",
+            b"bytes 0-99999999999999999999999/1",
+            b"bytes +1-2/10",
+            b"bytes 1-2",
+            b"",
+            b"bytes */10",
+            b"\xff\xfe",
+        ] {
+            assert_eq!(parse_content_range(bad), None, "{bad:?}");
+        }
+        assert_eq!(parse_content_range(&[b'1'; 300]), None);
+        assert_eq!(parse_unsatisfied_range(b"bytes */4096"), Some(4096));
+        assert_eq!(parse_unsatisfied_range(b"bytes 0-1/4096"), None);
+    }
+
+    #[test]
+    fn lengths_and_tags() {
+        assert_eq!(parse_content_length(b"42"), Some(42));
+        assert_eq!(parse_content_length(b"42, 42"), Some(42));
+        assert_eq!(parse_content_length(b"42, 43"), None);
+        assert_eq!(parse_content_length(b"-1"), None);
+        assert_eq!(parse_content_length(b"18446744073709551616"), None);
+        assert_eq!(parse_content_length(b""), None);
+        assert_eq!(strong_etag(b"\"abc-123\""), Some("\"abc-123\""));
+        assert_eq!(strong_etag(b"W/\"abc\""), None);
+        assert_eq!(strong_etag(b"abc"), None);
+        assert_eq!(strong_etag(b"\"a\"b\""), None);
+    }
+}

@@ -1,0 +1,156 @@
+//! Opening an HTTP object: its size, its version and whether ranges work, from a HEAD
+//! and a `Range: bytes=0-0` GET (or only the GET when HEAD is not allowed).
+
+use ferry_core::http_headers::{
+    parse_content_length, parse_content_range, parse_unsatisfied_range,
+};
+use ferry_core::{Error, ErrorKind};
+use http::header::{ACCEPT_RANGES, CONTENT_LENGTH, CONTENT_RANGE};
+use http::{HeaderMap, Method, StatusCode};
+use url::Url;
+
+use super::client::{Ask, Client};
+use super::error::{self, Attempt, Failure};
+use super::validator::{change, Validator};
+
+/// What opening learned.
+#[derive(Debug, Clone)]
+pub(super) struct Probe {
+    pub size: u64,
+    /// Range requests work.
+    pub ranges: bool,
+    pub validator: Option<Validator>,
+    /// Where the object is after redirects: later requests go there directly.
+    pub url: Url,
+}
+
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| parse_content_length(v.as_bytes()))
+}
+
+/// One probe attempt.
+pub(super) async fn probe(client: &Client, url: &Url, shown: &str) -> Attempt<Probe> {
+    let head = client
+        .send(
+            url,
+            &Ask {
+                method: Method::HEAD,
+                range: None,
+                conditions: &[],
+            },
+        )
+        .await?;
+    let (head_size, mut validator, no_ranges, url) = {
+        let (response, final_url) = head;
+        let status = response.status();
+        if status.is_success() {
+            let h = response.headers();
+            let none = h
+                .get(ACCEPT_RANGES)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"none"));
+            (
+                content_length(h),
+                Validator::from_headers(h),
+                none,
+                final_url,
+            )
+        } else if matches!(status.as_u16(), 404 | 410 | 401 | 403 | 407)
+            || status.is_server_error()
+            || status == StatusCode::TOO_MANY_REQUESTS
+        {
+            return Err(error::status(status, shown));
+        } else {
+            // HEAD not allowed (405, 501, ...): the GET below tells everything.
+            (None, None, false, final_url)
+        }
+    };
+    let conditions: Vec<_> = validator.iter().filter_map(Validator::condition).collect();
+    let (response, url) = client
+        .send(
+            &url,
+            &Ask {
+                method: Method::GET,
+                range: (!no_ranges).then_some((0, 0)),
+                conditions: &conditions,
+            },
+        )
+        .await?;
+    let status = response.status();
+    let headers = response.headers();
+    if let Some(old) = &validator {
+        if status == StatusCode::PRECONDITION_FAILED {
+            return Err(changed(shown, old, None));
+        }
+        if let Some(new) = old.contradicted_by(headers) {
+            return Err(changed(shown, old, Some(&new)));
+        }
+    } else {
+        validator = Validator::from_headers(headers);
+    }
+    let (size, ranges) = match status {
+        StatusCode::PARTIAL_CONTENT => {
+            let range = headers
+                .get(CONTENT_RANGE)
+                .and_then(|v| parse_content_range(v.as_bytes()))
+                .filter(|r| r.start == 0 && r.end == 0);
+            let Some(total) = range.and_then(|r| r.total) else {
+                return Err(Failure::fatal(Error::protocol(
+                    "the answer to a range request has no valid Content-Range for bytes 0-0 with the object's size",
+                )));
+            };
+            (total, true)
+        }
+        StatusCode::RANGE_NOT_SATISFIABLE => {
+            // An empty object: no byte 0 to send.
+            let total = headers
+                .get(CONTENT_RANGE)
+                .and_then(|v| parse_unsatisfied_range(v.as_bytes()))
+                .or(head_size);
+            match total {
+                Some(0) => (0, true),
+                _ => {
+                    return Err(Failure::fatal(Error::protocol(
+                        "the server refused the range bytes=0-0 of a non-empty object",
+                    )))
+                }
+            }
+        }
+        StatusCode::OK => {
+            let size = content_length(headers).or(head_size).ok_or_else(|| {
+                Failure::fatal(Error::unsupported(
+                    "the server does not tell the object's size (no Content-Length) and does not serve ranges",
+                ))
+            })?;
+            (size, false)
+        }
+        other => return Err(error::status(other, shown)),
+    };
+    // The body (one byte, or the whole object without ranges) is dropped unread.
+    drop(response);
+    if let Some(h) = head_size {
+        if h != size {
+            return Err(Failure::fatal(Error::protocol(format!(
+                "HEAD says the object has {h} bytes, a GET says {size}"
+            ))));
+        }
+    }
+    Ok(Probe {
+        size,
+        ranges,
+        validator,
+        url,
+    })
+}
+
+/// The object changed: always final.
+pub(super) fn changed(shown: &str, old: &Validator, new: Option<&Validator>) -> Failure {
+    Failure::fatal(Error::new(
+        ErrorKind::Corrupt,
+        format!(
+            "the object at {shown} changed during the copy {}",
+            change(old, new)
+        ),
+    ))
+}
