@@ -43,7 +43,7 @@ async fn open_backup_source(
     inner: &Inner,
     spec: &BackupSpec,
 ) -> Result<(Arc<dyn Source>, Option<NbdDirtyBitmap>)> {
-    let (src_spec, s3) = spec.source.open(&inner.secrets)?;
+    let (src_spec, settings) = spec.source.open(&inner.secrets)?;
     let kind = kind_label(src_spec.kind());
     if let Some(bitmap) = &spec.dirty_bitmap {
         let EndpointSpec::Nbd(nbd) = &src_spec else {
@@ -55,7 +55,7 @@ async fn open_backup_source(
         let source = MeteredSource::wrap(changed.source(), &inner.metrics, kind);
         return Ok((source, Some(changed)));
     }
-    let options = source_options(ferry_endpoints::CacheMode::default(), s3);
+    let options = source_options(ferry_endpoints::CacheMode::default(), settings);
     let bytes = inner.opener.open_source(&src_spec, &options).await?;
     let bytes = MeteredSource::wrap(bytes, &inner.metrics, kind);
     let source = open_image(
@@ -138,10 +138,10 @@ pub(super) async fn restore(
 ) -> Result<Ended> {
     let repo = spec.repository.open(&inner.secrets, None).await?;
     let manifest = repo.load_manifest(&spec.id).await?;
-    let (tgt_spec, s3) = spec.target.open(&inner.secrets)?;
+    let (tgt_spec, settings) = spec.target.open(&inner.secrets)?;
     let kind = kind_label(tgt_spec.kind());
     let mut options = TargetOptions::default();
-    options.s3 = s3;
+    options.s3 = settings.s3;
     let target = inner
         .opener
         .open_target(&tgt_spec, manifest.image_size, &options)
