@@ -29,6 +29,36 @@ impl ContentRange {
     }
 }
 
+/// Headers an HTTP source sets itself, or that would change what it reads: the range,
+/// the version conditions that pin the object, the body's length and encoding, and the
+/// connection's hop-by-hop headers. A user's extra headers may not name them.
+pub const RESERVED_HEADERS: &[&str] = &[
+    "host",
+    "range",
+    "accept-encoding",
+    "if-match",
+    "if-none-match",
+    "if-range",
+    "if-modified-since",
+    "if-unmodified-since",
+    "content-length",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "upgrade",
+];
+
+/// Whether `name` is one of [`RESERVED_HEADERS`] (ASCII case-insensitive).
+pub fn is_reserved_header(name: &str) -> bool {
+    let name = name.trim();
+    RESERVED_HEADERS
+        .iter()
+        .any(|r| r.eq_ignore_ascii_case(name))
+}
+
 /// Parses a decimal byte count: ASCII digits only (no sign, no spaces), fits u64.
 pub fn parse_length(text: &str) -> Option<u64> {
     let text = text.trim_matches([' ', '\t']);
@@ -57,7 +87,8 @@ pub fn parse_content_range(value: &[u8]) -> Option<ContentRange> {
         "*" => None,
         t => Some(parse_length(t)?),
     };
-    if start > end || total.is_some_and(|t| end >= t) {
+    // END = u64::MAX would make the range's length overflow: no real object is that large.
+    if start > end || end == u64::MAX || total.is_some_and(|t| end >= t) {
         return None;
     }
     Some(ContentRange { start, end, total })
@@ -135,6 +166,29 @@ mod tests {
         assert_eq!(parse_content_range(&[b'1'; 300]), None);
         assert_eq!(parse_unsatisfied_range(b"bytes */4096"), Some(4096));
         assert_eq!(parse_unsatisfied_range(b"bytes 0-1/4096"), None);
+    }
+
+    #[test]
+    fn version_conditions_and_hop_by_hop_headers_are_reserved() {
+        for name in [
+            "If-Match",
+            "if-none-match",
+            " Range ",
+            "Transfer-Encoding",
+            "HOST",
+        ] {
+            assert!(is_reserved_header(name), "{name}");
+        }
+        for name in ["X-Api-Key", "Authorization", "Cookie"] {
+            assert!(!is_reserved_header(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_range_ending_at_the_largest_offset_is_refused() {
+        assert_eq!(parse_content_range(b"bytes 0-18446744073709551615/*"), None);
+        let last = parse_content_range(b"bytes 0-18446744073709551614/*").unwrap();
+        assert_eq!(last.len(), u64::MAX);
     }
 
     #[test]

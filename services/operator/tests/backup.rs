@@ -389,6 +389,60 @@ async fn a_failed_backup_says_why() {
     assert_eq!(h.link.calls().len(), 2, "no prune after a failed backup");
 }
 
+/// A prune that fails after the backup was written: the Backup Succeeded all the same
+/// (its snapshot is in the repository and restorable), with the prune's error recorded.
+#[tokio::test]
+async fn a_failed_prune_keeps_the_backup_succeeded() {
+    let mut h = Harness::new(settings());
+    let mut status = running_status();
+    status["snapshotId"] = json!("20261202T030000Z-0a1b2c3d");
+    let object = backup_json(Some(status));
+    h.pod_seen(ready(mover_pod(&object), "node-a"));
+    let id = job_id("uid-b/prune");
+    let mut failed = report(&id, JobState::Failed, 0);
+    failed.error = Some(JobFailure {
+        kind: "invalid_input".into(),
+        message: "the retention keeps nothing".into(),
+    });
+    h.link.script(&id, vec![failed]);
+    let task = tokio::spawn(reconcile_backup(backup(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", REPO, Reply::Ok(repository_json()))
+        .await;
+    h.server
+        .expect(
+            "GET",
+            &format!("{SECRETS}/web1-now-fbk-1-token"),
+            Reply::Ok(secret("web1-now-fbk-1-token", &["token"])),
+        )
+        .await;
+    finish(task).await;
+    let seen = h
+        .server
+        .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let end = &seen.body["status"];
+    assert_eq!(end["phase"], "Succeeded");
+    assert_eq!(end["snapshotId"], "20261202T030000Z-0a1b2c3d");
+    assert_eq!(
+        end["pruneError"],
+        "prune invalid_input: the retention keeps nothing"
+    );
+    h.server
+        .expect("DELETE", &format!("{PODS}/web1-now-fbk-1"), Reply::Deleted)
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{SECRETS}/web1-now-fbk-1-token"),
+            Reply::Deleted,
+        )
+        .await;
+    assert_eq!(h.server.expect_event(NS).await.body["reason"], "Succeeded");
+    h.ctx.take_watch("uid-b").unwrap().task.await.unwrap();
+    h.server.done().await;
+}
+
 /// A Backup naming no existing repository, and one whose repository has a password in
 /// its URL: Failed (InvalidSpec) with what to fix, the password never repeated.
 #[tokio::test]
@@ -663,6 +717,9 @@ fn scheduled_backup(name: &str, phase: &str, extra: Value) -> Value {
         "apiVersion": "ferry.dev/v1alpha1", "kind": "Backup",
         "metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}"),
                      "labels": {"ferry.dev/schedule": "nightly"},
+                     "ownerReferences": [{"apiVersion": "ferry.dev/v1alpha1",
+                                          "kind": "BackupSchedule", "name": "nightly",
+                                          "uid": "uid-s", "controller": true}],
                      "creationTimestamp": "2026-12-02T03:00:01Z"},
         "spec": {"sourcePVC": "web1", "repository": "site-a"},
         "status": {"phase": phase},

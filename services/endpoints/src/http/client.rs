@@ -235,10 +235,15 @@ fn credentials(options: &HttpOptions) -> Result<Vec<(HeaderName, HeaderValue)>> 
         let header = HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| {
             Error::invalid_input(format!("'{name}' is not a valid HTTP header name"))
         })?;
-        if header == RANGE || header == http::header::HOST || header == ACCEPT_ENCODING {
+        if ferry_core::http_headers::is_reserved_header(name) {
             return Err(Error::invalid_input(format!(
                 "header '{name}' is set by ferry itself and cannot be given"
             )));
+        }
+        if header == AUTHORIZATION && !out.is_empty() {
+            return Err(Error::invalid_input(
+                "an Authorization header cannot be given with a user or a bearer token",
+            ));
         }
         let mut value = HeaderValue::from_str(value.expose().trim()).map_err(|_| {
             Error::invalid_input(format!(
@@ -255,6 +260,20 @@ fn credentials(options: &HttpOptions) -> Result<Vec<(HeaderName, HeaderValue)>> 
 mod tests {
     use super::*;
     use ferry_core::Secret;
+
+    #[test]
+    fn headers_that_would_undo_the_version_pin_or_the_auth_are_refused() {
+        let pin = HttpOptions::new().with_header("If-Match", Secret::new("*"));
+        assert!(credentials(&pin).is_err());
+        let hop = HttpOptions::new().with_header("transfer-encoding", Secret::new("chunked"));
+        assert!(credentials(&hop).is_err());
+        let twice = HttpOptions::new()
+            .with_basic_auth("u", Secret::new("p"))
+            .with_header("Authorization", Secret::new("Bearer x"));
+        assert!(credentials(&twice).is_err());
+        let alone = HttpOptions::new().with_header("Authorization", Secret::new("Bearer x"));
+        assert_eq!(credentials(&alone).unwrap().len(), 1);
+    }
 
     #[test]
     fn credentials_are_checked_without_echoing_them() {

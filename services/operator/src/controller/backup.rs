@@ -21,7 +21,7 @@ use crate::mover::{backup_pod, MoverError, MoverPodInput, ResolvedPvc};
 use super::context::Context;
 use super::error::Error;
 use super::kind::{Claim, MoverKind, Outcome};
-use super::link::{JobReport, JobRequest};
+use super::link::{JobReport, JobRequest, JobState};
 use super::progress::{failure_text, first_failure, is_transient, overall};
 use super::reconcile::reconcile;
 
@@ -130,6 +130,11 @@ impl MoverKind for Backup {
     fn outcome(&self, status: &BackupStatus, reports: &[JobReport]) -> Outcome {
         if let Some((_, failed)) = first_failure(reports) {
             let (kind, message) = failure_text(failed);
+            if backed_up(status) && failed.state == JobState::Failed && !is_transient(&kind) {
+                // The snapshot is written and restorable: a prune that fails does not undo
+                // the backup (as a backup job of the service ends): `succeed` records why.
+                return Outcome::Succeeded;
+            }
             let step = if backed_up(status) { "prune" } else { "backup" };
             let message = format!("{step} {kind}: {message}");
             return if is_transient(&kind) {
@@ -177,6 +182,10 @@ impl MoverKind for Backup {
                 status.pruned = Some(p.removed);
                 status.kept = Some(p.kept);
             }
+        }
+        if let Some((_, failed)) = first_failure(reports) {
+            let (kind, message) = failure_text(failed);
+            status.prune_error = Some(format!("prune {kind}: {message}"));
         }
     }
 }

@@ -181,6 +181,12 @@ fn check_within(field: &str, text: &str) -> Result<(), ValidationError> {
             &format!("'{text}' is not a duration like 7d or 1y2m3d4h (years, months, days, hours)"),
         ));
     }
+    if text.bytes().all(|b| b == b'0' || b.is_ascii_alphabetic()) {
+        return Err(invalid(
+            field,
+            &format!("'{text}' keeps nothing: give a duration longer than zero"),
+        ));
+    }
     Ok(())
 }
 
@@ -310,6 +316,10 @@ pub struct BackupStatus {
     /// Snapshots of the source the prune kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kept: Option<u64>,
+    /// Why the prune after the backup failed (the snapshot is written and restorable all
+    /// the same; the next backup's prune tries again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prune_error: Option<String>,
     /// Bytes so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
@@ -387,7 +397,7 @@ mod tests {
             });
             s.validate().unwrap_or_else(|e| panic!("{good}: {e}"));
         }
-        for bad in ["d", "3d2y", "3", "1d1d", ""] {
+        for bad in ["d", "3d2y", "3", "1d1d", "", "0d", "0y00h"] {
             assert!(check_within("f", bad).is_err(), "{bad}");
         }
         let mut s = spec();

@@ -389,6 +389,12 @@ fn validate_http(field: &str, http: &HttpOptions) -> Result<(), ValidationError>
                 "not a valid HTTP header name",
             ));
         }
+        if ferry_core::http_headers::is_reserved_header(&h.name) {
+            return Err(invalid(
+                &format!("{field}.headers[{i}].name"),
+                &format!("'{}' is set by ferry itself and cannot be given", h.name),
+            ));
+        }
         check_secret_ref(&format!("{field}.headers[{i}].valueFrom"), &h.value_from)?;
     }
     Ok(())

@@ -53,10 +53,23 @@ fn has_inline_password(url: &str) -> bool {
     let Some((_, rest)) = url.split_once("://") else {
         return false;
     };
-    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
     match authority.rsplit_once('@') {
         Some((userinfo, _)) => userinfo.contains(':') || userinfo.contains('%'),
         None => false,
+    }
+}
+
+/// `url` as a status message may quote it: no user info, and no query or fragment of an
+/// HTTP URL (a presigned URL's signature is a credential).
+fn shown_url(url: &str) -> String {
+    let http = url.split_once("://").is_some_and(|(scheme, _)| {
+        scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https")
+    });
+    if http {
+        redact_userinfo(url.split(['?', '#']).next().unwrap_or_default())
+    } else {
+        redact_userinfo(url)
     }
 }
 
@@ -68,7 +81,7 @@ pub(crate) fn check_url(field: &str, url: &str) -> Result<UrlKind, ValidationErr
             field,
             &format!(
                 "'{}' has a password inside the URL: remove it and give credentials only as a secretKeyRef in the endpoint's options",
-                redact_userinfo(url)
+                shown_url(url)
             ),
         ));
     }
@@ -78,7 +91,8 @@ pub(crate) fn check_url(field: &str, url: &str) -> Result<UrlKind, ValidationErr
             &format!("'{url}' is a path: name a claim with pvc instead of a file"),
         ));
     }
-    let spec = EndpointSpec::parse(url).map_err(|e| invalid(field, e.message()))?;
+    let spec = EndpointSpec::parse(url)
+        .map_err(|e| invalid(field, &e.message().replace(url, &shown_url(url))))?;
     match spec {
         EndpointSpec::Nbd(nbd) => match nbd.address {
             ferry_core::spec::NbdAddress::Unix { .. } => Err(invalid(
@@ -95,7 +109,7 @@ pub(crate) fn check_url(field: &str, url: &str) -> Result<UrlKind, ValidationErr
             field,
             &format!(
                 "'{}' is a file URL: name a claim with pvc instead of a file",
-                redact_userinfo(url)
+                shown_url(url)
             ),
         )),
     }
@@ -194,4 +208,25 @@ pub fn check_digest(field: &str, digest: &str) -> Result<(), ValidationError> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_about_an_http_url_quotes_no_query_and_no_password() {
+        let e = check_url("spec.source.url", "https://user:pw@host/disk.img?sig=abc").unwrap_err();
+        assert!(!e.message.contains("sig=abc"), "{}", e.message);
+        assert!(!e.message.contains("pw"), "{}", e.message);
+        assert!(e.message.contains("host/disk.img"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_query_that_looks_like_user_info_is_not_a_password() {
+        assert!(!has_inline_password("https://host?sig=a:b@x"));
+        assert!(!has_inline_password("https://host#a:b@x"));
+        assert!(has_inline_password("https://a:b@host/x"));
+        assert!(check_url("f", "https://host/disk.img?sig=a:b@x").is_ok());
+    }
 }

@@ -249,21 +249,30 @@ async fn record(
         next.last_snapshot = status.snapshot_id.clone();
     }
     let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
-    if let Some(snapshot) = done
+    // Only a Backup this schedule made (its controller) had a snapshot and a temporary
+    // claim made for it, named after it: never delete what a Backup's spec names, which
+    // anyone who may create Backups could point at any claim.
+    let made_here = done
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|r| r.controller == Some(true) && Some(&r.uid) == obj.metadata.uid.as_ref());
+    let with_snapshot = done
         .metadata
         .annotations
         .as_ref()
-        .and_then(|a| a.get(SNAPSHOT_ANNOTATION))
-    {
+        .is_some_and(|a| a.contains_key(SNAPSHOT_ANNOTATION));
+    if made_here && with_snapshot {
         let snapshots: Api<DynamicObject> =
             Api::namespaced_with(ctx.client.clone(), namespace, &build::volume_snapshot_api());
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
         gone(
             claims
-                .delete(&done.spec.source_pvc, &DeleteParams::default())
+                .delete(&build::temp_claim_name(&name), &DeleteParams::default())
                 .await,
         )?;
-        gone(snapshots.delete(snapshot, &DeleteParams::default()).await)?;
+        gone(snapshots.delete(&name, &DeleteParams::default()).await)?;
     }
     let (warning, why, note) = match status.phase {
         crate::crd::Phase::Succeeded => (

@@ -10,7 +10,7 @@ use crate::service::convert::Validator;
 use crate::service::metrics::{Metrics, RequestGuard};
 use crate::service::proto::{self, backup_service_server::BackupService};
 use crate::service::status::ServiceError;
-use ferry_backup::{BackupId, Repository};
+use ferry_backup::{BackupId, Manifest, Repository};
 use ferry_core::{Error, ErrorKind};
 
 /// Largest page ListSnapshots returns.
@@ -81,14 +81,23 @@ fn snapshot_id(text: &str) -> Result<BackupId, ServiceError> {
 }
 
 /// The position after which a page starts: the last id of the previous page.
-fn page_start(token: &str) -> Result<Option<BackupId>, ServiceError> {
+/// Where a page starts: after the snapshot (start time in milliseconds, id) the token
+/// names. A position, not a snapshot that must still exist: a prune between two pages
+/// neither restarts the listing nor repeats a snapshot.
+fn page_start(token: &str) -> Result<Option<(i64, BackupId)>, ServiceError> {
     if token.is_empty() {
         return Ok(None);
     }
-    token
-        .parse()
-        .map(Some)
-        .map_err(|_| Error::invalid_input("page_token is not a token this server returned").into())
+    let bad = || Error::invalid_input("page_token is not a token this server returned");
+    let (ms, id) = token.split_once('/').ok_or_else(bad)?;
+    let ms = ms.parse().map_err(|_| bad())?;
+    let id = id.parse().map_err(|_| bad())?;
+    Ok(Some((ms, id)))
+}
+
+/// The token of a page that ends with `last`.
+fn page_token(last: &Manifest) -> String {
+    format!("{}/{}", last.time.timestamp_millis(), last.id)
 }
 
 #[tonic::async_trait]
@@ -101,8 +110,7 @@ impl BackupService for BackupApi {
         let req = request.get_ref();
         let r = async {
             let access = self.access(req.repository.as_ref())?;
-            let settings =
-                InitSettings::from_proto("options", &req.options.clone().unwrap_or_default())?;
+            let settings = InitSettings::from_proto("options", &req.options.unwrap_or_default())?;
             match access.init(&self.validator.secrets, &settings).await? {
                 Some(repo) => Ok(info(access.name(), &repo)),
                 None => Err(ServiceError::RepositoryExists { url: access.name() }),
@@ -160,15 +168,14 @@ impl BackupService for BackupApi {
             }
             manifests.sort_by(|a, b| (a.time, &a.id).cmp(&(b.time, &b.id)));
             let start = match &after {
-                Some(a) => manifests
-                    .iter()
-                    .position(|m| m.id == *a)
-                    .map_or(0, |i| i + 1),
+                Some((ms, id)) => {
+                    manifests.partition_point(|m| (m.time.timestamp_millis(), &m.id) <= (*ms, id))
+                }
                 None => 0,
             };
             let page: Vec<_> = manifests.iter().skip(start).take(size).collect();
             let next_page_token = if start + page.len() < manifests.len() {
-                page.last().map(|m| m.id.to_string()).unwrap_or_default()
+                page.last().map(|m| page_token(m)).unwrap_or_default()
             } else {
                 String::new()
             };

@@ -473,6 +473,12 @@ pub(super) fn http_options(
                 "{what}.http.headers[{i}].name must have 1 to 256 bytes"
             )));
         }
+        if ferry_core::http_headers::is_reserved_header(&header.name) {
+            return Err(invalid(format!(
+                "{what}.http.headers[{i}].name: '{}' is set by ferry itself and cannot be given",
+                header.name
+            )));
+        }
         let value = header
             .value
             .as_ref()

@@ -74,38 +74,27 @@ fn target(t: &TargetRecord) -> proto::TargetOutcome {
     }
 }
 
+/// Replaces each endpoint's URL with its shown form ([`super::shown_url`]: no user info,
+/// no query of an HTTP URL, which may carry a presigned signature), for everything the
+/// service sends back of a stored request: jobs and schedule templates.
+pub fn show_urls<'a>(endpoints: impl IntoIterator<Item = &'a mut proto::Endpoint>) {
+    for ep in endpoints {
+        ep.url = super::shown_url(&ep.url);
+    }
+}
+
 /// The wire form of a job.
 pub fn job_to_proto(r: &JobRecord) -> proto::Job {
     let request = match r.kind {
         JobKind::Transfer => proto::StartTransferRequest::decode(r.request.as_slice())
             .ok()
-            .map(|mut t| {
-                for ep in t
-                    .source
-                    .iter_mut()
-                    .chain(t.target.iter_mut())
-                    .chain(t.more_targets.iter_mut())
-                {
-                    ep.url = super::shown_url(&ep.url);
-                }
-                proto::job::Request::Transfer(t)
-            }),
+            .map(proto::job::Request::Transfer),
         JobKind::Checksum => proto::StartChecksumRequest::decode(r.request.as_slice())
             .ok()
-            .map(|mut c| {
-                if let Some(ep) = c.source.as_mut() {
-                    ep.url = super::shown_url(&ep.url);
-                }
-                proto::job::Request::Checksum(c)
-            }),
+            .map(proto::job::Request::Checksum),
         JobKind::Backup => proto::StartBackupRequest::decode(r.request.as_slice())
             .ok()
-            .map(|mut b| {
-                if let Some(ep) = b.source.as_mut() {
-                    ep.url = super::shown_url(&ep.url);
-                }
-                proto::job::Request::Backup(b)
-            }),
+            .map(proto::job::Request::Backup),
         JobKind::Restore => proto::StartRestoreRequest::decode(r.request.as_slice())
             .ok()
             .map(proto::job::Request::Restore),
@@ -120,7 +109,23 @@ pub fn job_to_proto(r: &JobRecord) -> proto::Job {
         JobKind::Gc => proto::StartGcRequest::decode(r.request.as_slice())
             .ok()
             .map(proto::job::Request::Gc),
-    };
+    }
+    .map(|mut request| {
+        let endpoints: Vec<&mut proto::Endpoint> = match &mut request {
+            proto::job::Request::Transfer(t) => t
+                .source
+                .iter_mut()
+                .chain(t.target.iter_mut())
+                .chain(t.more_targets.iter_mut())
+                .collect(),
+            proto::job::Request::Checksum(c) => c.source.iter_mut().collect(),
+            proto::job::Request::Backup(b) => b.source.iter_mut().collect(),
+            proto::job::Request::Restore(r) => r.target.iter_mut().collect(),
+            _ => Vec::new(),
+        };
+        show_urls(endpoints);
+        request
+    });
     let result = r.result.as_ref().and_then(|res| match res {
         ResultRecord::Transfer {
             size,

@@ -5,6 +5,7 @@ use ferry_core::{Error, Result};
 
 use super::model::{MissedPolicy, RunRecord, RunResult, ScheduleRecord};
 use super::template::Template;
+use crate::service::convert::output::show_urls;
 use crate::service::proto;
 
 fn timestamp(ms: u64) -> prost_types::Timestamp {
@@ -54,6 +55,24 @@ fn run_to_proto(r: &RunRecord) -> proto::ScheduleRun {
     }
 }
 
+/// A template as the service shows it: endpoint URLs without secrets.
+fn shown_template(mut template: proto::JobTemplate) -> proto::JobTemplate {
+    use proto::job_template::Request;
+    let endpoints: Vec<&mut proto::Endpoint> = match &mut template.request {
+        Some(Request::Transfer(t)) => t
+            .source
+            .iter_mut()
+            .chain(t.target.iter_mut())
+            .chain(t.more_targets.iter_mut())
+            .collect(),
+        Some(Request::Checksum(c)) => c.source.iter_mut().collect(),
+        Some(Request::Backup(b)) => b.source.iter_mut().collect(),
+        _ => Vec::new(),
+    };
+    show_urls(endpoints);
+    template
+}
+
 /// The wire form of a schedule.
 pub fn schedule_to_proto(r: &ScheduleRecord) -> proto::Schedule {
     proto::Schedule {
@@ -65,7 +84,7 @@ pub fn schedule_to_proto(r: &ScheduleRecord) -> proto::Schedule {
         missed_run_policy: missed_to_proto(r.missed) as i32,
         template: Template::from_record(&r.template)
             .ok()
-            .map(|t| t.to_proto()),
+            .map(|t| shown_template(t.to_proto())),
         labels: r.labels.clone(),
         create_time: Some(timestamp(r.created_ms)),
         update_time: Some(timestamp(r.updated_ms)),
@@ -93,5 +112,26 @@ mod tests {
         }
         let e = missed_from_proto(42).unwrap_err();
         assert!(e.to_string().contains("missed_run_policy 42"), "{e}");
+    }
+
+    #[test]
+    fn a_template_is_shown_without_the_query_of_an_http_url() {
+        let endpoint = |url: &str| proto::Endpoint {
+            url: url.to_string(),
+            ..Default::default()
+        };
+        let template = proto::JobTemplate {
+            request: Some(proto::job_template::Request::Transfer(
+                proto::StartTransferRequest {
+                    source: Some(endpoint("https://example.com/disk.img?X-Amz-Signature=abc")),
+                    target: Some(endpoint("/images/disk.img")),
+                    ..Default::default()
+                },
+            )),
+        };
+        let shown = format!("{:?}", shown_template(template));
+        assert!(!shown.contains("X-Amz-Signature=abc"), "{shown}");
+        assert!(shown.contains("https://example.com/disk.img"), "{shown}");
+        assert!(shown.contains("/images/disk.img"), "{shown}");
     }
 }
