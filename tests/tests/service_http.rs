@@ -282,3 +282,27 @@ async fn a_resumed_job_reads_the_same_version_or_fails() {
     assert!(text.contains("changed since the job started"), "{text}");
     assert_no_secret("the job", &text);
 }
+
+/// A caller's checkpoint names no HTTP object version, so it could mix two versions of
+/// the object: StartTransfer refuses it for an HTTP source, naming why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_from_with_an_http_source_is_refused() {
+    let s = setup();
+    let server = s.serve("data");
+    let mut client = connect(server.grpc).await;
+    let err = client
+        .start_transfer(StartTransferRequest {
+            source: http_source("http://127.0.0.1:9/disk.img"),
+            target: endpoint(s.root.join("out.img").display().to_string()),
+            resume_from: Some(proto::Checkpoint {
+                size: 4 * MIB,
+                committed: vec![proto::Range { start: 0, end: MIB }],
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect_err("a resume_from with an HTTP source is accepted");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("resume_from"), "{}", err.message());
+    assert_no_secret("the error", err.message());
+}

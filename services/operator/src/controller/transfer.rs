@@ -97,10 +97,13 @@ impl MoverKind for Transfer {
         status: &TransferStatus,
         pvcs: &[ResolvedPvc],
     ) -> Result<Vec<JobRequest>, MoverError> {
+        // A checkpoint does not name an HTTP object's version: a replacement mover copies
+        // such a source from the start rather than mix two versions of the object.
         let resume_from = status
             .checkpoint
             .clone()
-            .filter(|c| !c.committed.is_empty());
+            .filter(|c| !c.committed.is_empty())
+            .filter(|_| !self.spec.source.is_http());
         let mut request = transfer_request(self, pvcs, &pending(self, status))?;
         if let Some(algorithm) = expected_algorithm(self) {
             request.options.verify = true;
@@ -330,4 +333,37 @@ fn views(transfer: &Transfer, status: &TransferStatus, reports: &[JobReport]) ->
         }
     }
     views
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::status::Checkpoint;
+
+    fn transfer(source: &str) -> Transfer {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+            "metadata": {"name": "import", "namespace": "ns", "uid": "uid-1"},
+            "spec": {"source": {"url": source}, "targets": [{"url": "nbd://host/export"}]},
+        }))
+        .unwrap()
+    }
+
+    fn resume_from(t: &Transfer) -> Option<Checkpoint> {
+        let status = TransferStatus {
+            checkpoint: Some(Checkpoint::new(4 << 20, [(0, 1 << 20)])),
+            ..TransferStatus::default()
+        };
+        match t.jobs(&status, &[]).unwrap().pop() {
+            Some(JobRequest::Transfer { resume_from, .. }) => resume_from,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_replacement_mover_resumes_except_from_an_http_source() {
+        assert!(resume_from(&transfer("s3://bucket/disk.img")).is_some());
+        assert_eq!(resume_from(&transfer("https://host/disk.img?sig=x")), None);
+        assert_eq!(resume_from(&transfer("HTTP://host/disk.img")), None);
+    }
 }

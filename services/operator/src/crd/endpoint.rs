@@ -217,6 +217,16 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// Whether this is an `http://` or `https://` URL.
+    pub fn is_http(&self) -> bool {
+        self.url
+            .as_deref()
+            .and_then(|u| u.split_once("://"))
+            .is_some_and(|(scheme, _)| {
+                scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https")
+            })
+    }
+
     /// An endpoint reading or writing `url`.
     pub fn url(url: impl Into<String>) -> Self {
         Self {

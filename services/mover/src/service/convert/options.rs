@@ -174,6 +174,13 @@ impl TransferSpec {
             .as_ref()
             .map(|c| checkpoint_from_proto("resume_from", c))
             .transpose()?;
+        if resume_from.is_some() && matches!(plan.source_kind.as_str(), "http" | "https") {
+            return Err(Error::invalid_input(
+                "resume_from cannot be used with an HTTP source: a checkpoint does not name \
+                 the object's version, so the bytes of a changed object could mix with those \
+                 already copied (start the copy without resume_from)",
+            ));
+        }
         ImageSpec::check_target(req.target.as_ref())?;
         for target in &req.more_targets {
             ImageSpec::check_target(Some(target))?;
