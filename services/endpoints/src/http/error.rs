@@ -55,6 +55,10 @@ pub(super) fn status(code: StatusCode, url: &str) -> Failure {
             ErrorKind::Disconnected,
             format!("the server is unavailable (HTTP {n} {reason})"),
         )),
+        501 | 505 => Failure::fatal(Error::new(
+            ErrorKind::Unsupported,
+            format!("the server cannot answer this request (HTTP {n} {reason}): it does not support GET with ranges over HTTP/1.1"),
+        )),
         500..=599 => Failure::transient(Error::new(
             ErrorKind::Io,
             format!("the server failed (HTTP {n} {reason})"),
@@ -143,4 +147,25 @@ pub(super) fn body(err: hyper::Error, done: usize, len: usize) -> Failure {
             chain(&err)
         ),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(code: u16) -> Failure {
+        status(StatusCode::from_u16(code).unwrap(), "http://host/disk.img")
+    }
+
+    #[test]
+    fn only_answers_that_may_change_are_retried() {
+        for code in [408, 429, 500, 502, 503, 504, 507] {
+            assert!(answer(code).transient, "{code}");
+        }
+        for code in [401, 403, 404, 410, 416, 501, 505] {
+            assert!(!answer(code).transient, "{code}");
+        }
+        assert_eq!(answer(404).error.kind(), ErrorKind::NotFound);
+        assert_eq!(answer(501).error.kind(), ErrorKind::Unsupported);
+    }
 }
