@@ -81,17 +81,10 @@ impl MoverKind for Backup {
     }
 
     fn secret_keys(&self) -> Vec<&SecretKeyRef> {
-        let Some(repo) = &self.spec.resolved_repository else {
-            return Vec::new();
-        };
-        let mut keys: Vec<&SecretKeyRef> = Vec::new();
-        if let Some(s3) = &repo.s3 {
-            keys.extend(s3.access_key_id.iter());
-            keys.extend(s3.secret_access_key.iter());
-            keys.extend(s3.session_token.iter());
-        }
-        keys.extend(repo.key());
-        keys
+        self.spec
+            .resolved_repository
+            .as_ref()
+            .map_or_else(Vec::new, |repo| repo.secret_refs())
     }
 
     fn mover_pod(&self, input: &MoverPodInput<'_>) -> Result<Pod, MoverError> {

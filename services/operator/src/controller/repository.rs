@@ -10,7 +10,7 @@ use kube::runtime::controller::Action;
 use kube::Api;
 
 use crate::crd::status::condition::{reason, READY};
-use crate::crd::{BackupRepository, SecretKeyRef};
+use crate::crd::BackupRepository;
 
 use super::context::{Context, MANAGER};
 use super::error::Error;
@@ -52,9 +52,7 @@ pub async fn reconcile_repository(
             Action::await_change(),
         ),
         Ok(()) => {
-            let endpoint = obj.spec.endpoint();
-            let mut keys: Vec<&SecretKeyRef> = endpoint.secret_refs();
-            keys.extend(obj.spec.key());
+            let keys = obj.spec.secret_refs();
             match secrets::missing(&ctx, &ids, &[], &keys).await? {
                 Some(message) => (
                     false,

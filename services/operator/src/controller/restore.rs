@@ -109,18 +109,7 @@ impl MoverKind for Restore {
     }
 
     fn secret_keys(&self) -> Vec<&SecretKeyRef> {
-        let Some(found) = found(self) else {
-            return Vec::new();
-        };
-        let repo = &found.repository;
-        let mut keys: Vec<&SecretKeyRef> = Vec::new();
-        if let Some(s3) = &repo.s3 {
-            keys.extend(s3.access_key_id.iter());
-            keys.extend(s3.secret_access_key.iter());
-            keys.extend(s3.session_token.iter());
-        }
-        keys.extend(repo.key());
-        keys
+        found(self).map_or_else(Vec::new, |found| found.repository.secret_refs())
     }
 
     fn mover_pod(&self, input: &MoverPodInput<'_>) -> Result<Pod, MoverError> {

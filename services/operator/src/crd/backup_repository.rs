@@ -117,6 +117,15 @@ impl BackupRepositorySpec {
         }
     }
 
+    /// Every Secret key the repository refers to: the S3 credentials, then the key.
+    pub fn secret_refs(&self) -> Vec<&SecretKeyRef> {
+        self.s3
+            .iter()
+            .flat_map(S3Options::secret_refs)
+            .chain(self.key())
+            .collect()
+    }
+
     /// The key's Secret reference, when encrypted.
     pub fn key(&self) -> Option<&SecretKeyRef> {
         self.encryption.as_ref().map(|e| &e.key_secret_ref)

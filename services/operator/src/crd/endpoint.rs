@@ -216,6 +216,16 @@ pub struct Endpoint {
     pub allow_backing: Option<bool>,
 }
 
+impl S3Options {
+    /// The Secret keys of the credentials, in a fixed order.
+    pub fn secret_refs(&self) -> impl Iterator<Item = &SecretKeyRef> {
+        self.access_key_id
+            .iter()
+            .chain(&self.secret_access_key)
+            .chain(&self.session_token)
+    }
+}
+
 impl Endpoint {
     /// Whether this is an `http://` or `https://` URL.
     pub fn is_http(&self) -> bool {
@@ -258,9 +268,7 @@ impl Endpoint {
     pub fn secret_refs(&self) -> Vec<&SecretKeyRef> {
         let mut refs = Vec::new();
         if let Some(s3) = &self.s3 {
-            refs.extend(s3.access_key_id.iter());
-            refs.extend(s3.secret_access_key.iter());
-            refs.extend(s3.session_token.iter());
+            refs.extend(s3.secret_refs());
         }
         if let Some(iscsi) = &self.iscsi {
             refs.extend(iscsi.password.iter());
