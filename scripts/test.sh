@@ -74,6 +74,8 @@ install_pip_packages
 install_rust_components
 
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# One build from a clean tree: incremental caches would only cost disk (gigabytes).
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 # Cargo.lock is committed; say so when the build had to change it (not --locked, so that a
 # stale lock file does not stop the tests).
 lock_before="$(cksum Cargo.lock 2>/dev/null || true)"

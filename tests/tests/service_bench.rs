@@ -2,7 +2,7 @@
 //! prints numbers). Run it on a release build:
 //!
 //! ```text
-//! cargo test --release -p ferry-tests --test service_bench -- --ignored --nocapture
+//! cargo test --release -p ferry-tests --test e2e -- service_bench:: --ignored --nocapture
 //! ```
 //!
 //! It measures, in one run on this machine:

@@ -4,7 +4,7 @@
 //! BackupRepository reports whether it can be used, and BackupSchedules fire on a clock
 //! the test drives (no overlap, paused, copyMethod Snapshot, invalid cron).
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

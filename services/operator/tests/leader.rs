@@ -1,7 +1,7 @@
 //! Leader election against the mocked API server: each scenario asserts the exact
 //! requests (method, path, body) the elector sends and what it concludes.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

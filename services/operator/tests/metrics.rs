@@ -1,7 +1,7 @@
 //! The operator's metrics: reconciles and their failures are counted by kind, the gauges
 //! are sampled from the stores, and the exposition names every metric the dashboard uses.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

@@ -3,7 +3,7 @@
 //! and checks every request it makes (method, path, the important body fields), in
 //! order, and that no other request follows.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! calls the reconcile function directly and checks every request it makes (method,
 //! path, the important body fields), in order, and how many there were.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

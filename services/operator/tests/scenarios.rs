@@ -1,0 +1,12 @@
+//! The operator's integration tests (reconciler scenarios against a mocked API server,
+//! CRDs, manifests), one module per area, built as one test binary.
+
+mod support;
+
+mod backup;
+mod crds;
+mod leader;
+mod manifests;
+mod metrics;
+mod populator;
+mod reconcile;
