@@ -163,7 +163,7 @@ def full_case(env, where, image, key):
                  where.ferry("ferry-enc")],
                 setup=lambda: ferry_init(env, where, "ferry-enc", key),
                 check=measure_repo("ferry-enc", "ferry-enc"), note="AES-256-GCM"),
-        peer("restic backup", ["restic", "-r", where.restic("restic"), "backup", "--quiet",
+        peer("restic backup", ["restic", "-r", Lazy(lambda: where.restic("restic")), "backup", "--quiet",
                                image.path],
              install=RESTIC_INSTALL, setup=lambda: restic_init(where, "restic"),
              check=measure_repo("restic", "restic"), note="encrypted, content-defined chunks"),
@@ -233,7 +233,7 @@ def restore_case(env, where, image):
                                          where.ferry("ferry"), Lazy(lambda: ids["ferry"]), target],
                 ferry=True, setup=remove, cleanup=remove, check=compare(target),
                 note="verifies the block hash; fsyncs; zero chunks left as holes"),
-        peer("restic restore latest", ["restic", "-r", where.restic("restic"), "restore",
+        peer("restic restore latest", ["restic", "-r", Lazy(lambda: where.restic("restic")), "restore",
                                        "latest", "--target", restic_dir],
              install=RESTIC_INSTALL, setup=remove, cleanup=remove, check=compare(restored),
              note="never flushes"),
@@ -286,7 +286,7 @@ def incremental_case(env, where, image):
                 [env.ferry, "backup", "create", "--no-progress", work, where.ferry("ferry")],
                 ferry=True, setup=change, note="reads the image, uploads the changed chunks"),
         peer("restic backup (1% changed)",
-             ["restic", "-r", where.restic("restic"), "backup", "--quiet", work],
+             ["restic", "-r", Lazy(lambda: where.restic("restic")), "backup", "--quiet", work],
              install=RESTIC_INSTALL, setup=change, note="rereads the changed file"),
     ]
     return Case(
