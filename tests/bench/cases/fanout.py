@@ -2,6 +2,10 @@
 deployment), against four sequential `ferry copy` runs of the same image, and the same
 fan-out as one job of a mover (`ferry serve` + `ferry job start SRC DST1 .. DST4`).
 
+A second case reads the image from a slow HTTP server instead (nginx on loopback with
+`limit_rate 25m` per connection: 200 MB/s for ferry's 8 connections, like a remote
+template server), where reading the source once is what the fan-out saves.
+
 The source is a local file that the page cache holds after the first run, so the disk
 bounds every contender the same way: what the fan-out saves is the three extra passes over
 the source (reads, extent queries, zero detection), not I/O on the targets. Every command
@@ -11,6 +15,7 @@ flushes every target before it ends.
 import subprocess
 
 from harness import GiB, Case, Command, Goal, ratio
+from cases.http import LateArgv, Server
 
 TARGETS = 4
 FAN_OUT = "ferry copy SRC DST1 .. DST4 (one pass)"
@@ -49,7 +54,7 @@ def cases(env):
         cmd(MOVER, [*mover_job, source, *targets],
             note="service started and stopped in the measured time"),
     ]
-    return [Case(
+    return [_over_http(env), Case(
         name=name,
         title=f"Fan-out: one file into {TARGETS} files, 4 GiB, 50% data in scattered "
               "1 MiB runs, against sequential copies",
@@ -63,6 +68,53 @@ def cases(env):
                  lambda r: _rss(r, name)),
         ],
     )]
+
+
+def _over_http(env):
+    name = "fanout-http-half-1g-x4"
+    image = env.image("half-1g", "half", env.size(1 * GiB))
+    server = Server(env.workdir / "http-fanout-root", image.path, limit_rate="25m")
+    targets = [env.target(f"{name}-{i}") for i in range(TARGETS)]
+
+    def remove():
+        for t in targets:
+            if not env.keep_targets and t.exists():
+                t.unlink()
+
+    def check(_result):
+        for t in targets:
+            cmp = subprocess.run(["qemu-img", "compare", "-q", "-f", "raw", "-F", "raw",
+                                  str(image.path), str(t)], capture_output=True, text=True)
+            if cmp.returncode != 0:
+                return f"{t}: qemu-img compare: {cmp.stdout.strip()} {cmp.stderr.strip()}"
+        return None
+
+    values = {"URL": server.url}
+    fan_out = "ferry copy URL DST1 .. DST4 (one pass)"
+    sequential = "4x ferry copy URL DSTn (sequential)"
+    commands = [
+        Command(fan_out, LateArgv([env.ferry, "copy", "URL", *targets], values), ferry=True,
+                setup=remove, cleanup=remove, check=check),
+        Command(sequential, LateArgv(
+            ["sh", "-c", 'f="$0"; s="$1"; shift 2; '
+             'for t; do "$f" copy "$s" "$t" >/dev/null || exit 1; done',
+             env.ferry, "URL", *targets], values),
+            setup=remove, cleanup=remove, check=check),
+    ]
+    return Case(
+        name=name,
+        title=f"Fan-out from a slow HTTP server (nginx, 25 MB/s per connection) into "
+              f"{TARGETS} files: 1 GiB, 50% data in scattered 1 MiB runs",
+        commands=commands,
+        context=server.context,
+        goals=[
+            _ratio_goal(f"{TARGETS}-target fan-out from slow HTTP <= 0.35x {TARGETS} "
+                        "sequential copies", name, fan_out, sequential, 0.35),
+            Goal(f"peak RSS of a {TARGETS}-target fan-out from HTTP <= 64 MiB",
+                 lambda r: (r[name][fan_out].peak_rss_mib <= 64,
+                            f"{r[name][fan_out].peak_rss_mib:.0f} MiB")),
+        ],
+    )
 
 
 def _ratio_goal(text, case_name, a, b, most):

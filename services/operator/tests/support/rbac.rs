@@ -259,7 +259,6 @@ pub const UNUSED_WITH_REASON: &[(&str, &str, &str, &str)] = &[
     ("watch", "ferry.dev", "checksums", WATCHES),
     ("list", "", "pods", WATCHES),
     ("watch", "", "pods", WATCHES),
-    ("get", "ferry.dev", "transfers", POPULATOR),
     (
         "patch",
         "ferry.dev",
@@ -267,33 +266,14 @@ pub const UNUSED_WITH_REASON: &[(&str, &str, &str, &str)] = &[
         "the finalizer of a Checksum (controller/finalizer.rs, the same code as a \
         Transfer's): the checksum scenario starts with it in place and ends before a deletion",
     ),
-    ("create", "ferry.dev", "transfers", POPULATOR),
-    ("delete", "ferry.dev", "transfers", POPULATOR),
-    ("get", "ferry.dev", "volumeimagesources", POPULATOR),
-    ("list", "ferry.dev", "volumeimagesources", POPULATOR),
-    ("watch", "ferry.dev", "volumeimagesources", POPULATOR),
-    ("list", "", "persistentvolumeclaims", POPULATOR),
-    ("watch", "", "persistentvolumeclaims", POPULATOR),
+    ("list", "ferry.dev", "volumeimagesources", WATCHES),
+    ("watch", "ferry.dev", "volumeimagesources", WATCHES),
+    ("list", "", "persistentvolumeclaims", WATCHES),
+    ("watch", "", "persistentvolumeclaims", WATCHES),
     ("patch", "", "persistentvolumeclaims", POPULATOR),
-    ("delete", "", "persistentvolumeclaims", POPULATOR),
-    ("get", "", "persistentvolumes", POPULATOR),
-    ("patch", "", "persistentvolumes", POPULATOR),
-    ("get", "storage.k8s.io", "storageclasses", POPULATOR),
-    (
-        "patch",
-        "events.k8s.io",
-        "events",
-        "kube's Recorder patches an event it already sent \
-        (a repeat within its cache) instead of creating it again",
-    ),
-    ("get", "ferry.dev", "backuprepositories", BACKUPS),
     ("list", "ferry.dev", "backuprepositories", WATCHES),
     ("watch", "ferry.dev", "backuprepositories", WATCHES),
-    ("patch", "ferry.dev", "backuprepositories/status", BACKUPS),
-    ("get", "ferry.dev", "backups", BACKUPS),
-    ("list", "ferry.dev", "backups", BACKUPS),
     ("watch", "ferry.dev", "backups", WATCHES),
-    ("create", "ferry.dev", "backups", BACKUPS),
     (
         "patch",
         "ferry.dev",
@@ -301,15 +281,11 @@ pub const UNUSED_WITH_REASON: &[(&str, &str, &str, &str)] = &[
         "the finalizer of a Backup (controller/finalizer.rs, the same code as a \
         Transfer's): the backup scenarios start with it in place",
     ),
-    ("patch", "ferry.dev", "backups/status", BACKUPS),
     ("list", "ferry.dev", "backupschedules", WATCHES),
     ("watch", "ferry.dev", "backupschedules", WATCHES),
-    ("patch", "ferry.dev", "backupschedules/status", BACKUPS),
     ("get", "ferry.dev", "restores", POPULATOR),
     ("list", "ferry.dev", "restores", WATCHES),
     ("watch", "ferry.dev", "restores", WATCHES),
-    ("create", "ferry.dev", "restores", POPULATOR),
-    ("delete", "ferry.dev", "restores", POPULATOR),
     (
         "patch",
         "ferry.dev",
@@ -317,37 +293,17 @@ pub const UNUSED_WITH_REASON: &[(&str, &str, &str, &str)] = &[
         "the finalizer of a Restore (controller/finalizer.rs, the same code as a \
         Transfer's): the restore scenario starts with it in place",
     ),
-    ("patch", "ferry.dev", "restores/status", BACKUPS),
-    (
-        "create",
-        "snapshot.storage.k8s.io",
-        "volumesnapshots",
-        BACKUPS,
-    ),
-    (
-        "delete",
-        "snapshot.storage.k8s.io",
-        "volumesnapshots",
-        BACKUPS,
-    ),
-    ("get", "coordination.k8s.io", "leases", LEADER),
-    ("create", "coordination.k8s.io", "leases", LEADER),
-    ("update", "coordination.k8s.io", "leases", LEADER),
 ];
 
 const WATCHES: &str = "controller::run's watchers (list then watch across namespaces); \
     the scenarios call reconcile directly and feed the stores themselves";
-const POPULATOR: &str = "the volume populator (services/operator/src/populator, its \
-    scenarios in tests/populator.rs with their own mocked API server)";
-const BACKUPS: &str = "the Backup, BackupRepository and BackupSchedule reconcilers (their \
-    scenarios in tests/backup.rs with their own mocked API server)";
-const LEADER: &str = "leader election (services/operator/src/leader.rs, its own tests)";
+const POPULATOR: &str = "steps of the volume populator (services/operator/src/populator) \
+    that its scenarios (tests/populator.rs) do not take";
 
-/// The least-privilege check over the test binary that calls it (the reconciler
-/// scenarios, tests/reconcile.rs): runs every other test of the binary in a child process
-/// that records what each scenario asked, then every grant of the operator's roles must
-/// have been asked for, or be exempted with a reason (the populator and the leader
-/// election have their own scenario binaries; their grants are exempted here by name).
+/// The least-privilege check over the scenario binary that calls it: runs every other
+/// test of the binary (the reconciler, backup, populator and leader-election scenarios)
+/// in a child process that records what each scenario asked, then every grant of the
+/// operator's roles must have been asked for, or be exempted with a reason.
 pub fn check_least_privilege() {
     if std::env::var_os(RECORD_ENV).is_some() {
         return; // the child run: this test is the parent's
