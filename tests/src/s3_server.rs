@@ -229,8 +229,10 @@ impl DeleteGate {
     pub fn hold_from(&self, n: u64) {
         self.open.send_replace(false);
         self.held.store(0, Ordering::SeqCst);
-        self.hold_from
-            .store(self.seen.load(Ordering::SeqCst) + n.max(1), Ordering::SeqCst);
+        self.hold_from.store(
+            self.seen.load(Ordering::SeqCst) + n.max(1),
+            Ordering::SeqCst,
+        );
     }
 
     /// Lets every held delete go on, and every later one pass.

@@ -74,7 +74,7 @@ fn chunk_objects(server: &S3Server) -> usize {
 }
 
 /// Waits until the gate holds a delete, the process still running (it is in the middle).
-fn wait_held(gate: &DeleteGate, alive: impl Fn() -> bool) {
+fn wait_held(gate: &DeleteGate, mut alive: impl FnMut() -> bool) {
     let started = Instant::now();
     while gate.held() == 0 {
         assert!(alive(), "the process ended before its deletes were held");
@@ -177,7 +177,7 @@ async fn kill_9_mid_gc_deletes_nothing_in_use_and_the_next_gc_completes() {
         gate.wait_idle(LIMIT);
         let left = chunk_objects(&server);
         assert!(
-            left >= CHUNKS_PER_IMAGE && left < 2 * CHUNKS_PER_IMAGE,
+            (CHUNKS_PER_IMAGE..2 * CHUNKS_PER_IMAGE).contains(&left),
             "the killed GC removed some unused chunks and nothing more: {left} left"
         );
 
@@ -360,12 +360,7 @@ async fn served_backups(
     made
 }
 
-async fn served_restore_matches(
-    served: &Served,
-    jobs: &mut Client,
-    snapshot: &str,
-    image: &Path,
-) {
+async fn served_restore_matches(served: &Served, jobs: &mut Client, snapshot: &str, image: &Path) {
     let out = served.root.join(format!("restored-{snapshot}.img"));
     let id = jobs
         .start_restore(proto::StartRestoreRequest {
@@ -465,7 +460,10 @@ async fn kill_9_of_the_server_mid_gc_then_the_restarted_server_finishes_the_job(
     let proto::job::Result::GcResult(report) = result(&done) else {
         panic!("not a GC result: {done:?}");
     };
-    assert_eq!(report.chunks_referenced, CHUNKS_PER_IMAGE as u64, "{report:?}");
+    assert_eq!(
+        report.chunks_referenced, CHUNKS_PER_IMAGE as u64,
+        "{report:?}"
+    );
     assert_eq!(
         report.chunks_removed,
         (left - CHUNKS_PER_IMAGE) as u64,
