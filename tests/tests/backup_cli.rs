@@ -12,7 +12,7 @@ use ferry_tests::bin::{wait_with_deadline, Run, DEFAULT_DEADLINE};
 use ferry_tests::check::{blkhash_file, qemu_img_compare};
 use ferry_tests::images::{self, Pattern};
 use ferry_tests::nbd_servers::{NbdServer, Nbdkit};
-use ferry_tests::s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
+use ferry_tests::s3_server::{S3Server, SECRET_KEY};
 use ferry_tests::{ferry, scratch_dir};
 use serde_json::Value;
 
@@ -257,19 +257,9 @@ fn restore_into_a_too_small_target_fails_before_writing() {
 /// Runs ferry with the S3 server in the SDK's standard environment and `key` (a key file
 /// path) as FERRY_BACKUP_KEY_FILE when given.
 async fn run_s3(server: &S3Server, key: Option<&Path>, args: &[&str]) -> Run {
-    let empty = server.root().join("empty-aws-config");
-    std::fs::write(&empty, "").unwrap();
     let mut cmd = ferry!().command(args);
-    cmd.env("AWS_ENDPOINT_URL", server.endpoint_url())
-        .env("AWS_REGION", "us-east-1")
-        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-        .env("AWS_CONFIG_FILE", &empty)
-        .env("AWS_SHARED_CREDENTIALS_FILE", &empty)
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .env_remove("AWS_PROFILE")
-        .env_remove("FERRY_BACKUP_KEY_FILE")
-        .stdin(Stdio::null());
+    server.sdk_env(&mut cmd);
+    cmd.env_remove("FERRY_BACKUP_KEY_FILE").stdin(Stdio::null());
     if let Some(key) = key {
         cmd.env("FERRY_BACKUP_KEY_FILE", key);
     }

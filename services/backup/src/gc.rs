@@ -7,7 +7,8 @@
 //! version read (S3 `If-Match`, a rename check on disk), so of two GCs racing for a
 //! stale lease one wins. The holder renews it every third of its lifetime and stops
 //! before deleting anything once a renewal shows the lease was lost. At the end, the GC
-//! writes `locks/gc-last` and removes the lease.
+//! writes `locks/gc-last` and removes the lease. A GC whose holder names one run that
+//! can restart (a service's job) takes over its own earlier run's lease at once.
 //!
 //! # What is swept
 //! A chunk is removed only if (1) no index lists it, and (2) it was last written or
@@ -81,6 +82,10 @@ pub struct GcOptions {
     pub lease_ttl: Duration,
     /// Who runs the GC, shown to others that find the lease taken.
     pub holder: String,
+    /// Take over a live lease of the same holder: set when the holder names one run that
+    /// may restart after its process died (a service's job ID), never for a name that two
+    /// live processes could share.
+    pub resumes_own_lease: bool,
 }
 
 impl Default for GcOptions {
@@ -95,6 +100,7 @@ impl Default for GcOptions {
                     .unwrap_or_else(|_| "unknown".into()),
                 std::process::id()
             ),
+            resumes_own_lease: false,
         }
     }
 }
@@ -116,6 +122,12 @@ impl GcOptions {
 
     pub fn with_holder(mut self, holder: impl Into<String>) -> Self {
         self.holder = holder.into();
+        self
+    }
+
+    /// See [`GcOptions::resumes_own_lease`].
+    pub fn resuming_own_lease(mut self) -> Self {
+        self.resumes_own_lease = true;
         self
     }
 }
@@ -245,6 +257,17 @@ impl GcLease {
     /// Takes the lease, or takes over a stale one; refuses (kind InvalidInput, source
     /// [`LeaseHeld`]) while another GC holds it.
     pub async fn acquire(store: Arc<dyn ObjectStore>, holder: &str, ttl: Duration) -> Result<Self> {
+        Self::acquire_as(store, holder, ttl, false).await
+    }
+
+    /// [`GcLease::acquire`], also taking over a live lease of `holder` itself when
+    /// `resume_own` (the same run, restarted).
+    pub async fn acquire_as(
+        store: Arc<dyn ObjectStore>,
+        holder: &str,
+        ttl: Duration,
+        resume_own: bool,
+    ) -> Result<Self> {
         let nonce = hex::encode(random::<8>()?);
         let ttl = ttl.max(Duration::from_secs(1));
         let body =
@@ -259,7 +282,8 @@ impl GcLease {
                     };
                     let current: LeaseRecord =
                         serde_json::from_slice(&data).unwrap_or_else(|_| damaged_lease());
-                    if !current.is_stale() {
+                    let own = resume_own && current.holder == holder;
+                    if !current.is_stale() && !own {
                         return Err(Error::invalid_input(format!(
                             "another garbage collection is running on {} ({}); try again later",
                             store.location(),
@@ -273,7 +297,11 @@ impl GcLease {
                             expires: current.expires,
                         }));
                     }
-                    tracing::warn!(holder = %current.holder, expired = %current.expires, "taking over a stale garbage collection lease");
+                    if own {
+                        tracing::info!(holder = %current.holder, "resuming: taking over the lease of this garbage collection's earlier run");
+                    } else {
+                        tracing::warn!(holder = %current.holder, expired = %current.expires, "taking over a stale garbage collection lease");
+                    }
                     store
                         .put(LEASE, body(), PutMode::ReplaceIf(version))
                         .await?
@@ -422,8 +450,13 @@ impl Repository {
         let began = Instant::now();
         let started_at = Utc::now();
         let store = Arc::clone(self.store());
-        let lease =
-            GcLease::acquire(Arc::clone(&store), &options.holder, options.lease_ttl).await?;
+        let lease = GcLease::acquire_as(
+            Arc::clone(&store),
+            &options.holder,
+            options.lease_ttl,
+            options.resumes_own_lease,
+        )
+        .await?;
         let result = self.collect(&lease, options).await;
         // Recorded even when the GC failed half-way: backups that ran meanwhile must
         // re-check the chunks they rely on.

@@ -306,6 +306,15 @@ pub fn duration(text: &str) -> Result<Duration, String> {
         .ok_or_else(bad)
 }
 
+/// A lease lifetime: a [`duration`] of at least 3 s (renewed every third of it).
+fn lease_ttl(text: &str) -> Result<Duration, String> {
+    let ttl = duration(text)?;
+    if ttl < Duration::from_secs(3) {
+        return Err(format!("'{text}' is too short for a lease: at least 3s"));
+    }
+    Ok(ttl)
+}
+
 /// Arguments of `ferry backup gc`.
 #[derive(Debug, Args)]
 pub struct GcArgs {
@@ -315,6 +324,10 @@ pub struct GcArgs {
     /// backup of an older ferry runs).
     #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = duration)]
     pub grace: Duration,
+    /// How long the GC's lease on the repository lasts unless renewed (every third of it).
+    /// A GC that dies keeps others out this long.
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = lease_ttl)]
+    pub lease_ttl: Duration,
     /// Print the GC's report as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -330,7 +343,9 @@ struct GcSummary {
 /// Runs `ferry backup gc`.
 pub async fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
     let repo = open_repository(&args.repo).await?;
-    let options = GcOptions::new().with_grace(args.grace);
+    let options = GcOptions::new()
+        .with_grace(args.grace)
+        .with_lease_ttl(args.lease_ttl);
     let (report, block_digests_removed) = ferry_image_backup::gc(&repo, &options)
         .await
         .map_err(|e| super::failed(e, "garbage collection failed"))?;
@@ -367,6 +382,8 @@ mod tests {
         assert!(duration("1x").is_err());
         assert!(duration("h").is_err());
         assert!(duration("").is_err());
+        assert_eq!(lease_ttl("3s"), Ok(Duration::from_secs(3)));
+        assert!(lease_ttl("2s").unwrap_err().contains("at least 3s"));
     }
 
     #[test]

@@ -239,7 +239,9 @@ pub(super) async fn gc(
     note(inner, id, "collecting garbage".into());
     let options = GcOptions::new()
         .with_grace(spec.grace)
-        .with_holder(format!("ferry serve job {id}"));
+        .with_holder(format!("ferry serve job {id}"))
+        // The job's ID names this run: after a restart of the service it resumes here.
+        .resuming_own_lease();
     let (report, block_digests) =
         cancellable(cancel, ferry_image_backup::gc(&repo, &options)).await?;
     inner.metrics.gc_done(&repo_name, &report);
