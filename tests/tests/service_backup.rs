@@ -1028,7 +1028,8 @@ async fn a_restore_whose_backup_was_pruned_during_a_restart_fails_at_once_with_n
         ..Default::default()
     };
     req.workers = 1;
-    let id = jobs.start_restore(req).await.unwrap().into_inner().id;
+    req.idempotency_key = "restore-older".into();
+    let id = jobs.start_restore(req.clone()).await.unwrap().into_inner().id;
     let mut stream = jobs
         .watch_job(proto::WatchJobRequest { id: id.clone() })
         .await
@@ -1079,6 +1080,10 @@ async fn a_restore_whose_backup_was_pruned_during_a_restart_fails_at_once_with_n
     assert!(error.message.contains(&ids[0]), "{error:?}");
     assert!(error.message.contains("repo"), "{error:?}");
     assert!(!server.stderr().contains("retrying"), "{}", server.stderr());
+    // A retry of the accepted request gets its job, not a refusal.
+    let again = jobs.start_restore(req).await.unwrap().into_inner();
+    assert_eq!(again.id, id);
+    assert_eq!(state(&again), JobState::Failed);
 
     // Asked again, StartRestore answers NOT_FOUND naming the backup and the repository.
     let status = jobs
