@@ -270,7 +270,10 @@ fn bad_input_to_ferry_job_fails_with_one_clear_line() {
     assert!(line.contains(unknown), "{line}");
     assert!(line.contains(repo), "{line}");
     assert!(line.contains("NotFound"), "{line}");
-    assert!(!Path::new(dst).exists(), "a refused restore created its target");
+    assert!(
+        !Path::new(dst).exists(),
+        "a refused restore created its target"
+    );
     // Not a backup id at all.
     let run = srv.job(&["restore", repo, "latest", dst]);
     let line = run.assert_clean_failure();
@@ -292,10 +295,7 @@ fn bad_input_to_ferry_job_fails_with_one_clear_line() {
     let empty = empty_dir.as_str();
     let run = srv.job(&["snapshots", empty, "--json"]);
     let line = run.assert_clean_failure();
-    assert!(
-        line.contains("NotFound") && line.contains(empty),
-        "{line}"
-    );
+    assert!(line.contains("NotFound") && line.contains(empty), "{line}");
 
     // A prune with no rule is refused before anything is sent.
     let run = srv.job(&["prune", repo]);

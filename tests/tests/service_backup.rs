@@ -1029,7 +1029,12 @@ async fn a_restore_whose_backup_was_pruned_during_a_restart_fails_at_once_with_n
     };
     req.workers = 1;
     req.idempotency_key = "restore-older".into();
-    let id = jobs.start_restore(req.clone()).await.unwrap().into_inner().id;
+    let id = jobs
+        .start_restore(req.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
     let mut stream = jobs
         .watch_job(proto::WatchJobRequest { id: id.clone() })
         .await
@@ -1118,7 +1123,11 @@ async fn all_pages(
     req.page_size = size;
     let (mut ids, mut sizes) = (Vec::new(), Vec::new());
     loop {
-        let page = backups.list_snapshots(req.clone()).await.unwrap().into_inner();
+        let page = backups
+            .list_snapshots(req.clone())
+            .await
+            .unwrap()
+            .into_inner();
         sizes.push(page.snapshots.len());
         ids.extend(page.snapshots.into_iter().map(|s| s.id));
         if page.next_page_token.is_empty() {
@@ -1175,7 +1184,10 @@ async fn snapshots_are_listed_page_by_page_in_order() {
         let (ids, sizes) = all_pages(&mut e.backups, list.clone(), size).await;
         assert_eq!(ids, all, "page size {size}");
         let full = sizes[..sizes.len() - 1].iter().all(|&n| n == size as usize);
-        assert!(full && sizes.len() == 7usize.div_ceil(size as usize), "{sizes:?}");
+        assert!(
+            full && sizes.len() == 7usize.div_ceil(size as usize),
+            "{sizes:?}"
+        );
     }
     let (one_page, _) = all_pages(&mut e.backups, list.clone(), 0).await;
     assert_eq!(one_page, all);
@@ -1237,10 +1249,20 @@ async fn snapshots_are_listed_page_by_page_in_order() {
         page_token: first.next_page_token,
         ..list.clone()
     };
-    let second = e.backups.list_snapshots(req.clone()).await.unwrap().into_inner();
+    let second = e
+        .backups
+        .list_snapshots(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(second.snapshots.len(), 2);
     req.page_token = second.next_page_token;
-    let third = e.backups.list_snapshots(req.clone()).await.unwrap().into_inner();
+    let third = e
+        .backups
+        .list_snapshots(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(third.snapshots.len(), 2);
     req.page_token = third.next_page_token;
     let status = e.backups.list_snapshots(req).await.unwrap_err();

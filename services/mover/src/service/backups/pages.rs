@@ -176,12 +176,7 @@ mod tests {
             self.manifests.keys().cloned().collect()
         }
 
-        async fn page(
-            &self,
-            after: Option<&Position>,
-            size: usize,
-            source: Option<&str>,
-        ) -> Page {
+        async fn page(&self, after: Option<&Position>, size: usize, source: Option<&str>) -> Page {
             page(
                 &self.ids(),
                 after,
