@@ -190,8 +190,8 @@ fn backup_list_restore_verify_prune_and_gc_through_ferry_job() {
     let dry = srv.watched(&args);
     let r = &dry["result"];
     assert_eq!(r["dry_run"], true, "{r}");
-    assert_eq!(ids(&r["removed"]), [first_id.clone()], "{r}");
-    assert_eq!(ids(&r["kept"]), [second_id.clone()], "{r}");
+    assert_eq!(ids(&r["removed"]), [first_id.as_str()], "{r}");
+    assert_eq!(ids(&r["kept"]), [second_id.as_str()], "{r}");
     let mut args = vec!["snapshots", repo, "--json"];
     args.extend(key);
     let run = srv.job(&args);
@@ -203,7 +203,7 @@ fn backup_list_restore_verify_prune_and_gc_through_ferry_job() {
     let pruned = srv.watched(&args);
     let r = &pruned["result"];
     assert_eq!(r["dry_run"], false, "{r}");
-    assert_eq!(ids(&r["removed"]), [first_id.clone()], "{r}");
+    assert_eq!(ids(&r["removed"]), [first_id.as_str()], "{r}");
     let run = srv.job(&args_with(&["snapshots", repo, "--json"], &key));
     run.assert_success();
     let list: Value = serde_json::from_str(&run.stdout).unwrap();
