@@ -1015,7 +1015,7 @@ async fn a_restore_whose_backup_was_pruned_during_a_restart_fails_at_once_with_n
     }
     // A slow target (every write waits 1 s) keeps the restore of the older backup running.
     let slow = NbdServer::nbdkit(
-        &["memory", "size=8M", "wdelay=1s"],
+        &["memory", "size=8M", "wdelay=1000ms"],
         &Nbdkit {
             filters: vec!["delay".into()],
             ..Nbdkit::default()
