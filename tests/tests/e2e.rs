@@ -15,6 +15,7 @@ mod fan_out;
 mod http_source;
 mod iscsi_client;
 mod iscsi_copy;
+mod job_backup_cli;
 mod mover_resume;
 mod nbd_cli;
 mod nbd_client;

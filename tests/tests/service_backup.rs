@@ -3,7 +3,9 @@
 //! incremental backup, restores checked with `qemu-img compare` and their allocation,
 //! verify finding a corrupted chunk, prune and GC numbers, an encrypted repository whose
 //! key is a secret reference (never in a job record or the metrics), kill -9 of a
-//! `ferry-e2e serve` process mid backup, a backup schedule that prunes, and bad requests.
+//! `ferry-e2e serve` process mid backup, a backup schedule that prunes, bad requests,
+//! racing InitRepository calls, a restore whose backup is pruned while the server is
+//! down, and ListSnapshots page by page.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -926,4 +928,344 @@ async fn bad_backup_requests_are_refused_with_the_reason() {
         .unwrap_err();
     assert_eq!(status.code(), Code::NotFound);
     assert!(!e.root.join("x.img").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_init_repository_calls_create_one_repository() {
+    let mut e = env_with(false).await;
+    // Encrypted rounds widen the race: each caller derives a key before writing.
+    for (round, key) in [None, file_ref("repo-key"), None, file_ref("repo-key")]
+        .into_iter()
+        .enumerate()
+    {
+        let name = format!("repo-{round}");
+        let repo = Some(proto::Repository {
+            url: e.root.join(&name).display().to_string(),
+            key,
+            ..Default::default()
+        });
+        let req = proto::InitRepositoryRequest {
+            repository: repo.clone(),
+            options: small_chunks(),
+        };
+        let (mut a, mut b) = (e.backups.clone(), e.backups.clone());
+        let (ra, rb) = tokio::join!(
+            a.init_repository(req.clone()),
+            b.init_repository(req.clone())
+        );
+        let mut created = Vec::new();
+        for r in [ra, rb] {
+            match r {
+                Ok(info) => created.push(info.into_inner()),
+                Err(s) => {
+                    assert_eq!(s.code(), Code::AlreadyExists, "round {round}: {s:?}");
+                    assert!(s.message().contains(&name), "{s:?}");
+                }
+            }
+        }
+        assert_eq!(created.len(), 1, "round {round}: {created:?}");
+        let third = e.backups.init_repository(req).await.unwrap_err();
+        assert_eq!(third.code(), Code::AlreadyExists, "{third:?}");
+        assert!(third.message().contains(&name), "{third:?}");
+        // The repository is the winner's, whole: it opens, with the winner's id.
+        let info = e
+            .backups
+            .get_repository(proto::GetRepositoryRequest {
+                repository: repo.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(info.id, created[0].id);
+        assert_eq!(info.chunk_size, CHUNK);
+        let src = image(&e.root.join(format!("src-{round}.img")), MIB, round as u64);
+        let b = backup_result(
+            &finished(
+                e.jobs
+                    .clone()
+                    .start_backup(backup_req(&src.display().to_string(), repo))
+                    .await
+                    .unwrap(),
+                &mut e.jobs,
+            )
+            .await,
+        );
+        assert_eq!(b.digest.unwrap().hex, blkhash_file(&src));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_whose_backup_was_pruned_during_a_restart_fails_at_once_with_not_found() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("images");
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&root).unwrap();
+    let secrets = secrets_dir(tmp.path());
+    let src = image(&root.join("src.img"), 4 * MIB, 9);
+    let repo_dir = root.join("repo");
+    let repo = dir_repo(&repo_dir);
+    let server = ServeProcess::start(Path::new(BIN), &serve_args(&data, &root, &secrets), &[]);
+    let mut jobs = connect(server.grpc).await;
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let mut req = backup_req(&src.display().to_string(), repo.clone());
+        req.init_if_missing = small_chunks();
+        let done = finished(jobs.start_backup(req).await.unwrap(), &mut jobs).await;
+        ids.push(backup_result(&done).snapshot_id);
+    }
+    // A slow target (every write waits 1 s) keeps the restore of the older backup running.
+    let slow = NbdServer::nbdkit(
+        &["memory", "size=8M", "wdelay=1000ms"],
+        &Nbdkit {
+            filters: vec!["delay".into()],
+            ..Nbdkit::default()
+        },
+    );
+    let mut req = proto::StartRestoreRequest {
+        repository: repo.clone(),
+        snapshot_id: ids[0].clone(),
+        target: endpoint(slow.uri()),
+        ..Default::default()
+    };
+    req.workers = 1;
+    req.idempotency_key = "restore-older".into();
+    let id = jobs
+        .start_restore(req.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
+    let mut stream = jobs
+        .watch_job(proto::WatchJobRequest { id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    loop {
+        let j = stream
+            .message()
+            .await
+            .unwrap()
+            .expect("job still running")
+            .job
+            .unwrap();
+        assert!(!is_terminal(&j), "the restore finished too early: {j:?}");
+        if state(&j) == JobState::Running && j.progress.unwrap_or_default().done_bytes > 0 {
+            break;
+        }
+    }
+    server.kill9();
+
+    // While the server is down, a prune deletes the backup being restored.
+    let out = Command::new(BIN)
+        .args(["backup", "prune", "--keep-last", "1"])
+        .arg(&repo_dir)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!repo_dir
+        .join("snapshots")
+        .join(format!("{}.json", ids[0]))
+        .exists());
+
+    let server = ServeProcess::start(Path::new(BIN), &serve_args(&data, &root, &secrets), &[]);
+    let mut jobs = connect(server.grpc).await;
+    let started = std::time::Instant::now();
+    let done = wait_terminal(&mut jobs, &id, LIMIT).await;
+    assert_eq!(state(&done), JobState::Failed, "{done:?}");
+    // Final at once: no retry after the resumed attempt.
+    assert_eq!(done.attempt, 2, "{done:?}\n{}", server.stderr());
+    assert!(started.elapsed() < Duration::from_secs(20), "{done:?}");
+    let error = done.error.unwrap();
+    assert_eq!(error.kind, "not_found", "{error:?}");
+    assert!(error.message.contains(&ids[0]), "{error:?}");
+    assert!(error.message.contains("repo"), "{error:?}");
+    assert!(!server.stderr().contains("retrying"), "{}", server.stderr());
+    // A retry of the accepted request gets its job, not a refusal.
+    let again = jobs.start_restore(req).await.unwrap().into_inner();
+    assert_eq!(again.id, id);
+    assert_eq!(state(&again), JobState::Failed);
+
+    // Asked again, StartRestore answers NOT_FOUND naming the backup and the repository.
+    let status = jobs
+        .start_restore(restore_req(repo.clone(), &ids[0], &root.join("x.img")))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    assert!(status.message().contains(&ids[0]), "{status:?}");
+    assert!(
+        status.message().contains(&repo_dir.display().to_string()),
+        "{status:?}"
+    );
+    // The backup that is left restores.
+    let dst = root.join("restored.img");
+    let r = finished(
+        jobs.start_restore(restore_req(repo, &ids[1], &dst))
+            .await
+            .unwrap(),
+        &mut jobs,
+    )
+    .await;
+    restore_result(&r);
+    qemu_img_compare(&src, &dst);
+}
+
+/// Every page of ListSnapshots with `size` backups a page: the ids, and the page sizes.
+async fn all_pages(
+    backups: &mut Backups,
+    mut req: proto::ListSnapshotsRequest,
+    size: u32,
+) -> (Vec<String>, Vec<usize>) {
+    req.page_size = size;
+    let (mut ids, mut sizes) = (Vec::new(), Vec::new());
+    loop {
+        let page = backups
+            .list_snapshots(req.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        sizes.push(page.snapshots.len());
+        ids.extend(page.snapshots.into_iter().map(|s| s.id));
+        if page.next_page_token.is_empty() {
+            return (ids, sizes);
+        }
+        req.page_token = page.next_page_token;
+        assert!(sizes.len() < 100, "the pages do not end");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_are_listed_page_by_page_in_order() {
+    let mut e = env_with(false).await;
+    let repo_dir = e.root.join("repo");
+    let repo = dir_repo(&repo_dir);
+    e.backups
+        .init_repository(proto::InitRepositoryRequest {
+            repository: repo.clone(),
+            options: small_chunks(),
+        })
+        .await
+        .unwrap();
+    // Seven backups, one after the other: a, b, a, b, a, b, a (b's tagged).
+    let mut made: Vec<(String, String)> = Vec::new();
+    for i in 0..7u64 {
+        if i == 6 {
+            // The last one in a second of its own (the damaged manifest below).
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+        }
+        let source = if i % 2 == 0 { "a" } else { "b" };
+        let src = image(&e.root.join(format!("{source}.img")), CHUNK, i);
+        let mut req = backup_req(&src.display().to_string(), repo.clone());
+        req.source_id = source.into();
+        if source == "b" {
+            req.tags.insert("group".into(), "odd".into());
+        }
+        let done = finished(e.jobs.clone().start_backup(req).await.unwrap(), &mut e.jobs).await;
+        made.push((backup_result(&done).snapshot_id, source.into()));
+    }
+    let all: Vec<String> = made.iter().map(|(id, _)| id.clone()).collect();
+    let of = |source: &str| -> Vec<String> {
+        made.iter()
+            .filter(|(_, s)| s == source)
+            .map(|(id, _)| id.clone())
+            .collect()
+    };
+    let list = proto::ListSnapshotsRequest {
+        repository: repo.clone(),
+        ..Default::default()
+    };
+
+    // Oldest first, each once, pages full but the last.
+    for size in [1, 2, 3, 7] {
+        let (ids, sizes) = all_pages(&mut e.backups, list.clone(), size).await;
+        assert_eq!(ids, all, "page size {size}");
+        let full = sizes[..sizes.len() - 1].iter().all(|&n| n == size as usize);
+        assert!(
+            full && sizes.len() == 7usize.div_ceil(size as usize),
+            "{sizes:?}"
+        );
+    }
+    let (one_page, _) = all_pages(&mut e.backups, list.clone(), 0).await;
+    assert_eq!(one_page, all);
+    // Filters page over what they select.
+    let by_source = proto::ListSnapshotsRequest {
+        source_id: "a".into(),
+        ..list.clone()
+    };
+    for size in [1, 3, 4] {
+        let (ids, _) = all_pages(&mut e.backups, by_source.clone(), size).await;
+        assert_eq!(ids, of("a"), "page size {size}");
+    }
+    let by_tag = proto::ListSnapshotsRequest {
+        tags: [("group".to_string(), "odd".to_string())].into(),
+        ..list.clone()
+    };
+    let (ids, sizes) = all_pages(&mut e.backups, by_tag.clone(), 2).await;
+    assert_eq!(ids, of("b"));
+    assert_eq!(sizes, [2, 1]);
+    let nothing = proto::ListSnapshotsRequest {
+        source_id: "c".into(),
+        ..list.clone()
+    };
+    let (ids, sizes) = all_pages(&mut e.backups, nothing, 2).await;
+    assert!(ids.is_empty() && sizes == [0], "{ids:?} {sizes:?}");
+
+    // A token from elsewhere is refused.
+    let status = e
+        .backups
+        .list_snapshots(proto::ListSnapshotsRequest {
+            page_token: "yesterday".into(),
+            ..list.clone()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("page_token"), "{status:?}");
+
+    // A page reads only its own manifests: with the newest manifest damaged, the first
+    // pages still list; the page that holds it says which backup is damaged.
+    std::fs::write(
+        repo_dir.join("snapshots").join(format!("{}.json", all[6])),
+        b"{ not a manifest",
+    )
+    .unwrap();
+    let first = e
+        .backups
+        .list_snapshots(proto::ListSnapshotsRequest {
+            page_size: 2,
+            ..list.clone()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let ids: Vec<&str> = first.snapshots.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(ids, [all[0].as_str(), all[1].as_str()]);
+    let mut req = proto::ListSnapshotsRequest {
+        page_size: 2,
+        page_token: first.next_page_token,
+        ..list.clone()
+    };
+    let second = e
+        .backups
+        .list_snapshots(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(second.snapshots.len(), 2);
+    req.page_token = second.next_page_token;
+    let third = e
+        .backups
+        .list_snapshots(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(third.snapshots.len(), 2);
+    req.page_token = third.next_page_token;
+    let status = e.backups.list_snapshots(req).await.unwrap_err();
+    assert_eq!(status.code(), Code::DataLoss, "{status:?}");
+    assert!(status.message().contains(&all[6]), "{status:?}");
 }

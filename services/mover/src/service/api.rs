@@ -128,8 +128,12 @@ impl JobService for JobApi {
         let guard = self.guard("StartRestore");
         let r = async {
             let accepted = self.validator.restore(request.get_ref())?;
+            // A retry under the key of an accepted request gets its job, even when the
+            // backup has been pruned since.
             if let JobSpec::Restore(spec) = accepted.spec.as_ref() {
-                self.snapshot_exists(spec).await?;
+                if !self.manager.has_key(&accepted.idempotency_key) {
+                    self.snapshot_exists(spec).await?;
+                }
             }
             let record = self.manager.submit(accepted).await?;
             Ok(convert::job_to_proto(&record))

@@ -4,6 +4,7 @@
 
 use tonic::{Request, Response, Status};
 
+use super::pages::{self, Position};
 use super::repository::{check_repository, InitSettings, RepoAccess};
 use super::results;
 use crate::service::convert::Validator;
@@ -80,26 +81,6 @@ fn snapshot_id(text: &str) -> Result<BackupId, ServiceError> {
         .map_err(|e: Error| Error::invalid_input(format!("id: {}", e.message())).into())
 }
 
-/// The position after which a page starts: the last id of the previous page.
-/// Where a page starts: after the snapshot (start time in milliseconds, id) the token
-/// names. A position, not a snapshot that must still exist: a prune between two pages
-/// neither restarts the listing nor repeats a snapshot.
-fn page_start(token: &str) -> Result<Option<(i64, BackupId)>, ServiceError> {
-    if token.is_empty() {
-        return Ok(None);
-    }
-    let bad = || Error::invalid_input("page_token is not a token this server returned");
-    let (ms, id) = token.split_once('/').ok_or_else(bad)?;
-    let ms = ms.parse().map_err(|_| bad())?;
-    let id = id.parse().map_err(|_| bad())?;
-    Ok(Some((ms, id)))
-}
-
-/// The token of a page that ends with `last`.
-fn page_token(last: &Manifest) -> String {
-    format!("{}/{}", last.time.timestamp_millis(), last.id)
-}
-
 #[tonic::async_trait]
 impl BackupService for BackupApi {
     async fn init_repository(
@@ -142,44 +123,37 @@ impl BackupService for BackupApi {
         let guard = self.metrics.request("ListSnapshots");
         let req = request.get_ref();
         let r = async {
-            let after = page_start(&req.page_token)?;
+            let after = Position::parse(&req.page_token)?;
             let size = match req.page_size as usize {
                 0 => DEFAULT_PAGE_SIZE,
                 n => n.min(MAX_PAGE_SIZE),
             };
             let repo = self.open(req.repository.as_ref()).await?;
-            // Oldest first by start time (ids name the second only), then by id.
-            let mut manifests = Vec::new();
-            for id in repo.list_snapshots().await? {
-                let manifest = match repo.load_manifest(&id).await {
-                    Ok(m) => m,
-                    // Deleted by a prune since it was listed.
-                    Err(e) if e.kind() == ErrorKind::NotFound => continue,
-                    Err(e) => return Err(e.into()),
-                };
-                let wanted = (req.source_id.is_empty() || manifest.source == req.source_id)
+            let ids = repo.list_snapshots().await?;
+            let load = |id: BackupId| {
+                let repo = repo.clone();
+                async move {
+                    match repo.load_manifest(&id).await {
+                        Ok(m) => Ok(Some(m)),
+                        // Deleted by a prune since it was listed.
+                        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+                        Err(e) => Err(e),
+                    }
+                }
+            };
+            let wanted = |m: &Manifest| {
+                (req.source_id.is_empty() || m.source == req.source_id)
                     && req
                         .tags
                         .iter()
-                        .all(|(k, v)| manifest.tags.get(k).is_some_and(|have| have == v));
-                if wanted {
-                    manifests.push(manifest);
-                }
-            }
-            manifests.sort_by(|a, b| (a.time, &a.id).cmp(&(b.time, &b.id)));
-            let start = match &after {
-                Some((ms, id)) => {
-                    manifests.partition_point(|m| (m.time.timestamp_millis(), &m.id) <= (*ms, id))
-                }
-                None => 0,
+                        .all(|(k, v)| m.tags.get(k).is_some_and(|have| have == v))
             };
-            let page: Vec<_> = manifests.iter().skip(start).take(size).collect();
-            let next_page_token = if start + page.len() < manifests.len() {
-                page.last().map(|m| page_token(m)).unwrap_or_default()
-            } else {
-                String::new()
+            let page = pages::page(&ids, after.as_ref(), size, load, wanted).await?;
+            let next_page_token = match page.manifests.last() {
+                Some(last) if page.more => Position::of(last).token(),
+                _ => String::new(),
             };
-            let snapshots = page.into_iter().map(results::snapshot).collect();
+            let snapshots = page.manifests.iter().map(results::snapshot).collect();
             Ok(proto::ListSnapshotsResponse {
                 snapshots,
                 next_page_token,

@@ -227,7 +227,9 @@ impl RepoAccess {
     }
 
     /// Creates the repository; ALREADY_EXISTS-worthy when one is there (returned as
-    /// `Ok(None)`).
+    /// `Ok(None)`), also when another creator won a race for it: the config, the object
+    /// that makes a location a repository, is written whole and create-only, so of two
+    /// racing creators exactly one succeeds and the other finds the winner's config.
     pub async fn init(
         &self,
         secrets: &SecretResolver,
@@ -238,8 +240,12 @@ impl RepoAccess {
         if store.head(CONFIG).await?.is_some() {
             return Ok(None);
         }
-        Repository::init(store, init.options(passphrase))
-            .await
-            .map(Some)
+        match Repository::init(store.clone(), init.options(passphrase)).await {
+            Ok(repo) => Ok(Some(repo)),
+            Err(e) => match store.head(CONFIG).await {
+                Ok(Some(_)) => Ok(None),
+                _ => Err(e),
+            },
+        }
     }
 }

@@ -198,6 +198,11 @@ impl JobManager {
         &self.inner.metrics
     }
 
+    /// Whether a job was submitted under this idempotency key (and is still known).
+    pub fn has_key(&self, key: &str) -> bool {
+        !key.is_empty() && self.inner.table.lock().keys.contains_key(key)
+    }
+
     /// Accepts a validated request: a new queued job, or the job an earlier identical
     /// request under the same idempotency key created.
     pub async fn submit(&self, acc: Accepted) -> Result<JobRecord, ServiceError> {
