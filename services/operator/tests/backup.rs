@@ -1267,3 +1267,40 @@ async fn a_failed_history_limit_over_100_is_an_invalid_spec() {
     assert_eq!(finish(task).await, Action::await_change());
     s.server.done().await;
 }
+
+/// A prune that removed more snapshots than its Backup lists: the schedule warns that
+/// the Backups of the unlisted ones stay, once, when it records that Backup.
+#[tokio::test]
+async fn a_prune_listing_fewer_snapshots_than_it_removed_is_a_warning() {
+    let mut s = Sched::new("2026-12-03T03:20:00Z");
+    let object = waiting_schedule(json!({}));
+    let second = scheduled_backup(
+        "nightly-20261203030000",
+        "Succeeded",
+        json!({"snapshotId": "20261203T030002Z-00000002", "pruned": 1500, "kept": 7,
+               "prunedSnapshots": ["20261202T030002Z-00000001"]}),
+    );
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, vec![second]).await;
+    assert_eq!(
+        s.server.expect_event(NS).await.body["reason"],
+        "BackupSucceeded"
+    );
+    let event = s.server.expect_event(NS).await.body;
+    assert_eq!(
+        (event["type"].clone(), event["reason"].clone()),
+        (json!("Warning"), json!("PrunedSnapshotsUnlisted"))
+    );
+    let note = event["note"].as_str().unwrap();
+    assert!(
+        note.starts_with(
+            "Backup nightly-20261203030000's prune removed 1500 snapshots but lists only the first 1"
+        ),
+        "{note}"
+    );
+    s.server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    finish(task).await;
+    s.server.done().await;
+}
