@@ -37,7 +37,7 @@ namespace, else in a Role in each watched namespace.
   verbs: [get, list, watch]
 - apiGroups: [ferry.dev]
   resources: [backups]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [ferry.dev]
   resources: [restores]
   verbs: [get, list, watch, create, patch, delete]

@@ -16,7 +16,8 @@ use ferry_operator::controller::{
     PruneSummary, ReportStream, TargetReport,
 };
 use ferry_operator::crd::{
-    CacheMode, Checkpoint, CommitOrder, HashAlgorithm, ImageFormat, Preallocation, Progress,
+    pruned_snapshots, CacheMode, Checkpoint, CommitOrder, HashAlgorithm, ImageFormat,
+    Preallocation, Progress,
 };
 use ferry_operator::mover::backup_request::{
     Parent, StartBackup, StartPrune, StartRestore, WireRepository, WireRetention,
@@ -534,6 +535,8 @@ pub fn report(job: &proto::Job) -> JobReport {
         Some(proto::job::Result::PruneResult(r)) => Some(PruneSummary {
             kept: r.kept.len() as u64,
             removed: r.removed.len() as u64,
+            // Bounded: the list comes from the network.
+            removed_ids: pruned_snapshots(r.removed.iter().map(|s| s.id.as_str())),
         }),
         _ => None,
     };
@@ -973,7 +976,8 @@ mod tests {
             pruned.prune,
             Some(PruneSummary {
                 kept: 1,
-                removed: 1
+                removed: 1,
+                removed_ids: vec![first.snapshot_id.clone()],
             })
         );
 

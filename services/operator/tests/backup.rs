@@ -2,7 +2,8 @@
 //! against the operator's RBAC) and the fake mover link: a Backup's mover backs up and
 //! then prunes, a failed backup says why, a missing repository is an invalid spec, a
 //! BackupRepository reports whether it can be used, and BackupSchedules fire on a clock
-//! the test drives (no overlap, paused, copyMethod Snapshot, invalid cron).
+//! the test drives (no overlap, paused, copyMethod Snapshot, invalid cron) and delete the
+//! Backups they no longer keep (pruned snapshots, failed ones past the history limit).
 
 use crate::support;
 
@@ -263,6 +264,10 @@ async fn a_backup_backs_up_then_prunes_on_one_mover() {
     pruned.prune = Some(PruneSummary {
         kept: 7,
         removed: 2,
+        removed_ids: vec![
+            "20261125T030000Z-00000001".into(),
+            "20261126T030000Z-00000002".into(),
+        ],
     });
     h.link.script(&id, vec![pruned]);
     let task = tokio::spawn(reconcile_backup(backup(&object), h.ctx.clone()));
@@ -280,6 +285,11 @@ async fn a_backup_backs_up_then_prunes_on_one_mover() {
     assert_eq!(
         (end["pruned"].clone(), end["kept"].clone()),
         (json!(2), json!(7))
+    );
+    assert_eq!(
+        end["prunedSnapshots"],
+        json!(["20261125T030000Z-00000001", "20261126T030000Z-00000002"]),
+        "the removed snapshots, for the schedule that made the Backup"
     );
     assert_eq!(
         end["progress"]["doneBytes"],
@@ -1048,5 +1058,249 @@ async fn invalid_schedules_say_what_to_fix() {
     );
     s.server.expect_event(NS).await;
     assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(60)));
+    s.server.done().await;
+}
+
+/// The schedule after its Backup of 12-03 ended and before it is recorded.
+fn waiting_schedule(extra_spec: Value) -> Value {
+    let mut object = schedule_json(Some(json!({
+        "nextSyncTime": "2026-12-04T03:00:00Z", "observedGeneration": 1,
+        "lastBackup": "nightly-20261203030000",
+    })));
+    if let Value::Object(extra) = extra_spec {
+        for (k, v) in extra {
+            object["spec"][k] = v;
+        }
+    }
+    object
+}
+
+/// The second Backup's prune removed the first one's snapshot: the schedule deletes the
+/// first Backup (only the object it saw: its uid is the delete's precondition) and keeps
+/// the second. A Backup carrying the schedule's label that the schedule does not control
+/// is never deleted, though its snapshot was pruned too; nor is a Backup already being
+/// deleted deleted again.
+#[tokio::test]
+async fn a_schedule_deletes_its_backups_whose_snapshots_were_pruned() {
+    let mut s = Sched::new("2026-12-03T03:20:00Z");
+    let object = waiting_schedule(json!({}));
+    let first = scheduled_backup(
+        "nightly-20261202030000",
+        "Succeeded",
+        json!({"snapshotId": "20261202T030002Z-00000001", "pruned": 0, "kept": 1}),
+    );
+    let second = scheduled_backup(
+        "nightly-20261203030000",
+        "Succeeded",
+        json!({"snapshotId": "20261203T030002Z-00000002", "pruned": 2, "kept": 1,
+               "prunedSnapshots": ["20261201T120000Z-00000000", "20261202T030002Z-00000001"],
+               "completionTime": "2026-12-03T03:10:00Z"}),
+    );
+    // Made by hand with the schedule's label (no controller reference), its snapshot
+    // pruned by the schedule's prune all the same.
+    let mut manual = scheduled_backup(
+        "nightly-20261201120000",
+        "Succeeded",
+        json!({"snapshotId": "20261201T120000Z-00000000"}),
+    );
+    manual["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("ownerReferences");
+    // Another schedule's (same label, another controller): not this one's either.
+    let mut foreign = scheduled_backup(
+        "nightly-20261201130000",
+        "Succeeded",
+        json!({"snapshotId": "20261202T030002Z-00000001"}),
+    );
+    foreign["metadata"]["ownerReferences"][0]["uid"] = json!("uid-other");
+    let backups = vec![manual.clone(), foreign.clone(), first, second.clone()];
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, backups).await;
+    assert_eq!(
+        s.server.expect_event(NS).await.body["reason"],
+        "BackupSucceeded"
+    );
+    let deleted = s
+        .server
+        .expect(
+            "DELETE",
+            &format!("{BACKUPS}/nightly-20261202030000"),
+            Reply::Deleted,
+        )
+        .await;
+    assert_eq!(
+        deleted.body["preconditions"]["uid"], "uid-nightly-20261202030000",
+        "{}",
+        deleted.body
+    );
+    let event = s.server.expect_event(NS).await.body;
+    assert_eq!(event["reason"], "BackupsDeleted");
+    assert_eq!(event["type"], "Normal");
+    assert_eq!(
+        event["note"],
+        "deleted Backup nightly-20261202030000 (its snapshot was pruned)"
+    );
+    let seen = s
+        .server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = seen.body["status"].clone();
+    assert_eq!(status["lastSnapshot"], "20261203T030002Z-00000002");
+    assert_eq!(status["lastResult"], "Succeeded");
+    finish(task).await;
+    s.server.done().await;
+
+    // The first Backup is being deleted (its finalizer holds it a moment): no second
+    // delete, no event; the others stay.
+    let object = with_status(&object, &json!({ "status": status }));
+    let mut deleting = scheduled_backup(
+        "nightly-20261202030000",
+        "Succeeded",
+        json!({"snapshotId": "20261202T030002Z-00000001"}),
+    );
+    deleting["metadata"]["deletionTimestamp"] = json!("2026-12-03T03:20:01Z");
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, vec![manual, foreign, deleting, second]).await;
+    finish(task).await;
+    s.server.done().await;
+}
+
+/// Failed Backups beyond `failedBackupsHistoryLimit` are deleted, oldest first; the newest
+/// ones stay, and so do a failed Backup whose snapshot was written and one the schedule
+/// does not control. A delete that meets another object of the same name (409: the uid
+/// precondition failed) leaves it alone.
+#[tokio::test]
+async fn a_schedule_keeps_only_its_newest_failed_backups() {
+    let mut s = Sched::new("2026-12-03T03:20:00Z");
+    let object = waiting_schedule(json!({"failedBackupsHistoryLimit": 2}));
+    let failed = |name: &str| {
+        scheduled_backup(
+            name,
+            "Failed",
+            json!({"message": "backup no_space: the repository's volume is full"}),
+        )
+    };
+    let mut foreign = failed("nightly-20261127030000");
+    foreign["metadata"]["ownerReferences"][0]["uid"] = json!("uid-other");
+    let written = scheduled_backup(
+        "nightly-20261128030000",
+        "Failed",
+        json!({"snapshotId": "20261128T030002Z-00000001", "message": "prune timeout"}),
+    );
+    let backups = vec![
+        foreign,
+        written,
+        failed("nightly-20261129030000"),
+        failed("nightly-20261130030000"),
+        failed("nightly-20261201030000"),
+        scheduled_backup(
+            "nightly-20261202030000",
+            "Succeeded",
+            json!({"snapshotId": "20261202T030002Z-00000002"}),
+        ),
+        failed("nightly-20261203030000"),
+    ];
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, backups).await;
+    assert_eq!(
+        s.server.expect_event(NS).await.body["reason"],
+        "BackupFailed"
+    );
+    let first = s
+        .server
+        .expect(
+            "DELETE",
+            &format!("{BACKUPS}/nightly-20261129030000"),
+            Reply::Deleted,
+        )
+        .await;
+    assert_eq!(
+        first.body["preconditions"]["uid"],
+        "uid-nightly-20261129030000"
+    );
+    s.server
+        .expect(
+            "DELETE",
+            &format!("{BACKUPS}/nightly-20261130030000"),
+            Reply::Conflict,
+        )
+        .await;
+    let event = s.server.expect_event(NS).await.body;
+    assert_eq!(event["reason"], "BackupsDeleted");
+    assert_eq!(
+        event["note"],
+        "deleted Backup nightly-20261129030000 (failed; failedBackupsHistoryLimit is 2)"
+    );
+    let seen = s
+        .server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert_eq!(seen.body["status"]["lastResult"], "Failed");
+    finish(task).await;
+    s.server.done().await;
+}
+
+/// A failed history limit over 100 is an invalid spec: nothing fires, nothing is deleted.
+#[tokio::test]
+async fn a_failed_history_limit_over_100_is_an_invalid_spec() {
+    let mut s = Sched::new("2026-12-03T03:20:00Z");
+    let object = waiting_schedule(json!({"failedBackupsHistoryLimit": 101}));
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    let seen = s
+        .server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = &seen.body["status"];
+    assert_eq!(
+        synchronizing(status),
+        ("False".into(), "InvalidSpec".into())
+    );
+    let message = status["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(
+            "spec.failedBackupsHistoryLimit: 101 is more than 100: keep 0 to 100 failed Backups"
+        ),
+        "{message}"
+    );
+    assert_eq!(s.server.expect_event(NS).await.body["type"], "Warning");
+    assert_eq!(finish(task).await, Action::await_change());
+    s.server.done().await;
+}
+
+/// A prune that removed more snapshots than its Backup lists: the schedule warns that
+/// the Backups of the unlisted ones stay, once, when it records that Backup.
+#[tokio::test]
+async fn a_prune_listing_fewer_snapshots_than_it_removed_is_a_warning() {
+    let mut s = Sched::new("2026-12-03T03:20:00Z");
+    let object = waiting_schedule(json!({}));
+    let second = scheduled_backup(
+        "nightly-20261203030000",
+        "Succeeded",
+        json!({"snapshotId": "20261203T030002Z-00000002", "pruned": 1500, "kept": 7,
+               "prunedSnapshots": ["20261202T030002Z-00000001"]}),
+    );
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, vec![second]).await;
+    assert_eq!(
+        s.server.expect_event(NS).await.body["reason"],
+        "BackupSucceeded"
+    );
+    let event = s.server.expect_event(NS).await.body;
+    assert_eq!(
+        (event["type"].clone(), event["reason"].clone()),
+        (json!("Warning"), json!("PrunedSnapshotsUnlisted"))
+    );
+    let note = event["note"].as_str().unwrap();
+    assert!(
+        note.starts_with(
+            "Backup nightly-20261203030000's prune removed 1500 snapshots but lists only the first 1"
+        ),
+        "{note}"
+    );
+    s.server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    finish(task).await;
     s.server.done().await;
 }

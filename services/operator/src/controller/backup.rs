@@ -14,7 +14,10 @@ use kube::runtime::controller::Action;
 use kube::Api;
 
 use crate::crd::status::condition::reason;
-use crate::crd::{Backup, BackupRepository, BackupStatus, Endpoint, SecretKeyRef, ValidationError};
+use crate::crd::{
+    pruned_snapshots, Backup, BackupRepository, BackupStatus, Endpoint, SecretKeyRef,
+    ValidationError,
+};
 use crate::mover::backup_request::{backup_request, prune_request};
 use crate::mover::{backup_pod, MoverError, MoverPodInput, ResolvedPvc};
 
@@ -174,6 +177,9 @@ impl MoverKind for Backup {
             if let Some(p) = &r.prune {
                 status.pruned = Some(p.removed);
                 status.kept = Some(p.kept);
+                // Bounded and checked here too: the status is what a schedule acts on.
+                status.pruned_snapshots =
+                    pruned_snapshots(p.removed_ids.iter().map(String::as_str));
             }
         }
         if let Some((_, failed)) = first_failure(reports) {

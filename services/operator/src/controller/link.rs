@@ -155,12 +155,16 @@ pub struct BackupSummary {
 }
 
 /// What a prune job did, once it succeeded.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PruneSummary {
     /// Snapshots kept.
     pub kept: u64,
     /// Snapshots removed.
     pub removed: u64,
+    /// The ids of the snapshots removed, oldest first; at most
+    /// [`crate::crd::MAX_PRUNED_SNAPSHOTS`] of them (the first ones) when more were
+    /// removed, so fewer than `removed` then.
+    pub removed_ids: Vec<String>,
 }
 
 /// One target of a transfer job as the mover reports it.

@@ -22,6 +22,25 @@ use super::validate::{check_pvc_name, invalid, ValidationError};
 /// Most tags a backup may carry.
 pub const MAX_TAGS: usize = 32;
 
+/// Most snapshot ids a Backup's `status.prunedSnapshots` lists (about 40 KiB of ids).
+pub const MAX_PRUNED_SNAPSHOTS: usize = 1000;
+
+/// Whether `id` looks like a snapshot id (`20261202T101500Z-0a1b2c3d`): 1 to 128
+/// letters, digits and `-`.
+pub fn is_snapshot_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
+/// What `status.prunedSnapshots` records of a prune's removed snapshot ids (oldest first,
+/// as the mover reports them): the first [`MAX_PRUNED_SNAPSHOTS`] well-formed ones.
+pub fn pruned_snapshots<'a>(ids: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    ids.into_iter()
+        .filter(|id| is_snapshot_id(id))
+        .take(MAX_PRUNED_SNAPSHOTS)
+        .map(str::to_string)
+        .collect()
+}
+
 /// Back up a claim.
 // kube's printcolumn(...) entries repeat their keys by design.
 #[allow(clippy::duplicated_attributes)]
@@ -192,12 +211,7 @@ fn check_within(field: &str, text: &str) -> Result<(), ValidationError> {
 
 /// A snapshot id or `auto`/`none`.
 fn check_parent(field: &str, parent: &str) -> Result<(), ValidationError> {
-    let ok = !parent.is_empty()
-        && parent.len() <= 128
-        && parent
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-');
-    if !ok {
+    if !is_snapshot_id(parent) {
         return Err(invalid(
             field,
             &format!(
@@ -316,6 +330,12 @@ pub struct BackupStatus {
     /// Snapshots of the source the prune kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kept: Option<u64>,
+    /// The ids of the snapshots the prune removed, oldest first (at most 1000: the first
+    /// ones, when `pruned` is larger). A BackupSchedule deletes its Backups of these
+    /// snapshots.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1000))]
+    pub pruned_snapshots: Vec<String>,
     /// Why the prune after the backup failed (the snapshot is written and restorable all
     /// the same; the next backup's prune tries again).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -424,6 +444,26 @@ mod tests {
             .unwrap_err()
             .message
             .contains("claim being backed up"));
+    }
+
+    #[test]
+    fn pruned_snapshot_lists_are_bounded_and_hold_only_ids() {
+        let ids: Vec<String> = (0..MAX_PRUNED_SNAPSHOTS + 5)
+            .map(|i| format!("20261202T101500Z-{i:08x}"))
+            .collect();
+        let listed = pruned_snapshots(ids.iter().map(String::as_str));
+        assert_eq!(listed.len(), MAX_PRUNED_SNAPSHOTS);
+        assert_eq!(listed[0], ids[0], "the oldest first");
+        let odd = ["a b", "", "../x", "20261202T101500Z-0a1b2c3d"];
+        assert_eq!(
+            pruned_snapshots(odd),
+            ["20261202T101500Z-0a1b2c3d"],
+            "nothing but ids"
+        );
+        assert!(!is_snapshot_id(&"a".repeat(129)));
+        let status = BackupStatus::default();
+        let json = serde_json::to_value(&status).unwrap();
+        assert!(json.get("prunedSnapshots").is_none(), "{json}");
     }
 
     #[test]

@@ -15,6 +15,11 @@ use super::backup::{Retention, MAX_TAGS};
 use super::settings::MoverSettings;
 use super::validate::{check_pvc_name, invalid, ValidationError};
 
+/// Failed Backups a schedule keeps unless `failedBackupsHistoryLimit` says otherwise.
+pub const DEFAULT_FAILED_HISTORY: u32 = 3;
+/// Most failed Backups a schedule may keep.
+pub const MAX_FAILED_HISTORY: u32 = 100;
+
 /// Back up a claim on a schedule.
 // kube's printcolumn(...) entries repeat their keys by design.
 #[allow(clippy::duplicated_attributes)]
@@ -62,10 +67,17 @@ pub struct BackupScheduleSpec {
     pub repository: String,
     /// When to back up.
     pub trigger: Trigger,
-    /// Which snapshots of the claim to keep: a prune runs after each successful backup.
-    /// Left out: every snapshot is kept.
+    /// Which snapshots of the claim to keep: a prune runs after each successful backup,
+    /// and the schedule then deletes its Backups whose snapshots the prune removed.
+    /// Left out: every snapshot is kept, and so is every successful Backup.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retain: Option<Retention>,
+    /// How many of the schedule's failed (or cancelled) Backups to keep, newest first
+    /// (default 3, at most 100; 0 keeps none): older ones are deleted. A failed Backup
+    /// whose snapshot was written is kept until a prune removes that snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 100))]
+    pub failed_backups_history_limit: Option<u32>,
     /// Stop firing (a running backup finishes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<bool>,
@@ -143,7 +155,26 @@ impl BackupScheduleSpec {
         if self.tags.as_ref().is_some_and(|t| t.len() > MAX_TAGS) {
             return Err(invalid("spec.tags", &format!("at most {MAX_TAGS} tags")));
         }
+        if let Some(limit) = self.failed_backups_history_limit {
+            if limit > MAX_FAILED_HISTORY {
+                return Err(invalid(
+                    "spec.failedBackupsHistoryLimit",
+                    &format!(
+                        "{limit} is more than {MAX_FAILED_HISTORY}: keep 0 to {MAX_FAILED_HISTORY} failed Backups"
+                    ),
+                ));
+            }
+        }
         Ok(cron)
+    }
+
+    /// How many failed Backups to keep (`failedBackupsHistoryLimit`, default 3).
+    pub fn failed_history_limit(&self) -> usize {
+        let limit = self
+            .failed_backups_history_limit
+            .unwrap_or(DEFAULT_FAILED_HISTORY)
+            .min(MAX_FAILED_HISTORY);
+        usize::try_from(limit).unwrap_or(0)
     }
 }
 
@@ -184,6 +215,8 @@ pub struct BackupScheduleStatus {
 
 #[cfg(test)]
 mod tests {
+    use kube::CustomResourceExt;
+
     use super::*;
 
     fn spec() -> BackupScheduleSpec {
@@ -205,6 +238,7 @@ mod tests {
             storage_class_name: None,
             tags: None,
             mover: None,
+            failed_backups_history_limit: None,
         }
     }
 
@@ -222,5 +256,29 @@ mod tests {
         let mut s = spec();
         s.retain = Some(Retention::default());
         assert_eq!(s.validate().unwrap_err().field, "spec.retain");
+    }
+
+    #[test]
+    fn the_failed_history_limit_is_0_to_100_default_3() {
+        let mut s = spec();
+        assert_eq!(s.failed_history_limit(), 3);
+        for ok in [0, 1, 100] {
+            s.failed_backups_history_limit = Some(ok);
+            s.validate().unwrap_or_else(|e| panic!("{ok}: {e}"));
+            assert_eq!(s.failed_history_limit(), ok as usize);
+        }
+        s.failed_backups_history_limit = Some(101);
+        let e = s.validate().unwrap_err();
+        assert_eq!(e.field, "spec.failedBackupsHistoryLimit");
+        assert!(e.message.contains("keep 0 to 100"), "{e}");
+        // The API server refuses it too: the schema says 0..=100.
+        let crd = serde_json::to_value(BackupSchedule::crd()).unwrap();
+        let field = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["failedBackupsHistoryLimit"];
+        assert_eq!(
+            (field["minimum"].as_f64(), field["maximum"].as_f64()),
+            (Some(0.0), Some(100.0)),
+            "{field}"
+        );
     }
 }

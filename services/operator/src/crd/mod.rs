@@ -18,7 +18,9 @@ pub mod volume_image_source;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-pub use backup::{Backup, BackupSpec, BackupStatus, Retention};
+pub use backup::{
+    pruned_snapshots, Backup, BackupSpec, BackupStatus, Retention, MAX_PRUNED_SNAPSHOTS,
+};
 pub use backup_repository::{
     BackupRepository, BackupRepositorySpec, BackupRepositoryStatus, Encryption,
 };

@@ -5,13 +5,17 @@
 //! the Backup's mover prunes after a successful backup), so a schedule itself never runs
 //! a mover.
 //!
+//! The schedule also deletes the Backups it no longer keeps: those whose snapshots its
+//! prunes removed, and failed ones beyond its history limit ([`history`]).
+//!
 //! Time comes from a [`Clock`], so tests drive fires without waiting.
 //!
 //! The Kubernetes calls: backupschedules list/watch, backupschedules/status patch,
-//! backuprepositories get, backups list/watch/create, volumesnapshots create/delete,
-//! claims get/create/delete, events create/patch.
+//! backuprepositories get, backups list/watch/create/delete, volumesnapshots
+//! create/delete, claims get/create/delete, events create/patch.
 
 pub mod build;
+pub mod history;
 pub mod reconcile;
 
 use std::fmt::Debug;

@@ -4,7 +4,9 @@
 //! 1. an invalid spec (cron, time zone, retention) or a missing repository ->
 //!    Synchronizing False, InvalidSpec, with what to fix;
 //! 2. the latest finished Backup not recorded yet -> lastSyncTime, lastSyncDuration,
-//!    lastSnapshot; its VolumeSnapshot and temporary claim deleted;
+//!    lastSnapshot; its VolumeSnapshot and temporary claim deleted; then the Backups the
+//!    schedule no longer keeps deleted (a pruned snapshot's, failed ones past the
+//!    history limit: [`super::history`]);
 //! 3. a Backup still running -> Synchronizing True; nothing fires (never two at once);
 //! 4. paused -> Synchronizing False, Paused, no nextSyncTime;
 //! 5. no nextSyncTime (or the spec changed) -> the next fire after now;
@@ -19,7 +21,9 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, Preconditions,
+};
 use kube::runtime::controller::Action;
 use kube::Api;
 
@@ -29,6 +33,7 @@ use crate::crd::status::condition::reason;
 use crate::crd::{Backup, BackupRepository, BackupSchedule, BackupScheduleStatus, CopyMethod};
 
 use super::build::{self, SCHEDULE_LABEL, SNAPSHOT_ANNOTATION};
+use super::history::{self, Why};
 use super::{Context, SYNCHRONIZING};
 
 /// How long a schedule waits before looking again at what no watch reports (a missing
@@ -164,6 +169,7 @@ pub async fn reconcile(obj: Arc<BackupSchedule>, ctx: Arc<Context>) -> Result<Ac
     if let Some(done) = mine.iter().rev().find(|b| is_final(b)) {
         record(&ctx, &obj, &mut next, done).await?;
     }
+    expire(&ctx, &obj, &mine).await?;
     if let Some(running) = mine.iter().find(|b| !is_final(b)) {
         let running = running.metadata.name.clone().unwrap_or_default();
         let message = format!("Backup {running} runs; the next fire waits for it");
@@ -252,12 +258,7 @@ async fn record(
     // Only a Backup this schedule made (its controller) had a snapshot and a temporary
     // claim made for it, named after it: never delete what a Backup's spec names, which
     // anyone who may create Backups could point at any claim.
-    let made_here = done
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|r| r.controller == Some(true) && Some(&r.uid) == obj.metadata.uid.as_ref());
+    let made_here = history::controls(obj, done);
     let with_snapshot = done
         .metadata
         .annotations
@@ -293,6 +294,54 @@ async fn record(
         ),
     };
     ctx.event(obj, warning, why, &note).await;
+    let listed = status.pruned_snapshots.len() as u64;
+    if made_here && status.pruned.is_some_and(|n| n > listed) {
+        let note = format!(
+            "Backup {name}'s prune removed {} snapshots but lists only the first {listed}: the Backups of the others stay; delete them with kubectl delete backup",
+            status.pruned.unwrap_or_default()
+        );
+        ctx.event(obj, true, "PrunedSnapshotsUnlisted", &note).await;
+    }
+    Ok(())
+}
+
+/// Deletes the Backups the schedule no longer keeps ([`history::expired`]), each only
+/// as the object it saw (its uid a precondition), and says so in one event.
+async fn expire(ctx: &Context, obj: &BackupSchedule, mine: &[Backup]) -> Result<(), Error> {
+    let expired = history::expired(obj, mine);
+    if expired.is_empty() {
+        return Ok(());
+    }
+    let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
+    let backups: Api<Backup> = Api::namespaced(ctx.client.clone(), namespace);
+    let limit = obj.spec.failed_history_limit();
+    let mut done = Vec::new();
+    for e in &expired {
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(e.uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match backups.delete(&e.name, &params).await {
+            Ok(_) => {}
+            // Gone already, or another object of that name now (409: the uid differs):
+            // nothing of the schedule's left to delete.
+            Err(kube::Error::Api(err)) if err.code == 404 || err.code == 409 => continue,
+            Err(err) => return Err(err.into()),
+        }
+        done.push(match e.why {
+            Why::SnapshotPruned => format!("{} (its snapshot was pruned)", e.name),
+            Why::FailedHistory => {
+                format!("{} (failed; failedBackupsHistoryLimit is {limit})", e.name)
+            }
+        });
+    }
+    if !done.is_empty() {
+        let note = format!("deleted Backup {}", done.join(", "));
+        ctx.event(obj, false, "BackupsDeleted", &note).await;
+    }
     Ok(())
 }
 
