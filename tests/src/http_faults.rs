@@ -314,7 +314,9 @@ fn answer(shared: &Shared, req: &Request, n: usize) -> Answer {
             return empty("412 Precondition Failed");
         }
         if let (true, Some(since)) = (last_modified, &req.if_unmodified_since) {
-            let now = common.iter().find_map(|h| h.strip_prefix("Last-Modified: "));
+            let now = common
+                .iter()
+                .find_map(|h| h.strip_prefix("Last-Modified: "));
             if now != Some(since.as_str()) {
                 return empty("412 Precondition Failed");
             }
@@ -417,11 +419,5 @@ fn expiring_redirect(shared: &Shared, req: &Request, after: usize, renewal: Rene
         "Accept-Ranges: bytes".to_string(),
         "Content-Type: application/octet-stream".to_string(),
     ];
-    object(
-        &shared.data,
-        req,
-        h,
-        shared.data.len() as u64,
-        Fault::None,
-    )
+    object(&shared.data, req, h, shared.data.len() as u64, Fault::None)
 }

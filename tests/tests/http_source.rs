@@ -487,7 +487,10 @@ async fn an_expired_redirect_target_is_resolved_again() {
         .filter(|q| q.target == "/obj?exp=2" && q.status == 206)
         .count();
     assert!(expired >= 1, "{seen:#?}");
-    assert_eq!(resolved, expired, "one new resolution per refusal: {seen:#?}");
+    assert_eq!(
+        resolved, expired,
+        "one new resolution per refusal: {seen:#?}"
+    );
     assert!(renewed >= 8, "the rest came from the new target: {seen:#?}");
     // Every ranged GET, on every target, names the version the copy started from.
     for q in seen.iter().filter(|q| q.range.is_some()) {
@@ -579,7 +582,11 @@ async fn a_weak_etag_is_never_sent_in_if_match() {
     assert!(gets.len() > 10, "{gets:#?}");
     for q in &gets {
         assert_eq!(q.if_match, None, "{q:?}");
-        assert_eq!(q.if_unmodified_since.as_deref(), Some(LAST_MODIFIED[0]), "{q:?}");
+        assert_eq!(
+            q.if_unmodified_since.as_deref(),
+            Some(LAST_MODIFIED[0]),
+            "{q:?}"
+        );
     }
     let (json, r) = info_json(&server.url()).await;
     assert_eq!(json["version_pinned"], true, "{r}");

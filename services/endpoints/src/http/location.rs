@@ -125,5 +125,4 @@ mod tests {
         let gone = refused_again(StatusCode::GONE, "x", &target);
         assert_eq!(gone.error.kind(), ErrorKind::NotFound);
     }
-
 }

@@ -270,15 +270,24 @@ mod tests {
         assert_eq!(json["version_pinned"], true);
         assert_eq!(json["version"], "ETag \"v1\"");
         let text = to_text("http://h/d.img", &raw, 4096, Some(&pinned));
-        assert!(text.contains("version pinned: yes (ETag \"v1\")\n"), "{text}");
+        assert!(
+            text.contains("version pinned: yes (ETag \"v1\")\n"),
+            "{text}"
+        );
         let loose = HttpVersion {
             pinned: None,
             warning: Some("http://h/d.img sends no ETag or Last-Modified: ...".into()),
         };
         let json = to_json("http://h/d.img", &raw, 4096, Some(&loose));
         assert_eq!(json["version_pinned"], false);
-        assert!(json["version_warning"].as_str().unwrap().contains("no ETag"));
+        assert!(json["version_warning"]
+            .as_str()
+            .unwrap()
+            .contains("no ETag"));
         let text = to_text("http://h/d.img", &raw, 4096, Some(&loose));
-        assert!(text.contains("version pinned: no (http://h/d.img sends no ETag"), "{text}");
+        assert!(
+            text.contains("version pinned: no (http://h/d.img sends no ETag"),
+            "{text}"
+        );
     }
 }
