@@ -341,9 +341,16 @@ const SIGNATURE: &str = "X-Signature=ferry-sig-5678";
 
 /// Runs ferry off the runtime's threads (the fault server runs on them).
 async fn run_async(args: Vec<String>) -> ferry_tests::bin::Run {
+    run_async_with(args, None).await
+}
+
+/// [`run_async`] with `RUST_LOG=log` (None: the default, warnings and errors).
+async fn run_async_with(args: Vec<String>, log: Option<&'static str>) -> ferry_tests::bin::Run {
     tokio::task::spawn_blocking(move || {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        run(&args, &[("FERRY_HTTP_ATTEMPTS", "4")])
+        let mut env = vec![("FERRY_HTTP_ATTEMPTS", "4")];
+        env.extend(log.map(|l| ("RUST_LOG", l)));
+        run(&args, &env)
     })
     .await
     .unwrap()
@@ -359,13 +366,14 @@ async fn copy_from(
     tempfile::TempDir,
     Vec<u8>,
 ) {
-    copy_from_url(fault, None).await
+    copy_from_url(fault, None, None).await
 }
 
 /// [`copy_from`] with a query on the URL.
 async fn copy_from_url(
     fault: Fault,
     query: Option<&str>,
+    log: Option<&'static str>,
 ) -> (
     ferry_tests::bin::Run,
     FaultServer,
@@ -392,7 +400,7 @@ async fn copy_from_url(
         s(&out),
     ]
     .map(String::from);
-    let run = run_async(args.to_vec()).await;
+    let run = run_async_with(args.to_vec(), log).await;
     (run, server, out, scratch, data)
 }
 
@@ -468,11 +476,16 @@ async fn an_expired_redirect_target_is_resolved_again() {
         after: 4,
         renewal: Renewal::Serves,
     };
-    let (r, server, out, _d, data) = copy_from_url(fault, Some(SIGNATURE)).await;
+    // Debug logs name every request and redirect: still without a query.
+    let (r, server, out, _d, data) = copy_from_url(fault, Some(SIGNATURE), Some("debug")).await;
     r.assert_success();
     assert_eq!(std::fs::read(&out).unwrap(), data);
     assert_eq!(blkhash_file(&out), blkhash_bytes(&data));
     assert_no_signature(&r);
+    assert!(
+        r.stderr.contains("resolving the URL's redirects again"),
+        "{r}"
+    );
     let seen = server.seen();
     let expired = seen
         .iter()
@@ -502,7 +515,7 @@ async fn an_expired_redirect_target_is_resolved_again() {
         after: 4,
         renewal: Renewal::Expired,
     };
-    let (r, server, _out, _d, _) = copy_from_url(fault, Some(SIGNATURE)).await;
+    let (r, server, _out, _d, _) = copy_from_url(fault, Some(SIGNATURE), None).await;
     let line = r.assert_clean_failure();
     assert!(line.contains("HTTP 403 Forbidden"), "{line}");
     assert!(line.contains("expired or not valid"), "{line}");
@@ -530,7 +543,7 @@ async fn an_expired_redirect_target_is_resolved_again() {
         after: 4,
         renewal: Renewal::OtherVersion,
     };
-    let (r, _server, _out, _d, _) = copy_from_url(fault, Some(SIGNATURE)).await;
+    let (r, _server, _out, _d, _) = copy_from_url(fault, Some(SIGNATURE), None).await;
     let line = r.assert_clean_failure();
     assert!(line.contains("changed during the copy"), "{line}");
     assert_no_signature(&r);
@@ -538,7 +551,8 @@ async fn an_expired_redirect_target_is_resolved_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_without_validators_is_copied_with_a_warning() {
-    let (r, server, out, _d, data) = copy_from_url(Fault::NoValidators, Some(SIGNATURE)).await;
+    let (r, server, out, _d, data) =
+        copy_from_url(Fault::NoValidators, Some(SIGNATURE), None).await;
     r.assert_success();
     assert_eq!(std::fs::read(&out).unwrap(), data);
     assert_no_signature(&r);
