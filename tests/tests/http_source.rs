@@ -1,12 +1,15 @@
 //! `http://` and `https://` sources against nginx (ranges, TLS with a test CA, basic
 //! authentication, a location without ranges, redirects) and against a server that
-//! misbehaves on purpose (tests/src/http_faults.rs): every copy is checked byte for byte.
+//! misbehaves on purpose (tests/src/http_faults.rs: expiring redirect targets, weak or no
+//! validators, changes, lies): every copy is checked byte for byte.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ferry_tests::check::{assert_allocated_about, blkhash_file, qemu_img_compare, require_tool};
-use ferry_tests::http_faults::{Fault, FaultServer};
+use ferry_tests::check::{
+    assert_allocated_about, blkhash_bytes, blkhash_file, qemu_img_compare, require_tool,
+};
+use ferry_tests::http_faults::{Fault, FaultServer, Renewal, LAST_MODIFIED};
 use ferry_tests::http_server::{Nginx, PASSWORD, USER};
 use ferry_tests::images::{self, Image, Pattern};
 use ferry_tests::{ferry, scratch_dir};
@@ -333,9 +336,44 @@ fn object(len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Stands for a presigned URL's signature: it must never be printed.
+const SIGNATURE: &str = "X-Signature=ferry-sig-5678";
+
+/// Runs ferry off the runtime's threads (the fault server runs on them).
+async fn run_async(args: Vec<String>) -> ferry_tests::bin::Run {
+    run_async_with(args, None).await
+}
+
+/// [`run_async`] with `RUST_LOG=log` (None: the default, warnings and errors).
+async fn run_async_with(args: Vec<String>, log: Option<&'static str>) -> ferry_tests::bin::Run {
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut env = vec![("FERRY_HTTP_ATTEMPTS", "4")];
+        env.extend(log.map(|l| ("RUST_LOG", l)));
+        run(&args, &env)
+    })
+    .await
+    .unwrap()
+}
+
 /// Copies from a fault server in 256 KiB requests; returns the run and the target.
 async fn copy_from(
     fault: Fault,
+) -> (
+    ferry_tests::bin::Run,
+    FaultServer,
+    PathBuf,
+    tempfile::TempDir,
+    Vec<u8>,
+) {
+    copy_from_url(fault, None, None).await
+}
+
+/// [`copy_from`] with a query on the URL.
+async fn copy_from_url(
+    fault: Fault,
+    query: Option<&str>,
+    log: Option<&'static str>,
 ) -> (
     ferry_tests::bin::Run,
     FaultServer,
@@ -347,7 +385,10 @@ async fn copy_from(
     let server = FaultServer::start(data.clone(), fault).await;
     let scratch = scratch_dir();
     let out = scratch.path().join("out.img");
-    let url = server.url();
+    let url = match query {
+        Some(q) => format!("{}?{q}", server.url()),
+        None => server.url(),
+    };
     let args = [
         "copy",
         "--no-progress",
@@ -359,13 +400,25 @@ async fn copy_from(
         s(&out),
     ]
     .map(String::from);
-    let run = tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        run(&args, &[("FERRY_HTTP_ATTEMPTS", "4")])
-    })
-    .await
-    .unwrap();
+    let run = run_async_with(args.to_vec(), log).await;
     (run, server, out, scratch, data)
+}
+
+/// `ferry info --json URL` as JSON; fails the test unless it succeeds.
+async fn info_json(url: &str) -> (serde_json::Value, ferry_tests::bin::Run) {
+    let r = run_async(vec!["info".into(), "--json".into(), url.into()]).await;
+    r.assert_success();
+    let json = serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {r}"));
+    (json, r)
+}
+
+fn assert_no_signature(r: &ferry_tests::bin::Run) {
+    for text in [&r.stdout, &r.stderr] {
+        assert!(
+            !text.contains("ferry-sig") && !text.contains("exp="),
+            "a URL query shows: {r}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -413,4 +466,183 @@ async fn fault_server_cases() {
     let (r, _s, _out, _d, _) = copy_from(Fault::WrongContentRange).await;
     let line = r.assert_clean_failure();
     assert!(line.contains("the server answered bytes"), "{line}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_redirect_target_is_resolved_again() {
+    // The origin redirects to /obj?exp=1, which expires after 4 ranged GETs (403); the
+    // origin then redirects to /obj?exp=2. The copy follows the redirect anew and completes.
+    let fault = Fault::ExpiringRedirect {
+        after: 4,
+        renewal: Renewal::Serves,
+    };
+    // Debug logs name every request and redirect: still without a query.
+    let (r, server, out, _d, data) = copy_from_url(fault, Some(SIGNATURE), Some("debug")).await;
+    r.assert_success();
+    assert_eq!(std::fs::read(&out).unwrap(), data);
+    assert_eq!(blkhash_file(&out), blkhash_bytes(&data));
+    assert_no_signature(&r);
+    assert!(
+        r.stderr.contains("resolving the URL's redirects again"),
+        "{r}"
+    );
+    let seen = server.seen();
+    let expired = seen
+        .iter()
+        .filter(|q| q.target == "/obj?exp=1" && q.status == 403)
+        .count();
+    let resolved = seen
+        .iter()
+        .filter(|q| q.target.starts_with("/object.img") && q.method == "GET")
+        .count();
+    let renewed = seen
+        .iter()
+        .filter(|q| q.target == "/obj?exp=2" && q.status == 206)
+        .count();
+    assert!(expired >= 1, "{seen:#?}");
+    assert_eq!(
+        resolved, expired,
+        "one new resolution per refusal: {seen:#?}"
+    );
+    assert!(renewed >= 8, "the rest came from the new target: {seen:#?}");
+    // Every ranged GET, on every target, names the version the copy started from.
+    for q in seen.iter().filter(|q| q.range.is_some()) {
+        assert_eq!(q.if_match.as_deref(), Some("\"v1\""), "{q:?}");
+    }
+
+    // The new target refuses too: one clear error with the server's status, no loop.
+    let fault = Fault::ExpiringRedirect {
+        after: 4,
+        renewal: Renewal::Expired,
+    };
+    let (r, server, _out, _d, _) = copy_from_url(fault, Some(SIGNATURE), None).await;
+    let line = r.assert_clean_failure();
+    assert!(line.contains("HTTP 403 Forbidden"), "{line}");
+    assert!(line.contains("expired or not valid"), "{line}");
+    assert_no_signature(&r);
+    let seen = server.seen();
+    let resolved = seen
+        .iter()
+        .filter(|q| q.target.starts_with("/object.img") && q.method == "GET")
+        .count();
+    let expired = seen
+        .iter()
+        .filter(|q| q.target == "/obj?exp=1" && q.status == 403)
+        .count();
+    let renewed = seen.iter().filter(|q| q.target == "/obj?exp=2").count();
+    // At most 2 workers x 4 requests were in flight when the first target expired; each
+    // refusal was resolved once (a request cancelled by the failure may stop earlier).
+    assert!(renewed >= 1, "{seen:#?}");
+    assert!(
+        renewed <= resolved && resolved <= expired && expired <= 8,
+        "{seen:#?}"
+    );
+
+    // The new target serves another version: the copy fails instead of mixing them.
+    let fault = Fault::ExpiringRedirect {
+        after: 4,
+        renewal: Renewal::OtherVersion,
+    };
+    let (r, _server, _out, _d, _) = copy_from_url(fault, Some(SIGNATURE), None).await;
+    let line = r.assert_clean_failure();
+    assert!(line.contains("changed during the copy"), "{line}");
+    assert_no_signature(&r);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_validators_is_copied_with_a_warning() {
+    let (r, server, out, _d, data) =
+        copy_from_url(Fault::NoValidators, Some(SIGNATURE), None).await;
+    r.assert_success();
+    assert_eq!(std::fs::read(&out).unwrap(), data);
+    assert_no_signature(&r);
+    let warning = format!(
+        "{}?*** sends no ETag or Last-Modified: a change during the copy would go unnoticed",
+        server.url()
+    );
+    assert_eq!(r.stderr.matches(&warning).count(), 1, "{r}");
+    assert!(r.stderr.contains("WARN"), "{r}");
+    let seen = server.seen();
+    assert!(
+        seen.iter()
+            .all(|q| q.if_match.is_none() && q.if_unmodified_since.is_none()),
+        "{seen:#?}"
+    );
+
+    let (json, r) = info_json(&format!("{}?{SIGNATURE}", server.url())).await;
+    assert_eq!(json["version_pinned"], false, "{r}");
+    assert_eq!(json["version_warning"], warning.as_str(), "{r}");
+    assert!(json["version"].is_null(), "{r}");
+    assert_no_signature(&r);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_weak_etag_is_never_sent_in_if_match() {
+    // A weak ETag and a Last-Modified: requests are pinned with If-Unmodified-Since (the
+    // fault server answers 412 to any If-Match, as a weak tag never matches).
+    let fault = Fault::WeakETag {
+        last_modified: true,
+        changes_after: None,
+    };
+    let (r, server, out, _d, data) = copy_from(fault).await;
+    r.assert_success();
+    assert_eq!(std::fs::read(&out).unwrap(), data);
+    assert!(!r.stderr.contains("would go unnoticed"), "{r}");
+    let gets: Vec<_> = server
+        .seen()
+        .into_iter()
+        .filter(|q| q.method == "GET")
+        .collect();
+    assert!(gets.len() > 10, "{gets:#?}");
+    for q in &gets {
+        assert_eq!(q.if_match, None, "{q:?}");
+        assert_eq!(
+            q.if_unmodified_since.as_deref(),
+            Some(LAST_MODIFIED[0]),
+            "{q:?}"
+        );
+    }
+    let (json, r) = info_json(&server.url()).await;
+    assert_eq!(json["version_pinned"], true, "{r}");
+    assert_eq!(
+        json["version"],
+        format!("Last-Modified {}", LAST_MODIFIED[0]).as_str(),
+        "{r}"
+    );
+
+    // ... and a change during the copy is caught by If-Unmodified-Since.
+    let fault = Fault::WeakETag {
+        last_modified: true,
+        changes_after: Some(5),
+    };
+    let (r, _server, _out, _d, _) = copy_from(fault).await;
+    let line = r.assert_clean_failure();
+    assert!(line.contains("changed during the copy"), "{line}");
+    assert!(
+        line.contains(&format!("Last-Modified {}", LAST_MODIFIED[0])),
+        "{line}"
+    );
+
+    // A weak ETag alone pins nothing: the copy works and says that a change would go
+    // unnoticed.
+    let fault = Fault::WeakETag {
+        last_modified: false,
+        changes_after: None,
+    };
+    let (r, server, out, _d, data) = copy_from(fault).await;
+    r.assert_success();
+    assert_eq!(std::fs::read(&out).unwrap(), data);
+    let warning = format!(
+        "{} sends only a weak ETag (which If-Match cannot use) and no Last-Modified: a change during the copy would go unnoticed",
+        server.url()
+    );
+    assert_eq!(r.stderr.matches(&warning).count(), 1, "{r}");
+    assert!(
+        server.seen().iter().all(|q| q.if_match.is_none()),
+        "{:#?}",
+        server.seen()
+    );
+    let (json, r) = info_json(&server.url()).await;
+    assert_eq!(json["version_pinned"], false, "{r}");
+    assert_eq!(json["version_warning"], warning.as_str(), "{r}");
 }

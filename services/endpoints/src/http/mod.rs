@@ -14,12 +14,15 @@
 //! two versions. Transient failures (5xx, 429, 408, broken connections, timeouts) are
 //! retried per request with capped exponential backoff and jitter; redirects are followed
 //! (at most [`MAX_REDIRECTS`], never from https to http, credentials only to the original
-//! origin).
+//! origin), and followed again from the URL when the target they led to stops answering (an
+//! expired presigned URL). A server that sends no validator (no ETag, or only a weak one,
+//! and no Last-Modified) cannot be pinned: opening warns that a change would go unnoticed.
 
 mod body;
 mod client;
 mod env;
 mod error;
+mod location;
 mod options;
 mod probe;
 mod source;

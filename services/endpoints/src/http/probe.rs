@@ -11,7 +11,7 @@ use url::Url;
 
 use super::client::{Ask, Client};
 use super::error::{self, Attempt, Failure};
-use super::validator::{change, Validator};
+use super::validator::{change, is_weak_etag, Validator};
 
 /// What opening learned.
 #[derive(Debug, Clone)]
@@ -20,6 +20,8 @@ pub(super) struct Probe {
     /// Range requests work.
     pub ranges: bool,
     pub validator: Option<Validator>,
+    /// The server sent an ETag, but only a weak one.
+    pub weak_etag: bool,
     /// Where the object is after redirects: later requests go there directly.
     pub url: Url,
 }
@@ -42,7 +44,7 @@ pub(super) async fn probe(client: &Client, url: &Url, shown: &str) -> Attempt<Pr
             },
         )
         .await?;
-    let (head_size, mut validator, no_ranges, url) = {
+    let (head_size, mut validator, mut weak_etag, no_ranges, url) = {
         let (response, final_url) = head;
         let status = response.status();
         if status.is_success() {
@@ -53,6 +55,7 @@ pub(super) async fn probe(client: &Client, url: &Url, shown: &str) -> Attempt<Pr
             (
                 content_length(h),
                 Validator::from_headers(h),
+                is_weak_etag(h),
                 none,
                 final_url,
             )
@@ -63,7 +66,7 @@ pub(super) async fn probe(client: &Client, url: &Url, shown: &str) -> Attempt<Pr
             return Err(error::status(status, shown));
         } else {
             // HEAD not allowed (405, 501, ...): the GET below tells everything.
-            (None, None, false, final_url)
+            (None, None, false, false, final_url)
         }
     };
     let conditions: Vec<_> = validator.iter().filter_map(Validator::condition).collect();
@@ -88,6 +91,7 @@ pub(super) async fn probe(client: &Client, url: &Url, shown: &str) -> Attempt<Pr
         }
     } else {
         validator = Validator::from_headers(headers);
+        weak_etag |= is_weak_etag(headers);
     }
     let (size, ranges) = match status {
         StatusCode::PARTIAL_CONTENT => {
@@ -140,6 +144,7 @@ pub(super) async fn probe(client: &Client, url: &Url, shown: &str) -> Attempt<Pr
         size,
         ranges,
         validator,
+        weak_etag,
         url,
     })
 }

@@ -9,15 +9,15 @@ use ferry_core::spec::HttpSpec;
 use ferry_core::{backoff, BlockSizes, Caps, Error, ErrorKind, IoBuf, Result, Source};
 use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_RANGE};
 use http::{Method, StatusCode};
-use url::Url;
 
 use super::body::read_exact;
 use super::client::{Ask, Client};
 use super::error::{self, Attempt, Failure};
+use super::location::Location;
 use super::options::MAX_RETRY_DELAY;
 use super::probe::{changed, probe, Probe};
 use super::stream::Stream;
-use super::validator::{change, Validator};
+use super::validator::{change, unpinned_warning, Validator};
 use super::HttpOptions;
 
 /// Ranged GET size when the caller chose none (see docs/BENCHMARKS.md: against nginx on
@@ -38,13 +38,16 @@ pub struct HttpSource {
 
 pub(super) struct Inner {
     pub client: Client,
-    /// Where requests go (after the redirects of opening).
-    pub url: Url,
+    /// Where requests go: the URL, or where its redirects lead (resolved again when a
+    /// redirect target expires).
+    pub location: Location,
     /// The URL as errors and logs show it (no query).
     pub shown: String,
     pub size: u64,
     ranges: bool,
     pub validator: Option<Validator>,
+    /// The server sent only a weak ETag (no validator then: see [`unpinned_warning`]).
+    weak_etag: bool,
     /// The precondition that pins `validator`.
     pub conditions: Vec<(HeaderName, HeaderValue)>,
     attempts: u32,
@@ -89,17 +92,12 @@ impl Inner {
     async fn fetch(&self, offset: u64, buf: &mut [u8]) -> Attempt<()> {
         let len = buf.len() as u64;
         let last = offset + len - 1;
-        let (response, _) = self
-            .client
-            .send(
-                &self.url,
-                &Ask {
-                    method: Method::GET,
-                    range: Some((offset, last)),
-                    conditions: &self.conditions,
-                },
-            )
-            .await?;
+        let ask = Ask {
+            method: Method::GET,
+            range: Some((offset, last)),
+            conditions: &self.conditions,
+        };
+        let response = self.location.send(&self.client, &ask, &self.shown).await?;
         let status = response.status();
         if let Some(old) = &self.validator {
             if status == StatusCode::PRECONDITION_FAILED {
@@ -166,11 +164,12 @@ impl HttpSource {
             .map_err(|e| e.with_operation("open").with_endpoint(shown.clone()))?;
         let mut inner = Inner {
             client,
-            url: spec.url.clone(),
+            location: Location::new(spec.url.clone(), spec.url.clone()),
             shown: shown.clone(),
             size: 0,
             ranges: false,
             validator: None,
+            weak_etag: false,
             conditions: Vec::new(),
             attempts: options.attempts(),
             retry_base: options.retry_base(),
@@ -209,7 +208,11 @@ impl HttpSource {
         inner.size = found.size;
         inner.ranges = found.ranges;
         inner.validator = found.validator;
-        inner.url = found.url;
+        inner.location = Location::new(spec.url.clone(), found.url);
+        if inner.validator.is_none() {
+            tracing::warn!("{}", unpinned_warning(&shown, found.weak_etag));
+        }
+        inner.weak_etag = found.weak_etag;
         tracing::debug!(endpoint = %shown, size = inner.size, ranges = inner.ranges, validator = ?inner.validator, "opened HTTP source");
         Ok(Self {
             inner: Arc::new(inner),
@@ -224,6 +227,15 @@ impl HttpSource {
     /// The version the source reads (see [`Validator`]).
     pub fn validator(&self) -> Option<&Validator> {
         self.inner.validator.as_ref()
+    }
+
+    /// Why a change of the object during the copy would go unnoticed, when the server
+    /// gives nothing to pin its version with (logged as a warning when opening).
+    pub fn version_warning(&self) -> Option<String> {
+        self.inner
+            .validator
+            .is_none()
+            .then(|| unpinned_warning(&self.inner.shown, self.inner.weak_etag))
     }
 }
 

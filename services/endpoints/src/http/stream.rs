@@ -82,17 +82,12 @@ impl Stream {
 
     async fn start(&mut self, src: &Inner) -> Attempt<()> {
         *self = Self::default();
-        let (response, _) = src
-            .client
-            .send(
-                &src.url,
-                &Ask {
-                    method: Method::GET,
-                    range: None,
-                    conditions: &src.conditions,
-                },
-            )
-            .await?;
+        let ask = Ask {
+            method: Method::GET,
+            range: None,
+            conditions: &src.conditions,
+        };
+        let response = src.location.send(&src.client, &ask, &src.shown).await?;
         let status = response.status();
         if let Some(old) = &src.validator {
             if status == StatusCode::PRECONDITION_FAILED {

@@ -90,6 +90,26 @@ impl fmt::Display for Validator {
     }
 }
 
+/// Whether the response's ETag is a weak one (`W/"..."`): If-Match compares strongly, so
+/// a weak tag never matches and cannot pin a version (RFC 9110, 13.1.1).
+pub(super) fn is_weak_etag(headers: &HeaderMap) -> bool {
+    headers.get(http::header::ETAG).is_some_and(|v| {
+        let v = v.as_bytes();
+        v.len() <= MAX_HEADER_VALUE && v.trim_ascii_start().starts_with(b"W/")
+    })
+}
+
+/// The warning for an object whose server gives no validator: nothing in the requests
+/// can make the server refuse another version. `shown` is the redacted URL.
+pub(super) fn unpinned_warning(shown: &str, weak_etag: bool) -> String {
+    let what = if weak_etag {
+        "only a weak ETag (which If-Match cannot use) and no Last-Modified"
+    } else {
+        "no ETag or Last-Modified"
+    };
+    format!("{shown} sends {what}: a change during the copy would go unnoticed")
+}
+
 /// "(ETag a -> b)", for the message of a changed object.
 pub(super) fn change(old: &Validator, new: Option<&Validator>) -> String {
     match new {
@@ -129,5 +149,23 @@ mod tests {
         let new = v.contradicted_by(&other).unwrap();
         assert_eq!(change(&v, Some(&new)), "(ETag \"abc\" -> \"def\")");
         assert_eq!(v.contradicted_by(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn a_weak_etag_alone_pins_nothing() {
+        let mut h = HeaderMap::new();
+        h.insert("etag", HeaderValue::from_static("W/\"weak\""));
+        assert_eq!(Validator::from_headers(&h), None);
+        assert!(is_weak_etag(&h));
+        h.insert("etag", HeaderValue::from_static("\"strong\""));
+        assert!(!is_weak_etag(&h));
+        assert!(!is_weak_etag(&HeaderMap::new()));
+        let w = unpinned_warning("http://h/disk.img?***", true);
+        assert!(w.contains("weak ETag"), "{w}");
+        let n = unpinned_warning("http://h/disk.img?***", false);
+        assert_eq!(
+            n,
+            "http://h/disk.img?*** sends no ETag or Last-Modified: a change during the copy would go unnoticed"
+        );
     }
 }

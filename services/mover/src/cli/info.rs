@@ -4,13 +4,19 @@
 //!
 //! Without `--allow-backing` the backing chain shows the name the image gives and the
 //! allocated bytes are the image's own; with it, the whole chain is opened and counted.
+//!
+//! For an HTTP(S) source it also tells whether a copy can pin the object's version (the
+//! server sends a strong ETag or a Last-Modified), and says so when it cannot.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::Args;
 use ferry_core::size::format_size;
 use ferry_core::{EndpointSpec, ExtentKind, Result, Source};
-use ferry_formats::{Backing, ImageInfo};
+use ferry_endpoints::http::HttpSource;
+use ferry_endpoints::SourceOptions;
+use ferry_formats::{Backing, ImageInfo, OpenOptions};
 
 use super::image::{self, FormatArgs};
 
@@ -38,7 +44,7 @@ pub async fn run(args: InfoArgs) -> anyhow::Result<ExitCode> {
     if !args.format.allow_backing {
         options.backing = Backing::NameOnly;
     }
-    let (image, info) = image::open(&spec, &source_options, &options)
+    let (image, info, version) = open(&spec, &source_options, &options)
         .await
         .map_err(|e| super::named(e, &name, "cannot open the image"))?;
     let allocated = allocated_bytes(image.as_ref())
@@ -47,11 +53,39 @@ pub async fn run(args: InfoArgs) -> anyhow::Result<ExitCode> {
     let _ = image.close().await;
     let allocated = allocated?;
     if args.json {
-        println!("{}", to_json(&name, &info, allocated));
+        println!("{}", to_json(&name, &info, allocated, version.as_ref()));
     } else {
-        print!("{}", to_text(&name, &info, allocated));
+        print!("{}", to_text(&name, &info, allocated, version.as_ref()));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What an HTTP(S) source says about the object's version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct HttpVersion {
+    /// The validator requests are pinned with ("ETag \"abc\""), if any.
+    pinned: Option<String>,
+    /// Why a change during a copy would go unnoticed, when nothing pins the version.
+    warning: Option<String>,
+}
+
+/// Opens the image; an HTTP(S) source also tells how its version is pinned.
+async fn open(
+    spec: &EndpointSpec,
+    source: &SourceOptions,
+    options: &OpenOptions,
+) -> Result<(Arc<dyn Source>, ImageInfo, Option<HttpVersion>)> {
+    let EndpointSpec::Http(http) = spec else {
+        let (image, info) = image::open(spec, source, options).await?;
+        return Ok((image, info, None));
+    };
+    let bytes = HttpSource::open(http, &source.http).await?;
+    let version = HttpVersion {
+        pinned: bytes.validator().map(ToString::to_string),
+        warning: bytes.version_warning(),
+    };
+    let (image, info) = ferry_formats::open_image(Arc::new(bytes), options).await?;
+    Ok((image, info, Some(version)))
 }
 
 /// The sum of the image's data extents.
@@ -76,7 +110,7 @@ async fn allocated_bytes(image: &dyn Source) -> Result<u64> {
     Ok(data)
 }
 
-fn to_text(name: &str, info: &ImageInfo, allocated: u64) -> String {
+fn to_text(name: &str, info: &ImageInfo, allocated: u64, http: Option<&HttpVersion>) -> String {
     let sized = |n: u64| format!("{} ({n} bytes)", format_size(n));
     let mut out = format!("image: {name}\nfile format: {}\n", info.format);
     out += &format!("virtual size: {}\n", sized(info.virtual_size));
@@ -99,10 +133,22 @@ fn to_text(name: &str, info: &ImageInfo, allocated: u64) -> String {
         out += &format!("backing file: {first}\n");
         out += &format!("backing chain: {}\n", info.backing_chain.join(" -> "));
     }
+    if let Some(http) = http {
+        match (&http.pinned, &http.warning) {
+            (Some(pinned), _) => out += &format!("version pinned: yes ({pinned})\n"),
+            (None, Some(warning)) => out += &format!("version pinned: no ({warning})\n"),
+            (None, None) => out += "version pinned: no\n",
+        }
+    }
     out
 }
 
-fn to_json(name: &str, info: &ImageInfo, allocated: u64) -> serde_json::Value {
+fn to_json(
+    name: &str,
+    info: &ImageInfo,
+    allocated: u64,
+    http: Option<&HttpVersion>,
+) -> serde_json::Value {
     serde_json::json!({
         "image": name,
         "format": info.format.as_str(),
@@ -115,6 +161,10 @@ fn to_json(name: &str, info: &ImageInfo, allocated: u64) -> serde_json::Value {
         "compression_type": info.compression,
         "backing_chain": info.backing_chain,
         "parallel_frames": info.parallel_frames,
+        // HTTP(S) sources only (null otherwise).
+        "version_pinned": http.map(|h| h.pinned.is_some()),
+        "version": http.and_then(|h| h.pinned.clone()),
+        "version_warning": http.and_then(|h| h.warning.clone()),
     })
 }
 
@@ -150,7 +200,7 @@ mod tests {
             backing_chain: Vec::new(),
             parallel_frames: Some(128),
         };
-        let text = to_text("/i/disk.raw.zst", &info, 1 << 30);
+        let text = to_text("/i/disk.raw.zst", &info, 1 << 30, None);
         assert!(text.contains("file format: zst\n"), "{text}");
         assert!(
             text.contains("virtual size: 1.00 GiB (1073741824 bytes)\n"),
@@ -161,7 +211,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("independent frames: 128"), "{text}");
-        let json = to_json("/i/disk.raw.zst", &info, 1 << 30);
+        let json = to_json("/i/disk.raw.zst", &info, 1 << 30, None);
         assert_eq!(json["format"], "zst");
         assert_eq!(json["file_size"], 1u64 << 20);
         assert_eq!(json["parallel_frames"], 128);
@@ -169,7 +219,7 @@ mod tests {
 
     #[test]
     fn text_names_each_field() {
-        let text = to_text("/i/top.qcow2", &qcow2_info(), 65536);
+        let text = to_text("/i/top.qcow2", &qcow2_info(), 65536, None);
         assert!(text.contains("file format: qcow2\n"), "{text}");
         assert!(
             text.contains("virtual size: 1.00 GiB (1073741824 bytes)\n"),
@@ -189,12 +239,55 @@ mod tests {
 
     #[test]
     fn json_has_every_field() {
-        let json = to_json("/i/top.qcow2", &qcow2_info(), 65536);
+        let json = to_json("/i/top.qcow2", &qcow2_info(), 65536, None);
         assert_eq!(json["format"], "qcow2");
         assert_eq!(json["virtual_size"], 1u64 << 30);
         assert_eq!(json["allocated_bytes"], 65536);
         assert_eq!(json["cluster_size"], 65536);
         assert_eq!(json["compression_type"], "zlib");
         assert_eq!(json["backing_chain"][1], "root.raw");
+        assert!(json["version_pinned"].is_null());
+    }
+
+    #[test]
+    fn an_http_source_tells_whether_its_version_is_pinned() {
+        let raw = ImageInfo {
+            format: Detected::Raw,
+            virtual_size: 4096,
+            file_size: 4096,
+            cluster_size: None,
+            version: None,
+            extended_l2: false,
+            compression: None,
+            backing_chain: Vec::new(),
+            parallel_frames: None,
+        };
+        let pinned = HttpVersion {
+            pinned: Some("ETag \"v1\"".into()),
+            warning: None,
+        };
+        let json = to_json("http://h/d.img", &raw, 4096, Some(&pinned));
+        assert_eq!(json["version_pinned"], true);
+        assert_eq!(json["version"], "ETag \"v1\"");
+        let text = to_text("http://h/d.img", &raw, 4096, Some(&pinned));
+        assert!(
+            text.contains("version pinned: yes (ETag \"v1\")\n"),
+            "{text}"
+        );
+        let loose = HttpVersion {
+            pinned: None,
+            warning: Some("http://h/d.img sends no ETag or Last-Modified: ...".into()),
+        };
+        let json = to_json("http://h/d.img", &raw, 4096, Some(&loose));
+        assert_eq!(json["version_pinned"], false);
+        assert!(json["version_warning"]
+            .as_str()
+            .unwrap()
+            .contains("no ETag"));
+        let text = to_text("http://h/d.img", &raw, 4096, Some(&loose));
+        assert!(
+            text.contains("version pinned: no (http://h/d.img sends no ETag"),
+            "{text}"
+        );
     }
 }
