@@ -199,7 +199,17 @@ pub struct DeleteGate {
     held: AtomicU64,
     /// Deletes received and not yet answered (or dropped with their connection).
     in_flight: Arc<AtomicU64>,
-    open: tokio::sync::watch::Sender<bool>,
+    state: tokio::sync::watch::Sender<Gate>,
+}
+
+/// What a held delete waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gate {
+    Holding,
+    /// Held deletes go on; later ones pass.
+    Released,
+    /// Held deletes fail (500, nothing deleted); later ones pass.
+    Failing,
 }
 
 /// Counts a delete in flight until dropped.
@@ -218,16 +228,16 @@ impl Default for DeleteGate {
             seen: AtomicU64::new(0),
             held: AtomicU64::new(0),
             in_flight: Arc::new(AtomicU64::new(0)),
-            open: tokio::sync::watch::channel(true).0,
+            state: tokio::sync::watch::channel(Gate::Released).0,
         }
     }
 }
 
 impl DeleteGate {
     /// Holds the `n`-th delete from now on (1: the next one) and every later one, until
-    /// [`DeleteGate::release`].
+    /// [`DeleteGate::release`] or [`DeleteGate::fail_held`].
     pub fn hold_from(&self, n: u64) {
-        self.open.send_replace(false);
+        self.state.send_replace(Gate::Holding);
         self.held.store(0, Ordering::SeqCst);
         self.hold_from.store(
             self.seen.load(Ordering::SeqCst) + n.max(1),
@@ -235,10 +245,18 @@ impl DeleteGate {
         );
     }
 
-    /// Lets every held delete go on, and every later one pass.
+    /// Lets every held delete go on (as a server does with a request whose client
+    /// vanished), and every later one pass.
     pub fn release(&self) {
         self.hold_from.store(0, Ordering::SeqCst);
-        self.open.send_replace(true);
+        self.state.send_replace(Gate::Released);
+    }
+
+    /// Answers every held delete with an error, deleting nothing (the request never
+    /// reached the store), and lets every later one pass.
+    pub fn fail_held(&self) {
+        self.hold_from.store(0, Ordering::SeqCst);
+        self.state.send_replace(Gate::Failing);
     }
 
     /// DeleteObject requests received so far.
@@ -268,15 +286,20 @@ impl DeleteGate {
         InFlight(Arc::clone(&self.in_flight))
     }
 
-    async fn pass(&self) {
+    /// Whether the delete goes on (false: it fails).
+    async fn pass(&self) -> bool {
         let number = self.seen.fetch_add(1, Ordering::SeqCst) + 1;
         let from = self.hold_from.load(Ordering::SeqCst);
         if from == 0 || number < from {
-            return;
+            return true;
         }
         self.held.fetch_add(1, Ordering::SeqCst);
-        let mut open = self.open.subscribe();
-        let _ = open.wait_for(|open| *open).await;
+        let mut state = self.state.subscribe();
+        let released = match state.wait_for(|s| *s != Gate::Holding).await {
+            Ok(s) => *s == Gate::Released,
+            Err(_) => false,
+        };
+        released
     }
 }
 
@@ -298,7 +321,9 @@ macro_rules! gated_s3 {
                 req: S3Request<DeleteObjectInput>,
             ) -> S3Result<S3Response<DeleteObjectOutput>> {
                 let _counted = self.gate.enter();
-                self.gate.pass().await;
+                if !self.gate.pass().await {
+                    return Err(s3s::s3_error!(InternalError, "the test's delete gate failed this delete"));
+                }
                 self.fs.delete_object(req).await
             }
 

@@ -5,7 +5,8 @@
 //! The repository lives on the in-process S3 server, whose DeleteObject requests pass a
 //! gate ([`DeleteGate`]): the test holds the deletes from a chosen one on, so the process
 //! is killed with some deletions done and the next one on its way, then lets the held
-//! ones go on as a server would after its client vanished.
+//! ones go on as a server would after its client vanished, or (the CLI prune) fails them
+//! so that the killed prune leaves a backup's index without its manifest.
 
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -224,8 +225,14 @@ async fn kill_9_mid_prune_leaves_whole_backups_and_a_rerun_finishes_it() {
         gate.hold_from(2);
         let prune = spawn_cli(&server, &["backup", "prune", "--keep-last", "1", REPO]);
         kill_when_held(gate, prune);
-        gate.release();
+        gate.fail_held();
         gate.wait_idle(LIMIT);
+        let indexes = || count_objects(&server.object_path(BUCKET, &format!("{PREFIX}/indexes")));
+        assert_eq!(
+            indexes(),
+            3,
+            "the first forgotten backup's index outlived its manifest"
+        );
         let after_kill = listed(&server);
         assert_eq!(after_kill.len(), 2, "{after_kill:?}");
         assert!(after_kill.contains(&kept), "{after_kill:?}");
@@ -236,19 +243,18 @@ async fn kill_9_mid_prune_leaves_whole_backups_and_a_rerun_finishes_it() {
 
         cli(&server, &["backup", "prune", "--keep-last", "1", REPO]).assert_success();
         assert_eq!(listed(&server), vec![kept.clone()]);
+        assert_eq!(indexes(), 2, "the kept backup's and the orphan");
         let gc = cli(&server, &["backup", "gc", "--grace", "0", "--json", REPO]);
         gc.assert_success();
+        let report = json(&gc);
+        assert_eq!(report["orphan_indexes_removed"].as_u64(), Some(1), "{gc}");
         assert_eq!(
-            json(&gc)["chunks_referenced"].as_u64(),
+            report["chunks_referenced"].as_u64(),
             Some(CHUNKS_PER_IMAGE as u64),
             "{gc}"
         );
         assert_eq!(chunk_objects(&server), CHUNKS_PER_IMAGE);
-        assert_eq!(
-            count_objects(&server.object_path(BUCKET, &format!("{PREFIX}/indexes"))),
-            1,
-            "no index without its backup is left"
-        );
+        assert_eq!(indexes(), 1, "no index without its backup is left");
         assert_whole(&server, dir.path(), &kept, &image);
     });
 }
@@ -402,13 +408,24 @@ fn keep_last_1() -> Option<proto::Retention> {
     })
 }
 
-/// Kills the server once the gate holds a delete.
-async fn kill_server_when_held(gate: &DeleteGate, server: ServeProcess) {
-    tokio::task::block_in_place(|| {
-        let mut server = server;
-        wait_held(gate, || server.child.try_wait().unwrap().is_none());
-        server.kill9();
-    });
+/// Kills the server once the gate holds a delete (polling without blocking the runtime
+/// that serves S3).
+async fn kill_server_when_held(gate: &DeleteGate, mut server: ServeProcess) {
+    let started = Instant::now();
+    while gate.held() == 0 {
+        assert!(
+            server.child.try_wait().unwrap().is_none(),
+            "the server ended before its deletes were held: {}",
+            server.stderr()
+        );
+        assert!(
+            started.elapsed() < LIMIT,
+            "no delete reached the gate in {LIMIT:?}: {}",
+            server.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    server.kill9();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

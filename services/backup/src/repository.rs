@@ -259,8 +259,13 @@ impl Repository {
     }
 
     /// Stores a chunk's blob (always writes; deduplication is the session's job).
-    pub(crate) async fn store_chunk(&self, digest: &Digest, plain: &[u8]) -> Result<()> {
-        let blob = self.inner.codec.encode(plain)?;
+    /// A chunk's stored form: compressed (when smaller) and encrypted as configured.
+    pub(crate) fn encode_chunk(&self, plain: &[u8]) -> Result<Vec<u8>> {
+        self.inner.codec.encode(plain)
+    }
+
+    /// Stores an encoded chunk under its digest's name.
+    pub(crate) async fn store_blob(&self, digest: &Digest, blob: Vec<u8>) -> Result<()> {
         self.store()
             .put(&digest.chunk_name(), Bytes::from(blob), PutMode::Overwrite)
             .await?;

@@ -268,37 +268,72 @@ impl Session {
     /// Stores one chunk of the image (1 byte up to the chunk size; only the last chunk of
     /// an image may be short) unless it is already stored. The digest is computed here.
     pub async fn put_chunk(&self, data: &[u8]) -> Result<ChunkPut> {
-        if data.is_empty() || data.len() as u64 > u64::from(self.repo.chunk_size()) {
+        self.check_len(data.len())?;
+        let digest = self.repo.chunk_digest(data);
+        if let Some(put) = self.stored(&digest).await? {
+            return Ok(put);
+        }
+        let blob = self.repo.encode_chunk(data)?;
+        self.store_new(digest, blob).await
+    }
+
+    /// [`Session::put_chunk`] for a caller that hashed the chunk itself (`digest` must be
+    /// [`Repository::chunk_digest`] of `data`, computed off the async threads) and owns
+    /// its buffer: compressing and encrypting a new chunk runs on a blocking thread, so
+    /// that the async threads keep other reads and uploads moving. The buffer comes back.
+    pub async fn put_hashed_chunk<B>(&self, digest: Digest, data: B) -> Result<(ChunkPut, B)>
+    where
+        B: std::ops::Deref<Target = [u8]> + Send + 'static,
+    {
+        self.check_len(data.len())?;
+        debug_assert_eq!(digest, self.repo.chunk_digest(&data));
+        if let Some(put) = self.stored(&digest).await? {
+            return Ok((put, data));
+        }
+        let repo = self.repo.clone();
+        let (blob, data) = tokio::task::spawn_blocking(move || (repo.encode_chunk(&data), data))
+            .await
+            .map_err(|_| Error::internal("a chunk encoding thread panicked"))?;
+        Ok((self.store_new(digest, blob?).await?, data))
+    }
+
+    fn check_len(&self, len: usize) -> Result<()> {
+        if len == 0 || len as u64 > u64::from(self.repo.chunk_size()) {
             return Err(Error::invalid_input(format!(
-                "a chunk of {} bytes: chunks hold 1 to {} bytes",
-                data.len(),
+                "a chunk of {len} bytes: chunks hold 1 to {} bytes",
                 self.repo.chunk_size()
             )));
         }
-        let digest = self.repo.chunk_digest(data);
-        if digest.is_zero() {
-            return Ok(ChunkPut {
-                digest,
-                outcome: ChunkOutcome::Zero,
-            });
-        }
-        if self.known(&digest) {
-            return Ok(ChunkPut {
-                digest,
-                outcome: ChunkOutcome::Reused,
-            });
-        }
-        let outcome = if !self.bad.contains(&digest) && self.reuse_stored(&digest).await? {
+        Ok(())
+    }
+
+    /// What becomes of a chunk that needs no upload (zero, or stored already), or `None`.
+    async fn stored(&self, digest: &Digest) -> Result<Option<ChunkPut>> {
+        let outcome = if digest.is_zero() {
+            ChunkOutcome::Zero
+        } else if self.known(digest)
+            || (!self.bad.contains(digest) && self.reuse_stored(digest).await?)
+        {
             ChunkOutcome::Reused
         } else {
-            self.repo.store_chunk(&digest, data).await?;
-            if self.bad.contains(&digest) {
-                self.repo.store().delete(&digest.bad_name()).await?;
-            }
-            self.chunks.lock().new.insert(digest);
-            ChunkOutcome::New
+            return Ok(None);
         };
-        Ok(ChunkPut { digest, outcome })
+        Ok(Some(ChunkPut {
+            digest: *digest,
+            outcome,
+        }))
+    }
+
+    async fn store_new(&self, digest: Digest, blob: Vec<u8>) -> Result<ChunkPut> {
+        self.repo.store_blob(&digest, blob).await?;
+        if self.bad.contains(&digest) {
+            self.repo.store().delete(&digest.bad_name()).await?;
+        }
+        self.chunks.lock().new.insert(digest);
+        Ok(ChunkPut {
+            digest,
+            outcome: ChunkOutcome::New,
+        })
     }
 
     /// Reuses a stored chunk by digest without its data (an incremental backup's

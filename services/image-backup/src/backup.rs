@@ -360,15 +360,17 @@ impl Shared {
             self.bytes_read.fetch_add(read, Ordering::Relaxed);
             self.chunks_read.fetch_add(1, Ordering::Relaxed);
             let zeroes = self.zeroes;
-            let (data, digests) = tokio::task::spawn_blocking(move || {
+            let repo = self.session.repository().clone();
+            let (data, digests, digest) = tokio::task::spawn_blocking(move || {
                 let digests = block_digests(&data, &zeroes);
-                (data, digests)
+                let digest = repo.chunk_digest(&data);
+                (data, digests, digest)
             })
             .await
             .map_err(|_| Error::internal("a hashing thread panicked"))?;
-            let put = self
+            let (put, data) = self
                 .session
-                .put_chunk(&data)
+                .put_hashed_chunk(digest, data)
                 .await
                 .map_err(|e| e.at("store chunk", offset))?;
             buf = Some(data);
