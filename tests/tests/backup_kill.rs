@@ -166,6 +166,9 @@ async fn kill_9_mid_gc_deletes_nothing_in_use_and_the_next_gc_completes() {
         assert_eq!(listed(&server), vec![kept.clone()]);
         assert_eq!(chunk_objects(&server), 2 * CHUNKS_PER_IMAGE);
 
+        // S3 times have a resolution of one second: the unused chunks must be older than
+        // the GC's start (its lease's time) to be swept with a grace of 0.
+        std::thread::sleep(Duration::from_millis(1100));
         let gate = server.delete_gate();
         gate.hold_from(3);
         let gc = spawn_cli(
@@ -450,6 +453,9 @@ async fn kill_9_of_the_server_mid_gc_then_the_restarted_server_finishes_the_job(
     result(&wait_terminal(&mut jobs, &prune, LIMIT).await);
     assert_eq!(chunk_objects(&s3), 2 * CHUNKS_PER_IMAGE);
 
+    // S3 times have a resolution of one second: the unused chunks must be older than the
+    // GC's start (its lease's time) to be swept with a grace of 0.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     let gate = s3.delete_gate();
     gate.hold_from(3);
     let gc = jobs
