@@ -1427,8 +1427,9 @@ fn ended_backup(name: &str, snapshot: &str, ended: &str, extra: Value) -> Value 
 /// from what was left, removed B and kept C and its own snapshot, so it lists only B as
 /// removed. The schedule deletes the Backups of A (not kept: gone) and B (pruned), keeps
 /// C's, the pruning Backup and the Backup of 12-05, made after the prune ran (its own
-/// prune failed, so it reports nothing). With a kept list over the bound, no Backup is
-/// deleted for its snapshot's absence, and a Warning says so.
+/// prune failed, so it reports nothing). A complete kept list also finds the removed
+/// snapshots a prune lists only in part (no warning then). With a kept list over the
+/// bound, no Backup is deleted for its snapshot's absence, and a Warning says so.
 #[tokio::test]
 async fn a_schedule_deletes_the_backups_of_snapshots_a_killed_prune_removed() {
     let mut s = Sched::new("2026-12-05T03:20:00Z");
@@ -1502,10 +1503,36 @@ async fn a_schedule_deletes_the_backups_of_snapshots_a_killed_prune_removed() {
     finish(task).await;
     s.server.done().await;
 
-    // The same prune, its kept list cut at the bound: only the listed removal counts.
+    // A prune that removed more than it lists (1500: A, B and others) but listed all it
+    // kept: no PrunedSnapshotsUnlisted warning, the kept list finds the unlisted ones.
     let mut s = Sched::new("2026-12-04T03:20:00Z");
     let mut object = schedule_json(Some(status("nightly-20261204030000")));
     object["spec"]["retain"] = json!({"last": 2});
+    let mut many = pruning.clone();
+    many["status"]["pruned"] = json!(1500);
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, vec![a.clone(), b.clone(), c.clone(), many]).await;
+    assert_eq!(
+        s.server.expect_event(NS).await.body["reason"],
+        "BackupSucceeded"
+    );
+    for name in ["nightly-20261201030000", "nightly-20261202030000"] {
+        s.server
+            .expect("DELETE", &format!("{BACKUPS}/{name}"), Reply::Deleted)
+            .await;
+    }
+    assert_eq!(
+        s.server.expect_event(NS).await.body["reason"],
+        "BackupsDeleted"
+    );
+    s.server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    finish(task).await;
+    s.server.done().await;
+
+    // The same prune, its kept list cut at the bound: only the listed removal counts.
+    let mut s = Sched::new("2026-12-04T03:20:00Z");
     let mut truncated = pruning;
     truncated["status"]["kept"] = json!(1500);
     let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
