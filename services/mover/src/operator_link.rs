@@ -16,8 +16,8 @@ use ferry_operator::controller::{
     PruneSummary, ReportStream, TargetReport,
 };
 use ferry_operator::crd::{
-    pruned_snapshots, CacheMode, Checkpoint, CommitOrder, HashAlgorithm, ImageFormat,
-    Preallocation, Progress,
+    kept_snapshots, pruned_snapshots, CacheMode, Checkpoint, CommitOrder, HashAlgorithm,
+    ImageFormat, Preallocation, Progress,
 };
 use ferry_operator::mover::backup_request::{
     Parent, StartBackup, StartPrune, StartRestore, WireRepository, WireRetention,
@@ -537,6 +537,7 @@ pub fn report(job: &proto::Job) -> JobReport {
             removed: r.removed.len() as u64,
             // Bounded: the list comes from the network.
             removed_ids: pruned_snapshots(r.removed.iter().map(|s| s.id.as_str())),
+            kept_ids: kept_snapshots(r.kept.iter().map(|s| s.id.as_str())),
         }),
         _ => None,
     };
@@ -978,6 +979,7 @@ mod tests {
                 kept: 1,
                 removed: 1,
                 removed_ids: vec![first.snapshot_id.clone()],
+                kept_ids: vec![second.snapshot_id.clone()],
             })
         );
 

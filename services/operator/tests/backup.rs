@@ -3,7 +3,8 @@
 //! then prunes, a failed backup says why, a missing repository is an invalid spec, a
 //! BackupRepository reports whether it can be used, and BackupSchedules fire on a clock
 //! the test drives (no overlap, paused, copyMethod Snapshot, invalid cron) and delete the
-//! Backups they no longer keep (pruned snapshots, failed ones past the history limit).
+//! Backups they no longer keep (pruned snapshots, listed or missing from a prune's kept
+//! list, failed ones past the history limit), going on firing when a delete is refused.
 
 use crate::support;
 
@@ -262,11 +263,15 @@ async fn a_backup_backs_up_then_prunes_on_one_mover() {
     let id = job_id("uid-b/prune");
     let mut pruned = report(&id, JobState::Succeeded, 0);
     pruned.prune = Some(PruneSummary {
-        kept: 7,
+        kept: 2,
         removed: 2,
         removed_ids: vec![
             "20261125T030000Z-00000001".into(),
             "20261126T030000Z-00000002".into(),
+        ],
+        kept_ids: vec![
+            "20261201T030000Z-00000003".into(),
+            "20261202T030000Z-0a1b2c3d".into(),
         ],
     });
     h.link.script(&id, vec![pruned]);
@@ -284,12 +289,17 @@ async fn a_backup_backs_up_then_prunes_on_one_mover() {
     assert_eq!(end["snapshotId"], "20261202T030000Z-0a1b2c3d");
     assert_eq!(
         (end["pruned"].clone(), end["kept"].clone()),
-        (json!(2), json!(7))
+        (json!(2), json!(2))
     );
     assert_eq!(
         end["prunedSnapshots"],
         json!(["20261125T030000Z-00000001", "20261126T030000Z-00000002"]),
         "the removed snapshots, for the schedule that made the Backup"
+    );
+    assert_eq!(
+        end["keptSnapshots"],
+        json!(["20261201T030000Z-00000003", "20261202T030000Z-0a1b2c3d"]),
+        "the kept snapshots, for the schedule that made the Backup"
     );
     assert_eq!(
         end["progress"]["doneBytes"],
@@ -1297,6 +1307,262 @@ async fn a_prune_listing_fewer_snapshots_than_it_removed_is_a_warning() {
             "Backup nightly-20261203030000's prune removed 1500 snapshots but lists only the first 1"
         ),
         "{note}"
+    );
+    s.server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    finish(task).await;
+    s.server.done().await;
+}
+
+/// Deletes the API server refuses (403: a Role without `delete backups`, left from an
+/// older release) never stop the schedule: the Backup it could delete is deleted and
+/// said so, the refused one is a Warning event naming it and the error, and the due
+/// fire still creates its Backup.
+#[tokio::test]
+async fn a_refused_delete_does_not_stop_the_schedule() {
+    let mut s = Sched::new("2026-12-04T03:00:05Z");
+    let object = schedule_json(Some(json!({
+        "nextSyncTime": "2026-12-04T03:00:00Z", "observedGeneration": 1,
+        "lastBackup": "nightly-20261203030000", "lastResult": "Succeeded",
+    })));
+    let mut object = object;
+    object["spec"]["failedBackupsHistoryLimit"] = json!(0);
+    let backups = vec![
+        scheduled_backup(
+            "nightly-20261202030000",
+            "Succeeded",
+            json!({"snapshotId": "20261202T030002Z-00000001"}),
+        ),
+        scheduled_backup(
+            "nightly-20261202150000",
+            "Failed",
+            json!({"message": "backup no_space: the repository's volume is full"}),
+        ),
+        scheduled_backup(
+            "nightly-20261203030000",
+            "Succeeded",
+            json!({"snapshotId": "20261203T030002Z-00000002", "pruned": 1, "kept": 1,
+                   "prunedSnapshots": ["20261202T030002Z-00000001"]}),
+        ),
+    ];
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, backups).await;
+    s.server
+        .expect(
+            "DELETE",
+            &format!("{BACKUPS}/nightly-20261202030000"),
+            Reply::Deleted,
+        )
+        .await;
+    s.server
+        .expect(
+            "DELETE",
+            &format!("{BACKUPS}/nightly-20261202150000"),
+            Reply::Fail(403),
+        )
+        .await;
+    let event = s.server.expect_event(NS).await.body;
+    assert_eq!(
+        (event["type"].clone(), event["reason"].clone()),
+        (json!("Normal"), json!("BackupsDeleted"))
+    );
+    assert_eq!(
+        event["note"],
+        "deleted Backup nightly-20261202030000 (its snapshot was pruned)"
+    );
+    let event = s.server.expect_event(NS).await.body;
+    assert_eq!(
+        (event["type"].clone(), event["reason"].clone()),
+        (json!("Warning"), json!("BackupsNotDeleted"))
+    );
+    let note = event["note"].as_str().unwrap();
+    assert!(
+        note.starts_with(
+            "cannot delete 1 Backup(s) the schedule no longer keeps; backups go on firing"
+        ),
+        "{note}"
+    );
+    assert!(
+        note.ends_with("nightly-20261202150000 (403 Forbidden)"),
+        "{note}"
+    );
+    // The fire goes on.
+    let created = s.server.expect("POST", BACKUPS, Reply::Echo).await.body;
+    assert_eq!(created["metadata"]["name"], "nightly-20261204030000");
+    let seen = s
+        .server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = &seen.body["status"];
+    assert_eq!(status["lastBackup"], "nightly-20261204030000");
+    assert_eq!(status["nextSyncTime"], "2026-12-05T03:00:00Z");
+    assert_eq!(
+        synchronizing(status),
+        ("True".into(), "BackupRunning".into())
+    );
+    assert_eq!(
+        s.server.expect_event(NS).await.body["reason"],
+        "BackupCreated"
+    );
+    assert_eq!(
+        finish(task).await,
+        Action::requeue(Duration::from_secs(3600))
+    );
+    s.server.done().await;
+}
+
+/// A Backup of the schedule's with its times, as a prune judges it.
+fn ended_backup(name: &str, snapshot: &str, ended: &str, extra: Value) -> Value {
+    let mut status = json!({"snapshotId": snapshot, "completionTime": ended});
+    if let Value::Object(extra) = extra {
+        for (k, v) in extra {
+            status[k] = v;
+        }
+    }
+    scheduled_backup(name, "Succeeded", status)
+}
+
+/// The prune of 12-04 was killed after it removed snapshot A; its second attempt planned
+/// from what was left, removed B and kept C and its own snapshot, so it lists only B as
+/// removed. The schedule deletes the Backups of A (not kept: gone) and B (pruned), keeps
+/// C's, the pruning Backup and the Backup of 12-05, made after the prune ran (its own
+/// prune failed, so it reports nothing). A complete kept list also finds the removed
+/// snapshots a prune lists only in part (no warning then). With a kept list over the
+/// bound, no Backup is deleted for its snapshot's absence, and a Warning says so.
+#[tokio::test]
+async fn a_schedule_deletes_the_backups_of_snapshots_a_killed_prune_removed() {
+    let mut s = Sched::new("2026-12-05T03:20:00Z");
+    let status = |last: &str| {
+        json!({"nextSyncTime": "2026-12-06T03:00:00Z", "observedGeneration": 1,
+               "lastBackup": last})
+    };
+    let mut object = schedule_json(Some(status("nightly-20261205030000")));
+    object["spec"]["retain"] = json!({"last": 2});
+    let a = ended_backup(
+        "nightly-20261201030000",
+        "20261201T030002Z-0000000a",
+        "2026-12-01T03:10:00Z",
+        json!({}),
+    );
+    let b = ended_backup(
+        "nightly-20261202030000",
+        "20261202T030002Z-0000000b",
+        "2026-12-02T03:10:00Z",
+        json!({}),
+    );
+    let c = ended_backup(
+        "nightly-20261203030000",
+        "20261203T030002Z-0000000c",
+        "2026-12-03T03:10:00Z",
+        json!({}),
+    );
+    let pruning = ended_backup(
+        "nightly-20261204030000",
+        "20261204T030002Z-0000000d",
+        "2026-12-04T03:10:00Z",
+        json!({"startTime": "2026-12-04T03:00:01Z", "pruned": 1, "kept": 2,
+               "prunedSnapshots": ["20261202T030002Z-0000000b"],
+               "keptSnapshots": ["20261203T030002Z-0000000c", "20261204T030002Z-0000000d"]}),
+    );
+    let newer = ended_backup(
+        "nightly-20261205030000",
+        "20261205T030002Z-0000000e",
+        "2026-12-05T03:10:00Z",
+        json!({"startTime": "2026-12-05T03:00:01Z",
+               "pruneError": "prune unavailable: the repository did not answer"}),
+    );
+    let all = vec![a.clone(), b.clone(), c.clone(), pruning.clone(), newer];
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, all).await;
+    assert_eq!(
+        s.server.expect_event(NS).await.body["reason"],
+        "BackupSucceeded"
+    );
+    for name in ["nightly-20261201030000", "nightly-20261202030000"] {
+        let deleted = s
+            .server
+            .expect("DELETE", &format!("{BACKUPS}/{name}"), Reply::Deleted)
+            .await;
+        assert_eq!(deleted.body["preconditions"]["uid"], format!("uid-{name}"));
+    }
+    let event = s.server.expect_event(NS).await.body;
+    assert_eq!(event["reason"], "BackupsDeleted");
+    assert_eq!(
+        event["note"],
+        "deleted Backup nightly-20261201030000 (its snapshot was pruned: Backup nightly-20261204030000's prune did not keep it), nightly-20261202030000 (its snapshot was pruned)"
+    );
+    let seen = s
+        .server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert_eq!(
+        seen.body["status"]["lastSnapshot"],
+        "20261205T030002Z-0000000e"
+    );
+    finish(task).await;
+    s.server.done().await;
+
+    // A prune that removed more than it lists (1500: A, B and others) but listed all it
+    // kept: no PrunedSnapshotsUnlisted warning, the kept list finds the unlisted ones.
+    let mut s = Sched::new("2026-12-04T03:20:00Z");
+    let mut object = schedule_json(Some(status("nightly-20261204030000")));
+    object["spec"]["retain"] = json!({"last": 2});
+    let mut many = pruning.clone();
+    many["status"]["pruned"] = json!(1500);
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, vec![a.clone(), b.clone(), c.clone(), many]).await;
+    assert_eq!(
+        s.server.expect_event(NS).await.body["reason"],
+        "BackupSucceeded"
+    );
+    for name in ["nightly-20261201030000", "nightly-20261202030000"] {
+        s.server
+            .expect("DELETE", &format!("{BACKUPS}/{name}"), Reply::Deleted)
+            .await;
+    }
+    assert_eq!(
+        s.server.expect_event(NS).await.body["reason"],
+        "BackupsDeleted"
+    );
+    s.server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    finish(task).await;
+    s.server.done().await;
+
+    // The same prune, its kept list cut at the bound: only the listed removal counts.
+    let mut s = Sched::new("2026-12-04T03:20:00Z");
+    let mut truncated = pruning;
+    truncated["status"]["kept"] = json!(1500);
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, vec![a, b, c, truncated]).await;
+    assert_eq!(
+        s.server.expect_event(NS).await.body["reason"],
+        "BackupSucceeded"
+    );
+    let event = s.server.expect_event(NS).await.body;
+    assert_eq!(
+        (event["type"].clone(), event["reason"].clone()),
+        (json!("Warning"), json!("KeptSnapshotsUnlisted"))
+    );
+    let note = event["note"].as_str().unwrap();
+    assert!(
+        note.starts_with(
+            "Backup nightly-20261204030000's prune kept 1500 snapshots but lists only 2"
+        ),
+        "{note}"
+    );
+    s.server
+        .expect(
+            "DELETE",
+            &format!("{BACKUPS}/nightly-20261202030000"),
+            Reply::Deleted,
+        )
+        .await;
+    assert_eq!(
+        s.server.expect_event(NS).await.body["note"],
+        "deleted Backup nightly-20261202030000 (its snapshot was pruned)"
     );
     s.server
         .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))

@@ -15,8 +15,8 @@ use kube::Api;
 
 use crate::crd::status::condition::reason;
 use crate::crd::{
-    pruned_snapshots, Backup, BackupRepository, BackupStatus, Endpoint, SecretKeyRef,
-    ValidationError,
+    kept_snapshots, pruned_snapshots, Backup, BackupRepository, BackupStatus, Endpoint,
+    SecretKeyRef, ValidationError,
 };
 use crate::mover::backup_request::{backup_request, prune_request};
 use crate::mover::{backup_pod, MoverError, MoverPodInput, ResolvedPvc};
@@ -180,6 +180,7 @@ impl MoverKind for Backup {
                 // Bounded and checked here too: the status is what a schedule acts on.
                 status.pruned_snapshots =
                     pruned_snapshots(p.removed_ids.iter().map(String::as_str));
+                status.kept_snapshots = kept_snapshots(p.kept_ids.iter().map(String::as_str));
             }
         }
         if let Some((_, failed)) = first_failure(reports) {

@@ -165,6 +165,10 @@ pub struct PruneSummary {
     /// [`crate::crd::MAX_PRUNED_SNAPSHOTS`] of them (the first ones) when more were
     /// removed, so fewer than `removed` then.
     pub removed_ids: Vec<String>,
+    /// The ids of the source's snapshots kept, oldest first; at most
+    /// [`crate::crd::MAX_KEPT_SNAPSHOTS`] of them (the first ones) when more were kept,
+    /// so fewer than `kept` then.
+    pub kept_ids: Vec<String>,
 }
 
 /// One target of a transfer job as the mover reports it.

@@ -31,14 +31,28 @@ pub fn is_snapshot_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
+/// Most snapshot ids a Backup's `status.keptSnapshots` lists (about 40 KiB of ids).
+pub const MAX_KEPT_SNAPSHOTS: usize = 1000;
+
+/// The first `max` well-formed ids of `ids`.
+fn listed<'a>(ids: impl IntoIterator<Item = &'a str>, max: usize) -> Vec<String> {
+    ids.into_iter()
+        .filter(|id| is_snapshot_id(id))
+        .take(max)
+        .map(str::to_string)
+        .collect()
+}
+
 /// What `status.prunedSnapshots` records of a prune's removed snapshot ids (oldest first,
 /// as the mover reports them): the first [`MAX_PRUNED_SNAPSHOTS`] well-formed ones.
 pub fn pruned_snapshots<'a>(ids: impl IntoIterator<Item = &'a str>) -> Vec<String> {
-    ids.into_iter()
-        .filter(|id| is_snapshot_id(id))
-        .take(MAX_PRUNED_SNAPSHOTS)
-        .map(str::to_string)
-        .collect()
+    listed(ids, MAX_PRUNED_SNAPSHOTS)
+}
+
+/// What `status.keptSnapshots` records of a prune's kept snapshot ids (oldest first, as
+/// the mover reports them): the first [`MAX_KEPT_SNAPSHOTS`] well-formed ones.
+pub fn kept_snapshots<'a>(ids: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    listed(ids, MAX_KEPT_SNAPSHOTS)
 }
 
 /// Back up a claim.
@@ -336,6 +350,13 @@ pub struct BackupStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 1000))]
     pub pruned_snapshots: Vec<String>,
+    /// The ids of the source's snapshots the prune kept, oldest first (at most 1000: the
+    /// first ones, when `kept` is larger). A BackupSchedule deletes its older Backups of
+    /// the source whose snapshots are not among them (removed by this prune or an earlier
+    /// one, also by an attempt that was killed), when the list is complete.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1000))]
+    pub kept_snapshots: Vec<String>,
     /// Why the prune after the backup failed (the snapshot is written and restorable all
     /// the same; the next backup's prune tries again).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -367,6 +388,15 @@ pub struct BackupStatus {
     /// The spec generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+impl BackupStatus {
+    /// Whether `keptSnapshots` names every snapshot the prune kept (none left out by the
+    /// bound, nor as malformed): only then does a snapshot's absence from it mean the
+    /// snapshot is gone.
+    pub fn lists_every_kept_snapshot(&self) -> bool {
+        !self.kept_snapshots.is_empty() && self.kept == Some(self.kept_snapshots.len() as u64)
+    }
 }
 
 #[cfg(test)]
@@ -464,6 +494,35 @@ mod tests {
         let status = BackupStatus::default();
         let json = serde_json::to_value(&status).unwrap();
         assert!(json.get("prunedSnapshots").is_none(), "{json}");
+        assert!(json.get("keptSnapshots").is_none(), "{json}");
+        assert!(
+            !status.lists_every_kept_snapshot(),
+            "no list: nothing known"
+        );
+
+        let kept = kept_snapshots(ids.iter().map(String::as_str));
+        assert_eq!(kept.len(), MAX_KEPT_SNAPSHOTS);
+        assert_eq!(kept[0], ids[0], "the oldest first");
+        let complete = BackupStatus {
+            kept: Some(2),
+            kept_snapshots: kept_snapshots(odd.iter().copied().chain(["s-2"])),
+            ..BackupStatus::default()
+        };
+        assert!(complete.lists_every_kept_snapshot());
+        let malformed = BackupStatus {
+            kept: Some(3),
+            ..complete.clone()
+        };
+        assert!(
+            !malformed.lists_every_kept_snapshot(),
+            "an id left out as malformed"
+        );
+        let truncated = BackupStatus {
+            kept: Some(ids.len() as u64),
+            kept_snapshots: kept,
+            ..BackupStatus::default()
+        };
+        assert!(!truncated.lists_every_kept_snapshot(), "over the bound");
     }
 
     #[test]

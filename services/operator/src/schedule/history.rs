@@ -3,6 +3,11 @@
 //! behind:
 //! - a Backup whose snapshot a prune removed (the ids a Backup of the schedule lists in
 //!   `status.prunedSnapshots`, in the same repository): it points at nothing any more;
+//! - a Backup whose snapshot the newest prune that listed what it kept
+//!   (`status.keptSnapshots`, complete) did not keep, of the same repository and source,
+//!   and that ended before that prune's Backup started: its snapshot was removed by this
+//!   prune or an earlier one, also by an attempt that was killed before it could report
+//!   (a snapshot written after the prune read the repository is never judged by it);
 //! - failed (or cancelled) Backups beyond `failedBackupsHistoryLimit`, oldest first, as
 //!   CronJob's `failedJobsHistoryLimit` does; one whose snapshot was written stays until a
 //!   prune removes that snapshot.
@@ -17,10 +22,13 @@ use std::collections::BTreeSet;
 use crate::crd::{Backup, BackupSchedule, Phase};
 
 /// Why a Backup is deleted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Why {
-    /// A prune removed its snapshot.
+    /// A prune removed its snapshot (listed it in `prunedSnapshots`).
     SnapshotPruned,
+    /// The newest prune that listed every snapshot it kept, the one of this Backup (its
+    /// name), did not keep its snapshot.
+    SnapshotNotKept(String),
     /// It failed, and newer failed ones fill the history.
     FailedHistory,
 }
@@ -53,10 +61,55 @@ fn phase(backup: &Backup) -> Phase {
     backup.status.as_ref().map(|s| s.phase).unwrap_or_default()
 }
 
+/// The repository and source id a Backup's snapshot is stored under.
+fn stored_under(backup: &Backup) -> (&str, String) {
+    let namespace = backup.metadata.namespace.as_deref().unwrap_or_default();
+    (
+        backup.spec.repository.as_str(),
+        backup.spec.source_id_in(namespace),
+    )
+}
+
+/// The newest of `controlled` (sorted by name, that is by fire time) whose prune reported
+/// what it kept; `None` when there is none, or when that list is incomplete (over the
+/// bound): then no snapshot's absence from it means anything.
+fn newest_kept_list<'a>(controlled: &[&'a Backup]) -> Option<&'a Backup> {
+    let newest = controlled.iter().rev().find(|b| {
+        b.status
+            .as_ref()
+            .is_some_and(|s| s.pruned.is_some() && !s.kept_snapshots.is_empty())
+    })?;
+    newest
+        .status
+        .as_ref()
+        .is_some_and(|s| s.lists_every_kept_snapshot())
+        .then_some(*newest)
+}
+
+/// Whether `prune`'s kept list judges `backup`: the same repository and source, an
+/// earlier fire, and ended before the prune's Backup started (so its snapshot, if it
+/// still existed, was in the repository when the prune read it). Without those times,
+/// never.
+fn judged_by(prune: &Backup, backup: &Backup) -> bool {
+    let ended = backup
+        .status
+        .as_ref()
+        .and_then(|s| s.completion_time.as_ref());
+    let started = prune.status.as_ref().and_then(|s| s.start_time.as_ref());
+    let (Some(ended), Some(started)) = (ended, started) else {
+        return false;
+    };
+    stored_under(backup) == stored_under(prune)
+        && backup.metadata.name < prune.metadata.name
+        && ended.0 <= started.0
+}
+
 /// The Backups of `backups` (the schedule's, by label) that the schedule deletes, oldest
 /// first within each reason. Backups already being deleted are left out.
 pub fn expired(schedule: &BackupSchedule, backups: &[Backup]) -> Vec<Expired> {
-    let controlled: Vec<&Backup> = backups.iter().filter(|b| controls(schedule, b)).collect();
+    let mut controlled: Vec<&Backup> = backups.iter().filter(|b| controls(schedule, b)).collect();
+    // Names sort by fire time.
+    controlled.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     // (repository, snapshot id) of every snapshot a prune of the schedule's removed (a
     // Backup being deleted still says what its prune did).
     let pruned: BTreeSet<(&str, &str)> = controlled
@@ -69,13 +122,17 @@ pub fn expired(schedule: &BackupSchedule, backups: &[Backup]) -> Vec<Expired> {
                 .map(move |id| (repository, id.as_str()))
         })
         .collect();
-    let mut mine: Vec<&Backup> = controlled
+    let kept_list = newest_kept_list(&controlled);
+    let kept: BTreeSet<&str> = kept_list
+        .iter()
+        .flat_map(|b| b.status.iter().flat_map(|s| s.kept_snapshots.iter()))
+        .map(String::as_str)
+        .collect();
+    let mine: Vec<&Backup> = controlled
         .into_iter()
         .filter(|b| b.metadata.deletion_timestamp.is_none() && phase(b).is_final())
         .filter(|b| b.metadata.name.is_some() && b.metadata.uid.is_some())
         .collect();
-    // Names sort by fire time.
-    mine.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let snapshot = |b: &Backup| b.status.as_ref().and_then(|s| s.snapshot_id.clone());
     let mut out: Vec<Expired> = Vec::new();
     let entry = |b: &Backup, why| Expired {
@@ -84,9 +141,15 @@ pub fn expired(schedule: &BackupSchedule, backups: &[Backup]) -> Vec<Expired> {
         why,
     };
     for b in &mine {
-        if let Some(id) = snapshot(b) {
-            if pruned.contains(&(b.spec.repository.as_str(), id.as_str())) {
-                out.push(entry(b, Why::SnapshotPruned));
+        let Some(id) = snapshot(b) else {
+            continue;
+        };
+        if pruned.contains(&(b.spec.repository.as_str(), id.as_str())) {
+            out.push(entry(b, Why::SnapshotPruned));
+        } else if let Some(prune) = kept_list {
+            if judged_by(prune, b) && !kept.contains(id.as_str()) {
+                let by = prune.metadata.name.clone().unwrap_or_default();
+                out.push(entry(b, Why::SnapshotNotKept(by)));
             }
         }
     }
@@ -221,5 +284,93 @@ mod tests {
         assert_eq!(limit(None), ["b1"], "3 by default");
         assert_eq!(limit(Some(0)), ["b1", "b2", "b4", "b5"]);
         assert!(limit(Some(100)).is_empty());
+    }
+
+    /// A prune killed after it removed s1, whose second attempt removed s2 and kept s3
+    /// and its own s4: b1 (s1, by absence) and b2 (s2, listed) go; b3, the pruning b4 and
+    /// b5, made after the prune, stay.
+    #[test]
+    fn backups_of_snapshots_the_newest_prune_did_not_keep_go() {
+        let done = |id: &str, ended: &str| json!({"phase": "Succeeded", "snapshotId": id, "completionTime": ended});
+        let mut prune = done("s4", "2026-12-04T03:10:00Z");
+        prune["startTime"] = json!("2026-12-04T03:00:01Z");
+        prune["pruned"] = json!(1);
+        prune["kept"] = json!(2);
+        prune["prunedSnapshots"] = json!(["s2"]);
+        prune["keptSnapshots"] = json!(["s3", "s4"]);
+        let backups = vec![
+            backup("b1", "uid-s", done("s1", "2026-12-01T03:10:00Z")),
+            backup("b2", "uid-s", done("s2", "2026-12-02T03:10:00Z")),
+            backup("b3", "uid-s", done("s3", "2026-12-03T03:10:00Z")),
+            backup("b4", "uid-s", prune.clone()),
+            backup("b5", "uid-s", done("s5", "2026-12-05T03:10:00Z")),
+            // Not the schedule's: never deleted.
+            backup("a0", "uid-other", done("s0", "2026-11-30T03:10:00Z")),
+        ];
+        let e = expired(&schedule(None), &backups);
+        assert_eq!(
+            e.iter()
+                .map(|x| (x.name.as_str(), &x.why))
+                .collect::<Vec<_>>(),
+            [
+                ("b1", &Why::SnapshotNotKept("b4".into())),
+                ("b2", &Why::SnapshotPruned)
+            ]
+        );
+
+        // Another source or repository, or no end time: not judged by this prune.
+        for change in 0..3 {
+            let mut other = backups.clone();
+            let b1 = &mut other[0];
+            match change {
+                0 => b1.spec.source_id = Some("vms/web2".into()),
+                1 => b1.spec.repository = "site-b".into(),
+                _ => b1.status.as_mut().unwrap().completion_time = None,
+            }
+            let e = expired(&schedule(None), &other);
+            assert_eq!(names(&e, Why::SnapshotPruned), ["b2"], "{change}");
+            assert!(!e.iter().any(|x| x.name == "b1"), "{change}: {e:?}");
+        }
+
+        // Ended after the prune's Backup started (not there when the prune looked): stays.
+        let mut late = backups.clone();
+        late[0].status.as_mut().unwrap().completion_time =
+            backups[4].status.as_ref().unwrap().completion_time.clone();
+        assert!(!expired(&schedule(None), &late)
+            .iter()
+            .any(|x| x.name == "b1"));
+
+        // A kept list over the bound (kept counts more than it lists): nothing by absence.
+        let mut truncated = backups.clone();
+        truncated[3].status.as_mut().unwrap().kept = Some(1500);
+        let e = expired(&schedule(None), &truncated);
+        assert_eq!(
+            e.iter().map(|x| x.name.as_str()).collect::<Vec<_>>(),
+            ["b2"]
+        );
+
+        // Only the newest kept list counts: b5's prune kept s1..s5 but is truncated, so b4's
+        // older, complete list is not used either.
+        let mut newer = backups.clone();
+        let status = newer[4].status.as_mut().unwrap();
+        status.pruned = Some(0);
+        status.kept = Some(5000);
+        status.kept_snapshots = vec!["s5".into()];
+        assert_eq!(
+            expired(&schedule(None), &newer)
+                .iter()
+                .map(|x| x.name.as_str())
+                .collect::<Vec<_>>(),
+            ["b2"]
+        );
+
+        // A prune without a kept list (an older operator's): nothing by absence.
+        let mut unlisted = backups;
+        unlisted[3].status.as_mut().unwrap().kept_snapshots.clear();
+        assert_eq!(
+            names(&expired(&schedule(None), &unlisted), Why::SnapshotPruned),
+            ["b2"]
+        );
+        assert_eq!(expired(&schedule(None), &unlisted).len(), 1);
     }
 }

@@ -6,7 +6,8 @@
 //! 2. the latest finished Backup not recorded yet -> lastSyncTime, lastSyncDuration,
 //!    lastSnapshot; its VolumeSnapshot and temporary claim deleted; then the Backups the
 //!    schedule no longer keeps deleted (a pruned snapshot's, failed ones past the
-//!    history limit: [`super::history`]);
+//!    history limit: [`super::history`]); a delete refused is a Warning event, never an
+//!    end of the reconcile (cleaning up records must not stop backups);
 //! 3. a Backup still running -> Synchronizing True; nothing fires (never two at once);
 //! 4. paused -> Synchronizing False, Paused, no nextSyncTime;
 //! 5. no nextSyncTime (or the spec changed) -> the next fire after now;
@@ -169,7 +170,8 @@ pub async fn reconcile(obj: Arc<BackupSchedule>, ctx: Arc<Context>) -> Result<Ac
     if let Some(done) = mine.iter().rev().find(|b| is_final(b)) {
         record(&ctx, &obj, &mut next, done).await?;
     }
-    expire(&ctx, &obj, &mine).await?;
+    // Never fatal: a Backup that cannot be deleted must not stop the next ones.
+    expire(&ctx, &obj, &mine).await;
     if let Some(running) = mine.iter().find(|b| !is_final(b)) {
         let running = running.metadata.name.clone().unwrap_or_default();
         let message = format!("Backup {running} runs; the next fire waits for it");
@@ -294,28 +296,43 @@ async fn record(
         ),
     };
     ctx.event(obj, warning, why, &note).await;
+    // A complete kept list finds the Backups of every snapshot removed, listed or not.
+    let all_kept_listed = status.lists_every_kept_snapshot();
     let listed = status.pruned_snapshots.len() as u64;
-    if made_here && status.pruned.is_some_and(|n| n > listed) {
+    if made_here && status.pruned.is_some_and(|n| n > listed) && !all_kept_listed {
         let note = format!(
             "Backup {name}'s prune removed {} snapshots but lists only the first {listed}: the Backups of the others stay; delete them with kubectl delete backup",
             status.pruned.unwrap_or_default()
         );
         ctx.event(obj, true, "PrunedSnapshotsUnlisted", &note).await;
     }
+    if made_here && !status.kept_snapshots.is_empty() && !all_kept_listed {
+        let note = format!(
+            "Backup {name}'s prune kept {} snapshots but lists only {}: the schedule does not delete Backups by their snapshots' absence from it, so the Backups of snapshots removed by a prune that was killed or failed stay; delete them with kubectl delete backup",
+            status.kept.unwrap_or_default(),
+            status.kept_snapshots.len()
+        );
+        ctx.event(obj, true, "KeptSnapshotsUnlisted", &note).await;
+    }
     Ok(())
 }
 
 /// Deletes the Backups the schedule no longer keeps ([`history::expired`]), each only
-/// as the object it saw (its uid a precondition), and says so in one event.
-async fn expire(ctx: &Context, obj: &BackupSchedule, mine: &[Backup]) -> Result<(), Error> {
+/// as the object it saw (its uid a precondition), and says so in one event. A delete
+/// refused (RBAC without `delete backups`, a webhook, an unavailable API server) is a
+/// Warning event and a log line, never an error: the schedule goes on firing, and the
+/// next reconcile tries again.
+async fn expire(ctx: &Context, obj: &BackupSchedule, mine: &[Backup]) {
     let expired = history::expired(obj, mine);
     if expired.is_empty() {
-        return Ok(());
+        return;
     }
     let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
+    let schedule = obj.metadata.name.as_deref().unwrap_or_default();
     let backups: Api<Backup> = Api::namespaced(ctx.client.clone(), namespace);
     let limit = obj.spec.failed_history_limit();
     let mut done = Vec::new();
+    let mut refused = Vec::new();
     for e in &expired {
         let params = DeleteParams {
             preconditions: Some(Preconditions {
@@ -329,10 +346,23 @@ async fn expire(ctx: &Context, obj: &BackupSchedule, mine: &[Backup]) -> Result<
             // Gone already, or another object of that name now (409: the uid differs):
             // nothing of the schedule's left to delete.
             Err(kube::Error::Api(err)) if err.code == 404 || err.code == 409 => continue,
-            Err(err) => return Err(err.into()),
+            Err(error) => {
+                tracing::warn!(%namespace, %schedule, backup = %e.name, %error,
+                    "cannot delete a Backup the schedule no longer keeps");
+                let why = match &error {
+                    kube::Error::Api(status) => format!("{} {}", status.code, status.message),
+                    other => other.to_string(),
+                };
+                refused.push(format!("{} ({why})", e.name));
+                continue;
+            }
         }
-        done.push(match e.why {
+        done.push(match &e.why {
             Why::SnapshotPruned => format!("{} (its snapshot was pruned)", e.name),
+            Why::SnapshotNotKept(by) => format!(
+                "{} (its snapshot was pruned: Backup {by}'s prune did not keep it)",
+                e.name
+            ),
             Why::FailedHistory => {
                 format!("{} (failed; failedBackupsHistoryLimit is {limit})", e.name)
             }
@@ -342,7 +372,15 @@ async fn expire(ctx: &Context, obj: &BackupSchedule, mine: &[Backup]) -> Result<
         let note = format!("deleted Backup {}", done.join(", "));
         ctx.event(obj, false, "BackupsDeleted", &note).await;
     }
-    Ok(())
+    if !refused.is_empty() {
+        // What to do first: the note is cut to fit.
+        let note = format!(
+            "cannot delete {} Backup(s) the schedule no longer keeps; backups go on firing and the schedule tries again on its next reconcile (a 403: the operator's RBAC lacks delete on backups.ferry.dev; re-apply it from this release): {}",
+            refused.len(),
+            refused.join(", ")
+        );
+        ctx.event(obj, true, "BackupsNotDeleted", &note).await;
+    }
 }
 
 /// A delete that found nothing is done too.

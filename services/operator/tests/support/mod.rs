@@ -77,8 +77,8 @@ pub enum Reply {
     Deleted,
     /// 409 Conflict (a stale resourceVersion, or a create of an existing object).
     Conflict,
-    /// A failure Status with this code (404 NotFound, 409 AlreadyExists, others
-    /// InternalError).
+    /// A failure Status with this code (403 Forbidden, 404 NotFound, 409 AlreadyExists,
+    /// others InternalError).
     Fail(u16),
 }
 
@@ -92,6 +92,7 @@ fn status_json(code: u16, reason: &str) -> Value {
 
 fn failure_reason(code: u16) -> &'static str {
     match code {
+        403 => "Forbidden",
         404 => "NotFound",
         409 => "AlreadyExists",
         _ => "InternalError",
