@@ -39,6 +39,7 @@ enum Command {
 
 /// Runs the `ferry` command line with the process arguments.
 pub fn main() -> ExitCode {
+    crate::allocator::return_large_buffers_to_the_system();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return cli::usage_error(e),

@@ -1,6 +1,7 @@
 //! ferry-mover: the command line, the job service and everything around the data path
 //! (jobs, scheduling, persistence, metrics, tracing). The binaries only call [`app::main`].
 
+mod allocator;
 pub mod app;
 pub mod cli;
 pub mod operator_link;
