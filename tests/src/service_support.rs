@@ -114,6 +114,28 @@ pub async fn wait_terminal(client: &mut Client, id: &str, limit: Duration) -> Jo
     job
 }
 
+/// Follows a job with WatchJob until an update satisfies `until`, which it returns; fails
+/// if the job ends first (a test that wants to act in the middle of a job).
+pub async fn watch_until(client: &mut Client, id: &str, until: impl Fn(&Job) -> bool) -> Job {
+    let mut stream = client
+        .watch_job(proto::WatchJobRequest { id: id.into() })
+        .await
+        .expect("watch")
+        .into_inner();
+    loop {
+        let job = stream
+            .message()
+            .await
+            .expect("watch stream")
+            .and_then(|ev| ev.job)
+            .unwrap_or_else(|| panic!("the watch of job {id} ended while it ran"));
+        assert!(!is_terminal(&job), "the job finished too early: {job:?}");
+        if until(&job) {
+            return job;
+        }
+    }
+}
+
 pub fn is_terminal(job: &Job) -> bool {
     [JobState::Succeeded, JobState::Failed, JobState::Cancelled]
         .iter()

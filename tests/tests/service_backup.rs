@@ -1035,24 +1035,10 @@ async fn a_restore_whose_backup_was_pruned_during_a_restart_fails_at_once_with_n
         .unwrap()
         .into_inner()
         .id;
-    let mut stream = jobs
-        .watch_job(proto::WatchJobRequest { id: id.clone() })
-        .await
-        .unwrap()
-        .into_inner();
-    loop {
-        let j = stream
-            .message()
-            .await
-            .unwrap()
-            .expect("job still running")
-            .job
-            .unwrap();
-        assert!(!is_terminal(&j), "the restore finished too early: {j:?}");
-        if state(&j) == JobState::Running && j.progress.unwrap_or_default().done_bytes > 0 {
-            break;
-        }
-    }
+    watch_until(&mut jobs, &id, |j| {
+        state(j) == JobState::Running && j.progress.as_ref().map_or(0, |p| p.done_bytes) > 0
+    })
+    .await;
     server.kill9();
 
     // While the server is down, a prune deletes the backup being restored.

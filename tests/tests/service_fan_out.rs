@@ -202,25 +202,10 @@ async fn a_cancelled_fan_out_resumes_into_every_target() {
         .await
         .unwrap()
         .into_inner();
-    let mut stream = e
-        .client
-        .watch_job(proto::WatchJobRequest { id: job.id.clone() })
-        .await
-        .unwrap()
-        .into_inner();
-    loop {
-        let j = stream
-            .message()
-            .await
-            .unwrap()
-            .expect("still running")
-            .job
-            .unwrap();
-        assert!(!is_terminal(&j), "the copy finished too early: {j:?}");
-        if j.progress.unwrap().committed_bytes >= 4 * MIB {
-            break;
-        }
-    }
+    watch_until(&mut e.client, &job.id, |j| {
+        j.progress.as_ref().map_or(0, |p| p.committed_bytes) >= 4 * MIB
+    })
+    .await;
     let cancelled = e
         .client
         .cancel_job(proto::CancelJobRequest { id: job.id.clone() })

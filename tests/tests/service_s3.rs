@@ -438,24 +438,10 @@ async fn an_s3_job_reads_its_references_again_when_it_resumes_after_kill_9() {
     o.rate_limit = 8 * MIB;
     o.request_size = 256 * 1024;
     let job = client.start_transfer(req).await.unwrap().into_inner();
-    let mut stream = client
-        .watch_job(proto::WatchJobRequest { id: job.id.clone() })
-        .await
-        .unwrap()
-        .into_inner();
-    loop {
-        let j = stream
-            .message()
-            .await
-            .unwrap()
-            .expect("job running")
-            .job
-            .unwrap();
-        assert!(!is_terminal(&j), "the copy finished too early: {j:?}");
-        if j.progress.unwrap().committed_bytes >= 4 * MIB {
-            break;
-        }
-    }
+    watch_until(&mut client, &job.id, |j| {
+        j.progress.as_ref().map_or(0, |p| p.committed_bytes) >= 4 * MIB
+    })
+    .await;
     // A checkpoint interval and a bit: the committed ranges are in the store now.
     tokio::time::sleep(Duration::from_millis(800)).await;
     let first_log = server.stderr();
