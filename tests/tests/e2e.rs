@@ -40,4 +40,5 @@ mod service_otlp;
 mod service_process;
 mod service_s3;
 mod service_schedules;
+mod snapshot_pages;
 mod verify_larger_target;
