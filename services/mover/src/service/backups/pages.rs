@@ -28,6 +28,11 @@ pub struct Position {
 }
 
 impl Position {
+    /// The backup the page starts after.
+    pub fn id(&self) -> &BackupId {
+        &self.id
+    }
+
     /// The position a token names; None for the empty token (the first page).
     pub fn parse(token: &str) -> Result<Option<Self>> {
         if token.is_empty() {
