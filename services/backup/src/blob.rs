@@ -13,8 +13,10 @@
 //! the caller's limit, whatever the header claims, and a failed tag is reported as "wrong
 //! key or corrupt blob".
 
-use aes_gcm::aead::{Aead, KeyInit, Payload};
-use aes_gcm::{Aes256Gcm, Nonce};
+use std::cell::RefCell;
+
+use aes_gcm::aead::{AeadInPlace, KeyInit};
+use aes_gcm::{Aes256Gcm, Nonce, Tag};
 use ferry_core::{Error, ErrorKind, Result};
 
 use crate::keys::random;
@@ -64,43 +66,64 @@ impl Codec {
         self.cipher.is_some()
     }
 
-    /// Encodes `plain` as a blob.
+    /// Encodes `plain` as a blob, in one allocation: the header, then the payload
+    /// compressed (by this thread's reused zstd context) or copied, then sealed in place.
     pub(crate) fn encode(&self, plain: &[u8]) -> Result<Vec<u8>> {
+        let prefix = if self.cipher.is_some() {
+            HEADER_LEN + NONCE_LEN
+        } else {
+            HEADER_LEN
+        };
+        let mut out = Vec::new();
         let compressed = match self.zstd_level {
-            Some(level) => {
-                let out = zstd::bulk::compress(plain, level)
-                    .map_err(|e| Error::internal(format!("zstd compression failed: {e}")))?;
-                (out.len() < plain.len()).then_some(out)
-            }
-            None => None,
+            Some(level) => compress_after(plain, level, prefix, &mut out)?,
+            None => false,
         };
-        let (magic, payload) = match (&self.cipher, &compressed) {
-            (None, None) => (MAGIC_PLAIN, plain),
-            (None, Some(c)) => (MAGIC_ZSTD, c.as_slice()),
-            (Some(_), None) => (MAGIC_ENC, plain),
-            (Some(_), Some(c)) => (MAGIC_ENC_ZSTD, c.as_slice()),
+        if !compressed {
+            out.clear();
+            out.reserve_exact(prefix + plain.len() + TAG_LEN);
+            out.resize(prefix, 0);
+            out.extend_from_slice(plain);
+        }
+        let magic = match (self.cipher.is_some(), compressed) {
+            (false, false) => MAGIC_PLAIN,
+            (false, true) => MAGIC_ZSTD,
+            (true, false) => MAGIC_ENC,
+            (true, true) => MAGIC_ENC_ZSTD,
         };
-        let mut header = [0u8; HEADER_LEN];
-        header[..8].copy_from_slice(&magic);
-        header[8..].copy_from_slice(&(plain.len() as u64).to_le_bytes());
+        out[..8].copy_from_slice(&magic);
+        out[8..HEADER_LEN].copy_from_slice(&(plain.len() as u64).to_le_bytes());
         let Some(cipher) = &self.cipher else {
-            return Ok([header.as_slice(), payload].concat());
+            return Ok(out);
         };
         let nonce: [u8; NONCE_LEN] = random()?;
-        let sealed = cipher
-            .encrypt(
-                Nonce::from_slice(&nonce),
-                Payload {
-                    msg: payload,
-                    aad: &header,
-                },
-            )
+        out[HEADER_LEN..prefix].copy_from_slice(&nonce);
+        let (head, payload) = out.split_at_mut(prefix);
+        let tag = cipher
+            .encrypt_in_place_detached(Nonce::from_slice(&nonce), &head[..HEADER_LEN], payload)
             .map_err(|_| Error::internal("AES-GCM encryption failed"))?;
-        Ok([header.as_slice(), &nonce, &sealed].concat())
+        out.extend_from_slice(&tag);
+        Ok(out)
     }
 
     /// Decodes a blob whose plaintext may be at most `max_plain` bytes.
     pub(crate) fn decode(&self, blob: &[u8], max_plain: u64) -> Result<Vec<u8>> {
+        let parsed = self.open(blob, max_plain)?;
+        let mut out = vec![0u8; parsed.declared];
+        parsed.write_into(&mut out)?;
+        Ok(out)
+    }
+
+    /// Decodes a blob into the front of `out`, which bounds the plaintext's length;
+    /// returns that length.
+    pub(crate) fn decode_into(&self, blob: &[u8], out: &mut [u8]) -> Result<usize> {
+        let parsed = self.open(blob, out.len() as u64)?;
+        parsed.write_into(&mut out[..parsed.declared])?;
+        Ok(parsed.declared)
+    }
+
+    /// Checks a blob's header, and decrypts it when encrypted.
+    fn open<'b>(&self, blob: &'b [u8], max_plain: u64) -> Result<Opened<'b>> {
         if blob.len() < HEADER_LEN {
             return Err(corrupt(format!(
                 "the blob is truncated ({} bytes, less than its header)",
@@ -125,9 +148,8 @@ impl Codec {
             MAGIC_ENC_ZSTD => (true, true),
             _ => return Err(corrupt("not a ferry blob (unknown magic)".to_string())),
         };
-        let opened;
         let payload = match (encrypted, &self.cipher) {
-            (false, None) => body,
+            (false, None) => Payload::Borrowed(body),
             (false, Some(_)) => {
                 return Err(corrupt(
                     "an unencrypted blob in an encrypted repository: it was not written by this repository".to_string(),
@@ -144,38 +166,104 @@ impl Codec {
                     return Err(corrupt(format!("the encrypted blob is truncated or oversized ({} bytes)", blob.len())));
                 }
                 let (nonce, sealed) = body.split_at(NONCE_LEN);
-                opened = cipher
-                    .decrypt(Nonce::from_slice(nonce), Payload { msg: sealed, aad: header })
+                let (sealed, tag) = sealed.split_at(sealed.len() - TAG_LEN);
+                let mut opened = sealed.to_vec();
+                cipher
+                    .decrypt_in_place_detached(Nonce::from_slice(nonce), header, &mut opened, Tag::from_slice(tag))
                     .map_err(|_| corrupt("wrong key or corrupt blob (authentication failed)".to_string()))?;
-                opened.as_slice()
+                Payload::Owned(opened)
             }
         };
-        let plain = if compressed {
-            if payload.len() as u64 >= declared.max(1) {
-                return Err(corrupt(
-                    "a compressed blob is not smaller than its plaintext".to_string(),
-                ));
-            }
-            let out = zstd::bulk::decompress(payload, declared as usize)
-                .map_err(|e| corrupt(format!("the blob's zstd data is damaged: {e}")))?;
-            if out.len() as u64 != declared {
-                return Err(corrupt(format!(
-                    "the blob decompressed to {} bytes, not the {declared} its header says",
-                    out.len()
-                )));
-            }
-            out
-        } else {
-            if payload.len() as u64 != declared {
+        Ok(Opened {
+            payload,
+            compressed,
+            declared: declared as usize,
+        })
+    }
+}
+
+/// A blob's payload in the clear, not yet decompressed.
+struct Opened<'b> {
+    payload: Payload<'b>,
+    compressed: bool,
+    declared: usize,
+}
+
+enum Payload<'b> {
+    Borrowed(&'b [u8]),
+    Owned(Vec<u8>),
+}
+
+impl Opened<'_> {
+    /// Writes the plaintext into `out` (exactly the declared length).
+    fn write_into(&self, out: &mut [u8]) -> Result<()> {
+        let payload = match &self.payload {
+            Payload::Borrowed(b) => b,
+            Payload::Owned(v) => v.as_slice(),
+        };
+        let declared = self.declared;
+        if !self.compressed {
+            if payload.len() != declared {
                 return Err(corrupt(format!(
                     "the blob holds {} bytes, not the {declared} its header says (truncated or damaged)",
                     payload.len()
                 )));
             }
-            payload.to_vec()
-        };
-        Ok(plain)
+            out.copy_from_slice(payload);
+            return Ok(());
+        }
+        if payload.len() >= declared.max(1) {
+            return Err(corrupt(
+                "a compressed blob is not smaller than its plaintext".to_string(),
+            ));
+        }
+        let n = DECOMPRESSOR
+            .with(|d| {
+                let mut d = d.borrow_mut();
+                let d = match d.as_mut() {
+                    Some(d) => d,
+                    None => d.insert(zstd::bulk::Decompressor::new()?),
+                };
+                d.decompress_to_buffer(payload, out)
+            })
+            .map_err(|e| corrupt(format!("the blob's zstd data is damaged: {e}")))?;
+        if n != declared {
+            return Err(corrupt(format!(
+                "the blob decompressed to {n} bytes, not the {declared} its header says"
+            )));
+        }
+        Ok(())
     }
+}
+
+thread_local! {
+    /// Each thread's zstd contexts, kept between chunks: a context for 4 MiB inputs holds
+    /// about a MiB of tables, which allocating anew for every chunk costs page faults.
+    static COMPRESSOR: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> = const { RefCell::new(None) };
+    static DECOMPRESSOR: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
+}
+
+/// Compresses `plain` into `out` after `prefix` bytes (left as zeroes for the header).
+/// `false`: compression does not shrink it (`out` is then undefined).
+fn compress_after(plain: &[u8], level: i32, prefix: usize, out: &mut Vec<u8>) -> Result<bool> {
+    let room = zstd::zstd_safe::compress_bound(plain.len());
+    out.clear();
+    out.reserve_exact(prefix + room + TAG_LEN);
+    out.resize(prefix, 0);
+    let mut cursor = std::io::Cursor::new(std::mem::take(out));
+    cursor.set_position(prefix as u64);
+    let written = COMPRESSOR.with(|c| -> std::io::Result<usize> {
+        let mut c = c.borrow_mut();
+        let compressor = match c.as_mut() {
+            Some((l, compressor)) if *l == level => compressor,
+            _ => &mut c.insert((level, zstd::bulk::Compressor::new(level)?)).1,
+        };
+        compressor.compress_to_buffer(plain, &mut cursor)
+    });
+    *out = cursor.into_inner();
+    let n = written.map_err(|e| Error::internal(format!("zstd compression failed: {e}")))?;
+    out.truncate(prefix + n);
+    Ok(n < plain.len())
 }
 
 #[cfg(test)]
@@ -253,6 +341,20 @@ mod tests {
                     "{name}: {err}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn decoding_into_a_buffer_is_bounded_by_the_buffer() {
+        let data = compressible();
+        for (name, codec) in codecs() {
+            let blob = codec.encode(&data).unwrap();
+            let mut out = vec![0xAA; data.len() + 10];
+            let n = codec.decode_into(&blob, &mut out).unwrap();
+            assert_eq!(&out[..n], &data[..], "{name}");
+            let mut short = vec![0; data.len() - 1];
+            let err = codec.decode_into(&blob, &mut short).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Corrupt, "{name}: {err}");
         }
     }
 

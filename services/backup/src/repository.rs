@@ -234,28 +234,53 @@ impl Repository {
 
     /// Reads a chunk and checks its content against its name (kind Corrupt if it does
     /// not match, NotFound if it is missing). The zero marker reads as an error: zero
-    /// chunks are not stored, their length comes from the index.
+    /// chunks are not stored, their length comes from the index. Decoding and checking
+    /// run on a blocking thread.
     pub async fn get_chunk(&self, digest: &Digest) -> Result<Vec<u8>> {
+        let blob = self.fetch_chunk(digest).await?;
+        let (repo, digest) = (self.clone(), *digest);
+        tokio::task::spawn_blocking(move || {
+            let mut plain = vec![0u8; repo.chunk_size() as usize];
+            let len = repo.open_chunk(&digest, &blob, &mut plain)?;
+            plain.truncate(len);
+            Ok(plain)
+        })
+        .await
+        .map_err(|_| Error::internal("a chunk decoding thread panicked"))?
+    }
+
+    /// Fetches a chunk's stored blob, to be opened with [`Repository::open_chunk`].
+    pub async fn fetch_chunk(&self, digest: &Digest) -> Result<Vec<u8>> {
         if digest.is_zero() {
             return Err(Error::invalid_input(
                 "the zero-chunk marker names no stored chunk: restore it as zeroes",
             ));
         }
-        let name = digest.chunk_name();
         let chunk_size = u64::from(self.chunk_size());
-        let blob = get_required(self.store().as_ref(), &name, chunk_size + OVERHEAD).await?;
-        let plain = self
+        get_required(
+            self.store().as_ref(),
+            &digest.chunk_name(),
+            chunk_size + OVERHEAD,
+        )
+        .await
+    }
+
+    /// Decodes a fetched chunk into the front of `out` and checks its content against
+    /// its name (kind Corrupt if it does not match); returns its length. CPU work: call
+    /// it off the async threads.
+    pub fn open_chunk(&self, digest: &Digest, blob: &[u8], out: &mut [u8]) -> Result<usize> {
+        let len = self
             .inner
             .codec
-            .decode(&blob, chunk_size)
+            .decode_into(blob, out)
             .map_err(|e| Error::new(e.kind(), format!("chunk {digest}: {}", e.message())))?;
-        if self.chunk_digest(&plain) != *digest {
+        if self.chunk_digest(&out[..len]) != *digest {
             return Err(Error::new(
                 ErrorKind::Corrupt,
                 format!("chunk {digest} is damaged: its content does not match its name"),
             ));
         }
-        Ok(plain)
+        Ok(len)
     }
 
     /// Stores a chunk's blob (always writes; deduplication is the session's job).
@@ -267,9 +292,8 @@ impl Repository {
     /// Stores an encoded chunk under its digest's name.
     pub(crate) async fn store_blob(&self, digest: &Digest, blob: Vec<u8>) -> Result<()> {
         self.store()
-            .put(&digest.chunk_name(), Bytes::from(blob), PutMode::Overwrite)
-            .await?;
-        Ok(())
+            .put_batched(&digest.chunk_name(), Bytes::from(blob))
+            .await
     }
 
     /// Every finished backup, oldest first.

@@ -406,6 +406,8 @@ impl Session {
                 self.recheck(&reused).await?;
             }
         }
+        // Every chunk the index names must be durable before the index is.
+        self.repo.store().persist().await?;
         let index_sha256 = self.repo.store_index(&self.id, index).await?;
         let mut manifest = Manifest {
             id: self.id.clone(),

@@ -6,7 +6,9 @@
 //! asks the source for the chunk's extents: an all-zero chunk becomes the zero marker
 //! without a read; else the data extents are read into the worker's buffer (zero extents
 //! filled with zeroes), the block digests computed on a blocking thread, and the chunk
-//! handed to the session, which uploads it only if the repository lacks it.
+//! handed to the session, which uploads it only if the repository lacks it. A chunk
+//! whose block digests all equal the parent's is the parent's chunk: its digest is taken
+//! from the parent's index instead of hashing the chunk a second time.
 //!
 //! Write order: chunks, then the block digests, then (in [`Session::finish`]) the index
 //! and the manifest, so an interrupted backup is never listed. Running it again uploads
@@ -21,14 +23,14 @@ use ferry_backup::{
     BackupId, Digest, FixedIndex, Manifest, Repository, Session, SessionOptions, SnapshotInfo,
 };
 use ferry_core::{Error, ErrorKind, Extent, ExtentKind, IoBuf, Result, Source};
-use ferry_engine::blkhash::ZeroDigests;
+use ferry_engine::blkhash::{Hash, ZeroDigests};
 use ferry_engine::{CancellationToken, Progress};
 use parking_lot::Mutex;
 use tokio::task::JoinSet;
 
 use crate::blocks::{self, BlockDigests};
 use crate::changed::ChangedRanges;
-use crate::hash::{block_digests, ChunkBlocks, OrderedHash};
+use crate::hash::{block_digests, blocks_in, ChunkBlocks, OrderedHash};
 use crate::parent::{self, Chosen, Parent, ParentChoice};
 
 /// Workers when the caller chose none.
@@ -114,8 +116,10 @@ struct Shared {
     chunks: usize,
     cursor: AtomicUsize,
     zeroes: ZeroDigests,
-    /// A parent whose chunks clean in `changed` are taken unread.
-    incremental: Option<(Parent, Arc<dyn ChangedRanges>)>,
+    /// The parent: chunks clean in `changed` are taken unread, and chunks read whose
+    /// block digests equal the parent's take its digest.
+    parent: Option<Parent>,
+    changed: Option<Arc<dyn ChangedRanges>>,
     request: u64,
     minimum: u64,
     progress: Progress,
@@ -162,10 +166,6 @@ pub async fn backup(
             None => tracing::info!(source = %options.source_id, "full backup: {reason}"),
         }
     }
-    let incremental = match (parent, &options.changed) {
-        (Some(p), Some(changed)) => Some((p, Arc::clone(changed))),
-        _ => None,
-    };
     let caps = source.caps();
     let workers = if caps.sequential_read {
         1
@@ -189,7 +189,8 @@ pub async fn backup(
         chunks,
         cursor: AtomicUsize::new(0),
         zeroes: ZeroDigests::new(size),
-        incremental,
+        parent,
+        changed: options.changed.clone(),
         request,
         minimum: u64::from(caps.block.minimum.max(1)),
         progress: progress.clone(),
@@ -361,9 +362,13 @@ impl Shared {
             self.chunks_read.fetch_add(1, Ordering::Relaxed);
             let zeroes = self.zeroes;
             let repo = self.session.repository().clone();
+            let parents = self.parent_chunk(i, len);
             let (data, digests, digest) = tokio::task::spawn_blocking(move || {
                 let digests = block_digests(&data, &zeroes);
-                let digest = repo.chunk_digest(&data);
+                let digest = match parents {
+                    Some((digest, blocks)) if blocks == digests => digest,
+                    _ => repo.chunk_digest(&data),
+                };
                 (data, digests, digest)
             })
             .await
@@ -392,7 +397,7 @@ impl Shared {
         offset: u64,
         len: u64,
     ) -> Result<Option<(Digest, ChunkBlocks)>> {
-        let Some((parent, changed)) = &self.incremental else {
+        let (Some(parent), Some(changed)) = (&self.parent, &self.changed) else {
             return Ok(None);
         };
         if !changed.changed(offset, len).await?.is_empty() {
@@ -412,6 +417,15 @@ impl Shared {
             return Ok(None);
         }
         Ok(Some((digest, ChunkBlocks::Data(blocks.to_vec()))))
+    }
+
+    /// The parent's digest and block digests of chunk `i`, when it has a data chunk of
+    /// `len` bytes there.
+    fn parent_chunk(&self, i: usize, len: u64) -> Option<(Digest, Vec<Hash>)> {
+        let parent = self.parent.as_ref()?;
+        let digest = parent.index.digest(i).filter(|d| !d.is_zero())?;
+        let blocks = parent.blocks.get(i)?;
+        (blocks.len() == blocks_in(len)).then(|| (digest, blocks.to_vec()))
     }
 
     fn record(&self, i: usize, digest: Digest, blocks: ChunkBlocks) -> Result<()> {

@@ -244,7 +244,7 @@ impl Shared {
                 self.hash.lock().add(i, ChunkBlocks::Zero);
                 continue;
             }
-            let plain = self.repo.get_chunk(&digest).await.map_err(|e| {
+            let located = |e: Error| {
                 Error::new(
                     e.kind(),
                     format!(
@@ -253,30 +253,30 @@ impl Shared {
                         e.message()
                     ),
                 )
-            })?;
-            if plain.len() as u64 != len {
-                return Err(Error::new(
-                    ErrorKind::Corrupt,
-                    format!(
-                        "backup {}: chunk {i} at offset {offset} ({digest}) holds {} bytes, the index says {len}",
-                        self.id,
-                        plain.len()
-                    ),
-                ));
-            }
+            };
+            let blob = self.repo.fetch_chunk(&digest).await.map_err(located)?;
             let mut data = buf.take().unwrap_or_else(|| IoBuf::new(self.chunk_size));
-            data.set_len(len as usize);
-            data.copy_from_slice(&plain);
-            drop(plain);
-            let zeroes = self.zeroes;
-            let (data, digests) = tokio::task::spawn_blocking(move || {
+            let (repo, zeroes) = (self.repo.clone(), self.zeroes);
+            let opened = tokio::task::spawn_blocking(move || {
+                data.set_len(data.capacity());
+                let got = repo.open_chunk(&digest, &blob, &mut data)?;
+                if got as u64 != len {
+                    return Err(Error::new(
+                        ErrorKind::Corrupt,
+                        format!("the chunk holds {got} bytes, the index says {len}"),
+                    ));
+                }
+                data.set_len(got);
+                drop(blob);
                 let digests = block_digests(&data, &zeroes);
-                (data, digests)
+                let runs = runs(&data);
+                Ok((data, digests, runs))
             })
             .await
-            .map_err(|_| Error::internal("a hashing thread panicked"))?;
+            .map_err(|_| Error::internal("a chunk decoding thread panicked"))?;
+            let (data, digests, runs) = opened.map_err(located)?;
             self.turn(i).await?;
-            let data = self.write_chunk(target, data, offset).await?;
+            let data = self.write_chunk(target, data, offset, &runs).await?;
             self.done(i);
             self.hash.lock().add(i, ChunkBlocks::Data(digests));
             buf = Some(data);
@@ -319,9 +319,10 @@ impl Shared {
         target: &dyn Target,
         mut data: IoBuf,
         offset: u64,
+        runs: &[(usize, usize, bool)],
     ) -> Result<IoBuf> {
         let len = data.len();
-        for (start, run_len, zero) in runs(&data) {
+        for &(start, run_len, zero) in runs {
             if zero {
                 self.zeroes_at(target, offset + start as u64, run_len as u64)
                     .await?;

@@ -4,6 +4,14 @@
 //! and is then renamed (or hard-linked, for create-only writes) to its final name, and
 //! the directory is flushed too: after a crash an object is either whole or absent.
 //! Temporary files start with `.tmp-` and are never listed.
+//!
+//! A backup's chunks are written with [`ObjectStore::put_batched`]: each file is flushed
+//! before it is renamed into place, but its directory is not: [`ObjectStore::persist`]
+//! flushes the whole file system (`syncfs`, as Proxmox Backup Server does by default)
+//! before the index that names the chunks is written. A chunk is never visible with
+//! partial content; a crash before `persist` may lose a chunk's name, which nothing
+//! refers to yet. `syncfs` rather than the directories this process wrote: a backup
+//! also relies on chunks that another backup running beside it renamed into place.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind as IoKind, Read, Write};
@@ -83,13 +91,59 @@ fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(|e| io_err(format!("cannot flush directory {}", dir.display()), e))
 }
 
+/// Flushes the whole file system that holds `root`.
+fn sync_file_system(root: &Path) -> Result<()> {
+    let dir = File::open(root)
+        .map_err(|e| io_err(format!("cannot open directory {}", root.display()), e))?;
+    // SAFETY: syncfs only reads the descriptor, which `dir` keeps open for the call.
+    if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) } != 0 {
+        return Err(io_err(
+            format!("cannot flush the file system of {}", root.display()),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+/// Creates `dir` and its missing parents, flushing each parent that got a new entry, so
+/// that an object's directory survives a crash as surely as the object.
+fn make_dir(dir: &Path) -> Result<()> {
+    // A relative path's last parent is the empty path: the current directory.
+    if dir.as_os_str().is_empty() || dir.is_dir() {
+        return Ok(());
+    }
+    let parent = dir.parent().map(|p| {
+        if p.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            p
+        }
+    });
+    if let Some(parent) = parent {
+        make_dir(parent)?;
+    }
+    match fs::create_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == IoKind::AlreadyExists => return Ok(()),
+        Err(e) => {
+            return Err(io_err(
+                format!("cannot create directory {}", dir.display()),
+                e,
+            ))
+        }
+    }
+    match parent {
+        Some(parent) => sync_dir(parent),
+        None => Ok(()),
+    }
+}
+
 /// Writes `data` to a new temporary file beside `path` and flushes it.
 fn write_temp(path: &Path, data: &[u8]) -> Result<PathBuf> {
     let dir = path
         .parent()
         .ok_or_else(|| Error::internal("an object path has no directory"))?;
-    fs::create_dir_all(dir)
-        .map_err(|e| io_err(format!("cannot create directory {}", dir.display()), e))?;
+    make_dir(dir)?;
     let temp = dir.join(format!("{TEMP_PREFIX}{}", random_suffix()));
     let result = OpenOptions::new()
         .write(true)
@@ -255,6 +309,22 @@ impl ObjectStore for LocalStore {
             .await
     }
 
+    async fn put_batched(&self, name: &str, data: Bytes) -> Result<()> {
+        let path = self.path_of(name)?;
+        self.blocking(move |_| {
+            let temp = write_temp(&path, &data)?;
+            fs::rename(&temp, &path).map_err(|e| {
+                let _ = fs::remove_file(&temp);
+                io_err(format!("cannot rename into {}", path.display()), e)
+            })
+        })
+        .await
+    }
+
+    async fn persist(&self) -> Result<()> {
+        self.blocking(sync_file_system).await
+    }
+
     async fn get(&self, name: &str, max_len: u64) -> Result<Option<Vec<u8>>> {
         let path = self.path_of(name)?;
         let (name, location) = (name.to_string(), self.location());
@@ -344,6 +414,28 @@ mod tests {
             .map(|m| m.name)
             .collect();
         assert_eq!(names, vec!["chunks/ab/abcd".to_string()]);
+    }
+
+    #[tokio::test]
+    async fn batched_puts_are_whole_objects_in_new_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::new(dir.path().join("repo/nested"));
+        let data = Bytes::from(vec![7u8; 100_000]);
+        store
+            .put_batched("chunks/cd/cdef", data.clone())
+            .await
+            .unwrap();
+        store.persist().await.unwrap();
+        let got = store.get("chunks/cd/cdef", 1 << 20).await.unwrap().unwrap();
+        assert_eq!(got, data.to_vec());
+        let names: Vec<String> = store
+            .list("")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.name)
+            .collect();
+        assert_eq!(names, vec!["chunks/cd/cdef".to_string()]);
     }
 
     #[tokio::test]

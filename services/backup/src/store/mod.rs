@@ -74,6 +74,22 @@ pub trait ObjectStore: Send + Sync + fmt::Debug {
     /// Writes `data` as `name` according to `mode`.
     async fn put(&self, name: &str, data: Bytes, mode: PutMode) -> Result<Put>;
 
+    /// Writes `data` as `name`, replacing it, for a caller that writes many objects and
+    /// then calls [`ObjectStore::persist`] before anything refers to them (a backup's
+    /// chunks, before its index). The object's content is durable before it is visible
+    /// under its name, so a crash never leaves a partial object; the name itself may be
+    /// durable only after `persist`. The default is [`ObjectStore::put`].
+    async fn put_batched(&self, name: &str, data: Bytes) -> Result<()> {
+        self.put(name, data, PutMode::Overwrite).await.map(|_| ())
+    }
+
+    /// Makes every object written with [`ObjectStore::put_batched`] durable under its
+    /// name. The default does nothing: a store whose writes are durable when they return
+    /// (S3) needs nothing more.
+    async fn persist(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Reads a whole object, or `None` if it does not exist. Objects larger than
     /// `max_len` are refused (kind Corrupt) without reading them into memory.
     async fn get(&self, name: &str, max_len: u64) -> Result<Option<Vec<u8>>>;

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::{ByteStream, DateTime};
-use aws_sdk_s3::types::MetadataDirective;
+use aws_sdk_s3::types::{ChecksumAlgorithm, MetadataDirective};
 use aws_sdk_s3::Client;
 use bytes::Bytes;
 use ferry_core::{Error, ErrorKind, Result};
@@ -27,6 +27,8 @@ pub struct S3Store {
     bucket: String,
     /// Empty, or the prefix without a trailing `/`.
     prefix: String,
+    /// Whether uploads carry a CRC32C checksum (S3Options::checksums).
+    checksums: bool,
 }
 
 impl S3Store {
@@ -36,12 +38,21 @@ impl S3Store {
             client,
             bucket: bucket.into(),
             prefix: prefix.trim_matches('/').to_string(),
+            checksums: true,
         }
+    }
+
+    /// Whether uploads carry a CRC32C checksum (default on; some S3-compatible stores
+    /// refuse checksum headers).
+    pub fn with_checksums(mut self, on: bool) -> Self {
+        self.checksums = on;
+        self
     }
 
     /// A store with a client built from `options` and the SDK's standard chain.
     pub async fn connect(bucket: impl Into<String>, prefix: &str, options: &S3Options) -> Self {
         Self::new(ferry_endpoints::s3::client(options).await, bucket, prefix)
+            .with_checksums(options.checksums.unwrap_or(true))
     }
 
     fn key(&self, name: &str) -> Result<String> {
@@ -157,18 +168,30 @@ impl ObjectStore for S3Store {
 
     async fn put(&self, name: &str, data: Bytes, mode: PutMode) -> Result<Put> {
         let key = self.key(name)?;
+        // The checksum is sent as a header and the payload left unsigned: the SDK's
+        // defaults (a signed payload, a trailing checksum in an aws-chunked body) hash
+        // every byte once more on both sides.
+        let crc = self
+            .checksums
+            .then(|| ferry_endpoints::s3::crc32c_header(&data));
         let mut request = self
             .client
             .put_object()
             .bucket(&self.bucket)
             .key(&key)
+            .content_length(data.len() as i64)
             .body(ByteStream::from(data));
+        if let Some(crc) = crc {
+            request = request
+                .checksum_algorithm(ChecksumAlgorithm::Crc32C)
+                .checksum_crc32_c(crc);
+        }
         match &mode {
             PutMode::Overwrite => {}
             PutMode::CreateOnly => request = request.if_none_match("*"),
             PutMode::ReplaceIf(version) => request = request.if_match(version.0.clone()),
         }
-        match request.send().await {
+        match request.customize().disable_payload_signing().send().await {
             Ok(_) => Ok(Put::Written),
             // 412: the condition failed; 409: a concurrent conditional write won.
             Err(err)

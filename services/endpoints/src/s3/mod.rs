@@ -117,6 +117,17 @@ impl S3Options {
 pub use source::open_source;
 pub use target::open_target;
 
+/// The `x-amz-checksum-crc32c` value of `data`, sent with an upload instead of the
+/// SDK's default trailing checksum, which needs the body re-framed (aws-chunked).
+pub fn crc32c_header(data: &[u8]) -> String {
+    let mut crc = aws_smithy_checksums::ChecksumAlgorithm::Crc32c.into_impl();
+    crc.update(data);
+    crc.header_value()
+        .to_str()
+        .expect("base64 is ASCII")
+        .to_string()
+}
+
 /// An AWS SDK S3 client configured from the standard chain and `options`, exactly as the
 /// S3 endpoint builds its own: other crates that store objects (the backup repository)
 /// use it so that endpoint, region and credentials behave the same everywhere.

@@ -322,21 +322,12 @@ impl PartIo {
         }
     }
 
-    fn crc32c(data: &[u8]) -> String {
-        let mut crc = aws_smithy_checksums::ChecksumAlgorithm::Crc32c.into_impl();
-        crc.update(data);
-        crc.header_value()
-            .to_str()
-            .expect("base64 is ASCII")
-            .to_string()
-    }
-
     fn zero_crc(&self, len: usize) -> String {
         let mut cache = self.zero_crcs.lock();
         if let Some((_, c)) = cache.iter().find(|(n, _)| *n == len) {
             return c.clone();
         }
-        let c = Self::crc32c(&self.zero[..len]);
+        let c = super::crc32c_header(&self.zero[..len]);
         cache.push((len, c.clone()));
         c
     }
@@ -345,7 +336,7 @@ impl PartIo {
     fn body(&self, content: Content) -> (Bytes, Option<String>) {
         match content {
             Content::Data(buf) => {
-                let crc = self.checksums.then(|| Self::crc32c(buf.as_ref()));
+                let crc = self.checksums.then(|| super::crc32c_header(buf.as_ref()));
                 (Bytes::from_owner(buf), crc)
             }
             Content::Zero(len) => (
