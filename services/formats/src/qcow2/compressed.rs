@@ -1,7 +1,11 @@
 //! Decompression of one compressed cluster (raw deflate, or zstd).
 //!
 //! The output is exactly one cluster: a stream that would produce more stops there (no
-//! decompression bomb), one that produces less is corrupt.
+//! decompression bomb), one that produces less is corrupt. Each thread keeps its
+//! decoders between clusters: an image holds tens of thousands of compressed clusters,
+//! and a fresh zstd context per cluster allocates its window every time.
+
+use std::cell::RefCell;
 
 use ferry_core::Result;
 
@@ -17,8 +21,21 @@ pub fn decompress(kind: Compression, input: &[u8], out: &mut [u8]) -> Result<()>
     }
 }
 
+thread_local! {
+    static INFLATE: RefCell<Option<flate2::Decompress>> = const { RefCell::new(None) };
+    static UNZSTD: RefCell<Option<zstd::stream::raw::Decoder<'static>>> = const { RefCell::new(None) };
+}
+
 fn inflate(input: &[u8], out: &mut [u8]) -> Result<()> {
-    let mut stream = flate2::Decompress::new(false);
+    INFLATE.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let stream = cell.get_or_insert_with(|| flate2::Decompress::new(false));
+        stream.reset(false);
+        inflate_with(stream, input, out)
+    })
+}
+
+fn inflate_with(stream: &mut flate2::Decompress, input: &[u8], out: &mut [u8]) -> Result<()> {
     loop {
         let before = stream.total_out();
         let status = stream
@@ -42,9 +59,31 @@ fn inflate(input: &[u8], out: &mut [u8]) -> Result<()> {
 }
 
 fn unzstd(input: &[u8], out: &mut [u8]) -> Result<()> {
-    use zstd::stream::raw::{Decoder, InBuffer, Operation, OutBuffer};
-    let mut decoder =
-        Decoder::new().map_err(|e| corrupt("cannot start a zstd decoder").with_source(e))?;
+    use zstd::stream::raw::{Decoder, Operation};
+    UNZSTD.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let decoder = match cell.as_mut() {
+            Some(decoder) => {
+                decoder
+                    .reinit()
+                    .map_err(|e| corrupt("cannot reset a zstd decoder").with_source(e))?;
+                decoder
+            }
+            None => cell.insert(
+                Decoder::new()
+                    .map_err(|e| corrupt("cannot start a zstd decoder").with_source(e))?,
+            ),
+        };
+        unzstd_with(decoder, input, out)
+    })
+}
+
+fn unzstd_with(
+    decoder: &mut zstd::stream::raw::Decoder<'static>,
+    input: &[u8],
+    out: &mut [u8],
+) -> Result<()> {
+    use zstd::stream::raw::{InBuffer, Operation, OutBuffer};
     let mut input = InBuffer::around(input);
     let mut output = OutBuffer::around(out);
     loop {
