@@ -15,8 +15,9 @@ pub const DEFAULT_CHUNK_SIZE: u32 = 4 << 20;
 pub const MIN_CHUNK_SIZE: u32 = 64 << 10;
 /// ...and at most 64 MiB, so one chunk always fits comfortably in memory.
 pub const MAX_CHUNK_SIZE: u32 = 64 << 20;
-/// The default zstd level.
-pub const DEFAULT_ZSTD_LEVEL: i32 = 3;
+/// The default zstd level: 1, as Proxmox Backup Server uses for its chunks. On image data
+/// level 3 saves a few percent of space for about 1.6 times the CPU.
+pub const DEFAULT_ZSTD_LEVEL: i32 = 1;
 /// A config is small; anything larger is not one.
 pub(crate) const MAX_CONFIG_LEN: u64 = 64 << 10;
 

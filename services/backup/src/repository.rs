@@ -32,7 +32,7 @@ pub struct InitOptions {
     /// Chunk size: a power of two from 64 KiB to 64 MiB (default 4 MiB). Fixed for the
     /// repository's life.
     pub chunk_size: u32,
-    /// zstd level 1-22, or `None` for no compression (default 3).
+    /// zstd level 1-22, or `None` for no compression (default 1).
     pub zstd_level: Option<i32>,
     /// A passphrase encrypts the repository (default: none, unencrypted).
     pub passphrase: Option<Secret>,

@@ -8,6 +8,7 @@ use std::str::FromStr;
 
 use ferry_backup::{BackupId, FixedIndex, Manifest, Repository};
 use ferry_core::{Error, Result};
+use futures::stream::{self, StreamExt};
 
 use crate::blocks::{self, BlockDigests};
 
@@ -54,12 +55,25 @@ pub(crate) enum Chosen {
     Full(String),
 }
 
+/// Manifests read at once while looking for the parent.
+const PARALLEL_MANIFESTS: usize = 16;
+
 /// The newest backup of `source` by start time (ids name the second only, so two
 /// backups started in one second are told apart by their manifests' exact times).
+/// Manifests are read newest first, several at once, and only until every id left is
+/// from an earlier second than a backup of `source` already found.
 async fn latest_of(repo: &Repository, source: &str) -> Result<Option<Manifest>> {
+    let mut ids = repo.list_snapshots().await?;
+    ids.reverse();
+    let mut manifests = stream::iter(ids)
+        .map(|id| async move { (repo.load_manifest(&id).await, id) })
+        .buffered(PARALLEL_MANIFESTS);
     let mut latest: Option<Manifest> = None;
-    for id in repo.list_snapshots().await? {
-        match repo.load_manifest(&id).await {
+    while let Some((loaded, id)) = manifests.next().await {
+        if latest.as_ref().is_some_and(|l| id.time() < l.id.time()) {
+            break;
+        }
+        match loaded {
             Ok(m) if m.source == source => {
                 if latest
                     .as_ref()

@@ -127,7 +127,7 @@ pub struct InitArgs {
     #[arg(long, value_name = "SIZE", default_value = "4M", value_parser = args::size)]
     pub chunk_size: u64,
     /// zstd level 1-22, or `none`.
-    #[arg(long, value_name = "LEVEL", default_value = "3", value_parser = compression)]
+    #[arg(long, value_name = "LEVEL", default_value = "1", value_parser = compression)]
     pub compression: Compression,
 }
 
