@@ -47,13 +47,6 @@ pub trait Source: Send + Sync + 'static {
     /// A handle for another worker.
     async fn connect(&self) -> Result<Arc<dyn Source>>;
 
-    /// Access to the image's bytes in place, without copying them into a buffer, where the
-    /// source can give it (a regular file in the page cache, mapped). Readers that only look
-    /// at the bytes, such as the checksum, use it instead of [`Source::read_at`].
-    fn mapper(&self) -> Option<Arc<dyn Mapper>> {
-        None
-    }
-
     /// The version of the content, where the endpoint can tell and pin it (an HTTP ETag):
     /// a job stores it so that a resumed attempt reads the same version or fails.
     fn version(&self) -> Option<String> {
@@ -64,15 +57,6 @@ pub trait Source: Send + Sync + 'static {
     async fn close(&self) -> Result<()> {
         Ok(())
     }
-}
-
-/// Bytes of a source seen in place (see [`Source::mapper`]). Calls block: run them off the
-/// async threads.
-pub trait Mapper: Send + Sync + 'static {
-    /// Calls `f` with the bytes at `offset..offset + len`, which must lie inside the source.
-    /// Fails if they cannot be seen, or if the source shrank while `f` looked at them (then
-    /// `f` saw zeroes where bytes were gone, and whatever it computed must be dropped).
-    fn with_bytes(&self, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<()>;
 }
 
 /// A writable image.

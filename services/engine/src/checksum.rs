@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use ferry_core::{Error, ExtentKind, IoBuf, Mapper, Result, Source};
+use ferry_core::{Error, ExtentKind, IoBuf, Result, Source};
 use futures::stream::{self, StreamExt};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -364,33 +364,15 @@ async fn blkhash(
     let zeroes = ZeroDigests::new(size);
     let pool = BufPool::new(plan.chunk as usize);
     let hashers = Arc::new(Semaphore::new(options.threads));
-    let mapper = source.mapper();
     let results = plan
         .into_stream()
         .map(|chunk| {
-            let (pool, hashers, mapper) = (&pool, &hashers, &mapper);
+            let (pool, hashers) = (&pool, &hashers);
             async move {
                 let chunk = chunk?;
                 let read_bytes = chunk.read_bytes();
                 if chunk.reads.is_empty() {
                     return Ok((chunk, BlockDigests::Zero, read_bytes));
-                }
-                if let Some(mapper) = &mapper {
-                    // Hashed in place: the hashing thread reads the bytes itself, no copy.
-                    let permit = hashers
-                        .acquire()
-                        .await
-                        .map_err(|_| Error::internal("hash thread limit closed"))?;
-                    let mapper = Arc::clone(mapper);
-                    let (chunk, digests) = tokio::task::spawn_blocking(move || {
-                        let digests = hash_mapped(&*mapper, &chunk, &zeroes);
-                        (chunk, digests)
-                    })
-                    .await
-                    .map_err(|_| Error::internal("a hashing thread panicked"))?;
-                    drop(permit);
-                    let digests = digests.map_err(|e| e.with_endpoint(source.describe()))?;
-                    return Ok((chunk, BlockDigests::Each(digests), read_bytes));
                 }
                 let buf = read_chunk(&**source, &chunk, max_read, pool, false).await?;
                 let permit = hashers
@@ -453,40 +435,6 @@ fn hash_blocks(buf: &[u8], chunk: &Chunk, zeroes: &ZeroDigests) -> Vec<Hash> {
             }
         })
         .collect()
-}
-
-/// [`hash_blocks`] over the chunk's bytes seen in place: from its first read range to its
-/// last, so no hole outside them is touched.
-fn hash_mapped(mapper: &dyn Mapper, chunk: &Chunk, zeroes: &ZeroDigests) -> Result<Vec<Hash>> {
-    let (Some(first), Some(last)) = (chunk.reads.first(), chunk.reads.last()) else {
-        return Ok(hash_blocks(&[], chunk, zeroes));
-    };
-    // Ranges start and end on blocks (or the image's end): the view starts on one too.
-    let from = round_down(first.0 as u64, BLOCK_SIZE as u64) as usize;
-    let to = last.1;
-    let mut digests = Vec::with_capacity(chunk.len.div_ceil(BLOCK_SIZE));
-    let zero = zeroes.for_len(BLOCK_SIZE);
-    digests.resize(from / BLOCK_SIZE, zero);
-    mapper.with_bytes(chunk.offset + from as u64, to - from, &mut |bytes| {
-        let reads: Vec<(usize, usize)> = chunk
-            .reads
-            .iter()
-            .map(|&(s, e)| (s - from, e - from))
-            .collect();
-        let part = Chunk {
-            offset: chunk.offset + from as u64,
-            len: to - from,
-            reads,
-        };
-        digests.extend(hash_blocks(bytes, &part, zeroes));
-    })?;
-    let rest = chunk.len - to;
-    let full = rest / BLOCK_SIZE;
-    digests.extend(std::iter::repeat_n(zero, full));
-    if !rest.is_multiple_of(BLOCK_SIZE) {
-        digests.push(zeroes.for_len(rest % BLOCK_SIZE));
-    }
-    Ok(digests)
 }
 
 async fn sha256(
@@ -764,56 +712,6 @@ mod tests {
         assert_eq!(err.context().endpoint.as_deref(), Some("mem-source"));
     }
 
-    /// A source whose bytes are seen in place (as a mapped file's are) and never read.
-    struct InPlace {
-        inner: MemSource,
-        mapper: Arc<dyn Mapper>,
-    }
-
-    struct MemMapper(Vec<u8>);
-
-    impl Mapper for MemMapper {
-        fn with_bytes(&self, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<()> {
-            let at = offset as usize;
-            f(&self.0[at..at + len]);
-            Ok(())
-        }
-    }
-
-    impl InPlace {
-        fn new(inner: MemSource) -> Self {
-            let mapper = Arc::new(MemMapper(inner.data().to_vec()));
-            Self { inner, mapper }
-        }
-    }
-
-    #[async_trait]
-    impl Source for InPlace {
-        fn describe(&self) -> String {
-            self.inner.describe()
-        }
-        fn size(&self) -> u64 {
-            self.inner.size()
-        }
-        fn caps(&self) -> Caps {
-            self.inner.caps()
-        }
-        async fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-            self.inner.extents(offset, len).await
-        }
-        async fn read_at(&self, offset: u64, _buf: IoBuf) -> Result<IoBuf> {
-            Err(Error::internal(format!(
-                "read at {offset} of a source hashed in place"
-            )))
-        }
-        async fn connect(&self) -> Result<Arc<dyn Source>> {
-            Err(Error::unsupported("one handle"))
-        }
-        fn mapper(&self) -> Option<Arc<dyn Mapper>> {
-            Some(Arc::clone(&self.mapper))
-        }
-    }
-
     /// Claims to be larger than its data, so reads fail.
     struct Truncated(MemSource);
 
@@ -893,9 +791,7 @@ mod tests {
             let source = MemSource::new(data.clone()).with_holes(&holes);
             let mut opts = ChecksumOptions { workers, threads, request_size: request, ..Default::default() };
             let blk = rt.block_on(sum(source.clone(), &opts)).unwrap();
-            prop_assert_eq!(&blk, &to_hex(&digest_bytes(&data)));
-            let in_place = rt.block_on(sum(InPlace::new(source.clone()), &opts)).unwrap();
-            prop_assert_eq!(in_place, blk);
+            prop_assert_eq!(blk, to_hex(&digest_bytes(&data)));
             let check = rt.block_on(read_back_check(
                 Arc::new(source.clone()),
                 &opts,

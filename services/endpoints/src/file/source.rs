@@ -4,11 +4,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use ferry_core::{Caps, Error, Extent, IoBuf, Mapper, Result, Source};
+use ferry_core::{Caps, Error, Extent, IoBuf, Result, Source};
 
 use super::exec::Executor;
-use super::handle::{FileHandle, Kind};
-use super::map::FileMapper;
+use super::handle::FileHandle;
 use super::{extents, node};
 use crate::SourceOptions;
 
@@ -75,17 +74,6 @@ impl Source for FileSource {
                 Ok(buf)
             })
             .await
-    }
-
-    /// Regular files in the page cache only: direct I/O is asked for to keep the page cache
-    /// out of the way, and a block device has no end that could move.
-    fn mapper(&self) -> Option<Arc<dyn Mapper>> {
-        let h = &self.handle;
-        (h.direct.is_none() && h.kind == Kind::Regular).then(|| {
-            Arc::new(FileMapper {
-                handle: Arc::clone(h),
-            }) as Arc<dyn Mapper>
-        })
     }
 
     async fn connect(&self) -> Result<Arc<dyn Source>> {
