@@ -8,12 +8,12 @@ use std::sync::Arc;
 
 use ferry_core::{Error, ExtentKind, IoBuf, Result, Source};
 use futures::stream::{self, StreamExt};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::blkhash::{block_digest, to_hex, Combiner, Hash, ZeroDigests, BLOCK_SIZE};
 use crate::blockcheck::block_value;
 use crate::geometry::{round_down, round_up};
+use crate::hashers::Hashers;
 use crate::options::{ChecksumOptions, HashAlgorithm};
 use crate::pool::BufPool;
 use crate::progress::Progress;
@@ -363,7 +363,7 @@ async fn blkhash(
     let max_read = plan.max_read;
     let zeroes = ZeroDigests::new(size);
     let pool = BufPool::new(plan.chunk as usize);
-    let hashers = Arc::new(Semaphore::new(options.threads));
+    let hashers = Hashers::new(options.threads)?;
     let results = plan
         .into_stream()
         .map(|chunk| {
@@ -375,17 +375,12 @@ async fn blkhash(
                     return Ok((chunk, BlockDigests::Zero, read_bytes));
                 }
                 let buf = read_chunk(&**source, &chunk, max_read, pool, false).await?;
-                let permit = hashers
-                    .acquire()
-                    .await
-                    .map_err(|_| Error::internal("hash thread limit closed"))?;
-                let (buf, chunk, digests) = tokio::task::spawn_blocking(move || {
-                    let digests = BlockDigests::Each(hash_blocks(&buf, &chunk, &zeroes));
-                    (buf, chunk, digests)
-                })
-                .await
-                .map_err(|_| Error::internal("a hashing thread panicked"))?;
-                drop(permit);
+                let (buf, chunk, digests) = hashers
+                    .run(move || {
+                        let digests = BlockDigests::Each(hash_blocks(&buf, &chunk, &zeroes));
+                        (buf, chunk, digests)
+                    })
+                    .await?;
                 pool.put(buf);
                 Ok::<_, Error>((chunk, digests, read_bytes))
             }

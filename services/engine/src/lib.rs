@@ -17,6 +17,7 @@ mod copy;
 mod cpu;
 mod fanout;
 mod geometry;
+mod hashers;
 mod merge;
 mod options;
 mod plan;
