@@ -11,13 +11,14 @@
 //! - `/redirect/NAME`: 302 to `/NAME`; `/loop/NAME`: redirects forever;
 //! - `/to-http/NAME`: 302 to `http://127.0.0.1:PORT/NAME` (a downgrade when asked over TLS).
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::check::require_tool;
 use crate::nbd_servers::TlsCerts;
+use crate::process::{free_port, listens_on};
 
 /// The basic-auth user of `/private/`.
 pub const USER: &str = "ferry";
@@ -39,13 +40,6 @@ pub struct Nginx {
     port: u16,
     tls_port: u16,
     certs: TlsCerts,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind an ephemeral port")
-        .port()
 }
 
 fn htpasswd_line() -> String {
@@ -164,7 +158,8 @@ http {{
         loop {
             let plain = TcpStream::connect(("127.0.0.1", self.port)).is_ok();
             let tls = TcpStream::connect(("127.0.0.1", self.tls_port)).is_ok();
-            if plain && tls {
+            let pid = self.child.id() as i32;
+            if plain && tls && listens_on(pid, self.port) && listens_on(pid, self.tls_port) {
                 return;
             }
             if let Ok(Some(status)) = self.child.try_wait() {

@@ -3,7 +3,7 @@
 //! LUNs backed by files (thick, or thin with `thin_provisioning=1`) and CHAP accounts.
 //! Dropping it deletes the targets with `--force` and then the system, which ends tgtd.
 
-use std::net::TcpListener;
+use crate::process::{free_port, listens_on};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -36,13 +36,6 @@ pub struct Tgtd {
     control: u16,
     targets: Vec<u32>,
     log: PathBuf,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind an ephemeral port")
 }
 
 /// A management channel number for tgtd (1024..=32767), spread by the portal port, the
@@ -117,7 +110,11 @@ impl Tgtd {
                 .status()
                 .map(|s| s.success())
                 .unwrap_or(false);
-            if ok && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            let pid = t.child.as_ref().map_or(0, |c| c.id() as i32);
+            if ok
+                && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+                && listens_on(pid, port)
+            {
                 return Ok(t);
             }
             assert!(

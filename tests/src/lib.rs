@@ -18,6 +18,7 @@ pub mod images;
 pub mod iscsi_server;
 pub mod nbd_servers;
 pub mod nfs_server;
+pub mod process;
 pub mod s3_server;
 pub mod service_support;
 

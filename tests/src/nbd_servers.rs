@@ -5,12 +5,12 @@
 //! (a CA, a server certificate for localhost/127.0.0.1 and a client certificate) are
 //! made here with rcgen, in the directory layout qemu, nbdkit and libnbd share.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::check::require_tool;
+use crate::process::{free_port, listens_on, read_pid, signal, wait_gone};
 
 /// The Debian packages that hold the NBD servers and tools the tests use.
 pub const NBD_PACKAGES: &str = "nbdkit libnbd-bin";
@@ -73,29 +73,6 @@ pub struct Nbdkit {
     /// Export name clients use (nbdkit serves any name; this only shapes the URI).
     pub export: String,
     pub read_only: bool,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind an ephemeral port")
-}
-
-fn read_pid(path: &Path) -> Option<i32> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
-}
-
-fn alive(pid: i32) -> bool {
-    // SAFETY: kill with signal 0 only checks that the process exists.
-    unsafe { libc::kill(pid, 0) == 0 }
-}
-
-fn signal(pid: i32, sig: i32) {
-    // SAFETY: sending a signal to a process this test started.
-    unsafe {
-        libc::kill(pid, sig);
-    }
 }
 
 impl NbdServer {
@@ -229,6 +206,16 @@ impl NbdServer {
                 );
                 std::thread::sleep(Duration::from_millis(10));
             };
+            if let Listen::Tcp(port) = listen {
+                // Both servers listen before they write the pid file: a port another
+                // test's server holds means ours lost the bind.
+                if !listens_on(pid, port) {
+                    signal(pid, libc::SIGKILL);
+                    wait_gone(pid, Duration::from_secs(10));
+                    last_error = format!("{what}: port {port} is held by another process");
+                    continue;
+                }
+            }
             return Self {
                 listen,
                 export: export.to_string(),
@@ -313,17 +300,6 @@ impl NbdServer {
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
-}
-
-fn wait_gone(pid: i32, limit: Duration) -> bool {
-    let deadline = Instant::now() + limit;
-    while alive(pid) {
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    true
 }
 
 impl Drop for NbdServer {

@@ -18,6 +18,7 @@ use ferry_core::spec::NfsSpec;
 use ferry_core::EndpointSpec;
 
 use crate::check::require_tool;
+use crate::process::{alive, listens_on, read_pid, signal, wait_gone};
 
 /// The Debian packages the NFS tests need (libnfs-utils: nfs-cp and nfs-ls, the peers).
 pub const NFS_PACKAGES: &str = "nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils";
@@ -104,33 +105,6 @@ fn free_port() -> u16 {
             return port;
         }
     }
-}
-
-fn read_pid(path: &Path) -> Option<i32> {
-    fs::read_to_string(path).ok()?.trim().parse().ok()
-}
-
-fn alive(pid: i32) -> bool {
-    // SAFETY: kill with signal 0 only checks that the process exists.
-    unsafe { libc::kill(pid, 0) == 0 }
-}
-
-fn signal(pid: i32, sig: i32) {
-    // SAFETY: sending a signal to a process this test started.
-    unsafe {
-        libc::kill(pid, sig);
-    }
-}
-
-fn wait_gone(pid: i32, limit: Duration) -> bool {
-    let deadline = Instant::now() + limit;
-    while alive(pid) {
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    true
 }
 
 /// A running nfs-ganesha exporting `export_dir()` (real path, used by NFSv3) as `/export`
@@ -242,6 +216,8 @@ impl Ganesha {
                 }
                 if rpc_answers(self.nfs_port, NFS_PROGRAM, 3)
                     && rpc_answers(self.mount_port, MOUNT_PROGRAM, 3)
+                    && listens_on(pid, self.nfs_port)
+                    && listens_on(pid, self.mount_port)
                 {
                     return Ok(());
                 }
