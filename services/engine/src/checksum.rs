@@ -4,6 +4,7 @@
 //! Both algorithms share the chunk plan and the reads; the block hash hashes each chunk
 //! independently in parallel, plain SHA-256 feeds chunks in order to one hasher.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ferry_core::{Error, ExtentKind, IoBuf, Result, Source};
@@ -78,25 +79,25 @@ pub(crate) async fn read_back_check(
         let plan = ChunkPlanner::new(Arc::clone(&source), options.request_size)?;
         let max_read = plan.max_read;
         let pool = BufPool::new(plan.chunk as usize);
+        let readers = Readers::open(&source, options).await?;
         let results = plan
             .into_stream()
             .map(|chunk| {
-                let pool = &pool;
-                let source = &source;
+                let (pool, readers) = (&pool, &readers);
                 async move {
                     let chunk = chunk?;
                     let read_bytes = chunk.read_bytes();
                     if chunk.reads.is_empty() {
                         return Ok((chunk.len as u64, 0, read_bytes));
                     }
-                    let buf = read_chunk(&**source, &chunk, max_read, pool, false).await?;
+                    let buf = read_chunk(readers.pick(), &chunk, max_read, pool, false).await?;
                     // Cheap next to the read: computed here, while the bytes are cached.
                     let value = chunk_check(&buf, &chunk);
                     pool.put(buf);
                     Ok::<_, Error>((chunk.len as u64, value, read_bytes))
                 }
             })
-            .buffered(readers(&*source, options));
+            .buffered(readers.count);
         let mut results = std::pin::pin!(results);
         let mut sum = 0u64;
         while let Some(result) = results.next().await {
@@ -307,12 +308,46 @@ impl ChunkPlanner {
     }
 }
 
-/// Chunks read at once: one for a source that can only be read front to back.
-fn readers(source: &dyn Source, options: &ChecksumOptions) -> usize {
-    if source.caps().sequential_read {
-        1
-    } else {
-        options.workers
+/// The handles chunks are read through, one per chunk read at once: a source that can
+/// only be read front to back gets one; a server that allows several connections
+/// (NBD multi-conn) gets one connection per reader, as the copy's workers do, so reads
+/// are not queued behind each other on one socket.
+struct Readers {
+    handles: Vec<Arc<dyn Source>>,
+    next: AtomicUsize,
+    /// Chunks read at once.
+    count: usize,
+}
+
+impl Readers {
+    async fn open(source: &Arc<dyn Source>, options: &ChecksumOptions) -> Result<Self> {
+        let caps = source.caps();
+        let count = if caps.sequential_read {
+            1
+        } else {
+            options.workers
+        };
+        let mut handles = vec![Arc::clone(source)];
+        if caps.multi_conn {
+            while handles.len() < count {
+                let handle = source
+                    .connect()
+                    .await
+                    .map_err(|e| e.with_operation("connect").with_endpoint(source.describe()))?;
+                handles.push(handle);
+            }
+        }
+        Ok(Self {
+            handles,
+            next: AtomicUsize::new(0),
+            count,
+        })
+    }
+
+    /// The handle for the next chunk, in turn.
+    fn pick(&self) -> &dyn Source {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.handles.len();
+        &*self.handles[i]
     }
 }
 
@@ -364,17 +399,18 @@ async fn blkhash(
     let zeroes = ZeroDigests::new(size);
     let pool = BufPool::new(plan.chunk as usize);
     let hashers = Hashers::new(options.threads)?;
+    let readers = Readers::open(source, options).await?;
     let results = plan
         .into_stream()
         .map(|chunk| {
-            let (pool, hashers) = (&pool, &hashers);
+            let (pool, hashers, readers) = (&pool, &hashers, &readers);
             async move {
                 let chunk = chunk?;
                 let read_bytes = chunk.read_bytes();
                 if chunk.reads.is_empty() {
                     return Ok((chunk, BlockDigests::Zero, read_bytes));
                 }
-                let buf = read_chunk(&**source, &chunk, max_read, pool, false).await?;
+                let buf = read_chunk(readers.pick(), &chunk, max_read, pool, false).await?;
                 let (buf, chunk, digests) = hashers
                     .run(move || {
                         let digests = BlockDigests::Each(hash_blocks(&buf, &chunk, &zeroes));
@@ -385,7 +421,7 @@ async fn blkhash(
                 Ok::<_, Error>((chunk, digests, read_bytes))
             }
         })
-        .buffered(readers(&**source, options));
+        .buffered(readers.count);
     let mut results = std::pin::pin!(results);
     let mut combiner = Combiner::default();
     while let Some(result) = results.next().await {
@@ -440,22 +476,23 @@ async fn sha256(
 ) -> Result<Hash> {
     let max_read = plan.max_read;
     let pool = BufPool::new(plan.chunk as usize);
+    let readers = Readers::open(source, options).await?;
     let chunks = plan
         .into_stream()
         .map(|chunk| {
-            let pool = &pool;
+            let (pool, readers) = (&pool, &readers);
             async move {
                 let chunk = chunk?;
                 let read_bytes = chunk.read_bytes();
                 let buf = if chunk.reads.is_empty() {
                     None
                 } else {
-                    Some(read_chunk(&**source, &chunk, max_read, pool, true).await?)
+                    Some(read_chunk(readers.pick(), &chunk, max_read, pool, true).await?)
                 };
                 Ok::<_, Error>((chunk, buf, read_bytes))
             }
         })
-        .buffered(readers(&**source, options));
+        .buffered(readers.count);
     // Reads run ahead in `buffered`; two chunks queued keep the hasher busy.
     let (tx, rx) = tokio::sync::mpsc::channel(2);
     let produce = async {
@@ -504,7 +541,10 @@ mod tests {
             self.size
         }
         fn caps(&self) -> Caps {
-            Caps::default()
+            Caps {
+                multi_conn: false,
+                ..Caps::default()
+            }
         }
         async fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
             Ok(vec![if self.extents {
@@ -707,6 +747,73 @@ mod tests {
         assert_eq!(err.context().endpoint.as_deref(), Some("mem-source"));
     }
 
+    /// One handle of a multi-conn source: reads are served from shared data and record
+    /// which handle served them.
+    struct Handle {
+        data: MemSource,
+        id: usize,
+        opened: Arc<AtomicUsize>,
+        served: Arc<parking_lot::Mutex<std::collections::BTreeSet<usize>>>,
+    }
+
+    #[async_trait]
+    impl Source for Handle {
+        fn describe(&self) -> String {
+            "handles".into()
+        }
+        fn size(&self) -> u64 {
+            self.data.size()
+        }
+        fn caps(&self) -> Caps {
+            Caps::default()
+        }
+        async fn read_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
+            self.served.lock().insert(self.id);
+            self.data.read_at(offset, buf).await
+        }
+        async fn connect(&self) -> Result<Arc<dyn Source>> {
+            Ok(Arc::new(Handle {
+                data: self.data.clone(),
+                id: self.opened.fetch_add(1, Ordering::Relaxed) + 1,
+                opened: Arc::clone(&self.opened),
+                served: Arc::clone(&self.served),
+            }))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_multi_conn_source_is_read_through_one_handle_per_reader() {
+        let data: Vec<u8> = (0..64 * B).map(|i| (i % 251) as u8 | 1).collect();
+        let expected = blk(MemSource::new(data.clone())).await;
+        for algorithm in [HashAlgorithm::Blkhash, HashAlgorithm::Sha256] {
+            let source = Handle {
+                data: MemSource::new(data.clone()),
+                id: 0,
+                opened: Arc::new(AtomicUsize::new(0)),
+                served: Arc::default(),
+            };
+            let (opened, served) = (Arc::clone(&source.opened), Arc::clone(&source.served));
+            let options = ChecksumOptions {
+                algorithm,
+                workers: 4,
+                request_size: B,
+                ..ChecksumOptions::default()
+            };
+            let got = sum(source, &options).await.unwrap();
+            if algorithm == HashAlgorithm::Blkhash {
+                assert_eq!(got, expected);
+            } else {
+                assert_eq!(got, to_hex(&sha2::Sha256::digest(&data)));
+            }
+            assert_eq!(opened.load(Ordering::Relaxed), 3, "{algorithm:?}");
+            assert_eq!(
+                served.lock().iter().copied().collect::<Vec<_>>(),
+                vec![0, 1, 2, 3],
+                "{algorithm:?}"
+            );
+        }
+    }
+
     /// Claims to be larger than its data, so reads fail.
     struct Truncated(MemSource);
 
@@ -719,7 +826,10 @@ mod tests {
             100
         }
         fn caps(&self) -> Caps {
-            Caps::default()
+            Caps {
+                multi_conn: false,
+                ..Caps::default()
+            }
         }
         async fn read_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
             self.0.read_at(offset, buf).await
