@@ -12,7 +12,7 @@ use chrono::Utc;
 use ferry_backup::{
     BackupId, ChunkFault, ChunkOutcome, Digest, FixedIndex, GcLease, GcOptions, InitOptions,
     KdfParams, Keep, KeepPolicy, LeaseHeld, LocalStore, ObjectStore, Put, PutMode, Repository,
-    S3Store, SessionOptions, SnapshotInfo, VerifyOptions,
+    S3Store, SessionOptions, SnapshotInfo, VerifyOptions, FORMAT_VERSION,
 };
 use ferry_core::{ErrorKind, Secret};
 use ferry_tests::s3_server::S3Server;
@@ -104,6 +104,7 @@ both_backends!(
     round_trip_encrypted,
     dedup_stores_a_chunk_once,
     zero_chunks_are_markers,
+    chunk_names_are_the_sha256_of_their_block_digests,
     wrong_and_missing_keys,
     corrupt_chunk_is_detected,
     truncated_and_oversized_blobs_are_refused,
@@ -389,6 +390,36 @@ async fn dedup_stores_a_chunk_once(b: Backend) {
     assert_eq!(restore(&repo, &second).await, [a, chunk(8, 10)].concat());
 }
 
+/// The documented naming, computed here from nothing but SHA-256: what another tool reading
+/// the repository would do.
+async fn chunk_names_are_the_sha256_of_their_block_digests(b: Backend) {
+    use sha2::{Digest as _, Sha256};
+    let repo = Repository::init(
+        Arc::clone(&b.store),
+        InitOptions::new().with_chunk_size(4 * CHUNK),
+    )
+    .await
+    .unwrap();
+    let mut partly_zero = chunk(3, 4 * CHUNK as usize);
+    partly_zero[CHUNK as usize..3 * CHUNK as usize].fill(0);
+    let chunks = [
+        chunk(1, 4 * CHUNK as usize),
+        partly_zero,
+        chunk(2, 2 * CHUNK as usize + 7),
+    ];
+    let (id, index) = backup(&repo, "vm", &chunks).await;
+    for (data, digest) in chunks.iter().zip(index.digests()) {
+        let mut outer = Sha256::new();
+        for block in data.chunks(CHUNK as usize) {
+            outer.update(Sha256::digest(block));
+        }
+        assert_eq!(digest.0, <[u8; 32]>::from(outer.finalize()));
+        assert_eq!(repo.get_chunk(digest).await.unwrap(), *data);
+    }
+    assert_eq!(b.chunk_names().await.len(), 3);
+    assert_eq!(restore(&repo, &id).await, chunks.concat());
+}
+
 async fn zero_chunks_are_markers(b: Backend) {
     let repo = b.init(InitOptions::new()).await;
     let (id, index) = backup(&repo, "vm", &[vec![0; CHUNK as usize], vec![0; 5]]).await;
@@ -488,7 +519,7 @@ async fn version_mismatch_is_named(b: Backend) {
     assert_eq!(err.kind(), ErrorKind::Unsupported);
     let text = err.to_string();
     assert!(
-        text.contains("version 7") && text.contains("version 1"),
+        text.contains("version 7") && text.contains(&format!("version {FORMAT_VERSION}")),
         "{text}"
     );
 }

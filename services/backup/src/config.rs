@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::keys::EncryptionConfig;
 
 /// The repository format this crate reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// The default chunk size: 4 MiB.
 pub const DEFAULT_CHUNK_SIZE: u32 = 4 << 20;
 /// Chunk sizes are multiples of the block hash's 64 KiB block...
@@ -75,7 +75,7 @@ impl Config {
                 if version.format_version > FORMAT_VERSION {
                     "use a newer ferry"
                 } else {
-                    "it is not a repository this ferry can read"
+                    "it was written by an older ferry, which can still read it"
                 }
             )));
         }
@@ -110,13 +110,17 @@ mod tests {
 
     #[test]
     fn another_version_is_named_with_ours() {
-        let err = Config::parse(br#"{"format_version": 2, "anything": true}"#, "/r").unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::Unsupported);
-        let text = err.to_string();
-        assert!(
-            text.contains("format version 2") && text.contains("format version 1"),
-            "{text}"
-        );
+        for other in [1, 3] {
+            let config = format!(r#"{{"format_version": {other}, "anything": true}}"#);
+            let err = Config::parse(config.as_bytes(), "/r").unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Unsupported);
+            let text = err.to_string();
+            assert!(
+                text.contains(&format!("format version {other}"))
+                    && text.contains("format version 2"),
+                "{text}"
+            );
+        }
     }
 
     #[test]

@@ -1,13 +1,57 @@
 //! Chunk digests: the 32-byte names of chunks, and the reserved all-zero digest that
 //! stands for a chunk of zeroes (never stored).
+//!
+//! A chunk is named from the SHA-256 of each of its 64 KiB blocks, the block digests of
+//! the image's block hash (blksum's): a backup needs those anyway for the image's hash,
+//! so the content is hashed once, and a restore checks every chunk against its name with
+//! the same pass that rebuilds the image's hash.
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::LazyLock;
 
 use ferry_core::{Error, Result};
+use ferry_engine::blkhash::{sha256, Hash, ZeroDigests, BLOCK_SIZE};
 
-/// The digest of a chunk's plaintext: SHA-256 in a plain repository, HMAC-SHA256 under
-/// the repository's id key in an encrypted one (see [`crate::Repository::chunk_digest`]).
+/// The SHA-256 of a whole block of zeroes.
+static ZERO_BLOCK: LazyLock<Hash> = LazyLock::new(|| ZeroDigests::new(0).for_len(BLOCK_SIZE));
+
+/// The SHA-256 of each 64 KiB block of `data`, the last one short and unpadded (the block
+/// digests of blksum's block hash).
+pub fn block_digests(data: &[u8]) -> Vec<Hash> {
+    data.chunks(BLOCK_SIZE)
+        .map(|block| {
+            if block.len() == BLOCK_SIZE && is_zero(block) {
+                *ZERO_BLOCK
+            } else {
+                sha256(block)
+            }
+        })
+        .collect()
+}
+
+/// Whether `blocks` are the block digests of `len` zero bytes.
+pub(crate) fn blocks_are_zero(len: usize, blocks: &[Hash]) -> bool {
+    let full = len / BLOCK_SIZE;
+    let tail = len % BLOCK_SIZE;
+    if blocks.len() != full + usize::from(tail != 0)
+        || !blocks[..full].iter().all(|b| *b == *ZERO_BLOCK)
+    {
+        return false;
+    }
+    tail == 0 || blocks[full] == ZeroDigests::new(tail as u64).for_len(tail)
+}
+
+/// Whether every byte of `data` is zero.
+pub(crate) fn is_zero(data: &[u8]) -> bool {
+    let mut words = data.chunks_exact(8);
+    let tail = words.remainder();
+    tail.iter().all(|&b| b == 0) && words.all(|w| w == [0u8; 8])
+}
+
+/// The name of a chunk: SHA-256 of its block digests in a plain repository, HMAC-SHA256
+/// under the repository's id key in an encrypted one (see
+/// [`crate::Repository::chunk_digest_of_blocks`]).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Digest(pub [u8; 32]);
 
@@ -98,5 +142,27 @@ mod tests {
         assert_eq!(d.to_string().parse::<Digest>().unwrap(), d);
         assert!("AB".repeat(32).parse::<Digest>().is_err());
         assert!(Digest::ZERO.is_zero());
+    }
+
+    #[test]
+    fn block_digests_are_blksums_and_zero_blocks_are_recognised() {
+        let b = BLOCK_SIZE;
+        let mut data = vec![0u8; 3 * b + 100];
+        data[b + 7] = 1;
+        let got = block_digests(&data);
+        assert_eq!(got.len(), 4);
+        for (i, block) in data.chunks(b).enumerate() {
+            assert_eq!(got[i], sha256(block), "block {i}");
+        }
+        assert!(!blocks_are_zero(data.len(), &got));
+        let zero = vec![0u8; 3 * b + 100];
+        assert!(blocks_are_zero(zero.len(), &block_digests(&zero)));
+        assert!(blocks_are_zero(2 * b, &block_digests(&zero[..2 * b])));
+        // The right digests for another length are not zero for this one.
+        assert!(!blocks_are_zero(2 * b + 1, &block_digests(&zero[..2 * b])));
+        assert!(!blocks_are_zero(
+            3 * b + 100,
+            &block_digests(&zero[..3 * b + 99])
+        ));
     }
 }

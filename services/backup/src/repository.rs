@@ -17,11 +17,12 @@ use crate::config::{
     check_chunk_size, check_zstd_level, Config, DEFAULT_CHUNK_SIZE, DEFAULT_ZSTD_LEVEL,
     FORMAT_VERSION, MAX_CONFIG_LEN,
 };
-use crate::digest::Digest;
+use crate::digest::{block_digests, blocks_are_zero, is_zero, Digest};
 use crate::index::{FixedIndex, MAX_INDEX_LEN};
 use crate::keys::{self, KdfParams};
 use crate::manifest::{BackupId, Manifest, MAX_MANIFEST_LEN};
 use crate::store::{get_required, ObjectStore, Put, PutMode};
+use ferry_engine::blkhash::Hash;
 
 const CONFIG: &str = "config";
 
@@ -202,22 +203,40 @@ impl Repository {
         self.inner.codec.encrypted()
     }
 
-    /// The name of a chunk with this content: [`Digest::ZERO`] for all zeroes, else
-    /// SHA-256 (HMAC-SHA256 under the id key when encrypted, so names leak nothing).
+    /// The name of a chunk with this content (see [`Repository::chunk_digest_of_blocks`]).
     pub fn chunk_digest(&self, data: &[u8]) -> Digest {
         if is_zero(data) {
             return Digest::ZERO;
         }
+        self.name(&block_digests(data))
+    }
+
+    /// The name of a chunk of `len` bytes whose 64 KiB blocks have these SHA-256 digests
+    /// (see [`crate::block_digests`]): [`Digest::ZERO`] for all zeroes, else the SHA-256
+    /// of the digests one after the other (HMAC-SHA256 under the id key when encrypted,
+    /// so names leak nothing).
+    pub fn chunk_digest_of_blocks(&self, len: usize, blocks: &[Hash]) -> Digest {
+        if blocks_are_zero(len, blocks) {
+            return Digest::ZERO;
+        }
+        self.name(blocks)
+    }
+
+    fn name(&self, blocks: &[Hash]) -> Digest {
         let mut out = [0u8; 32];
         match &self.inner.id_key {
             Some(key) => {
                 // HMAC accepts keys of any length: this cannot fail.
                 if let Ok(mut mac) = <Hmac<Sha256> as KeyInit>::new_from_slice(&key[..]) {
-                    mac.update(data);
+                    blocks.iter().for_each(|b| mac.update(b));
                     out.copy_from_slice(&mac.finalize().into_bytes());
                 }
             }
-            None => out.copy_from_slice(&Sha256::digest(data)),
+            None => {
+                let mut hasher = Sha256::new();
+                blocks.iter().for_each(|b| hasher.update(b));
+                out.copy_from_slice(&hasher.finalize());
+            }
         }
         Digest(out)
     }
@@ -241,7 +260,7 @@ impl Repository {
         let (repo, digest) = (self.clone(), *digest);
         tokio::task::spawn_blocking(move || {
             let mut plain = vec![0u8; repo.chunk_size() as usize];
-            let len = repo.open_chunk(&digest, &blob, &mut plain)?;
+            let (len, _) = repo.open_chunk(&digest, &blob, &mut plain)?;
             plain.truncate(len);
             Ok(plain)
         })
@@ -266,21 +285,27 @@ impl Repository {
     }
 
     /// Decodes a fetched chunk into the front of `out` and checks its content against
-    /// its name (kind Corrupt if it does not match); returns its length. CPU work: call
-    /// it off the async threads.
-    pub fn open_chunk(&self, digest: &Digest, blob: &[u8], out: &mut [u8]) -> Result<usize> {
+    /// its name (kind Corrupt if it does not match); returns its length and its block
+    /// digests. CPU work: call it off the async threads.
+    pub fn open_chunk(
+        &self,
+        digest: &Digest,
+        blob: &[u8],
+        out: &mut [u8],
+    ) -> Result<(usize, Vec<Hash>)> {
         let len = self
             .inner
             .codec
             .decode_into(blob, out)
             .map_err(|e| Error::new(e.kind(), format!("chunk {digest}: {}", e.message())))?;
-        if self.chunk_digest(&out[..len]) != *digest {
+        let blocks = block_digests(&out[..len]);
+        if self.chunk_digest_of_blocks(len, &blocks) != *digest {
             return Err(Error::new(
                 ErrorKind::Corrupt,
                 format!("chunk {digest} is damaged: its content does not match its name"),
             ));
         }
-        Ok(len)
+        Ok((len, blocks))
     }
 
     /// Stores a chunk's blob (always writes; deduplication is the session's job).
@@ -437,12 +462,6 @@ impl Repository {
         tracing::info!(backup = %id, repository = %self.store().location(), "deleted a backup");
         Ok(())
     }
-}
-
-fn is_zero(data: &[u8]) -> bool {
-    let mut words = data.chunks_exact(8);
-    let tail = words.remainder();
-    tail.iter().all(|&b| b == 0) && words.all(|w| w == [0u8; 8])
 }
 
 #[cfg(test)]

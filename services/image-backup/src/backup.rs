@@ -20,17 +20,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_backup::{
-    BackupId, Digest, FixedIndex, Manifest, Repository, Session, SessionOptions, SnapshotInfo,
+    block_digests, BackupId, Digest, FixedIndex, Manifest, Repository, Session, SessionOptions,
+    SnapshotInfo,
 };
 use ferry_core::{Error, ErrorKind, Extent, ExtentKind, IoBuf, Result, Source};
-use ferry_engine::blkhash::{Hash, ZeroDigests};
+use ferry_engine::blkhash::Hash;
 use ferry_engine::{CancellationToken, Progress};
 use parking_lot::Mutex;
 use tokio::task::JoinSet;
 
 use crate::blocks::{self, BlockDigests};
 use crate::changed::ChangedRanges;
-use crate::hash::{block_digests, blocks_in, ChunkBlocks, OrderedHash};
+use crate::hash::{blocks_in, ChunkBlocks, OrderedHash};
 use crate::parent::{self, Chosen, Parent, ParentChoice};
 
 /// Workers when the caller chose none.
@@ -115,7 +116,6 @@ struct Shared {
     chunk_size: u64,
     chunks: usize,
     cursor: AtomicUsize,
-    zeroes: ZeroDigests,
     /// The parent: chunks clean in `changed` are taken unread, and chunks read whose
     /// block digests equal the parent's take its digest.
     parent: Option<Parent>,
@@ -188,7 +188,6 @@ pub async fn backup(
         chunk_size: u64::from(chunk_size),
         chunks,
         cursor: AtomicUsize::new(0),
-        zeroes: ZeroDigests::new(size),
         parent,
         changed: options.changed.clone(),
         request,
@@ -360,14 +359,13 @@ impl Shared {
             let (data, read) = self.read_chunk(source, data, offset, len, &extents).await?;
             self.bytes_read.fetch_add(read, Ordering::Relaxed);
             self.chunks_read.fetch_add(1, Ordering::Relaxed);
-            let zeroes = self.zeroes;
             let repo = self.session.repository().clone();
             let parents = self.parent_chunk(i, len);
             let (data, digests, digest) = tokio::task::spawn_blocking(move || {
-                let digests = block_digests(&data, &zeroes);
+                let digests = block_digests(&data);
                 let digest = match parents {
                     Some((digest, blocks)) if blocks == digests => digest,
-                    _ => repo.chunk_digest(&data),
+                    _ => repo.chunk_digest_of_blocks(data.len(), &digests),
                 };
                 (data, digests, digest)
             })

@@ -17,14 +17,6 @@ pub(crate) enum ChunkBlocks {
     Data(Vec<Hash>),
 }
 
-/// Block digests of the chunks of `data`: one per 64 KiB block (the last one short),
-/// computed on the calling thread.
-pub(crate) fn block_digests(data: &[u8], zeroes: &ZeroDigests) -> Vec<Hash> {
-    data.chunks(BLOCK_SIZE)
-        .map(|block| ferry_engine::blkhash::block_digest(block, zeroes))
-        .collect()
-}
-
 /// Blocks in a chunk of `len` bytes.
 pub(crate) fn blocks_in(len: u64) -> usize {
     len.div_ceil(BLOCK_SIZE as u64) as usize
@@ -92,6 +84,7 @@ impl OrderedHash {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferry_backup::block_digests;
     use ferry_engine::blkhash::digest_bytes;
 
     #[test]
@@ -101,14 +94,13 @@ mod tests {
         let mut data = vec![0u8; size];
         data[chunk..2 * chunk].fill(7);
         data[3 * chunk + 5] = 1;
-        let zeroes = ZeroDigests::new(size as u64);
         let mut hash = OrderedHash::new(size as u64, chunk as u32);
         for i in [3usize, 1, 0, 2] {
             let part = &data[i * chunk..((i + 1) * chunk).min(size)];
             let blocks = if part.iter().all(|&b| b == 0) {
                 ChunkBlocks::Zero
             } else {
-                ChunkBlocks::Data(block_digests(part, &zeroes))
+                ChunkBlocks::Data(block_digests(part))
             };
             hash.add(i, blocks);
         }

@@ -16,14 +16,13 @@ use std::time::{Duration, Instant};
 
 use ferry_backup::{BackupId, FixedIndex, Repository};
 use ferry_core::{Error, ErrorKind, IoBuf, Result, Target, ZeroMode};
-use ferry_engine::blkhash::ZeroDigests;
 use ferry_engine::{CancellationToken, Progress};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::backup::{join_all, DEFAULT_WORKERS};
-use crate::hash::{block_digests, ChunkBlocks, OrderedHash};
+use crate::hash::{ChunkBlocks, OrderedHash};
 
 /// Zero blocks inside data chunks are found at this granularity.
 const SPARSE: usize = 4096;
@@ -106,7 +105,6 @@ struct Shared {
     index: FixedIndex,
     chunk_size: usize,
     cursor: AtomicUsize,
-    zeroes: ZeroDigests,
     skip_zero: bool,
     /// In order: the next chunk to write.
     next: Option<watch::Sender<usize>>,
@@ -157,7 +155,6 @@ pub async fn restore(
         chunk_size: index.chunk_size() as usize,
         index,
         cursor: AtomicUsize::new(0),
-        zeroes: ZeroDigests::new(size),
         skip_zero: target.is_zero(),
         next: in_order.then(|| watch::channel(0).0),
         max_write: (caps.block.maximum.max(SPARSE as u32) as usize) / SPARSE * SPARSE,
@@ -256,10 +253,10 @@ impl Shared {
             };
             let blob = self.repo.fetch_chunk(&digest).await.map_err(located)?;
             let mut data = buf.take().unwrap_or_else(|| IoBuf::new(self.chunk_size));
-            let (repo, zeroes) = (self.repo.clone(), self.zeroes);
+            let repo = self.repo.clone();
             let opened = tokio::task::spawn_blocking(move || {
                 data.set_len(data.capacity());
-                let got = repo.open_chunk(&digest, &blob, &mut data)?;
+                let (got, digests) = repo.open_chunk(&digest, &blob, &mut data)?;
                 if got as u64 != len {
                     return Err(Error::new(
                         ErrorKind::Corrupt,
@@ -268,7 +265,6 @@ impl Shared {
                 }
                 data.set_len(got);
                 drop(blob);
-                let digests = block_digests(&data, &zeroes);
                 let runs = runs(&data);
                 Ok((data, digests, runs))
             })
