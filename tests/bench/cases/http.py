@@ -31,8 +31,10 @@ def cases(env):
     notes = [
         "server: nginx on loopback (sendfile), the image in the page cache; ferry reads 8 MiB "
         "ranged GETs with 8 workers and writes holes for zero blocks",
-        "nbdkit curl + qemu-img convert -m 8 -W: CDI's import path; curl -o + cp --sparse=always: "
-        "a download and a second pass to make the file sparse",
+        "nbdkit curl + qemu-img convert -m 8 -W -t writeback: CDI's import path (CDI runs "
+        "qemu-img convert -t writeback, which flushes the target at the end, as ferry does); "
+        "curl -o + cp --sparse=always: a download and a second pass to make the file sparse "
+        "(no flush)",
     ]
     limit = os.environ.get("FERRY_BENCH_HTTP_LIMIT_RATE")
     if limit:
@@ -139,13 +141,15 @@ def commands(env, image, server):
 
     nbdkit = ["sh", "-c",
               'nbdkit -U - --filter=readahead --filter=retry curl url="$1" '
-              '--run "qemu-img convert -m 8 -W -f raw -O raw \\$nbd $2"', "sh", "URL", "TARGET"]
+              # CDI's command: -t writeback, so the target is flushed at the end, as ferry's is.
+              '--run "qemu-img convert -m 8 -W -t writeback -f raw -O raw \\$nbd $2"',
+              "sh", "URL", "TARGET"]
     curl_cp = ["sh", "-c", 'curl -sSf -o "$2" "$1" && cp --sparse=always "$2" "$3"',
                "sh", "URL", "TMP", "TARGET"]
     return [
         cmd("ferry copy", "ferry", [env.ferry, "copy", "URL", "TARGET"], ferry=True,
             note="8 workers, 8 MiB ranged GETs"),
-        cmd("nbdkit curl + qemu-img convert -m 8 -W", "nbdkit", nbdkit, install=NBDKIT_INSTALL,
+        cmd("nbdkit curl + qemu-img convert -m 8 -W -t writeback", "nbdkit", nbdkit, install=NBDKIT_INSTALL,
             available=has_curl_plugin() and bool(shutil.which("qemu-img"))),
         cmd("curl -o + cp --sparse=always", "curl", curl_cp, install=CURL_INSTALL, tool="curl"),
     ]
@@ -171,5 +175,5 @@ def goals(case_name):
             return x <= most, f"{x:.2f}x"
         return Goal(f"HTTP import <= {most}x {label}", judge)
 
-    return [against("nbdkit curl + qemu-img convert -m 8 -W", 0.8),
+    return [against("nbdkit curl + qemu-img convert -m 8 -W -t writeback", 0.8),
             against("curl -o + cp --sparse=always", 1.0)]
