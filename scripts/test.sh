@@ -61,7 +61,8 @@ install_pip_packages() {
     for spec in $PIP_PACKAGES; do
         name="${spec%%==*}"
         want="${spec#*==}"
-        have="$(python3 -m pip show "$name" 2>/dev/null | sed -n 's/^Version: //p')"
+        # pip show fails for a package that is not installed: that is an empty version.
+        have="$(python3 -m pip show "$name" 2>/dev/null | sed -n 's/^Version: //p' || true)"
         [ "$have" = "$want" ] || missing+=("$spec")
     done
     [ ${#missing[@]} -eq 0 ] && return 0
