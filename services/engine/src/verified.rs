@@ -581,7 +581,10 @@ mod tests {
             self.size
         }
         fn caps(&self) -> Caps {
-            Caps::default()
+            Caps {
+                multi_conn: false,
+                ..Caps::default()
+            }
         }
         async fn read_at(&self, offset: u64, mut buf: IoBuf) -> Result<IoBuf> {
             let end = offset + buf.len() as u64;
