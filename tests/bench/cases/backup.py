@@ -157,7 +157,7 @@ def full_case(env, where, image, key):
         Command("ferry backup create", [env.ferry, "backup", "create", "--no-progress",
                                         "--json", image.path, where.ferry("ferry")],
                 ferry=True, setup=lambda: ferry_init(env, where, "ferry"),
-                check=measure_repo("ferry", "ferry"), note=f"{WORKERS} workers, 4 MiB chunks, zstd 3"),
+                check=measure_repo("ferry", "ferry"), note=f"{WORKERS} workers, 4 MiB chunks, zstd level 1 (the default)"),
         Command("ferry backup create (encrypted)",
                 [*with_key, env.ferry, "backup", "create", "--no-progress", image.path,
                  where.ferry("ferry-enc")],
