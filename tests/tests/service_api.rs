@@ -569,6 +569,13 @@ async fn health_reflection_and_metrics() {
         "{read}"
     );
     assert_eq!(
+        get(
+            "ferry_image_read_bytes_total",
+            &[("format", "raw"), ("endpoint", "file")]
+        ),
+        2.0 * 1024.0 * 1024.0
+    );
+    assert_eq!(
         get("ferry_written_bytes_total", &[("endpoint", "file")]),
         2.0 * 1024.0 * 1024.0
     );

@@ -217,6 +217,16 @@ async fn qcow2_and_zst_sources_are_transferred_as_their_images() {
     let error = done.error.unwrap();
     assert_eq!(error.kind, "invalid_input");
     assert!(error.message.contains("not xz"), "{}", error.message);
+
+    // The service counts image bytes by the format it read (and the scheme).
+    let text = scrape_metrics(e.service.metrics_addr().unwrap()).await;
+    let metrics = parse_metrics(&text);
+    for format in ["qcow2", "raw", "zst", "gz"] {
+        let labels = [("format", format), ("endpoint", "file")];
+        let read = sample(&metrics, "ferry_image_read_bytes_total", &labels)
+            .unwrap_or_else(|| panic!("no {format} image bytes in\n{text}"));
+        assert!(read >= MIB as f64, "{format}: {read}");
+    }
     e.service.shutdown().await;
 }
 

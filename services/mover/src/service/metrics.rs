@@ -39,6 +39,9 @@ pub struct Metrics {
     pub job_retries: IntCounterVec,
     /// Bytes read from sources, by endpoint kind.
     pub bytes_read: IntCounterVec,
+    /// Image bytes read from job sources after decoding (qcow2 clusters, decompressed
+    /// streams), by image format (raw, qcow2, gz, xz, zst) and endpoint kind.
+    pub image_bytes_read: IntCounterVec,
     /// Bytes written to targets, by endpoint kind.
     pub bytes_written: IntCounterVec,
     /// Bytes made zero with write_zeroes, by endpoint kind.
@@ -204,6 +207,12 @@ impl Metrics {
                 "ferry_read_bytes_total",
                 "Bytes read from sources, by endpoint kind.",
                 &["endpoint"],
+            ),
+            image_bytes_read: counter(
+                &registry,
+                "ferry_image_read_bytes_total",
+                "Image bytes read from job sources after decoding, by image format and endpoint kind.",
+                &["format", "endpoint"],
             ),
             bytes_written: counter(
                 &registry,

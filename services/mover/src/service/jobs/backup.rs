@@ -64,6 +64,8 @@ async fn open_backup_source(
         &inner.opener,
         &options,
         &inner.cfg.allow_roots,
+        &inner.metrics,
+        kind,
     )
     .await?;
     Ok((source, None))

@@ -23,6 +23,9 @@ struct Meter {
     written: IntCounter,
     zeroed: IntCounter,
     requests: AtomicU64,
+    /// Whether failed requests are counted and sampled requests get a span: not for an
+    /// image over a metered byte source, whose failures and spans are the byte source's.
+    observes_requests: bool,
 }
 
 impl Meter {
@@ -34,12 +37,26 @@ impl Meter {
             written: metrics.bytes_written.with_label_values(&[kind]),
             zeroed: metrics.bytes_zeroed.with_label_values(&[kind]),
             requests: AtomicU64::new(0),
+            observes_requests: true,
+        })
+    }
+
+    /// Counts the bytes read from a decoded image of `format` over a `kind` source.
+    fn image(metrics: &Metrics, kind: &'static str, format: &'static str) -> Arc<Self> {
+        Arc::new(Self {
+            metrics: metrics.clone(),
+            kind,
+            read: metrics.image_bytes_read.with_label_values(&[format, kind]),
+            written: metrics.bytes_written.with_label_values(&[kind]),
+            zeroed: metrics.bytes_zeroed.with_label_values(&[kind]),
+            requests: AtomicU64::new(0),
+            observes_requests: false,
         })
     }
 
     fn error<T>(&self, operation: &'static str, r: Result<T>) -> Result<T> {
         if let Err(e) = &r {
-            if e.kind() != ferry_core::ErrorKind::Cancelled {
+            if self.observes_requests && e.kind() != ferry_core::ErrorKind::Cancelled {
                 self.metrics
                     .io_errors
                     .with_label_values(&[self.kind, operation])
@@ -62,7 +79,7 @@ impl Meter {
         len: u64,
         f: impl std::future::Future<Output = Result<T>>,
     ) -> Result<T> {
-        let r = if self.sampled() {
+        let r = if self.observes_requests && self.sampled() {
             let span =
                 tracing::info_span!("endpoint", endpoint = self.kind, operation, offset, len);
             f.instrument(span).await
@@ -90,6 +107,20 @@ impl MeteredSource {
         Arc::new(Self {
             inner,
             meter: Meter::new(metrics, kind),
+        })
+    }
+
+    /// Wraps the image decoded from a metered byte source: its reads are counted by
+    /// `format` (`ferry_image_read_bytes_total`); failures stay the byte source's.
+    pub fn wrap_image(
+        inner: Arc<dyn Source>,
+        metrics: &Metrics,
+        kind: &'static str,
+        format: &'static str,
+    ) -> Arc<dyn Source> {
+        Arc::new(Self {
+            inner,
+            meter: Meter::image(metrics, kind, format),
         })
     }
 }

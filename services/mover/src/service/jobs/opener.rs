@@ -10,7 +10,9 @@ use ferry_core::{EndpointSpec, Result, Source, Target};
 use ferry_endpoints::{SourceOptions, TargetOptions};
 use ferry_formats::{Backing, BackingOpener, OpenOptions, StreamOptions};
 
+use super::metered::MeteredSource;
 use crate::service::convert::ImageSpec;
+use crate::service::metrics::Metrics;
 use crate::service::security::AllowRoots;
 
 /// Opens endpoints for jobs.
@@ -63,6 +65,8 @@ pub(super) async fn open_image(
     opener: &Arc<dyn Opener>,
     options: &SourceOptions,
     roots: &AllowRoots,
+    metrics: &Metrics,
+    kind: &'static str,
 ) -> Result<Arc<dyn Source>> {
     let backing = if image.allow_backing {
         Backing::Open(Arc::new(RootedBacking {
@@ -82,8 +86,13 @@ pub(super) async fn open_image(
         },
         ..OpenOptions::default()
     };
-    let (image, _) = ferry_formats::open_image(bytes, &open).await?;
-    Ok(image)
+    let (image, info) = ferry_formats::open_image(bytes, &open).await?;
+    Ok(MeteredSource::wrap_image(
+        image,
+        metrics,
+        kind,
+        info.format.as_str(),
+    ))
 }
 
 /// Backing files of a job's image: next to the image, confined to the allowed roots.

@@ -578,13 +578,16 @@ pub(super) async fn open_transfer_source(
     let (src_spec, src_settings) = spec.source.open(&inner.secrets)?;
     let mut options = source_options(spec.cache, src_settings);
     let bytes = open_pinned_source(inner, id, &src_spec, &mut options).await?;
-    let bytes = MeteredSource::wrap(bytes, &inner.metrics, kind_label(src_spec.kind()));
+    let kind = kind_label(src_spec.kind());
+    let bytes = MeteredSource::wrap(bytes, &inner.metrics, kind);
     let source = open_image(
         bytes,
         &spec.image,
         &inner.opener,
         &options,
         &inner.cfg.allow_roots,
+        &inner.metrics,
+        kind,
     )
     .await?;
     if let Some(c) = spec
@@ -714,13 +717,16 @@ async fn checksum(
     let (source_spec, settings) = spec.source.open(&inner.secrets)?;
     let mut options = source_options(spec.cache, settings);
     let bytes = open_pinned_source(inner, id, &source_spec, &mut options).await?;
-    let bytes = MeteredSource::wrap(bytes, &inner.metrics, kind_label(source_spec.kind()));
+    let kind = kind_label(source_spec.kind());
+    let bytes = MeteredSource::wrap(bytes, &inner.metrics, kind);
     let source = open_image(
         bytes,
         &spec.image,
         &inner.opener,
         &options,
         &inner.cfg.allow_roots,
+        &inner.metrics,
+        kind,
     )
     .await?;
     let size = source.size();
