@@ -57,7 +57,6 @@ async fn open_backup_source(
     }
     let options = source_options(ferry_endpoints::CacheMode::default(), settings);
     let bytes = inner.opener.open_source(&src_spec, &options).await?;
-    let bytes = MeteredSource::wrap(bytes, &inner.metrics, kind);
     let source = open_image(
         bytes,
         &spec.image,

@@ -30,27 +30,30 @@ struct Meter {
 
 impl Meter {
     fn new(metrics: &Metrics, kind: &'static str) -> Arc<Self> {
-        Arc::new(Self {
-            metrics: metrics.clone(),
-            kind,
-            read: metrics.bytes_read.with_label_values(&[kind]),
-            written: metrics.bytes_written.with_label_values(&[kind]),
-            zeroed: metrics.bytes_zeroed.with_label_values(&[kind]),
-            requests: AtomicU64::new(0),
-            observes_requests: true,
-        })
+        let read = metrics.bytes_read.with_label_values(&[kind]);
+        Self::counting_reads(metrics, kind, read, true)
     }
 
     /// Counts the bytes read from a decoded image of `format` over a `kind` source.
     fn image(metrics: &Metrics, kind: &'static str, format: &'static str) -> Arc<Self> {
+        let read = metrics.image_bytes_read.with_label_values(&[format, kind]);
+        Self::counting_reads(metrics, kind, read, false)
+    }
+
+    fn counting_reads(
+        metrics: &Metrics,
+        kind: &'static str,
+        read: IntCounter,
+        observes_requests: bool,
+    ) -> Arc<Self> {
         Arc::new(Self {
             metrics: metrics.clone(),
             kind,
-            read: metrics.image_bytes_read.with_label_values(&[format, kind]),
+            read,
             written: metrics.bytes_written.with_label_values(&[kind]),
             zeroed: metrics.bytes_zeroed.with_label_values(&[kind]),
             requests: AtomicU64::new(0),
-            observes_requests: false,
+            observes_requests,
         })
     }
 

@@ -58,7 +58,8 @@ impl Opener for Endpoints {
 
 /// Opens the image held in a job's source `bytes` as `image` says. A qcow2 backing file is
 /// followed only when the request allows it, and only to a file under the server's
-/// allowed roots, opened through the job's opener.
+/// allowed roots, opened through the job's opener. Both the byte source (by endpoint
+/// `kind`) and the image (by format as well) are metered.
 pub(super) async fn open_image(
     bytes: Arc<dyn Source>,
     image: &ImageSpec,
@@ -86,6 +87,7 @@ pub(super) async fn open_image(
         },
         ..OpenOptions::default()
     };
+    let bytes = MeteredSource::wrap(bytes, metrics, kind);
     let (image, info) = ferry_formats::open_image(bytes, &open).await?;
     Ok(MeteredSource::wrap_image(
         image,

@@ -579,7 +579,6 @@ pub(super) async fn open_transfer_source(
     let mut options = source_options(spec.cache, src_settings);
     let bytes = open_pinned_source(inner, id, &src_spec, &mut options).await?;
     let kind = kind_label(src_spec.kind());
-    let bytes = MeteredSource::wrap(bytes, &inner.metrics, kind);
     let source = open_image(
         bytes,
         &spec.image,
@@ -718,7 +717,6 @@ async fn checksum(
     let mut options = source_options(spec.cache, settings);
     let bytes = open_pinned_source(inner, id, &source_spec, &mut options).await?;
     let kind = kind_label(source_spec.kind());
-    let bytes = MeteredSource::wrap(bytes, &inner.metrics, kind);
     let source = open_image(
         bytes,
         &spec.image,
