@@ -31,11 +31,12 @@ use ferry_tests::scratch_dir;
 const CHUNK: u32 = 256 * 1024;
 const BUCKET: &str = "backups";
 
-/// Counts the chunk uploads that reach the store.
+/// Counts the chunk uploads and lookups that reach the store.
 #[derive(Debug)]
 struct CountingStore {
     inner: Arc<dyn ObjectStore>,
     chunk_puts: AtomicU64,
+    chunk_heads: AtomicU64,
 }
 
 #[async_trait]
@@ -60,6 +61,9 @@ impl ObjectStore for CountingStore {
     }
 
     async fn head(&self, name: &str) -> Result<Option<ObjectMeta>> {
+        if name.starts_with("chunks/") {
+            self.chunk_heads.fetch_add(1, Ordering::Relaxed);
+        }
         self.inner.head(name).await
     }
 
@@ -109,6 +113,7 @@ impl Backend {
             store: Arc::new(CountingStore {
                 inner,
                 chunk_puts: AtomicU64::new(0),
+                chunk_heads: AtomicU64::new(0),
             }),
             files,
             _server: server,
@@ -118,6 +123,10 @@ impl Backend {
 
     fn puts(&self) -> u64 {
         self.store.chunk_puts.load(Ordering::Relaxed)
+    }
+
+    fn heads(&self) -> u64 {
+        self.store.chunk_heads.load(Ordering::Relaxed)
     }
 
     async fn init(&self, passphrase: Option<&str>) -> Repository {
@@ -258,7 +267,7 @@ async fn second_backup_uploads_only_changed_chunks(backend: Backend) {
     .unwrap();
     let first = back_up_file(&repo, &img.path).await;
     assert_eq!(first.manifest.chunks_new, 400);
-    let before = backend.puts();
+    let (before, heads_before) = (backend.puts(), backend.heads());
 
     change_chunks(&img.path, &[5, 150, 151, 399], 1);
     let second = back_up_file(&repo, &img.path).await;
@@ -266,6 +275,11 @@ async fn second_backup_uploads_only_changed_chunks(backend: Backend) {
         backend.puts() - before,
         4,
         "only the changed chunks are uploaded"
+    );
+    assert_eq!(
+        backend.heads() - heads_before,
+        4,
+        "only the changed chunks are looked up: the parent's are taken from its index"
     );
     assert_eq!(second.manifest.chunks_new, 4);
     assert_eq!(second.manifest.chunks_reused, 396);

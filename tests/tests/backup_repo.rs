@@ -119,6 +119,8 @@ both_backends!(
     verify_names_the_broken_snapshots,
     prune_deletes_what_the_policy_forgets,
     incremental_reuse_by_digest,
+    gc_marks_a_running_incremental_parent,
+    verify_marks_missing_chunks_for_the_next_incremental,
 );
 
 /// Deterministic incompressible chunk contents: `seed` picks the sequence.
@@ -724,6 +726,106 @@ async fn reused_chunk_removed_during_backup_fails_it(b: Backend) {
         "{err}"
     );
     assert!(repo.list_snapshots().await.unwrap().is_empty());
+    assert!(
+        b.store.list("indexes/").await.unwrap().is_empty(),
+        "the failed backup's index is removed"
+    );
+}
+
+/// Chunks an incremental session takes from its parent's index are protected by the
+/// parent: a GC marks it, and holds back when the parent is pruned during the backup.
+async fn gc_marks_a_running_incremental_parent(b: Backend) {
+    let repo = b.init(InitOptions::new()).await;
+    let (a, gone) = (chunk(1, CHUNK as usize), chunk(2, CHUNK as usize));
+    let (parent, parent_index) = backup(&repo, "vm", &[a.clone(), gone.clone()]).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    let session = repo
+        .begin_incremental_session(
+            SessionOptions::new().with_touch_older_than(Duration::ZERO),
+            &parent,
+            &parent_index,
+        )
+        .await
+        .unwrap();
+    assert!(session
+        .reuse_chunk(&parent_index.digests()[0])
+        .await
+        .unwrap());
+    let changed = chunk(3, CHUNK as usize);
+    assert_eq!(
+        session.put_chunk(&changed).await.unwrap().outcome,
+        ChunkOutcome::New
+    );
+    // The parent is pruned while the backup runs; the chunk reused from it was never
+    // touched, and is older than the GC's cutoff.
+    repo.delete_snapshot(&parent).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let report = repo.gc(&grace0()).await.unwrap();
+    assert_eq!(report.sessions_without_parent, 1, "{report:?}");
+    assert_eq!(report.chunks_removed, 0, "{report:?}");
+    assert_eq!(b.chunk_names().await.len(), 3);
+
+    let mut index = FixedIndex::new(2 * u64::from(CHUNK), CHUNK).unwrap();
+    index.set(0, parent_index.digests()[0]).unwrap();
+    index.set(1, repo.chunk_digest(&changed)).unwrap();
+    let manifest = session
+        .finish(&index, SnapshotInfo::new("vm").with_parent(parent))
+        .await
+        .unwrap();
+    assert_eq!((manifest.chunks_new, manifest.chunks_reused), (1, 1));
+    assert_eq!(restore(&repo, &manifest.id).await, [a, changed].concat());
+
+    // With the backup finished, its parent's other chunk is garbage.
+    let report = repo.gc(&grace0()).await.unwrap();
+    assert_eq!(
+        (report.sessions_without_parent, report.chunks_removed),
+        (0, 1),
+        "{report:?}"
+    );
+    assert!(!repo.has_chunk(&repo.chunk_digest(&gone)).await.unwrap());
+    assert!(repo.verify(&VerifyOptions::new()).await.unwrap().is_ok());
+}
+
+/// An incremental trusts its parent's index, except for chunks a verify found missing:
+/// those it stores again, which repairs the parent too.
+async fn verify_marks_missing_chunks_for_the_next_incremental(b: Backend) {
+    let repo = b.init(InitOptions::new()).await;
+    let chunks = [chunk(1, CHUNK as usize), chunk(2, CHUNK as usize)];
+    let (parent, parent_index) = backup(&repo, "vm", &chunks).await;
+    let lost = parent_index.digests()[0];
+    b.store.delete(&lost.chunk_name()).await.unwrap();
+
+    let report = repo.verify(&VerifyOptions::new()).await.unwrap();
+    assert_eq!(report.problems.len(), 1, "{report:?}");
+    assert_eq!(report.problems[0].fault, ChunkFault::Missing);
+    assert_eq!(report.broken_snapshots, vec![parent.clone()]);
+    assert!(b.store.head(&lost.bad_name()).await.unwrap().is_some());
+
+    let session = repo
+        .begin_incremental_session(SessionOptions::new(), &parent, &parent_index)
+        .await
+        .unwrap();
+    assert!(!session.reuse_chunk(&lost).await.unwrap(), "not trusted");
+    assert!(session
+        .reuse_chunk(&parent_index.digests()[1])
+        .await
+        .unwrap());
+    assert_eq!(
+        session.put_chunk(&chunks[0]).await.unwrap().outcome,
+        ChunkOutcome::New
+    );
+    let manifest = session
+        .finish(
+            &parent_index,
+            SnapshotInfo::new("vm").with_parent(parent.clone()),
+        )
+        .await
+        .unwrap();
+    assert!(b.store.head(&lost.bad_name()).await.unwrap().is_none());
+    assert_eq!(restore(&repo, &manifest.id).await, chunks.concat());
+    assert_eq!(restore(&repo, &parent).await, chunks.concat());
+    assert!(repo.verify(&VerifyOptions::new()).await.unwrap().is_ok());
 }
 
 async fn verify_names_the_broken_snapshots(b: Backend) {

@@ -25,23 +25,28 @@
 //!
 //! # Why a running backup is safe (the reasoning of Proxmox Backup Server's GC)
 //! A backup writes chunks, then its index, then its manifest. Until its index is written,
-//! its chunks are referenced by nothing, so (2) must protect them:
+//! its chunks are referenced by nothing, so they must be protected otherwise:
 //!
 //! - A chunk the session uploads is written after the session started, so it is younger
 //!   than any cutoff that counts the session.
-//! - A chunk the session reuses (deduplication) was stored earlier. The session touches
-//!   it if it is older than `touch_older_than` before the session's start; otherwise it
-//!   is younger than `S.start - touch_older_than`. Either way it is at or after the
-//!   cutoff of any GC that saw the session's record.
+//! - A chunk of its parent's index (an incremental backup) is reused without a request:
+//!   the session record names the parent, and a GC marks the index of every running
+//!   session's parent. If that index is gone (the parent was pruned during the backup),
+//!   the GC cannot know those chunks and removes nothing unreferenced at all. The session
+//!   checks that the parent's index exists after its record was written, so a GC that
+//!   lists the record either finds the index or holds back.
+//! - Another stored chunk the session reuses (deduplication) is touched if it is older
+//!   than `touch_older_than` before the session's start; otherwise it is younger than
+//!   `S.start - touch_older_than`. Either way it is at or after the cutoff of any GC that
+//!   saw the session's record.
 //! - A GC that started before the session's record existed may have listed a reused
-//!   chunk with its old time and may delete it after the session touched it. So before
-//!   writing its index, a session checks whether a GC ran since it started (a lease is
-//!   held, or `locks/gc-last` is newer than the session's start): it first waits for a
-//!   running GC to end, then heads every chunk it reused. A missing one fails the backup
-//!   with a clear error before anything references it: a backup never points at data
+//!   chunk with its old time and may delete it after the session touched it, or may have
+//!   missed a parent pruned meanwhile. So after writing its index (which every later GC
+//!   marks) and before its manifest, a session checks whether a GC ran since it started
+//!   (a lease is held, or `locks/gc-last` is newer than the session's start): it first
+//!   waits for a running GC to end, then heads every chunk it reused. A missing one fails
+//!   the backup with a clear error and removes its index: a backup never points at data
 //!   that is gone.
-//! - A GC that starts after that check sees the session's record (it is removed only
-//!   after the manifest is written), so the first two points hold for it.
 //!
 //! Sessions whose record has not been rewritten for their `stale_after` are crashed and
 //! ignored (and their records removed). A grace period of zero is allowed: running
@@ -154,6 +159,9 @@ pub struct GcReport {
     pub stale_sessions_removed: u64,
     /// Running backup sessions that moved the cutoff.
     pub running_sessions: u64,
+    /// Running incremental backups whose parent was removed during them. While one runs
+    /// the chunks of its parent are unknown, so nothing unreferenced was removed.
+    pub sessions_without_parent: u64,
     /// The cutoff: unreferenced chunks older than this were removed.
     pub cutoff: Option<DateTime<Utc>>,
     /// Wall time of the whole GC.
@@ -510,7 +518,9 @@ impl Repository {
             .modified;
         let mut cutoff = before(gc_start, options.grace);
 
-        // Running sessions move the cutoff back; crashed ones are cleaned up.
+        // Running sessions move the cutoff back, and their parents' chunks are marked;
+        // crashed ones are cleaned up.
+        let mut parents: HashSet<BackupId> = HashSet::new();
         for meta in store.list("sessions/").await? {
             let Some(data) = store.get(&meta.name, MAX_SESSION_LEN).await? else {
                 continue;
@@ -530,7 +540,8 @@ impl Repository {
             }
             report.running_sessions += 1;
             if let Some(r) = &record {
-                tracing::debug!(backup = %r.id, host = %r.host, pid = r.pid, "a backup is running");
+                tracing::debug!(backup = %r.id, host = %r.host, pid = r.pid, parent = ?r.parent, "a backup is running");
+                parents.extend(r.parent.clone());
             }
             let (start, touch) = match &record {
                 Some(r) => (
@@ -542,11 +553,11 @@ impl Repository {
             };
             cutoff = cutoff.min(before(start, options.grace.max(touch)));
         }
-        report.cutoff = Some(DateTime::<Utc>::from(cutoff));
 
         // Mark.
         let manifests: HashSet<BackupId> = self.list_snapshots().await?.into_iter().collect();
         let mut referenced: HashSet<Digest> = HashSet::new();
+        let mut marked: HashSet<BackupId> = HashSet::new();
         for meta in store.list("indexes/").await? {
             let Some(id) = meta
                 .name
@@ -555,7 +566,7 @@ impl Repository {
             else {
                 continue;
             };
-            if !manifests.contains(&id) && meta.modified < cutoff {
+            if !manifests.contains(&id) && meta.modified < cutoff && !parents.contains(&id) {
                 lease.check()?;
                 store.delete(&meta.name).await?;
                 report.orphan_indexes_removed += 1;
@@ -577,7 +588,14 @@ impl Repository {
             };
             report.indexes += 1;
             referenced.extend(index.digests().iter().filter(|d| !d.is_zero()).copied());
+            marked.insert(id);
         }
+        for parent in parents.iter().filter(|p| !marked.contains(p)) {
+            tracing::warn!(parent = %parent, "a running backup reuses the chunks of a backup removed meanwhile: nothing unreferenced is removed until it ends");
+            report.sessions_without_parent += 1;
+            cutoff = SystemTime::UNIX_EPOCH;
+        }
+        report.cutoff = Some(DateTime::<Utc>::from(cutoff));
 
         // Sweep.
         let bad: BTreeSet<Digest> = store
@@ -587,10 +605,12 @@ impl Repository {
             .filter_map(|m| m.name.strip_prefix("bad/").and_then(|h| h.parse().ok()))
             .collect();
         let mut doomed = Vec::new();
+        let mut stored = HashSet::new();
         for meta in store.list("chunks/").await? {
             let Some(digest) = Digest::from_chunk_name(&meta.name) else {
                 continue;
             };
+            stored.insert(digest);
             report.chunks_scanned += 1;
             if referenced.contains(&digest) {
                 report.chunks_referenced += 1;
@@ -617,6 +637,14 @@ impl Repository {
             if bad.contains(digest) {
                 store.delete(&digest.bad_name()).await?;
             }
+        }
+        // Marks of chunks a verify found missing, once no backup needs them.
+        for digest in bad
+            .iter()
+            .filter(|d| !stored.contains(d) && !referenced.contains(d))
+        {
+            lease.check()?;
+            store.delete(&digest.bad_name()).await?;
         }
         Ok(report)
     }

@@ -33,7 +33,7 @@
 //! indexes/<backup id>         fixed index blob of one backup (header + N x 32-byte digests);
 //!                             an all-zero digest marks a chunk of zeroes, never stored
 //! snapshots/<backup id>.json  manifest, written LAST (chunks, then index, then manifest)
-//! sessions/<backup id>.json   running backup sessions (start time, heartbeat) for GC safety
+//! sessions/<backup id>.json   running backup sessions (start time, parent, heartbeat) for GC safety
 //! locks/gc                    the GC lease (holder, start, expiry)
 //! locks/gc-last               when the last GC ran, and its report
 //! bad/<64 hex>                chunks verify found damaged: stored again by the next backup

@@ -3,9 +3,11 @@
 //! by writing the index and then the manifest.
 //!
 //! How a session stays safe from a concurrent GC is explained in [`crate::gc`]; in
-//! short: chunks it reuses are touched when older than `touch_older_than`, its record
-//! tells GCs its start time and that threshold, and before the index is written it
-//! re-checks every reused chunk if a GC ran meanwhile.
+//! short: its record tells GCs its start time, its `touch_older_than` and its parent;
+//! chunks of the parent's index are reused without a request (GCs mark the parent's
+//! index for it); other stored chunks it reuses are touched when older than
+//! `touch_older_than`; and after writing its index it re-checks every reused chunk if a
+//! GC ran meanwhile, before the manifest makes the backup exist.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -94,6 +96,9 @@ pub(crate) struct SessionRecord {
     pub stale_after_secs: u64,
     pub host: String,
     pub pid: u32,
+    /// The backup whose index chunks this session reuses unchecked: GCs mark them.
+    #[serde(default)]
+    pub parent: Option<BackupId>,
 }
 
 /// What [`Session::put_chunk`] did with a chunk.
@@ -133,6 +138,8 @@ pub struct Session {
     touch_before: SystemTime,
     options: SessionOptions,
     bad: HashSet<Digest>,
+    /// The parent's chunks (not marked bad): reused without asking the store.
+    trusted: HashSet<Digest>,
     chunks: Mutex<Chunks>,
     heartbeat: Option<JoinHandle<()>>,
     /// Set when heartbeats failed for long enough that a GC may have taken the session
@@ -159,6 +166,29 @@ impl Repository {
     /// Starts a backup session: writes its record, learns the store's clock from it, and
     /// starts its heartbeat.
     pub async fn begin_session(&self, options: SessionOptions) -> Result<Session> {
+        self.start_session(options, None).await
+    }
+
+    /// [`Repository::begin_session`] for an incremental backup of `parent`, whose index
+    /// is `parent_index`: the session reuses the parent's chunks by digest without a
+    /// request per chunk, trusting the index as Proxmox Backup Server trusts the previous
+    /// snapshot's. Chunks a verify marked missing or damaged are not trusted. If the parent
+    /// is removed as the session starts, its chunks are checked one by one instead.
+    pub async fn begin_incremental_session(
+        &self,
+        options: SessionOptions,
+        parent: &BackupId,
+        parent_index: &FixedIndex,
+    ) -> Result<Session> {
+        self.start_session(options, Some((parent, parent_index)))
+            .await
+    }
+
+    async fn start_session(
+        &self,
+        options: SessionOptions,
+        parent: Option<(&BackupId, &FixedIndex)>,
+    ) -> Result<Session> {
         let time = now();
         let id = BackupId::generate(time)?;
         // A GC must not take a live session for crashed between two heartbeats.
@@ -174,6 +204,7 @@ impl Repository {
             stale_after_secs: stale_after.as_secs(),
             host: host_name(),
             pid: std::process::id(),
+            parent: parent.map(|(id, _)| id.clone()),
         };
         let name = id.session_name();
         store
@@ -199,6 +230,21 @@ impl Repository {
             .into_iter()
             .filter_map(|m| m.name.strip_prefix("bad/").and_then(|h| h.parse().ok()))
             .collect();
+        let trusted = match parent {
+            // GCs that list this record mark the parent's index while it exists; checking
+            // that it still exists after the record was written closes the gap before.
+            Some((id, index)) if store.head(&id.index_name()).await?.is_some() => index
+                .digests()
+                .iter()
+                .filter(|d| !d.is_zero() && !bad.contains(d))
+                .copied()
+                .collect(),
+            Some((id, _)) => {
+                tracing::warn!(backup = %id, "the parent backup was removed as this one started: its chunks are checked one by one");
+                HashSet::new()
+            }
+            None => HashSet::new(),
+        };
         let lapsed = Arc::new(AtomicBool::new(false));
         let heartbeat = tokio::spawn(beat(
             Arc::clone(&store),
@@ -219,6 +265,7 @@ impl Repository {
                 .unwrap_or(SystemTime::UNIX_EPOCH),
             options,
             bad,
+            trusted,
             chunks: Mutex::new(Chunks::default()),
             heartbeat: Some(heartbeat),
             lapsed,
@@ -312,6 +359,7 @@ impl Session {
         let outcome = if digest.is_zero() {
             ChunkOutcome::Zero
         } else if self.known(digest)
+            || self.reuse_trusted(digest)
             || (!self.bad.contains(digest) && self.reuse_stored(digest).await?)
         {
             ChunkOutcome::Reused
@@ -340,7 +388,7 @@ impl Session {
     /// unchanged chunk, from the parent's index). `false` means it is missing or marked
     /// damaged: read the data and [`Session::put_chunk`] it.
     pub async fn reuse_chunk(&self, digest: &Digest) -> Result<bool> {
-        if digest.is_zero() || self.known(digest) {
+        if digest.is_zero() || self.known(digest) || self.reuse_trusted(digest) {
             return Ok(true);
         }
         if self.bad.contains(digest) {
@@ -352,6 +400,15 @@ impl Session {
     fn known(&self, digest: &Digest) -> bool {
         let chunks = self.chunks.lock();
         chunks.new.contains(digest) || chunks.reused.contains(digest)
+    }
+
+    /// Records a chunk of the parent's index as reused, without a request.
+    fn reuse_trusted(&self, digest: &Digest) -> bool {
+        let trusted = self.trusted.contains(digest);
+        if trusted {
+            self.chunks.lock().reused.insert(*digest);
+        }
+        trusted
     }
 
     /// Heads a stored chunk, touches it if old, records it as reused.
@@ -397,18 +454,17 @@ impl Session {
                 "the index names chunk {stray}, which this session neither stored nor reused"
             )));
         }
-        if self.gc_ran().await? {
-            // Chunks this session uploaded are safe from a GC that saw the session; one
-            // that took it for crashed (heartbeats failed) may have removed them too.
-            if self.lapsed.load(Ordering::SeqCst) {
-                self.recheck(&reused.union(&new).copied().collect()).await?;
-            } else {
-                self.recheck(&reused).await?;
-            }
-        }
         // Every chunk the index names must be durable before the index is.
         self.repo.store().persist().await?;
         let index_sha256 = self.repo.store_index(&self.id, index).await?;
+        // From here on every GC marks this index; one that ran before may have swept
+        // what the session reused, so that is checked before the manifest is written.
+        if let Err(err) = self.check_after_gc(&new, &reused).await {
+            if let Err(e) = self.repo.store().delete(&self.id.index_name()).await {
+                tracing::warn!(backup = %self.id, error = %e, "cannot remove the index of a failed backup; a GC removes it");
+            }
+            return Err(err);
+        }
         let mut manifest = Manifest {
             id: self.id.clone(),
             time: self.time,
@@ -463,6 +519,21 @@ impl Session {
         }
     }
 
+    /// If a GC ran since the session started, checks that the chunks it may have swept
+    /// are still stored.
+    async fn check_after_gc(&self, new: &HashSet<Digest>, reused: &HashSet<Digest>) -> Result<()> {
+        if !self.gc_ran().await? {
+            return Ok(());
+        }
+        // Chunks this session uploaded are safe from a GC that saw the session; one that
+        // took it for crashed (heartbeats failed) may have removed them too.
+        if self.lapsed.load(Ordering::SeqCst) {
+            self.recheck(&reused.union(new).copied().collect()).await
+        } else {
+            self.recheck(reused).await
+        }
+    }
+
     /// Whether a GC ran (or runs) since this session started: waits for a running one to
     /// end first, so that nothing is swept after the re-check.
     async fn gc_ran(&self) -> Result<bool> {
@@ -507,7 +578,7 @@ impl Session {
             return Err(Error::new(
                 ErrorKind::NotFound,
                 format!(
-                    "{} chunk(s) this backup needs (first {first}) were removed by a garbage collection that ran during the backup; nothing was written: run the backup again",
+                    "{} chunk(s) this backup needs (first {first}) were removed by a garbage collection that ran during the backup; the backup was not written: run it again",
                     missing.len()
                 ),
             ));

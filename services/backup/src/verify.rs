@@ -1,9 +1,10 @@
 //! Verify: re-reads chunks, checks each against its name, and reports which backups a
 //! missing or damaged chunk breaks.
 //!
-//! A damaged chunk is marked with a `bad/<digest>` record, so that later backups store
-//! that chunk again instead of deduplicating against the damaged copy (which repairs the
-//! backups that reference it, since the name stays the same).
+//! A missing or damaged chunk is marked with a `bad/<digest>` record, so that later
+//! backups store that chunk again instead of deduplicating against the damaged copy or
+//! trusting their parent's index (which repairs the backups that reference it, since the
+//! name stays the same).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -25,7 +26,7 @@ pub struct VerifyOptions {
     /// Only the chunks of these backups; `None`: every backup's chunks and every other
     /// chunk in the store.
     pub snapshots: Option<Vec<BackupId>>,
-    /// Record damaged chunks under `bad/` (default on).
+    /// Record missing and damaged chunks under `bad/` (default on).
     pub mark_bad: bool,
     /// Chunks read at once (default 8).
     pub parallel: usize,
@@ -173,10 +174,13 @@ impl Repository {
             report.chunks_checked += 1;
             report.bytes_checked += size.unwrap_or(0);
             let Some(fault) = fault else { continue };
-            if let (ChunkFault::Damaged(reason), true) = (&fault, options.mark_bad) {
+            if options.mark_bad {
                 let record = BadRecord {
                     found: Utc::now(),
-                    fault: reason.clone(),
+                    fault: match &fault {
+                        ChunkFault::Missing => "missing".to_string(),
+                        ChunkFault::Damaged(reason) => reason.clone(),
+                    },
                 };
                 self.store()
                     .put(

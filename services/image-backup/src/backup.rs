@@ -179,7 +179,13 @@ pub async fn backup(
         .max(1);
     progress.start(size, 0);
 
-    let session = repo.begin_session(options.session.clone()).await?;
+    let session = match &parent {
+        Some(p) => {
+            repo.begin_incremental_session(options.session.clone(), &p.manifest.id, &p.index)
+                .await?
+        }
+        None => repo.begin_session(options.session.clone()).await?,
+    };
     let id = session.id().clone();
     tracing::info!(backup = %id, source = %options.source_id, size, workers, parent = ?parent_id, "backup started");
     let shared = Arc::new(Shared {
@@ -411,7 +417,7 @@ impl Shared {
             return Ok(None);
         };
         if !self.session.reuse_chunk(&digest).await? {
-            tracing::warn!(chunk = %digest, "a clean chunk of the parent is missing or damaged in the repository: reading it");
+            tracing::warn!(chunk = %digest, "a verify found a clean chunk of the parent missing or damaged: reading it");
             return Ok(None);
         }
         Ok(Some((digest, ChunkBlocks::Data(blocks.to_vec()))))

@@ -366,6 +366,12 @@ pub async fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
         format_size(report.bytes_kept),
         report.duration.as_secs_f64()
     );
+    if report.sessions_without_parent > 0 {
+        println!(
+            "no unused chunk was removed: {} running backup(s) reuse chunks of a backup pruned meanwhile; run gc again when they have finished",
+            report.sessions_without_parent
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -210,5 +210,6 @@ pub fn gc(r: &GcReport, block_digests_removed: u64) -> proto::GcResult {
         stale_sessions_removed: r.stale_sessions_removed,
         running_sessions: r.running_sessions,
         seconds: r.duration.as_secs_f64(),
+        sessions_without_parent: r.sessions_without_parent,
     }
 }
