@@ -19,9 +19,18 @@ static ZERO_BLOCK: LazyLock<Hash> = LazyLock::new(|| ZeroDigests::new(0).for_len
 /// The SHA-256 of each 64 KiB block of `data`, the last one short and unpadded (the block
 /// digests of blksum's block hash).
 pub fn block_digests(data: &[u8]) -> Vec<Hash> {
+    block_digests_known_zero(data, &[])
+}
+
+/// [`block_digests`] of `data` where the full blocks `known_zero` marks are zeroes
+/// whatever `data` holds there (read from a source's hole, left unfilled): their digest
+/// is the zero block's, without reading them.
+pub fn block_digests_known_zero(data: &[u8], known_zero: &[bool]) -> Vec<Hash> {
     data.chunks(BLOCK_SIZE)
-        .map(|block| {
-            if block.len() == BLOCK_SIZE && is_zero(block) {
+        .enumerate()
+        .map(|(i, block)| {
+            let full = block.len() == BLOCK_SIZE;
+            if full && (known_zero.get(i) == Some(&true) || is_zero(block)) {
                 *ZERO_BLOCK
             } else {
                 sha256(block)
@@ -142,6 +151,22 @@ mod tests {
         assert_eq!(d.to_string().parse::<Digest>().unwrap(), d);
         assert!("AB".repeat(32).parse::<Digest>().is_err());
         assert!(Digest::ZERO.is_zero());
+    }
+
+    #[test]
+    fn known_zero_blocks_are_not_read() {
+        let b = BLOCK_SIZE;
+        let mut data = vec![7u8; 3 * b + 100];
+        data[b..2 * b].fill(0);
+        // Block 0 is stale data in a hole; block 3 is short, so never taken as known.
+        let got = block_digests_known_zero(&data, &[true, false, false, true]);
+        let mut filled = data.clone();
+        filled[..b].fill(0);
+        assert_eq!(got, block_digests(&filled));
+        assert_eq!(got[0], *ZERO_BLOCK);
+        assert_eq!(got[1], *ZERO_BLOCK);
+        assert_eq!(got[2], sha256(&data[2 * b..3 * b]));
+        assert_eq!(got[3], sha256(&data[3 * b..]));
     }
 
     #[test]

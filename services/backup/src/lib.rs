@@ -78,7 +78,7 @@ mod verify;
 pub use config::{
     Config, DEFAULT_CHUNK_SIZE, DEFAULT_ZSTD_LEVEL, FORMAT_VERSION, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE,
 };
-pub use digest::{block_digests, Digest};
+pub use digest::{block_digests, block_digests_known_zero, Digest};
 pub use gc::{GcLease, GcOptions, GcReport, LeaseHeld};
 pub use index::{FixedIndex, MAX_INDEX_ENTRIES};
 pub use keys::{EncryptionConfig, KdfParams};

@@ -333,10 +333,27 @@ impl Session {
         B: std::ops::Deref<Target = [u8]> + Send + 'static,
     {
         self.check_len(data.len())?;
-        debug_assert_eq!(digest, self.repo.chunk_digest(&data));
-        if let Some(put) = self.stored(&digest).await? {
-            return Ok((put, data));
+        match self.lookup(&digest).await? {
+            Some(put) => Ok((put, data)),
+            None => self.store_hashed_chunk(digest, data).await,
         }
+    }
+
+    /// The first half of [`Session::put_hashed_chunk`], for a caller that prepares the
+    /// chunk's data only when it must be stored: `Some` when a chunk with this digest
+    /// needs no upload (all zeroes, or stored already, and then recorded as reused).
+    pub async fn lookup(&self, digest: &Digest) -> Result<Option<ChunkPut>> {
+        self.stored(digest).await
+    }
+
+    /// The second half of [`Session::put_hashed_chunk`]: encodes and uploads a chunk that
+    /// [`Session::lookup`] found missing.
+    pub async fn store_hashed_chunk<B>(&self, digest: Digest, data: B) -> Result<(ChunkPut, B)>
+    where
+        B: std::ops::Deref<Target = [u8]> + Send + 'static,
+    {
+        self.check_len(data.len())?;
+        debug_assert_eq!(digest, self.repo.chunk_digest(&data));
         let repo = self.repo.clone();
         let (blob, data) = tokio::task::spawn_blocking(move || (repo.encode_chunk(&data), data))
             .await

@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_backup::{
-    block_digests, BackupId, Digest, FixedIndex, Manifest, Repository, Session, SessionOptions,
-    SnapshotInfo,
+    block_digests_known_zero, BackupId, Digest, FixedIndex, Manifest, Repository, Session,
+    SessionOptions, SnapshotInfo,
 };
 use ferry_core::{Error, ErrorKind, Extent, ExtentKind, IoBuf, Result, Source};
 use ferry_engine::blkhash::Hash;
@@ -362,26 +362,30 @@ impl Shared {
             let data = buf
                 .take()
                 .unwrap_or_else(|| IoBuf::new(self.chunk_size as usize));
-            let (data, read) = self.read_chunk(source, data, offset, len, &extents).await?;
+            let (data, read, holes) = self.read_chunk(source, data, offset, len, &extents).await?;
             self.bytes_read.fetch_add(read, Ordering::Relaxed);
             self.chunks_read.fetch_add(1, Ordering::Relaxed);
             let repo = self.session.repository().clone();
             let parents = self.parent_chunk(i, len);
-            let (data, digests, digest) = tokio::task::spawn_blocking(move || {
-                let digests = block_digests(&data);
+            let (data, digests, digest, holes) = tokio::task::spawn_blocking(move || {
+                let digests = block_digests_known_zero(&data, &holes);
                 let digest = match parents {
                     Some((digest, blocks)) if blocks == digests => digest,
                     _ => repo.chunk_digest_of_blocks(data.len(), &digests),
                 };
-                (data, digests, digest)
+                (data, digests, digest, holes)
             })
             .await
             .map_err(|_| Error::internal("a hashing thread panicked"))?;
-            let (put, data) = self
-                .session
-                .put_hashed_chunk(digest, data)
-                .await
-                .map_err(|e| e.at("store chunk", offset))?;
+            let stored = match self.session.lookup(&digest).await {
+                Ok(Some(put)) => Ok((put, data)),
+                Ok(None) => {
+                    let data = fill_holes(data, &holes);
+                    self.session.store_hashed_chunk(digest, data).await
+                }
+                Err(e) => Err(e),
+            };
+            let (put, data) = stored.map_err(|e| e.at("store chunk", offset))?;
             buf = Some(data);
             self.progress.add_data(len);
             let blocks = if put.digest.is_zero() {
@@ -443,9 +447,11 @@ impl Shared {
         Ok(())
     }
 
-    /// Fills `buf` with the chunk at `offset`: zero extents as zeroes, data extents read
-    /// (widened to the source's minimum block). Returns the buffer viewing the chunk, and
-    /// the bytes read.
+    /// Fills `buf` with the chunk at `offset`: data extents read (widened to the source's
+    /// minimum block), zero extents as zeroes, except the whole 64 KiB blocks inside zero
+    /// extents: those are left as they are and marked in the returned holes, since an
+    /// unchanged chunk never needs them (see [`fill_holes`]). Returns the buffer viewing
+    /// the chunk, the bytes read, and the holes.
     async fn read_chunk(
         &self,
         source: &dyn Source,
@@ -453,11 +459,24 @@ impl Shared {
         offset: u64,
         len: u64,
         extents: &[Extent],
-    ) -> Result<(IoBuf, u64)> {
+    ) -> Result<(IoBuf, u64, Vec<bool>)> {
         let end = offset + len;
+        let mut holes = vec![false; (len / BLOCK) as usize];
         for e in extents.iter().filter(|e| e.kind != ExtentKind::Data) {
-            buf.set_view((e.offset - offset) as usize, e.len as usize);
-            buf.fill(0);
+            let (start, stop) = (e.offset - offset, e.end() - offset);
+            let (first, last) = (start.div_ceil(BLOCK), stop / BLOCK);
+            if first >= last {
+                buf.set_view(start as usize, (stop - start) as usize);
+                buf.fill(0);
+                continue;
+            }
+            holes[first as usize..last as usize].fill(true);
+            for (from, to) in [(start, first * BLOCK), (last * BLOCK, stop)] {
+                if from < to {
+                    buf.set_view(from as usize, (to - from) as usize);
+                    buf.fill(0);
+                }
+            }
         }
         let mut read = 0;
         let mut done_to = offset;
@@ -479,8 +498,22 @@ impl Shared {
             done_to = done_to.max(stop);
         }
         buf.set_len(len as usize);
-        Ok((buf, read))
+        Ok((buf, read, holes))
     }
+}
+
+/// The block hash's block: holes are tracked in whole blocks.
+const BLOCK: u64 = ferry_engine::blkhash::BLOCK_SIZE as u64;
+
+/// Zeroes the blocks [`Shared::read_chunk`] left unfilled, before a chunk is stored.
+fn fill_holes(mut buf: IoBuf, holes: &[bool]) -> IoBuf {
+    let len = buf.len();
+    for (i, _) in holes.iter().enumerate().filter(|(_, hole)| **hole) {
+        let start = i * BLOCK as usize;
+        buf[start..start + BLOCK as usize].fill(0);
+    }
+    debug_assert_eq!(buf.len(), len);
+    buf
 }
 
 /// The extents of `offset..offset + len`, asked until covered, merged.
