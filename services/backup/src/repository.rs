@@ -21,7 +21,7 @@ use crate::digest::{block_digests, blocks_are_zero, is_zero, Digest};
 use crate::index::{FixedIndex, MAX_INDEX_LEN};
 use crate::keys::{self, KdfParams};
 use crate::manifest::{BackupId, Manifest, MAX_MANIFEST_LEN};
-use crate::store::{get_required, ObjectStore, Put, PutMode};
+use crate::store::{get_required, get_required_into, ObjectStore, Put, PutMode};
 use ferry_engine::blkhash::Hash;
 
 const CONFIG: &str = "config";
@@ -270,16 +270,23 @@ impl Repository {
 
     /// Fetches a chunk's stored blob, to be opened with [`Repository::open_chunk`].
     pub async fn fetch_chunk(&self, digest: &Digest) -> Result<Vec<u8>> {
+        self.fetch_chunk_into(digest, Vec::new()).await
+    }
+
+    /// [`Repository::fetch_chunk`] into the allocation of `buf`, for a reader of many
+    /// chunks that reuses one buffer.
+    pub async fn fetch_chunk_into(&self, digest: &Digest, buf: Vec<u8>) -> Result<Vec<u8>> {
         if digest.is_zero() {
             return Err(Error::invalid_input(
                 "the zero-chunk marker names no stored chunk: restore it as zeroes",
             ));
         }
         let chunk_size = u64::from(self.chunk_size());
-        get_required(
+        get_required_into(
             self.store().as_ref(),
             &digest.chunk_name(),
             chunk_size + OVERHEAD,
+            buf,
         )
         .await
     }

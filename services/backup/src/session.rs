@@ -210,30 +210,44 @@ impl Repository {
         store
             .put(&name, Bytes::from(json(&record)), PutMode::Overwrite)
             .await?;
-        let started = store
-            .head(&name)
-            .await?
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorKind::Io,
-                    format!("the session record {name} vanished after it was written"),
-                )
-            })?
-            .modified;
-        record.started = Some(DateTime::<Utc>::from(started));
-        let body = Bytes::from(json(&record));
-        store.put(&name, body.clone(), PutMode::Overwrite).await?;
-        let bad: HashSet<Digest> = self
-            .store()
-            .list("bad/")
-            .await?
-            .into_iter()
-            .filter_map(|m| m.name.strip_prefix("bad/").and_then(|h| h.parse().ok()))
-            .collect();
+        // The record exists (naming the parent) before the parent's index is checked.
+        let stamp = async {
+            let started = store
+                .head(&name)
+                .await?
+                .ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::Io,
+                        format!("the session record {name} vanished after it was written"),
+                    )
+                })?
+                .modified;
+            record.started = Some(DateTime::<Utc>::from(started));
+            let body = Bytes::from(json(&record));
+            store.put(&name, body.clone(), PutMode::Overwrite).await?;
+            Ok::<_, Error>((started, body))
+        };
+        let bad = async {
+            Ok::<HashSet<Digest>, Error>(
+                store
+                    .list("bad/")
+                    .await?
+                    .into_iter()
+                    .filter_map(|m| m.name.strip_prefix("bad/").and_then(|h| h.parse().ok()))
+                    .collect(),
+            )
+        };
+        let parent_kept = async {
+            match parent {
+                Some((id, _)) => Ok(store.head(&id.index_name()).await?.is_some()),
+                None => Ok(false),
+            }
+        };
+        let ((started, body), bad, parent_kept) = tokio::try_join!(stamp, bad, parent_kept)?;
         let trusted = match parent {
             // GCs that list this record mark the parent's index while it exists; checking
             // that it still exists after the record was written closes the gap before.
-            Some((id, index)) if store.head(&id.index_name()).await?.is_some() => index
+            Some((_, index)) if parent_kept => index
                 .digests()
                 .iter()
                 .filter(|d| !d.is_zero() && !bad.contains(d))

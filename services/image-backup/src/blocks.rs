@@ -29,7 +29,7 @@
 use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
 use bytes::Bytes;
-use ferry_backup::{BackupId, FixedIndex, PutMode, Repository};
+use ferry_backup::{BackupId, FixedIndex, Manifest, PutMode, Repository, MAX_INDEX_ENTRIES};
 use ferry_core::{Error, ErrorKind, Result};
 use ferry_engine::blkhash::{sha256, Hash, BLOCK_SIZE};
 use zeroize::Zeroizing;
@@ -267,21 +267,30 @@ pub(crate) async fn store(
     Ok(())
 }
 
-/// Loads the block digests of backup `id` and checks them against its index; `None` when
-/// the backup has none stored.
-pub async fn load(
+/// Fetches the stored block digests of the backup `manifest` describes, before its index
+/// is at hand (so that both load at once); `None` when the backup has none stored. Open
+/// them with [`open`].
+pub async fn fetch(repo: &Repository, manifest: &Manifest) -> Result<Option<Vec<u8>>> {
+    let chunk = u64::from(manifest.chunk_size.max(1));
+    let chunks = manifest
+        .image_size
+        .div_ceil(chunk)
+        .min(MAX_INDEX_ENTRIES) as usize;
+    // Every chunk holding data, zstd's worst case on incompressible input, the envelope.
+    let expected = HEAD_LEN + 32 + chunks * (32 + 32 * blocks_in(chunk));
+    let max_len = (expected + expected / 64 + 1024 + ENVELOPE_LEN + NONCE_LEN + TAG_LEN) as u64;
+    repo.store().get(&object_name(&manifest.id), max_len).await
+}
+
+/// Decodes fetched block digests of backup `id` and checks them against its index.
+pub fn open(
     repo: &Repository,
     id: &BackupId,
     index: &FixedIndex,
-) -> Result<Option<BlockDigests>> {
-    let expected = serialized_len(index);
-    // zstd's worst case on incompressible input, and the envelope.
-    let max_len = (expected + expected / 64 + 1024 + ENVELOPE_LEN + NONCE_LEN + TAG_LEN) as u64;
-    let Some(blob) = repo.store().get(&object_name(id), max_len).await? else {
-        return Ok(None);
-    };
-    let plain = decode(repo, id, &blob, expected)?;
-    parse(id, index, &plain).map(Some)
+    blob: &[u8],
+) -> Result<BlockDigests> {
+    let plain = decode(repo, id, blob, serialized_len(index))?;
+    parse(id, index, &plain)
 }
 
 /// Deletes the block digests of backup `id` (after the backup itself was deleted).

@@ -60,14 +60,17 @@ const PARALLEL_MANIFESTS: usize = 16;
 
 /// The newest backup of `source` by start time (ids name the second only, so two
 /// backups started in one second are told apart by their manifests' exact times).
-/// Manifests are read newest first, several at once, and only until every id left is
-/// from an earlier second than a backup of `source` already found.
+/// Manifests are read newest first (the first alone, then several at once), and only
+/// until every id left is from an earlier second than a backup of `source` already found.
 async fn latest_of(repo: &Repository, source: &str) -> Result<Option<Manifest>> {
     let mut ids = repo.list_snapshots().await?;
     ids.reverse();
-    let mut manifests = stream::iter(ids)
-        .map(|id| async move { (repo.load_manifest(&id).await, id) })
-        .buffered(PARALLEL_MANIFESTS);
+    // The newest is most often the one: it is read alone before the others, many at once.
+    let rest = ids.split_off(ids.len().min(1));
+    let load = |id: BackupId| async move { (repo.load_manifest(&id).await, id) };
+    let mut manifests = std::pin::pin!(stream::iter(ids)
+        .then(load)
+        .chain(stream::iter(rest).map(load).buffered(PARALLEL_MANIFESTS)));
     let mut latest: Option<Manifest> = None;
     while let Some((loaded, id)) = manifests.next().await {
         if latest.as_ref().is_some_and(|l| id.time() < l.id.time()) {
@@ -129,7 +132,8 @@ pub(crate) async fn choose(
             repo.chunk_size()
         )));
     }
-    let index = match repo.load_index(&manifest).await {
+    let (index, blob) = tokio::join!(repo.load_index(&manifest), blocks::fetch(repo, &manifest));
+    let index = match index {
         Ok(index) => index,
         Err(e) => {
             return Ok(Chosen::Full(format!(
@@ -137,7 +141,8 @@ pub(crate) async fn choose(
             )))
         }
     };
-    let blocks = match blocks::load(repo, &id, &index).await {
+    let blocks = match blob.and_then(|b| b.map(|b| blocks::open(repo, &id, &index, &b)).transpose())
+    {
         Ok(Some(blocks)) => blocks,
         Ok(None) => {
             return Ok(Chosen::Full(format!(

@@ -222,6 +222,7 @@ pub async fn restore(
 impl Shared {
     async fn work(&self, target: &dyn Target) -> Result<()> {
         let mut buf: Option<IoBuf> = None;
+        let mut blob_buf = Vec::new();
         loop {
             if self.stop.is_cancelled() {
                 return Err(Error::cancelled());
@@ -251,7 +252,11 @@ impl Shared {
                     ),
                 )
             };
-            let blob = self.repo.fetch_chunk(&digest).await.map_err(located)?;
+            let blob = self
+                .repo
+                .fetch_chunk_into(&digest, std::mem::take(&mut blob_buf))
+                .await
+                .map_err(located)?;
             let mut data = buf.take().unwrap_or_else(|| IoBuf::new(self.chunk_size));
             let repo = self.repo.clone();
             let opened = tokio::task::spawn_blocking(move || {
@@ -264,13 +269,13 @@ impl Shared {
                     ));
                 }
                 data.set_len(got);
-                drop(blob);
                 let runs = runs(&data);
-                Ok((data, digests, runs))
+                Ok((data, digests, runs, blob))
             })
             .await
             .map_err(|_| Error::internal("a chunk decoding thread panicked"))?;
-            let (data, digests, runs) = opened.map_err(located)?;
+            let (data, digests, runs, blob) = opened.map_err(located)?;
+            blob_buf = blob;
             self.turn(i).await?;
             let data = self.write_chunk(target, data, offset, &runs).await?;
             self.done(i);

@@ -162,7 +162,13 @@ fn write_temp(path: &Path, data: &[u8]) -> Result<PathBuf> {
     }
 }
 
-fn read_bounded(path: &Path, name: &str, location: &str, max_len: u64) -> Result<Option<Vec<u8>>> {
+fn read_bounded(
+    path: &Path,
+    name: &str,
+    location: &str,
+    max_len: u64,
+    mut data: Vec<u8>,
+) -> Result<Option<Vec<u8>>> {
     let file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == IoKind::NotFound => return Ok(None),
@@ -175,7 +181,8 @@ fn read_bounded(path: &Path, name: &str, location: &str, max_len: u64) -> Result
     if size > max_len {
         return Err(too_large(location, name, size, max_len));
     }
-    let mut data = Vec::with_capacity(size as usize);
+    data.clear();
+    data.reserve(size as usize);
     file.take(max_len.saturating_add(1))
         .read_to_end(&mut data)
         .map_err(|e| io_err(format!("cannot read {}", path.display()), e))?;
@@ -326,9 +333,13 @@ impl ObjectStore for LocalStore {
     }
 
     async fn get(&self, name: &str, max_len: u64) -> Result<Option<Vec<u8>>> {
+        self.get_into(name, max_len, Vec::new()).await
+    }
+
+    async fn get_into(&self, name: &str, max_len: u64, buf: Vec<u8>) -> Result<Option<Vec<u8>>> {
         let path = self.path_of(name)?;
         let (name, location) = (name.to_string(), self.location());
-        self.blocking(move |_| read_bounded(&path, &name, &location, max_len))
+        self.blocking(move |_| read_bounded(&path, &name, &location, max_len, buf))
             .await
     }
 

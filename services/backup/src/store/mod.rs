@@ -94,6 +94,14 @@ pub trait ObjectStore: Send + Sync + fmt::Debug {
     /// `max_len` are refused (kind Corrupt) without reading them into memory.
     async fn get(&self, name: &str, max_len: u64) -> Result<Option<Vec<u8>>>;
 
+    /// [`ObjectStore::get`] into the allocation of `buf` (its content is replaced), so
+    /// that a caller reading many objects reuses one buffer instead of mapping and
+    /// faulting in fresh memory for each. The default reads into a new buffer.
+    async fn get_into(&self, name: &str, max_len: u64, buf: Vec<u8>) -> Result<Option<Vec<u8>>> {
+        drop(buf);
+        self.get(name, max_len).await
+    }
+
     /// Like [`ObjectStore::get`], with the version to hand to [`PutMode::ReplaceIf`].
     async fn get_versioned(&self, name: &str, max_len: u64) -> Result<Option<(Vec<u8>, Version)>>;
 
@@ -117,15 +125,33 @@ pub(crate) async fn get_required(
     name: &str,
     max_len: u64,
 ) -> Result<Vec<u8>> {
-    store.get(name, max_len).await?.ok_or_else(|| {
-        Error::new(
-            ErrorKind::NotFound,
-            format!(
-                "{name} is missing from the repository at {}",
-                store.location()
-            ),
-        )
-    })
+    store
+        .get(name, max_len)
+        .await?
+        .ok_or_else(|| missing(store, name))
+}
+
+/// [`get_required`] into `buf`'s allocation ([`ObjectStore::get_into`]).
+pub(crate) async fn get_required_into(
+    store: &dyn ObjectStore,
+    name: &str,
+    max_len: u64,
+    buf: Vec<u8>,
+) -> Result<Vec<u8>> {
+    store
+        .get_into(name, max_len, buf)
+        .await?
+        .ok_or_else(|| missing(store, name))
+}
+
+fn missing(store: &dyn ObjectStore, name: &str) -> Error {
+    Error::new(
+        ErrorKind::NotFound,
+        format!(
+            "{name} is missing from the repository at {}",
+            store.location()
+        ),
+    )
 }
 
 /// Checks a name against the rules above, so that no name can leave the store's root.

@@ -79,7 +79,12 @@ impl S3Store {
         sdk_error(err, &self.bucket, key)
     }
 
-    async fn read(&self, name: &str, max_len: u64) -> Result<Option<(Vec<u8>, Option<String>)>> {
+    async fn read(
+        &self,
+        name: &str,
+        max_len: u64,
+        mut data: Vec<u8>,
+    ) -> Result<Option<(Vec<u8>, Option<String>)>> {
         let key = self.key(name)?;
         let out = match self
             .client
@@ -99,7 +104,8 @@ impl S3Store {
         }
         let etag = out.e_tag().map(str::to_string);
         let mut body = out.body;
-        let mut data = Vec::with_capacity(size as usize);
+        data.clear();
+        data.reserve(size as usize);
         loop {
             match body.try_next().await {
                 Ok(Some(bytes)) => {
@@ -208,11 +214,15 @@ impl ObjectStore for S3Store {
     }
 
     async fn get(&self, name: &str, max_len: u64) -> Result<Option<Vec<u8>>> {
-        Ok(self.read(name, max_len).await?.map(|(data, _)| data))
+        self.get_into(name, max_len, Vec::new()).await
+    }
+
+    async fn get_into(&self, name: &str, max_len: u64, buf: Vec<u8>) -> Result<Option<Vec<u8>>> {
+        Ok(self.read(name, max_len, buf).await?.map(|(data, _)| data))
     }
 
     async fn get_versioned(&self, name: &str, max_len: u64) -> Result<Option<(Vec<u8>, Version)>> {
-        match self.read(name, max_len).await? {
+        match self.read(name, max_len, Vec::new()).await? {
             None => Ok(None),
             Some((data, Some(etag))) => Ok(Some((data, Version(etag)))),
             Some((_, None)) => Err(Error::unsupported(format!(
