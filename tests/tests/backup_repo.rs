@@ -210,6 +210,15 @@ async fn store_semantics(b: Backend) {
     );
     let err = s.get("a/b/one", 3).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
+    // A reused buffer's old content is replaced, not appended to.
+    let stale = b"stale content, longer than the object".to_vec();
+    assert_eq!(
+        s.get_into("a/b/one", 100, stale).await.unwrap().as_deref(),
+        Some(&b"1111"[..])
+    );
+    assert_eq!(s.get_into("a/none", 100, vec![1; 8]).await.unwrap(), None);
+    let err = s.get_into("a/b/one", 3, Vec::new()).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
     assert_eq!(
         s.put("a/two", Bytes::from_static(b"22"), PutMode::CreateOnly)
             .await

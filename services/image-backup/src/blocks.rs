@@ -272,10 +272,7 @@ pub(crate) async fn store(
 /// them with [`open`].
 pub async fn fetch(repo: &Repository, manifest: &Manifest) -> Result<Option<Vec<u8>>> {
     let chunk = u64::from(manifest.chunk_size.max(1));
-    let chunks = manifest
-        .image_size
-        .div_ceil(chunk)
-        .min(MAX_INDEX_ENTRIES) as usize;
+    let chunks = manifest.image_size.div_ceil(chunk).min(MAX_INDEX_ENTRIES) as usize;
     // Every chunk holding data, zstd's worst case on incompressible input, the envelope.
     let expected = HEAD_LEN + 32 + chunks * (32 + 32 * blocks_in(chunk));
     let max_len = (expected + expected / 64 + 1024 + ENVELOPE_LEN + NONCE_LEN + TAG_LEN) as u64;
