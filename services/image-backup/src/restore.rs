@@ -1,7 +1,8 @@
 //! [`restore`]: a backup written into any target.
 //!
 //! Workers take chunk numbers from a shared cursor and fetch chunks from the repository,
-//! which checks each against its digest. Zero chunks, and 4 KiB zero blocks inside data
+//! each one chunk ahead of the chunk it writes; the repository checks each chunk against
+//! its digest. Zero chunks, and 4 KiB zero blocks inside data
 //! chunks, become `write_zeroes`, or nothing on a target known to read as zeroes (a new
 //! file stays sparse). In order (targets that only take writes in order, or `--order in`)
 //! chunks are still fetched in parallel but written one after another.
@@ -14,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_backup::{BackupId, FixedIndex, Repository};
+use ferry_backup::{BackupId, Digest, FixedIndex, Repository};
 use ferry_core::{Error, ErrorKind, IoBuf, Result, Target, ZeroMode};
 use ferry_engine::{CancellationToken, Progress};
 use parking_lot::Mutex;
@@ -219,69 +220,113 @@ pub async fn restore(
     })
 }
 
+/// A data chunk fetched from the repository, not yet opened.
+struct Fetched {
+    i: usize,
+    blob: Vec<u8>,
+}
+
 impl Shared {
+    /// One worker: while it opens and writes one data chunk, it fetches its next, so that
+    /// twice as many fetches as workers are in flight (an object store's latency per GET
+    /// is far longer than the work on a chunk), with at most three chunk buffers each.
     async fn work(&self, target: &dyn Target) -> Result<()> {
         let mut buf: Option<IoBuf> = None;
-        let mut blob_buf = Vec::new();
+        let mut spare = Vec::new();
+        let mut ahead = self.fetch_next(target, Vec::new()).await?;
+        while let Some(fetched) = ahead.take() {
+            if self.stop.is_cancelled() {
+                return Err(Error::cancelled());
+            }
+            let data = buf.take().unwrap_or_else(|| IoBuf::new(self.chunk_size));
+            let (written, next) = tokio::join!(
+                self.write_fetched(target, fetched, data),
+                self.fetch_next(target, std::mem::take(&mut spare)),
+            );
+            let (data, blob) = written?;
+            buf = Some(data);
+            spare = blob;
+            ahead = next?;
+        }
+        Ok(())
+    }
+
+    /// Takes chunks from the cursor, restoring zero chunks on the way, until a data chunk
+    /// comes up: fetches it into `blob`'s allocation. `None` when no chunk is left.
+    async fn fetch_next(&self, target: &dyn Target, blob: Vec<u8>) -> Result<Option<Fetched>> {
         loop {
             if self.stop.is_cancelled() {
                 return Err(Error::cancelled());
             }
             let i = self.cursor.fetch_add(1, Ordering::Relaxed);
-            if i >= self.index.len() {
-                return Ok(());
-            }
-            let (offset, len) = self.index.chunk_range(i);
             let Some(digest) = self.index.digest(i) else {
-                return Ok(());
+                return Ok(None);
             };
             if digest.is_zero() {
+                let (offset, len) = self.index.chunk_range(i);
                 self.turn(i).await?;
                 self.zeroes_at(target, offset, len).await?;
                 self.done(i);
                 self.hash.lock().add(i, ChunkBlocks::Zero);
                 continue;
             }
-            let located = |e: Error| {
-                Error::new(
-                    e.kind(),
-                    format!(
-                        "backup {}: chunk {i} at offset {offset} ({digest}): {}",
-                        self.id,
-                        e.message()
-                    ),
-                )
-            };
             let blob = self
                 .repo
-                .fetch_chunk_into(&digest, std::mem::take(&mut blob_buf))
+                .fetch_chunk_into(&digest, blob)
                 .await
-                .map_err(located)?;
-            let mut data = buf.take().unwrap_or_else(|| IoBuf::new(self.chunk_size));
-            let repo = self.repo.clone();
-            let opened = tokio::task::spawn_blocking(move || {
-                data.set_len(data.capacity());
-                let (got, digests) = repo.open_chunk(&digest, &blob, &mut data)?;
-                if got as u64 != len {
-                    return Err(Error::new(
-                        ErrorKind::Corrupt,
-                        format!("the chunk holds {got} bytes, the index says {len}"),
-                    ));
-                }
-                data.set_len(got);
-                let runs = runs(&data);
-                Ok((data, digests, runs, blob))
-            })
-            .await
-            .map_err(|_| Error::internal("a chunk decoding thread panicked"))?;
-            let (data, digests, runs, blob) = opened.map_err(located)?;
-            blob_buf = blob;
-            self.turn(i).await?;
-            let data = self.write_chunk(target, data, offset, &runs).await?;
-            self.done(i);
-            self.hash.lock().add(i, ChunkBlocks::Data(digests));
-            buf = Some(data);
+                .map_err(|e| self.located(i, &digest, e))?;
+            return Ok(Some(Fetched { i, blob }));
         }
+    }
+
+    /// Opens a fetched chunk (decoded and checked off the async threads) into `data` and
+    /// writes it in its turn. Returns both buffers for reuse.
+    async fn write_fetched(
+        &self,
+        target: &dyn Target,
+        Fetched { i, blob }: Fetched,
+        mut data: IoBuf,
+    ) -> Result<(IoBuf, Vec<u8>)> {
+        let (offset, len) = self.index.chunk_range(i);
+        let digest = self
+            .index
+            .digest(i)
+            .ok_or_else(|| Error::internal("a fetched chunk is outside the index"))?;
+        let repo = self.repo.clone();
+        let opened = tokio::task::spawn_blocking(move || {
+            data.set_len(data.capacity());
+            let (got, digests) = repo.open_chunk(&digest, &blob, &mut data)?;
+            if got as u64 != len {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!("the chunk holds {got} bytes, the index says {len}"),
+                ));
+            }
+            data.set_len(got);
+            let runs = runs(&data);
+            Ok((data, digests, runs, blob))
+        })
+        .await
+        .map_err(|_| Error::internal("a chunk decoding thread panicked"))?;
+        let (data, digests, runs, blob) = opened.map_err(|e| self.located(i, &digest, e))?;
+        self.turn(i).await?;
+        let data = self.write_chunk(target, data, offset, &runs).await?;
+        self.done(i);
+        self.hash.lock().add(i, ChunkBlocks::Data(digests));
+        Ok((data, blob))
+    }
+
+    /// An error about chunk `i`, naming the backup, the chunk, its offset and digest.
+    fn located(&self, i: usize, digest: &Digest, e: Error) -> Error {
+        let (offset, _) = self.index.chunk_range(i);
+        Error::new(
+            e.kind(),
+            format!(
+                "backup {}: chunk {i} at offset {offset} ({digest}): {}",
+                self.id,
+                e.message()
+            ),
+        )
     }
 
     /// Waits until chunk `i` may be written (in order: every chunk before it is).
