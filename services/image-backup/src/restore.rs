@@ -228,8 +228,8 @@ struct Fetched {
 
 impl Shared {
     /// One worker: while it opens and writes one data chunk, it fetches its next, so that
-    /// twice as many fetches as workers are in flight (an object store's latency per GET
-    /// is far longer than the work on a chunk), with at most three chunk buffers each.
+    /// its GETs go on while it writes; it holds at most three chunk buffers (the blob it
+    /// opens, the plaintext it writes, the blob it fetches).
     async fn work(&self, target: &dyn Target) -> Result<()> {
         let mut buf: Option<IoBuf> = None;
         let mut spare = Vec::new();
