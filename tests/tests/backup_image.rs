@@ -474,6 +474,42 @@ async fn a_corrupt_chunk_is_detected_at_restore_naming_chunk_and_backup() {
     );
 }
 
+/// A chunk missing from the store fails the restore in either order (the fetch stage's
+/// error reaches the caller; nothing waits forever), naming the chunk and the backup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_chunk_fails_the_restore_in_either_order() {
+    let backend = Backend::local().await;
+    let repo = backend.init(None).await;
+    let scratch = scratch_dir();
+    let img = images::make(
+        &scratch.path().join("disk.img"),
+        Pattern::Random,
+        40 * u64::from(CHUNK),
+        4,
+    )
+    .unwrap();
+    let report = back_up_file(&repo, &img.path).await;
+    let index = repo.load_index(&report.manifest).await.unwrap();
+    let digest = index.digest(5).unwrap();
+    std::fs::remove_file(backend.files.join(digest.chunk_name())).unwrap();
+    for order in [RestoreOrder::InOrder, RestoreOrder::OutOfOrder] {
+        let out = scratch.path().join(format!("back-{order:?}.img"));
+        let err = restore_to(&repo, &report.manifest.id, &out, img.size, order)
+            .await
+            .unwrap_err();
+        let text = err.to_string();
+        assert_eq!(err.kind(), ErrorKind::NotFound, "{order:?}: {text}");
+        assert!(
+            text.contains(&digest.to_string()),
+            "names the chunk: {text}"
+        );
+        assert!(
+            text.contains(report.manifest.id.as_str()),
+            "names the backup: {text}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parent_auto_follows_the_source_and_a_misfit_parent_means_full() {
     let backend = Backend::local().await;

@@ -1,8 +1,9 @@
 //! [`restore`]: a backup written into any target.
 //!
-//! Workers take chunk numbers from a shared cursor and fetch chunks from the repository,
-//! each one chunk ahead of the chunk it writes; the repository checks each chunk against
-//! its digest. Zero chunks, and 4 KiB zero blocks inside data
+//! One fetch stage reads chunks from the repository, [`FETCHES_PER_WORKER`] GETs per
+//! worker at once (an object store's latency per GET is far longer than the work on a
+//! chunk), and hands them out in offset order (out of order when writes may be); workers
+//! open them (the repository checks each chunk against its digest) and write them. Zero chunks, and 4 KiB zero blocks inside data
 //! chunks, become `write_zeroes`, or nothing on a target known to read as zeroes (a new
 //! file stays sparse). In order (targets that only take writes in order, or `--order in`)
 //! chunks are still fetched in parallel but written one after another.
@@ -11,15 +12,15 @@
 //! taken from the backup's stored block digests) and compared with the manifest's before
 //! the target is finished: a mismatch fails the restore and aborts the target.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_backup::{BackupId, Digest, FixedIndex, Repository};
 use ferry_core::{Error, ErrorKind, IoBuf, Result, Target, ZeroMode};
 use ferry_engine::{CancellationToken, Progress};
+use futures::stream::{self, Stream, StreamExt};
 use parking_lot::Mutex;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use crate::backup::{join_all, DEFAULT_WORKERS};
@@ -27,6 +28,8 @@ use crate::hash::{ChunkBlocks, OrderedHash};
 
 /// Zero blocks inside data chunks are found at this granularity.
 const SPARSE: usize = 4096;
+/// GETs in flight per worker.
+const FETCHES_PER_WORKER: usize = 2;
 
 /// The order chunks are written in.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -44,7 +47,7 @@ pub enum RestoreOrder {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct RestoreOptions {
-    /// Chunks in flight at once (default 8).
+    /// Chunks opened and written at once (default 8); twice as many are fetched at once.
     pub workers: usize,
     pub order: RestoreOrder,
     /// Fail when the block hash of what was written differs from the manifest's
@@ -105,7 +108,10 @@ struct Shared {
     id: BackupId,
     index: FixedIndex,
     chunk_size: usize,
-    cursor: AtomicUsize,
+    /// Chunks from the fetch stage, in the order they are to be taken.
+    fetched: tokio::sync::Mutex<mpsc::Receiver<Fetched>>,
+    /// Blob buffers to fetch into, returned once a chunk is opened.
+    blobs: Mutex<Vec<Vec<u8>>>,
     skip_zero: bool,
     /// In order: the next chunk to write.
     next: Option<watch::Sender<usize>>,
@@ -150,12 +156,14 @@ pub async fn restore(
     let chunks = index.len();
     let workers = options.workers.clamp(1, 1024).min(chunks.max(1));
     progress.start(size, 0);
+    let (to_workers, fetched) = mpsc::channel(1);
     let shared = Arc::new(Shared {
         repo: repo.clone(),
         id: id.clone(),
         chunk_size: index.chunk_size() as usize,
         index,
-        cursor: AtomicUsize::new(0),
+        fetched: tokio::sync::Mutex::new(fetched),
+        blobs: Mutex::new(Vec::new()),
         skip_zero: target.is_zero(),
         next: in_order.then(|| watch::channel(0).0),
         max_write: (caps.block.maximum.max(SPARSE as u32) as usize) / SPARSE * SPARSE,
@@ -166,6 +174,15 @@ pub async fn restore(
     tracing::info!(backup = %id, target = %target.describe(), size, workers, in_order, "restore started");
 
     let mut set = JoinSet::new();
+    let fetcher = Arc::clone(&shared);
+    let fetches = workers * FETCHES_PER_WORKER;
+    set.spawn(async move {
+        let result = fetcher.fetch_all(fetches, in_order, to_workers).await;
+        if result.is_err() {
+            fetcher.stop.cancel();
+        }
+        result
+    });
     for w in 0..workers {
         let (shared, target) = (Arc::clone(&shared), Arc::clone(&target));
         set.spawn(async move {
@@ -220,62 +237,96 @@ pub async fn restore(
     })
 }
 
-/// A data chunk fetched from the repository, not yet opened.
-struct Fetched {
-    i: usize,
-    blob: Vec<u8>,
+/// A chunk from the fetch stage: a data chunk's blob, not yet opened, or a zero chunk.
+enum Fetched {
+    Data { i: usize, blob: Vec<u8> },
+    Zero { i: usize },
 }
 
 impl Shared {
-    /// One worker: while it opens and writes one data chunk, it fetches its next, so that
-    /// its GETs go on while it writes; it holds at most three chunk buffers (the blob it
-    /// opens, the plaintext it writes, the blob it fetches).
-    async fn work(&self, target: &dyn Target) -> Result<()> {
-        let mut buf: Option<IoBuf> = None;
-        let mut spare = Vec::new();
-        let mut ahead = self.fetch_next(target, Vec::new()).await?;
-        while let Some(fetched) = ahead.take() {
-            if self.stop.is_cancelled() {
-                return Err(Error::cancelled());
-            }
-            let data = buf.take().unwrap_or_else(|| IoBuf::new(self.chunk_size));
-            let (written, next) = tokio::join!(
-                self.write_fetched(target, fetched, data),
-                self.fetch_next(target, std::mem::take(&mut spare)),
-            );
-            let (data, blob) = written?;
-            buf = Some(data);
-            spare = blob;
-            ahead = next?;
+    /// The fetch stage: `fetches` chunks at once, handed to the workers in offset order, or
+    /// as they arrive when `in_order` is off. (In order, a chunk fetched late must not be
+    /// overtaken: the workers would all wait for their turn behind it.)
+    async fn fetch_all(
+        &self,
+        fetches: usize,
+        in_order: bool,
+        to_workers: mpsc::Sender<Fetched>,
+    ) -> Result<()> {
+        let chunks = stream::iter(0..self.index.len()).map(|i| self.fetch(i));
+        if in_order {
+            self.hand_out(chunks.buffered(fetches), to_workers).await
+        } else {
+            self.hand_out(chunks.buffer_unordered(fetches), to_workers)
+                .await
         }
-        Ok(())
     }
 
-    /// Takes chunks from the cursor, restoring zero chunks on the way, until a data chunk
-    /// comes up: fetches it into `blob`'s allocation. `None` when no chunk is left.
-    async fn fetch_next(&self, target: &dyn Target, blob: Vec<u8>) -> Result<Option<Fetched>> {
+    async fn hand_out(
+        &self,
+        chunks: impl Stream<Item = Result<Fetched>>,
+        to_workers: mpsc::Sender<Fetched>,
+    ) -> Result<()> {
+        let mut chunks = std::pin::pin!(chunks);
         loop {
+            let next = tokio::select! {
+                next = chunks.next() => next,
+                () = self.stop.cancelled() => return Err(Error::cancelled()),
+            };
+            let Some(fetched) = next.transpose()? else {
+                return Ok(());
+            };
+            tokio::select! {
+                sent = to_workers.send(fetched) => if sent.is_err() {
+                    return Err(Error::internal("the restore's workers went away"));
+                },
+                () = self.stop.cancelled() => return Err(Error::cancelled()),
+            }
+        }
+    }
+
+    /// Fetches chunk `i` into a pooled buffer (nothing for a zero chunk).
+    async fn fetch(&self, i: usize) -> Result<Fetched> {
+        let digest = self
+            .index
+            .digest(i)
+            .ok_or_else(|| Error::internal("a chunk number outside the index"))?;
+        if digest.is_zero() {
+            return Ok(Fetched::Zero { i });
+        }
+        let buf = self.blobs.lock().pop().unwrap_or_default();
+        let blob = self
+            .repo
+            .fetch_chunk_into(&digest, buf)
+            .await
+            .map_err(|e| self.located(i, &digest, e))?;
+        Ok(Fetched::Data { i, blob })
+    }
+
+    /// One worker: opens and writes the chunks the fetch stage hands out, until it ends.
+    async fn work(&self, target: &dyn Target) -> Result<()> {
+        let mut buf: Option<IoBuf> = None;
+        loop {
+            let next = self.fetched.lock().await.recv().await;
             if self.stop.is_cancelled() {
                 return Err(Error::cancelled());
             }
-            let i = self.cursor.fetch_add(1, Ordering::Relaxed);
-            let Some(digest) = self.index.digest(i) else {
-                return Ok(None);
-            };
-            if digest.is_zero() {
-                let (offset, len) = self.index.chunk_range(i);
-                self.turn(i).await?;
-                self.zeroes_at(target, offset, len).await?;
-                self.done(i);
-                self.hash.lock().add(i, ChunkBlocks::Zero);
-                continue;
+            match next {
+                None => return Ok(()),
+                Some(Fetched::Zero { i }) => {
+                    let (offset, len) = self.index.chunk_range(i);
+                    self.turn(i).await?;
+                    self.zeroes_at(target, offset, len).await?;
+                    self.done(i);
+                    self.hash.lock().add(i, ChunkBlocks::Zero);
+                }
+                Some(Fetched::Data { i, blob }) => {
+                    let data = buf.take().unwrap_or_else(|| IoBuf::new(self.chunk_size));
+                    let (data, blob) = self.write_fetched(target, i, blob, data).await?;
+                    buf = Some(data);
+                    self.blobs.lock().push(blob);
+                }
             }
-            let blob = self
-                .repo
-                .fetch_chunk_into(&digest, blob)
-                .await
-                .map_err(|e| self.located(i, &digest, e))?;
-            return Ok(Some(Fetched { i, blob }));
         }
     }
 
@@ -284,7 +335,8 @@ impl Shared {
     async fn write_fetched(
         &self,
         target: &dyn Target,
-        Fetched { i, blob }: Fetched,
+        i: usize,
+        blob: Vec<u8>,
         mut data: IoBuf,
     ) -> Result<(IoBuf, Vec<u8>)> {
         let (offset, len) = self.index.chunk_range(i);

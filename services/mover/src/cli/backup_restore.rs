@@ -44,7 +44,7 @@ pub struct RestoreArgs {
     #[arg(value_name = "DST")]
     pub target: String,
     #[arg(long, value_name = "N", value_parser = args::count,
-          help = format!("Chunks in flight at once [default: {}]", ferry_image_backup::DEFAULT_WORKERS))]
+          help = format!("Chunks opened and written at once, with twice as many fetched [default: {}]", ferry_image_backup::DEFAULT_WORKERS))]
     pub workers: Option<usize>,
     /// Write order.
     #[arg(long, value_enum, default_value_t = Order::Auto)]

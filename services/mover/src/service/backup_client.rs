@@ -200,7 +200,7 @@ pub struct RestoreJobArgs {
     /// Image to write on the server (a missing file is created with the image's size).
     #[arg(value_name = "DST")]
     pub dst: String,
-    /// Chunks in flight at once.
+    /// Chunks opened and written at once (twice as many are fetched).
     #[arg(long)]
     pub workers: Option<u32>,
     #[arg(long, value_enum)]
