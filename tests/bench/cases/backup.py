@@ -31,8 +31,9 @@ QEMU_INSTALL = "apt-get install -y qemu-utils"
 PASSWORD = "ferry-bench-backup-passphrase"
 WORKERS = 8
 CHUNK = 4 * MiB
-# Per worker: the read buffer, the encoded copy being stored (restore: blob, plaintext and
-# write buffer), so at most 3 chunks; plus 64 MiB for the runtime, the SDK and the index.
+# Per worker: the read buffer and the encoded copy being stored (restore: the plaintext
+# buffer, the blob being opened and two being fetched, blobs being compressed chunks), so
+# 3 chunks' worth; plus 64 MiB for the runtime, the SDK and the index.
 RSS_LIMIT_MIB = 64 + 3 * WORKERS * CHUNK // MiB
 CHANGED = 0.01
 
