@@ -52,8 +52,8 @@ impl ObjectStore for CountingStore {
         self.inner.put(name, data, mode).await
     }
 
-    async fn get(&self, name: &str, max_len: u64) -> Result<Option<Vec<u8>>> {
-        self.inner.get(name, max_len).await
+    async fn get_into(&self, name: &str, max_len: u64, buf: Vec<u8>) -> Result<Option<Vec<u8>>> {
+        self.inner.get_into(name, max_len, buf).await
     }
 
     async fn get_versioned(&self, name: &str, max_len: u64) -> Result<Option<(Vec<u8>, Version)>> {
@@ -431,74 +431,37 @@ async fn restore_refuses_a_target_smaller_than_the_image() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_corrupt_chunk_is_detected_at_restore_naming_chunk_and_backup() {
+/// Backs a random image of `chunks` chunks up into a directory repository, lets `damage`
+/// do its worst to the stored file of chunk `which`, and requires a restore in each of
+/// `orders` to fail with `kind`, naming the chunk and the backup.
+async fn restore_fails_on_a_damaged_chunk(
+    chunks: u64,
+    which: usize,
+    damage: impl Fn(&Path),
+    kind: ErrorKind,
+    orders: &[RestoreOrder],
+) {
     let backend = Backend::local().await;
     let repo = backend.init(None).await;
     let scratch = scratch_dir();
     let img = images::make(
         &scratch.path().join("disk.img"),
         Pattern::Random,
-        8 * u64::from(CHUNK),
+        chunks * u64::from(CHUNK),
         2,
     )
     .unwrap();
     let report = back_up_file(&repo, &img.path).await;
     let index = repo.load_index(&report.manifest).await.unwrap();
-    let digest = index.digest(3).unwrap();
-    let file = backend.files.join(digest.chunk_name());
-    let mut bytes = std::fs::read(&file).unwrap();
-    let at = bytes.len() - 10;
-    bytes[at] ^= 0x40;
-    std::fs::write(&file, bytes).unwrap();
-
-    let out = scratch.path().join("back.img");
-    let err = restore_to(
-        &repo,
-        &report.manifest.id,
-        &out,
-        img.size,
-        RestoreOrder::Auto,
-    )
-    .await
-    .unwrap_err();
-    let text = err.to_string();
-    assert_eq!(err.kind(), ErrorKind::Corrupt, "{text}");
-    assert!(
-        text.contains(&digest.to_string()),
-        "names the chunk: {text}"
-    );
-    assert!(
-        text.contains(report.manifest.id.as_str()),
-        "names the backup: {text}"
-    );
-}
-
-/// A chunk missing from the store fails the restore in either order (the fetch stage's
-/// error reaches the caller; nothing waits forever), naming the chunk and the backup.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_missing_chunk_fails_the_restore_in_either_order() {
-    let backend = Backend::local().await;
-    let repo = backend.init(None).await;
-    let scratch = scratch_dir();
-    let img = images::make(
-        &scratch.path().join("disk.img"),
-        Pattern::Random,
-        40 * u64::from(CHUNK),
-        4,
-    )
-    .unwrap();
-    let report = back_up_file(&repo, &img.path).await;
-    let index = repo.load_index(&report.manifest).await.unwrap();
-    let digest = index.digest(5).unwrap();
-    std::fs::remove_file(backend.files.join(digest.chunk_name())).unwrap();
-    for order in [RestoreOrder::InOrder, RestoreOrder::OutOfOrder] {
+    let digest = index.digest(which).unwrap();
+    damage(&backend.files.join(digest.chunk_name()));
+    for &order in orders {
         let out = scratch.path().join(format!("back-{order:?}.img"));
         let err = restore_to(&repo, &report.manifest.id, &out, img.size, order)
             .await
             .unwrap_err();
         let text = err.to_string();
-        assert_eq!(err.kind(), ErrorKind::NotFound, "{order:?}: {text}");
+        assert_eq!(err.kind(), kind, "{order:?}: {text}");
         assert!(
             text.contains(&digest.to_string()),
             "names the chunk: {text}"
@@ -508,6 +471,32 @@ async fn a_missing_chunk_fails_the_restore_in_either_order() {
             "names the backup: {text}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_chunk_is_detected_at_restore_naming_chunk_and_backup() {
+    let flip = |file: &Path| {
+        let mut bytes = std::fs::read(file).unwrap();
+        let at = bytes.len() - 10;
+        bytes[at] ^= 0x40;
+        std::fs::write(file, bytes).unwrap();
+    };
+    restore_fails_on_a_damaged_chunk(8, 3, flip, ErrorKind::Corrupt, &[RestoreOrder::Auto]).await;
+}
+
+/// A chunk missing from the store fails the restore in either order (the fetch stage's
+/// error reaches the caller; nothing waits forever), naming the chunk and the backup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_chunk_fails_the_restore_in_either_order() {
+    let remove = |file: &Path| std::fs::remove_file(file).unwrap();
+    restore_fails_on_a_damaged_chunk(
+        40,
+        5,
+        remove,
+        ErrorKind::NotFound,
+        &[RestoreOrder::InOrder, RestoreOrder::OutOfOrder],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -52,7 +52,7 @@
 //! ignored (and their records removed). A grace period of zero is allowed: running
 //! sessions are still protected by the rule above.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -71,6 +71,7 @@ use crate::manifest::BackupId;
 use crate::repository::Repository;
 use crate::session::{SessionRecord, MAX_SESSION_LEN};
 use crate::store::{ObjectStore, Put, PutMode, Version};
+use crate::verify;
 
 const LEASE: &str = "locks/gc";
 const LAST: &str = "locks/gc-last";
@@ -598,12 +599,7 @@ impl Repository {
         report.cutoff = Some(DateTime::<Utc>::from(cutoff));
 
         // Sweep.
-        let bad: BTreeSet<Digest> = store
-            .list("bad/")
-            .await?
-            .into_iter()
-            .filter_map(|m| m.name.strip_prefix("bad/").and_then(|h| h.parse().ok()))
-            .collect();
+        let bad = verify::bad_chunks(store.as_ref()).await?;
         let mut doomed = Vec::new();
         let mut stored = HashSet::new();
         for meta in store.list("chunks/").await? {

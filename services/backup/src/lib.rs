@@ -36,7 +36,7 @@
 //! sessions/<backup id>.json   running backup sessions (start time, parent, heartbeat) for GC safety
 //! locks/gc                    the GC lease (holder, start, expiry)
 //! locks/gc-last               when the last GC ran, and its report
-//! bad/<64 hex>                chunks verify found damaged: stored again by the next backup
+//! bad/<64 hex>                chunks verify found missing or damaged: stored again by the next backup
 //! ```
 //! - Chunks are fixed-size (a power of two from 64 KiB to 64 MiB, default 4 MiB, fixed per
 //!   repository); the last chunk of an image may be short.

@@ -28,6 +28,7 @@ use crate::index::FixedIndex;
 use crate::manifest::{now, BackupId, Manifest, SnapshotInfo};
 use crate::repository::Repository;
 use crate::store::{ObjectStore, PutMode};
+use crate::verify;
 
 /// How many store requests a session's checks run at once.
 const PARALLEL_CHECKS: usize = 16;
@@ -227,16 +228,7 @@ impl Repository {
             store.put(&name, body.clone(), PutMode::Overwrite).await?;
             Ok::<_, Error>((started, body))
         };
-        let bad = async {
-            Ok::<HashSet<Digest>, Error>(
-                store
-                    .list("bad/")
-                    .await?
-                    .into_iter()
-                    .filter_map(|m| m.name.strip_prefix("bad/").and_then(|h| h.parse().ok()))
-                    .collect(),
-            )
-        };
+        let bad = verify::bad_chunks(store.as_ref());
         let parent_kept = async {
             match parent {
                 Some((id, _)) => Ok(store.head(&id.index_name()).await?.is_some()),
@@ -331,7 +323,7 @@ impl Session {
     pub async fn put_chunk(&self, data: &[u8]) -> Result<ChunkPut> {
         self.check_len(data.len())?;
         let digest = self.repo.chunk_digest(data);
-        if let Some(put) = self.stored(&digest).await? {
+        if let Some(put) = self.lookup(&digest).await? {
             return Ok(put);
         }
         let blob = self.repo.encode_chunk(data)?;
@@ -351,13 +343,6 @@ impl Session {
             Some(put) => Ok((put, data)),
             None => self.store_hashed_chunk(digest, data).await,
         }
-    }
-
-    /// The first half of [`Session::put_hashed_chunk`], for a caller that prepares the
-    /// chunk's data only when it must be stored: `Some` when a chunk with this digest
-    /// needs no upload (all zeroes, or stored already, and then recorded as reused).
-    pub async fn lookup(&self, digest: &Digest) -> Result<Option<ChunkPut>> {
-        self.stored(digest).await
     }
 
     /// The second half of [`Session::put_hashed_chunk`]: encodes and uploads a chunk that
@@ -385,8 +370,10 @@ impl Session {
         Ok(())
     }
 
-    /// What becomes of a chunk that needs no upload (zero, or stored already), or `None`.
-    async fn stored(&self, digest: &Digest) -> Result<Option<ChunkPut>> {
+    /// The first half of [`Session::put_hashed_chunk`], for a caller that prepares the
+    /// chunk's data only when it must be stored: `Some` when a chunk with this digest
+    /// needs no upload (all zeroes, or stored already, and then recorded as reused).
+    pub async fn lookup(&self, digest: &Digest) -> Result<Option<ChunkPut>> {
         let outcome = if digest.is_zero() {
             ChunkOutcome::Zero
         } else if self.known(digest)

@@ -6,7 +6,7 @@
 //! trusting their parent's index (which repairs the backups that reference it, since the
 //! name stays the same).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use bytes::Bytes;
 use chrono::Utc;
@@ -17,7 +17,17 @@ use serde::{Deserialize, Serialize};
 use crate::digest::Digest;
 use crate::manifest::BackupId;
 use crate::repository::Repository;
-use crate::store::PutMode;
+use crate::store::{ObjectStore, PutMode};
+
+/// The chunks marked missing or damaged (`bad/<digest>` records).
+pub(crate) async fn bad_chunks(store: &dyn ObjectStore) -> Result<HashSet<Digest>> {
+    Ok(store
+        .list("bad/")
+        .await?
+        .into_iter()
+        .filter_map(|m| m.name.strip_prefix("bad/").and_then(|h| h.parse().ok()))
+        .collect())
+}
 
 /// What to verify.
 #[derive(Debug, Clone)]

@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_backup::{
-    block_digests_known_zero, BackupId, Digest, FixedIndex, Manifest, Repository, Session,
-    SessionOptions, SnapshotInfo,
+    block_digests_known_zero, BackupId, ChunkPut, Digest, FixedIndex, Manifest, Repository,
+    Session, SessionOptions, SnapshotInfo,
 };
 use ferry_core::{Error, ErrorKind, Extent, ExtentKind, IoBuf, Result, Source};
 use ferry_engine::blkhash::Hash;
@@ -377,15 +377,10 @@ impl Shared {
             })
             .await
             .map_err(|_| Error::internal("a hashing thread panicked"))?;
-            let stored = match self.session.lookup(&digest).await {
-                Ok(Some(put)) => Ok((put, data)),
-                Ok(None) => {
-                    let data = fill_holes(data, &holes);
-                    self.session.store_hashed_chunk(digest, data).await
-                }
-                Err(e) => Err(e),
-            };
-            let (put, data) = stored.map_err(|e| e.at("store chunk", offset))?;
+            let (put, data) = self
+                .store(digest, data, &holes)
+                .await
+                .map_err(|e| e.at("store chunk", offset))?;
             buf = Some(data);
             self.progress.add_data(len);
             let blocks = if put.digest.is_zero() {
@@ -394,6 +389,24 @@ impl Shared {
                 ChunkBlocks::Data(digests)
             };
             self.record(i, put.digest, blocks)?;
+        }
+    }
+
+    /// Stores a hashed chunk unless the repository has it, zeroing its unfilled holes
+    /// only when it must be stored.
+    async fn store(
+        &self,
+        digest: Digest,
+        data: IoBuf,
+        holes: &[bool],
+    ) -> Result<(ChunkPut, IoBuf)> {
+        match self.session.lookup(&digest).await? {
+            Some(put) => Ok((put, data)),
+            None => {
+                self.session
+                    .store_hashed_chunk(digest, fill_holes(data, holes))
+                    .await
+            }
         }
     }
 
@@ -507,12 +520,10 @@ const BLOCK: u64 = ferry_engine::blkhash::BLOCK_SIZE as u64;
 
 /// Zeroes the blocks [`Shared::read_chunk`] left unfilled, before a chunk is stored.
 fn fill_holes(mut buf: IoBuf, holes: &[bool]) -> IoBuf {
-    let len = buf.len();
+    let block = BLOCK as usize;
     for (i, _) in holes.iter().enumerate().filter(|(_, hole)| **hole) {
-        let start = i * BLOCK as usize;
-        buf[start..start + BLOCK as usize].fill(0);
+        buf[i * block..(i + 1) * block].fill(0);
     }
-    debug_assert_eq!(buf.len(), len);
     buf
 }
 

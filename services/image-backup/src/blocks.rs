@@ -93,13 +93,18 @@ fn corrupt(id: &BackupId, message: impl std::fmt::Display) -> Error {
     )
 }
 
+/// The serialized length of one data chunk's entry: its digest and its block digests.
+fn entry_len(chunk_len: u64) -> usize {
+    32 + 32 * blocks_in(chunk_len)
+}
+
 /// The serialized length for `index`: what loading expects, exactly.
 fn serialized_len(index: &FixedIndex) -> usize {
     let mut len = HEAD_LEN + 32;
     for (i, d) in index.digests().iter().enumerate() {
         if !d.is_zero() {
             let (_, chunk_len) = index.chunk_range(i);
-            len += 32 + 32 * blocks_in(chunk_len);
+            len += entry_len(chunk_len);
         }
     }
     len
@@ -274,7 +279,7 @@ pub async fn fetch(repo: &Repository, manifest: &Manifest) -> Result<Option<Vec<
     let chunk = u64::from(manifest.chunk_size.max(1));
     let chunks = manifest.image_size.div_ceil(chunk).min(MAX_INDEX_ENTRIES) as usize;
     // Every chunk holding data, zstd's worst case on incompressible input, the envelope.
-    let expected = HEAD_LEN + 32 + chunks * (32 + 32 * blocks_in(chunk));
+    let expected = HEAD_LEN + 32 + chunks * entry_len(chunk);
     let max_len = (expected + expected / 64 + 1024 + ENVELOPE_LEN + NONCE_LEN + TAG_LEN) as u64;
     repo.store().get(&object_name(&manifest.id), max_len).await
 }

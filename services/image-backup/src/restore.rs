@@ -239,8 +239,14 @@ pub async fn restore(
 
 /// A chunk from the fetch stage: a data chunk's blob, not yet opened, or a zero chunk.
 enum Fetched {
-    Data { i: usize, blob: Vec<u8> },
-    Zero { i: usize },
+    Data {
+        i: usize,
+        digest: Digest,
+        blob: Vec<u8>,
+    },
+    Zero {
+        i: usize,
+    },
 }
 
 impl Shared {
@@ -300,7 +306,7 @@ impl Shared {
             .fetch_chunk_into(&digest, buf)
             .await
             .map_err(|e| self.located(i, &digest, e))?;
-        Ok(Fetched::Data { i, blob })
+        Ok(Fetched::Data { i, digest, blob })
     }
 
     /// One worker: opens and writes the chunks the fetch stage hands out, until it ends.
@@ -320,9 +326,9 @@ impl Shared {
                     self.done(i);
                     self.hash.lock().add(i, ChunkBlocks::Zero);
                 }
-                Some(Fetched::Data { i, blob }) => {
+                Some(Fetched::Data { i, digest, blob }) => {
                     let data = buf.take().unwrap_or_else(|| IoBuf::new(self.chunk_size));
-                    let (data, blob) = self.write_fetched(target, i, blob, data).await?;
+                    let (data, blob) = self.write_fetched(target, i, digest, blob, data).await?;
                     buf = Some(data);
                     self.blobs.lock().push(blob);
                 }
@@ -336,14 +342,11 @@ impl Shared {
         &self,
         target: &dyn Target,
         i: usize,
+        digest: Digest,
         blob: Vec<u8>,
         mut data: IoBuf,
     ) -> Result<(IoBuf, Vec<u8>)> {
         let (offset, len) = self.index.chunk_range(i);
-        let digest = self
-            .index
-            .digest(i)
-            .ok_or_else(|| Error::internal("a fetched chunk is outside the index"))?;
         let repo = self.repo.clone();
         let opened = tokio::task::spawn_blocking(move || {
             data.set_len(data.capacity());

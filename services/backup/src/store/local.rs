@@ -332,10 +332,6 @@ impl ObjectStore for LocalStore {
         self.blocking(sync_file_system).await
     }
 
-    async fn get(&self, name: &str, max_len: u64) -> Result<Option<Vec<u8>>> {
-        self.get_into(name, max_len, Vec::new()).await
-    }
-
     async fn get_into(&self, name: &str, max_len: u64, buf: Vec<u8>) -> Result<Option<Vec<u8>>> {
         let path = self.path_of(name)?;
         let (name, location) = (name.to_string(), self.location());

@@ -92,15 +92,14 @@ pub trait ObjectStore: Send + Sync + fmt::Debug {
 
     /// Reads a whole object, or `None` if it does not exist. Objects larger than
     /// `max_len` are refused (kind Corrupt) without reading them into memory.
-    async fn get(&self, name: &str, max_len: u64) -> Result<Option<Vec<u8>>>;
+    async fn get(&self, name: &str, max_len: u64) -> Result<Option<Vec<u8>>> {
+        self.get_into(name, max_len, Vec::new()).await
+    }
 
     /// [`ObjectStore::get`] into the allocation of `buf` (its content is replaced), so
     /// that a caller reading many objects reuses one buffer instead of mapping and
-    /// faulting in fresh memory for each. The default reads into a new buffer.
-    async fn get_into(&self, name: &str, max_len: u64, buf: Vec<u8>) -> Result<Option<Vec<u8>>> {
-        drop(buf);
-        self.get(name, max_len).await
-    }
+    /// faulting in fresh memory for each.
+    async fn get_into(&self, name: &str, max_len: u64, buf: Vec<u8>) -> Result<Option<Vec<u8>>>;
 
     /// Like [`ObjectStore::get`], with the version to hand to [`PutMode::ReplaceIf`].
     async fn get_versioned(&self, name: &str, max_len: u64) -> Result<Option<(Vec<u8>, Version)>>;
@@ -125,10 +124,7 @@ pub(crate) async fn get_required(
     name: &str,
     max_len: u64,
 ) -> Result<Vec<u8>> {
-    store
-        .get(name, max_len)
-        .await?
-        .ok_or_else(|| missing(store, name))
+    get_required_into(store, name, max_len, Vec::new()).await
 }
 
 /// [`get_required`] into `buf`'s allocation ([`ObjectStore::get_into`]).
@@ -138,20 +134,15 @@ pub(crate) async fn get_required_into(
     max_len: u64,
     buf: Vec<u8>,
 ) -> Result<Vec<u8>> {
-    store
-        .get_into(name, max_len, buf)
-        .await?
-        .ok_or_else(|| missing(store, name))
-}
-
-fn missing(store: &dyn ObjectStore, name: &str) -> Error {
-    Error::new(
-        ErrorKind::NotFound,
-        format!(
-            "{name} is missing from the repository at {}",
-            store.location()
-        ),
-    )
+    store.get_into(name, max_len, buf).await?.ok_or_else(|| {
+        Error::new(
+            ErrorKind::NotFound,
+            format!(
+                "{name} is missing from the repository at {}",
+                store.location()
+            ),
+        )
+    })
 }
 
 /// Checks a name against the rules above, so that no name can leave the store's root.

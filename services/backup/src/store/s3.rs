@@ -213,10 +213,6 @@ impl ObjectStore for S3Store {
         }
     }
 
-    async fn get(&self, name: &str, max_len: u64) -> Result<Option<Vec<u8>>> {
-        self.get_into(name, max_len, Vec::new()).await
-    }
-
     async fn get_into(&self, name: &str, max_len: u64, buf: Vec<u8>) -> Result<Option<Vec<u8>>> {
         Ok(self.read(name, max_len, buf).await?.map(|(data, _)| data))
     }
