@@ -192,13 +192,15 @@ fn directory_repository_lifecycle() {
         "the first backup's version of the changed chunk: {gc}"
     );
     assert_eq!(count_files(&repo.join("chunks")), chunks_before - 1);
-    // What is left still restores.
+    // What is left still restores, here with direct I/O.
     let again = dir.path().join("again.img");
     ferry
         .run([
             "backup",
             "restore",
             "--no-progress",
+            "--cache",
+            "none",
             s(&repo),
             id2,
             s(&again),

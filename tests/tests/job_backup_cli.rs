@@ -230,7 +230,14 @@ fn backup_list_restore_verify_prune_and_gc_through_ferry_job() {
     assert_eq!(verified["result"]["ok"], true, "{verified}");
     let dst = srv.root.join("after-gc.img");
     srv.watched(&args_with(
-        &["restore", repo, second_id.as_str(), dst.to_str().unwrap()],
+        &[
+            "restore",
+            repo,
+            second_id.as_str(),
+            dst.to_str().unwrap(),
+            "--cache",
+            "none",
+        ],
         &key,
     ));
     qemu_img_compare(&src, &dst);

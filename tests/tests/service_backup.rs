@@ -869,6 +869,15 @@ async fn bad_backup_requests_are_refused_with_the_reason() {
     );
     assert_eq!(c, Code::InvalidArgument);
     assert!(m.contains("snapshot_id"), "{m}");
+    let mut req = restore_req(
+        repo.clone(),
+        "20261202T101500Z-0a1b2c3d",
+        &e.root.join("x.img"),
+    );
+    req.cache = 7;
+    let (c, m) = code(e.jobs.start_restore(req).await);
+    assert_eq!(c, Code::InvalidArgument);
+    assert!(m.contains("cache mode 7"), "{m}");
 
     // A missing repository: the job fails saying so; the service calls are NOT_FOUND.
     let job = finished(

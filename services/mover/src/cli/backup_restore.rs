@@ -20,6 +20,7 @@ use super::args::{self, ProgressArgs};
 use super::backup::{backup_id, open_repository};
 use super::summary::rate;
 use super::{cancel_on_ctrl_c, interrupted, progress};
+use crate::options::Cache;
 
 /// The order of writes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
@@ -49,6 +50,9 @@ pub struct RestoreArgs {
     /// Write order.
     #[arg(long, value_enum, default_value_t = Order::Auto)]
     pub order: Order,
+    /// writeback: through the page cache; none: direct I/O (O_DIRECT).
+    #[arg(long, value_enum, default_value_t = Cache::Writeback)]
+    pub cache: Cache,
     #[command(flatten)]
     pub progress: ProgressArgs,
     /// Print one JSON object summarising the restore on stdout.
@@ -97,7 +101,9 @@ pub async fn run(args: RestoreArgs) -> anyhow::Result<ExitCode> {
         .load_manifest(&args.id)
         .await
         .map_err(|e| super::failed(e, &format!("cannot read backup {}", args.id)))?;
-    let target = open_target(&spec, manifest.image_size, &TargetOptions::default())
+    let mut target_options = TargetOptions::default();
+    target_options.cache = args.cache.into();
+    let target = open_target(&spec, manifest.image_size, &target_options)
         .await
         .map_err(|e| super::named(e, &target_name, "cannot open the target"))?;
     let mut options = RestoreOptions::new().with_order(match args.order {

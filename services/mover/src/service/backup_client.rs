@@ -14,7 +14,7 @@ use tonic::transport::Channel;
 use super::client::{parse_label, status_error, ServerArgs};
 use super::proto::{self, backup_service_client::BackupServiceClient};
 use super::security::BearerToken;
-use crate::options::Order;
+use crate::options::{Cache, Order};
 
 /// Where the repository is and how the server opens it.
 #[derive(Debug, Clone, Args)]
@@ -208,6 +208,9 @@ pub struct RestoreJobArgs {
     /// Do not check the restored image's block hash against the backup's.
     #[arg(long)]
     pub skip_verify: bool,
+    /// writeback: through the page cache; none: direct I/O (O_DIRECT).
+    #[arg(long, value_enum, default_value_t = Cache::Writeback)]
+    pub cache: Cache,
     #[command(flatten)]
     pub meta: JobMeta,
 }
@@ -300,6 +303,7 @@ pub async fn start_restore(
         labels: a.meta.labels.iter().cloned().collect(),
         priority: a.meta.priority,
         refuse_if_target_busy: false,
+        cache: proto::CacheMode::from(ferry_endpoints::CacheMode::from(a.cache)) as i32,
     };
     Ok(client
         .start_restore(req)

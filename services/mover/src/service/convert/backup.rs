@@ -54,6 +54,7 @@ pub struct RestoreSpec {
     pub workers: usize,
     pub order: RestoreOrder,
     pub verify: bool,
+    pub cache: ferry_endpoints::CacheMode,
 }
 
 /// A repository verify.
@@ -263,6 +264,7 @@ impl RestoreSpec {
             workers: workers("workers", req.workers)?,
             order,
             verify: !req.skip_verify,
+            cache: options::cache_mode(req.cache)?,
         })
     }
 }

@@ -143,6 +143,7 @@ pub(super) async fn restore(
     let kind = kind_label(tgt_spec.kind());
     let mut options = TargetOptions::default();
     options.s3 = settings.s3;
+    options.cache = spec.cache;
     let target = inner
         .opener
         .open_target(&tgt_spec, manifest.image_size, &options)
