@@ -128,6 +128,10 @@ pub(crate) fn open_source(path: &Path, cache: CacheMode) -> Result<FileHandle> {
         CacheMode::PageCache => None,
         CacheMode::Direct => Some(open_direct(path, false, kind, &describe)?),
     };
+    if direct.is_none() && has_holes(&file, kind, size) {
+        // Best effort: without it, reads are only slower.
+        let _ = sys::fadvise_random(&file);
+    }
     Ok(FileHandle {
         describe,
         zero_granularity: zero_granularity(&file, kind),
@@ -137,6 +141,18 @@ pub(crate) fn open_source(path: &Path, cache: CacheMode) -> Result<FileHandle> {
         size,
         unsupported: Unsupported::default(),
     })
+}
+
+/// Whether a regular file has a hole before its end.
+///
+/// Readers skip holes and read data in large requests from several workers, so the
+/// kernel's readahead adds nothing to them except, at the end of every data extent, reading
+/// on into the hole after it: page-cache pages filled with zeroes that nobody asked for.
+/// On a cold 4 GiB image with 1 MiB data runs that zeroing was half of a backup's CPU time,
+/// so readahead is turned off for sparse files (a file system that cannot find holes
+/// reports none, and keeps it).
+fn has_holes(file: &File, kind: Kind, size: u64) -> bool {
+    kind == Kind::Regular && matches!(sys::seek_hole(file, 0), Ok(Some(hole)) if hole < size)
 }
 
 /// Opens an existing file or block device, or creates a file of `needed` bytes, for writing.
@@ -258,4 +274,34 @@ fn finish_target(
         created,
         zeroed,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn only_a_file_with_a_hole_before_its_end_has_holes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        file.write_all_at(&[1u8; 1 << 20], 0).unwrap();
+        assert!(!has_holes(&file, Kind::Regular, 1 << 20), "all data");
+        file.set_len(4 << 20).unwrap();
+        assert!(
+            has_holes(&file, Kind::Regular, 4 << 20),
+            "3 MiB hole at the end"
+        );
+        assert!(
+            !has_holes(&file, Kind::BlockDevice, 4 << 20),
+            "devices have none"
+        );
+    }
 }

@@ -206,10 +206,19 @@ pub(crate) fn sync_file_range(
 
 /// `posix_fadvise(fd, offset, len, POSIX_FADV_DONTNEED)`: drop clean cached pages.
 pub(crate) fn fadvise_dontneed(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    fadvise(file, offset, len, libc::POSIX_FADV_DONTNEED)
+}
+
+/// `posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM)`: no readahead on this open file.
+pub(crate) fn fadvise_random(file: &File) -> io::Result<()> {
+    fadvise(file, 0, 0, libc::POSIX_FADV_RANDOM)
+}
+
+fn fadvise(file: &File, offset: u64, len: u64, advice: libc::c_int) -> io::Result<()> {
     let (off, len) = (to_off(offset)?, to_off(len)?);
     // SAFETY: plain syscall on a valid descriptor with integer arguments; posix_fadvise
     // returns the error number instead of setting errno.
-    match unsafe { libc::posix_fadvise(file.as_raw_fd(), off, len, libc::POSIX_FADV_DONTNEED) } {
+    match unsafe { libc::posix_fadvise(file.as_raw_fd(), off, len, advice) } {
         0 => Ok(()),
         err => Err(io::Error::from_raw_os_error(err)),
     }
