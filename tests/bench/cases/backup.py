@@ -201,6 +201,12 @@ def full_case(env, where, image, key):
     )
 
 
+def settle():
+    """Writes back what the untimed preparation left dirty (the repositories, a working
+    copy), so that its writeback does not run inside the timed commands."""
+    os.sync()
+
+
 def restore_case(env, where, image):
     name = f"backup-restore-{where.kind}-half-4g"
     ids = {}
@@ -215,6 +221,7 @@ def restore_case(env, where, image):
         if which("restic"):
             restic_init(where, "restic")
             run(["restic", "-r", where.restic("restic"), "backup", "--quiet", image.path])
+        settle()
 
     def remove():
         if target.exists():
@@ -271,6 +278,7 @@ def incremental_case(env, where, image):
         if which("restic"):
             restic_init(where, "restic")
             run(["restic", "-r", where.restic("restic"), "backup", "--quiet", work])
+        settle()
 
     @contextlib.contextmanager
     def context():
