@@ -45,6 +45,12 @@ impl From<Cache> for CacheMode {
     }
 }
 
+impl From<Cache> for proto::CacheMode {
+    fn from(cache: Cache) -> Self {
+        CacheMode::from(cache).into()
+    }
+}
+
 impl From<CacheMode> for proto::CacheMode {
     fn from(cache: CacheMode) -> Self {
         match cache {

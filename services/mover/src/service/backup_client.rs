@@ -208,9 +208,8 @@ pub struct RestoreJobArgs {
     /// Do not check the restored image's block hash against the backup's.
     #[arg(long)]
     pub skip_verify: bool,
-    /// writeback: through the page cache; none: direct I/O (O_DIRECT).
-    #[arg(long, value_enum, default_value_t = Cache::Writeback)]
-    pub cache: Cache,
+    #[arg(long, value_enum)]
+    pub cache: Option<Cache>,
     #[command(flatten)]
     pub meta: JobMeta,
 }
@@ -303,7 +302,7 @@ pub async fn start_restore(
         labels: a.meta.labels.iter().cloned().collect(),
         priority: a.meta.priority,
         refuse_if_target_busy: false,
-        cache: proto::CacheMode::from(ferry_endpoints::CacheMode::from(a.cache)) as i32,
+        cache: proto::CacheMode::from(a.cache.unwrap_or_default()) as i32,
     };
     Ok(client
         .start_restore(req)

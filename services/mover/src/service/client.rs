@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use clap::{Args, Subcommand, ValueEnum};
 use ferry_core::size::{format_size, parse_size};
 use ferry_core::Secret;
-use ferry_endpoints::{CacheMode, Preallocation};
+use ferry_endpoints::Preallocation;
 use ferry_engine::{CommitOrder, HashAlgorithm};
 use indicatif::{ProgressBar, ProgressStyle};
 use tonic::codegen::InterceptedService;
@@ -529,7 +529,7 @@ async fn list(client: &mut Client, l: &ListArgs, json: bool) -> anyhow::Result<(
 }
 
 fn cache(c: Option<Cache>) -> i32 {
-    proto::CacheMode::from(CacheMode::from(c.unwrap_or_default())) as i32
+    proto::CacheMode::from(c.unwrap_or_default()) as i32
 }
 
 impl From<StateArg> for JobState {
