@@ -283,6 +283,10 @@ async fn second_backup_uploads_only_changed_chunks(backend: Backend) {
     );
     assert_eq!(second.manifest.chunks_new, 4);
     assert_eq!(second.manifest.chunks_reused, 396);
+    assert_eq!(
+        second.chunks_unchanged, 396,
+        "the unchanged chunks are told by their change digests"
+    );
     assert_eq!(second.manifest.parent.as_ref(), Some(&first.manifest.id));
     assert!(second.full_reason.is_none());
     assert_eq!(second.manifest.block_hash, Some(blkhash_file(&img.path)));
@@ -389,7 +393,7 @@ async fn encrypted_round_trip_and_wrong_or_missing_key() {
             .join(ferry_image_backup::blocks::object_name(&report.manifest.id)),
     )
     .unwrap();
-    assert!(!stored.windows(8).any(|w| w == b"FRYBDIG1"));
+    assert!(!stored.windows(8).any(|w| w == b"FRYBDIG2"));
 
     let wrong = Repository::open(Arc::clone(&store), Some(&Secret::new("wrong")))
         .await

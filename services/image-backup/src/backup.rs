@@ -7,8 +7,8 @@
 //! without a read; else the data extents are read into the worker's buffer (zero extents
 //! filled with zeroes), the block digests computed on a blocking thread, and the chunk
 //! handed to the session, which uploads it only if the repository lacks it. A chunk
-//! whose block digests all equal the parent's is the parent's chunk: its digest is taken
-//! from the parent's index instead of hashing the chunk a second time.
+//! whose change digest ([`crate::change`]) equals the parent's is the parent's chunk: it
+//! takes the parent's digest and block digests without being hashed with SHA-256.
 //!
 //! Write order: chunks, then the block digests, then (in [`Session::finish`]) the index
 //! and the manifest, so an interrupted backup is never listed. Running it again uploads
@@ -30,6 +30,7 @@ use parking_lot::Mutex;
 use tokio::task::JoinSet;
 
 use crate::blocks::{self, BlockDigests};
+use crate::change::{zero_blocks, ChangeDigest};
 use crate::changed::ChangedRanges;
 use crate::hash::{blocks_in, ChunkBlocks, OrderedHash};
 use crate::parent::{self, Chosen, Parent, ParentChoice};
@@ -106,6 +107,9 @@ pub struct BackupReport {
     pub chunks_read: u64,
     /// Chunks taken from the parent unread (clean in the dirty bitmap).
     pub chunks_unread: u64,
+    /// Chunks read and found unchanged since the parent by their change digest (not
+    /// hashed with SHA-256).
+    pub chunks_unchanged: u64,
     pub elapsed: Duration,
 }
 
@@ -128,6 +132,7 @@ struct Shared {
     bytes_read: AtomicU64,
     chunks_read: AtomicU64,
     chunks_unread: AtomicU64,
+    chunks_unchanged: AtomicU64,
 }
 
 struct State {
@@ -208,6 +213,7 @@ pub async fn backup(
         bytes_read: AtomicU64::new(0),
         chunks_read: AtomicU64::new(0),
         chunks_unread: AtomicU64::new(0),
+        chunks_unchanged: AtomicU64::new(0),
     });
 
     let mut set = JoinSet::new();
@@ -239,6 +245,7 @@ pub async fn backup(
         bytes_read,
         chunks_read,
         chunks_unread,
+        chunks_unchanged,
         ..
     } = shared;
     if let Some(err) = failure {
@@ -265,6 +272,7 @@ pub async fn backup(
         bytes_read: bytes_read.into_inner(),
         chunks_read: chunks_read.into_inner(),
         chunks_unread: chunks_unread.into_inner(),
+        chunks_unchanged: chunks_unchanged.into_inner(),
         elapsed: started.elapsed(),
     };
     tracing::info!(
@@ -272,6 +280,7 @@ pub async fn backup(
         bytes_new = report.manifest.bytes_new,
         bytes_read = report.bytes_read,
         chunks_unread = report.chunks_unread,
+        chunks_unchanged = report.chunks_unchanged,
         "backup finished"
     );
     Ok(report)
@@ -347,16 +356,16 @@ impl Shared {
             }
             let offset = i as u64 * self.chunk_size;
             let len = self.chunk_size.min(self.size - offset);
-            if let Some((digest, blocks)) = self.clean_in_parent(i, offset, len).await? {
+            if let Some((digest, blocks, change)) = self.clean_in_parent(i, offset, len).await? {
                 self.chunks_unread.fetch_add(1, Ordering::Relaxed);
                 self.progress.add_zero(len);
-                self.record(i, digest, blocks)?;
+                self.record(i, digest, blocks, change)?;
                 continue;
             }
             let extents = extents_of(source, offset, len).await?;
             if extents.iter().all(|e| e.kind == ExtentKind::Zero) {
                 self.progress.add_zero(len);
-                self.record(i, Digest::ZERO, ChunkBlocks::Zero)?;
+                self.record(i, Digest::ZERO, ChunkBlocks::Zero, None)?;
                 continue;
             }
             let data = buf
@@ -366,19 +375,18 @@ impl Shared {
             self.bytes_read.fetch_add(read, Ordering::Relaxed);
             self.chunks_read.fetch_add(1, Ordering::Relaxed);
             let repo = self.session.repository().clone();
-            let parents = self.parent_chunk(i, len);
-            let (data, digests, digest, holes) = tokio::task::spawn_blocking(move || {
-                let digests = block_digests_known_zero(&data, &holes);
-                let digest = match parents {
-                    Some((digest, blocks)) if blocks == digests => digest,
-                    _ => repo.chunk_digest_of_blocks(data.len(), &digests),
-                };
-                (data, digests, digest, holes)
+            let parent = self.parent_chunk(i, len);
+            let (data, hashed, holes) = tokio::task::spawn_blocking(move || {
+                let hashed = hash_chunk(&repo, &data, &holes, parent);
+                (data, hashed, holes)
             })
             .await
             .map_err(|_| Error::internal("a hashing thread panicked"))?;
+            if hashed.unchanged {
+                self.chunks_unchanged.fetch_add(1, Ordering::Relaxed);
+            }
             let (put, data) = self
-                .store(digest, data, &holes)
+                .store(hashed.digest, data, &holes)
                 .await
                 .map_err(|e| e.at("store chunk", offset))?;
             buf = Some(data);
@@ -386,9 +394,9 @@ impl Shared {
             let blocks = if put.digest.is_zero() {
                 ChunkBlocks::Zero
             } else {
-                ChunkBlocks::Data(digests)
+                ChunkBlocks::Data(hashed.blocks)
             };
-            self.record(i, put.digest, blocks)?;
+            self.record(i, put.digest, blocks, Some(hashed.change))?;
         }
     }
 
@@ -410,14 +418,15 @@ impl Shared {
         }
     }
 
-    /// A chunk the dirty bitmap says is clean, taken from the parent: its digest and block
-    /// digests. `None`: read it (changed, no bitmap, or the parent's chunk is missing).
+    /// A chunk the dirty bitmap says is clean, taken from the parent: its digest, block
+    /// digests and change digest (if known). `None`: read it (changed, no bitmap, or the
+    /// parent's chunk is missing).
     async fn clean_in_parent(
         &self,
         i: usize,
         offset: u64,
         len: u64,
-    ) -> Result<Option<(Digest, ChunkBlocks)>> {
+    ) -> Result<Option<(Digest, ChunkBlocks, Option<ChangeDigest>)>> {
         let (Some(parent), Some(changed)) = (&self.parent, &self.changed) else {
             return Ok(None);
         };
@@ -428,7 +437,7 @@ impl Shared {
             return Ok(None);
         };
         if digest.is_zero() {
-            return Ok(Some((digest, ChunkBlocks::Zero)));
+            return Ok(Some((digest, ChunkBlocks::Zero, None)));
         }
         let Some(blocks) = parent.blocks.get(i) else {
             return Ok(None);
@@ -437,23 +446,36 @@ impl Shared {
             tracing::warn!(chunk = %digest, "a verify found a clean chunk of the parent missing or damaged: reading it");
             return Ok(None);
         }
-        Ok(Some((digest, ChunkBlocks::Data(blocks.to_vec()))))
+        Ok(Some((
+            digest,
+            ChunkBlocks::Data(blocks.to_vec()),
+            parent.blocks.change(i),
+        )))
     }
 
-    /// The parent's digest and block digests of chunk `i`, when it has a data chunk of
-    /// `len` bytes there.
-    fn parent_chunk(&self, i: usize, len: u64) -> Option<(Digest, Vec<Hash>)> {
+    /// The parent's chunk `i`, when it has a data chunk of `len` bytes there.
+    fn parent_chunk(&self, i: usize, len: u64) -> Option<ParentChunk> {
         let parent = self.parent.as_ref()?;
         let digest = parent.index.digest(i).filter(|d| !d.is_zero())?;
         let blocks = parent.blocks.get(i)?;
-        (blocks.len() == blocks_in(len)).then(|| (digest, blocks.to_vec()))
+        (blocks.len() == blocks_in(len)).then(|| ParentChunk {
+            digest,
+            blocks: blocks.to_vec(),
+            change: parent.blocks.change(i),
+        })
     }
 
-    fn record(&self, i: usize, digest: Digest, blocks: ChunkBlocks) -> Result<()> {
+    fn record(
+        &self,
+        i: usize,
+        digest: Digest,
+        blocks: ChunkBlocks,
+        change: Option<ChangeDigest>,
+    ) -> Result<()> {
         let mut state = self.state.lock();
         state.index.set(i, digest)?;
         match &blocks {
-            ChunkBlocks::Data(d) => state.blocks.set(i, d.clone()),
+            ChunkBlocks::Data(d) => state.blocks.set(i, d.clone(), change),
             ChunkBlocks::Zero => state.blocks.clear(i),
         }
         state.hash.add(i, blocks);
@@ -512,6 +534,58 @@ impl Shared {
         }
         buf.set_len(len as usize);
         Ok((buf, read, holes))
+    }
+}
+
+/// The parent backup's data chunk at the place of a chunk being read.
+struct ParentChunk {
+    digest: Digest,
+    blocks: Vec<Hash>,
+    change: Option<ChangeDigest>,
+}
+
+/// A chunk read and hashed: its digest, block digests and change digest, and whether it
+/// is the parent's chunk by its change digest.
+struct Hashed {
+    digest: Digest,
+    blocks: Vec<Hash>,
+    change: ChangeDigest,
+    unchanged: bool,
+}
+
+/// Hashes a chunk whose full blocks `holes` marks were left unfilled. A chunk whose
+/// change digest is the parent's takes the parent's digest and block digests; any other
+/// is hashed block by block (and still takes the parent's digest when its block digests
+/// turn out to be the parent's, as they do when the parent's change digest is unknown).
+fn hash_chunk(
+    repo: &Repository,
+    data: &[u8],
+    holes: &[bool],
+    parent: Option<ParentChunk>,
+) -> Hashed {
+    let zero = zero_blocks(data, holes);
+    let change = ChangeDigest::of(data, &zero);
+    let parent = match parent {
+        Some(p) if p.change == Some(change) => {
+            return Hashed {
+                digest: p.digest,
+                blocks: p.blocks,
+                change,
+                unchanged: true,
+            }
+        }
+        other => other,
+    };
+    let blocks = block_digests_known_zero(data, &zero);
+    let digest = match parent {
+        Some(p) if p.blocks == blocks => p.digest,
+        _ => repo.chunk_digest_of_blocks(data.len(), &blocks),
+    };
+    Hashed {
+        digest,
+        blocks,
+        change,
+        unchanged: false,
     }
 }
 

@@ -6,14 +6,21 @@
 //! bitmap) takes that chunk's block digests from here. Zero chunks need none: their
 //! block digests are a constant.
 //!
+//! Each data chunk also has its change digest ([`crate::change`]): what lets the next
+//! incremental backup tell an unchanged chunk without hashing it with SHA-256.
+//!
 //! Serialized (then compressed with zstd, and encrypted in an encrypted repository):
 //!
 //! ```text
-//! magic "FRYBDIG1" | image size u64 LE | chunk size u32 LE | block size u32 LE (65536)
+//! magic "FRYBDIG2" | image size u64 LE | chunk size u32 LE | block size u32 LE (65536)
 //! | data chunks u64 LE
-//! | per data chunk, in image order: its chunk digest (32 bytes) | its block digests (32 bytes each)
+//! | per data chunk, in image order: its chunk digest (32 bytes) | its change digest
+//!   (32 bytes, all zero when not known) | its block digests (32 bytes each)
 //! | SHA-256 of everything before it
 //! ```
+//!
+//! Backups made before change digests have `FRYBDIG1`: the same without change digests.
+//! They load with every change digest unknown.
 //!
 //! The chunk digests bind the object to the index: loading checks that they are the
 //! index's non-zero digests in order. The stored object is
@@ -34,9 +41,11 @@ use ferry_core::{Error, ErrorKind, Result};
 use ferry_engine::blkhash::{sha256, Hash, BLOCK_SIZE};
 use zeroize::Zeroizing;
 
+use crate::change::ChangeDigest;
 use crate::hash::blocks_in;
 
-const MAGIC: [u8; 8] = *b"FRYBDIG1";
+const MAGIC: [u8; 8] = *b"FRYBDIG2";
+const MAGIC_V1: [u8; 8] = *b"FRYBDIG1";
 const MAGIC_ZSTD: [u8; 8] = *b"FRYBDZ01";
 const MAGIC_ENC_ZSTD: [u8; 8] = *b"FRYBDX01";
 const HEAD_LEN: usize = 32;
@@ -54,10 +63,17 @@ pub fn object_name(id: &BackupId) -> String {
 /// The prefix of every block digests object.
 pub const PREFIX: &str = "blockdigests/";
 
-/// The 64 KiB block digests of a backup's data chunks, by chunk number.
+/// The 64 KiB block digests and the change digest of a backup's data chunks, by chunk
+/// number.
 #[derive(Debug, Clone, Default)]
 pub struct BlockDigests {
-    chunks: Vec<Option<Box<[Hash]>>>,
+    chunks: Vec<Option<DataChunk>>,
+}
+
+#[derive(Debug, Clone)]
+struct DataChunk {
+    change: ChangeDigest,
+    blocks: Box<[Hash]>,
 }
 
 impl BlockDigests {
@@ -70,12 +86,24 @@ impl BlockDigests {
 
     /// Chunk `i`'s block digests, if it is a data chunk.
     pub fn get(&self, i: usize) -> Option<&[Hash]> {
-        self.chunks.get(i).and_then(|c| c.as_deref())
+        self.chunks
+            .get(i)
+            .and_then(|c| c.as_ref().map(|c| &*c.blocks))
     }
 
-    pub(crate) fn set(&mut self, i: usize, digests: Vec<Hash>) {
+    /// Chunk `i`'s change digest, if it is a data chunk and the digest is known.
+    pub fn change(&self, i: usize) -> Option<ChangeDigest> {
+        self.chunks
+            .get(i)
+            .and_then(|c| c.as_ref().and_then(|c| c.change.known()))
+    }
+
+    pub(crate) fn set(&mut self, i: usize, blocks: Vec<Hash>, change: Option<ChangeDigest>) {
         if let Some(slot) = self.chunks.get_mut(i) {
-            *slot = Some(digests.into_boxed_slice());
+            *slot = Some(DataChunk {
+                change: change.unwrap_or(ChangeDigest::UNKNOWN),
+                blocks: blocks.into_boxed_slice(),
+            });
         }
     }
 
@@ -93,44 +121,74 @@ fn corrupt(id: &BackupId, message: impl std::fmt::Display) -> Error {
     )
 }
 
-/// The serialized length of one data chunk's entry: its digest and its block digests.
-fn entry_len(chunk_len: u64) -> usize {
-    32 + 32 * blocks_in(chunk_len)
+/// The serialized length of one data chunk's entry: its digest, its change digest (not
+/// in version 1) and its block digests.
+fn entry_len(chunk_len: u64, version: Version) -> usize {
+    let change = match version {
+        Version::V1 => 0,
+        Version::V2 => 32,
+    };
+    32 + change + 32 * blocks_in(chunk_len)
+}
+
+/// The layouts of the serialized block digests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Version {
+    V1,
+    V2,
+}
+
+impl Version {
+    fn magic(self) -> [u8; 8] {
+        match self {
+            Version::V1 => MAGIC_V1,
+            Version::V2 => MAGIC,
+        }
+    }
 }
 
 /// The serialized length for `index`: what loading expects, exactly.
-fn serialized_len(index: &FixedIndex) -> usize {
+fn serialized_len(index: &FixedIndex, version: Version) -> usize {
     let mut len = HEAD_LEN + 32;
     for (i, d) in index.digests().iter().enumerate() {
         if !d.is_zero() {
             let (_, chunk_len) = index.chunk_range(i);
-            len += entry_len(chunk_len);
+            len += entry_len(chunk_len, version);
         }
     }
     len
 }
 
-fn serialize(index: &FixedIndex, digests: &BlockDigests) -> Result<Vec<u8>> {
-    let mut out = Vec::with_capacity(serialized_len(index));
-    out.extend_from_slice(&MAGIC);
+fn head(index: &FixedIndex, version: Version) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEAD_LEN);
+    out.extend_from_slice(&version.magic());
     out.extend_from_slice(&index.image_size().to_le_bytes());
     out.extend_from_slice(&index.chunk_size().to_le_bytes());
     out.extend_from_slice(&(BLOCK_SIZE as u32).to_le_bytes());
     let data = index.digests().iter().filter(|d| !d.is_zero()).count() as u64;
     out.extend_from_slice(&data.to_le_bytes());
+    out
+}
+
+fn serialize(index: &FixedIndex, digests: &BlockDigests) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(serialized_len(index, Version::V2));
+    out.extend_from_slice(&head(index, Version::V2));
     for (i, d) in index.digests().iter().enumerate() {
         if d.is_zero() {
             continue;
         }
         let (_, len) = index.chunk_range(i);
-        let blocks = digests
+        let chunk = digests
+            .chunks
             .get(i)
-            .filter(|b| b.len() == blocks_in(len))
+            .and_then(|c| c.as_ref())
+            .filter(|c| c.blocks.len() == blocks_in(len))
             .ok_or_else(|| {
                 Error::internal(format!("chunk {i} of the backup has no block digests"))
             })?;
         out.extend_from_slice(&d.0);
-        out.extend_from_slice(blocks.as_flattened());
+        out.extend_from_slice(&chunk.change.0);
+        out.extend_from_slice(chunk.blocks.as_flattened());
     }
     let sum = sha256(&out);
     out.extend_from_slice(&sum);
@@ -138,47 +196,53 @@ fn serialize(index: &FixedIndex, digests: &BlockDigests) -> Result<Vec<u8>> {
 }
 
 fn parse(id: &BackupId, index: &FixedIndex, data: &[u8]) -> Result<BlockDigests> {
-    if data.len() != serialized_len(index) {
+    let version = match data.get(..8) {
+        Some(m) if m == MAGIC => Version::V2,
+        Some(m) if m == MAGIC_V1 => Version::V1,
+        _ => return Err(corrupt(id, "they are not block digests of a known version")),
+    };
+    if data.len() != serialized_len(index, version) {
         return Err(corrupt(id, "their length does not match the index"));
     }
     let (body, sum) = data.split_at(data.len() - 32);
     if sha256(body) != sum {
         return Err(corrupt(id, "their checksum does not match"));
     }
-    let mut head = Vec::with_capacity(HEAD_LEN);
-    head.extend_from_slice(&MAGIC);
-    head.extend_from_slice(&index.image_size().to_le_bytes());
-    head.extend_from_slice(&index.chunk_size().to_le_bytes());
-    head.extend_from_slice(&(BLOCK_SIZE as u32).to_le_bytes());
-    let data_chunks = index.digests().iter().filter(|d| !d.is_zero()).count() as u64;
-    head.extend_from_slice(&data_chunks.to_le_bytes());
-    if body[..HEAD_LEN] != head[..] {
+    if body[..HEAD_LEN] != head(index, version)[..] {
         return Err(corrupt(id, "their header does not match the index"));
     }
     let mut out = BlockDigests::new(index.len());
     let mut at = HEAD_LEN;
+    let mut take = |n: usize| {
+        let part = &body[at..at + n];
+        at += n;
+        part
+    };
     for (i, d) in index.digests().iter().enumerate() {
         if d.is_zero() {
             continue;
         }
         let (_, len) = index.chunk_range(i);
-        let n = blocks_in(len);
-        if body[at..at + 32] != d.0 {
+        if take(32) != d.0 {
             return Err(corrupt(id, format!("chunk {i} does not match the index")));
         }
-        at += 32;
-        let digests = body[at..at + 32 * n]
+        let change = match version {
+            Version::V1 => None,
+            Version::V2 => Some(ChangeDigest(to_hash(take(32)))),
+        };
+        let blocks = take(32 * blocks_in(len))
             .chunks_exact(32)
-            .map(|c| {
-                let mut h = [0u8; 32];
-                h.copy_from_slice(c);
-                h
-            })
+            .map(to_hash)
             .collect();
-        at += 32 * n;
-        out.set(i, digests);
+        out.set(i, blocks, change);
     }
     Ok(out)
+}
+
+fn to_hash(bytes: &[u8]) -> Hash {
+    let mut h = [0u8; 32];
+    h.copy_from_slice(bytes);
+    h
 }
 
 /// The key that encrypts block digests in an encrypted repository (see the module docs).
@@ -217,16 +281,20 @@ fn encode(repo: &Repository, plain: &[u8]) -> Result<Vec<u8>> {
     Ok([header.as_slice(), &nonce, &sealed].concat())
 }
 
-fn decode(repo: &Repository, id: &BackupId, blob: &[u8], expected: usize) -> Result<Vec<u8>> {
+/// Opens the envelope of block digests whose plaintext must be one of `lengths` long.
+fn decode(repo: &Repository, id: &BackupId, blob: &[u8], lengths: &[usize]) -> Result<Vec<u8>> {
     if blob.len() < ENVELOPE_LEN {
         return Err(corrupt(id, "the object is truncated"));
     }
     let (header, payload) = blob.split_at(ENVELOPE_LEN);
     let mut len = [0u8; 8];
     len.copy_from_slice(&header[8..]);
-    if u64::from_le_bytes(len) != expected as u64 {
+    let Some(&expected) = lengths
+        .iter()
+        .find(|&&l| l as u64 == u64::from_le_bytes(len))
+    else {
         return Err(corrupt(id, "their length does not match the index"));
-    }
+    };
     let opened;
     let frame = match (&header[..8], repo.is_encrypted()) {
         (m, false) if m == MAGIC_ZSTD => payload,
@@ -279,7 +347,7 @@ pub async fn fetch(repo: &Repository, manifest: &Manifest) -> Result<Option<Vec<
     let chunk = u64::from(manifest.chunk_size.max(1));
     let chunks = manifest.image_size.div_ceil(chunk).min(MAX_INDEX_ENTRIES) as usize;
     // Every chunk holding data, zstd's worst case on incompressible input, the envelope.
-    let expected = HEAD_LEN + 32 + chunks * entry_len(chunk);
+    let expected = HEAD_LEN + 32 + chunks * entry_len(chunk, Version::V2);
     let max_len = (expected + expected / 64 + 1024 + ENVELOPE_LEN + NONCE_LEN + TAG_LEN) as u64;
     repo.store().get(&object_name(&manifest.id), max_len).await
 }
@@ -291,7 +359,8 @@ pub fn open(
     index: &FixedIndex,
     blob: &[u8],
 ) -> Result<BlockDigests> {
-    let plain = decode(repo, id, blob, serialized_len(index))?;
+    let lengths = [Version::V2, Version::V1].map(|v| serialized_len(index, v));
+    let plain = decode(repo, id, blob, &lengths)?;
     parse(id, index, &plain)
 }
 
@@ -321,15 +390,22 @@ mod tests {
         let size = 3 * u64::from(chunk) - 100;
         let index = index_with(&[true, false, true], size, chunk);
         let mut digests = BlockDigests::new(3);
-        digests.set(0, vec![[1; 32], [2; 32]]);
-        digests.set(2, vec![[3; 32], [4; 32]]);
+        let change = ChangeDigest([9; 32]);
+        digests.set(0, vec![[1; 32], [2; 32]], Some(change));
+        digests.set(2, vec![[3; 32], [4; 32]], None);
         let id: BackupId = "20261202T101500Z-0a1b2c3d".parse().unwrap();
         let data = serialize(&index, &digests).unwrap();
-        assert_eq!(data.len(), serialized_len(&index));
+        assert_eq!(data.len(), serialized_len(&index, Version::V2));
         let back = parse(&id, &index, &data).unwrap();
         assert_eq!(back.get(0).unwrap(), &[[1; 32], [2; 32]]);
+        assert_eq!(back.change(0), Some(change));
         assert!(back.get(1).is_none());
         assert_eq!(back.get(2).unwrap(), &[[3; 32], [4; 32]]);
+        assert_eq!(
+            back.change(2),
+            None,
+            "an unknown change digest stays unknown"
+        );
 
         let other = index_with(&[true, true, false], size, chunk);
         assert!(parse(&id, &other, &data).is_err());
@@ -339,6 +415,22 @@ mod tests {
             parse(&id, &index, &damaged).unwrap_err().kind(),
             ErrorKind::Corrupt
         );
+    }
+
+    #[test]
+    fn version_1_loads_with_change_digests_unknown() {
+        let chunk = BLOCK_SIZE as u32;
+        let index = index_with(&[false, true], 2 * u64::from(chunk), chunk);
+        let mut data = head(&index, Version::V1);
+        data.extend_from_slice(&[2; 32]);
+        data.extend_from_slice(&[7; 32]);
+        let sum = sha256(&data);
+        data.extend_from_slice(&sum);
+        let id: BackupId = "20261202T101500Z-0a1b2c3d".parse().unwrap();
+        let back = parse(&id, &index, &data).unwrap();
+        assert_eq!(back.get(1).unwrap(), &[[7; 32]]);
+        assert_eq!(back.change(1), None);
+        assert!(back.get(0).is_none());
     }
 
     #[test]

@@ -13,7 +13,9 @@
 //!
 //! Each backup stores, besides the repository's index and manifest, the 64 KiB block
 //! digests of its data chunks ([`blocks`]): they are what lets an incremental backup
-//! produce the whole image's block hash without reading unchanged chunks.
+//! produce the whole image's block hash without reading unchanged chunks; and their
+//! change digests ([`change`]), which let it tell an unchanged chunk it reads without
+//! hashing it with SHA-256.
 //!
 //! Memory: a backup holds one chunk buffer per worker (workers x chunk size; 8 x 4 MiB
 //! by default), plus while a chunk is stored one encoded copy of it, plus the index and
@@ -23,6 +25,7 @@
 
 mod backup;
 pub mod blocks;
+pub mod change;
 mod changed;
 mod hash;
 mod maintenance;

@@ -208,6 +208,29 @@ async fn changed_ranges_limit_reads_to_dirty_chunks() {
         second.manifest.block_hash.as_deref(),
         Some(to_hex(&digest_bytes(&data)).as_str())
     );
+    assert_eq!(second.chunks_unchanged, 0, "both chunks read changed");
+
+    // Without the bitmap every data chunk is read again: those unchanged (the two read
+    // by the second backup, and the three it took from the first unread, whose change
+    // digests it carried over) are told by their change digests; the changed one is not.
+    data[3 * c as usize + 5000] ^= 1;
+    let third = backup(
+        &repo,
+        Arc::new(MemSource::sparse(data.clone(), 4096)),
+        &BackupOptions::new("mem"),
+        &progress,
+        &cancel,
+    )
+    .await
+    .unwrap();
+    assert_eq!(third.manifest.parent.as_ref(), Some(&second.manifest.id));
+    assert_eq!((third.chunks_read, third.chunks_unread), (5, 0));
+    assert_eq!(third.chunks_unchanged, 4, "{third:?}");
+    assert_eq!(third.manifest.chunks_new, 1);
+    assert_eq!(
+        third.manifest.block_hash.as_deref(),
+        Some(to_hex(&digest_bytes(&data)).as_str())
+    );
 
     // Without a parent the bitmap cannot be used: a full backup, with the reason.
     let source = MemSource::sparse(data.clone(), 4096);
@@ -222,5 +245,6 @@ async fn changed_ranges_limit_reads_to_dirty_chunks() {
     .unwrap();
     assert!(full.full_reason.unwrap().contains("--parent none"));
     assert_eq!(full.chunks_unread, 0);
-    assert_eq!(full.manifest.block_hash, second.manifest.block_hash);
+    assert_eq!(full.chunks_unchanged, 0);
+    assert_eq!(full.manifest.block_hash, third.manifest.block_hash);
 }

@@ -24,7 +24,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from harness import GiB, MiB, Case, Command, Goal, peer, ratio, which
+from harness import GiB, MiB, Case, Command, Goal, copy_keeping_allocation, peer, ratio, which
 
 RESTIC_INSTALL = "apt-get install -y restic"
 QEMU_INSTALL = "apt-get install -y qemu-utils"
@@ -272,7 +272,7 @@ def incremental_case(env, where, image):
     rng = random.Random(42)
 
     def prepare():
-        subprocess.run(["cp", "--sparse=always", str(image.path), str(work)], check=True)
+        copy_keeping_allocation(image.path, work)
         ferry_init(env, where, "ferry")
         run([env.ferry, "backup", "create", "--no-progress", work, where.ferry("ferry")])
         if which("restic"):

@@ -26,21 +26,28 @@ pub(crate) fn extents(h: &FileHandle, offset: u64, len: u64) -> io::Result<Vec<E
     }
     let mut out = Vec::new();
     let mut pos = offset;
+    // Right after a hole, pos is where SEEK_DATA found data: no need to ask again.
+    let mut at_data = false;
     while pos < end && out.len() < MAX_EXTENTS {
-        let data = match sys::seek_data(&h.file, pos) {
-            Ok(d) => d,
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) && out.is_empty() => {
-                Unsupported::set(&h.unsupported.seek_data);
-                return Ok(vec![Extent::data(offset, len)]);
+        if at_data {
+            at_data = false;
+        } else {
+            let data = match sys::seek_data(&h.file, pos) {
+                Ok(d) => d,
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) && out.is_empty() => {
+                    Unsupported::set(&h.unsupported.seek_data);
+                    return Ok(vec![Extent::data(offset, len)]);
+                }
+                Err(e) => return Err(e),
+            };
+            // ENXIO: no data at or after pos, so the rest of the range is a hole.
+            let data = data.unwrap_or(end).min(end);
+            if data > pos {
+                out.push(Extent::zero(pos, data - pos));
+                pos = data;
+                at_data = true;
+                continue;
             }
-            Err(e) => return Err(e),
-        };
-        // ENXIO: no data at or after pos, so the rest of the range is a hole.
-        let data = data.unwrap_or(end).min(end);
-        if data > pos {
-            out.push(Extent::zero(pos, data - pos));
-            pos = data;
-            continue;
         }
         // ENXIO here means the file shrank below pos: report data and let the read fail.
         let hole = sys::seek_hole(&h.file, pos)?.unwrap_or(end).min(end);

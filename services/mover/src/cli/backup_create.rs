@@ -91,6 +91,7 @@ pub struct CreateSummary {
     pub bytes_read: u64,
     pub chunks_read: u64,
     pub chunks_unread: u64,
+    pub chunks_unchanged: u64,
     pub seconds: f64,
     pub throughput_bytes_per_second: f64,
 }
@@ -115,6 +116,7 @@ impl From<&BackupReport> for CreateSummary {
             bytes_read: r.bytes_read,
             chunks_read: r.chunks_read,
             chunks_unread: r.chunks_unread,
+            chunks_unchanged: r.chunks_unchanged,
             seconds: r.elapsed.as_secs_f64(),
             throughput_bytes_per_second: rate(m.image_size, r.elapsed),
         }

@@ -83,6 +83,7 @@ pub fn backup(r: &BackupReport) -> proto::BackupResult {
         chunks_zero: m.chunks_zero,
         chunks_read: r.chunks_read,
         chunks_unread: r.chunks_unread,
+        chunks_unchanged: r.chunks_unchanged,
         digest: m.block_hash.as_deref().map(blkhash),
         seconds: r.elapsed.as_secs_f64(),
         throughput_bytes_per_second: rate(m.image_size, r.elapsed),
