@@ -9,7 +9,7 @@
 //! chunk read again whose change digest equals the parent's is the parent's chunk, and
 //! takes its chunk digest and block digests without being hashed with SHA-256. BLAKE3 is
 //! a cryptographic hash like SHA-256 (a match stands for equal content as much as a
-//! chunk name does) and runs 2-3 times faster here.
+//! chunk name does) and runs over twice as fast on x86-64 (AVX-512 against SHA-NI).
 //!
 //! The digest covers the chunk's content as BLAKE3 (in derive-key mode, under
 //! [`CONTEXT`]) of: the chunk's blocks that are not all zeroes, one after another; then
