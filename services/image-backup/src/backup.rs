@@ -31,7 +31,7 @@ use tokio::task::JoinSet;
 
 use crate::blocks::{self, BlockDigests};
 use crate::change::{zero_blocks, ChangeDigest};
-use crate::changed::ChangedRanges;
+use crate::changed::{ChangedRanges, ChangedWindows};
 use crate::hash::{blocks_in, ChunkBlocks, OrderedHash};
 use crate::parent::{self, Chosen, Parent, ParentChoice};
 
@@ -39,6 +39,8 @@ use crate::parent::{self, Chosen, Parent, ParentChoice};
 pub const DEFAULT_WORKERS: usize = 8;
 /// Largest read request when the source states no preference.
 const DEFAULT_REQUEST: u64 = 4 << 20;
+/// Chunks whose changes are asked for at once (1 GiB of 4 MiB chunks).
+const CHANGED_WINDOW_CHUNKS: u64 = 256;
 
 /// How to make a backup.
 #[derive(Debug, Clone)]
@@ -123,7 +125,7 @@ struct Shared {
     /// The parent: chunks clean in `changed` are taken unread, and chunks read whose
     /// block digests equal the parent's take its digest.
     parent: Option<Parent>,
-    changed: Option<Arc<dyn ChangedRanges>>,
+    changed: Option<ChangedWindows>,
     request: u64,
     minimum: u64,
     progress: Progress,
@@ -199,8 +201,12 @@ pub async fn backup(
         chunk_size: u64::from(chunk_size),
         chunks,
         cursor: AtomicUsize::new(0),
+        changed: options
+            .changed
+            .clone()
+            .filter(|_| parent.is_some())
+            .map(|c| ChangedWindows::new(c, size, CHANGED_WINDOW_CHUNKS * u64::from(chunk_size))),
         parent,
-        changed: options.changed.clone(),
         request,
         minimum: u64::from(caps.block.minimum.max(1)),
         progress: progress.clone(),
@@ -430,7 +436,7 @@ impl Shared {
         let (Some(parent), Some(changed)) = (&self.parent, &self.changed) else {
             return Ok(None);
         };
-        if !changed.changed(offset, len).await?.is_empty() {
+        if changed.any_changed(offset, len).await? {
             return Ok(None);
         }
         let Some(digest) = parent.index.digest(i) else {
