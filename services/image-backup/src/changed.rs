@@ -83,8 +83,11 @@ pub(crate) struct ChangedWindows {
     changed: Arc<dyn ChangedRanges>,
     size: u64,
     window: u64,
-    kept: tokio::sync::Mutex<Vec<(u64, Vec<(u64, u64)>)>>,
+    kept: tokio::sync::Mutex<Vec<Window>>,
 }
+
+/// A window's start and its changed ranges.
+type Window = (u64, Vec<(u64, u64)>);
 
 /// Windows kept at once: the one the workers are in and the one before it.
 const KEPT_WINDOWS: usize = 2;
