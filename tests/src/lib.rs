@@ -16,6 +16,7 @@ pub mod http_faults;
 pub mod http_server;
 pub mod images;
 pub mod iscsi_server;
+pub mod moto_server;
 pub mod nbd_servers;
 pub mod nfs_server;
 pub mod process;

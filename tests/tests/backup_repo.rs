@@ -1,7 +1,8 @@
 //! The backup repository on real storage: a directory (LocalStore) and an in-process S3
 //! server (s3s + s3s-fs, SigV4 checked). Every test body runs on both backends; only the
 //! constructor differs. Damage is done to the stored files themselves (a bit flip, a
-//! truncation), as a failing disk would.
+//! truncation), as a failing disk would. The tests that go through the store alone also
+//! run on a second S3 implementation, moto's server, whose objects are not files.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use ferry_backup::{
     S3Store, SessionOptions, SnapshotInfo, VerifyOptions, FORMAT_VERSION,
 };
 use ferry_core::{ErrorKind, Secret};
+use ferry_tests::moto_server::MotoServer;
 use ferry_tests::s3_server::S3Server;
 
 /// The smallest chunk size, so tests stay small.
@@ -25,9 +27,10 @@ const PREFIX: &str = "site-a/backups";
 /// One storage backend with a way to reach the files behind its objects.
 struct Backend {
     store: Arc<dyn ObjectStore>,
-    files: PathBuf,
+    files: Option<PathBuf>,
     _dir: Option<tempfile::TempDir>,
     _server: Option<S3Server>,
+    _moto: Option<MotoServer>,
 }
 
 impl Backend {
@@ -36,9 +39,10 @@ impl Backend {
         let root = dir.path().join("repo");
         Self {
             store: Arc::new(LocalStore::new(&root)),
-            files: root,
+            files: Some(root),
             _dir: Some(dir),
             _server: None,
+            _moto: None,
         }
     }
 
@@ -48,15 +52,36 @@ impl Backend {
         let store = S3Store::connect(BUCKET, PREFIX, &server.options()).await;
         Self {
             store: Arc::new(store),
-            files: server.object_path(BUCKET, PREFIX),
+            files: Some(server.object_path(BUCKET, PREFIX)),
             _dir: None,
             _server: Some(server),
+            _moto: None,
         }
+    }
+
+    async fn moto() -> Self {
+        let server = MotoServer::start();
+        server.create_bucket(BUCKET);
+        let store = S3Store::connect(BUCKET, PREFIX, &server.options()).await;
+        Self {
+            store: Arc::new(store),
+            files: None,
+            _dir: None,
+            _server: None,
+            _moto: Some(server),
+        }
+    }
+
+    /// The directory holding the stored objects as files.
+    fn files(&self) -> &std::path::Path {
+        self.files
+            .as_deref()
+            .expect("this backend's objects are not files: run the test on local and s3 only")
     }
 
     /// The file holding object `name`.
     fn file(&self, name: &str) -> PathBuf {
-        self.files.join(name)
+        self.files().join(name)
     }
 
     async fn init(&self, options: InitOptions) -> Repository {
@@ -80,9 +105,10 @@ impl Backend {
 }
 
 /// One test per backend from one body: for each `async fn name(backend: Backend)`, a
-/// module `name` with the tests `local` and `s3`.
-macro_rules! both_backends {
-    ($($name:ident),* $(,)?) => {$(
+/// module `name` with the tests `local` and `s3`, and `moto` when listed after `moto:`
+/// (tests that damage stored files are not: moto's objects are not files).
+macro_rules! backends {
+    (both: $($name:ident),* $(,)?) => {$(
         mod $name {
             #[tokio::test]
             async fn local() {
@@ -95,19 +121,41 @@ macro_rules! both_backends {
             }
         }
     )*};
+    (all: $($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test]
+            async fn local() {
+                super::$name(super::Backend::local().await).await;
+            }
+
+            #[tokio::test]
+            async fn s3() {
+                super::$name(super::Backend::s3().await).await;
+            }
+
+            #[tokio::test]
+            async fn moto() {
+                super::$name(super::Backend::moto().await).await;
+            }
+        }
+    )*};
 }
 
-both_backends!(
-    store_semantics,
-    round_trip_plain,
-    round_trip_zstd,
+backends!(
+    both: round_trip_zstd,
     round_trip_encrypted,
+    corrupt_chunk_is_detected,
+    truncated_and_oversized_blobs_are_refused,
+    verify_names_the_broken_snapshots,
+);
+
+backends!(
+    all: store_semantics,
+    round_trip_plain,
     dedup_stores_a_chunk_once,
     zero_chunks_are_markers,
     chunk_names_are_the_sha256_of_their_block_digests,
     wrong_and_missing_keys,
-    corrupt_chunk_is_detected,
-    truncated_and_oversized_blobs_are_refused,
     version_mismatch_is_named,
     init_twice_is_refused,
     gc_removes_only_unreferenced_old_chunks,
@@ -116,7 +164,6 @@ both_backends!(
     stale_lease_is_taken_over,
     crash_before_manifest_leaves_nothing_listed,
     reused_chunk_removed_during_backup_fails_it,
-    verify_names_the_broken_snapshots,
     prune_deletes_what_the_policy_forgets,
     incremental_reuse_by_digest,
     gc_marks_a_running_incremental_parent,
@@ -331,7 +378,7 @@ async fn round_trip_zstd(b: Backend) {
     // The compressible chunk is stored compressed: no chunk file is as large as a full
     // chunk plus header except the incompressible one.
     let mut small = 0;
-    for entry in walk(&b.files.join("chunks")) {
+    for entry in walk(&b.files().join("chunks")) {
         if std::fs::metadata(&entry).unwrap().len() < u64::from(CHUNK) / 4 {
             small += 1;
         }
@@ -350,7 +397,7 @@ async fn round_trip_encrypted(b: Backend) {
     )
     .await;
     // Nothing stored reveals the content or the source.
-    let stored = walk(&b.files);
+    let stored = walk(b.files());
     assert!(stored.len() >= 5, "too few objects: {stored:?}");
     for path in stored {
         let data = std::fs::read(&path).unwrap();
