@@ -12,10 +12,10 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ferry_core::Secret;
-use ferry_endpoints::s3::{S3Options, MIN_PART_SIZE};
+use ferry_endpoints::s3::S3Options;
 
 use crate::process::{free_port, listens_on};
+use crate::s3_server::loopback_options;
 
 /// The command that installs moto's server, as the test command does.
 pub const MOTO_INSTALL: &str = "python3 -m pip install 'moto[server]==5.2.1'";
@@ -86,16 +86,7 @@ impl MotoServer {
     /// Options for ferry's S3 clients: path-style requests to this server, with a key pair
     /// (moto takes any).
     pub fn options(&self) -> S3Options {
-        S3Options::new()
-            .with_endpoint_url(self.endpoint_url())
-            .with_region("us-east-1")
-            .with_force_path_style(true)
-            .with_credentials(
-                Secret::new("moto-access-key"),
-                Secret::new("moto-secret-key"),
-                None,
-            )
-            .with_part_size(MIN_PART_SIZE)
+        loopback_options(self.endpoint_url(), "moto-access-key", "moto-secret-key")
     }
 
     /// Creates `bucket` (moto answers an unsigned CreateBucket).

@@ -40,6 +40,17 @@ pub struct S3Server {
     gate: Option<Arc<DeleteGate>>,
 }
 
+/// S3 client options for a test server on loopback: its endpoint, path-style requests,
+/// region us-east-1, the key pair it accepts, and the smallest part size.
+pub fn loopback_options(endpoint_url: String, access_key: &str, secret_key: &str) -> S3Options {
+    S3Options::new()
+        .with_endpoint_url(endpoint_url)
+        .with_region("us-east-1")
+        .with_force_path_style(true)
+        .with_credentials(Secret::new(access_key), Secret::new(secret_key), None)
+        .with_part_size(MIN_PART_SIZE)
+}
+
 impl S3Server {
     /// Starts a server with an empty store on a free loopback port.
     pub async fn start() -> Self {
@@ -82,12 +93,7 @@ impl S3Server {
     /// Options that reach this server with its credentials, path-style, and the smallest
     /// part size S3 allows (5 MiB), so multipart tests stay small.
     pub fn options(&self) -> S3Options {
-        S3Options::new()
-            .with_endpoint_url(self.endpoint_url())
-            .with_region("us-east-1")
-            .with_force_path_style(true)
-            .with_credentials(Secret::new(ACCESS_KEY), Secret::new(SECRET_KEY), None)
-            .with_part_size(MIN_PART_SIZE)
+        loopback_options(self.endpoint_url(), ACCESS_KEY, SECRET_KEY)
     }
 
     /// Points a child process (the ferry binary) at this server through the AWS SDK's
