@@ -49,7 +49,7 @@ def main() -> int:
     target_dir = cargo_target_dir()
     if not args.no_build and not args.list:  # listing the cases needs no binaries
         log("building ferry (release)")
-        subprocess.run(["cargo", "build", "--release", "-p", "ferry-mover", "--bin", "ferry",
+        subprocess.run(["cargo", "build", "--release", "-p", "ferry", "--bin", "ferry",
                         "-p", "ferry-tests", "--bin", "ferry-mkimage", "--bin", "ferry-mover-job"],
                        cwd=REPO, check=True)
     ferry = target_dir / "release" / "ferry"

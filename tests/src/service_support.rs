@@ -8,11 +8,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ferry_mover::service::config::ServiceConfig;
-use ferry_mover::service::proto;
-use ferry_mover::service::proto::job_service_client::JobServiceClient;
-use ferry_mover::service::proto::schedule_service_client::ScheduleServiceClient;
-use ferry_mover::service::server::{self, RunningService};
+use ferry_api::proto;
+use ferry_api::proto::job_service_client::JobServiceClient;
+use ferry_api::proto::schedule_service_client::ScheduleServiceClient;
+use ferry_server::config::ServiceConfig;
+use ferry_server::server::{self, RunningService};
 use tonic::transport::Channel;
 
 pub use proto::{

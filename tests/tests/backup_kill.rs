@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use ferry_mover::service::proto::{self, JobState};
+use ferry_api::proto::{self, JobState};
 use ferry_tests::bin::{wait_with_deadline, Run, DEFAULT_DEADLINE};
 use ferry_tests::check::qemu_img_compare;
 use ferry_tests::images::{self, Pattern};

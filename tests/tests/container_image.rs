@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Instant;
 
-use ferry_mover::service::config::{DEFAULT_GRPC_LISTEN, DEFAULT_METRICS_LISTEN};
+use ferry_server::config::{DEFAULT_GRPC_LISTEN, DEFAULT_METRICS_LISTEN};
 use ferry_tests::check::{assert_allocated_about, blkhash_file, qemu_img_compare};
 use ferry_tests::service_support::make_image;
 
@@ -229,7 +229,7 @@ fn containerfile_builds_the_release_binary_and_exposes_the_service_ports() {
             "FROM gcr.io/distroless/cc-debian12:nonroot"
         ]
     );
-    assert!(text.contains("cargo build --release --locked -p ferry-mover --bin ferry"));
+    assert!(text.contains("cargo build --release --locked -p ferry --bin ferry"));
     assert!(lines.contains(&"COPY --from=build /out/ferry /ferry"));
     assert!(lines.contains(&format!("USER {USER}").as_str()));
     assert!(lines.contains(&r#"ENTRYPOINT ["/ferry"]"#));

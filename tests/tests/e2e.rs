@@ -16,6 +16,7 @@ mod http_source;
 mod iscsi_client;
 mod iscsi_copy;
 mod job_backup_cli;
+mod layering;
 mod mover_resume;
 mod nbd_cli;
 mod nbd_client;

@@ -9,8 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ferry_mover::service::proto::{self, JobState};
-use ferry_mover::service::server::RunningService;
+use ferry_api::proto::{self, JobState};
+use ferry_server::server::RunningService;
 use ferry_tests::check::{assert_allocated_about, blkhash_file, qemu_img_compare_result};
 use ferry_tests::nbd_servers::{NbdServer, QemuNbd};
 use ferry_tests::service_support::*;

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use ferry_mover::service::proto::{self, JobState};
+use ferry_api::proto::{self, JobState};
 use ferry_tests::service_support::*;
 use tonic::Code;
 
@@ -14,11 +14,11 @@ const LIMIT: Duration = Duration::from_secs(120);
 struct Env {
     _dir: tempfile::TempDir,
     root: std::path::PathBuf,
-    service: ferry_mover::service::server::RunningService,
+    service: ferry_server::server::RunningService,
     client: Client,
 }
 
-async fn env_with(configure: impl FnOnce(&mut ferry_mover::service::config::ServiceConfig)) -> Env {
+async fn env_with(configure: impl FnOnce(&mut ferry_server::config::ServiceConfig)) -> Env {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("images");
     std::fs::create_dir(&root).unwrap();
@@ -682,7 +682,7 @@ async fn mutual_tls() {
         p
     };
     let ca_pem = w("ca.pem", ca.pem());
-    let tls = ferry_mover::service::security::TlsFiles {
+    let tls = ferry_server::security::TlsFiles {
         cert: w("server.pem", server.pem()),
         key: w("server.key", server_key.serialize_pem()),
         client_ca: Some(ca_pem.clone()),

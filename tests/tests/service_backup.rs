@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use ferry_mover::service::proto::backup_service_client::BackupServiceClient;
-use ferry_mover::service::proto::{self, JobState};
+use ferry_api::proto::backup_service_client::BackupServiceClient;
+use ferry_api::proto::{self, JobState};
 use ferry_tests::check::{allocated_bytes, blkhash_file, qemu_img_compare, require_tool};
 use ferry_tests::nbd_servers::{NbdServer, Nbdkit, QemuNbd};
 use ferry_tests::s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
@@ -32,7 +32,7 @@ type Backups = BackupServiceClient<Channel>;
 struct Env {
     dir: tempfile::TempDir,
     root: PathBuf,
-    service: ferry_mover::service::server::RunningService,
+    service: ferry_server::server::RunningService,
     jobs: Client,
     backups: Backups,
 }

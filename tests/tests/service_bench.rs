@@ -157,7 +157,7 @@ async fn service_benchmark() {
     let (qlat, qwall) = start_many(server.grpc, &small, &root, "q", 20).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let queued = client
-        .list_jobs(ferry_mover::service::proto::ListJobsRequest {
+        .list_jobs(ferry_api::proto::ListJobsRequest {
             states: vec![JobState::Queued as i32],
             page_size: 1000,
             ..Default::default()

@@ -16,9 +16,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use clap::Parser;
-use ferry_mover::service::config::FileConfig;
-use ferry_mover::service::metrics::Metrics;
-use ferry_mover::service::serve::ServeArgs;
+use ferry::cli::serve::ServeArgs;
+use ferry_server::config::FileConfig;
+use ferry_server::metrics::Metrics;
 use ferry_tests::service_support::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ferry-e2e");

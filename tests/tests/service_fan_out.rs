@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ferry_mover::service::proto::{self, JobState, TargetState};
+use ferry_api::proto::{self, JobState, TargetState};
 use ferry_tests::check::{assert_allocated_about, qemu_img_compare};
 use ferry_tests::images::{make, Image, Pattern};
 use ferry_tests::nbd_servers::{NbdServer, Nbdkit};
@@ -21,7 +21,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_ferry-e2e");
 struct Env {
     _dir: tempfile::TempDir,
     root: PathBuf,
-    service: ferry_mover::service::server::RunningService,
+    service: ferry_server::server::RunningService,
     client: Client,
 }
 

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use ferry_mover::service::proto::{self, ImageFormat, JobState};
+use ferry_api::proto::{self, ImageFormat, JobState};
 use ferry_tests::check::require_tool;
 use ferry_tests::service_support::*;
 use tonic::Code;
@@ -62,7 +62,7 @@ fn compare(format: &str, image: &Path, raw: &Path) {
 struct Env {
     _dir: tempfile::TempDir,
     root: std::path::PathBuf,
-    service: ferry_mover::service::server::RunningService,
+    service: ferry_server::server::RunningService,
     client: Client,
 }
 

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ferry_mover::service::proto::{self, secret_ref, JobState, SecretRef};
+use ferry_api::proto::{self, secret_ref, JobState, SecretRef};
 use ferry_tests::check::{blkhash_file, qemu_img_compare};
 use ferry_tests::http_server::{Nginx, NginxOptions, PASSWORD, USER};
 use ferry_tests::images::{self, Pattern};

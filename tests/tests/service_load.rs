@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_mover::service::proto::{self, JobState};
+use ferry_api::proto::{self, JobState};
 use ferry_tests::service_support::*;
 
 const JOBS: usize = 1000;

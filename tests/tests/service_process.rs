@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use ferry_mover::service::proto::{self, JobState};
+use ferry_api::proto::{self, JobState};
 use ferry_tests::service_support::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ferry-e2e");

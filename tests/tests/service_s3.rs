@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ferry_mover::service::proto::{self, secret_ref, JobState, SecretRef};
+use ferry_api::proto::{self, secret_ref, JobState, SecretRef};
 use ferry_tests::check::blkhash_file;
 use ferry_tests::s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
 use ferry_tests::service_support::*;

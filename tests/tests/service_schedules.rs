@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ferry_mover::service::config::ServiceConfig;
-use ferry_mover::service::proto::{self, JobState, MissedRunPolicy, ScheduleRunResult};
-use ferry_mover::service::server::RunningService;
+use ferry_api::proto::{self, JobState, MissedRunPolicy, ScheduleRunResult};
+use ferry_server::config::ServiceConfig;
+use ferry_server::server::RunningService;
 use ferry_tests::service_support::*;
 use tonic::Code;
 
@@ -691,8 +691,8 @@ async fn a_restart_applies_the_missed_run_policy() {
 
 #[tokio::test]
 async fn a_fire_recorded_before_a_crash_is_started_exactly_once() {
-    use ferry_mover::service::schedules::model::PendingFire;
-    use ferry_mover::service::store::Store;
+    use ferry_server::model::schedule::PendingFire;
+    use ferry_server::store::Store;
 
     let mut e = env().await;
     let src = make_image(&e.root.join("src.img"), 2 * MIB, 6);

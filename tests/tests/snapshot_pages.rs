@@ -1,4 +1,4 @@
-//! The pages of ListSnapshots (ferry_mover's `service::backups::pages`): in order, none
+//! The pages of ListSnapshots (ferry-server's `backups::pages`): in order, none
 //! missing or repeated, and each page reading only the manifests it needs (an in-memory
 //! list of manifests that counts its loads).
 
@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ferry_backup::{BackupId, Manifest};
-use ferry_mover::service::backups::pages::{page, Page, Position};
+use ferry_server::backups::pages::{page, Page, Position};
 
 /// A manifest of backup `id` started `ms` milliseconds into its second.
 fn manifest(id: &str, ms: u32, source: &str) -> Manifest {

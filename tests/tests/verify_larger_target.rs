@@ -12,9 +12,9 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ferry_mover::service::config::ServiceConfig;
-use ferry_mover::service::proto::{self, JobState};
-use ferry_mover::service::server::RunningService;
+use ferry_api::proto::{self, JobState};
+use ferry_server::config::ServiceConfig;
+use ferry_server::server::RunningService;
 use ferry_testkit::files::LoopDevice;
 use ferry_tests::check::blkhash_file;
 use ferry_tests::ferry;

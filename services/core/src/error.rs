@@ -37,6 +37,27 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [ErrorKind; 12] = [
+        Self::InvalidInput,
+        Self::NotFound,
+        Self::PermissionDenied,
+        Self::Unsupported,
+        Self::Io,
+        Self::Protocol,
+        Self::Timeout,
+        Self::Disconnected,
+        Self::NoSpace,
+        Self::Cancelled,
+        Self::Corrupt,
+        Self::Internal,
+    ];
+
+    /// The kind of a stable name ([`ErrorKind::as_str`]), as records and replies carry it.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+
     /// A short stable name, used as a metric label and in JSON output.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -224,6 +245,14 @@ impl StdError for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_kind_is_found_by_its_name() {
+        for kind in ErrorKind::ALL {
+            assert_eq!(ErrorKind::from_name(kind.as_str()), Some(kind));
+        }
+        assert_eq!(ErrorKind::from_name("sometimes"), None);
+    }
 
     #[test]
     fn display_names_operation_offset_endpoint_and_cause() {

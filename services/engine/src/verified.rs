@@ -413,11 +413,13 @@ pub async fn verify_read_back(
 }
 
 /// [`verify_read_back`] of several targets written from one source (a fan-out): the
-/// source is hashed once, then each target read back, one after another. One result per
-/// target, in order; a target's failure does not stop the others.
+/// source is hashed once, then each target read back, one after another. Each target comes
+/// as the caller opened it for reading, or as the error that opening gave ("verify: cannot
+/// read it back", of that error's kind). One result per target, in order; a target's
+/// failure does not stop the others.
 pub async fn verify_read_backs(
     source: Arc<dyn Source>,
-    targets: Vec<Arc<dyn Source>>,
+    targets: Vec<Result<Arc<dyn Source>>>,
     options: &ChecksumOptions,
     progress: &Progress,
     cancel: &CancellationToken,
@@ -428,6 +430,13 @@ pub async fn verify_read_backs(
         .map_err(|e| reworded(e, "verify: checksum of the source"))?;
     let mut results = Vec::with_capacity(targets.len());
     for target in targets {
+        let target = match target {
+            Ok(target) => target,
+            Err(e) => {
+                results.push(Err(reworded(e, "verify: cannot read it back")));
+                continue;
+            }
+        };
         let started = Instant::now();
         let name = target.describe();
         let result = async {
@@ -752,6 +761,38 @@ mod tests {
         // The read-back handle is opened with the copy, but nothing was committed to read.
         assert_eq!(run_failing.reader.reads.load(Ordering::SeqCst), 0);
         assert_eq!(run_failing.stages, [Stage::Copy]);
+    }
+
+    /// A fan-out's read-backs: a target that matches passes, a damaged one and one that
+    /// could not be opened fail alone (the open error keeps its kind), in the callers' order.
+    #[tokio::test]
+    async fn read_backs_fail_one_by_one() {
+        let source = image();
+        let mut damaged_bytes = source.data().to_vec();
+        damaged_bytes[5] ^= 0xff;
+        let good: Arc<dyn Source> = Arc::new(source.clone());
+        let damaged: Arc<dyn Source> = Arc::new(MemSource::new(damaged_bytes));
+        let unopened = Err(Error::new(ErrorKind::NotFound, "no such target"));
+        let results = verify_read_backs(
+            Arc::new(source.clone()),
+            vec![Ok(good), unopened, Ok(damaged)],
+            &ChecksumOptions::default(),
+            &Progress::new(),
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(results.len(), 3);
+        let passed = results[0].as_ref().unwrap();
+        assert_eq!(passed.source, passed.target);
+        let e = results[1].as_ref().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound);
+        assert!(
+            e.to_string()
+                .contains("verify: cannot read it back: no such target"),
+            "{e}"
+        );
+        assert_eq!(results[2].as_ref().unwrap_err().kind(), ErrorKind::Corrupt);
     }
 
     /// The target is read back while the copy still writes it (a slow target, one worker:

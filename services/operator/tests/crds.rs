@@ -12,7 +12,7 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-const REGENERATE: &str = "cargo run -p ferry-mover --bin ferry -- operator crds > deploy/crds.yaml";
+const REGENERATE: &str = "cargo run -p ferry --bin ferry -- operator crds > deploy/crds.yaml";
 
 #[test]
 fn deploy_crds_yaml_is_the_generated_output() {

@@ -4,5 +4,5 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    ferry_mover::app::main()
+    ferry::app::main()
 }

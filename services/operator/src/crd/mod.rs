@@ -73,7 +73,7 @@ pub fn crds_yaml() -> Result<String, CrdYamlError> {
     let mut out = String::from(
         "# The ferry CustomResourceDefinitions, generated from the Rust types by\n\
          # `ferry operator crds`: do not edit; regenerate with\n\
-         # cargo run -p ferry-mover --bin ferry -- operator crds > deploy/crds.yaml\n",
+         # cargo run -p ferry --bin ferry -- operator crds > deploy/crds.yaml\n",
     );
     for crd in crds() {
         out.push_str("---\n");

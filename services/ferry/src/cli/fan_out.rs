@@ -1,0 +1,150 @@
+//! `ferry copy SRC DST1 DST2 ...`: one pass over the source into several targets.
+//!
+//! The engine's [`FanOut`] reads each extent once and writes it to every target; a target
+//! that fails is dropped and the others go on. With `--verify` the source is hashed once
+//! and every target that holds the image is read back and compared. What printed: the
+//! summary of the targets that hold the image (stdout, as for one target) and one line
+//! per failed target (stderr); the exit status is 0 only if every target holds the image.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use ferry_core::{EndpointSpec, Target};
+use ferry_endpoints::open_source;
+use ferry_engine::{verify_read_backs, CancellationToken, FanOut, Progress, Stage};
+
+use super::copy::{CopyArgs, Opened};
+use super::summary::{CopySummary, FailedTarget};
+use super::{cancel_on_ctrl_c, interrupted, progress};
+
+/// Exit status when some targets hold the image and others do not.
+const EXIT_SOME_FAILED: u8 = 1;
+
+/// Copies the opened source into every target.
+pub(super) async fn run(
+    args: &CopyArgs,
+    opened: Opened,
+    specs: &[EndpointSpec],
+    targets: Vec<Arc<dyn Target>>,
+) -> anyhow::Result<ExitCode> {
+    let Opened {
+        source,
+        source_name,
+        source_options,
+    } = opened;
+    let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
+    let options = args.copy_options();
+    tracing::debug!(source = %source_name, targets = ?names, size = source.size(), ?options, "fan-out copy");
+    let fan = Arc::new(
+        FanOut::new(source.clone(), targets).map_err(|e| super::failed(e, "cannot copy"))?,
+    );
+    let cancel = CancellationToken::new();
+    let ctrl_c = cancel_on_ctrl_c(&cancel);
+    let (copy_progress, verify_progress) = (Progress::new(), Progress::new());
+    let display = progress::Stages::start(&copy_progress, &verify_progress, args.progress.choice());
+    display.enter(Stage::Copy);
+    let copied = ferry_engine::copy(
+        source.clone(),
+        fan.clone(),
+        &options,
+        &copy_progress,
+        &cancel,
+    )
+    .await;
+    let mut failures: Vec<Option<String>> = fan
+        .outcomes()
+        .into_iter()
+        .map(|o| o.error.map(|f| f.message))
+        .collect();
+    let report = match copied {
+        Ok(report) => report,
+        Err(e) => {
+            display.finish().await;
+            let _ = source.close().await;
+            if ctrl_c.is_cancelled() {
+                return Ok(interrupted(
+                    "the copy was cancelled; every target is incomplete",
+                ));
+            }
+            return Err(super::failed(e, "copy failed"));
+        }
+    };
+    let mut verified = None;
+    if args.verify {
+        display.enter(Stage::Verify);
+        let mut indexes = Vec::new();
+        let mut read_backs = Vec::new();
+        for (i, spec) in specs.iter().enumerate() {
+            if failures[i].is_none() {
+                indexes.push(i);
+                read_backs.push(open_source(spec, &source_options).await);
+            }
+        }
+        let results = verify_read_backs(
+            source.clone(),
+            read_backs,
+            &args.verify_options(),
+            &verify_progress,
+            &cancel,
+        )
+        .await;
+        let results = match results {
+            Ok(results) => results,
+            Err(e) => {
+                display.finish().await;
+                if ctrl_c.is_cancelled() {
+                    return Ok(interrupted("the verification was cancelled"));
+                }
+                return Err(anyhow::anyhow!("{e}"));
+            }
+        };
+        for (i, result) in indexes.into_iter().zip(results) {
+            match result {
+                Ok(v) => verified = Some(v),
+                Err(e) => failures[i] = Some(e.to_string()),
+            }
+        }
+    }
+    display.finish().await;
+    let _ = source.close().await;
+    cancel.cancel();
+
+    let holding: Vec<&str> = names
+        .iter()
+        .zip(&failures)
+        .filter(|(_, f)| f.is_none())
+        .map(|(n, _)| n.as_str())
+        .collect();
+    let failed: Vec<FailedTarget> = names
+        .iter()
+        .zip(failures)
+        .filter_map(|(name, f)| {
+            f.map(|error| FailedTarget {
+                target: name.clone(),
+                error,
+            })
+        })
+        .collect();
+    for f in &failed {
+        eprintln!("ferry: {}: {}", f.target, f.error);
+    }
+    if holding.is_empty() {
+        anyhow::bail!("no target holds the image");
+    }
+    let mut summary = CopySummary::new(source_name, holding.join(", "), &report);
+    if let Some(v) = &verified {
+        summary = summary.with_digests(&v.source, &v.target, v.elapsed);
+    }
+    let some_failed = !failed.is_empty();
+    summary.failed_targets = failed;
+    if args.json {
+        println!("{}", summary.to_json());
+    } else {
+        println!("{}", summary.to_text());
+    }
+    Ok(if some_failed {
+        ExitCode::from(EXIT_SOME_FAILED)
+    } else {
+        ExitCode::SUCCESS
+    })
+}

@@ -1,0 +1,339 @@
+//! `ferry operator`: the Kubernetes side of ferry. `ferry operator crds` prints the
+//! CustomResourceDefinitions generated from ferry-operator's types (deploy/crds.yaml is
+//! exactly this output); `ferry operator run` runs the operator: it waits to lead
+//! through a Lease, then runs the controllers until a termination signal (releasing the
+//! Lease) or until it loses the Lease (exiting non-zero, so the pod restarts as a
+//! follower). Logs and traces are set up as for `ferry serve`; the operator's metrics
+//! are served on their own port.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use ferry_operator::controller::{self, OperatorSettings};
+use ferry_operator::leader::{self, Elector, LeaseConfig};
+use ferry_operator::metrics::OperatorMetrics;
+use ferry_operator::mover::MoverDefaults;
+use ferry_operator::populator;
+use tokio_util::sync::CancellationToken;
+
+use crate::operator_link::GrpcMoverLink;
+use ferry_server::metrics;
+use ferry_server::telemetry::{self, LogFormat};
+
+/// Where a pod finds its own namespace.
+const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+/// Arguments of `ferry operator`.
+#[derive(Debug, clap::Args)]
+pub struct OperatorArgs {
+    #[command(subcommand)]
+    command: OperatorCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum OperatorCommand {
+    /// Print the CustomResourceDefinitions as one multi-document YAML stream
+    /// (kubectl apply -f - installs them).
+    Crds,
+    /// Run the operator (in a pod, or against the cluster of the kubeconfig).
+    Run(Box<RunArgs>),
+}
+
+/// Flags of `ferry operator run`; each has an environment fallback.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Image of the mover pods (the ferry image).
+    #[arg(long, env = "FERRY_OPERATOR_MOVER_IMAGE")]
+    pub mover_image: String,
+    /// Pull policy of the mover image [default: Kubernetes' own].
+    #[arg(long, env = "FERRY_OPERATOR_MOVER_PULL_POLICY", value_parser = ["Always", "IfNotPresent", "Never"])]
+    pub mover_pull_policy: Option<String>,
+    /// Service account of mover pods when a resource names none.
+    #[arg(long, env = "FERRY_OPERATOR_MOVER_SERVICE_ACCOUNT")]
+    pub mover_service_account: Option<String>,
+    /// Most mover pods at once in the cluster (0: no limit).
+    #[arg(long, env = "FERRY_OPERATOR_MAX_MOVERS", default_value_t = 0)]
+    pub max_movers: usize,
+    /// Most mover pods at once on one node (0: no limit).
+    #[arg(long, env = "FERRY_OPERATOR_MAX_MOVERS_PER_NODE", default_value_t = 0)]
+    pub max_movers_per_node: usize,
+    /// Mover pods one resource may start before it fails (at least 1).
+    #[arg(long, env = "FERRY_OPERATOR_MAX_ATTEMPTS", default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_attempts: u32,
+    /// Address of the operator's metrics (/metrics), or "off".
+    #[arg(
+        long,
+        env = "FERRY_OPERATOR_METRICS_LISTEN",
+        default_value = "0.0.0.0:9090"
+    )]
+    pub metrics_listen: String,
+    /// Namespace of the leader Lease [default: the pod's namespace, else "default"].
+    #[arg(long, env = "FERRY_OPERATOR_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// Name of the leader Lease.
+    #[arg(
+        long,
+        env = "FERRY_OPERATOR_LEASE_NAME",
+        default_value = "ferry-operator"
+    )]
+    pub lease_name: String,
+    /// Watch only this namespace [default: all namespaces].
+    #[arg(long, env = "FERRY_OPERATOR_WATCH_NAMESPACE")]
+    pub watch_namespace: Option<String>,
+    /// Log format.
+    #[arg(long, env = "FERRY_LOG_FORMAT", value_enum, default_value = "json")]
+    pub log_format: LogFormat,
+    /// Log filter (tracing EnvFilter syntax).
+    #[arg(long, env = "FERRY_LOG", default_value = "info")]
+    pub log_filter: String,
+}
+
+impl RunArgs {
+    /// The reconcilers' settings.
+    pub fn settings(&self) -> OperatorSettings {
+        let mut settings = OperatorSettings::new(MoverDefaults {
+            image: self.mover_image.clone(),
+            image_pull_policy: self.mover_pull_policy.clone(),
+            resources: None,
+            node_selector: Default::default(),
+            tolerations: vec![],
+            priority_class_name: None,
+            service_account_name: self.mover_service_account.clone(),
+        });
+        settings.max_movers = self.max_movers;
+        settings.max_movers_per_node = self.max_movers_per_node;
+        settings.max_attempts = self.max_attempts;
+        settings.watch_namespace = self.watch_namespace.clone();
+        settings
+    }
+
+    /// The metrics address, None for "off".
+    pub fn metrics_addr(&self) -> anyhow::Result<Option<SocketAddr>> {
+        if self.metrics_listen == "off" {
+            return Ok(None);
+        }
+        let addr = self.metrics_listen.parse().with_context(|| {
+            format!(
+                "--metrics-listen '{}' is neither an address (host:port) nor 'off'",
+                self.metrics_listen
+            )
+        })?;
+        Ok(Some(addr))
+    }
+
+    /// The Lease namespace: the flag, else the pod's namespace, else `default`.
+    pub fn lease_namespace(&self) -> String {
+        self.lease_namespace
+            .clone()
+            .or_else(|| {
+                std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE)
+                    .ok()
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+            })
+            .unwrap_or_else(|| "default".to_string())
+    }
+}
+
+/// Runs `ferry operator ...`.
+pub async fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
+    match args.command {
+        OperatorCommand::Crds => {
+            let yaml = ferry_operator::crd::crds_yaml()?;
+            std::io::stdout()
+                .lock()
+                .write_all(yaml.as_bytes())
+                .context("cannot write the CRDs to stdout")?;
+            Ok(ExitCode::SUCCESS)
+        }
+        OperatorCommand::Run(args) => run_operator(*args).await,
+    }
+}
+
+/// `ferry operator run`: checks the flags, connects, serves metrics, then leads.
+async fn run_operator(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let metrics_addr = args.metrics_addr()?;
+    let mut telemetry = telemetry::init(args.log_format, &args.log_filter)?;
+    let client = kube::Client::try_default().await.map_err(|e| {
+        anyhow::anyhow!(
+            "no Kubernetes cluster to talk to: {e} (run in a pod, or set KUBECONFIG to a valid kubeconfig)"
+        )
+    })?;
+    let metrics = Arc::new(OperatorMetrics::new());
+    let stop_metrics = CancellationToken::new();
+    if let Some(addr) = metrics_addr {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen for metrics on {addr}"))?;
+        tracing::info!(%addr, "serving operator metrics");
+        tokio::spawn(serve_metrics(
+            listener,
+            metrics.clone(),
+            stop_metrics.clone(),
+        ));
+    }
+    let config = LeaseConfig::new(
+        &args.lease_namespace(),
+        &args.lease_name,
+        &leader::identity(),
+    );
+    let elector = Elector::new(client.clone(), config);
+    let result = lead(client, args.settings(), &elector, &metrics).await;
+    stop_metrics.cancel();
+    telemetry.shutdown();
+    result
+}
+
+/// Waits to lead (or for a termination signal), runs the controllers while leading, and
+/// hands the Lease over when they stop.
+async fn lead(
+    client: kube::Client,
+    settings: OperatorSettings,
+    elector: &Elector,
+    metrics: &Arc<OperatorMetrics>,
+) -> anyhow::Result<ExitCode> {
+    tokio::select! {
+        () = elector.acquire() => {}
+        signal = termination() => {
+            signal?;
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+    metrics.leader.set(1);
+    let link = Arc::new(GrpcMoverLink::default());
+    let controllers = async {
+        let (ran, populated) = tokio::join!(
+            controller::run(client.clone(), settings, link, metrics.clone()),
+            populator::run(client),
+        );
+        ran.context("the controllers stopped")?;
+        populated.context("the volume populator stopped")
+    };
+    let outcome = tokio::select! {
+        ran = controllers => Ok(ran),
+        lost = elector.hold() => Err(lost),
+    };
+    metrics.leader.set(0);
+    match outcome {
+        Ok(ran) => {
+            release(elector).await;
+            ran?;
+            tracing::info!("stopped");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(lost) => bail!("{lost}: stopping so that this pod restarts as a follower"),
+    }
+}
+
+async fn release(elector: &Elector) {
+    match elector.release().await {
+        Ok(true) => tracing::info!("released the leader lease"),
+        Ok(false) => tracing::info!("the leader lease was no longer ours"),
+        Err(e) => tracing::warn!(error = %e, "cannot release the leader lease"),
+    }
+}
+
+/// SIGTERM or Ctrl-C.
+async fn termination() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("cannot install a SIGTERM handler")?;
+    tokio::select! {
+        _ = term.recv() => {}
+        r = tokio::signal::ctrl_c() => r.context("cannot wait for Ctrl-C")?,
+    }
+    tracing::info!("termination signal while following");
+    Ok(())
+}
+
+/// Serves the operator's metrics on `listener` (`GET /metrics`) until `stop` fires.
+async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    operator: Arc<OperatorMetrics>,
+    stop: CancellationToken,
+) {
+    metrics::serve(
+        listener,
+        metrics::EncodedBy(move || operator.encode()),
+        stop,
+    )
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    #[test]
+    fn flags_become_settings() {
+        let cli = Cli::try_parse_from([
+            "x",
+            "--mover-image",
+            "ferry:1",
+            "--max-movers",
+            "8",
+            "--max-movers-per-node",
+            "2",
+            "--max-attempts",
+            "3",
+            "--watch-namespace",
+            "imports",
+            "--lease-namespace",
+            "ops",
+            "--metrics-listen",
+            "off",
+        ])
+        .unwrap();
+        let s = cli.run.settings();
+        assert_eq!(s.mover.image, "ferry:1");
+        assert_eq!((s.max_movers, s.max_movers_per_node), (8, 2));
+        assert_eq!(s.max_attempts, 3);
+        assert_eq!(s.watch_namespace.as_deref(), Some("imports"));
+        assert_eq!(cli.run.lease_namespace(), "ops");
+        assert_eq!(cli.run.lease_name, "ferry-operator");
+        assert_eq!(cli.run.metrics_addr().unwrap(), None);
+    }
+
+    #[test]
+    fn a_bad_metrics_address_is_refused() {
+        let cli =
+            Cli::try_parse_from(["x", "--mover-image", "i", "--metrics-listen", "nope"]).unwrap();
+        let e = cli.run.metrics_addr().unwrap_err().to_string();
+        assert!(e.contains("--metrics-listen 'nope'"), "{e}");
+        assert!(Cli::try_parse_from(["x", "--mover-image", "i", "--max-attempts", "0"]).is_err());
+    }
+
+    #[tokio::test]
+    async fn the_operator_metrics_are_served_on_their_port() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let operator = Arc::new(OperatorMetrics::new());
+        operator.leader.set(1);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        tokio::spawn(serve_metrics(listener, operator, stop.clone()));
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut response = String::new();
+        conn.read_to_string(&mut response).await.unwrap();
+        stop.cancel();
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        assert!(
+            response.contains("\nferry_operator_leader 1\n"),
+            "{response}"
+        );
+        assert!(response.contains("ferry_operator_reconciles_total{kind=\"Transfer\"} 0"));
+    }
+}

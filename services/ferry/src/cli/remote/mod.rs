@@ -1,0 +1,10 @@
+//! The clients of a running job service: `ferry job` ([`job`]), `ferry schedule`
+//! ([`schedule`]) and `ferry backup ... --server` ([`backup`]). Each turns flags into a
+//! ferry-api request and prints the reply; they share how to reach the service
+//! ([`connection`]) and the `--json` shapes ([`json`]).
+
+pub mod backup;
+pub mod connection;
+pub mod job;
+pub mod json;
+pub mod schedule;

@@ -1,0 +1,181 @@
+//! The `ferry.v1.BackupService` gRPC handlers: create a repository, describe it, list
+//! and read its backups. Quick reads of small objects, answered at once (data moves in
+//! jobs). Requests are checked as job requests are (allowed roots, secret references).
+
+use tonic::{Request, Response, Status};
+
+use super::pages::{self, Position};
+use super::repository::{check_repository, InitSettings, RepoAccess};
+use super::results;
+use crate::convert::Validator;
+use crate::metrics::{Metrics, RequestGuard};
+use crate::status::ServiceError;
+use ferry_api::proto::{self, backup_service_server::BackupService};
+use ferry_backup::{BackupId, Manifest, Repository};
+use ferry_core::{Error, ErrorKind};
+
+/// Largest page ListSnapshots returns.
+pub const MAX_PAGE_SIZE: usize = 1000;
+/// Page size when the request leaves it 0.
+pub const DEFAULT_PAGE_SIZE: usize = 100;
+
+/// The service implementation.
+#[derive(Debug, Clone)]
+pub struct BackupApi {
+    validator: Validator,
+    metrics: Metrics,
+}
+
+impl BackupApi {
+    pub fn new(validator: Validator, metrics: Metrics) -> Self {
+        Self { validator, metrics }
+    }
+
+    fn access(&self, r: Option<&proto::Repository>) -> Result<RepoAccess, ServiceError> {
+        let resolved = check_repository(
+            &self.validator.roots,
+            &self.validator.secrets,
+            "repository",
+            r,
+        )?;
+        Ok(RepoAccess::new(&resolved, r))
+    }
+
+    async fn open(&self, r: Option<&proto::Repository>) -> Result<Repository, ServiceError> {
+        let access = self.access(r)?;
+        Ok(access.open(&self.validator.secrets, None).await?)
+    }
+}
+
+fn reply<T>(mut guard: RequestGuard, r: Result<T, ServiceError>) -> Result<Response<T>, Status> {
+    match r {
+        Ok(v) => {
+            guard.set_code(tonic::Code::Ok);
+            Ok(Response::new(v))
+        }
+        Err(e) => {
+            let status: Status = e.into();
+            guard.set_code(status.code());
+            Err(status)
+        }
+    }
+}
+
+fn info(url: String, repo: &Repository) -> proto::RepositoryInfo {
+    let c = repo.config();
+    proto::RepositoryInfo {
+        url,
+        id: c.id.clone(),
+        chunk_size: u64::from(c.chunk_size),
+        zstd_level: c.zstd_level.unwrap_or(0),
+        encrypted: repo.is_encrypted(),
+        format_version: c.format_version,
+    }
+}
+
+fn snapshot_id(text: &str) -> Result<BackupId, ServiceError> {
+    if text.is_empty() {
+        return Err(Error::invalid_input("id is empty: give a backup id").into());
+    }
+    text.parse()
+        .map_err(|e: Error| Error::invalid_input(format!("id: {}", e.message())).into())
+}
+
+#[tonic::async_trait]
+impl BackupService for BackupApi {
+    async fn init_repository(
+        &self,
+        request: Request<proto::InitRepositoryRequest>,
+    ) -> Result<Response<proto::RepositoryInfo>, Status> {
+        let guard = self.metrics.request("InitRepository");
+        let req = request.get_ref();
+        let r = async {
+            let access = self.access(req.repository.as_ref())?;
+            let settings = InitSettings::from_proto("options", &req.options.unwrap_or_default())?;
+            match access.init(&self.validator.secrets, &settings).await? {
+                Some(repo) => Ok(info(access.name(), &repo)),
+                None => Err(ServiceError::RepositoryExists { url: access.name() }),
+            }
+        }
+        .await;
+        reply(guard, r)
+    }
+
+    async fn get_repository(
+        &self,
+        request: Request<proto::GetRepositoryRequest>,
+    ) -> Result<Response<proto::RepositoryInfo>, Status> {
+        let guard = self.metrics.request("GetRepository");
+        let req = request.get_ref();
+        let r = async {
+            let access = self.access(req.repository.as_ref())?;
+            let repo = access.open(&self.validator.secrets, None).await?;
+            Ok(info(access.name(), &repo))
+        }
+        .await;
+        reply(guard, r)
+    }
+
+    async fn list_snapshots(
+        &self,
+        request: Request<proto::ListSnapshotsRequest>,
+    ) -> Result<Response<proto::ListSnapshotsResponse>, Status> {
+        let guard = self.metrics.request("ListSnapshots");
+        let req = request.get_ref();
+        let r = async {
+            let after = Position::parse(&req.page_token)?;
+            let size = match req.page_size as usize {
+                0 => DEFAULT_PAGE_SIZE,
+                n => n.min(MAX_PAGE_SIZE),
+            };
+            let repo = self.open(req.repository.as_ref()).await?;
+            let ids = repo.list_snapshots().await?;
+            let load = |id: BackupId| {
+                let repo = repo.clone();
+                async move {
+                    match repo.load_manifest(&id).await {
+                        Ok(m) => Ok(Some(m)),
+                        // Deleted by a prune since it was listed.
+                        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+                        Err(e) => Err(e),
+                    }
+                }
+            };
+            let wanted = |m: &Manifest| {
+                (req.source_id.is_empty() || m.source == req.source_id)
+                    && req
+                        .tags
+                        .iter()
+                        .all(|(k, v)| m.tags.get(k).is_some_and(|have| have == v))
+            };
+            let page = pages::page(&ids, after.as_ref(), size, load, wanted).await?;
+            let next_page_token = match page.manifests.last() {
+                Some(last) if page.more => Position::of(last).token(),
+                _ => String::new(),
+            };
+            let snapshots = page.manifests.iter().map(results::snapshot).collect();
+            Ok(proto::ListSnapshotsResponse {
+                snapshots,
+                next_page_token,
+            })
+        }
+        .await;
+        reply(guard, r)
+    }
+
+    async fn get_snapshot(
+        &self,
+        request: Request<proto::GetSnapshotRequest>,
+    ) -> Result<Response<proto::Snapshot>, Status> {
+        let guard = self.metrics.request("GetSnapshot");
+        let req = request.get_ref();
+        let r = async {
+            let id = snapshot_id(&req.id)?;
+            let repo = self.open(req.repository.as_ref()).await?;
+            let manifest = repo.load_manifest(&id).await?;
+            Ok(results::snapshot(&manifest))
+        }
+        .await;
+        reply(guard, r)
+    }
+}
