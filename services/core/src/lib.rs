@@ -5,6 +5,8 @@
 //! parse [`EndpointSpec`]s from URLs. This crate has no network or runtime dependencies
 //! so that it compiles in seconds and every layer can depend on it.
 
+#![forbid(unsafe_code)]
+
 pub mod backoff;
 mod buf;
 mod caps;

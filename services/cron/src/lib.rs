@@ -8,6 +8,8 @@
 //! always the next instant (a later pass of an earlier wall time can come first);
 //! [`CronSpec::next_after`] turns its answers into the next instant that is really later.
 
+#![forbid(unsafe_code)]
+
 use std::str::FromStr;
 
 use chrono::{DateTime, LocalResult, Offset, SubsecRound, TimeDelta, TimeZone, Utc};

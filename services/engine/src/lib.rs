@@ -9,6 +9,8 @@
 //! blksum-compatible block hash (or plain SHA-256) of a source on all cores.
 //! The engine knows nothing of protocols: only the traits of ferry-core.
 
+#![forbid(unsafe_code)]
+
 pub mod blkhash;
 mod blockcheck;
 mod checksum;

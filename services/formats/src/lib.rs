@@ -6,6 +6,8 @@
 //! guest-visible image ([`open_image`]), so the engine copies a qcow2 over HTTP or a
 //! .raw.xz from S3 exactly as it copies a raw file, never knowing the difference.
 
+#![forbid(unsafe_code)]
+
 mod detect;
 mod open;
 pub mod qcow2;

@@ -248,3 +248,44 @@ async fn changed_ranges_limit_reads_to_dirty_chunks() {
     assert_eq!(full.chunks_unchanged, 0);
     assert_eq!(full.manifest.block_hash, third.manifest.block_hash);
 }
+
+/// A target that takes writes smaller than a chunk: the engine reads parts of chunks, each
+/// chunk is fetched once for all its parts, and the image and its block hash come out
+/// whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_of_small_writes_gets_every_chunk_in_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = repo(&dir).await;
+    let data = image();
+    let (progress, cancel) = (Progress::new(), CancellationToken::new());
+    let report = backup(
+        &repo,
+        Arc::new(MemSource::new(data.clone())),
+        &BackupOptions::new("small"),
+        &progress,
+        &cancel,
+    )
+    .await
+    .unwrap();
+    let mut caps = Caps::default();
+    caps.block.maximum = 16 * 1024;
+    let target = RecordingTarget::new(data.len() as u64).with_caps(caps);
+    let restored = restore(
+        &repo,
+        &report.manifest.id,
+        Arc::new(target.clone()),
+        &RestoreOptions::new().with_workers(3),
+        &progress,
+        &cancel,
+    )
+    .await
+    .unwrap();
+    assert_eq!(target.data(), data);
+    assert!(restored.verified);
+    assert_eq!(restored.block_hash, to_hex(&digest_bytes(&data)));
+    let writes = target.writes();
+    assert!(
+        writes.iter().all(|(start, end)| end - start <= 16 * 1024),
+        "{writes:?}"
+    );
+}

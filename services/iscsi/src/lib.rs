@@ -6,6 +6,8 @@
 //! target's CmdSN window; R2T, NOP, ABORT TASK on timeout, logout; and the SBC commands
 //! a disk copy needs ([`Device`]). It knows nothing of ferry.
 
+#![forbid(unsafe_code)]
+
 pub mod bhs;
 mod config;
 mod device;

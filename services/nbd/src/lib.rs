@@ -22,6 +22,8 @@
 //! server that breaks the protocol gets [`Error::Protocol`] naming what it did, never a
 //! panic or a hang.
 
+#![forbid(unsafe_code)]
+
 mod client;
 mod config;
 mod error;

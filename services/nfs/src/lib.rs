@@ -14,6 +14,8 @@
 //! panics. The decoders are public so that they can be fuzzed: [`xdr::Decoder`],
 //! [`rpc::decode_reply`], [`v3::proto`]'s reply decoders and [`v4::ops::Reply`].
 
+#![forbid(unsafe_code)]
+
 pub mod commit;
 pub mod error;
 pub mod retry;

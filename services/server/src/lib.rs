@@ -12,6 +12,8 @@
 //! [`convert`] turns requests into those records and records into replies; [`status`] is
 //! the one mapping from errors to gRPC codes.
 
+#![forbid(unsafe_code)]
+
 pub mod admission;
 pub mod api;
 pub mod backups;

@@ -514,3 +514,21 @@ fn fan_out_validation() {
     let err = v.transfer(&req).unwrap_err();
     assert!(err.message().contains("at most 64"), "{err}");
 }
+
+/// Clients name kinds and states by ferry-api's names; the records name themselves the same
+/// way (in the store, the metric labels and the JSON).
+#[test]
+fn records_and_clients_name_kinds_and_states_alike() {
+    use ferry_api::names::{job_kind_name, job_state_name};
+    let mut kinds = 0;
+    for v in 0..32 {
+        if let Ok(Some(kind)) = kind_from_proto(v) {
+            assert_eq!(job_kind_name(v), kind.as_str());
+            kinds += 1;
+        }
+    }
+    assert_eq!(kinds, 7, "every JobKind has a record kind");
+    for state in JobState::ALL {
+        assert_eq!(job_state_name(output::state(state) as i32), state.as_str());
+    }
+}
