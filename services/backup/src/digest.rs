@@ -10,8 +10,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::LazyLock;
 
+use ferry_blkhash::{sha256, Hash, ZeroDigests, BLOCK_SIZE};
 use ferry_core::{Error, Result};
-use ferry_engine::blkhash::{sha256, Hash, ZeroDigests, BLOCK_SIZE};
 
 /// The SHA-256 of a whole block of zeroes.
 static ZERO_BLOCK: LazyLock<Hash> = LazyLock::new(|| ZeroDigests::new(0).for_len(BLOCK_SIZE));

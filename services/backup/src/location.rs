@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use ferry_core::{Error, Result};
-use ferry_endpoints::s3::S3Options;
+use ferry_s3::S3Options;
 
 use crate::store::{check_name, LocalStore, ObjectStore, S3Store};
 

@@ -22,7 +22,7 @@ use crate::index::{FixedIndex, MAX_INDEX_LEN};
 use crate::keys::{self, KdfParams};
 use crate::manifest::{BackupId, Manifest, MAX_MANIFEST_LEN};
 use crate::store::{get_required, get_required_into, ObjectStore, Put, PutMode};
-use ferry_engine::blkhash::Hash;
+use ferry_blkhash::Hash;
 
 const CONFIG: &str = "config";
 

@@ -5,7 +5,7 @@
 //! knowing which kind a URL names; each endpoint reads only its own part.
 
 use crate::http::HttpOptions;
-use crate::s3::S3Options;
+use ferry_s3::S3Options;
 
 /// How file I/O goes through the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

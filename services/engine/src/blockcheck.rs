@@ -21,7 +21,7 @@
 //! damaged blocks could cancel out only with a probability of about 2^-64. It guards
 //! against corruption, not against someone forging a target on purpose.
 
-use crate::zero::is_zero;
+use ferry_blkhash::is_zero;
 
 /// The check value of block `index` (the block's bytes: a full block, or the image's short
 /// last one).
@@ -42,7 +42,7 @@ pub(crate) fn data_block_value(index: u64, block: &[u8]) -> u64 {
 /// block `first` on (the reference the engine's checks are tested against).
 #[cfg(test)]
 pub(crate) fn blocks_value(first: u64, buf: &[u8]) -> u64 {
-    buf.chunks(crate::blkhash::BLOCK_SIZE)
+    buf.chunks(ferry_blkhash::BLOCK_SIZE)
         .zip(first..)
         .fold(0u64, |sum, (block, index)| {
             sum.wrapping_add(block_value(index, block))
@@ -69,7 +69,7 @@ fn mix(mut z: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::blkhash::BLOCK_SIZE;
+    use ferry_blkhash::BLOCK_SIZE;
 
     const B: usize = BLOCK_SIZE;
 

@@ -7,11 +7,11 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use ferry_blkhash::{block_digest, to_hex, Combiner, Hash, ZeroDigests, BLOCK_SIZE};
 use ferry_core::{Error, ExtentKind, IoBuf, Result, Source};
 use futures::stream::{self, StreamExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::blkhash::{block_digest, to_hex, Combiner, Hash, ZeroDigests, BLOCK_SIZE};
 use crate::blockcheck::block_value;
 use crate::geometry::{round_down, round_up};
 use crate::hashers::Hashers;
@@ -515,8 +515,8 @@ async fn sha256(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::blkhash::digest_bytes;
     use async_trait::async_trait;
+    use ferry_blkhash::digest_bytes;
     use ferry_core::{BlockSizes, Caps, ErrorKind, Extent};
     use ferry_testkit::MemSource;
     use proptest::prelude::*;

@@ -4,13 +4,12 @@
 //! here in order while later reads are still running, and each is hashed on a blocking
 //! thread so the async workers stay free to drive those reads.
 
+use ferry_blkhash::{Hash, ZERO_PAGE};
 use ferry_core::{Error, IoBuf, Result};
 use sha2::{Digest as _, Sha256};
 use tokio::sync::mpsc;
 
-use crate::blkhash::Hash;
 use crate::pool::BufPool;
-use crate::zero::ZERO_PAGE;
 
 /// Hashes chunks in the order received: `(len, Some(buf))` holds the chunk's bytes,
 /// `(len, None)` stands for `len` zero bytes. Buffers go back to `pool`.

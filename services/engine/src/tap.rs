@@ -14,12 +14,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use ferry_blkhash::{is_zero, sha256, Combiner, Hash, ZeroDigests, BLOCK_SIZE};
 use ferry_core::{Error, Result};
 use parking_lot::Mutex;
 
-use crate::blkhash::{sha256, Combiner, Hash, ZeroDigests, BLOCK_SIZE};
 use crate::blockcheck::data_block_value;
-use crate::zero::is_zero;
 
 const BLOCK: u64 = BLOCK_SIZE as u64;
 
@@ -217,8 +216,8 @@ impl BlockTap {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::blkhash::digest_bytes;
     use crate::blockcheck::blocks_value;
+    use ferry_blkhash::digest_bytes;
     use proptest::prelude::*;
 
     /// Hands `data` to a tap in the given pieces (in the given order), zero pieces as

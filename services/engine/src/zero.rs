@@ -1,17 +1,11 @@
 //! Zero detection: which blocks of a read buffer are all zeroes.
 //!
-//! Every byte the copy reads passes through here, so the check must run near memory
-//! speed: it compares against a static zero page (glibc's vectorized memcmp) instead of
-//! looking at bytes one at a time.
+//! Every byte the copy reads passes through here. The check of one block is
+//! [`ferry_blkhash::is_zero`] (a compare against a static zero page, near memory speed),
+//! shared with the block hash; this module splits a buffer into zero and data runs on the
+//! image's sparse grid.
 
-/// A page of zeroes to compare against, and to feed hashers for zero ranges.
-pub(crate) static ZERO_PAGE: [u8; 64 * 1024] = [0; 64 * 1024];
-
-/// Whether every byte of `buf` is zero.
-pub fn is_zero(buf: &[u8]) -> bool {
-    buf.chunks(ZERO_PAGE.len())
-        .all(|chunk| chunk == &ZERO_PAGE[..chunk.len()])
-}
+use ferry_blkhash::is_zero;
 
 /// A run of a buffer that is all zeroes or holds data, relative to the buffer start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,18 +78,6 @@ mod tests {
         let mut out = Vec::new();
         scan(buf, offset, sparse, image_end, &mut out);
         out.iter().map(|r| (r.start, r.len, r.zero)).collect()
-    }
-
-    #[test]
-    fn is_zero_finds_any_set_byte() {
-        let mut buf = vec![0u8; 200_000];
-        assert!(is_zero(&buf));
-        assert!(is_zero(&[]));
-        for pos in [0, 1, 15, 16, 65_535, 65_536, 199_999] {
-            buf[pos] = 1;
-            assert!(!is_zero(&buf), "{pos}");
-            buf[pos] = 0;
-        }
     }
 
     #[test]

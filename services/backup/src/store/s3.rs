@@ -1,5 +1,5 @@
 //! [`S3Store`]: a repository under a prefix of an S3 bucket (AWS or any S3-compatible
-//! store), through the same SDK client and options as ferry's S3 endpoint.
+//! store), through the same SDK client and options as ferry's S3 endpoint (ferry-s3).
 //!
 //! Create-only writes use `If-None-Match: *` and lease replacement `If-Match: <ETag>`
 //! (both answered with 412 when the condition fails); `touch` copies an object onto
@@ -16,7 +16,7 @@ use aws_sdk_s3::types::{ChecksumAlgorithm, MetadataDirective};
 use aws_sdk_s3::Client;
 use bytes::Bytes;
 use ferry_core::{Error, ErrorKind, Result};
-use ferry_endpoints::s3::{sdk_error, S3Options};
+use ferry_s3::{crc32c_header, sdk_error, S3Options};
 
 use super::{check_name, too_large, whole_seconds, ObjectMeta, ObjectStore, Put, PutMode, Version};
 
@@ -51,7 +51,7 @@ impl S3Store {
 
     /// A store with a client built from `options` and the SDK's standard chain.
     pub async fn connect(bucket: impl Into<String>, prefix: &str, options: &S3Options) -> Self {
-        Self::new(ferry_endpoints::s3::client(options).await, bucket, prefix)
+        Self::new(ferry_s3::client(options).await, bucket, prefix)
             .with_checksums(options.checksums.unwrap_or(true))
     }
 
@@ -177,9 +177,7 @@ impl ObjectStore for S3Store {
         // The checksum is sent as a header and the payload left unsigned: the SDK's
         // defaults (a signed payload, a trailing checksum in an aws-chunked body) hash
         // every byte once more on both sides.
-        let crc = self
-            .checksums
-            .then(|| ferry_endpoints::s3::crc32c_header(&data));
+        let crc = self.checksums.then(|| crc32c_header(&data));
         let mut request = self
             .client
             .put_object()

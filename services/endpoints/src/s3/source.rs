@@ -8,9 +8,9 @@ use async_trait::async_trait;
 use aws_sdk_s3::Client;
 use ferry_core::spec::S3Spec;
 use ferry_core::{BlockSizes, Caps, Error, ErrorKind, IoBuf, Result, Source};
+use ferry_s3::{sdk_error, S3Options};
 
-use super::error::{from_sdk, Subject};
-use super::{client, FerryMetadata, S3Options};
+use super::FerryMetadata;
 
 /// Ranged GET size when the caller chose none. Measured against s3s-fs on loopback
 /// (4 GiB, half data, 8 workers): 19.0 s at 256 KiB, 12.2 s at 4 MiB, 10.0 s at 8 MiB.
@@ -42,21 +42,20 @@ struct Inner {
 impl S3Source {
     /// HEADs the object; fails with NotFound naming the bucket or the key when either is missing.
     pub async fn open(spec: &S3Spec, options: &S3Options) -> Result<Self> {
-        let client = client::build(options).await;
+        let client = ferry_s3::client(options).await;
         Self::with_client(client, &spec.bucket, &spec.key).await
     }
 
     async fn with_client(client: Client, bucket: &str, key: &str) -> Result<Self> {
         let describe = format!("s3://{bucket}/{key}");
-        let subject = Subject { bucket, key };
         let head = match client.head_object().bucket(bucket).key(key).send().await {
             Ok(head) => head,
             Err(err) => {
-                let mut e = from_sdk(err, subject);
+                let mut e = sdk_error(err, bucket, key);
                 if e.kind() == ErrorKind::NotFound {
                     // HEAD answers carry no error code, so ask whether the bucket exists.
                     if let Err(b) = client.head_bucket().bucket(bucket).send().await {
-                        let b = from_sdk(b, Subject { bucket, key: "" });
+                        let b = sdk_error(b, bucket, "");
                         if b.kind() == ErrorKind::NotFound {
                             e = b;
                         }
@@ -83,7 +82,7 @@ impl S3Source {
             );
             metadata.block_hash = None;
         }
-        let attempts = client::max_attempts(&client);
+        let attempts = ferry_s3::max_attempts(&client);
         Ok(Self {
             inner: Arc::new(Inner {
                 client,
@@ -112,10 +111,6 @@ impl S3Source {
     async fn fetch(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let inner = &*self.inner;
         let len = buf.len() as u64;
-        let subject = Subject {
-            bucket: &inner.bucket,
-            key: &inner.key,
-        };
         let mut request = inner
             .client
             .get_object()
@@ -125,7 +120,10 @@ impl S3Source {
         if let Some(etag) = &inner.etag {
             request = request.if_match(etag);
         }
-        let response = request.send().await.map_err(|e| from_sdk(e, subject))?;
+        let response = request
+            .send()
+            .await
+            .map_err(|e| sdk_error(e, &inner.bucket, &inner.key))?;
         if let Some(n) = response.content_length() {
             if u64::try_from(n).ok() != Some(len) {
                 return Err(Error::protocol(format!(

@@ -41,15 +41,15 @@ use aws_sdk_s3::Client;
 use bytes::Bytes;
 use ferry_core::spec::S3Spec;
 use ferry_core::{BlockSizes, Caps, Error, ErrorKind, IoBuf, Result, Target, ZeroMode};
+use ferry_s3::{crc32c_header, sdk_error, S3Options};
 use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
-use super::error::{from_sdk, Subject};
 use super::metadata::is_block_hash;
 use super::parts::{part_size_for, BufferPool, Layout, PartBuffer, RangeSet, Segment};
 use super::sends::{Running, Sends};
-use super::{client, FerryMetadata, S3Options};
+use super::FerryMetadata;
 
 /// Objects up to this size can have their metadata replaced with one CopyObject.
 const MAX_COPY_OBJECT: u64 = 5 * 1024 * 1024 * 1024;
@@ -149,13 +149,7 @@ struct Upload {
 /// permission, which a writer may lack: a refusal is left for the upload itself to explain.
 async fn check_bucket(client: &Client, spec: &S3Spec, describe: &str) -> Result<()> {
     if let Err(e) = client.head_bucket().bucket(&spec.bucket).send().await {
-        let e = from_sdk(
-            e,
-            Subject {
-                bucket: &spec.bucket,
-                key: "",
-            },
-        );
+        let e = sdk_error(e, &spec.bucket, "");
         if e.kind() != ErrorKind::PermissionDenied {
             return Err(e.with_operation("open").with_endpoint(describe.to_string()));
         }
@@ -186,15 +180,9 @@ async fn create_upload(
         create = create.checksum_algorithm(ChecksumAlgorithm::Crc32C);
     }
     let out = create.send().await.map_err(|e| {
-        from_sdk(
-            e,
-            Subject {
-                bucket: &spec.bucket,
-                key: &spec.key,
-            },
-        )
-        .with_operation("open")
-        .with_endpoint(describe.to_string())
+        sdk_error(e, &spec.bucket, &spec.key)
+            .with_operation("open")
+            .with_endpoint(describe.to_string())
     })?;
     let id = out.upload_id().filter(|id| !id.is_empty()).ok_or_else(|| {
         Error::protocol("CreateMultipartUpload answered without an upload id")
@@ -210,7 +198,7 @@ impl S3Target {
         let describe = format!("s3://{}/{}", spec.bucket, spec.key);
         let part_size = part_size_for(size, options.part_size)
             .map_err(|e| e.with_operation("open").with_endpoint(describe.clone()))?;
-        let client = client::build(options).await;
+        let client = ferry_s3::client(options).await;
         let layout = Layout { size, part_size };
         let single = size <= part_size;
         let checksums = options.checksums.unwrap_or(true);
@@ -298,13 +286,6 @@ impl PartIo {
         format!("s3://{}/{}", self.bucket, self.key)
     }
 
-    fn subject(&self) -> Subject<'_> {
-        Subject {
-            bucket: &self.bucket,
-            key: &self.key,
-        }
-    }
-
     fn fail(&self, e: &Error) {
         let mut failure = self.failure.lock();
         if failure.is_none() {
@@ -327,7 +308,7 @@ impl PartIo {
         if let Some((_, c)) = cache.iter().find(|(n, _)| *n == len) {
             return c.clone();
         }
-        let c = super::crc32c_header(&self.zero[..len]);
+        let c = crc32c_header(&self.zero[..len]);
         cache.push((len, c.clone()));
         c
     }
@@ -336,7 +317,7 @@ impl PartIo {
     fn body(&self, content: Content) -> (Bytes, Option<String>) {
         match content {
             Content::Data(buf) => {
-                let crc = self.checksums.then(|| super::crc32c_header(buf.as_ref()));
+                let crc = self.checksums.then(|| crc32c_header(buf.as_ref()));
                 (Bytes::from_owner(buf), crc)
             }
             Content::Zero(len) => (
@@ -372,7 +353,7 @@ impl PartIo {
             .disable_payload_signing()
             .send()
             .await
-            .map_err(|e| from_sdk(e, self.subject()))?;
+            .map_err(|e| sdk_error(e, &self.bucket, &self.key))?;
         let etag = out.e_tag().ok_or_else(|| {
             Error::protocol(format!("UploadPart {number} answered without an ETag"))
         })?;
@@ -405,7 +386,7 @@ impl PartIo {
             .disable_payload_signing()
             .send()
             .await
-            .map_err(|e| from_sdk(e, self.subject()))?;
+            .map_err(|e| sdk_error(e, &self.bucket, &self.key))?;
         Ok(())
     }
 
@@ -436,7 +417,7 @@ impl PartIo {
             )
             .send()
             .await
-            .map_err(|e| from_sdk(e, self.subject()))?;
+            .map_err(|e| sdk_error(e, &self.bucket, &self.key))?;
         Ok(())
     }
 
@@ -460,7 +441,7 @@ impl PartIo {
         request
             .send()
             .await
-            .map_err(|e| from_sdk(e, self.subject()))?;
+            .map_err(|e| sdk_error(e, &self.bucket, &self.key))?;
         Ok(())
     }
 
@@ -503,7 +484,7 @@ impl PartIo {
                     tracing::debug!(endpoint = %self.describe(), "multipart upload aborted");
                     return Ok(());
                 }
-                Err(e) => from_sdk(e, self.subject()),
+                Err(e) => sdk_error(e, &self.bucket, &self.key),
             };
             if err.kind() == ErrorKind::NotFound && aborts > 0 {
                 return Ok(());

@@ -9,7 +9,7 @@ use aws_sdk_s3::config::{Credentials, Region};
 use aws_sdk_s3::Client;
 use aws_smithy_http_client::tls::{rustls_provider::CryptoMode, Provider};
 
-use super::S3Options;
+use crate::S3Options;
 
 /// The region used when nothing configures one: S3-compatible stores usually accept it.
 const FALLBACK_REGION: &str = "us-east-1";
@@ -69,7 +69,7 @@ pub(crate) async fn build(options: &S3Options) -> Client {
 
 /// The number of attempts the SDK makes for one request, reused for retries of body
 /// streams that break after the response started.
-pub(crate) fn max_attempts(client: &Client) -> u32 {
+pub fn max_attempts(client: &Client) -> u32 {
     client
         .config()
         .retry_config()

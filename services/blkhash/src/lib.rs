@@ -1,14 +1,24 @@
-//! The blksum-compatible block hash: the construction itself, apart from how the engine
-//! schedules it.
+//! ferry-blkhash: the blksum-compatible block hash, the construction itself, apart from how
+//! the engine schedules it.
 //!
 //! `digest = SHA-256( SHA-256(b0) || ... || SHA-256(bn-1) || LE64(L) )` over blocks of
 //! [`BLOCK_SIZE`] bytes, the last one short and unpadded. Block digests are independent
 //! (so they are computed in parallel) and combined in order; an all-zero block's digest
 //! is a constant, so zero ranges cost neither reading nor hashing.
+//!
+//! A crate of its own because two layers need it and neither may depend on the other: the
+//! engine's checksum and copy tap compute it, and the backup repository names chunks by
+//! their block digests (so an image is hashed once per backup, and a restore checks each
+//! chunk with the pass that rebuilds the image's hash). ferry-core could hold it, but then
+//! every crate would link sha2 for a hash most of them never compute.
+
+#![forbid(unsafe_code)]
+
+mod zero;
 
 use sha2::{Digest as _, Sha256};
 
-use crate::zero::{is_zero, ZERO_PAGE};
+pub use zero::{is_zero, ZERO_PAGE};
 
 /// Bytes per hashed block.
 pub const BLOCK_SIZE: usize = 64 * 1024;
