@@ -10,7 +10,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::LazyLock;
 
-use ferry_blkhash::{sha256, Hash, ZeroDigests, BLOCK_SIZE};
+use ferry_blkhash::{is_zero, sha256, Hash, ZeroDigests, BLOCK_SIZE};
 use ferry_core::{Error, Result};
 
 /// The SHA-256 of a whole block of zeroes.
@@ -49,13 +49,6 @@ pub(crate) fn blocks_are_zero(len: usize, blocks: &[Hash]) -> bool {
         return false;
     }
     tail == 0 || blocks[full] == ZeroDigests::new(tail as u64).for_len(tail)
-}
-
-/// Whether every byte of `data` is zero.
-pub(crate) fn is_zero(data: &[u8]) -> bool {
-    let mut words = data.chunks_exact(8);
-    let tail = words.remainder();
-    tail.iter().all(|&b| b == 0) && words.all(|w| w == [0u8; 8])
 }
 
 /// The name of a chunk: SHA-256 of its block digests in a plain repository, HMAC-SHA256

@@ -17,11 +17,12 @@ use crate::config::{
     check_chunk_size, check_zstd_level, Config, DEFAULT_CHUNK_SIZE, DEFAULT_ZSTD_LEVEL,
     FORMAT_VERSION, MAX_CONFIG_LEN,
 };
-use crate::digest::{block_digests, blocks_are_zero, is_zero, Digest};
+use crate::digest::{block_digests, blocks_are_zero, Digest};
 use crate::index::{FixedIndex, MAX_INDEX_LEN};
 use crate::keys::{self, KdfParams};
 use crate::manifest::{BackupId, Manifest, MAX_MANIFEST_LEN};
 use crate::store::{get_required, get_required_into, ObjectStore, Put, PutMode};
+use ferry_blkhash::is_zero;
 use ferry_blkhash::Hash;
 
 const CONFIG: &str = "config";

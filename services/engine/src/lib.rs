@@ -49,9 +49,3 @@ pub use verified::{
     copy_and_verify, verify_read_back, verify_read_backs, Prefix, Stage, StageError, Stages,
     Verification, VerifiedCopy, Verify,
 };
-
-/// The block hash moved to ferry-blkhash (so the backup repository can use it without the
-/// engine); `ferry_engine::blkhash::...` stays importable for the crates that use it.
-pub use ferry_blkhash as blkhash;
-/// Re-exported from ferry-blkhash, where the block hash shares it.
-pub use ferry_blkhash::is_zero;

@@ -23,8 +23,8 @@ use ferry_backup::{
     block_digests_known_zero, BackupId, ChunkPut, Digest, FixedIndex, Manifest, Repository,
     Session, SessionOptions, SnapshotInfo,
 };
+use ferry_blkhash::Hash;
 use ferry_core::{Error, ErrorKind, Extent, ExtentKind, IoBuf, Result, Source};
-use ferry_engine::blkhash::Hash;
 use ferry_engine::{CancellationToken, Progress};
 use parking_lot::Mutex;
 use tokio::task::JoinSet;
@@ -596,7 +596,7 @@ fn hash_chunk(
 }
 
 /// The block hash's block: holes are tracked in whole blocks.
-const BLOCK: u64 = ferry_engine::blkhash::BLOCK_SIZE as u64;
+const BLOCK: u64 = ferry_blkhash::BLOCK_SIZE as u64;
 
 /// Zeroes the blocks [`Shared::read_chunk`] left unfilled, before a chunk is stored.
 fn fill_holes(mut buf: IoBuf, holes: &[bool]) -> IoBuf {

@@ -37,8 +37,8 @@ use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
 use bytes::Bytes;
 use ferry_backup::{BackupId, FixedIndex, Manifest, PutMode, Repository, MAX_INDEX_ENTRIES};
+use ferry_blkhash::{sha256, Hash, BLOCK_SIZE};
 use ferry_core::{Error, ErrorKind, Result};
-use ferry_engine::blkhash::{sha256, Hash, BLOCK_SIZE};
 use zeroize::Zeroizing;
 
 use crate::change::ChangeDigest;

@@ -18,8 +18,8 @@
 //! the map, so equal digests mean equal content; and the zero blocks (holes, mostly,
 //! which are never read) cost nothing to hash.
 
-use ferry_engine::blkhash::BLOCK_SIZE;
-use ferry_engine::is_zero;
+use ferry_blkhash::is_zero;
+use ferry_blkhash::BLOCK_SIZE;
 
 /// The BLAKE3 derive-key context of change digests.
 pub const CONTEXT: &str = "ferry image backup 2026-12-03 chunk change digest v1";

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use ferry_engine::blkhash::{to_hex, Combiner, Hash, ZeroDigests, BLOCK_SIZE};
+use ferry_blkhash::{to_hex, Combiner, Hash, ZeroDigests, BLOCK_SIZE};
 
 /// The block digests of one chunk, or `Zero` for a chunk of zeroes (whose block digests
 /// are the precomputed zero digests).
@@ -89,7 +89,7 @@ impl OrderedHash {
 mod tests {
     use super::*;
     use ferry_backup::block_digests;
-    use ferry_engine::blkhash::digest_bytes;
+    use ferry_blkhash::digest_bytes;
 
     #[test]
     fn out_of_order_chunks_give_the_image_hash() {

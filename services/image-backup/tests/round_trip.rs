@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use ferry_backup::{InitOptions, LocalStore, Repository};
+use ferry_blkhash::{digest_bytes, to_hex};
 use ferry_core::{Caps, Result};
-use ferry_engine::blkhash::{digest_bytes, to_hex};
 use ferry_engine::{CancellationToken, Progress};
 use ferry_image_backup::{
     backup, restore, BackupOptions, ChangedRanges, ParentChoice, RestoreOptions, RestoreOrder,

@@ -25,10 +25,9 @@ pub use parts::{default_part_size, part_size_for, MAX_OBJECT_SIZE, MAX_PARTS, MI
 pub use source::{open_source, S3Source};
 pub use target::{open_target, S3Target};
 
-/// Moved to ferry-s3, the S3 client shared with the backup repository; re-exported so that
-/// `ferry_endpoints::s3::{S3Options, client, sdk_error, crc32c_header}` keep working for
-/// the crates that import them from here. New code imports them from `ferry_s3`.
-pub use ferry_s3::{client, crc32c_header, sdk_error, S3Options};
+/// The endpoint's options (`SourceOptions::s3`, `TargetOptions::s3`), from ferry-s3, the S3
+/// client the endpoint shares with the backup repository.
+pub use ferry_s3::S3Options;
 
 #[cfg(test)]
 mod tests {
