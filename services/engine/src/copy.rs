@@ -418,3 +418,6 @@ async fn advance(shared: &Shared, seq: &Sequencer, target: &dyn Target, end: u64
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

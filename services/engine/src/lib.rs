@@ -33,8 +33,6 @@ mod tap;
 mod verified;
 mod zero;
 
-#[cfg(test)]
-mod copy_tests;
 
 pub use checksum::{checksum, Digest};
 pub use copy::{copy, CopyReport};
