@@ -48,6 +48,16 @@ pub(crate) fn round_down(x: u64, to: u64) -> u64 {
     x / to * to
 }
 
+/// The largest read request of at most `wanted` bytes that a source with these caps takes:
+/// a multiple of its minimum block, no larger than its maximum, at least one minimum
+/// block. For readers outside the copy (a backup reading chunks) that must size requests
+/// as the copy does.
+pub fn read_request_size(caps: &Caps, wanted: u64) -> u64 {
+    let align = u64::from(caps.block.minimum.max(1));
+    let max_request = round_down(u64::from(caps.block.maximum), align).max(align);
+    round_down(wanted.min(max_request), align).max(align)
+}
+
 /// The request size when the caller chose none: the larger endpoint preference wins,
 /// because the side that pays a round trip per request gains far more from large
 /// requests than a local side loses.
@@ -145,6 +155,19 @@ impl Geometry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn read_requests_fit_the_source_blocks() {
+        let mut caps = Caps::default();
+        caps.block.minimum = 4096;
+        caps.block.maximum = 1_000_000;
+        assert_eq!(read_request_size(&caps, 4 << 20), 999_424);
+        assert_eq!(read_request_size(&caps, 10_000), 8192);
+        assert_eq!(read_request_size(&caps, 1), 4096);
+        caps.block.maximum = 100;
+        assert_eq!(read_request_size(&caps, 4 << 20), 4096);
+        assert_eq!(read_request_size(&Caps::default(), 4 << 20), 4 << 20);
+    }
     use ferry_core::BlockSizes;
 
     fn caps(minimum: u32, maximum: u32) -> Caps {

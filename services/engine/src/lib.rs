@@ -33,10 +33,10 @@ mod tap;
 mod verified;
 mod zero;
 
-
 pub use checksum::{checksum, Digest};
 pub use copy::{copy, CopyReport};
 pub use fanout::{Failure, FanOut, MemberOutcome};
+pub use geometry::read_request_size;
 pub use options::{
     ChecksumOptions, CommitOrder, CopyOptions, HashAlgorithm, DEFAULT_REQUEST_SIZE,
     DEFAULT_WORKERS, DEFAULT_WORK_UNIT,

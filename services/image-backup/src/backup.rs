@@ -180,10 +180,8 @@ pub async fn backup(
         options.workers.clamp(1, 1024)
     }
     .min(chunks.max(1));
-    let request = u64::from(caps.request_size.unwrap_or(0))
-        .max(DEFAULT_REQUEST)
-        .min(u64::from(caps.block.maximum.max(1)))
-        .max(1);
+    let wanted = u64::from(caps.request_size.unwrap_or(0)).max(DEFAULT_REQUEST);
+    let request = ferry_engine::read_request_size(&caps, wanted);
     progress.start(size, 0);
 
     let session = match &parent {

@@ -72,24 +72,15 @@ pub(super) async fn run(
     let mut verified = None;
     if args.verify {
         display.enter(Stage::Verify);
-        let mut indexes = Vec::new();
-        let mut read_backs = Vec::new();
-        for (i, spec) in specs.iter().enumerate() {
-            if failures[i].is_none() {
-                indexes.push(i);
-                read_backs.push(open_source(spec, &source_options).await);
-            }
-        }
-        let results = verify_read_backs(
-            source.clone(),
-            read_backs,
-            &args.verify_options(),
-            &verify_progress,
-            &cancel,
-        )
-        .await;
-        let results = match results {
-            Ok(results) => results,
+        let read_back = ReadBack {
+            source: source.clone(),
+            specs,
+            options: &source_options,
+            progress: &verify_progress,
+            cancel: &cancel,
+        };
+        match read_back.verify(args, &mut failures).await {
+            Ok(v) => verified = v,
             Err(e) => {
                 display.finish().await;
                 if ctrl_c.is_cancelled() {
@@ -97,18 +88,76 @@ pub(super) async fn run(
                 }
                 return Err(anyhow::anyhow!("{e}"));
             }
-        };
+        }
+    }
+    display.finish().await;
+    let _ = source.close().await;
+    cancel.cancel();
+    report_outcome(
+        args,
+        source_name,
+        &names,
+        failures,
+        &report,
+        verified.as_ref(),
+    )
+}
+
+/// What the verification of a fan-out reads back, and with what.
+struct ReadBack<'a> {
+    source: Arc<dyn ferry_core::Source>,
+    specs: &'a [EndpointSpec],
+    options: &'a ferry_endpoints::SourceOptions,
+    progress: &'a Progress,
+    cancel: &'a CancellationToken,
+}
+
+impl ReadBack<'_> {
+    /// Reads back every target that has not failed and compares it with the source; a
+    /// target that differs or cannot be read back gets its failure. Returns a verification
+    /// of a target that passed.
+    async fn verify(
+        &self,
+        args: &CopyArgs,
+        failures: &mut [Option<String>],
+    ) -> ferry_core::Result<Option<ferry_engine::Verification>> {
+        let mut indexes = Vec::new();
+        let mut read_backs = Vec::new();
+        for (i, spec) in self.specs.iter().enumerate() {
+            if failures[i].is_none() {
+                indexes.push(i);
+                read_backs.push(open_source(spec, self.options).await);
+            }
+        }
+        let results = verify_read_backs(
+            self.source.clone(),
+            read_backs,
+            &args.verify_options(),
+            self.progress,
+            self.cancel,
+        )
+        .await?;
+        let mut verified = None;
         for (i, result) in indexes.into_iter().zip(results) {
             match result {
                 Ok(v) => verified = Some(v),
                 Err(e) => failures[i] = Some(e.to_string()),
             }
         }
+        Ok(verified)
     }
-    display.finish().await;
-    let _ = source.close().await;
-    cancel.cancel();
+}
 
+/// Prints the summary of the targets that hold the image (stdout) and one line per failed
+/// target (stderr); the exit status says whether every target holds it.
+fn report_outcome(
+    args: &CopyArgs,
+    source_name: String,
+    names: &[String],
+    failures: Vec<Option<String>>,
+    report: &ferry_engine::CopyReport,
+    verified: Option<&ferry_engine::Verification>,
+) -> anyhow::Result<ExitCode> {
     let holding: Vec<&str> = names
         .iter()
         .zip(&failures)
@@ -131,8 +180,8 @@ pub(super) async fn run(
     if holding.is_empty() {
         anyhow::bail!("no target holds the image");
     }
-    let mut summary = CopySummary::new(source_name, holding.join(", "), &report);
-    if let Some(v) = &verified {
+    let mut summary = CopySummary::new(source_name, holding.join(", "), report);
+    if let Some(v) = verified {
         summary = summary.with_digests(&v.source, &v.target, v.elapsed);
     }
     let some_failed = !failed.is_empty();
