@@ -133,15 +133,17 @@ impl SnapshotSource {
         blob
     }
 
+    /// Starts fetching the first data chunk from `next` on in the same work unit (the one
+    /// this handle reads next), if there is one.
     fn fetch_ahead(&self, next: usize) {
         let inner = &self.inner;
-        let (offset, _) = inner.index.chunk_range(next);
-        let same_unit = offset % inner.unit != 0;
-        let data = inner.index.digest(next).is_some_and(|d| !d.is_zero());
-        if same_unit && data {
+        let chunks_per_unit = (inner.unit / inner.chunk_size).max(1) as usize;
+        let unit_end = (next.div_ceil(chunks_per_unit) * chunks_per_unit).min(inner.index.len());
+        let data = (next..unit_end).find(|&j| inner.index.digest(j).is_some_and(|d| !d.is_zero()));
+        if let Some(j) = data.filter(|_| next % chunks_per_unit != 0) {
             let fetcher = Arc::clone(inner);
-            let task = tokio::spawn(async move { fetcher.fetch(next).await });
-            *self.ahead.lock() = Some(Ahead { i: next, task });
+            let task = tokio::spawn(async move { fetcher.fetch(j).await });
+            *self.ahead.lock() = Some(Ahead { i: j, task });
         }
     }
 

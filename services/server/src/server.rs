@@ -103,6 +103,36 @@ pub async fn start(cfg: ServiceConfig) -> Result<RunningService> {
     start_with(cfg, Arc::new(Endpoints)).await
 }
 
+/// A service behind the bearer-token check (a no-op without a configured token).
+fn guarded<S>(
+    service: S,
+    cfg: &ServiceConfig,
+) -> tonic::service::interceptor::InterceptedService<S, BearerAuth> {
+    tonic::service::interceptor::InterceptedService::new(
+        service,
+        BearerAuth::new(cfg.auth_token.clone()),
+    )
+}
+
+/// The health service, every API (and the server as a whole) reported serving.
+async fn serving_health() -> (
+    tonic_health::server::HealthReporter,
+    tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health>,
+) {
+    let (health, service) = tonic_health::server::health_reporter();
+    for name in [
+        proto::JOB_SERVICE_NAME,
+        proto::SCHEDULE_SERVICE_NAME,
+        proto::BACKUP_SERVICE_NAME,
+        "",
+    ] {
+        health
+            .set_service_status(name, tonic_health::ServingStatus::Serving)
+            .await;
+    }
+    (health, service)
+}
+
 /// Starts the service with the given endpoint opener (tests inject faults with it).
 pub async fn start_with(cfg: ServiceConfig, opener: Arc<dyn Opener>) -> Result<RunningService> {
     let roots = AllowRoots::new(&cfg.allow_roots)?;
@@ -132,48 +162,18 @@ pub async fn start_with(cfg: ServiceConfig, opener: Arc<dyn Opener>) -> Result<R
     let backup_api = BackupServiceServer::new(BackupApi::new(validator.clone(), metrics.clone()))
         .max_decoding_message_size(cfg.max_message_bytes)
         .max_encoding_message_size(cfg.max_message_bytes);
-    let backup_api = tonic::service::interceptor::InterceptedService::new(
-        backup_api,
-        BearerAuth::new(cfg.auth_token.clone()),
-    );
+    let backup_api = guarded(backup_api, &cfg);
     let api = JobApi::new(manager.clone(), validator, stop.clone());
     let jobs = JobServiceServer::new(api)
         .max_decoding_message_size(cfg.max_message_bytes)
         .max_encoding_message_size(cfg.max_message_bytes);
-    let jobs = tonic::service::interceptor::InterceptedService::new(
-        jobs,
-        BearerAuth::new(cfg.auth_token.clone()),
-    );
+    let jobs = guarded(jobs, &cfg);
     let schedule_api = ScheduleServiceServer::new(ScheduleApi::new(schedules.clone()))
         .max_decoding_message_size(cfg.max_message_bytes)
         .max_encoding_message_size(cfg.max_message_bytes);
-    let schedule_api = tonic::service::interceptor::InterceptedService::new(
-        schedule_api,
-        BearerAuth::new(cfg.auth_token.clone()),
-    );
+    let schedule_api = guarded(schedule_api, &cfg);
 
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_service_status(
-            proto::JOB_SERVICE_NAME,
-            tonic_health::ServingStatus::Serving,
-        )
-        .await;
-    health
-        .set_service_status(
-            proto::SCHEDULE_SERVICE_NAME,
-            tonic_health::ServingStatus::Serving,
-        )
-        .await;
-    health
-        .set_service_status(
-            proto::BACKUP_SERVICE_NAME,
-            tonic_health::ServingStatus::Serving,
-        )
-        .await;
-    health
-        .set_service_status("", tonic_health::ServingStatus::Serving)
-        .await;
+    let (health, health_service) = serving_health().await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)

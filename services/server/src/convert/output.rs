@@ -83,9 +83,22 @@ pub fn show_urls<'a>(endpoints: impl IntoIterator<Item = &'a mut proto::Endpoint
     }
 }
 
-/// The wire form of a job.
-pub fn job_to_proto(r: &JobRecord) -> proto::Job {
-    let request = match r.kind {
+/// The wire value of a job kind.
+pub fn kind_to_proto(kind: JobKind) -> proto::JobKind {
+    match kind {
+        JobKind::Transfer => proto::JobKind::Transfer,
+        JobKind::Checksum => proto::JobKind::Checksum,
+        JobKind::Backup => proto::JobKind::Backup,
+        JobKind::Restore => proto::JobKind::Restore,
+        JobKind::RepositoryVerify => proto::JobKind::RepositoryVerify,
+        JobKind::Prune => proto::JobKind::Prune,
+        JobKind::Gc => proto::JobKind::Gc,
+    }
+}
+
+/// The request a job was started with, its URLs shown as the API shows them.
+fn request_to_proto(r: &JobRecord) -> Option<proto::job::Request> {
+    match r.kind {
         JobKind::Transfer => proto::StartTransferRequest::decode(r.request.as_slice())
             .ok()
             .map(proto::job::Request::Transfer),
@@ -125,8 +138,12 @@ pub fn job_to_proto(r: &JobRecord) -> proto::Job {
         };
         show_urls(endpoints);
         request
-    });
-    let result = r.result.as_ref().and_then(|res| match res {
+    })
+}
+
+/// The result of a finished job.
+fn result_to_proto(r: &JobRecord) -> Option<proto::job::Result> {
+    r.result.as_ref().and_then(|res| match res {
         ResultRecord::Transfer {
             size,
             data_bytes,
@@ -172,19 +189,15 @@ pub fn job_to_proto(r: &JobRecord) -> proto::Job {
         ResultRecord::Gc { result } => proto::GcResult::decode(result.as_slice())
             .ok()
             .map(proto::job::Result::GcResult),
-    });
+    })
+}
+
+/// The wire form of a job.
+pub fn job_to_proto(r: &JobRecord) -> proto::Job {
     let p = &r.progress;
     proto::Job {
         id: r.id.clone(),
-        kind: match r.kind {
-            JobKind::Transfer => proto::JobKind::Transfer as i32,
-            JobKind::Checksum => proto::JobKind::Checksum as i32,
-            JobKind::Backup => proto::JobKind::Backup as i32,
-            JobKind::Restore => proto::JobKind::Restore as i32,
-            JobKind::RepositoryVerify => proto::JobKind::RepositoryVerify as i32,
-            JobKind::Prune => proto::JobKind::Prune as i32,
-            JobKind::Gc => proto::JobKind::Gc as i32,
-        },
+        kind: kind_to_proto(r.kind) as i32,
         state: state(r.state) as i32,
         idempotency_key: r.idempotency_key.clone(),
         labels: r.labels.clone(),
@@ -202,8 +215,8 @@ pub fn job_to_proto(r: &JobRecord) -> proto::Job {
             bytes_per_second: p.bytes_per_second,
         }),
         attempt: r.attempt,
-        request,
-        result,
+        request: request_to_proto(r),
+        result: result_to_proto(r),
         error: r.error.as_ref().map(|e| proto::JobError {
             kind: e.kind.clone(),
             message: e.message.clone(),

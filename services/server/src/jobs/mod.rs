@@ -213,74 +213,15 @@ impl JobManager {
         }
         let (record, resume_from) = {
             let mut table = inner.table.lock();
-            if !acc.idempotency_key.is_empty() {
-                if let Some(id) = table.keys.get(&acc.idempotency_key) {
-                    let existing = &table.jobs[id].record;
-                    if existing.fingerprint == acc.fingerprint && existing.kind == acc.kind {
-                        return Ok(existing.clone());
-                    }
-                    return Err(ServiceError::KeyConflict {
-                        key: acc.idempotency_key,
-                        job_id: id.clone(),
-                    });
-                }
-            }
-            {
-                let sched = inner.sched.lock();
-                if acc.refuse_if_target_busy {
-                    for t in acc.plan.target_keys() {
-                        if sched.target_in_use(&t) || table_writes(&table, &t) {
-                            return Err(ServiceError::TargetBusy { target: t });
-                        }
-                    }
-                }
-                if sched.queued_len() >= inner.cfg.max_queued {
-                    return Err(ServiceError::QueueFull {
-                        limit: inner.cfg.max_queued,
-                    });
-                }
+            if let Some(existing) = inner.admission_check(&table, &acc)? {
+                return Ok(existing);
             }
             let seq = table.next_seq;
             table.next_seq += 1;
-            let resume_from = match acc.spec.as_ref() {
-                JobSpec::Transfer(t) => t.resume_from.clone(),
-                _ => None,
-            };
-            let record = JobRecord {
-                id: uuid::Uuid::now_v7().to_string(),
-                seq,
-                kind: acc.kind,
-                state: JobState::Queued,
-                idempotency_key: acc.idempotency_key,
-                fingerprint: acc.fingerprint,
-                labels: acc.labels,
-                priority: acc.priority,
-                created_ms: now_ms(),
-                started_ms: None,
-                ended_ms: None,
-                request: acc.request,
-                plan: acc.plan,
-                attempt: 0,
-                progress: Default::default(),
-                result: None,
-                error: None,
-                message: "queued".into(),
-                checkpoint: resume_from.as_ref().map(bounded),
-                targets: match acc.spec.as_ref() {
-                    JobSpec::Transfer(t) => {
-                        t.targets().map(|t| TargetRecord::new(t.name())).collect()
-                    }
-                    _ => Vec::new(),
-                },
-                source_version: None,
-            };
+            let spec = acc.spec.clone();
+            let (record, resume_from) = queued_record(acc, seq);
             inner.metrics.job_state(None, Some(JobState::Queued));
-            inner.insert_locked(
-                &mut table,
-                record.clone(),
-                Some(acc.spec),
-                resume_from.clone(),
-            );
+            inner.insert_locked(&mut table, record.clone(), Some(spec), resume_from.clone());
             (record, resume_from)
         };
         // A caller's checkpoint is stored with the job: it is where the job starts, the
@@ -465,6 +406,41 @@ impl JobManager {
     }
 }
 
+/// The record of a job just accepted, and the checkpoint it starts from (a caller's).
+fn queued_record(acc: Accepted, seq: u64) -> (JobRecord, Option<Checkpoint>) {
+    let (resume_from, targets) = match acc.spec.as_ref() {
+        JobSpec::Transfer(t) => (
+            t.resume_from.clone(),
+            t.targets().map(|t| TargetRecord::new(t.name())).collect(),
+        ),
+        _ => (None, Vec::new()),
+    };
+    let record = JobRecord {
+        id: uuid::Uuid::now_v7().to_string(),
+        seq,
+        kind: acc.kind,
+        state: JobState::Queued,
+        idempotency_key: acc.idempotency_key,
+        fingerprint: acc.fingerprint,
+        labels: acc.labels,
+        priority: acc.priority,
+        created_ms: now_ms(),
+        started_ms: None,
+        ended_ms: None,
+        request: acc.request,
+        plan: acc.plan,
+        attempt: 0,
+        progress: Default::default(),
+        result: None,
+        error: None,
+        message: "queued".into(),
+        checkpoint: resume_from.as_ref().map(bounded),
+        targets,
+        source_version: None,
+    };
+    (record, resume_from)
+}
+
 fn table_writes(table: &Table, target: &str) -> bool {
     table
         .jobs
@@ -548,6 +524,42 @@ impl Inner {
             self.insert_locked(&mut table, record, spec, checkpoint);
         }
         resumed
+    }
+
+    /// Whether `acc` may be queued now: the job an identical earlier request under the
+    /// same idempotency key created (`Some`), or an error for a key reused by another
+    /// request, a target another job writes (when the request refuses that), a full queue.
+    fn admission_check(
+        &self,
+        table: &Table,
+        acc: &Accepted,
+    ) -> Result<Option<JobRecord>, ServiceError> {
+        if !acc.idempotency_key.is_empty() {
+            if let Some(id) = table.keys.get(&acc.idempotency_key) {
+                let existing = &table.jobs[id].record;
+                if existing.fingerprint == acc.fingerprint && existing.kind == acc.kind {
+                    return Ok(Some(existing.clone()));
+                }
+                return Err(ServiceError::KeyConflict {
+                    key: acc.idempotency_key.clone(),
+                    job_id: id.clone(),
+                });
+            }
+        }
+        let sched = self.sched.lock();
+        if acc.refuse_if_target_busy {
+            for t in acc.plan.target_keys() {
+                if sched.target_in_use(&t) || table_writes(table, &t) {
+                    return Err(ServiceError::TargetBusy { target: t });
+                }
+            }
+        }
+        if sched.queued_len() >= self.cfg.max_queued {
+            return Err(ServiceError::QueueFull {
+                limit: self.cfg.max_queued,
+            });
+        }
+        Ok(None)
     }
 
     fn insert_locked(
