@@ -24,6 +24,7 @@ mod nbd_copy;
 mod nfs_copy;
 mod nfs_endpoint;
 mod nfs_v4;
+mod operator_link;
 mod qcow2_cli;
 mod s3_cli;
 mod s3_copy;

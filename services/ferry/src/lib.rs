@@ -4,10 +4,8 @@
 //! [`cli`] holds one module per command: the data path in this process (`copy`, `checksum`,
 //! `info`, `backup`), `serve` (flags, environment and a config file into ferry-server's
 //! configuration), `operator`, and [`cli::remote`], the clients of a running service
-//! (`ferry job`, `ferry schedule`, `ferry backup --server`). [`operator_link`] is the
-//! operator's gRPC link to its movers.
+//! (`ferry job`, `ferry schedule`, `ferry backup --server`).
 
 mod allocator;
 pub mod app;
 pub mod cli;
-pub mod operator_link;

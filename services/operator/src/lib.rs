@@ -27,9 +27,10 @@
 //! `ferry serve` with the PVCs attached (Filesystem volumes mounted under
 //! `/var/run/ferry/volumes/<pvc>`, Block volumes as devices at `/dev/ferry/<pvc>`), the
 //! referenced Secret keys projected read-only under `/var/run/ferry/secrets`, and a
-//! per-mover bearer token; the operator sends it the job over gRPC (the requests are built
-//! here as plain data, [`mover::request`]) and reads progress back from the job stream,
-//! never from logs. Kubernetes picks the node; the pod runs non-root wherever the volumes
+//! per-mover bearer token; the operator sends it the job over gRPC as a ferry-api request
+//! (built here by pure functions, [`mover::request`] and [`mover::backup_request`]) and
+//! reads progress back from the job stream ([`controller::GrpcMoverLink`]), never from
+//! logs. Kubernetes picks the node; the pod runs non-root wherever the volumes
 //! allow, with no privilege.
 //!
 //! **Reconcilers** ([`controller`]): one state machine for Transfers, Checksums and Backups (finalizer, spec
@@ -45,6 +46,8 @@
 //! **Leader election** ([`leader`]): one replica at a time runs the controllers, through
 //! a coordination.k8s.io Lease. **Metrics** ([`metrics`]): the operator's Prometheus
 //! metrics, counted by the reconcilers and sampled from the watched stores.
+
+#![forbid(unsafe_code)]
 
 pub mod controller;
 pub mod crd;

@@ -17,7 +17,6 @@ use ferry_operator::controller::repository::reconcile_repository;
 use ferry_operator::controller::restore::reconcile_restore;
 use ferry_operator::controller::{BackupSummary, JobFailure, JobRequest, JobState, PruneSummary};
 use ferry_operator::crd::{Backup, BackupRepository, BackupSchedule, Restore, VolumeMode};
-use ferry_operator::mover::backup_request::Parent;
 use ferry_operator::mover::{backup_pod, restore_pod, MoverPodInput, ResolvedPvc};
 use ferry_operator::schedule::{self, Clock};
 use kube::runtime::controller::Action;
@@ -326,20 +325,26 @@ async fn a_backup_backs_up_then_prunes_on_one_mover() {
     let Call::Start(JobRequest::Backup(request)) = &calls[0] else {
         panic!("{calls:?}")
     };
-    assert_eq!(request.source.url, "/dev/ferry/web1");
-    assert_eq!(request.repository.url, "s3://backups/site-a");
-    assert!(request.initialize);
+    assert_eq!(request.source.as_ref().unwrap().url, "/dev/ferry/web1");
+    assert_eq!(
+        request.repository.as_ref().unwrap().url,
+        "s3://backups/site-a"
+    );
+    assert!(request.init_if_missing.is_some());
     assert_eq!(request.source_id, "vms/web1");
-    assert_eq!(request.parent, Parent::Auto);
+    assert_eq!(request.parent, "auto");
     assert_eq!(request.tags["vm"], "web1");
     assert_eq!(request.idempotency_key, "uid-b/backup");
     assert_eq!(calls[1], Call::Watch(job_id("uid-b/backup")));
     let Call::Start(JobRequest::Prune(prune)) = &calls[2] else {
         panic!("{calls:?}")
     };
-    assert_eq!(prune.retain.daily, 7);
+    assert_eq!(prune.retention.as_ref().unwrap().keep_daily, 7);
     assert_eq!(prune.source_id, "vms/web1");
-    assert_eq!(prune.repository.url, "s3://backups/site-a");
+    assert_eq!(
+        prune.repository.as_ref().unwrap().url,
+        "s3://backups/site-a"
+    );
     assert_eq!(calls[3], Call::Watch(job_id("uid-b/prune")));
 
     // 4. Succeeded is final: no repository lookup, no request.
@@ -664,10 +669,13 @@ async fn a_restore_writes_the_backups_snapshot_into_the_claim() {
     };
     assert_eq!(request.snapshot_id, "20261202T030000Z-0a1b2c3d");
     assert_eq!(
-        request.target.url,
+        request.target.as_ref().unwrap().url,
         "/var/run/ferry/volumes/web1-copy/disk.img"
     );
-    assert_eq!(request.repository.url, "s3://backups/site-a");
+    assert_eq!(
+        request.repository.as_ref().unwrap().url,
+        "s3://backups/site-a"
+    );
     assert_eq!(request.idempotency_key, "uid-r1/restore");
 }
 

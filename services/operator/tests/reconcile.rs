@@ -7,9 +7,10 @@ use crate::support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_api::proto;
 use ferry_operator::controller::{reconcile, JobFailure, JobRequest, JobState, TargetReport};
 use ferry_operator::crd::VolumeMode;
-use ferry_operator::crd::{Checkpoint, Checksum, Transfer};
+use ferry_operator::crd::{Checksum, Transfer};
 use ferry_operator::mover::{transfer_pod, MoverPodInput, ResolvedPvc};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::Action;
@@ -333,18 +334,17 @@ async fn a_new_transfer_runs_to_success() {
     watch.task.await.unwrap();
     h.server.done().await;
     let calls = h.link.calls();
-    let Call::Start(JobRequest::Transfer {
-        request,
-        resume_from,
-    }) = &calls[0]
-    else {
+    let Call::Start(JobRequest::Transfer(request)) = &calls[0] else {
         panic!("{calls:?}")
     };
-    assert_eq!(request.source.url, "/dev/ferry/golden");
-    assert_eq!(request.target.url, "/var/run/ferry/volumes/copy/disk.img");
+    assert_eq!(request.source.as_ref().unwrap().url, "/dev/ferry/golden");
+    assert_eq!(
+        request.target.as_ref().unwrap().url,
+        "/var/run/ferry/volumes/copy/disk.img"
+    );
     assert_eq!(request.idempotency_key, "uid-1/0");
     assert_eq!(
-        resume_from, &None,
+        request.resume_from, None,
         "the first attempt has no checkpoint yet"
     );
     assert_eq!(calls[1], Call::Watch(id));
@@ -461,10 +461,16 @@ async fn a_killed_mover_is_replaced_and_resumes_from_the_checkpoint() {
     finish(task).await;
     h.server.done().await;
     let calls = h.link.calls();
-    let Call::Start(JobRequest::Transfer { resume_from, .. }) = &calls[0] else {
+    let Call::Start(JobRequest::Transfer(request)) = &calls[0] else {
         panic!("{calls:?}")
     };
-    assert_eq!(resume_from, &Some(Checkpoint::new(4 * MIB, [(0, MIB)])));
+    assert_eq!(
+        request.resume_from,
+        Some(proto::Checkpoint {
+            size: 4 * MIB,
+            committed: vec![proto::Range { start: 0, end: MIB }],
+        })
+    );
     h.ctx.stop_watch("uid-1");
     assert!(h.server.count <= 15, "{} requests", h.server.count);
 }
@@ -892,7 +898,10 @@ async fn a_checksum_writes_its_digest() {
     let Call::Start(JobRequest::Checksum(request)) = &calls[0] else {
         panic!("{calls:?}")
     };
-    assert_eq!(request.source.url, "/var/run/ferry/volumes/golden/disk.img");
+    assert_eq!(
+        request.source.as_ref().unwrap().url,
+        "/var/run/ferry/volumes/golden/disk.img"
+    );
     assert_eq!(request.idempotency_key, "uid-c");
     assert_eq!(h.server.count, 7);
 }
@@ -968,9 +977,11 @@ fn started(h: &Harness) -> Vec<(String, Vec<String>)> {
         .calls()
         .iter()
         .filter_map(|c| match c {
-            Call::Start(JobRequest::Transfer { request, .. }) => Some((
+            Call::Start(JobRequest::Transfer(request)) => Some((
                 request.idempotency_key.clone(),
-                std::iter::once(&request.target)
+                request
+                    .target
+                    .iter()
                     .chain(&request.more_targets)
                     .map(|t| t.url.clone())
                     .collect(),
@@ -1117,17 +1128,13 @@ async fn a_transient_target_failure_retries_only_that_target() {
     let status: ferry_operator::crd::TransferStatus =
         serde_json::from_value(again.clone()).unwrap();
     let jobs = ferry_operator::controller::MoverKind::jobs(t.as_ref(), &status, &pvcs).unwrap();
-    let [JobRequest::Transfer {
-        request,
-        resume_from,
-    }] = jobs.as_slice()
-    else {
+    let [JobRequest::Transfer(request)] = jobs.as_slice() else {
         panic!("{jobs:?}")
     };
     assert_eq!(request.idempotency_key, "uid-1/1");
-    assert_eq!(request.target.url, "/dev/ferry/other");
+    assert_eq!(request.target.as_ref().unwrap().url, "/dev/ferry/other");
     assert!(request.more_targets.is_empty());
-    assert_eq!(*resume_from, None);
+    assert_eq!(request.resume_from, None);
 }
 
 /// `expectedDigest`: the jobs verify with its algorithm, and a different digest fails
@@ -1170,13 +1177,14 @@ async fn a_digest_mismatch_fails_the_transfer() {
     h.ctx.take_watch("uid-1").unwrap().task.await.unwrap();
     h.server.done().await;
     let calls = h.link.calls();
-    let Call::Start(JobRequest::Transfer { request, .. }) = &calls[0] else {
+    let Call::Start(JobRequest::Transfer(request)) = &calls[0] else {
         panic!("{calls:?}")
     };
-    assert!(request.options.verify);
+    let options = request.options.as_ref().unwrap();
+    assert!(options.verify);
     assert_eq!(
-        request.options.verify_algorithm,
-        ferry_operator::crd::HashAlgorithm::Sha256
+        options.verify_algorithm,
+        proto::HashAlgorithm::Sha256 as i32
     );
 }
 

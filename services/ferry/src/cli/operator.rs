@@ -12,14 +12,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use ferry_operator::controller::{self, OperatorSettings};
+use ferry_operator::controller::{self, GrpcMoverLink, OperatorSettings};
 use ferry_operator::leader::{self, Elector, LeaseConfig};
 use ferry_operator::metrics::OperatorMetrics;
 use ferry_operator::mover::MoverDefaults;
 use ferry_operator::populator;
 use tokio_util::sync::CancellationToken;
 
-use crate::operator_link::GrpcMoverLink;
 use ferry_server::metrics;
 use ferry_server::telemetry::{self, LogFormat};
 

@@ -46,7 +46,9 @@ impl MoverKind for Checksum {
         _status: &ChecksumStatus,
         pvcs: &[ResolvedPvc],
     ) -> Result<Vec<JobRequest>, MoverError> {
-        Ok(vec![JobRequest::Checksum(checksum_request(self, pvcs)?)])
+        Ok(vec![JobRequest::Checksum(Box::new(checksum_request(
+            self, pvcs,
+        )?))])
     }
 
     fn observe(&self, status: &mut ChecksumStatus, reports: &[JobReport]) {

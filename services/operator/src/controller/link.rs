@@ -1,7 +1,10 @@
 //! What the reconcilers need from a running mover, as a trait: start its jobs, follow
-//! them, cancel them. The operator crate only knows this trait and the plain-data job
-//! requests of [`crate::mover::request`]; the gRPC implementation lives with the
-//! generated types in ferry-mover (which depends on this crate, not the other way).
+//! them, cancel them. The trait is the reconcilers' test seam (the scenario tests drive
+//! them through a fake); [`super::grpc_link::GrpcMoverLink`] implements it over the
+//! movers' JobService. A job is sent as the ferry-api request the mover's service takes
+//! ([`JobRequest`], built by [`crate::mover::request`] and
+//! [`crate::mover::backup_request`]); what comes back is read as a [`JobReport`], the
+//! reconcilers' view of a job.
 //!
 //! Contract every implementation keeps:
 //! - `start` is idempotent by the request's idempotency key: starting a job whose key
@@ -11,12 +14,13 @@
 //! - nothing here ever carries a secret value except [`MoverAddress::token`], which the
 //!   address's `Debug` hides.
 
+use std::collections::BTreeMap;
+
 use async_trait::async_trait;
+use ferry_api::proto;
 use futures::stream::BoxStream;
 
 use crate::crd::{Checkpoint, Progress};
-use crate::mover::backup_request::{StartBackup, StartPrune, StartRestore};
-use crate::mover::request::{StartChecksum, StartTransfer};
 
 /// Where a mover listens and how to authenticate to it.
 #[derive(Clone, PartialEq, Eq)]
@@ -45,36 +49,43 @@ impl std::fmt::Debug for MoverAddress {
     }
 }
 
-/// A job to start on a mover.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A job to start on a mover: the request its job service takes (boxed: the requests
+/// are large and a reconciler holds a few).
+#[derive(Debug, Clone, PartialEq)]
 pub enum JobRequest {
     /// A copy into one target or, in one pass, several, resuming from committed ranges
-    /// when given (`StartTransferRequest.resume_from`).
-    Transfer {
-        /// The request.
-        request: Box<StartTransfer>,
-        /// Ranges an earlier mover committed.
-        resume_from: Option<Checkpoint>,
-    },
+    /// when `resume_from` is set.
+    Transfer(Box<proto::StartTransferRequest>),
     /// A checksum.
-    Checksum(StartChecksum),
+    Checksum(Box<proto::StartChecksumRequest>),
     /// A backup into a repository.
-    Backup(Box<StartBackup>),
+    Backup(Box<proto::StartBackupRequest>),
     /// A prune of a source's snapshots.
-    Prune(Box<StartPrune>),
+    Prune(Box<proto::StartPruneRequest>),
     /// A restore of a snapshot.
-    Restore(Box<StartRestore>),
+    Restore(Box<proto::StartRestoreRequest>),
 }
 
 impl JobRequest {
     /// The request's idempotency key.
     pub fn idempotency_key(&self) -> &str {
         match self {
-            Self::Transfer { request, .. } => &request.idempotency_key,
+            Self::Transfer(request) => &request.idempotency_key,
             Self::Checksum(request) => &request.idempotency_key,
             Self::Backup(request) => &request.idempotency_key,
             Self::Prune(request) => &request.idempotency_key,
             Self::Restore(request) => &request.idempotency_key,
+        }
+    }
+
+    /// The request's labels.
+    pub fn labels(&self) -> &BTreeMap<String, String> {
+        match self {
+            Self::Transfer(request) => &request.labels,
+            Self::Checksum(request) => &request.labels,
+            Self::Backup(request) => &request.labels,
+            Self::Prune(request) => &request.labels,
+            Self::Restore(request) => &request.labels,
         }
     }
 }

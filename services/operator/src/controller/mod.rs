@@ -4,7 +4,8 @@
 //!
 //! Each resource gets a mover pod ([`crate::mover`]); the reconciler
 //! ([`reconcile::reconcile`]) drives it through a small state machine, talking to the
-//! mover through the [`link::MoverLink`] trait (implemented over gRPC in ferry-mover).
+//! mover through the [`link::MoverLink`] trait (implemented over the movers' gRPC job
+//! service by [`grpc_link::GrpcMoverLink`]).
 //! Mover pods are read from a watched store, so a running resource costs no API request
 //! per reconcile; a task per running mover ([`follow`]) turns the job stream into status
 //! writes. The reconcilers count into [`crate::metrics`]; leader election
@@ -17,6 +18,7 @@ pub mod context;
 pub mod error;
 pub mod finalizer;
 pub mod follow;
+pub mod grpc_link;
 pub mod kind;
 pub mod life;
 pub mod limits;
@@ -46,6 +48,7 @@ use crate::mover::pod::labels;
 
 pub use context::Context;
 pub use error::Error;
+pub use grpc_link::GrpcMoverLink;
 pub use kind::MoverKind;
 pub use link::{
     BackupSummary, JobFailure, JobReport, JobRequest, JobState, LinkError, MoverAddress, MoverLink,

@@ -14,7 +14,7 @@ use crate::crd::status::condition::reason;
 use crate::crd::{
     Endpoint, HashAlgorithm, Phase, TargetStatus, Transfer, TransferStatus, ValidationError,
 };
-use crate::mover::{transfer_pod, transfer_request, MoverError, MoverPodInput, ResolvedPvc};
+use crate::mover::{transfer_pod, transfer_request, wire, MoverError, MoverPodInput, ResolvedPvc};
 
 use super::kind::{Claim, MoverKind, Outcome};
 use super::link::{JobFailure, JobReport, JobRequest, JobState};
@@ -104,15 +104,14 @@ impl MoverKind for Transfer {
             .clone()
             .filter(|c| !c.committed.is_empty())
             .filter(|_| !self.spec.source.is_http());
-        let mut request = transfer_request(self, pvcs, &pending(self, status))?;
+        let mut request =
+            transfer_request(self, pvcs, &pending(self, status), resume_from.as_ref())?;
         if let Some(algorithm) = expected_algorithm(self) {
-            request.options.verify = true;
-            request.options.verify_algorithm = algorithm;
+            let options = request.options.get_or_insert_with(Default::default);
+            options.verify = true;
+            options.verify_algorithm = wire::hash_algorithm(algorithm) as i32;
         }
-        Ok(vec![JobRequest::Transfer {
-            request: Box::new(request),
-            resume_from,
-        }])
+        Ok(vec![JobRequest::Transfer(Box::new(request))])
     }
 
     fn observe(&self, status: &mut TransferStatus, reports: &[JobReport]) {
@@ -349,13 +348,13 @@ mod tests {
         .unwrap()
     }
 
-    fn resume_from(t: &Transfer) -> Option<Checkpoint> {
+    fn resume_from(t: &Transfer) -> Option<ferry_api::proto::Checkpoint> {
         let status = TransferStatus {
             checkpoint: Some(Checkpoint::new(4 << 20, [(0, 1 << 20)])),
             ..TransferStatus::default()
         };
         match t.jobs(&status, &[]).unwrap().pop() {
-            Some(JobRequest::Transfer { resume_from, .. }) => resume_from,
+            Some(JobRequest::Transfer(request)) => request.resume_from,
             other => panic!("{other:?}"),
         }
     }

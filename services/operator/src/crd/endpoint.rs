@@ -526,7 +526,7 @@ impl PvcTemplate {
 /// `pvc` and `pvcTemplate`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct Target {
+pub struct TransferTarget {
     /// An existing endpoint (URL or claim).
     #[serde(flatten)]
     pub endpoint: Endpoint,
@@ -544,7 +544,7 @@ pub enum TargetKey {
     Pvc(String),
 }
 
-impl Target {
+impl TransferTarget {
     /// The claim or URL this target writes, for duplicate detection and per-target status.
     pub fn key(&self) -> Option<TargetKey> {
         if let Some(t) = &self.pvc_template {
@@ -663,7 +663,7 @@ mod tests {
         wrong_scheme.url = Some("s3://b/k".into());
         assert!(err(&wrong_scheme).starts_with("spec.source.http"));
         assert!(err(&Endpoint::url("https://u:pw@h/x")).contains("password inside the URL"));
-        let target = Target {
+        let target = TransferTarget {
             endpoint: Endpoint::url("https://images.example/out.img"),
             pvc_template: None,
         };
@@ -790,13 +790,13 @@ mod tests {
             volume_mode: None,
             access_modes: None,
         };
-        let t = Target {
+        let t = TransferTarget {
             endpoint: Endpoint::default(),
             pvc_template: Some(template.clone()),
         };
         t.validate("t").unwrap();
         assert_eq!(t.key(), Some(TargetKey::Pvc("copy-1".into())));
-        let t = Target {
+        let t = TransferTarget {
             endpoint: Endpoint::pvc("other"),
             pvc_template: Some(template.clone()),
         };
@@ -805,7 +805,7 @@ mod tests {
             .unwrap_err()
             .message
             .contains("exactly one of url, pvc or pvcTemplate"));
-        let t = Target {
+        let t = TransferTarget {
             endpoint: Endpoint::default(),
             pvc_template: Some(PvcTemplate {
                 size: Quantity("-1Gi".into()),
@@ -821,7 +821,7 @@ mod tests {
         source.format = Some(ImageFormat::Xz);
         source.allow_backing = Some(true);
         source.validate("spec.source").unwrap();
-        let target = |format, allow_backing| Target {
+        let target = |format, allow_backing| TransferTarget {
             endpoint: Endpoint {
                 format,
                 allow_backing,

@@ -31,7 +31,7 @@ pub use backup_schedule::{
 pub use checksum::{Checksum, ChecksumSpec, ChecksumStatus};
 pub use endpoint::{
     AccessMode, Endpoint, HttpHeader, HttpOptions, IscsiOptions, NbdOptions, NfsOptions, PvcRef,
-    PvcTemplate, S3Options, SecretKeyRef, Target, TargetKey, VolumeMode,
+    PvcTemplate, S3Options, SecretKeyRef, TargetKey, TransferTarget, VolumeMode,
 };
 pub use options::{
     CacheMode, ChecksumOptions, CommitOrder, HashAlgorithm, ImageFormat, Preallocation,

@@ -1,6 +1,7 @@
-//! Copy and checksum options as the custom resources spell them. They mirror the gRPC
+//! Copy and checksum options as the custom resources spell them. They follow the gRPC
 //! API's `TransferOptions` and `ChecksumOptions` (proto/ferry/v1/jobs.proto) field by
-//! field; a field left out means the engine's default, as a zero value does on the wire.
+//! field, and each value maps to the wire once ([`crate::mover::wire`]); a field left out
+//! means the engine's default, as a zero value does on the wire.
 //! Sizes are integers in bytes, bounded as `ferry copy` bounds its flags.
 
 use schemars::JsonSchema;

@@ -9,7 +9,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::endpoint::{Endpoint, Target};
+use super::endpoint::{Endpoint, TransferTarget};
 use super::options::TransferOptions;
 use super::settings::MoverSettings;
 use super::status::{Checkpoint, Phase, Progress};
@@ -64,7 +64,7 @@ pub struct TransferSpec {
     /// What to write: 1 to 64 targets, each exactly one of url, pvc or pvcTemplate.
     #[schemars(length(min = 1, max = 64))]
     #[x_kube(validation = Rule::new("self.all(t, [has(t.url), has(t.pvc), has(t.pvcTemplate)].exists_one(x, x))").message("each target: give exactly one of url, pvc or pvcTemplate"))]
-    pub targets: Vec<Target>,
+    pub targets: Vec<TransferTarget>,
     /// How to copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub options: Option<TransferOptions>,
@@ -213,7 +213,7 @@ mod tests {
     use super::*;
     use crate::crd::endpoint::PvcTemplate;
 
-    fn spec(targets: Vec<Target>) -> TransferSpec {
+    fn spec(targets: Vec<TransferTarget>) -> TransferSpec {
         TransferSpec {
             source: Endpoint::url("s3://images/fedora.raw"),
             targets,
@@ -223,15 +223,15 @@ mod tests {
         }
     }
 
-    fn to(endpoint: Endpoint) -> Target {
-        Target {
+    fn to(endpoint: Endpoint) -> TransferTarget {
+        TransferTarget {
             endpoint,
             pvc_template: None,
         }
     }
 
-    fn template(name: &str) -> Target {
-        Target {
+    fn template(name: &str) -> TransferTarget {
+        TransferTarget {
             endpoint: Endpoint::default(),
             pvc_template: Some(PvcTemplate {
                 name: name.into(),

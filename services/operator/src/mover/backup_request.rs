@@ -1,6 +1,6 @@
 //! The backup job requests the operator sends a mover (a backup, the prune after it, a
-//! restore), as plain Rust data mirroring the gRPC API's `StartBackupRequest`,
-//! `StartPruneRequest` and `StartRestoreRequest` (ferry-mover converts them).
+//! restore): ferry-api's `StartBackupRequest`, `StartPruneRequest` and
+//! `StartRestoreRequest`, built from the resource by pure functions.
 //!
 //! The repository becomes its URL inside the mover (an `s3://` URL with its options, or
 //! the directory of its claim), the encryption key a `SecretRef{file}` under the mover's
@@ -8,83 +8,13 @@
 //! (`<uid>/backup`, `<uid>/prune`, `<uid>/restore`), so a reconcile that repeats itself
 //! starts nothing twice.
 
-use std::collections::BTreeMap;
-
+use ferry_api::proto;
 use kube::Resource;
 
-use super::layout;
-use super::request::{wire_endpoint, EndpointOptions, SecretRef, WireEndpoint, OWNER_UID_LABEL};
-use super::{MoverError, ResolvedPvc};
-use crate::crd::{Backup, BackupRepositorySpec, Endpoint, PvcRef, Retention, ValidationError};
-
-/// A repository as the mover opens it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WireRepository {
-    /// `s3://bucket/prefix`, or the repository's directory inside the mover.
-    pub url: String,
-    /// S3 options of an `s3://` URL.
-    pub options: Option<EndpointOptions>,
-    /// The encryption passphrase's file.
-    pub key: Option<SecretRef>,
-}
-
-/// Which snapshot a backup builds on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Parent {
-    /// The latest snapshot of the same source.
-    Auto,
-    /// None: a full backup.
-    None,
-    /// This snapshot.
-    Id(String),
-}
-
-/// `StartBackupRequest`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StartBackup {
-    pub source: WireEndpoint,
-    pub repository: WireRepository,
-    /// Create the repository when it does not exist.
-    pub initialize: bool,
-    pub source_id: String,
-    pub parent: Parent,
-    pub tags: BTreeMap<String, String>,
-    pub idempotency_key: String,
-    pub labels: BTreeMap<String, String>,
-}
-
-/// The keep rules of a prune; 0 and empty mean off, as on the wire.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct WireRetention {
-    pub last: u32,
-    pub hourly: u32,
-    pub daily: u32,
-    pub weekly: u32,
-    pub monthly: u32,
-    pub yearly: u32,
-    pub within: String,
-}
-
-/// `StartPruneRequest`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StartPrune {
-    pub repository: WireRepository,
-    /// Only this source's snapshots.
-    pub source_id: String,
-    pub retain: WireRetention,
-    pub idempotency_key: String,
-    pub labels: BTreeMap<String, String>,
-}
-
-/// `StartRestoreRequest`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StartRestore {
-    pub repository: WireRepository,
-    pub snapshot_id: String,
-    pub target: WireEndpoint,
-    pub idempotency_key: String,
-    pub labels: BTreeMap<String, String>,
-}
+use super::endpoint::{claim_image, endpoint};
+use super::request::{owner_labels, uid_of};
+use super::{layout, wire, MoverError, ResolvedPvc};
+use crate::crd::{Backup, BackupRepositorySpec, Endpoint, PvcRef, ValidationError};
 
 /// The repository's directory when it is kept in a claim.
 pub fn repository_dir(pvc: &PvcRef) -> String {
@@ -95,38 +25,25 @@ pub fn repository_dir(pvc: &PvcRef) -> String {
 }
 
 /// A repository as the mover opens it.
-pub fn wire_repository(repo: &BackupRepositorySpec) -> WireRepository {
-    let key = repo.key().map(|r| SecretRef::File(layout::secret_file(r)));
+pub fn repository(repo: &BackupRepositorySpec) -> proto::Repository {
+    let key = repo.key().map(wire::secret_ref);
     match &repo.pvc {
-        Some(pvc) => WireRepository {
+        Some(pvc) => proto::Repository {
             url: repository_dir(pvc),
-            options: None,
+            s3: None,
             key,
         },
-        None => {
-            let endpoint = Endpoint {
-                url: repo.url.clone(),
-                s3: repo.s3.clone(),
-                ..Endpoint::default()
-            };
-            // A URL endpoint never names a claim, so this cannot fail.
-            let wire = wire_endpoint(&endpoint, &[]).unwrap_or_default();
-            WireRepository {
-                url: wire.url,
-                options: wire.options,
-                key,
-            }
-        }
+        None => proto::Repository {
+            url: repo.url.clone().unwrap_or_default(),
+            s3: repo.s3.as_ref().map(wire::s3_options),
+            key,
+        },
     }
 }
 
 fn uid_and_repository(backup: &Backup) -> Result<(String, &BackupRepositorySpec), MoverError> {
     backup.spec.validate()?;
-    let uid = backup
-        .meta()
-        .uid
-        .clone()
-        .ok_or(MoverError::NotStored("Backup"))?;
+    let uid = uid_of(backup, "Backup")?;
     let repo = backup.spec.resolved_repository.as_ref().ok_or_else(|| {
         MoverError::Invalid(ValidationError {
             field: "spec.repository".into(),
@@ -136,12 +53,11 @@ fn uid_and_repository(backup: &Backup) -> Result<(String, &BackupRepositorySpec)
     Ok((uid, repo))
 }
 
-fn labels(uid: &str) -> BTreeMap<String, String> {
-    BTreeMap::from([(OWNER_UID_LABEL.to_string(), uid.to_string())])
-}
-
 /// The backup request of a Backup.
-pub fn backup_request(backup: &Backup, pvcs: &[ResolvedPvc]) -> Result<StartBackup, MoverError> {
+pub fn backup_request(
+    backup: &Backup,
+    pvcs: &[ResolvedPvc],
+) -> Result<proto::StartBackupRequest, MoverError> {
     let (uid, repo) = uid_and_repository(backup)?;
     let spec = &backup.spec;
     let source = Endpoint {
@@ -152,48 +68,38 @@ pub fn backup_request(backup: &Backup, pvcs: &[ResolvedPvc]) -> Result<StartBack
         ..Endpoint::default()
     };
     let namespace = backup.meta().namespace.clone().unwrap_or_default();
-    Ok(StartBackup {
-        source: wire_endpoint(&source, pvcs)?,
-        repository: wire_repository(repo),
-        initialize: repo.initialize.unwrap_or(false),
+    Ok(proto::StartBackupRequest {
+        source: Some(endpoint(&source, pvcs)?),
+        repository: Some(repository(repo)),
+        // `auto` (the latest snapshot of the same source), `none` (a full backup) or a
+        // snapshot id, as the wire spells them.
+        parent: spec.parent.clone().unwrap_or_else(|| "auto".into()),
         source_id: spec.source_id_in(&namespace),
-        parent: match spec.parent.as_deref() {
-            None | Some("auto") => Parent::Auto,
-            Some("none") => Parent::None,
-            Some(id) => Parent::Id(id.to_string()),
-        },
         tags: spec.tags.clone().unwrap_or_default(),
+        init_if_missing: repo
+            .initialize
+            .unwrap_or(false)
+            .then(proto::RepositoryInit::default),
         idempotency_key: format!("{uid}/backup"),
-        labels: labels(&uid),
+        labels: owner_labels(&uid),
+        ..proto::StartBackupRequest::default()
     })
 }
 
-/// The rules on the wire.
-pub fn wire_retention(r: &Retention) -> WireRetention {
-    WireRetention {
-        last: r.last.unwrap_or(0),
-        hourly: r.hourly.unwrap_or(0),
-        daily: r.daily.unwrap_or(0),
-        weekly: r.weekly.unwrap_or(0),
-        monthly: r.monthly.unwrap_or(0),
-        yearly: r.yearly.unwrap_or(0),
-        within: r.within.clone().unwrap_or_default(),
-    }
-}
-
 /// The prune after a Backup (None when it sets no `retain`).
-pub fn prune_request(backup: &Backup) -> Result<Option<StartPrune>, MoverError> {
+pub fn prune_request(backup: &Backup) -> Result<Option<proto::StartPruneRequest>, MoverError> {
     let (uid, repo) = uid_and_repository(backup)?;
     let Some(retain) = &backup.spec.retain else {
         return Ok(None);
     };
     let namespace = backup.meta().namespace.clone().unwrap_or_default();
-    Ok(Some(StartPrune {
-        repository: wire_repository(repo),
+    Ok(Some(proto::StartPruneRequest {
+        repository: Some(repository(repo)),
+        retention: Some(wire::retention(retain)),
         source_id: backup.spec.source_id_in(&namespace),
-        retain: wire_retention(retain),
         idempotency_key: format!("{uid}/prune"),
-        labels: labels(&uid),
+        labels: owner_labels(&uid),
+        ..proto::StartPruneRequest::default()
     }))
 }
 
@@ -204,20 +110,15 @@ pub fn restore_request(
     repo: &BackupRepositorySpec,
     snapshot_id: &str,
     target: &ResolvedPvc,
-) -> StartRestore {
-    let r = PvcRef {
-        name: target.name.clone(),
-        path: None,
-    };
-    StartRestore {
-        repository: wire_repository(repo),
+) -> proto::StartRestoreRequest {
+    proto::StartRestoreRequest {
+        repository: Some(repository(repo)),
         snapshot_id: snapshot_id.to_string(),
-        target: WireEndpoint {
-            url: layout::pvc_image(&r, target.mode),
-            ..WireEndpoint::default()
-        },
+        target: Some(claim_image(target)),
         idempotency_key: format!("{uid}/restore"),
-        labels: labels(uid),
+        labels: owner_labels(uid),
+        refuse_if_target_busy: true,
+        ..proto::StartRestoreRequest::default()
     }
 }
 
@@ -225,15 +126,23 @@ pub fn restore_request(
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+    use std::collections::BTreeMap;
+
     use super::*;
-    use crate::crd::{BackupSpec, Encryption, S3Options, SecretKeyRef, VolumeMode};
-    use crate::mover::request::S3Options as WireS3;
+    use crate::crd::{BackupSpec, Encryption, Retention, S3Options, SecretKeyRef, VolumeMode};
+    use crate::mover::request::OWNER_UID_LABEL;
 
     fn secret(name: &str, key: &str) -> SecretKeyRef {
         SecretKeyRef {
             name: name.into(),
             key: key.into(),
         }
+    }
+
+    fn file(name: &str) -> Option<proto::SecretRef> {
+        Some(proto::SecretRef {
+            source: Some(proto::secret_ref::Source::File(name.into())),
+        })
     }
 
     fn backup(repo: BackupRepositorySpec) -> Backup {
@@ -284,31 +193,35 @@ mod tests {
         let b = backup(repo);
         let pvcs = [ResolvedPvc::new("web1", VolumeMode::Block)];
         let r = backup_request(&b, &pvcs).unwrap();
-        assert_eq!(r.source.url, "/dev/ferry/web1");
+        assert_eq!(r.source.unwrap().url, "/dev/ferry/web1");
         assert_eq!(
             r.repository,
-            WireRepository {
+            Some(proto::Repository {
                 url: "s3://backups/site-a".into(),
-                options: Some(EndpointOptions::S3(WireS3 {
+                s3: Some(proto::S3Options {
                     endpoint_url: "http://minio:9000".into(),
                     region: String::new(),
-                    access_key_id: Some(SecretRef::File("s3/id".into())),
-                    secret_access_key: Some(SecretRef::File("s3/secret".into())),
+                    access_key_id: file("s3/id"),
+                    secret_access_key: file("s3/secret"),
                     session_token: None,
                     force_path_style: true,
-                })),
-                key: Some(SecretRef::File("backup-key/passphrase".into())),
-            }
+                }),
+                key: file("backup-key/passphrase"),
+            })
         );
-        assert!(r.initialize);
+        assert_eq!(r.init_if_missing, Some(proto::RepositoryInit::default()));
         assert_eq!(r.source_id, "vms/web1");
-        assert_eq!(r.parent, Parent::None);
+        assert_eq!(r.parent, "none");
+        assert_eq!(r.tags, BTreeMap::from([("vm".into(), "web1".into())]));
+        assert_eq!(r.retention, None, "the prune is a job of its own");
         assert_eq!(r.idempotency_key, "uid-b/backup");
         assert_eq!(r.labels[OWNER_UID_LABEL], "uid-b");
         let p = prune_request(&b).unwrap().unwrap();
         assert_eq!(p.idempotency_key, "uid-b/prune");
-        assert_eq!(p.retain.daily, 7);
-        assert_eq!(p.retain.within, "2d");
+        let retain = p.retention.unwrap();
+        assert_eq!(retain.keep_daily, 7);
+        assert_eq!(retain.keep_within, "2d");
+        assert_eq!(p.repository, r.repository);
         assert_eq!(p.source_id, "vms/web1");
         assert!(matches!(
             backup_request(&b, &[]),
@@ -334,17 +247,24 @@ mod tests {
             ResolvedPvc::new("repo", VolumeMode::Filesystem),
         ];
         let r = backup_request(&b, &pvcs).unwrap();
-        assert_eq!(r.source.url, "/var/run/ferry/volumes/web1/disk.img");
-        assert_eq!(r.repository.url, "/var/run/ferry/volumes/repo/ferry");
-        assert_eq!(r.repository.key, None);
-        assert!(!r.initialize);
+        assert_eq!(
+            r.source.unwrap().url,
+            "/var/run/ferry/volumes/web1/disk.img"
+        );
+        let repository = r.repository.unwrap();
+        assert_eq!(repository.url, "/var/run/ferry/volumes/repo/ferry");
+        assert_eq!(repository.key, None);
+        assert_eq!(repository.s3, None);
+        assert_eq!(r.init_if_missing, None);
         let restore = restore_request(
             "uid-c",
             &repo,
             "20261202T101500Z-0a1b2c3d",
             &ResolvedPvc::new("new", VolumeMode::Block),
         );
-        assert_eq!(restore.target.url, "/dev/ferry/new");
+        assert_eq!(restore.target.unwrap().url, "/dev/ferry/new");
+        assert_eq!(restore.snapshot_id, "20261202T101500Z-0a1b2c3d");
         assert_eq!(restore.idempotency_key, "uid-c/restore");
+        assert!(restore.refuse_if_target_busy);
     }
 }

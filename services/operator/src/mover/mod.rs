@@ -1,15 +1,18 @@
-//! Movers: the pods that move the bytes of a Transfer, a Checksum or a Backup.
+//! Movers: the pods that move the bytes of a Transfer, a Checksum, a Backup or a Restore.
 //!
 //! A mover is one pod running `ferry serve` with the resource's claims attached; the
-//! operator sends it the job over gRPC ([`request`]) and follows the job stream for
-//! progress, so nothing is read from logs. Building the pod is a pure function of the
-//! resource, the resolved claims and the operator's defaults ([`pod`]), so the reconciler
-//! only decides *when* to create one.
+//! operator sends it the job over gRPC as a ferry-api request ([`request`],
+//! [`backup_request`]; endpoints by [`endpoint`], option values by [`wire`]) and follows
+//! the job stream for progress, so nothing is read from logs. Building the pod and its
+//! requests are pure functions of the resource, the resolved claims and the operator's
+//! defaults ([`pod`]), so the reconciler only decides *when* to create one.
 
 pub mod backup_request;
+pub mod endpoint;
 pub mod layout;
 pub mod pod;
 pub mod request;
+pub mod wire;
 
 use crate::crd::{ValidationError, VolumeMode};
 

@@ -571,7 +571,9 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::crd::{ChecksumSpec, PvcTemplate, S3Options, SecretKeyRef, Target, TransferSpec};
+    use crate::crd::{
+        ChecksumSpec, PvcTemplate, S3Options, SecretKeyRef, TransferSpec, TransferTarget,
+    };
 
     fn meta() -> ObjectMeta {
         ObjectMeta {
@@ -617,15 +619,15 @@ mod tests {
         let spec = TransferSpec {
             source: Endpoint::pvc("golden"),
             targets: vec![
-                Target {
+                TransferTarget {
                     endpoint: Endpoint::pvc("copy-a"),
                     pvc_template: None,
                 },
-                Target {
+                TransferTarget {
                     endpoint: s3,
                     pvc_template: None,
                 },
-                Target {
+                TransferTarget {
                     endpoint: Endpoint::default(),
                     pvc_template: Some(PvcTemplate {
                         name: "copy-b".into(),
@@ -860,7 +862,7 @@ mod tests {
             "import",
             TransferSpec {
                 source,
-                targets: vec![Target {
+                targets: vec![TransferTarget {
                     endpoint: Endpoint::pvc("out"),
                     pvc_template: None,
                 }],

@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::Resource;
 
 use crate::crd::{
-    Endpoint, Restore, RestoreSpec, Target, Transfer, TransferSpec, VolumeImageSource,
+    Endpoint, Restore, RestoreSpec, Transfer, TransferSpec, TransferTarget, VolumeImageSource,
 };
 
 use super::names;
@@ -98,7 +98,7 @@ pub fn prime_claim(
 pub fn transfer(ids: &ClaimIds, source: &VolumeImageSource) -> Transfer {
     let spec = TransferSpec {
         source: source.spec.source.clone(),
-        targets: vec![Target {
+        targets: vec![TransferTarget {
             endpoint: Endpoint::pvc(names::prime(&ids.uid)),
             pvc_template: None,
         }],

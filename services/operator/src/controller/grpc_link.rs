@@ -1,0 +1,219 @@
+//! [`MoverLink`] over gRPC: the reconcilers start, follow and cancel a mover's jobs
+//! through the JobService of the `ferry serve` in the mover pod (ferry-api's client
+//! stubs), authenticated with the mover's bearer token; jobs come back as
+//! [`JobReport`]s ([`report`]).
+//!
+//! It sits in the controller beside the trait it implements and the reports it yields:
+//! the reconcilers are its only callers, and the requests it sends are already the
+//! ferry-api messages the mover pods' service takes, so there is nothing to convert.
+//!
+//! `start` keeps the trait's idempotency contract: when the mover already has a job of
+//! the same idempotency key started with another request (a restarted operator resuming
+//! from a newer checkpoint), that job is looked up by its labels and returned.
+
+pub mod report;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ferry_api::auth::BearerToken;
+use ferry_api::proto::{self, job_service_client::JobServiceClient};
+use ferry_core::Secret;
+use futures::StreamExt;
+use tonic::codegen::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+use super::link::{JobReport, JobRequest, LinkError, MoverAddress, MoverLink, ReportStream};
+use crate::mover::request::OWNER_UID_LABEL;
+use report::report;
+
+type Client = JobServiceClient<InterceptedService<Channel, BearerToken>>;
+
+/// Most pages of jobs read when looking a job up by its labels.
+const MAX_PAGES: usize = 16;
+
+/// [`MoverLink`] over the movers' gRPC JobService.
+#[derive(Debug, Clone)]
+pub struct GrpcMoverLink {
+    connect_timeout: Duration,
+}
+
+impl Default for GrpcMoverLink {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl GrpcMoverLink {
+    /// A link that gives up connecting to a mover after `connect_timeout`.
+    pub fn new(connect_timeout: Duration) -> Self {
+        Self { connect_timeout }
+    }
+
+    async fn client(&self, mover: &MoverAddress) -> Result<Client, LinkError> {
+        let host = if mover.ip.contains(':') {
+            format!("[{}]", mover.ip)
+        } else {
+            mover.ip.clone()
+        };
+        let channel = Endpoint::from_shared(format!("http://{host}:{}", mover.port))
+            .map_err(|e| LinkError::Rejected(format!("mover address {host}: {e}")))?
+            .connect_timeout(self.connect_timeout)
+            .connect()
+            .await
+            .map_err(|e| LinkError::Unavailable(format!("{}: {e}", mover.pod)))?;
+        let token = Secret::new(mover.token.clone());
+        let auth =
+            BearerToken::new(Some(&token)).map_err(|e| LinkError::Rejected(e.to_string()))?;
+        Ok(JobServiceClient::with_interceptor(channel, auth))
+    }
+}
+
+/// A gRPC status as the reconciler needs it: worth asking again, or not.
+fn link_error(status: &Status) -> LinkError {
+    let text = format!("{:?}: {}", status.code(), status.message());
+    match status.code() {
+        Code::Unavailable
+        | Code::DeadlineExceeded
+        | Code::Aborted
+        | Code::Cancelled
+        | Code::Unknown
+        | Code::ResourceExhausted
+        | Code::FailedPrecondition => LinkError::Unavailable(text),
+        _ => LinkError::Rejected(text),
+    }
+}
+
+/// Sends the request to its RPC.
+async fn send(client: &mut Client, job: &JobRequest) -> Result<proto::Job, Status> {
+    let job = match job {
+        JobRequest::Transfer(r) => client.start_transfer(r.as_ref().clone()).await,
+        JobRequest::Checksum(r) => client.start_checksum(r.as_ref().clone()).await,
+        JobRequest::Backup(r) => client.start_backup(r.as_ref().clone()).await,
+        JobRequest::Prune(r) => client.start_prune(r.as_ref().clone()).await,
+        JobRequest::Restore(r) => client.start_restore(r.as_ref().clone()).await,
+    };
+    Ok(job?.into_inner())
+}
+
+#[async_trait]
+impl MoverLink for GrpcMoverLink {
+    async fn start(&self, mover: &MoverAddress, job: &JobRequest) -> Result<JobReport, LinkError> {
+        let mut client = self.client(mover).await?;
+        match send(&mut client, job).await {
+            Ok(started) => Ok(report(&started)),
+            Err(status) if status.code() == Code::AlreadyExists => {
+                find_by_key(&mut client, job.labels(), job.idempotency_key())
+                    .await?
+                    .ok_or_else(|| link_error(&status))
+            }
+            Err(status) => Err(link_error(&status)),
+        }
+    }
+
+    async fn watch(&self, mover: &MoverAddress, job_id: &str) -> Result<ReportStream, LinkError> {
+        let mut client = self.client(mover).await?;
+        let stream = client
+            .watch_job(proto::WatchJobRequest { id: job_id.into() })
+            .await
+            .map_err(|s| link_error(&s))?
+            .into_inner();
+        Ok(stream
+            .map(|event| match event {
+                Ok(proto::JobEvent { job: Some(job) }) => Ok(report(&job)),
+                Ok(proto::JobEvent { job: None }) => Err(LinkError::Unavailable(
+                    "the mover sent an event without a job".into(),
+                )),
+                Err(status) => Err(link_error(&status)),
+            })
+            .boxed())
+    }
+
+    async fn cancel(&self, mover: &MoverAddress, owner_uid: &str) -> Result<(), LinkError> {
+        let mut client = self.client(mover).await?;
+        let labels = [(OWNER_UID_LABEL.to_string(), owner_uid.to_string())].into();
+        let states = vec![
+            proto::JobState::Queued as i32,
+            proto::JobState::Running as i32,
+        ];
+        for job in list(&mut client, &labels, states).await? {
+            match client
+                .cancel_job(proto::CancelJobRequest { id: job.id })
+                .await
+            {
+                Ok(_) => {}
+                // Ended in the meantime.
+                Err(s) if s.code() == Code::FailedPrecondition || s.code() == Code::NotFound => {}
+                Err(s) => return Err(link_error(&s)),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Jobs with these labels (and states, when given), at most [`MAX_PAGES`] pages.
+async fn list(
+    client: &mut Client,
+    labels: &BTreeMap<String, String>,
+    states: Vec<i32>,
+) -> Result<Vec<proto::Job>, LinkError> {
+    let mut jobs = Vec::new();
+    let mut page_token = String::new();
+    for _ in 0..MAX_PAGES {
+        let page = client
+            .list_jobs(proto::ListJobsRequest {
+                states: states.clone(),
+                labels: labels.clone(),
+                kind: 0,
+                page_size: 100,
+                page_token,
+            })
+            .await
+            .map_err(|s| link_error(&s))?
+            .into_inner();
+        jobs.extend(page.jobs);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    Ok(jobs)
+}
+
+/// The job of this idempotency key among those with these labels.
+async fn find_by_key(
+    client: &mut Client,
+    labels: &BTreeMap<String, String>,
+    key: &str,
+) -> Result<Option<JobReport>, LinkError> {
+    Ok(list(client, labels, Vec::new())
+        .await?
+        .iter()
+        .find(|j| j.idempotency_key == key)
+        .map(report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_split_into_retry_and_refuse() {
+        assert!(matches!(
+            link_error(&Status::unavailable("down")),
+            LinkError::Unavailable(_)
+        ));
+        assert!(matches!(
+            link_error(&Status::invalid_argument("bad")),
+            LinkError::Rejected(_)
+        ));
+        assert!(matches!(
+            link_error(&Status::unauthenticated("token")),
+            LinkError::Rejected(_)
+        ));
+    }
+}

@@ -1,0 +1,280 @@
+//! The operator's gRPC link to its movers ([`GrpcMoverLink`]) against a real job service
+//! in this process, sending the ferry-api requests the operator builds: a verified fan-out
+//! copy, the same start again answered with the same job, a checksum, a wrong token
+//! refused, a cancel of nothing running; and the backup jobs of the Backup and Restore
+//! kinds: a backup, an incremental one, a prune, a restore, a pruned snapshot refused.
+//! They live here, not in ferry-operator, because they need ferry-server.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use ferry_api::proto;
+use ferry_core::Secret;
+use ferry_operator::controller::{
+    GrpcMoverLink, JobReport, JobRequest, JobState, LinkError, MoverAddress, MoverLink,
+    PruneSummary,
+};
+use ferry_operator::mover::request::{OWNER_UID_LABEL, TARGET_LABEL};
+use ferry_server::config::ServiceConfig;
+use ferry_server::server::{self, RunningService};
+use futures_util::StreamExt;
+
+/// A job service allowed to use `root`, and the mover address that reaches it.
+async fn mover_service(dir: &Path, root: &Path) -> (RunningService, MoverAddress) {
+    let mut cfg = ServiceConfig::new(dir.join("data"));
+    cfg.grpc_listen = "127.0.0.1:0".parse().unwrap();
+    cfg.metrics_listen = None;
+    cfg.allow_roots = vec![root.to_path_buf()];
+    cfg.auth_token = Some(Secret::new("t0ken"));
+    let service = server::start(cfg).await.unwrap();
+    let addr = service.grpc_addr();
+    let mover = MoverAddress {
+        namespace: "ns".into(),
+        pod: "p".into(),
+        ip: addr.ip().to_string(),
+        port: addr.port(),
+        token: "t0ken".into(),
+    };
+    (service, mover)
+}
+
+/// The last report of a job, once it ended.
+async fn last(link: &GrpcMoverLink, mover: &MoverAddress, id: &str) -> JobReport {
+    let mut stream = link.watch(mover, id).await.unwrap();
+    let mut last = None;
+    while let Some(r) = stream.next().await {
+        let r = r.unwrap();
+        let end = r.state.is_terminal();
+        last = Some(r);
+        if end {
+            break;
+        }
+    }
+    last.expect("at least one report")
+}
+
+fn file(p: &Path) -> proto::Endpoint {
+    proto::Endpoint {
+        url: p.display().to_string(),
+        ..proto::Endpoint::default()
+    }
+}
+
+fn labels(uid: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([(OWNER_UID_LABEL.to_string(), uid.to_string())])
+}
+
+/// The link against a real job service in this process: a verified copy, the same
+/// start again (another resume_from) answered with the same job, a checksum, a wrong
+/// token refused, a cancel of nothing running.
+#[tokio::test]
+async fn drives_a_real_job_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let (service, mover) = mover_service(dir.path(), &root).await;
+    let src = root.join("src.img");
+    let dst = root.join("dst.img");
+    let dst2 = root.join("dst2.img");
+    let bytes: Vec<u8> = (0..3u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&src, &bytes).unwrap();
+    let link = GrpcMoverLink::default();
+    let request = proto::StartTransferRequest {
+        source: Some(file(&src)),
+        target: Some(file(&dst)),
+        more_targets: vec![file(&dst2)],
+        options: Some(proto::TransferOptions {
+            verify: true,
+            verify_algorithm: proto::HashAlgorithm::Sha256 as i32,
+            ..proto::TransferOptions::default()
+        }),
+        idempotency_key: "uid/0,1".into(),
+        labels: BTreeMap::from([
+            (OWNER_UID_LABEL.to_string(), "uid".to_string()),
+            (TARGET_LABEL.to_string(), "0,1".to_string()),
+        ]),
+        priority: 0,
+        refuse_if_target_busy: true,
+        resume_from: None,
+    };
+    let job = JobRequest::Transfer(Box::new(request.clone()));
+    let started = link.start(&mover, &job).await.unwrap();
+    let again = JobRequest::Transfer(Box::new(proto::StartTransferRequest {
+        resume_from: Some(proto::Checkpoint {
+            size: 3 << 20,
+            committed: vec![proto::Range {
+                start: 0,
+                end: 1 << 20,
+            }],
+        }),
+        ..request
+    }));
+    assert_eq!(link.start(&mover, &again).await.unwrap().id, started.id);
+
+    let copied = last(&link, &mover, &started.id).await;
+    assert_eq!(copied.state, JobState::Succeeded, "{copied:?}");
+    assert_eq!(std::fs::read(&dst).unwrap(), bytes);
+    assert_eq!(std::fs::read(&dst2).unwrap(), bytes);
+    let targets: Vec<(usize, JobState)> =
+        copied.targets.iter().map(|t| (t.index, t.state)).collect();
+    assert_eq!(
+        targets,
+        [(0, JobState::Succeeded), (1, JobState::Succeeded)]
+    );
+    let source_digest = copied.source_digest.clone().unwrap();
+    assert!(source_digest.starts_with("sha256:"), "{source_digest}");
+    assert_eq!(
+        copied.target_digest.as_deref(),
+        Some(source_digest.as_str())
+    );
+    for t in &copied.targets {
+        assert_eq!(t.digest.as_deref(), Some(source_digest.as_str()), "{t:?}");
+    }
+    assert_eq!(copied.progress.total_bytes, 3 << 20);
+
+    let checksum = JobRequest::Checksum(Box::new(proto::StartChecksumRequest {
+        source: Some(file(&dst)),
+        options: Some(proto::ChecksumOptions {
+            algorithm: proto::HashAlgorithm::Sha256 as i32,
+            ..proto::ChecksumOptions::default()
+        }),
+        idempotency_key: "uid-c".into(),
+        labels: labels("uid-c"),
+        priority: 0,
+    }));
+    let started = link.start(&mover, &checksum).await.unwrap();
+    let summed = last(&link, &mover, &started.id).await;
+    assert_eq!(summed.source_digest, Some(source_digest));
+
+    let wrong = MoverAddress {
+        token: "wrong".into(),
+        ..mover.clone()
+    };
+    assert!(matches!(
+        link.start(&wrong, &checksum).await,
+        Err(LinkError::Rejected(_))
+    ));
+    link.cancel(&mover, "uid").await.unwrap();
+    service.shutdown().await;
+}
+
+/// A backup request of `src` into `repo` for the resource of uid `uid`.
+fn backup(src: &Path, repo: &proto::Repository, uid: &str) -> JobRequest {
+    JobRequest::Backup(Box::new(proto::StartBackupRequest {
+        source: Some(file(src)),
+        repository: Some(repo.clone()),
+        init_if_missing: Some(proto::RepositoryInit::default()),
+        source_id: "vms/web1".into(),
+        parent: "auto".into(),
+        tags: BTreeMap::from([("vm".into(), "web1".into())]),
+        idempotency_key: format!("{uid}/backup"),
+        labels: labels(uid),
+        ..proto::StartBackupRequest::default()
+    }))
+}
+
+/// A restore request of `snapshot_id` from `repo` into `target`.
+fn restore(repo: &proto::Repository, snapshot_id: &str, target: PathBuf, uid: &str) -> JobRequest {
+    JobRequest::Restore(Box::new(proto::StartRestoreRequest {
+        repository: Some(repo.clone()),
+        snapshot_id: snapshot_id.into(),
+        target: Some(file(&target)),
+        idempotency_key: format!("{uid}/restore"),
+        labels: labels(uid),
+        refuse_if_target_busy: true,
+        ..proto::StartRestoreRequest::default()
+    }))
+}
+
+/// Backup jobs through the link against a real job service in this process: a
+/// backup into a directory repository it creates, a second backup on top of it, a
+/// prune keeping the last one, and a restore of the kept snapshot, whose bytes and
+/// block hash are the source's.
+#[tokio::test]
+async fn drives_backups_through_a_real_job_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(root.join("repo")).unwrap();
+    let (service, mover) = mover_service(dir.path(), &root).await;
+    let link = GrpcMoverLink::default();
+    let src = root.join("src.img");
+    let mut bytes: Vec<u8> = (0..12u32 << 20).map(|i| (i % 251) as u8).collect();
+    // The second 4 MiB chunk is all zeroes: never stored.
+    bytes[(4 << 20)..(8 << 20)].fill(0);
+    std::fs::write(&src, &bytes).unwrap();
+    let repo = proto::Repository {
+        url: root.join("repo").display().to_string(),
+        s3: None,
+        key: None,
+    };
+    let started = link
+        .start(&mover, &backup(&src, &repo, "b1"))
+        .await
+        .unwrap();
+    let first = last(&link, &mover, &started.id).await;
+    assert_eq!(first.state, JobState::Succeeded, "{first:?}");
+    let first = first.backup.expect("a backup summary");
+    assert!(first.parent_id.is_empty(), "{first:?}");
+    assert_eq!(first.bytes_new + first.bytes_reused, 8 << 20, "{first:?}");
+    assert!(first.block_hash.starts_with("blkhash:"), "{first:?}");
+    // The same request again: the same job.
+    assert_eq!(
+        link.start(&mover, &backup(&src, &repo, "b1"))
+            .await
+            .unwrap()
+            .id,
+        started.id
+    );
+    let started = link
+        .start(&mover, &backup(&src, &repo, "b2"))
+        .await
+        .unwrap();
+    let second = last(&link, &mover, &started.id).await.backup.unwrap();
+    assert_eq!(second.parent_id, first.snapshot_id);
+    assert_eq!(second.bytes_new, 0, "nothing changed: {second:?}");
+    assert_eq!(second.block_hash, first.block_hash);
+
+    let prune = JobRequest::Prune(Box::new(proto::StartPruneRequest {
+        repository: Some(repo.clone()),
+        source_id: "vms/web1".into(),
+        retention: Some(proto::Retention {
+            keep_last: 1,
+            ..proto::Retention::default()
+        }),
+        idempotency_key: "b2/prune".into(),
+        labels: labels("b2"),
+        ..proto::StartPruneRequest::default()
+    }));
+    let started = link.start(&mover, &prune).await.unwrap();
+    let pruned = last(&link, &mover, &started.id).await;
+    assert_eq!(pruned.state, JobState::Succeeded, "{pruned:?}");
+    assert_eq!(
+        pruned.prune,
+        Some(PruneSummary {
+            kept: 1,
+            removed: 1,
+            removed_ids: vec![first.snapshot_id.clone()],
+            kept_ids: vec![second.snapshot_id.clone()],
+        })
+    );
+
+    let dst = root.join("restored.img");
+    let request = restore(&repo, &second.snapshot_id, dst.clone(), "r1");
+    let started = link.start(&mover, &request).await.unwrap();
+    let restored = last(&link, &mover, &started.id).await;
+    assert_eq!(restored.state, JobState::Succeeded, "{restored:?}");
+    assert_eq!(std::fs::read(&dst).unwrap(), bytes);
+
+    // The pruned snapshot is gone: restoring it fails, saying so.
+    let gone = restore(&repo, &first.snapshot_id, root.join("gone.img"), "r2");
+    match link.start(&mover, &gone).await {
+        Err(LinkError::Rejected(e)) => assert!(e.contains("NotFound"), "{e}"),
+        Ok(started) => {
+            let failed = last(&link, &mover, &started.id).await;
+            assert_eq!(failed.state, JobState::Failed, "{failed:?}");
+            assert_eq!(failed.error.unwrap().kind, "not_found");
+        }
+        Err(e) => panic!("{e}"),
+    }
+    service.shutdown().await;
+}
