@@ -30,6 +30,7 @@ extern "C" fn stop_service(_signal: libc::c_int) {
             libc::_exit(143);
         }
     }
+    // SAFETY: _exit is async-signal-safe.
     unsafe { libc::_exit(143) }
 }
 

@@ -87,6 +87,7 @@ fn an_unreadable_source_is_permission_denied() {
     let result = std::thread::spawn(move || {
         // SAFETY: geteuid and setfsuid have no memory-safety preconditions.
         if unsafe { libc::geteuid() } == 0 {
+            // SAFETY: setfsuid changes this thread's file system identity only.
             unsafe { libc::setfsuid(65534) };
         }
         FileSource::open_blocking(&path, &source_options(CacheMode::PageCache)).map(|_| ())
