@@ -1,11 +1,11 @@
 //! The one mapping between the wire's option enums (`ferry.v1`) and the engine's, endpoints'
 //! and formats' option types (`CommitOrder`, `CacheMode`, `Preallocation`, `HashAlgorithm`,
-//! `SourceFormat`): the job service turns wire values into options here, and every client
+//! `SourceFormat`, retention): the job service turns wire values into options here, and every client
 //! (the `ferry` command line, the operator) turns options into wire values here, so a new
 //! mode is added in one place.
 
 use ferry_backup::{CalendarDuration, Keep, KeepPolicy};
-use ferry_core::{Error, Result, ZeroMode};
+use ferry_core::{Error, Result};
 use ferry_endpoints::{CacheMode, Preallocation};
 use ferry_engine::{CommitOrder, HashAlgorithm};
 use ferry_formats::SourceFormat;
@@ -129,15 +129,6 @@ pub fn preallocation_from_proto(v: i32, step: u64) -> Result<Preallocation> {
     })
 }
 
-/// How a copy writes zeroes into a target preallocated this way: a preallocated target
-/// must stay allocated, so zeroes may not punch holes into it.
-pub fn zero_mode(p: Preallocation) -> ZeroMode {
-    match p {
-        Preallocation::Falloc | Preallocation::Full => ZeroMode::Allocate,
-        _ => ZeroMode::MayDeallocate,
-    }
-}
-
 fn keep(what: &str, n: i32) -> Result<Option<Keep>> {
     match n {
         0 => Ok(None),
@@ -198,6 +189,7 @@ pub fn retention_to_proto(policy: &KeepPolicy) -> proto::Retention {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferry_core::ZeroMode;
 
     #[test]
     fn retention_rules_are_checked_by_field() {
@@ -292,7 +284,7 @@ mod tests {
         assert!(hash_algorithm(9).is_err());
         assert!(source_format(99).is_err());
         assert!(preallocation_from_proto(9, 0).is_err());
-        assert_eq!(zero_mode(Preallocation::Full), ZeroMode::Allocate);
-        assert_eq!(zero_mode(Preallocation::Off), ZeroMode::MayDeallocate);
+        assert_eq!(Preallocation::Full.zero_mode(), ZeroMode::Allocate);
+        assert_eq!(Preallocation::Off.zero_mode(), ZeroMode::MayDeallocate);
     }
 }

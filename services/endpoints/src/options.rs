@@ -31,6 +31,17 @@ pub enum Preallocation {
     Grow { step: u64 },
 }
 
+impl Preallocation {
+    /// How a copy writes zeroes into a target preallocated this way: a preallocated target
+    /// must stay allocated, so zeroes may not punch holes into it.
+    pub fn zero_mode(self) -> ferry_core::ZeroMode {
+        match self {
+            Self::Falloc | Self::Full => ferry_core::ZeroMode::Allocate,
+            Self::Off | Self::Grow { .. } => ferry_core::ZeroMode::MayDeallocate,
+        }
+    }
+}
+
 /// Options for opening a source.
 #[non_exhaustive]
 #[derive(Debug, Clone, Default)]

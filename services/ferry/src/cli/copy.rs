@@ -105,7 +105,7 @@ impl CopyArgs {
         }
         options.target_is_zero = self.target_is_zero;
         options.rate_limit = self.rate_limit;
-        options.zero_mode = ferry_api::options::zero_mode(self.preallocation);
+        options.zero_mode = self.preallocation.zero_mode();
         options
     }
 

@@ -156,7 +156,7 @@ impl TransferSpec {
         let cache = options::cache_mode(o.cache)?;
         let preallocation =
             options::preallocation_from_proto(o.preallocation, o.preallocation_step)?;
-        copy.zero_mode = options::zero_mode(preallocation);
+        copy.zero_mode = preallocation.zero_mode();
         let verify = if o.verify {
             let mut checksum = ChecksumOptions {
                 algorithm: options::hash_algorithm(o.verify_algorithm)?,

@@ -15,11 +15,8 @@ use crate::mover::request::{target_indexes, TARGET_LABEL};
 /// `<algorithm>:<hex>`, as the custom resources spell digests.
 fn digest(d: Option<&proto::Digest>) -> Option<String> {
     let d = d.filter(|d| !d.hex.is_empty())?;
-    let algorithm = match proto::HashAlgorithm::try_from(d.algorithm).ok()? {
-        proto::HashAlgorithm::Blkhash => "blkhash",
-        proto::HashAlgorithm::Sha256 => "sha256",
-    };
-    Some(format!("{algorithm}:{}", d.hex))
+    let algorithm = ferry_api::options::hash_algorithm(d.algorithm).ok()?;
+    Some(format!("{}:{}", algorithm.as_str(), d.hex))
 }
 
 fn failure(e: &proto::JobError) -> JobFailure {
