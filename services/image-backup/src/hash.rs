@@ -53,9 +53,13 @@ impl OrderedHash {
         self.chunk_size.min(self.size.saturating_sub(offset))
     }
 
-    /// Hands in chunk `i`'s block digests; combines every chunk now in order.
+    /// Hands in chunk `i`'s block digests; combines every chunk now in order. A chunk
+    /// handed in again (read twice) is taken once.
     pub fn add(&mut self, i: usize, blocks: ChunkBlocks) {
-        self.pending.insert(i, blocks);
+        if i < self.next || i >= self.chunks {
+            return;
+        }
+        self.pending.entry(i).or_insert(blocks);
         while let Some(blocks) = self.pending.remove(&self.next) {
             let len = self.chunk_len(self.next);
             match blocks {
@@ -116,6 +120,21 @@ mod tests {
             hash.finish().unwrap(),
             to_hex(&digest_bytes(&vec![0; size]))
         );
+    }
+
+    #[test]
+    fn a_chunk_handed_in_twice_counts_once() {
+        let size = 2 * BLOCK_SIZE;
+        let mut data = vec![0u8; size];
+        data[3] = 9;
+        let mut hash = OrderedHash::new(size as u64, BLOCK_SIZE as u32);
+        let first = ChunkBlocks::Data(block_digests(&data[..BLOCK_SIZE]));
+        hash.add(0, first.clone());
+        hash.add(0, first);
+        hash.add(1, ChunkBlocks::Zero);
+        hash.add(1, ChunkBlocks::Zero);
+        hash.add(7, ChunkBlocks::Zero);
+        assert_eq!(hash.finish().unwrap(), to_hex(&digest_bytes(&data)));
     }
 
     #[test]

@@ -7,9 +7,10 @@
 //! the repository does not have yet, and computes the image's blksum-compatible block
 //! hash from what it read. With a parent backup and a dirty bitmap
 //! ([`ChangedRanges`]), only the chunks the bitmap marks dirty are read at all; clean
-//! chunks take the parent's chunk and block digests. [`restore`] writes a backup into
-//! any [`Target`](ferry_core::Target) and checks the block hash of what it wrote against
-//! the manifest's.
+//! chunks take the parent's chunk and block digests. [`restore`] copies a backup, read as
+//! a [`Source`](ferry_core::Source) of its image, into any [`Target`](ferry_core::Target)
+//! with the engine's copy, and checks the block hash of what it read against the
+//! manifest's before the target is finished.
 //!
 //! Each backup stores, besides the repository's index and manifest, the 64 KiB block
 //! digests of its data chunks ([`blocks`]): they are what lets an incremental backup
@@ -20,8 +21,8 @@
 //! Memory: a backup holds one chunk buffer per worker (workers x chunk size; 8 x 4 MiB
 //! by default), plus while a chunk is stored one encoded copy of it, plus the index and
 //! the block digests (32 bytes per chunk, and 32 bytes per 64 KiB of data: 0.05 % of the
-//! image's data). A restore holds per worker the fetched blob, its plaintext and one
-//! write buffer (about 3 x chunk size), plus the index.
+//! image's data). A restore holds per worker two blobs fetched ahead, the blob it opens
+//! and its plaintext (about 4 x chunk size), plus the index.
 
 #![forbid(unsafe_code)]
 
@@ -33,6 +34,7 @@ mod hash;
 mod maintenance;
 mod parent;
 mod restore;
+mod snapshot;
 
 pub use backup::{backup, BackupOptions, BackupReport, DEFAULT_WORKERS};
 pub use changed::{ChangedRanges, NbdDirtyBitmap};

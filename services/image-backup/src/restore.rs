@@ -1,34 +1,33 @@
-//! [`restore`]: a backup written into any target.
+//! [`restore`]: a backup written into any target, as the engine's copy of the backup's
+//! image ([`SnapshotSource`]) into the target.
 //!
-//! One fetch stage reads chunks from the repository, [`FETCHES_PER_WORKER`] GETs per
-//! worker at once (an object store's latency per GET is far longer than the work on a
-//! chunk), and hands them out in offset order (out of order when writes may be); workers
-//! open them (the repository checks each chunk against its digest) and write them. Zero chunks, and 4 KiB zero blocks inside data
-//! chunks, become `write_zeroes`, or nothing on a target known to read as zeroes (a new
-//! file stays sparse). In order (targets that only take writes in order, or `--order in`)
-//! chunks are still fetched in parallel but written one after another.
+//! The engine brings the write path: its workers read a chunk per request, in work units
+//! of one chunk (the source keeps a window of GETs running ahead of them, as an object
+//! store's latency per GET is far longer than the work on a chunk), and write in offset
+//! order or out of order as the target allows; zero
+//! chunks, and 4 KiB zero blocks inside data chunks, become `write_zeroes`, or nothing on a
+//! target known to read as zeroes (a new file stays sparse).
 //!
-//! The block hash of the restored image is computed from the plaintext written (never
-//! taken from the backup's stored block digests) and compared with the manifest's before
-//! the target is finished: a mismatch fails the restore and aborts the target.
+//! The block hash of the restored image is computed from the plaintext read (never taken
+//! from the backup's stored block digests) and compared with the manifest's before the
+//! target is finished ([`HashCheckedTarget`]): a mismatch fails the restore and aborts the
+//! target.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_backup::{BackupId, Digest, FixedIndex, Repository};
-use ferry_core::{Error, ErrorKind, IoBuf, Result, Target, ZeroMode};
-use ferry_engine::{CancellationToken, Progress};
-use futures::stream::{self, Stream, StreamExt};
+use async_trait::async_trait;
+use ferry_backup::{BackupId, Repository};
+use ferry_core::{Caps, Error, ErrorKind, IoBuf, Result, Target, ZeroMode};
+use ferry_engine::{CancellationToken, CommitOrder, CopyOptions, Progress};
 use parking_lot::Mutex;
-use tokio::sync::{mpsc, watch};
-use tokio::task::JoinSet;
 
-use crate::backup::{join_all, DEFAULT_WORKERS};
-use crate::hash::{ChunkBlocks, OrderedHash};
+use crate::backup::DEFAULT_WORKERS;
+use crate::snapshot::SnapshotSource;
 
 /// Zero blocks inside data chunks are found at this granularity.
 const SPARSE: usize = 4096;
-/// GETs in flight per worker.
+/// GETs running ahead of the reads, per worker.
 const FETCHES_PER_WORKER: usize = 2;
 
 /// The order chunks are written in.
@@ -103,24 +102,6 @@ pub struct RestoreReport {
     pub elapsed: Duration,
 }
 
-struct Shared {
-    repo: Repository,
-    id: BackupId,
-    index: FixedIndex,
-    chunk_size: usize,
-    /// Chunks from the fetch stage, in the order they are to be taken.
-    fetched: tokio::sync::Mutex<mpsc::Receiver<Fetched>>,
-    /// Blob buffers to fetch into, returned once a chunk is opened.
-    blobs: Mutex<Vec<Vec<u8>>>,
-    skip_zero: bool,
-    /// In order: the next chunk to write.
-    next: Option<watch::Sender<usize>>,
-    max_write: usize,
-    progress: Progress,
-    stop: CancellationToken,
-    hash: Mutex<OrderedHash>,
-}
-
 /// Restores backup `id` of `repo` into `target` (at least the image's size).
 pub async fn restore(
     repo: &Repository,
@@ -141,339 +122,157 @@ pub async fn restore(
             target.size()
         )));
     }
-    let caps = target.caps();
-    let in_order = match options.order {
-        RestoreOrder::InOrder => true,
-        RestoreOrder::Auto => !caps.random_write,
-        RestoreOrder::OutOfOrder if !caps.random_write => {
+    let order = match options.order {
+        RestoreOrder::Auto => CommitOrder::Auto,
+        RestoreOrder::InOrder => CommitOrder::InOrder,
+        RestoreOrder::OutOfOrder if !target.caps().random_write => {
             return Err(Error::invalid_input(format!(
                 "{} takes writes only in order: restore in order",
                 target.describe()
-            )))
+            )));
         }
-        RestoreOrder::OutOfOrder => false,
+        RestoreOrder::OutOfOrder => CommitOrder::OutOfOrder,
     };
-    let chunks = index.len();
-    let workers = options.workers.clamp(1, 1024).min(chunks.max(1));
-    progress.start(size, 0);
-    let (to_workers, fetched) = mpsc::channel(1);
-    let shared = Arc::new(Shared {
-        repo: repo.clone(),
-        id: id.clone(),
-        chunk_size: index.chunk_size() as usize,
+    let workers = options.workers.clamp(1, 1024).min(index.len().max(1));
+    let chunk_size = index.chunk_size() as usize;
+    let copy = CopyOptions {
+        workers,
+        order,
+        sparse_size: SPARSE,
+        // Units of one chunk: the workers take chunks in index order, the order the
+        // source fetches them ahead in.
+        work_unit: chunk_size as u64,
+        // One request (one plaintext chunk) per worker; the blobs fetched ahead are
+        // bounded by the source's window.
+        max_in_flight_bytes: Some(workers * chunk_size),
+        // One flush, at the end: a restore that fails is started again, not resumed.
+        checkpoint_interval: Duration::ZERO,
+        ..CopyOptions::default()
+    };
+    let source = SnapshotSource::new(
+        repo.clone(),
+        id.clone(),
         index,
-        fetched: tokio::sync::Mutex::new(fetched),
-        blobs: Mutex::new(Vec::new()),
-        skip_zero: target.is_zero(),
-        next: in_order.then(|| watch::channel(0).0),
-        max_write: (caps.block.maximum.max(SPARSE as u32) as usize) / SPARSE * SPARSE,
-        progress: progress.clone(),
-        stop: cancel.child_token(),
-        hash: Mutex::new(OrderedHash::new(size, manifest.chunk_size)),
-    });
-    tracing::info!(backup = %id, target = %target.describe(), size, workers, in_order, "restore started");
-
-    let mut set = JoinSet::new();
-    let fetcher = Arc::clone(&shared);
-    let fetches = workers * FETCHES_PER_WORKER;
-    set.spawn(async move {
-        let result = fetcher.fetch_all(fetches, in_order, to_workers).await;
-        if result.is_err() {
-            fetcher.stop.cancel();
-        }
-        result
-    });
-    for w in 0..workers {
-        let (shared, target) = (Arc::clone(&shared), Arc::clone(&target));
-        set.spawn(async move {
-            let target = if w == 0 {
-                target
-            } else {
-                target.connect().await?
-            };
-            let result = shared.work(target.as_ref()).await;
-            if result.is_err() {
-                shared.stop.cancel();
-            }
-            result
-        });
-    }
-    let failure = join_all(&mut set, &shared.stop).await;
-    let failure = failure.or_else(|| cancel.is_cancelled().then(Error::cancelled));
-    if let Some(err) = failure {
-        let _ = target.abort().await;
-        return Err(err);
-    }
-    let shared = Arc::try_unwrap(shared)
-        .map_err(|_| Error::internal("a restore worker outlived the restore"))?;
-    let Some(block_hash) = shared.hash.into_inner().finish() else {
-        let _ = target.abort().await;
-        return Err(Error::internal(
-            "the restore ended with chunks missing from the block hash",
-        ));
-    };
-    let expected = manifest.block_hash.as_ref().filter(|_| options.verify);
+        workers * FETCHES_PER_WORKER,
+    );
+    let expected = manifest.block_hash.clone().filter(|_| options.verify);
     let verified = expected.is_some();
-    if let Some(expected) = expected {
-        if *expected != block_hash {
-            let _ = target.abort().await;
-            return Err(Error::new(
-                ErrorKind::Corrupt,
-                format!("the restored image of backup {id} has block hash {block_hash}, the backup recorded {expected}: the repository's data does not match the backup"),
-            ));
-        }
-    }
-    target.finish().await?;
-    let snap = progress.snapshot();
+    let checked = Arc::new(HashCheckedTarget {
+        inner: target.clone(),
+        source: source.clone(),
+        id: id.clone(),
+        expected,
+        block_hash: Mutex::new(None),
+    });
+    tracing::info!(backup = %id, target = %target.describe(), size, workers, ?order, "restore started");
+    let copied = ferry_engine::copy(
+        Arc::new(source.clone()),
+        checked.clone(),
+        &copy,
+        progress,
+        cancel,
+    )
+    .await;
+    source.stop_read_ahead();
+    let report = copied?;
+    let block_hash = checked
+        .block_hash
+        .lock()
+        .take()
+        .ok_or_else(|| Error::internal("the restore finished without a block hash"))?;
     tracing::info!(backup = %id, %block_hash, "restore finished");
     Ok(RestoreReport {
         id: id.clone(),
         size,
-        data_bytes: snap.data_bytes,
-        zero_bytes: snap.zero_bytes,
+        data_bytes: report.data_bytes,
+        zero_bytes: report.zero_bytes,
         block_hash,
         verified,
         elapsed: started.elapsed(),
     })
 }
 
-/// A chunk from the fetch stage: a data chunk's blob, not yet opened, or a zero chunk.
-enum Fetched {
-    Data {
-        i: usize,
-        digest: Digest,
-        blob: Vec<u8>,
-    },
-    Zero {
-        i: usize,
-    },
+/// The restore's target: writes go straight through; `finish` first takes the block hash
+/// of everything read and, when the manifest has one to check against, fails on a
+/// mismatch, so that the engine aborts the target instead of finishing a wrong image.
+struct HashCheckedTarget {
+    inner: Arc<dyn Target>,
+    source: SnapshotSource,
+    id: BackupId,
+    expected: Option<String>,
+    /// The block hash, once `finish` took it.
+    block_hash: Mutex<Option<String>>,
 }
 
-impl Shared {
-    /// The fetch stage: `fetches` chunks at once, handed to the workers in offset order, or
-    /// as they arrive when `in_order` is off. (In order, a chunk fetched late must not be
-    /// overtaken: the workers would all wait for their turn behind it.)
-    async fn fetch_all(
-        &self,
-        fetches: usize,
-        in_order: bool,
-        to_workers: mpsc::Sender<Fetched>,
-    ) -> Result<()> {
-        let chunks = stream::iter(0..self.index.len()).map(|i| self.fetch(i));
-        if in_order {
-            self.hand_out(chunks.buffered(fetches), to_workers).await
-        } else {
-            self.hand_out(chunks.buffer_unordered(fetches), to_workers)
-                .await
+impl std::fmt::Debug for HashCheckedTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HashCheckedTarget")
+            .field("inner", &self.inner.describe())
+            .field("expected", &self.expected)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HashCheckedTarget {
+    fn check(&self) -> Result<String> {
+        let block_hash = self.source.take_block_hash().ok_or_else(|| {
+            Error::internal("the restore ended with chunks missing from the block hash")
+        })?;
+        match &self.expected {
+            Some(expected) if *expected != block_hash => Err(Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "the restored image of backup {} has block hash {block_hash}, the backup recorded {expected}: the repository's data does not match the backup",
+                    self.id
+                ),
+            )),
+            _ => Ok(block_hash),
         }
     }
+}
 
-    async fn hand_out(
-        &self,
-        chunks: impl Stream<Item = Result<Fetched>>,
-        to_workers: mpsc::Sender<Fetched>,
-    ) -> Result<()> {
-        let mut chunks = std::pin::pin!(chunks);
-        loop {
-            let next = tokio::select! {
-                next = chunks.next() => next,
-                () = self.stop.cancelled() => return Err(Error::cancelled()),
-            };
-            let Some(fetched) = next.transpose()? else {
-                return Ok(());
-            };
-            tokio::select! {
-                sent = to_workers.send(fetched) => if sent.is_err() {
-                    return Err(Error::internal("the restore's workers went away"));
-                },
-                () = self.stop.cancelled() => return Err(Error::cancelled()),
-            }
-        }
+#[async_trait]
+impl Target for HashCheckedTarget {
+    fn describe(&self) -> String {
+        self.inner.describe()
     }
 
-    /// Fetches chunk `i` into a pooled buffer (nothing for a zero chunk).
-    async fn fetch(&self, i: usize) -> Result<Fetched> {
-        let digest = self
-            .index
-            .digest(i)
-            .ok_or_else(|| Error::internal("a chunk number outside the index"))?;
-        if digest.is_zero() {
-            return Ok(Fetched::Zero { i });
-        }
-        let buf = self.blobs.lock().pop().unwrap_or_default();
-        let blob = self
-            .repo
-            .fetch_chunk_into(&digest, buf)
-            .await
-            .map_err(|e| self.located(i, &digest, e))?;
-        Ok(Fetched::Data { i, digest, blob })
+    fn size(&self) -> u64 {
+        self.inner.size()
     }
 
-    /// One worker: opens and writes the chunks the fetch stage hands out, until it ends.
-    async fn work(&self, target: &dyn Target) -> Result<()> {
-        let mut buf: Option<IoBuf> = None;
-        loop {
-            let next = self.fetched.lock().await.recv().await;
-            if self.stop.is_cancelled() {
-                return Err(Error::cancelled());
-            }
-            match next {
-                None => return Ok(()),
-                Some(Fetched::Zero { i }) => {
-                    let (offset, len) = self.index.chunk_range(i);
-                    self.turn(i).await?;
-                    self.zeroes_at(target, offset, len).await?;
-                    self.done(i);
-                    self.hash.lock().add(i, ChunkBlocks::Zero);
-                }
-                Some(Fetched::Data { i, digest, blob }) => {
-                    let data = buf.take().unwrap_or_else(|| IoBuf::new(self.chunk_size));
-                    let (data, blob) = self.write_fetched(target, i, digest, blob, data).await?;
-                    buf = Some(data);
-                    self.blobs.lock().push(blob);
-                }
-            }
-        }
+    fn caps(&self) -> Caps {
+        self.inner.caps()
     }
 
-    /// Opens a fetched chunk (decoded and checked off the async threads) into `data` and
-    /// writes it in its turn. Returns both buffers for reuse.
-    async fn write_fetched(
-        &self,
-        target: &dyn Target,
-        i: usize,
-        digest: Digest,
-        blob: Vec<u8>,
-        mut data: IoBuf,
-    ) -> Result<(IoBuf, Vec<u8>)> {
-        let (offset, len) = self.index.chunk_range(i);
-        let repo = self.repo.clone();
-        let opened = tokio::task::spawn_blocking(move || {
-            data.set_len(data.capacity());
-            let (got, digests) = repo.open_chunk(&digest, &blob, &mut data)?;
-            if got as u64 != len {
-                return Err(Error::new(
-                    ErrorKind::Corrupt,
-                    format!("the chunk holds {got} bytes, the index says {len}"),
-                ));
-            }
-            data.set_len(got);
-            let runs = runs(&data);
-            Ok((data, digests, runs, blob))
-        })
-        .await
-        .map_err(|_| Error::internal("a chunk decoding thread panicked"))?;
-        let (data, digests, runs, blob) = opened.map_err(|e| self.located(i, &digest, e))?;
-        self.turn(i).await?;
-        let data = self.write_chunk(target, data, offset, &runs).await?;
-        self.done(i);
-        self.hash.lock().add(i, ChunkBlocks::Data(digests));
-        Ok((data, blob))
+    fn is_zero(&self) -> bool {
+        self.inner.is_zero()
     }
 
-    /// An error about chunk `i`, naming the backup, the chunk, its offset and digest.
-    fn located(&self, i: usize, digest: &Digest, e: Error) -> Error {
-        let (offset, _) = self.index.chunk_range(i);
-        Error::new(
-            e.kind(),
-            format!(
-                "backup {}: chunk {i} at offset {offset} ({digest}): {}",
-                self.id,
-                e.message()
-            ),
-        )
+    async fn write_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
+        self.inner.write_at(offset, buf).await
     }
 
-    /// Waits until chunk `i` may be written (in order: every chunk before it is).
-    async fn turn(&self, i: usize) -> Result<()> {
-        let Some(next) = &self.next else {
-            return Ok(());
-        };
-        let mut rx = next.subscribe();
-        tokio::select! {
-            waited = rx.wait_for(|n| *n >= i) => waited
-                .map(|_| ())
-                .map_err(|_| Error::internal("the restore's order keeper went away")),
-            () = self.stop.cancelled() => Err(Error::cancelled()),
-        }
+    async fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> Result<()> {
+        self.inner.write_zeroes(offset, len, mode).await
     }
 
-    fn done(&self, i: usize) {
-        if let Some(next) = &self.next {
-            next.send_modify(|n| *n = (*n).max(i + 1));
-        }
+    async fn flush(&self) -> Result<()> {
+        self.inner.flush().await
     }
 
-    async fn zeroes_at(&self, target: &dyn Target, offset: u64, len: u64) -> Result<()> {
-        if len > 0 && !self.skip_zero {
-            target
-                .write_zeroes(offset, len, ZeroMode::MayDeallocate)
-                .await?;
-        }
-        self.progress.add_zero(len);
+    async fn connect(&self) -> Result<Arc<dyn Target>> {
+        self.inner.connect().await
+    }
+
+    async fn finish(&self) -> Result<()> {
+        let block_hash = self.check()?;
+        self.inner.finish().await?;
+        *self.block_hash.lock() = Some(block_hash);
         Ok(())
     }
 
-    /// Writes a chunk's data runs; its 4 KiB zero blocks become zeroes.
-    async fn write_chunk(
-        &self,
-        target: &dyn Target,
-        mut data: IoBuf,
-        offset: u64,
-        runs: &[(usize, usize, bool)],
-    ) -> Result<IoBuf> {
-        let len = data.len();
-        for &(start, run_len, zero) in runs {
-            if zero {
-                self.zeroes_at(target, offset + start as u64, run_len as u64)
-                    .await?;
-                continue;
-            }
-            let mut at = start;
-            while at < start + run_len {
-                let n = (start + run_len - at).min(self.max_write);
-                data.set_view(at, n);
-                data = target.write_at(offset + at as u64, data).await?;
-                at += n;
-            }
-            self.progress.add_data(run_len as u64);
-        }
-        data.set_len(len);
-        Ok(data)
-    }
-}
-
-/// Alternating zero and data runs of a chunk, by 4 KiB blocks: `(start, len, zero)`.
-fn runs(data: &[u8]) -> Vec<(usize, usize, bool)> {
-    let mut out: Vec<(usize, usize, bool)> = Vec::new();
-    for (n, block) in data.chunks(SPARSE).enumerate() {
-        let zero = ferry_blkhash::is_zero(block);
-        match out.last_mut() {
-            Some(last) if last.2 == zero => last.1 += block.len(),
-            _ => out.push((n * SPARSE, block.len(), zero)),
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn runs_split_zero_and_data_blocks() {
-        let mut data = vec![0u8; 5 * SPARSE + 10];
-        data[SPARSE + 1] = 1;
-        data[2 * SPARSE] = 1;
-        data[5 * SPARSE + 3] = 1;
-        assert_eq!(
-            runs(&data),
-            vec![
-                (0, SPARSE, true),
-                (SPARSE, 2 * SPARSE, false),
-                (3 * SPARSE, 2 * SPARSE, true),
-                (5 * SPARSE, 10, false)
-            ]
-        );
+    async fn abort(&self) -> Result<()> {
+        self.inner.abort().await
     }
 }
