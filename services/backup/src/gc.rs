@@ -66,11 +66,12 @@ use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 
 use crate::digest::Digest;
+use crate::index::FixedIndex;
 use crate::keys::random;
 use crate::manifest::BackupId;
 use crate::repository::Repository;
 use crate::session::{SessionRecord, MAX_SESSION_LEN};
-use crate::store::{ObjectStore, Put, PutMode, Version};
+use crate::store::{ObjectMeta, ObjectStore, Put, PutMode, Version};
 use crate::verify;
 
 const LEASE: &str = "locks/gc";
@@ -505,9 +506,23 @@ impl Repository {
     }
 
     async fn collect(&self, lease: &GcLease, options: &GcOptions) -> Result<GcReport> {
-        let store = self.store();
         let mut report = GcReport::default();
-        let gc_start = store
+        let gc_start = self.lease_start().await?;
+        let sessions = self
+            .scan_sessions(lease, options, gc_start, &mut report)
+            .await?;
+        let marks = self.mark(lease, &sessions, &mut report).await?;
+        let cutoff = cutoff_for_lost_parents(&sessions, &marks, &mut report);
+        report.cutoff = Some(DateTime::<Utc>::from(cutoff));
+        self.sweep(lease, cutoff, &marks.referenced, &mut report)
+            .await?;
+        Ok(report)
+    }
+
+    /// When the GC lease was taken, by the store's clock.
+    async fn lease_start(&self) -> Result<SystemTime> {
+        Ok(self
+            .store()
             .head(LEASE)
             .await?
             .ok_or_else(|| {
@@ -516,24 +531,29 @@ impl Repository {
                     "the GC lease vanished as it was taken",
                 )
             })?
-            .modified;
-        let mut cutoff = before(gc_start, options.grace);
+            .modified)
+    }
 
-        // Running sessions move the cutoff back, and their parents' chunks are marked;
-        // crashed ones are cleaned up.
-        let mut parents: HashSet<BackupId> = HashSet::new();
+    /// Running sessions move the cutoff back, and their parents' chunks are marked;
+    /// crashed ones are cleaned up.
+    async fn scan_sessions(
+        &self,
+        lease: &GcLease,
+        options: &GcOptions,
+        gc_start: SystemTime,
+        report: &mut GcReport,
+    ) -> Result<RunningSessions> {
+        let store = self.store();
+        let mut sessions = RunningSessions {
+            cutoff: before(gc_start, options.grace),
+            parents: HashSet::new(),
+        };
         for meta in store.list("sessions/").await? {
             let Some(data) = store.get(&meta.name, MAX_SESSION_LEN).await? else {
                 continue;
             };
             let record: Option<SessionRecord> = serde_json::from_slice(&data).ok();
-            let stale_after =
-                Duration::from_secs(record.as_ref().map_or(600, |r| r.stale_after_secs));
-            if meta
-                .modified
-                .checked_add(stale_after)
-                .is_some_and(|t| t < gc_start)
-            {
+            if session_is_stale(&meta, record.as_ref(), gc_start) {
                 lease.check()?;
                 store.delete(&meta.name).await?;
                 report.stale_sessions_removed += 1;
@@ -542,23 +562,28 @@ impl Repository {
             report.running_sessions += 1;
             if let Some(r) = &record {
                 tracing::debug!(backup = %r.id, host = %r.host, pid = r.pid, parent = ?r.parent, "a backup is running");
-                parents.extend(r.parent.clone());
+                sessions.parents.extend(r.parent.clone());
             }
-            let (start, touch) = match &record {
-                Some(r) => (
-                    r.started.map(SystemTime::from).unwrap_or(meta.modified),
-                    Duration::from_secs(r.touch_older_than_secs),
-                ),
-                // An unreadable record of a live session: keep everything it may use.
-                None => (SystemTime::UNIX_EPOCH, Duration::ZERO),
-            };
-            cutoff = cutoff.min(before(start, options.grace.max(touch)));
+            sessions.cutoff =
+                sessions
+                    .cutoff
+                    .min(session_cutoff(&meta, record.as_ref(), options.grace));
         }
+        Ok(sessions)
+    }
 
-        // Mark.
+    /// Collects the chunks every index lists. Indexes without a manifest (crashed
+    /// backups) older than the cutoff, and no running session's parent, are removed
+    /// instead.
+    async fn mark(
+        &self,
+        lease: &GcLease,
+        sessions: &RunningSessions,
+        report: &mut GcReport,
+    ) -> Result<Marks> {
+        let store = self.store();
         let manifests: HashSet<BackupId> = self.list_snapshots().await?.into_iter().collect();
-        let mut referenced: HashSet<Digest> = HashSet::new();
-        let mut marked: HashSet<BackupId> = HashSet::new();
+        let mut marks = Marks::default();
         for meta in store.list("indexes/").await? {
             let Some(id) = meta
                 .name
@@ -567,66 +592,57 @@ impl Repository {
             else {
                 continue;
             };
-            if !manifests.contains(&id) && meta.modified < cutoff && !parents.contains(&id) {
+            if !manifests.contains(&id)
+                && meta.modified < sessions.cutoff
+                && !sessions.parents.contains(&id)
+            {
                 lease.check()?;
                 store.delete(&meta.name).await?;
                 report.orphan_indexes_removed += 1;
                 continue;
             }
-            let (index, _) = match self.read_index(&id).await {
-                Ok(read) => read,
-                // Deleted by a prune since the listing: it references nothing any more.
-                Err(err) if err.kind() == ErrorKind::NotFound => continue,
-                Err(err) => {
-                    return Err(Error::new(
-                        err.kind(),
-                        format!(
-                            "garbage collection stopped before removing anything: {}; run verify, and delete that backup if it is damaged",
-                            err.message()
-                        ),
-                    ))
-                }
-            };
-            report.indexes += 1;
-            referenced.extend(index.digests().iter().filter(|d| !d.is_zero()).copied());
-            marked.insert(id);
-        }
-        for parent in parents.iter().filter(|p| !marked.contains(p)) {
-            tracing::warn!(parent = %parent, "a running backup reuses the chunks of a backup removed meanwhile: nothing unreferenced is removed until it ends");
-            report.sessions_without_parent += 1;
-            cutoff = SystemTime::UNIX_EPOCH;
-        }
-        report.cutoff = Some(DateTime::<Utc>::from(cutoff));
-
-        // Sweep.
-        let bad = verify::bad_chunks(store.as_ref()).await?;
-        let mut doomed = Vec::new();
-        let mut stored = HashSet::new();
-        for meta in store.list("chunks/").await? {
-            let Some(digest) = Digest::from_chunk_name(&meta.name) else {
+            let Some(index) = self.index_to_mark(&id).await? else {
                 continue;
             };
-            stored.insert(digest);
-            report.chunks_scanned += 1;
-            if referenced.contains(&digest) {
-                report.chunks_referenced += 1;
-                report.bytes_kept += meta.size;
-            } else if meta.modified < cutoff {
-                doomed.push((digest, meta.size));
-            } else {
-                report.chunks_recent += 1;
-                report.bytes_kept += meta.size;
-            }
+            report.indexes += 1;
+            marks
+                .referenced
+                .extend(index.digests().iter().filter(|d| !d.is_zero()).copied());
+            marks.indexes.insert(id);
         }
-        let removed: Vec<(Digest, u64)> = stream::iter(doomed)
-            .map(|(digest, size)| async move {
-                lease.check()?;
-                store.delete(&digest.chunk_name()).await?;
-                Ok::<_, Error>((digest, size))
-            })
-            .buffer_unordered(PARALLEL_DELETES)
-            .try_collect()
-            .await?;
+        Ok(marks)
+    }
+
+    /// The index of `id`, or `None` if a prune deleted it since the listing (it
+    /// references nothing any more).
+    async fn index_to_mark(&self, id: &BackupId) -> Result<Option<FixedIndex>> {
+        match self.read_index(id).await {
+            Ok((index, _)) => Ok(Some(index)),
+            Err(err) if err.kind() == ErrorKind::NotFound => Ok(None),
+            Err(err) => Err(Error::new(
+                err.kind(),
+                format!(
+                    "garbage collection stopped before removing anything: {}; run verify, and delete that backup if it is damaged",
+                    err.message()
+                ),
+            )),
+        }
+    }
+
+    /// Removes the unreferenced chunks older than `cutoff`, and the bad marks no stored
+    /// or referenced chunk needs any more.
+    async fn sweep(
+        &self,
+        lease: &GcLease,
+        cutoff: SystemTime,
+        referenced: &HashSet<Digest>,
+        report: &mut GcReport,
+    ) -> Result<()> {
+        let store = self.store();
+        let bad = verify::bad_chunks(store.as_ref()).await?;
+        let (doomed, stored) =
+            doomed_chunks(store.list("chunks/").await?, referenced, cutoff, report);
+        let removed = delete_chunks(lease, store.as_ref(), doomed).await?;
         for (digest, size) in &removed {
             report.chunks_removed += 1;
             report.bytes_removed += size;
@@ -642,6 +658,120 @@ impl Repository {
             lease.check()?;
             store.delete(&digest.bad_name()).await?;
         }
-        Ok(report)
+        Ok(())
     }
+}
+
+/// What the running backup sessions ask of a GC.
+struct RunningSessions {
+    /// Unreferenced chunks and orphan indexes older than this may be removed.
+    cutoff: SystemTime,
+    /// The backups whose index chunks a running session reuses unchecked.
+    parents: HashSet<BackupId>,
+}
+
+/// What the indexes reference.
+#[derive(Default)]
+struct Marks {
+    /// Every chunk some index lists (zero chunks aside).
+    referenced: HashSet<Digest>,
+    /// The backups whose index was read.
+    indexes: HashSet<BackupId>,
+}
+
+/// Whether a session record was not rewritten for its `stale_after` (the session
+/// crashed).
+fn session_is_stale(
+    meta: &ObjectMeta,
+    record: Option<&SessionRecord>,
+    gc_start: SystemTime,
+) -> bool {
+    let stale_after = Duration::from_secs(record.map_or(600, |r| r.stale_after_secs));
+    meta.modified
+        .checked_add(stale_after)
+        .is_some_and(|t| t < gc_start)
+}
+
+/// The cutoff a running session allows: its start less the larger of the grace period
+/// and its `touch_older_than`.
+fn session_cutoff(
+    meta: &ObjectMeta,
+    record: Option<&SessionRecord>,
+    grace: Duration,
+) -> SystemTime {
+    let (start, touch) = match record {
+        Some(r) => (
+            r.started.map(SystemTime::from).unwrap_or(meta.modified),
+            Duration::from_secs(r.touch_older_than_secs),
+        ),
+        // An unreadable record of a live session: keep everything it may use.
+        None => (SystemTime::UNIX_EPOCH, Duration::ZERO),
+    };
+    before(start, grace.max(touch))
+}
+
+/// The sessions' cutoff, or the epoch (nothing unreferenced is removed) while a running
+/// session's parent index is gone and so its chunks are unknown.
+fn cutoff_for_lost_parents(
+    sessions: &RunningSessions,
+    marks: &Marks,
+    report: &mut GcReport,
+) -> SystemTime {
+    let mut cutoff = sessions.cutoff;
+    for parent in sessions
+        .parents
+        .iter()
+        .filter(|p| !marks.indexes.contains(p))
+    {
+        tracing::warn!(parent = %parent, "a running backup reuses the chunks of a backup removed meanwhile: nothing unreferenced is removed until it ends");
+        report.sessions_without_parent += 1;
+        cutoff = SystemTime::UNIX_EPOCH;
+    }
+    cutoff
+}
+
+/// Counts the stored chunks that are kept, and returns the ones to remove (with their
+/// sizes) and every stored chunk.
+fn doomed_chunks(
+    chunks: Vec<ObjectMeta>,
+    referenced: &HashSet<Digest>,
+    cutoff: SystemTime,
+    report: &mut GcReport,
+) -> (Vec<(Digest, u64)>, HashSet<Digest>) {
+    let mut doomed = Vec::new();
+    let mut stored = HashSet::new();
+    for meta in chunks {
+        let Some(digest) = Digest::from_chunk_name(&meta.name) else {
+            continue;
+        };
+        stored.insert(digest);
+        report.chunks_scanned += 1;
+        if referenced.contains(&digest) {
+            report.chunks_referenced += 1;
+            report.bytes_kept += meta.size;
+        } else if meta.modified < cutoff {
+            doomed.push((digest, meta.size));
+        } else {
+            report.chunks_recent += 1;
+            report.bytes_kept += meta.size;
+        }
+    }
+    (doomed, stored)
+}
+
+/// Deletes chunks, several at once, checking before each that the lease still holds.
+async fn delete_chunks(
+    lease: &GcLease,
+    store: &dyn ObjectStore,
+    doomed: Vec<(Digest, u64)>,
+) -> Result<Vec<(Digest, u64)>> {
+    stream::iter(doomed)
+        .map(|(digest, size)| async move {
+            lease.check()?;
+            store.delete(&digest.chunk_name()).await?;
+            Ok::<_, Error>((digest, size))
+        })
+        .buffer_unordered(PARALLEL_DELETES)
+        .try_collect()
+        .await
 }

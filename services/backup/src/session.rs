@@ -192,11 +192,7 @@ impl Repository {
     ) -> Result<Session> {
         let time = now();
         let id = BackupId::generate(time)?;
-        // A GC must not take a live session for crashed between two heartbeats.
-        let stale_after = options
-            .stale_after
-            .max(options.heartbeat * 3)
-            .max(Duration::from_secs(1));
+        let stale_after = session_stale_after(&options);
         let store = Arc::clone(self.store());
         let mut record = SessionRecord {
             id: id.clone(),
@@ -212,45 +208,12 @@ impl Repository {
             .put(&name, Bytes::from(json(&record)), PutMode::Overwrite)
             .await?;
         // The record exists (naming the parent) before the parent's index is checked.
-        let stamp = async {
-            let started = store
-                .head(&name)
-                .await?
-                .ok_or_else(|| {
-                    Error::new(
-                        ErrorKind::Io,
-                        format!("the session record {name} vanished after it was written"),
-                    )
-                })?
-                .modified;
-            record.started = Some(DateTime::<Utc>::from(started));
-            let body = Bytes::from(json(&record));
-            store.put(&name, body.clone(), PutMode::Overwrite).await?;
-            Ok::<_, Error>((started, body))
-        };
-        let bad = verify::bad_chunks(store.as_ref());
-        let parent_kept = async {
-            match parent {
-                Some((id, _)) => Ok(store.head(&id.index_name()).await?.is_some()),
-                None => Ok(false),
-            }
-        };
-        let ((started, body), bad, parent_kept) = tokio::try_join!(stamp, bad, parent_kept)?;
-        let trusted = match parent {
-            // GCs that list this record mark the parent's index while it exists; checking
-            // that it still exists after the record was written closes the gap before.
-            Some((_, index)) if parent_kept => index
-                .digests()
-                .iter()
-                .filter(|d| !d.is_zero() && !bad.contains(d))
-                .copied()
-                .collect(),
-            Some((id, _)) => {
-                tracing::warn!(backup = %id, "the parent backup was removed as this one started: its chunks are checked one by one");
-                HashSet::new()
-            }
-            None => HashSet::new(),
-        };
+        let ((started, body), bad, parent_kept) = tokio::try_join!(
+            stamp_record(store.as_ref(), &name, &mut record),
+            verify::bad_chunks(store.as_ref()),
+            parent_index_exists(store.as_ref(), parent.map(|(id, _)| id)),
+        )?;
+        let trusted = trusted_chunks(parent, parent_kept, &bad);
         let lapsed = Arc::new(AtomicBool::new(false));
         let heartbeat = tokio::spawn(beat(
             Arc::clone(&store),
@@ -276,6 +239,70 @@ impl Repository {
             heartbeat: Some(heartbeat),
             lapsed,
         })
+    }
+}
+
+/// How long a session may go without a heartbeat before GCs consider it crashed: a GC
+/// must not take a live session for crashed between two heartbeats.
+fn session_stale_after(options: &SessionOptions) -> Duration {
+    options
+        .stale_after
+        .max(options.heartbeat * 3)
+        .max(Duration::from_secs(1))
+}
+
+/// Rewrites the session record `name` with its start time, read from the store's clock
+/// (the first write's modification time). Returns that time and the record's body.
+async fn stamp_record(
+    store: &dyn ObjectStore,
+    name: &str,
+    record: &mut SessionRecord,
+) -> Result<(SystemTime, Bytes)> {
+    let started = store
+        .head(name)
+        .await?
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::Io,
+                format!("the session record {name} vanished after it was written"),
+            )
+        })?
+        .modified;
+    record.started = Some(DateTime::<Utc>::from(started));
+    let body = Bytes::from(json(record));
+    store.put(name, body.clone(), PutMode::Overwrite).await?;
+    Ok((started, body))
+}
+
+/// Whether the index of the parent backup (if any) is still stored.
+async fn parent_index_exists(store: &dyn ObjectStore, parent: Option<&BackupId>) -> Result<bool> {
+    match parent {
+        Some(id) => Ok(store.head(&id.index_name()).await?.is_some()),
+        None => Ok(false),
+    }
+}
+
+/// The parent's chunks a session reuses without asking the store: none if the parent's
+/// index is gone, and never one marked bad.
+fn trusted_chunks(
+    parent: Option<(&BackupId, &FixedIndex)>,
+    parent_kept: bool,
+    bad: &HashSet<Digest>,
+) -> HashSet<Digest> {
+    match parent {
+        // GCs that list this record mark the parent's index while it exists; checking
+        // that it still exists after the record was written closes the gap before.
+        Some((_, index)) if parent_kept => index
+            .digests()
+            .iter()
+            .filter(|d| !d.is_zero() && !bad.contains(d))
+            .copied()
+            .collect(),
+        Some((id, _)) => {
+            tracing::warn!(backup = %id, "the parent backup was removed as this one started: its chunks are checked one by one");
+            HashSet::new()
+        }
+        None => HashSet::new(),
     }
 }
 

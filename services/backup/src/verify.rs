@@ -108,6 +108,9 @@ impl VerifyReport {
     }
 }
 
+/// A checked chunk: its digest, its plaintext size if good, its fault if not.
+type ChunkCheck = (Digest, Option<u64>, Option<ChunkFault>);
+
 #[derive(Serialize)]
 struct BadRecord {
     found: chrono::DateTime<Utc>,
@@ -118,6 +121,47 @@ impl Repository {
     /// Verifies backups (see [`VerifyOptions`]).
     pub async fn verify(&self, options: &VerifyOptions) -> Result<VerifyReport> {
         let mut report = VerifyReport::default();
+        let users = self.chunk_users(options, &mut report).await?;
+        let results: Vec<ChunkCheck> = stream::iter(users.keys().copied())
+            .map(|digest| self.check_chunk(digest))
+            .buffer_unordered(options.parallel.max(1))
+            .try_collect()
+            .await?;
+
+        let mut broken: BTreeSet<BackupId> = report
+            .unreadable_snapshots
+            .iter()
+            .map(|(id, _)| id.clone())
+            .collect();
+        for (digest, size, fault) in results {
+            report.chunks_checked += 1;
+            report.bytes_checked += size.unwrap_or(0);
+            let Some(fault) = fault else { continue };
+            if options.mark_bad {
+                self.mark_bad(&digest, &fault).await?;
+            }
+            let snapshots = users.get(&digest).cloned().unwrap_or_default();
+            broken.extend(snapshots.iter().cloned());
+            tracing::warn!(chunk = %digest, fault = ?fault, backups = snapshots.len(), "verify found a bad chunk");
+            report.problems.push(ChunkProblem {
+                digest,
+                fault,
+                snapshots,
+            });
+        }
+        report.problems.sort_by_key(|p| p.digest);
+        report.broken_snapshots = broken.into_iter().collect();
+        Ok(report)
+    }
+
+    /// The chunks to check, each with the backups whose index lists it: those of the
+    /// chosen backups, or of every backup and every other stored chunk. Backups that
+    /// cannot be read are counted in the report.
+    async fn chunk_users(
+        &self,
+        options: &VerifyOptions,
+        report: &mut VerifyReport,
+    ) -> Result<BTreeMap<Digest, Vec<BackupId>>> {
         let ids = match &options.snapshots {
             Some(ids) => ids.clone(),
             None => self.list_snapshots().await?,
@@ -154,63 +198,41 @@ impl Repository {
                 }
             }
         }
+        Ok(users)
+    }
 
-        let results: Vec<(Digest, Option<u64>, Option<ChunkFault>)> =
-            stream::iter(users.keys().copied())
-                .map(|digest| async move {
-                    match self.get_chunk(&digest).await {
-                        Ok(plain) => Ok((digest, Some(plain.len() as u64), None)),
-                        Err(e) if e.kind() == ErrorKind::NotFound => {
-                            Ok((digest, None, Some(ChunkFault::Missing)))
-                        }
-                        Err(e) if e.kind() == ErrorKind::Corrupt => Ok((
-                            digest,
-                            None,
-                            Some(ChunkFault::Damaged(e.message().to_string())),
-                        )),
-                        Err(e) => Err(e),
-                    }
-                })
-                .buffer_unordered(options.parallel.max(1))
-                .try_collect()
-                .await?;
-
-        let mut broken: BTreeSet<BackupId> = report
-            .unreadable_snapshots
-            .iter()
-            .map(|(id, _)| id.clone())
-            .collect();
-        for (digest, size, fault) in results {
-            report.chunks_checked += 1;
-            report.bytes_checked += size.unwrap_or(0);
-            let Some(fault) = fault else { continue };
-            if options.mark_bad {
-                let record = BadRecord {
-                    found: Utc::now(),
-                    fault: match &fault {
-                        ChunkFault::Missing => "missing".to_string(),
-                        ChunkFault::Damaged(reason) => reason.clone(),
-                    },
-                };
-                self.store()
-                    .put(
-                        &digest.bad_name(),
-                        Bytes::from(serde_json::to_vec(&record).unwrap_or_default()),
-                        PutMode::Overwrite,
-                    )
-                    .await?;
+    /// Reads one chunk: its plaintext size if it is good, its fault if not.
+    async fn check_chunk(&self, digest: Digest) -> Result<ChunkCheck> {
+        match self.get_chunk(&digest).await {
+            Ok(plain) => Ok((digest, Some(plain.len() as u64), None)),
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                Ok((digest, None, Some(ChunkFault::Missing)))
             }
-            let snapshots = users.get(&digest).cloned().unwrap_or_default();
-            broken.extend(snapshots.iter().cloned());
-            tracing::warn!(chunk = %digest, fault = ?fault, backups = snapshots.len(), "verify found a bad chunk");
-            report.problems.push(ChunkProblem {
+            Err(e) if e.kind() == ErrorKind::Corrupt => Ok((
                 digest,
-                fault,
-                snapshots,
-            });
+                None,
+                Some(ChunkFault::Damaged(e.message().to_string())),
+            )),
+            Err(e) => Err(e),
         }
-        report.problems.sort_by_key(|p| p.digest);
-        report.broken_snapshots = broken.into_iter().collect();
-        Ok(report)
+    }
+
+    /// Writes the `bad/<digest>` record of a missing or damaged chunk.
+    async fn mark_bad(&self, digest: &Digest, fault: &ChunkFault) -> Result<()> {
+        let record = BadRecord {
+            found: Utc::now(),
+            fault: match fault {
+                ChunkFault::Missing => "missing".to_string(),
+                ChunkFault::Damaged(reason) => reason.clone(),
+            },
+        };
+        self.store()
+            .put(
+                &digest.bad_name(),
+                Bytes::from(serde_json::to_vec(&record).unwrap_or_default()),
+                PutMode::Overwrite,
+            )
+            .await?;
+        Ok(())
     }
 }

@@ -22,7 +22,7 @@ use crate::ranges::RangeSet;
 use crate::rate::RateLimiter;
 use crate::sequencer::Sequencer;
 use crate::tap::BlockTap;
-use crate::zero::scan;
+use crate::zero::{scan, Run};
 
 /// What a finished copy did.
 #[derive(Debug, Clone)]
@@ -298,18 +298,8 @@ async fn process(
         commit_zero_segment(shared, target, &seg).await?;
         return Ok(slot);
     }
+    let buf = read_segment(shared, source, &seg, &mut slot).await?;
     let geometry = &shared.geometry;
-    if let Some(rate) = &shared.rate {
-        rate.acquire(seg.len).await;
-    }
-    let buf = slot.take_buf(geometry.request, seg.len as usize);
-    let mut buf = source
-        .read_at(seg.offset, buf)
-        .await
-        .map_err(|e| e.at("read", seg.offset).with_endpoint(source.describe()))?;
-    if let Some(tap) = &shared.tap {
-        buf = hash_into(tap, seg.offset, buf).await?;
-    }
     scan(
         &buf,
         seg.offset,
@@ -317,60 +307,109 @@ async fn process(
         geometry.size,
         &mut slot.runs,
     );
-    let runs = &slot.runs;
-    let committer = &shared.committer;
-    match &shared.sequencer {
-        None => {
-            let (first, last) = (runs.first(), runs.last());
-            let head_end = first
-                .filter(|r| r.zero)
-                .map(|r| seg.offset + r.end() as u64);
-            let tail_start = last.filter(|r| r.zero).map(|r| seg.offset + r.start as u64);
-            let [before, after] =
-                seg.span
-                    .merger
-                    .lock()
-                    .resolve(seg.offset, seg.end(), head_end, tail_start);
-            // Offset order: the run closed at the head goes first, because it may complete
-            // a part of the target (an S3 part buffer) that this segment's data must wait for.
-            if let Some((start, end)) = before {
-                committer.zero(target, start, end).await?;
-            }
-            let n = runs.len();
-            for (i, run) in runs.iter().enumerate() {
-                let at = seg.offset + run.start as u64;
-                if !run.zero {
-                    buf.set_view(run.start, run.len);
-                    buf = committer.write(target, at, buf).await?;
-                } else if i > 0 && i + 1 < n {
-                    committer.zero(target, at, at + run.len as u64).await?;
-                }
-            }
-            if let Some((start, end)) = after {
-                committer.zero(target, start, end).await?;
-            }
-        }
-        Some(seq) => {
-            seq.wait_turn(seg.offset).await?;
-            for run in runs {
-                let at = seg.offset + run.start as u64;
-                if run.zero {
-                    if let Some((s, e)) = seq.add_zero(at, at + run.len as u64) {
-                        committer.zero(target, s, e).await?;
-                    }
-                } else {
-                    if let Some((s, e)) = seq.take_zero() {
-                        committer.zero(target, s, e).await?;
-                    }
-                    buf.set_view(run.start, run.len);
-                    buf = committer.write(target, at, buf).await?;
-                }
-            }
-            advance(shared, seq, target, seg.end()).await?;
-        }
-    }
+    let buf = match &shared.sequencer {
+        None => commit_runs(shared, target, &seg, &slot.runs, buf).await?,
+        Some(seq) => commit_runs_in_order(shared, seq, target, &seg, &slot.runs, buf).await?,
+    };
     slot.put_buf(buf);
     Ok(slot)
+}
+
+/// Reads one segment into the slot's buffer, within the rate limit, and hands it to the
+/// tap.
+#[inline]
+async fn read_segment(
+    shared: &Shared,
+    source: &dyn Source,
+    seg: &Segment,
+    slot: &mut Slot,
+) -> Result<IoBuf> {
+    if let Some(rate) = &shared.rate {
+        rate.acquire(seg.len).await;
+    }
+    let buf = slot.take_buf(shared.geometry.request, seg.len as usize);
+    let mut buf = source
+        .read_at(seg.offset, buf)
+        .await
+        .map_err(|e| e.at("read", seg.offset).with_endpoint(source.describe()))?;
+    if let Some(tap) = &shared.tap {
+        buf = hash_into(tap, seg.offset, buf).await?;
+    }
+    Ok(buf)
+}
+
+/// Commits a read segment's runs out of order: its data, its inner zero runs, and the
+/// zero runs its edges close together with its neighbours (see the span's merger).
+/// Returns the buffer.
+#[inline]
+async fn commit_runs(
+    shared: &Shared,
+    target: &dyn Target,
+    seg: &Segment,
+    runs: &[Run],
+    mut buf: IoBuf,
+) -> Result<IoBuf> {
+    let committer = &shared.committer;
+    let (first, last) = (runs.first(), runs.last());
+    let head_end = first
+        .filter(|r| r.zero)
+        .map(|r| seg.offset + r.end() as u64);
+    let tail_start = last.filter(|r| r.zero).map(|r| seg.offset + r.start as u64);
+    let [before, after] =
+        seg.span
+            .merger
+            .lock()
+            .resolve(seg.offset, seg.end(), head_end, tail_start);
+    // Offset order: the run closed at the head goes first, because it may complete
+    // a part of the target (an S3 part buffer) that this segment's data must wait for.
+    if let Some((start, end)) = before {
+        committer.zero(target, start, end).await?;
+    }
+    let n = runs.len();
+    for (i, run) in runs.iter().enumerate() {
+        let at = seg.offset + run.start as u64;
+        if !run.zero {
+            buf.set_view(run.start, run.len);
+            buf = committer.write(target, at, buf).await?;
+        } else if i > 0 && i + 1 < n {
+            committer.zero(target, at, at + run.len as u64).await?;
+        }
+    }
+    if let Some((start, end)) = after {
+        committer.zero(target, start, end).await?;
+    }
+    Ok(buf)
+}
+
+/// Commits a read segment's runs in offset order, on its turn: zero runs join the
+/// sequencer's pending one, which is written before the next data. Returns the buffer.
+#[inline]
+async fn commit_runs_in_order(
+    shared: &Shared,
+    seq: &Sequencer,
+    target: &dyn Target,
+    seg: &Segment,
+    runs: &[Run],
+    mut buf: IoBuf,
+) -> Result<IoBuf> {
+    let committer = &shared.committer;
+    seq.wait_turn(seg.offset).await?;
+    for run in runs {
+        let at = seg.offset + run.start as u64;
+        if run.zero {
+            if let Some((s, e)) = seq.add_zero(at, at + run.len as u64) {
+                committer.zero(target, s, e).await?;
+            }
+        } else {
+            if let Some((s, e)) = seq.take_zero() {
+                committer.zero(target, s, e).await?;
+            }
+            buf.set_view(run.start, run.len);
+            buf = committer.write(target, at, buf).await?;
+        }
+    }
+    advance(shared, seq, target, seg.end()).await?;
+    Ok(buf)
 }
 
 /// Hands the bytes read at `offset` to the tap, hashing them where they were just read

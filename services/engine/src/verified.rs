@@ -87,6 +87,22 @@ pub struct StageError {
     pub error: Error,
 }
 
+impl StageError {
+    fn in_copy(error: Error) -> Self {
+        Self {
+            stage: Stage::Copy,
+            error,
+        }
+    }
+
+    fn in_verify(error: Error) -> Self {
+        Self {
+            stage: Stage::Verify,
+            error,
+        }
+    }
+}
+
 impl fmt::Display for StageError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.error.fmt(f)
@@ -194,38 +210,8 @@ where
     R: FnOnce() -> F,
     F: Future<Output = Result<Arc<dyn Source>>>,
 {
-    let size = source.size();
-    let tap = Arc::new(BlockTap::new(size));
-    let copy_stage = |error| StageError {
-        stage: Stage::Copy,
-        error,
-    };
-    let verify_stage = |error| StageError {
-        stage: Stage::Verify,
-        error,
-    };
     if !target.caps().read_while_writing {
-        let report = copy_tapped(
-            source,
-            target,
-            options,
-            &stages.copy,
-            cancel,
-            Some(tap.clone()),
-        )
-        .await
-        .map_err(copy_stage)?;
-        (stages.entered)(Stage::Verify);
-        let started = Instant::now();
-        let read_back = open_read_back(verify.read_back).await?;
-        let read_back = prefix_view(read_back, size).await.map_err(verify_stage)?;
-        let target_check = check_read_back(&read_back, &verify.checksum, stages, cancel).await;
-        let verification = compare(&tap, target_check, &read_back.describe(), size, started)
-            .map_err(verify_stage)?;
-        return Ok(VerifiedCopy {
-            copy: report,
-            verification: Some(verification),
-        });
+        return read_back_after_copy(source, target, options, verify, stages, cancel).await;
     }
     let read_back = match open_read_back(verify.read_back).await {
         Ok(r) => r,
@@ -234,27 +220,100 @@ where
             return Err(e);
         }
     };
-    let read_back = match prefix_view(read_back, size).await {
+    let read_back = match prefix_view(read_back, source.size()).await {
         Ok(r) => r,
         Err(short) => {
-            // Reported as the verify stage's failure once the copy has run, as it would
-            // be had the target been read back afterwards.
-            copy_tapped(source, target, options, &stages.copy, cancel, None)
-                .await
-                .map_err(copy_stage)?;
-            (stages.entered)(Stage::Verify);
-            return Err(verify_stage(short));
+            return Err(copy_then_fail_verify(source, target, options, stages, cancel, short).await)
         }
     };
+    read_back_during_copy(
+        source,
+        target,
+        options,
+        read_back,
+        &verify.checksum,
+        stages,
+        cancel,
+    )
+    .await
+}
+
+/// The in-flight verified copy of a target that can be read back only once the copy has
+/// finished it.
+async fn read_back_after_copy<R, F>(
+    source: Arc<dyn Source>,
+    target: Arc<dyn Target>,
+    options: &CopyOptions,
+    verify: Verify<R>,
+    stages: &Stages<'_>,
+    cancel: &CancellationToken,
+) -> std::result::Result<VerifiedCopy, StageError>
+where
+    R: FnOnce() -> F,
+    F: Future<Output = Result<Arc<dyn Source>>>,
+{
+    let size = source.size();
+    let tap = Arc::new(BlockTap::new(size));
+    let report = copy_tapped(
+        source,
+        target,
+        options,
+        &stages.copy,
+        cancel,
+        Some(tap.clone()),
+    )
+    .await
+    .map_err(StageError::in_copy)?;
+    (stages.entered)(Stage::Verify);
+    let started = Instant::now();
+    let read_back = open_read_back(verify.read_back).await?;
+    let read_back = prefix_view(read_back, size)
+        .await
+        .map_err(StageError::in_verify)?;
+    let target_check = check_read_back(&read_back, &verify.checksum, stages, cancel).await;
+    let verification = compare(&tap, target_check, &read_back.describe(), size, started)
+        .map_err(StageError::in_verify)?;
+    Ok(VerifiedCopy {
+        copy: report,
+        verification: Some(verification),
+    })
+}
+
+/// A read-back shorter than the image, found before the copy: the copy still runs, and
+/// the shortness is reported as the verify stage's failure once it has, as it would be
+/// had the target been read back afterwards.
+async fn copy_then_fail_verify(
+    source: Arc<dyn Source>,
+    target: Arc<dyn Target>,
+    options: &CopyOptions,
+    stages: &Stages<'_>,
+    cancel: &CancellationToken,
+    short: Error,
+) -> StageError {
+    if let Err(error) = copy_tapped(source, target, options, &stages.copy, cancel, None).await {
+        return StageError::in_copy(error);
+    }
+    (stages.entered)(Stage::Verify);
+    StageError::in_verify(short)
+}
+
+/// The in-flight verified copy of a target read back (through `read_back`, the image's
+/// prefix) as the copy goes, each range once a checkpoint's flush covered it.
+async fn read_back_during_copy(
+    source: Arc<dyn Source>,
+    target: Arc<dyn Target>,
+    options: &CopyOptions,
+    read_back: Arc<dyn Source>,
+    checksum: &ChecksumOptions,
+    stages: &Stages<'_>,
+    cancel: &CancellationToken,
+) -> std::result::Result<VerifiedCopy, StageError> {
+    let size = source.size();
+    let tap = Arc::new(BlockTap::new(size));
     let name = read_back.describe();
     let gate = Arc::new(Gate::new(stages.copy.clone()));
     let gated: Arc<dyn Source> = Arc::new(Gated::new(read_back.clone(), Arc::clone(&gate)));
-    let mut copy_options = options.clone();
-    if copy_options.checkpoint_interval.is_zero()
-        || copy_options.checkpoint_interval > READ_BACK_INTERVAL
-    {
-        copy_options.checkpoint_interval = READ_BACK_INTERVAL;
-    }
+    let copy_options = with_read_back_interval(options);
     let started = Instant::now();
     let copying = async {
         let result = copy_tapped(
@@ -272,16 +331,26 @@ where
         gate.end();
         result
     };
-    let (report, target_check) = tokio::join!(
-        copying,
-        check_read_back(&gated, &verify.checksum, stages, cancel)
-    );
-    let report = report.map_err(copy_stage)?;
-    let verification = compare(&tap, target_check, &name, size, started).map_err(verify_stage)?;
+    let (report, target_check) =
+        tokio::join!(copying, check_read_back(&gated, checksum, stages, cancel));
+    let report = report.map_err(StageError::in_copy)?;
+    let verification =
+        compare(&tap, target_check, &name, size, started).map_err(StageError::in_verify)?;
     Ok(VerifiedCopy {
         copy: report,
         verification: Some(verification),
     })
+}
+
+/// The copy's options with checkpoints at least every [`READ_BACK_INTERVAL`].
+fn with_read_back_interval(options: &CopyOptions) -> CopyOptions {
+    let mut copy_options = options.clone();
+    if copy_options.checkpoint_interval.is_zero()
+        || copy_options.checkpoint_interval > READ_BACK_INTERVAL
+    {
+        copy_options.checkpoint_interval = READ_BACK_INTERVAL;
+    }
+    copy_options
 }
 
 async fn open_read_back<R, F>(read_back: R) -> std::result::Result<Arc<dyn Source>, StageError>

@@ -118,75 +118,95 @@ where
 
 /// Classifies an error response from the store by HTTP status and S3 error code.
 ///
-/// One flat list of rules in order of precedence (a specific S3 code before the bare HTTP
-/// status it comes with), each rule one error a user can act on; kept in one function so
-/// the order stays visible.
+/// The rules apply in order of precedence (a specific S3 code before the bare HTTP status
+/// it comes with), each rule one error a user can act on: first what does not exist, then
+/// what the store refused for who or where the request came from, then the rest.
 pub(crate) fn from_service(
     status: u16,
     code: Option<&str>,
     message: Option<&str>,
     subject: Subject<'_>,
 ) -> Error {
-    let code_str = code.unwrap_or("");
-    let said = match (code, message) {
+    let said = said(status, code, message);
+    not_found(status, code, subject, &said)
+        .or_else(|| refused(status, code, subject, &said))
+        .unwrap_or_else(|| failed(status, code, subject, &said))
+}
+
+/// What the store said, for the end of a message: ` (code: message)`, or the HTTP status
+/// when it said nothing.
+fn said(status: u16, code: Option<&str>, message: Option<&str>) -> String {
+    match (code, message) {
         (Some(c), Some(m)) if !m.is_empty() => format!(" ({c}: {})", trim(m)),
         (Some(c), _) => format!(" ({c})"),
         (None, Some(m)) if !m.is_empty() => format!(" ({})", trim(m)),
         _ => format!(" (HTTP {status})"),
-    };
+    }
+}
+
+/// A missing bucket, object or multipart upload.
+fn not_found(status: u16, code: Option<&str>, subject: Subject<'_>, said: &str) -> Option<Error> {
+    let code_str = code.unwrap_or("");
     let bucket = subject.bucket;
     if code_str == "NoSuchBucket" || (status == 404 && subject.key.is_empty()) {
-        return Error::new(
+        return Some(Error::new(
             ErrorKind::NotFound,
             format!("bucket '{bucket}' does not exist{said}"),
-        );
+        ));
     }
     // HEAD answers have no body: the SDK reports a bare 404 as code "NotFound".
     if code_str == "NoSuchKey" || (status == 404 && matches!(code, None | Some("NotFound"))) {
-        return Error::new(
+        return Some(Error::new(
             ErrorKind::NotFound,
             format!(
                 "object '{}' not found in bucket '{bucket}'{said}",
                 subject.key
             ),
-        );
+        ));
     }
     if code_str == "NoSuchUpload" {
-        return Error::new(
+        return Some(Error::new(
             ErrorKind::NotFound,
             format!(
                 "the multipart upload of {} no longer exists: it was aborted or expired{said}",
                 subject.object()
             ),
-        );
+        ));
     }
+    None
+}
+
+/// A request the store refused for its credentials, region, clock or permissions.
+fn refused(status: u16, code: Option<&str>, subject: Subject<'_>, said: &str) -> Option<Error> {
+    let code_str = code.unwrap_or("");
+    let bucket = subject.bucket;
     if CREDENTIAL_CODES.contains(&code_str) || status == 401 {
-        return Error::new(
+        return Some(Error::new(
             ErrorKind::PermissionDenied,
             format!(
                 "the S3 store rejected the credentials for bucket '{bucket}'{said}: check the access key id, \
                  secret key and session token (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE, \
                  or the job's S3 credentials)"
             ),
-        );
+        ));
     }
     if code_str == "AuthorizationHeaderMalformed"
         || code_str == "PermanentRedirect"
         || status == 301
     {
-        return Error::invalid_input(format!(
+        return Some(Error::invalid_input(format!(
             "bucket '{bucket}' is in another region or behind another endpoint{said}: \
              set AWS_REGION or the job's S3 region (and endpoint URL)"
-        ));
+        )));
     }
     if code_str == "RequestTimeTooSkewed" {
-        return Error::new(
+        return Some(Error::new(
             ErrorKind::PermissionDenied,
             format!("the S3 store rejected the request for bucket '{bucket}'{said}: this machine's clock is wrong"),
-        );
+        ));
     }
     if status == 403 {
-        return Error::new(
+        return Some(Error::new(
             ErrorKind::PermissionDenied,
             format!(
                 "access to {} was denied{said}: check the credentials (AWS_ACCESS_KEY_ID, \
@@ -197,8 +217,15 @@ pub(crate) fn from_service(
                     format!("{} in bucket '{bucket}'", subject.key)
                 }
             ),
-        );
+        ));
     }
+    None
+}
+
+/// Any other failure: a changed object, a busy store, a refused size or range, or
+/// whatever else the status says.
+fn failed(status: u16, code: Option<&str>, subject: Subject<'_>, said: &str) -> Error {
+    let code_str = code.unwrap_or("");
     if status == 412 || code_str == "PreconditionFailed" {
         return Error::new(
             ErrorKind::Corrupt,

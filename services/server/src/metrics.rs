@@ -89,6 +89,16 @@ pub const SCHEDULE_RUN_RESULTS: [&str; 6] = [
     "cancelled",
 ];
 
+/// Histogram buckets of job run and queue times, in seconds.
+const JOB_SECONDS: [f64; 13] = [
+    0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0,
+];
+
+/// Histogram buckets of backup run times, in seconds.
+const BACKUP_SECONDS: [f64; 12] = [
+    1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0,
+];
+
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
     registry
@@ -131,12 +141,6 @@ impl Metrics {
     // longer than the usual function for that reason only.
     pub fn new() -> Self {
         let registry = Registry::new();
-        let seconds = vec![
-            0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0,
-        ];
-        let backup_seconds = vec![
-            1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0,
-        ];
         let m = Self {
             backup_bytes: counter(
                 &registry,
@@ -149,7 +153,7 @@ impl Metrics {
                 "ferry_backup_duration_seconds",
                 "Run time of successful backups, by repository.",
                 &["repository"],
-                backup_seconds,
+                BACKUP_SECONDS.to_vec(),
             ),
             backup_last_success: gauge(
                 &registry,
@@ -187,14 +191,14 @@ impl Metrics {
                 "ferry_job_duration_seconds",
                 "Run time of finished jobs, by kind and result.",
                 &["kind", "result"],
-                seconds.clone(),
+                JOB_SECONDS.to_vec(),
             ),
             queue_wait: histogram(
                 &registry,
                 "ferry_job_queue_wait_seconds",
                 "Time jobs waited in the queue before they started, by kind.",
                 &["kind"],
-                seconds,
+                JOB_SECONDS.to_vec(),
             ),
             job_retries: counter(
                 &registry,
@@ -270,16 +274,22 @@ impl Metrics {
             ),
             registry,
         };
+        m.zero_known_labels();
+        m
+    }
+
+    /// Exports every known job state, schedule state and schedule run result at zero,
+    /// so that they exist before their first change.
+    fn zero_known_labels(&self) {
         for state in JobState::ALL {
-            m.jobs.with_label_values(&[state.as_str()]).set(0);
+            self.jobs.with_label_values(&[state.as_str()]).set(0);
         }
         for state in ["active", "paused"] {
-            m.schedules.with_label_values(&[state]).set(0);
+            self.schedules.with_label_values(&[state]).set(0);
         }
         for result in SCHEDULE_RUN_RESULTS {
-            m.schedule_runs.with_label_values(&[result]).inc_by(0);
+            self.schedule_runs.with_label_values(&[result]).inc_by(0);
         }
-        m
     }
 
     /// Moves one job between states in the jobs gauge (None: not counted).

@@ -16,7 +16,7 @@ use ferry_core::{Error, ErrorKind, Result};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::server::TcpIncoming;
+use tonic::transport::server::{Router, TcpIncoming};
 use tonic::transport::Server;
 
 use super::api::JobApi;
@@ -104,10 +104,7 @@ pub async fn start(cfg: ServiceConfig) -> Result<RunningService> {
 }
 
 /// A service behind the bearer-token check (a no-op without a configured token).
-fn guarded<S>(
-    service: S,
-    cfg: &ServiceConfig,
-) -> tonic::service::interceptor::InterceptedService<S, BearerAuth> {
+fn guarded<S>(service: S, cfg: &ServiceConfig) -> Guarded<S> {
     tonic::service::interceptor::InterceptedService::new(
         service,
         BearerAuth::new(cfg.auth_token.clone()),
@@ -133,19 +130,116 @@ async fn serving_health() -> (
     (health, service)
 }
 
+/// The service's listeners, bound before anything starts.
+struct Listeners {
+    grpc: TcpListener,
+    grpc_addr: SocketAddr,
+    metrics: Option<TcpListener>,
+    metrics_addr: Option<SocketAddr>,
+}
+
+impl Listeners {
+    async fn bind(cfg: &ServiceConfig) -> Result<Self> {
+        let grpc = bind(cfg.grpc_listen, "gRPC").await?;
+        let grpc_addr = grpc
+            .local_addr()
+            .map_err(|e| Error::io("gRPC listener has no address", e))?;
+        let metrics = match cfg.metrics_listen {
+            Some(addr) => Some(bind(addr, "metrics").await?),
+            None => None,
+        };
+        let metrics_addr = metrics.as_ref().and_then(|l| l.local_addr().ok());
+        Ok(Self {
+            grpc,
+            grpc_addr,
+            metrics,
+            metrics_addr,
+        })
+    }
+}
+
+type Guarded<S> = tonic::service::interceptor::InterceptedService<S, BearerAuth>;
+
+/// The three APIs, each with the configured message size limit and behind the
+/// bearer-token check.
+struct Apis {
+    jobs: Guarded<JobServiceServer<JobApi>>,
+    schedules: Guarded<ScheduleServiceServer<ScheduleApi>>,
+    backups: Guarded<BackupServiceServer<BackupApi>>,
+}
+
+impl Apis {
+    fn new(
+        cfg: &ServiceConfig,
+        manager: &JobManager,
+        schedules: &ScheduleManager,
+        validator: Validator,
+        metrics: &Metrics,
+        stop: &CancellationToken,
+    ) -> Self {
+        let backups = BackupServiceServer::new(BackupApi::new(validator.clone(), metrics.clone()))
+            .max_decoding_message_size(cfg.max_message_bytes)
+            .max_encoding_message_size(cfg.max_message_bytes);
+        let api = JobApi::new(manager.clone(), validator, stop.clone());
+        let jobs = JobServiceServer::new(api)
+            .max_decoding_message_size(cfg.max_message_bytes)
+            .max_encoding_message_size(cfg.max_message_bytes);
+        let schedules = ScheduleServiceServer::new(ScheduleApi::new(schedules.clone()))
+            .max_decoding_message_size(cfg.max_message_bytes)
+            .max_encoding_message_size(cfg.max_message_bytes);
+        Self {
+            jobs: guarded(jobs, cfg),
+            schedules: guarded(schedules, cfg),
+            backups: guarded(backups, cfg),
+        }
+    }
+}
+
+/// The reflection services (v1 and v1alpha) over the ferry and health protos.
+fn reflection() -> Result<(
+    tonic_reflection::server::v1::ServerReflectionServer<
+        impl tonic_reflection::server::v1::ServerReflection,
+    >,
+    tonic_reflection::server::v1alpha::ServerReflectionServer<
+        impl tonic_reflection::server::v1alpha::ServerReflection,
+    >,
+)> {
+    let builder = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let v1 = builder()
+        .build_v1()
+        .map_err(|e| Error::internal(format!("reflection: {e}")))?;
+    let v1alpha = builder()
+        .build_v1alpha()
+        .map_err(|e| Error::internal(format!("reflection: {e}")))?;
+    Ok((v1, v1alpha))
+}
+
+/// Serves gRPC on `listener` until `stop`.
+fn serve_grpc(
+    router: Router,
+    listener: TcpListener,
+    stop: &CancellationToken,
+) -> JoinHandle<std::result::Result<(), tonic::transport::Error>> {
+    // TCP_NODELAY on every accepted connection. `Server::tcp_nodelay` does not apply to a
+    // listener we bind ourselves: without this, Nagle held back the tail of a connection's
+    // first response until the client's delayed ACK, 40 ms later (the StartTransfer p99
+    // of docs/SERVICE.md "Latest numbers").
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let signal = stop.clone();
+    tokio::spawn(
+        router.serve_with_incoming_shutdown(incoming, async move { signal.cancelled().await }),
+    )
+}
+
 /// Starts the service with the given endpoint opener (tests inject faults with it).
 pub async fn start_with(cfg: ServiceConfig, opener: Arc<dyn Opener>) -> Result<RunningService> {
     let roots = AllowRoots::new(&cfg.allow_roots)?;
     let secrets = SecretResolver::new(cfg.secrets_dir.clone());
-    let grpc_listener = bind(cfg.grpc_listen, "gRPC").await?;
-    let grpc_addr = grpc_listener
-        .local_addr()
-        .map_err(|e| Error::io("gRPC listener has no address", e))?;
-    let metrics_listener = match cfg.metrics_listen {
-        Some(addr) => Some(bind(addr, "metrics").await?),
-        None => None,
-    };
-    let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
+    let listeners = Listeners::bind(&cfg).await?;
     let metrics = Metrics::new();
     let (manager, store, stored_schedules) =
         start_manager(&cfg, &metrics, opener, &secrets, &roots)?;
@@ -159,52 +253,22 @@ pub async fn start_with(cfg: ServiceConfig, opener: Arc<dyn Opener>) -> Result<R
         metrics.clone(),
     );
     let stop = CancellationToken::new();
-    let backup_api = BackupServiceServer::new(BackupApi::new(validator.clone(), metrics.clone()))
-        .max_decoding_message_size(cfg.max_message_bytes)
-        .max_encoding_message_size(cfg.max_message_bytes);
-    let backup_api = guarded(backup_api, &cfg);
-    let api = JobApi::new(manager.clone(), validator, stop.clone());
-    let jobs = JobServiceServer::new(api)
-        .max_decoding_message_size(cfg.max_message_bytes)
-        .max_encoding_message_size(cfg.max_message_bytes);
-    let jobs = guarded(jobs, &cfg);
-    let schedule_api = ScheduleServiceServer::new(ScheduleApi::new(schedules.clone()))
-        .max_decoding_message_size(cfg.max_message_bytes)
-        .max_encoding_message_size(cfg.max_message_bytes);
-    let schedule_api = guarded(schedule_api, &cfg);
-
+    let apis = Apis::new(&cfg, &manager, &schedules, validator, &metrics, &stop);
     let (health, health_service) = serving_health().await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| Error::internal(format!("reflection: {e}")))?;
-    let reflection_alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()
-        .map_err(|e| Error::internal(format!("reflection: {e}")))?;
-
+    let (reflection, reflection_alpha) = reflection()?;
     let router = server_builder(&cfg)?
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)
-        .add_service(jobs)
-        .add_service(schedule_api)
-        .add_service(backup_api);
-    // TCP_NODELAY on every accepted connection. `Server::tcp_nodelay` does not apply to a
-    // listener we bind ourselves: without this, Nagle held back the tail of a connection's
-    // first response until the client's delayed ACK, 40 ms later (the StartTransfer p99
-    // of docs/SERVICE.md "Latest numbers").
-    let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
-    let signal = stop.clone();
-    let grpc = tokio::spawn(
-        router.serve_with_incoming_shutdown(incoming, async move { signal.cancelled().await }),
-    );
-    let metrics_task = metrics_listener.map(|l| {
+        .add_service(apis.jobs)
+        .add_service(apis.schedules)
+        .add_service(apis.backups);
+    let grpc = serve_grpc(router, listeners.grpc, &stop);
+    let metrics_task = listeners.metrics.map(|l| {
         let stop = stop.clone();
         tokio::spawn(metrics::serve(l, metrics, stop))
     });
+    let (grpc_addr, metrics_addr) = (listeners.grpc_addr, listeners.metrics_addr);
     tracing::info!(%grpc_addr, metrics_addr = ?metrics_addr, tls = cfg.tls.is_some(),
                    auth = cfg.auth_token.is_some(), "ferry service listening");
     Ok(RunningService {

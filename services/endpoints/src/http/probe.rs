@@ -32,43 +32,26 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
         .and_then(|v| parse_content_length(v.as_bytes()))
 }
 
+/// What the HEAD request told.
+struct Head {
+    size: Option<u64>,
+    validator: Option<Validator>,
+    weak_etag: bool,
+    /// The server said `Accept-Ranges: none`.
+    no_ranges: bool,
+    /// Where the object is after redirects.
+    url: Url,
+}
+
 /// One probe attempt.
 pub(super) async fn probe(client: &Client, url: &Url, shown: &str) -> Attempt<Probe> {
-    let head = client
-        .send(
-            url,
-            &Ask {
-                method: Method::HEAD,
-                range: None,
-                conditions: &[],
-            },
-        )
-        .await?;
-    let (head_size, mut validator, mut weak_etag, no_ranges, url) = {
-        let (response, final_url) = head;
-        let status = response.status();
-        if status.is_success() {
-            let h = response.headers();
-            let none = h
-                .get(ACCEPT_RANGES)
-                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"none"));
-            (
-                content_length(h),
-                Validator::from_headers(h),
-                is_weak_etag(h),
-                none,
-                final_url,
-            )
-        } else if matches!(status.as_u16(), 404 | 410 | 401 | 403 | 407)
-            || status.is_server_error()
-            || status == StatusCode::TOO_MANY_REQUESTS
-        {
-            return Err(error::status(status, shown));
-        } else {
-            // HEAD not allowed (405, 501, ...): the GET below tells everything.
-            (None, None, false, false, final_url)
-        }
-    };
+    let Head {
+        size: head_size,
+        mut validator,
+        mut weak_etag,
+        no_ranges,
+        url,
+    } = head(client, url, shown).await?;
     let conditions: Vec<_> = validator.iter().filter_map(Validator::condition).collect();
     let (response, url) = client
         .send(
@@ -83,54 +66,12 @@ pub(super) async fn probe(client: &Client, url: &Url, shown: &str) -> Attempt<Pr
     let status = response.status();
     let headers = response.headers();
     if let Some(old) = &validator {
-        if status == StatusCode::PRECONDITION_FAILED {
-            return Err(changed(shown, old, None));
-        }
-        if let Some(new) = old.contradicted_by(headers) {
-            return Err(changed(shown, old, Some(&new)));
-        }
+        check_unchanged(old, status, headers, shown)?;
     } else {
         validator = Validator::from_headers(headers);
         weak_etag |= is_weak_etag(headers);
     }
-    let (size, ranges) = match status {
-        StatusCode::PARTIAL_CONTENT => {
-            let range = headers
-                .get(CONTENT_RANGE)
-                .and_then(|v| parse_content_range(v.as_bytes()))
-                .filter(|r| r.start == 0 && r.end == 0);
-            let Some(total) = range.and_then(|r| r.total) else {
-                return Err(Failure::fatal(Error::protocol(
-                    "the answer to a range request has no valid Content-Range for bytes 0-0 with the object's size",
-                )));
-            };
-            (total, true)
-        }
-        StatusCode::RANGE_NOT_SATISFIABLE => {
-            // An empty object: no byte 0 to send.
-            let total = headers
-                .get(CONTENT_RANGE)
-                .and_then(|v| parse_unsatisfied_range(v.as_bytes()))
-                .or(head_size);
-            match total {
-                Some(0) => (0, true),
-                _ => {
-                    return Err(Failure::fatal(Error::protocol(
-                        "the server refused the range bytes=0-0 of a non-empty object",
-                    )))
-                }
-            }
-        }
-        StatusCode::OK => {
-            let size = content_length(headers).or(head_size).ok_or_else(|| {
-                Failure::fatal(Error::unsupported(
-                    "the server does not tell the object's size (no Content-Length) and does not serve ranges",
-                ))
-            })?;
-            (size, false)
-        }
-        other => return Err(error::status(other, shown)),
-    };
+    let (size, ranges) = size_and_ranges(status, headers, head_size, shown)?;
     // The body (one byte, or the whole object without ranges) is dropped unread.
     drop(response);
     if let Some(h) = head_size {
@@ -147,6 +88,110 @@ pub(super) async fn probe(client: &Client, url: &Url, shown: &str) -> Attempt<Pr
         weak_etag,
         url,
     })
+}
+
+/// The HEAD request. A server that does not allow HEAD tells nothing here: the GET
+/// tells everything.
+async fn head(client: &Client, url: &Url, shown: &str) -> Attempt<Head> {
+    let (response, url) = client
+        .send(
+            url,
+            &Ask {
+                method: Method::HEAD,
+                range: None,
+                conditions: &[],
+            },
+        )
+        .await?;
+    let status = response.status();
+    if status.is_success() {
+        let h = response.headers();
+        Ok(Head {
+            size: content_length(h),
+            validator: Validator::from_headers(h),
+            weak_etag: is_weak_etag(h),
+            no_ranges: h
+                .get(ACCEPT_RANGES)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"none")),
+            url,
+        })
+    } else if matches!(status.as_u16(), 404 | 410 | 401 | 403 | 407)
+        || status.is_server_error()
+        || status == StatusCode::TOO_MANY_REQUESTS
+    {
+        Err(error::status(status, shown))
+    } else {
+        // HEAD not allowed (405, 501, ...).
+        Ok(Head {
+            size: None,
+            validator: None,
+            weak_etag: false,
+            no_ranges: false,
+            url,
+        })
+    }
+}
+
+/// Fails if the GET's answer shows that the object changed since the HEAD.
+fn check_unchanged(
+    old: &Validator,
+    status: StatusCode,
+    headers: &HeaderMap,
+    shown: &str,
+) -> Attempt<()> {
+    if status == StatusCode::PRECONDITION_FAILED {
+        return Err(changed(shown, old, None));
+    }
+    if let Some(new) = old.contradicted_by(headers) {
+        return Err(changed(shown, old, Some(&new)));
+    }
+    Ok(())
+}
+
+/// The object's size and whether ranges work, from the answer to the `bytes=0-0` GET
+/// (`head_size`: what the HEAD said).
+fn size_and_ranges(
+    status: StatusCode,
+    headers: &HeaderMap,
+    head_size: Option<u64>,
+    shown: &str,
+) -> Attempt<(u64, bool)> {
+    match status {
+        StatusCode::PARTIAL_CONTENT => {
+            let range = headers
+                .get(CONTENT_RANGE)
+                .and_then(|v| parse_content_range(v.as_bytes()))
+                .filter(|r| r.start == 0 && r.end == 0);
+            let Some(total) = range.and_then(|r| r.total) else {
+                return Err(Failure::fatal(Error::protocol(
+                    "the answer to a range request has no valid Content-Range for bytes 0-0 with the object's size",
+                )));
+            };
+            Ok((total, true))
+        }
+        StatusCode::RANGE_NOT_SATISFIABLE => {
+            // An empty object: no byte 0 to send.
+            let total = headers
+                .get(CONTENT_RANGE)
+                .and_then(|v| parse_unsatisfied_range(v.as_bytes()))
+                .or(head_size);
+            match total {
+                Some(0) => Ok((0, true)),
+                _ => Err(Failure::fatal(Error::protocol(
+                    "the server refused the range bytes=0-0 of a non-empty object",
+                ))),
+            }
+        }
+        StatusCode::OK => {
+            let size = content_length(headers).or(head_size).ok_or_else(|| {
+                Failure::fatal(Error::unsupported(
+                    "the server does not tell the object's size (no Content-Length) and does not serve ranges",
+                ))
+            })?;
+            Ok((size, false))
+        }
+        other => Err(error::status(other, shown)),
+    }
 }
 
 /// The object changed: always final.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 use clap::Args;
-use ferry_backup::{BackupId, ChunkFault, GcOptions, VerifyOptions};
+use ferry_backup::{BackupId, ChunkFault, GcOptions, VerifyOptions, VerifyReport};
 use ferry_core::size::format_size;
 use serde::Serialize;
 
@@ -50,6 +50,69 @@ struct Unreadable {
     error: String,
 }
 
+impl VerifySummary {
+    fn new(report: &VerifyReport) -> Self {
+        Self {
+            ok: report.is_ok(),
+            snapshots_checked: report.snapshots_checked,
+            chunks_checked: report.chunks_checked,
+            bytes_checked: report.bytes_checked,
+            problems: report
+                .problems
+                .iter()
+                .map(|p| Problem {
+                    chunk: p.digest.to_string(),
+                    fault: match &p.fault {
+                        ChunkFault::Missing => "missing".to_string(),
+                        ChunkFault::Damaged(why) => format!("damaged: {why}"),
+                    },
+                    snapshots: p.snapshots.iter().map(ToString::to_string).collect(),
+                })
+                .collect(),
+            broken_snapshots: report
+                .broken_snapshots
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            unreadable_snapshots: report
+                .unreadable_snapshots
+                .iter()
+                .map(|(id, error)| Unreadable {
+                    id: id.to_string(),
+                    error: error.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The error of a verify that found problems: every bad chunk and unreadable backup.
+    fn failure(&self) -> anyhow::Error {
+        let mut faults: Vec<String> = self
+            .problems
+            .iter()
+            .map(|p| {
+                let users = if p.snapshots.is_empty() {
+                    "no backup".to_string()
+                } else {
+                    format!("backups {}", p.snapshots.join(", "))
+                };
+                format!("chunk {} {} (used by {users})", p.chunk, p.fault)
+            })
+            .collect();
+        faults.extend(
+            self.unreadable_snapshots
+                .iter()
+                .map(|u| format!("backup {} unreadable: {}", u.id, u.error)),
+        );
+        anyhow!(
+            "verify found {} problem(s); broken backups: [{}]; {}",
+            faults.len(),
+            self.broken_snapshots.join(", "),
+            faults.join("; ")
+        )
+    }
+}
+
 /// Runs `ferry backup verify`: exit 0 when everything read back as stored, 1 otherwise.
 pub async fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     let repo = open_repository(&args.repo).await?;
@@ -61,37 +124,7 @@ pub async fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         .verify(&options)
         .await
         .map_err(|e| super::failed(e, "verify failed"))?;
-    let summary = VerifySummary {
-        ok: report.is_ok(),
-        snapshots_checked: report.snapshots_checked,
-        chunks_checked: report.chunks_checked,
-        bytes_checked: report.bytes_checked,
-        problems: report
-            .problems
-            .iter()
-            .map(|p| Problem {
-                chunk: p.digest.to_string(),
-                fault: match &p.fault {
-                    ChunkFault::Missing => "missing".to_string(),
-                    ChunkFault::Damaged(why) => format!("damaged: {why}"),
-                },
-                snapshots: p.snapshots.iter().map(ToString::to_string).collect(),
-            })
-            .collect(),
-        broken_snapshots: report
-            .broken_snapshots
-            .iter()
-            .map(ToString::to_string)
-            .collect(),
-        unreadable_snapshots: report
-            .unreadable_snapshots
-            .iter()
-            .map(|(id, error)| Unreadable {
-                id: id.to_string(),
-                error: error.clone(),
-            })
-            .collect(),
-    };
+    let summary = VerifySummary::new(&report);
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);
         return Ok(if summary.ok {
@@ -100,39 +133,16 @@ pub async fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
             ExitCode::FAILURE
         });
     }
-    if summary.ok {
-        println!(
-            "verified {} backups: {} chunks ({}) read back as stored",
-            summary.snapshots_checked,
-            summary.chunks_checked,
-            format_size(summary.bytes_checked)
-        );
-        return Ok(ExitCode::SUCCESS);
+    if !summary.ok {
+        return Err(summary.failure());
     }
-    let mut faults: Vec<String> = summary
-        .problems
-        .iter()
-        .map(|p| {
-            let users = if p.snapshots.is_empty() {
-                "no backup".to_string()
-            } else {
-                format!("backups {}", p.snapshots.join(", "))
-            };
-            format!("chunk {} {} (used by {users})", p.chunk, p.fault)
-        })
-        .collect();
-    faults.extend(
-        summary
-            .unreadable_snapshots
-            .iter()
-            .map(|u| format!("backup {} unreadable: {}", u.id, u.error)),
+    println!(
+        "verified {} backups: {} chunks ({}) read back as stored",
+        summary.snapshots_checked,
+        summary.chunks_checked,
+        format_size(summary.bytes_checked)
     );
-    Err(anyhow!(
-        "verify found {} problem(s); broken backups: [{}]; {}",
-        faults.len(),
-        summary.broken_snapshots.join(", "),
-        faults.join("; ")
-    ))
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Arguments of `ferry backup prune`.

@@ -51,26 +51,16 @@ pub(super) async fn run(
         &cancel,
     )
     .await;
-    let mut failures: Vec<Option<String>> = fan
-        .outcomes()
-        .into_iter()
-        .map(|o| o.error.map(|f| f.message))
-        .collect();
+    let mut failures = target_failures(&fan);
     let report = match copied {
         Ok(report) => report,
         Err(e) => {
             display.finish().await;
             let _ = source.close().await;
-            if ctrl_c.is_cancelled() {
-                return Ok(interrupted(
-                    "the copy was cancelled; every target is incomplete",
-                ));
-            }
-            return Err(super::failed(e, "copy failed"));
+            return copy_failed(e, &ctrl_c);
         }
     };
-    let mut verified = None;
-    if args.verify {
+    let verified = if args.verify {
         display.enter(Stage::Verify);
         let read_back = ReadBack {
             source: source.clone(),
@@ -80,16 +70,15 @@ pub(super) async fn run(
             cancel: &cancel,
         };
         match read_back.verify(args, &mut failures).await {
-            Ok(v) => verified = v,
+            Ok(v) => v,
             Err(e) => {
                 display.finish().await;
-                if ctrl_c.is_cancelled() {
-                    return Ok(interrupted("the verification was cancelled"));
-                }
-                return Err(anyhow::anyhow!("{e}"));
+                return verify_failed(e, &ctrl_c);
             }
         }
-    }
+    } else {
+        None
+    };
     display.finish().await;
     let _ = source.close().await;
     cancel.cancel();
@@ -101,6 +90,33 @@ pub(super) async fn run(
         &report,
         verified.as_ref(),
     )
+}
+
+/// Each target's failure during the copy, in target order (`None`: it holds the image so
+/// far).
+fn target_failures(fan: &FanOut) -> Vec<Option<String>> {
+    fan.outcomes()
+        .into_iter()
+        .map(|o| o.error.map(|f| f.message))
+        .collect()
+}
+
+/// The exit of a copy that failed as a whole (`ctrl_c`: fired by Ctrl-C).
+fn copy_failed(error: ferry_core::Error, ctrl_c: &CancellationToken) -> anyhow::Result<ExitCode> {
+    if ctrl_c.is_cancelled() {
+        return Ok(interrupted(
+            "the copy was cancelled; every target is incomplete",
+        ));
+    }
+    Err(super::failed(error, "copy failed"))
+}
+
+/// The exit of a verification that failed as a whole (`ctrl_c`: fired by Ctrl-C).
+fn verify_failed(error: ferry_core::Error, ctrl_c: &CancellationToken) -> anyhow::Result<ExitCode> {
+    if ctrl_c.is_cancelled() {
+        return Ok(interrupted("the verification was cancelled"));
+    }
+    Err(anyhow::anyhow!("{error}"))
 }
 
 /// What the verification of a fan-out reads back, and with what.

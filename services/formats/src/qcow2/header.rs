@@ -79,6 +79,96 @@ fn be64(b: &[u8], at: usize) -> u64 {
     u64::from_be_bytes(a)
 }
 
+/// Refuses a head too short for a header or without the qcow2 magic.
+fn check_magic(head: &[u8]) -> Result<()> {
+    if head.len() < MIN_HEAD_LEN {
+        return Err(corrupt(format!(
+            "the image is {} bytes, too short for a qcow2 header",
+            head.len()
+        )));
+    }
+    if be32(head, 0) != MAGIC {
+        return Err(corrupt("not a qcow2 image (no QFI\\xfb magic)"));
+    }
+    Ok(())
+}
+
+/// The header's version: 2 or 3.
+fn parse_version(head: &[u8]) -> Result<u32> {
+    let version = be32(head, 4);
+    if version != 2 && version != 3 {
+        return Err(Error::unsupported(format!(
+            "qcow2 version {version} is not supported (only 2 and 3)"
+        )));
+    }
+    Ok(version)
+}
+
+/// The header's cluster_bits, within the sizes QEMU allows.
+fn parse_cluster_bits(head: &[u8]) -> Result<u32> {
+    let cluster_bits = be32(head, 20);
+    if !(MIN_CLUSTER_BITS..=MAX_CLUSTER_BITS).contains(&cluster_bits) {
+        return Err(corrupt(format!(
+            "cluster_bits {cluster_bits} is outside {MIN_CLUSTER_BITS}..={MAX_CLUSTER_BITS}"
+        )));
+    }
+    Ok(cluster_bits)
+}
+
+/// The fields version 3 added: the incompatible feature bits, the header's length and
+/// the compression type byte (version 2: none, a 72-byte header, zlib).
+fn v3_fields(head: &[u8], version: u32, cluster_size: u64) -> Result<(u64, u32, u8)> {
+    if version != 3 {
+        return Ok((0, 72, 0));
+    }
+    let header_len = be32(head, 100);
+    if header_len < V3_HEADER_LEN || u64::from(header_len) > cluster_size.min(head.len() as u64) {
+        return Err(corrupt(format!(
+            "header length {header_len} is out of bounds"
+        )));
+    }
+    let compression = if header_len > V3_HEADER_LEN {
+        head[104]
+    } else {
+        0
+    };
+    Ok((be64(head, 72), header_len, compression))
+}
+
+/// Refuses incompatible features this reader cannot honour, and images marked corrupt.
+fn check_incompatible(incompat: u64) -> Result<()> {
+    let unknown = incompat & !INCOMPAT_KNOWN;
+    if unknown != 0 {
+        return Err(Error::unsupported(format!(
+            "the qcow2 image uses unknown incompatible features (bits {unknown:#x})"
+        )));
+    }
+    if incompat & INCOMPAT_DATA_FILE != 0 {
+        return Err(Error::unsupported(
+            "the qcow2 image keeps its data in an external data file, which is not supported",
+        ));
+    }
+    if incompat & INCOMPAT_CORRUPT != 0 {
+        return Err(corrupt(
+            "the qcow2 image is marked corrupt; repair it with qemu-img check -r all",
+        ));
+    }
+    Ok(())
+}
+
+/// How compressed clusters are compressed: the compression type byte, valid only with
+/// the compression type feature bit.
+fn parse_compression(incompat: u64, byte: u8) -> Result<Compression> {
+    match (incompat & INCOMPAT_COMPRESSION != 0, byte) {
+        (_, 0) => Ok(Compression::Deflate),
+        (true, 1) => Ok(Compression::Zstd),
+        (false, c) => Err(corrupt(format!(
+            "compression type {c} without the compression type feature bit"
+        ))),
+        (true, c) => Err(Error::unsupported(format!("unknown compression type {c}"))),
+    }
+}
+
 impl Header {
     pub fn cluster_size(&self) -> u64 {
         1 << self.cluster_bits
@@ -100,92 +190,30 @@ impl Header {
 
     /// Parses the first bytes of an image (up to [`HEAD_LEN`]) stored in `file_size` bytes.
     pub fn parse(head: &[u8], file_size: u64) -> Result<Self> {
-        if head.len() < MIN_HEAD_LEN {
-            return Err(corrupt(format!(
-                "the image is {} bytes, too short for a qcow2 header",
-                head.len()
-            )));
-        }
-        if be32(head, 0) != MAGIC {
-            return Err(corrupt("not a qcow2 image (no QFI\\xfb magic)"));
-        }
-        let version = be32(head, 4);
-        if version != 2 && version != 3 {
-            return Err(Error::unsupported(format!(
-                "qcow2 version {version} is not supported (only 2 and 3)"
-            )));
-        }
-        let cluster_bits = be32(head, 20);
-        if !(MIN_CLUSTER_BITS..=MAX_CLUSTER_BITS).contains(&cluster_bits) {
-            return Err(corrupt(format!(
-                "cluster_bits {cluster_bits} is outside {MIN_CLUSTER_BITS}..={MAX_CLUSTER_BITS}"
-            )));
-        }
+        check_magic(head)?;
+        let version = parse_version(head)?;
+        let cluster_bits = parse_cluster_bits(head)?;
         let cluster_size = 1u64 << cluster_bits;
         if be32(head, 32) != 0 {
             return Err(Error::unsupported(
                 "the qcow2 image is encrypted; decrypt it first (qemu-img convert)",
             ));
         }
-        let (incompat, header_len, compression_byte) = if version == 3 {
-            let header_len = be32(head, 100);
-            if header_len < V3_HEADER_LEN
-                || u64::from(header_len) > cluster_size.min(head.len() as u64)
-            {
-                return Err(corrupt(format!(
-                    "header length {header_len} is out of bounds"
-                )));
-            }
-            let compression = if header_len > V3_HEADER_LEN {
-                head[104]
-            } else {
-                0
-            };
-            (be64(head, 72), header_len, compression)
-        } else {
-            (0, 72, 0)
-        };
-        let unknown = incompat & !INCOMPAT_KNOWN;
-        if unknown != 0 {
-            return Err(Error::unsupported(format!(
-                "the qcow2 image uses unknown incompatible features (bits {unknown:#x})"
-            )));
-        }
-        if incompat & INCOMPAT_DATA_FILE != 0 {
-            return Err(Error::unsupported(
-                "the qcow2 image keeps its data in an external data file, which is not supported",
-            ));
-        }
-        if incompat & INCOMPAT_CORRUPT != 0 {
-            return Err(corrupt(
-                "the qcow2 image is marked corrupt; repair it with qemu-img check -r all",
-            ));
-        }
-        let compression = match (incompat & INCOMPAT_COMPRESSION != 0, compression_byte) {
-            (_, 0) => Compression::Deflate,
-            (true, 1) => Compression::Zstd,
-            (false, c) => {
-                return Err(corrupt(format!(
-                    "compression type {c} without the compression type feature bit"
-                )))
-            }
-            (true, c) => return Err(Error::unsupported(format!("unknown compression type {c}"))),
-        };
+        let (incompat, header_len, compression_byte) = v3_fields(head, version, cluster_size)?;
+        check_incompatible(incompat)?;
+        let compression = parse_compression(incompat, compression_byte)?;
         let extended_l2 = incompat & INCOMPAT_EXTL2 != 0;
         if extended_l2 && cluster_bits < 14 {
             return Err(corrupt(
                 "extended L2 entries need clusters of at least 16 KiB",
             ));
         }
-        let size = be64(head, 24);
-        let l1_size = be32(head, 36);
-        let l1_offset = be64(head, 40);
         let header = Self {
             version,
             cluster_bits,
-            size,
-            l1_size,
-            l1_offset,
+            size: be64(head, 24),
+            l1_size: be32(head, 36),
+            l1_offset: be64(head, 40),
             extended_l2,
             compression,
             backing: None,

@@ -121,82 +121,14 @@ pub async fn open_stream(
         xz_threads: 1,
     };
     let size = match kind {
-        Detected::Xz if seekable => {
-            let layout = xz::layout(bytes.as_ref()).await?;
-            if layout.streams == 1 && layout.blocks > 1 {
-                codec.xz_threads = xz_threads();
-            }
-            agree(kind, options.size, layout.size)?
-        }
+        Detected::Xz if seekable => xz_size(bytes.as_ref(), options, &mut codec).await?,
         Detected::Zstd if seekable && options.size.is_none() => {
-            let frames = zstd::frames(bytes.as_ref()).await?;
-            let recorded: Option<Vec<u64>> = frames.iter().map(|f| f.content_size).collect();
-            let sizes = match recorded {
-                Some(sizes) => Some(sizes),
-                None if options.prescan && frames.len() > 1 => {
-                    tracing::info!(
-                        source = %bytes.describe(),
-                        frames = frames.len(),
-                        "prescan: measuring the zstd frames in parallel"
-                    );
-                    parallel::measure(&bytes, &frames).await?
-                }
-                None if options.prescan => None,
-                None => {
-                    return Err(unknown_size(
-                        kind,
-                        if frames.len() > 1 {
-                            "its frames do not record their sizes (pzstd writes them so; \
-                             --prescan measures them in parallel)"
-                        } else {
-                            "its frame header does not record it (compressed from a pipe?)"
-                        },
-                    ))
-                }
-            };
-            match sizes {
-                Some(sizes) => {
-                    if frames.len() > 1 {
-                        if let Some(source) = FramesSource::new(bytes.clone(), &frames, &sizes) {
-                            let layout = StreamLayout {
-                                size: source.size(),
-                                parallel_frames: Some(source.frames() as u64),
-                            };
-                            return Ok((Arc::new(source), layout));
-                        }
-                    }
-                    sizes
-                        .into_iter()
-                        .try_fold(0u64, u64::checked_add)
-                        .ok_or_else(|| {
-                            Error::new(
-                                ErrorKind::Corrupt,
-                                "zstd: the frames' content sizes overflow",
-                            )
-                        })?
-                }
-                None => prescan(&bytes, codec).await?,
+            match open_zstd(&bytes, codec, options).await? {
+                ZstdRead::Frames(source, layout) => return Ok((source, layout)),
+                ZstdRead::FrontToBack(size) => size,
             }
         }
-        _ => {
-            match options.size {
-                Some(size) => size,
-                None if options.prescan => prescan(&bytes, codec).await?,
-                None if !seekable => return Err(unknown_size(
-                    kind,
-                    "the source can only be read front to back, so its end cannot be read first",
-                )),
-                None => {
-                    let why = match gzip_isize(bytes.as_ref()).await? {
-                        Some(isize) => format!(
-                            "gzip records it modulo 4 GiB only (here {isize} bytes modulo 4 GiB)"
-                        ),
-                        None => "gzip records it modulo 4 GiB only".to_string(),
-                    };
-                    return Err(unknown_size(kind, &why));
-                }
-            }
-        }
+        _ => unrecorded_size(&bytes, codec, options, seekable).await?,
     };
     let source = StreamSource::open(bytes, codec, size).await?;
     Ok((
@@ -206,4 +138,113 @@ pub async fn open_stream(
             parallel_frames: None,
         },
     ))
+}
+
+/// The size an xz index records; a single stream of several blocks gets the threaded
+/// decoder.
+async fn xz_size(bytes: &dyn Source, options: &StreamOptions, codec: &mut Codec) -> Result<u64> {
+    let layout = xz::layout(bytes).await?;
+    if layout.streams == 1 && layout.blocks > 1 {
+        codec.xz_threads = xz_threads();
+    }
+    agree(codec.kind, options.size, layout.size)
+}
+
+/// How a zstd file is read.
+enum ZstdRead {
+    /// Frame by frame, in parallel.
+    Frames(Arc<dyn Source>, StreamLayout),
+    /// Front to back, of this size.
+    FrontToBack(u64),
+}
+
+/// Opens a zstd file frame by frame when its frames' sizes are known, or learns the size
+/// to read it front to back.
+async fn open_zstd(
+    bytes: &Arc<dyn Source>,
+    codec: Codec,
+    options: &StreamOptions,
+) -> Result<ZstdRead> {
+    let frames = zstd::frames(bytes.as_ref()).await?;
+    let Some(sizes) = zstd_frame_sizes(bytes, &frames, codec.kind, options).await? else {
+        return Ok(ZstdRead::FrontToBack(prescan(bytes, codec).await?));
+    };
+    if frames.len() > 1 {
+        if let Some(source) = FramesSource::new(bytes.clone(), &frames, &sizes) {
+            let layout = StreamLayout {
+                size: source.size(),
+                parallel_frames: Some(source.frames() as u64),
+            };
+            return Ok(ZstdRead::Frames(Arc::new(source), layout));
+        }
+    }
+    let size = sizes
+        .into_iter()
+        .try_fold(0u64, u64::checked_add)
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::Corrupt,
+                "zstd: the frames' content sizes overflow",
+            )
+        })?;
+    Ok(ZstdRead::FrontToBack(size))
+}
+
+/// The content size of each zstd frame: recorded in the frame headers, or measured in
+/// parallel with a prescan. `None`: a single frame to prescan.
+async fn zstd_frame_sizes(
+    bytes: &Arc<dyn Source>,
+    frames: &[zstd::Frame],
+    kind: Detected,
+    options: &StreamOptions,
+) -> Result<Option<Vec<u64>>> {
+    let recorded: Option<Vec<u64>> = frames.iter().map(|f| f.content_size).collect();
+    match recorded {
+        Some(sizes) => Ok(Some(sizes)),
+        None if options.prescan && frames.len() > 1 => {
+            tracing::info!(
+                source = %bytes.describe(),
+                frames = frames.len(),
+                "prescan: measuring the zstd frames in parallel"
+            );
+            parallel::measure(bytes, frames).await
+        }
+        None if options.prescan => Ok(None),
+        None => Err(unknown_size(
+            kind,
+            if frames.len() > 1 {
+                "its frames do not record their sizes (pzstd writes them so; \
+                 --prescan measures them in parallel)"
+            } else {
+                "its frame header does not record it (compressed from a pipe?)"
+            },
+        )),
+    }
+}
+
+/// The size of a stream read front to back whose size is not read from the stream: the
+/// caller's, or a prescan's; otherwise an error that says why it is not known.
+async fn unrecorded_size(
+    bytes: &Arc<dyn Source>,
+    codec: Codec,
+    options: &StreamOptions,
+    seekable: bool,
+) -> Result<u64> {
+    match options.size {
+        Some(size) => Ok(size),
+        None if options.prescan => prescan(bytes, codec).await,
+        None if !seekable => Err(unknown_size(
+            codec.kind,
+            "the source can only be read front to back, so its end cannot be read first",
+        )),
+        None => {
+            let why = match gzip_isize(bytes.as_ref()).await? {
+                Some(isize) => {
+                    format!("gzip records it modulo 4 GiB only (here {isize} bytes modulo 4 GiB)")
+                }
+                None => "gzip records it modulo 4 GiB only".to_string(),
+            };
+            Err(unknown_size(codec.kind, &why))
+        }
+    }
 }

@@ -33,10 +33,11 @@ pub mod secrets;
 pub mod settings;
 pub mod transfer;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryFuture};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::{reflector, watcher, WatchStreamExt};
@@ -111,37 +112,15 @@ pub async fn run(
     link: Arc<dyn MoverLink>,
     metrics: Arc<OperatorMetrics>,
 ) -> Result<(), RunError> {
-    let selector = mover_selector();
     let ns = settings.watch_namespace.clone();
-    let (store, writer) = reflector::store::<Pod>();
-    let pod_watch = reflector(
-        writer,
-        watcher(
-            api(&client, &ns),
-            watcher::Config::default().labels(&selector),
-        ),
-    )
-    .default_backoff()
-    .for_each(|_| std::future::ready(()));
-    let pod_task = tokio::spawn(pod_watch);
+    let (store, pod_task) = watch_movers(&client, &ns);
     store.wait_until_ready().await.map_err(|_| RunError)?;
     let ctx = Context::new(client.clone(), settings, link, store.clone());
     let ctx = Arc::new(ctx.with_metrics(metrics.clone()));
-    let owned = |kind: &str| {
-        watcher::Config::default().labels(&format!("{selector},{}={kind}", labels::OWNER_KIND))
-    };
-    let transfers = Controller::new(api::<Transfer>(&client, &ns), watcher::Config::default())
-        .owns(api::<Pod>(&client, &ns), owned("Transfer"))
-        .shutdown_on_signal();
-    let checksums = Controller::new(api::<Checksum>(&client, &ns), watcher::Config::default())
-        .owns(api::<Pod>(&client, &ns), owned("Checksum"))
-        .shutdown_on_signal();
-    let backups = Controller::new(api::<Backup>(&client, &ns), watcher::Config::default())
-        .owns(api::<Pod>(&client, &ns), owned("Backup"))
-        .shutdown_on_signal();
-    let restores = Controller::new(api::<Restore>(&client, &ns), watcher::Config::default())
-        .owns(api::<Pod>(&client, &ns), owned("Restore"))
-        .shutdown_on_signal();
+    let transfers = mover_controller::<Transfer>(&client, &ns);
+    let checksums = mover_controller::<Checksum>(&client, &ns);
+    let backups = mover_controller::<Backup>(&client, &ns);
+    let restores = mover_controller::<Restore>(&client, &ns);
     let repositories = Controller::new(
         api::<BackupRepository>(&client, &ns),
         watcher::Config::default(),
@@ -160,34 +139,14 @@ pub async fn run(
         m.sample_resources(&stores.3);
         m.sample_movers(&store);
     }));
-    let transfers = transfers
-        .run(reconcile::<Transfer>, error_policy::<Transfer>, ctx.clone())
-        .for_each(log_result);
-    let checksums = checksums
-        .run(reconcile::<Checksum>, error_policy::<Checksum>, ctx.clone())
-        .for_each(log_result);
-    let backups = backups
-        .run(
-            backup::reconcile_backup,
-            error_policy::<Backup>,
-            ctx.clone(),
-        )
-        .for_each(log_result);
-    let restores = restores
-        .run(
-            restore::reconcile_restore,
-            error_policy::<Restore>,
-            ctx.clone(),
-        )
-        .for_each(log_result);
+    let transfers = drive(transfers, reconcile::<Transfer>, &ctx);
+    let checksums = drive(checksums, reconcile::<Checksum>, &ctx);
+    let backups = drive(backups, backup::reconcile_backup, &ctx);
+    let restores = drive(restores, restore::reconcile_restore, &ctx);
     let repositories = repositories
         .run(
             repository::reconcile_repository,
-            |obj, error, _ctx| {
-                let name = obj.metadata.name.as_deref().unwrap_or_default();
-                tracing::warn!(kind = "BackupRepository", %name, %error, "reconcile failed");
-                Action::requeue(Duration::from_secs(10))
-            },
+            repository_error_policy,
             ctx,
         )
         .for_each(log_result);
@@ -202,4 +161,63 @@ pub async fn run(
     );
     pod_task.abort();
     Ok(())
+}
+
+/// Starts the one watch of mover pods; returns the store it fills and its task.
+fn watch_movers(
+    client: &Client,
+    ns: &Option<String>,
+) -> (reflector::Store<Pod>, tokio::task::JoinHandle<()>) {
+    let (store, writer) = reflector::store::<Pod>();
+    let pod_watch = reflector(
+        writer,
+        watcher(
+            api(client, ns),
+            watcher::Config::default().labels(&mover_selector()),
+        ),
+    )
+    .default_backoff()
+    .for_each(|_| std::future::ready(()));
+    (store, tokio::spawn(pod_watch))
+}
+
+/// The controller of `K`, watching `K` and the mover pods it owns.
+fn mover_controller<K: MoverKind>(client: &Client, ns: &Option<String>) -> Controller<K> {
+    let owned = watcher::Config::default().labels(&format!(
+        "{},{}={}",
+        mover_selector(),
+        labels::OWNER_KIND,
+        K::KIND
+    ));
+    Controller::new(api::<K>(client, ns), watcher::Config::default())
+        .owns(api::<Pod>(client, ns), owned)
+        .shutdown_on_signal()
+}
+
+/// Runs the controller of a mover kind with its reconciler and [`error_policy`], logging
+/// what the controller itself reports.
+fn drive<K, F>(
+    controller: Controller<K>,
+    reconciler: impl FnMut(Arc<K>, Arc<Context>) -> F,
+    ctx: &Arc<Context>,
+) -> impl Future<Output = ()>
+where
+    K: MoverKind,
+    F: TryFuture<Ok = Action, Error = Error> + Send + 'static,
+{
+    controller
+        .run(reconciler, error_policy::<K>, ctx.clone())
+        .for_each(log_result)
+}
+
+/// What the BackupRepository controller does after a failed reconcile: log it and look
+/// again in ten seconds.
+fn repository_error_policy(
+    obj: Arc<BackupRepository>,
+    error: &Error,
+    _ctx: Arc<Context>,
+) -> Action {
+    let name = obj.metadata.name.as_deref().unwrap_or_default();
+    tracing::warn!(kind = "BackupRepository", %name, %error, "reconcile failed");
+    Action::requeue(Duration::from_secs(10))
 }

@@ -31,7 +31,9 @@ use kube::Api;
 use crate::controller::life::Life;
 use crate::controller::Error;
 use crate::crd::status::condition::reason;
-use crate::crd::{Backup, BackupRepository, BackupSchedule, BackupScheduleStatus, CopyMethod};
+use crate::crd::{
+    Backup, BackupRepository, BackupSchedule, BackupScheduleStatus, BackupStatus, CopyMethod,
+};
 
 use super::build::{self, SCHEDULE_LABEL, SNAPSHOT_ANNOTATION};
 use super::history::{self, Why};
@@ -145,12 +147,7 @@ pub async fn reconcile(obj: Arc<BackupSchedule>, ctx: Arc<Context>) -> Result<Ac
             return invalid(&ctx, &obj, &before, next, &message, Action::await_change()).await;
         }
     };
-    let repositories: Api<BackupRepository> = Api::namespaced(ctx.client.clone(), namespace);
-    if repositories.get_opt(&obj.spec.repository).await?.is_none() {
-        let message = format!(
-            "spec.repository: BackupRepository '{}' does not exist in namespace {namespace}: create it, or fix the name",
-            obj.spec.repository
-        );
+    if let Some(message) = missing_repository(&ctx, &obj, namespace).await? {
         return invalid(
             &ctx,
             &obj,
@@ -161,12 +158,7 @@ pub async fn reconcile(obj: Arc<BackupSchedule>, ctx: Arc<Context>) -> Result<Ac
         )
         .await;
     }
-    let backups: Api<Backup> = Api::namespaced(ctx.client.clone(), namespace);
-    let mut mine = backups
-        .list(&ListParams::default().labels(&format!("{SCHEDULE_LABEL}={name}")))
-        .await?
-        .items;
-    mine.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let mine = schedule_backups(&ctx, namespace, name).await?;
     if let Some(done) = mine.iter().rev().find(|b| is_final(b)) {
         record(&ctx, &obj, &mut next, done).await?;
     }
@@ -186,16 +178,9 @@ pub async fn reconcile(obj: Arc<BackupSchedule>, ctx: Arc<Context>) -> Result<Ac
         write(&ctx, &obj, &before, &next).await?;
         return Ok(Action::await_change());
     }
-    let due = match (&next.next_sync_time, spec_changed) {
-        (Some(t), false) => from_time(t),
-        _ => {
-            let Some(first) = cron.next_after(now) else {
-                let message = "the schedule never fires again: fix spec.trigger.schedule";
-                return invalid(&ctx, &obj, &before, next, message, Action::await_change()).await;
-            };
-            next.next_sync_time = Some(to_time(first));
-            first
-        }
+    let Some(due) = due(&mut next, spec_changed, &cron, now) else {
+        let message = "the schedule never fires again: fix spec.trigger.schedule";
+        return invalid(&ctx, &obj, &before, next, message, Action::await_change()).await;
     };
     if now < due {
         let message = format!("the next backup starts at {}", due.to_rfc3339());
@@ -204,6 +189,55 @@ pub async fn reconcile(obj: Arc<BackupSchedule>, ctx: Arc<Context>) -> Result<Ac
         return Ok(Action::requeue(until(now, due)));
     }
     fire(&ctx, &obj, &before, next, due, now, &cron).await
+}
+
+/// What to fix when the schedule's BackupRepository does not exist; `None` when it does.
+async fn missing_repository(
+    ctx: &Context,
+    obj: &BackupSchedule,
+    namespace: &str,
+) -> Result<Option<String>, Error> {
+    let repositories: Api<BackupRepository> = Api::namespaced(ctx.client.clone(), namespace);
+    if repositories.get_opt(&obj.spec.repository).await?.is_some() {
+        return Ok(None);
+    }
+    Ok(Some(format!(
+        "spec.repository: BackupRepository '{}' does not exist in namespace {namespace}: create it, or fix the name",
+        obj.spec.repository
+    )))
+}
+
+/// The Backups of the schedule `name`, sorted by name (so by fire time).
+async fn schedule_backups(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+) -> Result<Vec<Backup>, Error> {
+    let backups: Api<Backup> = Api::namespaced(ctx.client.clone(), namespace);
+    let mut mine = backups
+        .list(&ListParams::default().labels(&format!("{SCHEDULE_LABEL}={name}")))
+        .await?
+        .items;
+    mine.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    Ok(mine)
+}
+
+/// The fire time to wait for: the recorded one, or (none recorded, or the spec changed)
+/// the next after `now`, which is recorded. `None`: the schedule never fires again.
+fn due(
+    next: &mut BackupScheduleStatus,
+    spec_changed: bool,
+    cron: &ferry_cron::CronSpec,
+    now: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    match (&next.next_sync_time, spec_changed) {
+        (Some(t), false) => Some(from_time(t)),
+        _ => {
+            let first = cron.next_after(now)?;
+            next.next_sync_time = Some(to_time(first));
+            Some(first)
+        }
+    }
 }
 
 /// Synchronizing False (InvalidSpec) with the message; looked at again as `action` says.
@@ -232,31 +266,11 @@ async fn record(
     done: &Backup,
 ) -> Result<(), Error> {
     let name = done.metadata.name.clone().unwrap_or_default();
-    let recorded = match next.last_backup.as_deref() {
-        Some(last) => last > name.as_str() || (last == name && next.last_result.is_some()),
-        None => false,
-    };
-    if recorded {
+    if is_recorded(next, &name) {
         return Ok(());
     }
     let status = done.status.clone().unwrap_or_default();
-    let ended = status.completion_time.as_ref().map(from_time);
-    let started = status
-        .start_time
-        .as_ref()
-        .or(done.metadata.creation_timestamp.as_ref())
-        .map(from_time);
-    next.last_backup = Some(name.clone());
-    next.last_result = Some(format!("{:?}", status.phase));
-    next.last_sync_time = ended.map(to_time);
-    next.last_sync_duration = match (started, ended) {
-        (Some(s), Some(e)) => Some(duration_text(e - s)),
-        _ => None,
-    };
-    if status.phase == crate::crd::Phase::Succeeded {
-        next.last_snapshot = status.snapshot_id.clone();
-    }
-    let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
+    note_result(next, &name, done, &status);
     // Only a Backup this schedule made (its controller) had a snapshot and a temporary
     // claim made for it, named after it: never delete what a Backup's spec names, which
     // anyone who may create Backups could point at any claim.
@@ -267,17 +281,62 @@ async fn record(
         .as_ref()
         .is_some_and(|a| a.contains_key(SNAPSHOT_ANNOTATION));
     if made_here && with_snapshot {
-        let snapshots: Api<DynamicObject> =
-            Api::namespaced_with(ctx.client.clone(), namespace, &build::volume_snapshot_api());
-        let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
-        gone(
-            claims
-                .delete(&build::temp_claim_name(&name), &DeleteParams::default())
-                .await,
-        )?;
-        gone(snapshots.delete(&name, &DeleteParams::default()).await)?;
+        let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
+        delete_snapshot(ctx, namespace, &name).await?;
     }
-    let (warning, why, note) = match status.phase {
+    let (warning, why, note) = result_event(&name, &status);
+    ctx.event(obj, warning, why, &note).await;
+    if made_here {
+        warn_unlisted_snapshots(ctx, obj, &name, &status).await;
+    }
+    Ok(())
+}
+
+/// Whether the Backup `name` (or a later one) is recorded already.
+fn is_recorded(next: &BackupScheduleStatus, name: &str) -> bool {
+    match next.last_backup.as_deref() {
+        Some(last) => last > name || (last == name && next.last_result.is_some()),
+        None => false,
+    }
+}
+
+/// Sets lastBackup, its result, lastSyncTime, lastSyncDuration and (when it succeeded)
+/// lastSnapshot from the finished Backup `name`.
+fn note_result(next: &mut BackupScheduleStatus, name: &str, done: &Backup, status: &BackupStatus) {
+    let ended = status.completion_time.as_ref().map(from_time);
+    let started = status
+        .start_time
+        .as_ref()
+        .or(done.metadata.creation_timestamp.as_ref())
+        .map(from_time);
+    next.last_backup = Some(name.to_string());
+    next.last_result = Some(format!("{:?}", status.phase));
+    next.last_sync_time = ended.map(to_time);
+    next.last_sync_duration = match (started, ended) {
+        (Some(s), Some(e)) => Some(duration_text(e - s)),
+        _ => None,
+    };
+    if status.phase == crate::crd::Phase::Succeeded {
+        next.last_snapshot = status.snapshot_id.clone();
+    }
+}
+
+/// Deletes the temporary claim and the VolumeSnapshot made for the Backup `name`.
+async fn delete_snapshot(ctx: &Context, namespace: &str, name: &str) -> Result<(), Error> {
+    let snapshots: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), namespace, &build::volume_snapshot_api());
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
+    gone(
+        claims
+            .delete(&build::temp_claim_name(name), &DeleteParams::default())
+            .await,
+    )?;
+    gone(snapshots.delete(name, &DeleteParams::default()).await)
+}
+
+/// The event of a finished Backup: whether it is a warning, its reason and its note.
+fn result_event(name: &str, status: &BackupStatus) -> (bool, &'static str, String) {
+    match status.phase {
         crate::crd::Phase::Succeeded => (
             false,
             "BackupSucceeded",
@@ -294,19 +353,28 @@ async fn record(
                 status.message.as_deref().unwrap_or("see its status")
             ),
         ),
-    };
-    ctx.event(obj, warning, why, &note).await;
+    }
+}
+
+/// Warns when the prune of the schedule's Backup `name` listed fewer snapshots than it
+/// removed or kept: the schedule cannot delete the Backups of the ones left out.
+async fn warn_unlisted_snapshots(
+    ctx: &Context,
+    obj: &BackupSchedule,
+    name: &str,
+    status: &BackupStatus,
+) {
     // A complete kept list finds the Backups of every snapshot removed, listed or not.
     let all_kept_listed = status.lists_every_kept_snapshot();
     let listed = status.pruned_snapshots.len() as u64;
-    if made_here && status.pruned.is_some_and(|n| n > listed) && !all_kept_listed {
+    if status.pruned.is_some_and(|n| n > listed) && !all_kept_listed {
         let note = format!(
             "Backup {name}'s prune removed {} snapshots but lists only the first {listed}: the Backups of the others stay; delete them with kubectl delete backup",
             status.pruned.unwrap_or_default()
         );
         ctx.event(obj, true, "PrunedSnapshotsUnlisted", &note).await;
     }
-    if made_here && !status.kept_snapshots.is_empty() && !all_kept_listed {
+    if !status.kept_snapshots.is_empty() && !all_kept_listed {
         let note = format!(
             "Backup {name}'s prune kept {} snapshots but lists only {}: the schedule does not delete Backups by their snapshots' absence from it, so the Backups of snapshots removed by a prune that was killed or failed stay; delete them with kubectl delete backup",
             status.kept.unwrap_or_default(),
@@ -314,7 +382,6 @@ async fn record(
         );
         ctx.event(obj, true, "KeptSnapshotsUnlisted", &note).await;
     }
-    Ok(())
 }
 
 /// Deletes the Backups the schedule no longer keeps ([`history::expired`]), each only
