@@ -24,7 +24,7 @@ use ferry_backup::{
     Session, SessionOptions, SnapshotInfo,
 };
 use ferry_blkhash::Hash;
-use ferry_core::{Error, ErrorKind, Extent, ExtentKind, IoBuf, Result, Source};
+use ferry_core::{Caps, Error, ErrorKind, Extent, ExtentKind, IoBuf, Result, Source};
 use ferry_engine::{CancellationToken, Progress};
 use parking_lot::Mutex;
 use tokio::task::JoinSet;
@@ -137,6 +137,51 @@ struct Shared {
     chunks_unchanged: AtomicU64,
 }
 
+impl Shared {
+    fn new(
+        session: Session,
+        index: FixedIndex,
+        parent: Option<Parent>,
+        options: &BackupOptions,
+        caps: &Caps,
+        progress: &Progress,
+        cancel: &CancellationToken,
+    ) -> Self {
+        let size = index.image_size();
+        let chunk_size = index.chunk_size();
+        let chunks = index.len();
+        let wanted = u64::from(caps.request_size.unwrap_or(0)).max(DEFAULT_REQUEST);
+        Self {
+            session,
+            size,
+            chunk_size: u64::from(chunk_size),
+            chunks,
+            cursor: AtomicUsize::new(0),
+            changed: options
+                .changed
+                .clone()
+                .filter(|_| parent.is_some())
+                .map(|c| {
+                    ChangedWindows::new(c, size, CHANGED_WINDOW_CHUNKS * u64::from(chunk_size))
+                }),
+            parent,
+            request: ferry_engine::read_request_size(caps, wanted),
+            minimum: u64::from(caps.block.minimum.max(1)),
+            progress: progress.clone(),
+            stop: cancel.child_token(),
+            state: Mutex::new(State {
+                index,
+                blocks: BlockDigests::new(chunks),
+                hash: OrderedHash::new(size, chunk_size),
+            }),
+            bytes_read: AtomicU64::new(0),
+            chunks_read: AtomicU64::new(0),
+            chunks_unread: AtomicU64::new(0),
+            chunks_unchanged: AtomicU64::new(0),
+        }
+    }
+}
+
 struct State {
     index: FixedIndex,
     blocks: BlockDigests,
@@ -154,36 +199,17 @@ pub async fn backup(
 ) -> Result<BackupReport> {
     let started = Instant::now();
     let size = source.size();
-    let chunk_size = repo.chunk_size();
-    let index = FixedIndex::new(size, chunk_size)?;
-    let chunks = index.len();
-    let (parent, full_reason) =
-        match parent::choose(repo, &options.parent, &options.source_id, size).await? {
-            Chosen::Parent(p) => (Some(*p), None),
-            Chosen::Full(reason) => (None, Some(reason)),
-        };
+    let index = FixedIndex::new(size, repo.chunk_size())?;
+    let (parent, full_reason) = choose_parent(repo, options, size).await?;
     let parent_id = parent.as_ref().map(|p| p.manifest.id.clone());
-    if let Some(reason) = &full_reason {
-        match &options.changed {
-            Some(changed) => tracing::warn!(
-                source = %options.source_id,
-                "full backup, the {} is not used: {reason}",
-                changed.describe()
-            ),
-            None => tracing::info!(source = %options.source_id, "full backup: {reason}"),
-        }
-    }
     let caps = source.caps();
     let workers = if caps.sequential_read {
         1
     } else {
         options.workers.clamp(1, 1024)
     }
-    .min(chunks.max(1));
-    let wanted = u64::from(caps.request_size.unwrap_or(0)).max(DEFAULT_REQUEST);
-    let request = ferry_engine::read_request_size(&caps, wanted);
+    .min(index.len().max(1));
     progress.start(size, 0);
-
     let session = match &parent {
         Some(p) => {
             repo.begin_incremental_session(options.session.clone(), &p.manifest.id, &p.index)
@@ -193,56 +219,10 @@ pub async fn backup(
     };
     let id = session.id().clone();
     tracing::info!(backup = %id, source = %options.source_id, size, workers, parent = ?parent_id, "backup started");
-    let shared = Arc::new(Shared {
-        session,
-        size,
-        chunk_size: u64::from(chunk_size),
-        chunks,
-        cursor: AtomicUsize::new(0),
-        changed: options
-            .changed
-            .clone()
-            .filter(|_| parent.is_some())
-            .map(|c| ChangedWindows::new(c, size, CHANGED_WINDOW_CHUNKS * u64::from(chunk_size))),
-        parent,
-        request,
-        minimum: u64::from(caps.block.minimum.max(1)),
-        progress: progress.clone(),
-        stop: cancel.child_token(),
-        state: Mutex::new(State {
-            index,
-            blocks: BlockDigests::new(chunks),
-            hash: OrderedHash::new(size, chunk_size),
-        }),
-        bytes_read: AtomicU64::new(0),
-        chunks_read: AtomicU64::new(0),
-        chunks_unread: AtomicU64::new(0),
-        chunks_unchanged: AtomicU64::new(0),
-    });
-
-    let mut set = JoinSet::new();
-    for w in 0..workers {
-        let (shared, source) = (Arc::clone(&shared), Arc::clone(&source));
-        set.spawn(async move {
-            let source = if w == 0 {
-                source
-            } else {
-                source.connect().await?
-            };
-            let result = shared.work(source.as_ref()).await;
-            if result.is_err() {
-                shared.stop.cancel();
-            }
-            if w > 0 {
-                let _ = source.close().await;
-            }
-            result
-        });
-    }
-    let failure = join_all(&mut set, &shared.stop).await;
-
-    let shared = Arc::try_unwrap(shared)
-        .map_err(|_| Error::internal("a backup worker outlived the backup"))?;
+    let shared = Arc::new(Shared::new(
+        session, index, parent, options, &caps, progress, cancel,
+    ));
+    let failure = run_workers(&shared, &source, workers).await;
     let Shared {
         session,
         state,
@@ -251,25 +231,21 @@ pub async fn backup(
         chunks_unread,
         chunks_unchanged,
         ..
-    } = shared;
-    if let Some(err) = failure {
+    } = Arc::try_unwrap(shared)
+        .map_err(|_| Error::internal("a backup worker outlived the backup"))?;
+    if let Some(err) = failure.or_else(|| cancel.is_cancelled().then(Error::cancelled)) {
         session.abandon().await;
         return Err(err);
-    }
-    if cancel.is_cancelled() {
-        session.abandon().await;
-        return Err(Error::cancelled());
     }
     let State {
         index,
         blocks,
         hash,
     } = state.into_inner();
-    let finished = finish(
+    let manifest = finish(
         repo, session, &id, &index, &blocks, hash, options, parent_id,
     )
-    .await;
-    let manifest = finished?;
+    .await?;
     let report = BackupReport {
         manifest,
         full_reason,
@@ -288,6 +264,58 @@ pub async fn backup(
         "backup finished"
     );
     Ok(report)
+}
+
+/// The parent an incremental backup builds on, or why the backup is a full one (logged,
+/// as a warning when a changed-range source goes unused).
+async fn choose_parent(
+    repo: &Repository,
+    options: &BackupOptions,
+    size: u64,
+) -> Result<(Option<Parent>, Option<String>)> {
+    let chosen = parent::choose(repo, &options.parent, &options.source_id, size).await?;
+    let reason = match chosen {
+        Chosen::Parent(p) => return Ok((Some(*p), None)),
+        Chosen::Full(reason) => reason,
+    };
+    match &options.changed {
+        Some(changed) => tracing::warn!(
+            source = %options.source_id,
+            "full backup, the {} is not used: {reason}",
+            changed.describe()
+        ),
+        None => tracing::info!(source = %options.source_id, "full backup: {reason}"),
+    }
+    Ok((None, Some(reason)))
+}
+
+/// Runs `workers` workers (each on its own connection of `source` but the first) until
+/// every chunk is done or one fails; returns the first failure.
+async fn run_workers(
+    shared: &Arc<Shared>,
+    source: &Arc<dyn Source>,
+    workers: usize,
+) -> Option<Error> {
+    let mut set = JoinSet::new();
+    for w in 0..workers {
+        let (shared, source) = (Arc::clone(shared), Arc::clone(source));
+        set.spawn(async move {
+            let source = if w == 0 {
+                source
+            } else {
+                source.connect().await?
+            };
+            let result = shared.work(source.as_ref()).await;
+            if result.is_err() {
+                shared.stop.cancel();
+            }
+            if w > 0 {
+                let _ = source.close().await;
+            }
+            result
+        });
+    }
+    join_all(&mut set, &shared.stop).await
 }
 
 /// Stores the block digests, then lets the session write the index and the manifest.

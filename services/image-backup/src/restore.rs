@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use ferry_backup::{BackupId, Repository};
+use ferry_backup::{BackupId, FixedIndex, Repository};
 use ferry_core::{Caps, Error, ErrorKind, IoBuf, Result, Target, ZeroMode};
 use ferry_engine::{CancellationToken, CommitOrder, CopyOptions, Progress};
 use parking_lot::Mutex;
@@ -122,33 +122,8 @@ pub async fn restore(
             target.size()
         )));
     }
-    let order = match options.order {
-        RestoreOrder::Auto => CommitOrder::Auto,
-        RestoreOrder::InOrder => CommitOrder::InOrder,
-        RestoreOrder::OutOfOrder if !target.caps().random_write => {
-            return Err(Error::invalid_input(format!(
-                "{} takes writes only in order: restore in order",
-                target.describe()
-            )));
-        }
-        RestoreOrder::OutOfOrder => CommitOrder::OutOfOrder,
-    };
-    let workers = options.workers.clamp(1, 1024).min(index.len().max(1));
-    let chunk_size = index.chunk_size() as usize;
-    let copy = CopyOptions {
-        workers,
-        order,
-        sparse_size: SPARSE,
-        // Units of one chunk: the workers take chunks in index order, the order the
-        // source fetches them ahead in.
-        work_unit: chunk_size as u64,
-        // One request (one plaintext chunk) per worker; the blobs fetched ahead are
-        // bounded by the source's window.
-        max_in_flight_bytes: Some(workers * chunk_size),
-        // One flush, at the end: a restore that fails is started again, not resumed.
-        checkpoint_interval: Duration::ZERO,
-        ..CopyOptions::default()
-    };
+    let copy = copy_options(options, target.as_ref(), &index)?;
+    let workers = copy.workers;
     let source = SnapshotSource::new(
         repo.clone(),
         id.clone(),
@@ -164,7 +139,7 @@ pub async fn restore(
         expected,
         block_hash: Mutex::new(None),
     });
-    tracing::info!(backup = %id, target = %target.describe(), size, workers, ?order, "restore started");
+    tracing::info!(backup = %id, target = %target.describe(), size, workers, order = ?copy.order, "restore started");
     let copied = ferry_engine::copy(
         Arc::new(source.clone()),
         checked.clone(),
@@ -189,6 +164,41 @@ pub async fn restore(
         block_hash,
         verified,
         elapsed: started.elapsed(),
+    })
+}
+
+/// The engine's options for a restore of the image `index` describes into `target`.
+fn copy_options(
+    options: &RestoreOptions,
+    target: &dyn Target,
+    index: &FixedIndex,
+) -> Result<CopyOptions> {
+    let order = match options.order {
+        RestoreOrder::Auto => CommitOrder::Auto,
+        RestoreOrder::InOrder => CommitOrder::InOrder,
+        RestoreOrder::OutOfOrder if !target.caps().random_write => {
+            return Err(Error::invalid_input(format!(
+                "{} takes writes only in order: restore in order",
+                target.describe()
+            )));
+        }
+        RestoreOrder::OutOfOrder => CommitOrder::OutOfOrder,
+    };
+    let workers = options.workers.clamp(1, 1024).min(index.len().max(1));
+    let chunk_size = index.chunk_size() as usize;
+    Ok(CopyOptions {
+        workers,
+        order,
+        sparse_size: SPARSE,
+        // Units of one chunk: the workers take chunks in index order, the order the
+        // source fetches them ahead in.
+        work_unit: chunk_size as u64,
+        // One request (one plaintext chunk) per worker; the blobs fetched ahead are
+        // bounded by the source's window.
+        max_in_flight_bytes: Some(workers * chunk_size),
+        // One flush, at the end: a restore that fails is started again, not resumed.
+        checkpoint_interval: Duration::ZERO,
+        ..CopyOptions::default()
     })
 }
 
