@@ -73,6 +73,21 @@ def cases(env):
             notes=["Source: the same backing file as a LUN without thin provisioning (no "
                    "LBPME: every initiator reads every block and finds the zeroes itself)."],
         ),
+        Case(
+            name="iscsi-read-half-4g-nothin-null",
+            title="Read iSCSI into nothing (tgt, LUN without thin provisioning, into nbdkit's "
+                  "null plugin): 4 GiB, 50% data in scattered 1 MiB runs",
+            commands=null_read_commands(env, server, image),
+            goals=[_ratio_goal("iSCSI read alone (LUN without thin provisioning) <= 0.8x "
+                               "qemu-img convert -n -m 8 -W", "iscsi-read-half-4g-nothin-null",
+                               "qemu-img convert -n -m 8 -W", 0.8)],
+            context=lambda: server.running(image),
+            notes=["The read of the case above without the local file: each command writes "
+                   "into nbdkit's null plugin (a throwaway NBD export that discards writes, on "
+                   "a Unix socket), so the row times the iSCSI read alone, with no page-cache "
+                   "write and no flush. Nothing is written to check; the bytes of the same "
+                   "read are checked in the case above."],
+        ),
     ]
 
 
@@ -237,6 +252,20 @@ def read_commands(env, server, image, target, thin):
                          check=lambda r: map_check(r, image),
                          note="not a copy: qemu-img's GET LBA STATUS calls alone", **qemu))
     return found
+
+
+def null_read_commands(env, server, image):
+    sink = 'nbdkit -U - null size="$1" --run "$2 nbd+unix:///?socket=\\$unixsocket"'
+    url = server.url(server.READ_FULL)
+    qemu = dict(install=QEMU_ISCSI_INSTALL, available=qemu_img_has_iscsi() and bool(which("nbdkit")))
+    return [
+        Command("ferry copy", ["sh", "-c", sink, "sh", str(image.size), f"{env.ferry} copy {url}"],
+                ferry=True, note="8 workers; the NBD target is flushed (nbdkit null: a no-op)"),
+        peer("qemu-img convert -n -m 8 -W",
+             ["sh", "-c", sink, "sh", str(image.size),
+              f"qemu-img convert -n -m 8 -W -f raw -O raw {url}"],
+             note="cache=unsafe: never flushes", **qemu),
+    ]
 
 
 def map_check(result, image):
