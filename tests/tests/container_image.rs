@@ -167,6 +167,26 @@ fn scratch_image_runs_ferry_version_and_a_copy_as_non_root() {
         "ferry --version printed: {version}"
     );
 
+    // The operator's mover pod: its command, as a container runtime resolves it (no shell,
+    // the image's PATH), under the pod's user and group.
+    let (command, user) = mover_command_and_user();
+    let mut argv = vec![
+        "run",
+        "--isolation",
+        "chroot",
+        "--user",
+        &user,
+        container,
+        "--",
+    ];
+    argv.extend(command.iter().map(String::as_str));
+    argv.push("--version");
+    let mover = buildah.run(&argv);
+    assert!(
+        String::from_utf8_lossy(&mover.stdout).contains(env!("CARGO_PKG_VERSION")),
+        "the mover's command {command:?} printed: {mover:?}"
+    );
+
     // A copy between files of the host, bind-mounted; the image's user writes the target.
     let data = tmp.path().join("data");
     std::fs::create_dir(&data).unwrap();
@@ -249,4 +269,51 @@ fn containerfile_builds_the_release_binary_and_exposes_the_service_ports() {
             assert!(ignore.lines().any(|l| l == entry), "{name} lacks {entry}");
         }
     }
+}
+
+/// The command and `uid:gid` of a Checksum's mover pod with a Block claim, as the operator
+/// builds it.
+fn mover_command_and_user() -> (Vec<String>, String) {
+    use ferry_operator::crd::{Checksum, ChecksumSpec, Endpoint, VolumeMode};
+    use ferry_operator::mover::{checksum_pod, MoverDefaults, MoverPodInput, ResolvedPvc};
+
+    let mut checksum = Checksum::new(
+        "sum",
+        ChecksumSpec {
+            source: Endpoint::pvc("golden"),
+            options: None,
+            mover: None,
+        },
+    );
+    checksum.metadata.namespace = Some("vms".into());
+    checksum.metadata.uid = Some("uid-1".into());
+    let defaults = MoverDefaults {
+        image: "localhost/ferry-test:latest".into(),
+        image_pull_policy: None,
+        resources: None,
+        node_selector: Default::default(),
+        tolerations: vec![],
+        priority_class_name: None,
+        service_account_name: None,
+    };
+    let pvcs = [ResolvedPvc::new("golden", VolumeMode::Block)];
+    let pod = checksum_pod(
+        &checksum,
+        &MoverPodInput {
+            pod_name: "sum-mover-1",
+            token_secret: "sum-mover-token",
+            pvcs: &pvcs,
+            defaults: &defaults,
+            assigned_ids: false,
+        },
+    )
+    .unwrap();
+    let spec = pod.spec.unwrap();
+    let context = spec.security_context.unwrap();
+    let user = format!(
+        "{}:{}",
+        context.run_as_user.unwrap(),
+        context.run_as_group.unwrap()
+    );
+    (spec.containers[0].command.clone().unwrap(), user)
 }

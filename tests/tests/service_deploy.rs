@@ -140,12 +140,21 @@ fn check_operator_deployment(v: &serde_yaml::Value) {
         "--max-movers",
         "--max-movers-per-node",
         "--max-attempts",
+        "--mover-cpu-request",
+        "--mover-memory-request",
+        "--mover-cpu-limit",
+        "--mover-memory-limit",
         "--metrics-listen",
         "--lease-namespace",
     ] {
         let i = args.iter().position(|a| *a == flag);
         assert!(i.is_some_and(|i| i + 1 < args.len()), "{flag} in {args:?}");
     }
+    let pod_json: serde_json::Value = serde_json::to_value(pod).unwrap();
+    assert_eq!(
+        ferry_testkit::pod_security::restricted_violations(&pod_json),
+        Vec::<String>::new()
+    );
     assert_eq!(pod["securityContext"]["runAsNonRoot"].as_bool(), Some(true));
     assert_eq!(
         pod["securityContext"]["seccompProfile"]["type"].as_str(),
@@ -386,7 +395,7 @@ fn the_chart_rbac_is_deploy_operator_rbac() {
         .collect();
     assert_eq!(
         cluster_resources,
-        BTreeSet::from(["persistentvolumes", "storageclasses"]),
+        BTreeSet::from(["namespaces", "persistentvolumes", "storageclasses"]),
         "with watched namespaces only cluster-scoped resources are in the ClusterRole"
     );
     let role_namespaces: BTreeSet<&str> = limited

@@ -65,6 +65,9 @@ namespace, else in a Role in each watched namespace.
 - apiGroups: [events.k8s.io]
   resources: [events]
   verbs: [create, patch]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [list]
 {{- end }}
 
 {{/* Cluster-scoped resources the populator reads or rebinds: always a ClusterRole. */}}
@@ -72,6 +75,9 @@ namespace, else in a Role in each watched namespace.
 - apiGroups: [""]
   resources: [persistentvolumes]
   verbs: [get, patch]
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [list, watch]
 - apiGroups: [storage.k8s.io]
   resources: [storageclasses]
   verbs: [get]

@@ -108,6 +108,7 @@ fn mover_pod(object: &Value) -> k8s_openapi::api::core::v1::Pod {
             token_secret: "web1-now-fbk-1-token",
             pvcs: &[ResolvedPvc::new("web1", VolumeMode::Block)],
             defaults: &settings().mover,
+            assigned_ids: false,
         },
     )
     .unwrap()
@@ -209,7 +210,7 @@ async fn a_backup_backs_up_then_prunes_on_one_mover() {
         .await;
     assert_eq!(seen.body["kind"], "Backup");
     let status = seen.body["status"].clone();
-    assert_eq!(status["phase"], "Running");
+    assert_eq!(status["phase"], "Pending");
     assert_eq!(status["moverPod"], "web1-now-fbk-1");
     assert_eq!(
         h.server.expect_event(NS).await.body["reason"],
@@ -607,6 +608,7 @@ async fn a_restore_writes_the_backups_snapshot_into_the_claim() {
             token_secret: "web1-copy-frs-1-token",
             pvcs: &[ResolvedPvc::new("web1-copy", VolumeMode::Filesystem)],
             defaults: &settings().mover,
+            assigned_ids: false,
         },
     )
     .unwrap();

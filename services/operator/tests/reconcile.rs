@@ -109,6 +109,7 @@ fn mover_pod(t: &Transfer, attempt: u32) -> Pod {
             token_secret: &secret,
             pvcs: &pvcs,
             defaults: &settings().mover,
+            assigned_ids: false,
         },
     )
     .unwrap()
@@ -186,7 +187,10 @@ async fn a_new_transfer_runs_to_success() {
         .await;
     let pvc = h.server.expect("POST", PVCS, Reply::Echo).await.body;
     assert_eq!(pvc["metadata"]["name"], "copy");
-    assert_eq!(pvc["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+    // Retained (the default): labelled with the Transfer, not owned, so deleting the
+    // Transfer keeps it.
+    assert_eq!(pvc["metadata"]["labels"]["ferry.dev/owner-uid"], "uid-1");
+    assert!(pvc["metadata"].get("ownerReferences").is_none(), "{pvc}");
     assert_eq!(pvc["spec"]["resources"]["requests"]["storage"], "10Gi");
     assert_eq!(pvc["spec"]["storageClassName"], "fast");
     assert_eq!(pvc["spec"]["volumeMode"], "Filesystem");
@@ -234,8 +238,15 @@ async fn a_new_transfer_runs_to_success() {
         .iter()
         .any(|m| m["mountPath"] == "/var/run/ferry/volumes/copy"
             && m["name"] == claim("copy")["name"]));
-    // A Block claim: UID 0 without any privilege (see mover/pod.rs).
-    assert_eq!(spec["securityContext"]["runAsUser"], 0);
+    // A Block claim: non-root all the same (the runtime gives it the device, see
+    // mover/pod.rs).
+    assert_eq!(spec["securityContext"]["runAsUser"], 65532);
+    assert_eq!(spec["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(container["command"], json!(["/ferry"]));
+    assert_eq!(
+        container["terminationMessagePolicy"],
+        "FallbackToLogsOnError"
+    );
     let sc = &container["securityContext"];
     assert_eq!(sc["allowPrivilegeEscalation"], false);
     assert_eq!(sc["privileged"], false);
@@ -249,7 +260,10 @@ async fn a_new_transfer_runs_to_success() {
         .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
         .await;
     let status = status_of(&seen).clone();
-    assert_eq!(status["phase"], "Running");
+    assert_eq!(
+        status["phase"], "Pending",
+        "Running only once the mover is ready"
+    );
     assert_eq!(status["attempts"], 1);
     assert_eq!(status["moverPod"], "import-ft-1");
     assert!(status["startTime"].is_string());
@@ -617,6 +631,95 @@ async fn a_missing_claim_waits_with_its_name() {
     assert_eq!(h.server.count, 4);
 }
 
+/// The API server refuses the mover pod (here PodSecurity): the token Secret is removed,
+/// the Transfer is Pending with reason Refused and the server's message, a Warning event
+/// says the same, and the next look comes after a growing backoff.
+#[tokio::test]
+async fn a_refused_mover_pod_waits_with_the_server_message() {
+    const REFUSAL: &str = "pods \"import-ft-1\" is forbidden: violates PodSecurity \"restricted:latest\": runAsNonRoot != true";
+    let mut h = Harness::new(settings());
+    let object = transfer_json(None);
+    let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", &format!("{PVCS}/golden"), Reply::Ok(golden_pvc()))
+        .await;
+    h.server
+        .expect("GET", &format!("{PVCS}/copy"), Reply::Ok(copy_pvc()))
+        .await;
+    h.server.expect("POST", SECRETS, Reply::Echo).await;
+    h.server
+        .expect("POST", PODS, Reply::Refuse(403, REFUSAL))
+        .await;
+    h.server
+        .expect("DELETE", &format!("{PODS}/import-ft-1"), Reply::NotFound)
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{SECRETS}/import-ft-1-token"),
+            Reply::Deleted,
+        )
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let pending = status_of(&seen).clone();
+    let message = format!("the API server refused mover pod import-ft-1: {REFUSAL}");
+    assert_eq!(pending["phase"], "Pending");
+    assert_eq!(pending["message"], message.as_str());
+    assert_eq!(condition(&pending, "Ready")["reason"], "Refused");
+    assert!(
+        pending.get("moverPod").is_none_or(Value::is_null),
+        "{pending}"
+    );
+    let event = h.server.expect_event(NS).await.body;
+    assert_eq!(
+        (
+            event["type"].as_str(),
+            event["reason"].as_str(),
+            event["note"].as_str()
+        ),
+        (Some("Warning"), Some("Refused"), Some(message.as_str()))
+    );
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(5)));
+    h.server.done().await;
+}
+
+/// A template's claim the API server refuses (a ResourceQuota): Pending, saying so.
+#[tokio::test]
+async fn a_refused_claim_waits_with_the_server_message() {
+    const REFUSAL: &str = "persistentvolumeclaims \"copy\" is forbidden: exceeded quota: storage, requested: requests.storage=10Gi, used: requests.storage=95Gi, limited: requests.storage=100Gi";
+    let mut h = Harness::new(settings());
+    let object = transfer_json(None);
+    let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", &format!("{PVCS}/golden"), Reply::Ok(golden_pvc()))
+        .await;
+    h.server
+        .expect("GET", &format!("{PVCS}/copy"), Reply::NotFound)
+        .await;
+    h.server
+        .expect("POST", PVCS, Reply::Refuse(403, REFUSAL))
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let pending = status_of(&seen).clone();
+    let message = format!("the API server refused to create pvc/copy: {REFUSAL}");
+    assert_eq!(pending["phase"], "Pending");
+    assert_eq!(pending["message"], message.as_str());
+    assert_eq!(condition(&pending, "Ready")["reason"], "Refused");
+    let event = h.server.expect_event(NS).await.body;
+    assert_eq!(
+        (event["type"].as_str(), event["note"].as_str()),
+        (Some("Warning"), Some(message.as_str()))
+    );
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(5)));
+    h.server.done().await;
+}
+
 /// An invalid spec (a password inside the URL): Failed with what to fix, the password
 /// never repeated; a Failed resource costs nothing more.
 #[tokio::test]
@@ -717,7 +820,8 @@ async fn over_the_limit_the_transfer_is_queued() {
     finish(task).await;
     h2.server.done().await;
 
-    // Unpinned, it may start, kept off the full node.
+    // Unpinned, it may start: the scheduler places it, never kept off a node (a node
+    // affinity could strand it where only a full node can attach its volume).
     let object = transfer_json(None);
     let task = tokio::spawn(reconcile(transfer(&object), h2.ctx.clone()));
     h2.server
@@ -728,12 +832,7 @@ async fn over_the_limit_the_transfer_is_queued() {
         .await;
     h2.server.expect("POST", SECRETS, Reply::Echo).await;
     let pod = h2.server.expect("POST", PODS, Reply::Echo).await.body;
-    let term = &pod["spec"]["affinity"]["nodeAffinity"]
-        ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0];
-    assert_eq!(
-        term["matchExpressions"],
-        json!([{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["node-a"]}])
-    );
+    assert!(pod["spec"].get("affinity").is_none(), "{pod}");
     h2.server
         .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
         .await;
@@ -844,6 +943,7 @@ async fn a_checksum_writes_its_digest() {
             token_secret: "golden-sum-fcs-1-token",
             pvcs: &[ResolvedPvc::new("golden", VolumeMode::Filesystem)],
             defaults: &settings().mover,
+            assigned_ids: false,
         },
     )
     .unwrap();
@@ -926,6 +1026,7 @@ fn fan_out(h: &mut Harness) -> (Value, Arc<Transfer>) {
             token_secret: "import-ft-1-token",
             pvcs: &pvcs,
             defaults: &settings().mover,
+            assigned_ids: false,
         },
     )
     .unwrap();
@@ -1188,6 +1289,133 @@ async fn a_digest_mismatch_fails_the_transfer() {
     );
 }
 
+/// `claimRetention: Delete`: the created claim is owned by the Transfer (deleted with it);
+/// a claim the Transfer labelled as its own is taken as created on the next look.
+#[tokio::test]
+async fn claims_of_a_delete_retention_are_owned_by_the_transfer() {
+    let mut h = Harness::new(settings());
+    let mut object = transfer_json(None);
+    object["spec"]["claimRetention"] = json!("Delete");
+    let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", &format!("{PVCS}/golden"), Reply::Ok(golden_pvc()))
+        .await;
+    h.server
+        .expect("GET", &format!("{PVCS}/copy"), Reply::NotFound)
+        .await;
+    let pvc = h.server.expect("POST", PVCS, Reply::Echo).await.body;
+    assert_eq!(pvc["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+    assert_eq!(pvc["metadata"]["ownerReferences"][0]["controller"], true);
+    assert_eq!(pvc["metadata"]["labels"]["ferry.dev/owner-uid"], "uid-1");
+    task.abort();
+
+    let mut h = Harness::new(settings());
+    let object = transfer_json(None);
+    let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", &format!("{PVCS}/golden"), Reply::Ok(golden_pvc()))
+        .await;
+    let mut labelled = copy_pvc();
+    labelled["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("ownerReferences");
+    labelled["metadata"]["labels"] = json!({"ferry.dev/owner-uid": "uid-1"});
+    h.server
+        .expect("GET", &format!("{PVCS}/copy"), Reply::Ok(labelled))
+        .await;
+    // Taken as its own: on to the token Secret.
+    let secret = h.server.expect("POST", SECRETS, Reply::Echo).await.body;
+    assert_eq!(secret["metadata"]["name"], "import-ft-1-token");
+    task.abort();
+}
+
+/// A source claim in use by a running VM (Bound, ReadWriteOnce): the mover runs on the VM's
+/// node with its tolerations, not wherever the scheduler would put it (and hang on
+/// Multi-Attach).
+#[tokio::test]
+async fn a_mover_of_a_claim_in_use_runs_on_its_users_node() {
+    let mut h = Harness::new(settings());
+    let object = transfer_json(None);
+    let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
+    let mut golden = golden_pvc();
+    golden["status"] = json!({"phase": "Bound", "accessModes": ["ReadWriteOnce"]});
+    h.server
+        .expect("GET", &format!("{PVCS}/golden"), Reply::Ok(golden))
+        .await;
+    h.server
+        .expect("GET", &format!("{PVCS}/copy"), Reply::Ok(copy_pvc()))
+        .await;
+    h.server
+        .expect("GET", PODS, Reply::Ok(json!({
+            "apiVersion": "v1", "kind": "PodList", "metadata": {},
+            "items": [
+                {"metadata": {"name": "web", "namespace": NS},
+                 "spec": {"nodeName": "node-a", "containers": [],
+                          "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "other"}}]},
+                 "status": {"phase": "Running"}},
+                {"metadata": {"name": "virt-launcher-vm1", "namespace": NS},
+                 "spec": {"nodeName": "node-b", "containers": [],
+                          "tolerations": [{"key": "kubevirt.io/drain", "operator": "Exists", "effect": "NoSchedule"}],
+                          "volumes": [{"name": "root", "persistentVolumeClaim": {"claimName": "golden"}}]},
+                 "status": {"phase": "Running"}}
+            ]
+        })))
+        .await;
+    h.server.expect("POST", SECRETS, Reply::Echo).await;
+    let pod = h.server.expect("POST", PODS, Reply::Echo).await.body;
+    assert_eq!(
+        pod["spec"]["affinity"],
+        json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": ["node-b"]}
+            ]}]
+        }}})
+    );
+    assert_eq!(
+        pod["spec"]["tolerations"],
+        json!([{"key": "kubevirt.io/drain", "operator": "Exists", "effect": "NoSchedule"}])
+    );
+    h.server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    h.server.expect_event(NS).await;
+    finish(task).await;
+    h.server.done().await;
+}
+
+/// On OpenShift (the namespace has a UID range), the mover names no user, group or
+/// fsGroup: restricted-v2 assigns them from the range and refuses any other.
+#[tokio::test]
+async fn a_namespace_with_a_uid_range_gets_movers_without_ids() {
+    let mut h = Harness::new(settings());
+    h.namespace_seen(NS, &[("openshift.io/sa.scc.uid-range", "1000650000/10000")]);
+    let object = transfer_json(None);
+    let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", &format!("{PVCS}/golden"), Reply::Ok(golden_pvc()))
+        .await;
+    h.server
+        .expect("GET", &format!("{PVCS}/copy"), Reply::Ok(copy_pvc()))
+        .await;
+    h.server.expect("POST", SECRETS, Reply::Echo).await;
+    let pod = h.server.expect("POST", PODS, Reply::Echo).await.body;
+    assert_eq!(
+        pod["spec"]["securityContext"],
+        json!({
+            "runAsNonRoot": true,
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"}
+        })
+    );
+    h.server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    h.server.expect_event(NS).await;
+    finish(task).await;
+    h.server.done().await;
+}
+
 /// A pvcTemplate naming a claim someone else created: Failed, saying what to change.
 #[tokio::test]
 async fn a_template_claim_owned_by_someone_else_fails() {
@@ -1295,6 +1523,82 @@ async fn an_unschedulable_mover_is_reported() {
     reconcile(transfer(&object), h.ctx.clone()).await.unwrap();
     h.server.done().await;
     assert_eq!(h.server.count, 2);
+}
+
+/// A mover pod not ready ten minutes after its creation (its volume never attaches): the
+/// attempt fails as a lost mover, the status naming the pod's last warning events, and the
+/// pod and its token go.
+#[tokio::test]
+async fn a_mover_that_never_starts_fails_its_attempt_with_its_events() {
+    let mut h = Harness::new(settings());
+    let message = "mover pod import-ft-1 (attempt 1) is starting";
+    let status = json!({
+        "phase": "Pending", "attempts": 1, "moverPod": "import-ft-1", "observedGeneration": 1,
+        "startTime": "2026-01-01T00:00:00Z",
+        "conditions": conditions(("False", "MoverStarting"), ("False", "MoverStarting"), message),
+    });
+    let object = transfer_json(Some(status));
+    let t = transfer(&object);
+    let mut pod = mover_pod(&t, 1);
+    pod.metadata.creation_timestamp =
+        Some(serde_json::from_value(json!("2026-01-01T00:00:00Z")).unwrap());
+    pod.status = Some(
+        serde_json::from_value(json!({"phase": "Pending", "containerStatuses": [{
+            "name": "mover", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "ContainerCreating"}}}]}))
+        .unwrap(),
+    );
+    h.pod_seen(pod);
+    let task = tokio::spawn(reconcile(t, h.ctx.clone()));
+    let list = h
+        .server
+        .expect("GET", &format!("/api/v1/namespaces/{NS}/events"), Reply::Ok(json!({
+            "apiVersion": "v1", "kind": "EventList", "metadata": {},
+            "items": [
+                {"metadata": {"name": "e1", "namespace": NS}, "involvedObject": {"kind": "Pod", "name": "import-ft-1"},
+                 "type": "Normal", "reason": "Scheduled", "message": "Successfully assigned vms/import-ft-1 to node-b",
+                 "lastTimestamp": "2026-01-01T00:00:01Z"},
+                {"metadata": {"name": "e3", "namespace": NS}, "involvedObject": {"kind": "Pod", "name": "import-ft-1"},
+                 "type": "Warning", "reason": "FailedMount", "message": "Unable to attach or mount volumes: timed out waiting for the condition",
+                 "lastTimestamp": "2026-01-01T00:02:00Z"},
+                {"metadata": {"name": "e2", "namespace": NS}, "involvedObject": {"kind": "Pod", "name": "import-ft-1"},
+                 "type": "Warning", "reason": "FailedAttachVolume", "message": "Multi-Attach error for volume \"pvc-9\" Volume is already exclusively attached to one node and can't be attached to another",
+                 "lastTimestamp": "2026-01-01T00:00:02Z"},
+            ]
+        })))
+        .await;
+    assert!(
+        list.query.contains(
+            "fieldSelector=involvedObject.kind%3DPod%2CinvolvedObject.name%3Dimport-ft-1"
+        ),
+        "{}",
+        list.query
+    );
+    h.server
+        .expect("DELETE", &format!("{PODS}/import-ft-1"), Reply::Deleted)
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{SECRETS}/import-ft-1-token"),
+            Reply::Deleted,
+        )
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let lost = status_of(&seen).clone();
+    let why = "mover pod import-ft-1 (attempt 1) was not ready 600s after its creation; its last warnings: FailedAttachVolume: Multi-Attach error for volume \"pvc-9\" Volume is already exclusively attached to one node and can't be attached to another; FailedMount: Unable to attach or mount volumes: timed out waiting for the condition";
+    assert_eq!(lost["message"], why);
+    assert_eq!(condition(&lost, "Running")["reason"], "MoverLost");
+    let event = h.server.expect_event(NS).await.body;
+    assert_eq!(
+        (event["type"].as_str(), event["note"].as_str()),
+        (Some("Warning"), Some(why))
+    );
+    finish(task).await;
+    h.server.done().await;
 }
 
 /// A final Transfer whose mover pod was left behind (the operator stopped between the

@@ -12,6 +12,8 @@
 //! - [`files`]: scratch directories that keep holes, sparse images, loop devices.
 //! - [`CountingSource`]: counts the bytes read through a real source (backup tests).
 //! - [`promql`]: the metric names a Grafana dashboard's queries use (dashboard tests).
+//! - [`pod_security`]: the Pod Security Standard `restricted` as a check of a pod's JSON
+//!   (the operator's pods).
 //!
 //! It depends on ferry-core only, so the engine and the endpoints can use it as a
 //! dev-dependency without a cycle. Its checks panic, as test assertions do.
@@ -21,6 +23,7 @@ mod counting;
 pub mod files;
 mod fixture;
 mod gauge;
+pub mod pod_security;
 pub mod promql;
 mod source;
 mod target;

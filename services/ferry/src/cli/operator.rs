@@ -10,15 +10,17 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use ferry_operator::controller::{self, GrpcMoverLink, OperatorSettings};
 use ferry_operator::leader::{self, Elector, LeaseConfig};
 use ferry_operator::metrics::OperatorMetrics;
-use ferry_operator::mover::MoverDefaults;
+use ferry_operator::mover::{resources, MoverDefaults, MoverResources};
 use ferry_operator::populator;
 use tokio_util::sync::CancellationToken;
 
+use ferry_server::config::parse_duration;
 use ferry_server::metrics;
 use ferry_server::telemetry::{self, LogFormat};
 
@@ -53,12 +55,28 @@ pub struct RunArgs {
     /// Service account of mover pods when a resource names none.
     #[arg(long, env = "FERRY_OPERATOR_MOVER_SERVICE_ACCOUNT")]
     pub mover_service_account: Option<String>,
+    /// CPU request of a mover container whose resource gives no resources ("none": no request).
+    #[arg(long, env = "FERRY_OPERATOR_MOVER_CPU_REQUEST", default_value = resources::CPU_REQUEST, value_parser = quantity)]
+    pub mover_cpu_request: String,
+    /// Memory request of a mover container whose resource gives no resources ("none": no request).
+    #[arg(long, env = "FERRY_OPERATOR_MOVER_MEMORY_REQUEST", default_value = resources::MEMORY_REQUEST, value_parser = quantity)]
+    pub mover_memory_request: String,
+    /// CPU limit of a mover container whose resource gives no resources ("none": no limit).
+    #[arg(long, env = "FERRY_OPERATOR_MOVER_CPU_LIMIT", default_value = resources::CPU_LIMIT, value_parser = quantity)]
+    pub mover_cpu_limit: String,
+    /// Memory limit of a mover container whose resource gives no resources ("none": no limit).
+    #[arg(long, env = "FERRY_OPERATOR_MOVER_MEMORY_LIMIT", default_value = resources::MEMORY_LIMIT, value_parser = quantity)]
+    pub mover_memory_limit: String,
     /// Most mover pods at once in the cluster (0: no limit).
     #[arg(long, env = "FERRY_OPERATOR_MAX_MOVERS", default_value_t = 0)]
     pub max_movers: usize,
     /// Most mover pods at once on one node (0: no limit).
     #[arg(long, env = "FERRY_OPERATOR_MAX_MOVERS_PER_NODE", default_value_t = 0)]
     pub max_movers_per_node: usize,
+    /// A mover pod not ready this long after its creation fails its attempt, with the
+    /// pod's last warning events (like 10m, 1h).
+    #[arg(long, env = "FERRY_OPERATOR_MOVER_START_TIMEOUT", default_value = "10m", value_parser = start_timeout)]
+    pub mover_start_timeout: Duration,
     /// Mover pods one resource may start before it fails (at least 1).
     #[arg(long, env = "FERRY_OPERATOR_MAX_ATTEMPTS", default_value_t = 5,
           value_parser = clap::value_parser!(u32).range(1..))]
@@ -91,13 +109,43 @@ pub struct RunArgs {
     pub log_filter: String,
 }
 
+/// A `--mover-start-timeout` value: a duration of at least a second.
+fn start_timeout(text: &str) -> Result<Duration, String> {
+    match parse_duration(text) {
+        Ok(d) if d >= Duration::from_secs(1) => Ok(d),
+        Ok(_) => Err(format!("'{text}' is too short: give at least 1s")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A `--mover-*-request`/`--mover-*-limit` value: a Kubernetes quantity, or "none".
+fn quantity(text: &str) -> Result<String, String> {
+    if text == "none" {
+        return Ok(text.to_string());
+    }
+    resources::check_quantity(text)
+        .map(str::to_string)
+        .map_err(|e| e.to_string())
+}
+
 impl RunArgs {
+    /// The mover containers' default requests and limits.
+    fn mover_resources(&self) -> MoverResources {
+        let given = |v: &String| (v != "none").then(|| v.clone());
+        MoverResources {
+            cpu_request: given(&self.mover_cpu_request),
+            memory_request: given(&self.mover_memory_request),
+            cpu_limit: given(&self.mover_cpu_limit),
+            memory_limit: given(&self.mover_memory_limit),
+        }
+    }
+
     /// The reconcilers' settings.
     pub fn settings(&self) -> OperatorSettings {
         let mut settings = OperatorSettings::new(MoverDefaults {
             image: self.mover_image.clone(),
             image_pull_policy: self.mover_pull_policy.clone(),
-            resources: None,
+            resources: self.mover_resources().requirements(),
             node_selector: Default::default(),
             tolerations: vec![],
             priority_class_name: None,
@@ -106,6 +154,7 @@ impl RunArgs {
         settings.max_movers = self.max_movers;
         settings.max_movers_per_node = self.max_movers_per_node;
         settings.max_attempts = self.max_attempts;
+        settings.mover_start_timeout = self.mover_start_timeout;
         settings.watch_namespace = self.watch_namespace.clone();
         settings
     }
@@ -297,10 +346,45 @@ mod tests {
         assert_eq!(s.mover.image, "ferry:1");
         assert_eq!((s.max_movers, s.max_movers_per_node), (8, 2));
         assert_eq!(s.max_attempts, 3);
+        assert_eq!(s.mover_start_timeout, Duration::from_secs(600));
         assert_eq!(s.watch_namespace.as_deref(), Some("imports"));
         assert_eq!(cli.run.lease_namespace(), "ops");
         assert_eq!(cli.run.lease_name, "ferry-operator");
         assert_eq!(cli.run.metrics_addr().unwrap(), None);
+        let resources = serde_json::to_value(s.mover.resources).unwrap();
+        assert_eq!(
+            resources,
+            serde_json::json!({
+                "requests": {"cpu": "250m", "memory": "256Mi"},
+                "limits": {"cpu": "2", "memory": "1Gi"}
+            })
+        );
+    }
+
+    #[test]
+    fn mover_resources_can_be_changed_or_left_out() {
+        let cli = Cli::try_parse_from([
+            "x",
+            "--mover-image",
+            "i",
+            "--mover-cpu-limit",
+            "none",
+            "--mover-memory-limit",
+            "4Gi",
+        ])
+        .unwrap();
+        let resources = serde_json::to_value(cli.run.settings().mover.resources).unwrap();
+        assert_eq!(
+            resources,
+            serde_json::json!({
+                "requests": {"cpu": "250m", "memory": "256Mi"},
+                "limits": {"memory": "4Gi"}
+            })
+        );
+        let e = Cli::try_parse_from(["x", "--mover-image", "i", "--mover-memory-limit", "4GB"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("'4GB' is not a Kubernetes quantity"), "{e}");
     }
 
     #[test]
@@ -310,6 +394,19 @@ mod tests {
         let e = cli.run.metrics_addr().unwrap_err().to_string();
         assert!(e.contains("--metrics-listen 'nope'"), "{e}");
         assert!(Cli::try_parse_from(["x", "--mover-image", "i", "--max-attempts", "0"]).is_err());
+        let cli = Cli::try_parse_from(["x", "--mover-image", "i", "--mover-start-timeout", "90s"])
+            .unwrap();
+        assert_eq!(
+            cli.run.settings().mover_start_timeout,
+            Duration::from_secs(90)
+        );
+        for bad in ["0s", "soon"] {
+            assert!(
+                Cli::try_parse_from(["x", "--mover-image", "i", "--mover-start-timeout", bad])
+                    .is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[tokio::test]

@@ -8,9 +8,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::core::PartialObjectMeta;
 use kube::runtime::events::Recorder;
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::{Client, Resource};
 use parking_lot::Mutex;
 use tokio::task::JoinHandle;
@@ -20,6 +21,9 @@ use crate::metrics::OperatorMetrics;
 
 use super::link::MoverLink;
 use super::settings::OperatorSettings;
+
+/// The annotation of a namespace whose pods get their user IDs from a range (OpenShift).
+pub const UID_RANGE_ANNOTATION: &str = "openshift.io/sa.scc.uid-range";
 
 /// The field manager and event reporter of every write.
 pub const MANAGER: &str = events::REPORTER;
@@ -43,6 +47,8 @@ pub struct Context {
     pub link: Arc<dyn MoverLink>,
     /// Every mover pod of the cluster (by the mover labels).
     pub pods: Store<Pod>,
+    /// The namespaces' metadata (empty until [`Context::with_namespaces`]).
+    namespaces: Store<PartialObjectMeta<Namespace>>,
     /// The operator's metrics (the reconcilers count into them).
     pub metrics: Arc<OperatorMetrics>,
     recorder: Recorder,
@@ -75,11 +81,32 @@ impl Context {
             settings,
             link,
             pods,
+            namespaces: reflector::store().0,
             metrics: Arc::default(),
             watches: Mutex::default(),
             tokens: Mutex::default(),
             waits: Mutex::default(),
         }
+    }
+
+    /// The same context reading namespaces' metadata from `namespaces` (filled by a watch).
+    pub fn with_namespaces(mut self, namespaces: Store<PartialObjectMeta<Namespace>>) -> Self {
+        self.namespaces = namespaces;
+        self
+    }
+
+    /// Whether `namespace` assigns its pods' user and group IDs itself (OpenShift's
+    /// restricted SCCs, which refuse an ID outside the namespace's range): its
+    /// `openshift.io/sa.scc.uid-range` annotation says so.
+    pub fn assigns_ids(&self, namespace: &str) -> bool {
+        self.namespaces
+            .get(&ObjectRef::new(namespace))
+            .is_some_and(|ns| {
+                ns.metadata
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(UID_RANGE_ANNOTATION))
+            })
     }
 
     /// The same context counting into `metrics` (the ones the binary serves).

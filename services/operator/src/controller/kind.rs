@@ -11,7 +11,7 @@ use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::crd::{Endpoint, PvcTemplate, SecretKeyRef, ValidationError};
+use crate::crd::{ClaimRetention, Endpoint, PvcTemplate, SecretKeyRef, ValidationError};
 use crate::mover::{MoverError, MoverPodInput, ResolvedPvc};
 
 use super::context::{Context, MANAGER};
@@ -24,8 +24,8 @@ use super::link::{JobReport, JobRequest};
 pub enum Claim<'a> {
     /// An existing claim.
     Existing(&'a str),
-    /// A claim the operator creates.
-    Template(&'a PvcTemplate),
+    /// A claim the operator creates, and whether the resource's deletion takes it.
+    Template(&'a PvcTemplate, ClaimRetention),
 }
 
 /// How finished jobs end the resource.

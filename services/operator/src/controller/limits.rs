@@ -1,18 +1,20 @@
 //! Mover limits, counted from the store of mover pods (no API request): at most N movers
 //! in the cluster and M per node. A new mover over the cluster limit waits (Queued).
-//! Kubernetes, not the operator, picks a mover's node, so the node limit is kept by
-//! telling the scheduler: the new pod gets a required node affinity excluding every node
-//! at its limit; only a mover pinned to a full node (`kubernetes.io/hostname` in its node
-//! selector) waits as Queued. Reconciles of different resources may race for the last
-//! slot; the limits are then exceeded by at most the controller's concurrency.
+//! The node limit holds for movers whose node is known before they start: pinned by a
+//! claim in use there ([`placement`]) or by a node selector naming the host; such a mover
+//! waits (Queued) while its node is full. The scheduler places the others: a mover is never
+//! kept off nodes by an affinity, which would strand it where only a full node can attach
+//! its volume. Reconciles of different resources may race for the last slot; the limits
+//! are then exceeded by at most the controller's concurrency.
+//!
+//! [`placement`]: crate::mover::placement
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{
-    Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod,
-};
+use k8s_openapi::api::core::v1::Pod;
 
+use crate::mover::placement;
 use crate::mover::pod::labels;
 
 use super::settings::OperatorSettings;
@@ -23,11 +25,8 @@ pub const HOSTNAME: &str = "kubernetes.io/hostname";
 /// Whether a new mover may start.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Slot {
-    /// It may, avoiding these nodes (at their limit).
-    Free {
-        /// Nodes at their limit.
-        full_nodes: Vec<String>,
-    },
+    /// It may.
+    Free,
     /// It must wait: why.
     Queued(String),
 }
@@ -59,61 +58,36 @@ pub fn slot(pods: &[Arc<Pod>], uid: &str, node: Option<&str>, settings: &Operato
             settings.max_movers
         ));
     }
+    let limit = settings.max_movers_per_node;
+    let (Some(node), true) = (node, limit > 0) else {
+        return Slot::Free;
+    };
     let mut per_node: BTreeMap<&str, usize> = BTreeMap::new();
     for p in &others {
-        if let Some(n) = p.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+        let spec = p.spec.as_ref();
+        let on = spec.and_then(|s| s.node_name.as_deref().or(placement::pinned_node(s)));
+        if let Some(n) = on {
             *per_node.entry(n).or_default() += 1;
         }
     }
-    let limit = settings.max_movers_per_node;
-    let full_nodes: Vec<String> = per_node
-        .into_iter()
-        .filter(|(_, n)| limit > 0 && *n >= limit)
-        .map(|(node, _)| node.to_string())
-        .collect();
-    match node {
-        Some(node) if full_nodes.iter().any(|n| n == node) => Slot::Queued(format!(
+    if per_node.get(node).copied().unwrap_or(0) >= limit {
+        return Slot::Queued(format!(
             "node {node} runs {limit} movers, the operator's limit per node: waiting for one to finish"
-        )),
-        _ => Slot::Free { full_nodes },
+        ));
     }
+    Slot::Free
 }
 
-/// The node a pod's selector pins it to.
+/// The node a mover will run on before it is scheduled: its claim's user's node, or the
+/// host its node selector names.
 pub fn pinned_node(pod: &Pod) -> Option<&str> {
-    pod.spec
-        .as_ref()?
-        .node_selector
-        .as_ref()?
-        .get(HOSTNAME)
-        .map(String::as_str)
-}
-
-/// Keeps the pod off the full nodes.
-pub fn avoid_nodes(pod: &mut Pod, full_nodes: &[String]) {
-    let Some(spec) = pod.spec.as_mut() else {
-        return;
-    };
-    if full_nodes.is_empty() {
-        return;
-    }
-    let requirement = NodeSelectorRequirement {
-        key: HOSTNAME.into(),
-        operator: "NotIn".into(),
-        values: Some(full_nodes.to_vec()),
-    };
-    spec.affinity = Some(Affinity {
-        node_affinity: Some(NodeAffinity {
-            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
-                node_selector_terms: vec![NodeSelectorTerm {
-                    match_expressions: Some(vec![requirement]),
-                    match_fields: None,
-                }],
-            }),
-            preferred_during_scheduling_ignored_during_execution: None,
-        }),
-        ..Affinity::default()
-    });
+    let spec = pod.spec.as_ref()?;
+    placement::pinned_node(spec).or_else(|| {
+        spec.node_selector
+            .as_ref()?
+            .get(HOSTNAME)
+            .map(String::as_str)
+    })
 }
 
 #[cfg(test)]
@@ -171,35 +145,31 @@ mod tests {
             matches!(slot(&pods, "x", None, &settings(3, 0)), Slot::Queued(m) if m.contains("limit is 3"))
         );
         // Its own pod does not count.
-        assert_eq!(
-            slot(&pods, "c", None, &settings(3, 0)),
-            Slot::Free { full_nodes: vec![] }
-        );
-        assert_eq!(
-            slot(&pods, "x", None, &settings(0, 2)),
-            Slot::Free {
-                full_nodes: vec!["n1".into()]
-            }
-        );
+        assert_eq!(slot(&pods, "c", None, &settings(3, 0)), Slot::Free);
+        // Not pinned: the scheduler places it, whatever the nodes run.
+        assert_eq!(slot(&pods, "x", None, &settings(0, 2)), Slot::Free);
         assert!(
             matches!(slot(&pods, "x", Some("n1"), &settings(0, 2)), Slot::Queued(m) if m.contains("node n1"))
         );
-        assert_eq!(
-            slot(&pods, "x", Some("n2"), &settings(0, 2)),
-            Slot::Free {
-                full_nodes: vec!["n1".into()]
-            }
-        );
-        let mut p = Pod {
+        assert_eq!(slot(&pods, "x", Some("n2"), &settings(0, 2)), Slot::Free);
+        // A pinned mover not scheduled yet counts on its node.
+        let mut pinned = Pod {
+            metadata: pods[2].metadata.clone(),
             spec: Some(PodSpec::default()),
-            ..Pod::default()
+            status: pods[2].status.clone(),
         };
-        avoid_nodes(&mut p, &["n1".into()]);
-        let terms = p.spec.unwrap().affinity.unwrap().node_affinity.unwrap();
-        let req = &terms
-            .required_during_scheduling_ignored_during_execution
-            .unwrap()
-            .node_selector_terms[0];
-        assert_eq!(req.match_expressions.as_ref().unwrap()[0].operator, "NotIn");
+        crate::mover::placement::pin(
+            pinned.spec.as_mut().unwrap(),
+            &crate::mover::InUse {
+                pod: "vm".into(),
+                node: "n2".into(),
+                tolerations: vec![],
+            },
+        );
+        let with_pinned = vec![pods[0].clone(), Arc::new(pinned.clone())];
+        assert_eq!(pinned_node(&pinned), Some("n2"));
+        assert!(
+            matches!(slot(&with_pinned, "x", Some("n2"), &settings(0, 1)), Slot::Queued(m) if m.contains("node n2"))
+        );
     }
 }

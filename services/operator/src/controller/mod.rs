@@ -32,13 +32,15 @@ pub mod restore;
 pub mod secrets;
 pub mod settings;
 pub mod transfer;
+pub mod users;
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{StreamExt, TryFuture};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
@@ -115,8 +117,11 @@ pub async fn run(
     let ns = settings.watch_namespace.clone();
     let (store, pod_task) = watch_movers(&client, &ns);
     store.wait_until_ready().await.map_err(|_| RunError)?;
-    let ctx = Context::new(client.clone(), settings, link, store.clone());
-    let ctx = Arc::new(ctx.with_metrics(metrics.clone()));
+    let (namespaces, namespace_task) = watch_namespaces(&client);
+    let ctx = Context::new(client.clone(), settings, link, store.clone())
+        .with_namespaces(namespaces)
+        .with_metrics(metrics.clone());
+    let ctx = Arc::new(ctx);
     let transfers = mover_controller::<Transfer>(&client, &ns);
     let checksums = mover_controller::<Checksum>(&client, &ns);
     let backups = mover_controller::<Backup>(&client, &ns);
@@ -160,7 +165,31 @@ pub async fn run(
         schedules
     );
     pod_task.abort();
+    namespace_task.abort();
     Ok(())
+}
+
+/// Starts a watch of the namespaces' metadata (whether a namespace assigns user IDs);
+/// returns the store it fills and its task. Not waited for: until it has listed, movers
+/// get the default IDs, and a namespace that refuses them makes the resource wait
+/// (Refused) and try again.
+fn watch_namespaces(
+    client: &Client,
+) -> (
+    reflector::Store<PartialObjectMeta<Namespace>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (store, writer) = reflector::store();
+    let watch = reflector(
+        writer,
+        watcher(
+            Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+            watcher::Config::default(),
+        ),
+    )
+    .default_backoff()
+    .for_each(|_| std::future::ready(()));
+    (store, tokio::spawn(watch))
 }
 
 /// Starts the one watch of mover pods; returns the store it fills and its task.

@@ -5,10 +5,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{Event, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
 use k8s_openapi::ByteString;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::Api;
 
@@ -17,6 +18,7 @@ use crate::mover::layout::{GRPC_PORT, TOKEN_KEY};
 use crate::mover::pod::labels;
 use crate::mover::ResolvedPvc;
 
+use super::claims;
 use super::context::Context;
 use super::error::Error;
 use super::kind::{Ids, MoverKind};
@@ -28,8 +30,13 @@ use super::names;
 pub enum PodState {
     /// The status names no pod.
     Absent,
-    /// Created, not ready yet; why, when Kubernetes says it cannot start.
-    Starting(Option<String>),
+    /// Created, not ready yet.
+    Starting {
+        /// Why, when Kubernetes says it cannot start.
+        why: Option<String>,
+        /// When the API server created it (None: not seen from the API yet).
+        created: Option<Timestamp>,
+    },
     /// Ready to take jobs.
     Ready(Arc<Pod>),
     /// Gone, failed, evicted or being deleted: why.
@@ -59,8 +66,9 @@ pub fn classify(pod: Arc<Pod>) -> PodState {
     if pod.metadata.deletion_timestamp.is_some() {
         return PodState::Lost(format!("mover pod {name} is being deleted"));
     }
+    let created = pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
     let Some(status) = pod.status.as_ref() else {
-        return PodState::Starting(None);
+        return PodState::Starting { why: None, created };
     };
     match status.phase.as_deref() {
         Some("Failed") | Some("Succeeded") => {
@@ -73,6 +81,9 @@ pub fn classify(pod: Arc<Pod>) -> PodState {
             if let Some(message) = &status.message {
                 text.push_str(&format!(" ({message})"));
             }
+            if let Some(last) = termination_message(&pod) {
+                text.push_str(&format!(": {last}"));
+            }
             PodState::Lost(text)
         }
         _ => {
@@ -84,7 +95,10 @@ pub fn classify(pod: Arc<Pod>) -> PodState {
             if ready && status.pod_ip.is_some() {
                 PodState::Ready(pod)
             } else {
-                PodState::Starting(why_not_started(&pod))
+                PodState::Starting {
+                    why: why_not_started(&pod),
+                    created,
+                }
             }
         }
     }
@@ -136,6 +150,84 @@ fn terminated_reason(pod: &Pod) -> Option<String> {
         .iter()
         .flatten()
         .find_map(|c| c.state.as_ref()?.terminated.as_ref()?.reason.clone())
+}
+
+/// Warning events of a pod taken into a status, at most.
+const LAST_WARNINGS: usize = 3;
+/// Most characters of one event's note taken into a status.
+const WARNING_CHARS: usize = 300;
+
+/// The pod's last warning events (`FailedScheduling`, `FailedAttachVolume`, `FailedMount`,
+/// ...), oldest first, each as `reason: message`: what kept it from starting.
+pub async fn last_warnings(ctx: &Context, ids: &Ids, pod: &str) -> Result<Vec<String>, Error> {
+    let api: Api<Event> = Api::namespaced(ctx.client.clone(), &ids.namespace);
+    let params = ListParams::default().fields(&format!(
+        "involvedObject.kind=Pod,involvedObject.name={pod}"
+    ));
+    let mut warnings: Vec<Event> = api
+        .list(&params)
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.type_.as_deref() == Some("Warning"))
+        .collect();
+    warnings.sort_by_key(|e| {
+        e.last_timestamp
+            .as_ref()
+            .map(|t| t.0)
+            .or(e.event_time.as_ref().map(|t| t.0))
+            .or(e.metadata.creation_timestamp.as_ref().map(|t| t.0))
+    });
+    let skip = warnings.len().saturating_sub(LAST_WARNINGS);
+    Ok(warnings
+        .iter()
+        .skip(skip)
+        .map(|e| {
+            let note: String = e
+                .message
+                .as_deref()
+                .unwrap_or("")
+                .trim()
+                .chars()
+                .take(WARNING_CHARS)
+                .collect();
+            format!("{}: {note}", e.reason.as_deref().unwrap_or("Warning"))
+        })
+        .collect())
+}
+
+/// Most characters of a mover's termination message taken into a status.
+const TERMINATION_MESSAGE_CHARS: usize = 512;
+
+/// The last thing the mover said before it ended: the last line of its termination message
+/// (with `FallbackToLogsOnError`, the end of its log when it wrote no message), the message
+/// field of a JSON log line, at most [`TERMINATION_MESSAGE_CHARS`] characters.
+fn termination_message(pod: &Pod) -> Option<String> {
+    let text = pod
+        .status
+        .as_ref()?
+        .container_statuses
+        .iter()
+        .flatten()
+        .find_map(|c| c.state.as_ref()?.terminated.as_ref()?.message.clone())?;
+    let line = text.lines().rev().find(|l| !l.trim().is_empty())?.trim();
+    let said = serde_json::from_str::<serde_json::Value>(line)
+        .ok()
+        .and_then(|v| {
+            let message = v["fields"]["message"].as_str().or(v["message"].as_str())?;
+            let error = v["fields"]["error"].as_str();
+            Some(match error {
+                Some(error) => format!("{message}: {error}"),
+                None => message.to_string(),
+            })
+        })
+        .unwrap_or_else(|| line.to_string());
+    let mut chars = said.chars();
+    let mut bounded: String = chars.by_ref().take(TERMINATION_MESSAGE_CHARS).collect();
+    if chars.next().is_some() {
+        bounded.push('…');
+    }
+    Some(bounded)
 }
 
 /// The claims attached to a mover pod, with the mode the pod attaches them in: what the
@@ -239,13 +331,25 @@ pub async fn read_token(ctx: &Context, ids: &Ids, secret_name: &str) -> Result<S
 }
 
 /// Creates the pod (an existing pod of the same name is the one an earlier reconcile
-/// created: names include the attempt).
-pub async fn create_pod(ctx: &Context, ids: &Ids, pod: &Pod) -> Result<(), Error> {
+/// created: names include the attempt). A refusal by admission or validation is returned
+/// with the server's message, for the resource's status: only a change to the namespace
+/// or the resource cures it.
+pub async fn create_pod(ctx: &Context, ids: &Ids, pod: &Pod) -> Result<Created, Error> {
     match pods(ctx, ids).create(&PostParams::default(), pod).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Ok(_) => Ok(Created::Yes),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(Created::Yes),
+        Err(kube::Error::Api(e)) if claims::refused(e.code) => Ok(Created::Refused(e.message)),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Whether the API server took a mover pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Created {
+    /// Created (or it existed already under its name).
+    Yes,
+    /// Refused by admission or validation, with the server's message.
+    Refused(String),
 }
 
 /// Deletes a mover pod and its token Secret (either may be gone already).
@@ -315,17 +419,49 @@ mod tests {
             "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]}));
         assert!(matches!(
             classify(pulling),
-            PodState::Starting(Some(why)) if why == "ImagePullBackOff: Back-off pulling image"
+            PodState::Starting { why: Some(why), .. } if why == "ImagePullBackOff: Back-off pulling image"
         ));
         let creating = pod(json!({"phase": "Pending", "containerStatuses": [{
             "name": "mover", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
             "state": {"waiting": {"reason": "ContainerCreating"}}}]}));
-        assert!(matches!(classify(creating), PodState::Starting(None)));
+        assert!(matches!(
+            classify(creating),
+            PodState::Starting {
+                why: None,
+                created: None
+            }
+        ));
+        let crashed = pod(json!({"phase": "Failed", "containerStatuses": [{
+            "name": "mover", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 1, "reason": "Error", "message":
+                "{\"level\":\"INFO\",\"fields\":{\"message\":\"serving\"}}\n{\"level\":\"ERROR\",\"fields\":{\"message\":\"cannot open the data directory\",\"error\":\"/var/lib/ferry: permission denied\"}}\n"}}}]}));
+        assert!(matches!(
+            classify(crashed),
+            PodState::Lost(why) if why == "mover pod m-ft-1 stopped: Error: cannot open the data directory: /var/lib/ferry: permission denied"
+        ));
+        let long = "x".repeat(2000);
+        let plain = pod(json!({"phase": "Failed", "containerStatuses": [{
+            "name": "mover", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 2, "reason": "Error", "message": long}}}]}));
+        match classify(plain) {
+            PodState::Lost(why) => {
+                assert!(
+                    why.starts_with("mover pod m-ft-1 stopped: Error: xxx"),
+                    "{why}"
+                );
+                assert_eq!(
+                    why.chars().filter(|c| *c == 'x').count(),
+                    TERMINATION_MESSAGE_CHARS
+                );
+                assert!(why.ends_with('…'), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
         let ready_without_ip = pod(json!({"phase": "Running",
             "conditions": [{"type": "Ready", "status": "True"}]}));
         assert!(matches!(
             classify(ready_without_ip),
-            PodState::Starting(None)
+            PodState::Starting { why: None, .. }
         ));
     }
 }

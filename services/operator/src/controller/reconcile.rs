@@ -39,7 +39,7 @@ use super::life::{now, same_status, HasLife, Life};
 use super::limits::{self, Slot};
 use super::link::LinkError;
 use super::names;
-use super::pods::{self, PodState};
+use super::pods::{self, Created, PodState};
 use super::secrets;
 
 /// One reconcile of a Transfer or a Checksum.
@@ -72,7 +72,9 @@ pub async fn reconcile<K: MoverKind>(obj: Arc<K>, ctx: Arc<Context>) -> Result<A
     }
     match pods::observe(&ctx, &ids, life.mover_pod.as_deref()).await? {
         PodState::Absent => start_attempt(&ctx, obj.as_ref(), &ids, &status).await,
-        PodState::Starting(why) => starting(&ctx, obj.as_ref(), &ids, &status, why).await,
+        PodState::Starting { why, created } => {
+            starting(&ctx, obj.as_ref(), &ids, &status, why, created).await
+        }
         PodState::Ready(pod) => run_jobs(&ctx, &obj, &ids, &status, &pod).await,
         PodState::Lost(why) => lost(&ctx, obj.as_ref(), &ids, &status, &why).await,
     }
@@ -178,6 +180,12 @@ async fn start_attempt<K: MoverKind>(
         Claims::Conflict(message) => {
             return fail(ctx, obj, ids, status, reason::FAILED, &message).await
         }
+        Claims::Refused(message) => {
+            return wait(ctx, obj, ids, status, reason::REFUSED, &message).await
+        }
+        Claims::Apart(message) => {
+            return wait(ctx, obj, ids, status, reason::PENDING, &message).await
+        }
     };
     if let Some(message) = secrets::missing(ctx, ids, &obj.endpoints(), &obj.secret_keys()).await? {
         return wait(ctx, obj, ids, status, reason::PENDING, &message).await;
@@ -185,25 +193,29 @@ async fn start_attempt<K: MoverKind>(
     let attempt = status.life().attempts + 1;
     let pod_name = names::mover_pod(K::SHORT, &ids.name, &ids.uid, attempt);
     let secret = names::token_secret(&pod_name);
-    let mut pod = obj.mover_pod(&MoverPodInput {
+    let pod = obj.mover_pod(&MoverPodInput {
         pod_name: &pod_name,
         token_secret: &secret,
         pvcs: &pvcs,
         defaults: &ctx.settings.mover,
+        assigned_ids: ctx.assigns_ids(&ids.namespace),
     })?;
     let movers = ctx.pods.state();
-    match limits::slot(&movers, &ids.uid, limits::pinned_node(&pod), &ctx.settings) {
-        Slot::Queued(message) => {
-            return wait(ctx, obj, ids, status, reason::QUEUED, &message).await
-        }
-        Slot::Free { full_nodes } => limits::avoid_nodes(&mut pod, &full_nodes),
+    if let Slot::Queued(message) =
+        limits::slot(&movers, &ids.uid, limits::pinned_node(&pod), &ctx.settings)
+    {
+        return wait(ctx, obj, ids, status, reason::QUEUED, &message).await;
     }
     pods::create_token(ctx, obj, ids, &secret).await?;
-    pods::create_pod(ctx, ids, &pod).await?;
+    if let Created::Refused(why) = pods::create_pod(ctx, ids, &pod).await? {
+        pods::delete_mover(ctx, ids, &pod_name).await?;
+        let message = format!("the API server refused mover pod {pod_name}: {why}");
+        return wait(ctx, obj, ids, status, reason::REFUSED, &message).await;
+    }
     ctx.done_waiting(&ids.uid);
     let message = format!("mover pod {pod_name} (attempt {attempt}) is starting");
+    // The phase stays as it was (Pending on a first attempt) until the pod is ready.
     let next = with_life(obj, status, |l| {
-        l.phase = Phase::Running;
         l.attempts = attempt;
         l.mover_pod = Some(pod_name.clone());
         l.node = None;
@@ -217,13 +229,16 @@ async fn start_attempt<K: MoverKind>(
     Ok(Action::requeue(ctx.settings.resync))
 }
 
-/// The pod is not ready yet: when Kubernetes says why, the status says it too.
+/// The pod is not ready yet: when Kubernetes says why, the status says it too. Not ready
+/// within the start timeout, the attempt fails as a lost mover, with the pod's last
+/// warning events.
 async fn starting<K: MoverKind>(
     ctx: &Context,
     obj: &K,
     ids: &Ids,
     status: &K::Status,
     why: Option<String>,
+    created: Option<Timestamp>,
 ) -> Result<Action, Error> {
     let life = status.life();
     let attempt = life.attempts;
@@ -232,6 +247,18 @@ async fn starting<K: MoverKind>(
         return Ok(Action::requeue(ctx.settings.resync));
     }
     let pod = life.mover_pod.as_deref().unwrap_or_default();
+    let timeout = ctx.settings.mover_start_timeout;
+    let left = created.map(|created| time_left(created, timeout));
+    if left == Some(std::time::Duration::ZERO) {
+        let message = not_started(
+            pod,
+            attempt,
+            timeout,
+            why.as_deref(),
+            &pods::last_warnings(ctx, ids, pod).await?,
+        );
+        return lost(ctx, obj, ids, status, &message).await;
+    }
     let message = match &why {
         Some(why) => format!("mover pod {pod} (attempt {attempt}) cannot start yet: {why}"),
         None => format!("mover pod {pod} (attempt {attempt}) is starting"),
@@ -244,7 +271,38 @@ async fn starting<K: MoverKind>(
     if update(ctx, ids, obj, status, &next).await?.is_some() && why.is_some() {
         ctx.event(obj, true, reason::MOVER_STARTING, &message).await;
     }
-    Ok(Action::requeue(ctx.settings.resync))
+    let resync = ctx.settings.resync;
+    Ok(Action::requeue(
+        left.map_or(resync, |left| left.min(resync)),
+    ))
+}
+
+/// How much of `timeout` from `created` is left (zero once it has passed).
+fn time_left(created: Timestamp, timeout: std::time::Duration) -> std::time::Duration {
+    let age_ms = Timestamp::now().as_millisecond() - created.as_millisecond();
+    let age = std::time::Duration::from_millis(u64::try_from(age_ms).unwrap_or(0));
+    timeout.saturating_sub(age)
+}
+
+/// Why an attempt whose mover never became ready failed.
+fn not_started(
+    pod: &str,
+    attempt: u32,
+    timeout: std::time::Duration,
+    why: Option<&str>,
+    warnings: &[String],
+) -> String {
+    let mut message = format!(
+        "mover pod {pod} (attempt {attempt}) was not ready {}s after its creation",
+        timeout.as_secs()
+    );
+    if let Some(why) = why {
+        message.push_str(&format!(": {why}"));
+    }
+    if !warnings.is_empty() {
+        message.push_str(&format!("; its last warnings: {}", warnings.join("; ")));
+    }
+    message
 }
 
 /// The pod is ready: Running on its node, the jobs started and followed.

@@ -16,6 +16,10 @@ pub struct OperatorSettings {
     pub max_movers_per_node: usize,
     /// Most mover pods one resource may start before it fails.
     pub max_attempts: u32,
+    /// A mover pod not ready this long after its creation (unschedulable, its volumes not
+    /// attaching or mounting, its image not pulled) fails its attempt, with the pod's last
+    /// warning events in the status.
+    pub mover_start_timeout: Duration,
     /// First wait before a lost mover is replaced; doubles per attempt.
     pub retry_backoff: Duration,
     /// First wait before a resource waiting for a claim looks again; doubles per look.
@@ -40,6 +44,7 @@ impl OperatorSettings {
             max_movers: 0,
             max_movers_per_node: 0,
             max_attempts: 5,
+            mover_start_timeout: Duration::from_secs(600),
             retry_backoff: Duration::from_secs(10),
             pending_backoff: Duration::from_secs(5),
             max_backoff: Duration::from_secs(300),

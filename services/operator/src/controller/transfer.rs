@@ -77,7 +77,10 @@ impl MoverKind for Transfer {
             .targets
             .iter()
             .filter_map(|t| match &t.pvc_template {
-                Some(template) => Some(Claim::Template(template)),
+                Some(template) => Some(Claim::Template(
+                    template,
+                    self.spec.claim_retention.unwrap_or_default(),
+                )),
                 None => t.endpoint.pvc.as_ref().map(|p| Claim::Existing(&p.name)),
             });
         source.chain(targets).collect()

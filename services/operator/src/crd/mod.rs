@@ -40,7 +40,7 @@ pub use options::{
 pub use restore::{ResolvedSnapshot, Restore, RestoreSpec, RestoreStatus};
 pub use settings::MoverSettings;
 pub use status::{Checkpoint, Phase, Progress};
-pub use transfer::{Digests, TargetStatus, Transfer, TransferSpec, TransferStatus};
+pub use transfer::{ClaimRetention, Digests, TargetStatus, Transfer, TransferSpec, TransferStatus};
 pub use validate::ValidationError;
 pub use volume_image_source::{VolumeImageSource, VolumeImageSourceSpec};
 

@@ -60,6 +60,10 @@ pub mod condition {
         pub const PENDING: &str = "Pending";
         /// Waiting for a mover slot (cluster or node limit).
         pub const QUEUED: &str = "Queued";
+        /// The API server refused the mover pod or a claim (admission: PodSecurity, a
+        /// ResourceQuota, a missing service account, an SCC; or validation); looked at
+        /// again after a backoff.
+        pub const REFUSED: &str = "Refused";
         /// The mover pod is starting.
         pub const MOVER_STARTING: &str = "MoverStarting";
         /// The mover is moving bytes.

@@ -76,6 +76,21 @@ pub struct TransferSpec {
     /// How the mover pod runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mover: Option<MoverSettings>,
+    /// What becomes of the claims the `pvcTemplate` targets created when the Transfer is
+    /// deleted: `Retain` (the default) keeps them, as CDI keeps an imported PVC; `Delete`
+    /// deletes them with the Transfer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_retention: Option<ClaimRetention>,
+}
+
+/// What becomes of created claims when their Transfer is deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ClaimRetention {
+    /// Kept: a deleted Transfer (GitOps pruning, a cleanup) never takes the disks it made.
+    #[default]
+    Retain,
+    /// Deleted with the Transfer (the claims are owned by it).
+    Delete,
 }
 
 impl TransferSpec {
@@ -220,6 +235,7 @@ mod tests {
             options: None,
             expected_digest: None,
             mover: None,
+            claim_retention: None,
         }
     }
 

@@ -3,6 +3,9 @@
 
 use crate::crd::{PvcRef, SecretKeyRef, VolumeMode};
 
+/// The mover's command: the ferry binary where the image installs it. An absolute path:
+/// the image is distroless, and `/` is on no PATH a container runtime uses.
+pub const COMMAND: &str = "/ferry";
 /// The port `ferry serve` listens on for gRPC.
 pub const GRPC_PORT: i32 = 50051;
 /// Filesystem claims are mounted at `<VOLUMES_DIR>/<claim>`.

@@ -10,33 +10,53 @@
 pub mod backup_request;
 pub mod endpoint;
 pub mod layout;
+pub mod placement;
 pub mod pod;
 pub mod request;
+pub mod resources;
 pub mod wire;
+
+use k8s_openapi::api::core::v1::Toleration;
 
 use crate::crd::{ValidationError, VolumeMode};
 
 pub use pod::{backup_pod, checksum_pod, restore_pod, transfer_pod, MoverDefaults, MoverPodInput};
 pub use request::{checksum_request, transfer_request};
+pub use resources::MoverResources;
 
 /// A claim the reconciler looked up (or will create from a template), with the volume
 /// mode that decides how the mover attaches it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ResolvedPvc {
     /// The claim's name.
     pub name: String,
     /// Filesystem (mounted; the image is a file) or Block (a device; the image itself).
     pub mode: VolumeMode,
+    /// The pod using the claim, when it is in use and attaches to one node at a time: the
+    /// mover must run on that pod's node.
+    pub in_use: Option<InUse>,
 }
 
 impl ResolvedPvc {
-    /// A resolved claim.
+    /// A resolved claim no pod uses.
     pub fn new(name: impl Into<String>, mode: VolumeMode) -> Self {
         Self {
             name: name.into(),
             mode,
+            in_use: None,
         }
     }
+}
+
+/// A pod using a claim that attaches to one node at a time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InUse {
+    /// The pod's name.
+    pub pod: String,
+    /// Its node.
+    pub node: String,
+    /// Its tolerations, which a mover on the same node needs as well.
+    pub tolerations: Vec<Toleration>,
 }
 
 /// Why a mover pod or request cannot be built.
@@ -48,6 +68,9 @@ pub enum MoverError {
     /// The resource has no namespace, name or uid yet (it was not read from the API).
     #[error("the {0} has no namespace, name or uid: build movers only for stored resources")]
     NotStored(&'static str),
+    /// Claims in use on different nodes: no one mover can attach them all.
+    #[error("{0}")]
+    Apart(String),
     /// A claim the spec names was not resolved by the caller.
     #[error(
         "pvc/{0} was not resolved: look the claim up (or create it) before building the mover"

@@ -1,22 +1,29 @@
 //! The mover pod of a Transfer, a Checksum, a Backup or a restore, built as a pure function of the resource,
 //! the resolved claims and the operator's defaults.
 //!
-//! The pod runs `ferry serve` (gRPC on port 50051, no metrics port, the job store on an
+//! The pod runs `/ferry serve` (gRPC on port 50051, no metrics port, the job store on an
 //! emptyDir) with: Filesystem claims mounted at `/var/run/ferry/volumes/<claim>` and
 //! allowed as file roots; Block claims as devices at `/dev/ferry/<claim>`; every
 //! referenced Secret key projected read-only at `/var/run/ferry/secrets/<secret>/<key>`
 //! (the job request names that file, never the value); the per-mover token Secret mounted
 //! for `--auth-token-file`. It never restarts in place (`restartPolicy: Never`): a lost
-//! mover is replaced by the operator, which resumes from the checkpoint in the status.
+//! mover is replaced by the operator, which resumes from the checkpoint in the status. Its
+//! termination message falls back to the end of its log, so the status of a mover that
+//! crashed says why.
 //!
-//! Security: no service account token, no privilege escalation, every capability dropped,
-//! a read-only root filesystem, seccomp `RuntimeDefault`; it runs as a non-root user with
-//! that user's group as `fsGroup`, so Filesystem volumes are writable. Block volumes are
-//! the exception: Kubernetes does not apply `fsGroup` to raw block devices (the device
-//! node in the container keeps the owner the node gave it, root with mode 0660 on common
-//! CSI drivers), so a non-root user cannot open it. A pod with a Block claim therefore
-//! runs as UID 0, still with no capability and no privilege escalation: root opens the
-//! device through ordinary file permissions, and nothing else root could do is left.
+//! Security: every pod passes the Pod Security Standard `restricted`: no service account
+//! token, no privilege escalation, every capability dropped, a read-only root filesystem,
+//! seccomp `RuntimeDefault`, and a non-root user (65532, the distroless "nonroot") with
+//! that user's group as `fsGroup`, so Filesystem volumes are writable. Kubernetes does not
+//! apply `fsGroup` to raw block devices; as CDI's importers do, a pod with a Block claim
+//! relies on the container runtime giving the device to the pod's `runAsUser` and
+//! `runAsGroup` (containerd's and CRI-O's `device_ownership_from_security_context = true`,
+//! k3s's `--nonroot-devices`). Without that node setting the device keeps its node owner
+//! (root, mode 0660) and the mover fails to open it with a permission error; a resource
+//! may then give its own pod security context (running as root needs a namespace that
+//! allows it). In a namespace that assigns IDs itself (OpenShift: the
+//! `openshift.io/sa.scc.uid-range` annotation), the pod names no user, group or `fsGroup`:
+//! `restricted-v2` refuses any outside the namespace's range and assigns them.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -31,6 +38,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::Resource;
 
 use super::layout::{self, GRPC_PORT};
+use super::placement;
 use super::{find_pvc, MoverError, ResolvedPvc};
 use crate::crd::{
     Backup, BackupRepositorySpec, Checksum, Endpoint, MoverSettings, SecretKeyRef, Transfer,
@@ -60,7 +68,7 @@ pub mod labels {
 /// What the operator applies when a resource does not say.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MoverDefaults {
-    /// The mover image (the ferry image; `ferry` on its PATH).
+    /// The mover image (the ferry image: the binary at `/ferry`).
     pub image: String,
     /// Pull policy of the image (default: Kubernetes' own).
     pub image_pull_policy: Option<String>,
@@ -87,6 +95,9 @@ pub struct MoverPodInput<'a> {
     pub pvcs: &'a [ResolvedPvc],
     /// The operator's defaults.
     pub defaults: &'a MoverDefaults,
+    /// The namespace assigns user and group IDs itself (OpenShift's restricted SCCs): the
+    /// pod names none.
+    pub assigned_ids: bool,
 }
 
 /// The mover pod of a Transfer.
@@ -286,8 +297,9 @@ fn build(
     let security_context = settings
         .security_context
         .clone()
-        .unwrap_or_else(|| pod_security_context(&attached));
-    let spec = PodSpec {
+        .unwrap_or_else(|| pod_security_context(&attached, input.assigned_ids));
+    let pinned_by = placement::pinning_use(input.pvcs).map_err(MoverError::Apart)?;
+    let mut spec = PodSpec {
         containers: vec![container(&attached, &settings, defaults)],
         volumes: Some(volumes(&attached, input.token_secret)),
         restart_policy: Some("Never".into()),
@@ -306,6 +318,9 @@ fn build(
         security_context: Some(security_context),
         ..PodSpec::default()
     };
+    if let Some(used) = pinned_by {
+        placement::pin(&mut spec, used);
+    }
     Ok(Pod {
         metadata: metadata(&owner, input.pod_name),
         spec: Some(spec),
@@ -405,7 +420,7 @@ fn container(
         name: "mover".into(),
         image: Some(defaults.image.clone()),
         image_pull_policy: defaults.image_pull_policy.clone(),
-        command: Some(vec!["ferry".into()]),
+        command: Some(vec![layout::COMMAND.into()]),
         args: Some(args(attached)),
         ports: Some(vec![ContainerPort {
             name: Some("grpc".into()),
@@ -426,6 +441,7 @@ fn container(
             .clone()
             .or_else(|| defaults.resources.clone()),
         security_context: Some(container_security_context()),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
         volume_mounts: Some(mounts),
         volume_devices: (!devices.is_empty()).then_some(devices),
         ..Container::default()
@@ -532,16 +548,15 @@ fn runtime_default() -> SeccompProfile {
     }
 }
 
-/// Non-root with `fsGroup` (Filesystem claims writable), or UID 0 when a Block claim is
-/// attached (see the module comment).
-fn pod_security_context(attached: &Attachments) -> PodSecurityContext {
-    let block = attached.has_block();
-    let user = if block { 0 } else { MOVER_UID };
+/// Non-root, with `fsGroup` when a Filesystem claim is attached (see the module comment
+/// for Block claims); no IDs at all where the namespace assigns them.
+fn pod_security_context(attached: &Attachments, assigned_ids: bool) -> PodSecurityContext {
+    let id = (!assigned_ids).then_some(MOVER_UID);
     PodSecurityContext {
-        run_as_user: Some(user),
-        run_as_group: Some(user),
-        run_as_non_root: Some(!block),
-        fs_group: attached.has_filesystem().then_some(MOVER_UID),
+        run_as_user: id,
+        run_as_group: id,
+        run_as_non_root: Some(true),
+        fs_group: id.filter(|_| attached.has_filesystem()),
         fs_group_change_policy: attached
             .has_filesystem()
             .then(|| "OnRootMismatch".to_string()),
@@ -662,6 +677,7 @@ mod tests {
                 priority_class_name: Some("bulk".into()),
                 ..MoverSettings::default()
             }),
+            claim_retention: None,
         };
         let mut t = Transfer::new("import", spec);
         t.metadata = meta();
@@ -682,6 +698,7 @@ mod tests {
             token_secret: "import-mover-token",
             pvcs,
             defaults,
+            assigned_ids: false,
         }
     }
 
@@ -733,9 +750,9 @@ mod tests {
                     "effect": "NoSchedule"
                 }],
                 "securityContext": {
-                    "runAsUser": 0,
-                    "runAsGroup": 0,
-                    "runAsNonRoot": false,
+                    "runAsUser": 65532,
+                    "runAsGroup": 65532,
+                    "runAsNonRoot": true,
                     "fsGroup": 65532,
                     "fsGroupChangePolicy": "OnRootMismatch",
                     "seccompProfile": {"type": "RuntimeDefault"}
@@ -744,7 +761,7 @@ mod tests {
                     "name": "mover",
                     "image": "ghcr.io/ferry-project/ferry:0.1.0",
                     "imagePullPolicy": "IfNotPresent",
-                    "command": ["ferry"],
+                    "command": ["/ferry"],
                     "args": [
                         "serve", "--grpc-listen", "0.0.0.0:50051", "--metrics-listen", "off",
                         "--allow-root", "/var/run/ferry/volumes/copy-a",
@@ -759,6 +776,7 @@ mod tests {
                     "readinessProbe": {"grpc": {"port": 50051}, "periodSeconds": 2},
                     "resources": {"limits": {"memory": "1Gi"}},
                     "securityContext": dropped_all(),
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
                     "volumeMounts": [
                         {"name": "data", "mountPath": "/var/lib/ferry"},
                         {"name": "tmp", "mountPath": "/tmp"},
@@ -849,6 +867,82 @@ mod tests {
     }
 
     #[test]
+    fn block_claims_run_as_non_root_without_fs_group() {
+        let pvcs = vec![ResolvedPvc::new("golden", VolumeMode::Block)];
+        let defaults = defaults();
+        let mut checksum = Checksum::new(
+            "sum",
+            ChecksumSpec {
+                source: Endpoint::pvc("golden"),
+                options: None,
+                mover: None,
+            },
+        );
+        checksum.metadata = meta();
+        let pod = checksum_pod(&checksum, &input(&pvcs, &defaults)).unwrap();
+        let v = serde_json::to_value(&pod).unwrap();
+        assert_eq!(
+            v["spec"]["securityContext"],
+            json!({
+                "runAsUser": 65532,
+                "runAsGroup": 65532,
+                "runAsNonRoot": true,
+                "seccompProfile": {"type": "RuntimeDefault"}
+            })
+        );
+        assert_eq!(
+            v["spec"]["containers"][0]["volumeDevices"],
+            json!([{"name": "pvc-0", "devicePath": "/dev/ferry/golden"}])
+        );
+    }
+
+    #[test]
+    fn a_namespace_that_assigns_ids_gets_a_pod_without_them() {
+        let (pvcs, defaults) = (pvcs(), defaults());
+        let input = MoverPodInput {
+            assigned_ids: true,
+            ..input(&pvcs, &defaults)
+        };
+        let v = serde_json::to_value(transfer_pod(&transfer(), &input).unwrap()).unwrap();
+        assert_eq!(
+            v["spec"]["securityContext"],
+            json!({
+                "runAsNonRoot": true,
+                "fsGroupChangePolicy": "OnRootMismatch",
+                "seccompProfile": {"type": "RuntimeDefault"}
+            })
+        );
+        assert_eq!(
+            ferry_testkit::pod_security::restricted_violations(&v),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn every_default_pod_passes_the_restricted_standard() {
+        let defaults = defaults();
+        let block = |name: &str| ResolvedPvc::new(name, VolumeMode::Block);
+        let filesystem = |name: &str| ResolvedPvc::new(name, VolumeMode::Filesystem);
+        for pvcs in [
+            pvcs(),
+            vec![block("golden"), block("copy-a"), block("copy-b")],
+            vec![
+                filesystem("golden"),
+                filesystem("copy-a"),
+                filesystem("copy-b"),
+            ],
+        ] {
+            let pod = transfer_pod(&transfer(), &input(&pvcs, &defaults)).unwrap();
+            let v = serde_json::to_value(&pod).unwrap();
+            assert_eq!(
+                ferry_testkit::pod_security::restricted_violations(&v),
+                Vec::<String>::new(),
+                "{v}"
+            );
+        }
+    }
+
+    #[test]
     fn nbd_tls_secrets_are_mounted_and_allowed() {
         let (pvcs, defaults) = (
             vec![ResolvedPvc::new("out", VolumeMode::Filesystem)],
@@ -869,6 +963,7 @@ mod tests {
                 options: None,
                 expected_digest: None,
                 mover: None,
+                claim_retention: None,
             },
         );
         t.metadata = meta();

@@ -212,6 +212,7 @@ mod tests {
             }),
             expected_digest: None,
             mover: None,
+            claim_retention: None,
         };
         let t = stored(Transfer::new("x", spec));
         let pvcs = [
@@ -339,6 +340,7 @@ mod tests {
             }),
             expected_digest: None,
             mover: None,
+            claim_retention: None,
         };
         let t = stored(Transfer::new("x", spec));
         let pvcs = [

@@ -105,6 +105,7 @@ pub fn transfer(ids: &ClaimIds, source: &VolumeImageSource) -> Transfer {
         options: source.spec.options.clone(),
         expected_digest: source.spec.expected_digest.clone(),
         mover: source.spec.mover.clone(),
+        claim_retention: None,
     };
     let mut transfer = Transfer::new(&names::transfer(&ids.name), spec);
     transfer.metadata = ids.meta(names::transfer(&ids.name));

@@ -24,8 +24,9 @@ use ferry_operator::crd::{Checkpoint, Progress};
 use ferry_operator::mover::MoverDefaults;
 use futures::StreamExt;
 use http::{Request, Response};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::client::Body;
+use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher;
 use kube::Client;
@@ -80,6 +81,8 @@ pub enum Reply {
     /// A failure Status with this code (403 Forbidden, 404 NotFound, 409 AlreadyExists,
     /// others InternalError).
     Fail(u16),
+    /// A failure Status with this code and the server's message (an admission refusal).
+    Refuse(u16, &'static str),
 }
 
 fn status_json(code: u16, reason: &str) -> Value {
@@ -139,6 +142,13 @@ impl ApiServer {
             (method, path),
             "unexpected request; its body: {body}"
         );
+        if method_seen == "POST" && path_seen.ends_with("/pods") {
+            let violations = ferry_testkit::pod_security::restricted_violations(&body);
+            assert!(
+                violations.is_empty(),
+                "a pod the Pod Security Standard `restricted` refuses: {violations:?}\n{body}"
+            );
+        }
         self.count += 1;
         self.answered
             .push((method_seen.clone(), path_seen.clone(), query.clone()));
@@ -150,6 +160,11 @@ impl ApiServer {
             Reply::Deleted => (200, status_json(200, "Deleted")),
             Reply::Conflict => (409, status_json(409, "Conflict")),
             Reply::Fail(code) => (code, status_json(code, failure_reason(code))),
+            Reply::Refuse(code, message) => {
+                let mut status = status_json(code, failure_reason(code));
+                status["message"] = json!(message);
+                (code, status)
+            }
         };
         let response = Response::builder()
             .status(code)
@@ -293,6 +308,7 @@ pub struct Harness {
     pub ctx: Arc<Context>,
     pub link: Arc<FakeLink>,
     pub pods: Writer<Pod>,
+    pub namespaces: Writer<PartialObjectMeta<Namespace>>,
 }
 
 impl Harness {
@@ -300,18 +316,32 @@ impl Harness {
         let (client, server) = ApiServer::new();
         let link = Arc::new(FakeLink::default());
         let pods = Writer::<Pod>::default();
-        let ctx = Arc::new(Context::new(
-            client,
-            settings,
-            link.clone(),
-            pods.as_reader(),
-        ));
+        let namespaces = Writer::<PartialObjectMeta<Namespace>>::default();
+        let ctx = Arc::new(
+            Context::new(client, settings, link.clone(), pods.as_reader())
+                .with_namespaces(namespaces.as_reader()),
+        );
         Self {
             server,
             ctx,
             link,
             pods,
+            namespaces,
         }
+    }
+
+    /// The watch of namespaces saw `name` with these annotations.
+    pub fn namespace_seen(&mut self, name: &str, annotations: &[(&str, &str)]) {
+        let mut meta = PartialObjectMeta::<Namespace>::default();
+        meta.metadata.name = Some(name.to_string());
+        meta.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        self.namespaces
+            .apply_watcher_event(&watcher::Event::Apply(meta));
     }
 
     /// The watch of mover pods saw this pod.

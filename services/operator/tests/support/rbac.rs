@@ -257,8 +257,9 @@ pub const UNUSED_WITH_REASON: &[(&str, &str, &str, &str)] = &[
     ("watch", "ferry.dev", "transfers", WATCHES),
     ("list", "ferry.dev", "checksums", WATCHES),
     ("watch", "ferry.dev", "checksums", WATCHES),
-    ("list", "", "pods", WATCHES),
     ("watch", "", "pods", WATCHES),
+    ("list", "", "namespaces", WATCHES),
+    ("watch", "", "namespaces", WATCHES),
     (
         "patch",
         "ferry.dev",
