@@ -767,14 +767,9 @@ async fn over_the_limit_the_transfer_is_queued() {
     .unwrap();
     other = ready(other, "node-a");
     h.pod_seen(other.clone());
+    // Queued before any claim is looked up or created.
     let object = transfer_json(None);
     let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
-    h.server
-        .expect("GET", &format!("{PVCS}/golden"), Reply::Ok(golden_pvc()))
-        .await;
-    h.server
-        .expect("GET", &format!("{PVCS}/copy"), Reply::Ok(copy_pvc()))
-        .await;
     let seen = h
         .server
         .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
@@ -839,6 +834,47 @@ async fn over_the_limit_the_transfer_is_queued() {
     h2.server.expect_event(NS).await;
     finish(task).await;
     h2.server.done().await;
+}
+
+/// The last slot taken by a mover the pod watch has not seen yet is not given again:
+/// with a limit of one, a second Transfer reconciled right after the first is queued.
+#[tokio::test]
+async fn a_slot_taken_is_held_until_the_pod_is_seen() {
+    let mut s = settings();
+    s.max_movers = 1;
+    let mut h = Harness::new(s);
+    let object = transfer_json(None);
+    let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", &format!("{PVCS}/golden"), Reply::Ok(golden_pvc()))
+        .await;
+    h.server
+        .expect("GET", &format!("{PVCS}/copy"), Reply::Ok(copy_pvc()))
+        .await;
+    h.server.expect("POST", SECRETS, Reply::Echo).await;
+    h.server.expect("POST", PODS, Reply::Echo).await;
+    h.server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    h.server.expect_event(NS).await;
+    finish(task).await;
+
+    let mut second = transfer_json(None);
+    second["metadata"]["uid"] = json!("uid-2");
+    let task = tokio::spawn(reconcile(transfer(&second), h.ctx.clone()));
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(second.clone()))
+        .await;
+    let queued = status_of(&seen).clone();
+    assert_eq!(condition(&queued, "Running")["reason"], "Queued");
+    assert_eq!(
+        queued["message"],
+        "1 movers run, the operator's limit is 1: waiting for one to finish"
+    );
+    h.server.expect_event(NS).await;
+    finish(task).await;
+    h.server.done().await;
 }
 
 /// A transient failure (the source went away): the status records it with the

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::core::PartialObjectMeta;
@@ -19,8 +20,10 @@ use tokio::task::JoinHandle;
 use crate::events;
 use crate::metrics::OperatorMetrics;
 
+use super::limits::{self, Slot};
 use super::link::MoverLink;
 use super::settings::OperatorSettings;
+use crate::mover::pod::labels;
 
 /// The annotation of a namespace whose pods get their user IDs from a range (OpenShift).
 pub const UID_RANGE_ANNOTATION: &str = "openshift.io/sa.scc.uid-range";
@@ -55,7 +58,19 @@ pub struct Context {
     watches: Mutex<HashMap<String, Watch>>,
     tokens: Mutex<HashMap<String, String>>,
     waits: Mutex<HashMap<String, u32>>,
+    /// Slots taken by movers created but not in the store yet: resource uid -> node.
+    reserved: Mutex<HashMap<String, Reservation>>,
 }
+
+/// A mover slot taken before its pod is in the store.
+#[derive(Debug, Clone)]
+struct Reservation {
+    node: Option<String>,
+    at: Instant,
+}
+
+/// A reservation whose pod never shows up (its creation failed) is dropped after this.
+const RESERVATION_TTL: Duration = Duration::from_secs(60);
 
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -86,6 +101,7 @@ impl Context {
             watches: Mutex::default(),
             tokens: Mutex::default(),
             waits: Mutex::default(),
+            reserved: Mutex::default(),
         }
     }
 
@@ -178,6 +194,60 @@ impl Context {
         let before = *n;
         *n = n.saturating_add(1);
         before
+    }
+
+    /// Whether a new mover of the resource `uid`, on `node` when known, fits the limits
+    /// now (nothing is taken).
+    pub fn slot(&self, uid: &str, node: Option<&str>) -> Slot {
+        let mut reserved = self.reserved.lock();
+        self.slot_locked(&mut reserved, uid, node)
+    }
+
+    /// Takes a mover slot for the resource `uid` (on `node` when known), held until its pod
+    /// is in the store; or says why it must wait.
+    pub fn take_slot(&self, uid: &str, node: Option<&str>) -> Slot {
+        let mut reserved = self.reserved.lock();
+        let slot = self.slot_locked(&mut reserved, uid, node);
+        if slot == Slot::Free {
+            reserved.insert(
+                uid.to_string(),
+                Reservation {
+                    node: node.map(str::to_string),
+                    at: Instant::now(),
+                },
+            );
+        }
+        slot
+    }
+
+    /// Gives back the slot of a mover that was not created.
+    pub fn release_slot(&self, uid: &str) {
+        self.reserved.lock().remove(uid);
+    }
+
+    fn slot_locked(
+        &self,
+        reserved: &mut HashMap<String, Reservation>,
+        uid: &str,
+        node: Option<&str>,
+    ) -> Slot {
+        let pods = self.pods.state();
+        reserved.retain(|owner, r| {
+            r.at.elapsed() < RESERVATION_TTL
+                && !pods.iter().any(|p| {
+                    p.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(labels::OWNER_UID))
+                        .is_some_and(|o| o == owner)
+                })
+        });
+        let others: Vec<Option<&str>> = reserved
+            .iter()
+            .filter(|(owner, _)| owner.as_str() != uid)
+            .map(|(_, r)| r.node.as_deref())
+            .collect();
+        limits::slot(&pods, &others, uid, node, &self.settings)
     }
 
     /// The resource stopped waiting.

@@ -4,8 +4,11 @@
 //! claim in use there ([`placement`]) or by a node selector naming the host; such a mover
 //! waits (Queued) while its node is full. The scheduler places the others: a mover is never
 //! kept off nodes by an affinity, which would strand it where only a full node can attach
-//! its volume. Reconciles of different resources may race for the last slot; the limits
-//! are then exceeded by at most the controller's concurrency.
+//! its volume. A slot is taken under one lock ([`Context::take_slot`]) and held as a
+//! reservation until the mover shows up in the store, so reconciles running at once
+//! cannot take the same last slot.
+//!
+//! [`Context::take_slot`]: super::context::Context::take_slot
 //!
 //! [`placement`]: crate::mover::placement
 
@@ -37,8 +40,15 @@ fn is_active(pod: &Pod) -> bool {
 }
 
 /// The slot of a new mover of the resource `uid` (its own older pods do not count),
-/// pinned to `node` when its node selector names one.
-pub fn slot(pods: &[Arc<Pod>], uid: &str, node: Option<&str>, settings: &OperatorSettings) -> Slot {
+/// pinned to `node` when its node selector names one. `reserved` are the nodes (None: not
+/// known) of movers of other resources created but not in the store yet.
+pub fn slot(
+    pods: &[Arc<Pod>],
+    reserved: &[Option<&str>],
+    uid: &str,
+    node: Option<&str>,
+    settings: &OperatorSettings,
+) -> Slot {
     let others: Vec<&Pod> = pods
         .iter()
         .map(|p| p.as_ref())
@@ -51,10 +61,10 @@ pub fn slot(pods: &[Arc<Pod>], uid: &str, node: Option<&str>, settings: &Operato
                 .is_none_or(|owner| owner != uid)
         })
         .collect();
-    if settings.max_movers > 0 && others.len() >= settings.max_movers {
+    let running = others.len() + reserved.len();
+    if settings.max_movers > 0 && running >= settings.max_movers {
         return Slot::Queued(format!(
-            "{} movers run, the operator's limit is {}: waiting for one to finish",
-            others.len(),
+            "{running} movers run, the operator's limit is {}: waiting for one to finish",
             settings.max_movers
         ));
     }
@@ -69,6 +79,9 @@ pub fn slot(pods: &[Arc<Pod>], uid: &str, node: Option<&str>, settings: &Operato
         if let Some(n) = on {
             *per_node.entry(n).or_default() += 1;
         }
+    }
+    for n in reserved.iter().flatten() {
+        *per_node.entry(n).or_default() += 1;
     }
     if per_node.get(node).copied().unwrap_or(0) >= limit {
         return Slot::Queued(format!(
@@ -142,16 +155,19 @@ mod tests {
             pod("d", Some("n2"), "Failed"),
         ];
         assert!(
-            matches!(slot(&pods, "x", None, &settings(3, 0)), Slot::Queued(m) if m.contains("limit is 3"))
+            matches!(slot(&pods, &[], "x", None, &settings(3, 0)), Slot::Queued(m) if m.contains("limit is 3"))
         );
         // Its own pod does not count.
-        assert_eq!(slot(&pods, "c", None, &settings(3, 0)), Slot::Free);
+        assert_eq!(slot(&pods, &[], "c", None, &settings(3, 0)), Slot::Free);
         // Not pinned: the scheduler places it, whatever the nodes run.
-        assert_eq!(slot(&pods, "x", None, &settings(0, 2)), Slot::Free);
+        assert_eq!(slot(&pods, &[], "x", None, &settings(0, 2)), Slot::Free);
         assert!(
-            matches!(slot(&pods, "x", Some("n1"), &settings(0, 2)), Slot::Queued(m) if m.contains("node n1"))
+            matches!(slot(&pods, &[], "x", Some("n1"), &settings(0, 2)), Slot::Queued(m) if m.contains("node n1"))
         );
-        assert_eq!(slot(&pods, "x", Some("n2"), &settings(0, 2)), Slot::Free);
+        assert_eq!(
+            slot(&pods, &[], "x", Some("n2"), &settings(0, 2)),
+            Slot::Free
+        );
         // A pinned mover not scheduled yet counts on its node.
         let mut pinned = Pod {
             metadata: pods[2].metadata.clone(),
@@ -168,8 +184,15 @@ mod tests {
         );
         let with_pinned = vec![pods[0].clone(), Arc::new(pinned.clone())];
         assert_eq!(pinned_node(&pinned), Some("n2"));
+        // Reserved slots count like movers in the store.
         assert!(
-            matches!(slot(&with_pinned, "x", Some("n2"), &settings(0, 1)), Slot::Queued(m) if m.contains("node n2"))
+            matches!(slot(&pods[..1], &[None, Some("n3")], "x", None, &settings(3, 0)), Slot::Queued(m) if m.starts_with("3 movers run"))
+        );
+        assert!(
+            matches!(slot(&[], &[Some("n3")], "x", Some("n3"), &settings(0, 1)), Slot::Queued(m) if m.contains("node n3"))
+        );
+        assert!(
+            matches!(slot(&with_pinned, &[], "x", Some("n2"), &settings(0, 1)), Slot::Queued(m) if m.contains("node n2"))
         );
     }
 }

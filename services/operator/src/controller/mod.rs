@@ -41,7 +41,7 @@ use std::time::Duration;
 use futures::{StreamExt, TryFuture};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::core::PartialObjectMeta;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
 
@@ -220,8 +220,13 @@ fn mover_controller<K: MoverKind>(client: &Client, ns: &Option<String>) -> Contr
     ));
     Controller::new(api::<K>(client, ns), watcher::Config::default())
         .owns(api::<Pod>(client, ns), owned)
+        .with_config(controller::Config::default().concurrency(RECONCILES_AT_ONCE))
         .shutdown_on_signal()
 }
+
+/// Reconciles of one kind at once: bounded, so that a thousand resources applied together
+/// are taken a few at a time (kube-rs runs them all at once by default).
+const RECONCILES_AT_ONCE: u16 = 8;
 
 /// Runs the controller of a mover kind with its reconciler and [`error_policy`], logging
 /// what the controller itself reports.

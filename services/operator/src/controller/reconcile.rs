@@ -165,13 +165,18 @@ async fn wait<K: MoverKind>(
     ))
 }
 
-/// Claims, a slot, the token Secret and the pod of the next attempt.
+/// A slot, the claims, the token Secret and the pod of the next attempt. The cluster limit
+/// is checked before any claim is created (a queued resource provisions nothing); the
+/// node limit once the claims say where the mover must run.
 async fn start_attempt<K: MoverKind>(
     ctx: &Context,
     obj: &K,
     ids: &Ids,
     status: &K::Status,
 ) -> Result<Action, Error> {
+    if let Slot::Queued(message) = ctx.slot(&ids.uid, None) {
+        return wait(ctx, obj, ids, status, reason::QUEUED, &message).await;
+    }
     let pvcs = match claims::resolve(ctx, obj, ids).await? {
         Claims::Ready(pvcs) => pvcs,
         Claims::Missing(message) => {
@@ -200,14 +205,12 @@ async fn start_attempt<K: MoverKind>(
         defaults: &ctx.settings.mover,
         assigned_ids: ctx.assigns_ids(&ids.namespace),
     })?;
-    let movers = ctx.pods.state();
-    if let Slot::Queued(message) =
-        limits::slot(&movers, &ids.uid, limits::pinned_node(&pod), &ctx.settings)
-    {
+    if let Slot::Queued(message) = ctx.take_slot(&ids.uid, limits::pinned_node(&pod)) {
         return wait(ctx, obj, ids, status, reason::QUEUED, &message).await;
     }
     pods::create_token(ctx, obj, ids, &secret).await?;
     if let Created::Refused(why) = pods::create_pod(ctx, ids, &pod).await? {
+        ctx.release_slot(&ids.uid);
         pods::delete_mover(ctx, ids, &pod_name).await?;
         let message = format!("the API server refused mover pod {pod_name}: {why}");
         return wait(ctx, obj, ids, status, reason::REFUSED, &message).await;
