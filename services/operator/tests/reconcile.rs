@@ -788,9 +788,19 @@ async fn over_the_limit_the_transfer_is_queued() {
     );
     assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(5)));
     h.server.done().await;
+    // Woken at once when a mover goes, not at the end of its backoff.
+    assert_eq!(h.ctx.to_wake("Transfer", &other), vec![]);
+    let mut finished = other.clone();
+    finished.status.as_mut().unwrap().phase = Some("Succeeded".into());
+    assert_eq!(
+        h.ctx.to_wake("Transfer", &finished),
+        vec![("vms".to_string(), "import".to_string())]
+    );
+    assert_eq!(h.ctx.to_wake("Checksum", &finished), vec![]);
 
     // Per node: the other mover's node is full; a Transfer pinned to it waits.
     h.ctx.done_waiting("uid-1");
+    assert_eq!(h.ctx.to_wake("Transfer", &finished), vec![]);
     let mut s = settings();
     s.max_movers_per_node = 1;
     let mut h2 = Harness::new(s);

@@ -20,6 +20,7 @@ use tokio::task::JoinHandle;
 use crate::events;
 use crate::metrics::OperatorMetrics;
 
+use super::kind::Ids;
 use super::limits::{self, Slot};
 use super::link::MoverLink;
 use super::settings::OperatorSettings;
@@ -60,6 +61,9 @@ pub struct Context {
     waits: Mutex<HashMap<String, u32>>,
     /// Slots taken by movers created but not in the store yet: resource uid -> node.
     reserved: Mutex<HashMap<String, Reservation>>,
+    /// Resources waiting for a mover slot: uid -> (kind, namespace, name), woken when a
+    /// mover goes.
+    queued: Mutex<HashMap<String, (&'static str, String, String)>>,
 }
 
 /// A mover slot taken before its pod is in the store.
@@ -102,6 +106,7 @@ impl Context {
             tokens: Mutex::default(),
             waits: Mutex::default(),
             reserved: Mutex::default(),
+            queued: Mutex::default(),
         }
     }
 
@@ -253,5 +258,31 @@ impl Context {
     /// The resource stopped waiting.
     pub fn done_waiting(&self, uid: &str) {
         self.waits.lock().remove(uid);
+        self.queued.lock().remove(uid);
+    }
+
+    /// Remembers that a resource of `kind` waits for a mover slot.
+    pub fn queue(&self, kind: &'static str, ids: &Ids) {
+        self.queued.lock().insert(
+            ids.uid.clone(),
+            (kind, ids.namespace.clone(), ids.name.clone()),
+        );
+    }
+
+    /// The queued resources of `kind` to look at again when `pod` changes: all of them
+    /// once a mover is finished or going (its slot frees), none otherwise.
+    pub fn to_wake(&self, kind: &str, pod: &Pod) -> Vec<(String, String)> {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        let going = pod.metadata.deletion_timestamp.is_some()
+            || matches!(phase, Some("Succeeded" | "Failed"));
+        if !going {
+            return Vec::new();
+        }
+        self.queued
+            .lock()
+            .values()
+            .filter(|(k, _, _)| *k == kind)
+            .map(|(_, namespace, name)| (namespace.clone(), name.clone()))
+            .collect()
     }
 }

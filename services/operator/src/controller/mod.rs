@@ -42,6 +42,7 @@ use futures::{StreamExt, TryFuture};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client};
 
@@ -122,10 +123,10 @@ pub async fn run(
         .with_namespaces(namespaces)
         .with_metrics(metrics.clone());
     let ctx = Arc::new(ctx);
-    let transfers = mover_controller::<Transfer>(&client, &ns);
-    let checksums = mover_controller::<Checksum>(&client, &ns);
-    let backups = mover_controller::<Backup>(&client, &ns);
-    let restores = mover_controller::<Restore>(&client, &ns);
+    let transfers = mover_controller::<Transfer>(&client, &ns, &ctx);
+    let checksums = mover_controller::<Checksum>(&client, &ns, &ctx);
+    let backups = mover_controller::<Backup>(&client, &ns, &ctx);
+    let restores = mover_controller::<Restore>(&client, &ns, &ctx);
     let repositories = Controller::new(
         api::<BackupRepository>(&client, &ns),
         watcher::Config::default(),
@@ -210,16 +211,29 @@ fn watch_movers(
     (store, tokio::spawn(pod_watch))
 }
 
-/// The controller of `K`, watching `K` and the mover pods it owns.
-fn mover_controller<K: MoverKind>(client: &Client, ns: &Option<String>) -> Controller<K> {
+/// The controller of `K`, watching `K` and the mover pods it owns, and every mover pod:
+/// when one goes, the queued resources of `K` are looked at at once (a slot freed).
+fn mover_controller<K: MoverKind>(
+    client: &Client,
+    ns: &Option<String>,
+    ctx: &Arc<Context>,
+) -> Controller<K> {
     let owned = watcher::Config::default().labels(&format!(
         "{},{}={}",
         mover_selector(),
         labels::OWNER_KIND,
         K::KIND
     ));
+    let movers = watcher::Config::default().labels(&mover_selector());
+    let wake = Arc::clone(ctx);
     Controller::new(api::<K>(client, ns), watcher::Config::default())
         .owns(api::<Pod>(client, ns), owned)
+        .watches(api::<Pod>(client, ns), movers, move |pod| {
+            wake.to_wake(K::KIND, &pod)
+                .into_iter()
+                .map(|(namespace, name)| ObjectRef::new(&name).within(&namespace))
+                .collect::<Vec<_>>()
+        })
         .with_config(controller::Config::default().concurrency(RECONCILES_AT_ONCE))
         .shutdown_on_signal()
 }

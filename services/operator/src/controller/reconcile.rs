@@ -151,6 +151,9 @@ async fn wait<K: MoverKind>(
     message: &str,
 ) -> Result<Action, Error> {
     let step = ctx.waited(&ids.uid);
+    if why == reason::QUEUED {
+        ctx.queue(K::KIND, ids);
+    }
     let next = with_life(obj, status, |l| {
         l.pending(why, message);
         l.mover_pod = None;
