@@ -615,3 +615,32 @@ async fn a_failed_backup_is_not_restored() {
     assert_eq!(finish(task).await, Action::await_change());
     h.server.done().await;
 }
+
+/// With a watched namespace, the populator lists and watches only there: under a Role in
+/// that namespace, a cluster-wide watch would be refused and the populator never start.
+#[tokio::test]
+async fn the_populator_watches_only_the_watched_namespace() {
+    let (client, mut server) = support::ApiServer::new();
+    let run = tokio::spawn(ferry_operator::populator::run(client, Some(NS.into())));
+    let seen = server.lists(12, Duration::from_secs(2)).await;
+    run.abort();
+    let paths: Vec<&str> = seen.iter().map(|(p, _)| p.as_str()).collect();
+    for kind in [
+        "transfers",
+        "restores",
+        "persistentvolumeclaims",
+        "backups",
+        "volumeimagesources",
+    ] {
+        assert!(
+            paths.iter().any(|p| p.ends_with(&format!("/{kind}"))),
+            "no request for {kind}: {paths:?}"
+        );
+    }
+    for path in &paths {
+        assert!(
+            path.contains("/namespaces/vms/"),
+            "{path} is not in namespace vms: {paths:?}"
+        );
+    }
+}

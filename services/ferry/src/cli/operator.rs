@@ -253,10 +253,11 @@ async fn lead(
     }
     metrics.leader.set(1);
     let link = Arc::new(GrpcMoverLink::default());
+    let watch_namespace = settings.watch_namespace.clone();
     let controllers = async {
         let (ran, populated) = tokio::join!(
             controller::run(client.clone(), settings, link, metrics.clone()),
-            populator::run(client),
+            populator::run(client, watch_namespace),
         );
         ran.context("the controllers stopped")?;
         populated.context("the volume populator stopped")

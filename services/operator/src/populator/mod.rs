@@ -102,29 +102,26 @@ pub struct RunError;
 /// Runs the populator until a termination signal: a controller on every claim (claims
 /// that name no VolumeImageSource cost nothing past the watch), woken also by its prime
 /// claim, its Transfer and its VolumeImageSource. Start it beside
-/// [`crate::controller::run`], which runs the Transfers it creates.
-pub async fn run(client: Client) -> Result<(), RunError> {
+/// [`crate::controller::run`], which runs the Transfers it creates. With `namespace`, it
+/// watches only that namespace (the operator's `--watch-namespace`, whose permissions may
+/// be a Role there only).
+pub async fn run(client: Client, namespace: Option<String>) -> Result<(), RunError> {
+    let ns = &namespace;
     let owned = || watcher::Config::default().labels(&names::selector());
     let (transfers, writer) = reflector::store::<Transfer>();
-    let transfer_watch = reflector(
-        writer,
-        watcher(Api::<Transfer>::all(client.clone()), owned()),
-    )
-    .default_backoff()
-    .for_each(|_| std::future::ready(()));
+    let transfer_watch = reflector(writer, watcher(api::<Transfer>(&client, ns), owned()))
+        .default_backoff()
+        .for_each(|_| std::future::ready(()));
     let transfer_task = tokio::spawn(transfer_watch);
     transfers.wait_until_ready().await.map_err(|_| RunError)?;
     let (restores, writer) = reflector::store::<Restore>();
-    let restore_watch = reflector(
-        writer,
-        watcher(Api::<Restore>::all(client.clone()), owned()),
-    )
-    .default_backoff()
-    .for_each(|_| std::future::ready(()));
+    let restore_watch = reflector(writer, watcher(api::<Restore>(&client, ns), owned()))
+        .default_backoff()
+        .for_each(|_| std::future::ready(()));
     let restore_task = tokio::spawn(restore_watch);
     restores.wait_until_ready().await.map_err(|_| RunError)?;
     let controller = Controller::new(
-        Api::<PersistentVolumeClaim>::all(client.clone()),
+        api::<PersistentVolumeClaim>(&client, ns),
         watcher::Config::default(),
     );
     let claims = controller.store();
@@ -132,16 +129,16 @@ pub async fn run(client: Client) -> Result<(), RunError> {
         Arc::new(Context::new(client.clone(), claims.clone(), transfers).with_restores(restores));
     let restoring = claims.clone();
     controller
-        .owns(Api::<PersistentVolumeClaim>::all(client.clone()), owned())
-        .owns(Api::<Transfer>::all(client.clone()), owned())
-        .owns(Api::<Restore>::all(client.clone()), owned())
+        .owns(api::<PersistentVolumeClaim>(&client, ns), owned())
+        .owns(api::<Transfer>(&client, ns), owned())
+        .owns(api::<Restore>(&client, ns), owned())
         .watches(
-            Api::<Backup>::all(client.clone()),
+            api::<Backup>(&client, ns),
             watcher::Config::default(),
             move |backup| claims_restoring(&restoring, &backup),
         )
         .watches(
-            Api::<VolumeImageSource>::all(client),
+            api::<VolumeImageSource>(&client, ns),
             watcher::Config::default(),
             move |vis| claims_naming(&claims, &vis),
         )
@@ -157,6 +154,17 @@ pub async fn run(client: Client) -> Result<(), RunError> {
     transfer_task.abort();
     restore_task.abort();
     Ok(())
+}
+
+/// The API of `K` in the watched namespace, or in all namespaces.
+fn api<K>(client: &Client, namespace: &Option<String>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
 }
 
 #[cfg(test)]

@@ -181,6 +181,39 @@ impl ApiServer {
         }
     }
 
+    /// The path and query of each of the next requests that come within `wait` of each
+    /// other, up to `most`: a list is answered with an empty list of its kind, a watch is
+    /// left unanswered (the client sees the connection end and backs off).
+    pub async fn lists(&mut self, most: usize, wait: Duration) -> Vec<(String, String)> {
+        let mut seen = Vec::new();
+        while seen.len() < most {
+            let Ok(Some((request, send))) =
+                tokio::time::timeout(wait, self.handle.next_request()).await
+            else {
+                break;
+            };
+            let path = request.uri().path().to_string();
+            let query = request.uri().query().unwrap_or("").to_string();
+            if !query.contains("watch=") {
+                // Lists only: which watches start before the test ends is a race, and the
+                // least-privilege check needs what a scenario asks to be the same each run.
+                self.answered
+                    .push((request.method().to_string(), path.clone(), query.clone()));
+                let kind = path.rsplit('/').next().unwrap_or_default().to_string();
+                let list = json!({"apiVersion": "v1", "kind": format!("{kind}List"),
+                                  "metadata": {"resourceVersion": "1"}, "items": []});
+                let response = Response::builder()
+                    .status(200)
+                    .header("content-type", "application/json")
+                    .body(Body::from(serde_json::to_vec(&list).unwrap()))
+                    .unwrap();
+                send.send_response(response);
+            }
+            seen.push((path, query));
+        }
+        seen
+    }
+
     /// Answers an event (`events.k8s.io`) and returns it.
     pub async fn expect_event(&mut self, namespace: &str) -> Seen {
         let path = format!("/apis/events.k8s.io/v1/namespaces/{namespace}/events");

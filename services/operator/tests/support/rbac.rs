@@ -253,7 +253,6 @@ fn record(dir: &Path, accesses: &[Access]) {
 /// Grants no scenario of this binary exercises, with the reason each is still needed.
 /// Each names the test that covers it elsewhere, or why no mocked scenario can.
 pub const UNUSED_WITH_REASON: &[(&str, &str, &str, &str)] = &[
-    ("list", "ferry.dev", "transfers", WATCHES),
     ("watch", "ferry.dev", "transfers", WATCHES),
     ("list", "ferry.dev", "checksums", WATCHES),
     ("watch", "ferry.dev", "checksums", WATCHES),
@@ -267,9 +266,7 @@ pub const UNUSED_WITH_REASON: &[(&str, &str, &str, &str)] = &[
         "the finalizer of a Checksum (controller/finalizer.rs, the same code as a \
         Transfer's): the checksum scenario starts with it in place and ends before a deletion",
     ),
-    ("list", "ferry.dev", "volumeimagesources", WATCHES),
     ("watch", "ferry.dev", "volumeimagesources", WATCHES),
-    ("list", "", "persistentvolumeclaims", WATCHES),
     ("watch", "", "persistentvolumeclaims", WATCHES),
     ("patch", "", "persistentvolumeclaims", POPULATOR),
     ("list", "ferry.dev", "backuprepositories", WATCHES),
@@ -285,7 +282,6 @@ pub const UNUSED_WITH_REASON: &[(&str, &str, &str, &str)] = &[
     ("list", "ferry.dev", "backupschedules", WATCHES),
     ("watch", "ferry.dev", "backupschedules", WATCHES),
     ("get", "ferry.dev", "restores", POPULATOR),
-    ("list", "ferry.dev", "restores", WATCHES),
     ("watch", "ferry.dev", "restores", WATCHES),
     (
         "patch",
