@@ -192,6 +192,45 @@ pub(crate) fn check_quantity(field: &str, q: &Quantity) -> Result<(), Validation
     Ok(())
 }
 
+/// The bytes a storage size stands for (a size [`check_quantity`] accepts); None for
+/// anything else.
+pub fn quantity_bytes(q: &Quantity) -> Option<u128> {
+    let text = q.0.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (number, suffix) = text.split_at(digits);
+    let multiplier: u128 = match suffix {
+        "" => 1,
+        "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "P" => 1_000_000_000_000_000,
+        "E" => 1_000_000_000_000_000_000,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "Pi" => 1 << 50,
+        "Ei" => 1 << 60,
+        _ => return None,
+    };
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    let whole: u128 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().ok()?
+    };
+    let mut bytes = whole.checked_mul(multiplier)?;
+    if !fraction.is_empty() {
+        let scale = 10u128.checked_pow(u32::try_from(fraction.len()).ok()?)?;
+        let fraction: u128 = fraction.parse().ok()?;
+        bytes = bytes.checked_add(fraction.checked_mul(multiplier)?.div_ceil(scale))?;
+    }
+    Some(bytes)
+}
+
 /// An expected digest: `sha256:<64 hex>` or `blkhash:<64 hex>`, lower case.
 pub fn check_digest(field: &str, digest: &str) -> Result<(), ValidationError> {
     let ok = digest.split_once(':').is_some_and(|(algorithm, hex)| {
@@ -213,6 +252,26 @@ pub fn check_digest(field: &str, digest: &str) -> Result<(), ValidationError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quantities_in_bytes() {
+        for (text, bytes) in [
+            ("20Gi", 20u128 << 30),
+            ("500M", 500_000_000),
+            ("1.5Gi", 3 << 29),
+            ("1024", 1024),
+            ("2k", 2000),
+        ] {
+            assert_eq!(
+                quantity_bytes(&Quantity(text.into())),
+                Some(bytes),
+                "{text}"
+            );
+        }
+        for text in ["20GB", "x", "1e3"] {
+            assert_eq!(quantity_bytes(&Quantity(text.into())), None, "{text}");
+        }
+    }
 
     #[test]
     fn an_error_about_an_http_url_quotes_no_query_and_no_password() {

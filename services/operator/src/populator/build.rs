@@ -7,9 +7,11 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 
+use crate::crd::validate::quantity_bytes;
 use crate::crd::{
     Endpoint, Restore, RestoreSpec, Transfer, TransferSpec, TransferTarget, VolumeImageSource,
 };
@@ -68,14 +70,23 @@ pub fn owned_by<K: Resource>(obj: &K, uid: &str) -> bool {
         .any(|r| r.uid == uid)
 }
 
-/// The prime claim of `pvc`: same storage class, size, access modes and volume mode, no
-/// data source; pinned to `node` (WaitForFirstConsumer classes) when given.
+/// Of a Filesystem volume, the share its filesystem takes for itself, per mille (CDI's
+/// default `filesystemOverhead`, 5.5%): the prime claim of a Filesystem volume asks for
+/// this much more, so that an image as large as the user's claim fits in `disk.img`.
+pub const FILESYSTEM_OVERHEAD_PER_MILLE: u128 = 55;
+
+/// The prime claim of `pvc`: same storage class, access modes and volume mode, no data
+/// source, the same size (a Filesystem volume's grown by [`FILESYSTEM_OVERHEAD_PER_MILLE`],
+/// as CDI grows it); pinned to `node` (WaitForFirstConsumer classes) when given.
 pub fn prime_claim(
     pvc: &PersistentVolumeClaim,
     ids: &ClaimIds,
     node: Option<&str>,
 ) -> PersistentVolumeClaim {
-    let spec = pvc.spec.clone().unwrap_or_default();
+    let mut spec = pvc.spec.clone().unwrap_or_default();
+    if spec.volume_mode.as_deref() != Some("Block") {
+        with_filesystem_overhead(&mut spec);
+    }
     let mut metadata = ids.meta(names::prime(&ids.uid));
     metadata.annotations =
         node.map(|n| BTreeMap::from([(names::SELECTED_NODE.to_string(), n.to_string())]));
@@ -91,6 +102,25 @@ pub fn prime_claim(
         }),
         status: None,
     }
+}
+
+/// Grows the storage request by the filesystem's overhead, in whole MiB rounded up.
+fn with_filesystem_overhead(spec: &mut PersistentVolumeClaimSpec) {
+    let Some(storage) = spec
+        .resources
+        .as_mut()
+        .and_then(|r| r.requests.as_mut())
+        .and_then(|r| r.get_mut("storage"))
+    else {
+        return;
+    };
+    let Some(bytes) = quantity_bytes(storage) else {
+        return;
+    };
+    let grown = bytes
+        .saturating_mul(1000)
+        .div_ceil(1000 - FILESYSTEM_OVERHEAD_PER_MILLE);
+    *storage = Quantity(format!("{}Mi", grown.div_ceil(1 << 20)));
 }
 
 /// The Transfer copying the VolumeImageSource's image into the prime claim, with its
@@ -175,5 +205,18 @@ mod tests {
         );
         let unpinned = prime_claim(&pvc, &ids, None);
         assert_eq!(unpinned.metadata.annotations, None);
+    }
+
+    #[test]
+    fn a_filesystem_prime_claim_asks_for_the_filesystems_overhead() {
+        let mut pvc = user_claim();
+        pvc.spec.as_mut().unwrap().volume_mode = Some("Filesystem".into());
+        let ids = ClaimIds::of(&pvc).unwrap();
+        let prime = serde_json::to_value(prime_claim(&pvc, &ids, None)).unwrap();
+        // 20 GiB / 0.945 = 21,671.95 MiB, rounded up.
+        assert_eq!(prime["spec"]["resources"]["requests"]["storage"], "21672Mi");
+        pvc.spec.as_mut().unwrap().volume_mode = None;
+        let prime = serde_json::to_value(prime_claim(&pvc, &ids, None)).unwrap();
+        assert_eq!(prime["spec"]["resources"]["requests"]["storage"], "21672Mi");
     }
 }
