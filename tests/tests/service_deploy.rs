@@ -137,6 +137,7 @@ fn check_operator_deployment(v: &serde_yaml::Value) {
     assert_eq!(&args[..2], ["operator", "run"], "{args:?}");
     for flag in [
         "--mover-image",
+        "--mover-pull-policy",
         "--max-movers",
         "--max-movers-per-node",
         "--max-attempts",

@@ -109,6 +109,11 @@ async fn kill_9_mid_copy_then_restart_resumes_from_the_checkpoint() {
         server.stderr()
     );
     assert_eq!(done.attempt, 2, "one attempt before the kill, one after");
+    let log = server.stderr();
+    assert!(
+        log.contains("INFO") && !log.contains('\x1b'),
+        "a text log into a pipe has no colour codes:\n{log}"
+    );
     let Some(proto::job::Result::TransferResult(r)) = &done.result else {
         panic!("no result: {done:?}")
     };

@@ -64,7 +64,8 @@ fn owner() -> Value {
 fn labels() -> Value {
     json!({"app.kubernetes.io/component": "populator",
            "app.kubernetes.io/managed-by": "ferry-operator",
-           "ferry.dev/populated-claim": UID})
+           "ferry.dev/populated-claim": UID,
+           "velero.io/exclude-from-backup": "true"})
 }
 
 /// The prime claim as the API server has it, Bound to pv-7 when `bound`.

@@ -2,6 +2,8 @@
 //! spans exported over OTLP/gRPC when the standard OTEL_EXPORTER_OTLP_ENDPOINT (or
 //! OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) environment variable is set.
 
+use std::io::IsTerminal;
+
 use ferry_core::{Error, Result};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
@@ -83,6 +85,7 @@ pub fn init(format: LogFormat, filter: &str) -> Result<TelemetryGuard> {
     let fmt = match format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()

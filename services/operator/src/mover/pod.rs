@@ -63,6 +63,9 @@ pub mod labels {
     pub const OWNER_KIND: &str = "ferry.dev/owner-kind";
     /// The owner's uid (names may be longer than a label value allows; uids fit).
     pub const OWNER_UID: &str = "ferry.dev/owner-uid";
+    /// `true`: Velero leaves the object out of its backups (a mover or a prime claim is
+    /// ferry's working state, restored by nothing), as CDI marks its importers.
+    pub const VELERO_EXCLUDE: &str = "velero.io/exclude-from-backup";
 }
 
 /// What the operator applies when a resource does not say.
@@ -335,6 +338,7 @@ fn metadata(owner: &Owner, pod_name: &str) -> ObjectMeta {
         (labels::MANAGED_BY.to_string(), "ferry-operator".to_string()),
         (labels::OWNER_KIND.to_string(), owner.kind.to_string()),
         (labels::OWNER_UID.to_string(), owner.uid.clone()),
+        (labels::VELERO_EXCLUDE.to_string(), "true".to_string()),
     ]);
     ObjectMeta {
         name: Some(pod_name.to_string()),
@@ -727,7 +731,8 @@ mod tests {
                     "app.kubernetes.io/managed-by": "ferry-operator",
                     "app.kubernetes.io/name": "ferry",
                     "ferry.dev/owner-kind": "Transfer",
-                    "ferry.dev/owner-uid": "0b0e5e1c-uid"
+                    "ferry.dev/owner-uid": "0b0e5e1c-uid",
+                    "velero.io/exclude-from-backup": "true"
                 },
                 "annotations": {"ferry.dev/owner-name": "import"},
                 "ownerReferences": [{

@@ -194,6 +194,10 @@ mod tests {
             "u-1"
         );
         assert_eq!(
+            prime["metadata"]["labels"]["velero.io/exclude-from-backup"],
+            "true"
+        );
+        assert_eq!(
             prime["metadata"]["ownerReferences"],
             json!([{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": "disk",
                     "uid": "u-1", "controller": true}])

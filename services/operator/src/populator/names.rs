@@ -34,6 +34,10 @@ pub fn labels(uid: &str) -> BTreeMap<String, String> {
         (MANAGED_BY.to_string(), MANAGER.to_string()),
         (COMPONENT.to_string(), POPULATOR.to_string()),
         (CLAIM_UID.to_string(), uid.to_string()),
+        (
+            crate::mover::pod::labels::VELERO_EXCLUDE.to_string(),
+            "true".to_string(),
+        ),
     ])
 }
 
