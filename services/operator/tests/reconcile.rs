@@ -115,6 +115,16 @@ fn mover_pod(t: &Transfer, attempt: u32) -> Pod {
     .unwrap()
 }
 
+/// Answers the look-ups of both claims of the Transfer as they exist.
+async fn claims_found(server: &mut support::ApiServer) {
+    server
+        .expect("GET", &format!("{PVCS}/golden"), Reply::Ok(golden_pvc()))
+        .await;
+    server
+        .expect("GET", &format!("{PVCS}/copy"), Reply::Ok(copy_pvc()))
+        .await;
+}
+
 fn status_of(seen: &support::Seen) -> &Value {
     assert!(
         seen.query.contains("fieldManager=ferry-operator"),
@@ -427,12 +437,7 @@ async fn a_killed_mover_is_replaced_and_resumes_from_the_checkpoint() {
     h.server
         .expect("GET", &format!("{PODS}/import-ft-1"), Reply::NotFound)
         .await;
-    h.server
-        .expect("GET", &format!("{PVCS}/golden"), Reply::Ok(golden_pvc()))
-        .await;
-    h.server
-        .expect("GET", &format!("{PVCS}/copy"), Reply::Ok(copy_pvc()))
-        .await;
+    claims_found(&mut h.server).await;
     let secret = h.server.expect("POST", SECRETS, Reply::Echo).await.body;
     assert_eq!(secret["metadata"]["name"], "import-ft-2-token");
     let pod = h.server.expect("POST", PODS, Reply::Echo).await.body;
@@ -640,12 +645,7 @@ async fn a_refused_mover_pod_waits_with_the_server_message() {
     let mut h = Harness::new(settings());
     let object = transfer_json(None);
     let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
-    h.server
-        .expect("GET", &format!("{PVCS}/golden"), Reply::Ok(golden_pvc()))
-        .await;
-    h.server
-        .expect("GET", &format!("{PVCS}/copy"), Reply::Ok(copy_pvc()))
-        .await;
+    claims_found(&mut h.server).await;
     h.server.expect("POST", SECRETS, Reply::Echo).await;
     h.server
         .expect("POST", PODS, Reply::Refuse(403, REFUSAL))
@@ -808,12 +808,7 @@ async fn over_the_limit_the_transfer_is_queued() {
     let mut object = transfer_json(None);
     object["spec"]["mover"] = json!({"nodeSelector": {"kubernetes.io/hostname": "node-a"}});
     let task = tokio::spawn(reconcile(transfer(&object), h2.ctx.clone()));
-    h2.server
-        .expect("GET", &format!("{PVCS}/golden"), Reply::Ok(golden_pvc()))
-        .await;
-    h2.server
-        .expect("GET", &format!("{PVCS}/copy"), Reply::Ok(copy_pvc()))
-        .await;
+    claims_found(&mut h2.server).await;
     let seen = h2
         .server
         .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
@@ -829,12 +824,7 @@ async fn over_the_limit_the_transfer_is_queued() {
     // affinity could strand it where only a full node can attach its volume).
     let object = transfer_json(None);
     let task = tokio::spawn(reconcile(transfer(&object), h2.ctx.clone()));
-    h2.server
-        .expect("GET", &format!("{PVCS}/golden"), Reply::Ok(golden_pvc()))
-        .await;
-    h2.server
-        .expect("GET", &format!("{PVCS}/copy"), Reply::Ok(copy_pvc()))
-        .await;
+    claims_found(&mut h2.server).await;
     h2.server.expect("POST", SECRETS, Reply::Echo).await;
     let pod = h2.server.expect("POST", PODS, Reply::Echo).await.body;
     assert!(pod["spec"].get("affinity").is_none(), "{pod}");
@@ -855,12 +845,7 @@ async fn a_slot_taken_is_held_until_the_pod_is_seen() {
     let mut h = Harness::new(s);
     let object = transfer_json(None);
     let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
-    h.server
-        .expect("GET", &format!("{PVCS}/golden"), Reply::Ok(golden_pvc()))
-        .await;
-    h.server
-        .expect("GET", &format!("{PVCS}/copy"), Reply::Ok(copy_pvc()))
-        .await;
+    claims_found(&mut h.server).await;
     h.server.expect("POST", SECRETS, Reply::Echo).await;
     h.server.expect("POST", PODS, Reply::Echo).await;
     h.server
@@ -1438,12 +1423,7 @@ async fn a_namespace_with_a_uid_range_gets_movers_without_ids() {
     h.namespace_seen(NS, &[("openshift.io/sa.scc.uid-range", "1000650000/10000")]);
     let object = transfer_json(None);
     let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
-    h.server
-        .expect("GET", &format!("{PVCS}/golden"), Reply::Ok(golden_pvc()))
-        .await;
-    h.server
-        .expect("GET", &format!("{PVCS}/copy"), Reply::Ok(copy_pvc()))
-        .await;
+    claims_found(&mut h.server).await;
     h.server.expect("POST", SECRETS, Reply::Echo).await;
     let pod = h.server.expect("POST", PODS, Reply::Echo).await.body;
     assert_eq!(

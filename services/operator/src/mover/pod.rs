@@ -706,6 +706,23 @@ mod tests {
         }
     }
 
+    /// The mover pod of a Checksum of the claim `golden` in `mode`, as JSON.
+    fn checksum_of_golden(mode: VolumeMode) -> serde_json::Value {
+        let pvcs = vec![ResolvedPvc::new("golden", mode)];
+        let defaults = defaults();
+        let mut checksum = Checksum::new(
+            "sum",
+            ChecksumSpec {
+                source: Endpoint::pvc("golden"),
+                options: None,
+                mover: None,
+            },
+        );
+        checksum.metadata = meta();
+        let pod = checksum_pod(&checksum, &input(&pvcs, &defaults)).unwrap();
+        serde_json::to_value(&pod).unwrap()
+    }
+
     fn dropped_all() -> serde_json::Value {
         json!({
             "allowPrivilegeEscalation": false,
@@ -823,19 +840,7 @@ mod tests {
 
     #[test]
     fn filesystem_only_runs_as_non_root() {
-        let pvcs = vec![ResolvedPvc::new("golden", VolumeMode::Filesystem)];
-        let defaults = defaults();
-        let mut checksum = Checksum::new(
-            "sum",
-            ChecksumSpec {
-                source: Endpoint::pvc("golden"),
-                options: None,
-                mover: None,
-            },
-        );
-        checksum.metadata = meta();
-        let pod = checksum_pod(&checksum, &input(&pvcs, &defaults)).unwrap();
-        let v = serde_json::to_value(&pod).unwrap();
+        let v = checksum_of_golden(VolumeMode::Filesystem);
         assert_eq!(
             v["spec"]["securityContext"],
             json!({
@@ -873,19 +878,7 @@ mod tests {
 
     #[test]
     fn block_claims_run_as_non_root_without_fs_group() {
-        let pvcs = vec![ResolvedPvc::new("golden", VolumeMode::Block)];
-        let defaults = defaults();
-        let mut checksum = Checksum::new(
-            "sum",
-            ChecksumSpec {
-                source: Endpoint::pvc("golden"),
-                options: None,
-                mover: None,
-            },
-        );
-        checksum.metadata = meta();
-        let pod = checksum_pod(&checksum, &input(&pvcs, &defaults)).unwrap();
-        let v = serde_json::to_value(&pod).unwrap();
+        let v = checksum_of_golden(VolumeMode::Block);
         assert_eq!(
             v["spec"]["securityContext"],
             json!({
