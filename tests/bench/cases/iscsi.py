@@ -256,8 +256,10 @@ def read_commands(env, server, image, target, thin):
 
 def null_read_commands(env, server, image):
     sink = 'nbdkit -U - null size="$1" --run "$2 nbd+unix:///?socket=\\$unixsocket"'
+    if not which("nbdkit") and not env.dry:
+        raise RuntimeError("nbdkit is not installed (the null sink of this case): apt-get install -y nbdkit")
     url = server.url(server.READ_FULL)
-    qemu = dict(install=QEMU_ISCSI_INSTALL, available=qemu_img_has_iscsi() and bool(which("nbdkit")))
+    qemu = dict(install=QEMU_ISCSI_INSTALL, available=qemu_img_has_iscsi())
     return [
         Command("ferry copy", ["sh", "-c", sink, "sh", str(image.size), f"{env.ferry} copy {url}"],
                 ferry=True, note="8 workers; the NBD target is flushed (nbdkit null: a no-op)"),
