@@ -278,3 +278,125 @@ async fn drives_backups_through_a_real_job_service() {
     }
     service.shutdown().await;
 }
+
+/// A TCP proxy that forwards until frozen, then holds its connections open and silent:
+/// what a mover whose node vanished, or a half-open connection, looks like to the
+/// operator.
+struct FreezingProxy {
+    addr: std::net::SocketAddr,
+    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl FreezingProxy {
+    async fn start(to: std::net::SocketAddr) -> Self {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let frozen = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = frozen.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let server = tokio::net::TcpStream::connect(to).await.unwrap();
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                for (mut from, mut to) in [(cr, sw), (sr, cw)].map(|(r, w)| (r, w)) {
+                    let flag = flag.clone();
+                    tokio::spawn(async move {
+                        let mut buf = vec![0u8; 64 << 10];
+                        loop {
+                            let n = match from.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            if flag.load(Ordering::SeqCst) {
+                                // Silent, not closed: keep both halves open forever.
+                                std::future::pending::<()>().await;
+                            }
+                            if to.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        Self { addr, frozen }
+    }
+
+    fn freeze(&self) {
+        self.frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A job stream outlives the link's request timeout, and a mover that goes silent mid-job
+/// (no reset, no close: a vanished node) ends the follow with an error within the
+/// keepalive interval plus its timeout, instead of hanging it forever.
+#[tokio::test]
+async fn a_silent_mover_ends_the_follow_within_the_keepalive_time() {
+    use ferry_operator::controller::LinkTimeouts;
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let (service, direct) = mover_service(dir.path(), &root).await;
+    let proxy = FreezingProxy::start(service.grpc_addr()).await;
+    let through_proxy = MoverAddress {
+        ip: proxy.addr.ip().to_string(),
+        port: proxy.addr.port(),
+        ..direct.clone()
+    };
+    let src = root.join("src.img");
+    std::fs::write(&src, vec![7u8; 8 << 20]).unwrap();
+    let link = GrpcMoverLink::new(LinkTimeouts {
+        connect: Duration::from_secs(5),
+        request: Duration::from_secs(1),
+        keepalive_interval: Duration::from_secs(1),
+        keepalive_timeout: Duration::from_secs(1),
+    });
+    // 8 MiB at 1 MiB/s: about 8 s of job, longer than the request timeout.
+    let job = JobRequest::Transfer(Box::new(proto::StartTransferRequest {
+        source: Some(file(&src)),
+        target: Some(file(&root.join("dst.img"))),
+        options: Some(proto::TransferOptions {
+            rate_limit: 1 << 20,
+            ..proto::TransferOptions::default()
+        }),
+        idempotency_key: "slow".into(),
+        labels: labels("slow"),
+        ..proto::StartTransferRequest::default()
+    }));
+    let started = link.start(&through_proxy, &job).await.unwrap();
+    let mut stream = link.watch(&through_proxy, &started.id).await.unwrap();
+    let watching = Instant::now();
+    while watching.elapsed() < Duration::from_secs(3) {
+        let report = tokio::time::timeout(Duration::from_secs(5), stream.next())
+            .await
+            .expect("the running job reports")
+            .expect("the stream goes on past the request timeout")
+            .unwrap();
+        assert!(!report.state.is_terminal(), "{report:?}");
+    }
+
+    proxy.freeze();
+    let frozen = Instant::now();
+    let ended = loop {
+        match tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .expect("a silent mover must not hang the follow")
+        {
+            Some(Ok(report)) => assert!(!report.state.is_terminal(), "{report:?}"),
+            Some(Err(e)) => break e,
+            None => panic!("the stream ended without an error"),
+        }
+    };
+    assert!(matches!(ended, LinkError::Unavailable(_)), "{ended:?}");
+    assert!(
+        frozen.elapsed() < Duration::from_secs(5),
+        "noticed after {:?}",
+        frozen.elapsed()
+    );
+    link.cancel(&direct, "slow").await.unwrap();
+    service.shutdown().await;
+}

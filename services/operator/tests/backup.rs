@@ -34,6 +34,7 @@ const SNAPSHOTS: &str = "/apis/snapshot.storage.k8s.io/v1/namespaces/vms/volumes
 const PVCS: &str = "/api/v1/namespaces/vms/persistentvolumeclaims";
 const PODS: &str = "/api/v1/namespaces/vms/pods";
 const SECRETS: &str = "/api/v1/namespaces/vms/secrets";
+const NETPOLS: &str = "/apis/networking.k8s.io/v1/namespaces/vms/networkpolicies";
 const MIB: u64 = 1 << 20;
 
 fn repository_json() -> Value {
@@ -176,6 +177,7 @@ async fn a_backup_backs_up_then_prunes_on_one_mover() {
         )
         .await;
     let token = h.server.expect("POST", SECRETS, Reply::Echo).await.body;
+    h.server.expect("POST", NETPOLS, Reply::Echo).await;
     assert_eq!(token["metadata"]["name"], "web1-now-fbk-1-token");
     let pod = h.server.expect("POST", PODS, Reply::Echo).await.body;
     assert_eq!(pod["metadata"]["name"], "web1-now-fbk-1");
@@ -317,6 +319,13 @@ async fn a_backup_backs_up_then_prunes_on_one_mover() {
             Reply::Deleted,
         )
         .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{NETPOLS}/web1-now-fbk-1"),
+            Reply::Deleted,
+        )
+        .await;
     assert_eq!(h.server.expect_event(NS).await.body["reason"], "Succeeded");
     h.ctx.take_watch("uid-b").unwrap().task.await.unwrap();
     h.server.done().await;
@@ -405,6 +414,13 @@ async fn a_failed_backup_says_why() {
             Reply::Deleted,
         )
         .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{NETPOLS}/web1-now-fbk-1"),
+            Reply::Deleted,
+        )
+        .await;
     let event = h.server.expect_event(NS).await.body;
     assert_eq!(
         (event["type"].clone(), event["reason"].clone()),
@@ -461,6 +477,13 @@ async fn a_failed_prune_keeps_the_backup_succeeded() {
         .expect(
             "DELETE",
             &format!("{SECRETS}/web1-now-fbk-1-token"),
+            Reply::Deleted,
+        )
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{NETPOLS}/web1-now-fbk-1"),
             Reply::Deleted,
         )
         .await;
@@ -659,6 +682,13 @@ async fn a_restore_writes_the_backups_snapshot_into_the_claim() {
         .expect(
             "DELETE",
             &format!("{SECRETS}/web1-copy-frs-1-token"),
+            Reply::Deleted,
+        )
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{NETPOLS}/web1-copy-frs-1"),
             Reply::Deleted,
         )
         .await;

@@ -26,6 +26,7 @@ const T_STATUS: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/transfers/import
 const PVCS: &str = "/api/v1/namespaces/vms/persistentvolumeclaims";
 const PODS: &str = "/api/v1/namespaces/vms/pods";
 const SECRETS: &str = "/api/v1/namespaces/vms/secrets";
+const NETPOLS: &str = "/apis/networking.k8s.io/v1/namespaces/vms/networkpolicies";
 const MIB: u64 = 1 << 20;
 
 fn digest() -> String {
@@ -208,6 +209,7 @@ async fn a_new_transfer_runs_to_success() {
     let event = h.server.expect_event(NS).await.body;
     assert_eq!(event["reason"], "ClaimCreated");
     let secret = h.server.expect("POST", SECRETS, Reply::Echo).await.body;
+    h.server.expect("POST", NETPOLS, Reply::Echo).await;
     assert_eq!(secret["metadata"]["name"], "import-ft-1-token");
     assert_eq!(secret["metadata"]["ownerReferences"][0]["uid"], "uid-1");
     let token = secret["stringData"]["token"].as_str().unwrap().to_string();
@@ -284,7 +286,7 @@ async fn a_new_transfer_runs_to_success() {
     );
     finish(task).await;
     h.server.done().await;
-    assert_eq!(h.server.count, 9);
+    assert_eq!(h.server.count, 10);
 
     // 3. The pod is ready: Running on its node, the job started and followed.
     let object = with_status(&transfer_json(None), &json!({ "status": status }));
@@ -353,6 +355,9 @@ async fn a_new_transfer_runs_to_success() {
             Reply::Deleted,
         )
         .await;
+    h.server
+        .expect("DELETE", &format!("{NETPOLS}/import-ft-1"), Reply::Deleted)
+        .await;
     assert_eq!(h.server.expect_event(NS).await.body["reason"], "Succeeded");
     let watch = h.ctx.take_watch("uid-1").expect("a follow task");
     watch.task.await.unwrap();
@@ -380,9 +385,9 @@ async fn a_new_transfer_runs_to_success() {
     let action = reconcile(transfer(&object), h.ctx.clone()).await.unwrap();
     assert_eq!(action, Action::await_change());
     h.server.done().await;
-    // The reconcile cost of one Transfer from creation to success: 16 API requests (7 of
-    // them events), none of them while the mover copied.
-    assert_eq!(h.server.count, 16, "requests for one Transfer");
+    // The reconcile cost of one Transfer from creation to success: 18 API requests (7 of
+    // them events; 2 the mover's NetworkPolicy), none of them while the mover copied.
+    assert_eq!(h.server.count, 18, "requests for one Transfer");
 }
 
 /// An evicted mover is recorded as lost and removed; the replacement is attempt 2 and
@@ -412,6 +417,9 @@ async fn a_killed_mover_is_replaced_and_resumes_from_the_checkpoint() {
             Reply::NotFound,
         )
         .await;
+    h.server
+        .expect("DELETE", &format!("{NETPOLS}/import-ft-1"), Reply::NotFound)
+        .await;
     let seen = h
         .server
         .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
@@ -439,6 +447,7 @@ async fn a_killed_mover_is_replaced_and_resumes_from_the_checkpoint() {
         .await;
     claims_found(&mut h.server).await;
     let secret = h.server.expect("POST", SECRETS, Reply::Echo).await.body;
+    h.server.expect("POST", NETPOLS, Reply::Echo).await;
     assert_eq!(secret["metadata"]["name"], "import-ft-2-token");
     let pod = h.server.expect("POST", PODS, Reply::Echo).await.body;
     assert_eq!(pod["metadata"]["name"], "import-ft-2");
@@ -494,6 +503,87 @@ async fn a_killed_mover_is_replaced_and_resumes_from_the_checkpoint() {
     assert!(h.server.count <= 15, "{} requests", h.server.count);
 }
 
+/// A ready mover the operator cannot reach (a default-deny NetworkPolicy, a firewall) is
+/// named in the status with the likely cause, once, then replaced after the start timeout;
+/// it never passes for a running mover.
+#[tokio::test]
+async fn an_unreachable_mover_is_named_then_replaced() {
+    let mut s = settings();
+    s.mover_unreachable_grace = Duration::ZERO;
+    s.mover_start_timeout = Duration::from_millis(300);
+    let mut h = Harness::new(s);
+    *h.link.unreachable.lock() = true;
+    let object = transfer_json(Some(running_status(1)));
+    let t = transfer(&object);
+    let pod = ready(mover_pod(&t, 1), "node-a");
+    h.pod_seen(pod);
+    let task = tokio::spawn(reconcile(t, h.ctx.clone()));
+    h.server
+        .expect(
+            "GET",
+            &format!("{SECRETS}/import-ft-1-token"),
+            Reply::Ok(token_secret("import-ft-1-token")),
+        )
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let named = status_of(&seen).clone();
+    let running = condition(&named, "Running");
+    assert_eq!(running["status"], "False");
+    assert_eq!(running["reason"], "MoverUnreachable");
+    let message = named["message"].as_str().unwrap();
+    for part in [
+        "cannot reach mover pod import-ft-1",
+        "connection timed out",
+        "NetworkPolicy in namespace vms",
+        "namespace ferry-system",
+        "NetworkPolicy import-ft-1",
+    ] {
+        assert!(message.contains(part), "{part:?} not in {message}");
+    }
+    let event = h.server.expect_event(NS).await.body;
+    assert_eq!(event["reason"], "MoverUnreachable");
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(5)));
+    h.server.done().await;
+
+    // Still unreachable: nothing written again until the start timeout passes.
+    let object = with_status(&object, &json!({ "status": named }));
+    let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
+    h.server.done().await;
+    finish(task).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
+    h.server
+        .expect("DELETE", &format!("{PODS}/import-ft-1"), Reply::Deleted)
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{SECRETS}/import-ft-1-token"),
+            Reply::Deleted,
+        )
+        .await;
+    h.server
+        .expect("DELETE", &format!("{NETPOLS}/import-ft-1"), Reply::Deleted)
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let lost = status_of(&seen);
+    assert_eq!(condition(lost, "Running")["reason"], "MoverLost");
+    assert!(lost["message"]
+        .as_str()
+        .unwrap()
+        .contains("cannot reach mover pod import-ft-1"));
+    assert_eq!(h.server.expect_event(NS).await.body["reason"], "MoverLost");
+    finish(task).await;
+    h.server.done().await;
+}
+
 /// A permanent job failure (the target claim is too small): Failed with the kind and
 /// the mover's message, the mover removed.
 #[tokio::test]
@@ -540,6 +630,9 @@ async fn a_permanent_failure_fails_with_its_kind() {
             Reply::Deleted,
         )
         .await;
+    h.server
+        .expect("DELETE", &format!("{NETPOLS}/import-ft-1"), Reply::Deleted)
+        .await;
     let event = h.server.expect_event(NS).await.body;
     assert_eq!(
         (event["type"].as_str(), event["note"].as_str()),
@@ -548,7 +641,7 @@ async fn a_permanent_failure_fails_with_its_kind() {
     h.ctx.take_watch("uid-1").unwrap().task.await.unwrap();
     h.server.done().await;
     assert_eq!(*h.link.tokens.lock(), vec!["secret-token".to_string(); 2]);
-    assert_eq!(h.server.count, 5);
+    assert_eq!(h.server.count, 6);
 }
 
 /// Deleting a running Transfer: its jobs cancelled, the mover removed, Cancelled, the
@@ -578,6 +671,9 @@ async fn deletion_cancels_and_removes_the_finalizer() {
             Reply::Deleted,
         )
         .await;
+    h.server
+        .expect("DELETE", &format!("{NETPOLS}/import-ft-1"), Reply::Deleted)
+        .await;
     let seen = h
         .server
         .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
@@ -594,7 +690,7 @@ async fn deletion_cancels_and_removes_the_finalizer() {
     assert_eq!(finish(task).await, Action::await_change());
     h.server.done().await;
     assert_eq!(h.link.calls(), vec![Call::Cancel("uid-1".into())]);
-    assert_eq!(h.server.count, 6);
+    assert_eq!(h.server.count, 7);
 }
 
 /// A missing source claim: Pending with a reason naming it, looked at again with a
@@ -647,6 +743,7 @@ async fn a_refused_mover_pod_waits_with_the_server_message() {
     let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
     claims_found(&mut h.server).await;
     h.server.expect("POST", SECRETS, Reply::Echo).await;
+    h.server.expect("POST", NETPOLS, Reply::Echo).await;
     h.server
         .expect("POST", PODS, Reply::Refuse(403, REFUSAL))
         .await;
@@ -659,6 +756,9 @@ async fn a_refused_mover_pod_waits_with_the_server_message() {
             &format!("{SECRETS}/import-ft-1-token"),
             Reply::Deleted,
         )
+        .await;
+    h.server
+        .expect("DELETE", &format!("{NETPOLS}/import-ft-1"), Reply::Deleted)
         .await;
     let seen = h
         .server
@@ -826,6 +926,7 @@ async fn over_the_limit_the_transfer_is_queued() {
     let task = tokio::spawn(reconcile(transfer(&object), h2.ctx.clone()));
     claims_found(&mut h2.server).await;
     h2.server.expect("POST", SECRETS, Reply::Echo).await;
+    h2.server.expect("POST", NETPOLS, Reply::Echo).await;
     let pod = h2.server.expect("POST", PODS, Reply::Echo).await.body;
     assert!(pod["spec"].get("affinity").is_none(), "{pod}");
     h2.server
@@ -847,6 +948,7 @@ async fn a_slot_taken_is_held_until_the_pod_is_seen() {
     let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
     claims_found(&mut h.server).await;
     h.server.expect("POST", SECRETS, Reply::Echo).await;
+    h.server.expect("POST", NETPOLS, Reply::Echo).await;
     h.server.expect("POST", PODS, Reply::Echo).await;
     h.server
         .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
@@ -911,6 +1013,9 @@ async fn a_transient_failure_retries_until_the_limit() {
             Reply::Deleted,
         )
         .await;
+    h.server
+        .expect("DELETE", &format!("{NETPOLS}/import-ft-1"), Reply::Deleted)
+        .await;
     assert_eq!(h.server.expect_event(NS).await.body["reason"], "Retrying");
     h.ctx.take_watch("uid-1").unwrap().task.await.unwrap();
     h.server.done().await;
@@ -933,6 +1038,9 @@ async fn a_transient_failure_retries_until_the_limit() {
             &format!("{SECRETS}/import-ft-3-token"),
             Reply::NotFound,
         )
+        .await;
+    h.server
+        .expect("DELETE", &format!("{NETPOLS}/import-ft-3"), Reply::NotFound)
         .await;
     let seen = h
         .server
@@ -1022,6 +1130,13 @@ async fn a_checksum_writes_its_digest() {
             Reply::Deleted,
         )
         .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{NETPOLS}/golden-sum-fcs-1"),
+            Reply::Deleted,
+        )
+        .await;
     assert_eq!(h.server.expect_event(NS).await.body["reason"], "Succeeded");
     h.ctx.take_watch("uid-c").unwrap().task.await.unwrap();
     h.server.done().await;
@@ -1034,7 +1149,7 @@ async fn a_checksum_writes_its_digest() {
         "/var/run/ferry/volumes/golden/disk.img"
     );
     assert_eq!(request.idempotency_key, "uid-c");
-    assert_eq!(h.server.count, 7);
+    assert_eq!(h.server.count, 8);
 }
 
 /// A Transfer of two targets with its mover ready (`pvc/copy` and `pvc/other`).
@@ -1096,6 +1211,9 @@ async fn mover_removed(h: &mut Harness) -> Value {
             &format!("{SECRETS}/import-ft-1-token"),
             Reply::Deleted,
         )
+        .await;
+    h.server
+        .expect("DELETE", &format!("{NETPOLS}/import-ft-1"), Reply::Deleted)
         .await;
     let event = h.server.expect_event(NS).await.body;
     h.ctx.take_watch("uid-1").unwrap().task.await.unwrap();
@@ -1305,6 +1423,9 @@ async fn a_digest_mismatch_fails_the_transfer() {
             Reply::Deleted,
         )
         .await;
+    h.server
+        .expect("DELETE", &format!("{NETPOLS}/import-ft-1"), Reply::Deleted)
+        .await;
     h.server.expect_event(NS).await;
     h.ctx.take_watch("uid-1").unwrap().task.await.unwrap();
     h.server.done().await;
@@ -1357,6 +1478,7 @@ async fn claims_of_a_delete_retention_are_owned_by_the_transfer() {
         .await;
     // Taken as its own: on to the token Secret.
     let secret = h.server.expect("POST", SECRETS, Reply::Echo).await.body;
+    h.server.expect("POST", NETPOLS, Reply::Echo).await;
     assert_eq!(secret["metadata"]["name"], "import-ft-1-token");
     task.abort();
 }
@@ -1394,6 +1516,7 @@ async fn a_mover_of_a_claim_in_use_runs_on_its_users_node() {
         })))
         .await;
     h.server.expect("POST", SECRETS, Reply::Echo).await;
+    h.server.expect("POST", NETPOLS, Reply::Echo).await;
     let pod = h.server.expect("POST", PODS, Reply::Echo).await.body;
     assert_eq!(
         pod["spec"]["affinity"],
@@ -1425,6 +1548,7 @@ async fn a_namespace_with_a_uid_range_gets_movers_without_ids() {
     let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
     claims_found(&mut h.server).await;
     h.server.expect("POST", SECRETS, Reply::Echo).await;
+    h.server.expect("POST", NETPOLS, Reply::Echo).await;
     let pod = h.server.expect("POST", PODS, Reply::Echo).await.body;
     assert_eq!(
         pod["spec"]["securityContext"],
@@ -1610,6 +1734,9 @@ async fn a_mover_that_never_starts_fails_its_attempt_with_its_events() {
             Reply::Deleted,
         )
         .await;
+    h.server
+        .expect("DELETE", &format!("{NETPOLS}/import-ft-1"), Reply::Deleted)
+        .await;
     let seen = h
         .server
         .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
@@ -1649,11 +1776,14 @@ async fn a_mover_left_behind_by_a_final_transfer_is_deleted() {
             Reply::Deleted,
         )
         .await;
+    h.server
+        .expect("DELETE", &format!("{NETPOLS}/import-ft-1"), Reply::Deleted)
+        .await;
     assert_eq!(finish(task).await, Action::await_change());
     h.pod_gone(pod);
     reconcile(t, h.ctx.clone()).await.unwrap();
     h.server.done().await;
-    assert_eq!(h.server.count, 2);
+    assert_eq!(h.server.count, 3);
 }
 
 /// Least privilege: every grant of deploy/operator's roles is asked for by a scenario (or

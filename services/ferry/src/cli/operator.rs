@@ -101,6 +101,15 @@ pub struct RunArgs {
     /// Watch only this namespace [default: all namespaces].
     #[arg(long, env = "FERRY_OPERATOR_WATCH_NAMESPACE")]
     pub watch_namespace: Option<String>,
+    /// The operator's own namespace, whose operator pods the movers' NetworkPolicies
+    /// admit [default: the pod's namespace, else "ferry-system"].
+    #[arg(long, env = "FERRY_OPERATOR_NAMESPACE")]
+    pub operator_namespace: Option<String>,
+    /// Give each mover a NetworkPolicy admitting only the operator to its gRPC port
+    /// (needed where a default-deny policy covers the movers' namespaces).
+    #[arg(long, env = "FERRY_OPERATOR_MOVER_NETWORK_POLICY", default_value_t = true,
+          action = clap::ArgAction::Set)]
+    pub mover_network_policy: bool,
     /// Log format.
     #[arg(long, env = "FERRY_LOG_FORMAT", value_enum, default_value = "json")]
     pub log_format: LogFormat,
@@ -156,6 +165,12 @@ impl RunArgs {
         settings.max_attempts = self.max_attempts;
         settings.mover_start_timeout = self.mover_start_timeout;
         settings.watch_namespace = self.watch_namespace.clone();
+        settings.operator_namespace = self
+            .operator_namespace
+            .clone()
+            .or_else(pod_namespace)
+            .unwrap_or_else(|| "ferry-system".to_string());
+        settings.mover_network_policy = self.mover_network_policy;
         settings
     }
 
@@ -177,14 +192,17 @@ impl RunArgs {
     pub fn lease_namespace(&self) -> String {
         self.lease_namespace
             .clone()
-            .or_else(|| {
-                std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE)
-                    .ok()
-                    .map(|s| s.trim().to_string())
-                    .filter(|s| !s.is_empty())
-            })
+            .or_else(pod_namespace)
             .unwrap_or_else(|| "default".to_string())
     }
+}
+
+/// The namespace of the pod this process runs in, from its service account.
+fn pod_namespace() -> Option<String> {
+    std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE)
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
 }
 
 /// Runs `ferry operator ...`.

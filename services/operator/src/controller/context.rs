@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::Recorder;
@@ -64,6 +65,11 @@ pub struct Context {
     /// Resources waiting for a mover slot: uid -> (kind, namespace, name), woken when a
     /// mover goes.
     queued: Mutex<HashMap<String, (&'static str, String, String)>>,
+    /// Per kind, where to send (namespace, name) of a resource whose job stream broke,
+    /// so that it is reconciled at once (its controller reads the other end).
+    relinks: Mutex<HashMap<&'static str, UnboundedSender<(String, String)>>>,
+    /// Resources whose mover could not be reached: uid -> (attempt, first failure).
+    unreachable: Mutex<HashMap<String, (u32, Instant)>>,
 }
 
 /// A mover slot taken before its pod is in the store.
@@ -107,6 +113,8 @@ impl Context {
             waits: Mutex::default(),
             reserved: Mutex::default(),
             queued: Mutex::default(),
+            relinks: Mutex::default(),
+            unreachable: Mutex::default(),
         }
     }
 
@@ -284,5 +292,39 @@ impl Context {
             .filter(|(k, _, _)| *k == kind)
             .map(|(_, namespace, name)| (namespace.clone(), name.clone()))
             .collect()
+    }
+
+    /// The stream of resources of `kind` to reconcile because their job stream broke
+    /// (one receiver per kind: a second call replaces the first).
+    pub fn relinked(&self, kind: &'static str) -> UnboundedReceiver<(String, String)> {
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        self.relinks.lock().insert(kind, tx);
+        rx
+    }
+
+    /// Asks for a reconcile of this resource: its job stream broke.
+    pub fn relink(&self, kind: &'static str, ids: &Ids) {
+        if let Some(tx) = self.relinks.lock().get(kind) {
+            // A closed receiver means the controller is stopping: nothing to wake.
+            let _ = tx.unbounded_send((ids.namespace.clone(), ids.name.clone()));
+        }
+    }
+
+    /// Records that this attempt's mover could not be reached; returns how long it has
+    /// not been (zero on the first failure).
+    pub fn unreachable_for(&self, uid: &str, attempt: u32) -> Duration {
+        let mut map = self.unreachable.lock();
+        let entry = map
+            .entry(uid.to_string())
+            .or_insert((attempt, Instant::now()));
+        if entry.0 != attempt {
+            *entry = (attempt, Instant::now());
+        }
+        entry.1.elapsed()
+    }
+
+    /// The mover answered (or its attempt ended): forget its failures.
+    pub fn reached(&self, uid: &str) {
+        self.unreachable.lock().remove(uid);
     }
 }

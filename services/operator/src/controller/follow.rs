@@ -4,8 +4,10 @@
 //! the resource ended and removes the mover. It is the only writer of the status while
 //! it runs, and the API is not polled: the mover pushes every change.
 //!
-//! When the link breaks the task just stops; the next reconcile starts it again (job
-//! starts are idempotent, so the mover answers with the jobs it already runs).
+//! When the link breaks (an error, a stream that ends early, a mover silent past the
+//! link's keepalive) the task stops and asks for a reconcile of its resource at once,
+//! which starts it again (job starts are idempotent, so the mover answers with the jobs
+//! it already runs) or, if the mover stays unreachable, replaces it.
 
 use std::sync::Arc;
 
@@ -42,9 +44,14 @@ pub fn spawn<K: MoverKind>(ctx: &Arc<Context>, attempt: u32, follow: Follow<K>) 
     let uid = follow.ids.uid.clone();
     let task_ctx = ctx.clone();
     let task = tokio::spawn(async move {
-        let name = follow.ids.name.clone();
-        if let Err(e) = run(&task_ctx, follow).await {
-            tracing::warn!(kind = K::KIND, %name, error = %e, "stopped following the mover's jobs");
+        let ids = follow.ids.clone();
+        match run(&task_ctx, follow).await {
+            Ok(Followed::ToTheEnd) => {}
+            Ok(Followed::Broken) => task_ctx.relink(K::KIND, &ids),
+            Err(e) => {
+                tracing::warn!(kind = K::KIND, name = %ids.name, error = %e, "stopped following the mover's jobs");
+                task_ctx.relink(K::KIND, &ids);
+            }
         }
     });
     ctx.set_watch(&uid, Watch { attempt, task });
@@ -54,8 +61,17 @@ fn all_ended(reports: &[JobReport]) -> bool {
     reports.iter().all(|r| r.state.is_terminal())
 }
 
+/// How a follow ended without an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Followed {
+    /// Every job ended and the resource's status says how.
+    ToTheEnd,
+    /// The mover closed its streams before its jobs ended.
+    Broken,
+}
+
 /// Follows the jobs to their end (see the module comment).
-pub async fn run<K: MoverKind>(ctx: &Context, f: Follow<K>) -> Result<(), Error> {
+pub async fn run<K: MoverKind>(ctx: &Context, f: Follow<K>) -> Result<Followed, Error> {
     let Follow {
         mut obj,
         ids,
@@ -90,10 +106,11 @@ pub async fn run<K: MoverKind>(ctx: &Context, f: Follow<K>) -> Result<(), Error>
         }
         if !all_ended(&reports) {
             // The streams ended early: the mover went away; its pod's state decides.
-            return Ok(());
+            return Ok(Followed::Broken);
         }
     }
-    finish(ctx, obj.as_ref(), &ids, status, &reports).await
+    finish(ctx, obj.as_ref(), &ids, status, &reports).await?;
+    Ok(Followed::ToTheEnd)
 }
 
 /// Writes how the resource ended and removes the mover (for a retry too: the reconciler

@@ -34,27 +34,49 @@ type Client = JobServiceClient<InterceptedService<Channel, BearerToken>>;
 /// Most pages of jobs read when looking a job up by its labels.
 const MAX_PAGES: usize = 16;
 
-/// [`MoverLink`] over the movers' gRPC JobService.
-#[derive(Debug, Clone)]
-pub struct GrpcMoverLink {
-    connect_timeout: Duration,
+/// How long the link waits for a mover before it calls it lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkTimeouts {
+    /// A TCP (and TLS) connection to the mover.
+    pub connect: Duration,
+    /// One unary call (start, list, cancel); not the job streams, which last as long
+    /// as their jobs.
+    pub request: Duration,
+    /// An HTTP/2 PING is sent when the connection has been quiet this long, streams or
+    /// not: a mover that stopped answering (its node gone, a half-open connection, a
+    /// frozen process) is noticed even while a job stream waits for the next report.
+    pub keepalive_interval: Duration,
+    /// The connection, and every stream on it, is closed when a PING is not answered
+    /// within this time.
+    pub keepalive_timeout: Duration,
 }
 
-impl Default for GrpcMoverLink {
+impl Default for LinkTimeouts {
+    /// A silent mover is noticed within 30 s.
     fn default() -> Self {
         Self {
-            connect_timeout: Duration::from_secs(10),
+            connect: Duration::from_secs(10),
+            request: Duration::from_secs(60),
+            keepalive_interval: Duration::from_secs(20),
+            keepalive_timeout: Duration::from_secs(10),
         }
     }
 }
 
+/// [`MoverLink`] over the movers' gRPC JobService.
+#[derive(Debug, Clone, Default)]
+pub struct GrpcMoverLink {
+    timeouts: LinkTimeouts,
+}
+
 impl GrpcMoverLink {
-    /// A link that gives up connecting to a mover after `connect_timeout`.
-    pub fn new(connect_timeout: Duration) -> Self {
-        Self { connect_timeout }
+    /// A link with these timeouts.
+    pub fn new(timeouts: LinkTimeouts) -> Self {
+        Self { timeouts }
     }
 
     async fn client(&self, mover: &MoverAddress) -> Result<Client, LinkError> {
+        let t = &self.timeouts;
         let host = if mover.ip.contains(':') {
             format!("[{}]", mover.ip)
         } else {
@@ -62,7 +84,11 @@ impl GrpcMoverLink {
         };
         let channel = Endpoint::from_shared(format!("http://{host}:{}", mover.port))
             .map_err(|e| LinkError::Rejected(format!("mover address {host}: {e}")))?
-            .connect_timeout(self.connect_timeout)
+            .connect_timeout(t.connect)
+            .timeout(t.request)
+            .http2_keep_alive_interval(t.keepalive_interval)
+            .keep_alive_timeout(t.keepalive_timeout)
+            .keep_alive_while_idle(true)
             .connect()
             .await
             .map_err(|e| LinkError::Unavailable(format!("{}: {e}", mover.pod)))?;

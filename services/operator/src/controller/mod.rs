@@ -52,7 +52,7 @@ use crate::mover::pod::labels;
 
 pub use context::Context;
 pub use error::Error;
-pub use grpc_link::GrpcMoverLink;
+pub use grpc_link::{GrpcMoverLink, LinkTimeouts};
 pub use kind::MoverKind;
 pub use link::{
     BackupSummary, JobFailure, JobReport, JobRequest, JobState, LinkError, MoverAddress, MoverLink,
@@ -234,6 +234,10 @@ fn mover_controller<K: MoverKind>(
                 .map(|(namespace, name)| ObjectRef::new(&name).within(&namespace))
                 .collect::<Vec<_>>()
         })
+        .reconcile_on(
+            ctx.relinked(K::KIND)
+                .map(|(namespace, name)| ObjectRef::new(&name).within(&namespace)),
+        )
         .with_config(controller::Config::default().concurrency(RECONCILES_AT_ONCE))
         .shutdown_on_signal()
 }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Event, Pod, Secret};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use k8s_openapi::ByteString;
@@ -15,6 +16,7 @@ use kube::Api;
 
 use crate::crd::VolumeMode;
 use crate::mover::layout::{GRPC_PORT, TOKEN_KEY};
+use crate::mover::network_policy::mover_network_policy;
 use crate::mover::pod::labels;
 use crate::mover::ResolvedPvc;
 
@@ -265,6 +267,10 @@ fn secrets(ctx: &Context, ids: &Ids) -> Api<Secret> {
     Api::namespaced(ctx.client.clone(), &ids.namespace)
 }
 
+fn policies(ctx: &Context, ids: &Ids) -> Api<NetworkPolicy> {
+    Api::namespaced(ctx.client.clone(), &ids.namespace)
+}
+
 /// A fresh bearer token: 32 random bytes as hex.
 fn new_token() -> Result<String, Error> {
     let mut bytes = [0u8; 32];
@@ -343,6 +349,24 @@ pub async fn create_pod(ctx: &Context, ids: &Ids, pod: &Pod) -> Result<Created, 
     }
 }
 
+/// Creates the NetworkPolicy admitting the operator to the mover `pod` (when the operator
+/// is set to), before the pod: the link can connect as soon as the pod is ready.
+pub async fn create_network_policy(ctx: &Context, ids: &Ids, pod: &Pod) -> Result<Created, Error> {
+    if !ctx.settings.mover_network_policy {
+        return Ok(Created::Yes);
+    }
+    let policy = mover_network_policy(pod, &ctx.settings.operator_namespace);
+    match policies(ctx, ids)
+        .create(&PostParams::default(), &policy)
+        .await
+    {
+        Ok(_) => Ok(Created::Yes),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(Created::Yes),
+        Err(kube::Error::Api(e)) if claims::refused(e.code) => Ok(Created::Refused(e.message)),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Whether the API server took a mover pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Created {
@@ -352,19 +376,18 @@ pub enum Created {
     Refused(String),
 }
 
-/// Deletes a mover pod and its token Secret (either may be gone already).
+/// Deletes a mover pod, its token Secret and its NetworkPolicy (any may be gone already).
 pub async fn delete_mover(ctx: &Context, ids: &Ids, pod: &str) -> Result<(), Error> {
     let secret = names::token_secret(pod);
-    for result in [
-        pods(ctx, ids)
-            .delete(pod, &DeleteParams::default())
-            .await
-            .map(|_| ()),
-        secrets(ctx, ids)
-            .delete(&secret, &DeleteParams::default())
-            .await
-            .map(|_| ()),
-    ] {
+    let delete = DeleteParams::default();
+    let mut results = vec![
+        pods(ctx, ids).delete(pod, &delete).await.map(|_| ()),
+        secrets(ctx, ids).delete(&secret, &delete).await.map(|_| ()),
+    ];
+    if ctx.settings.mover_network_policy {
+        results.push(policies(ctx, ids).delete(pod, &delete).await.map(|_| ()));
+    }
+    for result in results {
         match result {
             Ok(()) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => {}

@@ -37,7 +37,7 @@ use super::follow::{self, Follow};
 use super::kind::{write_status, Ids, MoverKind};
 use super::life::{now, same_status, HasLife, Life};
 use super::limits::{self, Slot};
-use super::link::LinkError;
+use super::link::{LinkError, MoverAddress};
 use super::names;
 use super::pods::{self, Created, PodState};
 use super::secrets;
@@ -212,10 +212,20 @@ async fn start_attempt<K: MoverKind>(
         return wait(ctx, obj, ids, status, reason::QUEUED, &message).await;
     }
     pods::create_token(ctx, obj, ids, &secret).await?;
-    if let Created::Refused(why) = pods::create_pod(ctx, ids, &pod).await? {
+    let refused = match pods::create_network_policy(ctx, ids, &pod).await? {
+        Created::Refused(why) => Some(format!(
+            "the API server refused the NetworkPolicy of mover pod {pod_name}: {why}"
+        )),
+        Created::Yes => match pods::create_pod(ctx, ids, &pod).await? {
+            Created::Refused(why) => Some(format!(
+                "the API server refused mover pod {pod_name}: {why}"
+            )),
+            Created::Yes => None,
+        },
+    };
+    if let Some(message) = refused {
         ctx.release_slot(&ids.uid);
         pods::delete_mover(ctx, ids, &pod_name).await?;
-        let message = format!("the API server refused mover pod {pod_name}: {why}");
         return wait(ctx, obj, ids, status, reason::REFUSED, &message).await;
     }
     ctx.done_waiting(&ids.uid);
@@ -335,14 +345,13 @@ async fn run_jobs<K: MoverKind>(
         l.set_condition(RUNNING, true, reason::MOVER_RUNNING, &message);
         l.set_condition(READY, false, reason::MOVER_RUNNING, &message);
     });
-    let latest = match update(ctx, ids, obj.as_ref(), status, &next).await? {
-        Some(written) => {
-            ctx.event(obj.as_ref(), false, "MoverRunning", &message)
-                .await;
-            Arc::new(written)
-        }
-        None => obj.clone(),
-    };
+    // Once the mover was found unreachable, Running is written only when it answers:
+    // the status must not flap between the two.
+    let was_unreachable = status.life().running_reason() == reason::MOVER_UNREACHABLE;
+    let mut latest = obj.clone();
+    if !was_unreachable {
+        latest = mark_running(ctx, obj, ids, status, &next, &message).await?;
+    }
     let mover = pods::address(ctx, ids, pod).await?;
     let jobs = obj.jobs(&next, &pods::attached_pvcs(pod))?;
     let mut reports = Vec::with_capacity(jobs.len());
@@ -350,14 +359,18 @@ async fn run_jobs<K: MoverKind>(
         match ctx.link.start(&mover, job).await {
             Ok(report) => reports.push(report),
             Err(LinkError::Unavailable(e)) => {
-                tracing::info!(kind = K::KIND, name = %ids.name, error = %e, "mover not reachable yet");
-                return Ok(Action::requeue(ctx.settings.pending_backoff));
+                let written = if was_unreachable { status } else { &next };
+                return unreachable(ctx, latest.as_ref(), ids, written, &mover, &e).await;
             }
             Err(LinkError::Rejected(e)) => {
                 let message = format!("the mover refused the job: {e}");
                 return fail(ctx, latest.as_ref(), ids, &next, reason::FAILED, &message).await;
             }
         }
+    }
+    ctx.reached(&ids.uid);
+    if was_unreachable {
+        latest = mark_running(ctx, obj, ids, status, &next, &message).await?;
     }
     let follow = Follow {
         obj: latest,
@@ -368,6 +381,81 @@ async fn run_jobs<K: MoverKind>(
     };
     follow::spawn(ctx, attempt, follow);
     Ok(Action::requeue(ctx.settings.resync))
+}
+
+/// Writes the Running status (and its event) unless the status says it already.
+async fn mark_running<K: MoverKind>(
+    ctx: &Context,
+    obj: &Arc<K>,
+    ids: &Ids,
+    status: &K::Status,
+    next: &K::Status,
+    message: &str,
+) -> Result<Arc<K>, Error> {
+    Ok(match update(ctx, ids, obj.as_ref(), status, next).await? {
+        Some(written) => {
+            ctx.event(obj.as_ref(), false, "MoverRunning", message)
+                .await;
+            Arc::new(written)
+        }
+        None => obj.clone(),
+    })
+}
+
+/// The ready mover did not answer: ask again soon; after the settings' grace (its server
+/// starting, a NetworkPolicy being programmed) say so in the status, naming what usually
+/// causes it; after the start timeout replace it.
+async fn unreachable<K: MoverKind>(
+    ctx: &Context,
+    obj: &K,
+    ids: &Ids,
+    status: &K::Status,
+    mover: &MoverAddress,
+    error: &str,
+) -> Result<Action, Error> {
+    let life = status.life();
+    let waited = ctx.unreachable_for(&ids.uid, life.attempts);
+    tracing::info!(kind = K::KIND, name = %ids.name, error = %error, ?waited, "mover not reachable");
+    if waited < ctx.settings.mover_unreachable_grace {
+        return Ok(Action::requeue(ctx.settings.pending_backoff));
+    }
+    let message = unreachable_message(mover, waited, error, &ctx.settings.operator_namespace);
+    if waited >= ctx.settings.mover_start_timeout {
+        ctx.reached(&ids.uid);
+        return lost(ctx, obj, ids, status, &message).await;
+    }
+    if life.running_reason() != reason::MOVER_UNREACHABLE {
+        let next = with_life(obj, status, |l| {
+            l.message = Some(message.clone());
+            l.set_condition(RUNNING, false, reason::MOVER_UNREACHABLE, &message);
+        });
+        write_status(ctx, ids, obj, &next).await?;
+        ctx.event(obj, true, reason::MOVER_UNREACHABLE, &message)
+            .await;
+    }
+    Ok(Action::requeue(ctx.settings.pending_backoff))
+}
+
+/// What the status says of a mover the operator cannot reach.
+fn unreachable_message(
+    mover: &MoverAddress,
+    waited: std::time::Duration,
+    error: &str,
+    operator_namespace: &str,
+) -> String {
+    format!(
+        "the operator cannot reach mover pod {} at {}:{} (for {}s: {error}); \
+         a NetworkPolicy in namespace {} may deny ingress from the operator's pods in \
+         namespace {operator_namespace}: the operator creates NetworkPolicy {} to allow it \
+         (unless run with --mover-network-policy=false), check that no other policy or \
+         firewall drops the traffic",
+        mover.pod,
+        mover.ip,
+        mover.port,
+        waited.as_secs(),
+        mover.namespace,
+        mover.pod,
+    )
 }
 
 /// Milliseconds since the Running condition last changed.

@@ -20,6 +20,9 @@ pub struct OperatorSettings {
     /// attaching or mounting, its image not pulled) fails its attempt, with the pod's last
     /// warning events in the status.
     pub mover_start_timeout: Duration,
+    /// A ready mover the operator cannot reach this long is named in the status (a
+    /// NetworkPolicy the usual cause); after `mover_start_timeout` it is replaced.
+    pub mover_unreachable_grace: Duration,
     /// First wait before a lost mover is replaced; doubles per attempt.
     pub retry_backoff: Duration,
     /// First wait before a resource waiting for a claim looks again; doubles per look.
@@ -34,6 +37,11 @@ pub struct OperatorSettings {
     /// Only resources and mover pods of this namespace are watched (None: all
     /// namespaces; the mover limits then count this namespace's movers only).
     pub watch_namespace: Option<String>,
+    /// The operator's own namespace: the movers' NetworkPolicies admit its pods.
+    pub operator_namespace: String,
+    /// Whether each mover gets a NetworkPolicy admitting the operator to its gRPC port
+    /// (see [`crate::mover::network_policy`]).
+    pub mover_network_policy: bool,
 }
 
 impl OperatorSettings {
@@ -45,12 +53,15 @@ impl OperatorSettings {
             max_movers_per_node: 0,
             max_attempts: 5,
             mover_start_timeout: Duration::from_secs(600),
+            mover_unreachable_grace: Duration::from_secs(30),
             retry_backoff: Duration::from_secs(10),
             pending_backoff: Duration::from_secs(5),
             max_backoff: Duration::from_secs(300),
             progress_interval: Duration::from_secs(5),
             resync: Duration::from_secs(300),
             watch_namespace: None,
+            operator_namespace: "ferry-system".to_string(),
+            mover_network_policy: true,
         }
     }
 

@@ -72,6 +72,8 @@ pub mod condition {
         pub const RETRYING: &str = "Retrying";
         /// A mover pod was lost; a replacement resumes from the checkpoint.
         pub const MOVER_LOST: &str = "MoverLost";
+        /// The mover pod is ready but the operator cannot reach its gRPC port.
+        pub const MOVER_UNREACHABLE: &str = "MoverUnreachable";
         /// The spec cannot run as written.
         pub const INVALID_SPEC: &str = "InvalidSpec";
         /// The copy or checksum finished.

@@ -10,6 +10,7 @@
 pub mod backup_request;
 pub mod endpoint;
 pub mod layout;
+pub mod network_policy;
 pub mod placement;
 pub mod pod;
 pub mod request;

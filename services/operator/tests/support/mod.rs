@@ -248,6 +248,8 @@ pub struct FakeLink {
     pub scripts: Mutex<HashMap<String, Vec<JobReport>>>,
     pub hold: Mutex<bool>,
     pub tokens: Mutex<Vec<String>>,
+    /// When set, `start` fails as a connection to a mover that cannot be reached.
+    pub unreachable: Mutex<bool>,
 }
 
 impl FakeLink {
@@ -270,6 +272,12 @@ impl MoverLink for FakeLink {
     async fn start(&self, mover: &MoverAddress, job: &JobRequest) -> Result<JobReport, LinkError> {
         self.calls.lock().push(Call::Start(job.clone()));
         self.tokens.lock().push(mover.token.clone());
+        if *self.unreachable.lock() {
+            return Err(LinkError::Unavailable(format!(
+                "{}: transport error: connection timed out",
+                mover.pod
+            )));
+        }
         Ok(report(&job_id(job.idempotency_key()), JobState::Running, 0))
     }
 
