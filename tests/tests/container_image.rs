@@ -305,6 +305,7 @@ fn mover_command_and_user() -> (Vec<String>, String) {
             pvcs: &pvcs,
             defaults: &defaults,
             assigned_ids: false,
+            tls: true,
         },
     )
     .unwrap();

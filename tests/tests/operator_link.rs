@@ -400,3 +400,102 @@ async fn a_silent_mover_ends_the_follow_within_the_keepalive_time() {
     link.cancel(&direct, "slow").await.unwrap();
     service.shutdown().await;
 }
+
+/// A job service serving mutual TLS with a certificate `ca` made for the mover pod
+/// `pod` in namespace `ns`, accepting only clients of `ca`.
+async fn tls_mover_service(
+    dir: &Path,
+    root: &Path,
+    ca: &ferry_operator::mover::tls::MoverCa,
+    pod: &str,
+) -> (RunningService, MoverAddress) {
+    let issued = ca.issue_mover(pod, "ns").unwrap();
+    let tls_dir = dir.join("tls");
+    std::fs::create_dir_all(&tls_dir).unwrap();
+    for (name, pem) in [
+        ("tls.crt", issued.cert_pem.as_str()),
+        ("tls.key", issued.key_pem.as_str()),
+        ("ca.crt", ca.cert_pem()),
+    ] {
+        std::fs::write(tls_dir.join(name), pem).unwrap();
+    }
+    let mut cfg = ServiceConfig::new(dir.join("data"));
+    cfg.grpc_listen = "127.0.0.1:0".parse().unwrap();
+    cfg.metrics_listen = None;
+    cfg.allow_roots = vec![root.to_path_buf()];
+    cfg.auth_token = Some(Secret::new("t0ken"));
+    cfg.tls = Some(ferry_server::security::TlsFiles {
+        cert: tls_dir.join("tls.crt"),
+        key: tls_dir.join("tls.key"),
+        client_ca: Some(tls_dir.join("ca.crt")),
+    });
+    let service = server::start(cfg).await.unwrap();
+    let addr = service.grpc_addr();
+    let mover = MoverAddress {
+        namespace: "ns".into(),
+        pod: "p".into(),
+        ip: addr.ip().to_string(),
+        port: addr.port(),
+        token: "t0ken".into(),
+    };
+    (service, mover)
+}
+
+/// The operator's mutual TLS with a real job service as the mover pod runs it: the
+/// operator's link with the movers' CA runs a checksum; a link of another CA, a link
+/// without TLS, and a mover whose certificate names another pod are all refused.
+#[tokio::test]
+async fn movers_and_the_operator_prove_themselves_by_the_movers_ca() {
+    use ferry_operator::mover::tls::MoverCa;
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let src = root.join("src.img");
+    let bytes: Vec<u8> = (0..1u32 << 20).map(|i| (i % 241) as u8).collect();
+    std::fs::write(&src, &bytes).unwrap();
+    let ca = Arc::new(MoverCa::generate().unwrap());
+    let (service, mover) = tls_mover_service(dir.path(), &root, &ca, "p").await;
+    let checksum = JobRequest::Checksum(Box::new(proto::StartChecksumRequest {
+        source: Some(file(&src)),
+        options: Some(proto::ChecksumOptions {
+            algorithm: proto::HashAlgorithm::Sha256 as i32,
+            ..proto::ChecksumOptions::default()
+        }),
+        idempotency_key: "uid-t".into(),
+        labels: labels("uid-t"),
+        priority: 0,
+    }));
+
+    let link = GrpcMoverLink::default().with_ca(ca.clone());
+    let started = link.start(&mover, &checksum).await.unwrap();
+    let summed = last(&link, &mover, &started.id).await;
+    assert_eq!(summed.state, JobState::Succeeded, "{summed:?}");
+    let expected = {
+        use sha2::Digest;
+        format!(
+            "sha256:{}",
+            ferry_tests::check::hex(&sha2::Sha256::digest(&bytes))
+        )
+    };
+    assert_eq!(summed.source_digest.as_deref(), Some(expected.as_str()));
+
+    let stranger = GrpcMoverLink::default().with_ca(Arc::new(MoverCa::generate().unwrap()));
+    let refused = stranger.start(&mover, &checksum).await;
+    assert!(refused.is_err(), "a link of another CA got in: {refused:?}");
+    let plain = GrpcMoverLink::default();
+    let refused = plain.start(&mover, &checksum).await;
+    assert!(refused.is_err(), "a plain link got in: {refused:?}");
+    service.shutdown().await;
+
+    // A mover whose certificate was made for another pod is not the mover asked for.
+    let other = tempfile::tempdir().unwrap();
+    let (service, mover) = tls_mover_service(other.path(), &root, &ca, "q").await;
+    let refused = link.start(&mover, &checksum).await;
+    assert!(
+        refused.is_err(),
+        "a mover of another pod was trusted: {refused:?}"
+    );
+    service.shutdown().await;
+}

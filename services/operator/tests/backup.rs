@@ -110,6 +110,7 @@ fn mover_pod(object: &Value) -> k8s_openapi::api::core::v1::Pod {
             pvcs: &[ResolvedPvc::new("web1", VolumeMode::Block)],
             defaults: &settings().mover,
             assigned_ids: false,
+            tls: true,
         },
     )
     .unwrap()
@@ -632,6 +633,7 @@ async fn a_restore_writes_the_backups_snapshot_into_the_claim() {
             pvcs: &[ResolvedPvc::new("web1-copy", VolumeMode::Filesystem)],
             defaults: &settings().mover,
             assigned_ids: false,
+            tls: true,
         },
     )
     .unwrap();

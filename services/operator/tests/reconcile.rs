@@ -111,6 +111,7 @@ fn mover_pod(t: &Transfer, attempt: u32) -> Pod {
             pvcs: &pvcs,
             defaults: &settings().mover,
             assigned_ids: false,
+            tls: true,
         },
     )
     .unwrap()
@@ -214,6 +215,14 @@ async fn a_new_transfer_runs_to_success() {
     assert_eq!(secret["metadata"]["ownerReferences"][0]["uid"], "uid-1");
     let token = secret["stringData"]["token"].as_str().unwrap().to_string();
     assert_eq!(token.len(), 64);
+    // Mutual TLS: the mover's own certificate and key, and the CA it takes clients of.
+    let data = &secret["stringData"];
+    assert_eq!(data["ca.crt"], support::mover_ca().cert_pem());
+    assert!(data["tls.crt"]
+        .as_str()
+        .unwrap()
+        .starts_with("-----BEGIN CERTIFICATE"));
+    assert!(data["tls.key"].as_str().unwrap().contains("PRIVATE KEY"));
     let pod = h.server.expect("POST", PODS, Reply::Echo).await.body;
     assert_eq!(pod["metadata"]["name"], "import-ft-1");
     assert_eq!(pod["metadata"]["ownerReferences"][0]["uid"], "uid-1");
@@ -1083,6 +1092,7 @@ async fn a_checksum_writes_its_digest() {
             pvcs: &[ResolvedPvc::new("golden", VolumeMode::Filesystem)],
             defaults: &settings().mover,
             assigned_ids: false,
+            tls: true,
         },
     )
     .unwrap();
@@ -1173,6 +1183,7 @@ fn fan_out(h: &mut Harness) -> (Value, Arc<Transfer>) {
             pvcs: &pvcs,
             defaults: &settings().mover,
             assigned_ids: false,
+            tls: true,
         },
     )
     .unwrap();

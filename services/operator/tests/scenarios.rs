@@ -8,5 +8,6 @@ mod crds;
 mod leader;
 mod manifests;
 mod metrics;
+mod mover_ca;
 mod populator;
 mod reconcile;

@@ -270,11 +270,21 @@ async fn lead(
         }
     }
     metrics.leader.set(1);
-    let link = Arc::new(GrpcMoverLink::default());
+    let ca = controller::mover_ca::load_or_create(&client, &settings.operator_namespace)
+        .await
+        .with_context(|| {
+            format!(
+                "the movers' CA (secret {} in namespace {})",
+                controller::mover_ca::CA_SECRET,
+                settings.operator_namespace
+            )
+        })?;
+    let ca = Arc::new(ca);
+    let link = Arc::new(GrpcMoverLink::default().with_ca(ca.clone()));
     let watch_namespace = settings.watch_namespace.clone();
     let controllers = async {
         let (ran, populated) = tokio::join!(
-            controller::run(client.clone(), settings, link, metrics.clone()),
+            controller::run(client.clone(), settings, link, Some(ca), metrics.clone()),
             populator::run(client, watch_namespace),
         );
         ran.context("the controllers stopped")?;

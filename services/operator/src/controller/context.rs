@@ -26,6 +26,7 @@ use super::limits::{self, Slot};
 use super::link::MoverLink;
 use super::settings::OperatorSettings;
 use crate::mover::pod::labels;
+use crate::mover::tls::MoverCa;
 
 /// The annotation of a namespace whose pods get their user IDs from a range (OpenShift).
 pub const UID_RANGE_ANNOTATION: &str = "openshift.io/sa.scc.uid-range";
@@ -68,6 +69,8 @@ pub struct Context {
     /// Per kind, where to send (namespace, name) of a resource whose job stream broke,
     /// so that it is reconciled at once (its controller reads the other end).
     relinks: Mutex<HashMap<&'static str, UnboundedSender<(String, String)>>>,
+    /// The movers' CA (None: movers serve plain gRPC, in tests of other things).
+    mover_ca: Option<Arc<MoverCa>>,
     /// Resources whose mover could not be reached: uid -> (attempt, first failure).
     unreachable: Mutex<HashMap<String, (u32, Instant)>>,
 }
@@ -114,6 +117,7 @@ impl Context {
             reserved: Mutex::default(),
             queued: Mutex::default(),
             relinks: Mutex::default(),
+            mover_ca: None,
             unreachable: Mutex::default(),
         }
     }
@@ -292,6 +296,17 @@ impl Context {
             .filter(|(k, _, _)| *k == kind)
             .map(|(_, namespace, name)| (namespace.clone(), name.clone()))
             .collect()
+    }
+
+    /// Movers get certificates from this CA and serve mutual TLS.
+    pub fn with_mover_ca(mut self, ca: Arc<MoverCa>) -> Self {
+        self.mover_ca = Some(ca);
+        self
+    }
+
+    /// The movers' CA, when movers serve mutual TLS.
+    pub fn mover_ca(&self) -> Option<&Arc<MoverCa>> {
+        self.mover_ca.as_ref()
     }
 
     /// The stream of resources of `kind` to reconcile because their job stream broke

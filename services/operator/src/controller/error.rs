@@ -20,6 +20,12 @@ pub enum Error {
     /// The resource was not read from the API (no namespace, name or uid).
     #[error("the {0} has no namespace, name or uid")]
     NotStored(&'static str),
+    /// A certificate of the movers' mutual TLS could not be made or read.
+    #[error(transparent)]
+    Tls(#[from] crate::mover::tls::TlsError),
+    /// The movers' CA Secret is unusable.
+    #[error("secret {0} (the movers' CA) lacks ca.crt or ca.key: delete it so the operator makes a new CA")]
+    BadCa(String),
     /// The mover's token Secret has no token.
     #[error("secret {0} has no token: delete it so the operator writes a new one")]
     NoToken(String),

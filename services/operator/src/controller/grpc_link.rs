@@ -7,6 +7,10 @@
 //! the reconcilers are its only callers, and the requests it sends are already the
 //! ferry-api messages the mover pods' service takes, so there is nothing to convert.
 //!
+//! With the movers' CA ([`GrpcMoverLink::with_ca`]) the link speaks mutual TLS: it
+//! trusts only movers whose certificate the CA made for their pod, and shows its own
+//! (see [`crate::mover::tls`]).
+//!
 //! `start` keeps the trait's idempotency contract: when the mover already has a job of
 //! the same idempotency key started with another request (a restarted operator resuming
 //! from a newer checkpoint), that job is looked up by its labels and returned.
@@ -14,19 +18,22 @@
 pub mod report;
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use ferry_api::auth::BearerToken;
 use ferry_api::proto::{self, job_service_client::JobServiceClient};
 use ferry_core::Secret;
 use futures::StreamExt;
+use parking_lot::Mutex;
 use tonic::codegen::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Status};
 
 use super::link::{JobReport, JobRequest, LinkError, MoverAddress, MoverLink, ReportStream};
 use crate::mover::request::OWNER_UID_LABEL;
+use crate::mover::tls::{self, MoverCa};
 use report::report;
 
 type Client = JobServiceClient<InterceptedService<Channel, BearerToken>>;
@@ -67,12 +74,68 @@ impl Default for LinkTimeouts {
 #[derive(Debug, Clone, Default)]
 pub struct GrpcMoverLink {
     timeouts: LinkTimeouts,
+    tls: Option<Arc<ClientTls>>,
+}
+
+/// The operator's side of the movers' mutual TLS: the CA both sides trust and the
+/// operator's client certificate, made again at half its validity.
+#[derive(Debug)]
+struct ClientTls {
+    ca: Arc<MoverCa>,
+    identity: Mutex<Option<(Identity, Instant)>>,
+}
+
+impl ClientTls {
+    /// The client certificate to present (a fresh one once the last is half-way old).
+    fn identity(&self) -> Result<Identity, LinkError> {
+        let renew = Duration::try_from(tls::CLIENT_VALIDITY / 2).unwrap_or_default();
+        let mut held = self.identity.lock();
+        if let Some((identity, made)) = held.as_ref() {
+            if made.elapsed() < renew {
+                return Ok(identity.clone());
+            }
+        }
+        let issued = self
+            .ca
+            .issue_client()
+            .map_err(|e| LinkError::Rejected(e.to_string()))?;
+        let identity = Identity::from_pem(issued.cert_pem, issued.key_pem);
+        *held = Some((identity.clone(), Instant::now()));
+        Ok(identity)
+    }
 }
 
 impl GrpcMoverLink {
-    /// A link with these timeouts.
+    /// A link with these timeouts, over plain HTTP/2 (movers without certificates).
     pub fn new(timeouts: LinkTimeouts) -> Self {
-        Self { timeouts }
+        Self {
+            timeouts,
+            tls: None,
+        }
+    }
+
+    /// The same link over mutual TLS: movers are checked against `ca` under their pod's
+    /// name ([`tls::mover_server_name`]), and the operator presents a certificate of `ca`.
+    pub fn with_ca(self, ca: Arc<MoverCa>) -> Self {
+        Self {
+            tls: Some(Arc::new(ClientTls {
+                ca,
+                identity: Mutex::new(None),
+            })),
+            ..self
+        }
+    }
+
+    fn tls_config(&self, mover: &MoverAddress) -> Result<Option<ClientTlsConfig>, LinkError> {
+        let Some(tls) = &self.tls else {
+            return Ok(None);
+        };
+        Ok(Some(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(tls.ca.cert_pem()))
+                .identity(tls.identity()?)
+                .domain_name(tls::mover_server_name(&mover.pod, &mover.namespace)),
+        ))
     }
 
     async fn client(&self, mover: &MoverAddress) -> Result<Client, LinkError> {
@@ -82,8 +145,16 @@ impl GrpcMoverLink {
         } else {
             mover.ip.clone()
         };
-        let channel = Endpoint::from_shared(format!("http://{host}:{}", mover.port))
-            .map_err(|e| LinkError::Rejected(format!("mover address {host}: {e}")))?
+        let tls = self.tls_config(mover)?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{host}:{}", mover.port))
+            .map_err(|e| LinkError::Rejected(format!("mover address {host}: {e}")))?;
+        if let Some(tls) = tls {
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|e| LinkError::Rejected(format!("TLS to mover {}: {e}", mover.pod)))?;
+        }
+        let channel = endpoint
             .connect_timeout(t.connect)
             .timeout(t.request)
             .http2_keep_alive_interval(t.keepalive_interval)

@@ -23,6 +23,7 @@ pub mod kind;
 pub mod life;
 pub mod limits;
 pub mod link;
+pub mod mover_ca;
 pub mod names;
 pub mod pods;
 pub mod progress;
@@ -49,6 +50,7 @@ use kube::{Api, Client};
 use crate::crd::{Backup, BackupRepository, Checksum, Restore, Transfer};
 use crate::metrics::OperatorMetrics;
 use crate::mover::pod::labels;
+use crate::mover::tls::MoverCa;
 
 pub use context::Context;
 pub use error::Error;
@@ -113,15 +115,19 @@ pub async fn run(
     client: Client,
     settings: OperatorSettings,
     link: Arc<dyn MoverLink>,
+    mover_ca: Option<Arc<MoverCa>>,
     metrics: Arc<OperatorMetrics>,
 ) -> Result<(), RunError> {
     let ns = settings.watch_namespace.clone();
     let (store, pod_task) = watch_movers(&client, &ns);
     store.wait_until_ready().await.map_err(|_| RunError)?;
     let (namespaces, namespace_task) = watch_namespaces(&client);
-    let ctx = Context::new(client.clone(), settings, link, store.clone())
+    let mut ctx = Context::new(client.clone(), settings, link, store.clone())
         .with_namespaces(namespaces)
         .with_metrics(metrics.clone());
+    if let Some(ca) = mover_ca {
+        ctx = ctx.with_mover_ca(ca);
+    }
     let ctx = Arc::new(ctx);
     let transfers = mover_controller::<Transfer>(&client, &ns, &ctx);
     let checksums = mover_controller::<Checksum>(&client, &ns, &ctx);

@@ -15,7 +15,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::Api;
 
 use crate::crd::VolumeMode;
-use crate::mover::layout::{GRPC_PORT, TOKEN_KEY};
+use crate::mover::layout::{CLIENT_CA_KEY, GRPC_PORT, TLS_CERT_KEY, TLS_KEY_KEY, TOKEN_KEY};
 use crate::mover::network_policy::mover_network_policy;
 use crate::mover::pod::labels;
 use crate::mover::ResolvedPvc;
@@ -286,8 +286,16 @@ pub async fn create_token<K: MoverKind>(
     obj: &K,
     ids: &Ids,
     secret_name: &str,
+    pod_name: &str,
 ) -> Result<(), Error> {
     let token = new_token()?;
+    let mut data = BTreeMap::from([(TOKEN_KEY.to_string(), token.clone())]);
+    if let Some(ca) = ctx.mover_ca() {
+        let issued = ca.issue_mover(pod_name, &ids.namespace)?;
+        data.insert(TLS_CERT_KEY.to_string(), issued.cert_pem);
+        data.insert(TLS_KEY_KEY.to_string(), issued.key_pem);
+        data.insert(CLIENT_CA_KEY.to_string(), ca.cert_pem().to_string());
+    }
     let secret = Secret {
         metadata: ObjectMeta {
             name: Some(secret_name.to_string()),
@@ -301,7 +309,7 @@ pub async fn create_token<K: MoverKind>(
         },
         type_: Some("Opaque".into()),
         immutable: Some(true),
-        string_data: Some(BTreeMap::from([(TOKEN_KEY.to_string(), token.clone())])),
+        string_data: Some(data),
         ..Secret::default()
     };
     match secrets(ctx, ids)

@@ -207,11 +207,12 @@ async fn start_attempt<K: MoverKind>(
         pvcs: &pvcs,
         defaults: &ctx.settings.mover,
         assigned_ids: ctx.assigns_ids(&ids.namespace),
+        tls: ctx.mover_ca().is_some(),
     })?;
     if let Slot::Queued(message) = ctx.take_slot(&ids.uid, limits::pinned_node(&pod)) {
         return wait(ctx, obj, ids, status, reason::QUEUED, &message).await;
     }
-    pods::create_token(ctx, obj, ids, &secret).await?;
+    pods::create_token(ctx, obj, ids, &secret, &pod_name).await?;
     let refused = match pods::create_network_policy(ctx, ids, &pod).await? {
         Created::Refused(why) => Some(format!(
             "the API server refused the NetworkPolicy of mover pod {pod_name}: {why}"

@@ -18,6 +18,12 @@ pub const SECRETS_DIR: &str = "/var/run/ferry/secrets";
 pub const TOKEN_DIR: &str = "/var/run/ferry/auth";
 /// The key of the token in the per-mover token Secret.
 pub const TOKEN_KEY: &str = "token";
+/// The key of the mover's serving certificate in its token Secret (mutual TLS).
+pub const TLS_CERT_KEY: &str = "tls.crt";
+/// The key of that certificate's private key.
+pub const TLS_KEY_KEY: &str = "tls.key";
+/// The key of the CA whose client certificates the mover accepts (the operator's).
+pub const CLIENT_CA_KEY: &str = "ca.crt";
 /// NBD TLS Secrets are mounted at `<NBD_TLS_DIR>/<secret>`.
 pub const NBD_TLS_DIR: &str = "/var/run/ferry/nbd-tls";
 /// The job store of the mover (an emptyDir: the checkpoint that must survive the pod is
@@ -54,5 +60,10 @@ pub fn nbd_tls_dir(secret: &str) -> String {
 
 /// The token file (`--auth-token-file`).
 pub fn token_file() -> String {
-    format!("{TOKEN_DIR}/{TOKEN_KEY}")
+    auth_file(TOKEN_KEY)
+}
+
+/// A key of the token Secret as a file in the mover.
+pub fn auth_file(key: &str) -> String {
+    format!("{TOKEN_DIR}/{key}")
 }

@@ -15,6 +15,7 @@ pub mod placement;
 pub mod pod;
 pub mod request;
 pub mod resources;
+pub mod tls;
 pub mod wire;
 
 use k8s_openapi::api::core::v1::Toleration;

@@ -101,6 +101,9 @@ pub struct MoverPodInput<'a> {
     /// The namespace assigns user and group IDs itself (OpenShift's restricted SCCs): the
     /// pod names none.
     pub assigned_ids: bool,
+    /// The token Secret also holds the mover's certificate, its key and the client CA
+    /// ([`super::tls`]): the mover serves mutual TLS.
+    pub tls: bool,
 }
 
 /// The mover pod of a Transfer.
@@ -303,8 +306,8 @@ fn build(
         .unwrap_or_else(|| pod_security_context(&attached, input.assigned_ids));
     let pinned_by = placement::pinning_use(input.pvcs).map_err(MoverError::Apart)?;
     let mut spec = PodSpec {
-        containers: vec![container(&attached, &settings, defaults)],
-        volumes: Some(volumes(&attached, input.token_secret)),
+        containers: vec![container(&attached, &settings, defaults, input.tls)],
+        volumes: Some(volumes(&attached, input.token_secret, input.tls)),
         restart_policy: Some("Never".into()),
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),
@@ -355,7 +358,7 @@ fn metadata(owner: &Owner, pod_name: &str) -> ObjectMeta {
 
 /// `ferry serve`'s arguments: every Filesystem mount, the device directory (when a Block
 /// claim is attached) and each NBD TLS directory are the allowed file roots.
-fn args(attached: &Attachments) -> Vec<String> {
+fn args(attached: &Attachments, tls: bool) -> Vec<String> {
     let mut args: Vec<String> = [
         "serve",
         "--grpc-listen",
@@ -387,6 +390,15 @@ fn args(attached: &Attachments) -> Vec<String> {
         .map(String::from),
     );
     args.push(layout::token_file());
+    if tls {
+        for (flag, key) in [
+            ("--tls-cert", layout::TLS_CERT_KEY),
+            ("--tls-key", layout::TLS_KEY_KEY),
+            ("--tls-client-ca", layout::CLIENT_CA_KEY),
+        ] {
+            args.extend([flag.to_string(), layout::auth_file(key)]);
+        }
+    }
     args.extend(["--log-format".into(), "json".into()]);
     args
 }
@@ -395,6 +407,7 @@ fn container(
     attached: &Attachments,
     settings: &MoverSettings,
     defaults: &MoverDefaults,
+    tls: bool,
 ) -> Container {
     let mut mounts = vec![
         mount("data", layout::DATA_DIR, false),
@@ -425,7 +438,7 @@ fn container(
         image: Some(defaults.image.clone()),
         image_pull_policy: defaults.image_pull_policy.clone(),
         command: Some(vec![layout::COMMAND.into()]),
-        args: Some(args(attached)),
+        args: Some(args(attached, tls)),
         ports: Some(vec![ContainerPort {
             name: Some("grpc".into()),
             container_port: GRPC_PORT,
@@ -469,7 +482,7 @@ fn nbd_tls_volume(i: usize) -> String {
     format!("nbd-tls-{i}")
 }
 
-fn volumes(attached: &Attachments, token_secret: &str) -> Vec<Volume> {
+fn volumes(attached: &Attachments, token_secret: &str, tls: bool) -> Vec<Volume> {
     let empty = |name: &str| Volume {
         name: name.into(),
         empty_dir: Some(EmptyDirVolumeSource::default()),
@@ -486,15 +499,26 @@ fn volumes(attached: &Attachments, token_secret: &str) -> Vec<Volume> {
         ..Volume::default()
     };
     let mut volumes = vec![empty("data"), empty("tmp"), secrets_volume(attached)];
-    let token = KeyToPath {
-        key: layout::TOKEN_KEY.into(),
-        path: layout::TOKEN_KEY.into(),
-        mode: None,
-    };
+    let mut keys = vec![layout::TOKEN_KEY];
+    if tls {
+        keys.extend([
+            layout::TLS_CERT_KEY,
+            layout::TLS_KEY_KEY,
+            layout::CLIENT_CA_KEY,
+        ]);
+    }
+    let items = keys
+        .into_iter()
+        .map(|key| KeyToPath {
+            key: key.into(),
+            path: key.into(),
+            mode: None,
+        })
+        .collect();
     volumes.push(secret_volume(
         "auth-token".into(),
         token_secret,
-        Some(vec![token]),
+        Some(items),
     ));
     for (i, (name, _, read_only)) in attached.pvcs.iter().enumerate() {
         volumes.push(Volume {
@@ -703,6 +727,7 @@ mod tests {
             pvcs,
             defaults,
             assigned_ids: false,
+            tls: true,
         }
     }
 
@@ -792,6 +817,9 @@ mod tests {
                         "--data-dir", "/var/lib/ferry",
                         "--secrets-dir", "/var/run/ferry/secrets",
                         "--auth-token-file", "/var/run/ferry/auth/token",
+                        "--tls-cert", "/var/run/ferry/auth/tls.crt",
+                        "--tls-key", "/var/run/ferry/auth/tls.key",
+                        "--tls-client-ca", "/var/run/ferry/auth/ca.crt",
                         "--log-format", "json"
                     ],
                     "ports": [{"name": "grpc", "containerPort": 50051, "protocol": "TCP"}],
@@ -825,7 +853,12 @@ mod tests {
                     }},
                     {"name": "auth-token", "secret": {
                         "secretName": "import-mover-token",
-                        "items": [{"key": "token", "path": "token"}],
+                        "items": [
+                            {"key": "token", "path": "token"},
+                            {"key": "tls.crt", "path": "tls.crt"},
+                            {"key": "tls.key", "path": "tls.key"},
+                            {"key": "ca.crt", "path": "ca.crt"}
+                        ],
                         "defaultMode": 0o440,
                         "optional": false
                     }},

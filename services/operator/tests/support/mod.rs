@@ -343,6 +343,14 @@ pub fn settings() -> OperatorSettings {
     s
 }
 
+/// One movers' CA for every scenario (making one costs a key generation).
+pub fn mover_ca() -> Arc<ferry_operator::mover::tls::MoverCa> {
+    static CA: std::sync::OnceLock<Arc<ferry_operator::mover::tls::MoverCa>> =
+        std::sync::OnceLock::new();
+    CA.get_or_init(|| Arc::new(ferry_operator::mover::tls::MoverCa::generate().unwrap()))
+        .clone()
+}
+
 /// Everything a scenario needs.
 pub struct Harness {
     pub server: ApiServer,
@@ -360,7 +368,8 @@ impl Harness {
         let namespaces = Writer::<PartialObjectMeta<Namespace>>::default();
         let ctx = Arc::new(
             Context::new(client, settings, link.clone(), pods.as_reader())
-                .with_namespaces(namespaces.as_reader()),
+                .with_namespaces(namespaces.as_reader())
+                .with_mover_ca(mover_ca()),
         );
         Self {
             server,
