@@ -17,6 +17,7 @@ mod iscsi_client;
 mod iscsi_copy;
 mod job_backup_cli;
 mod layering;
+mod mover_identity;
 mod mover_resume;
 mod nbd_cli;
 mod nbd_client;

@@ -1566,6 +1566,7 @@ async fn a_namespace_with_a_uid_range_gets_movers_without_ids() {
         json!({
             "runAsNonRoot": true,
             "fsGroupChangePolicy": "OnRootMismatch",
+            "supplementalGroups": [107],
             "seccompProfile": {"type": "RuntimeDefault"}
         })
     );

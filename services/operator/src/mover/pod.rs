@@ -14,7 +14,10 @@
 //! Security: every pod passes the Pod Security Standard `restricted`: no service account
 //! token, no privilege escalation, every capability dropped, a read-only root filesystem,
 //! seccomp `RuntimeDefault`, and a non-root user (65532, the distroless "nonroot") with
-//! that user's group as `fsGroup`, so Filesystem volumes are writable. Kubernetes does not
+//! that user's group as `fsGroup`, so Filesystem volumes are writable, and the disk
+//! images' group 107 as a supplemental group, so a KubeVirt or CDI `disk.img` (0660,
+//! 107:107) on a read-only mount, which kubelet leaves out of `fsGroup`, is readable.
+//! Kubernetes does not
 //! apply `fsGroup` to raw block devices; as CDI's importers do, a pod with a Block claim
 //! relies on the container runtime giving the device to the pod's `runAsUser` and
 //! `runAsGroup` (containerd's and CRI-O's `device_ownership_from_security_context = true`,
@@ -48,6 +51,10 @@ use crate::crd::{
 /// The non-root user (and group) movers run as: the conventional "nonroot" of distroless
 /// images.
 pub const MOVER_UID: i64 = 65532;
+/// The group of KubeVirt's and CDI's disk images (`qemu`, 107): CDI writes `disk.img`
+/// as 0660 owned by 107:107, and kubelet does not apply `fsGroup` to a read-only mount,
+/// so a mover reading such a claim needs the group to open the file.
+pub const DISK_IMAGE_GID: i64 = 107;
 /// Read-only for the owner and the group (the `fsGroup`).
 const SECRET_MODE: i32 = 0o440;
 
@@ -576,8 +583,10 @@ fn runtime_default() -> SeccompProfile {
     }
 }
 
-/// Non-root, with `fsGroup` when a Filesystem claim is attached (see the module comment
-/// for Block claims); no IDs at all where the namespace assigns them.
+/// Non-root, with `fsGroup` when a Filesystem claim is attached and the disk images'
+/// group (see [`DISK_IMAGE_GID`]) to read images `fsGroup` does not reach (see the
+/// module comment for Block claims); no user, group or `fsGroup` where the namespace
+/// assigns them.
 fn pod_security_context(attached: &Attachments, assigned_ids: bool) -> PodSecurityContext {
     let id = (!assigned_ids).then_some(MOVER_UID);
     PodSecurityContext {
@@ -585,6 +594,7 @@ fn pod_security_context(attached: &Attachments, assigned_ids: bool) -> PodSecuri
         run_as_group: id,
         run_as_non_root: Some(true),
         fs_group: id.filter(|_| attached.has_filesystem()),
+        supplemental_groups: attached.has_filesystem().then(|| vec![DISK_IMAGE_GID]),
         fs_group_change_policy: attached
             .has_filesystem()
             .then(|| "OnRootMismatch".to_string()),
@@ -802,6 +812,7 @@ mod tests {
                     "runAsNonRoot": true,
                     "fsGroup": 65532,
                     "fsGroupChangePolicy": "OnRootMismatch",
+                    "supplementalGroups": [107],
                     "seccompProfile": {"type": "RuntimeDefault"}
                 },
                 "containers": [{
@@ -882,6 +893,7 @@ mod tests {
                 "runAsNonRoot": true,
                 "fsGroup": 65532,
                 "fsGroupChangePolicy": "OnRootMismatch",
+                "supplementalGroups": [107],
                 "seccompProfile": {"type": "RuntimeDefault"}
             })
         );
@@ -940,6 +952,7 @@ mod tests {
             json!({
                 "runAsNonRoot": true,
                 "fsGroupChangePolicy": "OnRootMismatch",
+                "supplementalGroups": [107],
                 "seccompProfile": {"type": "RuntimeDefault"}
             })
         );
