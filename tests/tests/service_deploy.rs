@@ -396,7 +396,13 @@ fn the_chart_rbac_is_deploy_operator_rbac() {
         .collect();
     assert_eq!(
         cluster_resources,
-        BTreeSet::from(["namespaces", "persistentvolumes", "storageclasses"]),
+        BTreeSet::from([
+            "namespaces",
+            "nodes",
+            "persistentvolumes",
+            "storageclasses",
+            "volumeattachments"
+        ]),
         "with watched namespaces only cluster-scoped resources are in the ClusterRole"
     );
     let role_namespaces: BTreeSet<&str> = limited

@@ -84,4 +84,10 @@ namespace, else in a Role in each watched namespace.
 - apiGroups: [storage.k8s.io]
   resources: [storageclasses]
   verbs: [get]
+- apiGroups: [storage.k8s.io]
+  resources: [volumeattachments]
+  verbs: [list]
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [get]
 {{- end }}

@@ -1766,6 +1766,96 @@ async fn a_mover_that_never_starts_fails_its_attempt_with_its_events() {
     h.server.done().await;
 }
 
+/// A mover scheduled on node-b that has not started after a minute, its claim's volume
+/// still attached to node-a whose kubelet stopped reporting (a failed node): the status
+/// names the volume, the node and the remedy, with a Warning event.
+#[tokio::test]
+async fn a_mover_waiting_on_a_failed_nodes_attachment_says_so() {
+    let mut h = Harness::new(settings());
+    let message = "mover pod import-ft-1 (attempt 1) is starting";
+    let status = json!({
+        "phase": "Pending", "attempts": 1, "moverPod": "import-ft-1", "observedGeneration": 1,
+        "startTime": "2026-01-01T00:00:00Z",
+        "conditions": conditions(("False", "MoverStarting"), ("False", "MoverStarting"), message),
+    });
+    let object = transfer_json(Some(status));
+    let t = transfer(&object);
+    let mut pod = mover_pod(&t, 1);
+    let two_minutes_ago =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(120);
+    pod.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        two_minutes_ago,
+    ));
+    pod.spec.as_mut().unwrap().node_name = Some("node-b".into());
+    pod.status = Some(
+        serde_json::from_value(json!({"phase": "Pending", "containerStatuses": [{
+            "name": "mover", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "ContainerCreating"}}}]}))
+        .unwrap(),
+    );
+    h.pod_seen(pod);
+    let task = tokio::spawn(reconcile(t, h.ctx.clone()));
+    let mut golden = golden_pvc();
+    golden["spec"]["volumeName"] = json!("pv-golden");
+    h.server
+        .expect("GET", &format!("{PVCS}/golden"), Reply::Ok(golden))
+        .await;
+    let mut copy = copy_pvc();
+    copy["spec"]["volumeName"] = json!("pv-copy");
+    h.server
+        .expect("GET", &format!("{PVCS}/copy"), Reply::Ok(copy))
+        .await;
+    h.server
+        .expect(
+            "GET",
+            "/apis/storage.k8s.io/v1/volumeattachments",
+            Reply::Ok(json!({
+                "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachmentList", "metadata": {},
+                "items": [
+                    {"metadata": {"name": "csi-1"}, "spec": {"attacher": "rbd.csi.ceph.com",
+                        "nodeName": "node-a", "source": {"persistentVolumeName": "pv-golden"}},
+                     "status": {"attached": true}},
+                    {"metadata": {"name": "csi-2"}, "spec": {"attacher": "rbd.csi.ceph.com",
+                        "nodeName": "node-c", "source": {"persistentVolumeName": "pv-other"}},
+                     "status": {"attached": true}},
+                ],
+            })),
+        )
+        .await;
+    h.server
+        .expect(
+            "GET",
+            "/api/v1/nodes/node-a",
+            Reply::Ok(json!({
+                "apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"},
+                "status": {"conditions": [{"type": "Ready", "status": "Unknown",
+                    "reason": "NodeStatusUnknown",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
+            })),
+        )
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let waiting = status_of(&seen).clone();
+    let said = waiting["message"].as_str().unwrap();
+    assert!(
+        said.starts_with(
+            "mover pod import-ft-1 (attempt 1) cannot start yet: volume pv-golden of claim \
+             golden is still attached to node node-a, which is not ready (Ready=Unknown since \
+             2026-01-01T00:00:00Z)"
+        ),
+        "{said}"
+    );
+    assert!(said.contains("out-of-service"), "{said}");
+    assert_eq!(condition(&waiting, "Running")["reason"], "MoverStarting");
+    let event = h.server.expect_event(NS).await.body;
+    assert_eq!(event["type"], "Warning");
+    finish(task).await;
+    h.server.done().await;
+}
+
 /// A final Transfer whose mover pod was left behind (the operator stopped between the
 /// final status and the deletion) gets it deleted; one without costs nothing.
 #[tokio::test]

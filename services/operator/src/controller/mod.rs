@@ -11,6 +11,7 @@
 //! writes. The reconcilers count into [`crate::metrics`]; leader election
 //! ([`crate::leader`]) and the volume populator are the caller's.
 
+pub mod attachments;
 pub mod backup;
 pub mod checksum;
 pub mod claims;

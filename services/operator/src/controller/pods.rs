@@ -38,6 +38,8 @@ pub enum PodState {
         why: Option<String>,
         /// When the API server created it (None: not seen from the API yet).
         created: Option<Timestamp>,
+        /// The pod as last seen.
+        pod: Arc<Pod>,
     },
     /// Ready to take jobs.
     Ready(Arc<Pod>),
@@ -70,7 +72,11 @@ pub fn classify(pod: Arc<Pod>) -> PodState {
     }
     let created = pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
     let Some(status) = pod.status.as_ref() else {
-        return PodState::Starting { why: None, created };
+        return PodState::Starting {
+            why: None,
+            created,
+            pod,
+        };
     };
     match status.phase.as_deref() {
         Some("Failed") | Some("Succeeded") => {
@@ -100,6 +106,7 @@ pub fn classify(pod: Arc<Pod>) -> PodState {
                 PodState::Starting {
                     why: why_not_started(&pod),
                     created,
+                    pod,
                 }
             }
         }
@@ -459,7 +466,8 @@ mod tests {
             classify(creating),
             PodState::Starting {
                 why: None,
-                created: None
+                created: None,
+                ..
             }
         ));
         let crashed = pod(json!({"phase": "Failed", "containerStatuses": [{

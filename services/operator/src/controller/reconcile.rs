@@ -29,6 +29,7 @@ use crate::crd::status::condition::{reason, READY, RUNNING};
 use crate::crd::Phase;
 use crate::mover::MoverPodInput;
 
+use super::attachments;
 use super::claims::{self, Claims};
 use super::context::Context;
 use super::error::Error;
@@ -72,8 +73,8 @@ pub async fn reconcile<K: MoverKind>(obj: Arc<K>, ctx: Arc<Context>) -> Result<A
     }
     match pods::observe(&ctx, &ids, life.mover_pod.as_deref()).await? {
         PodState::Absent => start_attempt(&ctx, obj.as_ref(), &ids, &status).await,
-        PodState::Starting { why, created } => {
-            starting(&ctx, obj.as_ref(), &ids, &status, why, created).await
+        PodState::Starting { why, created, pod } => {
+            starting(&ctx, obj.as_ref(), &ids, &status, why, created, &pod).await
         }
         PodState::Ready(pod) => run_jobs(&ctx, &obj, &ids, &status, &pod).await,
         PodState::Lost(why) => lost(&ctx, obj.as_ref(), &ids, &status, &why).await,
@@ -256,6 +257,7 @@ async fn starting<K: MoverKind>(
     status: &K::Status,
     why: Option<String>,
     created: Option<Timestamp>,
+    mover: &k8s_openapi::api::core::v1::Pod,
 ) -> Result<Action, Error> {
     let life = status.life();
     let attempt = life.attempts;
@@ -263,6 +265,13 @@ async fn starting<K: MoverKind>(
         // It was ready and its jobs run: a passing readiness blip is not a new state.
         return Ok(Action::requeue(ctx.settings.resync));
     }
+    let waited = created.map(age_of);
+    let why = match why {
+        None if waited.is_some_and(|w| w >= attachments::CHECK_AFTER) => {
+            attachments::check(&ctx.client, &ids.namespace, mover).await?
+        }
+        why => why,
+    };
     let pod = life.mover_pod.as_deref().unwrap_or_default();
     let timeout = ctx.settings.mover_start_timeout;
     let left = created.map(|created| time_left(created, timeout));
@@ -294,11 +303,15 @@ async fn starting<K: MoverKind>(
     ))
 }
 
+/// How long ago `created` was.
+fn age_of(created: Timestamp) -> std::time::Duration {
+    let age_ms = Timestamp::now().as_millisecond() - created.as_millisecond();
+    std::time::Duration::from_millis(u64::try_from(age_ms).unwrap_or(0))
+}
+
 /// How much of `timeout` from `created` is left (zero once it has passed).
 fn time_left(created: Timestamp, timeout: std::time::Duration) -> std::time::Duration {
-    let age_ms = Timestamp::now().as_millisecond() - created.as_millisecond();
-    let age = std::time::Duration::from_millis(u64::try_from(age_ms).unwrap_or(0));
-    timeout.saturating_sub(age)
+    timeout.saturating_sub(age_of(created))
 }
 
 /// Why an attempt whose mover never became ready failed.
