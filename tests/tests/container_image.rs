@@ -295,6 +295,7 @@ fn mover_command_and_user() -> (Vec<String>, String) {
         tolerations: vec![],
         priority_class_name: None,
         service_account_name: None,
+        image_pull_secrets: vec![],
     };
     let pvcs = [ResolvedPvc::new("golden", VolumeMode::Block)];
     let pod = checksum_pod(

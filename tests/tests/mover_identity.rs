@@ -35,6 +35,7 @@ fn checksum_identity() -> (i64, i64, Vec<i64>) {
         tolerations: vec![],
         priority_class_name: None,
         service_account_name: None,
+        image_pull_secrets: vec![],
     };
     let pvcs = [ResolvedPvc::new("vm-disk", VolumeMode::Filesystem)];
     let input = MoverPodInput {

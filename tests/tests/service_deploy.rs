@@ -189,17 +189,19 @@ fn helm(args: &[&str]) -> String {
     stdout
 }
 
-/// Value sets the chart is checked with: the defaults, every option on, each part alone.
-const VALUE_SETS: [&[&str]; 4] = [
+/// Value sets the chart is checked with: the defaults (the operator alone), every option
+/// on, the service alone.
+const VALUE_SETS: [&[&str]; 3] = [
     &[],
     &[
         "--set",
-        "serviceMonitor.enabled=true,networkPolicy.enabled=true",
+        "serve.enabled=true,serviceMonitor.enabled=true,networkPolicy.enabled=true",
+        "--set",
+        "volumePopulators.enabled=true,imagePullSecrets={registry}",
         "--set",
         "operator.watchNamespaces={vms}",
     ],
-    &["--set", "serve.enabled=false"],
-    &["--set", "operator.enabled=false"],
+    &["--set", "serve.enabled=true,operator.enabled=false"],
 ];
 
 /// `helm template` of the chart as release `ferry` in `ferry-system`: the documents.
@@ -247,9 +249,14 @@ fn helm_chart_renders_to_valid_manifests() {
         let serve_objects = docs
             .iter()
             .filter(|d| d["metadata"]["labels"]["app.kubernetes.io/name"].as_str() == Some("ferry"))
-            .filter(|d| d["kind"].as_str() != Some("ServiceMonitor"))
+            .filter(|d| {
+                !matches!(
+                    d["kind"].as_str(),
+                    Some("ServiceMonitor" | "VolumePopulator")
+                )
+            })
             .count();
-        let serve_enabled = !values.contains(&"serve.enabled=false");
+        let serve_enabled = values.iter().any(|v| v.contains("serve.enabled=true"));
         assert_eq!(
             serve_objects,
             if serve_enabled { 4 } else { 0 },
@@ -258,8 +265,57 @@ fn helm_chart_renders_to_valid_manifests() {
         let operator_objects = docs.iter().filter(|d| is_operator(d)).count();
         assert_eq!(
             operator_objects > 0,
-            !values.contains(&"operator.enabled=false")
+            !values.iter().any(|v| v.contains("operator.enabled=false"))
         );
+        // VolumePopulators (a kind of the volume-data-source-validator's CRD) are those of
+        // deploy/volume-populators.yaml.
+        let (populators, docs): (Vec<_>, Vec<_>) = docs
+            .into_iter()
+            .partition(|d| d["kind"].as_str() == Some("VolumePopulator"));
+        if values
+            .iter()
+            .any(|v| v.contains("volumePopulators.enabled=true"))
+        {
+            let shipped =
+                std::fs::read_to_string(repo().join("deploy/volume-populators.yaml")).unwrap();
+            let shipped: Vec<serde_yaml::Value> = shipped
+                .split("\n---")
+                .map(|d| serde_yaml::from_str::<serde_yaml::Value>(d).unwrap())
+                .filter(|v| !v.is_null())
+                .collect();
+            assert_eq!(populators, shipped);
+        } else {
+            assert!(populators.is_empty());
+        }
+        // Pull secrets reach every pod template and the movers' flags.
+        if values
+            .iter()
+            .any(|v| v.contains("imagePullSecrets={registry}"))
+        {
+            for d in docs
+                .iter()
+                .filter(|d| d["kind"].as_str() == Some("Deployment"))
+            {
+                let spec = &d["spec"]["template"]["spec"];
+                assert_eq!(
+                    spec["imagePullSecrets"][0]["name"].as_str(),
+                    Some("registry"),
+                    "{d:?}"
+                );
+            }
+            let operator = docs
+                .iter()
+                .find(|d| d["kind"].as_str() == Some("Deployment") && is_operator(d))
+                .unwrap();
+            let args = serde_yaml::to_string(
+                &operator["spec"]["template"]["spec"]["containers"][0]["args"],
+            )
+            .unwrap();
+            assert!(
+                args.contains("--mover-image-pull-secret\n- registry"),
+                "{args}"
+            );
+        }
         // ServiceMonitors are prometheus-operator kinds kubernetes-validate has no schema
         // for: they must select a Service of the same render by its labels and port name.
         let (monitors, objects): (Vec<_>, Vec<_>) = docs

@@ -78,7 +78,57 @@ fn documents(path: &Path) -> Vec<Value> {
 /// API groups kubernetes-validate has no schemas for, each checked by its own test here.
 fn checked_elsewhere(doc: &Value) -> bool {
     let api = doc["apiVersion"].as_str().unwrap_or("");
-    api.starts_with("ferry.dev/") || api.starts_with("monitoring.coreos.com/")
+    api.starts_with("ferry.dev/")
+        || api.starts_with("monitoring.coreos.com/")
+        || api.starts_with("populator.storage.k8s.io/")
+}
+
+/// deploy/volume-populators.yaml: one VolumePopulator (the volume-data-source-validator's
+/// `populator.storage.k8s.io/v1beta1` shape: `sourceKind` at the top level, nothing else)
+/// per kind the operator's populator fills claims from.
+#[test]
+fn the_volume_populators_name_every_populator_source_kind() {
+    use kube::Resource;
+    let docs = documents(&repo().join("deploy/volume-populators.yaml"));
+    let mut kinds = std::collections::BTreeSet::new();
+    for d in &docs {
+        assert_eq!(
+            d["apiVersion"].as_str(),
+            Some("populator.storage.k8s.io/v1beta1")
+        );
+        assert_eq!(d["kind"].as_str(), Some("VolumePopulator"));
+        assert!(d["metadata"]["name"].as_str().is_some(), "{d:?}");
+        let keys: Vec<&str> = d
+            .as_mapping()
+            .unwrap()
+            .keys()
+            .map(|k| k.as_str().unwrap())
+            .collect();
+        assert_eq!(
+            keys,
+            ["apiVersion", "kind", "metadata", "sourceKind"],
+            "{d:?}"
+        );
+        assert_eq!(d["sourceKind"]["group"].as_str(), Some("ferry.dev"));
+        kinds.insert(d["sourceKind"]["kind"].as_str().unwrap().to_string());
+    }
+    let populated: std::collections::BTreeSet<String> = [
+        ferry_operator::crd::VolumeImageSource::kind(&()).to_string(),
+        ferry_operator::crd::Backup::kind(&()).to_string(),
+    ]
+    .into();
+    assert_eq!(kinds, populated);
+    for kind in &populated {
+        let claim = serde_json::json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "c", "namespace": "n"},
+            "spec": {"dataSourceRef": {"apiGroup": "ferry.dev", "kind": kind, "name": "x"}}});
+        let claim: k8s_openapi::api::core::v1::PersistentVolumeClaim =
+            serde_json::from_value(claim).unwrap();
+        assert!(
+            ferry_operator::populator::source::of(&claim).is_some(),
+            "the populator does not fill claims from {kind}"
+        );
+    }
 }
 
 #[test]

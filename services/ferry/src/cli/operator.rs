@@ -52,6 +52,10 @@ pub struct RunArgs {
     /// Pull policy of the mover image [default: Kubernetes' own].
     #[arg(long, env = "FERRY_OPERATOR_MOVER_PULL_POLICY", value_parser = ["Always", "IfNotPresent", "Never"])]
     pub mover_pull_policy: Option<String>,
+    /// A Secret to pull the mover image with (repeat for several; each must exist in
+    /// every namespace movers run in).
+    #[arg(long = "mover-image-pull-secret", value_name = "SECRET")]
+    pub mover_image_pull_secret: Vec<String>,
     /// Service account of mover pods when a resource names none.
     #[arg(long, env = "FERRY_OPERATOR_MOVER_SERVICE_ACCOUNT")]
     pub mover_service_account: Option<String>,
@@ -159,6 +163,7 @@ impl RunArgs {
             tolerations: vec![],
             priority_class_name: None,
             service_account_name: self.mover_service_account.clone(),
+            image_pull_secrets: self.mover_image_pull_secret.clone(),
         });
         settings.max_movers = self.max_movers;
         settings.max_movers_per_node = self.max_movers_per_node;
@@ -369,10 +374,21 @@ mod tests {
             "ops",
             "--metrics-listen",
             "off",
+            "--mover-image-pull-secret",
+            "registry-a",
+            "--mover-image-pull-secret",
+            "registry-b",
+            "--operator-namespace",
+            "ferry-ops",
+            "--mover-network-policy",
+            "false",
         ])
         .unwrap();
         let s = cli.run.settings();
         assert_eq!(s.mover.image, "ferry:1");
+        assert_eq!(s.mover.image_pull_secrets, ["registry-a", "registry-b"]);
+        assert_eq!(s.operator_namespace, "ferry-ops");
+        assert!(!s.mover_network_policy);
         assert_eq!((s.max_movers, s.max_movers_per_node), (8, 2));
         assert_eq!(s.max_attempts, 3);
         assert_eq!(s.mover_start_timeout, Duration::from_secs(600));

@@ -120,6 +120,7 @@ mod tests {
             tolerations: vec![],
             priority_class_name: None,
             service_account_name: None,
+            image_pull_secrets: vec![],
         });
         s.max_movers = max;
         s.max_movers_per_node = per_node;

@@ -92,6 +92,8 @@ pub struct MoverDefaults {
     pub priority_class_name: Option<String>,
     /// Service account when the resource gives none.
     pub service_account_name: Option<String>,
+    /// Secrets to pull the mover image with (each must exist in the mover's namespace).
+    pub image_pull_secrets: Vec<String>,
 }
 
 /// What the reconciler decided for this mover.
@@ -328,6 +330,13 @@ fn build(
             .or_else(|| defaults.priority_class_name.clone()),
         node_selector: (!node_selector.is_empty()).then_some(node_selector),
         tolerations: (!tolerations.is_empty()).then_some(tolerations),
+        image_pull_secrets: (!defaults.image_pull_secrets.is_empty()).then(|| {
+            defaults
+                .image_pull_secrets
+                .iter()
+                .map(|name| k8s_openapi::api::core::v1::LocalObjectReference { name: name.clone() })
+                .collect()
+        }),
         security_context: Some(security_context),
         ..PodSpec::default()
     };
@@ -649,6 +658,7 @@ mod tests {
             tolerations: vec![],
             priority_class_name: None,
             service_account_name: Some("ferry-mover".into()),
+            image_pull_secrets: vec![],
         }
     }
 
@@ -1042,6 +1052,22 @@ mod tests {
         );
         // The container's restrictions stay.
         assert_eq!(v["spec"]["containers"][0]["securityContext"], dropped_all());
+    }
+
+    #[test]
+    fn image_pull_secrets_of_the_defaults_are_the_pods() {
+        let pvcs = pvcs();
+        let mut defaults = defaults();
+        assert!(
+            serde_json::to_value(transfer_pod(&transfer(), &input(&pvcs, &defaults)).unwrap())
+                .unwrap()["spec"]
+                .get("imagePullSecrets")
+                .is_none()
+        );
+        defaults.image_pull_secrets = vec!["registry".into()];
+        let v = serde_json::to_value(transfer_pod(&transfer(), &input(&pvcs, &defaults)).unwrap())
+            .unwrap();
+        assert_eq!(v["spec"]["imagePullSecrets"], json!([{"name": "registry"}]));
     }
 
     #[test]

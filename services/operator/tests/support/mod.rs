@@ -337,6 +337,7 @@ pub fn settings() -> OperatorSettings {
         tolerations: vec![],
         priority_class_name: None,
         service_account_name: Some("ferry-mover".into()),
+        image_pull_secrets: vec![],
     });
     s.retry_backoff = Duration::ZERO;
     s.max_attempts = 3;
