@@ -57,7 +57,7 @@ impl OperatorSettings {
             retry_backoff: Duration::from_secs(10),
             pending_backoff: Duration::from_secs(5),
             max_backoff: Duration::from_secs(300),
-            progress_interval: Duration::from_secs(5),
+            progress_interval: Duration::from_secs(10),
             resync: Duration::from_secs(300),
             watch_namespace: None,
             operator_namespace: "ferry-system".to_string(),
