@@ -10,9 +10,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian packages the tests need: test servers and peers. One list; add yours here.
-# buildah builds and runs the container image test (tests/tests/container_image.rs).
+# buildah builds and runs the container image test (tests/tests/container_image.rs);
+# binutils strips its binary as the Containerfile does.
 # gzip, xz-utils and zstd (zstd and pzstd) make the compressed images of the format tests.
-PACKAGES="qemu-utils nbdkit libnbd-bin util-linux coreutils nfs-ganesha nfs-ganesha-vfs rpcbind tgt buildah gzip xz-utils zstd nginx openssl"
+PACKAGES="binutils qemu-utils nbdkit libnbd-bin util-linux coreutils nfs-ganesha nfs-ganesha-vfs rpcbind tgt buildah gzip xz-utils zstd nginx openssl"
 
 lint=1
 runner_args=()

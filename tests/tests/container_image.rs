@@ -105,7 +105,15 @@ fn context(dir: &Path) -> u64 {
         bytes +=
             std::fs::copy(from, &dest).unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
     };
-    put(Path::new(BIN), Path::new("/ferry"));
+    // Without debug info, as the Containerfile's build strips it.
+    let stripped = dir.join("ferry.stripped");
+    let objcopy = std::process::Command::new("objcopy")
+        .args(["--strip-debug", BIN])
+        .arg(&stripped)
+        .status()
+        .expect("run objcopy (apt-get install binutils)");
+    assert!(objcopy.success());
+    put(&stripped, Path::new("/ferry"));
     for lib in shared_libraries(Path::new(BIN)) {
         put(&lib, &lib);
     }
@@ -217,10 +225,17 @@ fn scratch_image_runs_ferry_version_and_a_copy_as_non_root() {
     buildah.run(&["rmi", image]);
     let images = buildah.run(&["images", "-q"]);
     assert!(images.stdout.trim_ascii().is_empty(), "{images:?}");
+    // What every node pulls: the stripped binary and its libraries, well under the
+    // unstripped binary alone.
+    let unstripped = std::fs::metadata(BIN).unwrap().len();
+    assert!(
+        image_bytes < unstripped * 2 / 3,
+        "image of {image_bytes} bytes for a binary of {unstripped} unstripped"
+    );
     eprintln!(
-        "image of {} MiB (ferry and {} bytes of libraries) built in {built:?}; whole test {:?}",
+        "image of {} MiB (the binary unstripped: {} MiB) built in {built:?}; whole test {:?}",
         image_bytes / MIB,
-        image_bytes - std::fs::metadata(BIN).unwrap().len(),
+        unstripped / MIB,
         started.elapsed()
     );
 }
@@ -250,6 +265,10 @@ fn containerfile_builds_the_release_binary_and_exposes_the_service_ports() {
         ]
     );
     assert!(text.contains("cargo build --release --locked -p ferry --bin ferry"));
+    assert!(
+        lines.contains(&"ENV CARGO_PROFILE_RELEASE_STRIP=debuginfo"),
+        "the image's binary is built without debug info"
+    );
     assert!(lines.contains(&"COPY --from=build /out/ferry /ferry"));
     assert!(lines.contains(&format!("USER {USER}").as_str()));
     assert!(lines.contains(&r#"ENTRYPOINT ["/ferry"]"#));
