@@ -26,10 +26,11 @@ use serde_json::{json, Value};
 use support::{job_id, ready, report, settings, with_status, ApiServer, Call, Harness, Reply};
 
 const NS: &str = "vms";
-const B_STATUS: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/backups/web1-now/status";
-const BACKUPS: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/backups";
+const B_STATUS: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/ferrybackups/web1-now/status";
+const BACKUPS: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/ferrybackups";
 const REPO: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/backuprepositories/site-a";
-const S_STATUS: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/backupschedules/nightly/status";
+const S_STATUS: &str =
+    "/apis/ferry.dev/v1alpha1/namespaces/vms/backupschedules/nightly/status";
 const SNAPSHOTS: &str = "/apis/snapshot.storage.k8s.io/v1/namespaces/vms/volumesnapshots";
 const PVCS: &str = "/api/v1/namespaces/vms/persistentvolumeclaims";
 const PODS: &str = "/api/v1/namespaces/vms/pods";
@@ -655,7 +656,7 @@ async fn a_restore_writes_the_backups_snapshot_into_the_claim() {
     h.server
         .expect("GET", REPO, Reply::Ok(repository_json()))
         .await;
-    let path = "/apis/ferry.dev/v1alpha1/namespaces/vms/restores/web1-copy/status";
+    let path = "/apis/ferry.dev/v1alpha1/namespaces/vms/ferryrestores/web1-copy/status";
     let seen = h
         .server
         .expect("PATCH", path, Reply::ApplyStatus(object.clone()))

@@ -74,7 +74,7 @@ fn kinds_names_and_columns() {
                 vec!["fbr".into()]
             ),
             (
-                "backups.ferry.dev".into(),
+                "ferrybackups.ferry.dev".into(),
                 "Namespaced".into(),
                 vec!["fbk".into()]
             ),
@@ -84,7 +84,7 @@ fn kinds_names_and_columns() {
                 vec!["fbs".into()]
             ),
             (
-                "restores.ferry.dev".into(),
+                "ferryrestores.ferry.dev".into(),
                 "Namespaced".into(),
                 vec!["frs".into()]
             ),

@@ -487,8 +487,8 @@ async fn foreign_and_invalid_sources_are_refused_with_a_warning() {
     h.server.done().await;
 }
 
-const BACKUP: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/backups/web1-nightly";
-const RESTORES: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/restores";
+const BACKUP: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/ferrybackups/web1-nightly";
+const RESTORES: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/ferryrestores";
 
 /// The user's claim `disk` populated from the Backup `web1-nightly`.
 fn restore_claim(volume: bool) -> Value {
@@ -628,9 +628,9 @@ async fn the_populator_watches_only_the_watched_namespace() {
     let paths: Vec<&str> = seen.iter().map(|(p, _)| p.as_str()).collect();
     for kind in [
         "transfers",
-        "restores",
+        "ferryrestores",
         "persistentvolumeclaims",
-        "backups",
+        "ferrybackups",
         "volumeimagesources",
     ] {
         assert!(

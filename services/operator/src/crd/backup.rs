@@ -63,6 +63,10 @@ pub fn kept_snapshots<'a>(ids: impl IntoIterator<Item = &'a str>) -> Vec<String>
     group = "ferry.dev",
     version = "v1alpha1",
     kind = "Backup",
+    // Not `backups`: that plural is Velero's and Longhorn's too, and `kubectl get backups`
+    // would pick one of them.
+    plural = "ferrybackups",
+    singular = "ferrybackup",
     namespaced,
     status = "BackupStatus",
     shortname = "fbk",

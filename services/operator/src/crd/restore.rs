@@ -27,6 +27,9 @@ use super::validate::{check_pvc_name, invalid, ValidationError};
     group = "ferry.dev",
     version = "v1alpha1",
     kind = "Restore",
+    // Not `restores`: that plural is Velero's too.
+    plural = "ferryrestores",
+    singular = "ferryrestore",
     namespaced,
     status = "RestoreStatus",
     shortname = "frs",

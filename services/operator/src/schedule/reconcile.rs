@@ -442,7 +442,7 @@ async fn expire(ctx: &Context, obj: &BackupSchedule, mine: &[Backup]) {
     if !refused.is_empty() {
         // What to do first: the note is cut to fit.
         let note = format!(
-            "cannot delete {} Backup(s) the schedule no longer keeps; backups go on firing and the schedule tries again on its next reconcile (a 403: the operator's RBAC lacks delete on backups.ferry.dev; re-apply it from this release): {}",
+            "cannot delete {} Backup(s) the schedule no longer keeps; backups go on firing and the schedule tries again on its next reconcile (a 403: the operator's RBAC lacks delete on ferrybackups.ferry.dev; re-apply it from this release): {}",
             refused.len(),
             refused.join(", ")
         );

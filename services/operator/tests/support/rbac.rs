@@ -271,22 +271,22 @@ pub const UNUSED_WITH_REASON: &[(&str, &str, &str, &str)] = &[
     ("patch", "", "persistentvolumeclaims", POPULATOR),
     ("list", "ferry.dev", "backuprepositories", WATCHES),
     ("watch", "ferry.dev", "backuprepositories", WATCHES),
-    ("watch", "ferry.dev", "backups", WATCHES),
+    ("watch", "ferry.dev", "ferrybackups", WATCHES),
     (
         "patch",
         "ferry.dev",
-        "backups",
+        "ferrybackups",
         "the finalizer of a Backup (controller/finalizer.rs, the same code as a \
         Transfer's): the backup scenarios start with it in place",
     ),
     ("list", "ferry.dev", "backupschedules", WATCHES),
     ("watch", "ferry.dev", "backupschedules", WATCHES),
-    ("get", "ferry.dev", "restores", POPULATOR),
-    ("watch", "ferry.dev", "restores", WATCHES),
+    ("get", "ferry.dev", "ferryrestores", POPULATOR),
+    ("watch", "ferry.dev", "ferryrestores", WATCHES),
     (
         "patch",
         "ferry.dev",
-        "restores",
+        "ferryrestores",
         "the finalizer of a Restore (controller/finalizer.rs, the same code as a \
         Transfer's): the restore scenario starts with it in place",
     ),
