@@ -52,7 +52,7 @@ namespace, else in a Role in each watched namespace.
   verbs: [patch]
 - apiGroups: [snapshot.storage.k8s.io]
   resources: [volumesnapshots]
-  verbs: [create, delete]
+  verbs: [get, create, delete]
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, create, delete]

@@ -29,8 +29,7 @@ const NS: &str = "vms";
 const B_STATUS: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/ferrybackups/web1-now/status";
 const BACKUPS: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/ferrybackups";
 const REPO: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/backuprepositories/site-a";
-const S_STATUS: &str =
-    "/apis/ferry.dev/v1alpha1/namespaces/vms/backupschedules/nightly/status";
+const S_STATUS: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/backupschedules/nightly/status";
 const SNAPSHOTS: &str = "/apis/snapshot.storage.k8s.io/v1/namespaces/vms/volumesnapshots";
 const PVCS: &str = "/api/v1/namespaces/vms/persistentvolumeclaims";
 const PODS: &str = "/api/v1/namespaces/vms/pods";
@@ -961,9 +960,9 @@ async fn a_paused_schedule_does_not_fire() {
     s.server.done().await;
 }
 
-/// copyMethod Snapshot: a VolumeSnapshot of the claim, a temporary claim from it (the
-/// source's size and modes), the Backup of that claim under the source's id; once the
-/// Backup ended, both are deleted.
+/// copyMethod Snapshot: a VolumeSnapshot of the claim; once it is ready, a temporary
+/// claim from it (the source's modes, the snapshot's restoreSize), the Backup of that
+/// claim under the source's id; once the Backup ended, both are deleted.
 #[tokio::test]
 async fn copy_method_snapshot_creates_and_cleans_a_snapshot_and_a_claim() {
     let mut s = Sched::new("2026-12-02T03:00:05Z");
@@ -994,6 +993,50 @@ async fn copy_method_snapshot_creates_and_cleans_a_snapshot_and_a_claim() {
         json!({"source": {"persistentVolumeClaimName": "web1"},
                "volumeSnapshotClassName": "csi-snapclass"})
     );
+    // Not ready yet: the schedule says so and looks again soon, creating nothing more.
+    let seen = s
+        .server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let pending = seen.body["status"].clone();
+    assert_eq!(
+        synchronizing(&pending),
+        ("True".into(), "SnapshotPending".into())
+    );
+    assert!(pending["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("VolumeSnapshot nightly-20261202030000 of pvc/web1 is not ready yet"));
+    assert!(pending.get("lastBackup").is_none(), "{pending}");
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(5)));
+    s.server.done().await;
+
+    // Ready, restoring 21Gi (the volume is larger than its claim asked): the temporary
+    // claim asks for the snapshot's size.
+    let object = with_status(&object, &json!({ "status": pending }));
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, vec![]).await;
+    s.server
+        .expect(
+            "GET",
+            &format!("{PVCS}/web1"),
+            Reply::Ok(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "web1", "namespace": NS},
+                "spec": {"volumeMode": "Block", "accessModes": ["ReadWriteOnce"],
+                         "storageClassName": "fast",
+                         "resources": {"requests": {"storage": "20Gi"}}}})),
+        )
+        .await;
+    s.server.expect("POST", SNAPSHOTS, Reply::Fail(409)).await;
+    let mut ready = snap.clone();
+    ready["status"] = json!({"readyToUse": true, "restoreSize": "21Gi"});
+    s.server
+        .expect(
+            "GET",
+            &format!("{SNAPSHOTS}/nightly-20261202030000"),
+            Reply::Ok(ready),
+        )
+        .await;
     let claim = s.server.expect("POST", PVCS, Reply::Echo).await.body;
     assert_eq!(claim["metadata"]["name"], "nightly-20261202030000-src");
     assert_eq!(
@@ -1003,7 +1046,7 @@ async fn copy_method_snapshot_creates_and_cleans_a_snapshot_and_a_claim() {
     );
     assert_eq!(claim["spec"]["volumeMode"], "Block");
     assert_eq!(claim["spec"]["storageClassName"], "fast");
-    assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "20Gi");
+    assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "21Gi");
     let created = s.server.expect("POST", BACKUPS, Reply::Echo).await.body;
     assert_eq!(created["spec"]["sourcePVC"], "nightly-20261202030000-src");
     assert_eq!(created["spec"]["sourceId"], "vms/web1");

@@ -10,11 +10,13 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::{
     PersistentVolumeClaim, PersistentVolumeClaimSpec, TypedLocalObjectReference,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::Resource;
 use serde_json::json;
 
+use crate::crd::validate::quantity_bytes;
 use crate::crd::{Backup, BackupSchedule, BackupSpec};
 
 /// Label of every Backup (and snapshot, and temporary claim) with its schedule's name.
@@ -114,14 +116,52 @@ pub fn volume_snapshot(schedule: &BackupSchedule, name: &str) -> DynamicObject {
     object
 }
 
-/// The temporary claim restored from the fire's VolumeSnapshot: the source claim's size,
-/// access and volume modes, in `storageClassName` or the source's class.
+/// How far a VolumeSnapshot is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SnapshotState {
+    /// Ready to restore from, with its `restoreSize` when the driver gives one.
+    Ready(Option<Quantity>),
+    /// Not ready yet; the snapshot controller's error when it reports one.
+    Pending(Option<String>),
+}
+
+/// The state of a VolumeSnapshot as the API returned it.
+pub fn snapshot_state(snapshot: &DynamicObject) -> SnapshotState {
+    let status = &snapshot.data["status"];
+    if status["readyToUse"].as_bool() == Some(true) {
+        let size = status["restoreSize"]
+            .as_str()
+            .map(|q| Quantity(q.to_string()));
+        return SnapshotState::Ready(size);
+    }
+    SnapshotState::Pending(status["error"]["message"].as_str().map(str::to_string))
+}
+
+/// The temporary claim restored from the fire's VolumeSnapshot: the source claim's access
+/// and volume modes, in `storageClassName` or the source's class, and the larger of the
+/// source's request and the snapshot's `restoreSize` (a volume provisioned larger than
+/// its request, or expanded, restores only into a claim as large as the snapshot).
 pub fn temp_claim(
     schedule: &BackupSchedule,
     snapshot: &str,
     source: &PersistentVolumeClaim,
+    restore_size: Option<&Quantity>,
 ) -> PersistentVolumeClaim {
     let from = source.spec.clone().unwrap_or_default();
+    let mut resources = from.resources.clone().unwrap_or_default();
+    let requested = resources
+        .requests
+        .as_ref()
+        .and_then(|r| r.get("storage"))
+        .and_then(quantity_bytes);
+    if let Some(size) = restore_size {
+        if quantity_bytes(size) > requested {
+            resources
+                .requests
+                .get_or_insert_with(BTreeMap::new)
+                .insert("storage".to_string(), size.clone());
+        }
+    }
     PersistentVolumeClaim {
         metadata: meta(schedule, &temp_claim_name(snapshot)),
         spec: Some(PersistentVolumeClaimSpec {
@@ -132,7 +172,7 @@ pub fn temp_claim(
                 .clone()
                 .or(from.storage_class_name.clone()),
             volume_mode: from.volume_mode.clone(),
-            resources: from.resources.clone(),
+            resources: Some(resources),
             data_source: Some(TypedLocalObjectReference {
                 api_group: Some("snapshot.storage.k8s.io".into()),
                 kind: "VolumeSnapshot".into(),
@@ -160,5 +200,49 @@ mod tests {
         );
         let long = backup_name(&"a".repeat(260), at);
         assert!(temp_claim_name(&long).len() <= MAX_NAME, "{long}");
+    }
+
+    #[test]
+    fn a_snapshot_is_ready_only_when_it_says_so_and_its_size_never_shrinks_the_claim() {
+        let snapshot = |status: serde_json::Value| {
+            let mut o = DynamicObject::new("s", &volume_snapshot_api());
+            o.data = json!({ "status": status });
+            o
+        };
+        assert_eq!(
+            snapshot_state(&snapshot(json!({"readyToUse": false,
+                "error": {"message": "driver timeout"}}))),
+            SnapshotState::Pending(Some("driver timeout".into()))
+        );
+        assert_eq!(
+            snapshot_state(&snapshot(json!({"restoreSize": "1Gi"}))),
+            SnapshotState::Pending(None)
+        );
+        assert_eq!(
+            snapshot_state(&snapshot(json!({"readyToUse": true, "restoreSize": "1Gi"}))),
+            SnapshotState::Ready(Some(Quantity("1Gi".into())))
+        );
+        let schedule: BackupSchedule = serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "BackupSchedule",
+            "metadata": {"name": "nightly", "namespace": "vms", "uid": "u"},
+            "spec": {"sourcePVC": "web1", "repository": "repo",
+                     "trigger": {"schedule": "0 3 * * *"}},
+        }))
+        .unwrap();
+        let source: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": "web1"},
+            "spec": {"resources": {"requests": {"storage": "2Gi"}}},
+        }))
+        .unwrap();
+        let size = |restore: Option<&str>| {
+            let q = restore.map(|r| Quantity(r.into()));
+            let claim = temp_claim(&schedule, "n", &source, q.as_ref());
+            claim.spec.unwrap().resources.unwrap().requests.unwrap()["storage"]
+                .0
+                .clone()
+        };
+        assert_eq!(size(None), "2Gi");
+        assert_eq!(size(Some("1Gi")), "2Gi");
+        assert_eq!(size(Some("2148532224")), "2148532224");
     }
 }

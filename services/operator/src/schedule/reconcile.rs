@@ -55,7 +55,13 @@ pub mod reasons {
     pub const PAUSED: &str = "Paused";
     /// The source claim of a snapshot does not exist.
     pub const SOURCE_MISSING: &str = "SourceMissing";
+    /// The fire's VolumeSnapshot is not ready to restore from yet.
+    pub const SNAPSHOT_PENDING: &str = "SnapshotPending";
 }
+
+/// How often a schedule looks at a VolumeSnapshot that is not ready yet (no watch of
+/// VolumeSnapshots: the operator does not need to list them).
+pub const SNAPSHOT_RECHECK: Duration = Duration::from_secs(5);
 
 fn to_time(t: DateTime<Utc>) -> Time {
     Time(Timestamp::from_millisecond(t.timestamp_millis()).unwrap_or(Timestamp::UNIX_EPOCH))
@@ -496,19 +502,33 @@ async fn fire(
         };
         let snapshots: Api<DynamicObject> =
             Api::namespaced_with(ctx.client.clone(), namespace, &build::volume_snapshot_api());
-        made(
-            snapshots
-                .create(&PostParams::default(), &build::volume_snapshot(obj, &name))
-                .await,
-        )?;
-        made(
-            claims
-                .create(
-                    &PostParams::default(),
-                    &build::temp_claim(obj, &name, &source),
-                )
-                .await,
-        )?;
+        let current = match snapshots
+            .create(&PostParams::default(), &build::volume_snapshot(obj, &name))
+            .await
+        {
+            Ok(created) => created,
+            Err(kube::Error::Api(e)) if e.code == 409 => snapshots.get(&name).await?,
+            Err(e) => return Err(e.into()),
+        };
+        let restore_size = match build::snapshot_state(&current) {
+            build::SnapshotState::Ready(size) => size,
+            build::SnapshotState::Pending(error) => {
+                let mut message = format!(
+                    "VolumeSnapshot {name} of pvc/{} is not ready yet: the backup starts once it is",
+                    obj.spec.source_pvc
+                );
+                if let Some(error) = error {
+                    message.push_str(&format!(" (the snapshot controller says: {error})"));
+                }
+                next.message = Some(message.clone());
+                synchronizing(&mut next, true, reasons::SNAPSHOT_PENDING, &message);
+                write(ctx, obj, before, &next).await?;
+                return Ok(Action::requeue(SNAPSHOT_RECHECK));
+            }
+        };
+        let claim = build::temp_claim(obj, &name, &source, restore_size.as_ref());
+        made(claims.create(&PostParams::default(), &claim).await)?;
+        next.message = None;
     }
     let backups: Api<Backup> = Api::namespaced(ctx.client.clone(), namespace);
     let backup = build::backup(obj, &name, snapshot.then_some(name.as_str()));
