@@ -13,7 +13,8 @@
 //!   `status.phase`, events' `involvedObject.*`, ...), `limit`/`continue`; WATCH from a
 //!   resourceVersion (or from now, with the current objects as ADDED), `sendInitialEvents`,
 //!   bookmarks when `allowWatchBookmarks` asks, 410 Gone (an `ERROR` event) for a
-//!   resourceVersion older than the history ([`Cluster::compact`]), `timeoutSeconds`;
+//!   resourceVersion older than the history ([`Cluster::compact`]), `timeoutSeconds`,
+//!   watches that deliver late ([`Cluster::lag_watches`]);
 //!   POST (`generateName`, 409 AlreadyExists, 404 in a namespace that does not exist);
 //!   PUT (409 Conflict on a stale resourceVersion); PATCH (merge, JSON, strategic as
 //!   merge, server-side apply as a merge of the applied object, see [`patch`]); DELETE
@@ -178,6 +179,13 @@ impl Cluster {
         self
     }
 
+    /// Makes the simulated kubelet take `delay` to start a pod once its volumes are
+    /// attached (zero, the default: at once).
+    pub fn pod_start_delay(&self, delay: std::time::Duration) -> &Self {
+        self.shared.state.lock().sims.pod_start = delay;
+        self
+    }
+
     /// Runs the switched-on controllers until they settle; whether anything changed.
     pub fn settle(&self) -> bool {
         self.shared.settle()
@@ -277,6 +285,14 @@ impl Cluster {
         let mut state = self.shared.state.lock();
         let rv = state.store.rv();
         must("changes", state.store.watch(filter, Some(rv)).map_err(|g| ApiError::gone(rv, g.oldest)))
+    }
+
+    /// Makes the watches of a resource opened with exactly the label selector `labels`
+    /// from now on deliver each change `lag` late, as a slow watch connection does: two
+    /// watches of one kind (a controller's trigger and a reflector's store) then see a
+    /// change in a different order, as they may on a real cluster.
+    pub fn lag_watches(&self, group: &str, resource: &str, labels: &str, lag: std::time::Duration) {
+        self.shared.set_lag(group, resource, labels, lag);
     }
 
     /// Forgets the change history: a watch from an older resourceVersion gets 410 Gone.

@@ -7,10 +7,12 @@
 //!   merge merges some lists by key (containers by name, conditions by type) and knows
 //!   `$patch` directives; here lists are replaced whole and directives are not understood.
 //! - `application/apply-patch+yaml` (server-side apply): the applied object is merged into
-//!   the live one like a merge patch. Real apply tracks field managers (managedFields),
-//!   removes fields a manager stops applying, merges lists by their keys and answers a
-//!   conflict between managers with 409 unless `force`; none of that is simulated. An
-//!   apply that creates the object is supported.
+//!   the live one like a merge patch, after removing the fields the same field manager
+//!   applied last time and leaves out now (as real apply does when that manager alone
+//!   owned them). Real apply also tracks every manager's fields (managedFields), merges
+//!   lists by their keys (here a list is one field, replaced whole) and answers a conflict
+//!   between managers with 409 unless `force`; none of that is simulated. An apply that
+//!   creates the object is supported.
 
 use serde_json::Value;
 

@@ -17,6 +17,7 @@ use http::{Request, Response};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use serde_json::{json, Value};
+use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::patch::PatchType;
 use super::path::{is_watch, ResourcePath};
@@ -330,8 +331,9 @@ impl ApiService {
             .map_or(Duration::from_secs(1800), Duration::from_secs);
         let api_version = target.info.api_version(&target.version);
         let kind = target.info.kind.clone();
+        let lag = self.shared.lag(&target.info.group, &target.info.plural, param(params, "labelSelector").unwrap_or(""));
         let opened = self.shared.state.lock().store.watch(filter, since);
-        let mut rx = match opened {
+        let rx = match opened {
             Ok(rx) => rx,
             Err(gone) => {
                 let e = ApiError::gone(since.unwrap_or_default(), gone.oldest);
@@ -343,6 +345,12 @@ impl ApiService {
                     .expect("a valid response");
             }
         };
+        // A lagging watch cannot say safely how far it is: no bookmarks.
+        let bookmarks = bookmarks && lag.is_none();
+        let mut rx = match lag {
+            Some(lag) => lagged(rx, lag),
+            None => rx,
+        };
         let shared = Arc::downgrade(&self.shared);
         let mut initial_end = initial_events;
         let deadline = tokio::time::Instant::now() + timeout;
@@ -352,17 +360,14 @@ impl ApiService {
             loop {
                 if initial_end {
                     // The initial events are queued already: once they are sent, say so.
-                    let mut sent_any = true;
-                    while sent_any {
-                        sent_any = false;
-                        if let Ok(sent) = rx.try_recv() {
-                            emit(event_line(&sent, form, &api_version));
-                            sent_any = true;
-                        }
-                    }
                     initial_end = false;
-                    let rv = shared.upgrade().map_or(0, |s| s.state.lock().store.rv());
-                    let mut b = bookmark(&api_version, &kind, rv, form);
+                    let Some(s) = shared.upgrade() else { return };
+                    let state = s.state.lock();
+                    while let Ok(sent) = rx.try_recv() {
+                        emit(event_line(&sent, form, &api_version));
+                    }
+                    let mut b = bookmark(&api_version, &kind, state.store.rv(), form);
+                    drop(state);
                     b["metadata"]["annotations"] = json!({"k8s.io/initial-events-end": "true"});
                     emit(line("BOOKMARK", &b));
                     continue;
@@ -374,8 +379,13 @@ impl ApiService {
                     },
                     _ = tick.tick(), if bookmarks => {
                         let Some(s) = shared.upgrade() else { return };
-                        let rv = s.state.lock().store.rv();
-                        emit(line("BOOKMARK", &bookmark(&api_version, &kind, rv, form)));
+                        // Under the lock no change is sent to this watch: a bookmark's
+                        // version is only safe once everything before it went out.
+                        let state = s.state.lock();
+                        match rx.try_recv() {
+                            Ok(sent) => emit(event_line(&sent, form, &api_version)),
+                            Err(_) => emit(line("BOOKMARK", &bookmark(&api_version, &kind, state.store.rv(), form))),
+                        }
                     }
                     _ = tokio::time::sleep_until(deadline) => return,
                 }
@@ -388,6 +398,28 @@ impl ApiService {
             .body(body.boxed_unsync())
             .expect("a valid response")
     }
+}
+
+/// The changes of `rx`, each delivered `lag` after it happened (a slow watch connection).
+fn lagged(mut rx: UnboundedReceiver<Sent>, lag: Duration) -> UnboundedReceiver<Sent> {
+    let (stamped_tx, mut stamped_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (out_tx, out_rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(sent) = rx.recv().await {
+            if stamped_tx.send((tokio::time::Instant::now() + lag, sent)).is_err() {
+                return;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        while let Some((at, sent)) = stamped_rx.recv().await {
+            tokio::time::sleep_until(at).await;
+            if out_tx.send(sent).is_err() {
+                return;
+            }
+        }
+    });
+    out_rx
 }
 
 fn bookmark(api_version: &str, kind: &str, rv: u64, form: Form) -> Value {

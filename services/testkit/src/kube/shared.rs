@@ -34,6 +34,8 @@ pub struct Shared {
     wake: Notify,
     log: Mutex<Vec<Recorded>>,
     denied: Mutex<Vec<String>>,
+    /// Watches that deliver late: (group, resource, label selector, lag).
+    lags: Mutex<Vec<(String, String, String, Duration)>>,
 }
 
 /// How often the simulated controllers run when nothing wakes them.
@@ -47,6 +49,7 @@ impl Shared {
             wake: Notify::new(),
             log: Mutex::default(),
             denied: Mutex::default(),
+            lags: Mutex::default(),
         });
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(run_controllers(Arc::downgrade(&shared)));
@@ -62,6 +65,21 @@ impl Shared {
     /// Runs the simulated controllers now, until they settle.
     pub fn settle(&self) -> bool {
         sim::settle(&mut self.state.lock())
+    }
+
+    /// Makes watches of a resource with exactly this label selector deliver each change
+    /// `lag` after it happened (watches opened from now on).
+    pub fn set_lag(&self, group: &str, resource: &str, labels: &str, lag: Duration) {
+        self.lags.lock().push((group.into(), resource.into(), labels.into(), lag));
+    }
+
+    /// The lag of a new watch.
+    pub fn lag(&self, group: &str, resource: &str, labels: &str) -> Option<Duration> {
+        self.lags
+            .lock()
+            .iter()
+            .find(|(g, r, l, _)| g == group && r == resource && l == labels)
+            .map(|(_, _, _, d)| *d)
     }
 
     /// Logs a request.

@@ -74,6 +74,12 @@ pub struct State {
     /// The simulated controllers and what they remember.
     pub sims: Sims,
     seq: u64,
+    /// What each field manager last applied to each object (uid, manager, subresource):
+    /// a field it applied before and leaves out now is removed, as server-side apply does
+    /// for fields only that manager owned.
+    applied: std::collections::HashMap<(String, String, String), Value>,
+    /// When a kubelet began starting each pod (by uid).
+    pub starting: std::collections::HashMap<String, std::time::Instant>,
 }
 
 /// Now, to the second, as metadata timestamps are written.
@@ -124,6 +130,8 @@ impl State {
             resources,
             sims: Sims::default(),
             seq: 0,
+            applied: Default::default(),
+            starting: Default::default(),
         };
         for ns in ["default", "kube-system"] {
             s.create_object(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}))
@@ -315,7 +323,11 @@ impl State {
                 create.name = None;
                 let mut body = body;
                 body["metadata"]["name"] = json!(name);
-                return self.create(&create, body);
+                let created = self.create(&create, body.clone())?;
+                let uid = meta_str(&created, "uid").unwrap_or_default().to_string();
+                let manager = field_manager.unwrap_or_default().to_string();
+                self.applied.insert((uid, manager, String::new()), body);
+                return Ok(created);
             }
             None => return Err(t.not_found(&name)),
         };
@@ -326,7 +338,19 @@ impl State {
                 }
             }
         }
-        let new = patch::apply(kind, &old, &body).map_err(|e| ApiError::invalid(&t.info.kind, &name, &e))?;
+        let mut base = old.clone();
+        let applied_key = (
+            meta_str(&old, "uid").unwrap_or_default().to_string(),
+            field_manager.unwrap_or_default().to_string(),
+            t.sub.clone().unwrap_or_default(),
+        );
+        if kind == PatchType::Apply {
+            if let Some(before) = self.applied.get(&applied_key) {
+                remove_stale(&mut base, before, &body);
+            }
+            self.applied.insert(applied_key, body.clone());
+        }
+        let new = patch::apply(kind, &base, &body).map_err(|e| ApiError::invalid(&t.info.kind, &name, &e))?;
         if meta_str(&new, "resourceVersion") != meta_str(&old, "resourceVersion") && new["metadata"].get("resourceVersion").is_some() {
             return Err(t.conflict(&name, ApiError::MODIFIED));
         }
@@ -512,6 +536,27 @@ impl State {
             self.store.remove(key);
         }
         true
+    }
+}
+
+/// Removes from `target` the fields `before` (an earlier apply) had and `now` (this
+/// apply) has not; lists count as one field.
+fn remove_stale(target: &mut Value, before: &Value, now: &Value) {
+    let (Value::Object(b), Value::Object(t)) = (before, target) else {
+        return;
+    };
+    for (k, bv) in b {
+        match now.get(k) {
+            None => {
+                t.remove(k);
+            }
+            Some(nv) if bv.is_object() && nv.is_object() => {
+                if let Some(tv) = t.get_mut(k) {
+                    remove_stale(tv, bv, nv);
+                }
+            }
+            Some(_) => {}
+        }
     }
 }
 

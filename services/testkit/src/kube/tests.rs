@@ -399,3 +399,28 @@ async fn a_single_node_claim_in_use_elsewhere_waits_on_multi_attach_and_pods_end
     assert_eq!(reader["status"]["phase"], "Failed");
     assert_eq!(reader["status"]["containerStatuses"][0]["state"]["terminated"]["reason"], "OOMKilled");
 }
+
+#[tokio::test]
+async fn a_lagging_watch_delivers_late_and_a_slow_kubelet_starts_pods_late() {
+    let cluster = Cluster::new();
+    cluster.simulate(&Sim::ALL);
+    cluster.add_node("n1", &[]);
+    cluster.lag_watches("", "configmaps", "slow=yes", Duration::from_millis(300));
+    let api: Api<ConfigMap> = Api::namespaced(cluster.client(), "default");
+    let rv = cluster.resource_version().to_string();
+    let mut slow = api.watch(&WatchParams::default().labels("slow=yes"), &rv).await.unwrap().boxed();
+    let begun = std::time::Instant::now();
+    api.create(&PostParams::default(), &cm("late", json!({"slow": "yes"}))).await.unwrap();
+    match slow.try_next().await.unwrap().unwrap() {
+        WatchEvent::Added(c) => assert_eq!(c.metadata.name.as_deref(), Some("late")),
+        other => panic!("{other:?}"),
+    }
+    assert!(begun.elapsed() >= Duration::from_millis(300), "{:?}", begun.elapsed());
+
+    cluster.pod_start_delay(Duration::from_millis(400));
+    cluster.create(pod("slow", &[], json!({"spec": {"nodeName": "n1"}})));
+    cluster.settle();
+    assert_eq!(phase(&cluster, "pods", "slow"), "Pending");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(phase(&cluster, "pods", "slow"), "Running");
+}

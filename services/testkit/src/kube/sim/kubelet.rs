@@ -7,7 +7,8 @@
 //!   Pending with a `FailedAttachVolume` Event "Multi-Attach error for volume ...", as on a
 //!   real cluster; or the node's CSINode allows no more attachments of that driver: a
 //!   `FailedAttachVolume` Event saying the node reached its limit;
-//! - once attached, the pod runs: phase Running, a pod IP, its containers running and
+//! - once attached (and after [`super::Sims::pod_start`], the time an image pull and a
+//!   container start take), the pod runs: phase Running, a pod IP, its containers running and
 //!   ready, conditions Initialized/ContainersReady/Ready True;
 //! - it ends when the test says so ([`exit`]): Succeeded for exit code 0, else Failed,
 //!   with each container terminated;
@@ -149,6 +150,15 @@ fn start(state: &mut State, key: &Key, pod: &Value, node: &str) {
         }
         let message = format!("AttachVolume.Attach succeeded for volume \"{pv_name}\"");
         events::record(state, pod, false, "SuccessfulAttachVolume", &message, ATTACHER);
+    }
+    let delay = state.sims.pod_start;
+    if !delay.is_zero() {
+        let uid = pod["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+        let began = *state.starting.entry(uid.clone()).or_insert_with(std::time::Instant::now);
+        if began.elapsed() < delay {
+            return; // still pulling the image: a later pass starts it
+        }
+        state.starting.remove(&uid);
     }
     run(state, key, pod, node);
 }

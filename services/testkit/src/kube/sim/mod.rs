@@ -34,6 +34,9 @@ pub struct Sims {
     pub scheduler: bool,
     /// Attach/detach and the kubelet.
     pub kubelet: bool,
+    /// How long a kubelet takes to start a pod once its volumes are attached (pulling
+    /// the image, starting the container); zero: at once.
+    pub pod_start: std::time::Duration,
 }
 
 impl Sims {
