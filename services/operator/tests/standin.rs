@@ -148,13 +148,19 @@ fn drain(rx: &mut UnboundedReceiver<Sent>) -> Vec<Sent> {
 }
 
 fn name_of(o: &Value) -> String {
-    o["metadata"]["name"].as_str().unwrap_or_default().to_string()
+    o["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
 }
 
 /// The operator made no request its roles refuse.
 fn assert_no_refusal(cluster: &Cluster) {
     let denied = cluster.denied();
-    assert!(denied.is_empty(), "the API server refused the operator: {denied:#?}");
+    assert!(
+        denied.is_empty(),
+        "the API server refused the operator: {denied:#?}"
+    );
 }
 
 /// A PVC-to-PVC Transfer on a local-path cluster: the source was written on one node by a
@@ -202,7 +208,9 @@ async fn a_pvc_to_pvc_transfer_runs_to_succeeded_on_the_node_of_its_volumes() {
     assert!(mover["status"]["podIP"].is_string());
     let violations = ferry_testkit::pod_security::restricted_violations(mover);
     assert!(violations.is_empty(), "{violations:?}");
-    let copy = cluster.get("", "persistentvolumeclaims", NS, "copy").unwrap();
+    let copy = cluster
+        .get("", "persistentvolumeclaims", NS, "copy")
+        .unwrap();
     assert_eq!(copy["status"]["phase"], "Bound");
     assert_eq!(
         copy["metadata"]["annotations"]["volume.kubernetes.io/selected-node"],
@@ -215,7 +223,10 @@ async fn a_pvc_to_pvc_transfer_runs_to_succeeded_on_the_node_of_its_volumes() {
     );
     // Done: the mover pod and its token Secret go.
     let pod = name_of(mover);
-    until(10, "the mover to go", || cluster.get("", "pods", NS, &pod).is_none()).await;
+    until(10, "the mover to go", || {
+        cluster.get("", "pods", NS, &pod).is_none()
+    })
+    .await;
     until(5, "the token Secret to go", || {
         cluster
             .list("", "secrets")
@@ -268,9 +279,19 @@ async fn twenty_transfers_never_run_more_movers_than_the_limit() {
         let pods: Vec<String> = cluster
             .list("", "pods")
             .iter()
-            .map(|p| format!("{} {} {}", name_of(p), p["status"]["phase"], p["metadata"]["deletionTimestamp"]))
+            .map(|p| {
+                format!(
+                    "{} {} {}",
+                    name_of(p),
+                    p["status"]["phase"],
+                    p["metadata"]["deletionTimestamp"]
+                )
+            })
             .collect();
-        panic!("not every Transfer succeeded:\n{}\npods: {pods:#?}", states.join("\n"));
+        panic!(
+            "not every Transfer succeeded:\n{}\npods: {pods:#?}",
+            states.join("\n")
+        );
     }
     let mut live = BTreeSet::new();
     let mut most = 0;
@@ -289,7 +310,10 @@ async fn twenty_transfers_never_run_more_movers_than_the_limit() {
         most = most.max(live.len());
     }
     assert_eq!(created, 20, "one mover per Transfer");
-    assert!(most <= 5, "{most} mover pods existed at once; the limit is 5");
+    assert!(
+        most <= 5,
+        "{most} mover pods existed at once; the limit is 5"
+    );
     assert_eq!(most, 5, "the limit was used to the full");
     assert_no_refusal(&cluster);
 }
@@ -326,7 +350,8 @@ async fn a_mover_of_a_claim_in_use_lands_on_the_node_of_its_user() {
         .find(|(kind, _, _)| *kind == ChangeType::Added)
         .expect("a mover was created");
     let pinned = &created["spec"]["affinity"]["nodeAffinity"]
-        ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchFields"][0];
+        ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchFields"]
+        [0];
     assert_eq!(
         pinned,
         &json!({"key": "metadata.name", "operator": "In", "values": ["node-b"]})
@@ -339,9 +364,7 @@ async fn a_mover_of_a_claim_in_use_lands_on_the_node_of_its_user() {
     assert_eq!(ran["spec"]["nodeName"], "node-b");
     let attach_errors: Vec<_> = seen
         .iter()
-        .flat_map(|(_, pod, _)| {
-            cluster.events_of("", "pods", NS, &name_of(pod))
-        })
+        .flat_map(|(_, pod, _)| cluster.events_of("", "pods", NS, &name_of(pod)))
         .filter(|e| e.1 == "FailedAttachVolume")
         .collect();
     assert!(attach_errors.is_empty(), "{attach_errors:?}");
@@ -370,8 +393,9 @@ async fn deleting_a_transfer_keeps_or_deletes_its_claims_as_its_retention_says()
             .all(|n| phase_of(&cluster, n).as_deref() == Some("Succeeded"))
     })
     .await;
-    let dropped_pv = cluster.get("", "persistentvolumeclaims", NS, "disk-drop").unwrap()["spec"]
-        ["volumeName"]
+    let dropped_pv = cluster
+        .get("", "persistentvolumeclaims", NS, "disk-drop")
+        .unwrap()["spec"]["volumeName"]
         .as_str()
         .unwrap()
         .to_string();
@@ -386,8 +410,12 @@ async fn deleting_a_transfer_keeps_or_deletes_its_claims_as_its_retention_says()
     })
     .await;
     until(10, "the Delete claim and its volume to go", || {
-        cluster.get("", "persistentvolumeclaims", NS, "disk-drop").is_none()
-            && cluster.get("", "persistentvolumes", "", &dropped_pv).is_none()
+        cluster
+            .get("", "persistentvolumeclaims", NS, "disk-drop")
+            .is_none()
+            && cluster
+                .get("", "persistentvolumes", "", &dropped_pv)
+                .is_none()
     })
     .await;
     let kept = cluster

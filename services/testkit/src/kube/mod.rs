@@ -132,7 +132,10 @@ impl Cluster {
     /// The built-in kinds and the CRDs of `file`.
     pub fn with_crds(file: &Path) -> Self {
         let mut resources = Resources::builtin();
-        must("CRDs", resources.add_crds_from(file).map_err(ApiError::bad_request));
+        must(
+            "CRDs",
+            resources.add_crds_from(file).map_err(ApiError::bad_request),
+        );
         Self::with_resources(resources)
     }
 
@@ -151,7 +154,10 @@ impl Cluster {
     /// A client held to the rules bound to `service_account` (namespace, name) in the
     /// RBAC manifest `rbac_file`.
     pub fn client_as(&self, rbac_file: &Path, service_account: (&str, &str)) -> ::kube::Client {
-        self.client_with(Identity::Account(rbac::Rules::load(rbac_file, service_account)))
+        self.client_with(Identity::Account(rbac::Rules::load(
+            rbac_file,
+            service_account,
+        )))
     }
 
     /// A client with this identity.
@@ -206,7 +212,12 @@ impl Cluster {
             let mut state = self.shared.state.lock();
             let t = must("put", state.target_of(&object));
             let name = t.name.clone().unwrap_or_default();
-            let key = Key::new(&t.info.group, &t.info.plural, t.namespace.as_deref().unwrap_or_default(), &name);
+            let key = Key::new(
+                &t.info.group,
+                &t.info.plural,
+                t.namespace.as_deref().unwrap_or_default(),
+                &name,
+            );
             match state.store.get(&key).cloned() {
                 None => {
                     let status = object.get("status").cloned();
@@ -232,12 +243,23 @@ impl Cluster {
 
     /// An object.
     pub fn get(&self, group: &str, resource: &str, namespace: &str, name: &str) -> Option<Value> {
-        self.shared.state.lock().store.get(&Key::new(group, resource, namespace, name)).cloned()
+        self.shared
+            .state
+            .lock()
+            .store
+            .get(&Key::new(group, resource, namespace, name))
+            .cloned()
     }
 
     /// The objects of a resource, in every namespace.
     pub fn list(&self, group: &str, resource: &str) -> Vec<Value> {
-        self.shared.state.lock().store.list(group, resource, None).map(|(_, v)| v.clone()).collect()
+        self.shared
+            .state
+            .lock()
+            .store
+            .list(group, resource, None)
+            .map(|(_, v)| v.clone())
+            .collect()
     }
 
     /// Deletes an object as a DELETE does (finalizers and kubelets respected, dependents
@@ -260,31 +282,67 @@ impl Cluster {
 
     /// Ends a pod's containers with `exit_code`, a reason (`OOMKilled`) and a termination
     /// message.
-    pub fn exit_pod_with(&self, namespace: &str, name: &str, exit_code: i32, reason: Option<&str>, message: Option<&str>) -> bool {
+    pub fn exit_pod_with(
+        &self,
+        namespace: &str,
+        name: &str,
+        exit_code: i32,
+        reason: Option<&str>,
+        message: Option<&str>,
+    ) -> bool {
         let key = Key::new("", "pods", namespace, name);
-        let done = sim::kubelet::exit(&mut self.shared.state.lock(), &key, exit_code, reason, message);
+        let done = sim::kubelet::exit(
+            &mut self.shared.state.lock(),
+            &key,
+            exit_code,
+            reason,
+            message,
+        );
         self.shared.wake();
         done
     }
 
     /// The core/v1 Events about an object, oldest first: (type, reason, message).
-    pub fn events_of(&self, group: &str, resource: &str, namespace: &str, name: &str) -> Vec<(String, String, String)> {
-        sim::events::of(&self.shared.state.lock(), &Key::new(group, resource, namespace, name))
+    pub fn events_of(
+        &self,
+        group: &str,
+        resource: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Vec<(String, String, String)> {
+        sim::events::of(
+            &self.shared.state.lock(),
+            &Key::new(group, resource, namespace, name),
+        )
     }
 
     /// Every change to the objects of a resource from now on (matching `labels`), as a
     /// watch sees them: for counting what existed at once over a whole test.
-    pub fn changes(&self, group: &str, resource: &str, labels: &str) -> mpsc::UnboundedReceiver<Sent> {
+    pub fn changes(
+        &self,
+        group: &str,
+        resource: &str,
+        labels: &str,
+    ) -> mpsc::UnboundedReceiver<Sent> {
         let filter = Filter {
             group: group.into(),
             resource: resource.into(),
             namespace: None,
-            labels: must("labels", LabelSelector::parse(labels).map_err(ApiError::bad_request)),
+            labels: must(
+                "labels",
+                LabelSelector::parse(labels).map_err(ApiError::bad_request),
+            ),
             fields: FieldSelector::default(),
         };
         let mut state = self.shared.state.lock();
         let rv = state.store.rv();
-        must("changes", state.store.watch(filter, Some(rv)).map_err(|g| ApiError::gone(rv, g.oldest)))
+        must(
+            "changes",
+            state
+                .store
+                .watch(filter, Some(rv))
+                .map_err(|g| ApiError::gone(rv, g.oldest)),
+        )
     }
 
     /// Makes the watches of a resource opened with exactly the label selector `labels`
@@ -332,8 +390,17 @@ impl Cluster {
     }
 
     /// Adds a namespace (with these labels and annotations).
-    pub fn add_namespace(&self, name: &str, labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> Value {
-        let map = |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| ((*k).to_string(), json!(v))).collect::<serde_json::Map<_, _>>();
+    pub fn add_namespace(
+        &self,
+        name: &str,
+        labels: &[(&str, &str)],
+        annotations: &[(&str, &str)],
+    ) -> Value {
+        let map = |kv: &[(&str, &str)]| {
+            kv.iter()
+                .map(|(k, v)| ((*k).to_string(), json!(v)))
+                .collect::<serde_json::Map<_, _>>()
+        };
         self.create(json!({
             "apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": name, "labels": map(labels), "annotations": map(annotations)},
@@ -342,7 +409,13 @@ impl Cluster {
 
     /// Adds a StorageClass of the provisioner `driver` (`WaitForFirstConsumer` when
     /// `wait_for_consumer`), the default class when `default`.
-    pub fn add_storage_class(&self, name: &str, driver: &str, wait_for_consumer: bool, default: bool) -> Value {
+    pub fn add_storage_class(
+        &self,
+        name: &str,
+        driver: &str,
+        wait_for_consumer: bool,
+        default: bool,
+    ) -> Value {
         let mut class = json!({
             "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
             "metadata": {"name": name},

@@ -70,8 +70,8 @@ pub fn apply(kind: PatchType, live: &Value, body: &Value) -> Result<Value, Strin
     match kind {
         PatchType::Merge | PatchType::Strategic | PatchType::Apply => merge(&mut out, body),
         PatchType::Json => {
-            let ops: json_patch::Patch =
-                serde_json::from_value(body.clone()).map_err(|e| format!("invalid JSON patch: {e}"))?;
+            let ops: json_patch::Patch = serde_json::from_value(body.clone())
+                .map_err(|e| format!("invalid JSON patch: {e}"))?;
             json_patch::patch(&mut out, &ops).map_err(|e| e.to_string())?;
         }
     }
@@ -87,7 +87,12 @@ mod tests {
     #[test]
     fn merge_patches_follow_rfc_7386() {
         let live = json!({"a": "b", "c": {"d": "e", "f": "g"}, "l": [1, 2]});
-        let out = apply(PatchType::Merge, &live, &json!({"a": "z", "c": {"f": null}, "l": [3]})).unwrap();
+        let out = apply(
+            PatchType::Merge,
+            &live,
+            &json!({"a": "z", "c": {"f": null}, "l": [3]}),
+        )
+        .unwrap();
         assert_eq!(out, json!({"a": "z", "c": {"d": "e"}, "l": [3]}));
     }
 
@@ -102,15 +107,28 @@ mod tests {
                     {"op": "add", "path": "/metadata/labels", "value": {"x": "y"}}]),
         )
         .unwrap();
-        assert_eq!(out, json!({"metadata": {"finalizers": ["b"], "labels": {"x": "y"}}}));
-        let failed = apply(PatchType::Json, &live, &json!([{"op": "test", "path": "/metadata/finalizers/0", "value": "x"}]));
+        assert_eq!(
+            out,
+            json!({"metadata": {"finalizers": ["b"], "labels": {"x": "y"}}})
+        );
+        let failed = apply(
+            PatchType::Json,
+            &live,
+            &json!([{"op": "test", "path": "/metadata/finalizers/0", "value": "x"}]),
+        );
         assert!(failed.is_err());
     }
 
     #[test]
     fn content_types_name_the_patch() {
-        assert_eq!(PatchType::of("application/apply-patch+yaml"), Some(PatchType::Apply));
-        assert_eq!(PatchType::of("application/merge-patch+json; charset=utf-8"), Some(PatchType::Merge));
+        assert_eq!(
+            PatchType::of("application/apply-patch+yaml"),
+            Some(PatchType::Apply)
+        );
+        assert_eq!(
+            PatchType::of("application/merge-patch+json; charset=utf-8"),
+            Some(PatchType::Merge)
+        );
         assert_eq!(PatchType::of("application/json"), None);
     }
 }

@@ -94,7 +94,10 @@ mod tests {
             ("ferry.dev", Some("vms"), "transfers/status", Some("t"))
         );
         let ns = ResourcePath::parse("/api/v1/namespaces/vms").unwrap();
-        assert_eq!((ns.resource.as_str(), ns.name.as_deref()), ("namespaces", Some("vms")));
+        assert_eq!(
+            (ns.resource.as_str(), ns.name.as_deref()),
+            ("namespaces", Some("vms"))
+        );
         assert_eq!(ns.namespace, None);
         let status = ResourcePath::parse("/api/v1/namespaces/vms/status").unwrap();
         assert_eq!(status.rbac_resource(), "namespaces/status");

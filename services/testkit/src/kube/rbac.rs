@@ -122,7 +122,9 @@ impl Rule {
             (Some(_), None) => false,
         };
         let named = self.resource_names.is_empty()
-            || a.name.as_ref().is_some_and(|n| self.resource_names.contains(n));
+            || a.name
+                .as_ref()
+                .is_some_and(|n| self.resource_names.contains(n));
         in_scope
             && named
             && has(&self.groups, &a.group)
@@ -323,22 +325,73 @@ rules:
     #[test]
     fn requests_map_to_the_verbs_the_api_server_checks() {
         let cases = [
-            ("GET", "/apis/ferry.dev/v1alpha1/transfers", "watch=true&resourceVersion=1",
-             "watch ferry.dev transfers (all namespaces)"),
-            ("GET", "/apis/ferry.dev/v1alpha1/transfers", "", "list ferry.dev transfers (all namespaces)"),
-            ("GET", "/api/v1/namespaces/vms/pods", "labelSelector=a", "list \"\" pods in namespace vms"),
-            ("GET", "/api/v1/namespaces/vms/pods/p", "", "get \"\" pods in namespace vms"),
-            ("POST", "/api/v1/namespaces/vms/secrets", "", "create \"\" secrets in namespace vms"),
-            ("PATCH", "/apis/ferry.dev/v1alpha1/namespaces/vms/transfers/t/status", "",
-             "patch ferry.dev transfers/status in namespace vms"),
-            ("PUT", "/apis/coordination.k8s.io/v1/namespaces/ferry-system/leases/l", "",
-             "update coordination.k8s.io leases in namespace ferry-system"),
-            ("DELETE", "/api/v1/namespaces/vms/pods/p", "", "delete \"\" pods in namespace vms"),
-            ("DELETE", "/api/v1/namespaces/vms/pods", "", "deletecollection \"\" pods in namespace vms"),
-            ("GET", "/api/v1/namespaces/vms", "", "get \"\" namespaces (all namespaces)"),
+            (
+                "GET",
+                "/apis/ferry.dev/v1alpha1/transfers",
+                "watch=true&resourceVersion=1",
+                "watch ferry.dev transfers (all namespaces)",
+            ),
+            (
+                "GET",
+                "/apis/ferry.dev/v1alpha1/transfers",
+                "",
+                "list ferry.dev transfers (all namespaces)",
+            ),
+            (
+                "GET",
+                "/api/v1/namespaces/vms/pods",
+                "labelSelector=a",
+                "list \"\" pods in namespace vms",
+            ),
+            (
+                "GET",
+                "/api/v1/namespaces/vms/pods/p",
+                "",
+                "get \"\" pods in namespace vms",
+            ),
+            (
+                "POST",
+                "/api/v1/namespaces/vms/secrets",
+                "",
+                "create \"\" secrets in namespace vms",
+            ),
+            (
+                "PATCH",
+                "/apis/ferry.dev/v1alpha1/namespaces/vms/transfers/t/status",
+                "",
+                "patch ferry.dev transfers/status in namespace vms",
+            ),
+            (
+                "PUT",
+                "/apis/coordination.k8s.io/v1/namespaces/ferry-system/leases/l",
+                "",
+                "update coordination.k8s.io leases in namespace ferry-system",
+            ),
+            (
+                "DELETE",
+                "/api/v1/namespaces/vms/pods/p",
+                "",
+                "delete \"\" pods in namespace vms",
+            ),
+            (
+                "DELETE",
+                "/api/v1/namespaces/vms/pods",
+                "",
+                "deletecollection \"\" pods in namespace vms",
+            ),
+            (
+                "GET",
+                "/api/v1/namespaces/vms",
+                "",
+                "get \"\" namespaces (all namespaces)",
+            ),
         ];
         for (method, path, query, want) in cases {
-            assert_eq!(access(method, path, query).unwrap().to_string(), want, "{method} {path}");
+            assert_eq!(
+                access(method, path, query).unwrap().to_string(),
+                want,
+                "{method} {path}"
+            );
         }
         assert!(access("GET", "/healthz", "").is_err());
     }
@@ -349,19 +402,48 @@ rules:
         assert_eq!(r.user, "system:serviceaccount:sys:op");
         let ok = |m, p| r.allows(&access(m, p, "").unwrap());
         assert!(ok("GET", "/api/v1/namespaces/x/pods/p"));
-        assert!(ok("PATCH", "/apis/ferry.dev/v1alpha1/namespaces/x/transfers/t/status"));
-        assert!(!ok("PATCH", "/apis/ferry.dev/v1alpha1/namespaces/x/transfers/t"));
-        assert!(!ok("GET", "/api/v1/namespaces/x/secrets/s"), "its role is not bound");
-        assert!(ok("PUT", "/apis/coordination.k8s.io/v1/namespaces/sys/leases/op-lock"));
-        assert!(!ok("PUT", "/apis/coordination.k8s.io/v1/namespaces/sys/leases/other"));
-        assert!(!ok("PUT", "/apis/coordination.k8s.io/v1/namespaces/vms/leases/op-lock"));
-        let denied = r.denied(Path::new("f.yaml"), &[access("DELETE", "/api/v1/namespaces/x/pods/p", "").unwrap()]);
-        assert_eq!(denied, ["no rule in f.yaml allows delete \"\" pods in namespace x"]);
+        assert!(ok(
+            "PATCH",
+            "/apis/ferry.dev/v1alpha1/namespaces/x/transfers/t/status"
+        ));
+        assert!(!ok(
+            "PATCH",
+            "/apis/ferry.dev/v1alpha1/namespaces/x/transfers/t"
+        ));
+        assert!(
+            !ok("GET", "/api/v1/namespaces/x/secrets/s"),
+            "its role is not bound"
+        );
+        assert!(ok(
+            "PUT",
+            "/apis/coordination.k8s.io/v1/namespaces/sys/leases/op-lock"
+        ));
+        assert!(!ok(
+            "PUT",
+            "/apis/coordination.k8s.io/v1/namespaces/sys/leases/other"
+        ));
+        assert!(!ok(
+            "PUT",
+            "/apis/coordination.k8s.io/v1/namespaces/vms/leases/op-lock"
+        ));
+        let denied = r.denied(
+            Path::new("f.yaml"),
+            &[access("DELETE", "/api/v1/namespaces/x/pods/p", "").unwrap()],
+        );
+        assert_eq!(
+            denied,
+            ["no rule in f.yaml allows delete \"\" pods in namespace x"]
+        );
     }
 
     #[test]
     fn the_forbidden_message_is_the_api_servers() {
-        let a = access("PATCH", "/apis/ferry.dev/v1alpha1/namespaces/vms/transfers/t", "").unwrap();
+        let a = access(
+            "PATCH",
+            "/apis/ferry.dev/v1alpha1/namespaces/vms/transfers/t",
+            "",
+        )
+        .unwrap();
         assert_eq!(
             forbidden_message("system:serviceaccount:sys:op", &a),
             "transfers.ferry.dev \"t\" is forbidden: User \"system:serviceaccount:sys:op\" cannot patch resource \"transfers\" in API group \"ferry.dev\" in the namespace \"vms\""

@@ -30,7 +30,14 @@ pub struct ResourceInfo {
 
 impl ResourceInfo {
     /// A resource of `group`/`version`.
-    pub fn new(group: &str, version: &str, plural: &str, kind: &str, namespaced: bool, status: bool) -> Self {
+    pub fn new(
+        group: &str,
+        version: &str,
+        plural: &str,
+        kind: &str,
+        namespaced: bool,
+        status: bool,
+    ) -> Self {
         Self {
             group: group.into(),
             versions: vec![version.into()],
@@ -68,8 +75,22 @@ pub struct Resources {
 
 const BUILTIN: &[(&str, &str, &str, &str, bool, bool)] = &[
     ("", "v1", "pods", "Pod", true, true),
-    ("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", true, true),
-    ("", "v1", "persistentvolumes", "PersistentVolume", false, true),
+    (
+        "",
+        "v1",
+        "persistentvolumeclaims",
+        "PersistentVolumeClaim",
+        true,
+        true,
+    ),
+    (
+        "",
+        "v1",
+        "persistentvolumes",
+        "PersistentVolume",
+        false,
+        true,
+    ),
     ("", "v1", "secrets", "Secret", true, false),
     ("", "v1", "configmaps", "ConfigMap", true, false),
     ("", "v1", "serviceaccounts", "ServiceAccount", true, false),
@@ -79,14 +100,63 @@ const BUILTIN: &[(&str, &str, &str, &str, bool, bool)] = &[
     ("", "v1", "events", "Event", true, false),
     ("events.k8s.io", "v1", "events", "Event", true, false),
     ("coordination.k8s.io", "v1", "leases", "Lease", true, false),
-    ("storage.k8s.io", "v1", "storageclasses", "StorageClass", false, false),
+    (
+        "storage.k8s.io",
+        "v1",
+        "storageclasses",
+        "StorageClass",
+        false,
+        false,
+    ),
     ("storage.k8s.io", "v1", "csinodes", "CSINode", false, false),
-    ("storage.k8s.io", "v1", "csidrivers", "CSIDriver", false, false),
-    ("storage.k8s.io", "v1", "volumeattachments", "VolumeAttachment", false, true),
-    ("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", true, false),
-    ("snapshot.storage.k8s.io", "v1", "volumesnapshots", "VolumeSnapshot", true, true),
-    ("snapshot.storage.k8s.io", "v1", "volumesnapshotcontents", "VolumeSnapshotContent", false, true),
-    ("snapshot.storage.k8s.io", "v1", "volumesnapshotclasses", "VolumeSnapshotClass", false, false),
+    (
+        "storage.k8s.io",
+        "v1",
+        "csidrivers",
+        "CSIDriver",
+        false,
+        false,
+    ),
+    (
+        "storage.k8s.io",
+        "v1",
+        "volumeattachments",
+        "VolumeAttachment",
+        false,
+        true,
+    ),
+    (
+        "networking.k8s.io",
+        "v1",
+        "networkpolicies",
+        "NetworkPolicy",
+        true,
+        false,
+    ),
+    (
+        "snapshot.storage.k8s.io",
+        "v1",
+        "volumesnapshots",
+        "VolumeSnapshot",
+        true,
+        true,
+    ),
+    (
+        "snapshot.storage.k8s.io",
+        "v1",
+        "volumesnapshotcontents",
+        "VolumeSnapshotContent",
+        false,
+        true,
+    ),
+    (
+        "snapshot.storage.k8s.io",
+        "v1",
+        "volumesnapshotclasses",
+        "VolumeSnapshotClass",
+        false,
+        false,
+    ),
 ];
 
 impl Resources {
@@ -94,7 +164,14 @@ impl Resources {
     pub fn builtin() -> Self {
         let mut r = Self::default();
         for (group, version, plural, kind, namespaced, status) in BUILTIN {
-            r.add(ResourceInfo::new(group, version, plural, kind, *namespaced, *status));
+            r.add(ResourceInfo::new(
+                group,
+                version,
+                plural,
+                kind,
+                *namespaced,
+                *status,
+            ));
         }
         r
     }
@@ -169,7 +246,9 @@ impl Resources {
             plural: field(&spec["names"]["plural"], "spec.names.plural")?,
             kind: field(&spec["names"]["kind"], "spec.names.kind")?,
             namespaced: spec["scope"] != "Cluster",
-            status: versions.iter().any(|v| v["subresources"]["status"].is_object()),
+            status: versions
+                .iter()
+                .any(|v| v["subresources"]["status"].is_object()),
         });
         Ok(())
     }

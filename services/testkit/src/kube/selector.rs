@@ -37,7 +37,11 @@ fn split_top(s: &str) -> Vec<&str> {
         }
     }
     parts.push(&s[start..]);
-    parts.into_iter().map(str::trim).filter(|p| !p.is_empty()).collect()
+    parts
+        .into_iter()
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect()
 }
 
 fn set(values: &str) -> Result<Vec<String>, String> {
@@ -46,7 +50,11 @@ fn set(values: &str) -> Result<Vec<String>, String> {
         .strip_prefix('(')
         .and_then(|v| v.strip_suffix(')'))
         .ok_or_else(|| format!("a set needs parentheses: {values}"))?;
-    Ok(inner.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect())
+    Ok(inner
+        .split(',')
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .collect())
 }
 
 impl LabelSelector {
@@ -142,7 +150,10 @@ fn kind_fields(group: &str, plural: &str) -> &'static [&'static str] {
 fn field_value(object: &Value, path: &str) -> String {
     if path == "source" {
         // An event's `source` selects on its component.
-        return object["source"]["component"].as_str().unwrap_or_default().to_string();
+        return object["source"]["component"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
     }
     let mut v = object;
     for part in path.split('.') {
@@ -169,7 +180,9 @@ impl FieldSelector {
             } else if let Some((k, v)) = part.split_once('=') {
                 (k, true, v)
             } else {
-                return Err(format!("invalid selector: '{part}'; can't understand '{part}'"));
+                return Err(format!(
+                    "invalid selector: '{part}'; can't understand '{part}'"
+                ));
             };
             let field = field.trim();
             let supported = field == "metadata.name"
@@ -200,11 +213,25 @@ mod tests {
     #[test]
     fn label_selectors_match_as_kubernetes_does() {
         let pod = json!({"metadata": {"labels": {"app": "mover", "tier": "a"}}});
-        let yes = ["app=mover", "app==mover,tier", "app in (x, mover)", "tier notin (b)", "!absent", "app!=web"];
+        let yes = [
+            "app=mover",
+            "app==mover,tier",
+            "app in (x, mover)",
+            "tier notin (b)",
+            "!absent",
+            "app!=web",
+        ];
         for s in yes {
             assert!(LabelSelector::parse(s).unwrap().matches(&pod), "{s}");
         }
-        let no = ["app=web", "absent", "!tier", "app notin (mover)", "app in (a,b)", "app=mover,tier=b"];
+        let no = [
+            "app=web",
+            "absent",
+            "!tier",
+            "app notin (mover)",
+            "app in (a,b)",
+            "app=mover,tier=b",
+        ];
         for s in no {
             assert!(!LabelSelector::parse(s).unwrap().matches(&pod), "{s}");
         }
@@ -216,10 +243,21 @@ mod tests {
     fn field_selectors_take_the_supported_fields_only() {
         let event = json!({"metadata": {"name": "e", "namespace": "vms"},
             "involvedObject": {"kind": "Pod", "name": "p"}, "type": "Warning"});
-        let s = FieldSelector::parse("involvedObject.kind=Pod,involvedObject.name=p", "", "events").unwrap();
+        let s = FieldSelector::parse(
+            "involvedObject.kind=Pod,involvedObject.name=p",
+            "",
+            "events",
+        )
+        .unwrap();
         assert!(s.matches(&event));
-        assert!(!FieldSelector::parse("involvedObject.name!=p", "", "events").unwrap().matches(&event));
-        assert!(FieldSelector::parse("metadata.namespace=vms", "", "events").unwrap().matches(&event));
+        assert!(
+            !FieldSelector::parse("involvedObject.name!=p", "", "events")
+                .unwrap()
+                .matches(&event)
+        );
+        assert!(FieldSelector::parse("metadata.namespace=vms", "", "events")
+            .unwrap()
+            .matches(&event));
         assert_eq!(
             FieldSelector::parse("spec.foo=1", "ferry.dev", "transfers").unwrap_err(),
             "field label not supported: spec.foo"

@@ -88,11 +88,16 @@ fn failure(e: &ApiError) -> Response<ResponseBody> {
 
 /// The query's parameters.
 fn params(query: &str) -> Vec<(String, String)> {
-    url::form_urlencoded::parse(query.as_bytes()).into_owned().collect()
+    url::form_urlencoded::parse(query.as_bytes())
+        .into_owned()
+        .collect()
 }
 
 fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    params.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    params
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
 }
 
 /// The object as `PartialObjectMetadata`.
@@ -176,7 +181,12 @@ impl ApiService {
                     let message = forbidden_message(&rules.user, &a);
                     self.shared.deny(message.clone());
                     let base = a.resource.split('/').next().unwrap_or_default().to_string();
-                    return failure(&ApiError::forbidden(message, a.name.as_deref(), &a.group, &base));
+                    return failure(&ApiError::forbidden(
+                        message,
+                        a.name.as_deref(),
+                        &a.group,
+                        &base,
+                    ));
                 }
             }
         }
@@ -202,7 +212,9 @@ impl ApiService {
         } else {
             match serde_json::from_slice(body).or_else(|_| serde_yaml::from_slice(body)) {
                 Ok(v) => v,
-                Err(e) => return failure(&ApiError::bad_request(format!("the body is not JSON: {e}"))),
+                Err(e) => {
+                    return failure(&ApiError::bad_request(format!("the body is not JSON: {e}")))
+                }
             }
         };
         let api_version = target.info.api_version(&target.version);
@@ -210,12 +222,18 @@ impl ApiService {
         let result = match (method, &target.name) {
             ("GET", Some(_)) if !is_watch(query) => {
                 let state = self.shared.state.lock();
-                state.get(&target).map(|o| (200, shaped(&o, form, &api_version)))
+                state
+                    .get(&target)
+                    .map(|o| (200, shaped(&o, form, &api_version)))
             }
             ("GET", _) if is_watch(query) => return self.watch(&target, &params, form),
             ("GET", None) => self.list(&target, &params, form),
-            ("POST", None) => self.write(|s| s.create(&target, body)).map(|o| (201, shaped(&o, Form::Whole, &api_version))),
-            ("PUT", Some(_)) => self.write(|s| s.update(&target, body)).map(|o| (200, shaped(&o, Form::Whole, &api_version))),
+            ("POST", None) => self
+                .write(|s| s.create(&target, body))
+                .map(|o| (201, shaped(&o, Form::Whole, &api_version))),
+            ("PUT", Some(_)) => self
+                .write(|s| s.update(&target, body))
+                .map(|o| (200, shaped(&o, Form::Whole, &api_version))),
             ("PATCH", Some(_)) => match PatchType::of(content_type) {
                 Some(kind) => self
                     .write(|s| s.patch(&target, kind, body, param(&params, "fieldManager")))
@@ -224,10 +242,13 @@ impl ApiService {
             },
             ("DELETE", Some(_)) => {
                 let options = delete_options(&body, &params);
-                self.write(|s| s.delete(&target, &options)).map(|o| (200, shaped(&o, Form::Whole, &api_version)))
+                self.write(|s| s.delete(&target, &options))
+                    .map(|o| (200, shaped(&o, Form::Whole, &api_version)))
             }
             ("DELETE", None) => self.delete_collection(&target, &body, &params),
-            _ => Err(ApiError::method_not_allowed(format!("{method} is not allowed on {path}"))),
+            _ => Err(ApiError::method_not_allowed(format!(
+                "{method} is not allowed on {path}"
+            ))),
         };
         match result {
             Ok((code, v)) => respond(code, &v),
@@ -236,16 +257,24 @@ impl ApiService {
     }
 
     /// Runs a write under the lock, then wakes the simulated controllers.
-    fn write<T>(&self, f: impl FnOnce(&mut super::state::State) -> Result<T, ApiError>) -> Result<T, ApiError> {
+    fn write<T>(
+        &self,
+        f: impl FnOnce(&mut super::state::State) -> Result<T, ApiError>,
+    ) -> Result<T, ApiError> {
         let result = f(&mut self.shared.state.lock());
         self.shared.wake();
         result
     }
 
     fn filter(target: &Target, params: &[(String, String)]) -> Result<Filter, ApiError> {
-        let labels = LabelSelector::parse(param(params, "labelSelector").unwrap_or("")).map_err(ApiError::bad_request)?;
-        let fields = FieldSelector::parse(param(params, "fieldSelector").unwrap_or(""), &target.info.group, &target.info.plural)
+        let labels = LabelSelector::parse(param(params, "labelSelector").unwrap_or(""))
             .map_err(ApiError::bad_request)?;
+        let fields = FieldSelector::parse(
+            param(params, "fieldSelector").unwrap_or(""),
+            &target.info.group,
+            &target.info.plural,
+        )
+        .map_err(ApiError::bad_request)?;
         Ok(Filter {
             group: target.info.group.clone(),
             resource: target.info.plural.clone(),
@@ -255,15 +284,29 @@ impl ApiService {
         })
     }
 
-    fn list(&self, target: &Target, params: &[(String, String)], form: Form) -> Result<(u16, Value), ApiError> {
+    fn list(
+        &self,
+        target: &Target,
+        params: &[(String, String)],
+        form: Form,
+    ) -> Result<(u16, Value), ApiError> {
         let filter = Self::filter(target, params)?;
-        let limit = param(params, "limit").and_then(|l| l.parse::<usize>().ok()).filter(|l| *l > 0);
-        let after = param(params, "continue").filter(|c| !c.is_empty()).map(decode_continue).transpose()?;
+        let limit = param(params, "limit")
+            .and_then(|l| l.parse::<usize>().ok())
+            .filter(|l| *l > 0);
+        let after = param(params, "continue")
+            .filter(|c| !c.is_empty())
+            .map(decode_continue)
+            .transpose()?;
         let state = self.shared.state.lock();
         let api_version = target.info.api_version(&target.version);
         let mut items = Vec::new();
         let mut more = false;
-        for (key, o) in state.store.list(&target.info.group, &target.info.plural, target.namespace.as_deref()) {
+        for (key, o) in state.store.list(
+            &target.info.group,
+            &target.info.plural,
+            target.namespace.as_deref(),
+        ) {
             if !filter.selects(o) {
                 continue;
             }
@@ -284,21 +327,36 @@ impl ApiService {
             }
         }
         let (api_version, kind) = match form {
-            Form::Metadata => ("meta.k8s.io/v1".to_string(), "PartialObjectMetadataList".to_string()),
+            Form::Metadata => (
+                "meta.k8s.io/v1".to_string(),
+                "PartialObjectMetadataList".to_string(),
+            ),
             Form::Whole => (api_version, format!("{}List", target.info.kind)),
         };
         let items: Vec<Value> = items.into_iter().map(|(_, v)| v).collect();
-        Ok((200, json!({"apiVersion": api_version, "kind": kind, "metadata": metadata, "items": items})))
+        Ok((
+            200,
+            json!({"apiVersion": api_version, "kind": kind, "metadata": metadata, "items": items}),
+        ))
     }
 
-    fn delete_collection(&self, target: &Target, body: &Value, params: &[(String, String)]) -> Result<(u16, Value), ApiError> {
+    fn delete_collection(
+        &self,
+        target: &Target,
+        body: &Value,
+        params: &[(String, String)],
+    ) -> Result<(u16, Value), ApiError> {
         let filter = Self::filter(target, params)?;
         let options = delete_options(body, params);
         let names: Vec<String> = {
             let state = self.shared.state.lock();
             state
                 .store
-                .list(&target.info.group, &target.info.plural, target.namespace.as_deref())
+                .list(
+                    &target.info.group,
+                    &target.info.plural,
+                    target.namespace.as_deref(),
+                )
                 .filter(|(_, o)| filter.selects(o))
                 .map(|(k, _)| k.name.clone())
                 .collect()
@@ -308,10 +366,18 @@ impl ApiService {
             one.name = Some(name);
             let _ = self.write(|s| s.delete(&one, &options));
         }
-        Ok((200, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"})))
+        Ok((
+            200,
+            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}),
+        ))
     }
 
-    fn watch(&self, target: &Target, params: &[(String, String)], form: Form) -> Response<ResponseBody> {
+    fn watch(
+        &self,
+        target: &Target,
+        params: &[(String, String)],
+        form: Form,
+    ) -> Response<ResponseBody> {
         let filter = match Self::filter(target, params) {
             Ok(f) => f,
             Err(e) => return failure(&e),
@@ -322,7 +388,11 @@ impl ApiService {
             None | Some("") | Some("0") => None,
             Some(rv) => match rv.parse::<u64>() {
                 Ok(rv) => Some(rv),
-                Err(_) => return failure(&ApiError::bad_request(format!("invalid resource version: {rv}"))),
+                Err(_) => {
+                    return failure(&ApiError::bad_request(format!(
+                        "invalid resource version: {rv}"
+                    )))
+                }
             },
         };
         let bookmarks = param(params, "allowWatchBookmarks") == Some("true");
@@ -331,7 +401,11 @@ impl ApiService {
             .map_or(Duration::from_secs(1800), Duration::from_secs);
         let api_version = target.info.api_version(&target.version);
         let kind = target.info.kind.clone();
-        let lag = self.shared.lag(&target.info.group, &target.info.plural, param(params, "labelSelector").unwrap_or(""));
+        let lag = self.shared.lag(
+            &target.info.group,
+            &target.info.plural,
+            param(params, "labelSelector").unwrap_or(""),
+        );
         let opened = self.shared.state.lock().store.watch(filter, since);
         let rx = match opened {
             Ok(rx) => rx,
@@ -391,7 +465,9 @@ impl ApiService {
                 }
             }
         });
-        let body = StreamBody::new(futures::StreamExt::map(stream, |b| Ok::<_, Infallible>(http_body::Frame::data(b))));
+        let body = StreamBody::new(futures::StreamExt::map(stream, |b| {
+            Ok::<_, Infallible>(http_body::Frame::data(b))
+        }));
         Response::builder()
             .status(200)
             .header("content-type", "application/json")
@@ -406,7 +482,10 @@ fn lagged(mut rx: UnboundedReceiver<Sent>, lag: Duration) -> UnboundedReceiver<S
     let (out_tx, out_rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
         while let Some(sent) = rx.recv().await {
-            if stamped_tx.send((tokio::time::Instant::now() + lag, sent)).is_err() {
+            if stamped_tx
+                .send((tokio::time::Instant::now() + lag, sent))
+                .is_err()
+            {
                 return;
             }
         }
@@ -454,7 +533,9 @@ fn delete_options(body: &Value, params: &[(String, String)]) -> DeleteOptions {
     DeleteOptions {
         orphan: policy == "Orphan" || body["orphanDependents"] == true,
         uid: body["preconditions"]["uid"].as_str().map(String::from),
-        resource_version: body["preconditions"]["resourceVersion"].as_str().map(String::from),
+        resource_version: body["preconditions"]["resourceVersion"]
+            .as_str()
+            .map(String::from),
         grace: body["gracePeriodSeconds"]
             .as_i64()
             .or_else(|| param(params, "gracePeriodSeconds").and_then(|g| g.parse().ok())),
@@ -463,13 +544,16 @@ fn delete_options(body: &Value, params: &[(String, String)]) -> DeleteOptions {
 
 fn encode_continue(at: &(String, String)) -> String {
     use base64::Engine;
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(&json!([at.0, at.1])).unwrap_or_default())
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode(serde_json::to_vec(&json!([at.0, at.1])).unwrap_or_default())
 }
 
 fn decode_continue(token: &str) -> Result<(String, String), ApiError> {
     use base64::Engine;
     let bad = || ApiError::bad_request("invalid continue token");
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token).map_err(|_| bad())?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token)
+        .map_err(|_| bad())?;
     let v: (String, String) = serde_json::from_slice(&bytes).map_err(|_| bad())?;
     Ok(v)
 }

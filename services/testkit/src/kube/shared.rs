@@ -70,7 +70,9 @@ impl Shared {
     /// Makes watches of a resource with exactly this label selector deliver each change
     /// `lag` after it happened (watches opened from now on).
     pub fn set_lag(&self, group: &str, resource: &str, labels: &str, lag: Duration) {
-        self.lags.lock().push((group.into(), resource.into(), labels.into(), lag));
+        self.lags
+            .lock()
+            .push((group.into(), resource.into(), labels.into(), lag));
     }
 
     /// The lag of a new watch.

@@ -43,11 +43,22 @@ impl Target {
     }
 
     fn not_found(&self, name: &str) -> ApiError {
-        ApiError::not_found(&self.info.qualified(), &self.info.group, &self.info.plural, name)
+        ApiError::not_found(
+            &self.info.qualified(),
+            &self.info.group,
+            &self.info.plural,
+            name,
+        )
     }
 
     fn conflict(&self, name: &str, why: &str) -> ApiError {
-        ApiError::conflict(&self.info.qualified(), &self.info.group, &self.info.plural, name, why)
+        ApiError::conflict(
+            &self.info.qualified(),
+            &self.info.group,
+            &self.info.plural,
+            name,
+            why,
+        )
     }
 }
 
@@ -111,7 +122,11 @@ fn meta_str<'a>(o: &'a Value, field: &str) -> Option<&'a str> {
 fn finalizers(o: &Value) -> Vec<String> {
     o["metadata"]["finalizers"]
         .as_array()
-        .map(|a| a.iter().filter_map(|f| f.as_str().map(String::from)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f.as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -134,8 +149,10 @@ impl State {
             starting: Default::default(),
         };
         for ns in ["default", "kube-system"] {
-            s.create_object(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}))
-                .expect("a new cluster takes its namespaces");
+            s.create_object(
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+            )
+            .expect("a new cluster takes its namespaces");
         }
         s
     }
@@ -171,11 +188,21 @@ impl State {
         let info = self
             .resources
             .by_kind(api_version, kind)
-            .ok_or_else(|| ApiError::bad_request(format!("no kind {kind} in {api_version} is served")))?
+            .ok_or_else(|| {
+                ApiError::bad_request(format!("no kind {kind} in {api_version} is served"))
+            })?
             .clone();
-        let version = api_version.rsplit('/').next().unwrap_or_default().to_string();
+        let version = api_version
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_string();
         let namespace = if info.namespaced {
-            Some(meta_str(object, "namespace").unwrap_or("default").to_string())
+            Some(
+                meta_str(object, "namespace")
+                    .unwrap_or("default")
+                    .to_string(),
+            )
         } else {
             None
         };
@@ -198,13 +225,18 @@ impl State {
     /// One object.
     pub fn get(&self, t: &Target) -> Result<Value, ApiError> {
         let name = t.name.as_deref().unwrap_or_default();
-        self.store.get(&t.key(name)).cloned().ok_or_else(|| t.not_found(name))
+        self.store
+            .get(&t.key(name))
+            .cloned()
+            .ok_or_else(|| t.not_found(name))
     }
 
     /// POST.
     pub fn create(&mut self, t: &Target, mut body: Value) -> Result<Value, ApiError> {
         if t.sub.is_some() || t.name.is_some() {
-            return Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource"));
+            return Err(ApiError::method_not_allowed(
+                "the server does not allow this method on the requested resource",
+            ));
         }
         if !body.is_object() {
             return Err(ApiError::bad_request("the body is not an object"));
@@ -212,14 +244,20 @@ impl State {
         let info = &t.info;
         let namespace = if info.namespaced {
             let Some(ns) = t.namespace.clone() else {
-                return Err(ApiError::method_not_allowed("a namespaced resource is created in a namespace"));
+                return Err(ApiError::method_not_allowed(
+                    "a namespaced resource is created in a namespace",
+                ));
             };
             if let Some(given) = meta_str(&body, "namespace") {
                 if given != ns {
                     return Err(ApiError::bad_request("the namespace of the provided object does not match the namespace sent on the request"));
                 }
             }
-            if self.store.get(&Key::new("", "namespaces", "", &ns)).is_none() {
+            if self
+                .store
+                .get(&Key::new("", "namespaces", "", &ns))
+                .is_none()
+            {
                 return Err(ApiError::not_found("namespaces", "", "namespaces", &ns));
             }
             Some(ns)
@@ -239,12 +277,19 @@ impl State {
         };
         let key = t.key(&name);
         if self.store.get(&key).is_some() {
-            return Err(ApiError::already_exists(&info.qualified(), &info.group, &info.plural, &name));
+            return Err(ApiError::already_exists(
+                &info.qualified(),
+                &info.group,
+                &info.plural,
+                &name,
+            ));
         }
         body["apiVersion"] = json!(info.api_version(&t.version));
         body["kind"] = json!(info.kind);
         let uid = self.new_uid();
-        let meta = body["metadata"].as_object_mut().expect("an object's metadata");
+        let meta = body["metadata"]
+            .as_object_mut()
+            .expect("an object's metadata");
         meta.insert("name".into(), json!(name));
         if let Some(ns) = &namespace {
             meta.insert("namespace".into(), json!(ns));
@@ -252,7 +297,12 @@ impl State {
         meta.insert("uid".into(), json!(uid));
         meta.insert("creationTimestamp".into(), json!(now()));
         meta.insert("generation".into(), json!(1));
-        for owned in ["deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion", "managedFields"] {
+        for owned in [
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "resourceVersion",
+            "managedFields",
+        ] {
             meta.remove(owned);
         }
         if info.status {
@@ -275,7 +325,10 @@ impl State {
         }
         if info.group.is_empty() && info.plural == "persistentvolumeclaims" && self.sims.binding {
             // The StorageObjectInUseProtection admission plugin's finalizer.
-            let f = body["metadata"]["finalizers"].as_array().cloned().unwrap_or_default();
+            let f = body["metadata"]["finalizers"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
             if !f.iter().any(|f| f == super::sim::binding::PVC_PROTECTION) {
                 let mut f = f;
                 f.push(json!(super::sim::binding::PVC_PROTECTION));
@@ -289,7 +342,9 @@ impl State {
     pub fn update(&mut self, t: &Target, body: Value) -> Result<Value, ApiError> {
         let name = t.name.clone().unwrap_or_default();
         if meta_str(&body, "name").is_some_and(|n| n != name) {
-            return Err(ApiError::bad_request("the name of the object does not match the name on the URL"));
+            return Err(ApiError::bad_request(
+                "the name of the object does not match the name on the URL",
+            ));
         }
         let old = self.get(t)?;
         if let Some(rv) = meta_str(&body, "resourceVersion") {
@@ -350,8 +405,11 @@ impl State {
             }
             self.applied.insert(applied_key, body.clone());
         }
-        let new = patch::apply(kind, &base, &body).map_err(|e| ApiError::invalid(&t.info.kind, &name, &e))?;
-        if meta_str(&new, "resourceVersion") != meta_str(&old, "resourceVersion") && new["metadata"].get("resourceVersion").is_some() {
+        let new = patch::apply(kind, &base, &body)
+            .map_err(|e| ApiError::invalid(&t.info.kind, &name, &e))?;
+        if meta_str(&new, "resourceVersion") != meta_str(&old, "resourceVersion")
+            && new["metadata"].get("resourceVersion").is_some()
+        {
             return Err(t.conflict(&name, ApiError::MODIFIED));
         }
         self.write(t, old, new)
@@ -389,7 +447,15 @@ impl State {
             return Err(ApiError::bad_request("the object has no metadata"));
         }
         // What the server owns stays as it was.
-        for owned in ["name", "namespace", "uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation"] {
+        for owned in [
+            "name",
+            "namespace",
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+        ] {
             let m = new["metadata"].as_object_mut().expect("checked");
             match old["metadata"].get(owned) {
                 Some(v) => {
@@ -425,7 +491,8 @@ impl State {
         }
         let key = t.key(&name);
         let written = self.store.put(key.clone(), new);
-        if written["metadata"].get("deletionTimestamp").is_some() && finalizers(&written).is_empty() {
+        if written["metadata"].get("deletionTimestamp").is_some() && finalizers(&written).is_empty()
+        {
             return Ok(self.remove(&key).unwrap_or(written));
         }
         Ok(written)
@@ -435,10 +502,21 @@ impl State {
     pub fn delete(&mut self, t: &Target, options: &DeleteOptions) -> Result<Value, ApiError> {
         let name = t.name.clone().unwrap_or_default();
         let old = self.get(t)?;
-        if options.uid.as_deref().is_some_and(|u| Some(u) != meta_str(&old, "uid")) {
-            return Err(t.conflict(&name, "Precondition failed: UID in precondition does not match the UID of the object"));
+        if options
+            .uid
+            .as_deref()
+            .is_some_and(|u| Some(u) != meta_str(&old, "uid"))
+        {
+            return Err(t.conflict(
+                &name,
+                "Precondition failed: UID in precondition does not match the UID of the object",
+            ));
         }
-        if options.resource_version.as_deref().is_some_and(|rv| Some(rv) != meta_str(&old, "resourceVersion")) {
+        if options
+            .resource_version
+            .as_deref()
+            .is_some_and(|rv| Some(rv) != meta_str(&old, "resourceVersion"))
+        {
             return Err(t.conflict(&name, ApiError::MODIFIED));
         }
         let key = t.key(&name);
@@ -461,7 +539,8 @@ impl State {
             }
             let mut marked = old;
             marked["metadata"]["deletionTimestamp"] = json!(now());
-            marked["metadata"]["deletionGracePeriodSeconds"] = json!(if graceful { grace.unwrap_or(30) } else { 0 });
+            marked["metadata"]["deletionGracePeriodSeconds"] =
+                json!(if graceful { grace.unwrap_or(30) } else { 0 });
             return Some(self.store.put(key.clone(), marked));
         }
         self.remove(key)
@@ -563,7 +642,11 @@ fn remove_stale(target: &mut Value, before: &Value, now: &Value) {
 fn owner_uids(v: &Value) -> Vec<String> {
     v["metadata"]["ownerReferences"]
         .as_array()
-        .map(|refs| refs.iter().filter_map(|r| r["uid"].as_str().map(String::from)).collect())
+        .map(|refs| {
+            refs.iter()
+                .filter_map(|r| r["uid"].as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -571,7 +654,9 @@ fn retain_owners(v: &mut Value, keep: impl Fn(&str) -> bool) {
     if let Some(refs) = v["metadata"]["ownerReferences"].as_array_mut() {
         refs.retain(|r| r["uid"].as_str().is_some_and(&keep));
         if refs.is_empty() {
-            v["metadata"].as_object_mut().map(|m| m.remove("ownerReferences"));
+            v["metadata"]
+                .as_object_mut()
+                .map(|m| m.remove("ownerReferences"));
         }
     }
 }
@@ -601,7 +686,8 @@ impl State {
             return new;
         }
         let written = self.store.put(key.clone(), new);
-        if written["metadata"].get("deletionTimestamp").is_some() && finalizers(&written).is_empty() {
+        if written["metadata"].get("deletionTimestamp").is_some() && finalizers(&written).is_empty()
+        {
             return self.remove(key).unwrap_or(written);
         }
         written

@@ -34,17 +34,27 @@ impl ApiError {
 
     /// 404 for an object: `pods "x" not found`.
     pub fn not_found(qualified: &str, group: &str, resource: &str, name: &str) -> Self {
-        Self::new(404, "NotFound", format!("{qualified} \"{name}\" not found")).with(name, group, resource)
+        Self::new(404, "NotFound", format!("{qualified} \"{name}\" not found"))
+            .with(name, group, resource)
     }
 
     /// 404 for a path naming no served resource.
     pub fn no_resource() -> Self {
-        Self::new(404, "NotFound", "the server could not find the requested resource".into())
+        Self::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource".into(),
+        )
     }
 
     /// 409 for a create of an existing name.
     pub fn already_exists(qualified: &str, group: &str, resource: &str, name: &str) -> Self {
-        Self::new(409, "AlreadyExists", format!("{qualified} \"{name}\" already exists")).with(name, group, resource)
+        Self::new(
+            409,
+            "AlreadyExists",
+            format!("{qualified} \"{name}\" already exists"),
+        )
+        .with(name, group, resource)
     }
 
     /// 409 for a write based on a stale resourceVersion (or a failed precondition).
@@ -63,7 +73,11 @@ impl ApiError {
 
     /// 422 for an invalid object.
     pub fn invalid(kind: &str, name: &str, why: &str) -> Self {
-        Self::new(422, "Invalid", format!("{kind} \"{name}\" is invalid: {why}"))
+        Self::new(
+            422,
+            "Invalid",
+            format!("{kind} \"{name}\" is invalid: {why}"),
+        )
     }
 
     /// 400.
@@ -83,7 +97,11 @@ impl ApiError {
 
     /// 410 for a watch from a compacted resourceVersion.
     pub fn gone(asked: u64, oldest: u64) -> Self {
-        Self::new(410, "Expired", format!("too old resource version: {asked} ({oldest})"))
+        Self::new(
+            410,
+            "Expired",
+            format!("too old resource version: {asked} ({oldest})"),
+        )
     }
 
     /// 415 for a patch of an unknown content type.

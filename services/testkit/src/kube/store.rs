@@ -94,7 +94,10 @@ impl Filter {
     fn same_resource(&self, key: &Key) -> bool {
         key.group == self.group
             && key.resource == self.resource
-            && self.namespace.as_ref().is_none_or(|ns| *ns == key.namespace)
+            && self
+                .namespace
+                .as_ref()
+                .is_none_or(|ns| *ns == key.namespace)
     }
 
     /// Whether an object of the resource matches the selectors.
@@ -181,7 +184,9 @@ impl Store {
         namespace: Option<&'a str>,
     ) -> impl Iterator<Item = (&'a Key, &'a Value)> + 'a {
         self.objects.iter().filter(move |(k, _)| {
-            k.group == group && k.resource == resource && namespace.is_none_or(|ns| ns == k.namespace)
+            k.group == group
+                && k.resource == resource
+                && namespace.is_none_or(|ns| ns == k.namespace)
         })
     }
 
@@ -249,7 +254,11 @@ impl Store {
     /// from resourceVersion 0 or none); Some(rv) sends the changes after `rv` from the
     /// history, or fails with [`Gone`] when they are no longer there. Then every matching
     /// change as it happens.
-    pub fn watch(&mut self, filter: Filter, since: Option<u64>) -> Result<mpsc::UnboundedReceiver<Sent>, Gone> {
+    pub fn watch(
+        &mut self,
+        filter: Filter,
+        since: Option<u64>,
+    ) -> Result<mpsc::UnboundedReceiver<Sent>, Gone> {
         let (tx, rx) = mpsc::unbounded_channel();
         match since {
             None => {

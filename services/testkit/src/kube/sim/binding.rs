@@ -42,7 +42,10 @@ const COMPONENT: &str = "persistentvolume-controller";
 pub fn class_of(state: &State, pvc: &Value) -> Option<Value> {
     match pvc["spec"]["storageClassName"].as_str() {
         Some("") => None,
-        Some(name) => state.store.get(&Key::new("storage.k8s.io", "storageclasses", "", name)).cloned(),
+        Some(name) => state
+            .store
+            .get(&Key::new("storage.k8s.io", "storageclasses", "", name))
+            .cloned(),
         None => state
             .store
             .list("storage.k8s.io", "storageclasses", None)
@@ -87,9 +90,10 @@ pub fn pass(state: &mut State) {
 
 fn release_protection(state: &mut State, key: &Key, pvc: &Value) {
     let name = key.name.as_str();
-    let used = state.store.list("", "pods", Some(&key.namespace)).any(|(_, p)| {
-        !is_terminal(p) && pod_claims(p).iter().any(|c| c == name)
-    });
+    let used = state
+        .store
+        .list("", "pods", Some(&key.namespace))
+        .any(|(_, p)| !is_terminal(p) && pod_claims(p).iter().any(|c| c == name));
     if used {
         return;
     }
@@ -125,13 +129,16 @@ fn bind(state: &mut State, key: &Key, pvc: &Value) {
             ),
             _ => (
                 "FailedBinding",
-                "no persistent volumes available for this claim and no storage class is set".to_string(),
+                "no persistent volumes available for this claim and no storage class is set"
+                    .to_string(),
             ),
         };
         events::record(state, pvc, true, why.0, &why.1, COMPONENT);
         return;
     };
-    let node = pvc["metadata"]["annotations"][SELECTED_NODE].as_str().map(String::from);
+    let node = pvc["metadata"]["annotations"][SELECTED_NODE]
+        .as_str()
+        .map(String::from);
     if waits_for_consumer(&class) && node.is_none() {
         events::record(
             state,
@@ -143,8 +150,15 @@ fn bind(state: &mut State, key: &Key, pvc: &Value) {
         );
         return;
     }
-    let node = if waits_for_consumer(&class) { node } else { None };
-    let driver = class["provisioner"].as_str().unwrap_or("csi.example.com").to_string();
+    let node = if waits_for_consumer(&class) {
+        node
+    } else {
+        None
+    };
+    let driver = class["provisioner"]
+        .as_str()
+        .unwrap_or("csi.example.com")
+        .to_string();
     let uid = pvc["metadata"]["uid"].as_str().unwrap_or_default();
     let pv_name = format!("pvc-{uid}");
     let mut pv = json!({

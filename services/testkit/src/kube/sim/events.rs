@@ -13,14 +13,29 @@ use crate::kube::store::Key;
 const REPEAT_AFTER_SECS: i64 = 10;
 
 /// A component's event on `involved`.
-pub fn record(state: &mut State, involved: &Value, warning: bool, reason: &str, message: &str, component: &str) {
-    let namespace = involved["metadata"]["namespace"].as_str().unwrap_or("default").to_string();
-    let uid = involved["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+pub fn record(
+    state: &mut State,
+    involved: &Value,
+    warning: bool,
+    reason: &str,
+    message: &str,
+    component: &str,
+) {
+    let namespace = involved["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or("default")
+        .to_string();
+    let uid = involved["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let same = state
         .store
         .list("", "events", Some(&namespace))
         .find(|(_, e)| {
-            e["involvedObject"]["uid"] == uid.as_str() && e["reason"] == reason && e["message"] == message
+            e["involvedObject"]["uid"] == uid.as_str()
+                && e["reason"] == reason
+                && e["message"] == message
         })
         .map(|(k, e)| (k.clone(), e.clone()));
     if let Some((key, mut e)) = same {
@@ -58,7 +73,11 @@ pub fn record(state: &mut State, involved: &Value, warning: bool, reason: &str, 
 
 /// The Events of an object, by its key, oldest first: (type, reason, message).
 pub fn of(state: &State, key: &Key) -> Vec<(String, String, String)> {
-    let Some(uid) = state.store.get(key).and_then(|o| o["metadata"]["uid"].as_str().map(String::from)) else {
+    let Some(uid) = state
+        .store
+        .get(key)
+        .and_then(|o| o["metadata"]["uid"].as_str().map(String::from))
+    else {
         return Vec::new();
     };
     let mut events: Vec<&Value> = state
@@ -67,7 +86,11 @@ pub fn of(state: &State, key: &Key) -> Vec<(String, String, String)> {
         .map(|(_, e)| e)
         .filter(|e| e["involvedObject"]["uid"] == uid.as_str())
         .collect();
-    events.sort_by_key(|e| e["metadata"]["resourceVersion"].as_str().and_then(|v| v.parse::<u64>().ok()));
+    events.sort_by_key(|e| {
+        e["metadata"]["resourceVersion"]
+            .as_str()
+            .and_then(|v| v.parse::<u64>().ok())
+    });
     events
         .iter()
         .map(|e| {

@@ -42,13 +42,18 @@ fn single_node(pv: &Value) -> bool {
 fn volumes(state: &State, namespace: &str, pod: &Value) -> Option<Vec<Value>> {
     let mut out = Vec::new();
     for claim in pod_claims(pod) {
-        let pvc = state.store.get(&Key::new("", "persistentvolumeclaims", namespace, &claim))?;
+        let pvc = state
+            .store
+            .get(&Key::new("", "persistentvolumeclaims", namespace, &claim))?;
         if pvc["status"]["phase"] != "Bound" {
             return None;
         }
-        let pv = state
-            .store
-            .get(&Key::new("", "persistentvolumes", "", pvc["spec"]["volumeName"].as_str()?))?;
+        let pv = state.store.get(&Key::new(
+            "",
+            "persistentvolumes",
+            "",
+            pvc["spec"]["volumeName"].as_str()?,
+        ))?;
         out.push(pv.clone());
     }
     Some(out)
@@ -83,7 +88,10 @@ pub fn pass(state: &mut State) {
             continue;
         };
         if pod["metadata"]["deletionTimestamp"].is_string() {
-            if pod["metadata"]["finalizers"].as_array().is_none_or(|f| f.is_empty()) {
+            if pod["metadata"]["finalizers"]
+                .as_array()
+                .is_none_or(|f| f.is_empty())
+            {
                 state.remove(&key);
             }
             continue;
@@ -105,15 +113,27 @@ fn start(state: &mut State, key: &Key, pod: &Value, node: &str) {
             continue;
         };
         let pv_name = pv["metadata"]["name"].as_str().unwrap_or_default();
-        let here = vas.iter().any(|(_, va)| va["spec"]["source"]["persistentVolumeName"] == pv_name && va["spec"]["nodeName"] == node);
+        let here = vas.iter().any(|(_, va)| {
+            va["spec"]["source"]["persistentVolumeName"] == pv_name
+                && va["spec"]["nodeName"] == node
+        });
         if here {
             continue;
         }
         if single_node(pv) {
             let elsewhere: Vec<String> = vas
                 .iter()
-                .filter(|(_, va)| va["spec"]["source"]["persistentVolumeName"] == pv_name && va["spec"]["nodeName"] != node)
-                .flat_map(|(_, va)| users_on(state, va["spec"]["nodeName"].as_str().unwrap_or_default(), pv_name))
+                .filter(|(_, va)| {
+                    va["spec"]["source"]["persistentVolumeName"] == pv_name
+                        && va["spec"]["nodeName"] != node
+                })
+                .flat_map(|(_, va)| {
+                    users_on(
+                        state,
+                        va["spec"]["nodeName"].as_str().unwrap_or_default(),
+                        pv_name,
+                    )
+                })
                 .collect();
             if !elsewhere.is_empty() {
                 let message = format!(
@@ -127,7 +147,9 @@ fn start(state: &mut State, key: &Key, pod: &Value, node: &str) {
         if let Some(limit) = attach_limit(state, node, driver) {
             let attached = vas
                 .iter()
-                .filter(|(_, va)| va["spec"]["nodeName"] == node && va["spec"]["attacher"] == driver)
+                .filter(|(_, va)| {
+                    va["spec"]["nodeName"] == node && va["spec"]["attacher"] == driver
+                })
                 .count() as u64;
             if attached >= limit {
                 let message = format!(
@@ -146,15 +168,31 @@ fn start(state: &mut State, key: &Key, pod: &Value, node: &str) {
         if let Ok(va) = state.create_object(va) {
             let mut attached = va;
             attached["status"] = json!({"attached": true});
-            state.replace(&Key::new("storage.k8s.io", "volumeattachments", "", &name), attached);
+            state.replace(
+                &Key::new("storage.k8s.io", "volumeattachments", "", &name),
+                attached,
+            );
         }
         let message = format!("AttachVolume.Attach succeeded for volume \"{pv_name}\"");
-        events::record(state, pod, false, "SuccessfulAttachVolume", &message, ATTACHER);
+        events::record(
+            state,
+            pod,
+            false,
+            "SuccessfulAttachVolume",
+            &message,
+            ATTACHER,
+        );
     }
     let delay = state.sims.pod_start;
     if !delay.is_zero() {
-        let uid = pod["metadata"]["uid"].as_str().unwrap_or_default().to_string();
-        let began = *state.starting.entry(uid.clone()).or_insert_with(std::time::Instant::now);
+        let uid = pod["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let began = *state
+            .starting
+            .entry(uid.clone())
+            .or_insert_with(std::time::Instant::now);
         if began.elapsed() < delay {
             return; // still pulling the image: a later pass starts it
         }
@@ -164,7 +202,9 @@ fn start(state: &mut State, key: &Key, pod: &Value, node: &str) {
 }
 
 fn attach_limit(state: &State, node: &str, driver: &str) -> Option<u64> {
-    let csinode = state.store.get(&Key::new("storage.k8s.io", "csinodes", "", node))?;
+    let csinode = state
+        .store
+        .get(&Key::new("storage.k8s.io", "csinodes", "", node))?;
     csinode["spec"]["drivers"]
         .as_array()?
         .iter()
@@ -204,19 +244,35 @@ fn run(state: &mut State, key: &Key, pod: &Value, node: &str) {
     next["status"]["startTime"] = json!(at);
     next["status"]["containerStatuses"] = json!(containers);
     for t in ["PodScheduled", "Initialized", "ContainersReady", "Ready"] {
-        set_condition(&mut next, json!({"type": t, "status": "True", "lastTransitionTime": at}));
+        set_condition(
+            &mut next,
+            json!({"type": t, "status": "True", "lastTransitionTime": at}),
+        );
     }
     let next = state.replace(key, next);
     for c in pod["spec"]["containers"].as_array().into_iter().flatten() {
         let name = c["name"].as_str().unwrap_or_default();
-        events::record(state, &next, false, "Started", &format!("Started container {name}"), KUBELET);
+        events::record(
+            state,
+            &next,
+            false,
+            "Started",
+            &format!("Started container {name}"),
+            KUBELET,
+        );
     }
 }
 
 /// Ends a running or pending pod's containers with `exit_code`: Succeeded for 0, else
 /// Failed (reason Error, or `reason` when given, like OOMKilled), with `message` as the
 /// termination message. False when the pod does not exist.
-pub fn exit(state: &mut State, key: &Key, exit_code: i32, reason: Option<&str>, message: Option<&str>) -> bool {
+pub fn exit(
+    state: &mut State,
+    key: &Key,
+    exit_code: i32,
+    reason: Option<&str>,
+    message: Option<&str>,
+) -> bool {
     let Some(pod) = state.store.get(key).cloned() else {
         return false;
     };
@@ -236,10 +292,17 @@ pub fn exit(state: &mut State, key: &Key, exit_code: i32, reason: Option<&str>, 
                    "started": false, "restartCount": 0, "state": {"terminated": terminated}})
         })
         .collect();
-    next["status"]["phase"] = json!(if exit_code == 0 { "Succeeded" } else { "Failed" });
+    next["status"]["phase"] = json!(if exit_code == 0 {
+        "Succeeded"
+    } else {
+        "Failed"
+    });
     next["status"]["containerStatuses"] = json!(containers);
     for t in ["ContainersReady", "Ready"] {
-        set_condition(&mut next, json!({"type": t, "status": "False", "reason": "PodCompleted", "lastTransitionTime": at}));
+        set_condition(
+            &mut next,
+            json!({"type": t, "status": "False", "reason": "PodCompleted", "lastTransitionTime": at}),
+        );
     }
     state.replace(key, next);
     true
@@ -248,7 +311,9 @@ pub fn exit(state: &mut State, key: &Key, exit_code: i32, reason: Option<&str>, 
 fn detach(state: &mut State) {
     for (key, va) in attachments(state) {
         let node = va["spec"]["nodeName"].as_str().unwrap_or_default();
-        let pv = va["spec"]["source"]["persistentVolumeName"].as_str().unwrap_or_default();
+        let pv = va["spec"]["source"]["persistentVolumeName"]
+            .as_str()
+            .unwrap_or_default();
         if users_on(state, node, pv).is_empty() {
             state.remove(&key);
         }

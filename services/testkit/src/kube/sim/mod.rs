@@ -70,7 +70,11 @@ pub fn pod_claims(pod: &Value) -> Vec<String> {
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(|v| v["persistentVolumeClaim"]["claimName"].as_str().map(String::from))
+        .filter_map(|v| {
+            v["persistentVolumeClaim"]["claimName"]
+                .as_str()
+                .map(String::from)
+        })
         .collect()
 }
 

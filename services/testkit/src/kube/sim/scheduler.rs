@@ -43,15 +43,23 @@ fn requirement(operator: &str, value: Option<&str>, values: &[String]) -> bool {
         "NotIn" => value.is_none_or(|v| !values.iter().any(|x| x == v)),
         "Exists" => value.is_some(),
         "DoesNotExist" => value.is_none(),
-        "Gt" => matches!((value.and_then(number), values.first().and_then(|x| number(x))), (Some(v), Some(x)) if v > x),
-        "Lt" => matches!((value.and_then(number), values.first().and_then(|x| number(x))), (Some(v), Some(x)) if v < x),
+        "Gt" => {
+            matches!((value.and_then(number), values.first().and_then(|x| number(x))), (Some(v), Some(x)) if v > x)
+        }
+        "Lt" => {
+            matches!((value.and_then(number), values.first().and_then(|x| number(x))), (Some(v), Some(x)) if v < x)
+        }
         _ => false,
     }
 }
 
 fn strings(v: &Value) -> Vec<String> {
     v.as_array()
-        .map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -59,19 +67,33 @@ fn strings(v: &Value) -> Vec<String> {
 fn term_matches(term: &Value, node: &Value) -> bool {
     let labels = &node["metadata"]["labels"];
     let name = node["metadata"]["name"].as_str();
-    let exprs = term["matchExpressions"].as_array().into_iter().flatten().all(|r| {
-        let key = r["key"].as_str().unwrap_or_default();
-        requirement(
-            r["operator"].as_str().unwrap_or_default(),
-            labels[key].as_str(),
-            &strings(&r["values"]),
-        )
-    });
-    let fields = term["matchFields"].as_array().into_iter().flatten().all(|r| {
-        r["key"] == "metadata.name"
-            && requirement(r["operator"].as_str().unwrap_or_default(), name, &strings(&r["values"]))
-    });
-    let empty = term["matchExpressions"].as_array().is_none_or(|a| a.is_empty())
+    let exprs = term["matchExpressions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .all(|r| {
+            let key = r["key"].as_str().unwrap_or_default();
+            requirement(
+                r["operator"].as_str().unwrap_or_default(),
+                labels[key].as_str(),
+                &strings(&r["values"]),
+            )
+        });
+    let fields = term["matchFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .all(|r| {
+            r["key"] == "metadata.name"
+                && requirement(
+                    r["operator"].as_str().unwrap_or_default(),
+                    name,
+                    &strings(&r["values"]),
+                )
+        });
+    let empty = term["matchExpressions"]
+        .as_array()
+        .is_none_or(|a| a.is_empty())
         && term["matchFields"].as_array().is_none_or(|a| a.is_empty());
     !empty && exprs && fields
 }
@@ -90,8 +112,12 @@ fn tolerated(taint: &Value, tolerations: &[Value]) -> bool {
             None | Some("") => t["operator"] == "Exists",
             Some(k) => taint["key"] == k,
         };
-        let value_ok = t["operator"] == "Exists" || t["value"].as_str().unwrap_or_default() == taint["value"].as_str().unwrap_or_default();
-        let effect_ok = t["effect"].as_str().is_none_or(|e| e.is_empty() || taint["effect"] == e);
+        let value_ok = t["operator"] == "Exists"
+            || t["value"].as_str().unwrap_or_default()
+                == taint["value"].as_str().unwrap_or_default();
+        let effect_ok = t["effect"]
+            .as_str()
+            .is_none_or(|e| e.is_empty() || taint["effect"] == e);
         key_ok && value_ok && effect_ok
     })
 }
@@ -111,13 +137,23 @@ struct ClaimView {
 
 /// One pass: every pod without a node, tried against every node.
 pub fn pass(state: &mut State) {
-    let mut nodes: Vec<Value> = state.objects("", "nodes").into_iter().map(|(_, n)| n).collect();
-    nodes.sort_by(|a, b| a["metadata"]["name"].as_str().cmp(&b["metadata"]["name"].as_str()));
+    let mut nodes: Vec<Value> = state
+        .objects("", "nodes")
+        .into_iter()
+        .map(|(_, n)| n)
+        .collect();
+    nodes.sort_by(|a, b| {
+        a["metadata"]["name"]
+            .as_str()
+            .cmp(&b["metadata"]["name"].as_str())
+    });
     for (key, pod) in state.objects("", "pods") {
         let unscheduled = !pod["spec"]["nodeName"].is_string()
             && !pod["metadata"]["deletionTimestamp"].is_string()
             && !is_terminal(&pod)
-            && pod["spec"]["schedulerName"].as_str().is_none_or(|s| s == COMPONENT);
+            && pod["spec"]["schedulerName"]
+                .as_str()
+                .is_none_or(|s| s == COMPONENT);
         if unscheduled {
             schedule(state, &key, &pod, &nodes);
         }
@@ -127,7 +163,10 @@ pub fn pass(state: &mut State) {
 fn claims_of(state: &State, namespace: &str, pod: &Value) -> Result<Vec<ClaimView>, String> {
     let mut out = Vec::new();
     for name in pod_claims(pod) {
-        let Some(pvc) = state.store.get(&Key::new("", "persistentvolumeclaims", namespace, &name)) else {
+        let Some(pvc) = state
+            .store
+            .get(&Key::new("", "persistentvolumeclaims", namespace, &name))
+        else {
             return Err(format!("persistentvolumeclaim \"{name}\" not found"));
         };
         if pvc["metadata"]["deletionTimestamp"].is_string() {
@@ -136,7 +175,12 @@ fn claims_of(state: &State, namespace: &str, pod: &Value) -> Result<Vec<ClaimVie
         let pv = pvc["spec"]["volumeName"]
             .as_str()
             .filter(|_| pvc["status"]["phase"] == "Bound")
-            .and_then(|v| state.store.get(&Key::new("", "persistentvolumes", "", v)).cloned());
+            .and_then(|v| {
+                state
+                    .store
+                    .get(&Key::new("", "persistentvolumes", "", v))
+                    .cloned()
+            });
         let class = class_of(state, pvc);
         let wffc = class.as_ref().is_some_and(waits_for_consumer);
         if pv.is_none() && !wffc {
@@ -145,12 +189,18 @@ fn claims_of(state: &State, namespace: &str, pod: &Value) -> Result<Vec<ClaimVie
         let driver = pv
             .as_ref()
             .and_then(|pv| pv["spec"]["csi"]["driver"].as_str().map(String::from))
-            .or_else(|| class.as_ref().and_then(|c| c["provisioner"].as_str().map(String::from)));
+            .or_else(|| {
+                class
+                    .as_ref()
+                    .and_then(|c| c["provisioner"].as_str().map(String::from))
+            });
         out.push(ClaimView {
             name,
             pv,
             wffc,
-            selected: pvc["metadata"]["annotations"][SELECTED_NODE].as_str().map(String::from),
+            selected: pvc["metadata"]["annotations"][SELECTED_NODE]
+                .as_str()
+                .map(String::from),
             driver,
         });
     }
@@ -161,9 +211,15 @@ fn claims_of(state: &State, namespace: &str, pod: &Value) -> Result<Vec<ClaimVie
 /// by its pods that have not ended.
 fn volumes_on(state: &State, node: &str) -> BTreeSet<(String, String)> {
     let mut used = BTreeSet::new();
-    for (_, va) in state.store.list("storage.k8s.io", "volumeattachments", None) {
+    for (_, va) in state
+        .store
+        .list("storage.k8s.io", "volumeattachments", None)
+    {
         if va["spec"]["nodeName"] == node {
-            if let (Some(d), Some(pv)) = (va["spec"]["attacher"].as_str(), va["spec"]["source"]["persistentVolumeName"].as_str()) {
+            if let (Some(d), Some(pv)) = (
+                va["spec"]["attacher"].as_str(),
+                va["spec"]["source"]["persistentVolumeName"].as_str(),
+            ) {
                 used.insert((d.to_string(), pv.to_string()));
             }
         }
@@ -174,13 +230,19 @@ fn volumes_on(state: &State, node: &str) -> BTreeSet<(String, String)> {
         }
         let ns = pod["metadata"]["namespace"].as_str().unwrap_or_default();
         for claim in pod_claims(pod) {
-            let Some(pvc) = state.store.get(&Key::new("", "persistentvolumeclaims", ns, &claim)) else {
+            let Some(pvc) = state
+                .store
+                .get(&Key::new("", "persistentvolumeclaims", ns, &claim))
+            else {
                 continue;
             };
             let Some(pv_name) = pvc["spec"]["volumeName"].as_str() else {
                 continue;
             };
-            if let Some(pv) = state.store.get(&Key::new("", "persistentvolumes", "", pv_name)) {
+            if let Some(pv) = state
+                .store
+                .get(&Key::new("", "persistentvolumes", "", pv_name))
+            {
                 if let Some(d) = pv["spec"]["csi"]["driver"].as_str() {
                     used.insert((d.to_string(), pv_name.to_string()));
                 }
@@ -196,12 +258,18 @@ fn unfit(state: &State, pod: &Value, node: &Value, claims: &[ClaimView]) -> Opti
     if node["spec"]["unschedulable"] == true {
         return Some("node(s) were unschedulable".into());
     }
-    let tolerations = pod["spec"]["tolerations"].as_array().cloned().unwrap_or_default();
+    let tolerations = pod["spec"]["tolerations"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     for taint in node["spec"]["taints"].as_array().into_iter().flatten() {
         let effect = taint["effect"].as_str().unwrap_or_default();
         if (effect == "NoSchedule" || effect == "NoExecute") && !tolerated(taint, &tolerations) {
             let key = taint["key"].as_str().unwrap_or_default();
-            let value = taint["value"].as_str().map(|v| format!(": {v}")).unwrap_or_default();
+            let value = taint["value"]
+                .as_str()
+                .map(|v| format!(": {v}"))
+                .unwrap_or_default();
             return Some(format!("node(s) had untolerated taint {{{key}{value}}}"));
         }
     }
@@ -209,26 +277,25 @@ fn unfit(state: &State, pod: &Value, node: &Value, claims: &[ClaimView]) -> Opti
     let selector_ok = pod["spec"]["nodeSelector"]
         .as_object()
         .is_none_or(|sel| sel.iter().all(|(k, v)| labels[k] == *v));
-    let affinity = &pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
+    let affinity =
+        &pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
     if !selector_ok || !selector_matches(affinity, node) {
         return Some("node(s) didn't match Pod's node affinity/selector".into());
     }
     for c in claims {
-        match &c.pv {
-            Some(pv) => {
-                if !selector_matches(&pv["spec"]["nodeAffinity"]["required"], node) {
-                    return Some("node(s) had volume node affinity conflict".into());
-                }
-            }
-            None if c.wffc => {
-                if c.selected.as_deref().is_some_and(|s| s != name) {
-                    return Some("node(s) didn't find available persistent volumes to bind".into());
-                }
-            }
-            None => {}
+        let conflict = match &c.pv {
+            Some(pv) => (!selector_matches(&pv["spec"]["nodeAffinity"]["required"], node))
+                .then_some("node(s) had volume node affinity conflict"),
+            None => (c.wffc && c.selected.as_deref().is_some_and(|s| s != name))
+                .then_some("node(s) didn't find available persistent volumes to bind"),
+        };
+        if let Some(why) = conflict {
+            return Some(why.into());
         }
     }
-    let csinode = state.store.get(&Key::new("storage.k8s.io", "csinodes", "", name));
+    let csinode = state
+        .store
+        .get(&Key::new("storage.k8s.io", "csinodes", "", name));
     if let Some(csinode) = csinode {
         let used = volumes_on(state, name);
         for d in csinode["spec"]["drivers"].as_array().into_iter().flatten() {
@@ -236,9 +303,19 @@ fn unfit(state: &State, pod: &Value, node: &Value, claims: &[ClaimView]) -> Opti
                 continue;
             };
             let driver = d["name"].as_str().unwrap_or_default();
-            let mut total: BTreeSet<String> = used.iter().filter(|(dr, _)| dr == driver).map(|(_, v)| v.clone()).collect();
-            for c in claims.iter().filter(|c| c.driver.as_deref() == Some(driver)) {
-                let id = c.pv.as_ref().and_then(|pv| pv["metadata"]["name"].as_str().map(String::from)).unwrap_or_else(|| format!("new:{}", c.name));
+            let mut total: BTreeSet<String> = used
+                .iter()
+                .filter(|(dr, _)| dr == driver)
+                .map(|(_, v)| v.clone())
+                .collect();
+            for c in claims
+                .iter()
+                .filter(|c| c.driver.as_deref() == Some(driver))
+            {
+                let id =
+                    c.pv.as_ref()
+                        .and_then(|pv| pv["metadata"]["name"].as_str().map(String::from))
+                        .unwrap_or_else(|| format!("new:{}", c.name));
                 total.insert(id);
             }
             if total.len() as u64 > limit {
@@ -274,10 +351,18 @@ fn schedule(state: &mut State, key: &Key, pod: &Value, nodes: &[Value]) {
     };
     let chosen = fits
         .iter()
-        .map(|n| n["metadata"]["name"].as_str().unwrap_or_default().to_string())
+        .map(|n| {
+            n["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
         .min_by_key(|n| (pods_on(n), n.clone()));
     let Some(node) = chosen else {
-        let mut parts: Vec<String> = reasons.iter().map(|(why, n)| format!("{n} {why}")).collect();
+        let mut parts: Vec<String> = reasons
+            .iter()
+            .map(|(why, n)| format!("{n} {why}"))
+            .collect();
         parts.sort();
         let message = format!(
             "0/{} nodes are available: {}. preemption: 0/{} nodes are available: {} Preemption is not helpful for scheduling.",
@@ -288,7 +373,10 @@ fn schedule(state: &mut State, key: &Key, pod: &Value, nodes: &[Value]) {
         );
         return unschedulable(state, key, pod, &message);
     };
-    for c in claims.iter().filter(|c| c.pv.is_none() && c.wffc && c.selected.is_none()) {
+    for c in claims
+        .iter()
+        .filter(|c| c.pv.is_none() && c.wffc && c.selected.is_none())
+    {
         let claim_key = Key::new("", "persistentvolumeclaims", &key.namespace, &c.name);
         if let Some(mut pvc) = state.store.get(&claim_key).cloned() {
             if !pvc["metadata"]["annotations"].is_object() {
@@ -300,9 +388,15 @@ fn schedule(state: &mut State, key: &Key, pod: &Value, nodes: &[Value]) {
     }
     let mut bound = pod.clone();
     bound["spec"]["nodeName"] = json!(node);
-    set_condition(&mut bound, json!({"type": "PodScheduled", "status": "True", "lastTransitionTime": now()}));
+    set_condition(
+        &mut bound,
+        json!({"type": "PodScheduled", "status": "True", "lastTransitionTime": now()}),
+    );
     let bound = state.replace(key, bound);
-    let message = format!("Successfully assigned {}/{} to {node}", key.namespace, key.name);
+    let message = format!(
+        "Successfully assigned {}/{} to {node}",
+        key.namespace, key.name
+    );
     events::record(state, &bound, false, "Scheduled", &message, COMPONENT);
 }
 
