@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ferry_operator::controller::{
-    self, mover_selector, JobReport, JobRequest, JobState, LinkError, MoverAddress, MoverLink,
-    OperatorSettings, ReportStream,
+    self, mover_ca, mover_selector, JobReport, JobRequest, JobState, LinkError, MoverAddress,
+    MoverLink, OperatorSettings, ReportStream,
 };
 use ferry_operator::metrics::OperatorMetrics;
 use ferry_testkit::kube::{ChangeType, Cluster, Sent, Sim};
@@ -85,7 +85,12 @@ fn start(cluster: &Cluster, settings: OperatorSettings) -> Operator {
     });
     let metrics = Arc::new(OperatorMetrics::new());
     Operator(tokio::spawn(async move {
-        controller::run(client, settings, link, metrics)
+        // The movers' CA, made and stored as the binary does (its Secret in the
+        // operator's namespace, through the operator's RBAC).
+        let ca = mover_ca::load_or_create(&client, "ferry-system")
+            .await
+            .expect("the movers' CA");
+        controller::run(client, settings, link, Some(Arc::new(ca)), metrics)
             .await
             .expect("the controllers run");
     }))
