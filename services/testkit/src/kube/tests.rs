@@ -280,6 +280,10 @@ async fn patches_merge_json_and_apply_and_the_status_subresource_is_apart() {
         (spec.volume_mode.as_deref(), applied.metadata.generation),
         (Some("Block"), Some(2))
     );
+    assert!(
+        spec.access_modes.is_none(),
+        "a field the manager stopped applying is removed"
+    );
     let no_manager = api_error(
         api.patch(
             "fresh",
