@@ -14,6 +14,10 @@
 //! - [`promql`]: the metric names a Grafana dashboard's queries use (dashboard tests).
 //! - [`pod_security`]: the Pod Security Standard `restricted` as a check of a pod's JSON
 //!   (the operator's pods).
+//! - `kube` (feature `kube`): a stateful stand-in for the Kubernetes API server, a
+//!   `kube::Client` over it, RBAC from manifest files, and simulated controllers (PVC
+//!   binding, a scheduler, attach/detach and a kubelet). Only the operator's tests turn the
+//!   feature on, so the other crates' tests do not build kube.
 //!
 //! It depends on ferry-core only, so the engine and the endpoints can use it as a
 //! dev-dependency without a cycle. Its checks panic, as test assertions do.
@@ -23,6 +27,8 @@ mod counting;
 pub mod files;
 mod fixture;
 mod gauge;
+#[cfg(feature = "kube")]
+pub mod kube;
 pub mod pod_security;
 pub mod promql;
 mod source;

@@ -410,6 +410,10 @@ pub async fn delete_mover(ctx: &Context, ids: &Ids, pod: &str) -> Result<(), Err
         }
     }
     ctx.forget_token(&secret);
+    // Its slot is no longer reserved: the store counts the pod while it is there, and a
+    // mover deleted before the store ever showed it would otherwise hold the slot until
+    // the reservation expires.
+    ctx.release_slot(&ids.uid);
     Ok(())
 }
 

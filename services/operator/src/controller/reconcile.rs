@@ -297,10 +297,11 @@ async fn starting<K: MoverKind>(
     if update(ctx, ids, obj, status, &next).await?.is_some() && why.is_some() {
         ctx.event(obj, true, reason::MOVER_STARTING, &message).await;
     }
-    let resync = ctx.settings.resync;
-    Ok(Action::requeue(
-        left.map_or(resync, |left| left.min(resync)),
-    ))
+    // Look again soon (the store costs no request): the watch that wakes this reconcile
+    // and the store of mover pods are two streams, and the one saying the pod is ready
+    // may come first; waiting for the resync would leave a ready mover idle for minutes.
+    let look = ctx.settings.resync.min(ctx.settings.pending_backoff);
+    Ok(Action::requeue(left.map_or(look, |left| left.min(look))))
 }
 
 /// How long ago `created` was.

@@ -4,12 +4,13 @@
 //! would check, and must be allowed by a rule bound to the operator's ServiceAccount.
 //! Run over all the scenarios of a test binary, the other way round too: a rule no
 //! scenario uses is more privilege than the operator needs (unless exempted with a reason).
+//! How a request maps to an access and how rules are read and matched is the test kit's
+//! (`ferry_testkit::kube::rbac`), the same code the stateful API stand-in enforces.
 
 use std::collections::BTreeSet;
-use std::fmt;
 use std::path::{Path, PathBuf};
 
-use serde_yaml::Value;
+pub use ferry_testkit::kube::rbac::{access, Access, Rule, Rules};
 
 /// The ServiceAccount the operator runs as (deploy/operator/10-rbac.yaml).
 pub const SERVICE_ACCOUNT: (&str, &str) = ("ferry-system", "ferry-operator");
@@ -18,205 +19,24 @@ pub const SERVICE_ACCOUNT: (&str, &str) = ("ferry-system", "ferry-operator");
 /// least-privilege test runs the scenarios in a child process with it).
 pub const RECORD_ENV: &str = "FERRY_RBAC_RECORD_DIR";
 
-/// One request as the authorizer sees it.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Access {
-    pub verb: String,
-    pub group: String,
-    /// `resource` or `resource/subresource`.
-    pub resource: String,
-    /// None for a cluster-wide request (a list or watch across all namespaces).
-    pub namespace: Option<String>,
-}
-
-impl fmt::Display for Access {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let group = if self.group.is_empty() {
-            "\"\"" // the core group, as a Role writes it
-        } else {
-            &self.group
-        };
-        write!(f, "{} {} {}", self.verb, group, self.resource)?;
-        match &self.namespace {
-            Some(ns) => write!(f, " in namespace {ns}"),
-            None => write!(f, " (all namespaces)"),
-        }
-    }
-}
-
-fn watch_query(query: &str) -> bool {
-    query
-        .split('&')
-        .any(|kv| kv == "watch=true" || kv == "watch=1")
-}
-
-/// Maps a request to what the API server authorizes, as its request-info resolver does:
-/// `/api/v1/...` is the core group, `/apis/GROUP/VERSION/...` a named one; then an
-/// optional `namespaces/NS/`, the resource, its name, and a subresource. GET is get with a
-/// name, list without, watch with `watch=true`; POST create, PUT update, PATCH patch,
-/// DELETE delete (deletecollection without a name).
-pub fn access(method: &str, path: &str, query: &str) -> Result<Access, String> {
-    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let (group, rest) = match segments.as_slice() {
-        ["api", _version, rest @ ..] => ("", rest),
-        ["apis", group, _version, rest @ ..] => (*group, rest),
-        _ => return Err(format!("not a resource path: {path}")),
-    };
-    let (namespace, rest) = match rest {
-        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some(ns.to_string()), rest),
-        _ => (None, rest),
-    };
-    let (resource, name, sub) = match rest {
-        [resource] => (*resource, None, None),
-        [resource, name] => (*resource, Some(*name), None),
-        [resource, name, sub] => (*resource, Some(*name), Some(*sub)),
-        _ => return Err(format!("not a resource path: {path}")),
-    };
-    let verb = match (method, name) {
-        ("GET", _) if watch_query(query) => "watch",
-        ("GET", Some(_)) => "get",
-        ("GET", None) => "list",
-        ("POST", _) => "create",
-        ("PUT", _) => "update",
-        ("PATCH", _) => "patch",
-        ("DELETE", Some(_)) => "delete",
-        ("DELETE", None) => "deletecollection",
-        _ => return Err(format!("no RBAC verb for {method} {path}")),
-    };
-    let resource = match sub {
-        Some(sub) => format!("{resource}/{sub}"),
-        None => resource.to_string(),
-    };
-    Ok(Access {
-        verb: verb.into(),
-        group: group.into(),
-        resource,
-        namespace,
-    })
-}
-
-/// One rule of a role bound to the operator; `namespace` is set for a Role's rule.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Rule {
-    pub role: String,
-    pub namespace: Option<String>,
-    pub groups: Vec<String>,
-    pub resources: Vec<String>,
-    pub verbs: Vec<String>,
-}
-
-impl Rule {
-    /// Whether this rule allows the access (no wildcards: the operator's roles name
-    /// everything, and a wildcard would fail the least-privilege test anyway).
-    pub fn allows(&self, a: &Access) -> bool {
-        let in_scope = match (&self.namespace, &a.namespace) {
-            (None, _) => true,
-            (Some(role_ns), Some(ns)) => role_ns == ns,
-            (Some(_), None) => false,
-        };
-        in_scope
-            && self.groups.contains(&a.group)
-            && self.resources.contains(&a.resource)
-            && self.verbs.contains(&a.verb)
-    }
-
-    /// Each (verb, group, resource) this rule grants.
-    pub fn grants(&self) -> Vec<(String, String, String)> {
-        let mut out = Vec::new();
-        for g in &self.groups {
-            for r in &self.resources {
-                for v in &self.verbs {
-                    out.push((v.clone(), g.clone(), r.clone()));
-                }
-            }
-        }
-        out
-    }
-}
-
-fn strings(v: &Value, what: &str) -> Vec<String> {
-    v.as_sequence()
-        .unwrap_or_else(|| panic!("{what} is not a list: {v:?}"))
-        .iter()
-        .map(|s| {
-            s.as_str()
-                .unwrap_or_else(|| panic!("{what}: {s:?}"))
-                .to_string()
-        })
-        .collect()
-}
-
 /// The repository's deploy/operator directory.
 pub fn rbac_file() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/operator/10-rbac.yaml")
 }
 
 /// The rules of every ClusterRole and Role in the file that a binding grants to the
-/// operator's ServiceAccount.
+/// operator's ServiceAccount (read as the stand-in's authorizer reads them).
 pub fn operator_rules(file: &Path) -> Vec<Rule> {
-    let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-    let docs: Vec<Value> = serde_yaml::Deserializer::from_str(&text)
-        .map(|d| <Value as serde::Deserialize>::deserialize(d).expect("a YAML document"))
-        .collect();
-    let bound: BTreeSet<(String, Option<String>)> = docs
-        .iter()
-        .filter(|d| {
-            matches!(
-                d["kind"].as_str(),
-                Some("ClusterRoleBinding" | "RoleBinding")
-            )
-        })
-        .filter(|d| {
-            d["subjects"].as_sequence().is_some_and(|s| {
-                s.iter().any(|s| {
-                    s["kind"].as_str() == Some("ServiceAccount")
-                        && s["namespace"].as_str() == Some(SERVICE_ACCOUNT.0)
-                        && s["name"].as_str() == Some(SERVICE_ACCOUNT.1)
-                })
-            })
-        })
-        .map(|d| {
-            let ns = match d["roleRef"]["kind"].as_str() {
-                Some("Role") => d["metadata"]["namespace"].as_str().map(String::from),
-                _ => None,
-            };
-            (d["roleRef"]["name"].as_str().unwrap_or("").to_string(), ns)
-        })
-        .collect();
-    let mut rules = Vec::new();
-    for d in &docs {
-        let namespace = match d["kind"].as_str() {
-            Some("ClusterRole") => None,
-            Some("Role") => d["metadata"]["namespace"].as_str().map(String::from),
-            _ => continue,
-        };
-        let role = d["metadata"]["name"].as_str().unwrap_or("").to_string();
-        if !bound.contains(&(role.clone(), namespace.clone())) {
-            continue;
-        }
-        for r in d["rules"].as_sequence().into_iter().flatten() {
-            rules.push(Rule {
-                role: role.clone(),
-                namespace: namespace.clone(),
-                groups: strings(&r["apiGroups"], "apiGroups"),
-                resources: strings(&r["resources"], "resources"),
-                verbs: strings(&r["verbs"], "verbs"),
-            });
-        }
-    }
-    rules
+    Rules::load(file, SERVICE_ACCOUNT).rules
 }
 
 /// The accesses no rule allows, each named as the rule it would need.
 pub fn denied(rules: &[Rule], accesses: &[Access]) -> Vec<String> {
-    let mut missing: Vec<String> = accesses
-        .iter()
-        .filter(|a| !rules.iter().any(|r| r.allows(a)))
-        .map(|a| format!("no rule in {} allows {a}", rbac_file().display()))
-        .collect();
-    missing.sort();
-    missing.dedup();
-    missing
+    let rules = Rules {
+        user: String::new(),
+        rules: rules.to_vec(),
+    };
+    rules.denied(&rbac_file(), accesses)
 }
 
 /// Panics naming each request of a scenario the operator's roles do not allow.
@@ -368,80 +188,6 @@ pub fn check_least_privilege() {
         stale.is_empty(),
         "exempted as unused but a scenario uses them: drop the exemption {stale:?}"
     );
-}
-
-#[test]
-fn requests_map_to_the_verbs_the_api_server_checks() {
-    let cases = [
-        (
-            "GET",
-            "/apis/ferry.dev/v1alpha1/transfers",
-            "watch=true&resourceVersion=1",
-            "watch ferry.dev transfers (all namespaces)",
-        ),
-        (
-            "GET",
-            "/apis/ferry.dev/v1alpha1/transfers",
-            "",
-            "list ferry.dev transfers (all namespaces)",
-        ),
-        (
-            "GET",
-            "/api/v1/namespaces/vms/pods",
-            "labelSelector=a",
-            "list \"\" pods in namespace vms",
-        ),
-        (
-            "GET",
-            "/api/v1/namespaces/vms/pods/p",
-            "",
-            "get \"\" pods in namespace vms",
-        ),
-        (
-            "POST",
-            "/api/v1/namespaces/vms/secrets",
-            "",
-            "create \"\" secrets in namespace vms",
-        ),
-        (
-            "PATCH",
-            "/apis/ferry.dev/v1alpha1/namespaces/vms/transfers/t/status",
-            "",
-            "patch ferry.dev transfers/status in namespace vms",
-        ),
-        (
-            "PUT",
-            "/apis/coordination.k8s.io/v1/namespaces/ferry-system/leases/l",
-            "",
-            "update coordination.k8s.io leases in namespace ferry-system",
-        ),
-        (
-            "DELETE",
-            "/api/v1/namespaces/vms/pods/p",
-            "",
-            "delete \"\" pods in namespace vms",
-        ),
-        (
-            "DELETE",
-            "/api/v1/namespaces/vms/pods",
-            "",
-            "deletecollection \"\" pods in namespace vms",
-        ),
-        (
-            "GET",
-            "/api/v1/namespaces/vms",
-            "",
-            "get \"\" namespaces (all namespaces)",
-        ),
-    ];
-    for (method, path, query, want) in cases {
-        assert_eq!(
-            access(method, path, query).unwrap().to_string(),
-            want,
-            "{method} {path}"
-        );
-    }
-    assert!(access("GET", "/healthz", "").is_err());
 }
 
 #[test]
