@@ -66,6 +66,8 @@ mod config;
 mod digest;
 pub mod gc;
 mod index;
+mod key_admin;
+mod key_slot;
 mod keys;
 mod location;
 mod manifest;
@@ -81,7 +83,8 @@ pub use config::{
 pub use digest::{block_digests, block_digests_known_zero, Digest};
 pub use gc::{GcLease, GcOptions, GcReport, LeaseHeld};
 pub use index::{FixedIndex, MAX_INDEX_ENTRIES};
-pub use keys::{EncryptionConfig, KdfParams};
+pub use key_admin::{KeyInfo, KeyRemoved, KeyRotated};
+pub use keys::{EncryptionConfig, KdfParams, KeySlotsRef, SingleKey};
 pub use location::RepositoryUrl;
 pub use manifest::{BackupId, Manifest, SnapshotInfo};
 pub use prune::{CalendarDuration, Keep, KeepPolicy, KeepReason, PrunePlan, PruneReport};
