@@ -6,8 +6,8 @@
 use ferry_core::{Error, ErrorKind, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::keys::{EncryptionConfig, KeySlotsRef};
 use crate::key_slot::KEYS_PREFIX;
+use crate::keys::{EncryptionConfig, KeySlotsRef};
 
 /// The repository format this crate writes: 3, whose master keys are wrapped by key
 /// objects under `keys/` (several passphrases per repository).
@@ -176,7 +176,10 @@ mod tests {
             encryption: Some(Config::key_slots()),
             ..config.clone()
         };
-        assert_eq!(Config::parse(&encrypted.to_json(), "/r").unwrap(), encrypted);
+        assert_eq!(
+            Config::parse(&encrypted.to_json(), "/r").unwrap(),
+            encrypted
+        );
     }
 
     #[test]
@@ -188,7 +191,10 @@ mod tests {
             "salt": "e3f9b77a7dc9ea4a036dfa7400337896", "wrapped_key": "00",
             "key_check": "16457c803c1f7b4bda1f096cdd0127b4"}}"#;
         let config = Config::parse(text.as_bytes(), "/r").unwrap();
-        assert!(matches!(config.encryption, Some(EncryptionConfig::Single(_))));
+        assert!(matches!(
+            config.encryption,
+            Some(EncryptionConfig::Single(_))
+        ));
         // A format 3 config must point at key objects, a format 2 one must not.
         let mixed = text.replace(r#""format_version": 2"#, r#""format_version": 3"#);
         assert_eq!(

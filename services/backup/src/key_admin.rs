@@ -271,7 +271,11 @@ impl Repository {
         .map_err(|_| Error::internal("a key derivation thread panicked"))??;
         match self
             .store()
-            .put(&slot.name(), Bytes::from(slot.to_json()), PutMode::CreateOnly)
+            .put(
+                &slot.name(),
+                Bytes::from(slot.to_json()),
+                PutMode::CreateOnly,
+            )
             .await?
         {
             Put::Written => Ok(slot),
@@ -298,15 +302,21 @@ impl Repository {
             unlocked.masters.clone(),
             single.slot_id(),
         );
-        let slot = tokio::task::spawn_blocking(move || {
+        let mut slot = tokio::task::spawn_blocking(move || {
             KeySlot::seal(id, &passphrase, &kdf, repo_id.as_bytes(), &masters)
         })
         .await
         .map_err(|_| Error::internal("a key derivation thread panicked"))??;
+        // The key is as old as the repository, which a format 2 config does not record.
+        slot.created = None;
         // A conflict is the object of an earlier, interrupted migration with this same
         // passphrase (only it could unwrap the master key): it serves as well.
         store
-            .put(&slot.name(), Bytes::from(slot.to_json()), PutMode::CreateOnly)
+            .put(
+                &slot.name(),
+                Bytes::from(slot.to_json()),
+                PutMode::CreateOnly,
+            )
             .await?;
         let now = store.get(CONFIG, MAX_CONFIG_LEN).await?.ok_or_else(|| {
             Error::new(
@@ -386,7 +396,10 @@ mod tests {
         let mut index = FixedIndex::new(data.len() as u64, CHUNK).unwrap();
         let put = session.put_chunk(data).await.unwrap();
         index.set(0, put.digest).unwrap();
-        let manifest = session.finish(&index, SnapshotInfo::new("t")).await.unwrap();
+        let manifest = session
+            .finish(&index, SnapshotInfo::new("t"))
+            .await
+            .unwrap();
         (put.digest, manifest)
     }
 
@@ -421,7 +434,10 @@ mod tests {
         let keys = second.list_keys().await.unwrap();
         assert_eq!(keys.len(), 2);
         assert_eq!(
-            keys.iter().filter(|k| k.current).map(|k| &k.id).collect::<Vec<_>>(),
+            keys.iter()
+                .filter(|k| k.current)
+                .map(|k| &k.id)
+                .collect::<Vec<_>>(),
             [&added.id]
         );
         assert!(keys.iter().all(|k| k.master_keys.len() == 1));
@@ -450,9 +466,15 @@ mod tests {
         let repo = init(Arc::clone(&store), "old").await;
         let (digest, m) = backup(&repo, &data(5)).await;
         let chunks_before = store.list("chunks/").await.unwrap();
-        let err = repo.rotate_key(&secret("old"), &kdf(), false).await.unwrap_err();
+        let err = repo
+            .rotate_key(&secret("old"), &kdf(), false)
+            .await
+            .unwrap_err();
         assert!(err.to_string().contains("the one in use"), "{err}");
-        let rotated = repo.rotate_key(&secret("new"), &kdf(), false).await.unwrap();
+        let rotated = repo
+            .rotate_key(&secret("new"), &kdf(), false)
+            .await
+            .unwrap();
         assert!(rotated.new_master_key.is_none());
         assert!(open(&store, "old").await.is_err());
         let new = open(&store, "new").await.unwrap();
@@ -479,7 +501,10 @@ mod tests {
         let (old_digest, old) = backup(&repo, &data(7)).await;
         // Refused while another key exists (it could not be given the new master key).
         let other = repo.add_key(&secret("b"), &kdf()).await.unwrap();
-        let err = repo.rotate_key(&secret("c"), &kdf(), true).await.unwrap_err();
+        let err = repo
+            .rotate_key(&secret("c"), &kdf(), true)
+            .await
+            .unwrap_err();
         assert!(err.to_string().contains(&other.id), "{err}");
         repo.remove_key(&other.id).await.unwrap();
 
@@ -538,13 +563,23 @@ mod tests {
         assert!(repo.remove_key(&legacy_id).await.is_err());
 
         let added = repo.add_key(&secret("added"), &kdf()).await.unwrap();
-        let config = Config::parse(&store.get(CONFIG, 1 << 16).await.unwrap().unwrap(), "r").unwrap();
+        let config =
+            Config::parse(&store.get(CONFIG, 1 << 16).await.unwrap().unwrap(), "r").unwrap();
         assert_eq!(config.format_version, FORMAT_VERSION);
         for pass in ["legacy", "added"] {
             let repo = open(&store, pass).await.unwrap();
             assert_eq!(restore(&repo, &m).await, data(9), "{pass}");
-            let ids: Vec<String> = repo.list_keys().await.unwrap().into_iter().map(|k| k.id).collect();
-            assert!(ids.contains(&legacy_id) && ids.contains(&added.id), "{ids:?}");
+            let ids: Vec<String> = repo
+                .list_keys()
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|k| k.id)
+                .collect();
+            assert!(
+                ids.contains(&legacy_id) && ids.contains(&added.id),
+                "{ids:?}"
+            );
         }
     }
 
@@ -581,16 +616,29 @@ mod tests {
         }
         async fn put(&self, name: &str, data: Bytes, mode: PutMode) -> Result<Put> {
             let (run, fail) = self.write();
-            let out = if run { self.inner.put(name, data, mode).await? } else { Put::Written };
+            let out = if run {
+                self.inner.put(name, data, mode).await?
+            } else {
+                Put::Written
+            };
             if fail {
                 return Err(crash());
             }
             Ok(out)
         }
-        async fn get_into(&self, name: &str, max_len: u64, buf: Vec<u8>) -> Result<Option<Vec<u8>>> {
+        async fn get_into(
+            &self,
+            name: &str,
+            max_len: u64,
+            buf: Vec<u8>,
+        ) -> Result<Option<Vec<u8>>> {
             self.inner.get_into(name, max_len, buf).await
         }
-        async fn get_versioned(&self, name: &str, max_len: u64) -> Result<Option<(Vec<u8>, Version)>> {
+        async fn get_versioned(
+            &self,
+            name: &str,
+            max_len: u64,
+        ) -> Result<Option<(Vec<u8>, Version)>> {
             self.inner.get_versioned(name, max_len).await
         }
         async fn head(&self, name: &str) -> Result<Option<ObjectMeta>> {
@@ -626,7 +674,9 @@ mod tests {
                 for after in [false, true] {
                     let (_dir, store) = local();
                     legacy(&store, "old").await;
-                    let m = backup(&open(&store, "old").await.unwrap(), &data(11)).await.1;
+                    let m = backup(&open(&store, "old").await.unwrap(), &data(11))
+                        .await
+                        .1;
                     let counter = Arc::new(AtomicUsize::new(0));
                     let crashing: Arc<dyn ObjectStore> = Arc::new(Crashing {
                         inner: Arc::clone(&store),

@@ -20,8 +20,8 @@ use ferry_core::{Error, ErrorKind, Result, Secret};
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
-use crate::store::ObjectStore;
 use crate::keys::{kek, random, seal, unseal, KdfParams, MasterKey, NONCE_LEN, TAG_LEN};
+use crate::store::ObjectStore;
 
 /// Where key objects live.
 pub(crate) const KEYS_PREFIX: &str = "keys/";
@@ -185,7 +185,11 @@ impl KeySlot {
 
     /// The master keys, oldest first, if `passphrase` is this key's; `None` if not.
     /// Kind Corrupt when the passphrase opens it but a key check fails.
-    pub(crate) fn open(&self, passphrase: &Secret, repo_id: &[u8]) -> Result<Option<Vec<MasterKey>>> {
+    pub(crate) fn open(
+        &self,
+        passphrase: &Secret,
+        repo_id: &[u8],
+    ) -> Result<Option<Vec<MasterKey>>> {
         let salt = hex::decode(&self.salt).map_err(|_| self.damaged("salt"))?;
         let wrapped = hex::decode(&self.wrapped).map_err(|_| self.damaged("wrapped keys"))?;
         let kek = kek(passphrase, &salt, &self.kdf)?;
@@ -261,7 +265,8 @@ mod tests {
     fn a_moved_or_edited_key_object_does_not_open() {
         let kdf = KdfParams::insecure_fast();
         let id = new_id().unwrap();
-        let slot = KeySlot::seal(id.clone(), &Secret::new("p"), &kdf, b"repo", &masters(2)).unwrap();
+        let slot =
+            KeySlot::seal(id.clone(), &Secret::new("p"), &kdf, b"repo", &masters(2)).unwrap();
         // Under another name.
         let other = new_id().unwrap();
         let mut moved = slot.clone();
@@ -289,7 +294,13 @@ mod tests {
     #[test]
     fn ids_are_sixteen_hex_digits() {
         assert!(is_id(&new_id().unwrap()));
-        for bad in ["", "0123", "0123456789abcdeg", "0123456789ABCDEF", "../config0000000"] {
+        for bad in [
+            "",
+            "0123",
+            "0123456789abcdeg",
+            "0123456789ABCDEF",
+            "../config0000000",
+        ] {
             assert!(!is_id(bad), "{bad}");
         }
     }

@@ -199,7 +199,11 @@ pub(crate) fn random<const N: usize>() -> Result<[u8; N]> {
 }
 
 /// The key-encryption key of a passphrase. Empty passphrases are refused.
-pub(crate) fn kek(passphrase: &Secret, salt: &[u8], kdf: &KdfParams) -> Result<Zeroizing<[u8; 32]>> {
+pub(crate) fn kek(
+    passphrase: &Secret,
+    salt: &[u8],
+    kdf: &KdfParams,
+) -> Result<Zeroizing<[u8; 32]>> {
     if passphrase.expose().is_empty() {
         return Err(Error::invalid_input("the repository passphrase is empty"));
     }
@@ -231,7 +235,11 @@ pub(crate) fn seal(key: &[u8; 32], plain: &[u8], aad: &[u8]) -> Result<Vec<u8>> 
 
 /// Opens what [`seal`] sealed; `None` when the key (or the associated data) is wrong or
 /// the data damaged: AES-GCM cannot tell these apart.
-pub(crate) fn unseal(key: &[u8; 32], sealed: &[u8], aad: &[u8]) -> Result<Option<Zeroizing<Vec<u8>>>> {
+pub(crate) fn unseal(
+    key: &[u8; 32],
+    sealed: &[u8],
+    aad: &[u8],
+) -> Result<Option<Zeroizing<Vec<u8>>>> {
     if sealed.len() < NONCE_LEN + TAG_LEN {
         return Ok(None);
     }

@@ -148,7 +148,11 @@ impl Repository {
                     std::slice::from_ref(&master),
                 )?;
                 store
-                    .put(&slot.name(), Bytes::from(slot.to_json()), PutMode::CreateOnly)
+                    .put(
+                        &slot.name(),
+                        Bytes::from(slot.to_json()),
+                        PutMode::CreateOnly,
+                    )
                     .await?;
                 Some(Unlocked {
                     key_id,
@@ -555,11 +559,11 @@ impl Repository {
         let data = self
             .with_any_key(|codec, _| codec.decode(&blob, MAX_INDEX_LEN))
             .map_err(|e| {
-            Error::new(
-                e.kind(),
-                format!("the index of backup {id}: {}", e.message()),
-            )
-        })?;
+                Error::new(
+                    e.kind(),
+                    format!("the index of backup {id}: {}", e.message()),
+                )
+            })?;
         let index = FixedIndex::decode(&data).map_err(|e| {
             Error::new(
                 e.kind(),

@@ -47,6 +47,8 @@ pub enum BackupCommand {
     Prune(super::backup_maintain::PruneArgs),
     /// Delete chunks no backup uses any more.
     Gc(super::backup_maintain::GcArgs),
+    /// List, add, remove and rotate the keys of an encrypted repository.
+    Key(super::backup_keys::KeyArgs),
 }
 
 /// Runs `ferry backup`.
@@ -61,6 +63,7 @@ pub async fn run(args: BackupArgs) -> anyhow::Result<ExitCode> {
         BackupCommand::Verify(a) => super::backup_maintain::verify(a).await,
         BackupCommand::Prune(a) => super::backup_maintain::prune(a).await,
         BackupCommand::Gc(a) => super::backup_maintain::gc(a).await,
+        BackupCommand::Key(a) => super::backup_keys::run(a).await,
     }
 }
 
@@ -69,21 +72,22 @@ pub fn passphrase() -> anyhow::Result<Option<Secret>> {
     let Some(path) = std::env::var_os(KEY_FILE_ENV) else {
         return Ok(None);
     };
-    let path = std::path::PathBuf::from(path);
-    let text = std::fs::read_to_string(&path).map_err(|e| {
-        anyhow!(
-            "cannot read the key file {} ({KEY_FILE_ENV}): {e}",
-            path.display()
-        )
-    })?;
+    read_key_file(std::path::Path::new(&path), KEY_FILE_ENV).map(Some)
+}
+
+/// The passphrase in a key file: its first line, which must not be empty. `what` names
+/// where the path came from, for messages (which never hold the file's content).
+pub fn read_key_file(path: &std::path::Path, what: &str) -> anyhow::Result<Secret> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow!("cannot read the key file {} ({what}): {e}", path.display()))?;
     let line = text.lines().next().unwrap_or_default();
     if line.is_empty() {
         bail!(
-            "the key file {} ({KEY_FILE_ENV}) is empty: its first line is the passphrase",
+            "the key file {} ({what}) is empty: its first line is the passphrase",
             path.display()
         );
     }
-    Ok(Some(Secret::new(line)))
+    Ok(Secret::new(line))
 }
 
 /// Parses a repository location.
