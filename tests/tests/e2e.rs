@@ -5,6 +5,7 @@ mod backup_image;
 mod backup_keys;
 mod backup_kill;
 mod backup_nbd;
+mod backup_protect;
 mod backup_repo;
 mod cli_checksum;
 mod cli_copy;

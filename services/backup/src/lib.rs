@@ -71,6 +71,7 @@ mod key_slot;
 mod keys;
 mod location;
 mod manifest;
+mod protect;
 pub mod prune;
 mod repository;
 mod session;

@@ -586,7 +586,9 @@ impl Repository {
 
     /// Deletes a backup: its manifest first (so it is no longer listed), then its index.
     /// Its chunks stay until a garbage collection finds them unreferenced.
+    /// A protected backup is refused (see [`Repository::protect`]).
     pub async fn delete_snapshot(&self, id: &BackupId) -> Result<()> {
+        self.refuse_if_protected(id).await?;
         self.store().delete(&id.manifest_name()).await?;
         self.store().delete(&id.index_name()).await?;
         tracing::info!(backup = %id, repository = %self.store().location(), "deleted a backup");
