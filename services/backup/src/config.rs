@@ -76,7 +76,7 @@ impl Config {
         let version: VersionOnly = serde_json::from_slice(data).map_err(damaged)?;
         if !(MIN_FORMAT_VERSION..=FORMAT_VERSION).contains(&version.format_version) {
             return Err(Error::unsupported(format!(
-                "the repository at {location} has format version {}, but this ferry reads format versions {MIN_FORMAT_VERSION} to {FORMAT_VERSION}: {}",
+                "the repository at {location} has format version {}, but this ferry reads format version {FORMAT_VERSION} (and {MIN_FORMAT_VERSION}): {}",
                 version.format_version,
                 if version.format_version > FORMAT_VERSION {
                     "use a newer ferry"
@@ -146,7 +146,7 @@ mod tests {
             let text = err.to_string();
             assert!(
                 text.contains(&format!("format version {other}"))
-                    && text.contains("format versions 2 to 3"),
+                    && text.contains("format version 3 (and 2)"),
                 "{text}"
             );
         }
