@@ -207,6 +207,18 @@ impl Repository {
                 .filter(|s| s.id != unlocked.key_id)
                 .map(|s| s.id.as_str())
                 .collect();
+            let mine: Vec<&str> = unlocked.masters.iter().map(|m| m.id.as_str()).collect();
+            if let Some(newer) = slots.iter().find(|s| {
+                s.id != unlocked.key_id && s.masters.iter().any(|m| !mine.contains(&m.id.as_str()))
+            }) {
+                return Err(Error::invalid_input(format!(
+                    "key {} holds a master key that the key in use does not: an earlier \
+                     `key rotate --master` was interrupted after writing it. Finish that \
+                     rotation instead: with key {} as FERRY_BACKUP_KEY_FILE, run \
+                     `ferry backup key remove {location} {}`",
+                    newer.id, newer.id, unlocked.key_id
+                )));
+            }
             if !others.is_empty() {
                 return Err(Error::invalid_input(format!(
                     "a new master key can only be given to the key in use, and the repository \
@@ -286,6 +298,46 @@ impl Repository {
         }
     }
 
+    /// Checks that the key object `id` opens with the passphrase in use to the master keys
+    /// in use (an earlier migration's object).
+    async fn check_existing_key(&self, id: &str) -> Result<()> {
+        let unlocked = self.unlocked_or_refuse()?;
+        let name = format!("{}{id}", key_slot::KEYS_PREFIX);
+        let refuse = || {
+            Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "{name} exists in {} but is not this key's: the repository was not changed \
+                     (remove that object if nobody made it on purpose)",
+                    self.store().location()
+                ),
+            )
+        };
+        let data = self
+            .store()
+            .get(&name, key_slot::MAX_SLOT_LEN)
+            .await?
+            .ok_or_else(refuse)?;
+        let existing = KeySlot::parse(&data, id)?;
+        let (passphrase, repo_id) = (unlocked.passphrase.clone(), self.config().id.clone());
+        let opened =
+            tokio::task::spawn_blocking(move || existing.open(&passphrase, repo_id.as_bytes()))
+                .await
+                .map_err(|_| Error::internal("a key derivation thread panicked"))??;
+        let same = opened.is_some_and(|masters| {
+            masters.len() == unlocked.masters.len()
+                && masters
+                    .iter()
+                    .zip(&unlocked.masters)
+                    .all(|(a, b)| a.id == b.id && *a.key == *b.key)
+        });
+        if same {
+            Ok(())
+        } else {
+            Err(refuse())
+        }
+    }
+
     /// Moves a format 2 repository's key into a key object, then rewrites the config to
     /// format 3 (see the module docs). Nothing to do in a format 3 repository.
     async fn migrate_to_key_objects(&self) -> Result<()> {
@@ -309,15 +361,20 @@ impl Repository {
         .map_err(|_| Error::internal("a key derivation thread panicked"))??;
         // The key is as old as the repository, which a format 2 config does not record.
         slot.created = None;
-        // A conflict is the object of an earlier, interrupted migration with this same
-        // passphrase (only it could unwrap the master key): it serves as well.
-        store
+        // A conflict is the object of an earlier, interrupted migration: it serves as
+        // well if this passphrase opens it to the same master key, and anything else (an
+        // object planted under the key's public id) stops the migration before the switch.
+        if store
             .put(
                 &slot.name(),
                 Bytes::from(slot.to_json()),
                 PutMode::CreateOnly,
             )
-            .await?;
+            .await?
+            == Put::Conflict
+        {
+            self.check_existing_key(&slot.id).await?;
+        }
         let now = store.get(CONFIG, MAX_CONFIG_LEN).await?.ok_or_else(|| {
             Error::new(
                 ErrorKind::NotFound,
@@ -583,6 +640,40 @@ mod tests {
         }
     }
 
+    #[tokio::test]
+    async fn a_planted_key_object_stops_the_move_to_key_objects() {
+        let (_dir, store) = local();
+        legacy(&store, "legacy").await;
+        let repo = open(&store, "legacy").await.unwrap();
+        let m = backup(&repo, &data(17)).await.1;
+        // Someone writes an object under the old key's (public) id with another passphrase.
+        let id = repo.list_keys().await.unwrap()[0].id.clone();
+        let planted = KeySlot::seal(
+            id,
+            &secret("attacker"),
+            &kdf(),
+            repo.config().id.as_bytes(),
+            &[MasterKey::generate().unwrap()],
+        )
+        .unwrap();
+        store
+            .put(
+                &planted.name(),
+                Bytes::from(planted.to_json()),
+                PutMode::CreateOnly,
+            )
+            .await
+            .unwrap();
+        let err = repo.add_key(&secret("added"), &kdf()).await.unwrap_err();
+        assert!(err.to_string().contains("not this key's"), "{err}");
+        // Nothing switched: the repository still opens with its key and reads its data.
+        let config =
+            Config::parse(&store.get(CONFIG, 1 << 16).await.unwrap().unwrap(), "r").unwrap();
+        assert_eq!(config.format_version, 2);
+        let again = open(&store, "legacy").await.unwrap();
+        assert_eq!(restore(&again, &m).await, data(17));
+    }
+
     /// A store that "crashes" at its `at`-th write (put or delete): before doing it, or
     /// right after it (the write done, the caller never told). Later writes also fail.
     #[derive(Debug)]
@@ -698,9 +789,33 @@ mod tests {
                         old.is_ok() || new.is_ok(),
                         "new master {new_master}, crash at write {at} (after: {after}): neither key opens"
                     );
-                    for repo in [old, new].into_iter().flatten() {
-                        assert_eq!(restore(&repo, &m).await, data(11));
+                    for repo in [&old, &new].into_iter().flatten() {
+                        assert_eq!(restore(repo, &m).await, data(11));
                     }
+                    // The way on after the crash: rotating again when only the old key
+                    // opens; removing the old key with the new one when both do.
+                    match (old, new) {
+                        (Ok(old), Err(_)) => {
+                            old.rotate_key(&secret("again"), &kdf(), new_master)
+                                .await
+                                .unwrap();
+                            let again = open(&store, "again").await.unwrap();
+                            assert_eq!(restore(&again, &m).await, data(11));
+                        }
+                        (Ok(old), Ok(new)) => {
+                            if new_master {
+                                let err = old
+                                    .rotate_key(&secret("again"), &kdf(), true)
+                                    .await
+                                    .unwrap_err();
+                                assert!(err.to_string().contains("was interrupted"), "{err}");
+                            }
+                            let old_id = &old.unlocked().unwrap().key_id;
+                            new.remove_key(old_id).await.unwrap();
+                        }
+                        _ => {}
+                    }
+                    assert!(open(&store, "old").await.is_err());
                 }
             }
             assert!(completed, "the rotation never ran to its end");
