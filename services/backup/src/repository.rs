@@ -135,6 +135,16 @@ impl Repository {
         check_chunk_size(options.chunk_size)?;
         check_zstd_level(options.zstd_level)?;
         let location = store.location();
+        let exists = || {
+            Error::invalid_input(format!(
+                "{location} already holds a repository (it has a config): open it instead"
+            ))
+        };
+        // Checked first so that an init over a repository writes nothing into it (the
+        // create-only config below still settles a race between two inits).
+        if store.head(CONFIG).await?.is_some() {
+            return Err(exists());
+        }
         let id = hex::encode(keys::random::<16>()?);
         let unlocked = match &options.passphrase {
             Some(passphrase) => {
@@ -180,9 +190,7 @@ impl Repository {
                         .delete(&format!("{}{}", key_slot::KEYS_PREFIX, u.key_id))
                         .await;
                 }
-                return Err(Error::invalid_input(format!(
-                    "{location} already holds a repository (it has a config): open it instead"
-                )));
+                return Err(exists());
             }
         }
         tracing::info!(repository = %location, encrypted = unlocked.is_some(), "created a backup repository");
