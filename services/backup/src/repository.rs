@@ -4,6 +4,7 @@
 //! manifest); this module has the rest: init and open, chunk digests, reading chunks
 //! back verified, listing, loading and deleting snapshots.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -95,6 +96,8 @@ struct Inner {
     /// The older master keys' (newest first), for data written before a
     /// `key rotate --master`: reading tries the current key, then these.
     older: Vec<Sealer>,
+    /// Which key decoded the last blob read with [`Repository::with_any_key`].
+    last_key: AtomicUsize,
     unlocked: Option<Unlocked>,
 }
 
@@ -272,6 +275,7 @@ impl Repository {
                 codec,
                 id_key,
                 older,
+                last_key: AtomicUsize::new(0),
                 unlocked,
             }),
         })
@@ -303,23 +307,37 @@ impl Repository {
         used == self.current_master_key()
     }
 
-    /// Runs `f` with the current master key's codec and id key, then, if that fails and
+    /// Runs `f` with the current master key's codec and id key and, if that fails and
     /// there are older master keys, with each of them: the first success wins, else the
-    /// current key's error is returned.
+    /// current key's error is returned. The key that last succeeded is tried first, so
+    /// that reading an old backup costs one attempt per blob, not one per master key.
     fn with_any_key<T>(
         &self,
         mut f: impl FnMut(&Codec, Option<&[u8; 32]>) -> Result<T>,
     ) -> Result<T> {
-        let first = f(&self.inner.codec, self.inner.id_key.as_deref());
-        if first.is_ok() {
-            return first;
+        let older = &self.inner.older;
+        if older.is_empty() {
+            return f(&self.inner.codec, self.inner.id_key.as_deref());
         }
-        for sealer in &self.inner.older {
-            if let Ok(found) = f(&sealer.codec, Some(&sealer.id_key)) {
-                return Ok(found);
+        // 0 is the current key, i > 0 is older[i - 1].
+        let attempt = |i: usize, f: &mut dyn FnMut(&Codec, Option<&[u8; 32]>) -> Result<T>| match i
+        {
+            0 => f(&self.inner.codec, self.inner.id_key.as_deref()),
+            i => f(&older[i - 1].codec, Some(&older[i - 1].id_key)),
+        };
+        let hint = self.inner.last_key.load(Ordering::Relaxed).min(older.len());
+        let mut first = None;
+        for i in std::iter::once(hint).chain((0..=older.len()).filter(|&i| i != hint)) {
+            match attempt(i, &mut f) {
+                Ok(found) => {
+                    self.inner.last_key.store(i, Ordering::Relaxed);
+                    return Ok(found);
+                }
+                Err(e) if i == 0 => first = Some(e),
+                Err(_) => {}
             }
         }
-        first
+        Err(first.unwrap_or_else(|| Error::internal("no master key was tried")))
     }
 
     /// The store the repository lives in.
