@@ -319,16 +319,11 @@ impl Repository {
         if older.is_empty() {
             return f(&self.inner.codec, self.inner.id_key.as_deref());
         }
-        // 0 is the current key, i > 0 is older[i - 1].
-        let attempt = |i: usize, f: &mut dyn FnMut(&Codec, Option<&[u8; 32]>) -> Result<T>| match i
-        {
-            0 => f(&self.inner.codec, self.inner.id_key.as_deref()),
-            i => f(&older[i - 1].codec, Some(&older[i - 1].id_key)),
-        };
         let hint = self.inner.last_key.load(Ordering::Relaxed).min(older.len());
         let mut first = None;
         for i in std::iter::once(hint).chain((0..=older.len()).filter(|&i| i != hint)) {
-            match attempt(i, &mut f) {
+            let (codec, id_key) = self.key_at(i);
+            match f(codec, id_key) {
                 Ok(found) => {
                     self.inner.last_key.store(i, Ordering::Relaxed);
                     return Ok(found);
@@ -338,6 +333,15 @@ impl Repository {
             }
         }
         Err(first.unwrap_or_else(|| Error::internal("no master key was tried")))
+    }
+
+    /// Master key `i` for [`Repository::with_any_key`]: 0 is the current one, `i > 0`
+    /// the older one `older[i - 1]`.
+    fn key_at(&self, i: usize) -> (&Codec, Option<&[u8; 32]>) {
+        match i.checked_sub(1).and_then(|o| self.inner.older.get(o)) {
+            Some(sealer) => (&sealer.codec, Some(&sealer.id_key)),
+            None => (&self.inner.codec, self.inner.id_key.as_deref()),
+        }
     }
 
     /// The store the repository lives in.
