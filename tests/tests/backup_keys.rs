@@ -550,8 +550,10 @@ fn opens_and_restores(url: &str, key: &Path, image: &Path, out: &Path) -> bool {
 }
 
 /// `kill -9` of `key rotate` (with a migration of the fixture's format 2 repository
-/// first, and with and without --master) at points spread over the whole run: the old
-/// or the new key always opens the repository, and it restores exactly.
+/// first, and with and without --master) at points spread over the whole run, until a
+/// run finishes before its kill: the old or the new key always opens the repository, and
+/// it restores exactly. (The unit tests of ferry-backup's key_admin stop a rotation at
+/// each of its writes, before and after it, deterministically.)
 #[test]
 fn kill_9_at_every_point_of_a_rotation_leaves_a_repository_the_old_or_new_key_opens() {
     let dir = scratch_dir();
@@ -578,8 +580,11 @@ fn kill_9_at_every_point_of_a_rotation_leaves_a_repository_the_old_or_new_key_op
         let whole = rotate(&path).output().unwrap();
         assert!(whole.status.success(), "{whole:?}");
         let total = started.elapsed();
+        // Kill points a tenth of a whole run apart, later and later, until a run ends
+        // before its kill: on a loaded machine a run may take longer than the first.
         let (mut old_only, mut new_only, mut both) = (0, 0, 0);
-        for step in 0..12u32 {
+        let mut finished = false;
+        for step in 0..100u32 {
             let path = dir.path().join(format!("r{step}"));
             let _ = std::fs::remove_dir_all(&path);
             copy_dir(&fixture().join("repo"), &path);
@@ -588,27 +593,36 @@ fn kill_9_at_every_point_of_a_rotation_leaves_a_repository_the_old_or_new_key_op
                 .stderr(Stdio::null())
                 .spawn()
                 .unwrap();
-            std::thread::sleep(total * step / 11);
-            let _ = child.kill(); // SIGKILL
-            let _ = child.wait();
+            let delay = total * step / 10;
+            std::thread::sleep(delay);
+            if let Some(status) = child.try_wait().unwrap() {
+                assert!(status.success(), "--master {master}: the rotation failed");
+                finished = true;
+            } else {
+                let _ = child.kill(); // SIGKILL
+                let _ = child.wait();
+            }
             let with_old = opens_and_restores(s(&path), &old, &image, &out);
             let with_new = opens_and_restores(s(&path), &new, &image, &out);
             assert!(
                 with_old || with_new,
-                "--master {master}: killed after {:?} of {total:?}: neither key opens",
-                total * step / 11
+                "--master {master}: killed after {delay:?} (a whole run took {total:?}): neither key opens"
             );
             match (with_old, with_new) {
                 (true, false) => old_only += 1,
                 (false, true) => new_only += 1,
                 _ => both += 1,
             }
+            if finished {
+                assert!(
+                    with_new && !with_old,
+                    "--master {master}: a finished rotation"
+                );
+                break;
+            }
         }
-        // The kills landed before and after the switch (and maybe between the new key's
-        // write and the old key's removal, when both open).
-        assert!(
-            old_only > 0 && new_only + both > 0,
-            "old {old_only}, new {new_only}, both {both}"
-        );
+        assert!(finished, "--master {master}: no rotation finished");
+        // The first kill, at once, lands before anything was written.
+        assert!(old_only > 0, "old {old_only}, new {new_only}, both {both}");
     }
 }
