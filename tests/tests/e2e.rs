@@ -2,8 +2,10 @@
 
 mod backup_cli;
 mod backup_image;
+mod backup_keys;
 mod backup_kill;
 mod backup_nbd;
+mod backup_protect;
 mod backup_repo;
 mod cli_checksum;
 mod cli_copy;

@@ -1,14 +1,20 @@
 //! The `config` object: what every reader must know before touching anything else
 //! (format version, repository id, chunk size, compression, encryption). Written once,
-//! create-only, by `init`.
+//! create-only, by `init`; rewritten once more, whole, only when a format 2 encrypted
+//! repository moves its key into a key object (see [`crate::key_admin`]).
 
 use ferry_core::{Error, ErrorKind, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::keys::EncryptionConfig;
+use crate::key_slot::KEYS_PREFIX;
+use crate::keys::{EncryptionConfig, KeySlotsRef};
 
-/// The repository format this crate reads and writes.
-pub const FORMAT_VERSION: u32 = 2;
+/// The repository format this crate writes: 3, whose master keys are wrapped by key
+/// objects under `keys/` (several passphrases per repository).
+pub const FORMAT_VERSION: u32 = 3;
+/// The oldest format this crate reads: 2, with one passphrase's wrapped key in the config.
+/// It opens as it is; the first key command moves it to format 3.
+pub const MIN_FORMAT_VERSION: u32 = 2;
 /// The default chunk size: 4 MiB.
 pub const DEFAULT_CHUNK_SIZE: u32 = 4 << 20;
 /// Chunk sizes are multiples of the block hash's 64 KiB block...
@@ -68,9 +74,9 @@ impl Config {
             )
         };
         let version: VersionOnly = serde_json::from_slice(data).map_err(damaged)?;
-        if version.format_version != FORMAT_VERSION {
+        if !(MIN_FORMAT_VERSION..=FORMAT_VERSION).contains(&version.format_version) {
             return Err(Error::unsupported(format!(
-                "the repository at {location} has format version {}, but this ferry reads format version {FORMAT_VERSION}: {}",
+                "the repository at {location} has format version {}, but this ferry reads format version {FORMAT_VERSION} (and {MIN_FORMAT_VERSION}): {}",
                 version.format_version,
                 if version.format_version > FORMAT_VERSION {
                     "use a newer ferry"
@@ -88,6 +94,22 @@ impl Config {
                     format!("the config of {location}: {}", e.message()),
                 )
             })?;
+        let keys_fit = match (&config.encryption, config.format_version) {
+            (None, _) => true,
+            (Some(EncryptionConfig::Single(_)), v) => v == MIN_FORMAT_VERSION,
+            (Some(EncryptionConfig::KeySlots(r)), v) => {
+                v == FORMAT_VERSION && r.key_objects == KEYS_PREFIX
+            }
+        };
+        if !keys_fit {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "the config of {location} has an encryption section that format version {} does not have",
+                    config.format_version
+                ),
+            ));
+        }
         if config.id.len() != 32 || hex::decode(&config.id).is_err() {
             return Err(Error::new(
                 ErrorKind::Corrupt,
@@ -95,6 +117,13 @@ impl Config {
             ));
         }
         Ok(config)
+    }
+
+    /// The `encryption` section of a format 3 config.
+    pub(crate) fn key_slots() -> EncryptionConfig {
+        EncryptionConfig::KeySlots(KeySlotsRef {
+            key_objects: KEYS_PREFIX.to_string(),
+        })
     }
 
     pub(crate) fn to_json(&self) -> Vec<u8> {
@@ -110,14 +139,14 @@ mod tests {
 
     #[test]
     fn another_version_is_named_with_ours() {
-        for other in [1, 3] {
+        for other in [1, 4] {
             let config = format!(r#"{{"format_version": {other}, "anything": true}}"#);
             let err = Config::parse(config.as_bytes(), "/r").unwrap_err();
             assert_eq!(err.kind(), ErrorKind::Unsupported);
             let text = err.to_string();
             assert!(
                 text.contains(&format!("format version {other}"))
-                    && text.contains("format version 2"),
+                    && text.contains("format version 3 (and 2)"),
                 "{text}"
             );
         }
@@ -143,5 +172,34 @@ mod tests {
             encryption: None,
         };
         assert_eq!(Config::parse(&config.to_json(), "/r").unwrap(), config);
+        let encrypted = Config {
+            encryption: Some(Config::key_slots()),
+            ..config.clone()
+        };
+        assert_eq!(
+            Config::parse(&encrypted.to_json(), "/r").unwrap(),
+            encrypted
+        );
+    }
+
+    #[test]
+    fn a_format_2_config_opens_and_keeps_its_single_key() {
+        // As ferry wrote it before key objects (tests/fixtures/legacy-v2-encrypted).
+        let text = r#"{"format_version": 2, "id": "00112233445566778899aabbccddeeff",
+            "chunk_size": 65536, "zstd_level": 1, "encryption": {
+            "kdf": {"algorithm": "argon2id", "memory_kib": 65536, "iterations": 3, "parallelism": 1},
+            "salt": "e3f9b77a7dc9ea4a036dfa7400337896", "wrapped_key": "00",
+            "key_check": "16457c803c1f7b4bda1f096cdd0127b4"}}"#;
+        let config = Config::parse(text.as_bytes(), "/r").unwrap();
+        assert!(matches!(
+            config.encryption,
+            Some(EncryptionConfig::Single(_))
+        ));
+        // A format 3 config must point at key objects, a format 2 one must not.
+        let mixed = text.replace(r#""format_version": 2"#, r#""format_version": 3"#);
+        assert_eq!(
+            Config::parse(mixed.as_bytes(), "/r").unwrap_err().kind(),
+            ErrorKind::Corrupt
+        );
     }
 }

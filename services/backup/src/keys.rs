@@ -1,15 +1,21 @@
-//! Repository keys: a passphrase unlocks a random master key, from which the chunk key
-//! (AES-256-GCM) and the id key (HMAC-SHA256 chunk names) are derived.
+//! Repository keys: the cryptography of master keys, and the passphrase-derived keys
+//! that wrap them.
 //!
-//! KEK = Argon2id(passphrase, salt) with the parameters stored in the config; the master
-//! key (32 random bytes) is stored wrapped by the KEK with AES-256-GCM, so changing the
-//! passphrase later only rewrites the config. Chunk and id keys come from the master key
-//! by HKDF-SHA256 with the repository id as salt, and a short key check (also derived)
-//! confirms the derivation. Every key lives in zeroizing memory.
+//! A repository's data is encrypted under a random 32-byte master key. From a master key
+//! the chunk key (AES-256-GCM) and the id key (HMAC-SHA256 chunk names) are derived by
+//! HKDF-SHA256 with the repository id as salt, and a short key check (also derived)
+//! confirms that an unwrapped master key is the one the repository's data uses. A
+//! passphrase never encrypts data: KEK = Argon2id(passphrase, salt) only wraps master
+//! keys (AES-256-GCM), so a passphrase can be replaced without touching a chunk.
+//!
+//! Repositories of format 2 stored one wrapped master key in the config ([`SingleKey`]);
+//! format 3 keeps them in key objects (see [`crate::key_slot`]). Both are read here.
+//! Every key lives in zeroizing memory and no error message ever holds one.
 
 use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
 use argon2::{Algorithm, Argon2, Params};
+use chrono::{DateTime, Utc};
 use ferry_core::{Error, ErrorKind, Result, Secret};
 use hkdf::Hkdf;
 use serde::{Deserialize, Serialize};
@@ -20,8 +26,8 @@ const WRAP_AAD: &[u8] = b"ferry-backup master key v1:";
 const INFO_CHUNK: &[u8] = b"ferry-backup chunk key v1";
 const INFO_ID: &[u8] = b"ferry-backup id key v1";
 const INFO_CHECK: &[u8] = b"ferry-backup key check v1";
-const NONCE_LEN: usize = 12;
-const TAG_LEN: usize = 16;
+pub(crate) const NONCE_LEN: usize = 12;
+pub(crate) const TAG_LEN: usize = 16;
 
 /// Argon2id cost parameters, stored in the config so that a repository keeps opening
 /// when the defaults change.
@@ -91,7 +97,25 @@ impl KdfParams {
 
 /// The `encryption` object of the config.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EncryptionConfig {
+#[serde(untagged)]
+pub enum EncryptionConfig {
+    /// Format 3: the master keys are wrapped by the key objects under `keys/`, any one of
+    /// which opens the repository.
+    KeySlots(KeySlotsRef),
+    /// Format 2: one passphrase wrapping one master key, in the config itself.
+    Single(SingleKey),
+}
+
+/// The format 3 `encryption` object: where the key objects are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeySlotsRef {
+    /// Always `keys/`.
+    pub key_objects: String,
+}
+
+/// The format 2 `encryption` object: one wrapped master key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SingleKey {
     pub kdf: KdfParams,
     /// Hex, 16 random bytes.
     pub salt: String,
@@ -101,7 +125,21 @@ pub struct EncryptionConfig {
     pub key_check: String,
 }
 
-/// The working keys of an unlocked repository.
+impl SingleKey {
+    /// The stable id this key has in `ferry backup key list`, and keeps as a key object
+    /// when the repository moves to format 3: the first 16 hex digits of its salt.
+    pub(crate) fn slot_id(&self) -> String {
+        self.salt.chars().take(16).collect()
+    }
+
+    /// The id of its master key: the first 16 hex digits of the key check (public,
+    /// derived from the master key, and stable).
+    pub(crate) fn master_id(&self) -> String {
+        self.key_check.chars().take(16).collect()
+    }
+}
+
+/// The working keys of one master key.
 pub(crate) struct Keys {
     pub chunk: Zeroizing<[u8; 32]>,
     pub id: Zeroizing<[u8; 32]>,
@@ -113,6 +151,46 @@ impl std::fmt::Debug for Keys {
     }
 }
 
+/// An unwrapped master key, its public id and when it was made (unknown for the master
+/// key of a format 2 repository).
+#[derive(Clone)]
+pub(crate) struct MasterKey {
+    pub id: String,
+    pub created: Option<DateTime<Utc>>,
+    pub key: Zeroizing<[u8; 32]>,
+}
+
+impl std::fmt::Debug for MasterKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MasterKey({}, ***)", self.id)
+    }
+}
+
+impl MasterKey {
+    /// A new random master key with a random id.
+    pub(crate) fn generate() -> Result<Self> {
+        Ok(Self {
+            id: hex::encode(random::<8>()?),
+            created: Some(crate::manifest::now()),
+            key: Zeroizing::new(random::<32>()?),
+        })
+    }
+
+    /// Its chunk and id keys.
+    pub(crate) fn keys(&self, repo_id: &[u8]) -> Result<Keys> {
+        Ok(Keys {
+            chunk: derive(&self.key, repo_id, INFO_CHUNK)?,
+            id: derive(&self.key, repo_id, INFO_ID)?,
+        })
+    }
+
+    /// Its key check: 16 bytes in hex, derived, safe to store.
+    pub(crate) fn check(&self, repo_id: &[u8]) -> Result<String> {
+        let check = derive(&self.key, repo_id, INFO_CHECK)?;
+        Ok(hex::encode(&check[..16]))
+    }
+}
+
 pub(crate) fn random<const N: usize>() -> Result<[u8; N]> {
     let mut out = [0u8; N];
     getrandom::fill(&mut out)
@@ -120,7 +198,15 @@ pub(crate) fn random<const N: usize>() -> Result<[u8; N]> {
     Ok(out)
 }
 
-fn kek(passphrase: &Secret, salt: &[u8], kdf: &KdfParams) -> Result<Zeroizing<[u8; 32]>> {
+/// The key-encryption key of a passphrase. Empty passphrases are refused.
+pub(crate) fn kek(
+    passphrase: &Secret,
+    salt: &[u8],
+    kdf: &KdfParams,
+) -> Result<Zeroizing<[u8; 32]>> {
+    if passphrase.expose().is_empty() {
+        return Err(Error::invalid_input("the repository passphrase is empty"));
+    }
     let params = kdf.check()?;
     let mut out = Zeroizing::new([0u8; 32]);
     Argon2::new(Algorithm::Argon2id, argon2::Version::V0x13, params)
@@ -137,59 +223,57 @@ fn derive(master: &[u8; 32], repo_id: &[u8], info: &[u8]) -> Result<Zeroizing<[u
     Ok(out)
 }
 
-fn keys_from(master: &[u8; 32], repo_id: &[u8]) -> Result<(Keys, String)> {
-    let check = derive(master, repo_id, INFO_CHECK)?;
-    let keys = Keys {
-        chunk: derive(master, repo_id, INFO_CHUNK)?,
-        id: derive(master, repo_id, INFO_ID)?,
-    };
-    Ok((keys, hex::encode(&check[..16])))
+/// Seals `plain` under `key` with a random nonce: `nonce | ciphertext | tag`.
+pub(crate) fn seal(key: &[u8; 32], plain: &[u8], aad: &[u8]) -> Result<Vec<u8>> {
+    let nonce: [u8; NONCE_LEN] = random()?;
+    let cipher = Aes256Gcm::new_from_slice(key).map_err(|_| Error::internal("AES key length"))?;
+    let sealed = cipher
+        .encrypt(Nonce::from_slice(&nonce), Payload { msg: plain, aad })
+        .map_err(|_| Error::internal("AES-GCM encryption failed"))?;
+    Ok([nonce.as_slice(), &sealed].concat())
 }
 
-fn aad(repo_id: &[u8]) -> Vec<u8> {
+/// Opens what [`seal`] sealed; `None` when the key (or the associated data) is wrong or
+/// the data damaged: AES-GCM cannot tell these apart.
+pub(crate) fn unseal(
+    key: &[u8; 32],
+    sealed: &[u8],
+    aad: &[u8],
+) -> Result<Option<Zeroizing<Vec<u8>>>> {
+    if sealed.len() < NONCE_LEN + TAG_LEN {
+        return Ok(None);
+    }
+    let cipher = Aes256Gcm::new_from_slice(key).map_err(|_| Error::internal("AES key length"))?;
+    Ok(cipher
+        .decrypt(
+            Nonce::from_slice(&sealed[..NONCE_LEN]),
+            Payload {
+                msg: &sealed[NONCE_LEN..],
+                aad,
+            },
+        )
+        .ok()
+        .map(Zeroizing::new))
+}
+
+/// The refusal of a passphrase that opens no key of the repository.
+pub(crate) fn wrong_passphrase() -> Error {
+    Error::new(
+        ErrorKind::PermissionDenied,
+        "wrong passphrase for this repository (or its keys are damaged)",
+    )
+}
+
+fn legacy_aad(repo_id: &[u8]) -> Vec<u8> {
     [WRAP_AAD, repo_id].concat()
 }
 
-/// Creates a new master key protected by `passphrase`.
-pub(crate) fn create(
-    passphrase: &Secret,
-    kdf: &KdfParams,
-    repo_id: &[u8],
-) -> Result<(EncryptionConfig, Keys)> {
-    if passphrase.expose().is_empty() {
-        return Err(Error::invalid_input("the repository passphrase is empty"));
-    }
-    let salt: [u8; 16] = random()?;
-    let master = Zeroizing::new(random::<32>()?);
-    let kek = kek(passphrase, &salt, kdf)?;
-    let nonce: [u8; NONCE_LEN] = random()?;
-    let cipher =
-        Aes256Gcm::new_from_slice(&kek[..]).map_err(|_| Error::internal("AES key length"))?;
-    let sealed = cipher
-        .encrypt(
-            Nonce::from_slice(&nonce),
-            Payload {
-                msg: &master[..],
-                aad: &aad(repo_id),
-            },
-        )
-        .map_err(|_| Error::internal("AES-GCM encryption failed"))?;
-    let (keys, key_check) = keys_from(&master, repo_id)?;
-    let config = EncryptionConfig {
-        kdf: kdf.clone(),
-        salt: hex::encode(salt),
-        wrapped_key: hex::encode([nonce.as_slice(), &sealed].concat()),
-        key_check,
-    };
-    Ok((config, keys))
-}
-
-/// Unlocks the master key with `passphrase`.
-pub(crate) fn unlock(
-    config: &EncryptionConfig,
+/// Unlocks the master key of a format 2 repository with `passphrase`.
+pub(crate) fn unlock_single(
+    config: &SingleKey,
     passphrase: &Secret,
     repo_id: &[u8],
-) -> Result<Keys> {
+) -> Result<MasterKey> {
     let corrupt = |what: &str| {
         Error::new(
             ErrorKind::Corrupt,
@@ -203,52 +287,62 @@ pub(crate) fn unlock(
         return Err(corrupt("wrapped key"));
     }
     let kek = kek(passphrase, &salt, &config.kdf)?;
-    let cipher =
-        Aes256Gcm::new_from_slice(&kek[..]).map_err(|_| Error::internal("AES key length"))?;
-    let master = cipher
-        .decrypt(
-            Nonce::from_slice(&wrapped[..NONCE_LEN]),
-            Payload {
-                msg: &wrapped[NONCE_LEN..],
-                aad: &aad(repo_id),
-            },
-        )
-        .map_err(|_| {
-            Error::new(
-                ErrorKind::PermissionDenied,
-                "wrong passphrase for this repository (or its config is damaged)",
-            )
-        })?;
-    let master = Zeroizing::new(master);
+    let plain = unseal(&kek, &wrapped, &legacy_aad(repo_id))?.ok_or_else(wrong_passphrase)?;
     let mut key = Zeroizing::new([0u8; 32]);
-    key.copy_from_slice(&master);
-    let (keys, check) = keys_from(&key, repo_id)?;
-    if check != config.key_check {
+    key.copy_from_slice(&plain);
+    let master = MasterKey {
+        id: config.master_id(),
+        created: None,
+        key,
+    };
+    if master.check(repo_id)? != config.key_check {
         return Err(Error::new(
             ErrorKind::Corrupt,
             "the repository key check failed: the config is damaged",
         ));
     }
-    Ok(keys)
+    Ok(master)
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
+    /// A format 2 key, as ferry wrote it before key objects (for the compatibility tests).
+    pub(crate) fn single_key(
+        passphrase: &Secret,
+        kdf: &KdfParams,
+        repo_id: &[u8],
+    ) -> (SingleKey, MasterKey) {
+        let salt: [u8; 16] = random().unwrap();
+        let mut master = MasterKey::generate().unwrap();
+        let kek = kek(passphrase, &salt, kdf).unwrap();
+        let wrapped = seal(&kek, &master.key[..], &legacy_aad(repo_id)).unwrap();
+        let key_check = master.check(repo_id).unwrap();
+        let config = SingleKey {
+            kdf: kdf.clone(),
+            salt: hex::encode(salt),
+            wrapped_key: hex::encode(wrapped),
+            key_check,
+        };
+        master.id = config.master_id();
+        (config, master)
+    }
+
     #[test]
-    fn the_right_passphrase_unlocks_the_same_keys() {
+    fn the_right_passphrase_unlocks_the_same_master_key() {
         let kdf = KdfParams::insecure_fast();
-        let (config, keys) = create(&Secret::new("correct horse"), &kdf, b"repo-1").unwrap();
-        let again = unlock(&config, &Secret::new("correct horse"), b"repo-1").unwrap();
-        assert_eq!(*keys.chunk, *again.chunk);
-        assert_eq!(*keys.id, *again.id);
+        let (config, master) = single_key(&Secret::new("correct horse"), &kdf, b"repo-1");
+        let again = unlock_single(&config, &Secret::new("correct horse"), b"repo-1").unwrap();
+        assert_eq!(*master.key, *again.key);
+        assert_eq!(master.id, again.id);
+        let keys = again.keys(b"repo-1").unwrap();
         assert_ne!(*keys.chunk, *keys.id);
-        let wrong = unlock(&config, &Secret::new("battery staple"), b"repo-1").unwrap_err();
+        let wrong = unlock_single(&config, &Secret::new("battery staple"), b"repo-1").unwrap_err();
         assert_eq!(wrong.kind(), ErrorKind::PermissionDenied);
         assert!(wrong.to_string().contains("wrong passphrase"), "{wrong}");
         // A config moved to another repository does not open there.
-        assert!(unlock(&config, &Secret::new("correct horse"), b"repo-2").is_err());
+        assert!(unlock_single(&config, &Secret::new("correct horse"), b"repo-2").is_err());
     }
 
     #[test]
@@ -263,6 +357,12 @@ mod tests {
                 .unwrap_err()
                 .kind(),
             ErrorKind::Unsupported
+        );
+        assert_eq!(
+            kek(&Secret::new(""), b"saltsalt", &KdfParams::insecure_fast())
+                .unwrap_err()
+                .kind(),
+            ErrorKind::InvalidInput
         );
     }
 }

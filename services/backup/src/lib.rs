@@ -26,9 +26,11 @@
 //!
 //! # Layout
 //! ```text
-//! config                      JSON: format version (1), repository id (random), chunk size,
-//!                             zstd level (or null), encryption (null, or argon2id parameters,
-//!                             salt, wrapped master key, key check)
+//! config                      JSON: format version (3), repository id (random), chunk size,
+//!                             zstd level (or null), encryption (null, or {"key_objects": "keys/"};
+//!                             format 2: argon2id parameters, salt, wrapped master key, key check)
+//! keys/<16 hex>               key objects: a passphrase's wrapping of the master keys (key_slot)
+//! protected/<backup id>       the mark of a protected backup (protect)
 //! chunks/<2 hex>/<64 hex>     chunk blobs, named by digest
 //! indexes/<backup id>         fixed index blob of one backup (header + N x 32-byte digests);
 //!                             an all-zero digest marks a chunk of zeroes, never stored
@@ -41,7 +43,9 @@
 //! - Chunks are fixed-size (a power of two from 64 KiB to 64 MiB, default 4 MiB, fixed per
 //!   repository); the last chunk of an image may be short.
 //! - A chunk's digest is SHA-256 of its plaintext, or HMAC-SHA256 under a key derived
-//!   from the master key when the repository is encrypted, so names leak nothing.
+//!   from the master key when the repository is encrypted, so names leak nothing. After
+//!   a new master key (`key rotate --master`), new chunks are named and encrypted under
+//!   it; older data is read with the older master keys (see [`Repository::rotate_key`]).
 //! - Blobs (chunks and indexes, see below) carry a magic per kind (plain, zstd,
 //!   encrypted, encrypted zstd), the plaintext length, then the payload; AES-256-GCM
 //!   with a random 96-bit nonce per blob. Every chunk read is checked against its name.
@@ -60,15 +64,21 @@
 //! - [`Repository::gc`]: mark and sweep under a lease, with a grace period; [`gc`]
 //!   explains why running backups are safe.
 //! - [`Repository::verify`]: re-reads chunks and names the backups a bad chunk breaks.
+//! - Keys: [`Repository::list_keys`], [`Repository::add_key`], [`Repository::remove_key`],
+//!   [`Repository::rotate_key`]; protection: [`Repository::protect`] and
+//!   [`Repository::unprotect`].
 
 mod blob;
 mod config;
 mod digest;
 pub mod gc;
 mod index;
+mod key_admin;
+mod key_slot;
 mod keys;
 mod location;
 mod manifest;
+mod protect;
 pub mod prune;
 mod repository;
 mod session;
@@ -81,7 +91,8 @@ pub use config::{
 pub use digest::{block_digests, block_digests_known_zero, Digest};
 pub use gc::{GcLease, GcOptions, GcReport, LeaseHeld};
 pub use index::{FixedIndex, MAX_INDEX_ENTRIES};
-pub use keys::{EncryptionConfig, KdfParams};
+pub use key_admin::{KeyInfo, KeyRemoved, KeyRotated};
+pub use keys::{EncryptionConfig, KdfParams, KeySlotsRef, SingleKey};
 pub use location::RepositoryUrl;
 pub use manifest::{BackupId, Manifest, SnapshotInfo};
 pub use prune::{CalendarDuration, Keep, KeepPolicy, KeepReason, PrunePlan, PruneReport};

@@ -173,6 +173,11 @@ pub struct Manifest {
     pub index_sha256: String,
     /// The ferry version that wrote the backup.
     pub ferry_version: String,
+    /// In an encrypted repository, the id of the master key its chunks, index and
+    /// manifest are encrypted with; absent in backups made before key rotation existed
+    /// (they used the repository's first master key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master_key: Option<String>,
 }
 
 impl Manifest {

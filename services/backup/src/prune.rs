@@ -212,6 +212,8 @@ pub enum KeepReason {
     Within(CalendarDuration),
     /// No rule is on.
     EmptyPolicy,
+    /// Protected (`ferry backup protect`): never removed by a prune.
+    Protected,
 }
 
 impl fmt::Display for KeepReason {
@@ -225,6 +227,7 @@ impl fmt::Display for KeepReason {
             Self::Yearly => f.write_str("yearly snapshot"),
             Self::Within(d) => write!(f, "within {d} of the newest"),
             Self::EmptyPolicy => f.write_str("policy is empty"),
+            Self::Protected => f.write_str("protected"),
         }
     }
 }
@@ -235,6 +238,9 @@ pub struct SnapshotRef {
     pub id: BackupId,
     pub time: DateTime<Utc>,
     pub source: String,
+    /// Protected backups are kept (reason [`KeepReason::Protected`]) and set aside
+    /// before the rules count, as in Proxmox Backup Server.
+    pub protected: bool,
 }
 
 impl From<&Manifest> for SnapshotRef {
@@ -243,6 +249,7 @@ impl From<&Manifest> for SnapshotRef {
             id: m.id.clone(),
             time: m.time,
             source: m.source.clone(),
+            protected: false,
         }
     }
 }
@@ -330,6 +337,21 @@ pub fn plan(snapshots: &[SnapshotRef], policy: &KeepPolicy, now: DateTime<Utc>) 
 }
 
 fn plan_group(group: &[&SnapshotRef], policy: &KeepPolicy, now: DateTime<Utc>) -> Vec<Decision> {
+    let (protected, group): (Vec<&SnapshotRef>, Vec<&SnapshotRef>) =
+        group.iter().partition(|s| s.protected);
+    let mut decisions: Vec<Decision> = protected
+        .into_iter()
+        .map(|s| Decision {
+            snapshot: s.clone(),
+            reasons: vec![KeepReason::Protected],
+        })
+        .collect();
+    decisions.extend(plan_rules(&group, policy, now));
+    decisions
+}
+
+/// The rules' decisions for the unprotected snapshots of one group, newest first.
+fn plan_rules(group: &[&SnapshotRef], policy: &KeepPolicy, now: DateTime<Utc>) -> Vec<Decision> {
     if policy.is_empty() {
         return group
             .iter()
@@ -435,6 +457,7 @@ impl Repository {
                 "the retention policy keeps nothing explicitly (no keep rule is set): refusing to remove every backup",
             ));
         }
+        let protected = self.protected_backups().await?;
         let mut refs = Vec::new();
         for id in self.list_snapshots().await? {
             let manifest = self.load_manifest(&id).await.map_err(|e| {
@@ -444,7 +467,9 @@ impl Repository {
                 )
             })?;
             if source.is_none_or(|s| s == manifest.source) {
-                refs.push(SnapshotRef::from(&manifest));
+                let mut snapshot = SnapshotRef::from(&manifest);
+                snapshot.protected = protected.contains(&id);
+                refs.push(snapshot);
             }
         }
         let plan = plan(&refs, policy, now);

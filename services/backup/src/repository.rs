@@ -4,6 +4,7 @@
 //! manifest); this module has the rest: init and open, chunk digests, reading chunks
 //! back verified, listing, loading and deleting snapshots.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -19,7 +20,8 @@ use crate::config::{
 };
 use crate::digest::{block_digests, blocks_are_zero, Digest};
 use crate::index::{FixedIndex, MAX_INDEX_LEN};
-use crate::keys::{self, KdfParams};
+use crate::key_slot::{self, KeySlot};
+use crate::keys::{self, EncryptionConfig, KdfParams, MasterKey};
 use crate::manifest::{BackupId, Manifest, MAX_MANIFEST_LEN};
 use crate::store::{get_required, get_required_into, ObjectStore, Put, PutMode};
 use ferry_blkhash::is_zero;
@@ -88,8 +90,30 @@ pub struct Repository {
 struct Inner {
     store: Arc<dyn ObjectStore>,
     config: Config,
+    /// The current master key's codec and id key: everything new is written with them.
     codec: Codec,
     id_key: Option<Zeroizing<[u8; 32]>>,
+    /// The older master keys' (newest first), for data written before a
+    /// `key rotate --master`: reading tries the current key, then these.
+    older: Vec<Sealer>,
+    /// Which key decoded the last blob read with [`Repository::with_any_key`].
+    last_key: AtomicUsize,
+    unlocked: Option<Unlocked>,
+}
+
+/// The codec and id key of one older master key.
+struct Sealer {
+    codec: Codec,
+    id_key: Zeroizing<[u8; 32]>,
+}
+
+/// What opened an encrypted repository: the key (its id), the master keys it unwrapped
+/// (oldest first; the last one is current) and the passphrase, for the key commands.
+#[derive(Debug)]
+pub(crate) struct Unlocked {
+    pub key_id: String,
+    pub masters: Vec<MasterKey>,
+    pub passphrase: Secret,
 }
 
 impl std::fmt::Debug for Inner {
@@ -98,30 +122,65 @@ impl std::fmt::Debug for Inner {
             .field("location", &self.store.location())
             .field("id", &self.config.id)
             .field("codec", &self.codec)
+            .field("older_master_keys", &self.older.len())
             .finish()
     }
 }
 
 impl Repository {
     /// Creates a repository in an empty location (refused where a config exists).
+    ///
+    /// An encrypted one gets a random master key and a key object for the passphrase,
+    /// written before the config: a repository is never visible without its key. The
+    /// key object of an init that loses a race for the config cannot open the winner's
+    /// repository (it is bound to another repository id) and is removed again.
     pub async fn init(store: Arc<dyn ObjectStore>, options: InitOptions) -> Result<Self> {
         check_chunk_size(options.chunk_size)?;
         check_zstd_level(options.zstd_level)?;
         let location = store.location();
+        let exists = || {
+            Error::invalid_input(format!(
+                "{location} already holds a repository (it has a config): open it instead"
+            ))
+        };
+        // Checked first so that an init over a repository writes nothing into it (the
+        // create-only config below still settles a race between two inits).
+        if store.head(CONFIG).await?.is_some() {
+            return Err(exists());
+        }
         let id = hex::encode(keys::random::<16>()?);
-        let (encryption, keys) = match &options.passphrase {
+        let unlocked = match &options.passphrase {
             Some(passphrase) => {
-                let (config, keys) = keys::create(passphrase, &options.kdf, id.as_bytes())?;
-                (Some(config), Some(keys))
+                let master = MasterKey::generate()?;
+                let key_id = key_slot::new_id()?;
+                let slot = KeySlot::seal(
+                    key_id.clone(),
+                    passphrase,
+                    &options.kdf,
+                    id.as_bytes(),
+                    std::slice::from_ref(&master),
+                )?;
+                store
+                    .put(
+                        &slot.name(),
+                        Bytes::from(slot.to_json()),
+                        PutMode::CreateOnly,
+                    )
+                    .await?;
+                Some(Unlocked {
+                    key_id,
+                    masters: vec![master],
+                    passphrase: passphrase.clone(),
+                })
             }
-            None => (None, None),
+            None => None,
         };
         let config = Config {
             format_version: FORMAT_VERSION,
             id,
             chunk_size: options.chunk_size,
             zstd_level: options.zstd_level,
-            encryption,
+            encryption: unlocked.as_ref().map(|_| Config::key_slots()),
         };
         match store
             .put(CONFIG, Bytes::from(config.to_json()), PutMode::CreateOnly)
@@ -129,17 +188,20 @@ impl Repository {
         {
             Put::Written => {}
             Put::Conflict => {
-                return Err(Error::invalid_input(format!(
-                    "{location} already holds a repository (it has a config): open it instead"
-                )))
+                if let Some(u) = &unlocked {
+                    let _ = store
+                        .delete(&format!("{}{}", key_slot::KEYS_PREFIX, u.key_id))
+                        .await;
+                }
+                return Err(exists());
             }
         }
-        tracing::info!(repository = %location, encrypted = keys.is_some(), "created a backup repository");
-        Self::assemble(store, config, keys)
+        tracing::info!(repository = %location, encrypted = unlocked.is_some(), "created a backup repository");
+        Self::assemble(store, config, unlocked)
     }
 
-    /// Opens a repository. An encrypted one needs its passphrase; an unencrypted one
-    /// ignores it.
+    /// Opens a repository. An encrypted one needs a passphrase of one of its keys; an
+    /// unencrypted one ignores it.
     pub async fn open(store: Arc<dyn ObjectStore>, passphrase: Option<&Secret>) -> Result<Self> {
         let location = store.location();
         let data = store.get(CONFIG, MAX_CONFIG_LEN).await?.ok_or_else(|| {
@@ -149,7 +211,7 @@ impl Repository {
             )
         })?;
         let config = Config::parse(&data, &location)?;
-        let keys = match (&config.encryption, passphrase) {
+        let unlocked = match (&config.encryption, passphrase) {
             (None, _) => None,
             (Some(_), None) => {
                 return Err(Error::new(
@@ -159,29 +221,127 @@ impl Repository {
                 ),
                 ))
             }
-            (Some(enc), Some(passphrase)) => Some(
-                keys::unlock(enc, passphrase, config.id.as_bytes())
+            (Some(EncryptionConfig::Single(single)), Some(passphrase)) => {
+                let master = keys::unlock_single(single, passphrase, config.id.as_bytes())
+                    .map_err(|e| e.with_endpoint(location.clone()))?;
+                Some(Unlocked {
+                    key_id: single.slot_id(),
+                    masters: vec![master],
+                    passphrase: passphrase.clone(),
+                })
+            }
+            (Some(EncryptionConfig::KeySlots(_)), Some(passphrase)) => Some(
+                unlock_with_slots(store.as_ref(), &config, passphrase)
+                    .await
                     .map_err(|e| e.with_endpoint(location.clone()))?,
             ),
         };
-        Self::assemble(store, config, keys)
+        Self::assemble(store, config, unlocked)
     }
 
     fn assemble(
         store: Arc<dyn ObjectStore>,
         config: Config,
-        keys: Option<keys::Keys>,
+        unlocked: Option<Unlocked>,
     ) -> Result<Self> {
-        let codec = Codec::new(config.zstd_level, keys.as_ref().map(|k| &*k.chunk))?;
-        let id_key = keys.map(|k| k.id);
+        let repo_id = config.id.as_bytes();
+        let (codec, id_key, older) = match &unlocked {
+            None => (Codec::new(config.zstd_level, None)?, None, Vec::new()),
+            Some(u) => {
+                let (current, earlier) = u
+                    .masters
+                    .split_last()
+                    .ok_or_else(|| Error::internal("an unlocked repository has no master key"))?;
+                let keys = current.keys(repo_id)?;
+                let codec = Codec::new(config.zstd_level, Some(&keys.chunk))?;
+                let older = earlier
+                    .iter()
+                    .rev()
+                    .map(|m| {
+                        let keys = m.keys(repo_id)?;
+                        Ok(Sealer {
+                            codec: Codec::new(config.zstd_level, Some(&keys.chunk))?,
+                            id_key: keys.id,
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                (codec, Some(keys.id), older)
+            }
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 store,
                 config,
                 codec,
                 id_key,
+                older,
+                last_key: AtomicUsize::new(0),
+                unlocked,
             }),
         })
+    }
+
+    /// What unlocked the repository (`None` when it is not encrypted).
+    pub(crate) fn unlocked(&self) -> Option<&Unlocked> {
+        self.inner.unlocked.as_ref()
+    }
+
+    /// The id of the master key new data is encrypted with (`None` when not encrypted).
+    pub fn current_master_key(&self) -> Option<&str> {
+        self.unlocked()
+            .and_then(|u| u.masters.last())
+            .map(|m| m.id.as_str())
+    }
+
+    /// Whether a backup's chunks were written with the current master key, so that a new
+    /// backup may take chunks from it. A backup of a format 2 repository names no master
+    /// key: it used the first.
+    pub fn uses_current_master_key(&self, manifest: &Manifest) -> bool {
+        let Some(u) = self.unlocked() else {
+            return true;
+        };
+        let used = match &manifest.master_key {
+            Some(id) => Some(id.as_str()),
+            None => u.masters.first().map(|m| m.id.as_str()),
+        };
+        used == self.current_master_key()
+    }
+
+    /// Runs `f` with the current master key's codec and id key and, if that fails and
+    /// there are older master keys, with each of them: the first success wins, else the
+    /// current key's error is returned. The key that last succeeded is tried first, so
+    /// that reading an old backup costs one attempt per blob, not one per master key.
+    fn with_any_key<T>(
+        &self,
+        mut f: impl FnMut(&Codec, Option<&[u8; 32]>) -> Result<T>,
+    ) -> Result<T> {
+        let older = &self.inner.older;
+        if older.is_empty() {
+            return f(&self.inner.codec, self.inner.id_key.as_deref());
+        }
+        let hint = self.inner.last_key.load(Ordering::Relaxed).min(older.len());
+        let mut first = None;
+        for i in std::iter::once(hint).chain((0..=older.len()).filter(|&i| i != hint)) {
+            let (codec, id_key) = self.key_at(i);
+            match f(codec, id_key) {
+                Ok(found) => {
+                    self.inner.last_key.store(i, Ordering::Relaxed);
+                    return Ok(found);
+                }
+                Err(e) if i == 0 => first = Some(e),
+                Err(_) => {}
+            }
+        }
+        Err(first.unwrap_or_else(|| Error::internal("no master key was tried")))
+    }
+
+    /// Master key `i` for [`Repository::with_any_key`]: 0 is the current one, `i > 0`
+    /// the older one `older[i - 1]`.
+    fn key_at(&self, i: usize) -> (&Codec, Option<&[u8; 32]>) {
+        match i.checked_sub(1).and_then(|o| self.inner.older.get(o)) {
+            Some(sealer) => (&sealer.codec, Some(&sealer.id_key)),
+            None => (&self.inner.codec, self.inner.id_key.as_deref()),
+        }
     }
 
     /// The store the repository lives in.
@@ -224,22 +384,7 @@ impl Repository {
     }
 
     fn name(&self, blocks: &[Hash]) -> Digest {
-        let mut out = [0u8; 32];
-        match &self.inner.id_key {
-            Some(key) => {
-                // HMAC accepts keys of any length: this cannot fail.
-                if let Ok(mut mac) = <Hmac<Sha256> as KeyInit>::new_from_slice(&key[..]) {
-                    blocks.iter().for_each(|b| mac.update(b));
-                    out.copy_from_slice(&mac.finalize().into_bytes());
-                }
-            }
-            None => {
-                let mut hasher = Sha256::new();
-                blocks.iter().for_each(|b| hasher.update(b));
-                out.copy_from_slice(&hasher.finalize());
-            }
-        }
-        Digest(out)
+        name_with(self.inner.id_key.as_deref(), blocks)
     }
 
     /// Whether a chunk is stored and not marked damaged by a verify.
@@ -301,19 +446,24 @@ impl Repository {
         blob: &[u8],
         out: &mut [u8],
     ) -> Result<(usize, Vec<Hash>)> {
-        let len = self
-            .inner
-            .codec
-            .decode_into(blob, out)
-            .map_err(|e| Error::new(e.kind(), format!("chunk {digest}: {}", e.message())))?;
-        let blocks = block_digests(&out[..len]);
-        if self.chunk_digest_of_blocks(len, &blocks) != *digest {
-            return Err(Error::new(
-                ErrorKind::Corrupt,
-                format!("chunk {digest} is damaged: its content does not match its name"),
-            ));
-        }
-        Ok((len, blocks))
+        self.with_any_key(|codec, id_key| {
+            let len = codec
+                .decode_into(blob, out)
+                .map_err(|e| Error::new(e.kind(), format!("chunk {digest}: {}", e.message())))?;
+            let blocks = block_digests(&out[..len]);
+            let name = if blocks_are_zero(len, &blocks) {
+                Digest::ZERO
+            } else {
+                name_with(id_key, &blocks)
+            };
+            if name != *digest {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!("chunk {digest} is damaged: its content does not match its name"),
+                ));
+            }
+            Ok((len, blocks))
+        })
     }
 
     /// Stores a chunk's blob (always writes; deduplication is the session's job).
@@ -363,7 +513,7 @@ impl Repository {
                 )
             })?;
         let json = if self.is_encrypted() {
-            self.inner.codec.decode(&data, MAX_MANIFEST_LEN)?
+            self.with_any_key(|codec, _| codec.decode(&data, MAX_MANIFEST_LEN))?
         } else {
             data
         };
@@ -436,12 +586,14 @@ impl Repository {
             MAX_INDEX_LEN + OVERHEAD,
         )
         .await?;
-        let data = self.inner.codec.decode(&blob, MAX_INDEX_LEN).map_err(|e| {
-            Error::new(
-                e.kind(),
-                format!("the index of backup {id}: {}", e.message()),
-            )
-        })?;
+        let data = self
+            .with_any_key(|codec, _| codec.decode(&blob, MAX_INDEX_LEN))
+            .map_err(|e| {
+                Error::new(
+                    e.kind(),
+                    format!("the index of backup {id}: {}", e.message()),
+                )
+            })?;
         let index = FixedIndex::decode(&data).map_err(|e| {
             Error::new(
                 e.kind(),
@@ -464,12 +616,71 @@ impl Repository {
 
     /// Deletes a backup: its manifest first (so it is no longer listed), then its index.
     /// Its chunks stay until a garbage collection finds them unreferenced.
+    /// A protected backup is refused (see [`Repository::protect`]).
     pub async fn delete_snapshot(&self, id: &BackupId) -> Result<()> {
+        self.refuse_if_protected(id).await?;
         self.store().delete(&id.manifest_name()).await?;
         self.store().delete(&id.index_name()).await?;
         tracing::info!(backup = %id, repository = %self.store().location(), "deleted a backup");
         Ok(())
     }
+}
+
+/// The name of a chunk whose blocks have these digests, under `id_key` (or plain SHA-256).
+fn name_with(id_key: Option<&[u8; 32]>, blocks: &[Hash]) -> Digest {
+    let mut out = [0u8; 32];
+    match id_key {
+        Some(key) => {
+            // HMAC accepts keys of any length: this cannot fail.
+            if let Ok(mut mac) = <Hmac<Sha256> as KeyInit>::new_from_slice(&key[..]) {
+                blocks.iter().for_each(|b| mac.update(b));
+                out.copy_from_slice(&mac.finalize().into_bytes());
+            }
+        }
+        None => {
+            let mut hasher = Sha256::new();
+            blocks.iter().for_each(|b| hasher.update(b));
+            out.copy_from_slice(&hasher.finalize());
+        }
+    }
+    Digest(out)
+}
+
+/// Finds the key object `passphrase` opens, in a format 3 repository. Every key object
+/// costs one Argon2id derivation, as in restic; damaged ones are skipped with a warning.
+async fn unlock_with_slots(
+    store: &dyn ObjectStore,
+    config: &Config,
+    passphrase: &Secret,
+) -> Result<Unlocked> {
+    let slots = key_slot::load_all(store).await?;
+    if slots.is_empty() {
+        return Err(Error::new(
+            ErrorKind::Corrupt,
+            "the repository has no key objects (keys/): no passphrase can open it",
+        ));
+    }
+    for slot in &slots {
+        let parsed = {
+            let (slot, passphrase, repo_id) = (slot.clone(), passphrase.clone(), config.id.clone());
+            tokio::task::spawn_blocking(move || slot.open(&passphrase, repo_id.as_bytes()))
+                .await
+                .map_err(|_| Error::internal("a key derivation thread panicked"))?
+        };
+        match parsed {
+            Ok(Some(masters)) => {
+                return Ok(Unlocked {
+                    key_id: slot.id.clone(),
+                    masters,
+                    passphrase: passphrase.clone(),
+                })
+            }
+            Ok(None) => {}
+            Err(e) if e.kind() == ErrorKind::InvalidInput => return Err(e),
+            Err(e) => tracing::warn!(key = %slot.id, error = %e, "skipping a key object"),
+        }
+    }
+    Err(keys::wrong_passphrase())
 }
 
 #[cfg(test)]

@@ -527,6 +527,7 @@ impl Session {
             chunks_zero: 0,
             index_sha256,
             ferry_version: env!("CARGO_PKG_VERSION").to_string(),
+            master_key: self.repo.current_master_key().map(String::from),
         };
         let mut seen = HashSet::new();
         for (i, digest) in index.digests().iter().enumerate() {

@@ -25,7 +25,7 @@ enum Command {
     /// Print an image's format, virtual size, allocation and backing chain.
     Info(cli::info::InfoArgs),
     /// Deduplicating backups of images into a repository (directory or S3): init, create,
-    /// list, show, restore, verify, prune, gc.
+    /// list, show, restore, verify, prune, gc, key, protect.
     Backup(cli::backup::BackupArgs),
     /// Run the gRPC job service.
     Serve(cli::serve::ServeArgs),

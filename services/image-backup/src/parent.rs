@@ -1,7 +1,9 @@
 //! Choosing the parent of an incremental backup, and deciding whether it fits.
 //!
-//! A parent fits when it has the source's size and the repository's chunk size and its
-//! index and block digests load. One that does not fit is not an error: the backup is
+//! A parent fits when it was made with the repository's current master key (chunks of an
+//! older one are never taken into new backups, so that the old key stops mattering once
+//! its backups are pruned), has the source's size and the repository's chunk size, and
+//! its index and block digests load. One that does not fit is not an error: the backup is
 //! made in full, and the reason is reported (logged, and in the report's `full_reason`).
 
 use std::str::FromStr;
@@ -119,6 +121,12 @@ pub(crate) async fn choose(
         ParentChoice::Id(id) => repo.load_manifest(id).await?,
     };
     let id = manifest.id.clone();
+    if !repo.uses_current_master_key(&manifest) {
+        return Ok(Chosen::Full(format!(
+            "the parent {id} was made with an earlier master key (key rotate --master): \
+             new data is not deduplicated against it"
+        )));
+    }
     if manifest.image_size != size {
         return Ok(Chosen::Full(format!(
             "the parent {id} is an image of {} bytes, the source has {size}",

@@ -16,6 +16,7 @@ fn snaps(source: &str, times: &[&str]) -> Vec<SnapshotRef> {
             id: BackupId::generate(t(s)).unwrap(),
             time: t(s),
             source: source.to_string(),
+            protected: false,
         })
         .collect()
 }
@@ -332,4 +333,34 @@ fn calendar_arithmetic() {
         d.before(t("2026-12-03T00:00:00")),
         Some(t("2026-11-30T23:00:00"))
     );
+}
+
+#[test]
+fn protected_snapshots_are_kept_and_set_aside_before_the_rules_count() {
+    let mut list = snaps(
+        "a",
+        &[
+            "2026-12-02T10:00:00",
+            "2026-12-02T09:00:00",
+            "2026-12-01T10:00:00",
+            "2026-11-30T10:00:00",
+        ],
+    );
+    // The newest and the oldest are protected; keep-last 1 keeps the newest of the rest.
+    list[0].protected = true;
+    list[3].protected = true;
+    let plan = plan(&list, &KeepPolicy::new().with_last(Keep::Count(1)), t(NOW));
+    let reasons = |time: &str| {
+        plan.decisions
+            .iter()
+            .find(|d| d.snapshot.time == t(time))
+            .unwrap()
+            .reasons
+            .clone()
+    };
+    assert_eq!(reasons("2026-12-02T10:00:00"), [KeepReason::Protected]);
+    assert_eq!(reasons("2026-11-30T10:00:00"), [KeepReason::Protected]);
+    assert_eq!(reasons("2026-12-02T09:00:00"), [KeepReason::Last]);
+    assert!(reasons("2026-12-01T10:00:00").is_empty());
+    assert_eq!(KeepReason::Protected.to_string(), "protected");
 }

@@ -3,7 +3,7 @@
 //!
 //! This module holds the subcommand list, opening a repository (with the passphrase from
 //! `FERRY_BACKUP_KEY_FILE`, never from the command line), and the small commands (`init`,
-//! `list`, `show`). `create` and `restore` move image data and live in their own modules,
+//! `list`, `show`, `protect`, `unprotect`). `create` and `restore` move image data and live in their own modules,
 //! like the repository maintenance (`verify`, `prune`, `gc`).
 
 use std::process::ExitCode;
@@ -47,6 +47,12 @@ pub enum BackupCommand {
     Prune(super::backup_maintain::PruneArgs),
     /// Delete chunks no backup uses any more.
     Gc(super::backup_maintain::GcArgs),
+    /// List, add, remove and rotate the keys of an encrypted repository.
+    Key(super::backup_keys::KeyArgs),
+    /// Protect a backup: no prune or delete removes it until it is unprotected.
+    Protect(ProtectArgs),
+    /// Remove a backup's protection.
+    Unprotect(ProtectArgs),
 }
 
 /// Runs `ferry backup`.
@@ -61,6 +67,9 @@ pub async fn run(args: BackupArgs) -> anyhow::Result<ExitCode> {
         BackupCommand::Verify(a) => super::backup_maintain::verify(a).await,
         BackupCommand::Prune(a) => super::backup_maintain::prune(a).await,
         BackupCommand::Gc(a) => super::backup_maintain::gc(a).await,
+        BackupCommand::Key(a) => super::backup_keys::run(a).await,
+        BackupCommand::Protect(a) => protect(a, true).await,
+        BackupCommand::Unprotect(a) => protect(a, false).await,
     }
 }
 
@@ -69,21 +78,22 @@ pub fn passphrase() -> anyhow::Result<Option<Secret>> {
     let Some(path) = std::env::var_os(KEY_FILE_ENV) else {
         return Ok(None);
     };
-    let path = std::path::PathBuf::from(path);
-    let text = std::fs::read_to_string(&path).map_err(|e| {
-        anyhow!(
-            "cannot read the key file {} ({KEY_FILE_ENV}): {e}",
-            path.display()
-        )
-    })?;
+    read_key_file(std::path::Path::new(&path), KEY_FILE_ENV).map(Some)
+}
+
+/// The passphrase in a key file: its first line, which must not be empty. `what` names
+/// where the path came from, for messages (which never hold the file's content).
+pub fn read_key_file(path: &std::path::Path, what: &str) -> anyhow::Result<Secret> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow!("cannot read the key file {} ({what}): {e}", path.display()))?;
     let line = text.lines().next().unwrap_or_default();
     if line.is_empty() {
         bail!(
-            "the key file {} ({KEY_FILE_ENV}) is empty: its first line is the passphrase",
+            "the key file {} ({what}) is empty: its first line is the passphrase",
             path.display()
         );
     }
-    Ok(Some(Secret::new(line)))
+    Ok(Secret::new(line))
 }
 
 /// Parses a repository location.
@@ -202,6 +212,8 @@ pub struct ListEntry {
     pub new_bytes: u64,
     pub reused_bytes: u64,
     pub zero_bytes: u64,
+    /// Never removed by prune until unprotected (`ferry backup protect`).
+    pub protected: bool,
 }
 
 impl From<&Manifest> for ListEntry {
@@ -217,6 +229,7 @@ impl From<&Manifest> for ListEntry {
             new_bytes: m.bytes_new,
             reused_bytes: m.bytes_reused,
             zero_bytes: m.bytes_zero,
+            protected: false,
         }
     }
 }
@@ -227,6 +240,10 @@ async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
         .list_snapshots()
         .await
         .map_err(|e| super::failed(e, "cannot list the backups"))?;
+    let protected = repo
+        .protected_backups()
+        .await
+        .map_err(|e| super::failed(e, "cannot list the protected backups"))?;
     let mut manifests = Vec::with_capacity(ids.len());
     for id in &ids {
         let manifest = repo
@@ -240,19 +257,26 @@ async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
     // Oldest first by start time: ids name the second only, so two backups started in
     // one second are ordered by their manifests' exact times.
     manifests.sort_by(|a, b| (a.time, &a.id).cmp(&(b.time, &b.id)));
-    let entries: Vec<ListEntry> = manifests.iter().map(ListEntry::from).collect();
+    let entries: Vec<ListEntry> = manifests
+        .iter()
+        .map(|m| ListEntry {
+            protected: protected.contains(&m.id),
+            ..ListEntry::from(m)
+        })
+        .collect();
     if args.json {
         println!("{}", serde_json::to_string(&entries)?);
         return Ok(ExitCode::SUCCESS);
     }
     for e in &entries {
         println!(
-            "{}  {}  {:>9}  new {:>9}  {}",
+            "{}  {}  {:>9}  new {:>9}  {}{}",
             e.id,
             e.time,
             format_size(e.size),
             format_size(e.new_bytes),
-            e.source
+            e.source,
+            if e.protected { "  (protected)" } else { "" }
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -274,6 +298,39 @@ async fn show(args: ShowArgs) -> anyhow::Result<ExitCode> {
         .await
         .map_err(|e| super::failed(e, &format!("cannot read backup {}", args.id)))?;
     println!("{}", serde_json::to_string_pretty(&manifest)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Arguments of `ferry backup protect` and `ferry backup unprotect`.
+#[derive(Debug, Args)]
+pub struct ProtectArgs {
+    #[arg(value_name = "REPO")]
+    pub repo: String,
+    #[arg(value_name = "ID", value_parser = backup_id)]
+    pub id: BackupId,
+}
+
+async fn protect(args: ProtectArgs, on: bool) -> anyhow::Result<ExitCode> {
+    let repo = open_repository(&args.repo).await?;
+    let id = &args.id;
+    let was = if on {
+        repo.protect(id).await
+    } else {
+        repo.unprotect(id).await
+    }
+    .map_err(|e| {
+        let verb = if on { "protect" } else { "unprotect" };
+        super::failed(e, &format!("cannot {verb} backup {id}"))
+    })?;
+    println!(
+        "backup {id} {}",
+        match (on, was) {
+            (true, false) => "is protected: no prune removes it until it is unprotected",
+            (true, true) => "was already protected",
+            (false, true) => "is no longer protected",
+            (false, false) => "was not protected",
+        }
+    );
     Ok(ExitCode::SUCCESS)
 }
 

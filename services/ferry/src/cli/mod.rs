@@ -9,6 +9,7 @@
 pub mod args;
 pub mod backup;
 pub mod backup_create;
+pub mod backup_keys;
 pub mod backup_maintain;
 pub mod backup_restore;
 pub mod checksum;

@@ -165,6 +165,7 @@ fn reason(r: &KeepReason) -> &'static str {
         KeepReason::Yearly => "yearly",
         KeepReason::Within(_) => "within",
         KeepReason::EmptyPolicy => "empty_policy",
+        KeepReason::Protected => "protected",
     }
 }
 
