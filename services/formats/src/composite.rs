@@ -43,7 +43,10 @@ impl Source for SliceSource {
         Caps {
             extents: false,
             block: ferry_core::BlockSizes {
-                minimum: if self.start % u64::from(caps.block.minimum.max(1)) == 0 {
+                minimum: if self
+                    .start
+                    .is_multiple_of(u64::from(caps.block.minimum.max(1)))
+                {
                     caps.block.minimum
                 } else {
                     1

@@ -86,10 +86,10 @@ impl VdiHeader {
             ));
         }
         let bs = header.block_size;
-        if bs < 512 || bs > (256 << 20) || !bs.is_multiple_of(512) {
+        if !(512..=(256 << 20)).contains(&bs) || !bs.is_multiple_of(512) {
             return Err(corrupt(format!("VDI block size {bs} is not supported")));
         }
-        if header.map_offset % 512 != 0 || header.data_offset % 512 != 0 {
+        if !header.map_offset.is_multiple_of(512) || !header.data_offset.is_multiple_of(512) {
             return Err(corrupt(
                 "the VDI block map or data offset is not sector aligned",
             ));

@@ -199,7 +199,7 @@ impl Metadata {
                 "VHDX logical sector size {lss} is not valid"
             )));
         }
-        if self.virtual_size > (64 << 40) || self.virtual_size % u64::from(lss) != 0 {
+        if self.virtual_size > (64 << 40) || !self.virtual_size.is_multiple_of(u64::from(lss)) {
             return Err(corrupt(format!(
                 "VHDX virtual size {} is not valid",
                 self.virtual_size
