@@ -114,8 +114,8 @@ const IMAGES: &[(&str, &str, &str, &str, &str)] = &[
     ),
     ("dynamic.vhd", "vpc", "subformat=dynamic", "vhd", "dynamic"),
     ("fixed.vhd", "vpc", "subformat=fixed", "vhd", "fixed"),
-    ("dynamic.vhdx", "vhdx", "", "vhdx", ""),
-    ("fixed.vhdx", "vhdx", "subformat=fixed", "vhdx", ""),
+    ("dynamic.vhdx", "vhdx", "", "vhdx", "dynamic"),
+    ("fixed.vhdx", "vhdx", "subformat=fixed", "vhdx", "fixed"),
     ("dynamic.vdi", "vdi", "static=off", "vdi", "dynamic"),
     ("static.vdi", "vdi", "static=on", "vdi", "static"),
 ];

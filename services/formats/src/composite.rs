@@ -39,18 +39,11 @@ impl Source for SliceSource {
 
     fn caps(&self) -> Caps {
         let caps = self.inner.caps();
-        // The slice starts at an offset of the inner source: its alignment is not ours.
+        // Reads off the inner source's blocks are widened (see `read_at`).
         Caps {
             extents: false,
             block: ferry_core::BlockSizes {
-                minimum: if self
-                    .start
-                    .is_multiple_of(u64::from(caps.block.minimum.max(1)))
-                {
-                    caps.block.minimum
-                } else {
-                    1
-                },
+                minimum: 1,
                 ..caps.block
             },
             ..caps
@@ -65,7 +58,16 @@ impl Source for SliceSource {
                 self.name, self.len
             )));
         }
-        self.inner.read_at(self.start + offset, buf).await
+        let block = u64::from(self.inner.caps().block.minimum.max(1));
+        let at = self.start + offset;
+        if at.is_multiple_of(block) && len.is_multiple_of(block) {
+            return self.inner.read_at(at, buf).await;
+        }
+        // The slice starts inside a block of a source that reads whole blocks only.
+        let mut buf = buf;
+        let bytes = crate::qcow2::read_bytes(self.inner.as_ref(), at, len).await?;
+        buf.copy_from_slice(&bytes);
+        Ok(buf)
     }
 
     async fn connect(&self) -> Result<Arc<dyn Source>> {

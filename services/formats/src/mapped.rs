@@ -151,7 +151,15 @@ impl MappedSource {
         (guest, host, len): (u64, u64, u64),
     ) -> Result<IoBuf> {
         buf.set_view(base + (guest - offset) as usize, len as usize);
-        self.file.read_at(host, buf).await
+        let block = u64::from(self.file.caps().block.minimum.max(1));
+        if host.is_multiple_of(block) && len.is_multiple_of(block) {
+            return self.file.read_at(host, buf).await;
+        }
+        // A byte source that reads whole blocks only (an iSCSI LUN) and a run that does
+        // not start or end on one (VHD blocks are 512-byte aligned): widen and copy.
+        let bytes = crate::qcow2::read_bytes(self.file.as_ref(), host, len).await?;
+        buf.copy_from_slice(&bytes);
+        Ok(buf)
     }
 
     fn context(&self, e: Error, operation: &'static str, offset: u64) -> Error {
@@ -170,9 +178,15 @@ impl Source for MappedSource {
     }
 
     fn caps(&self) -> Caps {
+        let file = self.file.caps();
+        // Runs off the file's blocks are widened in `read_run`: any guest range reads.
         Caps {
             extents: true,
-            ..self.file.caps()
+            block: ferry_core::BlockSizes {
+                minimum: 1,
+                ..file.block
+            },
+            ..file
         }
     }
 

@@ -233,7 +233,7 @@ async fn open_vm_format(
         }
         Detected::Vhdx => {
             let (image, layout) = crate::vhdx::open_vhdx(bytes).await?;
-            (image, String::new(), Some(layout.block_size))
+            (image, layout.subformat.into(), Some(layout.block_size))
         }
         _ => {
             let (image, header) = crate::vdi::open_vdi(bytes).await?;

@@ -252,8 +252,7 @@ pub async fn open_vhd(file: Arc<dyn Source>) -> Result<(Arc<dyn Source>, VhdInfo
             if disk_type == TYPE_DIFFERENCING {
                 return Err(Error::unsupported(format!(
                     "the VHD is a differencing image (its parent is {:?}); differencing VHDs \
-                     are not supported: convert the chain to one image first (qemu-img \
-                     convert)",
+                     are not supported: merge it into its parent first (Hyper-V's Merge-VHD)",
                     header.parent_name
                 )));
             }

@@ -125,6 +125,8 @@ impl Regions {
 /// Everything needed to read the payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
+    /// `fixed` or `dynamic`, as the file parameters say.
+    pub subformat: &'static str,
     pub virtual_size: u64,
     pub block_size: u64,
     pub logical_sector_size: u32,
@@ -138,6 +140,8 @@ pub struct Layout {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Metadata {
     pub block_size: u32,
+    /// Blocks stay allocated (a fixed VHDX).
+    pub leave_allocated: bool,
     pub has_parent: bool,
     pub virtual_size: u64,
     pub logical_sector_size: u32,
@@ -175,6 +179,7 @@ impl Metadata {
         let sector = item(LOGICAL_SECTOR_SIZE, 4)?.ok_or_else(|| missing("logical sector size"))?;
         Ok(Self {
             block_size: le32(params, 0),
+            leave_allocated: le32(params, 4) & 1 != 0,
             has_parent: le32(params, 4) & 2 != 0,
             virtual_size: le64(size, 0),
             logical_sector_size: le32(sector, 0),
@@ -186,7 +191,7 @@ impl Metadata {
         if self.has_parent {
             return Err(Error::unsupported(
                 "the VHDX is a differencing image (it has a parent); differencing VHDX images \
-                 are not supported: convert the chain to one image first (qemu-img convert)",
+                 are not supported: merge it into its parent first (Hyper-V's Merge-VHD)",
             ));
         }
         let bs = u64::from(self.block_size);
@@ -225,6 +230,11 @@ impl Metadata {
             )));
         }
         Ok(Layout {
+            subformat: if self.leave_allocated {
+                "fixed"
+            } else {
+                "dynamic"
+            },
             virtual_size: self.virtual_size,
             block_size: bs,
             logical_sector_size: lss,
@@ -314,6 +324,7 @@ mod tests {
     fn layout_follows_the_chunk_ratio() {
         let m = Metadata {
             block_size: 32 << 20,
+            leave_allocated: false,
             has_parent: false,
             virtual_size: 4 << 30,
             logical_sector_size: 512,
