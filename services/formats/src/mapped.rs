@@ -210,7 +210,11 @@ impl Source for MappedSource {
                         .map_err(|e| self.context(e, "extents", pos))?;
                     Extent::data(pos, piece)
                 }
-                Place::Compressed(_) => Extent::data(pos, piece),
+                Place::Compressed(host) => {
+                    self.check_host(host, 1)
+                        .map_err(|e| self.context(e, "extents", pos))?;
+                    Extent::data(pos, piece)
+                }
                 Place::Zero => Extent::zero(pos, piece),
             });
             pos += piece;
