@@ -27,7 +27,7 @@ def made(env, image, name, fmt, options):
         return path
     if not path.exists() or path.stat().st_mtime < image.path.stat().st_mtime:
         env.log(f"making {path}")
-        tmp = path.with_suffix(".part")
+        tmp = path.with_name(path.name + ".part")
         subprocess.run(["qemu-img", "convert", "-m", "8", "-W", "-f", "raw", "-O", fmt,
                         *options, str(image.path), str(tmp)], check=True)
         os.replace(tmp, path)
