@@ -394,3 +394,41 @@ fn a_descriptor_extent_outside_its_directory_is_refused() {
     let line = copy_fails(dir.path(), &evil, &[]);
     assert!(line.contains("only files beside the descriptor"), "{line}");
 }
+
+#[test]
+fn a_vmdk_snapshot_delta_is_refused_not_read_without_its_parent() {
+    let dir = scratch_dir();
+    let base = dir.path().join("base.vmdk");
+    let top = dir.path().join("top.vmdk");
+    sh("qemu-img", &["create", "-q", "-f", "vmdk", s(&base), "16M"]);
+    sh(
+        "qemu-io",
+        &["-f", "vmdk", "-c", "write -P 0x11 0 1M", s(&base)],
+    );
+    sh(
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "vmdk",
+            "-b",
+            "base.vmdk",
+            "-F",
+            "vmdk",
+            s(&top),
+        ],
+    );
+    sh(
+        "qemu-io",
+        &["-f", "vmdk", "-c", "write -P 0x22 4M 1M", s(&top)],
+    );
+    let line = copy_fails(dir.path(), &top, &[]);
+    assert!(line.contains("parent"), "{line}");
+    let out = dir.path().join("base.raw");
+    ferry!().run(["copy", s(&base), s(&out)]).assert_success();
+    sh(
+        "qemu-img",
+        &["compare", "-f", "vmdk", "-F", "raw", s(&base), s(&out)],
+    );
+}

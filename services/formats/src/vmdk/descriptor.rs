@@ -64,6 +64,34 @@ pub fn check_extent_name(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// What a sparse extent's embedded descriptor says: its createType, and refuses a
+/// parent (a snapshot delta read alone would silently lack its parent's data).
+pub fn embedded(text: &[u8]) -> Result<Option<String>> {
+    let text = String::from_utf8_lossy(text);
+    let mut create_type = None;
+    for line in text.trim_end_matches('\0').lines().map(str::trim) {
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        let value = value.trim().trim_matches('"');
+        match key.trim() {
+            "createType" => create_type = Some(value.to_owned()),
+            "parentCID" if !value.eq_ignore_ascii_case("ffffffff") => {
+                return Err(parent_error());
+            }
+            _ => {}
+        }
+    }
+    Ok(create_type)
+}
+
+fn parent_error() -> Error {
+    Error::unsupported(
+        "the VMDK has a parent (parentCID): VMDK snapshot chains are not supported; \
+         convert the chain to one image first (qemu-img convert)",
+    )
+}
+
 /// Parses descriptor text.
 pub fn parse(text: &[u8]) -> Result<Descriptor> {
     let text = std::str::from_utf8(text)
@@ -80,10 +108,7 @@ pub fn parse(text: &[u8]) -> Result<Descriptor> {
             match key.trim() {
                 "createType" => create_type = Some(value.to_owned()),
                 "parentCID" if !value.eq_ignore_ascii_case("ffffffff") => {
-                    return Err(Error::unsupported(
-                        "the VMDK has a parent (parentCID): VMDK snapshot chains are not \
-                         supported; convert the chain to one image first (qemu-img convert)",
-                    ))
+                    return Err(parent_error())
                 }
                 _ => {}
             }
@@ -177,6 +202,15 @@ mod tests {
         assert_eq!(d.extents[1].file.as_deref(), Some("d s002.vmdk"));
         assert_eq!(d.extents[1].kind, ExtentKind::Sparse);
         assert_eq!(d.extents[2].kind, ExtentKind::Zero);
+    }
+
+    #[test]
+    fn an_embedded_descriptor_names_its_type_and_refuses_a_parent() {
+        let text = b"# Disk DescriptorFile\nCID=1\nparentCID=ffffffff\ncreateType=\"streamOptimized\"\n\0\0";
+        assert_eq!(embedded(text).unwrap().as_deref(), Some("streamOptimized"));
+        assert_eq!(embedded(b"\0\0\0").unwrap(), None);
+        let err = embedded(b"parentCID=8c1d2e3f\ncreateType=\"monolithicSparse\"\n").unwrap_err();
+        assert_eq!(err.kind(), ferry_core::ErrorKind::Unsupported);
     }
 
     #[test]

@@ -35,8 +35,10 @@ pub async fn open_vmdk(
 ) -> Result<(Arc<dyn Source>, VmdkInfo)> {
     let head = read_meta(file.as_ref(), 0, file.size().min(512), "VMDK header").await?;
     if head.len() >= 4 && mapped_magic(&head) {
+        let header = sparse::read_header(file.as_ref()).await?;
+        let embedded = embedded_descriptor(file.as_ref(), &header).await?;
         let (image, header) = sparse::open_sparse(file, None).await?;
-        let subformat = if header.compressed() {
+        let fallback = if header.compressed() {
             "streamOptimized"
         } else {
             "monolithicSparse"
@@ -44,7 +46,7 @@ pub async fn open_vmdk(
         return Ok((
             image,
             VmdkInfo {
-                subformat: subformat.into(),
+                subformat: embedded.unwrap_or_else(|| fallback.to_owned()),
                 grain_size: Some(header.grain_sectors * 512),
                 extents: Vec::new(),
             },
@@ -109,6 +111,26 @@ pub async fn open_vmdk(
             extents: names,
         },
     ))
+}
+
+/// The createType of the descriptor a sparse extent embeds (bounded; a parent refused).
+async fn embedded_descriptor(
+    file: &dyn Source,
+    header: &sparse::SparseHeader,
+) -> Result<Option<String>> {
+    if header.descriptor_offset == 0 || header.descriptor_size == 0 {
+        return Ok(None);
+    }
+    let len = header
+        .descriptor_size
+        .saturating_mul(512)
+        .min(descriptor::MAX_DESCRIPTOR);
+    let at = header
+        .descriptor_offset
+        .checked_mul(512)
+        .ok_or_else(|| corrupt("the VMDK descriptor offset overflows"))?;
+    let text = read_meta(file, at, len, "VMDK embedded descriptor").await?;
+    descriptor::embedded(&text)
 }
 
 fn mapped_magic(head: &[u8]) -> bool {
