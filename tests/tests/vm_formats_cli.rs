@@ -212,6 +212,17 @@ fn an_ova_copies_its_disk_from_a_file_and_over_http() {
     assert_eq!(json["subformat"], "vmdk streamOptimized", "{json}");
     assert_eq!(json["virtual_size"], 64 * MIB, "{json}");
     assert_eq!(json["disks"][0]["name"], "disk1.vmdk", "{json}");
+    // A tar that does not start with an OVF is no OVA: it is copied as its bytes.
+    let tar = dir.path().join("plain.tar");
+    let status = Command::new("tar")
+        .args(["-C", s(dir.path()), "-cf", s(&tar), "src.raw"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(info_json(s(&tar), &[])["format"], "raw");
+    let _ = std::fs::remove_file(&out);
+    ferry!().run(["copy", s(&tar), s(&out)]).assert_success();
+    qemu_img_compare(&tar, &out);
 }
 
 #[test]

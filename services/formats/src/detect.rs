@@ -64,7 +64,7 @@ pub fn detect(head: &[u8]) -> Detected {
         Detected::Vhd
     } else if head.len() >= 0x44 && head[0x40..0x44] == crate::vdi::SIGNATURE.to_le_bytes() {
         Detected::Vdi
-    } else if crate::tar::looks_like_tar(head) {
+    } else if crate::tar::looks_like_ova(head) {
         Detected::Ova
     } else if head.starts_with(&[0x1f, 0x8b]) {
         Detected::Gzip
@@ -195,6 +195,12 @@ mod tests {
         assert_eq!(detect(&vdi), Detected::Vdi);
         let mut tar = vec![0u8; 512];
         tar[257..263].copy_from_slice(b"ustar\0");
+        assert_eq!(
+            detect(&tar),
+            Detected::Raw,
+            "a tar without an OVF first stays raw"
+        );
+        tar[..6].copy_from_slice(b"vm.ovf");
         assert_eq!(detect(&tar), Detected::Ova);
         assert!(detect_tail(b"conectix\0\0\0\x02"));
         assert!(!detect_tail(b"connectix"));

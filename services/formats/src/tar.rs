@@ -28,6 +28,17 @@ pub fn looks_like_tar(head: &[u8]) -> bool {
     head.len() >= 263 && &head[257..262] == b"ustar"
 }
 
+/// Whether `head` (the first 512 bytes) starts an OVA: a tar whose first file is the OVF
+/// descriptor, as the OVF specification requires (or whose first header is a GNU long
+/// name or pax record, which the listing resolves). Any other tar is left raw.
+pub fn looks_like_ova(head: &[u8]) -> bool {
+    if !looks_like_tar(head) {
+        return false;
+    }
+    let name = text(&head[..100]).to_ascii_lowercase();
+    name.ends_with(".ovf") || matches!(head[156], b'L' | b'x')
+}
+
 /// An octal (or GNU base-256) number field.
 fn number(field: &[u8]) -> Result<u64> {
     if field.first().is_some_and(|b| b & 0x80 != 0) {
@@ -201,7 +212,8 @@ mod tests {
     #[tokio::test]
     async fn lists_files_with_their_places() {
         let tar = archive(&[("vm.ovf", b"<Envelope/>"), ("disk1.vmdk", &[7u8; 1000])]);
-        assert!(looks_like_tar(&tar));
+        assert!(looks_like_tar(&tar) && looks_like_ova(&tar));
+        assert!(!looks_like_ova(&archive(&[("notes.txt", b"x")])));
         let list = entries(&MemSource::new(tar)).await.unwrap();
         assert_eq!(list.len(), 2);
         assert_eq!(list[1].name, "disk1.vmdk");
