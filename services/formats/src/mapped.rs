@@ -124,6 +124,12 @@ impl MappedSource {
                 buf.set_view(at, len as usize);
                 match place {
                     Place::Zero => buf.fill(0),
+                    // A whole block decompresses straight into the caller's buffer.
+                    Place::Compressed(host) if within == 0 && len == bs => {
+                        self.map
+                            .decompress(self.file.as_ref(), host, &mut buf)
+                            .await?;
+                    }
                     Place::Compressed(host) => {
                         let mut block = vec![0u8; bs as usize];
                         self.map

@@ -252,32 +252,37 @@ impl BlockMap for SparseMap {
 
     async fn decompress(&self, file: &dyn Source, offset: u64, out: &mut [u8]) -> Result<()> {
         let grain = self.header.grain_bytes();
-        let (skip, most) = if self.header.markers() {
-            (12, 2 * grain + 12)
-        } else {
-            (0, 2 * grain)
+        let avail = file.size().saturating_sub(offset);
+        let past_end = |size: u64| {
+            corrupt(format!(
+                "the compressed VMDK grain at file offset {offset} ({size} bytes) is past the \
+                 end of the image file or larger than two grains"
+            ))
         };
-        let len = most.min(file.size().saturating_sub(offset));
-        if len <= skip {
-            return Err(corrupt(format!(
-                "the compressed VMDK grain at file offset {offset} is past the end of the \
-                 image file"
-            )));
-        }
-        let bytes = read_meta(file, offset, len, "compressed VMDK grain").await?;
-        let data = if self.header.markers() {
-            let size = u64::from(le32(&bytes, 8));
-            if size == 0 || size + 12 > len {
-                return Err(corrupt(format!(
-                    "the compressed VMDK grain at file offset {offset} says it is {size} \
-                     bytes, past the end of the image file or larger than two grains"
-                )));
+        if !self.header.markers() {
+            // No length recorded: read as much as a grain can take (qemu's bound).
+            let len = (2 * grain).min(avail);
+            if len == 0 {
+                return Err(past_end(0));
             }
-            &bytes[12..12 + size as usize]
-        } else {
-            &bytes[..]
-        };
-        inflate_grain(data, out)
+            let bytes = read_meta(file, offset, len, "compressed VMDK grain").await?;
+            return inflate_grain(&bytes, out);
+        }
+        // Deflate expands incompressible data by a few bytes per 64 KiB: a grain and a
+        // sector covers nearly every grain in one read; a longer one is read again.
+        let first = (grain + 512 + 12).min(avail);
+        if first <= 12 {
+            return Err(past_end(0));
+        }
+        let mut bytes = read_meta(file, offset, first, "compressed VMDK grain").await?;
+        let size = u64::from(le32(&bytes, 8));
+        if size == 0 || size > 2 * grain || size + 12 > avail {
+            return Err(past_end(size));
+        }
+        if size + 12 > first {
+            bytes = read_meta(file, offset, size + 12, "compressed VMDK grain").await?;
+        }
+        inflate_grain(&bytes[12..12 + size as usize], out)
     }
 }
 
