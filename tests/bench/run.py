@@ -66,7 +66,7 @@ def main() -> int:
                       workdir=workdir, repeat=args.repeat, quick=args.quick, log=log)
     try:
         env.dry = args.list
-        all_cases = case_registry.load(env)
+        all_cases = case_registry.load(env, args.only)
         if args.only:
             selected = [c for c in all_cases if any(t in c.name for t in args.only)]
         else:

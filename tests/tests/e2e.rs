@@ -47,3 +47,4 @@ mod service_s3;
 mod service_schedules;
 mod snapshot_pages;
 mod verify_larger_target;
+mod vm_formats_cli;

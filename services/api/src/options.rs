@@ -85,6 +85,11 @@ pub fn source_format(v: i32) -> Result<SourceFormat> {
         Ok(proto::ImageFormat::Gz) => Ok(SourceFormat::Gzip),
         Ok(proto::ImageFormat::Xz) => Ok(SourceFormat::Xz),
         Ok(proto::ImageFormat::Zst) => Ok(SourceFormat::Zstd),
+        Ok(proto::ImageFormat::Vmdk) => Ok(SourceFormat::Vmdk),
+        Ok(proto::ImageFormat::Ova) => Ok(SourceFormat::Ova),
+        Ok(proto::ImageFormat::Vhd) => Ok(SourceFormat::Vhd),
+        Ok(proto::ImageFormat::Vhdx) => Ok(SourceFormat::Vhdx),
+        Ok(proto::ImageFormat::Vdi) => Ok(SourceFormat::Vdi),
         Err(_) => Err(invalid(format!("format {v} is not an ImageFormat"))),
     }
 }
@@ -98,6 +103,11 @@ impl From<SourceFormat> for proto::ImageFormat {
             SourceFormat::Gzip => proto::ImageFormat::Gz,
             SourceFormat::Xz => proto::ImageFormat::Xz,
             SourceFormat::Zstd => proto::ImageFormat::Zst,
+            SourceFormat::Vmdk => proto::ImageFormat::Vmdk,
+            SourceFormat::Ova => proto::ImageFormat::Ova,
+            SourceFormat::Vhd => proto::ImageFormat::Vhd,
+            SourceFormat::Vhdx => proto::ImageFormat::Vhdx,
+            SourceFormat::Vdi => proto::ImageFormat::Vdi,
         }
     }
 }
@@ -258,6 +268,11 @@ mod tests {
             SourceFormat::Gzip,
             SourceFormat::Xz,
             SourceFormat::Zstd,
+            SourceFormat::Vmdk,
+            SourceFormat::Ova,
+            SourceFormat::Vhd,
+            SourceFormat::Vhdx,
+            SourceFormat::Vdi,
         ] {
             assert_eq!(
                 source_format(proto::ImageFormat::from(f) as i32).unwrap(),

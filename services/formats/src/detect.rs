@@ -11,6 +11,11 @@ pub enum Detected {
     Gzip,
     Xz,
     Zstd,
+    Vmdk,
+    Ova,
+    Vhd,
+    Vhdx,
+    Vdi,
 }
 
 impl Detected {
@@ -22,6 +27,11 @@ impl Detected {
             Self::Gzip => "gz",
             Self::Xz => "xz",
             Self::Zstd => "zst",
+            Self::Vmdk => "vmdk",
+            Self::Ova => "ova",
+            Self::Vhd => "vhd",
+            Self::Vhdx => "vhdx",
+            Self::Vdi => "vdi",
         }
     }
 
@@ -37,14 +47,25 @@ impl fmt::Display for Detected {
     }
 }
 
-/// The number of leading bytes [`detect`] looks at.
-pub const MAGIC_LEN: usize = 6;
+/// The number of leading bytes [`detect`] looks at (a tar's magic is at 257, VDI's at 64).
+pub const MAGIC_LEN: usize = 512;
 
 /// Names the format of an image from its first bytes (at least [`MAGIC_LEN`] when the
-/// image has that many); anything unrecognised is raw.
+/// image has that many); anything unrecognised is raw. A fixed VHD has no header: see
+/// [`detect_tail`].
 pub fn detect(head: &[u8]) -> Detected {
     if head.starts_with(b"QFI\xfb") {
         Detected::Qcow2
+    } else if head.starts_with(b"KDMV") || crate::vmdk::descriptor::looks_like_descriptor(head) {
+        Detected::Vmdk
+    } else if head.starts_with(crate::vhdx::header::FILE_SIGNATURE) {
+        Detected::Vhdx
+    } else if head.starts_with(crate::vhd::FOOTER_COOKIE) {
+        Detected::Vhd
+    } else if head.len() >= 0x44 && head[0x40..0x44] == crate::vdi::SIGNATURE.to_le_bytes() {
+        Detected::Vdi
+    } else if crate::tar::looks_like_ova(head) {
+        Detected::Ova
     } else if head.starts_with(&[0x1f, 0x8b]) {
         Detected::Gzip
     } else if head.starts_with(&[0xfd, 0x37, 0x7a, 0x58, 0x5a, 0x00]) {
@@ -54,6 +75,11 @@ pub fn detect(head: &[u8]) -> Detected {
     } else {
         Detected::Raw
     }
+}
+
+/// Whether the last 512 bytes of an image are a VHD footer (a fixed VHD).
+pub fn detect_tail(tail: &[u8]) -> bool {
+    tail.starts_with(crate::vhd::FOOTER_COOKIE)
 }
 
 /// A zstd skippable frame (pzstd's output starts with one).
@@ -77,6 +103,16 @@ pub enum SourceFormat {
     Xz,
     /// Insist on a zstd stream of a raw image.
     Zstd,
+    /// Insist on VMDK (sparse, streamOptimized, or a descriptor with its extents).
+    Vmdk,
+    /// Insist on an OVA (a tar with an OVF and disks).
+    Ova,
+    /// Insist on VHD (fixed or dynamic).
+    Vhd,
+    /// Insist on VHDX.
+    Vhdx,
+    /// Insist on VDI.
+    Vdi,
 }
 
 impl SourceFormat {
@@ -89,6 +125,11 @@ impl SourceFormat {
             Self::Gzip => Some(Detected::Gzip),
             Self::Xz => Some(Detected::Xz),
             Self::Zstd => Some(Detected::Zstd),
+            Self::Vmdk => Some(Detected::Vmdk),
+            Self::Ova => Some(Detected::Ova),
+            Self::Vhd => Some(Detected::Vhd),
+            Self::Vhdx => Some(Detected::Vhdx),
+            Self::Vdi => Some(Detected::Vdi),
         }
     }
 
@@ -109,8 +150,14 @@ impl FromStr for SourceFormat {
             "gz" | "gzip" => Ok(Self::Gzip),
             "xz" => Ok(Self::Xz),
             "zst" | "zstd" => Ok(Self::Zstd),
+            "vmdk" => Ok(Self::Vmdk),
+            "ova" => Ok(Self::Ova),
+            "vhd" | "vpc" => Ok(Self::Vhd),
+            "vhdx" => Ok(Self::Vhdx),
+            "vdi" => Ok(Self::Vdi),
             other => Err(format!(
-                "unknown format {other:?}: expected auto, raw, qcow2, gz, xz or zst"
+                "unknown format {other:?}: expected auto, raw, qcow2, gz, xz, zst, vmdk, ova, \
+                 vhd, vhdx or vdi"
             )),
         }
     }
@@ -135,6 +182,31 @@ mod tests {
     }
 
     #[test]
+    fn detects_the_virtual_machine_formats() {
+        assert_eq!(detect(b"KDMV\x01\0\0\0"), Detected::Vmdk);
+        assert_eq!(
+            detect(b"# Disk DescriptorFile\nversion=1\n"),
+            Detected::Vmdk
+        );
+        assert_eq!(detect(b"vhdxfile\0\0"), Detected::Vhdx);
+        assert_eq!(detect(b"conectix\0\0"), Detected::Vhd);
+        let mut vdi = vec![0u8; 512];
+        vdi[0x40..0x44].copy_from_slice(&[0x7f, 0x10, 0xda, 0xbe]);
+        assert_eq!(detect(&vdi), Detected::Vdi);
+        let mut tar = vec![0u8; 512];
+        tar[257..263].copy_from_slice(b"ustar\0");
+        assert_eq!(
+            detect(&tar),
+            Detected::Raw,
+            "a tar without an OVF first stays raw"
+        );
+        tar[..6].copy_from_slice(b"vm.ovf");
+        assert_eq!(detect(&tar), Detected::Ova);
+        assert!(detect_tail(b"conectix\0\0\0\x02"));
+        assert!(!detect_tail(b"connectix"));
+    }
+
+    #[test]
     fn parses_source_format() {
         assert_eq!("auto".parse(), Ok(SourceFormat::Auto));
         assert_eq!("raw".parse(), Ok(SourceFormat::Raw));
@@ -143,8 +215,11 @@ mod tests {
         assert_eq!("gzip".parse(), Ok(SourceFormat::Gzip));
         assert_eq!("xz".parse(), Ok(SourceFormat::Xz));
         assert_eq!("zst".parse(), Ok(SourceFormat::Zstd));
-        assert!("vmdk".parse::<SourceFormat>().is_err());
-        for name in ["auto", "raw", "qcow2", "gz", "xz", "zst"] {
+        assert!("vmdk4".parse::<SourceFormat>().is_err());
+        assert_eq!("vpc".parse(), Ok(SourceFormat::Vhd));
+        for name in [
+            "auto", "raw", "qcow2", "gz", "xz", "zst", "vmdk", "ova", "vhd", "vhdx", "vdi",
+        ] {
             assert_eq!(name.parse::<SourceFormat>().unwrap().as_str(), name);
         }
     }

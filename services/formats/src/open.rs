@@ -1,7 +1,8 @@
 //! [`open_image`]: from the bytes an endpoint gives to the image they hold.
 //!
-//! Detects (or takes the caller's word for) the format, opens qcow2 or a compressed
-//! stream over the bytes, and follows a backing chain only through the caller's
+//! Detects (or takes the caller's word for) the format, opens qcow2, VMDK, OVA, VHD,
+//! VHDX, VDI or a compressed stream over the bytes, opens a VMDK descriptor's extent
+//! files through the caller's [`ExtentFiles`] opener, and follows a backing chain only through the caller's
 //! [`BackingOpener`]: a backing name comes from the image, so it is untrusted; the opener
 //! decides how (and whether) a name resolves, this module bounds the chain's depth and
 //! refuses loops.
@@ -9,9 +10,10 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use ferry_core::{Error, ErrorKind, IoBuf, Result, Source};
+use ferry_core::{Error, ErrorKind, Result, Source};
 
-use crate::detect::{detect, Detected, SourceFormat, MAGIC_LEN};
+use crate::detect::{detect, detect_tail, Detected, SourceFormat, MAGIC_LEN};
+use crate::ova::OvaDisk;
 use crate::qcow2::{Qcow2Options, Qcow2Source};
 use crate::stream::{open_stream, StreamOptions};
 
@@ -49,6 +51,17 @@ impl std::fmt::Debug for Backing {
     }
 }
 
+/// How a VMDK descriptor's extent files are opened: through this opener (which must
+/// resolve a plain name beside the descriptor), or not at all.
+#[derive(Clone, Default)]
+pub struct ExtentFiles(pub Option<Arc<dyn BackingOpener>>);
+
+impl std::fmt::Debug for ExtentFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "Open" } else { "Refuse" })
+    }
+}
+
 /// How to open an image.
 #[derive(Debug, Clone, Default)]
 pub struct OpenOptions {
@@ -57,6 +70,10 @@ pub struct OpenOptions {
     pub backing: Backing,
     /// Size and prescan of compressed streams.
     pub stream: StreamOptions,
+    /// The disk of an OVA to read (numbered from 0); `None`: the only one.
+    pub disk: Option<usize>,
+    /// Opens a VMDK descriptor's extent files.
+    pub extents: ExtentFiles,
 }
 
 /// What `ferry info` reports about an image.
@@ -76,6 +93,34 @@ pub struct ImageInfo {
     pub backing_chain: Vec<String>,
     /// For a zstd image read frame by frame in parallel: how many frames.
     pub parallel_frames: Option<u64>,
+    /// The variant of the format: a VMDK's createType (monolithicSparse,
+    /// streamOptimized, ...), VHD's fixed or dynamic, VDI's static or dynamic; for an OVA,
+    /// the chosen disk's format and variant.
+    pub subformat: Option<String>,
+    /// An OVA's disks, in archive order.
+    pub disks: Vec<OvaDisk>,
+    /// The OVA disk read (an index into `disks`).
+    pub disk: Option<usize>,
+}
+
+impl ImageInfo {
+    /// What is known of any image: its format and sizes.
+    pub fn plain(format: Detected, virtual_size: u64, file_size: u64) -> Self {
+        Self {
+            format,
+            virtual_size,
+            file_size,
+            cluster_size: None,
+            version: None,
+            extended_l2: false,
+            compression: None,
+            backing_chain: Vec::new(),
+            parallel_frames: None,
+            subformat: None,
+            disks: Vec::new(),
+            disk: None,
+        }
+    }
 }
 
 /// Where the backing file `name` of the file image `image` (its [`Source::describe`])
@@ -107,26 +152,25 @@ pub async fn open_image(
 }
 
 async fn sniff(bytes: &dyn Source) -> Result<Detected> {
-    let len = bytes.size().min(MAGIC_LEN as u64) as usize;
+    let size = bytes.size();
+    let len = size.min(MAGIC_LEN as u64) as usize;
     if len == 0 {
         return Ok(Detected::Raw);
     }
-    let head = bytes.read_at(0, IoBuf::new(len)).await?;
-    Ok(detect(&head))
+    let head = crate::qcow2::read_bytes(bytes, 0, len as u64).await?;
+    let found = detect(&head);
+    // A fixed VHD has only a footer; a compressed stream cannot be read from its end.
+    if found == Detected::Raw && size >= 1024 && !bytes.caps().sequential_read {
+        let tail = crate::qcow2::read_bytes(bytes, size - 512, 512).await?;
+        if detect_tail(&tail) {
+            return Ok(Detected::Vhd);
+        }
+    }
+    Ok(found)
 }
 
 fn raw_info(bytes: &dyn Source) -> ImageInfo {
-    ImageInfo {
-        format: Detected::Raw,
-        virtual_size: bytes.size(),
-        file_size: bytes.size(),
-        cluster_size: None,
-        version: None,
-        extended_l2: false,
-        compression: None,
-        backing_chain: Vec::new(),
-        parallel_frames: None,
-    }
+    ImageInfo::plain(Detected::Raw, bytes.size(), bytes.size())
 }
 
 /// Opens one layer of the chain; `seen` names every layer above it.
@@ -159,10 +203,80 @@ async fn open_layer(
             Ok((bytes, info))
         }
         Detected::Qcow2 => Box::pin(open_qcow2(bytes, options, seen)).await,
+        Detected::Vmdk | Detected::Vhd | Detected::Vhdx | Detected::Vdi => {
+            open_vm_format(bytes, detected, options.extents.0.as_deref())
+                .await
+                .map_err(ctx)
+        }
+        Detected::Ova => Box::pin(open_ova(bytes, options, seen)).await.map_err(ctx),
         compressed => open_compressed(bytes, compressed, &options.stream)
             .await
             .map_err(ctx),
     }
+}
+
+/// A VMDK, VHD, VHDX or VDI image.
+async fn open_vm_format(
+    bytes: Arc<dyn Source>,
+    kind: Detected,
+    extents: Option<&dyn BackingOpener>,
+) -> Result<(Arc<dyn Source>, ImageInfo)> {
+    let file_size = bytes.size();
+    let (image, subformat, cluster_size): (Arc<dyn Source>, String, Option<u64>) = match kind {
+        Detected::Vmdk => {
+            let (image, info) = crate::vmdk::open_vmdk(bytes, extents).await?;
+            (image, info.subformat, info.grain_size)
+        }
+        Detected::Vhd => {
+            let (image, info) = crate::vhd::open_vhd(bytes).await?;
+            (image, info.footer.subformat().into(), info.block_size)
+        }
+        Detected::Vhdx => {
+            let (image, layout) = crate::vhdx::open_vhdx(bytes).await?;
+            (image, layout.subformat.into(), Some(layout.block_size))
+        }
+        _ => {
+            let (image, header) = crate::vdi::open_vdi(bytes).await?;
+            (image, header.subformat().into(), Some(header.block_size))
+        }
+    };
+    let mut info = ImageInfo::plain(kind, image.size(), file_size);
+    info.cluster_size = cluster_size;
+    info.subformat = (!subformat.is_empty()).then_some(subformat);
+    Ok((image, info))
+}
+
+/// The chosen disk of an OVA, opened as the image it is.
+async fn open_ova(
+    bytes: Arc<dyn Source>,
+    options: &OpenOptions,
+    seen: &mut Vec<String>,
+) -> Result<(Arc<dyn Source>, ImageInfo)> {
+    let file_size = bytes.size();
+    let (disk, disks, index) = crate::ova::open_ova(bytes, options.disk).await?;
+    // A disk inside the archive has no directory of its own: a descriptor VMDK's extents
+    // cannot be resolved, and an OVA inside an OVA is refused.
+    let inner_options = OpenOptions {
+        extents: ExtentFiles(None),
+        ..options.clone()
+    };
+    let (image, inner) = open_layer(disk, SourceFormat::Auto, &inner_options, seen).await?;
+    if matches!(inner.format, Detected::Ova) || inner.format.is_compressed_stream() {
+        return Err(Error::unsupported(format!(
+            "the OVA's disk {:?} is a {}, which is not read inside an OVA",
+            disks[index].name, inner.format
+        )));
+    }
+    let mut info = inner.clone();
+    info.format = Detected::Ova;
+    info.file_size = file_size;
+    info.subformat = Some(match inner.subformat {
+        Some(sub) => format!("{} {sub}", inner.format),
+        None => inner.format.to_string(),
+    });
+    info.disks = disks;
+    info.disk = Some(index);
+    Ok((image, info))
 }
 
 /// A raw image compressed with gzip, xz or zstd.
@@ -173,17 +287,8 @@ async fn open_compressed(
 ) -> Result<(Arc<dyn Source>, ImageInfo)> {
     let file_size = bytes.size();
     let (image, layout) = open_stream(bytes, kind, options).await?;
-    let info = ImageInfo {
-        format: kind,
-        virtual_size: layout.size,
-        file_size,
-        cluster_size: None,
-        version: None,
-        extended_l2: false,
-        compression: None,
-        backing_chain: Vec::new(),
-        parallel_frames: layout.parallel_frames,
-    };
+    let mut info = ImageInfo::plain(kind, layout.size, file_size);
+    info.parallel_frames = layout.parallel_frames;
     Ok((image, info))
 }
 
@@ -194,17 +299,11 @@ async fn open_qcow2(
 ) -> Result<(Arc<dyn Source>, ImageInfo)> {
     let mut image = Qcow2Source::open(bytes.clone(), &options.qcow2).await?;
     let h = image.header().clone();
-    let mut info = ImageInfo {
-        format: Detected::Qcow2,
-        virtual_size: h.size,
-        file_size: bytes.size(),
-        cluster_size: Some(h.cluster_size()),
-        version: Some(h.version),
-        extended_l2: h.extended_l2,
-        compression: Some(h.compression.as_str()),
-        backing_chain: Vec::new(),
-        parallel_frames: None,
-    };
+    let mut info = ImageInfo::plain(Detected::Qcow2, h.size, bytes.size());
+    info.cluster_size = Some(h.cluster_size());
+    info.version = Some(h.version);
+    info.extended_l2 = h.extended_l2;
+    info.compression = Some(h.compression.as_str());
     let Some(name) = image.backing_name().map(str::to_owned) else {
         return Ok((Arc::new(image), info));
     };

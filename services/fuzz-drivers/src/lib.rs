@@ -17,7 +17,9 @@ pub mod nfs;
 pub mod seeds;
 pub mod smoke;
 
-pub use formats::{compressed_stream, qcow2_image};
+pub use formats::{
+    compressed_stream, ova_image, qcow2_image, vdi_image, vhd_image, vhdx_image, vmdk_image,
+};
 pub use http::http_headers;
 pub use iscsi::{iscsi_pdu, iscsi_session};
 pub use nbd::{nbd_handshake, nbd_parsers, nbd_replies};
@@ -60,4 +62,9 @@ pub const DRIVERS: &[Driver] = &[
     Driver { name: "qcow2_image", run: qcow2_image, seeds: seeds::qcow2_image, dict: "", inputs: 10_000, max_len: 16384 },
     Driver { name: "http_headers", run: http_headers, seeds: seeds::http_headers, dict: "", inputs: 100_000, max_len: 512 },
     Driver { name: "compressed_stream", run: compressed_stream, seeds: seeds::compressed_stream, dict: "", inputs: 3_000, max_len: 16384 },
+    Driver { name: "vmdk_image", run: vmdk_image, seeds: seeds::vmdk_image, dict: "", inputs: 5_000, max_len: 16384 },
+    Driver { name: "vhd_image", run: vhd_image, seeds: seeds::vhd_image, dict: "", inputs: 5_000, max_len: 16384 },
+    Driver { name: "vhdx_image", run: vhdx_image, seeds: seeds::vhdx_image, dict: "", inputs: 2_000, max_len: 32768 },
+    Driver { name: "vdi_image", run: vdi_image, seeds: seeds::vdi_image, dict: "", inputs: 5_000, max_len: 16384 },
+    Driver { name: "ova_image", run: ova_image, seeds: seeds::ova_image, dict: "", inputs: 5_000, max_len: 16384 },
 ];

@@ -612,6 +612,281 @@ pub fn compressed_stream() -> Vec<Seed> {
     ]
 }
 
+// ---------------------------------------------------------------------------------------
+// VMDK, VHD, VHDX, VDI, OVA: tiny valid images built here (the producers' smallest
+// images are megabytes: 64 KiB of VMDK metadata, 1-2 MiB blocks).
+
+fn put32le(f: &mut [u8], at: usize, v: u32) {
+    f[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+fn put64le(f: &mut [u8], at: usize, v: u64) {
+    f[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+/// A dynamic VDI of 4 blocks of 512 bytes: stored, unallocated, stored, discarded.
+pub fn vdi_bytes() -> Vec<u8> {
+    let mut f = vec![0u8; 0x200];
+    f[..40].copy_from_slice(b"<<< Oracle VM VirtualBox Disk Image >>>\n");
+    put32le(&mut f, 0x40, ferry_formats::vdi::SIGNATURE);
+    put32le(&mut f, 0x44, 0x0001_0001);
+    put32le(&mut f, 0x48, 0x190);
+    put32le(&mut f, 0x4c, 1);
+    put32le(&mut f, 0x154, 0x200);
+    put32le(&mut f, 0x158, 0x400);
+    put32le(&mut f, 0x168, 512);
+    put64le(&mut f, 0x170, 2048);
+    put32le(&mut f, 0x178, 512);
+    put32le(&mut f, 0x180, 4);
+    put32le(&mut f, 0x184, 2);
+    let mut map = vec![0u8; 0x200];
+    for (i, e) in [1u32, 0xffff_ffff, 0, 0xffff_fffe].iter().enumerate() {
+        put32le(&mut map, i * 4, *e);
+    }
+    f.extend(map);
+    f.extend([0xbb; 512]);
+    f.extend((0..512u32).map(|i| (i % 251) as u8));
+    f
+}
+
+pub fn vdi_image() -> Vec<Seed> {
+    vec![seed("dynamic", vdi_bytes())]
+}
+
+fn vhd_footer(disk_type: u32, creator: &[u8; 4], size: u64) -> Vec<u8> {
+    let mut f = vec![0u8; 512];
+    f[..8].copy_from_slice(b"conectix");
+    f[8..12].copy_from_slice(&2u32.to_be_bytes());
+    f[12..16].copy_from_slice(&0x0001_0000u32.to_be_bytes());
+    let data_offset: u64 = if disk_type == 2 { u64::MAX } else { 512 };
+    f[16..24].copy_from_slice(&data_offset.to_be_bytes());
+    f[28..32].copy_from_slice(creator);
+    f[40..48].copy_from_slice(&size.to_be_bytes());
+    f[48..56].copy_from_slice(&size.to_be_bytes());
+    f[56..58].copy_from_slice(&1u16.to_be_bytes());
+    f[58] = 1;
+    f[59] = (size / 512) as u8;
+    f[60..64].copy_from_slice(&disk_type.to_be_bytes());
+    let sum = f.iter().fold(0u32, |a, &x| a.wrapping_add(u32::from(x)));
+    f[64..68].copy_from_slice(&(!sum).to_be_bytes());
+    f
+}
+
+/// A dynamic VHD of two 4 KiB blocks (the second stored) and a fixed one of 8 KiB.
+pub fn vhd_image() -> Vec<Seed> {
+    let mut dynamic = vhd_footer(3, b"qemu", 8192);
+    let mut dh = vec![0u8; 1024];
+    dh[..8].copy_from_slice(b"cxsparse");
+    dh[8..16].copy_from_slice(&u64::MAX.to_be_bytes());
+    dh[16..24].copy_from_slice(&1536u64.to_be_bytes());
+    dh[24..28].copy_from_slice(&0x0001_0000u32.to_be_bytes());
+    dh[28..32].copy_from_slice(&2u32.to_be_bytes());
+    dh[32..36].copy_from_slice(&4096u32.to_be_bytes());
+    dynamic.extend(dh);
+    let mut bat = vec![0xffu8; 512];
+    bat[4..8].copy_from_slice(&4u32.to_be_bytes());
+    dynamic.extend(bat);
+    dynamic.extend([0xffu8; 512]);
+    dynamic.extend((0..4096u32).map(|i| (i % 253) as u8));
+    dynamic.extend(vhd_footer(3, b"qemu", 8192));
+    let mut fixed: Vec<u8> = (0..8192u32).map(|i| (i % 7) as u8).collect();
+    fixed.extend(vhd_footer(2, b"win ", 8192));
+    vec![seed("dynamic", dynamic), seed("fixed", fixed)]
+}
+
+fn zlib(data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(data).expect("in-memory zlib");
+    e.finish().expect("in-memory zlib")
+}
+
+/// A VMDK sparse header: `sectors` of capacity, 1-sector grains, 4 entries per table.
+fn vmdk_header(flags: u32, gd: u64, rgd: u64) -> Vec<u8> {
+    let mut h = vec![0u8; 512];
+    put32le(&mut h, 0, ferry_formats::vmdk::sparse::MAGIC);
+    put32le(&mut h, 4, if flags & (1 << 16) != 0 { 3 } else { 1 });
+    put32le(&mut h, 8, flags);
+    put64le(&mut h, 12, 8);
+    put64le(&mut h, 20, 1);
+    put32le(&mut h, 44, 4);
+    put64le(&mut h, 48, rgd);
+    put64le(&mut h, 56, gd);
+    put64le(&mut h, 64, 1);
+    h[73..77].copy_from_slice(b"\n \r\n");
+    if flags & (1 << 16) != 0 {
+        h[77] = 1;
+    }
+    h
+}
+
+/// The VMDK seeds: a monolithicSparse extent (GD, redundant GD, tables, a zero grain),
+/// a streamOptimized one (compressed grains with markers, GD at the end, footer), and
+/// monolithicFlat and twoGbMaxExtentSparse descriptors.
+pub fn vmdk_image() -> Vec<Seed> {
+    // Sparse: GD sector 1, RGD 2, GTs 3-4 (redundant 5-6), grains at 7 and 8.
+    let mut sparse = vmdk_header(0b11, 1, 2);
+    sparse.resize(9 * 512, 0);
+    for (gd, gts) in [(1usize, [3u32, 4]), (2, [5, 6])] {
+        put32le(&mut sparse, gd * 512, gts[0]);
+        put32le(&mut sparse, gd * 512 + 4, gts[1]);
+        put32le(&mut sparse, gts[0] as usize * 512, 7);
+        put32le(&mut sparse, gts[0] as usize * 512 + 4, 1);
+        put32le(&mut sparse, gts[1] as usize * 512 + 8, 8);
+    }
+    sparse[7 * 512..8 * 512].fill(0x71);
+    sparse[8 * 512..].fill(0x83);
+    // streamOptimized: header (GD at end), an empty sector, two compressed grains, GT,
+    // GD, footer, EOS.
+    let flags = 1 | (1 << 16) | (1 << 17);
+    let mut stream = vmdk_header(flags, u64::MAX, 0);
+    // The embedded descriptor's sector (a grain table entry of 1 means "zero grain").
+    stream.resize(1024, 0);
+    let mut grains = Vec::new();
+    for (lba, fill) in [(0u64, 0x5au8), (5, 0xa5)] {
+        grains.push((stream.len() / 512) as u32);
+        let z = zlib(&[fill; 512]);
+        let mut marker = vec![0u8; 12];
+        put64le(&mut marker, 0, lba);
+        put32le(&mut marker, 8, z.len() as u32);
+        stream.extend(marker);
+        stream.extend(z);
+        stream.resize(stream.len().div_ceil(512) * 512, 0);
+    }
+    let gts: Vec<u32> = (0..2).map(|i| (stream.len() / 512) as u32 + i).collect();
+    let mut tables = vec![0u8; 1024];
+    put32le(&mut tables, 0, grains[0]);
+    put32le(&mut tables, 512 + 4, grains[1]);
+    stream.extend(tables);
+    let gd_sector = (stream.len() / 512) as u64;
+    let mut gd = vec![0u8; 512];
+    put32le(&mut gd, 0, gts[0]);
+    put32le(&mut gd, 4, gts[1]);
+    stream.extend(gd);
+    let mut footer_marker = vec![0u8; 512];
+    put64le(&mut footer_marker, 0, 1);
+    put32le(&mut footer_marker, 12, 3);
+    stream.extend(footer_marker);
+    stream.extend(vmdk_header(flags, gd_sector, 0));
+    stream.extend([0u8; 512]);
+    let with_mode = |mode: u8, body: &[u8]| [&[mode][..], body].concat();
+    let flat = b"# Disk DescriptorFile\nversion=1\nCID=fffffffe\nparentCID=ffffffff\n\
+        createType=\"monolithicFlat\"\n\n# Extent description\nRW 1 FLAT \"d-flat.vmdk\" 0\n\
+        RW 2 ZERO\n\n# The Disk Data Base\nddb.adapterType = \"ide\"\n";
+    let split = b"# Disk DescriptorFile\nversion=1\ncreateType=\"twoGbMaxExtentSparse\"\n\
+        RW 8 SPARSE \"d-s001.vmdk\"\nRW 8 SPARSE \"d-s002.vmdk\"\n";
+    vec![
+        seed("sparse", with_mode(0, &sparse)),
+        seed("stream", with_mode(0, &stream)),
+        seed("flat", with_mode(1, flat)),
+        seed("split", with_mode(1, split)),
+    ]
+}
+
+/// A ustar archive of `files`.
+pub fn tar_bytes(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, data) in files {
+        let mut h = vec![0u8; 512];
+        h[..name.len()].copy_from_slice(name.as_bytes());
+        h[100..107].copy_from_slice(b"0000644");
+        h[108..115].copy_from_slice(b"0000000");
+        h[116..123].copy_from_slice(b"0000000");
+        h[124..135].copy_from_slice(format!("{:011o}", data.len()).as_bytes());
+        h[136..147].copy_from_slice(b"00000000000");
+        h[156] = b'0';
+        h[257..263].copy_from_slice(b"ustar\0");
+        h[263..265].copy_from_slice(b"00");
+        h[148..156].fill(b' ');
+        let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
+        h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+        out.extend(h);
+        out.extend_from_slice(data);
+        out.resize(out.len().div_ceil(512) * 512, 0);
+    }
+    out.extend([0u8; 1024]);
+    out
+}
+
+/// OVAs holding the VDI seed, and two disks (the first byte picks disk 1).
+pub fn ova_image() -> Vec<Seed> {
+    let ovf = b"<?xml version=\"1.0\"?>\n<Envelope><References><File ovf:href=\"d.vdi\"/></References></Envelope>\n";
+    let vdi = vdi_bytes();
+    let one = tar_bytes(&[("vm.ovf", ovf), ("d.vdi", &vdi)]);
+    let two = tar_bytes(&[("vm.ovf", ovf), ("a.vdi", &vdi), ("b.raw", &[7u8; 1024])]);
+    vec![
+        seed("one", [&[0u8][..], &one].concat()),
+        seed("two", [&[1u8][..], &two].concat()),
+    ]
+}
+
+/// A GUID as VHDX stores it.
+fn vhdx_guid(text: &str) -> [u8; 16] {
+    ferry_formats::vhdx::header::guid(text)
+}
+
+/// A dynamic VHDX of 2 MiB in 1 MiB blocks (block 0 zero, block 1 not present), laid
+/// out for [`crate::formats::vhdx_layout`]: two headers, two region tables (metadata at
+/// 512 KiB, BAT 4 KiB later), then the metadata and the BAT. The first byte asks the
+/// driver to fix the checksums (they are also right here).
+pub fn vhdx_image() -> Vec<Seed> {
+    use crate::formats::{vhdx_layout, VHDX_REST};
+    let mut pieces = vec![0u8; 4 * 4096];
+    for (i, seq) in [(0usize, 1u64), (1, 2)] {
+        let h = &mut pieces[i * 4096..(i + 1) * 4096];
+        h[..4].copy_from_slice(b"head");
+        put64le(h, 8, seq);
+        h[66..68].copy_from_slice(&1u16.to_le_bytes());
+        put32le(h, 68, 1 << 20);
+        put64le(h, 72, 1 << 20);
+    }
+    for i in 2..4 {
+        let r = &mut pieces[i * 4096..(i + 1) * 4096];
+        r[..4].copy_from_slice(b"regi");
+        put32le(r, 8, 2);
+        r[16..32].copy_from_slice(&vhdx_guid("2DC27766-F623-4200-9D64-115E9BFD4A08"));
+        put64le(r, 32, (VHDX_REST + 4096) as u64);
+        put32le(r, 40, 4096);
+        put32le(r, 44, 1);
+        r[48..64].copy_from_slice(&vhdx_guid("8B7CA206-4790-4B9A-B8FE-575F050F886E"));
+        put64le(r, 64, VHDX_REST as u64);
+        put32le(r, 72, 4096);
+        put32le(r, 76, 1);
+    }
+    let mut meta = vec![0u8; 4096];
+    meta[..8].copy_from_slice(b"metadata");
+    meta[10..12].copy_from_slice(&3u16.to_le_bytes());
+    let items = [
+        ("CAA16737-FA36-4D43-B3B6-33F0AA44E76B", 1024u32, 8u32),
+        ("2FA54224-CD1B-4876-B211-5DBED83BF4B8", 1032, 8),
+        ("8141BF1D-A96F-4709-BA47-F233A8FAAB5F", 1040, 4),
+    ];
+    for (i, (id, offset, len)) in items.iter().enumerate() {
+        let e = 32 + i * 32;
+        meta[e..e + 16].copy_from_slice(&vhdx_guid(id));
+        put32le(&mut meta, e + 16, *offset);
+        put32le(&mut meta, e + 20, *len);
+        put32le(&mut meta, e + 24, 4);
+    }
+    put32le(&mut meta, 1024, 1 << 20);
+    put64le(&mut meta, 1032, 2 << 20);
+    put32le(&mut meta, 1040, 512);
+    let mut bat = vec![0u8; 64];
+    put64le(&mut bat, 0, 2);
+    let mut input = vec![1u8];
+    input.extend(&pieces);
+    input.extend(meta);
+    input.extend(bat);
+    // The checksums right in the seed too, so the unfixed mode starts valid.
+    let file = vhdx_layout(&input[1..], true);
+    let mut unfixed = vec![0u8];
+    for &(at, _) in &crate::formats::VHDX_PIECES {
+        unfixed.extend_from_slice(&file[at..at + 4096]);
+    }
+    unfixed.extend_from_slice(&input[1 + 4 * 4096..]);
+    vec![seed("fixed-crc", input), seed("dynamic", unfixed)]
+}
+
 #[cfg(test)]
 mod tests {
     use ferry_nfs::rpc::{decode_reply, ReadShape, RpcError};

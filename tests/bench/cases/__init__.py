@@ -10,12 +10,23 @@ import importlib
 import pkgutil
 
 
-def load(env):
-    """All cases of all modules, in module-name order."""
+def load(env, only=()):
+    """All cases of all modules, in module-name order. With ONLY (texts a case name must
+    contain one of), a module none of whose cases match is listed dry and skipped, so
+    that running one case does not make every other module's images."""
     found = []
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{__name__}.{info.name}")
         make = getattr(module, "cases", None)
-        if callable(make):
-            found.extend(make(env))
+        if not callable(make):
+            continue
+        if only and not env.dry:
+            env.dry = True
+            try:
+                names = [c.name for c in make(env)]
+            finally:
+                env.dry = False
+            if not any(t in n for n in names for t in only):
+                continue
+        found.extend(make(env))
     return found

@@ -1,8 +1,8 @@
 //! The image format options every command that reads a source shares, and the opener
 //! that follows a qcow2 backing chain when `--allow-backing` asks for it.
 //!
-//! Endpoints give bytes; this turns them into the image those bytes hold (raw, qcow2, or
-//! a raw image compressed with gzip, xz or zstd), so `ferry copy image.qcow2 disk.raw`
+//! Endpoints give bytes; this turns them into the image those bytes hold (raw, qcow2,
+//! VMDK, an OVA's disk, VHD, VHDX, VDI, or a raw image compressed with gzip, xz or zstd), so `ferry copy image.qcow2 disk.raw`
 //! copies the guest's disk, not the qcow2 file, and `ferry copy disk.raw.xz disk.raw`
 //! decompresses.
 
@@ -12,14 +12,16 @@ use async_trait::async_trait;
 use clap::Args;
 use ferry_core::{EndpointSpec, Error, Result, Source};
 use ferry_endpoints::{open_source, SourceOptions};
-use ferry_formats::{Backing, BackingOpener, ImageInfo, OpenOptions, SourceFormat, StreamOptions};
+use ferry_formats::{
+    Backing, BackingOpener, ExtentFiles, ImageInfo, OpenOptions, SourceFormat, StreamOptions,
+};
 
 /// `--source-format`, `--allow-backing`, `--source-size` and `--prescan`.
 #[derive(Debug, Clone, Args)]
 pub struct FormatArgs {
-    /// Format of the source image: auto (detected by magic), raw, qcow2, or a raw image
-    /// compressed with gz, xz or zst. `raw` copies an image as its bytes even when they
-    /// look like qcow2 or compressed.
+    /// Format of the source image: auto (detected by magic), raw, qcow2, vmdk, ova, vhd,
+    /// vhdx, vdi, or a raw image compressed with gz, xz or zst. `raw` copies an image as
+    /// its bytes even when they look like another format.
     #[arg(long, value_name = "FORMAT", default_value = "auto", value_parser = parse_format)]
     pub source_format: SourceFormat,
     /// The decompressed size of a compressed source that does not record it (gzip; zstd
@@ -35,6 +37,10 @@ pub struct FormatArgs {
     /// images only; at most 16 deep). Off by default: the name comes from the image.
     #[arg(long)]
     pub allow_backing: bool,
+    /// The disk of an OVA to read, numbered from 0 as `ferry info` lists them (needed
+    /// when the OVA holds more than one).
+    #[arg(long, value_name = "N")]
+    pub disk: Option<usize>,
 }
 
 fn parse_format(text: &str) -> std::result::Result<SourceFormat, String> {
@@ -60,6 +66,11 @@ impl FormatArgs {
                 size: self.source_size,
                 prescan: self.prescan,
             },
+            disk: self.disk,
+            // A VMDK descriptor's extents are plain names beside it (checked by the reader).
+            extents: ExtentFiles(Some(Arc::new(FileBackingOpener {
+                options: source.clone(),
+            }))),
             ..OpenOptions::default()
         }
     }

@@ -1,6 +1,7 @@
-//! `ferry info URL [--json]`: what an image is, like `qemu-img info`: its format, virtual
-//! size, file size (the compressed size of a .gz, .xz or .zst image), cluster size,
-//! allocated bytes (the sum of its data extents), backing chain and compression type.
+//! `ferry info URL [--json]`: what an image is, like `qemu-img info`: its format (and
+//! subformat: a VMDK's createType, VHD fixed or dynamic, ...), virtual size, file size
+//! (the compressed size of a .gz, .xz or .zst image), cluster size, allocated bytes (the
+//! sum of its data extents), backing chain and compression type; for an OVA, its disks.
 //!
 //! Without `--allow-backing` the backing chain shows the name the image gives and the
 //! allocated bytes are the image's own; with it, the whole chain is opened and counted.
@@ -116,6 +117,13 @@ fn to_text(name: &str, info: &ImageInfo, allocated: u64, http: Option<&HttpVersi
     out += &format!("virtual size: {}\n", sized(info.virtual_size));
     out += &format!("file size: {}\n", sized(info.file_size));
     out += &format!("allocated: {}\n", sized(allocated));
+    if let Some(subformat) = &info.subformat {
+        out += &format!("subformat: {subformat}\n");
+    }
+    for (i, disk) in info.disks.iter().enumerate() {
+        let chosen = if info.disk == Some(i) { " (read)" } else { "" };
+        out += &format!("disk {i}: {} ({}){chosen}\n", disk.name, sized(disk.size));
+    }
     if let Some(cluster) = info.cluster_size {
         out += &format!("cluster_size: {cluster}\n");
     }
@@ -161,6 +169,10 @@ fn to_json(
         "compression_type": info.compression,
         "backing_chain": info.backing_chain,
         "parallel_frames": info.parallel_frames,
+        "subformat": info.subformat,
+        // OVA only: its disks and the one read.
+        "disks": info.disks.iter().map(|d| serde_json::json!({"name": d.name, "file_size": d.size})).collect::<Vec<_>>(),
+        "disk": info.disk,
         // HTTP(S) sources only (null otherwise).
         "version_pinned": http.map(|h| h.pinned.is_some()),
         "version": http.and_then(|h| h.pinned.clone()),
@@ -175,30 +187,19 @@ mod tests {
 
     fn qcow2_info() -> ImageInfo {
         ImageInfo {
-            format: Detected::Qcow2,
-            virtual_size: 1 << 30,
-            file_size: 200_704,
             cluster_size: Some(65536),
             version: Some(3),
-            extended_l2: false,
             compression: Some("zlib"),
             backing_chain: vec!["base.qcow2".into(), "root.raw".into()],
-            parallel_frames: None,
+            ..ImageInfo::plain(Detected::Qcow2, 1 << 30, 200_704)
         }
     }
 
     #[test]
     fn a_compressed_image_shows_its_format_and_both_sizes() {
         let info = ImageInfo {
-            format: Detected::Zstd,
-            virtual_size: 1 << 30,
-            file_size: 1 << 20,
-            cluster_size: None,
-            version: None,
-            extended_l2: false,
-            compression: None,
-            backing_chain: Vec::new(),
             parallel_frames: Some(128),
+            ..ImageInfo::plain(Detected::Zstd, 1 << 30, 1 << 20)
         };
         let text = to_text("/i/disk.raw.zst", &info, 1 << 30, None);
         assert!(text.contains("file format: zst\n"), "{text}");
@@ -250,18 +251,38 @@ mod tests {
     }
 
     #[test]
-    fn an_http_source_tells_whether_its_version_is_pinned() {
-        let raw = ImageInfo {
-            format: Detected::Raw,
-            virtual_size: 4096,
-            file_size: 4096,
-            cluster_size: None,
-            version: None,
-            extended_l2: false,
-            compression: None,
-            backing_chain: Vec::new(),
-            parallel_frames: None,
+    fn an_ova_lists_its_disks() {
+        let info = ImageInfo {
+            subformat: Some("vmdk streamOptimized".into()),
+            disks: vec![
+                ferry_formats::OvaDisk {
+                    name: "a.vmdk".into(),
+                    size: 1024,
+                },
+                ferry_formats::OvaDisk {
+                    name: "b.vmdk".into(),
+                    size: 2048,
+                },
+            ],
+            disk: Some(1),
+            ..ImageInfo::plain(Detected::Ova, 1 << 20, 4096)
         };
+        let text = to_text("/i/vm.ova", &info, 0, None);
+        assert!(text.contains("file format: ova\n"), "{text}");
+        assert!(text.contains("subformat: vmdk streamOptimized\n"), "{text}");
+        assert!(
+            text.contains("disk 1: b.vmdk (2.00 KiB (2048 bytes)) (read)\n"),
+            "{text}"
+        );
+        let json = to_json("/i/vm.ova", &info, 0, None);
+        assert_eq!(json["format"], "ova");
+        assert_eq!(json["disks"][0]["name"], "a.vmdk");
+        assert_eq!(json["disk"], 1);
+    }
+
+    #[test]
+    fn an_http_source_tells_whether_its_version_is_pinned() {
+        let raw = ImageInfo::plain(Detected::Raw, 4096, 4096);
         let pinned = HttpVersion {
             pinned: Some("ETag \"v1\"".into()),
             warning: None,

@@ -7,7 +7,7 @@
 //! as zero extents so the engine skips them; unallocated ranges read from the backing
 //! image when the opener gave one. Internal snapshots and refcounts are never read.
 
-mod cache;
+pub(crate) mod cache;
 mod compressed;
 pub mod header;
 mod table;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use ferry_core::{EndpointSpec, Result, Source, Target};
 use ferry_endpoints::{SourceOptions, TargetOptions};
-use ferry_formats::{Backing, BackingOpener, OpenOptions, StreamOptions};
+use ferry_formats::{Backing, BackingOpener, ExtentFiles, OpenOptions, StreamOptions};
 
 use super::metered::MeteredSource;
 use crate::convert::ImageSpec;
@@ -78,9 +78,16 @@ pub(super) async fn open_image(
     } else {
         Backing::Refuse
     };
+    // A VMDK descriptor's extent files: plain names beside it, under the allowed roots.
+    let extents = ExtentFiles(Some(Arc::new(RootedBacking {
+        opener: opener.clone(),
+        options: options.clone(),
+        roots: roots.clone(),
+    })));
     let open = OpenOptions {
         format: image.format,
         backing,
+        extents,
         stream: StreamOptions {
             size: image.size,
             prescan: image.prescan,

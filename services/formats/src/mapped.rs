@@ -1,0 +1,345 @@
+//! [`MappedSource`]: a guest image cut into fixed-size blocks, each of which a format's
+//! table maps to a place in the image file.
+//!
+//! VMDK (grains), VHD and VHDX (blocks) and VDI (blocks) all share this shape: a table
+//! entry per block says "here in the file", "zeroes" or "compressed here". Only the
+//! lookup differs, so each format implements [`BlockMap`] and this module does the rest
+//! once: extents (unallocated and zero blocks as zero extents so targets stay sparse),
+//! reads coalesced into one byte-source read per contiguous host run, bounds checks
+//! against the file's end (a block past it is `corrupt`, never zeroes), and compressed
+//! blocks decoded inline on the worker that asked for them.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use ferry_core::{merge_extents, Caps, Error, ErrorKind, Extent, IoBuf, Result, Source};
+
+/// Where one guest block's bytes are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Place {
+    /// Stored as is, starting at this offset of the image file.
+    Data(u64),
+    /// Reads as zeroes (unallocated, or marked zero).
+    Zero,
+    /// Compressed, starting at this offset of the image file ([`BlockMap::decompress`]).
+    Compressed(u64),
+}
+
+/// A format's block table.
+#[async_trait]
+pub(crate) trait BlockMap: Send + Sync + std::fmt::Debug + 'static {
+    /// Guest bytes per block (a power of two or at least a multiple of 512).
+    fn block_size(&self) -> u64;
+
+    /// Where block `index` is.
+    async fn lookup(&self, file: &dyn Source, index: u64) -> Result<Place>;
+
+    /// Decompresses the block stored at `offset` into `out` (one block long).
+    async fn decompress(&self, _file: &dyn Source, _offset: u64, _out: &mut [u8]) -> Result<()> {
+        Err(Error::internal("this format has no compressed blocks"))
+    }
+}
+
+/// The error of metadata or data outside the image file, or otherwise inconsistent.
+pub(crate) fn corrupt(message: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Corrupt, message)
+}
+
+/// Most blocks one `extents` call looks up.
+const MAX_BLOCKS_PER_CALL: u64 = 4096;
+
+/// A guest image read through a [`BlockMap`] over the image file's bytes.
+pub(crate) struct MappedSource {
+    file: Arc<dyn Source>,
+    map: Arc<dyn BlockMap>,
+    size: u64,
+}
+
+impl std::fmt::Debug for MappedSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MappedSource")
+            .field("file", &self.file.describe())
+            .field("map", &self.map)
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+impl MappedSource {
+    pub(crate) fn new(file: Arc<dyn Source>, map: Arc<dyn BlockMap>, size: u64) -> Self {
+        Self { file, map, size }
+    }
+
+    /// Checks that `len` bytes at file offset `host` lie inside the image file.
+    fn check_host(&self, host: u64, len: u64) -> Result<()> {
+        if host
+            .checked_add(len)
+            .is_none_or(|end| end > self.file.size())
+        {
+            return Err(corrupt(format!(
+                "data at file offset {host} ({len} bytes) is past the end of the image file \
+                 ({} bytes): the image is truncated or its block table is damaged",
+                self.file.size()
+            )));
+        }
+        Ok(())
+    }
+
+    async fn read_into(&self, offset: u64, mut buf: IoBuf) -> Result<IoBuf> {
+        let view = buf.view();
+        let total = view.len() as u64;
+        if offset.checked_add(total).is_none_or(|end| end > self.size) {
+            return Err(Error::invalid_input(format!(
+                "read of {total} bytes at {offset} is past the image's virtual size {}",
+                self.size
+            )));
+        }
+        let bs = self.map.block_size();
+        // A run of data blocks contiguous in the file: (guest start, host start, len).
+        let mut pending: Option<(u64, u64, u64)> = None;
+        let mut pos = offset;
+        let end = offset + total;
+        while pos < end {
+            let index = pos / bs;
+            let within = pos % bs;
+            let len = (bs - within).min(end - pos);
+            let place = self.map.lookup(self.file.as_ref(), index).await?;
+            if let Place::Data(host) = place {
+                let host = host + within;
+                self.check_host(host, len)?;
+                match &mut pending {
+                    Some((_, h, l)) if *h + *l == host => *l += len,
+                    _ => {
+                        if let Some(run) = pending.take() {
+                            buf = self.read_run(buf, view.start, offset, run).await?;
+                        }
+                        pending = Some((pos, host, len));
+                    }
+                }
+            } else {
+                if let Some(run) = pending.take() {
+                    buf = self.read_run(buf, view.start, offset, run).await?;
+                }
+                let at = view.start + (pos - offset) as usize;
+                buf.set_view(at, len as usize);
+                match place {
+                    Place::Zero => buf.fill(0),
+                    // A whole block decompresses straight into the caller's buffer.
+                    Place::Compressed(host) if within == 0 && len == bs => {
+                        self.map
+                            .decompress(self.file.as_ref(), host, &mut buf)
+                            .await?;
+                    }
+                    Place::Compressed(host) => {
+                        let mut block = vec![0u8; bs as usize];
+                        self.map
+                            .decompress(self.file.as_ref(), host, &mut block)
+                            .await?;
+                        buf.copy_from_slice(&block[within as usize..(within + len) as usize]);
+                    }
+                    Place::Data(_) => unreachable!("handled above"),
+                }
+            }
+            pos += len;
+        }
+        if let Some(run) = pending.take() {
+            buf = self.read_run(buf, view.start, offset, run).await?;
+        }
+        buf.set_view(view.start, view.len());
+        Ok(buf)
+    }
+
+    async fn read_run(
+        &self,
+        mut buf: IoBuf,
+        base: usize,
+        offset: u64,
+        (guest, host, len): (u64, u64, u64),
+    ) -> Result<IoBuf> {
+        buf.set_view(base + (guest - offset) as usize, len as usize);
+        let block = u64::from(self.file.caps().block.minimum.max(1));
+        if host.is_multiple_of(block) && len.is_multiple_of(block) {
+            return self.file.read_at(host, buf).await;
+        }
+        // A byte source that reads whole blocks only (an iSCSI LUN) and a run that does
+        // not start or end on one (VHD blocks are 512-byte aligned): widen and copy.
+        let bytes = crate::qcow2::read_bytes(self.file.as_ref(), host, len).await?;
+        buf.copy_from_slice(&bytes);
+        Ok(buf)
+    }
+
+    fn context(&self, e: Error, operation: &'static str, offset: u64) -> Error {
+        e.at(operation, offset).with_endpoint(self.file.describe())
+    }
+}
+
+#[async_trait]
+impl Source for MappedSource {
+    fn describe(&self) -> String {
+        self.file.describe()
+    }
+
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn caps(&self) -> Caps {
+        let file = self.file.caps();
+        // Runs off the file's blocks are widened in `read_run`: any guest range reads.
+        Caps {
+            extents: true,
+            block: ferry_core::BlockSizes {
+                minimum: 1,
+                ..file.block
+            },
+            ..file
+        }
+    }
+
+    async fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        let end = offset.saturating_add(len).min(self.size);
+        let bs = self.map.block_size();
+        let mut out = Vec::new();
+        let mut pos = offset;
+        let mut blocks = 0;
+        while pos < end && blocks < MAX_BLOCKS_PER_CALL {
+            let index = pos / bs;
+            let piece = (bs - pos % bs).min(end - pos);
+            let place = self
+                .map
+                .lookup(self.file.as_ref(), index)
+                .await
+                .map_err(|e| self.context(e, "extents", pos))?;
+            out.push(match place {
+                Place::Data(host) => {
+                    self.check_host(host + pos % bs, piece)
+                        .map_err(|e| self.context(e, "extents", pos))?;
+                    Extent::data(pos, piece)
+                }
+                Place::Compressed(host) => {
+                    self.check_host(host, 1)
+                        .map_err(|e| self.context(e, "extents", pos))?;
+                    Extent::data(pos, piece)
+                }
+                Place::Zero => Extent::zero(pos, piece),
+            });
+            pos += piece;
+            blocks += 1;
+        }
+        Ok(merge_extents(out))
+    }
+
+    async fn read_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
+        self.read_into(offset, buf)
+            .await
+            .map_err(|e| self.context(e, "read", offset))
+    }
+
+    async fn connect(&self) -> Result<Arc<dyn Source>> {
+        Ok(Arc::new(Self {
+            file: self.file.connect().await?,
+            map: self.map.clone(),
+            size: self.size,
+        }))
+    }
+
+    async fn close(&self) -> Result<()> {
+        self.file.close().await
+    }
+}
+
+/// Reads `len` bytes of metadata at `offset` of the image file, failing as `corrupt`
+/// when they reach past its end.
+pub(crate) async fn read_meta(
+    file: &dyn Source,
+    offset: u64,
+    len: u64,
+    what: &str,
+) -> Result<IoBuf> {
+    if offset.checked_add(len).is_none_or(|end| end > file.size()) {
+        return Err(corrupt(format!(
+            "the {what} ({len} bytes at offset {offset}) is past the end of the image file \
+             ({} bytes): the image is truncated or damaged",
+            file.size()
+        )));
+    }
+    crate::qcow2::read_bytes(file, offset, len).await
+}
+
+pub(crate) fn le16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+pub(crate) fn le32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+pub(crate) fn le64(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+pub(crate) fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+pub(crate) fn be64(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_be_bytes(a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_testkit::MemSource;
+
+    /// Block 0 data at file 0, block 1 zero, block 2 data at file 4 (contiguous with 0
+    /// only by file order 2 -> 1), block 3 past the end.
+    #[derive(Debug)]
+    struct Map;
+
+    #[async_trait]
+    impl BlockMap for Map {
+        fn block_size(&self) -> u64 {
+            4
+        }
+        async fn lookup(&self, _file: &dyn Source, index: u64) -> Result<Place> {
+            Ok(match index {
+                0 => Place::Data(0),
+                1 => Place::Zero,
+                2 => Place::Data(4),
+                _ => Place::Data(100),
+            })
+        }
+    }
+
+    fn source() -> MappedSource {
+        let file: Arc<dyn Source> = Arc::new(MemSource::new(b"abcdefgh".to_vec()));
+        MappedSource::new(file, Arc::new(Map), 16)
+    }
+
+    #[tokio::test]
+    async fn reads_data_and_zero_blocks_and_reports_extents() {
+        let s = source();
+        let buf = s.read_at(1, IoBuf::new(10)).await.unwrap();
+        assert_eq!(&buf[..], b"bcd\0\0\0\0efg");
+        let extents = s.extents(0, 12).await.unwrap();
+        assert_eq!(
+            extents,
+            vec![Extent::data(0, 4), Extent::zero(4, 4), Extent::data(8, 4)]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_block_past_the_file_end_is_corrupt() {
+        let s = source();
+        let err = s.read_at(12, IoBuf::new(4)).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
+        let err = s.extents(12, 4).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
+        let err = s.read_at(14, IoBuf::new(4)).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    }
+}
