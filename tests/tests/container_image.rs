@@ -338,3 +338,220 @@ fn mover_command_and_user() -> (Vec<String>, String) {
     );
     (spec.containers[0].command.clone().unwrap(), user)
 }
+
+/// The mover pod the operator builds for a Checksum of a Filesystem claim, run in the
+/// image as a container runtime would run it: its command and args as given (no shell,
+/// no PATH lookup), its user and group, each volumeMount a bind mount of a host directory
+/// filled as kubelet would fill it (emptyDirs, the token Secret with the mover's
+/// certificate, the claim holding `disk.img`); then the operator's own gRPC link, over
+/// mutual TLS with the operator's CA, starts the Checksum's job request on it and follows
+/// it to the end. The digest is checked against the image on the host.
+#[test]
+fn the_operators_mover_pod_runs_in_the_image_and_answers_its_link() {
+    use ferry_operator::controller::{
+        GrpcMoverLink, JobRequest, JobState, MoverAddress, MoverLink,
+    };
+    use ferry_operator::crd::{Checksum, ChecksumSpec, Endpoint, VolumeMode};
+    use ferry_operator::mover::tls::MoverCa;
+    use ferry_operator::mover::ResolvedPvc;
+    use ferry_operator::mover::{checksum_pod, checksum_request, MoverDefaults, MoverPodInput};
+    use std::os::unix::fs::{chown, PermissionsExt};
+
+    require_buildah();
+    let tmp = ferry_tests::scratch_dir();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let buildah = Buildah {
+        root: tmp.path().join("buildah"),
+    };
+    let ctx = tmp.path().join("context");
+    context(&ctx);
+    let image = "localhost/ferry-mover-test:latest";
+    buildah.run(&[
+        "bud",
+        "--isolation",
+        "chroot",
+        "--layers=false",
+        "-t",
+        image,
+        ctx.to_str().unwrap(),
+    ]);
+    let container = String::from_utf8(buildah.run(&["from", image]).stdout).unwrap();
+    let container = container.trim().to_string();
+
+    // The resource and its mover, as the operator makes them.
+    let mut checksum = Checksum::new(
+        "sum",
+        ChecksumSpec {
+            source: Endpoint::pvc("golden"),
+            options: None,
+            mover: None,
+        },
+    );
+    checksum.metadata.namespace = Some("vms".into());
+    checksum.metadata.uid = Some("uid-1".into());
+    let defaults = MoverDefaults {
+        image: image.into(),
+        image_pull_policy: None,
+        resources: None,
+        node_selector: Default::default(),
+        tolerations: vec![],
+        priority_class_name: None,
+        service_account_name: None,
+        image_pull_secrets: vec![],
+    };
+    let pvcs = [ResolvedPvc::new("golden", VolumeMode::Filesystem)];
+    let pod = checksum_pod(
+        &checksum,
+        &MoverPodInput {
+            pod_name: "sum-fcs-1",
+            token_secret: "sum-fcs-1-token",
+            pvcs: &pvcs,
+            defaults: &defaults,
+            assigned_ids: false,
+            tls: true,
+        },
+    )
+    .unwrap();
+    let request = checksum_request(&checksum, &pvcs).unwrap();
+    let spec = pod.spec.clone().unwrap();
+    let security = spec.security_context.clone().unwrap();
+    let (uid, gid) = (
+        security.run_as_user.unwrap() as u32,
+        security.fs_group.or(security.run_as_group).unwrap() as u32,
+    );
+    let c = &spec.containers[0];
+
+    // kubelet's part: each volume as a directory, owned by the pod's fsGroup.
+    let ca = MoverCa::generate().unwrap();
+    let issued = ca.issue_mover("sum-fcs-1", "vms").unwrap();
+    let token = "0123456789abcdef".repeat(4);
+    let bytes: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 239) as u8).collect();
+    let mut mounts = Vec::new();
+    for m in c.volume_mounts.iter().flatten() {
+        let volume = spec
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == m.name)
+            .unwrap_or_else(|| panic!("no volume {}", m.name));
+        let dir = tmp.path().join("volumes").join(&m.name);
+        std::fs::create_dir_all(&dir).unwrap();
+        if let Some(secret) = &volume.secret {
+            for item in secret.items.iter().flatten() {
+                let value = match item.key.as_str() {
+                    "token" => token.clone(),
+                    "tls.crt" => issued.cert_pem.clone(),
+                    "tls.key" => issued.key_pem.clone(),
+                    "ca.crt" => ca.cert_pem().to_string(),
+                    other => panic!("unknown key {other} of the token Secret"),
+                };
+                let file = dir.join(&item.path);
+                std::fs::write(&file, value).unwrap();
+                chown(&file, Some(0), Some(gid)).unwrap();
+                let mode = secret.default_mode.unwrap_or(0o644) as u32;
+                std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+            }
+        }
+        if let Some(claim) = &volume.persistent_volume_claim {
+            assert_eq!(claim.claim_name, "golden");
+            std::fs::write(dir.join("disk.img"), &bytes).unwrap();
+            chown(dir.join("disk.img"), Some(uid), Some(gid)).unwrap();
+        }
+        chown(&dir, Some(0), Some(gid)).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o2775)).unwrap();
+        let ro = if m.read_only == Some(true) { ":ro" } else { "" };
+        mounts.push(format!("{}:{}{ro}", dir.display(), m.mount_path));
+    }
+
+    // The container runtime's part: the command and args as given, as the pod's user.
+    let user = format!("{uid}:{}", security.run_as_group.unwrap());
+    let mut run = buildah.cmd();
+    run.args(["run", "--isolation", "chroot", "--user", &user]);
+    for m in &mounts {
+        run.args(["-v", m]);
+    }
+    run.arg(&container).arg("--");
+    run.args(c.command.clone().unwrap());
+    run.args(c.args.clone().unwrap());
+    std::os::unix::process::CommandExt::process_group(&mut run, 0);
+    let mover = run
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the mover");
+    let group = mover.id() as i32;
+    let stop = scopeguard(move || {
+        // SAFETY: signalling the process group this test started.
+        unsafe {
+            libc::kill(-group, libc::SIGTERM);
+        }
+    });
+
+    // The operator's part: its link, as in the cluster, to the pod's port.
+    let port = u16::try_from(c.ports.as_ref().unwrap()[0].container_port).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let report = runtime.block_on(async {
+        let deadline = Instant::now() + std::time::Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the mover never listened on {port}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        let link = GrpcMoverLink::default().with_ca(std::sync::Arc::new(ca));
+        let address = MoverAddress {
+            namespace: "vms".into(),
+            pod: "sum-fcs-1".into(),
+            ip: "127.0.0.1".into(),
+            port,
+            token: token.clone(),
+        };
+        let job = JobRequest::Checksum(Box::new(request));
+        let started = link
+            .start(&address, &job)
+            .await
+            .expect("the mover takes the job");
+        let mut stream = link.watch(&address, &started.id).await.unwrap();
+        let mut last = started;
+        while let Some(report) = futures_util::StreamExt::next(&mut stream).await {
+            last = report.unwrap();
+            if last.state.is_terminal() {
+                break;
+            }
+        }
+        last
+    });
+    drop(stop);
+    let out = mover.wait_with_output().unwrap();
+    assert_eq!(
+        report.state,
+        JobState::Succeeded,
+        "{report:?}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let disk = tmp.path().join("volumes").join("pvc-0").join("disk.img");
+    assert_eq!(
+        report.source_digest.as_deref(),
+        Some(format!("blkhash:{}", blkhash_file(&disk)).as_str()),
+        "{report:?}"
+    );
+    buildah.run(&["rm", &container]);
+    buildah.run(&["rmi", image]);
+}
+
+/// Runs `f` when dropped (also when the test panics).
+fn scopeguard(f: impl FnOnce()) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
+}
