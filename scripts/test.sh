@@ -11,9 +11,9 @@ cd "$(dirname "$0")/.."
 
 # Debian packages the tests need: test servers and peers. One list; add yours here.
 # buildah builds and runs the container image test (tests/tests/container_image.rs);
-# binutils strips its binary as the Containerfile does.
+# binutils strips its binary as the Containerfile does; shellcheck checks tests/cluster/run.sh.
 # gzip, xz-utils and zstd (zstd and pzstd) make the compressed images of the format tests.
-PACKAGES="binutils qemu-utils nbdkit libnbd-bin util-linux coreutils nfs-ganesha nfs-ganesha-vfs rpcbind tgt buildah gzip xz-utils zstd nginx openssl"
+PACKAGES="binutils shellcheck qemu-utils nbdkit libnbd-bin util-linux coreutils nfs-ganesha nfs-ganesha-vfs rpcbind tgt buildah gzip xz-utils zstd nginx openssl"
 
 lint=1
 runner_args=()

@@ -172,6 +172,83 @@ fn every_manifest_in_deploy_is_valid() {
     }
 }
 
+/// tests/cluster/run.sh, the end-to-end check for a real cluster, cannot run here: it is
+/// checked by shellcheck, every manifest it applies is validated (Kubernetes objects by
+/// kubernetes-validate, ferry resources by the operator's own types and validation), and
+/// every manifest file it names exists.
+#[test]
+fn the_cluster_script_is_clean_and_its_manifests_valid() {
+    let script = repo().join("tests/cluster/run.sh");
+    let out = Command::new("shellcheck")
+        .arg(&script)
+        .output()
+        .expect("run shellcheck (apt-get install shellcheck; scripts/test.sh installs it)");
+    assert!(
+        out.status.success(),
+        "shellcheck:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let text = std::fs::read_to_string(&script).unwrap();
+    let dir = repo().join("tests/cluster/manifests");
+    let mut files = Vec::new();
+    yaml_files(&dir, &mut files);
+    for file in &files {
+        let name = file.file_name().unwrap().to_string_lossy().to_string();
+        assert!(
+            text.contains(&format!("apply {name}")),
+            "{name} is never applied"
+        );
+    }
+    for name in text.split_whitespace().filter(|w| w.ends_with(".yaml")) {
+        if !name.contains('/') && !name.contains('$') {
+            assert!(
+                dir.join(name).exists(),
+                "run.sh applies {name}, which does not exist"
+            );
+        }
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let mut objects = 0;
+    let mut to_validate = Vec::new();
+    let mut ferry_kinds = BTreeSet::new();
+    for (n, file) in files.iter().enumerate() {
+        let mut plain = Vec::new();
+        for doc in documents(file) {
+            match doc["kind"].as_str().unwrap_or("") {
+                "Transfer" => {
+                    check_resource(&doc, |t: &Transfer| {
+                        t.spec.validate().map_err(|e| e.to_string())
+                    });
+                    ferry_kinds.insert("Transfer");
+                }
+                "Checksum" => {
+                    check_resource(&doc, |c: &Checksum| {
+                        c.spec.validate().map_err(|e| e.to_string())
+                    });
+                    ferry_kinds.insert("Checksum");
+                }
+                _ => plain.push(serde_yaml::to_string(&doc).unwrap()),
+            }
+        }
+        if plain.is_empty() {
+            continue;
+        }
+        objects += plain.len();
+        let copy = tmp.path().join(format!("{n:02}.yaml"));
+        std::fs::write(&copy, plain.join("---\n")).unwrap();
+        to_validate.push(copy);
+    }
+    assert_eq!(ferry_kinds, BTreeSet::from(["Transfer", "Checksum"]));
+    for version in VERSIONS {
+        let (ok, text) = kubernetes_validate(version, &to_validate);
+        assert!(
+            ok,
+            "kubernetes-validate --strict -k {version} failed:\n{text}"
+        );
+        assert_eq!(text.matches("passed").count(), objects, "{text}");
+    }
+}
+
 /// The generated CRDs with one change applied to the first document.
 fn broken_crd(change: impl Fn(&mut serde_yaml::Value)) -> tempfile::TempDir {
     let yaml = ferry_operator::crd::crds_yaml().unwrap();
