@@ -1856,6 +1856,59 @@ async fn a_mover_waiting_on_a_failed_nodes_attachment_says_so() {
     h.server.done().await;
 }
 
+/// The last attempt's mover crashed: the resource fails, and that pod stays (its token
+/// and NetworkPolicy go) so that `kubectl logs` shows why; the status says so, and a later
+/// reconcile of the final resource leaves it.
+#[tokio::test]
+async fn a_crashed_last_mover_is_kept_for_its_logs() {
+    let mut h = Harness::new(settings());
+    let object = transfer_json(Some(running_status(3)));
+    let t = transfer(&object);
+    let mut crashed = mover_pod(&t, 3);
+    crashed.status = Some(
+        serde_json::from_value(json!({"phase": "Failed", "containerStatuses": [{
+            "name": "mover", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 101, "reason": "Error",
+                "message": "thread 'main' panicked at src/main.rs:1:1"}}}]}))
+        .unwrap(),
+    );
+    h.pod_seen(crashed);
+    let task = tokio::spawn(reconcile(t, h.ctx.clone()));
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{SECRETS}/import-ft-3-token"),
+            Reply::Deleted,
+        )
+        .await;
+    h.server
+        .expect("DELETE", &format!("{NETPOLS}/import-ft-3"), Reply::Deleted)
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let end = status_of(&seen).clone();
+    assert_eq!(end["phase"], "Failed");
+    let message = end["message"].as_str().unwrap();
+    assert!(
+        message.ends_with(
+            "the last mover's pod is kept for its logs: kubectl -n vms logs import-ft-3"
+        ),
+        "{message}"
+    );
+    assert!(message.contains("panicked"), "{message}");
+    h.server.expect_event(NS).await;
+    finish(task).await;
+    h.server.done().await;
+
+    // Final: a reconcile costs nothing and leaves the pod.
+    let object = with_status(&object, &json!({ "status": end }));
+    let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
+    h.server.done().await;
+    finish(task).await;
+}
+
 /// A final Transfer whose mover pod was left behind (the operator stopped between the
 /// final status and the deletion) gets it deleted; one without costs nothing.
 #[tokio::test]

@@ -393,12 +393,40 @@ pub enum Created {
 
 /// Deletes a mover pod, its token Secret and its NetworkPolicy (any may be gone already).
 pub async fn delete_mover(ctx: &Context, ids: &Ids, pod: &str) -> Result<(), Error> {
+    let delete = DeleteParams::default();
+    let deleted = pods(ctx, ids).delete(pod, &delete).await.map(|_| ());
+    gone(deleted)?;
+    retire_mover(ctx, ids, pod).await
+}
+
+/// Whether the mover pod `name` ended in failure (its container exited non-zero): the pod
+/// the last attempt of a failed resource keeps, for `kubectl logs`.
+pub fn crashed(ctx: &Context, ids: &Ids, name: &str) -> bool {
+    let key = ObjectRef::new(name).within(&ids.namespace);
+    ctx.pods.get(&key).is_some_and(|p| {
+        p.metadata.deletion_timestamp.is_none()
+            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed")
+            && p.status
+                .as_ref()
+                .and_then(|s| s.reason.as_deref())
+                .is_none()
+    })
+}
+
+fn gone(result: Result<(), kube::Error>) -> Result<(), Error> {
+    match result {
+        Ok(()) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deletes what a mover pod needed to run, its token Secret and its NetworkPolicy, and
+/// leaves the pod (an ended pod holds no volume and no mover slot).
+pub async fn retire_mover(ctx: &Context, ids: &Ids, pod: &str) -> Result<(), Error> {
     let secret = names::token_secret(pod);
     let delete = DeleteParams::default();
-    let mut results = vec![
-        pods(ctx, ids).delete(pod, &delete).await.map(|_| ()),
-        secrets(ctx, ids).delete(&secret, &delete).await.map(|_| ()),
-    ];
+    let mut results = vec![secrets(ctx, ids).delete(&secret, &delete).await.map(|_| ())];
     if ctx.settings.mover_network_policy {
         results.push(policies(ctx, ids).delete(pod, &delete).await.map(|_| ()));
     }

@@ -93,7 +93,8 @@ async fn leftover(ctx: &Context, ids: &Ids, life: &Life) -> Result<Action, Error
         .pods
         .get(&key)
         .is_some_and(|p| p.metadata.deletion_timestamp.is_none());
-    if present && !ctx.is_watching(&ids.uid, life.attempts) {
+    // A crashed last mover stays for its logs (see `lost`).
+    if present && !ctx.is_watching(&ids.uid, life.attempts) && !pods::crashed(ctx, ids, name) {
         pods::delete_mover(ctx, ids, name).await?;
     }
     Ok(Action::await_change())
@@ -493,15 +494,29 @@ async fn lost<K: MoverKind>(
     let settings = &ctx.settings;
     let recorded = matches!(life.running_reason(), reason::MOVER_LOST | reason::RETRYING);
     if life.attempts >= settings.max_attempts {
+        // The last mover's pod stays when it crashed, for `kubectl logs` (it holds no
+        // volume and no slot once ended; it goes with the resource).
+        let mut kept = None;
         if let Some(pod) = &life.mover_pod {
-            pods::delete_mover(ctx, ids, pod).await?;
+            if pods::crashed(ctx, ids, pod) {
+                pods::retire_mover(ctx, ids, pod).await?;
+                kept = Some(pod.clone());
+            } else {
+                pods::delete_mover(ctx, ids, pod).await?;
+            }
         }
-        let message = format!(
+        let mut message = format!(
             "{}; gave up after {} mover pods (the operator's limit of attempts): {}",
             life.message.as_deref().unwrap_or(why),
             life.attempts,
             "check the events of the mover pods and the endpoints, then create the resource again"
         );
+        if let Some(pod) = kept {
+            message.push_str(&format!(
+                "; the last mover's pod is kept for its logs: kubectl -n {} logs {pod}",
+                ids.namespace
+            ));
+        }
         return fail(ctx, obj, ids, status, reason::FAILED, &message).await;
     }
     let wait = settings.backoff(settings.retry_backoff, life.attempts.saturating_sub(1));
