@@ -50,7 +50,8 @@ def main() -> int:
     if not args.no_build and not args.list:  # listing the cases needs no binaries
         log("building ferry (release)")
         subprocess.run(["cargo", "build", "--release", "-p", "ferry", "--bin", "ferry",
-                        "-p", "ferry-tests", "--bin", "ferry-mkimage", "--bin", "ferry-mover-job"],
+                        "-p", "ferry-tests", "--bin", "ferry-mkimage", "--bin", "ferry-mover-job",
+                        "--bin", "ferry-operator-scale"],
                        cwd=REPO, check=True)
     ferry = target_dir / "release" / "ferry"
     mkimage = target_dir / "release" / "ferry-mkimage"

@@ -1,0 +1,336 @@
+//! The operator at scale, for the benchmark harness (tests/bench/cases/operator.py): its
+//! real controllers (`controller::run`, unchanged, as its ServiceAccount under
+//! deploy/operator's RBAC) against the test kit's stateful API stand-in with simulated
+//! binding, scheduling and kubelet, and a fake mover link. Prints one JSON line.
+//!
+//! Phase 1: `--transfers` Transfers applied at once with `--max-movers`, each job done
+//! after `--job-ms` with no progress in between: the most movers that existed at once,
+//! how many Transfers Succeeded, API writes per Transfer lifecycle, the time from a mover's
+//! deletion to the next mover's creation while Transfers are queued, the wall time.
+//! Phase 2: `--max-movers` Transfers whose jobs report progress every 200 ms for
+//! `--progress-seconds`: status writes per minute per running Transfer.
+//! Peak RSS is the harness's (this process: the operator and the stand-in together).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use ferry_operator::controller::{
+    self, mover_ca, mover_selector, JobReport, JobRequest, JobState, LinkError, MoverAddress,
+    MoverLink, OperatorSettings, ReportStream,
+};
+use ferry_operator::crd::Progress;
+use ferry_operator::metrics::OperatorMetrics;
+use ferry_operator::mover::MoverDefaults;
+use ferry_testkit::kube::{ChangeType, Cluster, Sim};
+use futures::StreamExt;
+use serde_json::{json, Value};
+
+const NS: &str = "vms";
+const SERVICE_ACCOUNT: (&str, &str) = ("ferry-system", "ferry-operator");
+
+/// A mover that finishes each job after `run`, reporting progress every `every` if set.
+struct FakeMover {
+    run: Duration,
+    every: Option<Duration>,
+}
+
+fn report(id: &str, state: JobState, done: u64) -> JobReport {
+    JobReport {
+        id: id.into(),
+        state,
+        progress: Progress {
+            total_bytes: 1 << 30,
+            done_bytes: done,
+            resumed_bytes: 0,
+            committed_bytes: 0,
+        },
+        checkpoint: None,
+        source_digest: None,
+        target_digest: None,
+        error: None,
+        targets: Vec::new(),
+        backup: None,
+        prune: None,
+    }
+}
+
+#[async_trait]
+impl MoverLink for FakeMover {
+    async fn start(&self, _: &MoverAddress, job: &JobRequest) -> Result<JobReport, LinkError> {
+        Ok(report(
+            &format!("job-{}", job.idempotency_key()),
+            JobState::Running,
+            0,
+        ))
+    }
+
+    async fn watch(&self, _: &MoverAddress, id: &str) -> Result<ReportStream, LinkError> {
+        let (run, every, id) = (self.run, self.every, id.to_string());
+        let stream = async_stream(run, every, id);
+        Ok(stream.boxed())
+    }
+
+    async fn cancel(&self, _: &MoverAddress, _: &str) -> Result<(), LinkError> {
+        Ok(())
+    }
+}
+
+fn async_stream(
+    run: Duration,
+    every: Option<Duration>,
+    id: String,
+) -> impl futures::Stream<Item = Result<JobReport, LinkError>> {
+    let started = Instant::now();
+    futures::stream::unfold(0u64, move |step| {
+        let id = id.clone();
+        async move {
+            if step == u64::MAX {
+                return None;
+            }
+            let left = run.saturating_sub(started.elapsed());
+            match every {
+                Some(every) if left > every => {
+                    tokio::time::sleep(every).await;
+                    let done = (step + 1) << 20;
+                    Some((Ok(report(&id, JobState::Running, done)), step + 1))
+                }
+                _ => {
+                    tokio::time::sleep(left).await;
+                    Some((Ok(report(&id, JobState::Succeeded, 1 << 30)), u64::MAX))
+                }
+            }
+        }
+    })
+}
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{name} takes a number"))
+        })
+        .unwrap_or(default)
+}
+
+fn cluster(nodes: u64) -> Cluster {
+    let c = Cluster::new();
+    c.simulate(&Sim::ALL);
+    c.add_namespace("ferry-system", &[], &[]);
+    c.add_namespace(NS, &[], &[]);
+    for n in 0..nodes {
+        c.add_node(&format!("node-{n:03}"), &[]);
+    }
+    c.add_storage_class("ceph-rbd", "rbd.csi.ceph.com", false, true);
+    c
+}
+
+fn settings(max_movers: usize) -> OperatorSettings {
+    let mut s = OperatorSettings::new(MoverDefaults {
+        image: "ghcr.io/ferry-project/ferry:0.1.0".into(),
+        image_pull_policy: None,
+        resources: None,
+        node_selector: Default::default(),
+        tolerations: vec![],
+        priority_class_name: None,
+        service_account_name: None,
+        image_pull_secrets: vec![],
+    });
+    s.max_movers = max_movers;
+    s
+}
+
+fn start(
+    cluster: &Cluster,
+    settings: OperatorSettings,
+    link: FakeMover,
+) -> tokio::task::JoinHandle<()> {
+    let rbac =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/operator/10-rbac.yaml");
+    let client = cluster.client_as(&rbac, SERVICE_ACCOUNT);
+    tokio::spawn(async move {
+        let ca = mover_ca::load_or_create(&client, "ferry-system")
+            .await
+            .expect("the movers' CA");
+        let metrics = Arc::new(OperatorMetrics::new());
+        controller::run(
+            client,
+            settings,
+            Arc::new(link),
+            Some(Arc::new(ca)),
+            metrics,
+        )
+        .await
+        .expect("the controllers run");
+    })
+}
+
+fn apply(cluster: &Cluster, name: &str) {
+    cluster.create(json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"source": {"url": "s3://images/fedora.raw"},
+                 "targets": [{"pvcTemplate": {"name": format!("disk-{name}"), "size": "1Gi"}}]},
+    }));
+}
+
+fn phase(cluster: &Cluster, name: &str) -> Option<String> {
+    let t = cluster.get("ferry.dev", "transfers", NS, name)?;
+    t["status"]["phase"].as_str().map(String::from)
+}
+
+/// Waits until every Transfer named is Succeeded or `limit` passed.
+async fn settle(cluster: &Cluster, names: &[String], limit: Duration) -> usize {
+    let deadline = Instant::now() + limit;
+    loop {
+        let done = names
+            .iter()
+            .filter(|n| phase(cluster, n).as_deref() == Some("Succeeded"))
+            .count();
+        if done == names.len() || Instant::now() > deadline {
+            return done;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn is_write(method: &str) -> bool {
+    matches!(method, "POST" | "PUT" | "PATCH" | "DELETE")
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let transfers = arg("--transfers", 1000);
+    let max_movers = arg("--max-movers", 50) as usize;
+    let job = Duration::from_millis(arg("--job-ms", 1000));
+    let progress_for = Duration::from_secs(arg("--progress-seconds", 40));
+    let operator_user = format!(
+        "system:serviceaccount:{}:{}",
+        SERVICE_ACCOUNT.0, SERVICE_ACCOUNT.1
+    );
+
+    // Phase 1: many Transfers through few movers.
+    let c = cluster(25);
+    let mut movers = c.changes("", "pods", &mover_selector());
+    let operator = start(
+        &c,
+        settings(max_movers),
+        FakeMover {
+            run: job,
+            every: None,
+        },
+    );
+    let names: Vec<String> = (0..transfers).map(|i| format!("t-{i:04}")).collect();
+    let began = Instant::now();
+    for name in &names {
+        apply(&c, name);
+    }
+    let stamped = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let record = stamped.clone();
+    let watcher = tokio::spawn(async move {
+        while let Some((kind, pod, _)) = movers.recv().await {
+            let name = pod["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            record.lock().push((kind, name, Instant::now()));
+        }
+    });
+    let succeeded = settle(&c, &names, Duration::from_secs(30 + transfers / 2)).await;
+    let seconds = began.elapsed().as_secs_f64();
+    operator.abort();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let requests = c.requests();
+    let writes = requests
+        .iter()
+        .filter(|r| r.user == operator_user && is_write(&r.method))
+        .count();
+    let events = requests
+        .iter()
+        .filter(|r| r.user == operator_user && is_write(&r.method) && r.path.ends_with("/events"))
+        .count();
+    watcher.abort();
+    drop(c);
+    let stamped = std::mem::take(&mut *stamped.lock());
+    let (mut live, mut most, mut created) = (std::collections::BTreeSet::new(), 0, 0);
+    let mut last_gone: Option<Instant> = None;
+    let mut slot_reuse_ms = Vec::new();
+    for (kind, name, at) in &stamped {
+        match kind {
+            ChangeType::Added => {
+                created += 1;
+                live.insert(name.clone());
+                if let Some(gone) = last_gone.take() {
+                    slot_reuse_ms.push(at.duration_since(gone).as_secs_f64() * 1000.0);
+                }
+            }
+            ChangeType::Deleted => {
+                live.remove(name);
+                if live.len() < max_movers && created < transfers as usize {
+                    last_gone.get_or_insert(*at);
+                }
+            }
+            ChangeType::Modified => {}
+        }
+        most = most.max(live.len());
+    }
+
+    // Phase 2: progress writes of running Transfers.
+    let c = cluster(25);
+    let operator = start(
+        &c,
+        settings(max_movers),
+        FakeMover {
+            run: progress_for + Duration::from_secs(5),
+            every: Some(Duration::from_millis(200)),
+        },
+    );
+    let running: Vec<String> = (0..max_movers).map(|i| format!("p-{i:03}")).collect();
+    for name in &running {
+        apply(&c, name);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while running
+        .iter()
+        .any(|n| phase(&c, n).as_deref() != Some("Running"))
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let from = c.requests().len();
+    tokio::time::sleep(progress_for).await;
+    let window = c.requests();
+    let status_writes = window[from..]
+        .iter()
+        .filter(|r| r.user == operator_user && r.method == "PATCH" && r.path.ends_with("/status"))
+        .count();
+    operator.abort();
+    let per_minute =
+        status_writes as f64 / running.len() as f64 / progress_for.as_secs_f64() * 60.0;
+
+    let out: Value = json!({
+        "transfers": transfers,
+        "max_movers": max_movers,
+        "succeeded": succeeded,
+        "most_movers_at_once": most,
+        "movers_created": created,
+        "seconds": seconds,
+        "writes_per_transfer": writes as f64 / transfers as f64,
+        "events_per_transfer": events as f64 / transfers as f64,
+        "slot_reuse_ms_median": median(slot_reuse_ms.clone()),
+        "slot_reuse_ms_max": slot_reuse_ms.iter().cloned().fold(0.0, f64::max),
+        "progress_writes_per_minute_per_transfer": per_minute,
+    });
+    println!("{out}");
+}
