@@ -906,6 +906,25 @@ async fn over_the_limit_the_transfer_is_queued() {
         vec![("vms".to_string(), "import".to_string())]
     );
     assert_eq!(h.ctx.to_wake("Checksum", &finished), vec![]);
+    // A long queue: a freed slot wakes the few longest waiting, in queue order, not all.
+    for i in 0..6 {
+        let ids = ferry_operator::controller::kind::Ids {
+            namespace: NS.into(),
+            name: format!("later-{i}"),
+            uid: format!("uid-later-{i}"),
+        };
+        h.ctx.queue("Transfer", &ids);
+    }
+    let woken: Vec<String> = h
+        .ctx
+        .to_wake("Transfer", &finished)
+        .into_iter()
+        .map(|(_, name)| name)
+        .collect();
+    assert_eq!(woken, ["import", "later-0", "later-1", "later-2"]);
+    for i in 0..6 {
+        h.ctx.done_waiting(&format!("uid-later-{i}"));
+    }
 
     // Per node: the other mover's node is full; a Transfer pinned to it waits.
     h.ctx.done_waiting("uid-1");

@@ -65,7 +65,9 @@ pub struct Context {
     reserved: Mutex<HashMap<String, Reservation>>,
     /// Resources waiting for a mover slot: uid -> (kind, namespace, name), woken when a
     /// mover goes.
-    queued: Mutex<HashMap<String, (&'static str, String, String)>>,
+    queued: Mutex<HashMap<String, Queued>>,
+    /// Order of queueing: the next queued resource's number.
+    queue_seq: std::sync::atomic::AtomicU64,
     /// Per kind, where to send (namespace, name) of a resource whose job stream broke,
     /// so that it is reconciled at once (its controller reads the other end).
     relinks: Mutex<HashMap<&'static str, UnboundedSender<(String, String)>>>,
@@ -74,6 +76,20 @@ pub struct Context {
     /// Resources whose mover could not be reached: uid -> (attempt, first failure).
     unreachable: Mutex<HashMap<String, (u32, Instant)>>,
 }
+
+/// A resource waiting for a mover slot.
+#[derive(Debug, Clone)]
+struct Queued {
+    /// Its place in the queue.
+    seq: u64,
+    kind: &'static str,
+    namespace: String,
+    name: String,
+}
+
+/// Queued resources woken per freed mover slot: more than one, since a woken resource
+/// may not fit the slot (a per-node limit, its claims not ready).
+pub const WAKE_PER_FREED_SLOT: usize = 4;
 
 /// A mover slot taken before its pod is in the store.
 #[derive(Debug, Clone)]
@@ -116,6 +132,7 @@ impl Context {
             waits: Mutex::default(),
             reserved: Mutex::default(),
             queued: Mutex::default(),
+            queue_seq: std::sync::atomic::AtomicU64::new(0),
             relinks: Mutex::default(),
             mover_ca: None,
             unreachable: Mutex::default(),
@@ -273,16 +290,30 @@ impl Context {
         self.queued.lock().remove(uid);
     }
 
-    /// Remembers that a resource of `kind` waits for a mover slot.
+    /// Remembers that a resource of `kind` waits for a mover slot (keeping its place when
+    /// it was queued already).
     pub fn queue(&self, kind: &'static str, ids: &Ids) {
-        self.queued.lock().insert(
-            ids.uid.clone(),
-            (kind, ids.namespace.clone(), ids.name.clone()),
-        );
+        let mut queued = self.queued.lock();
+        if !queued.contains_key(&ids.uid) {
+            let seq = self
+                .queue_seq
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            queued.insert(
+                ids.uid.clone(),
+                Queued {
+                    seq,
+                    kind,
+                    namespace: ids.namespace.clone(),
+                    name: ids.name.clone(),
+                },
+            );
+        }
     }
 
-    /// The queued resources of `kind` to look at again when `pod` changes: all of them
-    /// once a mover is finished or going (its slot frees), none otherwise.
+    /// The queued resources of `kind` to look at again when `pod` changes: once a mover is
+    /// finished or going (its slot frees), the [`WAKE_PER_FREED_SLOT`] longest waiting,
+    /// none otherwise. Waking every queued resource for each freed slot would reconcile a
+    /// queue of a thousand a thousand times over; the others keep their requeue.
     pub fn to_wake(&self, kind: &str, pod: &Pod) -> Vec<(String, String)> {
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         let going = pod.metadata.deletion_timestamp.is_some()
@@ -290,11 +321,13 @@ impl Context {
         if !going {
             return Vec::new();
         }
-        self.queued
-            .lock()
-            .values()
-            .filter(|(k, _, _)| *k == kind)
-            .map(|(_, namespace, name)| (namespace.clone(), name.clone()))
+        let queued = self.queued.lock();
+        let mut waiting: Vec<&Queued> = queued.values().filter(|q| q.kind == kind).collect();
+        waiting.sort_by_key(|q| q.seq);
+        waiting
+            .into_iter()
+            .take(WAKE_PER_FREED_SLOT)
+            .map(|q| (q.namespace.clone(), q.name.clone()))
             .collect()
     }
 
