@@ -17,6 +17,7 @@ pub mod http_server;
 pub mod images;
 pub mod iscsi_server;
 pub mod moto_server;
+pub mod mover_pods;
 pub mod nbd_servers;
 pub mod nfs_server;
 pub mod process;

@@ -293,42 +293,13 @@ fn containerfile_builds_the_release_binary_and_exposes_the_service_ports() {
 /// The command and `uid:gid` of a Checksum's mover pod with a Block claim, as the operator
 /// builds it.
 fn mover_command_and_user() -> (Vec<String>, String) {
-    use ferry_operator::crd::{Checksum, ChecksumSpec, Endpoint, VolumeMode};
-    use ferry_operator::mover::{checksum_pod, MoverDefaults, MoverPodInput, ResolvedPvc};
+    use ferry_operator::crd::VolumeMode;
 
-    let mut checksum = Checksum::new(
-        "sum",
-        ChecksumSpec {
-            source: Endpoint::pvc("golden"),
-            options: None,
-            mover: None,
-        },
+    let (_, _, pod) = ferry_tests::mover_pods::checksum_mover(
+        "golden",
+        VolumeMode::Block,
+        "localhost/ferry-test:latest",
     );
-    checksum.metadata.namespace = Some("vms".into());
-    checksum.metadata.uid = Some("uid-1".into());
-    let defaults = MoverDefaults {
-        image: "localhost/ferry-test:latest".into(),
-        image_pull_policy: None,
-        resources: None,
-        node_selector: Default::default(),
-        tolerations: vec![],
-        priority_class_name: None,
-        service_account_name: None,
-        image_pull_secrets: vec![],
-    };
-    let pvcs = [ResolvedPvc::new("golden", VolumeMode::Block)];
-    let pod = checksum_pod(
-        &checksum,
-        &MoverPodInput {
-            pod_name: "sum-mover-1",
-            token_secret: "sum-mover-token",
-            pvcs: &pvcs,
-            defaults: &defaults,
-            assigned_ids: false,
-            tls: true,
-        },
-    )
-    .unwrap();
     let spec = pod.spec.unwrap();
     let context = spec.security_context.unwrap();
     let user = format!(
@@ -351,10 +322,9 @@ fn the_operators_mover_pod_runs_in_the_image_and_answers_its_link() {
     use ferry_operator::controller::{
         GrpcMoverLink, JobRequest, JobState, MoverAddress, MoverLink,
     };
-    use ferry_operator::crd::{Checksum, ChecksumSpec, Endpoint, VolumeMode};
+    use ferry_operator::crd::VolumeMode;
+    use ferry_operator::mover::checksum_request;
     use ferry_operator::mover::tls::MoverCa;
-    use ferry_operator::mover::ResolvedPvc;
-    use ferry_operator::mover::{checksum_pod, checksum_request, MoverDefaults, MoverPodInput};
     use std::os::unix::fs::{chown, PermissionsExt};
 
     require_buildah();
@@ -379,39 +349,8 @@ fn the_operators_mover_pod_runs_in_the_image_and_answers_its_link() {
     let container = container.trim().to_string();
 
     // The resource and its mover, as the operator makes them.
-    let mut checksum = Checksum::new(
-        "sum",
-        ChecksumSpec {
-            source: Endpoint::pvc("golden"),
-            options: None,
-            mover: None,
-        },
-    );
-    checksum.metadata.namespace = Some("vms".into());
-    checksum.metadata.uid = Some("uid-1".into());
-    let defaults = MoverDefaults {
-        image: image.into(),
-        image_pull_policy: None,
-        resources: None,
-        node_selector: Default::default(),
-        tolerations: vec![],
-        priority_class_name: None,
-        service_account_name: None,
-        image_pull_secrets: vec![],
-    };
-    let pvcs = [ResolvedPvc::new("golden", VolumeMode::Filesystem)];
-    let pod = checksum_pod(
-        &checksum,
-        &MoverPodInput {
-            pod_name: "sum-fcs-1",
-            token_secret: "sum-fcs-1-token",
-            pvcs: &pvcs,
-            defaults: &defaults,
-            assigned_ids: false,
-            tls: true,
-        },
-    )
-    .unwrap();
+    let (checksum, pvcs, pod) =
+        ferry_tests::mover_pods::checksum_mover("golden", VolumeMode::Filesystem, image);
     let request = checksum_request(&checksum, &pvcs).unwrap();
     let spec = pod.spec.clone().unwrap();
     let security = spec.security_context.clone().unwrap();

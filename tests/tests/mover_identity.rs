@@ -14,39 +14,13 @@ use ferry_tests::scratch_dir;
 
 /// The pod security context of the mover of a Checksum of a Filesystem claim.
 fn checksum_identity() -> (i64, i64, Vec<i64>) {
-    use ferry_operator::crd::{Checksum, ChecksumSpec, Endpoint, VolumeMode};
-    use ferry_operator::mover::{checksum_pod, MoverDefaults, MoverPodInput, ResolvedPvc};
+    use ferry_operator::crd::VolumeMode;
 
-    let mut checksum = Checksum::new(
-        "sum",
-        ChecksumSpec {
-            source: Endpoint::pvc("vm-disk"),
-            options: None,
-            mover: None,
-        },
+    let (_, _, pod) = ferry_tests::mover_pods::checksum_mover(
+        "vm-disk",
+        VolumeMode::Filesystem,
+        "localhost/ferry-test:latest",
     );
-    checksum.metadata.namespace = Some("vms".into());
-    checksum.metadata.uid = Some("uid-1".into());
-    let defaults = MoverDefaults {
-        image: "localhost/ferry-test:latest".into(),
-        image_pull_policy: None,
-        resources: None,
-        node_selector: Default::default(),
-        tolerations: vec![],
-        priority_class_name: None,
-        service_account_name: None,
-        image_pull_secrets: vec![],
-    };
-    let pvcs = [ResolvedPvc::new("vm-disk", VolumeMode::Filesystem)];
-    let input = MoverPodInput {
-        pod_name: "sum-fcs-1",
-        token_secret: "sum-fcs-1-token",
-        pvcs: &pvcs,
-        defaults: &defaults,
-        assigned_ids: false,
-        tls: true,
-    };
-    let pod = checksum_pod(&checksum, &input).unwrap();
     let context = pod.spec.unwrap().security_context.unwrap();
     (
         context.run_as_user.unwrap(),

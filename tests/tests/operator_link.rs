@@ -19,22 +19,33 @@ use ferry_server::config::ServiceConfig;
 use ferry_server::server::{self, RunningService};
 use futures_util::StreamExt;
 
-/// A job service allowed to use `root`, and the mover address that reaches it.
-async fn mover_service(dir: &Path, root: &Path) -> (RunningService, MoverAddress) {
+/// A mover's job service configuration: on a free loopback port, allowed to use `root`,
+/// taking the token `t0ken`.
+fn mover_config(dir: &Path, root: &Path) -> ServiceConfig {
     let mut cfg = ServiceConfig::new(dir.join("data"));
     cfg.grpc_listen = "127.0.0.1:0".parse().unwrap();
     cfg.metrics_listen = None;
     cfg.allow_roots = vec![root.to_path_buf()];
     cfg.auth_token = Some(Secret::new("t0ken"));
-    let service = server::start(cfg).await.unwrap();
+    cfg
+}
+
+/// The address of mover pod `p` in namespace `ns` that reaches `service`.
+fn address_of(service: &RunningService) -> MoverAddress {
     let addr = service.grpc_addr();
-    let mover = MoverAddress {
+    MoverAddress {
         namespace: "ns".into(),
         pod: "p".into(),
         ip: addr.ip().to_string(),
         port: addr.port(),
         token: "t0ken".into(),
-    };
+    }
+}
+
+/// A job service allowed to use `root`, and the mover address that reaches it.
+async fn mover_service(dir: &Path, root: &Path) -> (RunningService, MoverAddress) {
+    let service = server::start(mover_config(dir, root)).await.unwrap();
+    let mover = address_of(&service);
     (service, mover)
 }
 
@@ -419,25 +430,14 @@ async fn tls_mover_service(
     ] {
         std::fs::write(tls_dir.join(name), pem).unwrap();
     }
-    let mut cfg = ServiceConfig::new(dir.join("data"));
-    cfg.grpc_listen = "127.0.0.1:0".parse().unwrap();
-    cfg.metrics_listen = None;
-    cfg.allow_roots = vec![root.to_path_buf()];
-    cfg.auth_token = Some(Secret::new("t0ken"));
+    let mut cfg = mover_config(dir, root);
     cfg.tls = Some(ferry_server::security::TlsFiles {
         cert: tls_dir.join("tls.crt"),
         key: tls_dir.join("tls.key"),
         client_ca: Some(tls_dir.join("ca.crt")),
     });
     let service = server::start(cfg).await.unwrap();
-    let addr = service.grpc_addr();
-    let mover = MoverAddress {
-        namespace: "ns".into(),
-        pod: "p".into(),
-        ip: addr.ip().to_string(),
-        port: addr.port(),
-        token: "t0ken".into(),
-    };
+    let mover = address_of(&service);
     (service, mover)
 }
 

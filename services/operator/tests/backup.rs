@@ -960,6 +960,15 @@ async fn a_paused_schedule_does_not_fire() {
     s.server.done().await;
 }
 
+/// The schedule's source claim: Block, 20Gi of class fast.
+fn web1_claim() -> Value {
+    json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+           "metadata": {"name": "web1", "namespace": NS},
+           "spec": {"volumeMode": "Block", "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": "fast",
+                    "resources": {"requests": {"storage": "20Gi"}}}})
+}
+
 /// copyMethod Snapshot: a VolumeSnapshot of the claim; once it is ready, a temporary
 /// claim from it (the source's modes, the snapshot's restoreSize), the Backup of that
 /// claim under the source's id; once the Backup ended, both are deleted.
@@ -973,15 +982,7 @@ async fn copy_method_snapshot_creates_and_cleans_a_snapshot_and_a_claim() {
     let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
     looked_up(&mut s, vec![]).await;
     s.server
-        .expect(
-            "GET",
-            &format!("{PVCS}/web1"),
-            Reply::Ok(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                "metadata": {"name": "web1", "namespace": NS},
-                "spec": {"volumeMode": "Block", "accessModes": ["ReadWriteOnce"],
-                         "storageClassName": "fast",
-                         "resources": {"requests": {"storage": "20Gi"}}}})),
-        )
+        .expect("GET", &format!("{PVCS}/web1"), Reply::Ok(web1_claim()))
         .await;
     let snap = s.server.expect("POST", SNAPSHOTS, Reply::Echo).await.body;
     assert_eq!(snap["apiVersion"], "snapshot.storage.k8s.io/v1");
@@ -1017,15 +1018,7 @@ async fn copy_method_snapshot_creates_and_cleans_a_snapshot_and_a_claim() {
     let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
     looked_up(&mut s, vec![]).await;
     s.server
-        .expect(
-            "GET",
-            &format!("{PVCS}/web1"),
-            Reply::Ok(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                "metadata": {"name": "web1", "namespace": NS},
-                "spec": {"volumeMode": "Block", "accessModes": ["ReadWriteOnce"],
-                         "storageClassName": "fast",
-                         "resources": {"requests": {"storage": "20Gi"}}}})),
-        )
+        .expect("GET", &format!("{PVCS}/web1"), Reply::Ok(web1_claim()))
         .await;
     s.server.expect("POST", SNAPSHOTS, Reply::Fail(409)).await;
     let mut ready = snap.clone();

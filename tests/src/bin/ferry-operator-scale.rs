@@ -21,7 +21,6 @@ use ferry_operator::controller::{
 };
 use ferry_operator::crd::Progress;
 use ferry_operator::metrics::OperatorMetrics;
-use ferry_operator::mover::MoverDefaults;
 use ferry_testkit::kube::{ChangeType, Cluster, Sim};
 use futures::StreamExt;
 use serde_json::{json, Value};
@@ -129,16 +128,9 @@ fn cluster(nodes: u64) -> Cluster {
 }
 
 fn settings(max_movers: usize) -> OperatorSettings {
-    let mut s = OperatorSettings::new(MoverDefaults {
-        image: "ghcr.io/ferry-project/ferry:0.1.0".into(),
-        image_pull_policy: None,
-        resources: None,
-        node_selector: Default::default(),
-        tolerations: vec![],
-        priority_class_name: None,
-        service_account_name: None,
-        image_pull_secrets: vec![],
-    });
+    let mut s = OperatorSettings::new(ferry_tests::mover_pods::defaults(
+        "ghcr.io/ferry-project/ferry:0.1.0",
+    ));
     s.max_movers = max_movers;
     s
 }

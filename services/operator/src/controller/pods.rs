@@ -394,8 +394,7 @@ pub enum Created {
 /// Deletes a mover pod, its token Secret and its NetworkPolicy (any may be gone already).
 pub async fn delete_mover(ctx: &Context, ids: &Ids, pod: &str) -> Result<(), Error> {
     let delete = DeleteParams::default();
-    let deleted = pods(ctx, ids).delete(pod, &delete).await.map(|_| ());
-    gone(deleted)?;
+    gone(pods(ctx, ids).delete(pod, &delete).await.map(|_| ()))?;
     retire_mover(ctx, ids, pod).await
 }
 
@@ -413,6 +412,7 @@ pub fn crashed(ctx: &Context, ids: &Ids, name: &str) -> bool {
     })
 }
 
+/// A delete's result, a 404 (gone already) counted as done.
 fn gone(result: Result<(), kube::Error>) -> Result<(), Error> {
     match result {
         Ok(()) => Ok(()),
@@ -431,11 +431,7 @@ pub async fn retire_mover(ctx: &Context, ids: &Ids, pod: &str) -> Result<(), Err
         results.push(policies(ctx, ids).delete(pod, &delete).await.map(|_| ()));
     }
     for result in results {
-        match result {
-            Ok(()) => {}
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(e.into()),
-        }
+        gone(result)?;
     }
     ctx.forget_token(&secret);
     // Its slot is no longer reserved: the store counts the pod while it is there, and a
