@@ -165,6 +165,12 @@ async fn wait<K: MoverKind>(
         ctx.event(obj, why != reason::QUEUED, why, message).await;
     }
     let settings = &ctx.settings;
+    if why == reason::QUEUED {
+        // A freed slot wakes the longest queued at once, but the mover store may lag the
+        // wake; a queued resource looks again at the first backoff, never a longer one
+        // (the look reads the store only).
+        return Ok(Action::requeue(settings.pending_backoff));
+    }
     Ok(Action::requeue(
         settings.backoff(settings.pending_backoff, step),
     ))
