@@ -1,6 +1,7 @@
-//! The claims a resource names: each existing claim looked up (its volume mode decides
-//! how the mover attaches it, and a pod using it where the mover must run: [`users`]),
-//! each `pvcTemplate` claim created, labelled with the resource (and owned by it when its
+//! The claims a resource names, resolved against the claims that exist (a pure function:
+//! [`resolve`]): an existing claim's volume mode decides how the mover attaches it, and a
+//! pod using it where the mover must run ([`users`]); a `pvcTemplate` claim that does not
+//! exist is to be created ([`create`]), labelled with the resource (and owned by it when its
 //! retention is `Delete`). A missing claim may still appear, so it makes the resource
 //! wait, not fail; a claim of a template's name that someone else created is a conflict
 //! the user must resolve; a claim the API server refuses to create makes it wait, saying
@@ -12,7 +13,7 @@ use k8s_openapi::api::core::v1::{
     PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{ListParams, PostParams};
+use kube::api::PostParams;
 use kube::Api;
 
 use crate::crd::{ClaimRetention, PvcTemplate, VolumeMode};
@@ -22,25 +23,30 @@ use crate::mover::{placement, ResolvedPvc};
 use super::context::Context;
 use super::error::Error;
 use super::kind::{Claim, Ids, MoverKind};
+use super::pods::Created;
 use super::users;
 
-/// The claims of a resource, or why it cannot use them yet.
+/// Every claim of a resource, resolved.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Claims {
-    /// Every claim, resolved.
-    Ready(Vec<ResolvedPvc>),
+pub struct Resolved {
+    /// The claims in spec order, with how the mover attaches each.
+    pub pvcs: Vec<ResolvedPvc>,
+    /// The templates' claims that do not exist yet.
+    pub new_claims: Vec<PersistentVolumeClaim>,
+}
+
+/// Why a resource cannot use its claims yet.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Unresolved {
     /// A claim does not exist (yet).
     Missing(String),
     /// A template's claim exists and belongs to something else.
     Conflict(String),
-    /// The API server refused to create a template's claim (a ResourceQuota, a
-    /// StorageClass that does not exist, an invalid size): the resource waits, saying so.
-    Refused(String),
     /// Claims in use on different nodes, which one mover cannot attach together.
     Apart(String),
 }
 
-fn mode_of(pvc: &PersistentVolumeClaim) -> VolumeMode {
+pub fn mode_of(pvc: &PersistentVolumeClaim) -> VolumeMode {
     match pvc.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) {
         Some("Block") => VolumeMode::Block,
         _ => VolumeMode::Filesystem,
@@ -49,7 +55,7 @@ fn mode_of(pvc: &PersistentVolumeClaim) -> VolumeMode {
 
 /// Whether the resource of `uid` created the claim: its label says so (or, for claims of
 /// `Delete` resources and of older operators, its owner reference).
-fn created_by(pvc: &PersistentVolumeClaim, uid: &str) -> bool {
+pub fn created_by(pvc: &PersistentVolumeClaim, uid: &str) -> bool {
     let labelled = pvc
         .metadata
         .labels
@@ -116,69 +122,69 @@ pub fn from_template<K: MoverKind>(
     }
 }
 
-/// Looks up (or creates) every claim of the resource.
-pub async fn resolve<K: MoverKind>(ctx: &Context, obj: &K, ids: &Ids) -> Result<Claims, Error> {
-    let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ids.namespace);
-    let mut resolved = Vec::new();
-    let mut single_node = Vec::new();
+/// Every claim of `obj` resolved against the claims that exist in its namespace
+/// (`existing`, by name) and the namespace's `pods` (the users of claims that attach to
+/// one node), with the templates' claims to create.
+pub fn resolve<K: MoverKind>(
+    obj: &K,
+    ids: &Ids,
+    existing: &BTreeMap<String, PersistentVolumeClaim>,
+    pods: &[Pod],
+) -> Result<Resolved, Unresolved> {
+    let mut pvcs = Vec::new();
+    let mut new_claims = Vec::new();
     for claim in obj.claims() {
         match claim {
-            Claim::Existing(name) => match api.get_opt(name).await? {
+            Claim::Existing(name) => match existing.get(name) {
                 Some(pvc) => {
-                    if users::single_node(&pvc) {
-                        single_node.push(resolved.len());
+                    let mut resolved = ResolvedPvc::new(name, mode_of(pvc));
+                    if users::single_node(pvc) {
+                        resolved.in_use = users::user_of(name, pods, &ids.uid);
                     }
-                    resolved.push(ResolvedPvc::new(name, mode_of(&pvc)));
+                    pvcs.push(resolved);
                 }
                 None => {
-                    return Ok(Claims::Missing(format!(
+                    return Err(Unresolved::Missing(format!(
                         "pvc/{name} does not exist in namespace {}: create it, or fix the name in the spec",
                         ids.namespace
                     )))
                 }
             },
-            Claim::Template(t, retention) => match api.get_opt(&t.name).await? {
-                Some(pvc) if created_by(&pvc, &ids.uid) => {
-                    resolved.push(ResolvedPvc::new(&t.name, mode_of(&pvc)));
+            Claim::Template(t, retention) => match existing.get(&t.name) {
+                Some(pvc) if created_by(pvc, &ids.uid) => {
+                    pvcs.push(ResolvedPvc::new(&t.name, mode_of(pvc)));
                 }
                 Some(_) => {
-                    return Ok(Claims::Conflict(format!(
+                    return Err(Unresolved::Conflict(format!(
                         "pvc/{} already exists and was not created by this {}: choose another pvcTemplate name, or name the claim with pvc to write into it",
                         t.name,
                         K::KIND
                     )))
                 }
                 None => {
-                    let pvc = from_template(obj, ids, t, retention);
-                    match api.create(&PostParams::default(), &pvc).await {
-                        Ok(_) => {}
-                        Err(kube::Error::Api(e)) if e.code == 409 => {}
-                        Err(kube::Error::Api(e)) if refused(e.code) => {
-                            return Ok(Claims::Refused(format!(
-                                "the API server refused to create pvc/{}: {}",
-                                t.name, e.message
-                            )))
-                        }
-                        Err(e) => return Err(e.into()),
-                    }
-                    ctx.event(obj, false, "ClaimCreated", &format!("created pvc/{}", t.name))
-                        .await;
-                    resolved.push(ResolvedPvc::new(&t.name, t.mode()));
+                    new_claims.push(from_template(obj, ids, t, retention));
+                    pvcs.push(ResolvedPvc::new(&t.name, t.mode()));
                 }
             },
         }
     }
-    if !single_node.is_empty() {
-        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ids.namespace);
-        let pods = pods.list(&ListParams::default()).await?.items;
-        for i in single_node {
-            resolved[i].in_use = users::user_of(&resolved[i].name, &pods, &ids.uid);
-        }
-        if let Err(message) = placement::pinning_use(&resolved) {
-            return Ok(Claims::Apart(message));
-        }
+    if let Err(message) = placement::pinning_use(&pvcs) {
+        return Err(Unresolved::Apart(message));
     }
-    Ok(Claims::Ready(resolved))
+    Ok(Resolved { pvcs, new_claims })
+}
+
+/// Creates a template's claim (one that exists under its name counts as created); a
+/// refusal by admission or validation is returned with the server's message.
+pub async fn create(ctx: &Context, pvc: &PersistentVolumeClaim) -> Result<Created, Error> {
+    let namespace = pvc.metadata.namespace.as_deref().unwrap_or_default();
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
+    match api.create(&PostParams::default(), pvc).await {
+        Ok(_) => Ok(Created::Yes),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(Created::Yes),
+        Err(kube::Error::Api(e)) if refused(e.code) => Ok(Created::Refused(e.message)),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Whether an API status code is a refusal that waiting alone does not cure: admission

@@ -26,6 +26,7 @@ pub mod limits;
 pub mod link;
 pub mod mover_ca;
 pub mod names;
+pub mod plan;
 pub mod pods;
 pub mod progress;
 pub mod reconcile;

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Event, Pod, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use k8s_openapi::ByteString;
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -16,8 +15,6 @@ use kube::Api;
 
 use crate::crd::VolumeMode;
 use crate::mover::layout::{CLIENT_CA_KEY, GRPC_PORT, TLS_CERT_KEY, TLS_KEY_KEY, TOKEN_KEY};
-use crate::mover::network_policy::mover_network_policy;
-use crate::mover::pod::labels;
 use crate::mover::ResolvedPvc;
 
 use super::claims;
@@ -26,6 +23,7 @@ use super::error::Error;
 use super::kind::{Ids, MoverKind};
 use super::link::MoverAddress;
 use super::names;
+use super::plan;
 
 /// What became of the mover pod the status names.
 #[derive(Debug, Clone)]
@@ -303,22 +301,7 @@ pub async fn create_token<K: MoverKind>(
         data.insert(TLS_KEY_KEY.to_string(), issued.key_pem);
         data.insert(CLIENT_CA_KEY.to_string(), ca.cert_pem().to_string());
     }
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(secret_name.to_string()),
-            namespace: Some(ids.namespace.clone()),
-            labels: Some(BTreeMap::from([
-                (labels::MANAGED_BY.to_string(), "ferry-operator".to_string()),
-                (labels::OWNER_UID.to_string(), ids.uid.clone()),
-            ])),
-            owner_references: obj.controller_owner_ref(&()).map(|r| vec![r]),
-            ..ObjectMeta::default()
-        },
-        type_: Some("Opaque".into()),
-        immutable: Some(true),
-        string_data: Some(data),
-        ..Secret::default()
-    };
+    let secret = plan::token_secret(obj, ids, secret_name, data);
     match secrets(ctx, ids)
         .create(&PostParams::default(), &secret)
         .await
@@ -364,15 +347,15 @@ pub async fn create_pod(ctx: &Context, ids: &Ids, pod: &Pod) -> Result<Created, 
     }
 }
 
-/// Creates the NetworkPolicy admitting the operator to the mover `pod` (when the operator
-/// is set to), before the pod: the link can connect as soon as the pod is ready.
-pub async fn create_network_policy(ctx: &Context, ids: &Ids, pod: &Pod) -> Result<Created, Error> {
-    if !ctx.settings.mover_network_policy {
-        return Ok(Created::Yes);
-    }
-    let policy = mover_network_policy(pod, &ctx.settings.operator_namespace);
+/// Creates the NetworkPolicy admitting the operator to a mover, before the pod: the link
+/// can connect as soon as the pod is ready.
+pub async fn create_network_policy(
+    ctx: &Context,
+    ids: &Ids,
+    policy: &NetworkPolicy,
+) -> Result<Created, Error> {
     match policies(ctx, ids)
-        .create(&PostParams::default(), &policy)
+        .create(&PostParams::default(), policy)
         .await
     {
         Ok(_) => Ok(Created::Yes),

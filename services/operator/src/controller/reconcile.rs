@@ -27,10 +27,9 @@ use kube::runtime::controller::Action;
 
 use crate::crd::status::condition::{reason, READY, RUNNING};
 use crate::crd::Phase;
-use crate::mover::MoverPodInput;
 
 use super::attachments;
-use super::claims::{self, Claims};
+use super::claims;
 use super::context::Context;
 use super::error::Error;
 use super::finalizer;
@@ -39,9 +38,8 @@ use super::kind::{write_status, Ids, MoverKind};
 use super::life::{now, same_status, HasLife, Life};
 use super::limits::{self, Slot};
 use super::link::{LinkError, MoverAddress};
-use super::names;
+use super::plan::{self, Attempt, Plan};
 use super::pods::{self, Created, PodState};
-use super::secrets;
 
 /// One reconcile of a Transfer or a Checksum.
 pub async fn reconcile<K: MoverKind>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -115,16 +113,6 @@ async fn update<K: MoverKind>(
     Ok(Some(write_status(ctx, ids, obj, next).await?))
 }
 
-/// The status with its shared part changed by `f`, for the resource's generation.
-fn with_life<K: MoverKind>(obj: &K, status: &K::Status, f: impl FnOnce(&mut Life)) -> K::Status {
-    let mut next = status.clone();
-    let mut life = next.life();
-    life.observed_generation = obj.meta().generation;
-    f(&mut life);
-    next.set_life(life);
-    next
-}
-
 /// A final failure.
 async fn fail<K: MoverKind>(
     ctx: &Context,
@@ -134,7 +122,7 @@ async fn fail<K: MoverKind>(
     why: &str,
     message: &str,
 ) -> Result<Action, Error> {
-    let next = with_life(obj, status, |l| l.finish(Phase::Failed, why, Some(message)));
+    let next = plan::failed(obj, status, why, message);
     if update(ctx, ids, obj, status, &next).await?.is_some() {
         ctx.event(obj, true, why, message).await;
     }
@@ -156,11 +144,7 @@ async fn wait<K: MoverKind>(
     if why == reason::QUEUED {
         ctx.queue(K::KIND, ids);
     }
-    let next = with_life(obj, status, |l| {
-        l.pending(why, message);
-        l.mover_pod = None;
-        l.node = None;
-    });
+    let next = plan::waiting(obj, status, why, message);
     if update(ctx, ids, obj, status, &next).await?.is_some() {
         ctx.event(obj, why != reason::QUEUED, why, message).await;
     }
@@ -188,70 +172,82 @@ async fn start_attempt<K: MoverKind>(
     if let Slot::Queued(message) = ctx.slot(&ids.uid, None) {
         return wait(ctx, obj, ids, status, reason::QUEUED, &message).await;
     }
-    let pvcs = match claims::resolve(ctx, obj, ids).await? {
-        Claims::Ready(pvcs) => pvcs,
-        Claims::Missing(message) => {
-            return wait(ctx, obj, ids, status, reason::PENDING, &message).await
-        }
-        Claims::Conflict(message) => {
-            return fail(ctx, obj, ids, status, reason::FAILED, &message).await
-        }
-        Claims::Refused(message) => {
-            return wait(ctx, obj, ids, status, reason::REFUSED, &message).await
-        }
-        Claims::Apart(message) => {
-            return wait(ctx, obj, ids, status, reason::PENDING, &message).await
-        }
-    };
-    if let Some(message) = secrets::missing(ctx, ids, &obj.endpoints(), &obj.secret_keys()).await? {
-        return wait(ctx, obj, ids, status, reason::PENDING, &message).await;
-    }
-    let attempt = status.life().attempts + 1;
-    let pod_name = names::mover_pod(K::SHORT, &ids.name, &ids.uid, attempt);
-    let secret = names::token_secret(&pod_name);
-    let pod = obj.mover_pod(&MoverPodInput {
-        pod_name: &pod_name,
-        token_secret: &secret,
-        pvcs: &pvcs,
-        defaults: &ctx.settings.mover,
-        assigned_ids: ctx.assigns_ids(&ids.namespace),
+    let observed = plan::observe(ctx, obj, ids).await?;
+    let setup = plan::Setup {
+        settings: &ctx.settings,
         tls: ctx.mover_ca().is_some(),
-    })?;
-    if let Slot::Queued(message) = ctx.take_slot(&ids.uid, limits::pinned_node(&pod)) {
+    };
+    let attempt = match plan::attempt(obj, ids, status, &observed, setup)? {
+        Plan::Wait { reason, message } => {
+            return wait(ctx, obj, ids, status, reason, &message).await
+        }
+        Plan::Fail { reason, message } => {
+            return fail(ctx, obj, ids, status, reason, &message).await
+        }
+        Plan::Start(attempt) => attempt,
+    };
+    if let Slot::Queued(message) = ctx.take_slot(&ids.uid, limits::pinned_node(&attempt.pod)) {
         return wait(ctx, obj, ids, status, reason::QUEUED, &message).await;
     }
-    pods::create_token(ctx, obj, ids, &secret, &pod_name).await?;
-    let refused = match pods::create_network_policy(ctx, ids, &pod).await? {
-        Created::Refused(why) => Some(format!(
-            "the API server refused the NetworkPolicy of mover pod {pod_name}: {why}"
-        )),
-        Created::Yes => match pods::create_pod(ctx, ids, &pod).await? {
-            Created::Refused(why) => Some(format!(
-                "the API server refused mover pod {pod_name}: {why}"
-            )),
-            Created::Yes => None,
-        },
-    };
-    if let Some(message) = refused {
+    if let Some(message) = create_claims(ctx, obj, &attempt).await? {
         ctx.release_slot(&ids.uid);
-        pods::delete_mover(ctx, ids, &pod_name).await?;
+        return wait(ctx, obj, ids, status, reason::REFUSED, &message).await;
+    }
+    if let Some(message) = create_mover(ctx, obj, ids, &attempt).await? {
+        ctx.release_slot(&ids.uid);
+        pods::delete_mover(ctx, ids, attempt.pod_name()).await?;
         return wait(ctx, obj, ids, status, reason::REFUSED, &message).await;
     }
     ctx.done_waiting(&ids.uid);
-    let message = format!("mover pod {pod_name} (attempt {attempt}) is starting");
-    // The phase stays as it was (Pending on a first attempt) until the pod is ready.
-    let next = with_life(obj, status, |l| {
-        l.attempts = attempt;
-        l.mover_pod = Some(pod_name.clone());
-        l.node = None;
-        l.message = None;
-        l.start_time.get_or_insert_with(now);
-        l.set_condition(RUNNING, false, reason::MOVER_STARTING, &message);
-        l.set_condition(READY, false, reason::MOVER_STARTING, &message);
-    });
+    let (next, message) = plan::starting(obj, status, &attempt);
     write_status(ctx, ids, obj, &next).await?;
     ctx.event(obj, false, "MoverCreated", &message).await;
     Ok(Action::requeue(ctx.settings.resync))
+}
+
+/// Creates the templates' claims of `attempt`; returns the API server's refusal of one,
+/// as the status message.
+async fn create_claims<K: MoverKind>(
+    ctx: &Context,
+    obj: &K,
+    attempt: &Attempt,
+) -> Result<Option<String>, Error> {
+    for pvc in &attempt.new_claims {
+        let name = pvc.metadata.name.as_deref().unwrap_or_default();
+        if let Created::Refused(why) = claims::create(ctx, pvc).await? {
+            return Ok(Some(format!(
+                "the API server refused to create pvc/{name}: {why}"
+            )));
+        }
+        ctx.event(obj, false, "ClaimCreated", &format!("created pvc/{name}"))
+            .await;
+    }
+    Ok(None)
+}
+
+/// Creates the mover of `attempt` in order: the token Secret, the NetworkPolicy, the pod.
+/// Returns the API server's refusal of one, as the status message.
+async fn create_mover<K: MoverKind>(
+    ctx: &Context,
+    obj: &K,
+    ids: &Ids,
+    attempt: &Attempt,
+) -> Result<Option<String>, Error> {
+    let pod_name = attempt.pod_name();
+    pods::create_token(ctx, obj, ids, &attempt.token_secret, pod_name).await?;
+    if let Some(policy) = &attempt.network_policy {
+        if let Created::Refused(why) = pods::create_network_policy(ctx, ids, policy).await? {
+            return Ok(Some(format!(
+                "the API server refused the NetworkPolicy of mover pod {pod_name}: {why}"
+            )));
+        }
+    }
+    Ok(match pods::create_pod(ctx, ids, &attempt.pod).await? {
+        Created::Refused(why) => Some(format!(
+            "the API server refused mover pod {pod_name}: {why}"
+        )),
+        Created::Yes => None,
+    })
 }
 
 /// The pod is not ready yet: when Kubernetes says why, the status says it too. Not ready
@@ -296,7 +292,7 @@ async fn starting<K: MoverKind>(
         Some(why) => format!("mover pod {pod} (attempt {attempt}) cannot start yet: {why}"),
         None => format!("mover pod {pod} (attempt {attempt}) is starting"),
     };
-    let next = with_life(obj, status, |l| {
+    let next = plan::with_life(obj, status, |l| {
         l.message = why.is_some().then(|| message.clone());
         l.set_condition(RUNNING, false, reason::MOVER_STARTING, &message);
         l.set_condition(READY, false, reason::MOVER_STARTING, &message);
@@ -355,18 +351,7 @@ async fn run_jobs<K: MoverKind>(
     if ctx.is_watching(&ids.uid, attempt) {
         return Ok(Action::requeue(ctx.settings.resync));
     }
-    let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-    let pod_name = pod.metadata.name.clone().unwrap_or_default();
-    let message = format!(
-        "mover pod {pod_name} runs on node {}",
-        node.as_deref().unwrap_or("(unknown)")
-    );
-    let next = with_life(obj.as_ref(), status, |l| {
-        l.phase = Phase::Running;
-        l.node = node.clone();
-        l.set_condition(RUNNING, true, reason::MOVER_RUNNING, &message);
-        l.set_condition(READY, false, reason::MOVER_RUNNING, &message);
-    });
+    let (next, message) = plan::running(obj.as_ref(), status, pod);
     // Once the mover was found unreachable, Running is written only when it answers:
     // the status must not flap between the two.
     let was_unreachable = status.life().running_reason() == reason::MOVER_UNREACHABLE;
@@ -447,7 +432,7 @@ async fn unreachable<K: MoverKind>(
         return lost(ctx, obj, ids, status, &message).await;
     }
     if life.running_reason() != reason::MOVER_UNREACHABLE {
-        let next = with_life(obj, status, |l| {
+        let next = plan::with_life(obj, status, |l| {
             l.message = Some(message.clone());
             l.set_condition(RUNNING, false, reason::MOVER_UNREACHABLE, &message);
         });
@@ -530,7 +515,7 @@ async fn lost<K: MoverKind>(
         if let Some(pod) = &life.mover_pod {
             pods::delete_mover(ctx, ids, pod).await?;
         }
-        let next = with_life(obj, status, |l| {
+        let next = plan::with_life(obj, status, |l| {
             l.message = Some(why.to_string());
             l.set_condition(RUNNING, false, reason::MOVER_LOST, why);
             if let Some(c) = l.conditions.iter_mut().find(|c| c.type_ == RUNNING) {
@@ -568,7 +553,7 @@ async fn on_delete<K: MoverKind>(ctx: &Context, obj: &K, ids: &Ids) -> Result<Ac
         }
         let message =
             "deleted while it ran: the mover was stopped; what it had committed stays written";
-        let next = with_life(obj, &status, |l| {
+        let next = plan::with_life(obj, &status, |l| {
             l.finish(Phase::Cancelled, reason::CANCELLED, Some(message));
         });
         latest = Some(write_status(ctx, ids, obj, &next).await?);

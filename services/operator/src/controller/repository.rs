@@ -53,7 +53,8 @@ pub async fn reconcile_repository(
         ),
         Ok(()) => {
             let keys = obj.spec.secret_refs();
-            match secrets::missing(&ctx, &ids, &[], &keys).await? {
+            let present = secrets::observe(&ctx, &ids.namespace, &[], &keys).await?;
+            match secrets::missing(&present, &ids.namespace, &[], &keys) {
                 Some(message) => (
                     false,
                     SECRET_MISSING,

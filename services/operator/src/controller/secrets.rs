@@ -13,11 +13,10 @@ use crate::crd::{Endpoint, SecretKeyRef};
 
 use super::context::Context;
 use super::error::Error;
-use super::kind::Ids;
 
 /// Secret name -> the keys the endpoints and `keys` reference (empty for a whole-Secret
 /// reference).
-fn referenced(
+pub fn referenced(
     endpoints: &[&Endpoint],
     keys: &[&SecretKeyRef],
 ) -> BTreeMap<String, BTreeSet<String>> {
@@ -42,33 +41,54 @@ fn referenced(
     wanted
 }
 
-/// What is missing, as a message saying what to create, or `None` when every referenced
-/// Secret and key exists.
-pub async fn missing(
+/// The Secrets `endpoints` and `keys` reference that exist in `namespace`, with the keys
+/// they hold.
+pub async fn observe(
     ctx: &Context,
-    ids: &Ids,
+    namespace: &str,
     endpoints: &[&Endpoint],
     keys: &[&SecretKeyRef],
-) -> Result<Option<String>, Error> {
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ids.namespace);
-    for (name, keys) in referenced(endpoints, keys) {
-        let Some(secret) = api.get_opt(&name).await? else {
-            return Ok(Some(format!(
-                "secret/{name} does not exist in namespace {}: create it, or fix the secretKeyRef",
-                ids.namespace
-            )));
-        };
-        let present: BTreeSet<&String> = secret
-            .data
-            .iter()
-            .flat_map(|d| d.keys())
-            .chain(secret.string_data.iter().flat_map(|d| d.keys()))
-            .collect();
-        if let Some(key) = keys.iter().find(|k| !present.contains(k)) {
-            return Ok(Some(format!(
-                "secret/{name} has no key '{key}': add it, or fix the secretKeyRef's key"
-            )));
+) -> Result<BTreeMap<String, BTreeSet<String>>, Error> {
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    let mut present = BTreeMap::new();
+    for name in referenced(endpoints, keys).into_keys() {
+        if let Some(secret) = api.get_opt(&name).await? {
+            present.insert(name, keys_of(&secret));
         }
     }
-    Ok(None)
+    Ok(present)
+}
+
+/// The keys a Secret holds (never its values).
+pub fn keys_of(secret: &Secret) -> BTreeSet<String> {
+    secret
+        .data
+        .iter()
+        .flat_map(|d| d.keys())
+        .chain(secret.string_data.iter().flat_map(|d| d.keys()))
+        .cloned()
+        .collect()
+}
+
+/// What is missing, as a message saying what to create, or `None` when every referenced
+/// Secret and key exists in `present` (the namespace's Secrets: name -> their keys).
+pub fn missing(
+    present: &BTreeMap<String, BTreeSet<String>>,
+    namespace: &str,
+    endpoints: &[&Endpoint],
+    keys: &[&SecretKeyRef],
+) -> Option<String> {
+    for (name, keys) in referenced(endpoints, keys) {
+        let Some(held) = present.get(&name) else {
+            return Some(format!(
+                "secret/{name} does not exist in namespace {namespace}: create it, or fix the secretKeyRef"
+            ));
+        };
+        if let Some(key) = keys.iter().find(|k| !held.contains(*k)) {
+            return Some(format!(
+                "secret/{name} has no key '{key}': add it, or fix the secretKeyRef's key"
+            ));
+        }
+    }
+    None
 }
