@@ -56,4 +56,5 @@ pub mod leader;
 pub mod metrics;
 pub mod mover;
 pub mod populator;
+pub mod render;
 pub mod schedule;

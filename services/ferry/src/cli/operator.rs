@@ -4,10 +4,12 @@
 //! through a Lease, then runs the controllers until a termination signal (releasing the
 //! Lease) or until it loses the Lease (exiting non-zero, so the pod restarts as a
 //! follower). Logs and traces are set up as for `ferry serve`; the operator's metrics
-//! are served on their own port.
+//! are served on their own port. `ferry operator render FILE` is its dry run: what the
+//! operator would create for the resources in FILE ([`ferry_operator::render`]).
 
 use std::io::Write;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +43,10 @@ enum OperatorCommand {
     Crds,
     /// Run the operator (in a pod, or against the cluster of the kubeconfig).
     Run(Box<RunArgs>),
+    /// Print, as multi-document YAML, every object the operator would create or patch
+    /// for the ferry resources in FILE, given the cluster objects FILE also holds; each
+    /// resource's outcome (and why one waits) goes to stderr. Talks to no cluster.
+    Render(Box<RenderArgs>),
 }
 
 /// Flags of `ferry operator run`; each has an environment fallback.
@@ -49,34 +55,9 @@ pub struct RunArgs {
     /// Image of the mover pods (the ferry image).
     #[arg(long, env = "FERRY_OPERATOR_MOVER_IMAGE")]
     pub mover_image: String,
-    /// Pull policy of the mover image [default: Kubernetes' own].
-    #[arg(long, env = "FERRY_OPERATOR_MOVER_PULL_POLICY", value_parser = ["Always", "IfNotPresent", "Never"])]
-    pub mover_pull_policy: Option<String>,
-    /// A Secret to pull the mover image with (repeat for several; each must exist in
-    /// every namespace movers run in).
-    #[arg(long = "mover-image-pull-secret", value_name = "SECRET")]
-    pub mover_image_pull_secret: Vec<String>,
-    /// Service account of mover pods when a resource names none.
-    #[arg(long, env = "FERRY_OPERATOR_MOVER_SERVICE_ACCOUNT")]
-    pub mover_service_account: Option<String>,
-    /// CPU request of a mover container whose resource gives no resources ("none": no request).
-    #[arg(long, env = "FERRY_OPERATOR_MOVER_CPU_REQUEST", default_value = resources::CPU_REQUEST, value_parser = quantity)]
-    pub mover_cpu_request: String,
-    /// Memory request of a mover container whose resource gives no resources ("none": no request).
-    #[arg(long, env = "FERRY_OPERATOR_MOVER_MEMORY_REQUEST", default_value = resources::MEMORY_REQUEST, value_parser = quantity)]
-    pub mover_memory_request: String,
-    /// CPU limit of a mover container whose resource gives no resources ("none": no limit).
-    #[arg(long, env = "FERRY_OPERATOR_MOVER_CPU_LIMIT", default_value = resources::CPU_LIMIT, value_parser = quantity)]
-    pub mover_cpu_limit: String,
-    /// Memory limit of a mover container whose resource gives no resources ("none": no limit).
-    #[arg(long, env = "FERRY_OPERATOR_MOVER_MEMORY_LIMIT", default_value = resources::MEMORY_LIMIT, value_parser = quantity)]
-    pub mover_memory_limit: String,
-    /// Most mover pods at once in the cluster (0: no limit).
-    #[arg(long, env = "FERRY_OPERATOR_MAX_MOVERS", default_value_t = 0)]
-    pub max_movers: usize,
-    /// Most mover pods at once on one node (0: no limit).
-    #[arg(long, env = "FERRY_OPERATOR_MAX_MOVERS_PER_NODE", default_value_t = 0)]
-    pub max_movers_per_node: usize,
+    /// What mover pods get, and the mover limits.
+    #[command(flatten)]
+    pub movers: MoverFlags,
     /// A mover pod not ready this long after its creation fails its attempt, with the
     /// pod's last warning events (like 10m, 1h).
     #[arg(long, env = "FERRY_OPERATOR_MOVER_START_TIMEOUT", default_value = "10m", value_parser = start_timeout)]
@@ -105,6 +86,46 @@ pub struct RunArgs {
     /// Watch only this namespace [default: all namespaces].
     #[arg(long, env = "FERRY_OPERATOR_WATCH_NAMESPACE")]
     pub watch_namespace: Option<String>,
+    /// Log format.
+    #[arg(long, env = "FERRY_LOG_FORMAT", value_enum, default_value = "json")]
+    pub log_format: LogFormat,
+    /// Log filter (tracing EnvFilter syntax).
+    #[arg(long, env = "FERRY_LOG", default_value = "info")]
+    pub log_filter: String,
+}
+
+/// Flags of what mover pods get and how many run, shared by `run` and `render`; each has
+/// an environment fallback.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MoverFlags {
+    /// Pull policy of the mover image [default: Kubernetes' own].
+    #[arg(long, env = "FERRY_OPERATOR_MOVER_PULL_POLICY", value_parser = ["Always", "IfNotPresent", "Never"])]
+    pub mover_pull_policy: Option<String>,
+    /// A Secret to pull the mover image with (repeat for several; each must exist in
+    /// every namespace movers run in).
+    #[arg(long = "mover-image-pull-secret", value_name = "SECRET")]
+    pub mover_image_pull_secret: Vec<String>,
+    /// Service account of mover pods when a resource names none.
+    #[arg(long, env = "FERRY_OPERATOR_MOVER_SERVICE_ACCOUNT")]
+    pub mover_service_account: Option<String>,
+    /// CPU request of a mover container whose resource gives no resources ("none": no request).
+    #[arg(long, env = "FERRY_OPERATOR_MOVER_CPU_REQUEST", default_value = resources::CPU_REQUEST, value_parser = quantity)]
+    pub mover_cpu_request: String,
+    /// Memory request of a mover container whose resource gives no resources ("none": no request).
+    #[arg(long, env = "FERRY_OPERATOR_MOVER_MEMORY_REQUEST", default_value = resources::MEMORY_REQUEST, value_parser = quantity)]
+    pub mover_memory_request: String,
+    /// CPU limit of a mover container whose resource gives no resources ("none": no limit).
+    #[arg(long, env = "FERRY_OPERATOR_MOVER_CPU_LIMIT", default_value = resources::CPU_LIMIT, value_parser = quantity)]
+    pub mover_cpu_limit: String,
+    /// Memory limit of a mover container whose resource gives no resources ("none": no limit).
+    #[arg(long, env = "FERRY_OPERATOR_MOVER_MEMORY_LIMIT", default_value = resources::MEMORY_LIMIT, value_parser = quantity)]
+    pub mover_memory_limit: String,
+    /// Most mover pods at once in the cluster (0: no limit).
+    #[arg(long, env = "FERRY_OPERATOR_MAX_MOVERS", default_value_t = 0)]
+    pub max_movers: usize,
+    /// Most mover pods at once on one node (0: no limit).
+    #[arg(long, env = "FERRY_OPERATOR_MAX_MOVERS_PER_NODE", default_value_t = 0)]
+    pub max_movers_per_node: usize,
     /// The operator's own namespace, whose operator pods the movers' NetworkPolicies
     /// admit [default: the pod's namespace, else "ferry-system"].
     #[arg(long, env = "FERRY_OPERATOR_NAMESPACE")]
@@ -114,13 +135,24 @@ pub struct RunArgs {
     #[arg(long, env = "FERRY_OPERATOR_MOVER_NETWORK_POLICY", default_value_t = true,
           action = clap::ArgAction::Set)]
     pub mover_network_policy: bool,
-    /// Log format.
-    #[arg(long, env = "FERRY_LOG_FORMAT", value_enum, default_value = "json")]
-    pub log_format: LogFormat,
-    /// Log filter (tracing EnvFilter syntax).
-    #[arg(long, env = "FERRY_LOG", default_value = "info")]
-    pub log_filter: String,
 }
+
+/// Arguments of `ferry operator render`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RenderArgs {
+    /// A YAML file of ferry resources and the cluster objects they refer to ("-": stdin).
+    pub file: PathBuf,
+    /// Image of the mover pods (the ferry image).
+    #[arg(long, env = "FERRY_OPERATOR_MOVER_IMAGE", default_value = DEFAULT_MOVER_IMAGE)]
+    pub mover_image: String,
+    /// What mover pods get, and the mover limits (none unless given).
+    #[command(flatten)]
+    pub movers: MoverFlags,
+}
+
+/// The image deploy/ runs: render's mover image unless one is given.
+const DEFAULT_MOVER_IMAGE: &str =
+    concat!("ghcr.io/ferry-project/ferry:", env!("CARGO_PKG_VERSION"));
 
 /// A `--mover-start-timeout` value: a duration of at least a second.
 fn start_timeout(text: &str) -> Result<Duration, String> {
@@ -141,7 +173,7 @@ fn quantity(text: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
-impl RunArgs {
+impl MoverFlags {
     /// The mover containers' default requests and limits.
     fn mover_resources(&self) -> MoverResources {
         let given = |v: &String| (v != "none").then(|| v.clone());
@@ -153,10 +185,10 @@ impl RunArgs {
         }
     }
 
-    /// The reconcilers' settings.
-    pub fn settings(&self) -> OperatorSettings {
+    /// The reconcilers' settings for movers of `image`.
+    pub fn settings(&self, image: &str) -> OperatorSettings {
         let mut settings = OperatorSettings::new(MoverDefaults {
-            image: self.mover_image.clone(),
+            image: image.to_string(),
             image_pull_policy: self.mover_pull_policy.clone(),
             resources: self.mover_resources().requirements(),
             node_selector: Default::default(),
@@ -167,15 +199,23 @@ impl RunArgs {
         });
         settings.max_movers = self.max_movers;
         settings.max_movers_per_node = self.max_movers_per_node;
-        settings.max_attempts = self.max_attempts;
-        settings.mover_start_timeout = self.mover_start_timeout;
-        settings.watch_namespace = self.watch_namespace.clone();
         settings.operator_namespace = self
             .operator_namespace
             .clone()
             .or_else(pod_namespace)
             .unwrap_or_else(|| "ferry-system".to_string());
         settings.mover_network_policy = self.mover_network_policy;
+        settings
+    }
+}
+
+impl RunArgs {
+    /// The reconcilers' settings.
+    pub fn settings(&self) -> OperatorSettings {
+        let mut settings = self.movers.settings(&self.mover_image);
+        settings.max_attempts = self.max_attempts;
+        settings.mover_start_timeout = self.mover_start_timeout;
+        settings.watch_namespace = self.watch_namespace.clone();
         settings
     }
 
@@ -222,7 +262,39 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         OperatorCommand::Run(args) => run_operator(*args).await,
+        OperatorCommand::Render(args) => render(&args),
     }
+}
+
+/// `ferry operator render FILE`.
+fn render(args: &RenderArgs) -> anyhow::Result<ExitCode> {
+    let text = if args.file.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).context("cannot read stdin")?
+    } else {
+        std::fs::read_to_string(&args.file)
+            .with_context(|| format!("cannot read {}", args.file.display()))?
+    };
+    let name = args.file.display();
+    let cluster =
+        ferry_operator::render::Cluster::parse(&text).with_context(|| format!("{name}"))?;
+    let options = ferry_operator::render::Options {
+        settings: args.movers.settings(&args.mover_image),
+        tls: true,
+    };
+    let rendered =
+        ferry_operator::render::render(&cluster, &options).with_context(|| format!("{name}"))?;
+    let yaml = rendered
+        .yaml()
+        .context("cannot write the objects as YAML")?;
+    std::io::stdout()
+        .lock()
+        .write_all(yaml.as_bytes())
+        .context("cannot write the objects to stdout")?;
+    let mut err = std::io::stderr().lock();
+    for line in &rendered.summary {
+        writeln!(err, "{line}").context("cannot write to stderr")?;
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `ferry operator run`: checks the flags, connects, serves metrics, then leads.

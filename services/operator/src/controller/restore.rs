@@ -30,40 +30,67 @@ async fn resolve(
     namespace: &str,
     restore: &Restore,
 ) -> Result<Result<ResolvedSnapshot, String>, Error> {
-    let (repository, snapshot_id) = match (&restore.spec.backup, &restore.spec.repository) {
-        (Some(name), _) => {
+    let backup = match &restore.spec.backup {
+        Some(name) => {
             let backups: Api<Backup> = Api::namespaced(ctx.client.clone(), namespace);
-            let Some(backup) = backups.get_opt(name).await? else {
-                return Ok(Err(format!(
-                    "Backup '{name}' does not exist in this namespace: fix the name"
-                )));
-            };
-            let status = backup.status.unwrap_or_default();
-            match (status.phase, status.snapshot_id) {
-                (Phase::Succeeded, Some(id)) => (backup.spec.repository, id),
-                (phase, _) => {
-                    return Ok(Err(format!(
-                        "Backup '{name}' has no snapshot to restore (phase {phase:?}): restore a Backup that succeeded"
-                    )))
-                }
-            }
+            backups.get_opt(name).await?
         }
-        (None, Some(repository)) => (
-            repository.clone(),
-            restore.spec.snapshot_id.clone().unwrap_or_default(),
-        ),
-        (None, None) => return Ok(Err("name a backup, or a repository and snapshotId".into())),
+        None => None,
+    };
+    let (repository, snapshot_id) = match named_snapshot(restore, backup.as_ref()) {
+        Ok(named) => named,
+        Err(why) => return Ok(Err(why)),
     };
     let repositories: Api<BackupRepository> = Api::namespaced(ctx.client.clone(), namespace);
-    Ok(match repositories.get_opt(&repository).await? {
+    let found = repositories.get_opt(&repository).await?;
+    Ok(snapshot_in(&repository, snapshot_id, found))
+}
+
+/// The repository name and snapshot id a Restore names: through its Backup (`backup`,
+/// the named Backup as found, None when it does not exist) or directly.
+pub fn named_snapshot(
+    restore: &Restore,
+    backup: Option<&Backup>,
+) -> Result<(String, String), String> {
+    match (&restore.spec.backup, &restore.spec.repository) {
+        (Some(name), _) => {
+            let Some(backup) = backup else {
+                return Err(format!(
+                    "Backup '{name}' does not exist in this namespace: fix the name"
+                ));
+            };
+            let status = backup.status.clone().unwrap_or_default();
+            match (status.phase, status.snapshot_id) {
+                (Phase::Succeeded, Some(id)) => Ok((backup.spec.repository.clone(), id)),
+                (phase, _) => Err(format!(
+                    "Backup '{name}' has no snapshot to restore (phase {phase:?}): restore a Backup that succeeded"
+                )),
+            }
+        }
+        (None, Some(repository)) => Ok((
+            repository.clone(),
+            restore.spec.snapshot_id.clone().unwrap_or_default(),
+        )),
+        (None, None) => Err("name a backup, or a repository and snapshotId".into()),
+    }
+}
+
+/// The snapshot `snapshot_id` of the repository named `name` (`found`: the
+/// BackupRepository, None when it does not exist).
+pub fn snapshot_in(
+    name: &str,
+    snapshot_id: String,
+    found: Option<BackupRepository>,
+) -> Result<ResolvedSnapshot, String> {
+    match found {
         Some(repo) => Ok(ResolvedSnapshot {
             repository: repo.spec,
             snapshot_id,
         }),
         None => Err(format!(
-            "BackupRepository '{repository}' does not exist in this namespace: create it, or fix the name"
+            "BackupRepository '{name}' does not exist in this namespace: create it, or fix the name"
         )),
-    })
+    }
 }
 
 /// One reconcile of a Restore: its snapshot looked up, then the shared state machine. A
