@@ -26,6 +26,7 @@ pub mod context;
 pub mod error;
 pub mod mirror;
 pub mod names;
+pub mod plan;
 pub mod rebind;
 pub mod reconcile;
 pub mod source;

@@ -24,21 +24,12 @@ use super::build::{self, ClaimIds};
 use super::context::Context;
 use super::error::Error;
 use super::source::SourceKind;
+use super::plan::{self, Placement};
 use super::{names, rebind, source};
 
 /// How long a claim waits before looking again at what no watch reports (a storage
 /// class, a volume, a conflicting Transfer someone else owns).
 pub const RECHECK: Duration = Duration::from_secs(60);
-
-/// Where the prime claim may be provisioned.
-enum Placement {
-    /// Wherever the provisioner likes (Immediate binding, or no class).
-    Anywhere,
-    /// On the node the scheduler picked for the user's claim.
-    Node(String),
-    /// Not yet.
-    Wait(Action),
-}
 
 /// A step's result: go on with this, or stop here and come back as the action says.
 enum Step<T> {
@@ -100,30 +91,15 @@ async fn restore(
     backup_name: &str,
 ) -> Result<Action, Error> {
     let backups: Api<Backup> = Api::namespaced(ctx.client.clone(), &ids.namespace);
-    let Some(backup) = backups.get_opt(backup_name).await? else {
-        let note = format!(
-            "waiting for Backup {backup_name} in namespace {}: create it, or fix spec.dataSourceRef",
-            ids.namespace
-        );
-        ctx.event(pvc, false, "Pending", &note).await;
-        // The watch of Backups wakes the claim when it appears.
+    let found = backups.get_opt(backup_name).await?;
+    if let Some(note) = plan::backup_problem(backup_name, &ids.namespace, found.as_ref()) {
+        ctx.event(pvc, note.warning, note.reason, &note.text).await;
+        // The watch of Backups wakes the claim when it appears or ends.
+        return Ok(Action::await_change());
+    }
+    let Some(backup) = found else {
         return Ok(Action::await_change());
     };
-    match backup.status.as_ref().map(|s| s.phase) {
-        Some(Phase::Succeeded) => {}
-        Some(phase @ (Phase::Failed | Phase::Cancelled)) => {
-            let note = format!(
-                "Backup {backup_name} ended {phase:?}: it has no snapshot to restore; name another Backup in spec.dataSourceRef"
-            );
-            ctx.event(pvc, true, "InvalidSource", &note).await;
-            return Ok(Action::await_change());
-        }
-        _ => {
-            let note = format!("waiting for Backup {backup_name} to succeed");
-            ctx.event(pvc, false, "Pending", &note).await;
-            return Ok(Action::await_change());
-        }
-    }
     let prime_name = names::prime(&ids.uid);
     let prime = match ctx.claim(&ids.namespace, &prime_name) {
         Some(prime) => prime,
@@ -195,20 +171,15 @@ async fn populate(
     source_name: &str,
 ) -> Result<Action, Error> {
     let sources: Api<VolumeImageSource> = Api::namespaced(ctx.client.clone(), &ids.namespace);
-    let Some(source) = sources.get_opt(source_name).await? else {
-        let note = format!(
-            "waiting for VolumeImageSource {source_name} in namespace {}: create it, or fix spec.dataSourceRef",
-            ids.namespace
-        );
-        ctx.event(pvc, false, "Pending", &note).await;
-        // The watch of VolumeImageSources wakes the claim when it appears.
-        return Ok(Action::await_change());
-    };
-    if let Err(e) = source.spec.validate() {
-        let note = format!("VolumeImageSource {source_name}: {e}");
-        ctx.event(pvc, true, "InvalidSource", &note).await;
+    let found = sources.get_opt(source_name).await?;
+    if let Some(note) = plan::image_source_problem(source_name, &ids.namespace, found.as_ref()) {
+        ctx.event(pvc, note.warning, note.reason, &note.text).await;
+        // The watch of VolumeImageSources wakes the claim when it appears or changes.
         return Ok(Action::await_change());
     }
+    let Some(source) = found else {
+        return Ok(Action::await_change());
+    };
     let prime_name = names::prime(&ids.uid);
     let prime = match ctx.claim(&ids.namespace, &prime_name) {
         Some(prime) => prime,
@@ -232,34 +203,15 @@ async fn populate(
     }
 }
 
+/// Where the prime claim of `pvc` may be provisioned: its storage class read, then
+/// [`plan::placement`].
 async fn placement(ctx: &Context, pvc: &PersistentVolumeClaim) -> Result<Placement, Error> {
-    let class = pvc
-        .spec
-        .as_ref()
-        .and_then(|s| s.storage_class_name.as_deref());
-    let Some(class) = class.filter(|c| !c.is_empty()) else {
-        return Ok(Placement::Anywhere);
+    let Some(class) = plan::class_of(pvc) else {
+        return Ok(plan::placement(pvc, None));
     };
     let classes: Api<StorageClass> = Api::all(ctx.client.clone());
-    let Some(sc) = classes.get_opt(class).await? else {
-        let note = format!("waiting for StorageClass {class}: it does not exist");
-        ctx.event(pvc, false, "Pending", &note).await;
-        return Ok(Placement::Wait(Action::requeue(RECHECK)));
-    };
-    if sc.volume_binding_mode.as_deref() != Some("WaitForFirstConsumer") {
-        return Ok(Placement::Anywhere);
-    }
-    let node = pvc
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(names::SELECTED_NODE));
-    Ok(match node {
-        Some(node) => Placement::Node(node.clone()),
-        // The scheduler annotates the claim once a pod using it has a node; that update
-        // wakes the claim.
-        None => Placement::Wait(Action::await_change()),
-    })
+    let found = classes.get_opt(class).await?;
+    Ok(plan::placement(pvc, Some(found.as_ref())))
 }
 
 /// Creates the prime claim, or says how long to wait before it may be.
@@ -271,7 +223,13 @@ async fn create_prime(
     let node = match placement(ctx, pvc).await? {
         Placement::Anywhere => None,
         Placement::Node(node) => Some(node),
-        Placement::Wait(action) => return Ok(Step::Wait(action)),
+        Placement::NoClass(note) => {
+            ctx.event(pvc, note.warning, note.reason, &note.text).await;
+            return Ok(Step::Wait(Action::requeue(RECHECK)));
+        }
+        // The scheduler annotates the claim once a pod using it has a node; that update
+        // wakes the claim.
+        Placement::NoNode => return Ok(Step::Wait(Action::await_change())),
     };
     let prime = build::prime_claim(pvc, ids, node.as_deref());
     let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ids.namespace);

@@ -78,7 +78,7 @@ pub enum RenderError {
         /// Its name.
         name: String,
         /// What failed.
-        source: Error,
+        source: Box<Error>,
     },
 }
 
@@ -364,7 +364,7 @@ fn look<K: MoverKind>(
         kind: K::KIND,
         namespace: ids.namespace.clone(),
         name: ids.name.clone(),
-        source,
+        source: Box::new(source),
     };
     let attempt = match plan::attempt(obj, &ids, &status, &observed, setup).map_err(failed)? {
         Plan::Wait { reason, message } => {
