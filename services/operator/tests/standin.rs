@@ -496,3 +496,105 @@ async fn queued_transfers_take_freed_slots_while_the_mover_store_lags() {
     );
     assert_no_refusal(&cluster);
 }
+
+/// `ferry operator render` plans what the operator creates: the same cluster objects
+/// given to render, its mover pod (pinned to the node of the claim's user), its
+/// NetworkPolicy, its template claim and its token Secret's keys are those the real
+/// controllers created on the stand-in.
+#[tokio::test]
+async fn render_plans_the_objects_the_operator_creates() {
+    let cluster = cluster();
+    cluster.create(claim("vm-disk", "ceph-rbd"));
+    cluster.create(pod_using("virt-launcher-vm1", "vm-disk", "node-b"));
+    until(5, "the VM to run", || {
+        cluster.get("", "pods", NS, "virt-launcher-vm1").unwrap()["status"]["phase"] == "Running"
+    })
+    .await;
+    let mut movers = cluster.changes("", "pods", &mover_selector());
+    let mut policies = cluster.changes("networking.k8s.io", "networkpolicies", "");
+    let _operator = start(&cluster, settings());
+    apply_transfer(
+        &cluster,
+        "backup-disk",
+        json!({"source": {"pvc": {"name": "vm-disk"}},
+               "targets": [{"pvcTemplate": {"name": "vm-disk-copy", "size": "4Mi",
+                                            "storageClassName": "ceph-rbd"}}]}),
+    )
+    .await;
+    let mut transfer = cluster
+        .get("ferry.dev", "transfers", NS, "backup-disk")
+        .unwrap();
+    until(20, "the Transfer to succeed", || {
+        phase_of(&cluster, "backup-disk").as_deref() == Some("Succeeded")
+    })
+    .await;
+    let seen = drain(&mut movers);
+    let (_, created, _) = seen
+        .iter()
+        .find(|(kind, _, _)| *kind == ChangeType::Added)
+        .expect("a mover was created");
+
+    // What render was given: the objects as they were before the operator acted.
+    transfer.as_object_mut().unwrap().remove("status");
+    let file: Vec<Value> = vec![
+        cluster.get("", "namespaces", "", NS).unwrap(),
+        cluster
+            .get("", "persistentvolumeclaims", NS, "vm-disk")
+            .unwrap(),
+        cluster.get("", "pods", NS, "virt-launcher-vm1").unwrap(),
+        transfer,
+    ];
+    let text: String = file
+        .iter()
+        .map(|o| format!("---\n{}", serde_yaml::to_string(o).unwrap()))
+        .collect();
+    let options = ferry_operator::render::Options {
+        settings: settings(),
+        tls: true,
+    };
+    let input = ferry_operator::render::Cluster::parse(&text).unwrap();
+    let rendered = ferry_operator::render::render(&input, &options).unwrap();
+    let planned = |kind: &str| {
+        rendered
+            .objects
+            .iter()
+            .find(|o| o["kind"] == kind)
+            .unwrap_or_else(|| panic!("render planned no {kind}: {:?}", rendered.summary))
+            .clone()
+    };
+
+    let pod = planned("Pod");
+    let mut spec = created["spec"].clone();
+    spec.as_object_mut().unwrap().remove("nodeName");
+    assert_eq!(pod["spec"], spec);
+    for field in ["name", "labels", "ownerReferences"] {
+        assert_eq!(
+            pod["metadata"][field], created["metadata"][field],
+            "{field}"
+        );
+    }
+    let mover = name_of(created);
+    let policy = planned("NetworkPolicy");
+    let made_policies = drain(&mut policies);
+    let (_, made_policy, _) = made_policies
+        .iter()
+        .find(|(kind, p, _)| *kind == ChangeType::Added && name_of(p) == mover)
+        .expect("the mover's NetworkPolicy was created");
+    assert_eq!(policy["spec"], made_policy["spec"]);
+    assert_eq!(
+        policy["metadata"]["labels"],
+        made_policy["metadata"]["labels"]
+    );
+    let claim = planned("PersistentVolumeClaim");
+    let made = cluster
+        .get("", "persistentvolumeclaims", NS, "vm-disk-copy")
+        .unwrap();
+    for field in ["accessModes", "resources", "storageClassName", "volumeMode"] {
+        assert_eq!(claim["spec"][field], made["spec"][field], "{field}");
+    }
+    assert_eq!(claim["metadata"]["labels"], made["metadata"]["labels"]);
+    let secret = planned("Secret");
+    let keys: Vec<&String> = secret["stringData"].as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["ca.crt", "tls.crt", "tls.key", "token"]);
+    assert_eq!(name_of(&secret), format!("{mover}-token"));
+}

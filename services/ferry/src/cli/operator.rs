@@ -140,8 +140,10 @@ pub struct MoverFlags {
 /// Arguments of `ferry operator render`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RenderArgs {
-    /// A YAML file of ferry resources and the cluster objects they refer to ("-": stdin).
-    pub file: PathBuf,
+    /// YAML files of ferry resources and the cluster objects they refer to, read as one
+    /// ("-": stdin).
+    #[arg(required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
     /// Image of the mover pods (the ferry image).
     #[arg(long, env = "FERRY_OPERATOR_MOVER_IMAGE", default_value = DEFAULT_MOVER_IMAGE)]
     pub mover_image: String,
@@ -266,26 +268,26 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// `ferry operator render FILE`.
+/// `ferry operator render FILE...`.
 fn render(args: &RenderArgs) -> anyhow::Result<ExitCode> {
-    let text = if args.file.as_os_str() == "-" {
-        std::io::read_to_string(std::io::stdin()).context("cannot read stdin")?
-    } else {
-        std::fs::read_to_string(&args.file)
-            .with_context(|| format!("cannot read {}", args.file.display()))?
-    };
-    let name = args.file.display();
-    let cluster =
-        ferry_operator::render::Cluster::parse(&text).with_context(|| format!("{name}"))?;
+    let mut cluster = ferry_operator::render::Cluster::default();
+    for file in &args.files {
+        let (name, text) = if file.as_os_str() == "-" {
+            let text = std::io::read_to_string(std::io::stdin()).context("cannot read stdin")?;
+            ("stdin".to_string(), text)
+        } else {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            (file.display().to_string(), text)
+        };
+        cluster.read(&text).with_context(|| name)?;
+    }
     let options = ferry_operator::render::Options {
         settings: args.movers.settings(&args.mover_image),
         tls: true,
     };
-    let rendered =
-        ferry_operator::render::render(&cluster, &options).with_context(|| format!("{name}"))?;
-    let yaml = rendered
-        .yaml()
-        .context("cannot write the objects as YAML")?;
+    let rendered = ferry_operator::render::render(&cluster, &options)?;
+    let yaml = rendered.yaml();
     std::io::stdout()
         .lock()
         .write_all(yaml.as_bytes())

@@ -3,6 +3,7 @@
 //! mistake shows on the repository before a backup fails on it. It runs no mover: the
 //! repository itself is reached (and created, with `initialize`) by the first Backup.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use kube::api::{Patch, PatchParams};
@@ -10,7 +11,7 @@ use kube::runtime::controller::Action;
 use kube::Api;
 
 use crate::crd::status::condition::{reason, READY};
-use crate::crd::BackupRepository;
+use crate::crd::{BackupRepository, BackupRepositoryStatus};
 
 use super::context::{Context, MANAGER};
 use super::error::Error;
@@ -41,41 +42,20 @@ pub async fn reconcile_repository(
         uid: uid.clone(),
     };
     let before = obj.status.clone().unwrap_or_default();
-    let mut next = before.clone();
-    next.observed_generation = meta.generation;
-    next.encrypted = obj.spec.encryption.is_some();
-    let (ready, why, message, action) = match obj.spec.validate() {
-        Err(e) => (
-            false,
-            reason::INVALID_SPEC,
-            Some(format!("{e}: fix the spec")),
-            Action::await_change(),
-        ),
-        Ok(()) => {
-            let keys = obj.spec.secret_refs();
-            let present = secrets::observe(&ctx, &ids.namespace, &[], &keys).await?;
-            match secrets::missing(&present, &ids.namespace, &[], &keys) {
-                Some(message) => (
-                    false,
-                    SECRET_MISSING,
-                    Some(message),
-                    Action::requeue(ctx.settings.resync),
-                ),
-                None => (true, VALID, None, Action::requeue(ctx.settings.resync)),
-            }
-        }
+    let keys = obj.spec.secret_refs();
+    let present = match obj.spec.validate() {
+        Ok(()) => secrets::observe(&ctx, &ids.namespace, &[], &keys).await?,
+        Err(_) => Default::default(),
     };
-    let text = message
-        .clone()
-        .unwrap_or_else(|| "the repository can be used".into());
-    let mut life = Life {
-        conditions: std::mem::take(&mut next.conditions),
-        observed_generation: next.observed_generation,
-        ..Life::default()
+    let (next, ready) = status(&obj, &present);
+    let action = match ready {
+        Ready::Invalid => Action::await_change(),
+        Ready::SecretMissing | Ready::Yes => Action::requeue(ctx.settings.resync),
     };
-    life.set_condition(READY, ready, why, &text);
-    next.conditions = life.conditions;
-    next.message = message;
+    let ready = ready == Ready::Yes;
+    let condition = next.conditions.iter().find(|c| c.type_ == READY);
+    let why = condition.map(|c| c.reason.clone()).unwrap_or_default();
+    let text = condition.map(|c| c.message.clone()).unwrap_or_default();
     if !same_status(&before, &next) {
         let api: Api<BackupRepository> = Api::namespaced(ctx.client.clone(), namespace);
         let body = serde_json::json!({
@@ -90,8 +70,58 @@ pub async fn reconcile_repository(
         )
         .await?;
         if !ready {
-            ctx.event(obj.as_ref(), true, why, &text).await;
+            ctx.event(obj.as_ref(), true, &why, &text).await;
         }
     }
     Ok(action)
+}
+
+/// What the Ready condition of a repository says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ready {
+    /// Backups can use it.
+    Yes,
+    /// Its spec is invalid.
+    Invalid,
+    /// A Secret or key it references is missing.
+    SecretMissing,
+}
+
+/// The status of `obj` given the Secrets of its namespace that it references (`present`:
+/// name -> keys), and what Ready says.
+pub fn status(
+    obj: &BackupRepository,
+    present: &BTreeMap<String, BTreeSet<String>>,
+) -> (BackupRepositoryStatus, Ready) {
+    let before = obj.status.clone().unwrap_or_default();
+    let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
+    let mut next = before.clone();
+    next.observed_generation = obj.metadata.generation;
+    next.encrypted = obj.spec.encryption.is_some();
+    let (ready, why, message) = match obj.spec.validate() {
+        Err(e) => (
+            Ready::Invalid,
+            reason::INVALID_SPEC,
+            Some(format!("{e}: fix the spec")),
+        ),
+        Ok(()) => {
+            let keys = obj.spec.secret_refs();
+            match secrets::missing(present, namespace, &[], &keys) {
+                Some(message) => (Ready::SecretMissing, SECRET_MISSING, Some(message)),
+                None => (Ready::Yes, VALID, None),
+            }
+        }
+    };
+    let text = message
+        .clone()
+        .unwrap_or_else(|| "the repository can be used".into());
+    let mut life = Life {
+        conditions: std::mem::take(&mut next.conditions),
+        observed_generation: next.observed_generation,
+        ..Life::default()
+    };
+    life.set_condition(READY, ready == Ready::Yes, why, &text);
+    next.conditions = life.conditions;
+    next.message = message;
+    (next, ready)
 }

@@ -23,8 +23,8 @@ use crate::crd::{Backup, Phase, Restore, Transfer, VolumeImageSource};
 use super::build::{self, ClaimIds};
 use super::context::Context;
 use super::error::Error;
-use super::source::SourceKind;
 use super::plan::{self, Placement};
+use super::source::SourceKind;
 use super::{names, rebind, source};
 
 /// How long a claim waits before looking again at what no watch reports (a storage

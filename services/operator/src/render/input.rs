@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::core::ObjectMeta;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -13,7 +14,9 @@ use serde_json::Value;
 
 use crate::controller::context::UID_RANGE_ANNOTATION;
 use crate::controller::secrets;
-use crate::crd::{Backup, BackupRepository, Checksum, Restore, Transfer};
+use crate::crd::{
+    Backup, BackupRepository, BackupSchedule, Checksum, Restore, Transfer, VolumeImageSource,
+};
 
 /// Why the file cannot be rendered.
 #[derive(Debug, thiserror::Error)]
@@ -30,7 +33,7 @@ pub enum InputError {
     #[error("document {0}: no apiVersion and kind: every document must be a Kubernetes object")]
     NotAnObject(usize),
     /// A kind render does not read.
-    #[error("document {document}: {kind} ({api_version}) is not a kind render reads: give ferry resources (Transfer, Checksum, Backup, Restore, BackupRepository) and the objects they refer to (PersistentVolumeClaim, Secret, Pod, Namespace, PersistentVolume, StorageClass, VolumeSnapshotClass, CSINode, VolumeAttachment, Node)")]
+    #[error("document {document}: {kind} ({api_version}) is not a kind render reads: give ferry resources (Transfer, Checksum, Backup, Restore, BackupRepository, BackupSchedule, VolumeImageSource) and the objects they refer to (PersistentVolumeClaim, Secret, Pod, Namespace, PersistentVolume, StorageClass, VolumeSnapshotClass, CSINode, VolumeAttachment, Node)")]
     UnknownKind {
         /// Its number, from 1.
         document: usize,
@@ -83,6 +86,12 @@ pub enum Resource {
 pub struct Cluster {
     /// The ferry resources that run movers, in file order.
     pub resources: Vec<Resource>,
+    /// BackupSchedules, in file order.
+    pub schedules: Vec<BackupSchedule>,
+    /// VolumeImageSources by (namespace, name).
+    pub sources: BTreeMap<(String, String), VolumeImageSource>,
+    /// StorageClasses by name.
+    pub classes: BTreeMap<String, StorageClass>,
     /// BackupRepositories by (namespace, name).
     pub repositories: BTreeMap<(String, String), BackupRepository>,
     /// Backups by (namespace, name) (also in `resources`): Restores name them.
@@ -95,15 +104,13 @@ pub struct Cluster {
     pub secrets: BTreeMap<(String, String), BTreeSet<String>>,
     /// Namespaces whose pods get their user IDs from a range (OpenShift).
     pub assigning_ids: BTreeSet<String>,
-    /// Objects read for context that no plan of today's kinds looks at, by kind: counted
-    /// in the summary so a user sees they were read.
+    /// Objects read for context that no plan looks at yet, by kind.
     pub context: BTreeMap<String, usize>,
 }
 
 /// Kinds read for context only.
-const CONTEXT_KINDS: [&str; 6] = [
+const CONTEXT_KINDS: [&str; 5] = [
     "PersistentVolume",
-    "StorageClass",
     "VolumeSnapshotClass",
     "CSINode",
     "VolumeAttachment",
@@ -121,6 +128,13 @@ impl Cluster {
     /// Reads `text`: multi-document YAML (JSON is YAML too).
     pub fn parse(text: &str) -> Result<Self, InputError> {
         let mut cluster = Cluster::default();
+        cluster.read(text)?;
+        Ok(cluster)
+    }
+
+    /// Adds the objects of `text` (one more file) to those read so far.
+    pub fn read(&mut self, text: &str) -> Result<(), InputError> {
+        let cluster = self;
         for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
             let number = i + 1;
             let value = Value::deserialize(document).map_err(|source| InputError::Yaml {
@@ -139,7 +153,7 @@ impl Cluster {
             }
             cluster.add(number, value)?;
         }
-        Ok(cluster)
+        Ok(())
     }
 
     fn add(&mut self, document: usize, value: Value) -> Result<(), InputError> {
@@ -172,6 +186,22 @@ impl Cluster {
                 let key = (namespace_of(&r.metadata), name_of(&r.metadata));
                 unique(document, &kind, &key, self.repositories.contains_key(&key))?;
                 self.repositories.insert(key, r);
+            }
+            ("ferry.dev", "BackupSchedule") => {
+                let b: BackupSchedule = typed(document, &kind, value)?;
+                self.schedules.push(b);
+            }
+            ("ferry.dev", "VolumeImageSource") => {
+                let v: VolumeImageSource = typed(document, &kind, value)?;
+                let key = (namespace_of(&v.metadata), name_of(&v.metadata));
+                unique(document, &kind, &key, self.sources.contains_key(&key))?;
+                self.sources.insert(key, v);
+            }
+            ("storage.k8s.io", "StorageClass") => {
+                let c: StorageClass = typed(document, &kind, value)?;
+                let key = (String::new(), name_of(&c.metadata));
+                unique(document, &kind, &key, self.classes.contains_key(&key.1))?;
+                self.classes.insert(key.1, c);
             }
             ("", "PersistentVolumeClaim") => {
                 let c: PersistentVolumeClaim = typed(document, &kind, value)?;

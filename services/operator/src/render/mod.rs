@@ -11,28 +11,24 @@
 //! No job runs: a started resource stays Running. A resource that waits says why in its
 //! status exactly as on a cluster (the reason and message of its Ready condition).
 
+mod claims;
 pub mod input;
+mod movers;
+mod schedules;
+mod yaml;
 
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimStatus, Pod};
-use kube::Resource as _;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::controller::finalizer::FINALIZER;
-use crate::controller::kind::{Ids, MoverKind};
-use crate::controller::life::HasLife;
-use crate::controller::limits::{self, Slot};
-use crate::controller::plan::{self, Plan, Setup};
-use crate::controller::restore::{named_snapshot, snapshot_in};
+use crate::controller::limits;
 use crate::controller::{Error, OperatorSettings};
-use crate::crd::status::condition::{reason, READY};
-use crate::crd::Phase;
-use crate::mover::layout::{CLIENT_CA_KEY, TLS_CERT_KEY, TLS_KEY_KEY, TOKEN_KEY};
 use crate::mover::pod::labels;
 
 pub use input::{Cluster, InputError, Resource};
@@ -93,32 +89,34 @@ pub struct Rendered {
 }
 
 impl Rendered {
-    /// The objects as one multi-document YAML stream.
-    pub fn yaml(&self) -> Result<String, serde_yaml::Error> {
+    /// The objects as one multi-document YAML stream that kubectl reads back as it is.
+    pub fn yaml(&self) -> String {
         let mut out = String::new();
         for object in &self.objects {
             out.push_str("---\n");
-            out.push_str(&serde_yaml::to_string(object)?);
+            out.push_str(&yaml::to_string(object));
         }
-        Ok(out)
+        out
     }
 }
 
 /// The world as planned so far: the file's objects plus what render created.
-struct World<'a> {
-    cluster: &'a Cluster,
+pub(crate) struct World<'a> {
+    pub(crate) cluster: &'a Cluster,
     /// Claims created by earlier plans, by (namespace, name).
     claims: BTreeMap<(String, String), PersistentVolumeClaim>,
     /// Mover pods (the file's and the planned), for the limits.
-    movers: Vec<std::sync::Arc<Pod>>,
+    pub(crate) movers: Vec<Arc<Pod>>,
     /// Planned mover pods by namespace (they use claims, like any pod).
     pods: BTreeMap<String, Vec<Pod>>,
     /// Objects created, in order.
     created: Vec<Value>,
+    /// Resources created by the populator and the schedules, planned like the file's.
+    pub(crate) spawned: Vec<Resource>,
 }
 
 /// How one look at a resource ended.
-enum Look {
+pub(crate) enum Look {
     /// A mover was planned.
     Started,
     /// Waiting (it may start once another resource's plan creates what it needs).
@@ -127,19 +125,19 @@ enum Look {
     Settled,
 }
 
-/// Plans every resource of `cluster`.
+/// Plans every resource of `cluster`: the repositories' statuses, the claims the
+/// populator fills, the schedules, then every resource that runs a mover (the file's and
+/// those the populator and the schedules create), round after round until a round starts
+/// no mover.
 pub fn render(cluster: &Cluster, options: &Options) -> Result<Rendered, RenderError> {
     let mut resources = cluster.resources.clone();
-    let mut seen = std::collections::BTreeSet::new();
+    let mut seen = BTreeSet::new();
     for (i, resource) in resources.iter_mut().enumerate() {
         let (kind, meta) = resource.meta_mut();
         let name = meta.name.clone().ok_or(RenderError::Unnamed(kind))?;
         let namespace = input::namespace_of(meta);
         meta.namespace = Some(namespace.clone());
-        // A stable uid per file position when the file gives none (owner references
-        // and long mover names use it).
-        meta.uid
-            .get_or_insert_with(|| format!("00000000-0000-4000-8000-{:012x}", i + 1));
+        meta.uid.get_or_insert_with(|| made_up_uid(1, i));
         if !seen.insert((kind, namespace.clone(), name.clone())) {
             return Err(RenderError::Duplicate {
                 kind,
@@ -153,7 +151,7 @@ pub fn render(cluster: &Cluster, options: &Options) -> Result<Rendered, RenderEr
         .values()
         .flatten()
         .filter(|p| is_mover(p))
-        .map(|p| std::sync::Arc::new(p.clone()))
+        .map(|p| Arc::new(p.clone()))
         .collect();
     let mut world = World {
         cluster,
@@ -161,7 +159,20 @@ pub fn render(cluster: &Cluster, options: &Options) -> Result<Rendered, RenderEr
         movers,
         pods: BTreeMap::new(),
         created: Vec::new(),
+        spawned: Vec::new(),
     };
+    let mut patched = Vec::new();
+    let mut summary = Vec::new();
+    for (repository, note) in schedules::repositories(cluster) {
+        summary.push(note);
+        patched.push(repository);
+    }
+    summary.extend(claims::populate(&mut world));
+    for (schedule, note) in schedules::schedules(&mut world, options) {
+        summary.push(note);
+        patched.push(schedule);
+    }
+    resources.append(&mut world.spawned);
     let mut open: Vec<usize> = (0..resources.len()).collect();
     let mut notes = vec![String::new(); resources.len()];
     loop {
@@ -181,14 +192,31 @@ pub fn render(cluster: &Cluster, options: &Options) -> Result<Rendered, RenderEr
             break;
         }
     }
-    let mut objects = world.created;
-    let mut summary = Vec::new();
     for (resource, note) in resources.iter().zip(notes) {
-        let value = resource.to_value();
-        summary.push(format!("{} {}", resource.title(), note));
-        objects.push(value);
+        summary.push(format!("{} {note}", resource.title()));
+        patched.push(resource.to_value());
     }
+    if !cluster.context.is_empty() {
+        let read: Vec<String> = cluster
+            .context
+            .iter()
+            .map(|(kind, n)| format!("{n} {kind}"))
+            .collect();
+        summary.push(format!("read, not used by any plan: {}", read.join(", ")));
+    }
+    let mut objects = world.created;
+    objects.append(&mut patched);
     Ok(Rendered { objects, summary })
+}
+
+/// A uid for an object the file gives without one (owner references and long mover
+/// names use it): stable per file position; `set` tells objects of different lists apart.
+pub(crate) fn made_up_uid(set: u32, position: usize) -> String {
+    format!(
+        "00000000-0000-4000-{:04x}-{:012x}",
+        0x8000 + set,
+        position + 1
+    )
 }
 
 fn is_mover(pod: &Pod) -> bool {
@@ -197,254 +225,47 @@ fn is_mover(pod: &Pod) -> bool {
     label(labels::COMPONENT) == Some("mover") && label(labels::MANAGED_BY) == Some("ferry-operator")
 }
 
-impl Resource {
-    fn meta_mut(&mut self) -> (&'static str, &mut kube::core::ObjectMeta) {
-        match self {
-            Resource::Transfer(r) => ("Transfer", r.meta_mut()),
-            Resource::Checksum(r) => ("Checksum", r.meta_mut()),
-            Resource::Backup(r) => ("Backup", r.meta_mut()),
-            Resource::Restore(r) => ("Restore", r.meta_mut()),
+impl World<'_> {
+    /// Records the creation of `object`.
+    pub(crate) fn create<T: Serialize>(&mut self, object: &T) {
+        if let Ok(value) = serde_json::to_value(object) {
+            self.created.push(value);
         }
     }
 
-    fn title(&self) -> String {
-        let (kind, meta) = match self {
-            Resource::Transfer(r) => ("Transfer", r.meta()),
-            Resource::Checksum(r) => ("Checksum", r.meta()),
-            Resource::Backup(r) => ("Backup", r.meta()),
-            Resource::Restore(r) => ("Restore", r.meta()),
-        };
-        format!(
-            "{kind} {}/{}:",
-            meta.namespace.as_deref().unwrap_or_default(),
-            meta.name.as_deref().unwrap_or_default()
-        )
-    }
-
-    fn to_value(&self) -> Value {
-        let value = match self {
-            Resource::Transfer(r) => serde_json::to_value(r.as_ref()),
-            Resource::Checksum(r) => serde_json::to_value(r.as_ref()),
-            Resource::Backup(r) => serde_json::to_value(strip_backup(r)),
-            Resource::Restore(r) => serde_json::to_value(strip_restore(r)),
-        };
-        value.unwrap_or(Value::Null)
-    }
-
-    /// One look: the status (and the objects) the reconciler would write now.
-    fn look(
-        &mut self,
-        world: &mut World<'_>,
-        options: &Options,
-    ) -> Result<(Look, String), RenderError> {
-        match self {
-            Resource::Transfer(r) => {
-                let (look, note, status) = look(r.as_mut(), world, options)?;
-                r.status = status.or(r.status.take());
-                Ok((look, note))
-            }
-            Resource::Checksum(r) => {
-                let (look, note, status) = look(r.as_mut(), world, options)?;
-                r.status = status.or(r.status.take());
-                Ok((look, note))
-            }
-            Resource::Backup(r) => {
-                let key = (
-                    r.metadata.namespace.clone().unwrap_or_default(),
-                    r.spec.repository.clone(),
-                );
-                r.spec.resolved_repository = world
-                    .cluster
-                    .repositories
-                    .get(&key)
-                    .map(|repo| repo.spec.clone());
-                let (look, note, status) = look(r.as_mut(), world, options)?;
-                r.status = status.or(r.status.take());
-                Ok((look, note))
-            }
-            Resource::Restore(r) => {
-                let namespace = r.metadata.namespace.clone().unwrap_or_default();
-                let backup = r.spec.backup.as_ref().and_then(|name| {
-                    world
-                        .cluster
-                        .backups
-                        .get(&(namespace.clone(), name.clone()))
-                });
-                r.spec.resolved = Some(named_snapshot(r, backup).and_then(|(repo, id)| {
-                    let found = world
-                        .cluster
-                        .repositories
-                        .get(&(namespace.clone(), repo.clone()))
-                        .cloned();
-                    snapshot_in(&repo, id, found)
-                }));
-                let (look, note, status) = look(r.as_mut(), world, options)?;
-                r.status = status.or(r.status.take());
-                Ok((look, note))
-            }
-        }
-    }
-}
-
-/// A Backup as written back: without the never-stored lookup.
-fn strip_backup(backup: &crate::crd::Backup) -> crate::crd::Backup {
-    let mut b = backup.clone();
-    b.spec.resolved_repository = None;
-    b
-}
-
-/// A Restore as written back: without the never-stored lookup.
-fn strip_restore(restore: &crate::crd::Restore) -> crate::crd::Restore {
-    let mut r = restore.clone();
-    r.spec.resolved = None;
-    r
-}
-
-/// One look at `obj`, as the reconciler's steps for a resource without a mover: the
-/// finalizer, validation, the cluster's mover limit, the plan, the node's limit. Returns
-/// the status to write (None: unchanged) and the summary note.
-fn look<K: MoverKind>(
-    obj: &mut K,
-    world: &mut World<'_>,
-    options: &Options,
-) -> Result<(Look, String, Option<K::Status>), RenderError> {
-    let meta = obj.meta_mut();
-    let ids = Ids {
-        namespace: meta.namespace.clone().unwrap_or_default(),
-        name: meta.name.clone().unwrap_or_default(),
-        uid: meta.uid.clone().unwrap_or_default(),
-    };
-    if meta.deletion_timestamp.is_some() {
-        return Ok((Look::Settled, "being deleted: nothing to plan".into(), None));
-    }
-    let finalizers = meta.finalizers.get_or_insert_with(Vec::new);
-    if !finalizers.iter().any(|f| f == FINALIZER) {
-        finalizers.push(FINALIZER.to_string());
-    }
-    let status = obj.status().cloned().unwrap_or_default();
-    let life = status.life();
-    if life.phase.is_final() {
-        return Ok((
-            Look::Settled,
-            format!("{:?}: nothing to plan", life.phase),
-            None,
-        ));
-    }
-    if let Some(pod) = &life.mover_pod {
-        let note = format!(
-            "{:?}: mover pod {pod} exists already: nothing new to plan",
-            life.phase
-        );
-        return Ok((Look::Settled, note, None));
-    }
-    if let Err(e) = obj.validate() {
-        let message = format!("{e}: fix the spec and create the {} again", K::KIND);
-        let next = plan::failed(obj, &status, reason::INVALID_SPEC, &message);
-        return Ok((Look::Settled, note_of(&next), Some(next)));
-    }
-    let settings = &options.settings;
-    let slot = |world: &World<'_>, node: Option<&str>| {
-        limits::slot(&world.movers, &[], &ids.uid, node, settings)
-    };
-    if let Slot::Queued(message) = slot(world, None) {
-        let next = plan::waiting(obj, &status, reason::QUEUED, &message);
-        return Ok((Look::Waiting, note_of(&next), Some(next)));
-    }
-    let observed = plan::Observed {
-        claims: world.claims_in(&ids.namespace),
-        pods: world.pods_in(&ids.namespace),
-        secrets: world.cluster.secrets_in(&ids.namespace),
-        assigns_ids: world.cluster.assigning_ids.contains(&ids.namespace),
-    };
-    let setup = Setup {
-        settings,
-        tls: options.tls,
-    };
-    let failed = |source| RenderError::Plan {
-        kind: K::KIND,
-        namespace: ids.namespace.clone(),
-        name: ids.name.clone(),
-        source: Box::new(source),
-    };
-    let attempt = match plan::attempt(obj, &ids, &status, &observed, setup).map_err(failed)? {
-        Plan::Wait { reason, message } => {
-            let next = plan::waiting(obj, &status, reason, &message);
-            return Ok((Look::Waiting, note_of(&next), Some(next)));
-        }
-        Plan::Fail { reason, message } => {
-            let next = plan::failed(obj, &status, reason, &message);
-            return Ok((Look::Settled, note_of(&next), Some(next)));
-        }
-        Plan::Start(attempt) => attempt,
-    };
-    if let Slot::Queued(message) = slot(world, limits::pinned_node(&attempt.pod)) {
-        let next = plan::waiting(obj, &status, reason::QUEUED, &message);
-        return Ok((Look::Waiting, note_of(&next), Some(next)));
-    }
-    for pvc in &attempt.new_claims {
-        world.create(pvc);
+    /// Records the creation of a claim, which then exists, bound.
+    pub(crate) fn create_claim(&mut self, pvc: &PersistentVolumeClaim) {
+        self.create(pvc);
         let mut bound = pvc.clone();
         bound.status = Some(PersistentVolumeClaimStatus {
             phase: Some("Bound".into()),
             ..PersistentVolumeClaimStatus::default()
         });
         let key = (
-            ids.namespace.clone(),
+            pvc.metadata.namespace.clone().unwrap_or_default(),
             pvc.metadata.name.clone().unwrap_or_default(),
         );
-        world.claims.insert(key, bound);
+        self.claims.insert(key, bound);
     }
-    let mut data = BTreeMap::from([(TOKEN_KEY.to_string(), REDACTED.to_string())]);
-    if options.tls {
-        for key in [TLS_CERT_KEY, TLS_KEY_KEY, CLIENT_CA_KEY] {
-            data.insert(key.to_string(), REDACTED.to_string());
+
+    /// Records a planned mover pod, running (on its pinned node, if any).
+    pub(crate) fn run_mover(&mut self, pod: &Pod) -> Pod {
+        self.create(pod);
+        let mut running = pod.clone();
+        if let Some(spec) = running.spec.as_mut() {
+            spec.node_name = limits::pinned_node(pod).map(str::to_string);
         }
-    }
-    world.create(&plan::token_secret(obj, &ids, &attempt.token_secret, data));
-    if let Some(policy) = &attempt.network_policy {
-        world.create(policy);
-    }
-    world.create(&attempt.pod);
-    let mut running = attempt.pod.clone();
-    if let Some(spec) = running.spec.as_mut() {
-        spec.node_name = limits::pinned_node(&attempt.pod).map(str::to_string);
-    }
-    world.movers.push(std::sync::Arc::new(running.clone()));
-    world
-        .pods
-        .entry(ids.namespace.clone())
-        .or_default()
-        .push(running.clone());
-    let (next, _) = plan::starting(obj, &status, &attempt);
-    let (next, message) = plan::running(obj, &next, &running);
-    let note = format!("Running: {message} (render starts no job)");
-    Ok((Look::Started, note, Some(next)))
-}
-
-/// The summary note of a status: its phase, and the reason and message of its Ready
-/// condition.
-fn note_of<S: HasLife>(status: &S) -> String {
-    let life = status.life();
-    let phase = match life.phase {
-        Phase::Pending => "Pending",
-        Phase::Failed => "Failed",
-        other => return format!("{other:?}"),
-    };
-    let (why, message) = life
-        .condition(READY)
-        .map(|c| (c.reason.clone(), c.message.clone()))
-        .unwrap_or_default();
-    format!("{phase} ({why}): {message}")
-}
-
-impl World<'_> {
-    fn create<T: Serialize>(&mut self, object: &T) {
-        if let Ok(value) = serde_json::to_value(object) {
-            self.created.push(value);
-        }
+        self.movers.push(Arc::new(running.clone()));
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        self.pods
+            .entry(namespace)
+            .or_default()
+            .push(running.clone());
+        running
     }
 
-    fn claims_in(&self, namespace: &str) -> BTreeMap<String, PersistentVolumeClaim> {
+    /// The claims of `namespace` by name: the file's and the planned.
+    pub(crate) fn claims_in(&self, namespace: &str) -> BTreeMap<String, PersistentVolumeClaim> {
         let mut claims = self.cluster.claims_in(namespace);
         for ((ns, name), pvc) in &self.claims {
             if ns == namespace {
@@ -454,7 +275,8 @@ impl World<'_> {
         claims
     }
 
-    fn pods_in(&self, namespace: &str) -> Vec<Pod> {
+    /// The pods of `namespace`: the file's and the planned movers.
+    pub(crate) fn pods_in(&self, namespace: &str) -> Vec<Pod> {
         let mut pods = self
             .cluster
             .pods

@@ -1,6 +1,7 @@
 use serde_json::{json, Value};
 
 use super::*;
+use crate::controller::finalizer::FINALIZER;
 use crate::mover::MoverDefaults;
 
 fn options(max_movers: usize) -> Options {
@@ -362,4 +363,204 @@ fn a_list_is_read_item_by_item() {
         "{:?}",
         rendered.summary
     );
+}
+
+const IMAGE_SOURCE: &str = "
+apiVersion: ferry.dev/v1alpha1
+kind: VolumeImageSource
+metadata: {name: ubuntu, namespace: vms}
+spec:
+  source: {url: 'nbd://images.example.com:10809/ubuntu'}
+";
+
+fn populated_claim(name: &str, class: &str, node: Option<&str>) -> String {
+    let annotations = node
+        .map(|n| format!("\n  annotations: {{volume.kubernetes.io/selected-node: {n}}}"))
+        .unwrap_or_default();
+    format!(
+        "apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: {name}
+  namespace: vms{annotations}
+spec:
+  storageClassName: {class}
+  volumeMode: Block
+  accessModes: [ReadWriteOnce]
+  resources: {{requests: {{storage: 40Gi}}}}
+  dataSourceRef: {{apiGroup: ferry.dev, kind: VolumeImageSource, name: ubuntu}}
+"
+    )
+}
+
+/// A claim populated from an image: the prime claim (pinned to the node the scheduler
+/// picked, on a WaitForFirstConsumer class), the Transfer filling it, and that Transfer's
+/// mover; a claim whose class does not exist, or whose node is not picked yet, waits.
+#[test]
+fn a_claim_from_an_image_gets_its_prime_claim_transfer_and_mover() {
+    let yaml = format!(
+        "{IMAGE_SOURCE}---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {{name: local}}
+provisioner: rancher.io/local-path
+volumeBindingMode: WaitForFirstConsumer
+---
+{}---
+{}---
+{}",
+        populated_claim("root-a", "local", Some("node-3")),
+        populated_claim("root-b", "local", None),
+        populated_claim("root-c", "fast-rbd", None),
+    );
+    let rendered = run(&yaml, 0);
+    let kinds: Vec<&str> = rendered
+        .objects
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "PersistentVolumeClaim",
+            "Secret",
+            "NetworkPolicy",
+            "Pod",
+            "Transfer"
+        ]
+    );
+    let prime = &rendered.objects[0];
+    let prime_name = prime["metadata"]["name"].as_str().unwrap();
+    assert!(prime_name.starts_with("ferry-prime-"), "{prime_name}");
+    assert!(prime["spec"].get("dataSourceRef").is_none(), "{prime}");
+    assert_eq!(prime["metadata"]["ownerReferences"][0]["name"], "root-a");
+    let transfer = &rendered.objects[4];
+    assert_eq!(
+        transfer["spec"]["targets"][0]["pvc"]["name"].as_str(),
+        Some(prime_name)
+    );
+    assert_eq!(transfer["status"]["phase"], "Running");
+    let pod = &rendered.objects[3];
+    let claims: Vec<&str> = pod["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["persistentVolumeClaim"]["claimName"].as_str())
+        .collect();
+    assert_eq!(claims, [prime_name]);
+    let summary = rendered.summary.join("\n");
+    assert!(summary.contains(&format!(
+        "PersistentVolumeClaim vms/root-a: populating from VolumeImageSource ubuntu: prime claim pvc/{prime_name} on node node-3 and Transfer vms/"
+    )), "{summary}");
+    assert!(
+        summary
+            .contains("PersistentVolumeClaim vms/root-b: waiting for the scheduler to pick a node"),
+        "{summary}"
+    );
+    assert!(summary.contains("PersistentVolumeClaim vms/root-c: waiting (Pending): waiting for StorageClass fast-rbd: it does not exist"), "{summary}");
+}
+
+const SCHEDULE: &str = "
+apiVersion: ferry.dev/v1alpha1
+kind: BackupRepository
+metadata: {name: site-a, namespace: vms}
+spec: {url: 's3://backups/site-a', initialize: true}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: web1-root, namespace: vms}
+spec:
+  accessModes: [ReadWriteOnce]
+  volumeMode: Block
+  resources: {requests: {storage: 10Gi}}
+---
+apiVersion: ferry.dev/v1alpha1
+kind: BackupSchedule
+metadata: {name: nightly, namespace: vms}
+spec:
+  sourcePVC: web1-root
+  repository: site-a
+  trigger: {schedule: '30 2 * * *'}
+  retain: {daily: 7}
+  copyMethod: Snapshot
+";
+
+/// A new schedule records its next fire; one whose fire is due (its status says so)
+/// fires: the VolumeSnapshot, the temporary claim restored from it, the Backup, and the
+/// Backup's mover reading that claim.
+#[test]
+fn a_schedule_waits_for_its_fire_and_a_due_one_fires() {
+    let rendered = run(SCHEDULE, 0);
+    let schedule = object(&rendered, "BackupSchedule", "nightly");
+    assert!(schedule["status"]["nextSyncTime"].is_string(), "{schedule}");
+    assert!(
+        rendered.summary.iter().any(|l| l.starts_with(
+            "BackupSchedule vms/nightly: WaitingForSchedule: the next backup starts at "
+        )),
+        "{:?}",
+        rendered.summary
+    );
+    let repository = object(&rendered, "BackupRepository", "site-a");
+    assert_eq!(repository["status"]["conditions"][0]["reason"], "Valid");
+
+    let due = format!(
+        "{SCHEDULE}status: {{nextSyncTime: '2026-01-01T02:30:00Z', observedGeneration: null}}\n"
+    );
+    let rendered = run(&due, 0);
+    let kinds: Vec<(String, String)> = listed(&rendered);
+    let backup = "nightly-20260101023000";
+    let expected = [
+        ("VolumeSnapshot", backup.to_string()),
+        ("PersistentVolumeClaim", build_temp(backup)),
+        ("Secret", format!("{backup}-fbk-1-token")),
+        ("NetworkPolicy", format!("{backup}-fbk-1")),
+        ("Pod", format!("{backup}-fbk-1")),
+        ("BackupRepository", "site-a".to_string()),
+        ("BackupSchedule", "nightly".to_string()),
+        ("Backup", backup.to_string()),
+    ];
+    let expected: Vec<(String, String)> = expected
+        .iter()
+        .map(|(k, n)| (k.to_string(), n.clone()))
+        .collect();
+    assert_eq!(kinds, expected);
+    let schedule = object(&rendered, "BackupSchedule", "nightly");
+    assert_eq!(schedule["status"]["lastBackup"], backup);
+    let backup_obj = object(&rendered, "Backup", backup);
+    assert_eq!(backup_obj["status"]["phase"], "Running");
+}
+
+fn build_temp(backup: &str) -> String {
+    crate::schedule::build::temp_claim_name(backup)
+}
+
+/// Every example in deploy/examples renders, with the claims they name given.
+#[test]
+fn the_examples_render() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/examples");
+    let mut text = String::new();
+    let mut files: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    for file in files {
+        text.push_str("---\n");
+        text.push_str(&std::fs::read_to_string(file).unwrap());
+    }
+    let rendered = run(&text, 0);
+    assert!(
+        rendered
+            .summary
+            .iter()
+            .any(|l| l.starts_with("Transfer vms/import-fedora: Running")),
+        "{:?}",
+        rendered.summary
+    );
+    for object in &rendered.objects {
+        if object["kind"] == "Pod" {
+            let violations = ferry_testkit::pod_security::restricted_violations(object);
+            assert!(violations.is_empty(), "{violations:?}");
+        }
+    }
 }

@@ -63,7 +63,7 @@ pub mod reasons {
 /// VolumeSnapshots: the operator does not need to list them).
 pub const SNAPSHOT_RECHECK: Duration = Duration::from_secs(5);
 
-fn to_time(t: DateTime<Utc>) -> Time {
+pub(crate) fn to_time(t: DateTime<Utc>) -> Time {
     Time(Timestamp::from_millisecond(t.timestamp_millis()).unwrap_or(Timestamp::UNIX_EPOCH))
 }
 
@@ -83,7 +83,7 @@ pub fn duration_text(d: chrono::TimeDelta) -> String {
 }
 
 /// Sets the Synchronizing condition (its transition time changes only with its status).
-fn synchronizing(status: &mut BackupScheduleStatus, on: bool, why: &str, message: &str) {
+pub(crate) fn synchronizing(status: &mut BackupScheduleStatus, on: bool, why: &str, message: &str) {
     let mut life = Life {
         conditions: std::mem::take(&mut status.conditions),
         observed_generation: status.observed_generation,
@@ -126,7 +126,7 @@ fn until(now: DateTime<Utc>, t: DateTime<Utc>) -> Duration {
     Duration::from_millis(u64::try_from(ms).unwrap_or(1000)).min(MAX_WAIT)
 }
 
-fn is_final(b: &Backup) -> bool {
+pub(crate) fn is_final(b: &Backup) -> bool {
     b.status.as_ref().is_some_and(|s| s.phase.is_final())
 }
 
@@ -171,16 +171,13 @@ pub async fn reconcile(obj: Arc<BackupSchedule>, ctx: Arc<Context>) -> Result<Ac
     // Never fatal: a Backup that cannot be deleted must not stop the next ones.
     expire(&ctx, &obj, &mine).await;
     if let Some(running) = mine.iter().find(|b| !is_final(b)) {
-        let running = running.metadata.name.clone().unwrap_or_default();
-        let message = format!("Backup {running} runs; the next fire waits for it");
-        synchronizing(&mut next, true, reasons::BACKUP_RUNNING, &message);
+        running_status(&mut next, running);
         write(&ctx, &obj, &before, &next).await?;
         // Its status changes wake the schedule (the controller watches its Backups).
         return Ok(Action::requeue(MAX_WAIT));
     }
     if obj.spec.paused == Some(true) {
-        next.next_sync_time = None;
-        synchronizing(&mut next, false, reasons::PAUSED, "paused: no backup fires");
+        paused_status(&mut next);
         write(&ctx, &obj, &before, &next).await?;
         return Ok(Action::await_change());
     }
@@ -189,12 +186,45 @@ pub async fn reconcile(obj: Arc<BackupSchedule>, ctx: Arc<Context>) -> Result<Ac
         return invalid(&ctx, &obj, &before, next, message, Action::await_change()).await;
     };
     if now < due {
-        let message = format!("the next backup starts at {}", due.to_rfc3339());
-        synchronizing(&mut next, false, reasons::WAITING, &message);
+        waiting_status(&mut next, due);
         write(&ctx, &obj, &before, &next).await?;
         return Ok(Action::requeue(until(now, due)));
     }
     fire(&ctx, &obj, &before, next, due, now, &cron).await
+}
+
+/// Synchronizing True: the Backup `running` runs.
+pub(crate) fn running_status(next: &mut BackupScheduleStatus, running: &Backup) {
+    let running = running.metadata.name.clone().unwrap_or_default();
+    let message = format!("Backup {running} runs; the next fire waits for it");
+    synchronizing(next, true, reasons::BACKUP_RUNNING, &message);
+}
+
+/// Synchronizing True: the Backup `name` just started; the next fire at `following`.
+/// Returns the message (of the BackupCreated event too).
+pub(crate) fn fired_status(
+    next: &mut BackupScheduleStatus,
+    name: &str,
+    following: Option<DateTime<Utc>>,
+) -> String {
+    next.last_backup = Some(name.to_string());
+    next.last_result = None;
+    next.next_sync_time = following.map(to_time);
+    let message = format!("Backup {name} started");
+    synchronizing(next, true, reasons::BACKUP_RUNNING, &message);
+    message
+}
+
+/// Synchronizing False: paused, no next fire.
+pub(crate) fn paused_status(next: &mut BackupScheduleStatus) {
+    next.next_sync_time = None;
+    synchronizing(next, false, reasons::PAUSED, "paused: no backup fires");
+}
+
+/// Synchronizing False: waiting for `due`.
+pub(crate) fn waiting_status(next: &mut BackupScheduleStatus, due: DateTime<Utc>) {
+    let message = format!("the next backup starts at {}", due.to_rfc3339());
+    synchronizing(next, false, reasons::WAITING, &message);
 }
 
 /// What to fix when the schedule's BackupRepository does not exist; `None` when it does.
@@ -207,10 +237,15 @@ async fn missing_repository(
     if repositories.get_opt(&obj.spec.repository).await?.is_some() {
         return Ok(None);
     }
-    Ok(Some(format!(
+    Ok(Some(missing_repository_text(obj, namespace)))
+}
+
+/// What to fix when the schedule's BackupRepository does not exist.
+pub(crate) fn missing_repository_text(obj: &BackupSchedule, namespace: &str) -> String {
+    format!(
         "spec.repository: BackupRepository '{}' does not exist in namespace {namespace}: create it, or fix the name",
         obj.spec.repository
-    )))
+    )
 }
 
 /// The Backups of the schedule `name`, sorted by name (so by fire time).
@@ -230,7 +265,7 @@ async fn schedule_backups(
 
 /// The fire time to wait for: the recorded one, or (none recorded, or the spec changed)
 /// the next after `now`, which is recorded. `None`: the schedule never fires again.
-fn due(
+pub(crate) fn due(
     next: &mut BackupScheduleStatus,
     spec_changed: bool,
     cron: &ferry_cron::CronSpec,
@@ -246,6 +281,13 @@ fn due(
     }
 }
 
+/// Synchronizing False (InvalidSpec) with `message`, and no next fire.
+pub(crate) fn invalid_status(next: &mut BackupScheduleStatus, message: &str) {
+    next.message = Some(message.to_string());
+    next.next_sync_time = None;
+    synchronizing(next, false, reason::INVALID_SPEC, message);
+}
+
 /// Synchronizing False (InvalidSpec) with the message; looked at again as `action` says.
 async fn invalid(
     ctx: &Context,
@@ -255,9 +297,7 @@ async fn invalid(
     message: &str,
     action: Action,
 ) -> Result<Action, Error> {
-    next.message = Some(message.to_string());
-    next.next_sync_time = None;
-    synchronizing(&mut next, false, reason::INVALID_SPEC, message);
+    invalid_status(&mut next, message);
     if write(ctx, obj, before, &next).await? {
         ctx.event(obj, true, reason::INVALID_SPEC, message).await;
     }
@@ -533,12 +573,8 @@ async fn fire(
     let backups: Api<Backup> = Api::namespaced(ctx.client.clone(), namespace);
     let backup = build::backup(obj, &name, snapshot.then_some(name.as_str()));
     made(backups.create(&PostParams::default(), &backup).await)?;
-    next.last_backup = Some(name.clone());
-    next.last_result = None;
     let following = cron.next_after(now);
-    next.next_sync_time = following.map(to_time);
-    let message = format!("Backup {name} started");
-    synchronizing(&mut next, true, reasons::BACKUP_RUNNING, &message);
+    let message = fired_status(&mut next, &name, following);
     write(ctx, obj, before, &next).await?;
     ctx.event(obj, false, "BackupCreated", &message).await;
     Ok(match following {

@@ -1,0 +1,241 @@
+//! Render's look at a resource that runs a mover (Transfer, Checksum, Backup, Restore):
+//! the reconciler's steps for a resource without a mover, through the same functions: the
+//! finalizer, validation, the mover limits, [`plan::attempt`], then the objects created
+//! and the status written.
+
+use std::collections::BTreeMap;
+
+use kube::Resource as _;
+use serde_json::Value;
+
+use crate::controller::finalizer::FINALIZER;
+use crate::controller::kind::{Ids, MoverKind};
+use crate::controller::life::HasLife;
+use crate::controller::limits::{self, Slot};
+use crate::controller::plan::{self, Plan, Setup};
+use crate::controller::restore::{named_snapshot, snapshot_in};
+use crate::crd::status::condition::{reason, READY};
+use crate::crd::{Backup, Phase, Restore};
+use crate::mover::layout::{CLIENT_CA_KEY, TLS_CERT_KEY, TLS_KEY_KEY, TOKEN_KEY};
+
+use super::{Look, Options, RenderError, Resource, World, REDACTED};
+
+impl Resource {
+    pub(crate) fn meta_mut(&mut self) -> (&'static str, &mut kube::core::ObjectMeta) {
+        match self {
+            Resource::Transfer(r) => ("Transfer", r.meta_mut()),
+            Resource::Checksum(r) => ("Checksum", r.meta_mut()),
+            Resource::Backup(r) => ("Backup", r.meta_mut()),
+            Resource::Restore(r) => ("Restore", r.meta_mut()),
+        }
+    }
+
+    pub(crate) fn title(&self) -> String {
+        let (kind, meta) = match self {
+            Resource::Transfer(r) => ("Transfer", r.meta()),
+            Resource::Checksum(r) => ("Checksum", r.meta()),
+            Resource::Backup(r) => ("Backup", r.meta()),
+            Resource::Restore(r) => ("Restore", r.meta()),
+        };
+        format!(
+            "{kind} {}/{}:",
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default()
+        )
+    }
+
+    pub(crate) fn to_value(&self) -> Value {
+        let value = match self {
+            Resource::Transfer(r) => serde_json::to_value(r.as_ref()),
+            Resource::Checksum(r) => serde_json::to_value(r.as_ref()),
+            Resource::Backup(r) => serde_json::to_value(strip_backup(r)),
+            Resource::Restore(r) => serde_json::to_value(strip_restore(r)),
+        };
+        value.unwrap_or(Value::Null)
+    }
+
+    /// One look: the status (and the objects) the reconciler would write now.
+    pub(crate) fn look(
+        &mut self,
+        world: &mut World<'_>,
+        options: &Options,
+    ) -> Result<(Look, String), RenderError> {
+        match self {
+            Resource::Transfer(r) => {
+                let (look, note, status) = look(r.as_mut(), world, options)?;
+                r.status = status.or(r.status.take());
+                Ok((look, note))
+            }
+            Resource::Checksum(r) => {
+                let (look, note, status) = look(r.as_mut(), world, options)?;
+                r.status = status.or(r.status.take());
+                Ok((look, note))
+            }
+            Resource::Backup(r) => {
+                let key = (
+                    r.metadata.namespace.clone().unwrap_or_default(),
+                    r.spec.repository.clone(),
+                );
+                r.spec.resolved_repository = world
+                    .cluster
+                    .repositories
+                    .get(&key)
+                    .map(|repo| repo.spec.clone());
+                let (look, note, status) = look(r.as_mut(), world, options)?;
+                r.status = status.or(r.status.take());
+                Ok((look, note))
+            }
+            Resource::Restore(r) => {
+                let namespace = r.metadata.namespace.clone().unwrap_or_default();
+                let backup = r.spec.backup.as_ref().and_then(|name| {
+                    world
+                        .cluster
+                        .backups
+                        .get(&(namespace.clone(), name.clone()))
+                });
+                r.spec.resolved = Some(named_snapshot(r, backup).and_then(|(repo, id)| {
+                    let found = world
+                        .cluster
+                        .repositories
+                        .get(&(namespace.clone(), repo.clone()))
+                        .cloned();
+                    snapshot_in(&repo, id, found)
+                }));
+                let (look, note, status) = look(r.as_mut(), world, options)?;
+                r.status = status.or(r.status.take());
+                Ok((look, note))
+            }
+        }
+    }
+}
+
+/// A Backup as written back: without the never-stored lookup.
+fn strip_backup(backup: &Backup) -> Backup {
+    let mut b = backup.clone();
+    b.spec.resolved_repository = None;
+    b
+}
+
+/// A Restore as written back: without the never-stored lookup.
+fn strip_restore(restore: &Restore) -> Restore {
+    let mut r = restore.clone();
+    r.spec.resolved = None;
+    r
+}
+
+/// One look at `obj`, as the reconciler's steps for a resource without a mover: the
+/// finalizer, validation, the cluster's mover limit, the plan, the node's limit. Returns
+/// the status to write (None: unchanged) and the summary note.
+fn look<K: MoverKind>(
+    obj: &mut K,
+    world: &mut World<'_>,
+    options: &Options,
+) -> Result<(Look, String, Option<K::Status>), RenderError> {
+    let meta = obj.meta_mut();
+    let ids = Ids {
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
+    };
+    if meta.deletion_timestamp.is_some() {
+        return Ok((Look::Settled, "being deleted: nothing to plan".into(), None));
+    }
+    let finalizers = meta.finalizers.get_or_insert_with(Vec::new);
+    if !finalizers.iter().any(|f| f == FINALIZER) {
+        finalizers.push(FINALIZER.to_string());
+    }
+    let status = obj.status().cloned().unwrap_or_default();
+    let life = status.life();
+    if life.phase.is_final() {
+        return Ok((
+            Look::Settled,
+            format!("{:?}: nothing to plan", life.phase),
+            None,
+        ));
+    }
+    if let Some(pod) = &life.mover_pod {
+        let note = format!(
+            "{:?}: mover pod {pod} exists already: nothing new to plan",
+            life.phase
+        );
+        return Ok((Look::Settled, note, None));
+    }
+    if let Err(e) = obj.validate() {
+        let message = format!("{e}: fix the spec and create the {} again", K::KIND);
+        let next = plan::failed(obj, &status, reason::INVALID_SPEC, &message);
+        return Ok((Look::Settled, note_of(&next), Some(next)));
+    }
+    let settings = &options.settings;
+    let slot = |world: &World<'_>, node: Option<&str>| {
+        limits::slot(&world.movers, &[], &ids.uid, node, settings)
+    };
+    if let Slot::Queued(message) = slot(world, None) {
+        let next = plan::waiting(obj, &status, reason::QUEUED, &message);
+        return Ok((Look::Waiting, note_of(&next), Some(next)));
+    }
+    let observed = plan::Observed {
+        claims: world.claims_in(&ids.namespace),
+        pods: world.pods_in(&ids.namespace),
+        secrets: world.cluster.secrets_in(&ids.namespace),
+        assigns_ids: world.cluster.assigning_ids.contains(&ids.namespace),
+    };
+    let setup = Setup {
+        settings,
+        tls: options.tls,
+    };
+    let failed = |source| RenderError::Plan {
+        kind: K::KIND,
+        namespace: ids.namespace.clone(),
+        name: ids.name.clone(),
+        source: Box::new(source),
+    };
+    let attempt = match plan::attempt(obj, &ids, &status, &observed, setup).map_err(failed)? {
+        Plan::Wait { reason, message } => {
+            let next = plan::waiting(obj, &status, reason, &message);
+            return Ok((Look::Waiting, note_of(&next), Some(next)));
+        }
+        Plan::Fail { reason, message } => {
+            let next = plan::failed(obj, &status, reason, &message);
+            return Ok((Look::Settled, note_of(&next), Some(next)));
+        }
+        Plan::Start(attempt) => attempt,
+    };
+    if let Slot::Queued(message) = slot(world, limits::pinned_node(&attempt.pod)) {
+        let next = plan::waiting(obj, &status, reason::QUEUED, &message);
+        return Ok((Look::Waiting, note_of(&next), Some(next)));
+    }
+    for pvc in &attempt.new_claims {
+        world.create_claim(pvc);
+    }
+    let mut data = BTreeMap::from([(TOKEN_KEY.to_string(), REDACTED.to_string())]);
+    if options.tls {
+        for key in [TLS_CERT_KEY, TLS_KEY_KEY, CLIENT_CA_KEY] {
+            data.insert(key.to_string(), REDACTED.to_string());
+        }
+    }
+    world.create(&plan::token_secret(obj, &ids, &attempt.token_secret, data));
+    if let Some(policy) = &attempt.network_policy {
+        world.create(policy);
+    }
+    let running = world.run_mover(&attempt.pod);
+    let (next, _) = plan::starting(obj, &status, &attempt);
+    let (next, message) = plan::running(obj, &next, &running);
+    let note = format!("Running: {message} (render starts no job)");
+    Ok((Look::Started, note, Some(next)))
+}
+
+/// The summary note of a status: its phase, and the reason and message of its Ready
+/// condition.
+fn note_of<S: HasLife>(status: &S) -> String {
+    let life = status.life();
+    let phase = match life.phase {
+        Phase::Pending => "Pending",
+        Phase::Failed => "Failed",
+        other => return format!("{other:?}"),
+    };
+    let (why, message) = life
+        .condition(READY)
+        .map(|c| (c.reason.clone(), c.message.clone()))
+        .unwrap_or_default();
+    format!("{phase} ({why}): {message}")
+}
