@@ -123,7 +123,11 @@ fn the_documented_example_renders_objects_kubernetes_accepts() {
         .iter()
         .filter(|d| !d["apiVersion"].as_str().unwrap().starts_with("ferry.dev/"))
         .count();
-    assert_eq!(text.matches("passed for resource").count(), builtin_count, "{text}");
+    assert_eq!(
+        text.matches("passed for resource").count(),
+        builtin_count,
+        "{text}"
+    );
 }
 
 #[test]

@@ -194,6 +194,7 @@ async fn a_new_claim_gets_a_prime_claim_and_a_transfer() {
                 "Normal",
                 "PopulatorRunning",
             );
+            expect_progress(&mut h.server, "50%").await;
             assert_eq!(
                 note,
                 format!("Transfer disk copies the image into pvc/{PRIME}: 500 of 1000 bytes (50%) by mover pod disk-ft-1 on node node-a")
@@ -202,6 +203,18 @@ async fn a_new_claim_gets_a_prime_claim_and_a_transfer() {
         assert_eq!(finish(task).await, Action::await_change());
         h.server.done().await;
     }
+}
+
+/// The claim's progress annotation patched to `percent`.
+async fn expect_progress(server: &mut support::ApiServer, percent: &str) {
+    let seen = server
+        .expect("PATCH", &format!("{PVCS}/disk"), Reply::Ok(claim()))
+        .await;
+    assert_eq!(seen.content_type, "application/merge-patch+json");
+    assert_eq!(
+        seen.body,
+        json!({"metadata": {"annotations": {"ferry.dev/populator-progress": percent}}})
+    );
 }
 
 /// The VolumeImageSource does not exist (yet) -> a Pending event, no prime claim.
@@ -270,6 +283,7 @@ async fn a_succeeded_transfer_hands_the_volume_to_the_claim() {
     let task = tokio::spawn(reconcile(pvc(&claim()), h.ctx.clone()));
     h.server.expect("GET", VIS, Reply::Ok(source())).await;
     on_claim(&h.server.expect_event(NS).await, "Normal", "ImageCopied");
+    expect_progress(&mut h.server, "100%").await;
     assert_eq!(finish(task).await, Action::await_change());
     h.server.done().await;
 
@@ -318,6 +332,7 @@ async fn a_volume_claimed_by_someone_else_is_not_taken() {
     let task = tokio::spawn(reconcile(pvc(&claim()), h.ctx.clone()));
     h.server.expect("GET", VIS, Reply::Ok(source())).await;
     on_claim(&h.server.expect_event(NS).await, "Normal", "ImageCopied");
+    expect_progress(&mut h.server, "100%").await;
     h.server
         .expect("GET", PV, Reply::Ok(pv("x-9", "other")))
         .await;
@@ -381,6 +396,7 @@ async fn a_failed_transfer_warns_and_keeps_the_prime() {
         "Warning",
         "PopulatorFailed",
     );
+    expect_progress(&mut h.server, "0%").await;
     assert_eq!(
         note,
         format!("Transfer disk failed: source: s3://images/fedora.raw does not exist; pvc/{PRIME} is kept for inspection; delete Transfer disk to try again")
@@ -570,6 +586,7 @@ async fn a_claim_naming_a_backup_is_restored_and_bound() {
         .expect("GET", BACKUP, Reply::Ok(backup("Succeeded")))
         .await;
     let note = on_claim(&h.server.expect_event(NS).await, "Normal", "ImageCopied");
+    expect_progress(&mut h.server, "100%").await;
     assert!(
         note.starts_with("Restore disk restored the backup into pvc/ferry-prime-u-1"),
         "{note}"

@@ -108,6 +108,18 @@ pub fn now<F: Filler>(filler: &F) -> Said {
     }
 }
 
+/// The claim's progress annotation: the tenths done, as a percentage (`40%`); `100%`
+/// once the filler succeeded.
+pub fn progress_text<F: Filler>(filler: &F) -> String {
+    let now = now(filler);
+    let percent = if now.phase == Phase::Succeeded {
+        100
+    } else {
+        u32::from(now.tenths) * 10
+    };
+    format!("{percent}%")
+}
+
 fn ready_message(conditions: &[Condition]) -> Option<&str> {
     conditions
         .iter()

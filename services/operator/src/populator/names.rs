@@ -4,6 +4,10 @@
 
 use std::collections::BTreeMap;
 
+/// The annotation of a claim being populated telling how far its filler is (`40%`), as
+/// CDI's `cdi.kubevirt.io/storage.populator.progress`.
+pub const PROGRESS: &str = "ferry.dev/populator-progress";
+
 /// The annotation the scheduler sets on a WaitForFirstConsumer claim once a pod using it
 /// has a node; the prime claim carries the same, so its volume is provisioned there.
 pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::Api;
 
@@ -23,6 +23,7 @@ use crate::crd::{Backup, Phase, Restore, Transfer, VolumeImageSource};
 use super::build::{self, ClaimIds};
 use super::context::Context;
 use super::error::Error;
+use super::mirror::{self, Filler};
 use super::plan::{self, Placement};
 use super::source::SourceKind;
 use super::{names, rebind, source};
@@ -112,9 +113,7 @@ async fn restore(
         Step::Go(restore) => restore,
         Step::Wait(action) => return Ok(action),
     };
-    if let Some(note) = ctx.news(&ids.uid, restore.as_ref(), &prime_name) {
-        ctx.event(pvc, note.warning, note.reason, &note.text).await;
-    }
+    tell(ctx, pvc, ids, restore.as_ref(), &prime_name).await?;
     match restore.status.as_ref().map(|s| s.phase) {
         Some(Phase::Succeeded) => rebind::rebind(ctx, pvc, ids, &prime, backup_name).await,
         _ => Ok(Action::await_change()),
@@ -192,9 +191,7 @@ async fn populate(
         Step::Go(transfer) => transfer,
         Step::Wait(action) => return Ok(action),
     };
-    if let Some(note) = ctx.news(&ids.uid, transfer.as_ref(), &prime_name) {
-        ctx.event(pvc, note.warning, note.reason, &note.text).await;
-    }
+    tell(ctx, pvc, ids, transfer.as_ref(), &prime_name).await?;
     match transfer.status.as_ref().map(|s| s.phase) {
         Some(Phase::Succeeded) => rebind::rebind(ctx, pvc, ids, &prime, source_name).await,
         // Failed or Cancelled: the prime claim stays for inspection; the Transfer retried
@@ -289,4 +286,34 @@ async fn ensure_transfer(
             Ok(Step::Wait(Action::requeue(RECHECK)))
         }
     }
+}
+
+/// Tells the filler's news on the user's claim: an event, and the claim's progress
+/// annotation ([`names::PROGRESS`], tenths, as CDI's populators annotate their claims) when
+/// it changed.
+async fn tell<F: Filler>(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    ids: &ClaimIds,
+    filler: &F,
+    prime: &str,
+) -> Result<(), Error> {
+    let Some(note) = ctx.news(&ids.uid, filler, prime) else {
+        return Ok(());
+    };
+    ctx.event(pvc, note.warning, note.reason, &note.text).await;
+    let progress = mirror::progress_text(filler);
+    let shown = pvc
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(names::PROGRESS));
+    if shown == Some(&progress) {
+        return Ok(());
+    }
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ids.namespace);
+    let patch = serde_json::json!({"metadata": {"annotations": {names::PROGRESS: progress}}});
+    api.patch(&ids.name, &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    Ok(())
 }

@@ -88,7 +88,6 @@ pub const UNUSED_WITH_REASON: &[(&str, &str, &str, &str)] = &[
     ),
     ("watch", "ferry.dev", "volumeimagesources", WATCHES),
     ("watch", "", "persistentvolumeclaims", WATCHES),
-    ("patch", "", "persistentvolumeclaims", POPULATOR),
     ("list", "ferry.dev", "backuprepositories", WATCHES),
     ("watch", "ferry.dev", "backuprepositories", WATCHES),
     ("watch", "ferry.dev", "ferrybackups", WATCHES),
