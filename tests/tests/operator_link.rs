@@ -296,6 +296,7 @@ async fn drives_backups_through_a_real_job_service() {
 struct FreezingProxy {
     addr: std::net::SocketAddr,
     frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl FreezingProxy {
@@ -306,8 +307,11 @@ impl FreezingProxy {
         let addr = listener.local_addr().unwrap();
         let frozen = std::sync::Arc::new(AtomicBool::new(false));
         let flag = frozen.clone();
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
                 let server = tokio::net::TcpStream::connect(to).await.unwrap();
                 let (cr, cw) = client.into_split();
                 let (sr, sw) = server.into_split();
@@ -332,12 +336,61 @@ impl FreezingProxy {
                 }
             }
         });
-        Self { addr, frozen }
+        Self {
+            addr,
+            frozen,
+            accepted,
+        }
+    }
+
+    /// Connections it accepted so far.
+    fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn freeze(&self) {
         self.frozen.store(true, std::sync::atomic::Ordering::SeqCst);
     }
+}
+
+/// Every call of the link to one mover (start, watch, cancel, a second start) goes over
+/// one connection: one TCP and TLS handshake per mover, not per call.
+#[tokio::test]
+async fn the_link_keeps_one_connection_per_mover() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let (service, direct) = mover_service(dir.path(), &root).await;
+    let proxy = FreezingProxy::start(service.grpc_addr()).await;
+    let through_proxy = MoverAddress {
+        ip: proxy.addr.ip().to_string(),
+        port: proxy.addr.port(),
+        ..direct.clone()
+    };
+    let src = root.join("src.img");
+    std::fs::write(&src, vec![7u8; 1 << 20]).unwrap();
+    let link = GrpcMoverLink::default();
+    for key in ["first", "second"] {
+        let job = JobRequest::Transfer(Box::new(proto::StartTransferRequest {
+            source: Some(file(&src)),
+            target: Some(file(&root.join(format!("{key}.img")))),
+            idempotency_key: key.into(),
+            labels: labels(key),
+            ..proto::StartTransferRequest::default()
+        }));
+        let started = link.start(&through_proxy, &job).await.unwrap();
+        let mut stream = link.watch(&through_proxy, &started.id).await.unwrap();
+        let mut last = None;
+        while let Some(report) = stream.next().await {
+            last = Some(report.unwrap());
+        }
+        assert_eq!(last.unwrap().state, JobState::Succeeded);
+        link.cancel(&through_proxy, key).await.unwrap();
+    }
+    assert_eq!(proxy.accepted(), 1);
+    let copied = std::fs::read(root.join("second.img")).unwrap();
+    assert_eq!(copied, std::fs::read(&src).unwrap());
+    service.shutdown().await;
 }
 
 /// A job stream outlives the link's request timeout, and a mover that goes silent mid-job

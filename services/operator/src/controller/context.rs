@@ -290,6 +290,12 @@ impl Context {
         self.queued.lock().remove(uid);
     }
 
+    /// The resource ended or is being deleted: nothing about it is worth remembering.
+    pub fn forget(&self, uid: &str) {
+        self.done_waiting(uid);
+        self.reached(uid);
+    }
+
     /// Remembers that a resource of `kind` waits for a mover slot (keeping its place when
     /// it was queued already).
     pub fn queue(&self, kind: &'static str, ids: &Ids) {

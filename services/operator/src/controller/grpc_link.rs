@@ -75,6 +75,48 @@ impl Default for LinkTimeouts {
 pub struct GrpcMoverLink {
     timeouts: LinkTimeouts,
     tls: Option<Arc<ClientTls>>,
+    channels: Arc<Mutex<Channels>>,
+}
+
+/// Connections to movers, one per mover pod (by namespace, name, address and port), so
+/// that a reconcile's calls share one HTTP/2 connection and one TLS handshake instead of
+/// making their own. A channel reconnects by itself when its connection broke; one older
+/// than [`CHANNEL_REUSE`] is made anew (with the operator's current client certificate).
+#[derive(Debug, Default)]
+struct Channels {
+    by_mover: std::collections::HashMap<(String, String, String, u16), (Channel, Instant)>,
+}
+
+/// How long a channel to a mover is reused: well inside the client certificate's
+/// renewal time.
+const CHANNEL_REUSE: Duration = Duration::from_secs(3600);
+
+/// Most channels kept: the oldest goes first beyond it (movers that ended).
+const MAX_CHANNELS: usize = 1024;
+
+impl Channels {
+    fn get(&self, key: &(String, String, String, u16)) -> Option<Channel> {
+        self.by_mover
+            .get(key)
+            .filter(|(_, made)| made.elapsed() < CHANNEL_REUSE)
+            .map(|(channel, _)| channel.clone())
+    }
+
+    fn keep(&mut self, key: (String, String, String, u16), channel: Channel) {
+        self.by_mover
+            .retain(|_, (_, made)| made.elapsed() < CHANNEL_REUSE);
+        if self.by_mover.len() >= MAX_CHANNELS {
+            let oldest = self
+                .by_mover
+                .iter()
+                .min_by_key(|(_, (_, made))| *made)
+                .map(|(k, _)| k.clone());
+            if let Some(oldest) = oldest {
+                self.by_mover.remove(&oldest);
+            }
+        }
+        self.by_mover.insert(key, (channel, Instant::now()));
+    }
 }
 
 /// The operator's side of the movers' mutual TLS: the CA both sides trust and the
@@ -111,6 +153,7 @@ impl GrpcMoverLink {
         Self {
             timeouts,
             tls: None,
+            channels: Arc::default(),
         }
     }
 
@@ -139,6 +182,29 @@ impl GrpcMoverLink {
     }
 
     async fn client(&self, mover: &MoverAddress) -> Result<Client, LinkError> {
+        let key = (
+            mover.namespace.clone(),
+            mover.pod.clone(),
+            mover.ip.clone(),
+            mover.port,
+        );
+        let cached = self.channels.lock().get(&key);
+        let channel = match cached {
+            Some(channel) => channel,
+            None => {
+                let channel = self.connect(mover).await?;
+                self.channels.lock().keep(key, channel.clone());
+                channel
+            }
+        };
+        let token = Secret::new(mover.token.clone());
+        let auth =
+            BearerToken::new(Some(&token)).map_err(|e| LinkError::Rejected(e.to_string()))?;
+        Ok(JobServiceClient::with_interceptor(channel, auth))
+    }
+
+    /// A new connection to `mover`.
+    async fn connect(&self, mover: &MoverAddress) -> Result<Channel, LinkError> {
         let t = &self.timeouts;
         let host = if mover.ip.contains(':') {
             format!("[{}]", mover.ip)
@@ -154,7 +220,7 @@ impl GrpcMoverLink {
                 .tls_config(tls)
                 .map_err(|e| LinkError::Rejected(format!("TLS to mover {}: {e}", mover.pod)))?;
         }
-        let channel = endpoint
+        endpoint
             .connect_timeout(t.connect)
             .timeout(t.request)
             .http2_keep_alive_interval(t.keepalive_interval)
@@ -162,11 +228,7 @@ impl GrpcMoverLink {
             .keep_alive_while_idle(true)
             .connect()
             .await
-            .map_err(|e| LinkError::Unavailable(format!("{}: {e}", mover.pod)))?;
-        let token = Secret::new(mover.token.clone());
-        let auth =
-            BearerToken::new(Some(&token)).map_err(|e| LinkError::Rejected(e.to_string()))?;
-        Ok(JobServiceClient::with_interceptor(channel, auth))
+            .map_err(|e| LinkError::Unavailable(format!("{}: {e}", mover.pod)))
     }
 }
 

@@ -79,10 +79,11 @@ pub async fn reconcile<K: MoverKind>(obj: Arc<K>, ctx: Arc<Context>) -> Result<A
     }
 }
 
-/// A final resource whose mover pod is still there (the operator stopped between the
-/// final status and the pod's deletion): delete it. Read from the store, so a final
-/// resource costs no request.
+/// A final resource: the operator's memory of it dropped; a mover pod still there (the
+/// operator stopped between the final status and the pod's deletion) deleted. Read from
+/// the store, so a final resource costs no request.
 async fn leftover(ctx: &Context, ids: &Ids, life: &Life) -> Result<Action, Error> {
+    ctx.forget(&ids.uid);
     let Some(name) = life.mover_pod.as_deref() else {
         return Ok(Action::await_change());
     };
@@ -542,7 +543,7 @@ async fn on_delete<K: MoverKind>(ctx: &Context, obj: &K, ids: &Ids) -> Result<Ac
         return Ok(Action::await_change());
     }
     ctx.stop_watch(&ids.uid);
-    ctx.done_waiting(&ids.uid);
+    ctx.forget(&ids.uid);
     let status = obj.status().cloned().unwrap_or_default();
     let life = status.life();
     let mut latest = None;
