@@ -1787,7 +1787,8 @@ async fn a_mover_that_never_starts_fails_its_attempt_with_its_events() {
 
 /// A mover scheduled on node-b that has not started after a minute, its claim's volume
 /// still attached to node-a whose kubelet stopped reporting (a failed node): the status
-/// names the volume, the node and the remedy, with a Warning event.
+/// names the volume, the node and the remedy, with a Warning event; the next look within
+/// half a minute asks the API nothing.
 #[tokio::test]
 async fn a_mover_waiting_on_a_failed_nodes_attachment_says_so() {
     let mut h = Harness::new(settings());
@@ -1871,6 +1872,12 @@ async fn a_mover_waiting_on_a_failed_nodes_attachment_says_so() {
     assert_eq!(condition(&waiting, "Running")["reason"], "MoverStarting");
     let event = h.server.expect_event(NS).await.body;
     assert_eq!(event["type"], "Warning");
+    finish(task).await;
+    h.server.done().await;
+
+    // Looked at again within half a minute: the check's answer is reused, no request.
+    let object = with_status(&object, &json!({ "status": waiting }));
+    let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
     finish(task).await;
     h.server.done().await;
 }

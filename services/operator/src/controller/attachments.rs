@@ -24,6 +24,10 @@ use super::pods::attached_pvcs;
 /// checked (earlier, a Multi-Attach is usually a detach still under way).
 pub const CHECK_AFTER: Duration = Duration::from_secs(60);
 
+/// A check's answer is reused this long: a mover waits minutes for a failed node's
+/// volumes, and its resource is looked at every few seconds meanwhile.
+pub const RECHECK_AFTER: Duration = Duration::from_secs(30);
+
 /// A claim of the mover and the volume bound to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BoundClaim {

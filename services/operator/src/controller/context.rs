@@ -75,6 +75,8 @@ pub struct Context {
     mover_ca: Option<Arc<MoverCa>>,
     /// Resources whose mover could not be reached: uid -> (attempt, first failure).
     unreachable: Mutex<HashMap<String, (u32, Instant)>>,
+    /// The last attachment check of a starting mover: pod uid -> (when, what it said).
+    attachment_checks: Mutex<HashMap<String, (Instant, Option<String>)>>,
 }
 
 /// A resource waiting for a mover slot.
@@ -136,6 +138,7 @@ impl Context {
             relinks: Mutex::default(),
             mover_ca: None,
             unreachable: Mutex::default(),
+            attachment_checks: Mutex::default(),
         }
     }
 
@@ -288,6 +291,22 @@ impl Context {
     pub fn done_waiting(&self, uid: &str) {
         self.waits.lock().remove(uid);
         self.queued.lock().remove(uid);
+    }
+
+    /// What the attachment check of the mover pod `pod_uid` said, if it was made less than
+    /// [`super::attachments::RECHECK_AFTER`] ago.
+    pub fn attachment_check(&self, pod_uid: &str) -> Option<Option<String>> {
+        let checks = self.attachment_checks.lock();
+        let (at, said) = checks.get(pod_uid)?;
+        (at.elapsed() < super::attachments::RECHECK_AFTER).then(|| said.clone())
+    }
+
+    /// Remembers what the attachment check of the mover pod `pod_uid` said (and forgets
+    /// checks too old to be reused).
+    pub fn remember_attachment_check(&self, pod_uid: &str, said: Option<String>) {
+        let mut checks = self.attachment_checks.lock();
+        checks.retain(|_, (at, _)| at.elapsed() < super::attachments::RECHECK_AFTER);
+        checks.insert(pod_uid.to_string(), (Instant::now(), said));
     }
 
     /// The resource ended or is being deleted: nothing about it is worth remembering.

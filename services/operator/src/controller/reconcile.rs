@@ -272,7 +272,15 @@ async fn starting<K: MoverKind>(
     let waited = created.map(age_of);
     let why = match why {
         None if waited.is_some_and(|w| w >= attachments::CHECK_AFTER) => {
-            attachments::check(&ctx.client, &ids.namespace, mover).await?
+            let pod_uid = mover.metadata.uid.clone().unwrap_or_default();
+            match ctx.attachment_check(&pod_uid) {
+                Some(said) => said,
+                None => {
+                    let said = attachments::check(&ctx.client, &ids.namespace, mover).await?;
+                    ctx.remember_attachment_check(&pod_uid, said.clone());
+                    said
+                }
+            }
         }
         why => why,
     };
