@@ -53,6 +53,14 @@ pub trait Source: Send + Sync + 'static {
         None
     }
 
+    /// Checks, once a copy has read everything it needed, what only the end can show:
+    /// a registry layer's digest, over the bytes the copy did not need too. The engine
+    /// calls it on the handle it was given before it finishes the target, so an error
+    /// fails the copy (no partial success). Default: nothing to check.
+    async fn finish(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Ends the session politely (for example NBD_CMD_DISC). Default: nothing to do.
     async fn close(&self) -> Result<()> {
         Ok(())

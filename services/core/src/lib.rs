@@ -24,4 +24,4 @@ pub use endpoint::{Source, Target, ZeroMode};
 pub use error::{Context, Error, ErrorKind, Result};
 pub use extent::{merge_extents, Extent, ExtentKind};
 pub use secret::Secret;
-pub use spec::EndpointSpec;
+pub use spec::{EndpointSpec, RegistrySpec};

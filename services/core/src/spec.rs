@@ -118,6 +118,31 @@ pub fn redact_http_url(url: &Url) -> String {
     text
 }
 
+/// An image in an OCI (docker) registry: `docker://HOST[:PORT]/REPO[:TAG][@sha256:HEX]`
+/// (also `oci://`), CDI's registry URL form. Credentials never sit in the URL: they come
+/// from a docker config.json named by the options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegistrySpec {
+    /// `host` or `host:port`, as the registry's credentials are keyed.
+    pub host: String,
+    /// The repository path (`containerdisks/fedora`).
+    pub repository: String,
+    /// The tag, when the URL names one (`latest` when it names neither tag nor digest).
+    pub tag: Option<String>,
+    /// `sha256:HEX` when the URL pins the manifest digest.
+    pub digest: Option<String>,
+}
+
+impl RegistrySpec {
+    /// The tag or digest to ask the registry for (the digest when both are given).
+    pub fn reference(&self) -> &str {
+        self.digest
+            .as_deref()
+            .or(self.tag.as_deref())
+            .unwrap_or("latest")
+    }
+}
+
 /// Where an image lives.
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,9 +154,12 @@ pub enum EndpointSpec {
     S3(S3Spec),
     /// `http://` or `https://` (a source only).
     Http(HttpSpec),
+    /// `docker://` or `oci://`: a containerDisk in an OCI registry (a source only).
+    Registry(RegistrySpec),
 }
 
-const SCHEMES: &str = "file, nbd, nbds, nbd+unix, nbds+unix, nfs, iscsi, s3, http, https";
+const SCHEMES: &str =
+    "file, nbd, nbds, nbd+unix, nbds+unix, nfs, iscsi, s3, http, https, docker, oci";
 
 impl EndpointSpec {
     /// Parses a path or URL.
@@ -149,6 +177,7 @@ impl EndpointSpec {
             "iscsi" => parse_iscsi(text).map(Self::Iscsi),
             "s3" => parse_s3(text).map(Self::S3),
             "http" | "https" => parse_http(text).map(Self::Http),
+            "docker" | "oci" => parse_registry(text).map(Self::Registry),
             other => Err(Error::invalid_input(format!(
                 "unknown scheme '{other}' in '{}': expected a path or one of {SCHEMES}",
                 redact_userinfo(text)
@@ -166,6 +195,7 @@ impl EndpointSpec {
             Self::S3(_) => "s3",
             Self::Http(s) if s.tls() => "https",
             Self::Http(_) => "http",
+            Self::Registry(_) => "registry",
         }
     }
 
@@ -185,6 +215,7 @@ impl EndpointSpec {
                 s.url.host_str().unwrap_or_default(),
                 s.url.port_or_known_default().unwrap_or_default()
             )),
+            Self::Registry(s) => Some(s.host.clone()),
         }
     }
 }
@@ -451,6 +482,99 @@ fn parse_http(text: &str) -> Result<HttpSpec> {
     Ok(HttpSpec { url })
 }
 
+/// The registry Docker Hub's short names mean (`docker://library/alpine`).
+pub const DOCKER_HUB: &str = "registry-1.docker.io";
+/// Longest repository path accepted (the distribution spec's limit is 255 per name).
+const MAX_REPOSITORY: usize = 255;
+
+/// `docker://HOST[:PORT]/REPO[:TAG][@sha256:HEX]`. A first path part without a `.` or
+/// `:` that is not `localhost` is a Docker Hub repository, as docker and CDI read it.
+fn parse_registry(text: &str) -> Result<RegistrySpec> {
+    let (_, rest) = text.split_once("://").unwrap_or(("", text));
+    let bad = |why: &str| {
+        Error::invalid_input(format!(
+            "registry URL '{}' {why}: use docker://HOST[:PORT]/REPO:TAG or \
+             docker://HOST[:PORT]/REPO@sha256:DIGEST",
+            redact_userinfo(text)
+        ))
+    };
+    if rest.contains(['?', '#']) {
+        return Err(bad(
+            "has options; registry settings come from the environment or the job",
+        ));
+    }
+    let (first, path) = rest
+        .split_once('/')
+        .ok_or_else(|| bad("has no repository"))?;
+    if first.contains('@') {
+        return Err(bad(
+            "carries user information; credentials come from a docker config.json \
+             (FERRY_REGISTRY_AUTH_FILE)",
+        ));
+    }
+    let (host, path) =
+        if first.contains(['.', ':']) || first == "localhost" || first.starts_with('[') {
+            (first.to_string(), path.to_string())
+        } else {
+            (DOCKER_HUB.to_string(), format!("{first}/{path}"))
+        };
+    let (path, digest) = match path.split_once('@') {
+        Some((p, d)) => (p.to_string(), Some(d.to_string())),
+        None => (path, None),
+    };
+    if let Some(d) = &digest {
+        let hex = d
+            .strip_prefix("sha256:")
+            .ok_or_else(|| bad("pins a digest that is not sha256:HEX"))?;
+        if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            return Err(bad(
+                "pins a digest that is not sha256: and 64 lowercase hex digits",
+            ));
+        }
+    }
+    // A tag follows the last ':' after the last '/'.
+    let slash = path.rfind('/').map_or(0, |i| i + 1);
+    let (repository, tag) = match path[slash..].rfind(':') {
+        Some(i) => (
+            path[..slash + i].to_string(),
+            Some(path[slash + i + 1..].to_string()),
+        ),
+        None => (path, None),
+    };
+    if let Some(t) = &tag {
+        let ok = !t.is_empty()
+            && t.len() <= 128
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+        if !ok {
+            return Err(bad("has an invalid tag"));
+        }
+    }
+    let repo_ok = !repository.is_empty()
+        && repository.len() <= MAX_REPOSITORY
+        && repository.split('/').all(|part| {
+            !part.is_empty()
+                && part.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'-')
+                })
+        });
+    if !repo_ok {
+        return Err(bad(
+            "has an invalid repository name (lowercase letters, digits, . _ - and /)",
+        ));
+    }
+    let tag = match (&tag, &digest) {
+        (None, None) => Some("latest".to_string()),
+        _ => tag,
+    };
+    Ok(RegistrySpec {
+        host,
+        repository,
+        tag,
+        digest,
+    })
+}
+
 /// Replaces `user[:%]password@` in a URL-ish string with `user:***@`, for error messages
 /// about URLs that did not parse.
 pub fn redact_userinfo(text: &str) -> String {
@@ -525,6 +649,16 @@ impl fmt::Display for EndpointSpec {
             }
             Self::S3(s) => write!(f, "s3://{}/{}", s.bucket, s.key),
             Self::Http(s) => f.write_str(&s.redacted()),
+            Self::Registry(s) => {
+                write!(f, "docker://{}/{}", s.host, s.repository)?;
+                if let Some(tag) = &s.tag {
+                    write!(f, ":{tag}")?;
+                }
+                if let Some(digest) = &s.digest {
+                    write!(f, "@{digest}")?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -717,5 +851,48 @@ mod tests {
         assert_eq!(parse("/x").host(), None);
         assert_eq!(parse("nbd://h:1/e").host().as_deref(), Some("h:1"));
         assert_eq!(parse("s3://b/k").kind(), "s3");
+    }
+
+    #[test]
+    fn registry_urls() {
+        let d = "a".repeat(64);
+        let spec = EndpointSpec::parse("docker://127.0.0.1:5000/disks/fedora:41").unwrap();
+        let EndpointSpec::Registry(r) = &spec else {
+            panic!("{spec:?}")
+        };
+        assert_eq!(
+            (r.host.as_str(), r.repository.as_str()),
+            ("127.0.0.1:5000", "disks/fedora")
+        );
+        assert_eq!((r.tag.as_deref(), r.reference()), (Some("41"), "41"));
+        assert_eq!(spec.to_string(), "docker://127.0.0.1:5000/disks/fedora:41");
+        assert_eq!(spec.kind(), "registry");
+        assert_eq!(spec.host().as_deref(), Some("127.0.0.1:5000"));
+        let pinned = format!("oci://quay.io/containerdisks/fedora@sha256:{d}");
+        let EndpointSpec::Registry(r) = EndpointSpec::parse(&pinned).unwrap() else {
+            panic!()
+        };
+        assert_eq!(r.tag, None);
+        assert_eq!(r.reference(), format!("sha256:{d}"));
+        let EndpointSpec::Registry(r) = EndpointSpec::parse("docker://kubevirt/cirros").unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (r.host.as_str(), r.repository.as_str(), r.reference()),
+            (DOCKER_HUB, "kubevirt/cirros", "latest")
+        );
+        for bad in [
+            "docker://host.io/",
+            "docker://user:pw@host.io/repo:tag",
+            "docker://host.io/Repo:tag",
+            "docker://host.io/repo:t@g",
+            "docker://host.io/repo@sha256:abc",
+            "docker://host.io/repo@md5:abc",
+            "docker://host.io/repo:tag?insecure=1",
+        ] {
+            let err = EndpointSpec::parse(bad).unwrap_err();
+            assert!(!err.to_string().contains("pw@"), "{err}");
+        }
     }
 }

@@ -83,7 +83,14 @@ pub(crate) async fn copy_tapped(
         }
     };
     let result = match run(&shared, &source, &target, options, cancel).await {
-        Ok(()) => finish(&shared, cancel).await,
+        Ok(()) => match source.finish().await {
+            // What only the end shows (a registry layer's digest) decides before the
+            // target is finished: a source that fails it leaves no finished target.
+            Ok(()) => finish(&shared, cancel).await,
+            Err(e) => Err(e
+                .with_operation("finish source")
+                .with_endpoint(source.describe())),
+        },
         Err(e) => Err(e),
     };
     if let Err(e) = result {
