@@ -10,6 +10,7 @@ pub mod http;
 pub mod iscsi;
 pub mod nbd;
 pub mod nfs;
+pub mod registry;
 pub mod s3;
 
 pub use open::{open_source, open_target};

@@ -21,6 +21,9 @@ pub async fn open_source(spec: &EndpointSpec, options: &SourceOptions) -> Result
         }
         EndpointSpec::S3(s3) => crate::s3::open_source(s3, &options.s3).await,
         EndpointSpec::Http(http) => crate::http::open_source(http, &options.http).await,
+        EndpointSpec::Registry(registry) => {
+            crate::registry::open_source(registry, &options.registry).await
+        }
         EndpointSpec::Iscsi(iscsi) => Ok(Arc::new(
             crate::iscsi::IscsiSource::open(iscsi, &crate::iscsi::IscsiOptions::default()).await?,
         )),
@@ -50,6 +53,10 @@ pub async fn open_target(
         )),
         EndpointSpec::Http(_) => Err(Error::unsupported(format!(
             "{spec} is an HTTP URL: HTTP endpoints are read-only sources, not targets"
+        ))
+        .with_operation("open")),
+        EndpointSpec::Registry(_) => Err(Error::unsupported(format!(
+            "{spec} is a registry image: registry endpoints are read-only sources, not targets"
         ))
         .with_operation("open")),
         other => Err(not_yet(other)),

@@ -5,6 +5,7 @@
 //! knowing which kind a URL names; each endpoint reads only its own part.
 
 use crate::http::HttpOptions;
+use crate::registry::RegistryOptions;
 use ferry_s3::S3Options;
 
 /// How file I/O goes through the kernel.
@@ -51,6 +52,8 @@ pub struct SourceOptions {
     pub s3: S3Options,
     /// Per-job settings of `http://` and `https://` sources.
     pub http: HttpOptions,
+    /// Per-job settings of `docker://` sources.
+    pub registry: RegistryOptions,
 }
 
 /// Options for opening a target.

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 mod composite;
+pub mod container;
 mod detect;
 mod mapped;
 mod open;

@@ -74,6 +74,10 @@ pub struct OpenOptions {
     pub disk: Option<usize>,
     /// Opens a VMDK descriptor's extent files.
     pub extents: ExtentFiles,
+    /// The bytes are a container image layer (a registry's containerDisk): a tar holding
+    /// the disk under `/disk/`, compressed as this says (`Raw`: a plain tar, `Gzip`,
+    /// `Zstd`). None: the bytes are the image itself.
+    pub container_layer: Option<Detected>,
 }
 
 /// What `ferry info` reports about an image.
@@ -101,6 +105,10 @@ pub struct ImageInfo {
     pub disks: Vec<OvaDisk>,
     /// The OVA disk read (an index into `disks`).
     pub disk: Option<usize>,
+    /// For a container layer: the disk file read in it (`disk/fedora.qcow2`).
+    pub layer_file: Option<String>,
+    /// For a container layer: how the layer is compressed (none, gzip, zstd).
+    pub layer_compression: Option<&'static str>,
 }
 
 impl ImageInfo {
@@ -119,6 +127,8 @@ impl ImageInfo {
             subformat: None,
             disks: Vec::new(),
             disk: None,
+            layer_file: None,
+            layer_compression: None,
         }
     }
 }
@@ -148,6 +158,10 @@ pub async fn open_image(
     options: &OpenOptions,
 ) -> Result<(Arc<dyn Source>, ImageInfo)> {
     let mut seen = vec![bytes.describe()];
+    if let Some(compression) = options.container_layer {
+        return crate::container::open_container_layer(bytes, compression, options, &mut seen)
+            .await;
+    }
     open_layer(bytes, options.format, options, &mut seen).await
 }
 
@@ -174,7 +188,7 @@ fn raw_info(bytes: &dyn Source) -> ImageInfo {
 }
 
 /// Opens one layer of the chain; `seen` names every layer above it.
-async fn open_layer(
+pub(crate) async fn open_layer(
     bytes: Arc<dyn Source>,
     format: SourceFormat,
     options: &OpenOptions,

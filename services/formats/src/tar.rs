@@ -12,7 +12,7 @@ use crate::mapped::{corrupt, read_meta};
 /// Most entries listed.
 pub const MAX_ENTRIES: usize = 4096;
 /// Longest GNU long name or pax record block read.
-const MAX_EXTENDED: u64 = 64 << 10;
+pub(crate) const MAX_EXTENDED: u64 = 64 << 10;
 
 /// A regular file in the archive.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,7 +40,7 @@ pub fn looks_like_ova(head: &[u8]) -> bool {
 }
 
 /// An octal (or GNU base-256) number field.
-fn number(field: &[u8]) -> Result<u64> {
+pub(crate) fn number(field: &[u8]) -> Result<u64> {
     if field.first().is_some_and(|b| b & 0x80 != 0) {
         let mut n: u64 = u64::from(field[0] & 0x7f);
         for &b in &field[1..] {
@@ -64,13 +64,13 @@ fn number(field: &[u8]) -> Result<u64> {
         .map_err(|_| corrupt(format!("tar number field {text:?} is not octal")))
 }
 
-fn text(field: &[u8]) -> String {
+pub(crate) fn text(field: &[u8]) -> String {
     let end = field.iter().position(|&b| b == 0).unwrap_or(field.len());
     String::from_utf8_lossy(&field[..end]).into_owned()
 }
 
 /// Checks a header block's checksum (the checksum field read as spaces).
-fn checksum_ok(h: &[u8]) -> Result<bool> {
+pub(crate) fn checksum_ok(h: &[u8]) -> Result<bool> {
     let stored = number(&h[148..156])?;
     let sum: u64 = h[..512]
         .iter()
@@ -87,7 +87,7 @@ fn checksum_ok(h: &[u8]) -> Result<bool> {
 }
 
 /// The `path` and `size` of a pax extended header's records.
-fn pax(records: &[u8]) -> (Option<String>, Option<u64>) {
+pub(crate) fn pax(records: &[u8]) -> (Option<String>, Option<u64>) {
     let (mut path, mut size) = (None, None);
     let mut rest = records;
     while let Some(space) = rest.iter().position(|&b| b == b' ') {
@@ -180,7 +180,7 @@ pub async fn entries(file: &dyn Source) -> Result<Vec<Entry>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use ferry_testkit::MemSource;
 

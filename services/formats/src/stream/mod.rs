@@ -20,8 +20,8 @@
 //! measured them (in parallel too). Everything else is decompressed front to back, ahead
 //! of the reader, in a thread of its own ([`StreamSource`]).
 
-mod decode;
-mod input;
+pub(crate) mod decode;
+pub(crate) mod input;
 mod parallel;
 mod sequential;
 mod window;
