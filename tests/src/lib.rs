@@ -21,6 +21,7 @@ pub mod mover_pods;
 pub mod nbd_servers;
 pub mod nfs_server;
 pub mod process;
+pub mod registry_server;
 pub mod s3_server;
 pub mod service_support;
 

@@ -15,7 +15,7 @@ const READ_LIMIT: u64 = 1 << 20;
 /// Bytes per read.
 const REQUEST: u64 = 64 << 10;
 
-fn runtime() -> Option<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> Option<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -23,7 +23,7 @@ fn runtime() -> Option<tokio::runtime::Runtime> {
 }
 
 /// Maps and reads up to [`READ_LIMIT`] bytes from the start of `image`, then from its end.
-async fn exercise(image: &dyn Source) {
+pub(crate) async fn exercise(image: &dyn Source) {
     let size = image.size();
     let head = size.min(READ_LIMIT / 2);
     let mut offset = 0;

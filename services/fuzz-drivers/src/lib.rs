@@ -14,6 +14,7 @@ pub mod iscsi;
 pub mod mutate;
 pub mod nbd;
 pub mod nfs;
+pub mod registry;
 pub mod seeds;
 pub mod smoke;
 
@@ -24,6 +25,7 @@ pub use http::http_headers;
 pub use iscsi::{iscsi_pdu, iscsi_session};
 pub use nbd::{nbd_handshake, nbd_parsers, nbd_replies};
 pub use nfs::{nfs4_compound_reply, nfs_rpc_reply, nfs_xdr};
+pub use registry::{container_layer, registry_manifest};
 
 /// One fuzz target, as the smoke and `make-seeds` see it.
 #[derive(Debug, Clone, Copy)]
@@ -67,4 +69,6 @@ pub const DRIVERS: &[Driver] = &[
     Driver { name: "vhdx_image", run: vhdx_image, seeds: seeds::vhdx_image, dict: "", inputs: 2_000, max_len: 32768 },
     Driver { name: "vdi_image", run: vdi_image, seeds: seeds::vdi_image, dict: "", inputs: 5_000, max_len: 16384 },
     Driver { name: "ova_image", run: ova_image, seeds: seeds::ova_image, dict: "", inputs: 5_000, max_len: 16384 },
+    Driver { name: "registry_manifest", run: registry_manifest, seeds: seeds::registry_manifest, dict: "", inputs: 20_000, max_len: 8192 },
+    Driver { name: "container_layer", run: container_layer, seeds: seeds::container_layer, dict: "", inputs: 3_000, max_len: 16384 },
 ];

@@ -98,6 +98,9 @@ async fn checksum_one(
 ) -> anyhow::Result<Digest> {
     let spec = EndpointSpec::parse(url).map_err(|e| super::failed(e, "invalid image"))?;
     let mut source_options = super::source_options_from_env()?;
+    args.format
+        .apply_platform(&mut source_options)
+        .map_err(|e| super::failed(e, "invalid --platform"))?;
     source_options.cache = args.cache.into();
     let format = args.format.open_options(&source_options);
     let (source, _) = image::open(&spec, &source_options, &format)

@@ -121,6 +121,9 @@ impl CopyArgs {
     pub(super) fn source_options(&self) -> anyhow::Result<SourceOptions> {
         let mut options = super::source_options_from_env()?;
         options.cache = self.cache.into();
+        self.format
+            .apply_platform(&mut options)
+            .map_err(|e| super::failed(e, "invalid --platform"))?;
         Ok(options)
     }
 

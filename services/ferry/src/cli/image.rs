@@ -12,8 +12,10 @@ use async_trait::async_trait;
 use clap::Args;
 use ferry_core::{EndpointSpec, Error, Result, Source};
 use ferry_endpoints::{open_source, SourceOptions};
+use ferry_endpoints::registry::{RegistryInfo, RegistrySource};
 use ferry_formats::{
-    Backing, BackingOpener, ExtentFiles, ImageInfo, OpenOptions, SourceFormat, StreamOptions,
+    Backing, BackingOpener, Detected, ExtentFiles, ImageInfo, OpenOptions, SourceFormat,
+    StreamOptions,
 };
 
 /// `--source-format`, `--allow-backing`, `--source-size` and `--prescan`.
@@ -41,6 +43,10 @@ pub struct FormatArgs {
     /// when the OVA holds more than one).
     #[arg(long, value_name = "N")]
     pub disk: Option<usize>,
+    /// The platform to read from a registry image index (OS/ARCH[/VARIANT]; default
+    /// linux/amd64, or FERRY_REGISTRY_PLATFORM).
+    #[arg(long, value_name = "PLATFORM")]
+    pub platform: Option<String>,
 }
 
 fn parse_format(text: &str) -> std::result::Result<SourceFormat, String> {
@@ -52,6 +58,14 @@ fn parse_size(text: &str) -> std::result::Result<u64, String> {
 }
 
 impl FormatArgs {
+    /// Applies `--platform` to the registry options.
+    pub fn apply_platform(&self, source: &mut SourceOptions) -> Result<()> {
+        if let Some(p) = &self.platform {
+            source.registry = source.registry.clone().with_platform(p)?;
+        }
+        Ok(())
+    }
+
     pub fn open_options(&self, source: &SourceOptions) -> OpenOptions {
         OpenOptions {
             format: self.source_format,
@@ -82,8 +96,33 @@ pub async fn open(
     source: &SourceOptions,
     options: &OpenOptions,
 ) -> Result<(Arc<dyn Source>, ImageInfo)> {
+    if let EndpointSpec::Registry(registry) = spec {
+        let (image, info, _) = open_registry(registry, source, options).await?;
+        return Ok((image, info));
+    }
     let bytes = open_source(spec, source).await?;
     ferry_formats::open_image(bytes, options).await
+}
+
+/// Opens a registry image's disk layer and the disk in it.
+pub async fn open_registry(
+    spec: &ferry_core::RegistrySpec,
+    source: &SourceOptions,
+    options: &OpenOptions,
+) -> Result<(Arc<dyn Source>, ImageInfo, RegistryInfo)> {
+    let layer = RegistrySource::open(spec, &source.registry).await?;
+    let found = layer.info().clone();
+    let compression = match found.compression {
+        "gzip" => Detected::Gzip,
+        "zstd" => Detected::Zstd,
+        _ => Detected::Raw,
+    };
+    let options = OpenOptions {
+        container_layer: Some(compression),
+        ..options.clone()
+    };
+    let (image, info) = ferry_formats::open_image(Arc::new(layer), &options).await?;
+    Ok((image, info, found))
 }
 
 /// Resolves a backing name against the directory of the file image that names it.

@@ -16,6 +16,7 @@ use clap::Args;
 use ferry_core::size::format_size;
 use ferry_core::{EndpointSpec, ExtentKind, Result, Source};
 use ferry_endpoints::http::HttpSource;
+use ferry_endpoints::registry::RegistryInfo;
 use ferry_endpoints::SourceOptions;
 use ferry_formats::{Backing, ImageInfo, OpenOptions};
 
@@ -40,12 +41,15 @@ pub async fn run(args: InfoArgs) -> anyhow::Result<ExitCode> {
     super::init_tracing();
     let spec = EndpointSpec::parse(&args.url).map_err(|e| super::failed(e, "invalid image"))?;
     let name = spec.to_string();
-    let source_options = super::source_options_from_env()?;
+    let mut source_options = super::source_options_from_env()?;
+    args.format
+        .apply_platform(&mut source_options)
+        .map_err(|e| super::failed(e, "invalid --platform"))?;
     let mut options = args.format.open_options(&source_options);
     if !args.format.allow_backing {
         options.backing = Backing::NameOnly;
     }
-    let (image, info, version) = open(&spec, &source_options, &options)
+    let (image, info, version, registry) = open(&spec, &source_options, &options)
         .await
         .map_err(|e| super::named(e, &name, "cannot open the image"))?;
     let allocated = allocated_bytes(image.as_ref())
@@ -54,9 +58,17 @@ pub async fn run(args: InfoArgs) -> anyhow::Result<ExitCode> {
     let _ = image.close().await;
     let allocated = allocated?;
     if args.json {
-        println!("{}", to_json(&name, &info, allocated, version.as_ref()));
+        let mut json = to_json(&name, &info, allocated, version.as_ref());
+        if let Some(r) = &registry {
+            add_registry_json(&mut json, r, &info);
+        }
+        println!("{json}");
     } else {
-        print!("{}", to_text(&name, &info, allocated, version.as_ref()));
+        let mut text = to_text(&name, &info, allocated, version.as_ref());
+        if let Some(r) = &registry {
+            text += &registry_text(r, &info);
+        }
+        print!("{text}");
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -70,15 +82,25 @@ struct HttpVersion {
     warning: Option<String>,
 }
 
-/// Opens the image; an HTTP(S) source also tells how its version is pinned.
-async fn open(
-    spec: &EndpointSpec,
-    source: &SourceOptions,
-    options: &OpenOptions,
-) -> Result<(Arc<dyn Source>, ImageInfo, Option<HttpVersion>)> {
+/// What `open` found: the image, its info, an HTTP source's version, a registry image's
+/// digest and layer.
+type Opened = (
+    Arc<dyn Source>,
+    ImageInfo,
+    Option<HttpVersion>,
+    Option<RegistryInfo>,
+);
+
+/// Opens the image; an HTTP(S) source also tells how its version is pinned, a registry
+/// image its digest, platform and layer.
+async fn open(spec: &EndpointSpec, source: &SourceOptions, options: &OpenOptions) -> Result<Opened> {
+    if let EndpointSpec::Registry(registry) = spec {
+        let (image, info, found) = image::open_registry(registry, source, options).await?;
+        return Ok((image, info, None, Some(found)));
+    }
     let EndpointSpec::Http(http) = spec else {
         let (image, info) = image::open(spec, source, options).await?;
-        return Ok((image, info, None));
+        return Ok((image, info, None, None));
     };
     let bytes = HttpSource::open(http, &source.http).await?;
     let version = HttpVersion {
@@ -86,7 +108,49 @@ async fn open(
         warning: bytes.version_warning(),
     };
     let (image, info) = ferry_formats::open_image(Arc::new(bytes), options).await?;
-    Ok((image, info, Some(version)))
+    Ok((image, info, Some(version), None))
+}
+
+/// The registry lines of `ferry info`: what was pinned and read.
+fn registry_text(r: &RegistryInfo, info: &ImageInfo) -> String {
+    let mut out = format!("digest: {}
+", r.digest);
+    if let Some(p) = &r.platform {
+        out += &format!("platform: {p} (manifest {})
+", r.manifest);
+    }
+    out += &format!(
+        "layer: {} ({}, {} bytes, {} of {} layers)
+",
+        r.layer,
+        r.compression,
+        r.layer_size,
+        if r.ranges { "read by ranges" } else { "streamed" },
+        r.layers
+    );
+    if let Some(file) = &info.layer_file {
+        out += &format!("disk file: {file} ({})
+", info.format);
+    }
+    out += &format!("pinned: {}
+", r.pinned);
+    out
+}
+
+fn add_registry_json(json: &mut serde_json::Value, r: &RegistryInfo, info: &ImageInfo) {
+    json["registry"] = serde_json::json!({
+        "digest": r.digest,
+        "pinned": r.pinned,
+        "platform": r.platform,
+        "manifest": r.manifest,
+        "layer": r.layer,
+        "layer_size": r.layer_size,
+        "layer_media_type": r.media_type,
+        "layer_compression": r.compression,
+        "layers": r.layers,
+        "ranges": r.ranges,
+        "disk_file": info.layer_file,
+    });
 }
 
 /// The sum of the image's data extents.

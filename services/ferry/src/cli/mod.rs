@@ -74,7 +74,14 @@ in the URL; they come from the environment:
   FERRY_HTTP_CA_FILE                          extra trusted CA certificates (PEM)
   FERRY_HTTP_CLIENT_CERT_FILE, _KEY_FILE      client certificate and key (PEM)
   FERRY_HTTP_CONNECT_TIMEOUT, _READ_TIMEOUT   seconds [default: 10, 30]
-  FERRY_HTTP_ATTEMPTS                         attempts per request [default: 5]";
+  FERRY_HTTP_ATTEMPTS                         attempts per request [default: 5]
+
+Registry sources (read-only): docker://HOST[:PORT]/REPO[:TAG] or docker://HOST/REPO@sha256:DIGEST
+(also oci://), a containerDisk whose layer holds /disk/<image> (qcow2 or raw):
+  FERRY_REGISTRY_AUTH_FILE                    a docker config.json with the credentials
+  FERRY_REGISTRY_CA_FILE                      extra trusted CA certificates (PEM)
+  FERRY_REGISTRY_INSECURE=1                   plain HTTP (never the default)
+  --platform OS/ARCH[/VARIANT]                the image of an index to read [default: linux/amd64]";
 
 /// Source options from the environment: `http(s)://` sources take their credentials and
 /// TLS files from the `FERRY_HTTP_*` variables (see `ferry copy --help`).
@@ -82,6 +89,8 @@ pub fn source_options_from_env() -> anyhow::Result<ferry_endpoints::SourceOption
     let mut options = ferry_endpoints::SourceOptions::default();
     options.http = ferry_endpoints::http::HttpOptions::from_env()
         .map_err(|e| failed(e, "invalid HTTP settings"))?;
+    options.registry = ferry_endpoints::registry::RegistryOptions::from_env()
+        .map_err(|e| failed(e, "invalid registry settings"))?;
     Ok(options)
 }
 

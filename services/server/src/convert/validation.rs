@@ -220,6 +220,15 @@ impl Validator {
     fn endpoint(&self, what: &str, ep: Option<&proto::Endpoint>) -> Result<Checked> {
         let ep = ep.ok_or_else(|| invalid(format!("{what} is missing")))?;
         let spec = parse_url(what, ep)?;
+        if matches!(spec, EndpointSpec::Registry(_)) {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "{what}: {spec} is a registry image; the job service does not read registry \
+                     images yet (the command line does: ferry copy docker://...)"
+                ),
+            ));
+        }
         if matches!(spec, EndpointSpec::Http(_)) && what != "source" {
             return Err(invalid(format!(
                 "{what}: {spec} is an HTTP URL; HTTP endpoints are read-only and can only be sources"
