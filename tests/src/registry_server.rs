@@ -50,21 +50,59 @@ impl Registry {
         let f = |n: &str| dir.join(n);
         run(
             "openssl",
-            &["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", s(&f("ca.key")), "-out", s(&f("ca.pem")),
-              "-days", "2", "-subj", "/CN=ferry test registry CA"],
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                s(&f("ca.key")),
+                "-out",
+                s(&f("ca.pem")),
+                "-days",
+                "2",
+                "-subj",
+                "/CN=ferry test registry CA",
+            ],
             "openssl",
         );
         run(
             "openssl",
-            &["req", "-newkey", "rsa:2048", "-nodes", "-keyout", s(&f("srv.key")), "-out", s(&f("srv.csr")),
-              "-subj", "/CN=127.0.0.1"],
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                s(&f("srv.key")),
+                "-out",
+                s(&f("srv.csr")),
+                "-subj",
+                "/CN=127.0.0.1",
+            ],
             "openssl",
         );
         std::fs::write(f("ext.cnf"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n").unwrap();
         run(
             "openssl",
-            &["x509", "-req", "-in", s(&f("srv.csr")), "-CA", s(&f("ca.pem")), "-CAkey", s(&f("ca.key")),
-              "-CAcreateserial", "-out", s(&f("srv.pem")), "-days", "2", "-extfile", s(&f("ext.cnf"))],
+            &[
+                "x509",
+                "-req",
+                "-in",
+                s(&f("srv.csr")),
+                "-CA",
+                s(&f("ca.pem")),
+                "-CAkey",
+                s(&f("ca.key")),
+                "-CAcreateserial",
+                "-out",
+                s(&f("srv.pem")),
+                "-days",
+                "2",
+                "-extfile",
+                s(&f("ext.cnf")),
+            ],
             "openssl",
         );
         let htpasswd = run("htpasswd", &["-Bbn", USER, PASSWORD], "apache2-utils");
@@ -93,7 +131,10 @@ impl Registry {
         let registry = Self { child, dir, port };
         let deadline = Instant::now() + Duration::from_secs(20);
         while !listens_on(registry.child.id() as i32, port) {
-            assert!(Instant::now() < deadline, "docker-registry did not listen on {port}");
+            assert!(
+                Instant::now() < deadline,
+                "docker-registry did not listen on {port}"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         std::fs::write(
@@ -158,9 +199,21 @@ impl Registry {
         std::fs::create_dir_all(&ctx).unwrap();
         let file = disk.file_name().unwrap().to_str().unwrap();
         std::fs::copy(disk, ctx.join(file)).unwrap();
-        std::fs::write(ctx.join("Containerfile"), format!("FROM scratch\nADD {file} /disk/\n")).unwrap();
+        std::fs::write(
+            ctx.join("Containerfile"),
+            format!("FROM scratch\nADD {file} /disk/\n"),
+        )
+        .unwrap();
         self.buildah(&[
-            "bud", "--isolation", "chroot", "-q", "--arch", arch, "-t", name, s(&ctx),
+            "bud",
+            "--isolation",
+            "chroot",
+            "-q",
+            "--arch",
+            arch,
+            "-t",
+            name,
+            s(&ctx),
         ]);
     }
 
@@ -169,13 +222,7 @@ impl Registry {
         let dest = format!("docker://{}/{repo_tag}", self.host());
         let certs = self.dir.join("certs");
         let auth = self.auth_file();
-        let mut args = vec![
-            "push",
-            "--authfile",
-            s(&auth),
-            "--cert-dir",
-            s(&certs),
-        ];
+        let mut args = vec!["push", "--authfile", s(&auth), "--cert-dir", s(&certs)];
         match compression {
             "none" => args.push("--disable-compression"),
             other => args.extend(["--compression-format", other]),
@@ -194,7 +241,15 @@ impl Registry {
         let certs = self.dir.join("certs");
         let auth = self.auth_file();
         self.buildah(&[
-            "manifest", "push", "--all", "--authfile", s(&auth), "--cert-dir", s(&certs), list, &dest,
+            "manifest",
+            "push",
+            "--all",
+            "--authfile",
+            s(&auth),
+            "--cert-dir",
+            s(&certs),
+            list,
+            &dest,
         ]);
     }
 }

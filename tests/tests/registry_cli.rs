@@ -18,7 +18,11 @@ const MIB: u64 = 1 << 20;
 fn sh(program: &str, args: &[&str]) {
     require_tool(program, "qemu-utils");
     let out = Command::new(program).args(args).output().unwrap();
-    assert!(out.status.success(), "{program} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn s(p: &Path) -> &str {
@@ -38,7 +42,10 @@ fn make_disk(dir: &Path, mark: u8) -> (PathBuf, PathBuf) {
         sh("qemu-io", &["-f", "raw", "-c", &cmd, s(&raw)]);
     }
     let qcow2 = dir.join(format!("disk-{mark}.qcow2"));
-    sh("qemu-img", &["convert", "-f", "raw", "-O", "qcow2", s(&raw), s(&qcow2)]);
+    sh(
+        "qemu-img",
+        &["convert", "-f", "raw", "-O", "qcow2", s(&raw), s(&qcow2)],
+    );
     (raw, qcow2)
 }
 
@@ -48,7 +55,11 @@ fn env_ferry(reg: &Registry, args: &[&str]) -> ferry_tests::bin::Run {
     cmd.env("FERRY_REGISTRY_AUTH_FILE", reg.auth_file())
         .env("FERRY_REGISTRY_CA_FILE", reg.ca_file());
     let description = format!("{cmd:?}");
-    ferry_tests::bin::wait_with_deadline(cmd.spawn().unwrap(), ferry_tests::bin::DEFAULT_DEADLINE, description)
+    ferry_tests::bin::wait_with_deadline(
+        cmd.spawn().unwrap(),
+        ferry_tests::bin::DEFAULT_DEADLINE,
+        description,
+    )
 }
 
 fn info_json(reg: &Registry, url: &str) -> serde_json::Value {
@@ -71,7 +82,11 @@ fn containerdisks_in_gzip_zstd_and_plain_layers_copy_exactly() {
         assert_eq!(info["format"], "qcow2", "{info}");
         assert_eq!(info["virtual_size"], 64 * MIB, "{info}");
         let r = &info["registry"];
-        assert_eq!(r["disk_file"], "disk/".to_string() + qcow2.file_name().unwrap().to_str().unwrap(), "{info}");
+        assert_eq!(
+            r["disk_file"],
+            "disk/".to_string() + qcow2.file_name().unwrap().to_str().unwrap(),
+            "{info}"
+        );
         assert_eq!(r["layer_compression"], *compression, "{info}");
         assert_eq!(r["ranges"], *compression == "none", "{info}");
         let digest = r["digest"].as_str().unwrap().to_string();
@@ -104,7 +119,12 @@ fn a_multi_arch_index_reads_amd64_or_the_platform_asked() {
     assert_eq!(info["registry"]["platform"], "linux/amd64", "{info}");
     let text = env_ferry(&reg, &["info", &url]);
     text.assert_success();
-    for line in ["digest: sha256:", "platform: linux/amd64", "layer: sha256:", "disk file: disk/"] {
+    for line in [
+        "digest: sha256:",
+        "platform: linux/amd64",
+        "layer: sha256:",
+        "disk file: disk/",
+    ] {
         assert!(text.stdout.contains(line), "{line} in {}", text.stdout);
     }
     let out = dir.path().join("amd.raw");
@@ -113,9 +133,18 @@ fn a_multi_arch_index_reads_amd64_or_the_platform_asked() {
     let out = dir.path().join("arm.raw");
     env_ferry(&reg, &["copy", "--platform", "linux/arm64", &url, s(&out)]).assert_success();
     qemu_img_compare(&raw_arm, &out);
-    let line = env_ferry(&reg, &["copy", "--platform", "linux/s390x", &url, s(&dir.path().join("x.raw"))])
-        .assert_clean_failure()
-        .to_string();
+    let line = env_ferry(
+        &reg,
+        &[
+            "copy",
+            "--platform",
+            "linux/s390x",
+            &url,
+            s(&dir.path().join("x.raw")),
+        ],
+    )
+    .assert_clean_failure()
+    .to_string();
     assert!(line.contains("no linux/s390x image"), "{line}");
 }
 
@@ -133,15 +162,26 @@ fn registry_faults_fail_clearly() {
     let bad = dir.path().join("bad-auth.json");
     std::fs::write(
         &bad,
-        format!("{{\"auths\":{{\"{}\":{{\"username\":\"ferry\",\"password\":\"wrong-pw-123\"}}}}}}", reg.host()),
+        format!(
+            "{{\"auths\":{{\"{}\":{{\"username\":\"ferry\",\"password\":\"wrong-pw-123\"}}}}}}",
+            reg.host()
+        ),
     )
     .unwrap();
     let f = ferry!();
     let mut cmd = f.command(["copy", &url, s(&out)]);
-    cmd.env("FERRY_REGISTRY_AUTH_FILE", &bad).env("FERRY_REGISTRY_CA_FILE", reg.ca_file());
-    let run = ferry_tests::bin::wait_with_deadline(cmd.spawn().unwrap(), ferry_tests::bin::DEFAULT_DEADLINE, "bad password".into());
+    cmd.env("FERRY_REGISTRY_AUTH_FILE", &bad)
+        .env("FERRY_REGISTRY_CA_FILE", reg.ca_file());
+    let run = ferry_tests::bin::wait_with_deadline(
+        cmd.spawn().unwrap(),
+        ferry_tests::bin::DEFAULT_DEADLINE,
+        "bad password".into(),
+    );
     let line = run.assert_clean_failure().to_string();
-    assert!(line.contains("refused") && !line.contains("wrong-pw-123"), "{line}");
+    assert!(
+        line.contains("refused") && !line.contains("wrong-pw-123"),
+        "{line}"
+    );
 
     // No CA given: a TLS error naming the setting.
     let run = ferry!().run(["copy", &url, s(&out)]);
@@ -150,7 +190,9 @@ fn registry_faults_fail_clearly() {
 
     // An unknown digest.
     let missing = format!("{}@sha256:{}", reg.url("disks/fault"), "0".repeat(64));
-    let line = env_ferry(&reg, &["copy", &missing, s(&out)]).assert_clean_failure().to_string();
+    let line = env_ferry(&reg, &["copy", &missing, s(&out)])
+        .assert_clean_failure()
+        .to_string();
     assert!(line.contains("no manifest"), "{line}");
 
     // The layer's bytes changed in the registry's storage: corrupt, no finished target.
@@ -162,13 +204,23 @@ fn registry_faults_fail_clearly() {
     let at = changed.len() - 10;
     changed[at] ^= 0xff;
     std::fs::write(&blob, &changed).unwrap();
-    let line = env_ferry(&reg, &["copy", &url, s(&dir.path().join("c1.raw"))]).assert_clean_failure().to_string();
-    assert!(line.contains("does not match its digest") || line.contains("does not decompress"), "{line}");
+    let line = env_ferry(&reg, &["copy", &url, s(&dir.path().join("c1.raw"))])
+        .assert_clean_failure()
+        .to_string();
+    assert!(
+        line.contains("does not match its digest") || line.contains("does not decompress"),
+        "{line}"
+    );
 
     // The layer cut short.
     std::fs::write(&blob, &original[..original.len() / 2]).unwrap();
-    let line = env_ferry(&reg, &["copy", &url, s(&dir.path().join("c2.raw"))]).assert_clean_failure().to_string();
-    assert!(line.contains("cut short") || line.contains("truncated") || line.contains("ended"), "{line}");
+    let line = env_ferry(&reg, &["copy", &url, s(&dir.path().join("c2.raw"))])
+        .assert_clean_failure()
+        .to_string();
+    assert!(
+        line.contains("cut short") || line.contains("truncated") || line.contains("ended"),
+        "{line}"
+    );
     std::fs::write(&blob, &original).unwrap();
     env_ferry(&reg, &["copy", &url, s(&dir.path().join("c3.raw"))]).assert_success();
 }

@@ -47,7 +47,11 @@ pub fn container_layer(data: &[u8]) {
     let Some((&mode, rest)) = data.split_first() else {
         return;
     };
-    let kind = if mode & 1 != 0 { Detected::Gzip } else { Detected::Raw };
+    let kind = if mode & 1 != 0 {
+        Detected::Gzip
+    } else {
+        Detected::Raw
+    };
     let Some(rt) = runtime() else { return };
     rt.block_on(async {
         let bytes: Arc<dyn Source> = Arc::new(MemSource::new(rest.to_vec()));

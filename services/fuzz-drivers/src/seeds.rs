@@ -997,10 +997,19 @@ pub fn registry_manifest() -> Vec<Seed> {
         seed("index", cat(&[&[5], index.as_bytes()])),
         seed(
             "challenge",
-            cat(&[&[2], br#"Bearer realm="https://auth.io/token",service="reg",scope="repository:a:pull""#]),
+            cat(&[
+                &[2],
+                br#"Bearer realm="https://auth.io/token",service="reg",scope="repository:a:pull""#,
+            ]),
         ),
-        seed("token", cat(&[&[3], br#"{"token":"abc","expires_in":300}"#])),
-        seed("config", cat(&[&[3], br#"{"auths":{"reg.io":{"auth":"dTpw"}}}"#])),
+        seed(
+            "token",
+            cat(&[&[3], br#"{"token":"abc","expires_in":300}"#]),
+        ),
+        seed(
+            "config",
+            cat(&[&[3], br#"{"auths":{"reg.io":{"auth":"dTpw"}}}"#]),
+        ),
     ]
 }
 

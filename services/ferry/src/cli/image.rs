@@ -11,8 +11,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use clap::Args;
 use ferry_core::{EndpointSpec, Error, Result, Source};
-use ferry_endpoints::{open_source, SourceOptions};
 use ferry_endpoints::registry::{RegistryInfo, RegistrySource};
+use ferry_endpoints::{open_source, SourceOptions};
 use ferry_formats::{
     Backing, BackingOpener, Detected, ExtentFiles, ImageInfo, OpenOptions, SourceFormat,
     StreamOptions,

@@ -93,7 +93,11 @@ type Opened = (
 
 /// Opens the image; an HTTP(S) source also tells how its version is pinned, a registry
 /// image its digest, platform and layer.
-async fn open(spec: &EndpointSpec, source: &SourceOptions, options: &OpenOptions) -> Result<Opened> {
+async fn open(
+    spec: &EndpointSpec,
+    source: &SourceOptions,
+    options: &OpenOptions,
+) -> Result<Opened> {
     if let EndpointSpec::Registry(registry) = spec {
         let (image, info, found) = image::open_registry(registry, source, options).await?;
         return Ok((image, info, None, Some(found)));
@@ -113,11 +117,17 @@ async fn open(spec: &EndpointSpec, source: &SourceOptions, options: &OpenOptions
 
 /// The registry lines of `ferry info`: what was pinned and read.
 fn registry_text(r: &RegistryInfo, info: &ImageInfo) -> String {
-    let mut out = format!("digest: {}
-", r.digest);
+    let mut out = format!(
+        "digest: {}
+",
+        r.digest
+    );
     if let Some(p) = &r.platform {
-        out += &format!("platform: {p} (manifest {})
-", r.manifest);
+        out += &format!(
+            "platform: {p} (manifest {})
+",
+            r.manifest
+        );
     }
     out += &format!(
         "layer: {} ({}, {} bytes, {} of {} layers)
@@ -125,15 +135,25 @@ fn registry_text(r: &RegistryInfo, info: &ImageInfo) -> String {
         r.layer,
         r.compression,
         r.layer_size,
-        if r.ranges { "read by ranges" } else { "streamed" },
+        if r.ranges {
+            "read by ranges"
+        } else {
+            "streamed"
+        },
         r.layers
     );
     if let Some(file) = &info.layer_file {
-        out += &format!("disk file: {file} ({})
-", info.format);
+        out += &format!(
+            "disk file: {file} ({})
+",
+            info.format
+        );
     }
-    out += &format!("pinned: {}
-", r.pinned);
+    out += &format!(
+        "pinned: {}
+",
+        r.pinned
+    );
     out
 }
 

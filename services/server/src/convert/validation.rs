@@ -222,7 +222,7 @@ impl Validator {
         let spec = parse_url(what, ep)?;
         if matches!(spec, EndpointSpec::Registry(_)) {
             return Err(Error::new(
-                ErrorKind::Unsupported,
+                ferry_core::ErrorKind::Unsupported,
                 format!(
                     "{what}: {spec} is a registry image; the job service does not read registry \
                      images yet (the command line does: ferry copy docker://...)"
