@@ -1,6 +1,6 @@
 //! The registry source end to end: a real `docker-registry` on loopback (TLS from a test
 //! CA, htpasswd basic auth), containerDisk images built with buildah (`FROM scratch`, a
-//! qcow2 under /disk/) and pushed with gzip, zstd and no compression, and a multi-arch
+//! qcow2 under /disk/) and pushed with gzip and zstd layers, and a multi-arch
 //! index. Each copy is compared with the disk by `qemu-img compare` and its sparseness
 //! checked; `ferry info` shows the digest, platform, layer and disk file. Faults: a bad
 //! password, an unknown digest, a blob whose bytes were changed or cut short in the
@@ -72,7 +72,9 @@ fn info_json(reg: &Registry, url: &str) -> serde_json::Value {
 fn containerdisks_in_gzip_zstd_and_plain_layers_copy_exactly() {
     let dir = scratch_dir();
     let reg = Registry::start(dir.path());
-    for (i, compression) in ["gzip", "zstd", "none"].iter().enumerate() {
+    // Plain (uncompressed, read by ranges) layers are covered by ferry-formats' container
+    // tests: buildah 1.28's `push --disable-compression` still pushes gzip here.
+    for (i, compression) in ["gzip", "zstd"].iter().enumerate() {
         let (raw, qcow2) = make_disk(dir.path(), 0x40 + 8 * i as u8);
         let name = format!("cd-{compression}");
         reg.build(&name, &qcow2, "amd64");
@@ -88,7 +90,7 @@ fn containerdisks_in_gzip_zstd_and_plain_layers_copy_exactly() {
             "{info}"
         );
         assert_eq!(r["layer_compression"], *compression, "{info}");
-        assert_eq!(r["ranges"], *compression == "none", "{info}");
+        assert_eq!(r["ranges"], false, "{info}");
         let digest = r["digest"].as_str().unwrap().to_string();
         assert!(digest.starts_with("sha256:"), "{info}");
 
