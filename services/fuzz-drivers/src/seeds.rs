@@ -887,6 +887,55 @@ pub fn vhdx_image() -> Vec<Seed> {
     vec![seed("fixed-crc", input), seed("dynamic", unfixed)]
 }
 
+// ---------------------------------------------------------------------------------------
+// Registry
+
+/// A manifest, an index, a challenge, a token reply (each after its selector byte).
+pub fn registry_manifest() -> Vec<Seed> {
+    let d = |c: char| format!("sha256:{}", c.to_string().repeat(64));
+    let manifest = format!(
+        r#"{{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","layers":[{{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"{}","size":1234}}]}}"#,
+        d('a')
+    );
+    let index = format!(
+        r#"{{"schemaVersion":2,"manifests":[{{"digest":"{}","size":500,"platform":{{"os":"linux","architecture":"amd64"}}}},{{"digest":"{}","size":500,"platform":{{"os":"linux","architecture":"arm64","variant":"v8"}}}}]}}"#,
+        d('b'),
+        d('c')
+    );
+    vec![
+        seed("manifest", cat(&[&[0], manifest.as_bytes()])),
+        seed("index", cat(&[&[5], index.as_bytes()])),
+        seed(
+            "challenge",
+            cat(&[
+                &[2],
+                br#"Bearer realm="https://auth.io/token",service="reg",scope="repository:a:pull""#,
+            ]),
+        ),
+        seed(
+            "token",
+            cat(&[&[3], br#"{"token":"abc","expires_in":300}"#]),
+        ),
+        seed(
+            "config",
+            cat(&[&[3], br#"{"auths":{"reg.io":{"auth":"dTpw"}}}"#]),
+        ),
+    ]
+}
+
+/// Layers: a plain tar and a gzip tar holding disk/disk.img.
+pub fn container_layer() -> Vec<Seed> {
+    use std::io::Write;
+    let tar = tar_bytes(&[("disk/disk.img", &[7u8; 3000])]);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&tar).expect("gzip in memory");
+    let gz = gz.finish().expect("gzip in memory");
+    vec![
+        seed("plain", cat(&[&[0], &tar])),
+        seed("gzip", cat(&[&[1], &gz])),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use ferry_nfs::rpc::{decode_reply, ReadShape, RpcError};
@@ -975,53 +1024,4 @@ mod tests {
         r.simple(ops::OP_PUTFH).expect("PUTFH");
         assert!(r.read_into_sink().is_ok());
     }
-}
-
-// ---------------------------------------------------------------------------------------
-// Registry
-
-/// A manifest, an index, a challenge, a token reply (each after its selector byte).
-pub fn registry_manifest() -> Vec<Seed> {
-    let d = |c: char| format!("sha256:{}", c.to_string().repeat(64));
-    let manifest = format!(
-        r#"{{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","layers":[{{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"{}","size":1234}}]}}"#,
-        d('a')
-    );
-    let index = format!(
-        r#"{{"schemaVersion":2,"manifests":[{{"digest":"{}","size":500,"platform":{{"os":"linux","architecture":"amd64"}}}},{{"digest":"{}","size":500,"platform":{{"os":"linux","architecture":"arm64","variant":"v8"}}}}]}}"#,
-        d('b'),
-        d('c')
-    );
-    vec![
-        seed("manifest", cat(&[&[0], manifest.as_bytes()])),
-        seed("index", cat(&[&[5], index.as_bytes()])),
-        seed(
-            "challenge",
-            cat(&[
-                &[2],
-                br#"Bearer realm="https://auth.io/token",service="reg",scope="repository:a:pull""#,
-            ]),
-        ),
-        seed(
-            "token",
-            cat(&[&[3], br#"{"token":"abc","expires_in":300}"#]),
-        ),
-        seed(
-            "config",
-            cat(&[&[3], br#"{"auths":{"reg.io":{"auth":"dTpw"}}}"#]),
-        ),
-    ]
-}
-
-/// Layers: a plain tar and a gzip tar holding disk/disk.img.
-pub fn container_layer() -> Vec<Seed> {
-    use std::io::Write;
-    let tar = tar_bytes(&[("disk/disk.img", &[7u8; 3000])]);
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    gz.write_all(&tar).expect("gzip in memory");
-    let gz = gz.finish().expect("gzip in memory");
-    vec![
-        seed("plain", cat(&[&[0], &tar])),
-        seed("gzip", cat(&[&[1], &gz])),
-    ]
 }
