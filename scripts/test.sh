@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 # buildah builds and runs the container image test (tests/tests/container_image.rs);
 # binutils strips its binary as the Containerfile does; shellcheck checks tests/cluster/run.sh.
 # gzip, xz-utils and zstd (zstd and pzstd) make the compressed images of the format tests.
-PACKAGES="binutils shellcheck qemu-utils nbdkit libnbd-bin util-linux coreutils nfs-ganesha nfs-ganesha-vfs rpcbind tgt buildah gzip xz-utils zstd nginx openssl docker-registry apache2-utils skopeo"
+PACKAGES="binutils shellcheck qemu-utils nbdkit libnbd-bin util-linux coreutils nfs-ganesha nfs-ganesha-vfs rpcbind tgt buildah gzip xz-utils zstd nginx openssl docker-registry apache2-utils skopeo curl"
 
 lint=1
 runner_args=()

@@ -5,12 +5,18 @@
 //! checked; `ferry info` shows the digest, platform, layer and disk file. Faults: a bad
 //! password, an unknown digest, a blob whose bytes were changed or cut short in the
 //! registry's storage: each one clear line, no panic, no target left as done.
+//!
+//! Beyond buildah's images: a registry that takes only bearer tokens (its `auth: token:`
+//! configuration, a token service minting JWTs it trusts); a tag re-pushed while a
+//! rate-limited copy reads it by ranges; a proxy that refuses ranges; and hand-built
+//! layers pushed with the registry's HTTP API (uncompressed, a decompression bomb, tar
+//! headers that lie about their entry's size).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ferry_tests::check::{assert_allocated_about, qemu_img_compare, require_tool};
-use ferry_tests::registry_server::Registry;
+use ferry_tests::registry_server::{gzip, tar_end, tar_entry, write_auth_file, Auth, Registry};
 use ferry_tests::{ferry, scratch_dir};
 
 const MIB: u64 = 1 << 20;
@@ -50,9 +56,14 @@ fn make_disk(dir: &Path, mark: u8) -> (PathBuf, PathBuf) {
 }
 
 fn env_ferry(reg: &Registry, args: &[&str]) -> ferry_tests::bin::Run {
+    ferry_with_auth(reg, &reg.auth_file(), args)
+}
+
+/// `ferry ARGS` with the registry's CA and the credentials in `auth`.
+fn ferry_with_auth(reg: &Registry, auth: &Path, args: &[&str]) -> ferry_tests::bin::Run {
     let f = ferry!();
     let mut cmd = f.command(args);
-    cmd.env("FERRY_REGISTRY_AUTH_FILE", reg.auth_file())
+    cmd.env("FERRY_REGISTRY_AUTH_FILE", auth)
         .env("FERRY_REGISTRY_CA_FILE", reg.ca_file());
     let description = format!("{cmd:?}");
     ferry_tests::bin::wait_with_deadline(
@@ -225,4 +236,233 @@ fn registry_faults_fail_clearly() {
     );
     std::fs::write(&blob, &original).unwrap();
     env_ferry(&reg, &["copy", &url, s(&dir.path().join("c3.raw"))]).assert_success();
+}
+
+/// A registry that trusts only bearer tokens (`auth: token:`): ferry answers its
+/// `WWW-Authenticate: Bearer realm=...` challenge by asking the token service with the
+/// config.json credentials, and copies with the token; a bad password or none is
+/// `permission denied`, the password nowhere in the line.
+#[test]
+fn a_bearer_token_registry_grants_the_pull_and_refuses_a_bad_password() {
+    let dir = scratch_dir();
+    let reg = Registry::start_with(
+        dir.path(),
+        &Auth::Token {
+            repositories: vec!["disks/token".into()],
+        },
+    );
+    let (raw, qcow2) = make_disk(dir.path(), 0x21);
+    reg.build("cd-token", &qcow2, "amd64");
+    reg.push("cd-token", "disks/token:1", "gzip");
+    let url = format!("{}:1", reg.url("disks/token"));
+    let pushed = reg.token_log();
+
+    let out = dir.path().join("out.raw");
+    env_ferry(&reg, &["copy", &url, s(&out)]).assert_success();
+    qemu_img_compare(&raw, &out);
+    // ferry went to the token service (the registry takes no basic credentials).
+    let log = reg.token_log();
+    let asked = &log[pushed.len()..];
+    assert!(
+        asked.contains("GET /token?") && asked.contains("scope=repository%3Adisks%2Ftoken%3Apull"),
+        "no token request from ferry in the token service's log: {asked}"
+    );
+
+    let bad = dir.path().join("bad-auth.json");
+    write_auth_file(&bad, &reg.host(), "wrong-token-pw-456");
+    let line = ferry_with_auth(&reg, &bad, &["copy", &url, s(&dir.path().join("bad.raw"))])
+        .assert_clean_failure()
+        .to_string();
+    assert!(
+        line.contains("permission denied") && line.contains("token service"),
+        "{line}"
+    );
+    for secret in [
+        "wrong-token-pw-456",
+        "d3Jvbmct",
+        ferry_tests::registry_server::PASSWORD,
+    ] {
+        assert!(!line.contains(secret), "{secret} in {line}");
+    }
+
+    // No credentials at all: the token service refuses too.
+    let none = dir.path().join("none.json");
+    std::fs::write(&none, r#"{"auths":{}}"#).unwrap();
+    let line = ferry_with_auth(
+        &reg,
+        &none,
+        &["copy", &url, s(&dir.path().join("none.raw"))],
+    )
+    .assert_clean_failure()
+    .to_string();
+    assert!(line.contains("permission denied"), "{line}");
+}
+
+const PLAIN_LAYER: &str = "application/vnd.oci.image.layer.v1.tar";
+const GZIP_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+
+/// A plain tar holding `disk` as `disk/NAME`.
+fn plain_tar(disk: &Path) -> Vec<u8> {
+    let data = std::fs::read(disk).unwrap();
+    let name = format!("disk/{}", disk.file_name().unwrap().to_str().unwrap());
+    let mut tar = tar_entry(&name, data.len() as u64, &data);
+    tar.extend(tar_end());
+    tar
+}
+
+/// A tag re-pushed with another image while a copy of it runs (slowed by a rate limit,
+/// its uncompressed layer read by ranged GETs all through the copy): the copy keeps
+/// reading the digest it pinned at the start and its bytes are the first image's.
+#[test]
+fn a_tag_re_pushed_mid_copy_does_not_change_what_the_copy_reads() {
+    let dir = scratch_dir();
+    let reg = Registry::start(dir.path());
+    // 24 MiB of data: the rate limit's burst is one 8 MiB request.
+    let raw_a = dir.path().join("a.raw");
+    sh("qemu-img", &["create", "-q", "-f", "raw", s(&raw_a), "64M"]);
+    sh(
+        "qemu-io",
+        &["-f", "raw", "-c", "write -P 0x31 8M 24M", s(&raw_a)],
+    );
+    let qcow2_a = dir.path().join("a.qcow2");
+    sh(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "qcow2",
+            s(&raw_a),
+            s(&qcow2_a),
+        ],
+    );
+    let (raw_b, qcow2_b) = make_disk(dir.path(), 0x39);
+    let tar_a = plain_tar(&qcow2_a);
+    let first = reg.push_image("disks/moving", "latest", &tar_a, &tar_a, PLAIN_LAYER);
+    let url = format!("{}:latest", reg.url("disks/moving"));
+    let info = info_json(&reg, &url);
+    assert_eq!(info["registry"]["digest"], first, "{info}");
+    assert_eq!(info["registry"]["ranges"], true, "{info}");
+
+    // 24 MiB at 4 MiB/s after an 8 MiB burst: about four seconds of ranged GETs.
+    let out = dir.path().join("out.raw");
+    let f = ferry!();
+    let mut cmd = f.command(["copy", "--rate-limit", "4M", &url, s(&out)]);
+    cmd.env("FERRY_REGISTRY_AUTH_FILE", reg.auth_file())
+        .env("FERRY_REGISTRY_CA_FILE", reg.ca_file());
+    let description = format!("{cmd:?}");
+    let mut child = cmd.spawn().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let tar_b = plain_tar(&qcow2_b);
+    let second = reg.push_image("disks/moving", "latest", &tar_b, &tar_b, PLAIN_LAYER);
+    assert_ne!(first, second);
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the copy ended before the tag moved: slow it down more"
+    );
+    ferry_tests::bin::wait_with_deadline(child, ferry_tests::bin::DEFAULT_DEADLINE, description)
+        .assert_success();
+    qemu_img_compare(&raw_a, &out);
+
+    // The tag did move: a new copy reads the second image.
+    assert_eq!(info_json(&reg, &url)["registry"]["digest"], second);
+    let out_b = dir.path().join("out-b.raw");
+    env_ferry(&reg, &["copy", &url, s(&out_b)]).assert_success();
+    qemu_img_compare(&raw_b, &out_b);
+}
+
+/// A registry behind a proxy that refuses ranges (Range stripped, every blob 200 and
+/// whole): the uncompressed layer that is read by ranges directly is streamed instead,
+/// and the copy is exact.
+#[test]
+fn a_registry_that_refuses_ranges_is_streamed() {
+    let dir = scratch_dir();
+    let reg = Registry::start(dir.path());
+    let (raw, qcow2) = make_disk(dir.path(), 0x51);
+    let tar = plain_tar(&qcow2);
+    reg.push_image("disks/plain", "1", &tar, &tar, PLAIN_LAYER);
+    let direct = format!("{}:1", reg.url("disks/plain"));
+    let info = info_json(&reg, &direct);
+    assert_eq!(info["registry"]["ranges"], true, "{info}");
+    assert_eq!(info["registry"]["layer_compression"], "none", "{info}");
+    let layer = info["registry"]["layer"].as_str().unwrap().to_string();
+
+    let proxy = reg.range_refusing_proxy();
+    // The proxy answers a range request with the whole blob.
+    let code = reg.curl(&[
+        "-o",
+        "/dev/null",
+        "-H",
+        "Range: bytes=0-0",
+        "-w",
+        "%{http_code} %{size_download}",
+        &format!("https://{}/v2/disks/plain/blobs/{layer}", proxy.host()),
+    ]);
+    assert_eq!(
+        code,
+        format!("200 {}", tar.len()),
+        "the proxy still serves ranges"
+    );
+
+    let auth = dir.path().join("proxy-auth.json");
+    write_auth_file(&auth, &proxy.host(), ferry_tests::registry_server::PASSWORD);
+    let url = format!("docker://{}/disks/plain:1", proxy.host());
+    let run = ferry_with_auth(&reg, &auth, &["info", "--json", &url]);
+    run.assert_success();
+    let info: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(info["registry"]["ranges"], false, "{info}");
+    assert_eq!(info["format"], "qcow2", "{info}");
+    let out = dir.path().join("out.raw");
+    ferry_with_auth(&reg, &auth, &["copy", &url, s(&out)]).assert_success();
+    qemu_img_compare(&raw, &out);
+    assert_allocated_about(&out, 5 * MIB);
+}
+
+/// Hand-built layers that lie: a gzip layer whose tar is followed by 64 MiB of zeroes
+/// (a decompression bomb), and tar entries whose headers claim more or fewer bytes than
+/// they hold, compressed and plain. Each fails with one clear line and no success.
+#[test]
+fn a_decompression_bomb_and_lying_tar_headers_fail_clearly() {
+    let dir = scratch_dir();
+    let reg = Registry::start(dir.path());
+    let data = vec![0x5a_u8; MIB as usize];
+    let fail = |repo: &str, tar: &[u8], compressed: bool| -> String {
+        let (layer, media) = if compressed {
+            (gzip(tar), GZIP_LAYER)
+        } else {
+            (tar.to_vec(), PLAIN_LAYER)
+        };
+        reg.push_image(repo, "1", tar, &layer, media);
+        let url = format!("{}:1", reg.url(repo));
+        let out = dir.path().join(format!("{}.raw", repo.replace('/', "-")));
+        env_ferry(&reg, &["copy", &url, s(&out)])
+            .assert_clean_failure()
+            .to_string()
+    };
+
+    let mut bomb = tar_entry("disk/disk.img", MIB, &data);
+    bomb.extend(tar_end());
+    bomb.resize(bomb.len() + (64 * MIB) as usize, 0);
+    let line = fail("disks/bomb", &bomb, true);
+    assert!(line.contains("decompression bomb"), "{line}");
+
+    // Says 4 MiB, holds 1 MiB.
+    let mut long = tar_entry("disk/disk.img", 4 * MIB, &data);
+    long.extend(tar_end());
+    let line = fail("disks/long-gz", &long, true);
+    assert!(line.contains("lies about its size"), "{line}");
+    let line = fail("disks/long-plain", &long, false);
+    assert!(line.contains("tar") && line.contains("4194304"), "{line}");
+
+    // Says 512 KiB, holds 1 MiB: the rest is no tar header.
+    let mut short = tar_entry("disk/disk.img", MIB / 2, &data);
+    short.extend(tar_end());
+    let line = fail("disks/short-gz", &short, true);
+    assert!(
+        line.contains("check layer") && line.contains("tar"),
+        "{line}"
+    );
+    let line = fail("disks/short-plain", &short, false);
+    assert!(line.contains("tar"), "{line}");
 }

@@ -227,8 +227,8 @@ fn status_error(status: StatusCode, what: &str) -> Error {
         401 | 403 => Error::new(
             ErrorKind::Denied,
             format!(
-                "the registry refused access to the {what} (HTTP {n} {reason}): check the \
-                 credentials in FERRY_REGISTRY_AUTH_FILE"
+                "permission denied: the registry refused access to the {what} (HTTP {n} \
+                 {reason}): check the credentials in FERRY_REGISTRY_AUTH_FILE"
             ),
         ),
         429 | 502 | 503 | 504 => Error::new(
@@ -359,8 +359,8 @@ impl Client {
                     Error::new(
                         ErrorKind::Denied,
                         format!(
-                            "the registry {} asks for credentials: give a docker config.json \
-                             with FERRY_REGISTRY_AUTH_FILE",
+                            "permission denied: the registry {} asks for credentials: give a \
+                             docker config.json with FERRY_REGISTRY_AUTH_FILE",
                             self.host
                         ),
                     )
@@ -430,8 +430,8 @@ impl Client {
                 401 | 403 => Error::new(
                     ErrorKind::Denied,
                     format!(
-                        "the registry's token service refused the credentials (HTTP {}): check \
-                         FERRY_REGISTRY_AUTH_FILE",
+                        "permission denied: the registry's token service refused the \
+                         credentials (HTTP {}): check FERRY_REGISTRY_AUTH_FILE",
                         status.as_u16()
                     ),
                 ),
