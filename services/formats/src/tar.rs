@@ -123,7 +123,14 @@ pub async fn entries(file: &dyn Source) -> Result<Vec<Entry>> {
         if h.iter().all(|&b| b == 0) {
             break;
         }
-        if !checksum_ok(&h)? {
+        // A checksum field that is no number: no header where the entry before said its
+        // data ends.
+        let not_a_header = |_| {
+            corrupt(format!(
+                "no tar header at offset {at}, where the entry before it ends: that entry lies about its size, or the tar is damaged"
+            ))
+        };
+        if !checksum_ok(&h).map_err(not_a_header)? {
             return Err(corrupt(format!(
                 "the tar header at offset {at} has a wrong checksum"
             )));

@@ -59,7 +59,12 @@ pub fn parse_header(h: &[u8]) -> Result<Header> {
     if h[..512].iter().all(|&b| b == 0) {
         return Ok(Header::End);
     }
-    if !tar::checksum_ok(h)? {
+    // A header whose checksum field is not even a number is where the entry before it
+    // said its data ends: that entry lies about its size (or the layer is damaged).
+    let not_a_header = || {
+        corrupt("a tar header is not where the entry before it ends: that entry lies about its size, or the layer is damaged")
+    };
+    if !tar::checksum_ok(h).map_err(|_| not_a_header())? {
         return Err(corrupt("a tar header has a wrong checksum"));
     }
     let size = tar::number(&h[124..136])?;
