@@ -106,8 +106,9 @@ async fn init_refuses_storage_without_object_lock() {
 
     // The in-process s3s-fs server has no Object Lock either.
     let s3s = S3Server::start().await;
-    s3s.create_bucket("b");
-    let store: Arc<dyn ObjectStore> = Arc::new(S3Store::connect("b", "r", &s3s.options()).await);
+    s3s.create_bucket("nolock");
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(S3Store::connect("nolock", "r", &s3s.options()).await);
     let err = Repository::init(
         store,
         InitOptions::new().with_immutability(Immutability::days(LockMode::Compliance, 1)),
@@ -181,6 +182,8 @@ async fn backup_credentials_cannot_destroy_a_retained_backup() {
                 "--json",
                 "--parent",
                 "none",
+                "--source-id",
+                "vm1",
                 s(&image.path),
                 &repo,
             ],
@@ -247,6 +250,12 @@ async fn backup_credentials_cannot_destroy_a_retained_backup() {
     let report = parse(&gc);
     assert!(report["chunks_retained"].as_u64().unwrap() > 0, "{gc}");
     assert_eq!(report["chunks_removed"], 0, "{gc}");
+    // The pruned backup is hidden, with the prune's record.
+    let hidden = run(&moto, dir.path(), &["backup", "undelete", "--json", &repo]).await;
+    hidden.assert_success();
+    let hidden = parse(&hidden);
+    assert_eq!(hidden["hidden"][0]["id"], ids[0].as_str(), "{hidden}");
+    assert_eq!(hidden["hidden"][0]["pruned"], true, "{hidden}");
 
     // 3. Overwrites: the second backup's manifest and one of its chunks.
     let manifest = format!("snapshots/{}.json", ids[1]);
@@ -301,7 +310,6 @@ async fn backup_credentials_cannot_destroy_a_retained_backup() {
         .map(|h| h["id"].as_str().unwrap())
         .collect();
     assert_eq!(listed, [ids[0].as_str(), ids[1].as_str()], "{hidden}");
-    assert_eq!(hidden["hidden"][0]["pruned"], true, "{hidden}");
     let undone = run(
         &moto,
         dir.path(),
@@ -464,10 +472,9 @@ async fn retention_is_extended_and_gc_waits_for_it() {
         )
         .await
         .unwrap();
-    assert_eq!(
-        report.deleted,
-        [first.clone(), second.clone(), third.clone()]
-    );
+    let mut deleted = report.deleted.clone();
+    deleted.sort();
+    assert_eq!(deleted, [first.clone(), second.clone(), third.clone()]);
     let gc = repo
         .gc(&GcOptions::new().with_grace(Duration::ZERO))
         .await

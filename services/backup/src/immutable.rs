@@ -245,6 +245,9 @@ pub async fn undelete(
         }
     }
     let repo = Repository::open(Arc::clone(&store), passphrase).await?;
+    // From here on with the repository's retention (the config says which).
+    repo.extend_repository_retention().await?;
+    let store = Arc::clone(repo.store());
     let hidden = hidden_backups(store.as_ref()).await?;
     for h in hidden
         .iter()

@@ -550,28 +550,21 @@ impl ObjectStore for S3Store {
 
     async fn restore_version(&self, name: &str, version_id: &str) -> Result<()> {
         let key = self.key(name)?;
-        let mut request = self
-            .client
+        // Copied without Object Lock headers (a copy sends no checksum header, which
+        // S3 requires with them), then retained like any write.
+        self.client
             .copy_object()
             .bucket(&self.bucket)
             .key(&key)
-            .copy_source(format!("{}/{key}?versionId={version_id}", self.bucket));
-        if let Some(r) = &self.retention {
-            request = request
-                .checksum_algorithm(ChecksumAlgorithm::Crc32C)
-                .object_lock_mode(match r.mode {
-                    LockMode::Compliance => ObjectLockMode::Compliance,
-                    LockMode::Governance => ObjectLockMode::Governance,
-                })
-                .object_lock_retain_until_date(date_of(
-                    SystemTime::now() + r.period + r.shared_extra,
-                ));
-        }
-        request
+            .copy_source(format!("{}/{key}?versionId={version_id}", self.bucket))
             .send()
             .await
-            .map(|_| ())
-            .map_err(|err| self.error(err, &key))
+            .map_err(|err| self.error(err, &key))?;
+        if let Some(r) = &self.retention {
+            self.extend_retention(name, SystemTime::now() + r.period + r.shared_extra)
+                .await?;
+        }
+        Ok(())
     }
 }
 
