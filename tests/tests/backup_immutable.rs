@@ -447,7 +447,7 @@ async fn retention_is_extended_and_gc_waits_for_it() {
     );
     // Past 0.4 periods the parent's chunks are extended, once each.
     tokio::time::sleep(Duration::from_secs(period * 4 / 10 + 1)).await;
-    let (third, third_index) = backup_of(&repo, &data, Some((&second, &second_index))).await;
+    let (third, _) = backup_of(&repo, &data, Some((&second, &second_index))).await;
     let m3 = repo.load_manifest(&third).await.unwrap();
     let horizon3 = m3.chunks_retained_until.unwrap();
     assert!(horizon3 > horizon1, "{horizon3} after {horizon1}");
@@ -509,9 +509,13 @@ async fn retention_is_extended_and_gc_waits_for_it() {
     }
     assert!(store.list_versions(&chunk).await.unwrap().is_empty());
     // The hidden one is whole: undelete brings it back.
-    let undone = ferry_backup::undelete(Arc::clone(&store), None, Some(&[fourth.clone()]))
-        .await
-        .unwrap();
-    assert_eq!(undone.backups, [fourth.clone()]);
+    let undone = ferry_backup::undelete(
+        Arc::clone(&store),
+        None,
+        Some(std::slice::from_ref(&fourth)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(undone.backups, std::slice::from_ref(&fourth));
     read_back(&repo, &fourth, &other).await;
 }
