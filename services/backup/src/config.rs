@@ -168,7 +168,7 @@ mod tests {
             let text = err.to_string();
             assert!(
                 text.contains(&format!("format version {other}"))
-                    && text.contains("format version 3 (and 2)"),
+                    && text.contains("format version 3 (and 2; 4 for immutable repositories)"),
                 "{text}"
             );
         }
