@@ -91,6 +91,29 @@ impl MotoServer {
 
     /// Creates `bucket` (moto answers an unsigned CreateBucket).
     pub fn create_bucket(&self, bucket: &str) {
+        self.create(bucket, "");
+    }
+
+    /// Creates `bucket` with S3 Object Lock enabled (and so versioning).
+    pub fn create_locked_bucket(&self, bucket: &str) {
+        self.create(bucket, "x-amz-bucket-object-lock-enabled: true\r\n");
+    }
+
+    /// Points the AWS SDK of a ferry process at this server.
+    pub fn sdk_env(&self, cmd: &mut std::process::Command, scratch: &std::path::Path) {
+        let empty = scratch.join("empty-aws-config");
+        std::fs::write(&empty, "").expect("write an empty AWS config file");
+        cmd.env("AWS_ENDPOINT_URL", self.endpoint_url())
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ACCESS_KEY_ID", "moto-access-key")
+            .env("AWS_SECRET_ACCESS_KEY", "moto-secret-key")
+            .env("AWS_CONFIG_FILE", &empty)
+            .env("AWS_SHARED_CREDENTIALS_FILE", &empty)
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .env_remove("AWS_PROFILE");
+    }
+
+    fn create(&self, bucket: &str, headers: &str) {
         let mut stream =
             TcpStream::connect(("127.0.0.1", self.port)).expect("connect to moto's server");
         stream
@@ -98,7 +121,7 @@ impl MotoServer {
             .expect("set a read timeout");
         write!(
             stream,
-            "PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            "PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n{headers}Content-Length: 0\r\nConnection: close\r\n\r\n",
             self.port
         )
         .expect("send CreateBucket");

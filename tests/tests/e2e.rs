@@ -2,6 +2,7 @@
 
 mod backup_cli;
 mod backup_image;
+mod backup_immutable;
 mod backup_keys;
 mod backup_kill;
 mod backup_nbd;

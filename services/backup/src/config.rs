@@ -6,12 +6,17 @@
 use ferry_core::{Error, ErrorKind, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::immutable::Immutability;
 use crate::key_slot::KEYS_PREFIX;
 use crate::keys::{EncryptionConfig, KeySlotsRef};
 
 /// The repository format this crate writes: 3, whose master keys are wrapped by key
 /// objects under `keys/` (several passphrases per repository).
 pub const FORMAT_VERSION: u32 = 3;
+/// The format of an immutable repository (S3 Object Lock): format 3 plus the
+/// `immutable` section, so that a ferry that would write objects without retention
+/// refuses to open it.
+pub const IMMUTABLE_FORMAT_VERSION: u32 = 4;
 /// The oldest format this crate reads: 2, with one passphrase's wrapped key in the config.
 /// It opens as it is; the first key command moves it to format 3.
 pub const MIN_FORMAT_VERSION: u32 = 2;
@@ -38,6 +43,9 @@ pub struct Config {
     pub zstd_level: Option<i32>,
     /// `None` for an unencrypted repository.
     pub encryption: Option<EncryptionConfig>,
+    /// The retention every object version gets (format 4 only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub immutable: Option<Immutability>,
 }
 
 #[derive(Deserialize)]
@@ -74,11 +82,11 @@ impl Config {
             )
         };
         let version: VersionOnly = serde_json::from_slice(data).map_err(damaged)?;
-        if !(MIN_FORMAT_VERSION..=FORMAT_VERSION).contains(&version.format_version) {
+        if !(MIN_FORMAT_VERSION..=IMMUTABLE_FORMAT_VERSION).contains(&version.format_version) {
             return Err(Error::unsupported(format!(
-                "the repository at {location} has format version {}, but this ferry reads format version {FORMAT_VERSION} (and {MIN_FORMAT_VERSION}): {}",
+                "the repository at {location} has format version {}, but this ferry reads format version {FORMAT_VERSION} (and {MIN_FORMAT_VERSION}; {IMMUTABLE_FORMAT_VERSION} for immutable repositories): {}",
                 version.format_version,
-                if version.format_version > FORMAT_VERSION {
+                if version.format_version > IMMUTABLE_FORMAT_VERSION {
                     "use a newer ferry"
                 } else {
                     "it was written by an older ferry, which can still read it"
@@ -98,9 +106,23 @@ impl Config {
             (None, _) => true,
             (Some(EncryptionConfig::Single(_)), v) => v == MIN_FORMAT_VERSION,
             (Some(EncryptionConfig::KeySlots(r)), v) => {
-                v == FORMAT_VERSION && r.key_objects == KEYS_PREFIX
+                v >= FORMAT_VERSION && r.key_objects == KEYS_PREFIX
             }
         };
+        if config.immutable.is_some() != (config.format_version == IMMUTABLE_FORMAT_VERSION) {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "the config of {location} is format version {} {} an immutable section",
+                    config.format_version,
+                    if config.immutable.is_some() {
+                        "with"
+                    } else {
+                        "without"
+                    }
+                ),
+            ));
+        }
         if !keys_fit {
             return Err(Error::new(
                 ErrorKind::Corrupt,
@@ -139,14 +161,14 @@ mod tests {
 
     #[test]
     fn another_version_is_named_with_ours() {
-        for other in [1, 4] {
+        for other in [1, 5] {
             let config = format!(r#"{{"format_version": {other}, "anything": true}}"#);
             let err = Config::parse(config.as_bytes(), "/r").unwrap_err();
             assert_eq!(err.kind(), ErrorKind::Unsupported);
             let text = err.to_string();
             assert!(
                 text.contains(&format!("format version {other}"))
-                    && text.contains("format version 3 (and 2)"),
+                    && text.contains("format version 3 (and 2; 4 for immutable repositories)"),
                 "{text}"
             );
         }
@@ -170,6 +192,7 @@ mod tests {
             chunk_size: DEFAULT_CHUNK_SIZE,
             zstd_level: Some(3),
             encryption: None,
+            immutable: None,
         };
         assert_eq!(Config::parse(&config.to_json(), "/r").unwrap(), config);
         let encrypted = Config {

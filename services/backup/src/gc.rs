@@ -48,6 +48,12 @@
 //!   the backup with a clear error and removes its index: a backup never points at data
 //!   that is gone.
 //!
+//! # Immutable repositories
+//! On S3 Object Lock the sweep works on versions (see [`crate::immutable`]): the same
+//! chunks are candidates, and of those only the versions whose retention has passed are
+//! destroyed; the rest wait for a later GC. Deleted records (delete markers) lose their
+//! expired versions the same way.
+//!
 //! Sessions whose record has not been rewritten for their `stale_after` are crashed and
 //! ignored (and their records removed). A grace period of zero is allowed: running
 //! sessions are still protected by the rule above.
@@ -164,6 +170,20 @@ pub struct GcReport {
     /// Running incremental backups whose parent was removed during them. While one runs
     /// the chunks of its parent are unknown, so nothing unreferenced was removed.
     pub sessions_without_parent: u64,
+    /// Immutable repositories: unreferenced chunks kept because a version is still
+    /// retained (Object Lock); they go in a later GC.
+    #[serde(default)]
+    pub chunks_retained: u64,
+    /// Immutable repositories: object versions (and delete markers) destroyed...
+    #[serde(default)]
+    pub versions_removed: u64,
+    /// ...and kept because their retention has not passed.
+    #[serde(default)]
+    pub versions_retained: u64,
+    /// Immutable repositories: backups hidden by a delete marker that no prune recorded
+    /// (kept; `ferry backup undelete` lists and restores them).
+    #[serde(default)]
+    pub hidden_backups: u64,
     /// The cutoff: unreferenced chunks older than this were removed.
     pub cutoff: Option<DateTime<Utc>>,
     /// Wall time of the whole GC.
@@ -361,7 +381,7 @@ impl GcLease {
         self.lost.load(Ordering::SeqCst)
     }
 
-    fn check(&self) -> Result<()> {
+    pub(crate) fn check(&self) -> Result<()> {
         if self.is_lost() {
             Err(Error::new(
                 ErrorKind::Cancelled,
@@ -514,8 +534,13 @@ impl Repository {
         let marks = self.mark(lease, &sessions, &mut report).await?;
         let cutoff = cutoff_for_lost_parents(&sessions, &marks, &mut report);
         report.cutoff = Some(DateTime::<Utc>::from(cutoff));
-        self.sweep(lease, cutoff, &marks.referenced, &mut report)
-            .await?;
+        if self.immutability().is_some() {
+            self.sweep_versions(lease, cutoff, &marks.referenced, &mut report)
+                .await?;
+        } else {
+            self.sweep(lease, cutoff, &marks.referenced, &mut report)
+                .await?;
+        }
         Ok(report)
     }
 
@@ -582,8 +607,18 @@ impl Repository {
         report: &mut GcReport,
     ) -> Result<Marks> {
         let store = self.store();
-        let manifests: HashSet<BackupId> = self.list_snapshots().await?.into_iter().collect();
+        let mut manifests: HashSet<BackupId> = self.list_snapshots().await?.into_iter().collect();
         let mut marks = Marks::default();
+        if self.immutability().is_some() {
+            // A backup hidden without a prune keeps its index and chunks (undelete).
+            let hidden = self.hidden_unpruned_indexes().await?;
+            manifests.extend(hidden.keys().cloned());
+            for index in hidden.values() {
+                marks
+                    .referenced
+                    .extend(index.digests().iter().filter(|d| !d.is_zero()).copied());
+            }
+        }
         for meta in store.list("indexes/").await? {
             let Some(id) = meta
                 .name

@@ -382,7 +382,7 @@ impl Repository {
             )
         })?;
         let current = Config::parse(&now, &location)?;
-        if current.format_version == FORMAT_VERSION {
+        if current.format_version >= FORMAT_VERSION {
             return Ok(());
         }
         if current != *self.config() {
@@ -599,6 +599,7 @@ mod tests {
             chunk_size: CHUNK,
             zstd_level: Some(1),
             encryption: Some(EncryptionConfig::Single(single)),
+            immutable: None,
         };
         store
             .put(CONFIG, Bytes::from(config.to_json()), PutMode::CreateOnly)

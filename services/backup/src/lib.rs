@@ -31,6 +31,7 @@
 //!                             format 2: argon2id parameters, salt, wrapped master key, key check)
 //! keys/<16 hex>               key objects: a passphrase's wrapping of the master keys (key_slot)
 //! protected/<backup id>       the mark of a protected backup (protect)
+//! pruned/<backup id>          an immutable repository's record of a pruned backup (immutable)
 //! chunks/<2 hex>/<64 hex>     chunk blobs, named by digest
 //! indexes/<backup id>         fixed index blob of one backup (header + N x 32-byte digests);
 //!                             an all-zero digest marks a chunk of zeroes, never stored
@@ -67,11 +68,14 @@
 //! - Keys: [`Repository::list_keys`], [`Repository::add_key`], [`Repository::remove_key`],
 //!   [`Repository::rotate_key`]; protection: [`Repository::protect`] and
 //!   [`Repository::unprotect`].
+//! - Immutable repositories (S3 Object Lock, format 4): see [`Immutability`],
+//!   [`undelete`] and [`hidden_backups`]; the reasoning is in `immutable.rs`.
 
 mod blob;
 mod config;
 mod digest;
 pub mod gc;
+mod immutable;
 mod index;
 mod key_admin;
 mod key_slot;
@@ -86,10 +90,12 @@ pub mod store;
 mod verify;
 
 pub use config::{
-    Config, DEFAULT_CHUNK_SIZE, DEFAULT_ZSTD_LEVEL, FORMAT_VERSION, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE,
+    Config, DEFAULT_CHUNK_SIZE, DEFAULT_ZSTD_LEVEL, FORMAT_VERSION, IMMUTABLE_FORMAT_VERSION,
+    MAX_CHUNK_SIZE, MIN_CHUNK_SIZE,
 };
 pub use digest::{block_digests, block_digests_known_zero, Digest};
 pub use gc::{GcLease, GcOptions, GcReport, LeaseHeld};
+pub use immutable::{hidden_backups, undelete, HiddenBackup, Immutability, UndeleteReport};
 pub use index::{FixedIndex, MAX_INDEX_ENTRIES};
 pub use key_admin::{KeyInfo, KeyRemoved, KeyRotated};
 pub use keys::{EncryptionConfig, KdfParams, KeySlotsRef, SingleKey};
@@ -98,5 +104,7 @@ pub use manifest::{BackupId, Manifest, SnapshotInfo};
 pub use prune::{CalendarDuration, Keep, KeepPolicy, KeepReason, PrunePlan, PruneReport};
 pub use repository::{InitOptions, Repository};
 pub use session::{ChunkOutcome, ChunkPut, Session, SessionOptions};
-pub use store::{LocalStore, ObjectMeta, ObjectStore, Put, PutMode, S3Store};
+pub use store::{
+    LocalStore, LockMode, ObjectMeta, ObjectStore, ObjectVersion, Put, PutMode, Retention, S3Store,
+};
 pub use verify::{ChunkFault, ChunkProblem, VerifyOptions, VerifyReport};

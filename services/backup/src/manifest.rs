@@ -178,6 +178,10 @@ pub struct Manifest {
     /// (they used the repository's first master key).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub master_key: Option<String>,
+    /// In an immutable repository, the earliest retain-until date of the backup's
+    /// chunks: a backup built on this one need not extend them while it is far enough.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunks_retained_until: Option<DateTime<Utc>>,
 }
 
 impl Manifest {

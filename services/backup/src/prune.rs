@@ -434,6 +434,8 @@ pub struct PruneReport {
 impl Repository {
     /// Applies `policy` to every backup: plans, and unless `dry_run` deletes what the plan
     /// forgets (each manifest first, then its index). Chunks are freed by the next GC.
+    /// On an immutable repository a deletion records the prune (`pruned/<id>`) and hides
+    /// the backup; its versions are destroyed by a GC once their retention has passed.
     pub async fn prune(
         &self,
         policy: &KeepPolicy,
@@ -476,6 +478,8 @@ impl Repository {
         let mut deleted = Vec::new();
         if !dry_run {
             for snapshot in plan.forgotten() {
+                self.refuse_if_protected(&snapshot.id).await?;
+                self.record_pruned(&snapshot.id).await?;
                 self.delete_snapshot(&snapshot.id).await?;
                 deleted.push(snapshot.id.clone());
             }

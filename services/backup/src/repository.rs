@@ -16,9 +16,10 @@ use zeroize::Zeroizing;
 use crate::blob::{Codec, OVERHEAD};
 use crate::config::{
     check_chunk_size, check_zstd_level, Config, DEFAULT_CHUNK_SIZE, DEFAULT_ZSTD_LEVEL,
-    FORMAT_VERSION, MAX_CONFIG_LEN,
+    FORMAT_VERSION, IMMUTABLE_FORMAT_VERSION, MAX_CONFIG_LEN,
 };
 use crate::digest::{block_digests, blocks_are_zero, Digest};
+use crate::immutable::Immutability;
 use crate::index::{FixedIndex, MAX_INDEX_LEN};
 use crate::key_slot::{self, KeySlot};
 use crate::keys::{self, EncryptionConfig, KdfParams, MasterKey};
@@ -42,6 +43,9 @@ pub struct InitOptions {
     pub passphrase: Option<Secret>,
     /// Argon2id costs for the passphrase (default [`KdfParams::default`]).
     pub kdf: KdfParams,
+    /// Make the repository immutable: every object version retained by S3 Object Lock
+    /// (default: mutable). Needs a bucket with Object Lock enabled.
+    pub immutable: Option<Immutability>,
 }
 
 impl Default for InitOptions {
@@ -51,6 +55,7 @@ impl Default for InitOptions {
             zstd_level: Some(DEFAULT_ZSTD_LEVEL),
             passphrase: None,
             kdf: KdfParams::default(),
+            immutable: None,
         }
     }
 }
@@ -77,6 +82,11 @@ impl InitOptions {
 
     pub fn with_kdf(mut self, kdf: KdfParams) -> Self {
         self.kdf = kdf;
+        self
+    }
+
+    pub fn with_immutability(mut self, immutable: Immutability) -> Self {
+        self.immutable = Some(immutable);
         self
     }
 }
@@ -148,6 +158,10 @@ impl Repository {
         if store.head(CONFIG).await?.is_some() {
             return Err(exists());
         }
+        let store = match &options.immutable {
+            None => store,
+            Some(imm) => immutable_store(&store, imm).await?,
+        };
         let id = hex::encode(keys::random::<16>()?);
         let unlocked = match &options.passphrase {
             Some(passphrase) => {
@@ -176,11 +190,16 @@ impl Repository {
             None => None,
         };
         let config = Config {
-            format_version: FORMAT_VERSION,
+            format_version: if options.immutable.is_some() {
+                IMMUTABLE_FORMAT_VERSION
+            } else {
+                FORMAT_VERSION
+            },
             id,
             chunk_size: options.chunk_size,
             zstd_level: options.zstd_level,
             encryption: unlocked.as_ref().map(|_| Config::key_slots()),
+            immutable: options.immutable,
         };
         match store
             .put(CONFIG, Bytes::from(config.to_json()), PutMode::CreateOnly)
@@ -211,6 +230,10 @@ impl Repository {
             )
         })?;
         let config = Config::parse(&data, &location)?;
+        let store = match &config.immutable {
+            None => store,
+            Some(imm) => store.with_retention(imm.retention())?,
+        };
         let unlocked = match (&config.encryption, passphrase) {
             (None, _) => None,
             (Some(_), None) => {
@@ -586,8 +609,13 @@ impl Repository {
             MAX_INDEX_LEN + OVERHEAD,
         )
         .await?;
+        self.decode_index(id, &blob)
+    }
+
+    /// Decodes a stored index blob of backup `id`, with the SHA-256 of its serialized form.
+    pub(crate) fn decode_index(&self, id: &BackupId, blob: &[u8]) -> Result<(FixedIndex, String)> {
         let data = self
-            .with_any_key(|codec, _| codec.decode(&blob, MAX_INDEX_LEN))
+            .with_any_key(|codec, _| codec.decode(blob, MAX_INDEX_LEN))
             .map_err(|e| {
                 Error::new(
                     e.kind(),
@@ -624,6 +652,27 @@ impl Repository {
         tracing::info!(backup = %id, repository = %self.store().location(), "deleted a backup");
         Ok(())
     }
+}
+
+/// The store of a new immutable repository: refused unless the bucket has Object Lock.
+async fn immutable_store(
+    store: &Arc<dyn ObjectStore>,
+    imm: &Immutability,
+) -> Result<Arc<dyn ObjectStore>> {
+    if imm.period_secs == 0 {
+        return Err(Error::invalid_input(
+            "an immutable repository needs a retention of at least one day (--immutable-days)",
+        ));
+    }
+    // A directory refuses here, with why.
+    let locked = store.with_retention(imm.retention())?;
+    if !store.object_lock_enabled().await? {
+        return Err(Error::invalid_input(format!(
+            "{} is in a bucket without S3 Object Lock: an immutable repository needs a bucket created with Object Lock enabled (aws s3api create-bucket --object-lock-enabled-for-bucket ...; it cannot be turned on for an existing bucket everywhere), or drop --immutable-days",
+            store.location()
+        )));
+    }
+    Ok(locked)
 }
 
 /// The name of a chunk whose blocks have these digests, under `id_key` (or plain SHA-256).

@@ -24,6 +24,7 @@ use tokio::task::JoinHandle;
 
 use crate::digest::Digest;
 use crate::gc;
+use crate::immutable::Immutability;
 use crate::index::FixedIndex;
 use crate::manifest::{now, BackupId, Manifest, SnapshotInfo};
 use crate::repository::Repository;
@@ -146,6 +147,24 @@ pub struct Session {
     /// Set when heartbeats failed for long enough that a GC may have taken the session
     /// for crashed.
     lapsed: Arc<AtomicBool>,
+    /// An immutable repository's retention, and what the session knows of its chunks'.
+    retention: Option<Retained>,
+}
+
+/// What a session on an immutable repository knows of its chunks' retention.
+struct Retained {
+    imm: Immutability,
+    /// The parent manifest's `chunks_retained_until` (`None`: unknown).
+    parent_until: Option<SystemTime>,
+    /// The earliest retain-until of the chunks stored or checked so far.
+    horizon: Mutex<Option<SystemTime>>,
+}
+
+impl Retained {
+    fn note(&self, until: SystemTime) {
+        let mut h = self.horizon.lock();
+        *h = Some(h.map_or(until, |h| h.min(until)));
+    }
 }
 
 impl std::fmt::Debug for Session {
@@ -214,6 +233,25 @@ impl Repository {
             parent_index_exists(store.as_ref(), parent.map(|(id, _)| id)),
         )?;
         let trusted = trusted_chunks(parent, parent_kept, &bad);
+        let retention = match self.immutability() {
+            None => None,
+            Some(imm) => {
+                self.extend_repository_retention().await?;
+                let parent_until = match parent {
+                    Some((id, _)) if !trusted.is_empty() => match self.load_manifest(id).await {
+                        Ok(m) => m.chunks_retained_until.map(SystemTime::from),
+                        Err(e) if e.kind() == ErrorKind::NotFound => None,
+                        Err(e) => return Err(e),
+                    },
+                    _ => None,
+                };
+                Some(Retained {
+                    imm: *imm,
+                    parent_until,
+                    horizon: Mutex::new(None),
+                })
+            }
+        };
         let lapsed = Arc::new(AtomicBool::new(false));
         let heartbeat = tokio::spawn(beat(
             Arc::clone(&store),
@@ -238,6 +276,7 @@ impl Repository {
             chunks: Mutex::new(Chunks::default()),
             heartbeat: Some(heartbeat),
             lapsed,
+            retention,
         })
     }
 }
@@ -419,6 +458,10 @@ impl Session {
 
     async fn store_new(&self, digest: Digest, blob: Vec<u8>) -> Result<ChunkPut> {
         self.repo.store_blob(&digest, blob).await?;
+        if let Some(r) = &self.retention {
+            // Written after the session started, with the chunks' retention.
+            r.note(r.imm.extended(self.started));
+        }
         if self.bad.contains(&digest) {
             self.repo.store().delete(&digest.bad_name()).await?;
         }
@@ -463,7 +506,19 @@ impl Session {
         let Some(meta) = store.head(&name).await? else {
             return Ok(false);
         };
-        if meta.modified < self.touch_before {
+        if let Some(r) = &self.retention {
+            // Retention, not the modification time, keeps it from GCs (see crate::immutable).
+            match meta.retain_until {
+                Some(until) if until >= r.imm.needed(self.started) => r.note(until),
+                _ => {
+                    let now = SystemTime::now();
+                    if !store.extend_retention(&name, r.imm.extended(now)).await? {
+                        return Ok(false);
+                    }
+                    r.note(r.imm.extended(self.started));
+                }
+            }
+        } else if meta.modified < self.touch_before {
             match store.touch(&name).await {
                 Ok(()) => {}
                 // Removed between the head and the touch: store it again.
@@ -499,6 +554,7 @@ impl Session {
                 "the index names chunk {stray}, which this session neither stored nor reused"
             )));
         }
+        self.extend_trusted(&reused).await?;
         // Every chunk the index names must be durable before the index is.
         self.repo.store().persist().await?;
         let index_sha256 = self.repo.store_index(&self.id, index).await?;
@@ -528,6 +584,11 @@ impl Session {
             index_sha256,
             ferry_version: env!("CARGO_PKG_VERSION").to_string(),
             master_key: self.repo.current_master_key().map(String::from),
+            chunks_retained_until: self
+                .retention
+                .as_ref()
+                .and_then(|r| *r.horizon.lock())
+                .map(DateTime::<Utc>::from),
         };
         let mut seen = HashSet::new();
         for (i, digest) in index.digests().iter().enumerate() {
@@ -547,6 +608,53 @@ impl Session {
         self.end().await;
         tracing::info!(backup = %manifest.id, bytes_new = manifest.bytes_new, bytes_reused = manifest.bytes_reused, "backup finished");
         Ok(manifest)
+    }
+
+    /// On an immutable repository, makes the parent's chunks this backup reused without
+    /// a request retained as long as this backup: nothing to do while the parent
+    /// manifest's `chunks_retained_until` reaches far enough; else one
+    /// PutObjectRetention per such chunk, [`PARALLEL_CHECKS`] at a time.
+    async fn extend_trusted(&self, reused: &HashSet<Digest>) -> Result<()> {
+        let Some(r) = &self.retention else {
+            return Ok(());
+        };
+        let trusted: Vec<Digest> = reused
+            .iter()
+            .filter(|d| self.trusted.contains(d))
+            .copied()
+            .collect();
+        if trusted.is_empty() {
+            return Ok(());
+        }
+        if let Some(until) = r.parent_until.filter(|&u| u >= r.imm.needed(self.started)) {
+            r.note(until);
+            return Ok(());
+        }
+        let store = self.repo.store();
+        let until = r.imm.extended(SystemTime::now());
+        let missing: Vec<Digest> = stream::iter(trusted.iter().copied())
+            .map(|d| async move {
+                store
+                    .extend_retention(&d.chunk_name(), until)
+                    .await
+                    .map(|found| (d, !found))
+            })
+            .buffer_unordered(PARALLEL_CHECKS)
+            .try_filter_map(|(d, gone)| async move { Ok(gone.then_some(d)) })
+            .try_collect()
+            .await?;
+        if let Some(first) = missing.first() {
+            return Err(Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "{} chunk(s) of the parent backup (first {first}) are missing; the backup was not written: run `ferry backup verify`, then the backup again",
+                    missing.len()
+                ),
+            ));
+        }
+        tracing::info!(backup = %self.id, chunks = trusted.len(), "extended the retention of the parent's chunks");
+        r.note(r.imm.extended(self.started));
+        Ok(())
     }
 
     /// Ends the session without a backup: nothing is listed, and the chunks it stored

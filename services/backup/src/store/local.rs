@@ -197,6 +197,7 @@ fn meta_of(name: String, meta: &fs::Metadata) -> ObjectMeta {
         name,
         size: meta.len(),
         modified: whole_seconds(meta.modified().unwrap_or(SystemTime::UNIX_EPOCH)),
+        retain_until: None,
     }
 }
 

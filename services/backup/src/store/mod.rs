@@ -30,6 +30,70 @@ pub struct ObjectMeta {
     pub size: u64,
     /// When it was last written or touched, by the store's clock, in whole seconds.
     pub modified: SystemTime,
+    /// Until when the store refuses to destroy it (S3 Object Lock retention), when the
+    /// store said (`head` on an immutable store; never in listings).
+    pub retain_until: Option<SystemTime>,
+}
+
+/// S3 Object Lock's two retention modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LockMode {
+    /// Nobody can shorten the retention or destroy a version before it ends, the
+    /// bucket's owner included.
+    Compliance,
+    /// Only a principal allowed `s3:BypassGovernanceRetention` (and asking for it) can.
+    Governance,
+}
+
+impl fmt::Display for LockMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Compliance => "compliance",
+            Self::Governance => "governance",
+        })
+    }
+}
+
+impl std::str::FromStr for LockMode {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "compliance" => Ok(Self::Compliance),
+            "governance" => Ok(Self::Governance),
+            _ => Err(Error::invalid_input(format!(
+                "'{s}' is not an Object Lock mode: use governance or compliance"
+            ))),
+        }
+    }
+}
+
+/// The retention a store gives every object version it writes (see
+/// [`ObjectStore::with_retention`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    pub mode: LockMode,
+    /// Every version is retained this long after it is written...
+    pub period: Duration,
+    /// ...and a version written with [`ObjectStore::put_batched`] (a chunk, shared by
+    /// later backups) this much longer, so that a later backup that reuses it need not
+    /// extend its retention at once (see [`crate::immutable`]).
+    pub shared_extra: Duration,
+}
+
+/// One version of an object in a versioned store ([`ObjectStore::list_versions`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectVersion {
+    pub name: String,
+    /// The store's id of this version.
+    pub version_id: String,
+    /// A delete marker (what a delete without a version id leaves), not data.
+    pub delete_marker: bool,
+    /// The version a plain read returns (for a delete marker: the object reads as gone).
+    pub latest: bool,
+    pub size: u64,
+    pub modified: SystemTime,
 }
 
 /// An opaque tag of one state of an object (an S3 ETag; a content digest on disk), used
@@ -114,8 +178,84 @@ pub trait ObjectStore: Send + Sync + fmt::Debug {
     async fn delete(&self, name: &str) -> Result<()>;
 
     /// Sets an object's modification time to now without changing its content
-    /// (kind NotFound if it does not exist).
+    /// (kind NotFound if it does not exist). On a store with a [`Retention`], extends
+    /// the object's retention instead (a new version would be a new object to retain).
     async fn touch(&self, name: &str) -> Result<()>;
+
+    /// Whether the store can retain versions (an S3 bucket with Object Lock enabled).
+    async fn object_lock_enabled(&self) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// This store, writing every object version with `retention`. Refused (kind
+    /// Unsupported) by a store that cannot enforce it.
+    fn with_retention(&self, _retention: Retention) -> Result<std::sync::Arc<dyn ObjectStore>> {
+        Err(Error::unsupported(format!(
+            "{} cannot retain objects: immutable repositories need an S3 bucket with Object Lock enabled",
+            self.location()
+        )))
+    }
+
+    /// The retention this store writes with, if any.
+    fn retention(&self) -> Option<Retention> {
+        None
+    }
+
+    /// Extends the retention of the current version of `name` to at least `until`
+    /// (never shortens it); `false` when the object does not exist.
+    async fn extend_retention(&self, name: &str, _until: SystemTime) -> Result<bool> {
+        Err(Error::unsupported(format!(
+            "{} cannot retain objects ({name})",
+            self.location()
+        )))
+    }
+
+    /// Every version (and delete marker) of every object under `prefix`.
+    async fn list_versions(&self, prefix: &str) -> Result<Vec<ObjectVersion>> {
+        Err(Error::unsupported(format!(
+            "{} keeps no object versions ({prefix})",
+            self.location()
+        )))
+    }
+
+    /// Size, time and retention of one version, or `None` if it does not exist.
+    async fn head_version(&self, name: &str, _version_id: &str) -> Result<Option<ObjectMeta>> {
+        Err(Error::unsupported(format!(
+            "{} keeps no object versions ({name})",
+            self.location()
+        )))
+    }
+
+    /// Reads one version of an object, or `None` if it does not exist.
+    async fn get_version(
+        &self,
+        name: &str,
+        _version_id: &str,
+        _max_len: u64,
+    ) -> Result<Option<Vec<u8>>> {
+        Err(Error::unsupported(format!(
+            "{} keeps no object versions ({name})",
+            self.location()
+        )))
+    }
+
+    /// Destroys one version (or delete marker) for good. A store under Object Lock
+    /// refuses a version still retained (kind PermissionDenied).
+    async fn delete_version(&self, name: &str, _version_id: &str) -> Result<()> {
+        Err(Error::unsupported(format!(
+            "{} keeps no object versions ({name})",
+            self.location()
+        )))
+    }
+
+    /// Makes an older version the current one again, by copying it (inside the store)
+    /// as a new version; works with the rights of a backup (no version is destroyed).
+    async fn restore_version(&self, name: &str, _version_id: &str) -> Result<()> {
+        Err(Error::unsupported(format!(
+            "{} keeps no object versions ({name})",
+            self.location()
+        )))
+    }
 }
 
 /// Reads an object that must exist: a missing one is a NotFound error naming it.

@@ -10,7 +10,9 @@ use std::process::ExitCode;
 
 use anyhow::{anyhow, bail};
 use clap::{Args, Subcommand};
-use ferry_backup::{BackupId, InitOptions, Manifest, Repository, RepositoryUrl};
+use ferry_backup::{
+    BackupId, Immutability, InitOptions, LockMode, Manifest, Repository, RepositoryUrl,
+};
 use ferry_core::size::format_size;
 use ferry_core::Secret;
 use ferry_endpoints::s3::S3Options;
@@ -53,6 +55,8 @@ pub enum BackupCommand {
     Protect(ProtectArgs),
     /// Remove a backup's protection.
     Unprotect(ProtectArgs),
+    /// List, and bring back, backups hidden by S3 delete markers (versioned buckets).
+    Undelete(super::backup_undelete::UndeleteArgs),
 }
 
 /// Runs `ferry backup`.
@@ -70,6 +74,7 @@ pub async fn run(args: BackupArgs) -> anyhow::Result<ExitCode> {
         BackupCommand::Key(a) => super::backup_keys::run(a).await,
         BackupCommand::Protect(a) => protect(a, true).await,
         BackupCommand::Unprotect(a) => protect(a, false).await,
+        BackupCommand::Undelete(a) => super::backup_undelete::run(a).await,
     }
 }
 
@@ -97,7 +102,7 @@ pub fn read_key_file(path: &std::path::Path, what: &str) -> anyhow::Result<Secre
 }
 
 /// Parses a repository location.
-fn location(text: &str) -> anyhow::Result<RepositoryUrl> {
+pub(super) fn location(text: &str) -> anyhow::Result<RepositoryUrl> {
     RepositoryUrl::parse(text).map_err(|e| super::failed(e, "invalid repository"))
 }
 
@@ -139,6 +144,20 @@ pub struct InitArgs {
     /// zstd level 1-22, or `none`.
     #[arg(long, value_name = "LEVEL", default_value = "1", value_parser = compression)]
     pub compression: Compression,
+    /// Make the repository immutable (an S3 bucket with Object Lock enabled): every
+    /// object version ferry writes is retained this many days, and backups are never
+    /// destroyed inside it (docs/BACKUP.md, "Immutable repositories").
+    #[arg(long, value_name = "DAYS", value_parser = clap::value_parser!(u32).range(1..=36500))]
+    pub immutable_days: Option<u32>,
+    /// The Object Lock mode: compliance (nobody can shorten a retention, the bucket's
+    /// owner included) or governance (principals allowed s3:BypassGovernanceRetention can).
+    #[arg(long, value_name = "MODE", default_value = "compliance", requires = "immutable_days", value_parser = lock_mode)]
+    pub immutable_mode: LockMode,
+}
+
+fn lock_mode(text: &str) -> Result<LockMode, String> {
+    text.parse()
+        .map_err(|e: ferry_core::Error| e.message().to_string())
 }
 
 /// A compression choice: a zstd level or none.
@@ -167,6 +186,9 @@ async fn init(args: InitArgs) -> anyhow::Result<ExitCode> {
     if let Some(p) = passphrase {
         options = options.with_passphrase(p);
     }
+    if let Some(days) = args.immutable_days {
+        options = options.with_immutability(Immutability::days(args.immutable_mode, days));
+    }
     let store = url.open(&S3Options::default()).await;
     Repository::init(store, options)
         .await
@@ -183,6 +205,12 @@ async fn init(args: InitArgs) -> anyhow::Result<ExitCode> {
             "not encrypted"
         }
     );
+    if let Some(days) = args.immutable_days {
+        println!(
+            "immutable: every object version is retained {days} day(s) in {} mode",
+            args.immutable_mode
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -225,6 +225,8 @@ pub async fn prune(args: PruneArgs) -> anyhow::Result<ExitCode> {
         summary.remove.len(),
         if args.dry_run {
             " (dry run: nothing deleted)"
+        } else if repo.immutability().is_some() {
+            "; immutable repository: they are hidden and recorded, and 'ferry backup gc' destroys them once their retention has passed"
         } else {
             "; run 'ferry backup gc' to free their chunks"
         }
@@ -315,6 +317,18 @@ pub async fn gc(args: GcArgs) -> anyhow::Result<ExitCode> {
         format_size(report.bytes_kept),
         report.duration.as_secs_f64()
     );
+    if repo.immutability().is_some() {
+        println!(
+            "immutable repository: {} object version(s) destroyed, {} still retained ({} unused chunks wait for their retention to pass)",
+            report.versions_removed, report.versions_retained, report.chunks_retained
+        );
+    }
+    if report.hidden_backups > 0 {
+        println!(
+            "{} backup(s) are hidden by a delete marker that no prune made: kept; see ferry backup undelete {}",
+            report.hidden_backups, args.repo
+        );
+    }
     if report.sessions_without_parent > 0 {
         println!(
             "no unused chunk was removed: {} running backup(s) reuse chunks of a backup pruned meanwhile; run gc again when they have finished",

@@ -12,6 +12,7 @@ pub mod backup_create;
 pub mod backup_keys;
 pub mod backup_maintain;
 pub mod backup_restore;
+pub mod backup_undelete;
 pub mod checksum;
 pub mod copy;
 pub mod fan_out;

@@ -1,0 +1,132 @@
+"""Immutable backups (S3 Object Lock) against mutable ones into the same server.
+
+moto's S3 server is the only server here that enforces Object Lock (s3s-fs has none), so
+both repositories live in one moto server: the mutable one in a plain bucket, the
+immutable one (30 days, compliance) in a bucket created with Object Lock. Each run is a
+full backup of the 4 GiB 50%-data image into an empty repository: every chunk is new, so
+the immutable run's extra work is the retention headers on every PUT, the session record's
+versions and the config's retention check. moto keeps objects in memory and is slow
+(Python): the ratio is the point, not the absolute times. Goal: immutable <= 1.15x mutable.
+"""
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+from harness import GiB, Case, Command, Goal
+
+MOTO_INSTALL = "python3 -m pip install 'moto[server]==5.2.1'"
+PLAIN, LOCKED = "bench-plain", "bench-locked"
+
+
+class Moto:
+    def __init__(self):
+        self.port = None
+        self.prefix = 0
+
+    def create(self, bucket, locked):
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/{bucket}", method="PUT")
+        if locked:
+            request.add_header("x-amz-bucket-object-lock-enabled", "true")
+        urllib.request.urlopen(request).read()
+
+    @contextlib.contextmanager
+    def context(self):
+        try:
+            import moto.server  # noqa: F401
+        except ImportError as e:
+            raise RuntimeError(f"moto's server is not installed: {MOTO_INSTALL}") from e
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                                 str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        saved = dict(os.environ)
+        try:
+            deadline = time.time() + 30
+            while True:
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{self.port}/").read()
+                    break
+                except OSError:
+                    if time.time() > deadline:
+                        raise
+                    time.sleep(0.1)
+            self.create(PLAIN, False)
+            self.create(LOCKED, True)
+            os.environ.pop("AWS_CA_BUNDLE", None)
+            os.environ.pop("AWS_PROFILE", None)
+            os.environ.update({
+                "AWS_ENDPOINT_URL": f"http://127.0.0.1:{self.port}",
+                "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+                "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+            })
+            yield self
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+            proc.kill()
+            proc.wait()
+
+    def fresh(self, env, bucket, immutable):
+        """A new repository under a new prefix (objects of a locked bucket cannot go)."""
+        self.prefix += 1
+        repo = f"s3://{bucket}/r{self.prefix}"
+        argv = [env.ferry, "backup", "init", repo]
+        if immutable:
+            argv += ["--immutable-days", "30"]
+        subprocess.run([str(a) for a in argv], check=True, capture_output=True)
+        return repo
+
+
+def cases(env):
+    image = env.image("half-4g", "half", env.size(4 * GiB))
+    moto = Moto()
+    repos = {}
+
+    def setup(label, bucket, immutable):
+        def make():
+            repos[label] = moto.fresh(env, bucket, immutable)
+        return make
+
+    class Repo:
+        def __init__(self, label):
+            self.label = label
+
+        def __str__(self):
+            return repos[self.label]
+
+    name = "backup-immutable-moto-half-4g"
+    commands = [
+        Command("ferry backup create (immutable)",
+                [env.ferry, "backup", "create", "--no-progress", image.path, Repo("immutable")],
+                ferry=True, setup=setup("immutable", LOCKED, True),
+                note="30 days, compliance, bucket with Object Lock"),
+        Command("ferry backup create (mutable)",
+                [env.ferry, "backup", "create", "--no-progress", image.path, Repo("mutable")],
+                setup=setup("mutable", PLAIN, False), note="plain bucket"),
+    ]
+
+    def judge(results):
+        rows = results.get(name, {})
+        a = rows.get("ferry backup create (immutable)")
+        b = rows.get("ferry backup create (mutable)")
+        if not a or not b or not a.runs or not b.runs:
+            return None, "not measured"
+        r = a.median / b.median
+        return r <= 1.15, f"{r:.2f}x ({a.median:.2f} s against {b.median:.2f} s)"
+
+    return [Case(
+        name=name,
+        title="Full backup into an empty repository on moto's S3 server: immutable (Object Lock) "
+              "against mutable, 4 GiB, 50% data",
+        commands=commands,
+        context=moto.context,
+        goals=[Goal("immutable full backup <= 1.15x mutable", judge)],
+        notes=["each run starts from an empty repository under a new prefix (init untimed)"],
+    )]
