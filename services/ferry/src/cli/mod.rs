@@ -14,6 +14,7 @@ pub mod backup_maintain;
 pub mod backup_restore;
 pub mod checksum;
 pub mod copy;
+pub mod export;
 pub mod fan_out;
 pub mod image;
 pub mod info;
