@@ -25,6 +25,7 @@ mod mover_resume;
 mod nbd_cli;
 mod nbd_client;
 mod nbd_copy;
+mod nbd_export;
 mod nfs_copy;
 mod nfs_endpoint;
 mod nfs_v4;

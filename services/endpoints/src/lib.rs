@@ -5,6 +5,7 @@ mod background_flush;
 mod open;
 mod options;
 
+pub mod export;
 pub mod file;
 pub mod http;
 pub mod iscsi;

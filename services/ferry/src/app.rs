@@ -22,6 +22,8 @@ enum Command {
     Copy(cli::copy::CopyArgs),
     /// Print the checksum of an image (blksum-compatible block hash by default).
     Checksum(cli::checksum::ChecksumArgs),
+    /// Serve an image read-only over NBD until SIGTERM (nbd://, nbds://, nbd+unix://).
+    Export(cli::export::ExportArgs),
     /// Print an image's format, virtual size, allocation and backing chain.
     Info(cli::info::InfoArgs),
     /// Deduplicating backups of images into a repository (directory or S3): init, create,
@@ -59,6 +61,7 @@ pub fn main() -> ExitCode {
             Command::Copy(args) => cli::copy::run(args).await,
             Command::Checksum(args) => cli::checksum::run(args).await,
             Command::Info(args) => cli::info::run(args).await,
+            Command::Export(args) => cli::export::run(args).await,
             Command::Backup(args) => cli::backup::run(args).await,
             Command::Serve(args) => cli::serve::run(args).await,
             Command::Job(args) => cli::remote::job::run(args).await,

@@ -1,12 +1,17 @@
 //! The NBD fuzz targets: `nbd_parsers` drives every pure parser of server messages,
 //! `nbd_handshake` and `nbd_replies` the real client against a "server" whose every byte
-//! comes from the input, checking that it ends (no hang) without panicking.
+//! comes from the input, checking that it ends (no hang) without panicking; `nbd_server`
+//! drives the export server the same way against arbitrary client bytes.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use ferry_nbd::{proto::*, wire, Client, Config, Transport, ZeroFlags};
+use ferry_nbd::server::wire as server_wire;
+use ferry_nbd::{
+    proto::*, wire, Backend, Client, Config, ExportConfig, Server, StatusExtent, Transport,
+    ZeroFlags,
+};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Every pure parser of server messages on arbitrary bytes; the first byte picks one.
@@ -211,6 +216,118 @@ pub fn session(server_bytes: Vec<u8>) {
             tokio::time::timeout(Duration::from_secs(3600), run)
                 .await
                 .expect("the client hung on a finished stream");
+        })
+    });
+}
+
+/// The export server against arbitrary client bytes: when the first byte is odd, a valid
+/// client handshake (structured replies, `base:allocation`, NBD_OPT_GO) comes first and
+/// the rest is requests; otherwise the rest is the whole client side from the client
+/// flags on. The pure parsers of client messages run on the same bytes. The server must
+/// end (the stream ends) without panicking.
+pub fn nbd_server(data: &[u8]) {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let _ = server_wire::parse_go(rest);
+    let _ = server_wire::parse_meta_context_request(rest);
+    if let Ok(b) = <&[u8; 28]>::try_from(rest.get(..28).unwrap_or_default()) {
+        let _ = server_wire::parse_request(b);
+    }
+    if let Ok(b) = <&[u8; 16]>::try_from(rest.get(..16).unwrap_or_default()) {
+        let _ = server_wire::parse_option_header(b);
+    }
+    let mut bytes = if mode & 1 == 1 {
+        client_handshake()
+    } else {
+        Vec::new()
+    };
+    bytes.extend_from_slice(rest);
+    serve(bytes);
+}
+
+/// A 1 MiB export whose bytes are a function of their offset, in 64 KiB extents that
+/// alternate data, hole, allocated zeroes.
+#[derive(Debug)]
+pub struct FuzzDisk;
+
+/// Size of [`FuzzDisk`].
+pub const FUZZ_DISK_SIZE: u64 = 1 << 20;
+
+impl Backend for FuzzDisk {
+    type Buf = Vec<u8>;
+
+    fn size(&self) -> u64 {
+        FUZZ_DISK_SIZE
+    }
+
+    fn can_extents(&self) -> bool {
+        true
+    }
+
+    async fn read(&self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+        if offset % 3 == 2 {
+            return Err(std::io::Error::other("a failing read"));
+        }
+        Ok((0..len as u64)
+            .map(|i| ((offset + i) % 251) as u8)
+            .collect())
+    }
+
+    async fn extents(&self, offset: u64, len: u64) -> std::io::Result<Vec<StatusExtent>> {
+        let piece = 64 * 1024;
+        let len = (piece - offset % piece).min(len);
+        let flags = match (offset / piece) % 3 {
+            0 => 0,
+            1 => STATE_HOLE | STATE_ZERO,
+            _ => STATE_ZERO,
+        };
+        Ok(vec![StatusExtent { offset, len, flags }])
+    }
+}
+
+/// What a client sends to reach transmission: client flags, NBD_OPT_STRUCTURED_REPLY,
+/// NBD_OPT_SET_META_CONTEXT `base:allocation`, NBD_OPT_GO for the default export.
+pub fn client_handshake() -> Vec<u8> {
+    let mut out = (FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES)
+        .to_be_bytes()
+        .to_vec();
+    out.extend(wire::encode_option(OPT_STRUCTURED_REPLY, &[]));
+    out.extend(wire::encode_option(
+        OPT_SET_META_CONTEXT,
+        &wire::encode_meta_context("", &[CONTEXT_BASE_ALLOCATION.to_string()]),
+    ));
+    out.extend(wire::encode_option(
+        OPT_GO,
+        &wire::encode_go("", &[INFO_BLOCK_SIZE]),
+    ));
+    out
+}
+
+/// Runs one server session over `client_bytes`. Panics only if the server hangs.
+pub fn serve(client_bytes: Vec<u8>) {
+    thread_local! {
+        static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .expect("runtime");
+    }
+    RUNTIME.with(|rt| {
+        rt.block_on(async move {
+            let config = ExportConfig {
+                name: "disk".into(),
+                max_in_flight: 4,
+                ..ExportConfig::default()
+            };
+            let Ok(server) = Server::new(FuzzDisk, config) else {
+                return;
+            };
+            let run = server.serve_connection(Scripted::new(client_bytes));
+            // Time is paused: only a server that waits on nothing at all can reach this.
+            let _ = tokio::time::timeout(Duration::from_secs(3600), run)
+                .await
+                .expect("the server hung on a finished stream");
         })
     });
 }

@@ -241,6 +241,81 @@ pub fn nbd_replies() -> Vec<Seed> {
         .collect()
 }
 
+fn nbd_request(command: u16, flags: u16, cookie: u64, offset: u64, len: u32) -> Vec<u8> {
+    cat(&[
+        &REQUEST_MAGIC.to_be_bytes(),
+        &flags.to_be_bytes(),
+        &command.to_be_bytes(),
+        &cookie.to_be_bytes(),
+        &offset.to_be_bytes(),
+        &len.to_be_bytes(),
+    ])
+}
+
+/// Requests after a handshake: reads across data, holes and zeroes (one with DF), block
+/// status (whole and REQ_ONE), a write with its payload, trim, write zeroes, flush, cache,
+/// an unknown command, DISC.
+fn nbd_server_requests() -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend(nbd_request(CMD_READ, 0, 1, 0, 4096));
+    out.extend(nbd_request(CMD_READ, 0, 2, 60 * 1024, 200 * 1024));
+    out.extend(nbd_request(CMD_READ, CMD_FLAG_DF, 3, 64 * 1024, 4096));
+    out.extend(nbd_request(CMD_BLOCK_STATUS, 0, 4, 0, 1 << 20));
+    out.extend(nbd_request(
+        CMD_BLOCK_STATUS,
+        CMD_FLAG_REQ_ONE,
+        5,
+        4096,
+        8192,
+    ));
+    out.extend(nbd_request(CMD_WRITE, 0, 6, 0, 512));
+    out.extend([0x55; 512]);
+    out.extend(nbd_request(CMD_TRIM, 0, 7, 0, 512));
+    out.extend(nbd_request(CMD_WRITE_ZEROES, 0, 8, 0, 512));
+    out.extend(nbd_request(CMD_FLUSH, 0, 9, 0, 0));
+    out.extend(nbd_request(CMD_CACHE, 0, 10, 0, 512));
+    out.extend(nbd_request(CMD_READ, 0, 11, (1 << 20) - 100, 4096));
+    out.extend(nbd_request(42, 0, 12, 0, 512));
+    out.extend(nbd_request(CMD_DISC, 0, 13, 0, 0));
+    out
+}
+
+/// `nbd_server`: the mode byte (odd: handshake prefixed), then client bytes.
+pub fn nbd_server() -> Vec<Seed> {
+    let requests = nbd_server_requests();
+    let mut options = (FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES)
+        .to_be_bytes()
+        .to_vec();
+    for (option, data) in [
+        (OPT_LIST, Vec::new()),
+        (OPT_STARTTLS, Vec::new()),
+        (OPT_EXTENDED_HEADERS, Vec::new()),
+        (OPT_STRUCTURED_REPLY, Vec::new()),
+        (
+            OPT_LIST_META_CONTEXT,
+            ferry_nbd::wire::encode_meta_context("disk", &[]),
+        ),
+        (
+            OPT_INFO,
+            ferry_nbd::wire::encode_go("disk", &[INFO_NAME, INFO_DESCRIPTION]),
+        ),
+        (OPT_INFO, ferry_nbd::wire::encode_go("other", &[])),
+    ] {
+        options.extend(ferry_nbd::wire::encode_option(option, &data));
+    }
+    let mut export_name = options.clone();
+    export_name.extend(ferry_nbd::wire::encode_option(OPT_EXPORT_NAME, b"disk"));
+    export_name.extend(&requests);
+    let mut abort = options;
+    abort.extend(ferry_nbd::wire::encode_option(OPT_ABORT, &[]));
+    vec![
+        seed("requests", cat(&[&[1], &requests])),
+        seed("options-export-name", cat(&[&[0], &export_name])),
+        seed("options-abort", cat(&[&[0], &abort])),
+        seed("handshake-only", cat(&[&[0], &nbd::client_handshake()])),
+    ]
+}
+
 // ---------------------------------------------------------------------------------------
 // iSCSI
 

@@ -1,4 +1,4 @@
-//! ferry-nbd: an asynchronous NBD client (protocol only).
+//! ferry-nbd: an asynchronous NBD client and a read-only NBD export server (protocol only).
 //!
 //! Speaks the fixed newstyle handshake with NBD_OPT_GO, TLS (NBD_OPT_STARTTLS with
 //! rustls), structured replies and extended headers, metadata contexts
@@ -18,6 +18,10 @@
 //! # let _ = (data, status); Ok(()) }
 //! ```
 //!
+//! [`server`] serves one export read-only to any number of NBD clients (nbdcopy, qemu,
+//! nbdinfo) from a [`Backend`]: fixed newstyle, structured replies, `base:allocation`,
+//! TLS, bounded memory.
+//!
 //! Every length read from the network is bounded before anything is allocated, and a
 //! server that breaks the protocol gets [`Error::Protocol`] naming what it did, never a
 //! panic or a hang.
@@ -32,6 +36,7 @@ mod fake_tests;
 mod handshake;
 pub mod proto;
 mod reply;
+pub mod server;
 mod tls;
 mod transport;
 pub mod wire;
@@ -42,4 +47,5 @@ pub use config::{
 };
 pub use error::{Error, Result, ServerError};
 pub use reply::{BlockStatus, ContextStatus, StatusExtent};
+pub use server::{Backend, ExportConfig, ExportError, Listener, Server};
 pub use transport::Transport;

@@ -68,3 +68,5 @@ pub async fn connect_socket(address: &Address) -> Result<Socket> {
         Address::Unix(path) => Ok(Socket::Unix(UnixStream::connect(path).await.map_err(fail)?)),
     }
 }
+
+impl<S: Transport> Transport for tokio_rustls::server::TlsStream<S> {}

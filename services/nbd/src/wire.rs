@@ -18,15 +18,15 @@ pub const MAX_STATUS_DESCRIPTORS: u64 = 1 << 20;
 /// The largest block status chunk payload, extended form (the compact form is smaller).
 pub const MAX_STATUS_CHUNK: u64 = 8 + 16 * MAX_STATUS_DESCRIPTORS;
 
-fn be16(b: &[u8], at: usize) -> u16 {
+pub(crate) fn be16(b: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([b[at], b[at + 1]])
 }
 
-fn be32(b: &[u8], at: usize) -> u32 {
+pub(crate) fn be32(b: &[u8], at: usize) -> u32 {
     u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
-fn be64(b: &[u8], at: usize) -> u64 {
+pub(crate) fn be64(b: &[u8], at: usize) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[at..at + 8]);
     u64::from_be_bytes(a)

@@ -15,6 +15,7 @@ pub mod backup_restore;
 pub mod backup_undelete;
 pub mod checksum;
 pub mod copy;
+pub mod export;
 pub mod fan_out;
 pub mod image;
 pub mod info;
