@@ -267,6 +267,10 @@ fn tls_is_required_and_served_to_nbdinfo_and_nbdcopy() {
         err.contains("TLS") || err.contains("tls") || err.contains("Operation not supported"),
         "{err}"
     );
+    // ferry's client says why (NBD_REP_ERR_TLS_REQD; libnbd only reports the refusal).
+    let refused = ferry!().run(["checksum", &plain]);
+    let message = refused.assert_clean_failure();
+    assert!(message.contains("requires TLS"), "{message}");
     // Without a client certificate signed by the CA, too.
     let anonymous = tempfile::tempdir().unwrap();
     std::fs::copy(c.join("ca-cert.pem"), anonymous.path().join("ca-cert.pem")).unwrap();

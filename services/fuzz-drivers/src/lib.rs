@@ -56,7 +56,7 @@ pub const DRIVERS: &[Driver] = &[
     Driver { name: "nbd_parsers", run: nbd_parsers, seeds: seeds::nbd_parsers, dict: NBD_DICT, inputs: 200_000, max_len: 4096 },
     Driver { name: "nbd_handshake", run: nbd_handshake, seeds: seeds::nbd_handshake, dict: NBD_DICT, inputs: 40_000, max_len: 16384 },
     Driver { name: "nbd_replies", run: nbd_replies, seeds: seeds::nbd_replies, dict: NBD_DICT, inputs: 25_000, max_len: 16384 },
-    Driver { name: "nbd_server", run: nbd_server, seeds: seeds::nbd_server, dict: NBD_DICT, inputs: 20_000, max_len: 16384 },
+    Driver { name: "nbd_server", run: nbd_server, seeds: seeds::nbd_server, dict: NBD_DICT, inputs: 10_000, max_len: 16384 },
     Driver { name: "iscsi_pdu", run: iscsi_pdu, seeds: seeds::iscsi_pdu, dict: ISCSI_DICT, inputs: 200_000, max_len: 16384 },
     Driver { name: "iscsi_session", run: iscsi_session, seeds: seeds::iscsi_session, dict: ISCSI_DICT, inputs: 8_000, max_len: 16384 },
     Driver { name: "nfs_xdr", run: nfs_xdr, seeds: seeds::nfs_xdr, dict: NFS_DICT, inputs: 20_000, max_len: 4096 },

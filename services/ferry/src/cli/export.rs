@@ -55,7 +55,14 @@ fn parse_listen(text: &str) -> Result<ExportListen, String> {
 
 /// Runs `ferry export`: returns once SIGTERM or Ctrl-C stopped the server.
 pub async fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
-    super::init_tracing();
+    // rustls warns on every connection of a client that sends an IP address as the TLS
+    // server name (libnbd does): harmless, so only its errors are shown by default.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rustls=error"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
     let spec = EndpointSpec::parse(&args.source).map_err(|e| super::failed(e, "invalid source"))?;
     let name = spec.to_string();
     let mut source_options = super::source_options_from_env()?;
