@@ -3,13 +3,18 @@
 //! deploy/operator's RBAC) against the test kit's stateful API stand-in with simulated
 //! binding, scheduling and kubelet, and a fake mover link. Prints one JSON line.
 //!
+//! Two processes, so that the operator's memory is measured apart from the stand-in's
+//! (which keeps every object and 50,000 changes of history): this one runs the stand-in,
+//! serves it over HTTP on loopback and measures; a second copy of this binary,
+//! started with `--operator URL`, runs the controllers with a kube Client of that URL and
+//! the fake movers. Its peak RSS (VmHWM) is read before it is stopped.
+//!
 //! Phase 1: `--transfers` Transfers applied at once with `--max-movers`, each job done
 //! after `--job-ms` with no progress in between: the most movers that existed at once,
 //! how many Transfers Succeeded, API writes per Transfer lifecycle, the time from a mover's
 //! deletion to the next mover's creation while Transfers are queued, the wall time.
 //! Phase 2: `--max-movers` Transfers whose jobs report progress every 200 ms for
 //! `--progress-seconds`: status writes per minute per running Transfer.
-//! Peak RSS is the harness's (this process: the operator and the stand-in together).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,7 +26,8 @@ use ferry_operator::controller::{
 };
 use ferry_operator::crd::Progress;
 use ferry_operator::metrics::OperatorMetrics;
-use ferry_testkit::kube::{ChangeType, Cluster, Sim};
+use ferry_testkit::kube::rbac::Rules;
+use ferry_testkit::kube::{ChangeType, Cluster, Identity, Sim};
 use futures::StreamExt;
 use serde_json::{json, Value};
 
@@ -135,29 +141,98 @@ fn settings(max_movers: usize) -> OperatorSettings {
     s
 }
 
-fn start(
-    cluster: &Cluster,
-    settings: OperatorSettings,
-    link: FakeMover,
-) -> tokio::task::JoinHandle<()> {
-    let rbac =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/operator/10-rbac.yaml");
-    let client = cluster.client_as(&rbac, SERVICE_ACCOUNT);
-    tokio::spawn(async move {
-        let ca = mover_ca::load_or_create(&client, "ferry-system")
-            .await
-            .expect("the movers' CA");
-        let metrics = Arc::new(OperatorMetrics::new());
-        controller::run(
-            client,
-            settings,
-            Arc::new(link),
-            Some(Arc::new(ca)),
-            metrics,
-        )
+/// The operator's process: the controllers against the stand-in at `url`.
+async fn operator_process(url: &str) {
+    let config = kube::Config::new(url.parse().expect("--operator takes a URL"));
+    let client = kube::Client::try_from(config).expect("a client of the stand-in");
+    let every = arg("--every-ms", 0);
+    let link = FakeMover {
+        run: Duration::from_millis(arg("--job-ms", 1000)),
+        every: (every > 0).then(|| Duration::from_millis(every)),
+    };
+    let ca = mover_ca::load_or_create(&client, "ferry-system")
         .await
-        .expect("the controllers run");
-    })
+        .expect("the movers' CA");
+    let metrics = Arc::new(OperatorMetrics::new());
+    controller::run(
+        client,
+        settings(arg("--max-movers", 50) as usize),
+        Arc::new(link),
+        Some(Arc::new(ca)),
+        metrics,
+    )
+    .await
+    .expect("the controllers run");
+}
+
+/// The operator in its own process, talking to `cluster` over loopback HTTP as its
+/// ServiceAccount.
+struct Operator {
+    child: std::process::Child,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Operator {
+    async fn start(
+        cluster: &Cluster,
+        max_movers: usize,
+        job: Duration,
+        every: Option<Duration>,
+    ) -> Self {
+        let rbac = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../deploy/operator/10-rbac.yaml");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a loopback port");
+        let address = listener.local_addr().expect("its address");
+        let server = cluster.serve(
+            listener,
+            Identity::Account(Rules::load(&rbac, SERVICE_ACCOUNT)),
+        );
+        let every_ms = every.map_or(0, |e| e.as_millis());
+        let child = std::process::Command::new(std::env::current_exe().expect("this binary"))
+            .args(["--operator", &format!("http://{address}")])
+            .args(["--max-movers", &max_movers.to_string()])
+            .args(["--job-ms", &job.as_millis().to_string()])
+            .args(["--every-ms", &every_ms.to_string()])
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .expect("the operator's process starts");
+        Self { child, server }
+    }
+
+    /// Stops the operator; returns its peak RSS in KiB and the CPU seconds it used.
+    fn stop(mut self) -> (u64, f64) {
+        let proc = format!("/proc/{}", self.child.id());
+        let status = std::fs::read_to_string(format!("{proc}/status")).unwrap_or_default();
+        // utime and stime, the 14th and 15th fields, after the command in parentheses.
+        let stat = std::fs::read_to_string(format!("{proc}/stat")).unwrap_or_default();
+        let ticks: Vec<f64> = stat
+            .rsplit_once(") ")
+            .map(|(_, rest)| {
+                rest.split(' ')
+                    .skip(11)
+                    .take(2)
+                    .filter_map(|t| t.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        // SAFETY: sysconf reads a constant of the system.
+        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        let cpu = ticks.iter().sum::<f64>() / per_second;
+        let peak = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0);
+        if let Ok(Some(exit)) = self.child.try_wait() {
+            panic!("the operator's process ended early: {exit}");
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.server.abort();
+        (peak, cpu)
+    }
 }
 
 fn apply(cluster: &Cluster, name: &str) {
@@ -203,6 +278,10 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--operator") {
+        return operator_process(args.get(i + 1).expect("--operator takes a URL")).await;
+    }
     let transfers = arg("--transfers", 1000);
     let max_movers = arg("--max-movers", 50) as usize;
     let job = Duration::from_millis(arg("--job-ms", 1000));
@@ -215,14 +294,7 @@ async fn main() {
     // Phase 1: many Transfers through few movers.
     let c = cluster(25);
     let mut movers = c.changes("", "pods", &mover_selector());
-    let operator = start(
-        &c,
-        settings(max_movers),
-        FakeMover {
-            run: job,
-            every: None,
-        },
-    );
+    let operator = Operator::start(&c, max_movers, job, None).await;
     let names: Vec<String> = (0..transfers).map(|i| format!("t-{i:04}")).collect();
     let began = Instant::now();
     for name in &names {
@@ -241,7 +313,7 @@ async fn main() {
     });
     let succeeded = settle(&c, &names, Duration::from_secs(30 + transfers / 2)).await;
     let seconds = began.elapsed().as_secs_f64();
-    operator.abort();
+    let (mut peak_rss_kib, cpu_seconds) = operator.stop();
     tokio::time::sleep(Duration::from_millis(200)).await;
     let requests = c.requests();
     let writes = requests
@@ -280,14 +352,13 @@ async fn main() {
 
     // Phase 2: progress writes of running Transfers.
     let c = cluster(25);
-    let operator = start(
+    let operator = Operator::start(
         &c,
-        settings(max_movers),
-        FakeMover {
-            run: progress_for + Duration::from_secs(5),
-            every: Some(Duration::from_millis(200)),
-        },
-    );
+        max_movers,
+        progress_for + Duration::from_secs(5),
+        Some(Duration::from_millis(200)),
+    )
+    .await;
     let running: Vec<String> = (0..max_movers).map(|i| format!("p-{i:03}")).collect();
     for name in &running {
         apply(&c, name);
@@ -307,7 +378,7 @@ async fn main() {
         .iter()
         .filter(|r| r.user == operator_user && r.method == "PATCH" && r.path.ends_with("/status"))
         .count();
-    operator.abort();
+    peak_rss_kib = peak_rss_kib.max(operator.stop().0);
     let per_minute =
         status_writes as f64 / running.len() as f64 / progress_for.as_secs_f64() * 60.0;
 
@@ -323,6 +394,8 @@ async fn main() {
         "slot_reuse_ms_median": median(slot_reuse_ms.clone()),
         "slot_reuse_ms_max": slot_reuse_ms.iter().cloned().fold(0.0, f64::max),
         "progress_writes_per_minute_per_transfer": per_minute,
+        "operator_peak_rss_mib": peak_rss_kib as f64 / 1024.0,
+        "operator_cpu_ms_per_transfer": cpu_seconds * 1000.0 / transfers as f64,
     });
     println!("{out}");
 }

@@ -1,7 +1,8 @@
 //! A stateful stand-in for the Kubernetes API server, reachable as a [`::kube::Client`]
-//! over an in-process `tower::Service` (no network), for tests that run the operator's
-//! real controllers against something that behaves like a cluster, where a scripted mock
-//! only answers what its author expected.
+//! over an in-process `tower::Service` (no network), or over loopback HTTP for a client in
+//! another process ([`Cluster::serve`]), for tests that run the operator's real controllers
+//! against something that behaves like a cluster, where a scripted mock only answers what
+//! its author expected.
 //!
 //! # What it simulates
 //!
@@ -60,6 +61,7 @@ pub mod selector;
 mod service;
 mod shared;
 pub mod sim;
+mod socket;
 mod state;
 pub mod status;
 pub mod store;
@@ -162,11 +164,14 @@ impl Cluster {
 
     /// A client with this identity.
     pub fn client_with(&self, identity: Identity) -> ::kube::Client {
-        let service = ApiService {
+        ::kube::Client::new(self.service(identity), "default")
+    }
+
+    fn service(&self, identity: Identity) -> ApiService {
+        ApiService {
             shared: Arc::clone(&self.shared),
             identity: Arc::new(identity),
-        };
-        ::kube::Client::new(service, "default")
+        }
     }
 
     /// Switches simulated controllers on.

@@ -132,7 +132,10 @@ fn shaped(o: &Value, form: Form, api_version: &str) -> Value {
 }
 
 impl ApiService {
-    async fn handle(&self, request: Request<::kube::client::Body>) -> Response<ResponseBody> {
+    pub(super) async fn handle(
+        &self,
+        request: Request<::kube::client::Body>,
+    ) -> Response<ResponseBody> {
         let (parts, body) = request.into_parts();
         let method = parts.method.to_string();
         let path = parts.uri.path().to_string();

@@ -91,6 +91,8 @@ pub struct State {
     applied: std::collections::HashMap<(String, String, String), Value>,
     /// When a kubelet began starting each pod (by uid).
     pub starting: std::collections::HashMap<String, std::time::Instant>,
+    /// The claims removed when the binder last looked for volumes to reclaim.
+    pub claims_removed_seen: u64,
 }
 
 /// Now, to the second, as metadata timestamps are written.
@@ -147,6 +149,7 @@ impl State {
             seq: 0,
             applied: Default::default(),
             starting: Default::default(),
+            claims_removed_seen: 0,
         };
         for ns in ["default", "kube-system"] {
             s.create_object(
@@ -549,7 +552,9 @@ impl State {
     /// Removes the object at `key` and collects what depended on it.
     pub fn remove(&mut self, key: &Key) -> Option<Value> {
         let gone = self.store.remove(key)?;
-        self.collect();
+        if meta_str(&gone, "uid").is_some_and(|uid| self.store.has_dependents(uid)) {
+            self.collect();
+        }
         Some(gone)
     }
 
@@ -572,17 +577,32 @@ impl State {
     /// propagation without its delay; foreground is treated as background).
     pub fn collect(&mut self) {
         loop {
-            let uids: BTreeSet<String> = self
-                .store
-                .all()
-                .filter_map(|(_, v)| meta_str(v, "uid").map(String::from))
-                .collect();
-            let dangling: Vec<(Key, Value)> = self
-                .store
-                .all()
-                .filter(|(_, v)| owner_uids(v).iter().any(|u| !uids.contains(u)))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
+            let (uids, dangling) = {
+                let present: BTreeSet<&str> = self
+                    .store
+                    .all()
+                    .filter_map(|(_, v)| meta_str(v, "uid"))
+                    .collect();
+                let dangling: Vec<(Key, Value)> = self
+                    .store
+                    .all()
+                    .filter(|(_, v)| {
+                        v["metadata"]["ownerReferences"]
+                            .as_array()
+                            .is_some_and(|refs| {
+                                refs.iter().any(|r| {
+                                    r["uid"].as_str().is_some_and(|u| !present.contains(u))
+                                })
+                            })
+                    })
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                if dangling.is_empty() {
+                    return;
+                }
+                let uids: BTreeSet<String> = present.into_iter().map(String::from).collect();
+                (uids, dangling)
+            };
             let mut changed = false;
             for (key, mut v) in dangling {
                 let owners = owner_uids(&v);
@@ -695,8 +715,20 @@ impl State {
 
     /// The objects of a resource, cloned (what a controller's pass reads).
     pub fn objects(&self, group: &str, resource: &str) -> Vec<(Key, Value)> {
+        self.objects_where(group, resource, |_| true)
+    }
+
+    /// Copies of the objects of one resource, in every namespace, that `wanted` picks
+    /// (the rest are not copied: a simulated controller's pass looks at every object).
+    pub fn objects_where(
+        &self,
+        group: &str,
+        resource: &str,
+        wanted: impl Fn(&Value) -> bool,
+    ) -> Vec<(Key, Value)> {
         self.store
             .list(group, resource, None)
+            .filter(|(_, v)| wanted(v))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
     }

@@ -6,7 +6,7 @@
 //! selector reaches it as DELETED, one that makes it start matching as ADDED, as the
 //! watch cache does.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -146,6 +146,11 @@ pub struct Store {
     /// Changes at or below this resourceVersion are gone from the history.
     compacted: u64,
     watchers: Vec<Watcher>,
+    /// How many ownerReferences name each uid: whether a removal leaves dependents to
+    /// collect, without a walk over every object.
+    owned: HashMap<String, usize>,
+    /// Objects removed, per resource (plural).
+    removed: HashMap<String, u64>,
 }
 
 impl std::fmt::Debug for Store {
@@ -183,7 +188,10 @@ impl Store {
         resource: &'a str,
         namespace: Option<&'a str>,
     ) -> impl Iterator<Item = (&'a Key, &'a Value)> + 'a {
-        self.objects.iter().filter(move |(k, _)| {
+        // Keys sort by group, resource, namespace, name: one kind (in one namespace) is a
+        // contiguous range, found without walking every other object.
+        let from = Key::new(group, resource, namespace.unwrap_or(""), "");
+        self.objects.range(from..).take_while(move |(k, _)| {
             k.group == group
                 && k.resource == resource
                 && namespace.is_none_or(|ns| ns == k.namespace)
@@ -199,7 +207,11 @@ impl Store {
     pub fn put(&mut self, key: Key, mut object: Value) -> Value {
         self.rv += 1;
         object["metadata"]["resourceVersion"] = Value::String(self.rv.to_string());
+        self.count_owners(&object, true);
         let old = self.objects.insert(key.clone(), object.clone());
+        if let Some(old) = &old {
+            self.count_owners(old, false);
+        }
         let kind = if old.is_some() {
             ChangeType::Modified
         } else {
@@ -218,6 +230,8 @@ impl Store {
     /// Removes an object; returns its last state (with the deletion's resourceVersion).
     pub fn remove(&mut self, key: &Key) -> Option<Value> {
         let mut object = self.objects.remove(key)?;
+        self.count_owners(&object, false);
+        *self.removed.entry(key.resource.clone()).or_default() += 1;
         self.rv += 1;
         object["metadata"]["resourceVersion"] = Value::String(self.rv.to_string());
         self.record(Change {
@@ -228,6 +242,32 @@ impl Store {
             old: None,
         });
         Some(object)
+    }
+
+    /// How many objects of `resource` (plural, any group) were removed so far.
+    pub fn removed(&self, resource: &str) -> u64 {
+        self.removed.get(resource).copied().unwrap_or(0)
+    }
+
+    /// Whether any object names `uid` as an owner.
+    pub fn has_dependents(&self, uid: &str) -> bool {
+        self.owned.contains_key(uid)
+    }
+
+    fn count_owners(&mut self, object: &Value, add: bool) {
+        let Some(refs) = object["metadata"]["ownerReferences"].as_array() else {
+            return;
+        };
+        for uid in refs.iter().filter_map(|r| r["uid"].as_str()) {
+            if add {
+                *self.owned.entry(uid.to_string()).or_default() += 1;
+            } else if let Some(n) = self.owned.get_mut(uid) {
+                *n -= 1;
+                if *n == 0 {
+                    self.owned.remove(uid);
+                }
+            }
+        }
     }
 
     fn record(&mut self, change: Change) {

@@ -732,3 +732,55 @@ async fn a_lagging_watch_delivers_late_and_a_slow_kubelet_starts_pods_late() {
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(phase(&cluster, "pods", "slow"), "Running");
 }
+
+#[tokio::test]
+async fn over_a_socket_a_client_in_another_process_gets_the_same_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rbac.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: r}\nrules:\n  - apiGroups: [\"\"]\n    resources: [configmaps]\n    verbs: [get, list, watch, create]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: r}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: r}\nsubjects: [{kind: ServiceAccount, name: op, namespace: sys}]\n",
+    )
+    .unwrap();
+    let cluster = Cluster::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = cluster.serve(
+        listener,
+        super::Identity::Account(super::rbac::Rules::load(&file, ("sys", "op"))),
+    );
+    let client = ::kube::Client::try_from(::kube::Config::new(url.parse().unwrap())).unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(client, "default");
+    let rv = cluster.resource_version().to_string();
+    let mut stream = api
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    let made = api
+        .create(&PostParams::default(), &cm("one", json!({})))
+        .await
+        .unwrap();
+    assert_eq!(made.data.unwrap()["a"], "1");
+    let event = tokio::time::timeout(Duration::from_secs(5), stream.try_next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(&event, WatchEvent::Added(c) if c.metadata.name.as_deref() == Some("one")),
+        "{event:?}"
+    );
+    // The identity is the ServiceAccount's: RBAC holds over the socket too.
+    let refused = api_error(
+        api.delete("one", &DeleteParams::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((refused.code, refused.reason.as_str()), (403, "Forbidden"));
+    assert!(cluster
+        .requests()
+        .iter()
+        .all(|r| r.user == "system:serviceaccount:sys:op"));
+    server.abort();
+}

@@ -75,7 +75,10 @@ fn populated_by_someone_else(pvc: &Value) -> bool {
 
 /// One pass over claims and volumes.
 pub fn pass(state: &mut State) {
-    for (key, pvc) in state.objects("", "persistentvolumeclaims") {
+    let unsettled = |pvc: &Value| {
+        pvc["metadata"]["deletionTimestamp"].is_string() || pvc["status"]["phase"] != "Bound"
+    };
+    for (key, pvc) in state.objects_where("", "persistentvolumeclaims", unsettled) {
         if pvc["metadata"]["deletionTimestamp"].is_string() {
             release_protection(state, &key, &pvc);
             continue;
@@ -221,10 +224,16 @@ fn bind_both(state: &mut State, key: &Key, pvc: &Value, pv_key: &Key, mut pv: Va
 }
 
 fn reclaim(state: &mut State) {
-    for (key, pv) in state.objects("", "persistentvolumes") {
+    // A volume is released only when its claim goes.
+    let removed = state.store.removed("persistentvolumeclaims");
+    if removed == state.claims_removed_seen {
+        return;
+    }
+    state.claims_removed_seen = removed;
+    let claim_gone = |pv: &Value| {
         let claim = &pv["spec"]["claimRef"];
         if pv["status"]["phase"] != "Bound" || !claim.is_object() {
-            continue;
+            return false;
         }
         let claim_key = Key::new(
             "",
@@ -232,13 +241,12 @@ fn reclaim(state: &mut State) {
             claim["namespace"].as_str().unwrap_or_default(),
             claim["name"].as_str().unwrap_or_default(),
         );
-        let present = state
+        !state
             .store
             .get(&claim_key)
-            .is_some_and(|c| claim["uid"].is_null() || c["metadata"]["uid"] == claim["uid"]);
-        if present {
-            continue;
-        }
+            .is_some_and(|c| claim["uid"].is_null() || c["metadata"]["uid"] == claim["uid"])
+    };
+    for (key, pv) in state.objects_where("", "persistentvolumes", claim_gone) {
         if pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain" {
             let mut released = pv.clone();
             released["status"] = json!({"phase": "Released"});

@@ -83,7 +83,12 @@ fn users_on(state: &State, node: &str, pv: &str) -> Vec<String> {
 
 /// One pass: stop deleted pods, start pods whose volumes attach, detach unused volumes.
 pub fn pass(state: &mut State) {
-    for (key, pod) in state.objects("", "pods") {
+    let to_act_on = |pod: &Value| {
+        pod["spec"]["nodeName"].is_string()
+            && (pod["metadata"]["deletionTimestamp"].is_string()
+                || pod["status"]["phase"] == "Pending")
+    };
+    for (key, pod) in state.objects_where("", "pods", to_act_on) {
         let Some(node) = pod["spec"]["nodeName"].as_str().map(String::from) else {
             continue;
         };

@@ -147,16 +147,16 @@ pub fn pass(state: &mut State) {
             .as_str()
             .cmp(&b["metadata"]["name"].as_str())
     });
-    for (key, pod) in state.objects("", "pods") {
-        let unscheduled = !pod["spec"]["nodeName"].is_string()
+    let unscheduled = |pod: &Value| {
+        !pod["spec"]["nodeName"].is_string()
             && !pod["metadata"]["deletionTimestamp"].is_string()
-            && !is_terminal(&pod)
+            && !is_terminal(pod)
             && pod["spec"]["schedulerName"]
                 .as_str()
-                .is_none_or(|s| s == COMPONENT);
-        if unscheduled {
-            schedule(state, &key, &pod, &nodes);
-        }
+                .is_none_or(|s| s == COMPONENT)
+    };
+    for (key, pod) in state.objects_where("", "pods", unscheduled) {
+        schedule(state, &key, &pod, &nodes);
     }
 }
 
