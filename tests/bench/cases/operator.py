@@ -47,6 +47,10 @@ def cases(env):
             _goal("progress at most 1 write per 10 s per running Transfer (<= 6/min)",
                   lambda o: (o["progress_writes_per_minute_per_transfer"] <= 6.0,
                              f"{o['progress_writes_per_minute_per_transfer']:.1f}/min")),
+            _goal("no polling while a mover runs (reads that are not watches, per minute per "
+                  "running Transfer)",
+                  lambda o: (o["reads_per_minute_per_running_transfer"] < 1.0,
+                             f"{o['reads_per_minute_per_running_transfer']:.2f}/min")),
             _goal("API writes per Transfer lifecycle (reported)",
                   lambda o: (None, f"{o['writes_per_transfer']:.1f} "
                                    f"({o['events_per_transfer']:.1f} of them events)")),

@@ -14,7 +14,8 @@
 //! how many Transfers Succeeded, API writes per Transfer lifecycle, the time from a mover's
 //! deletion to the next mover's creation while Transfers are queued, the wall time.
 //! Phase 2: `--max-movers` Transfers whose jobs report progress every 200 ms for
-//! `--progress-seconds`: status writes per minute per running Transfer.
+//! `--progress-seconds`: status writes per minute per running Transfer, and reads that
+//! are not watches (polling) per minute per running Transfer.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -378,6 +379,11 @@ async fn main() {
         .iter()
         .filter(|r| r.user == operator_user && r.method == "PATCH" && r.path.ends_with("/status"))
         .count();
+    // Polling: reads that are not watches, while every mover runs.
+    let reads = window[from..]
+        .iter()
+        .filter(|r| r.user == operator_user && r.method == "GET" && !r.query.contains("watch=true"))
+        .count();
     peak_rss_kib = peak_rss_kib.max(operator.stop().0);
     let per_minute =
         status_writes as f64 / running.len() as f64 / progress_for.as_secs_f64() * 60.0;
@@ -394,6 +400,8 @@ async fn main() {
         "slot_reuse_ms_median": median(slot_reuse_ms.clone()),
         "slot_reuse_ms_max": slot_reuse_ms.iter().cloned().fold(0.0, f64::max),
         "progress_writes_per_minute_per_transfer": per_minute,
+        "reads_per_minute_per_running_transfer":
+            reads as f64 / running.len() as f64 / progress_for.as_secs_f64() * 60.0,
         "operator_peak_rss_mib": peak_rss_kib as f64 / 1024.0,
         "operator_cpu_ms_per_transfer": cpu_seconds * 1000.0 / transfers as f64,
     });
