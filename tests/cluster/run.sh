@@ -13,7 +13,10 @@
 # raw image from an NBD server into a new PVC (verified), checksums the source and the
 # PVC with movers of their own and compares them, clones the PVC into three PVCs in one
 # pass (each verified), kills a mover mid-copy and checks that its replacement resumed,
-# and prints a pass/fail table. The test namespace enforces the restricted Pod Security
+# populates a claim on creation from a VolumeImageSource, backs the imported claim up into
+# an encrypted repository in a claim, restores it into a new claim (each checksummed
+# against the source), and prints a pass/fail table. A BackupSchedule's fire is not run
+# (its first fire waits for a cron time); schedules are proven on the scripted API only. The test namespace enforces the restricted Pod Security
 # Standard, so every mover is admitted only if it passes it. Exits non-zero if a step
 # failed. --keep leaves the namespaces and the operator in place.
 set -euo pipefail
@@ -178,6 +181,46 @@ if phase="$(wait_phase transfer/resumed Succeeded Failed)" && [ "$phase" = Succe
     fi
 else
     record "mover killed mid-copy, resumed" FAIL "$phase: $(field transfer/resumed '{.status.message}')"
+fi
+
+# 5. A claim populated on creation from a VolumeImageSource, checksummed.
+apply 60-populate.yaml
+if phase="$(wait_phase checksum/populated Succeeded Failed)" && [ "$phase" = Succeeded ]; then
+    digest="$(field checksum/populated '{.status.digest}')"
+    if [ "$digest" = "${source_digest:-}" ]; then
+        record "claim populated on creation" PASS "$digest"
+    else
+        record "claim populated on creation" FAIL "digest '$digest'"
+    fi
+else
+    record "claim populated on creation" FAIL "$phase: $(field pvc/populated '{.status.phase}')"
+fi
+
+# 6. A backup of the imported claim into an encrypted repository in a claim.
+apply 70-backup.yaml
+if phase="$(wait_phase backup/disk-1 Succeeded Failed)" && [ "$phase" = Succeeded ]; then
+    snapshot="$(field backup/disk-1 '{.status.snapshotId}')"
+    block_hash="$(field backup/disk-1 '{.status.blockHash}')"
+    if [ -n "$snapshot" ] && [ "${block_hash#blkhash:}" = "${source_digest#blkhash:}" ]; then
+        record "backup into a claim's repository" PASS "snapshot $snapshot"
+    else
+        record "backup into a claim's repository" FAIL "snapshot '$snapshot', block hash '$block_hash'"
+    fi
+else
+    record "backup into a claim's repository" FAIL "$phase: $(field backup/disk-1 '{.status.message}')"
+fi
+
+# 7. A new claim restored from the backup (restore populator), checksummed.
+apply 80-restore.yaml
+if phase="$(wait_phase checksum/restored Succeeded Failed)" && [ "$phase" = Succeeded ]; then
+    digest="$(field checksum/restored '{.status.digest}')"
+    if [ "$digest" = "${source_digest:-}" ]; then
+        record "claim restored from the backup" PASS "$digest"
+    else
+        record "claim restored from the backup" FAIL "digest '$digest'"
+    fi
+else
+    record "claim restored from the backup" FAIL "$phase: $(field pvc/restored '{.status.phase}')"
 fi
 
 printf '\n| %-34s | %-4s | %s |\n|---|---|---|\n' step "" detail

@@ -211,6 +211,7 @@ fn the_cluster_script_is_clean_and_its_manifests_valid() {
     let mut objects = 0;
     let mut to_validate = Vec::new();
     let mut ferry_kinds = BTreeSet::new();
+    let (mut repositories, mut backups) = (Vec::<BackupRepository>::new(), Vec::new());
     for (n, file) in files.iter().enumerate() {
         let mut plain = Vec::new();
         for doc in documents(file) {
@@ -227,6 +228,22 @@ fn the_cluster_script_is_clean_and_its_manifests_valid() {
                     });
                     ferry_kinds.insert("Checksum");
                 }
+                "VolumeImageSource" => {
+                    check_resource(&doc, |v: &VolumeImageSource| {
+                        v.spec.validate().map_err(|e| e.to_string())
+                    });
+                    ferry_kinds.insert("VolumeImageSource");
+                }
+                "BackupRepository" => {
+                    repositories.push(check_resource(&doc, |r: &BackupRepository| {
+                        r.spec.validate().map_err(|e| e.to_string())
+                    }));
+                    ferry_kinds.insert("BackupRepository");
+                }
+                "Backup" => {
+                    backups.push(doc);
+                    ferry_kinds.insert("Backup");
+                }
                 _ => plain.push(serde_yaml::to_string(&doc).unwrap()),
             }
         }
@@ -238,7 +255,27 @@ fn the_cluster_script_is_clean_and_its_manifests_valid() {
         std::fs::write(&copy, plain.join("---\n")).unwrap();
         to_validate.push(copy);
     }
-    assert_eq!(ferry_kinds, BTreeSet::from(["Transfer", "Checksum"]));
+    // A Backup is checked with the repository it names, as the operator looks it up.
+    for doc in &backups {
+        check_resource(doc, |b: &Backup| {
+            let mut b = b.clone();
+            b.spec.resolved_repository = repositories
+                .iter()
+                .find(|r| r.metadata.name == Some(b.spec.repository.clone()))
+                .map(|r| r.spec.clone());
+            b.spec.validate().map_err(|e| e.to_string())
+        });
+    }
+    assert_eq!(
+        ferry_kinds,
+        BTreeSet::from([
+            "Transfer",
+            "Checksum",
+            "VolumeImageSource",
+            "BackupRepository",
+            "Backup"
+        ])
+    );
     for version in VERSIONS {
         let (ok, text) = kubernetes_validate(version, &to_validate);
         assert!(
