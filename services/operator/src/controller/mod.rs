@@ -153,7 +153,7 @@ pub async fn run(
         m.sample_resources(&stores.3);
         m.sample_movers(&store);
     }));
-    let transfers = drive(transfers, reconcile::<Transfer>, &ctx);
+    let transfers = drive(transfers, crate::clone::reconcile::reconcile_transfer, &ctx);
     let checksums = drive(checksums, reconcile::<Checksum>, &ctx);
     let backups = drive(backups, backup::reconcile_backup, &ctx);
     let restores = drive(restores, restore::reconcile_restore, &ctx);

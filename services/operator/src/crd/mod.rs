@@ -11,6 +11,7 @@ pub mod options;
 pub mod restore;
 pub mod settings;
 pub mod status;
+pub mod storage_class_profile;
 pub mod transfer;
 pub mod validate;
 pub mod volume_image_source;
@@ -40,6 +41,7 @@ pub use options::{
 pub use restore::{ResolvedSnapshot, Restore, RestoreSpec, RestoreStatus};
 pub use settings::MoverSettings;
 pub use status::{Checkpoint, Phase, Progress};
+pub use storage_class_profile::{CloneStrategy, StorageClassProfile, StorageClassProfileSpec};
 pub use transfer::{ClaimRetention, Digests, TargetStatus, Transfer, TransferSpec, TransferStatus};
 pub use validate::ValidationError;
 pub use volume_image_source::{VolumeImageSource, VolumeImageSourceSpec};
@@ -59,6 +61,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         Backup::crd(),
         BackupSchedule::crd(),
         Restore::crd(),
+        StorageClassProfile::crd(),
     ]
 }
 

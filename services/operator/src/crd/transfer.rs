@@ -13,6 +13,7 @@ use super::endpoint::{Endpoint, TransferTarget};
 use super::options::TransferOptions;
 use super::settings::MoverSettings;
 use super::status::{Checkpoint, Phase, Progress};
+use super::storage_class_profile::CloneStrategy;
 use super::validate::{check_digest, invalid, ValidationError};
 
 /// Most targets of one Transfer.
@@ -81,6 +82,13 @@ pub struct TransferSpec {
     /// deletes them with the Transfer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim_retention: Option<ClaimRetention>,
+    /// From a claim into new claims (`pvcTemplate` targets): `auto` (the default: a
+    /// VolumeSnapshot restored into each target when the source's driver has a
+    /// VolumeSnapshotClass, else a copy), `snapshot`, `csi-clone` (same storage class) or
+    /// `copy`. A strategy named here that the storage cannot do fails the Transfer; the
+    /// target class's StorageClassProfile gives the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_strategy: Option<CloneStrategy>,
 }
 
 /// What becomes of created claims when their Transfer is deleted.
@@ -219,6 +227,17 @@ pub struct TransferStatus {
     /// What was committed, so a replacement mover resumes instead of starting over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<Checkpoint>,
+    /// How the targets were made: `snapshot`, `csi-clone` or `copy` (set once decided).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_strategy: Option<String>,
+    /// Why a storage clone was not used where one was asked for (by `auto` or a
+    /// StorageClassProfile), as CDI's `cloneFallbackReason`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_fallback_reason: Option<String>,
+    /// The VolumeSnapshot the targets are restored from (strategy `snapshot`), deleted
+    /// once every target is bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_snapshot: Option<String>,
 }
 
 #[cfg(test)]
@@ -236,6 +255,7 @@ mod tests {
             expected_digest: None,
             mover: None,
             claim_retention: None,
+            clone_strategy: None,
         }
     }
 

@@ -726,6 +726,7 @@ mod tests {
                 ..MoverSettings::default()
             }),
             claim_retention: None,
+            clone_strategy: None,
         };
         let mut t = Transfer::new("import", spec);
         t.metadata = meta();
@@ -1018,6 +1019,7 @@ mod tests {
                 expected_digest: None,
                 mover: None,
                 claim_retention: None,
+                clone_strategy: None,
             },
         );
         t.metadata = meta();

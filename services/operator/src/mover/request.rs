@@ -213,6 +213,7 @@ mod tests {
             expected_digest: None,
             mover: None,
             claim_retention: None,
+            clone_strategy: None,
         };
         let t = stored(Transfer::new("x", spec));
         let pvcs = [
@@ -341,6 +342,7 @@ mod tests {
             expected_digest: None,
             mover: None,
             claim_retention: None,
+            clone_strategy: None,
         };
         let t = stored(Transfer::new("x", spec));
         let pvcs = [

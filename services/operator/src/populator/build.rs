@@ -136,6 +136,7 @@ pub fn transfer(ids: &ClaimIds, source: &VolumeImageSource) -> Transfer {
         expected_digest: source.spec.expected_digest.clone(),
         mover: source.spec.mover.clone(),
         claim_retention: None,
+        clone_strategy: None,
     };
     let mut transfer = Transfer::new(&names::transfer(&ids.name), spec);
     transfer.metadata = ids.meta(names::transfer(&ids.name));

@@ -1,0 +1,381 @@
+//! A Transfer made by the storage: the strategy decided once from what the cluster says
+//! ([`observe`], [`super::strategy::decide`]) and recorded in the status; then, for a
+//! snapshot or a CSI clone, the steps of [`super::plan::next`] carried out one per
+//! reconcile, until every target claim is bound and the snapshot deleted. A copy, and
+//! everything a Transfer shares with the other kinds (the finalizer, deletion, a final
+//! phase, an invalid spec), goes to the mover reconciler.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::Api;
+
+use crate::controller::claims::{self, mode_of};
+use crate::controller::context::Context;
+use crate::controller::error::Error;
+use crate::controller::finalizer;
+use crate::controller::kind::{write_status, Ids};
+use crate::controller::pods::Created;
+use crate::controller::{plan as mover_plan, reconcile};
+use crate::crd::status::condition::{reason, RUNNING};
+use crate::crd::validate::quantity_bytes;
+use crate::crd::{Phase, StorageClassProfile, TargetStatus, Transfer, TransferStatus};
+use crate::schedule::build::{snapshot_state, volume_snapshot_api};
+
+use super::plan::{self, Observed, Step};
+use super::strategy::{self, ClaimFacts, ClassFacts, Decision, Facts, SnapshotClassFacts};
+
+/// How often a clone in progress is looked at (the Transfer does not watch claims or
+/// snapshots).
+const LOOK_AGAIN: Duration = Duration::from_secs(5);
+
+/// The annotation that marks a StorageClass the cluster's default.
+const DEFAULT_CLASS: &str = "storageclass.kubernetes.io/is-default-class";
+/// The annotation that marks a VolumeSnapshotClass its driver's default.
+const DEFAULT_SNAPSHOT_CLASS: &str = "snapshot.storage.kubernetes.io/is-default-class";
+
+/// One reconcile of a Transfer.
+pub async fn reconcile_transfer(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let status = obj.status.clone().unwrap_or_default();
+    let shared = obj.metadata.deletion_timestamp.is_some()
+        || !finalizer::has(obj.as_ref())
+        || status.phase.is_final()
+        || obj.spec.validate().is_err()
+        || obj.spec.source.pvc.is_none()
+        || status.clone_strategy.as_deref() == Some("copy")
+        || status.mover_pod.is_some();
+    if shared {
+        return reconcile(obj, ctx).await;
+    }
+    let ids = Ids::of(obj.as_ref())?;
+    let facts = observe(&ctx, &obj, &ids).await?;
+    let decision = match status.clone_strategy.as_deref() {
+        None if facts.source.is_none() => return reconcile(obj, ctx).await,
+        None => strategy::decide(&obj, &facts),
+        Some(_) => decided(&obj, &facts, &status),
+    };
+    match decision {
+        Decision::Copy { fallback } => {
+            let mut next = status.clone();
+            next.clone_strategy = Some("copy".into());
+            next.clone_fallback_reason = fallback.clone();
+            write_status(&ctx, &ids, obj.as_ref(), &next).await?;
+            if let Some(why) = fallback {
+                let text = format!("copying: no storage clone ({why})");
+                ctx.event(obj.as_ref(), false, "CloneFallback", &text).await;
+            }
+            Ok(Action::requeue(Duration::ZERO))
+        }
+        Decision::Refused(why) => {
+            let next = mover_plan::failed(obj.as_ref(), &status, reason::INVALID_SPEC, &why);
+            write_status(&ctx, &ids, obj.as_ref(), &next).await?;
+            ctx.event(obj.as_ref(), true, reason::INVALID_SPEC, &why)
+                .await;
+            Ok(Action::await_change())
+        }
+        decision => clone_step(&ctx, &obj, &ids, &status, &decision).await,
+    }
+}
+
+/// The decision recorded in the status. A snapshot's class is decided again (it matters
+/// only until the snapshot exists); if the classes changed since so that none is found,
+/// the cluster's default snapshot class is asked for.
+fn decided(obj: &Transfer, facts: &Facts, status: &TransferStatus) -> Decision {
+    match status.clone_strategy.as_deref() {
+        Some("csi-clone") => Decision::CsiClone,
+        _ => match strategy::decide(obj, facts) {
+            Decision::Snapshot { class } => Decision::Snapshot { class },
+            _ => Decision::Snapshot {
+                class: String::new(),
+            },
+        },
+    }
+}
+
+/// One step of a clone by the storage.
+async fn clone_step(
+    ctx: &Context,
+    obj: &Transfer,
+    ids: &Ids,
+    status: &TransferStatus,
+    decision: &Decision,
+) -> Result<Action, Error> {
+    let observed = observe_clone(ctx, obj, ids, decision).await?;
+    let step = plan::next(obj, ids, decision, &observed);
+    let mut next = status.clone();
+    next.clone_strategy = Some(decision.name().to_string());
+    if let Decision::Snapshot { .. } = decision {
+        next.clone_snapshot = Some(plan::snapshot_name(&ids.name));
+    }
+    let targets: Vec<String> = obj
+        .spec
+        .targets
+        .iter()
+        .filter_map(|t| t.pvc_template.as_ref().map(|p| p.name.clone()))
+        .collect();
+    let (phase, why, message) = match step {
+        Step::Snapshot(snapshot) => {
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(ctx.client.clone(), &ids.namespace, &volume_snapshot_api());
+            match api.create(&PostParams::default(), &snapshot).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(kube::Error::Api(e)) if claims::refused(e.code) => {
+                    let text = format!(
+                        "the API server refused to create the VolumeSnapshot: {}",
+                        e.message
+                    );
+                    let waiting = mover_plan::waiting(obj, status, reason::REFUSED, &text);
+                    write_if_changed(ctx, ids, obj, status, &waiting).await?;
+                    return Ok(Action::requeue(LOOK_AGAIN));
+                }
+                Err(e) => return Err(e.into()),
+            }
+            let name = plan::snapshot_name(&ids.name);
+            let text = format!("created VolumeSnapshot {name} of the source");
+            ctx.event(obj, false, "SnapshotCreated", &text).await;
+            (Phase::Running, plan::SNAPSHOT_PENDING, text)
+        }
+        Step::Claims(pvcs) => {
+            for pvc in &pvcs {
+                let name = pvc.metadata.name.as_deref().unwrap_or_default();
+                if let Created::Refused(why) = claims::create(ctx, pvc).await? {
+                    let text = format!("the API server refused to create pvc/{name}: {why}");
+                    let waiting = mover_plan::waiting(obj, status, reason::REFUSED, &text);
+                    write_if_changed(ctx, ids, obj, status, &waiting).await?;
+                    return Ok(Action::requeue(LOOK_AGAIN));
+                }
+                ctx.event(obj, false, "ClaimCreated", &format!("created pvc/{name}"))
+                    .await;
+            }
+            (
+                Phase::Running,
+                plan::PROVISIONING,
+                format!("created {} claims", pvcs.len()),
+            )
+        }
+        Step::Wait { reason, message } => (Phase::Running, reason, message),
+        Step::Conflict(text) => {
+            let failed = mover_plan::failed(obj, &next, reason::INVALID_SPEC, &text);
+            write_if_changed(ctx, ids, obj, status, &failed).await?;
+            ctx.event(obj, true, reason::INVALID_SPEC, &text).await;
+            return Ok(Action::await_change());
+        }
+        Step::Done(text) => {
+            if let Decision::Snapshot { .. } = decision {
+                let api: Api<DynamicObject> = Api::namespaced_with(
+                    ctx.client.clone(),
+                    &ids.namespace,
+                    &volume_snapshot_api(),
+                );
+                match api
+                    .delete(&plan::snapshot_name(&ids.name), &DeleteParams::default())
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(e)) if e.code == 404 => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            next.targets = target_statuses(&targets, Phase::Succeeded);
+            let done = mover_plan::with_life(obj, &next, |l| {
+                l.start_time
+                    .get_or_insert_with(crate::controller::life::now);
+                l.finish(Phase::Succeeded, reason::SUCCEEDED, Some(&text));
+            });
+            if write_if_changed(ctx, ids, obj, status, &done).await? {
+                ctx.event(obj, false, reason::SUCCEEDED, &text).await;
+            }
+            ctx.forget(&ids.uid);
+            return Ok(Action::await_change());
+        }
+    };
+    next.targets = target_statuses(&targets, Phase::Running);
+    let running = mover_plan::with_life(obj, &next, |l| {
+        l.phase = phase;
+        l.start_time
+            .get_or_insert_with(crate::controller::life::now);
+        l.message = None;
+        l.set_condition(RUNNING, true, why, &message);
+    });
+    write_if_changed(ctx, ids, obj, status, &running).await?;
+    Ok(Action::requeue(LOOK_AGAIN))
+}
+
+fn target_statuses(names: &[String], phase: Phase) -> Vec<TargetStatus> {
+    names
+        .iter()
+        .map(|n| TargetStatus {
+            name: format!("pvc/{n}"),
+            phase,
+            ..TargetStatus::default()
+        })
+        .collect()
+}
+
+async fn write_if_changed(
+    ctx: &Context,
+    ids: &Ids,
+    obj: &Transfer,
+    before: &TransferStatus,
+    next: &TransferStatus,
+) -> Result<bool, Error> {
+    if crate::controller::life::same_status(before, next) {
+        return Ok(false);
+    }
+    write_status(ctx, ids, obj, next).await?;
+    Ok(true)
+}
+
+/// What the cluster says about the Transfer's classes: its source claim, every storage
+/// class with its profile, the VolumeSnapshotClasses.
+pub async fn observe(ctx: &Context, obj: &Transfer, ids: &Ids) -> Result<Facts, Error> {
+    let Some(source) = &obj.spec.source.pvc else {
+        return Ok(Facts::default());
+    };
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ids.namespace);
+    let classes: Api<StorageClass> = Api::all(ctx.client.clone());
+    let classes = classes.list(&ListParams::default()).await?.items;
+    let profiles: Api<StorageClassProfile> = Api::all(ctx.client.clone());
+    let profiles = profiles.list(&ListParams::default()).await?.items;
+    let snapshot_classes: Api<DynamicObject> = Api::all_with(
+        ctx.client.clone(),
+        &kube::api::ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk(
+                "snapshot.storage.k8s.io",
+                "v1",
+                "VolumeSnapshotClass",
+            ),
+            "volumesnapshotclasses",
+        ),
+    );
+    let snapshot_classes = match snapshot_classes.list(&ListParams::default()).await {
+        Ok(list) => list.items,
+        // A cluster without the snapshot CRDs has no snapshot classes.
+        Err(kube::Error::Api(e)) if e.code == 404 => Vec::new(),
+        Err(e) => return Err(e.into()),
+    };
+    let source = pvcs.get_opt(&source.name).await?;
+    Ok(facts(
+        source.as_ref(),
+        &classes,
+        &profiles,
+        &snapshot_classes,
+    ))
+}
+
+/// The facts from the objects read (pure, so that render builds them alike).
+pub fn facts(
+    source: Option<&PersistentVolumeClaim>,
+    classes: &[StorageClass],
+    profiles: &[StorageClassProfile],
+    snapshot_classes: &[DynamicObject],
+) -> Facts {
+    let default_class = classes
+        .iter()
+        .find(|c| annotated(&c.metadata.annotations, DEFAULT_CLASS))
+        .and_then(|c| c.metadata.name.clone());
+    let source = source.map(|pvc| {
+        let spec = pvc.spec.clone().unwrap_or_default();
+        let capacity = pvc
+            .status
+            .as_ref()
+            .and_then(|s| s.capacity.as_ref())
+            .and_then(|c| c.get("storage"))
+            .and_then(quantity_bytes);
+        let request = spec
+            .resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get("storage"))
+            .and_then(quantity_bytes);
+        ClaimFacts {
+            class: spec.storage_class_name.clone().or(default_class.clone()),
+            mode: mode_of(pvc),
+            bytes: capacity.or(request).map(|b| b.min(u64::MAX as u128) as u64),
+        }
+    });
+    Facts {
+        source,
+        classes: classes
+            .iter()
+            .map(|c| {
+                let name = c.metadata.name.clone().unwrap_or_default();
+                ClassFacts {
+                    profile_strategy: profiles
+                        .iter()
+                        .find(|p| p.metadata.name.as_deref() == Some(&name))
+                        .and_then(|p| p.spec.clone_strategy),
+                    name,
+                    provisioner: c.provisioner.clone(),
+                    expands: c.allow_volume_expansion == Some(true),
+                }
+            })
+            .collect(),
+        snapshot_classes: snapshot_classes
+            .iter()
+            .map(|c| SnapshotClassFacts {
+                name: c.metadata.name.clone().unwrap_or_default(),
+                driver: c.data["driver"].as_str().unwrap_or_default().to_string(),
+                default: annotated(&c.metadata.annotations, DEFAULT_SNAPSHOT_CLASS),
+            })
+            .collect(),
+        default_class,
+    }
+}
+
+fn annotated(annotations: &Option<BTreeMap<String, String>>, key: &str) -> bool {
+    annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .is_some_and(|v| v == "true")
+}
+
+/// The snapshot and target claims of a clone in progress.
+async fn observe_clone(
+    ctx: &Context,
+    obj: &Transfer,
+    ids: &Ids,
+    decision: &Decision,
+) -> Result<Observed, Error> {
+    let mut observed = Observed::default();
+    if let Decision::Snapshot { .. } = decision {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(ctx.client.clone(), &ids.namespace, &volume_snapshot_api());
+        observed.snapshot = api
+            .get_opt(&plan::snapshot_name(&ids.name))
+            .await?
+            .map(|s| snapshot_state(&s));
+    }
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ids.namespace);
+    let classes: Api<StorageClass> = Api::all(ctx.client.clone());
+    for t in obj
+        .spec
+        .targets
+        .iter()
+        .filter_map(|t| t.pvc_template.as_ref())
+    {
+        if let Some(pvc) = pvcs.get_opt(&t.name).await? {
+            let class = pvc.spec.as_ref().and_then(|s| s.storage_class_name.clone());
+            if let Some(class) = class {
+                if !observed.wait_for_consumer.contains(&class) {
+                    let wffc = classes
+                        .get_opt(&class)
+                        .await?
+                        .and_then(|c| c.volume_binding_mode)
+                        .is_some_and(|m| m == "WaitForFirstConsumer");
+                    if wffc {
+                        observed.wait_for_consumer.push(class);
+                    }
+                }
+            }
+            observed.targets.insert(t.name.clone(), pvc);
+        }
+    }
+    Ok(observed)
+}
