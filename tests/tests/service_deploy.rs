@@ -457,7 +457,9 @@ fn the_chart_rbac_is_deploy_operator_rbac() {
             "nodes",
             "persistentvolumes",
             "storageclasses",
-            "volumeattachments"
+            "storageclassprofiles",
+            "volumeattachments",
+            "volumesnapshotclasses"
         ]),
         "with watched namespaces only cluster-scoped resources are in the ClusterRole"
     );

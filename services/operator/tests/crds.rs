@@ -88,6 +88,11 @@ fn kinds_names_and_columns() {
                 "Namespaced".into(),
                 vec!["frs".into()]
             ),
+            (
+                "storageclassprofiles.ferry.dev".into(),
+                "Cluster".into(),
+                vec!["fscp".into()]
+            ),
         ]
     );
     let transfer = crd("Transfer");

@@ -4,6 +4,7 @@
 mod support;
 
 mod backup;
+mod clone;
 mod crds;
 mod leader;
 mod manifests;
