@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::DynamicObject;
 use kube::core::ObjectMeta;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -15,7 +16,8 @@ use serde_json::Value;
 use crate::controller::context::UID_RANGE_ANNOTATION;
 use crate::controller::secrets;
 use crate::crd::{
-    Backup, BackupRepository, BackupSchedule, Checksum, Restore, Transfer, VolumeImageSource,
+    Backup, BackupRepository, BackupSchedule, Checksum, Restore, StorageClassProfile, Transfer,
+    VolumeImageSource,
 };
 
 /// Why the file cannot be rendered.
@@ -104,18 +106,16 @@ pub struct Cluster {
     pub secrets: BTreeMap<(String, String), BTreeSet<String>>,
     /// Namespaces whose pods get their user IDs from a range (OpenShift).
     pub assigning_ids: BTreeSet<String>,
+    /// StorageClassProfiles (cluster-scoped).
+    pub profiles: Vec<StorageClassProfile>,
+    /// VolumeSnapshotClasses (cluster-scoped).
+    pub snapshot_classes: Vec<DynamicObject>,
     /// Objects read for context that no plan looks at yet, by kind.
     pub context: BTreeMap<String, usize>,
 }
 
 /// Kinds read for context only.
-const CONTEXT_KINDS: [&str; 5] = [
-    "PersistentVolume",
-    "VolumeSnapshotClass",
-    "CSINode",
-    "VolumeAttachment",
-    "Node",
-];
+const CONTEXT_KINDS: [&str; 4] = ["PersistentVolume", "CSINode", "VolumeAttachment", "Node"];
 
 /// The namespace of an object, `default` when it names none (as kubectl applies it).
 pub fn namespace_of(meta: &ObjectMeta) -> String {
@@ -196,6 +196,14 @@ impl Cluster {
                 let key = (namespace_of(&v.metadata), name_of(&v.metadata));
                 unique(document, &kind, &key, self.sources.contains_key(&key))?;
                 self.sources.insert(key, v);
+            }
+            ("ferry.dev", "StorageClassProfile") => {
+                let p: StorageClassProfile = typed(document, &kind, value)?;
+                self.profiles.push(p);
+            }
+            ("snapshot.storage.k8s.io", "VolumeSnapshotClass") => {
+                let c: DynamicObject = typed(document, &kind, value)?;
+                self.snapshot_classes.push(c);
             }
             ("storage.k8s.io", "StorageClass") => {
                 let c: StorageClass = typed(document, &kind, value)?;

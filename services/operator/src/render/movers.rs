@@ -8,6 +8,9 @@ use std::collections::BTreeMap;
 use kube::Resource as _;
 use serde_json::Value;
 
+use crate::clone::plan as clone_plan;
+use crate::clone::reconcile as clone_reconcile;
+use crate::clone::strategy::{self, Decision};
 use crate::controller::finalizer::FINALIZER;
 use crate::controller::kind::{Ids, MoverKind};
 use crate::controller::life::HasLife;
@@ -15,8 +18,9 @@ use crate::controller::limits::{self, Slot};
 use crate::controller::plan::{self, Plan, Setup};
 use crate::controller::restore::{named_snapshot, snapshot_in};
 use crate::crd::status::condition::{reason, READY};
-use crate::crd::{Backup, Phase, Restore};
+use crate::crd::{Backup, Phase, Restore, Transfer};
 use crate::mover::layout::{CLIENT_CA_KEY, TLS_CERT_KEY, TLS_KEY_KEY, TOKEN_KEY};
+use crate::schedule::build::SnapshotState;
 
 use super::{Look, Options, RenderError, Resource, World, REDACTED};
 
@@ -62,6 +66,9 @@ impl Resource {
     ) -> Result<(Look, String), RenderError> {
         match self {
             Resource::Transfer(r) => {
+                if let Some((look, note)) = clone(r.as_mut(), world) {
+                    return Ok((look, note));
+                }
                 let (look, note, status) = look(r.as_mut(), world, options)?;
                 r.status = status.or(r.status.take());
                 Ok((look, note))
@@ -107,6 +114,111 @@ impl Resource {
             }
         }
     }
+}
+
+/// A Transfer from a claim, as [`crate::clone::reconcile`] decides it: a storage clone is
+/// planned whole (the snapshot, as ready; the target claims, as bound; Succeeded); a copy
+/// records its fallback reason and goes on to the mover's look (None).
+fn clone(t: &mut Transfer, world: &mut World<'_>) -> Option<(Look, String)> {
+    let status = t.status.clone().unwrap_or_default();
+    if t.spec.source.pvc.is_none()
+        || status.clone_strategy.is_some()
+        || status.phase.is_final()
+        || status.mover_pod.is_some()
+        || t.metadata.deletion_timestamp.is_some()
+        || t.spec.validate().is_err()
+    {
+        return None;
+    }
+    let ids = Ids {
+        namespace: t.metadata.namespace.clone().unwrap_or_default(),
+        name: t.metadata.name.clone().unwrap_or_default(),
+        uid: t.metadata.uid.clone().unwrap_or_default(),
+    };
+    let claims = world.claims_in(&ids.namespace);
+    let source = t
+        .spec
+        .source
+        .pvc
+        .as_ref()
+        .and_then(|p| claims.get(&p.name))?;
+    let classes: Vec<_> = world.cluster.classes.values().cloned().collect();
+    let facts = clone_reconcile::facts(
+        Some(source),
+        &classes,
+        &world.cluster.profiles,
+        &world.cluster.snapshot_classes,
+    );
+    let decision = strategy::decide(t, &facts);
+    let mut next = status.clone();
+    next.clone_strategy = Some(decision.name().to_string());
+    match &decision {
+        Decision::Copy { fallback } => {
+            next.clone_fallback_reason = fallback.clone();
+            t.status = Some(next);
+            None
+        }
+        Decision::Refused(why) => {
+            let failed = plan::failed(t, &next, reason::INVALID_SPEC, why);
+            let note = note_of(&failed);
+            t.status = Some(failed);
+            Some((Look::Settled, note))
+        }
+        Decision::Snapshot { .. } | Decision::CsiClone => {
+            let mut seen = clone_plan::Observed::default();
+            if let Decision::Snapshot { class } = &decision {
+                world.create(&clone_plan::volume_snapshot(t, &ids, class));
+                next.clone_snapshot = Some(clone_plan::snapshot_name(&ids.name));
+                seen.snapshot = Some(SnapshotState::Ready(None));
+            }
+            if let clone_plan::Step::Claims(pvcs) = clone_plan::next(t, &ids, &decision, &seen) {
+                for pvc in &pvcs {
+                    world.create_claim(pvc);
+                    seen.targets
+                        .insert(pvc.metadata.name.clone().unwrap_or_default(), bound(pvc));
+                }
+            }
+            match clone_plan::next(t, &ids, &decision, &seen) {
+                clone_plan::Step::Done(text) => {
+                    next.targets = t
+                        .spec
+                        .targets
+                        .iter()
+                        .filter_map(|target| target.pvc_template.as_ref())
+                        .map(|p| crate::crd::TargetStatus {
+                            name: format!("pvc/{}", p.name),
+                            phase: Phase::Succeeded,
+                            ..Default::default()
+                        })
+                        .collect();
+                    let done = plan::with_life(t, &next, |l| {
+                        l.finish(Phase::Succeeded, reason::SUCCEEDED, Some(&text))
+                    });
+                    t.status = Some(done);
+                    let note = format!("Succeeded ({}): {text}", decision.name());
+                    Some((Look::Started, note))
+                }
+                clone_plan::Step::Conflict(text) => {
+                    let failed = plan::failed(t, &next, reason::INVALID_SPEC, &text);
+                    let note = note_of(&failed);
+                    t.status = Some(failed);
+                    Some((Look::Settled, note))
+                }
+                _ => None,
+            }
+        }
+    }
+}
+
+fn bound(
+    pvc: &k8s_openapi::api::core::v1::PersistentVolumeClaim,
+) -> k8s_openapi::api::core::v1::PersistentVolumeClaim {
+    let mut bound = pvc.clone();
+    bound.status = Some(k8s_openapi::api::core::v1::PersistentVolumeClaimStatus {
+        phase: Some("Bound".into()),
+        ..Default::default()
+    });
+    bound
 }
 
 /// A Backup as written back: without the never-stored lookup.

@@ -564,3 +564,77 @@ fn the_examples_render() {
         }
     }
 }
+
+/// A Transfer from a claim into new claims is planned as the reconciler decides it: a
+/// VolumeSnapshot of the source and each target restored from it when the source's driver
+/// has a VolumeSnapshotClass (no mover); a copy saying why when it has none.
+#[test]
+fn a_clone_is_planned_by_its_strategy() {
+    let base = "
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: rbd}
+provisioner: rbd.csi.ceph.com
+allowVolumeExpansion: true
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: golden, namespace: vms}
+spec:
+  storageClassName: rbd
+  volumeMode: Block
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 10Gi}}
+---
+apiVersion: ferry.dev/v1alpha1
+kind: Transfer
+metadata: {name: rollout, namespace: vms, uid: 6d1c2b1e-0000-4000-8000-00000000c10e}
+spec:
+  source: {pvc: {name: golden}}
+  targets:
+    - pvcTemplate: {name: vm-1, size: 10Gi, storageClassName: rbd, volumeMode: Block}
+    - pvcTemplate: {name: vm-2, size: 10Gi, storageClassName: rbd, volumeMode: Block}
+";
+    let with_class = format!(
+        "{base}---
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshotClass
+metadata: {{name: rbd-snap}}
+driver: rbd.csi.ceph.com
+deletionPolicy: Delete
+"
+    );
+    let rendered = run(&with_class, 0);
+    assert_eq!(
+        listed(&rendered),
+        [
+            ("VolumeSnapshot".to_string(), "rollout-clone".to_string()),
+            ("PersistentVolumeClaim".into(), "vm-1".into()),
+            ("PersistentVolumeClaim".into(), "vm-2".into()),
+            ("Transfer".into(), "rollout".into()),
+        ]
+    );
+    let snapshot = object(&rendered, "VolumeSnapshot", "rollout-clone");
+    assert_eq!(snapshot["spec"]["volumeSnapshotClassName"], "rbd-snap");
+    assert_eq!(
+        object(&rendered, "PersistentVolumeClaim", "vm-2")["spec"]["dataSource"]["name"],
+        "rollout-clone"
+    );
+    let status = &object(&rendered, "Transfer", "rollout")["status"];
+    assert_eq!(status["phase"], "Succeeded");
+    assert_eq!(status["cloneStrategy"], "snapshot");
+    assert_eq!(
+        status["message"],
+        "2 claims restored from VolumeSnapshot rollout-clone"
+    );
+
+    let rendered = run(base, 0);
+    let kinds: Vec<String> = listed(&rendered).into_iter().map(|(k, _)| k).collect();
+    assert!(kinds.contains(&"Pod".to_string()), "{kinds:?}");
+    let status = &object(&rendered, "Transfer", "rollout")["status"];
+    assert_eq!(status["cloneStrategy"], "copy");
+    assert_eq!(
+        status["cloneFallbackReason"],
+        "no VolumeSnapshotClass of driver rbd.csi.ceph.com"
+    );
+}
