@@ -110,7 +110,7 @@ pub struct Observed {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
     /// Create the VolumeSnapshot of the source.
-    Snapshot(DynamicObject),
+    Snapshot(Box<DynamicObject>),
     /// Create these target claims.
     Claims(Vec<PersistentVolumeClaim>),
     /// Nothing to create; not done yet: the Running condition's reason and message.
@@ -138,7 +138,7 @@ pub fn next(transfer: &Transfer, ids: &Ids, decision: &Decision, observed: &Obse
     let mut restore_size = None;
     if let Decision::Snapshot { class } = decision {
         match &observed.snapshot {
-            None => return Step::Snapshot(volume_snapshot(transfer, ids, class)),
+            None => return Step::Snapshot(Box::new(volume_snapshot(transfer, ids, class))),
             Some(SnapshotState::Pending(error)) => {
                 let name = snapshot_name(&ids.name);
                 return Step::Wait {

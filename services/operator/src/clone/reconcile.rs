@@ -122,7 +122,7 @@ async fn clone_step(
         Step::Snapshot(snapshot) => {
             let api: Api<DynamicObject> =
                 Api::namespaced_with(ctx.client.clone(), &ids.namespace, &volume_snapshot_api());
-            match api.create(&PostParams::default(), &snapshot).await {
+            match api.create(&PostParams::default(), snapshot.as_ref()).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(e)) if e.code == 409 => {}
                 Err(kube::Error::Api(e)) if claims::refused(e.code) => {
