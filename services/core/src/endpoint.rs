@@ -112,10 +112,11 @@ pub trait Target: Send + Sync + 'static {
 
     fn caps(&self) -> Caps;
 
-    /// Whether writes may reach past [`Target::size`] and [`Target::set_end`] sets the
-    /// image's length: a regular file, an S3 upload opened for a stream of unknown size.
-    /// A target that cannot grow (a block device, an NBD export, an iSCSI LUN) holds at
-    /// most `size()` bytes. Default: it cannot.
+    /// Whether [`Target::set_end`] sets the image's length: a regular file or an S3
+    /// upload opened for a source of unknown size ([`UNKNOWN_SIZE`]). Its `size()` is then
+    /// the most it can take ([`UNKNOWN_SIZE`] for a file). A target that cannot grow (a
+    /// block device, an NBD export, an iSCSI LUN) holds at most `size()` bytes and keeps
+    /// the bytes past a shorter image. Default: it cannot.
     fn can_grow(&self) -> bool {
         false
     }

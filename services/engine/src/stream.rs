@@ -5,8 +5,9 @@
 //! read a request with [`Source::read_some`], split it into zero and data runs, write
 //! the data and merge the zero runs across requests, until a read comes back short. The
 //! end is then the image's size: a target that can grow takes it ([`Target::set_end`]);
-//! one that cannot holds at most its own size, and a stream longer than that fails the
-//! copy with the lengths named (nothing is reported as copied). A shorter stream leaves
+//! one that cannot holds at most its own size (as a growing one holds at most what its
+//! `size()` says), and a stream longer than that fails the copy with the lengths named
+//! (nothing is reported as copied; the target is aborted). A shorter stream leaves
 //! the bytes past it as they were, as a smaller source of known size does.
 //!
 //! The block hash (or SHA-256) needs the size only at its very end, so it is taken in
@@ -116,17 +117,24 @@ fn request_size(source: &dyn Source, target: &dyn Target, options: &CopyOptions)
     Geometry::new(u64::MAX, source.caps(), target.caps(), &options)
 }
 
-/// The error for a stream longer than a target that cannot grow.
+/// The error for a stream longer than the target can hold.
 fn longer_than(target: &dyn Target) -> Error {
-    Error::new(
-        ErrorKind::InvalidInput,
+    let message = if target.can_grow() {
         format!(
-            "the source is longer than the target's {} bytes (its size was not known before \
-             it was read): use a larger target, or one that can grow (a file, an S3 object)",
+            "the source is longer than the {} bytes this target takes of a source whose \
+             size is not known before it is read: give the size with --source-size (or \
+             count it with --prescan)",
             target.size()
-        ),
-    )
-    .with_endpoint(target.describe())
+        )
+    } else {
+        format!(
+            "the source is longer than the target's {} bytes (its size was not known \
+             before it was read): use a larger target, or one that can grow (a file, an S3 \
+             object)",
+            target.size()
+        )
+    };
+    Error::new(ErrorKind::InvalidInput, message).with_endpoint(target.describe())
 }
 
 /// Copies `source`, whose size is not known, to `target`; hashes what it reads into
@@ -198,11 +206,8 @@ async fn stream_loop(
     progress: &Progress,
     hash: &mut Option<StreamHash>,
 ) -> Result<u64> {
-    let limit = if target.can_grow() {
-        u64::MAX
-    } else {
-        target.size()
-    };
+    // A target that grows says how far it can (a file: without limit).
+    let limit = target.size();
     let zero_mode = if options.sparse_size == 0 {
         ZeroMode::Allocate
     } else {
@@ -370,7 +375,116 @@ pub(crate) async fn checksum_stream(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{checksum, copy, copy_and_verify, Stage, Stages, Verify};
     use ferry_blkhash::digest_bytes;
+    use ferry_testkit::{MemSource, RecordingTarget, GARBAGE};
+
+    /// An image of `len` bytes: data, a zero run across request boundaries, data, and
+    /// zeroes to the end.
+    fn image(len: usize) -> Vec<u8> {
+        let mut data: Vec<u8> = (0..len).map(|i| (i % 253) as u8 | 1).collect();
+        data[len / 4..len / 2].fill(0);
+        data[len * 3 / 4..].fill(0);
+        data
+    }
+
+    fn small_requests() -> CopyOptions {
+        CopyOptions {
+            request_size: Some(64 * 1024),
+            ..CopyOptions::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stream_fills_a_larger_target_up_to_its_end_and_leaves_the_rest() {
+        let data = image(1_000_003);
+        let source = Arc::new(MemSource::new(data.clone()).with_unknown_size());
+        let target = RecordingTarget::new(2_000_000);
+        let progress = Progress::new();
+        let report = copy(
+            source,
+            Arc::new(target.clone()),
+            &small_requests(),
+            &progress,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(report.size, data.len() as u64);
+        assert!(report.size_learned);
+        let held = target.data();
+        assert!(held[..data.len()] == data[..]);
+        assert!(held[data.len()..].iter().all(|&b| b == GARBAGE));
+        assert!(target.is_finished());
+        let snap = progress.snapshot();
+        assert_eq!((snap.total, snap.done), (report.size, report.size));
+        assert_eq!(progress.checkpoint().committed, vec![(0, report.size)]);
+        assert!(report.zero_bytes >= data.len() as u64 / 2, "{report:?}");
+    }
+
+    #[tokio::test]
+    async fn a_stream_longer_than_a_fixed_target_fails_and_aborts_it() {
+        let source = Arc::new(MemSource::new(image(300_000)).with_unknown_size());
+        let target = RecordingTarget::new(200_000);
+        let err = copy(
+            source,
+            Arc::new(target.clone()),
+            &small_requests(),
+            &Progress::new(),
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+        assert!(
+            err.to_string()
+                .contains("the source is longer than the target's 200000 bytes"),
+            "{err}"
+        );
+        assert!(target.is_aborted() && !target.is_finished());
+    }
+
+    #[tokio::test]
+    async fn checksum_and_verified_copy_of_a_stream_are_the_images_block_hash() {
+        let data = image(700_001);
+        let want = digest_bytes(&data).to_vec();
+        let source = Arc::new(MemSource::new(data.clone()).with_unknown_size());
+        let progress = Progress::new();
+        let digest = checksum(
+            source.clone(),
+            &ChecksumOptions::default(),
+            &progress,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(digest.bytes, want);
+        assert_eq!(progress.snapshot().total, data.len() as u64);
+
+        let target = RecordingTarget::new(800_000);
+        let read_back: Arc<dyn Source> = Arc::new(MemSource::new(data.clone()));
+        let stages = Stages {
+            copy: Progress::new(),
+            verify: Progress::new(),
+            entered: &|_: Stage| {},
+        };
+        let done = copy_and_verify(
+            source,
+            Arc::new(target),
+            &small_requests(),
+            Some(Verify {
+                checksum: ChecksumOptions::default(),
+                read_back: || async move { Ok(read_back) },
+            }),
+            &stages,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+        let v = done.verification.unwrap();
+        assert_eq!(v.source.bytes, want);
+        assert_eq!(v.target.bytes, want);
+    }
 
     #[test]
     fn the_stream_hash_is_the_block_hash_however_the_bytes_are_cut() {

@@ -156,7 +156,11 @@ impl Target for FileTarget {
     }
 
     fn size(&self) -> u64 {
-        self.handle().size
+        if self.shared.grows {
+            UNKNOWN_SIZE
+        } else {
+            self.handle().size
+        }
     }
 
     fn caps(&self) -> Caps {

@@ -307,7 +307,11 @@ impl Target for NfsTarget {
     }
 
     fn size(&self) -> u64 {
-        self.file.size
+        if self.grows {
+            UNKNOWN_SIZE
+        } else {
+            self.file.size
+        }
     }
 
     fn caps(&self) -> Caps {
