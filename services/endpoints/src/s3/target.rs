@@ -734,17 +734,18 @@ impl Upload {
                 return None;
             };
             // The part is short: it is complete once its first `len` bytes are.
-            (filling.covered.total() >= len || filling.covered.first_gap() >= len).then(|| {
-                let content = match filling.buf.take() {
-                    Some(mut buf) => {
-                        buf.truncate(len as usize);
-                        Content::Data(buf)
-                    }
-                    None => Content::Zero(len as usize),
-                };
-                *slot = Slot::Sent;
-                (part, content)
-            })
+            if filling.covered.first_gap() < len {
+                return None;
+            }
+            let content = match filling.buf.take() {
+                Some(mut buf) => {
+                    buf.truncate(len as usize);
+                    Content::Data(buf)
+                }
+                None => Content::Zero(len as usize),
+            };
+            *slot = Slot::Sent;
+            Some((part, content))
         });
         self.advance_lowest();
         if let Some((part, content)) = tail {
