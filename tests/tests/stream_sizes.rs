@@ -121,7 +121,14 @@ fn gz_zst_and_unranged_xz_over_http_copy_into_new_files_at_their_length() {
 
     // Verified: the stream's block hash is taken in the copy's one pass.
     let out = scratch.path().join("verified.raw");
-    let run = ferry!().run(["copy", "--no-progress", "--verify", "--json", url.as_str(), s(&out)]);
+    let run = ferry!().run([
+        "copy",
+        "--no-progress",
+        "--verify",
+        "--json",
+        url.as_str(),
+        s(&out),
+    ]);
     run.assert_success();
     let summary = json(&run);
     assert_eq!(
@@ -148,7 +155,14 @@ fn gz_zst_and_unranged_xz_over_http_copy_into_new_files_at_their_length() {
     assert!(line.contains("--prescan"), "{line}");
     assert!(!a.exists() && !b.exists(), "a refused copy created targets");
     ferry!()
-        .run(["copy", "--no-progress", "--prescan", url.as_str(), s(&a), s(&b)])
+        .run([
+            "copy",
+            "--no-progress",
+            "--prescan",
+            url.as_str(),
+            s(&a),
+            s(&b),
+        ])
         .assert_success();
     qemu_img_compare(&served.raw, &a);
     qemu_img_compare(&served.raw, &b);
@@ -166,7 +180,13 @@ fn checksums_of_streams_of_unknown_size_are_the_raw_images() {
         assert!(run.stdout.starts_with(&want), "{path}: {run}");
     }
     let url = served.nginx.url("disk.raw.gz");
-    let run = ferry!().run(["checksum", "--no-progress", "--algorithm", "sha256", url.as_str()]);
+    let run = ferry!().run([
+        "checksum",
+        "--no-progress",
+        "--algorithm",
+        "sha256",
+        url.as_str(),
+    ]);
     run.assert_success();
     let sha = ferry_tests::check::sha256_file(&served.raw);
     assert!(run.stdout.starts_with(&sha), "{run}");
@@ -212,7 +232,13 @@ fn fixed_size_targets_take_what_fits_and_refuse_a_longer_stream() {
             ..QemuNbd::default()
         },
     );
-    let run = ferry!().run(["copy", "--no-progress", "--json", url.as_str(), nbd.uri().as_str()]);
+    let run = ferry!().run([
+        "copy",
+        "--no-progress",
+        "--json",
+        url.as_str(),
+        nbd.uri().as_str(),
+    ]);
     run.assert_success();
     let summary = json(&run);
     assert_eq!(summary["size"], SIZE, "{summary}");
@@ -239,7 +265,13 @@ fn fixed_size_targets_take_what_fits_and_refuse_a_longer_stream() {
             ..QemuNbd::default()
         },
     );
-    let run = ferry!().run(["copy", "--no-progress", "--json", url.as_str(), nbd.uri().as_str()]);
+    let run = ferry!().run([
+        "copy",
+        "--no-progress",
+        "--json",
+        url.as_str(),
+        nbd.uri().as_str(),
+    ]);
     let line = run.assert_clean_failure();
     assert!(
         line.contains(&format!(
@@ -248,7 +280,10 @@ fn fixed_size_targets_take_what_fits_and_refuse_a_longer_stream() {
         )),
         "{line}"
     );
-    assert!(run.stdout.is_empty(), "a failed copy printed a summary: {run}");
+    assert!(
+        run.stdout.is_empty(),
+        "a failed copy printed a summary: {run}"
+    );
 }
 
 /// A truncated and a corrupt gzip stream fail clearly (the job service reports them with
@@ -269,14 +304,23 @@ fn truncated_and_corrupt_streams_fail_as_corrupt() {
         let out = scratch.path().join(format!("{name}.out"));
         let run = ferry!().run(["copy", "--no-progress", "--json", url.as_str(), s(&out)]);
         let line = run.assert_clean_failure().to_string();
-        assert!(line.contains("gz stream does not decompress"), "{name}: {line}");
+        assert!(
+            line.contains("gz stream does not decompress"),
+            "{name}: {line}"
+        );
         if name.starts_with("cut") {
             assert!(line.contains("truncated"), "{name}: {line}");
         }
-        assert!(run.stdout.is_empty(), "{name}: a summary was printed: {run}");
+        assert!(
+            run.stdout.is_empty(),
+            "{name}: a summary was printed: {run}"
+        );
         let run = ferry!().run(["checksum", "--no-progress", url.as_str()]);
         let line = run.assert_clean_failure().to_string();
-        assert!(line.contains("gz stream does not decompress"), "{name}: {line}");
+        assert!(
+            line.contains("gz stream does not decompress"),
+            "{name}: {line}"
+        );
     }
 }
 
@@ -317,7 +361,14 @@ async fn a_stream_of_unknown_size_is_uploaded_to_s3_at_its_length() {
     let gz = format!("{r}.gz");
     let run = s3_ferry(
         &server,
-        &["copy", "--no-progress", "--json", "--verify", &gz, "s3://images/disk.raw"],
+        &[
+            "copy",
+            "--no-progress",
+            "--json",
+            "--verify",
+            &gz,
+            "s3://images/disk.raw",
+        ],
     )
     .await;
     run.assert_success();
@@ -332,7 +383,12 @@ async fn a_stream_of_unknown_size_is_uploaded_to_s3_at_its_length() {
     shell("gzip", "gzip", &format!("gzip -c {0} > {0}.gz", s(&empty)));
     let run = s3_ferry(
         &server,
-        &["copy", "--no-progress", &format!("{}.gz", s(&empty)), "s3://images/empty.raw"],
+        &[
+            "copy",
+            "--no-progress",
+            &format!("{}.gz", s(&empty)),
+            "s3://images/empty.raw",
+        ],
     )
     .await;
     run.assert_success();

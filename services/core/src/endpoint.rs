@@ -62,10 +62,7 @@ pub trait Source: Send + Sync + 'static {
     /// with its view cut to the bytes there were (empty at or past the end). The one way
     /// to read a source whose size is not known; the default serves sources whose size is.
     async fn read_some(&self, offset: u64, mut buf: IoBuf) -> Result<IoBuf> {
-        let n = self
-            .size()
-            .saturating_sub(offset)
-            .min(buf.len() as u64) as usize;
+        let n = self.size().saturating_sub(offset).min(buf.len() as u64) as usize;
         let start = buf.view().start;
         buf.set_view(start, n);
         if n == 0 {

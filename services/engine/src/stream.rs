@@ -110,7 +110,11 @@ impl StreamHash {
 
 /// The request size a stream is read in: the copy's own choice, clamped to both ends'
 /// block limits as every copy is.
-fn request_size(source: &dyn Source, target: &dyn Target, options: &CopyOptions) -> Result<Geometry> {
+fn request_size(
+    source: &dyn Source,
+    target: &dyn Target,
+    options: &CopyOptions,
+) -> Result<Geometry> {
     // The geometry's size is only used to cut work units, which this loop has none of.
     let mut options = options.clone();
     options.workers = 1;
@@ -496,7 +500,14 @@ mod tests {
         }
         data[2 * BLOCK_SIZE..3 * BLOCK_SIZE].fill(0);
         let want = digest_bytes(&data).to_vec();
-        for cut in [1usize, 1000, BLOCK_SIZE - 1, BLOCK_SIZE, 3 * BLOCK_SIZE + 7, data.len()] {
+        for cut in [
+            1usize,
+            1000,
+            BLOCK_SIZE - 1,
+            BLOCK_SIZE,
+            3 * BLOCK_SIZE + 7,
+            data.len(),
+        ] {
             let mut h = StreamHash::new(HashAlgorithm::Blkhash);
             for piece in data.chunks(cut) {
                 h.update(piece);

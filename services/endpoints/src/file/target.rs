@@ -183,13 +183,14 @@ impl Target for FileTarget {
         self.exec
             .run(move || {
                 let h = &shared.handle;
-                let len = if shared.zeroed {
-                    end
-                } else {
-                    end.max(h.size)
-                };
+                let len = if shared.zeroed { end } else { end.max(h.size) };
                 super::sys::ftruncate(&h.file, len).map_err(|e| {
-                    h.error("set_end", len, &format!("cannot set the file's length to {len} bytes"), e)
+                    h.error(
+                        "set_end",
+                        len,
+                        &format!("cannot set the file's length to {len} bytes"),
+                        e,
+                    )
                 })?;
                 shared.end.store(len, Ordering::Release);
                 Ok(())

@@ -333,9 +333,13 @@ impl Target for NfsTarget {
         let f = &*self.file;
         let len = if f.created { end } else { end.max(f.size) };
         self.nfs.set_size(&f.fh, len).await.map_err(|e| {
-            doing_error(e, &format!("set the file's length to {len} bytes"), &f.config)
-                .with_operation("set_end")
-                .with_endpoint(f.describe.clone())
+            doing_error(
+                e,
+                &format!("set the file's length to {len} bytes"),
+                &f.config,
+            )
+            .with_operation("set_end")
+            .with_endpoint(f.describe.clone())
         })
     }
 

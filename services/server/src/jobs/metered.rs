@@ -248,7 +248,9 @@ impl Target for MeteredTarget {
     }
 
     async fn set_end(&self, end: u64) -> Result<()> {
-        self.meter.run("set_end", end, 0, self.inner.set_end(end)).await
+        self.meter
+            .run("set_end", end, 0, self.inner.set_end(end))
+            .await
     }
 
     async fn write_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {

@@ -627,7 +627,11 @@ pub(super) fn attempt_options(
     }
     copy.resume = resume;
     // 0 until the end for a source whose size shows only there.
-    let total = if size == ferry_core::UNKNOWN_SIZE { 0 } else { size };
+    let total = if size == ferry_core::UNKNOWN_SIZE {
+        0
+    } else {
+        size
+    };
     inner.update(id, |r| {
         r.progress.total = total;
         r.progress.resumed = resumed_bytes;
