@@ -216,7 +216,7 @@ async fn qcow2_and_zst_sources_are_transferred_as_their_images() {
         Some(digest(&ck_raw)),
         "{r:?}"
     );
-    let progress = done.progress.clone().unwrap();
+    let progress = done.progress.unwrap();
     assert_eq!(progress.total_bytes, 32 * MIB, "{progress:?}");
     // A checksum job of the stream: the raw image's digest and size.
     let ck_gz = e
