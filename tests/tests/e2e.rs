@@ -49,5 +49,6 @@ mod service_process;
 mod service_s3;
 mod service_schedules;
 mod snapshot_pages;
+mod stream_sizes;
 mod verify_larger_target;
 mod vm_formats_cli;

@@ -196,14 +196,52 @@ async fn qcow2_and_zst_sources_are_transferred_as_their_images() {
     };
     assert_eq!(digest(&ck), digest(&ck_raw));
 
-    // A gzip stream needs its size, given in the request.
+    // A gzip stream does not record its size: the job learns it at the stream's end (the
+    // target file is sized to it then), verified, and its progress has the total at the end.
     let gz = e.root.join("base.raw.gz");
     std::fs::write(&gz, sh("gzip", "gzip", &["-1", "-c", s(&raw)])).unwrap();
     let out = e.root.join("from-gz.raw");
-    let done = e.run(transfer(&gz, &out)).await;
+    let mut req = transfer(&gz, &out);
+    req.options.as_mut().unwrap().verify = true;
+    let done = e.run(req).await;
+    assert_eq!(state(&done), JobState::Succeeded, "{:?}", done.error);
+    compare("raw", &raw, &out);
+    assert_eq!(std::fs::metadata(&out).unwrap().len(), 32 * MIB);
+    let Some(proto::job::Result::TransferResult(r)) = &done.result else {
+        panic!("no transfer result: {done:?}")
+    };
+    assert_eq!(r.size, 32 * MIB);
+    assert_eq!(
+        r.source_digest.as_ref().map(|d| d.hex.clone()),
+        Some(digest(&ck_raw)),
+        "{r:?}"
+    );
+    let progress = done.progress.unwrap();
+    assert_eq!(progress.total_bytes, 32 * MIB, "{progress:?}");
+    // A checksum job of the stream: the raw image's digest and size.
+    let ck_gz = e
+        .client
+        .start_checksum(checksum(&gz))
+        .await
+        .unwrap()
+        .into_inner();
+    let ck_gz = wait_terminal(&mut e.client, &ck_gz.id, LIMIT).await;
+    assert_eq!(digest(&ck_gz), digest(&ck_raw));
+    match &ck_gz.result {
+        Some(proto::job::Result::ChecksumResult(c)) => assert_eq!(c.size, 32 * MIB),
+        other => panic!("no checksum result: {other:?}"),
+    }
+    // A truncated stream fails the job as corrupt.
+    let gz_bytes = std::fs::read(&gz).unwrap();
+    let cut = e.root.join("cut.raw.gz");
+    std::fs::write(&cut, &gz_bytes[..gz_bytes.len() / 2]).unwrap();
+    let done = e.run(transfer(&cut, &e.root.join("from-cut.raw"))).await;
     assert_eq!(state(&done), JobState::Failed);
-    assert!(done.error.unwrap().message.contains("image_size"));
-    let _ = std::fs::remove_file(&out);
+    let error = done.error.unwrap();
+    assert_eq!(error.kind, "corrupt", "{}", error.message);
+    assert!(error.message.contains("truncated"), "{}", error.message);
+    // With the size given, as before.
+    let out = e.root.join("from-gz-sized.raw");
     let req = with_source(transfer(&gz, &out), |s| s.image_size = Some(32 * MIB));
     let done = e.run(req).await;
     assert_eq!(state(&done), JobState::Succeeded, "{:?}", done.error);

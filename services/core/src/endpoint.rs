@@ -6,6 +6,11 @@ use async_trait::async_trait;
 
 use crate::{Caps, Error, Extent, IoBuf, Result};
 
+/// What [`Source::size`] answers for a source whose size shows only at its end (see
+/// [`Source::size_known`]): no image is this large, so a caller that forgets to ask fails
+/// loudly (a target cannot be sized to it) instead of copying nothing.
+pub const UNKNOWN_SIZE: u64 = u64::MAX;
+
 /// How a target may satisfy a request to write zeroes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ZeroMode {
@@ -25,8 +30,17 @@ pub trait Source: Send + Sync + 'static {
     /// The endpoint as it may appear in logs and errors (secrets redacted).
     fn describe(&self) -> String;
 
-    /// The image size in bytes.
+    /// The image size in bytes ([`UNKNOWN_SIZE`] when [`Source::size_known`] is false).
     fn size(&self) -> u64;
+
+    /// Whether the size is known before the image is read. A stream whose length shows
+    /// only at its end (a gzip stream, a zstd frame that does not record it) answers
+    /// false: it is read front to back with [`Source::read_some`] until that comes back
+    /// short, and its `size()` is [`UNKNOWN_SIZE`]. Such a source is always
+    /// [`Caps::sequential_read`].
+    fn size_known(&self) -> bool {
+        true
+    }
 
     fn caps(&self) -> Caps;
 
@@ -43,6 +57,19 @@ pub trait Source: Send + Sync + 'static {
 
     /// Fills the buffer's whole view with the bytes at `offset`, or fails.
     async fn read_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf>;
+
+    /// Reads as [`Source::read_at`] does, except at the image's end: the buffer comes back
+    /// with its view cut to the bytes there were (empty at or past the end). The one way
+    /// to read a source whose size is not known; the default serves sources whose size is.
+    async fn read_some(&self, offset: u64, mut buf: IoBuf) -> Result<IoBuf> {
+        let n = self.size().saturating_sub(offset).min(buf.len() as u64) as usize;
+        let start = buf.view().start;
+        buf.set_view(start, n);
+        if n == 0 {
+            return Ok(buf);
+        }
+        self.read_at(offset, buf).await
+    }
 
     /// A handle for another worker.
     async fn connect(&self) -> Result<Arc<dyn Source>>;
@@ -81,6 +108,23 @@ pub trait Target: Send + Sync + 'static {
     fn size(&self) -> u64;
 
     fn caps(&self) -> Caps;
+
+    /// Whether [`Target::set_end`] sets the image's length: a regular file or an S3
+    /// upload opened for a source of unknown size ([`UNKNOWN_SIZE`]). Its `size()` is then
+    /// the most it can take ([`UNKNOWN_SIZE`] for a file). A target that cannot grow (a
+    /// block device, an NBD export, an iSCSI LUN) holds at most `size()` bytes and keeps
+    /// the bytes past a shorter image. Default: it cannot.
+    fn can_grow(&self) -> bool {
+        false
+    }
+
+    /// Called once, before [`Target::finish`], when a source of unknown size ended after
+    /// `end` bytes, all of them written: a target that can grow takes that length (a file
+    /// created for the copy is cut or extended to it). Default: nothing to do (the target
+    /// keeps its size; bytes past `end` stay as they were).
+    async fn set_end(&self, _end: u64) -> Result<()> {
+        Ok(())
+    }
 
     /// Whether the target is known to read as zeroes everywhere (for example a file this
     /// copy just created), so zero ranges need no write at all.

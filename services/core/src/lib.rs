@@ -20,7 +20,7 @@ pub mod spec;
 
 pub use buf::{IoBuf, IO_ALIGN};
 pub use caps::{BlockSizes, Caps};
-pub use endpoint::{Source, Target, ZeroMode};
+pub use endpoint::{Source, Target, ZeroMode, UNKNOWN_SIZE};
 pub use error::{Context, Error, ErrorKind, Result};
 pub use extent::{merge_extents, Extent, ExtentKind};
 pub use secret::Secret;

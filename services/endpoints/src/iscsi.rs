@@ -23,7 +23,7 @@ use async_trait::async_trait;
 use ferry_core::spec::IscsiSpec;
 use ferry_core::{
     BlockSizes, Caps, EndpointSpec, Error, ErrorKind, Extent, IoBuf, Result, Source, Target,
-    ZeroMode,
+    ZeroMode, UNKNOWN_SIZE,
 };
 use ferry_iscsi::scsi::LbaStatus;
 use ferry_iscsi::{Chap, Config, Device};
@@ -517,7 +517,8 @@ impl IscsiTarget {
     /// Opens the LUN to write `size` bytes; a LUN smaller than that is an error.
     pub async fn open(spec: &IscsiSpec, size: u64, options: &IscsiOptions) -> Result<Self> {
         let lu = Lu::open(spec, options).await?;
-        if lu.size() < size {
+        // UNKNOWN_SIZE: a stream of unknown size, which the copy fits into the LUN.
+        if size != UNKNOWN_SIZE && lu.size() < size {
             return Err(Error::invalid_input(format!(
                 "the LUN holds {} bytes, less than the {size} to write",
                 lu.size()
@@ -525,7 +526,7 @@ impl IscsiTarget {
             .with_operation("open")
             .with_endpoint(lu.shared.describe.clone()));
         }
-        let known_zero = lu.reads_as_zero(size).await;
+        let known_zero = lu.reads_as_zero(size.min(lu.size())).await;
         Ok(Self {
             lu,
             background: Arc::new(BackgroundFlush::new(DEFAULT_BACKGROUND_FLUSH)),

@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use ferry_core::spec::{NbdAddress, NbdSpec};
 use ferry_core::{
     merge_extents, BlockSizes, Caps, Error, ErrorKind, Extent, IoBuf, Result, Source, Target,
-    ZeroMode,
+    ZeroMode, UNKNOWN_SIZE,
 };
 use ferry_nbd::{proto, Address, Client, Config, TlsConfig, ZeroFlags};
 
@@ -688,7 +688,8 @@ impl NbdTarget {
             .with_operation("open")
             .with_endpoint(describe));
         }
-        if export.size() < size {
+        // UNKNOWN_SIZE: a stream of unknown size, which the copy fits into the export.
+        if size != UNKNOWN_SIZE && export.size() < size {
             return Err(Error::invalid_input(format!(
                 "the export has {} bytes, fewer than the {size} to write",
                 export.size()

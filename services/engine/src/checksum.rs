@@ -45,6 +45,17 @@ pub async fn checksum(
     cancel: &CancellationToken,
 ) -> Result<Digest> {
     options.validate()?;
+    if !source.size_known() {
+        let work = crate::stream::checksum_stream(&source, options, progress);
+        return tokio::select! {
+            biased;
+            _ = cancel.cancelled() => Err(Error::cancelled()),
+            r = work => r.map(|(bytes, _)| Digest {
+                algorithm: options.algorithm,
+                bytes,
+            }),
+        };
+    }
     let work = async {
         let size = source.size();
         progress.start(size, 0);

@@ -33,6 +33,8 @@ pub struct CopyReport {
     /// Bytes handled as zeroes by this run.
     pub zero_bytes: u64,
     pub elapsed: Duration,
+    /// The source's size was not known before the copy: `size` is where it ended.
+    pub size_learned: bool,
 }
 
 /// State every worker of one copy shares.
@@ -74,6 +76,16 @@ pub(crate) async fn copy_tapped(
     cancel: &CancellationToken,
     tap: Option<Arc<BlockTap>>,
 ) -> Result<CopyReport> {
+    if !source.size_known() {
+        if tap.is_some() {
+            let _ = target.abort().await;
+            return Err(Error::internal(
+                "a source of unknown size is hashed by the stream copy, not a block tap",
+            ));
+        }
+        return crate::stream::copy_stream(source, target, options, progress, cancel, &mut None)
+            .await;
+    }
     let started = Instant::now();
     let shared = match prepare(&source, &target, options, progress, tap) {
         Ok(shared) => Arc::new(shared),
@@ -103,6 +115,7 @@ pub(crate) async fn copy_tapped(
         data_bytes: snap.data_bytes,
         zero_bytes: snap.zero_bytes,
         elapsed: started.elapsed(),
+        size_learned: false,
     })
 }
 

@@ -125,6 +125,14 @@ impl FanOut {
         if targets.is_empty() {
             return Err(Error::invalid_input("a fan-out needs at least one target"));
         }
+        if !source.size_known() {
+            return Err(Error::unsupported(
+                "the source's size is not known before it is read (a compressed stream that \
+                 does not record it), and a copy to several targets needs it: give it with \
+                 --source-size, count it first with --prescan, or copy to one target",
+            )
+            .with_endpoint(source.describe()));
+        }
         if let Some(small) = targets.iter().find(|t| t.size() < size) {
             return Err(Error::invalid_input(format!(
                 "the target ({} bytes) is smaller than the source ({size} bytes)",

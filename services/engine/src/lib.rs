@@ -29,6 +29,7 @@ mod rate;
 mod readback;
 mod sequencer;
 mod sha256;
+mod stream;
 mod tap;
 mod verified;
 mod zero;

@@ -43,7 +43,7 @@ impl Checkpoint {
 /// A point-in-time copy of the counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ProgressSnapshot {
-    /// Bytes to process.
+    /// Bytes to process; 0 while a source whose size shows only at its end is read.
     pub total: u64,
     /// Bytes processed (including ranges a resumed copy skipped).
     pub done: u64,
@@ -98,6 +98,12 @@ impl Progress {
         i.done.store(already_done, Ordering::Relaxed);
         i.data_bytes.store(0, Ordering::Relaxed);
         i.zero_bytes.store(0, Ordering::Relaxed);
+    }
+
+    /// Sets the total once it is known: a source whose size shows only at its end runs
+    /// with a total of 0 until then.
+    pub fn set_total(&self, total: u64) {
+        self.inner.total.store(total, Ordering::Relaxed);
     }
 
     /// Counts bytes moved as data.

@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::checksum::read_back_check;
 use crate::copy::copy_tapped;
 use crate::readback::{Gate, Gated};
+use crate::stream::{copy_stream, StreamHash};
 use crate::tap::BlockTap;
 use crate::{
     checksum, copy, ChecksumOptions, CopyOptions, CopyReport, Digest, HashAlgorithm, Progress,
@@ -148,6 +149,9 @@ where
     F: Future<Output = Result<Arc<dyn Source>>>,
 {
     (stages.entered)(Stage::Copy);
+    if !source.size_known() {
+        return verified_stream(source, target, options, verify, stages, cancel).await;
+    }
     let verify = match verify {
         Some(v) if hashes_in_flight(&v, options) => {
             return in_flight(source, target, options, v, stages, cancel).await;
@@ -177,6 +181,57 @@ where
                 stage: Stage::Verify,
                 error,
             })?;
+    Ok(VerifiedCopy {
+        copy: report,
+        verification: Some(verification),
+    })
+}
+
+/// The verified copy of a source whose size is not known: its digest is taken by the
+/// copy's one pass (see `stream`), then the target's first `size` bytes, the length the
+/// stream turned out to have, are read back and hashed.
+async fn verified_stream<R, F>(
+    source: Arc<dyn Source>,
+    target: Arc<dyn Target>,
+    options: &CopyOptions,
+    verify: Option<Verify<R>>,
+    stages: &Stages<'_>,
+    cancel: &CancellationToken,
+) -> std::result::Result<VerifiedCopy, StageError>
+where
+    R: FnOnce() -> F,
+    F: Future<Output = Result<Arc<dyn Source>>>,
+{
+    let mut hash = verify
+        .as_ref()
+        .map(|v| StreamHash::new(v.checksum.algorithm));
+    let report = copy_stream(source, target, options, &stages.copy, cancel, &mut hash)
+        .await
+        .map_err(StageError::in_copy)?;
+    let (Some(verify), Some(hash)) = (verify, hash) else {
+        return Ok(VerifiedCopy {
+            copy: report,
+            verification: None,
+        });
+    };
+    (stages.entered)(Stage::Verify);
+    let started = Instant::now();
+    let size = report.size;
+    let source_digest = Digest {
+        algorithm: verify.checksum.algorithm,
+        bytes: hash.finish(size),
+    };
+    let read_back = open_read_back(verify.read_back).await?;
+    let name = read_back.describe();
+    let verification = async {
+        let target = prefix_view(read_back, size).await?;
+        let digest = checksum(target.clone(), &verify.checksum, &stages.verify, cancel).await;
+        let _ = target.close().await;
+        let digest = digest.map_err(|e| reworded(e, "verify: checksum of the target"))?;
+        check_equal(source_digest, digest, &name, size, started)
+    }
+    .await
+    .map_err(StageError::in_verify)?;
     Ok(VerifiedCopy {
         copy: report,
         verification: Some(verification),

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use ferry_core::{Error, ErrorKind, Result, Source};
+use ferry_core::{Error, ErrorKind, Result, Source, UNKNOWN_SIZE};
 
 use crate::detect::{detect, detect_tail, Detected, SourceFormat, MAGIC_LEN};
 use crate::ova::OvaDisk;
@@ -84,6 +84,8 @@ pub struct OpenOptions {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImageInfo {
     pub format: Detected,
+    /// The image's size; [`UNKNOWN_SIZE`] for a stream whose size shows only at its end
+    /// (see [`ImageInfo::size_known`]).
     pub virtual_size: u64,
     /// The image file's own size in bytes.
     pub file_size: u64,
@@ -112,6 +114,11 @@ pub struct ImageInfo {
 }
 
 impl ImageInfo {
+    /// Whether the image's size is known before it is read.
+    pub fn size_known(&self) -> bool {
+        self.virtual_size != UNKNOWN_SIZE
+    }
+
     /// What is known of any image: its format and sizes.
     pub fn plain(format: Detected, virtual_size: u64, file_size: u64) -> Self {
         Self {
@@ -301,7 +308,7 @@ async fn open_compressed(
 ) -> Result<(Arc<dyn Source>, ImageInfo)> {
     let file_size = bytes.size();
     let (image, layout) = open_stream(bytes, kind, options).await?;
-    let mut info = ImageInfo::plain(kind, layout.size, file_size);
+    let mut info = ImageInfo::plain(kind, layout.size.unwrap_or(UNKNOWN_SIZE), file_size);
     info.parallel_frames = layout.parallel_frames;
     Ok((image, info))
 }

@@ -197,11 +197,13 @@ async fn independent_frames_are_read_in_parallel_in_any_order() {
     for (hints, sized) in [(true, true), (false, true), (true, false)] {
         let bytes = zst_frames(&data, MIB, hints, sized);
         if !sized {
-            let err = open(bytes.clone(), SourceFormat::Auto, None, false)
+            // Without the prescan the frames are read front to back, the size learned
+            // at the end.
+            let (image, info) = open(bytes.clone(), SourceFormat::Auto, None, false)
                 .await
-                .err()
                 .unwrap();
-            assert!(err.to_string().contains("--prescan"), "{err}");
+            assert!(!info.size_known() && info.parallel_frames.is_none());
+            assert!(read_stream(image.as_ref(), MIB).await == data);
         }
         let (image, info) = open(bytes, SourceFormat::Auto, None, !sized).await.unwrap();
         assert_eq!(
@@ -226,27 +228,55 @@ async fn independent_frames_are_read_in_parallel_in_any_order() {
     }
 }
 
+/// Reads a source of unknown size front to back with `read_some` until it comes back
+/// short.
+async fn read_stream(image: &dyn Source, request: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let buf = image
+            .read_some(out.len() as u64, IoBuf::new(request))
+            .await
+            .unwrap();
+        out.extend_from_slice(&buf);
+        if buf.len() < request {
+            return out;
+        }
+    }
+}
+
 #[tokio::test]
-async fn sizes_are_required_where_unrecorded_and_checked() {
+async fn unrecorded_sizes_are_learned_at_the_end_or_given_and_checked() {
     let data = image();
-    let err = open(gzip(&data), SourceFormat::Auto, None, false)
+    let (image, info) = open(gzip(&data), SourceFormat::Auto, None, false)
         .await
-        .err()
         .unwrap();
-    assert_eq!(err.kind(), ErrorKind::InvalidInput);
-    assert!(err.to_string().contains("--prescan"), "{err}");
+    assert!(!info.size_known() && !image.size_known());
+    assert_eq!(image.size(), ferry_core::UNKNOWN_SIZE);
+    assert!(read_stream(image.as_ref(), MIB).await == data);
+    // A read past the end of a stream of unknown size is short, then empty.
+    let tail = image
+        .read_some(data.len() as u64 - 10, IoBuf::new(4096))
+        .await
+        .unwrap();
+    assert_eq!(tail.len(), 10);
+    let err = image
+        .read_at(data.len() as u64 - 10, IoBuf::new(4096))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
     let (image, info) = open(gzip(&data), SourceFormat::Auto, None, true)
         .await
         .unwrap();
     assert_eq!(info.virtual_size, data.len() as u64);
+    assert!(image.size_known());
     assert!(read_all(image.as_ref(), MIB).await == data);
     // zstd from a pipe records no size.
     let piped = zst_piped(&data);
-    let err = open(piped.clone(), SourceFormat::Auto, None, false)
+    let (image, info) = open(piped.clone(), SourceFormat::Auto, None, false)
         .await
-        .err()
         .unwrap();
-    assert!(err.to_string().contains("--source-size"), "{err}");
+    assert!(!info.size_known());
+    assert!(read_stream(image.as_ref(), 100_000).await == data);
     let (image, _) = open(piped, SourceFormat::Auto, Some(data.len() as u64), false)
         .await
         .unwrap();

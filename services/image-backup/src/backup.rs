@@ -198,6 +198,14 @@ pub async fn backup(
     cancel: &CancellationToken,
 ) -> Result<BackupReport> {
     let started = Instant::now();
+    if !source.size_known() {
+        return Err(Error::unsupported(
+            "the image's size is not known before it is read (a compressed stream that does \
+             not record it), and a backup needs it: give it with --source-size, or count it \
+             first with --prescan",
+        )
+        .with_endpoint(source.describe()));
+    }
     let size = source.size();
     let index = FixedIndex::new(size, repo.chunk_size())?;
     let (parent, full_reason) = choose_parent(repo, options, size).await?;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ferry_core::{merge_extents, Caps, Extent, IoBuf, Result, Source};
+use ferry_core::{merge_extents, Caps, Extent, IoBuf, Result, Source, UNKNOWN_SIZE};
 use parking_lot::Mutex;
 
 use crate::check_range;
@@ -57,6 +57,8 @@ pub struct MemSource {
     read_delay: Duration,
     /// Reads at or after this offset never complete.
     hang_from: Option<u64>,
+    /// Says its size is not known: a stream read with `read_some` until it ends.
+    unknown_size: bool,
     /// Shared with every clone and handle.
     pub stats: Arc<SourceStats>,
 }
@@ -71,8 +73,17 @@ impl MemSource {
             extent_limit: usize::MAX,
             read_delay: Duration::ZERO,
             hang_from: None,
+            unknown_size: false,
             stats: Arc::default(),
         }
+    }
+
+    /// A sequential source that does not know its size before it is read (as a gzip
+    /// stream): `size()` is [`UNKNOWN_SIZE`] and `read_some` comes back short at the end.
+    pub fn with_unknown_size(mut self) -> Self {
+        self.unknown_size = true;
+        self.caps.sequential_read = true;
+        self
     }
 
     /// Reports every all-zero `block`-sized block as a zero extent, as a sparse file
@@ -187,11 +198,29 @@ impl Source for MemSource {
     }
 
     fn size(&self) -> u64 {
-        self.len()
+        if self.unknown_size {
+            UNKNOWN_SIZE
+        } else {
+            self.len()
+        }
+    }
+
+    fn size_known(&self) -> bool {
+        !self.unknown_size
     }
 
     fn caps(&self) -> Caps {
         self.caps
+    }
+
+    async fn read_some(&self, offset: u64, mut buf: IoBuf) -> Result<IoBuf> {
+        let n = self.len().saturating_sub(offset).min(buf.len() as u64) as usize;
+        let start = buf.view().start;
+        buf.set_view(start, n);
+        if n == 0 {
+            return Ok(buf);
+        }
+        self.read_at(offset, buf).await
     }
 
     async fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {

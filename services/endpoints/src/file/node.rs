@@ -9,7 +9,7 @@ use std::io;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
-use ferry_core::{Error, ErrorKind, Result};
+use ferry_core::{Error, ErrorKind, Result, UNKNOWN_SIZE};
 
 use super::handle::{self, Direct, FileHandle, Kind, Unsupported};
 use super::sys;
@@ -236,7 +236,11 @@ fn finish_target(
     let kind = kind_of(describe, &meta)?;
     let mut size = size_of(describe, &file, kind, &meta)?;
     let mut zeroed = created;
-    if size < needed {
+    if needed == UNKNOWN_SIZE {
+        // A stream of unknown size: a regular file grows to it (see FileTarget), a device
+        // takes what fits.
+        zeroed |= kind == Kind::Regular && size == 0;
+    } else if size < needed {
         if kind == Kind::Regular && size == 0 {
             zeroed = true;
         } else {
@@ -249,7 +253,7 @@ fn finish_target(
             ));
         }
     }
-    if zeroed && size < needed {
+    if zeroed && size < needed && needed != UNKNOWN_SIZE {
         sys::ftruncate(&file, needed).map_err(|e| {
             Error::io(format!("cannot set the target size to {needed} bytes"), e)
                 .with_operation("open")

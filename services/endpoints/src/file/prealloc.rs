@@ -114,11 +114,12 @@ impl Grow {
         }
     }
 
-    /// Returns the blocks allocated past the end of file.
-    pub(crate) fn trim(&self, h: &FileHandle) -> io::Result<()> {
-        if h.kind != Kind::Regular || self.end.load(Ordering::Acquire) <= h.size {
+    /// Returns the blocks allocated past the end of file, `len` bytes (the size the
+    /// target was opened with, or the length a stream of unknown size ended at).
+    pub(crate) fn trim(&self, h: &FileHandle, len: u64) -> io::Result<()> {
+        if h.kind != Kind::Regular || self.end.load(Ordering::Acquire) <= len {
             return Ok(());
         }
-        sys::ftruncate(&h.file, h.size)
+        sys::ftruncate(&h.file, len)
     }
 }

@@ -4,7 +4,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use ferry_core::{Caps, Error, ErrorKind, IoBuf, Result, Target, ZeroMode};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ferry_core::{Caps, Error, ErrorKind, IoBuf, Result, Target, ZeroMode, UNKNOWN_SIZE};
 
 use super::exec::Executor;
 use super::handle::FileHandle;
@@ -17,6 +19,12 @@ use crate::{Preallocation, TargetOptions};
 ///
 /// A missing file is created with the size asked for; an existing one must be at least
 /// that large (a zero-length file is extended) and keeps its size.
+///
+/// Opened for a source of unknown size ([`UNKNOWN_SIZE`]), a regular file grows with the
+/// writes: [`Target::set_end`] then cuts a file this copy created (or found empty) to the
+/// stream's length, and extends an existing one that was shorter; a longer existing file
+/// keeps its size and the bytes past the stream, as it does for a smaller source of known
+/// size. A block device holds what fits.
 #[derive(Debug)]
 pub struct FileTarget {
     shared: Arc<Shared>,
@@ -32,6 +40,10 @@ struct Shared {
     grow: Option<Grow>,
     /// Written pages stay cached for a read-back ([`TargetOptions::keep_cached`]).
     keep_cached: bool,
+    /// A regular file opened for a source of unknown size: writes may reach past its size.
+    grows: bool,
+    /// The file's length at the end: its size, or what [`Target::set_end`] made it.
+    end: AtomicU64,
 }
 
 impl FileTarget {
@@ -51,6 +63,13 @@ impl FileTarget {
         let handle = opened.handle;
         let prepared = match options.preallocation {
             Preallocation::Off | Preallocation::Grow { .. } => Ok(()),
+            Preallocation::Falloc | Preallocation::Full if size == UNKNOWN_SIZE => {
+                Err(Error::invalid_input(
+                    "the source's size is not known before it is read (a compressed \
+                     stream), so the target cannot be preallocated up front: use \
+                     --preallocation grow, or give the size with --source-size",
+                ))
+            }
             Preallocation::Falloc => prealloc::falloc(&handle, size).map_err(|e| {
                 if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
                     Error::new(
@@ -77,11 +96,14 @@ impl FileTarget {
             Preallocation::Grow { step } => Some(Grow::new(step)),
             _ => None,
         };
+        let grows = size == UNKNOWN_SIZE && handle.kind == super::handle::Kind::Regular;
         let shared = Arc::new(Shared {
+            end: AtomicU64::new(handle.size),
             handle: Arc::new(handle),
             zeroed: opened.zeroed,
             grow,
             keep_cached: options.keep_cached,
+            grows,
         });
         Ok(Self::with_shared(shared))
     }
@@ -99,6 +121,14 @@ impl FileTarget {
         &self.shared.handle
     }
 
+    /// Checks that a request lies within the image, which a growing file has no end of.
+    fn check_range(&self, op: &'static str, offset: u64, len: u64) -> Result<()> {
+        if self.shared.grows {
+            return Ok(());
+        }
+        self.handle().check_range(op, offset, len)
+    }
+
     async fn trim(&self) -> Result<()> {
         if self.shared.grow.is_none() {
             return Ok(());
@@ -107,10 +137,11 @@ impl FileTarget {
         self.exec
             .run(move || {
                 let h = &shared.handle;
+                let len = shared.end.load(Ordering::Acquire);
                 match &shared.grow {
                     Some(grow) => grow
-                        .trim(h)
-                        .map_err(|e| h.error("finish", h.size, "cannot trim the preallocation", e)),
+                        .trim(h, len)
+                        .map_err(|e| h.error("finish", len, "cannot trim the preallocation", e)),
                     None => Ok(()),
                 }
             })
@@ -125,7 +156,11 @@ impl Target for FileTarget {
     }
 
     fn size(&self) -> u64 {
-        self.handle().size
+        if self.shared.grows {
+            UNKNOWN_SIZE
+        } else {
+            self.handle().size
+        }
     }
 
     fn caps(&self) -> Caps {
@@ -136,9 +171,36 @@ impl Target for FileTarget {
         self.shared.zeroed
     }
 
+    fn can_grow(&self) -> bool {
+        self.shared.grows
+    }
+
+    async fn set_end(&self, end: u64) -> Result<()> {
+        if !self.shared.grows {
+            return Ok(());
+        }
+        let shared = Arc::clone(&self.shared);
+        self.exec
+            .run(move || {
+                let h = &shared.handle;
+                let len = if shared.zeroed { end } else { end.max(h.size) };
+                super::sys::ftruncate(&h.file, len).map_err(|e| {
+                    h.error(
+                        "set_end",
+                        len,
+                        &format!("cannot set the file's length to {len} bytes"),
+                        e,
+                    )
+                })?;
+                shared.end.store(len, Ordering::Release);
+                Ok(())
+            })
+            .await
+    }
+
     async fn write_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
         let len = buf.len() as u64;
-        self.handle().check_range("write", offset, len)?;
+        self.check_range("write", offset, len)?;
         let shared = Arc::clone(&self.shared);
         let write_behind = self.write_behind.clone();
         self.exec
@@ -158,7 +220,7 @@ impl Target for FileTarget {
     }
 
     async fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> Result<()> {
-        self.handle().check_range("write_zeroes", offset, len)?;
+        self.check_range("write_zeroes", offset, len)?;
         let shared = Arc::clone(&self.shared);
         self.exec
             .run(move || {

@@ -3,7 +3,9 @@
 //!
 //! A missing file is created (GUARDED, mode 0644) and sized with SETATTR; it then reads
 //! as zeroes, so the engine skips zero ranges. An existing file must be at least as large
-//! as the image. Writes are UNSTABLE; flush COMMITs and checks the write verifier, and a
+//! as the image. For a stream of unknown size ([`UNKNOWN_SIZE`]) the file grows with the
+//! writes, and [`Target::set_end`] sets its length: the stream's for a file this open
+//! created, at least its own for an existing one (as for a smaller source of known size). Writes are UNSTABLE; flush COMMITs and checks the write verifier, and a
 //! COMMIT goes out in the background every 256 MiB written (`background_flush.rs`), so
 //! the server writes its cache out during the copy.
 
@@ -12,7 +14,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use ferry_core::spec::NfsSpec;
-use ferry_core::{Caps, Error, ErrorKind, IoBuf, Result, Target, ZeroMode};
+use ferry_core::{Caps, Error, ErrorKind, IoBuf, Result, Target, ZeroMode, UNKNOWN_SIZE};
 use ferry_nfs::v3::proto::{self, Attr, FileHandle, FsInfo};
 use ferry_nfs::v3::{Location, NfsConn, Resolved};
 use ferry_nfs::ClientConfig;
@@ -137,6 +139,8 @@ pub struct NfsTarget {
     nfs: Arc<NfsConn<NfsBuf>>,
     /// COMMITs as the copy goes, shared by every handle.
     background: Arc<BackgroundFlush>,
+    /// Opened for a stream of unknown size: writes may reach past the file's size.
+    grows: bool,
 }
 
 impl NfsTarget {
@@ -145,7 +149,7 @@ impl NfsTarget {
         let (opening, resolved, fsinfo) = open_common(spec, options).await?;
         let describe = opening.describe.clone();
         let fail = |e: Error| e.with_operation("open").with_endpoint(describe.clone());
-        if fsinfo.maxfilesize > 0 && size > fsinfo.maxfilesize {
+        if size != UNKNOWN_SIZE && fsinfo.maxfilesize > 0 && size > fsinfo.maxfilesize {
             return Err(fail(Error::invalid_input(format!(
                 "the image ({size} bytes) is larger than the server's largest file ({} bytes)",
                 fsinfo.maxfilesize
@@ -166,6 +170,7 @@ impl NfsTarget {
             file: Arc::new(file),
             nfs: Arc::new(resolved.nfs),
             background: Arc::new(BackgroundFlush::new(DEFAULT_BACKGROUND_FLUSH)),
+            grows: size == UNKNOWN_SIZE,
         })
     }
 
@@ -187,6 +192,8 @@ impl NfsTarget {
                         Some(fh) => fh,
                         None => Self::lookup(spec, resolved, config).await?.0,
                     };
+                    // A stream of unknown size: the file stays empty until set_end.
+                    let size = if size == UNKNOWN_SIZE { 0 } else { size };
                     nfs.set_size(&fh, size).await.map_err(|e| {
                         doing_error(
                             e,
@@ -213,7 +220,7 @@ impl NfsTarget {
                 attr.type_name()
             )));
         }
-        if attr.size < size {
+        if size != UNKNOWN_SIZE && attr.size < size {
             return Err(Error::invalid_input(format!(
                 "the existing target {} is {} bytes, smaller than the image ({size} bytes): remove it or grow it first",
                 spec.path, attr.size
@@ -300,7 +307,11 @@ impl Target for NfsTarget {
     }
 
     fn size(&self) -> u64 {
-        self.file.size
+        if self.grows {
+            UNKNOWN_SIZE
+        } else {
+            self.file.size
+        }
     }
 
     fn caps(&self) -> Caps {
@@ -311,9 +322,32 @@ impl Target for NfsTarget {
         self.file.created
     }
 
+    fn can_grow(&self) -> bool {
+        self.grows
+    }
+
+    async fn set_end(&self, end: u64) -> Result<()> {
+        if !self.grows {
+            return Ok(());
+        }
+        let f = &*self.file;
+        let len = if f.created { end } else { end.max(f.size) };
+        self.nfs.set_size(&f.fh, len).await.map_err(|e| {
+            doing_error(
+                e,
+                &format!("set the file's length to {len} bytes"),
+                &f.config,
+            )
+            .with_operation("set_end")
+            .with_endpoint(f.describe.clone())
+        })
+    }
+
     async fn write_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
         let f = &*self.file;
-        super::check_range(&f.describe, f.size, "write", offset, buf.len() as u64)?;
+        if !self.grows {
+            super::check_range(&f.describe, f.size, "write", offset, buf.len() as u64)?;
+        }
         self.write_all(offset, &buf, "write").await?;
         self.wrote(buf.len() as u64);
         Ok(buf)
@@ -322,7 +356,9 @@ impl Target for NfsTarget {
     /// NFSv3 has no way to write zeroes without sending them: zero buffers are written.
     async fn write_zeroes(&self, offset: u64, len: u64, _mode: ZeroMode) -> Result<()> {
         let f = &*self.file;
-        super::check_range(&f.describe, f.size, "write_zeroes", offset, len)?;
+        if !self.grows {
+            super::check_range(&f.describe, f.size, "write_zeroes", offset, len)?;
+        }
         let zeroes = f.zeroes.get_or_init(|| vec![0u8; f.wsize as usize]);
         super::write_zero_chunks(offset, len, zeroes, |at, z| {
             self.write_all(at, z, "write_zeroes")
@@ -344,6 +380,7 @@ impl Target for NfsTarget {
             file: Arc::clone(&self.file),
             nfs: Arc::new(nfs),
             background: Arc::clone(&self.background),
+            grows: self.grows,
         }))
     }
 }

@@ -7,6 +7,11 @@
 //! buffer and never gets a buffer of its own. Images no larger than one part are sent as a
 //! single PUT from [`Target::finish`].
 //!
+//! A source of unknown size ([`UNKNOWN_SIZE`]: a compressed stream that does not record
+//! it) is uploaded in parts of the part size asked for (16 MiB by default), so the object
+//! can hold at most 10,000 of them (about 156 GiB by default); [`Target::set_end`] sends
+//! the last, shorter part, and the upload completes with the parts up to it.
+//!
 //! Memory bound: part buffers come from a pool with a budget of one buffer per writer
 //! handle plus one (the opening handle counts as a writer; every [`Target::connect`] adds
 //! one), so at most `workers + 1` parts are assembled or uploading at once: `(workers + 1)
@@ -40,14 +45,18 @@ use aws_sdk_s3::types::{
 use aws_sdk_s3::Client;
 use bytes::Bytes;
 use ferry_core::spec::S3Spec;
-use ferry_core::{BlockSizes, Caps, Error, ErrorKind, IoBuf, Result, Target, ZeroMode};
+use ferry_core::{
+    BlockSizes, Caps, Error, ErrorKind, IoBuf, Result, Target, ZeroMode, UNKNOWN_SIZE,
+};
 use ferry_s3::{crc32c_header, sdk_error, S3Options};
 use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use super::metadata::is_block_hash;
-use super::parts::{part_size_for, BufferPool, Layout, PartBuffer, RangeSet, Segment};
+use super::parts::{
+    part_size_for, BufferPool, Layout, PartBuffer, RangeSet, Segment, MAX_OBJECT_SIZE, MAX_PARTS,
+};
 use super::sends::{Running, Sends};
 use super::FerryMetadata;
 
@@ -142,6 +151,10 @@ struct Upload {
     /// The block hash, when someone tells us before the object is stored.
     block_hash: Mutex<Option<String>>,
     abort_timeout: Duration,
+    /// Opened for a source of unknown size: `layout.size` is the most it takes, and
+    /// `end` the length [`Target::set_end`] gave.
+    open_ended: bool,
+    end: Mutex<Option<u64>>,
 }
 
 /// A missing bucket or an unreachable store fails here, before the copy reads anything
@@ -161,12 +174,12 @@ async fn check_bucket(client: &Client, spec: &S3Spec, describe: &str) -> Result<
 async fn create_upload(
     client: &Client,
     spec: &S3Spec,
-    size: u64,
+    size: Option<u64>,
     checksums: bool,
     describe: &str,
 ) -> Result<String> {
     let metadata = FerryMetadata {
-        size: Some(size),
+        size,
         block_hash: None,
     };
     let mut create = client
@@ -196,17 +209,25 @@ impl S3Target {
     /// Starts writing `size` bytes to `s3://bucket/key`.
     pub async fn open(spec: &S3Spec, size: u64, options: &S3Options) -> Result<Self> {
         let describe = format!("s3://{}/{}", spec.bucket, spec.key);
-        let part_size = part_size_for(size, options.part_size)
+        let open_ended = size == UNKNOWN_SIZE;
+        let part_size = part_size_for(if open_ended { 0 } else { size }, options.part_size)
             .map_err(|e| e.with_operation("open").with_endpoint(describe.clone()))?;
+        // Of unknown size: as many whole parts as an upload may have.
+        let size = if open_ended {
+            (part_size * MAX_PARTS).min(MAX_OBJECT_SIZE)
+        } else {
+            size
+        };
         let client = ferry_s3::client(options).await;
         let layout = Layout { size, part_size };
-        let single = size <= part_size;
+        let single = !open_ended && size <= part_size;
         let checksums = options.checksums.unwrap_or(true);
         check_bucket(&client, spec, &describe).await?;
         let upload_id = if single {
             None
         } else {
-            Some(create_upload(&client, spec, size, checksums, &describe).await?)
+            let recorded = (!open_ended).then_some(size);
+            Some(create_upload(&client, spec, recorded, checksums, &describe).await?)
         };
         let count = layout.count();
         let buffer_len = usize::try_from(part_size.min(size.max(1)))
@@ -238,6 +259,8 @@ impl S3Target {
                 phase: Mutex::new(Phase::Open),
                 block_hash: Mutex::new(None),
                 abort_timeout: options.abort_timeout.unwrap_or(DEFAULT_ABORT_TIMEOUT),
+                open_ended,
+                end: Mutex::new(None),
             }),
         })
     }
@@ -679,6 +702,58 @@ impl Upload {
         Ok(Step::Completed(Some(content)))
     }
 
+    /// The image's size: the layout's, or where a source of unknown size ended.
+    fn image_size(&self) -> u64 {
+        self.end.lock().unwrap_or(self.layout.size)
+    }
+
+    /// Ends an upload of unknown size after `end` bytes, all written: sends the part
+    /// holding the last bytes (shorter than the others) and drops the parts after it.
+    async fn set_end(&self, end: u64) -> Result<()> {
+        if !self.open_ended {
+            return Ok(());
+        }
+        self.ensure_open()?;
+        if end > self.layout.size {
+            return Err(Error::internal(format!(
+                "end {end} is past the {} bytes this upload takes",
+                self.layout.size
+            )));
+        }
+        let parts = end.div_ceil(self.layout.part_size) as usize;
+        *self.end.lock() = Some(end);
+        self.io.completed.lock().truncate(parts);
+        for slot in &self.slots[parts..] {
+            *slot.lock() = Slot::Sent;
+        }
+        let last = parts.checked_sub(1);
+        let tail = last.and_then(|part| {
+            let len = end - self.layout.part_start(part);
+            let mut slot = self.slots[part].lock();
+            let Slot::Filling(filling) = &mut *slot else {
+                return None;
+            };
+            // The part is short: it is complete once its first `len` bytes are.
+            if filling.covered.first_gap() < len {
+                return None;
+            }
+            let content = match filling.buf.take() {
+                Some(mut buf) => {
+                    buf.truncate(len as usize);
+                    Content::Data(buf)
+                }
+                None => Content::Zero(len as usize),
+            };
+            *slot = Slot::Sent;
+            Some((part, content))
+        });
+        self.advance_lowest();
+        if let Some((part, content)) = tail {
+            self.send(part, content).await?;
+        }
+        Ok(())
+    }
+
     /// Waits for a buffer for `part` (the reserved one too when it is the lowest part).
     async fn wait_for_buffer(&self, part: usize) -> Result<PartBuffer> {
         self.pool
@@ -764,18 +839,29 @@ impl Upload {
 
     async fn finish_inner(&self) -> Result<()> {
         self.io.check()?;
+        if self.open_ended && self.end.lock().is_none() {
+            return Err(Error::internal(
+                "an upload of unknown size was finished before its end was set",
+            ));
+        }
         if let Some(at) = self.first_missing() {
             return Err(Error::internal(format!(
                 "the copy never wrote byte {at} of {}: the object was not stored \
                  (an S3 upload cannot resume from a checkpoint)",
-                self.layout.size
+                self.image_size()
             )));
         }
+        let size = self.image_size();
         let block_hash = self.block_hash.lock().clone();
         let metadata = FerryMetadata {
-            size: Some(self.layout.size),
+            size: Some(size),
             block_hash: block_hash.clone(),
         };
+        if self.open_ended && size == 0 {
+            // An empty stream: no upload of no parts; an empty object instead.
+            self.io.abort_upload(self.abort_timeout).await?;
+            return self.io.put_single(Content::Zero(0), &metadata).await;
+        }
         if self.single {
             let content = match self.slots.first() {
                 None => Content::Zero(0),
@@ -789,7 +875,7 @@ impl Upload {
         self.drain().await?;
         self.io.complete().await?;
         if block_hash.is_some() {
-            if self.layout.size <= MAX_COPY_OBJECT {
+            if size <= MAX_COPY_OBJECT {
                 self.io.rewrite_metadata(&metadata).await?;
             } else {
                 tracing::warn!(
@@ -860,6 +946,17 @@ impl Target for S3Target {
 
     fn size(&self) -> u64 {
         self.up.layout.size
+    }
+
+    fn can_grow(&self) -> bool {
+        self.up.open_ended
+    }
+
+    async fn set_end(&self, end: u64) -> Result<()> {
+        self.up
+            .set_end(end)
+            .await
+            .map_err(|e| e.with_operation("set_end").with_endpoint(self.describe()))
     }
 
     fn caps(&self) -> Caps {

@@ -152,6 +152,14 @@ pub async fn run(args: CopyArgs) -> anyhow::Result<ExitCode> {
     let (source, _): (Arc<dyn Source>, _) = image::open(&source_spec, &source_options, &format)
         .await
         .map_err(|e| super::named(e, &source_name, "cannot open the source"))?;
+    if target_specs.len() > 1 && !source.size_known() {
+        let _ = source.close().await;
+        return Err(anyhow::anyhow!(
+            "{source_name}: the size of this stream is not known before it is read, and a \
+             copy to several targets needs it: give it with --source-size, count it first \
+             with --prescan, or copy to one target"
+        ));
+    }
     let mut targets: Vec<Arc<dyn Target>> = Vec::with_capacity(target_specs.len());
     for spec in &target_specs {
         let target = open_target(spec, source.size(), &args.target_options())
@@ -203,6 +211,7 @@ async fn copy_one(
                 .map_err(|e| e.with_endpoint(&target_name))
         },
     });
+    let fixed_size = (!target.can_grow()).then(|| target.size());
     let (copy_progress, verify_progress) = (Progress::new(), Progress::new());
     let display = progress::Stages::start(&copy_progress, &verify_progress, args.progress.choice());
     let entered = |stage: Stage| display.enter(stage);
@@ -232,7 +241,8 @@ async fn copy_one(
     let _ = source.close().await;
     cancel.cancel();
 
-    let mut summary = CopySummary::new(source_name, target_name, &done.copy);
+    let mut summary =
+        CopySummary::new(source_name, target_name, &done.copy).with_fixed_target(fixed_size);
     if let Some(v) = &done.verification {
         summary = summary.with_digests(&v.source, &v.target, v.elapsed);
     }

@@ -71,6 +71,13 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<ExitCode> {
     let (source, _) = image::open(&spec, &source_options, &format)
         .await
         .map_err(|e| super::named(e, &name, "cannot open the source"))?;
+    if !source.size_known() {
+        let _ = source.close().await;
+        anyhow::bail!(
+            "{name}: the size of this stream is not known before it is read, and an NBD \
+             export must state it: give it with --source-size, or count it with --prescan"
+        );
+    }
     let tls = match (args.tls_cert, args.tls_key) {
         (Some(cert), Some(key)) => Some(ExportTls {
             cert,

@@ -27,12 +27,14 @@ pub struct FormatArgs {
     #[arg(long, value_name = "FORMAT", default_value = "auto", value_parser = parse_format)]
     pub source_format: SourceFormat,
     /// The decompressed size of a compressed source that does not record it (gzip; zstd
-    /// compressed from a pipe), checked against the stream as it is read. Binary
-    /// suffixes K, M, G, T (4G, 10GiB) are accepted.
+    /// compressed from a pipe), checked against the stream as it is read. Without it the
+    /// size is learned at the stream's end. Binary suffixes K, M, G, T (4G, 10GiB) are
+    /// accepted.
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     pub source_size: Option<u64>,
     /// Count the decompressed size of a compressed source that does not record it with
-    /// a full decompression pass before the copy.
+    /// a full decompression pass before the copy (to size the target up front, or to
+    /// copy it to several targets).
     #[arg(long)]
     pub prescan: bool,
     /// Follow a qcow2 image's backing file (resolved relative to the image, for file

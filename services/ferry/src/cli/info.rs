@@ -57,6 +57,8 @@ pub async fn run(args: InfoArgs) -> anyhow::Result<ExitCode> {
         .map_err(|e| super::named(e, &name, "cannot map the image"));
     let _ = image.close().await;
     let allocated = allocated?;
+    // A stream whose size shows only at its end has no extents to count before it is read.
+    let allocated = info.size_known().then_some(allocated);
     if args.json {
         let mut json = to_json(&name, &info, allocated, version.as_ref());
         if let Some(r) = &registry {
@@ -176,6 +178,9 @@ fn add_registry_json(json: &mut serde_json::Value, r: &RegistryInfo, info: &Imag
 /// The sum of the image's data extents.
 async fn allocated_bytes(image: &dyn Source) -> Result<u64> {
     let (mut offset, mut data) = (0u64, 0u64);
+    if !image.size_known() {
+        return Ok(0);
+    }
     while offset < image.size() {
         let extents = image.extents(offset, image.size() - offset).await?;
         let before = offset;
@@ -195,12 +200,24 @@ async fn allocated_bytes(image: &dyn Source) -> Result<u64> {
     Ok(data)
 }
 
-fn to_text(name: &str, info: &ImageInfo, allocated: u64, http: Option<&HttpVersion>) -> String {
+fn to_text(
+    name: &str,
+    info: &ImageInfo,
+    allocated: Option<u64>,
+    http: Option<&HttpVersion>,
+) -> String {
     let sized = |n: u64| format!("{} ({n} bytes)", format_size(n));
     let mut out = format!("image: {name}\nfile format: {}\n", info.format);
-    out += &format!("virtual size: {}\n", sized(info.virtual_size));
+    if info.size_known() {
+        out += &format!("virtual size: {}\n", sized(info.virtual_size));
+    } else {
+        out += "virtual size: not known until the stream is read (the stream does not record \
+                it; a copy learns it at the end, --prescan counts it first)\n";
+    }
     out += &format!("file size: {}\n", sized(info.file_size));
-    out += &format!("allocated: {}\n", sized(allocated));
+    if let Some(allocated) = allocated {
+        out += &format!("allocated: {}\n", sized(allocated));
+    }
     if let Some(subformat) = &info.subformat {
         out += &format!("subformat: {subformat}\n");
     }
@@ -238,13 +255,14 @@ fn to_text(name: &str, info: &ImageInfo, allocated: u64, http: Option<&HttpVersi
 fn to_json(
     name: &str,
     info: &ImageInfo,
-    allocated: u64,
+    allocated: Option<u64>,
     http: Option<&HttpVersion>,
 ) -> serde_json::Value {
     serde_json::json!({
         "image": name,
         "format": info.format.as_str(),
-        "virtual_size": info.virtual_size,
+        // null for a stream whose size shows only at its end.
+        "virtual_size": info.size_known().then_some(info.virtual_size),
         "file_size": info.file_size,
         "allocated_bytes": allocated,
         "cluster_size": info.cluster_size,
@@ -285,7 +303,7 @@ mod tests {
             parallel_frames: Some(128),
             ..ImageInfo::plain(Detected::Zstd, 1 << 30, 1 << 20)
         };
-        let text = to_text("/i/disk.raw.zst", &info, 1 << 30, None);
+        let text = to_text("/i/disk.raw.zst", &info, Some(1 << 30), None);
         assert!(text.contains("file format: zst\n"), "{text}");
         assert!(
             text.contains("virtual size: 1.00 GiB (1073741824 bytes)\n"),
@@ -296,7 +314,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("independent frames: 128"), "{text}");
-        let json = to_json("/i/disk.raw.zst", &info, 1 << 30, None);
+        let json = to_json("/i/disk.raw.zst", &info, Some(1 << 30), None);
         assert_eq!(json["format"], "zst");
         assert_eq!(json["file_size"], 1u64 << 20);
         assert_eq!(json["parallel_frames"], 128);
@@ -304,7 +322,7 @@ mod tests {
 
     #[test]
     fn text_names_each_field() {
-        let text = to_text("/i/top.qcow2", &qcow2_info(), 65536, None);
+        let text = to_text("/i/top.qcow2", &qcow2_info(), Some(65536), None);
         assert!(text.contains("file format: qcow2\n"), "{text}");
         assert!(
             text.contains("virtual size: 1.00 GiB (1073741824 bytes)\n"),
@@ -324,7 +342,7 @@ mod tests {
 
     #[test]
     fn json_has_every_field() {
-        let json = to_json("/i/top.qcow2", &qcow2_info(), 65536, None);
+        let json = to_json("/i/top.qcow2", &qcow2_info(), Some(65536), None);
         assert_eq!(json["format"], "qcow2");
         assert_eq!(json["virtual_size"], 1u64 << 30);
         assert_eq!(json["allocated_bytes"], 65536);
@@ -351,14 +369,14 @@ mod tests {
             disk: Some(1),
             ..ImageInfo::plain(Detected::Ova, 1 << 20, 4096)
         };
-        let text = to_text("/i/vm.ova", &info, 0, None);
+        let text = to_text("/i/vm.ova", &info, Some(0), None);
         assert!(text.contains("file format: ova\n"), "{text}");
         assert!(text.contains("subformat: vmdk streamOptimized\n"), "{text}");
         assert!(
             text.contains("disk 1: b.vmdk (2.00 KiB (2048 bytes)) (read)\n"),
             "{text}"
         );
-        let json = to_json("/i/vm.ova", &info, 0, None);
+        let json = to_json("/i/vm.ova", &info, Some(0), None);
         assert_eq!(json["format"], "ova");
         assert_eq!(json["disks"][0]["name"], "a.vmdk");
         assert_eq!(json["disk"], 1);
@@ -371,10 +389,10 @@ mod tests {
             pinned: Some("ETag \"v1\"".into()),
             warning: None,
         };
-        let json = to_json("http://h/d.img", &raw, 4096, Some(&pinned));
+        let json = to_json("http://h/d.img", &raw, Some(4096), Some(&pinned));
         assert_eq!(json["version_pinned"], true);
         assert_eq!(json["version"], "ETag \"v1\"");
-        let text = to_text("http://h/d.img", &raw, 4096, Some(&pinned));
+        let text = to_text("http://h/d.img", &raw, Some(4096), Some(&pinned));
         assert!(
             text.contains("version pinned: yes (ETag \"v1\")\n"),
             "{text}"
@@ -383,13 +401,13 @@ mod tests {
             pinned: None,
             warning: Some("http://h/d.img sends no ETag or Last-Modified: ...".into()),
         };
-        let json = to_json("http://h/d.img", &raw, 4096, Some(&loose));
+        let json = to_json("http://h/d.img", &raw, Some(4096), Some(&loose));
         assert_eq!(json["version_pinned"], false);
         assert!(json["version_warning"]
             .as_str()
             .unwrap()
             .contains("no ETag"));
-        let text = to_text("http://h/d.img", &raw, 4096, Some(&loose));
+        let text = to_text("http://h/d.img", &raw, Some(4096), Some(&loose));
         assert!(
             text.contains("version pinned: no (http://h/d.img sends no ETag"),
             "{text}"

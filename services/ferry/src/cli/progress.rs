@@ -114,12 +114,24 @@ async fn bar(progress: Progress, label: String, stop: CancellationToken) {
     )
     .unwrap_or_else(|_| ProgressStyle::default_bar())
     .progress_chars("=> ");
-    bar.set_style(style);
+    // A source whose size shows only at its end has no total while it is read: bytes and
+    // rate only.
+    let open_ended = ProgressStyle::with_template(
+        "{msg} {spinner} {binary_bytes} {binary_bytes_per_sec} (size not known until the end)",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_spinner());
+    bar.set_style(style.clone());
     bar.set_message(label);
+    let mut is_open_ended = false;
     loop {
         let snap = progress.snapshot();
         if snap.total > 0 && bar.length() != Some(snap.total) {
+            bar.set_style(style.clone());
+            is_open_ended = false;
             bar.set_length(snap.total);
+        } else if snap.total == 0 && snap.done > 0 && !is_open_ended {
+            bar.set_style(open_ended.clone());
+            is_open_ended = true;
         }
         bar.set_position(snap.done);
         tokio::select! {
@@ -144,6 +156,14 @@ async fn lines(progress: Progress, label: String, stop: CancellationToken) {
         } else {
             0.0
         };
+        if snap.total == 0 && snap.done > 0 {
+            eprintln!(
+                "ferry: {label}: {} (size not known until the end), {}/s",
+                format_size(snap.done),
+                format_size(rate as u64),
+            );
+            continue;
+        }
         let percent = if snap.total > 0 {
             100.0 * snap.done as f64 / snap.total as f64
         } else {

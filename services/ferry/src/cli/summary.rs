@@ -22,6 +22,14 @@ pub struct CopySummary {
     pub seconds: f64,
     /// Image bytes per second (`size / seconds`).
     pub throughput_bytes_per_second: f64,
+    /// The source's size was not known before the copy (a compressed stream that does not
+    /// record it): `size` is the length it turned out to have.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub size_learned: bool,
+    /// With `size_learned`, into a target that cannot grow and is larger than the stream:
+    /// the target's size (its bytes past `size` were left as they were).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_size: Option<u64>,
     /// Present with `--verify`: the block hashes of source and target (equal, or the
     /// command would have failed).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -59,9 +67,18 @@ impl CopySummary {
             zero_bytes: report.zero_bytes,
             seconds,
             throughput_bytes_per_second: rate(report.size, report.elapsed),
+            size_learned: report.size_learned,
+            target_size: None,
             digests: None,
             failed_targets: Vec::new(),
         }
+    }
+
+    /// Notes the size of a target that cannot grow, when a stream of unknown size ended
+    /// before it.
+    pub fn with_fixed_target(mut self, target_size: Option<u64>) -> Self {
+        self.target_size = target_size.filter(|&t| self.size_learned && t > self.size);
+        self
     }
 
     pub fn with_digests(mut self, source: &Digest, target: &Digest, elapsed: Duration) -> Self {
@@ -90,6 +107,18 @@ impl CopySummary {
             format_size(self.bytes_copied),
             format_size(self.zero_bytes),
         );
+        if self.size_learned {
+            text.push_str(&format!(
+                "\nthe source's size was learned at its end: {} bytes",
+                self.size
+            ));
+            if let Some(t) = self.target_size {
+                text.push_str(&format!(
+                    "; the target's other {} bytes (of {t}) were left as they were",
+                    t - self.size
+                ));
+            }
+        }
         if let Some(d) = &self.digests {
             text.push_str(&format!(
                 "\nverified in {:.2} s: {} {}",

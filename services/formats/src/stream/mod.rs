@@ -8,10 +8,12 @@
 //!   it compresses a file; pzstd never does); the frames are walked to add them up.
 //! - gzip: the trailer records it modulo 4 GiB only, which is not a size.
 //!
-//! When the stream does not record it, the caller gives it ([`StreamOptions::size`],
-//! `--source-size`; checked against the stream as it is read) or asks for a prescan
-//! ([`StreamOptions::prescan`]: one full decompression pass that counts); otherwise
-//! opening fails and says so.
+//! When the stream does not record it, the caller may give it ([`StreamOptions::size`],
+//! `--source-size`; checked against the stream as it is read) or ask for a prescan
+//! ([`StreamOptions::prescan`]: one full decompression pass that counts); otherwise the
+//! size is learned at the end: the source says its size is not known
+//! ([`Source::size_known`]) and the engine copies or hashes it front to back until it
+//! ends (into a target that grows to it, or one large enough).
 //!
 //! A zstd file of several independent frames whose sizes are known is read in parallel,
 //! frame by frame ([`FramesSource`]): frames that record their size (`zstd` run on each
@@ -55,7 +57,8 @@ pub struct StreamOptions {
 /// What opening a compressed stream found out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StreamLayout {
-    pub size: u64,
+    /// The decompressed size; None when it is learned only at the stream's end.
+    pub size: Option<u64>,
     /// Independent pieces read in parallel (zstd frames), when the image is read so.
     pub parallel_frames: Option<u64>,
 }
@@ -65,14 +68,6 @@ fn xz_threads() -> u32 {
     std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(4) as u32
-}
-
-fn unknown_size(kind: Detected, why: &str) -> Error {
-    Error::invalid_input(format!(
-        "the decompressed size of this {kind} stream is not known: {why}; give it with \
-         --source-size BYTES (image_size in the API), or pass --prescan (prescan) to count it \
-         with a full decompression pass first"
-    ))
 }
 
 /// Compares what the caller said with what the stream records.
@@ -98,17 +93,6 @@ async fn prescan(bytes: &Arc<dyn Source>, codec: Codec) -> Result<u64> {
         .map_err(|e| Error::internal(format!("the prescan task failed: {e}")))?
 }
 
-/// The last four bytes of a gzip file: its size modulo 4 GiB.
-async fn gzip_isize(bytes: &dyn Source) -> Result<Option<u32>> {
-    if bytes.size() < 18 {
-        return Ok(None);
-    }
-    let tail = crate::qcow2::read_bytes(bytes, bytes.size() - 4, 4).await?;
-    Ok(Some(u32::from_le_bytes([
-        tail[0], tail[1], tail[2], tail[3],
-    ])))
-}
-
 /// Opens the `kind` stream held in `bytes` as the image it holds.
 pub async fn open_stream(
     bytes: Arc<dyn Source>,
@@ -121,15 +105,22 @@ pub async fn open_stream(
         xz_threads: 1,
     };
     let size = match kind {
-        Detected::Xz if seekable => xz_size(bytes.as_ref(), options, &mut codec).await?,
+        Detected::Xz if seekable => Some(xz_size(bytes.as_ref(), options, &mut codec).await?),
         Detected::Zstd if seekable && options.size.is_none() => {
             match open_zstd(&bytes, codec, options).await? {
                 ZstdRead::Frames(source, layout) => return Ok((source, layout)),
                 ZstdRead::FrontToBack(size) => size,
             }
         }
-        _ => unrecorded_size(&bytes, codec, options, seekable).await?,
+        _ => unrecorded_size(&bytes, codec, options).await?,
     };
+    if size.is_none() {
+        tracing::debug!(
+            source = %bytes.describe(),
+            format = %kind,
+            "the decompressed size is not known: it is learned at the stream's end"
+        );
+    }
     let source = StreamSource::open(bytes, codec, size).await?;
     Ok((
         Arc::new(source),
@@ -154,8 +145,8 @@ async fn xz_size(bytes: &dyn Source, options: &StreamOptions, codec: &mut Codec)
 enum ZstdRead {
     /// Frame by frame, in parallel.
     Frames(Arc<dyn Source>, StreamLayout),
-    /// Front to back, of this size.
-    FrontToBack(u64),
+    /// Front to back, of this size (None: learned at the end).
+    FrontToBack(Option<u64>),
 }
 
 /// Opens a zstd file frame by frame when its frames' sizes are known, or learns the size
@@ -166,13 +157,18 @@ async fn open_zstd(
     options: &StreamOptions,
 ) -> Result<ZstdRead> {
     let frames = zstd::frames(bytes.as_ref()).await?;
-    let Some(sizes) = zstd_frame_sizes(bytes, &frames, codec.kind, options).await? else {
-        return Ok(ZstdRead::FrontToBack(prescan(bytes, codec).await?));
+    let Some(sizes) = zstd_frame_sizes(bytes, &frames, options).await? else {
+        let size = if options.prescan {
+            Some(prescan(bytes, codec).await?)
+        } else {
+            None
+        };
+        return Ok(ZstdRead::FrontToBack(size));
     };
     if frames.len() > 1 {
         if let Some(source) = FramesSource::new(bytes.clone(), &frames, &sizes) {
             let layout = StreamLayout {
-                size: source.size(),
+                size: Some(source.size()),
                 parallel_frames: Some(source.frames() as u64),
             };
             return Ok(ZstdRead::Frames(Arc::new(source), layout));
@@ -187,15 +183,15 @@ async fn open_zstd(
                 "zstd: the frames' content sizes overflow",
             )
         })?;
-    Ok(ZstdRead::FrontToBack(size))
+    Ok(ZstdRead::FrontToBack(Some(size)))
 }
 
 /// The content size of each zstd frame: recorded in the frame headers, or measured in
-/// parallel with a prescan. `None`: a single frame to prescan.
+/// parallel with a prescan. `None`: a single frame to prescan, or frames read front to
+/// back whose total is learned at the end.
 async fn zstd_frame_sizes(
     bytes: &Arc<dyn Source>,
     frames: &[zstd::Frame],
-    kind: Detected,
     options: &StreamOptions,
 ) -> Result<Option<Vec<u64>>> {
     let recorded: Option<Vec<u64>> = frames.iter().map(|f| f.content_size).collect();
@@ -209,42 +205,20 @@ async fn zstd_frame_sizes(
             );
             parallel::measure(bytes, frames).await
         }
-        None if options.prescan => Ok(None),
-        None => Err(unknown_size(
-            kind,
-            if frames.len() > 1 {
-                "its frames do not record their sizes (pzstd writes them so; \
-                 --prescan measures them in parallel)"
-            } else {
-                "its frame header does not record it (compressed from a pipe?)"
-            },
-        )),
+        None => Ok(None),
     }
 }
 
 /// The size of a stream read front to back whose size is not read from the stream: the
-/// caller's, or a prescan's; otherwise an error that says why it is not known.
+/// caller's, a prescan's, or None: learned at the end.
 async fn unrecorded_size(
     bytes: &Arc<dyn Source>,
     codec: Codec,
     options: &StreamOptions,
-    seekable: bool,
-) -> Result<u64> {
+) -> Result<Option<u64>> {
     match options.size {
-        Some(size) => Ok(size),
-        None if options.prescan => prescan(bytes, codec).await,
-        None if !seekable => Err(unknown_size(
-            codec.kind,
-            "the source can only be read front to back, so its end cannot be read first",
-        )),
-        None => {
-            let why = match gzip_isize(bytes.as_ref()).await? {
-                Some(isize) => {
-                    format!("gzip records it modulo 4 GiB only (here {isize} bytes modulo 4 GiB)")
-                }
-                None => "gzip records it modulo 4 GiB only".to_string(),
-            };
-            Err(unknown_size(codec.kind, &why))
-        }
+        Some(size) => Ok(Some(size)),
+        None if options.prescan => Ok(Some(prescan(bytes, codec).await?)),
+        None => Ok(None),
     }
 }

@@ -46,6 +46,14 @@ pub(super) async fn transfer(
     cancel: &CancellationToken,
 ) -> Result<Ended> {
     let source = open_transfer_source(inner, id, spec).await?;
+    if !source.size_known() {
+        let _ = source.close().await;
+        return Err(Error::invalid_input(
+            "the source's size is not known before it is read (a compressed stream that \
+             does not record it), and a transfer to several targets needs it: give \
+             image_size, set prescan, or transfer to one target",
+        ));
+    }
     let size = source.size();
     let members = open_members(inner, id, spec, size).await?;
     let (copy, resumed_bytes) = attempt_options(inner, id, spec, size);

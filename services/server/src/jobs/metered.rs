@@ -138,8 +138,32 @@ impl Source for MeteredSource {
         self.inner.size()
     }
 
+    fn size_known(&self) -> bool {
+        self.inner.size_known()
+    }
+
     fn caps(&self) -> Caps {
         self.inner.caps()
+    }
+
+    fn version(&self) -> Option<String> {
+        self.inner.version()
+    }
+
+    async fn read_some(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
+        let len = buf.len() as u64;
+        let r = self
+            .meter
+            .run("read", offset, len, self.inner.read_some(offset, buf))
+            .await;
+        if let Ok(buf) = &r {
+            self.meter.read.inc_by(buf.len() as u64);
+        }
+        r
+    }
+
+    async fn finish(&self) -> Result<()> {
+        self.meter.error("finish", self.inner.finish().await)
     }
 
     async fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
@@ -217,6 +241,16 @@ impl Target for MeteredTarget {
 
     fn is_zero(&self) -> bool {
         self.inner.is_zero()
+    }
+
+    fn can_grow(&self) -> bool {
+        self.inner.can_grow()
+    }
+
+    async fn set_end(&self, end: u64) -> Result<()> {
+        self.meter
+            .run("set_end", end, 0, self.inner.set_end(end))
+            .await
     }
 
     async fn write_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {

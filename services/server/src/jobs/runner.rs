@@ -589,10 +589,12 @@ pub(super) async fn open_transfer_source(
         kind,
     )
     .await?;
+    // A source whose size shows only at its end starts over (the engine's stream copy):
+    // no checkpoint can be of it.
     if let Some(c) = spec
         .resume_from
         .as_ref()
-        .filter(|c| c.size != source.size())
+        .filter(|c| source.size_known() && c.size != source.size())
     {
         // A checkpoint of another image says nothing about the targets.
         return Err(Error::invalid_input(format!(
@@ -624,8 +626,14 @@ pub(super) fn attempt_options(
         copy.target_is_zero = false;
     }
     copy.resume = resume;
+    // 0 until the end for a source whose size shows only there.
+    let total = if size == ferry_core::UNKNOWN_SIZE {
+        0
+    } else {
+        size
+    };
     inner.update(id, |r| {
-        r.progress.total = size;
+        r.progress.total = total;
         r.progress.resumed = resumed_bytes;
         if resumed_bytes > 0 {
             r.message = format!(
@@ -647,8 +655,7 @@ async fn transfer(
     cancel: &CancellationToken,
 ) -> Result<ResultRecord> {
     let opened = open_transfer(inner, id, spec).await?;
-    let size = opened.source.size();
-    let (copy, resumed_bytes) = attempt_options(inner, id, spec, size);
+    let (copy, resumed_bytes) = attempt_options(inner, id, spec, opened.source.size());
     // Verification reads the target through a new handle, opened after the copy
     // flushed the target and released it.
     let target_kind = opened.target_kind;
@@ -686,7 +693,7 @@ async fn transfer(
         .metrics
         .bytes_skipped
         .with_label_values(&[target_kind])
-        .inc_by(size.saturating_sub(moved));
+        .inc_by(done.copy.size.saturating_sub(moved));
     Ok(transfer_result(&done, resumed_bytes))
 }
 
@@ -727,7 +734,7 @@ async fn checksum(
         kind,
     )
     .await?;
-    let size = source.size();
+    let known = source.size_known().then(|| source.size());
     let progress = Progress::new();
     let started = Instant::now();
     let digest = drive(
@@ -743,7 +750,8 @@ async fn checksum(
             algorithm: digest.algorithm.as_str().into(),
             hex: digest.hex(),
         },
-        size,
+        // A stream of unknown size: the length the checksum found.
+        size: known.unwrap_or_else(|| progress.snapshot().total),
         seconds: started
             .elapsed()
             .as_secs_f64()
