@@ -120,9 +120,9 @@ async fn listed(env: Env<'_>, repo: &str) -> Vec<String> {
         .collect()
 }
 
-/// Writes 8 KiB of 0xab into the first data chunk's range, to make the next backup
+/// Writes 8 KiB of `byte` into the first data chunk's range, to make the next backup
 /// differ by one chunk.
-fn change_one_chunk(path: &Path, chunk: u64) {
+fn change_one_chunk(path: &Path, chunk: u64, byte: u8) {
     use std::os::unix::fs::FileExt;
     let bytes = std::fs::read(path).unwrap();
     let at = bytes
@@ -131,7 +131,7 @@ fn change_one_chunk(path: &Path, chunk: u64) {
         .unwrap() as u64
         * chunk;
     let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-    f.write_all_at(&[0xab; 8192], at).unwrap();
+    f.write_all_at(&[byte; 8192], at).unwrap();
 }
 
 fn key_file(dir: &Path, name: &str, passphrase: &str) -> PathBuf {
@@ -179,7 +179,7 @@ async fn a_directory_repository_syncs_into_s3_with_its_own_key() {
     let first_image = dir.path().join("first.img");
     std::fs::copy(&image, &first_image).unwrap();
     let first = back_up(on_src, &image, &src).await;
-    change_one_chunk(&image, 256 << 10);
+    change_one_chunk(&image, 256 << 10, 0xab);
     let second = back_up(on_src, &image, &src).await;
     assert_eq!(second["parent"], first["id"]);
     let ids = [
@@ -209,15 +209,14 @@ async fn a_directory_repository_syncs_into_s3_with_its_own_key() {
 
     // An incremental backup in the destination builds on the copy: its block digests
     // came along, so only the changed chunk is new.
-    change_one_chunk(&image, 256 << 10);
+    change_one_chunk(&image, 256 << 10, 0xcd);
     let on_copy = back_up(on_dst, &image, dst).await;
     assert_eq!(on_copy["parent"], second["id"], "{on_copy}");
     assert!(on_copy["full_reason"].is_null(), "{on_copy}");
     assert_eq!(on_copy["chunks_new"], 1, "{on_copy}");
 
-    // The source prunes its first backup; --remove-vanished removes its copy (and keeps
-    // the destination's own backup, which the source never had, only when asked by
-    // source id: here every source is synced, so it goes too unless protected).
+    // The source prunes its first backup; --remove-vanished removes its copy. The
+    // destination's own backup is not in the source either, but it is protected: it stays.
     on_src
         .run(&["backup", "prune", "--keep-last", "1", &src])
         .await
