@@ -407,17 +407,18 @@ async fn copy_chunks(
                 if naming_changes(naming) {
                     renamed.lock().insert(digest, name);
                 }
-                let mut c = copied.lock();
                 match sent {
                     Some(bytes) => {
-                        c.chunks_copied += 1;
-                        c.bytes_copied += bytes;
-                        drop(c);
+                        {
+                            let mut c = copied.lock();
+                            c.chunks_copied += 1;
+                            c.bytes_copied += bytes;
+                        }
                         if let Some(limit) = limiter {
                             limit.take(bytes).await;
                         }
                     }
-                    None => c.chunks_reused += 1,
+                    None => copied.lock().chunks_reused += 1,
                 }
                 Ok::<_, Error>(())
             }
