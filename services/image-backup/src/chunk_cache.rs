@@ -240,3 +240,78 @@ impl ChunkCache {
         .map_err(|_| Error::internal("a chunk decoding thread panicked"))?
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_backup::{InitOptions, LocalStore, SessionOptions};
+
+    const CHUNK: u32 = 64 << 10;
+
+    /// A repository with three stored chunks (each of one byte value).
+    async fn repo_with_chunks(dir: &std::path::Path) -> (Repository, Vec<Digest>) {
+        let store = Arc::new(LocalStore::new(dir));
+        let repo = Repository::init(store, InitOptions::new().with_chunk_size(CHUNK))
+            .await
+            .unwrap();
+        let session = repo.begin_session(SessionOptions::new()).await.unwrap();
+        let mut digests = Vec::new();
+        for b in 1..=3u8 {
+            digests.push(
+                session
+                    .put_chunk(&vec![b; CHUNK as usize])
+                    .await
+                    .unwrap()
+                    .digest,
+            );
+        }
+        session.abandon().await;
+        (repo, digests)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn readers_share_one_fetch_and_the_bound_evicts_the_oldest() {
+        let dir = tempfile::tempdir().unwrap();
+        let (repo, d) = repo_with_chunks(dir.path()).await;
+        let cache = ChunkCache::new(repo, 2 * u64::from(CHUNK));
+        let len = u64::from(CHUNK);
+        let (a, b) = tokio::join!(cache.get(d[0], len), cache.get(d[0], len));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert!(Arc::ptr_eq(&a, &b), "two fetches of one chunk");
+        assert!(a.data.iter().all(|&x| x == 1));
+        assert_eq!(cache.stats().misses, 1);
+        cache.get(d[1], len).await.unwrap();
+        cache.get(d[2], len).await.unwrap();
+        // Two chunks fit: the first one read is out, the others in.
+        assert!(cache.cached(&d[0]).is_none());
+        assert!(cache.cached(&d[1]).is_some() && cache.cached(&d[2]).is_some());
+        assert_eq!(cache.stats().bytes, 2 * len);
+        cache.get(d[0], len).await.unwrap();
+        assert_eq!(cache.stats().misses, 4);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_damaged_or_missing_chunk_fails_every_reader_and_is_not_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let (repo, d) = repo_with_chunks(dir.path()).await;
+        let path = dir.path().join(d[0].chunk_name());
+        let mut blob = std::fs::read(&path).unwrap();
+        let last = blob.len() - 1;
+        blob[last] ^= 0xff;
+        std::fs::write(&path, &blob).unwrap();
+        let cache = ChunkCache::new(repo, 8 * u64::from(CHUNK));
+        let len = u64::from(CHUNK);
+        let (a, b) = tokio::join!(cache.get(d[0], len), cache.get(d[0], len));
+        for e in [a.unwrap_err(), b.unwrap_err()] {
+            assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+        }
+        assert!(!cache.holds(&d[0]));
+        // A wrong length from the index is refused too.
+        let e = cache.get(d[1], len - 1).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+        std::fs::remove_file(dir.path().join(d[2].chunk_name())).unwrap();
+        let e = cache.get(d[2], len).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+        assert_eq!(cache.stats().bytes, 0);
+    }
+}
