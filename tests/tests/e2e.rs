@@ -8,6 +8,8 @@ mod backup_kill;
 mod backup_nbd;
 mod backup_protect;
 mod backup_repo;
+mod backup_serve;
+mod backup_sync;
 mod cli_checksum;
 mod cli_copy;
 mod cli_errors;

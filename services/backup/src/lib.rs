@@ -68,6 +68,9 @@
 //! - Keys: [`Repository::list_keys`], [`Repository::add_key`], [`Repository::remove_key`],
 //!   [`Repository::rotate_key`]; protection: [`Repository::protect`] and
 //!   [`Repository::unprotect`].
+//! - Replication: [`sync`] copies the backups another repository lacks (only the chunks
+//!   it lacks, each checked on the way, index and manifest last);
+//!   [`Repository::init_from`] makes one that shares the keys, so chunks go as stored.
 //! - Immutable repositories (S3 Object Lock, format 4): see [`Immutability`],
 //!   [`undelete`] and [`hidden_backups`]; the reasoning is in `immutable.rs`.
 
@@ -87,6 +90,7 @@ pub mod prune;
 mod repository;
 mod session;
 pub mod store;
+mod sync;
 mod verify;
 
 pub use config::{
@@ -107,4 +111,5 @@ pub use session::{ChunkOutcome, ChunkPut, Session, SessionOptions};
 pub use store::{
     LocalStore, LockMode, ObjectMeta, ObjectStore, ObjectVersion, Put, PutMode, Retention, S3Store,
 };
+pub use sync::{sync, sync_with, CopyBeside, SyncOptions, SyncReport};
 pub use verify::{ChunkFault, ChunkProblem, VerifyOptions, VerifyReport};

@@ -655,7 +655,7 @@ impl Repository {
 }
 
 /// The store of a new immutable repository: refused unless the bucket has Object Lock.
-async fn immutable_store(
+pub(crate) async fn immutable_store(
     store: &Arc<dyn ObjectStore>,
     imm: &Immutability,
 ) -> Result<Arc<dyn ObjectStore>> {

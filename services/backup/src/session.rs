@@ -186,7 +186,7 @@ impl Repository {
     /// Starts a backup session: writes its record, learns the store's clock from it, and
     /// starts its heartbeat.
     pub async fn begin_session(&self, options: SessionOptions) -> Result<Session> {
-        self.start_session(options, None).await
+        self.start_session(options, None, None).await
     }
 
     /// [`Repository::begin_session`] for an incremental backup of `parent`, whose index
@@ -200,7 +200,20 @@ impl Repository {
         parent: &BackupId,
         parent_index: &FixedIndex,
     ) -> Result<Session> {
-        self.start_session(options, Some((parent, parent_index)))
+        self.start_session(options, Some((parent, parent_index)), None)
+            .await
+    }
+
+    /// A session that writes a copy of another repository's backup `id`, taken at
+    /// `time` (`ferry backup sync`): the copy keeps the backup's id and time.
+    pub(crate) async fn begin_copy_session(
+        &self,
+        options: SessionOptions,
+        id: &BackupId,
+        time: DateTime<Utc>,
+        parent: Option<(&BackupId, &FixedIndex)>,
+    ) -> Result<Session> {
+        self.start_session(options, parent, Some((id.clone(), time)))
             .await
     }
 
@@ -208,9 +221,15 @@ impl Repository {
         &self,
         options: SessionOptions,
         parent: Option<(&BackupId, &FixedIndex)>,
+        copy_of: Option<(BackupId, DateTime<Utc>)>,
     ) -> Result<Session> {
-        let time = now();
-        let id = BackupId::generate(time)?;
+        let (id, time) = match copy_of {
+            Some(copy) => copy,
+            None => {
+                let time = now();
+                (BackupId::generate(time)?, time)
+            }
+        };
         let stale_after = session_stale_after(&options);
         let store = Arc::clone(self.store());
         let mut record = SessionRecord {
@@ -454,6 +473,13 @@ impl Session {
             digest: *digest,
             outcome,
         }))
+    }
+
+    /// Stores a chunk already encoded for this repository (a blob copied from a
+    /// repository with the same keys, checked against `digest` by the caller), which
+    /// [`Session::lookup`] found missing.
+    pub(crate) async fn store_encoded(&self, digest: Digest, blob: Vec<u8>) -> Result<ChunkPut> {
+        self.store_new(digest, blob).await
     }
 
     async fn store_new(&self, digest: Digest, blob: Vec<u8>) -> Result<ChunkPut> {

@@ -23,6 +23,7 @@ use ferry_engine::{CancellationToken, CommitOrder, CopyOptions, Progress};
 use parking_lot::Mutex;
 
 use crate::backup::DEFAULT_WORKERS;
+use crate::chunk_cache::ChunkCache;
 use crate::snapshot::SnapshotSource;
 
 /// Zero blocks inside data chunks are found at this granularity.
@@ -52,6 +53,10 @@ pub struct RestoreOptions {
     /// Fail when the block hash of what was written differs from the manifest's
     /// (default on).
     pub verify: bool,
+    /// A cache shared with readers of the same backup (a live restore's NBD export):
+    /// chunks it holds are taken from it instead of fetched again. The restore does not
+    /// add to it (it reads each chunk once; the clients' chunks stay).
+    pub cache: Option<Arc<ChunkCache>>,
 }
 
 impl Default for RestoreOptions {
@@ -60,6 +65,7 @@ impl Default for RestoreOptions {
             workers: DEFAULT_WORKERS,
             order: RestoreOrder::Auto,
             verify: true,
+            cache: None,
         }
     }
 }
@@ -81,6 +87,11 @@ impl RestoreOptions {
 
     pub fn with_verify(mut self, on: bool) -> Self {
         self.verify = on;
+        self
+    }
+
+    pub fn with_cache(mut self, cache: Arc<ChunkCache>) -> Self {
+        self.cache = Some(cache);
         self
     }
 }
@@ -129,6 +140,7 @@ pub async fn restore(
         id.clone(),
         index,
         workers * FETCHES_PER_WORKER,
+        options.cache.clone(),
     );
     let expected = manifest.block_hash.clone().filter(|_| options.verify);
     let verified = expected.is_some();

@@ -33,6 +33,7 @@ use parking_lot::Mutex;
 use tokio::sync::OnceCell;
 use tokio::task::JoinHandle;
 
+use crate::chunk_cache::{CachedChunk, ChunkCache};
 use crate::hash::{ChunkBlocks, OrderedHash};
 
 /// A chunk opened for reads of parts of it, and the bytes of it not read yet.
@@ -52,6 +53,9 @@ struct Inner {
     blobs: Arc<Mutex<Vec<Vec<u8>>>>,
     partial: Mutex<HashMap<usize, SharedChunk>>,
     ahead: ReadAhead,
+    /// The chunk cache of a live restore, shared with the NBD export of the same backup:
+    /// a chunk its clients read (or are reading) is taken from there, not fetched again.
+    cache: Option<Arc<ChunkCache>>,
 }
 
 /// A GET running ahead of its read; stopped when dropped unread.
@@ -93,8 +97,14 @@ impl std::fmt::Debug for SnapshotSource {
 
 impl SnapshotSource {
     /// The image of backup `id`, whose index is `index`, with at most `read_ahead`
-    /// chunks fetched ahead of the reads.
-    pub fn new(repo: Repository, id: BackupId, index: FixedIndex, read_ahead: usize) -> Self {
+    /// chunks fetched ahead of the reads, and chunks taken from `cache` when it holds them.
+    pub fn new(
+        repo: Repository,
+        id: BackupId,
+        index: FixedIndex,
+        read_ahead: usize,
+        cache: Option<Arc<ChunkCache>>,
+    ) -> Self {
         let size = index.image_size();
         let chunk_size = index.chunk_size();
         let mut hash = OrderedHash::new(size, chunk_size);
@@ -120,6 +130,7 @@ impl SnapshotSource {
                         fetching: BTreeMap::new(),
                     }),
                 },
+                cache,
             }),
         }
     }
@@ -198,12 +209,35 @@ impl Inner {
             let i = state.cursor;
             state.cursor += 1;
             match self.index.digest(i) {
-                Some(digest) if !digest.is_zero() => {
+                Some(digest) if !digest.is_zero() && !self.in_cache(&digest) => {
                     state.fetching.insert(i, self.start_fetch(digest));
                 }
                 _ => {}
             }
         }
+    }
+
+    /// Whether the shared cache holds the chunk, or is fetching it.
+    fn in_cache(&self, digest: &Digest) -> bool {
+        self.cache.as_ref().is_some_and(|c| c.holds(digest))
+    }
+
+    /// Chunk `i` from the shared cache, when it holds it (or is fetching it); its block
+    /// digests are handed to the block hash.
+    async fn cached(&self, i: usize) -> Result<Option<Arc<CachedChunk>>> {
+        let digest = self.digest(i)?;
+        let Some(cache) = self.cache.as_ref().filter(|c| c.holds(&digest)) else {
+            return Ok(None);
+        };
+        let (_, len) = self.index.chunk_range(i);
+        let chunk = cache
+            .get(digest, len)
+            .await
+            .map_err(|e| self.located(i, &digest, e))?;
+        self.hash
+            .lock()
+            .add(i, ChunkBlocks::Data(chunk.blocks.clone()));
+        Ok(Some(chunk))
     }
 
     /// Opens chunk `i`'s `blob` into `out`'s view (the chunk's length), off the async
@@ -328,7 +362,13 @@ impl Source for SnapshotSource {
         let i = inner.chunk_of(offset);
         let (chunk_offset, chunk_len) = inner.index.chunk_range(i);
         if offset == chunk_offset && len == chunk_len {
-            // The engine's usual request: the whole chunk, decoded straight into its buffer.
+            // The engine's usual request: the whole chunk, decoded straight into its buffer
+            // (or copied from the cache a live restore shares with its export).
+            if let Some(chunk) = inner.cached(i).await? {
+                let whole: &mut [u8] = &mut buf;
+                whole.copy_from_slice(&chunk.data);
+                return Ok(buf);
+            }
             let blob = inner.blob(i).await?;
             return inner.open_into(i, blob, buf).await;
         }

@@ -3,7 +3,7 @@
 //!
 //! This module holds the subcommand list, opening a repository (with the passphrase from
 //! `FERRY_BACKUP_KEY_FILE`, never from the command line), and the small commands (`init`,
-//! `list`, `show`, `protect`, `unprotect`). `create` and `restore` move image data and live in their own modules,
+//! `list`, `show`, `protect`, `unprotect`). `create`, `restore` and `serve` move image data and live in their own modules,
 //! like the repository maintenance (`verify`, `prune`, `gc`).
 
 use std::process::ExitCode;
@@ -43,6 +43,8 @@ pub enum BackupCommand {
     Show(ShowArgs),
     /// Restore a backup into an image.
     Restore(super::backup_restore::RestoreArgs),
+    /// Serve a backup's image read-only over NBD until SIGTERM (instant access).
+    Serve(super::backup_serve::ServeArgs),
     /// Re-read stored chunks and check them against their digests.
     Verify(super::backup_maintain::VerifyArgs),
     /// Delete backups a retention policy does not keep.
@@ -57,6 +59,8 @@ pub enum BackupCommand {
     Unprotect(ProtectArgs),
     /// List, and bring back, backups hidden by S3 delete markers (versioned buckets).
     Undelete(super::backup_undelete::UndeleteArgs),
+    /// Copy the backups another repository lacks into it (replication).
+    Sync(super::backup_sync::SyncArgs),
 }
 
 /// Runs `ferry backup`.
@@ -68,6 +72,7 @@ pub async fn run(args: BackupArgs) -> anyhow::Result<ExitCode> {
         BackupCommand::List(a) => list(a).await,
         BackupCommand::Show(a) => show(a).await,
         BackupCommand::Restore(a) => super::backup_restore::run(a).await,
+        BackupCommand::Serve(a) => super::backup_serve::run(a).await,
         BackupCommand::Verify(a) => super::backup_maintain::verify(a).await,
         BackupCommand::Prune(a) => super::backup_maintain::prune(a).await,
         BackupCommand::Gc(a) => super::backup_maintain::gc(a).await,
@@ -75,6 +80,7 @@ pub async fn run(args: BackupArgs) -> anyhow::Result<ExitCode> {
         BackupCommand::Protect(a) => protect(a, true).await,
         BackupCommand::Unprotect(a) => protect(a, false).await,
         BackupCommand::Undelete(a) => super::backup_undelete::run(a).await,
+        BackupCommand::Sync(a) => super::backup_sync::run(a).await,
     }
 }
 
@@ -108,9 +114,18 @@ pub(super) fn location(text: &str) -> anyhow::Result<RepositoryUrl> {
 
 /// Opens the repository at `text`, with the key file's passphrase when there is one.
 pub async fn open_repository(text: &str) -> anyhow::Result<Repository> {
+    open_repository_with(text, passphrase()?, KEY_FILE_ENV).await
+}
+
+/// Opens the repository at `text` with `passphrase`, which came from the key file the
+/// variable `key_env` names (for messages).
+pub async fn open_repository_with(
+    text: &str,
+    passphrase: Option<Secret>,
+    key_env: &str,
+) -> anyhow::Result<Repository> {
     let url = location(text)?;
     let store = url.open(&S3Options::default()).await;
-    let passphrase = passphrase()?;
     Repository::open(store, passphrase.as_ref())
         .await
         .map_err(|e| {
@@ -119,7 +134,7 @@ pub async fn open_repository(text: &str) -> anyhow::Result<Repository> {
                 && e.message().contains("encrypted");
             let error = super::failed(e, &format!("cannot open the repository {url}"));
             if missing_key {
-                anyhow!("{error} (set {KEY_FILE_ENV} to a file whose first line is the passphrase)")
+                anyhow!("{error} (set {key_env} to a file whose first line is the passphrase)")
             } else {
                 error
             }
@@ -153,6 +168,11 @@ pub struct InitArgs {
     /// owner included) or governance (principals allowed s3:BypassGovernanceRetention can).
     #[arg(long, value_name = "MODE", default_value = "compliance", requires = "immutable_days", value_parser = lock_mode)]
     pub immutable_mode: LockMode,
+    /// Share the keys of this repository (its id, chunk size, compression and key
+    /// objects: the same passphrases open both), so that `ferry backup sync` copies
+    /// chunks into the new one as they are stored. Needs no key.
+    #[arg(long, value_name = "SRC_REPO", conflicts_with_all = ["chunk_size", "compression"])]
+    pub from: Option<String>,
 }
 
 fn lock_mode(text: &str) -> Result<LockMode, String> {
@@ -176,6 +196,9 @@ fn compression(text: &str) -> Result<Compression, String> {
 
 async fn init(args: InitArgs) -> anyhow::Result<ExitCode> {
     let url = location(&args.repo)?;
+    if let Some(from) = &args.from {
+        return init_from(&url, from, &args).await;
+    }
     let chunk_size = u32::try_from(args.chunk_size)
         .map_err(|_| anyhow!("chunk size {} is too large", args.chunk_size))?;
     let mut options = InitOptions::new()
@@ -204,6 +227,29 @@ async fn init(args: InitArgs) -> anyhow::Result<ExitCode> {
         } else {
             "not encrypted"
         }
+    );
+    if let Some(days) = args.immutable_days {
+        println!(
+            "immutable: every object version is retained {days} day(s) in {} mode",
+            args.immutable_mode
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ferry backup init DST --from SRC`.
+async fn init_from(url: &RepositoryUrl, from: &str, args: &InitArgs) -> anyhow::Result<ExitCode> {
+    let src_url = location(from)?;
+    let src = src_url.open(&S3Options::default()).await;
+    let store = url.open(&S3Options::default()).await;
+    let immutable = args
+        .immutable_days
+        .map(|days| Immutability::days(args.immutable_mode, days));
+    Repository::init_from(store, src.as_ref(), immutable)
+        .await
+        .map_err(|e| super::failed(e, &format!("cannot create the repository {url}")))?;
+    println!(
+        "created the repository {url} sharing the keys of {src_url} (the same passphrases open it)"
     );
     if let Some(days) = args.immutable_days {
         println!(

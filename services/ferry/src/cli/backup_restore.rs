@@ -4,6 +4,13 @@
 //! image's size and stays sparse). The restore checks the block hash of what it wrote
 //! against the backup's before finishing the target; nothing is printed on stdout unless
 //! it matched.
+//!
+//! `--while-serving ADDRESS` is a live restore: the backup is also served over NBD (as
+//! `ferry backup serve` serves it) from before the restore starts until SIGTERM, so a VM
+//! can boot from the export while the target fills. The export and the restore share one
+//! chunk cache: a chunk the clients read is not fetched again by the restore. The URI is
+//! the first line on stdout, the restore's summary the next; the export keeps serving
+//! after the restore finished (the clients are not cut off) until SIGTERM or Ctrl-C.
 
 use std::process::ExitCode;
 
@@ -18,9 +25,11 @@ use serde::Serialize;
 
 use super::args::{self, ProgressArgs};
 use super::backup::{backup_id, open_repository};
+use super::backup_serve::{terminated, ExportServing};
 use super::summary::rate;
 use super::{cancel_on_ctrl_c, interrupted, progress};
 use crate::cli::options::Cache;
+use ferry_endpoints::export::ExportListen;
 
 /// The order of writes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
@@ -58,6 +67,35 @@ pub struct RestoreArgs {
     /// Print one JSON object summarising the restore on stdout.
     #[arg(long)]
     pub json: bool,
+    /// A live restore: serve the backup over NBD at ADDRESS (HOST:PORT, unix:PATH) while
+    /// the restore runs, and after it until SIGTERM; the URI is stdout's first line.
+    #[arg(long, value_name = "ADDRESS", value_parser = parse_listen)]
+    pub while_serving: Option<ExportListen>,
+    /// The export's options (with --while-serving).
+    #[command(flatten)]
+    pub export: ExportServing,
+}
+
+fn parse_listen(text: &str) -> Result<ExportListen, String> {
+    ExportListen::parse(text).map_err(|e| e.to_string())
+}
+
+/// Refuses export options given without --while-serving.
+fn check_export_options(args: &RestoreArgs) -> anyhow::Result<()> {
+    let e = &args.export;
+    let given = [
+        (!e.name.is_empty(), "--name"),
+        (e.tls_cert.is_some(), "--tls-cert"),
+        (e.tls_ca.is_some(), "--tls-ca"),
+        (e.cache_size.is_some(), "--cache-size"),
+        (e.read_ahead.is_some(), "--read-ahead"),
+    ];
+    match given.iter().find(|(set, _)| *set) {
+        Some((_, option)) if args.while_serving.is_none() => {
+            anyhow::bail!("{option} is an option of the export: it needs --while-serving ADDRESS")
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The `--json` summary of a restore.
@@ -94,6 +132,7 @@ impl RestoreSummary {
 
 /// Runs `ferry backup restore`.
 pub async fn run(args: RestoreArgs) -> anyhow::Result<ExitCode> {
+    check_export_options(&args)?;
     let spec = EndpointSpec::parse(&args.target).map_err(|e| super::failed(e, "invalid target"))?;
     let target_name = spec.to_string();
     let repo = open_repository(&args.repo).await?;
@@ -115,7 +154,18 @@ pub async fn run(args: RestoreArgs) -> anyhow::Result<ExitCode> {
         options = options.with_workers(workers);
     }
     let cancel = CancellationToken::new();
-    let ctrl_c = cancel_on_ctrl_c(&cancel);
+    let live = match &args.while_serving {
+        Some(listen) => {
+            let serving = args.export.bind(&repo, &args.id, listen).await?;
+            options = options.with_cache(serving.cache.clone());
+            Some(LiveExport::start(serving, &args.id, &cancel).await?)
+        }
+        None => None,
+    };
+    let ctrl_c = match &live {
+        Some(live) => live.signalled.clone(),
+        None => cancel_on_ctrl_c(&cancel),
+    };
     let progress = Progress::new();
     let display = progress::start(&progress, "restore", args.progress.choice());
     let result =
@@ -124,12 +174,17 @@ pub async fn run(args: RestoreArgs) -> anyhow::Result<ExitCode> {
     cancel.cancel();
     let report = match result {
         Ok(report) => report,
-        Err(_) if ctrl_c.is_cancelled() => {
-            return Ok(interrupted(&format!(
-                "the restore was cancelled; {target_name} is incomplete"
-            )))
+        Err(e) => {
+            if let Some(live) = live {
+                live.stop().await;
+            }
+            if ctrl_c.is_cancelled() {
+                return Ok(interrupted(&format!(
+                    "the restore was cancelled; {target_name} is incomplete"
+                )));
+            }
+            return Err(super::failed(e, "restore failed"));
         }
-        Err(e) => return Err(super::failed(e, "restore failed")),
     };
     let summary = RestoreSummary::new(target_name, &report);
     if args.json {
@@ -151,5 +206,53 @@ pub async fn run(args: RestoreArgs) -> anyhow::Result<ExitCode> {
             }
         );
     }
+    if let Some(live) = live {
+        use std::io::Write;
+        std::io::stdout().flush()?;
+        eprintln!("ferry: the restore finished; still serving the backup until SIGTERM");
+        live.signalled.cancelled().await;
+        live.stop().await;
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The export of a live restore, serving on its own task.
+struct LiveExport {
+    /// Cancelled by SIGTERM or Ctrl-C.
+    signalled: CancellationToken,
+    stop: CancellationToken,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl LiveExport {
+    /// Serves `serving` until [`LiveExport::stop`]; SIGTERM or Ctrl-C cancel `restore`.
+    async fn start(
+        serving: super::backup_serve::Serving,
+        id: &BackupId,
+        restore: &CancellationToken,
+    ) -> anyhow::Result<Self> {
+        let signal = terminated().await?;
+        let signalled = CancellationToken::new();
+        let (flag, restore) = (signalled.clone(), restore.clone());
+        tokio::spawn(async move {
+            signal.await;
+            flag.cancel();
+            restore.cancel();
+        });
+        serving.announce(id)?;
+        let stop = CancellationToken::new();
+        let until = stop.clone();
+        let server = tokio::spawn(serving.export.serve(async move { until.cancelled().await }));
+        Ok(Self {
+            signalled,
+            stop,
+            server,
+        })
+    }
+
+    /// Stops serving and closes every connection.
+    async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.server.await;
+    }
 }

@@ -12,6 +12,8 @@ pub mod backup_create;
 pub mod backup_keys;
 pub mod backup_maintain;
 pub mod backup_restore;
+pub mod backup_serve;
+pub mod backup_sync;
 pub mod backup_undelete;
 pub mod checksum;
 pub mod copy;
