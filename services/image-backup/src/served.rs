@@ -15,10 +15,11 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use ferry_backup::{BackupId, Digest, FixedIndex};
-use ferry_core::{merge_extents, BlockSizes, Caps, Error, Extent, IoBuf, Result, Source};
+use ferry_core::{BlockSizes, Caps, Error, Extent, IoBuf, Result, Source};
 use parking_lot::Mutex;
 
 use crate::chunk_cache::ChunkCache;
+use crate::snapshot::{index_digest, index_extents};
 
 /// The default read-ahead: chunks fetched ahead of a sequential reader, for all readers
 /// together (32 MiB of the default 4 MiB chunks).
@@ -102,9 +103,7 @@ impl BackupImage {
 
 impl Inner {
     fn digest(&self, i: usize) -> Result<Digest> {
-        self.index
-            .digest(i)
-            .ok_or_else(|| Error::internal("a chunk number outside the index"))
+        index_digest(&self.index, i)
     }
 
     /// Notes a read of chunk `i`; when the chunk before it was read recently, the reader
@@ -192,22 +191,7 @@ impl Source for BackupImage {
     }
 
     async fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        let inner = &self.inner;
-        let end = offset.saturating_add(len).min(inner.size);
-        let mut extents = Vec::new();
-        let mut at = offset;
-        while at < end {
-            let i = (at / inner.chunk_size) as usize;
-            let (chunk_offset, chunk_len) = inner.index.chunk_range(i);
-            let stop = (chunk_offset + chunk_len).min(end);
-            extents.push(if inner.digest(i)?.is_zero() {
-                Extent::zero(at, stop - at)
-            } else {
-                Extent::data(at, stop - at)
-            });
-            at = stop;
-        }
-        Ok(merge_extents(extents))
+        index_extents(&self.inner.index, self.inner.size, offset, len)
     }
 
     async fn read_at(&self, offset: u64, mut buf: IoBuf) -> Result<IoBuf> {

@@ -156,9 +156,7 @@ impl Inner {
     }
 
     fn digest(&self, i: usize) -> Result<Digest> {
-        self.index
-            .digest(i)
-            .ok_or_else(|| Error::internal("a chunk number outside the index"))
+        index_digest(&self.index, i)
     }
 
     /// An error about chunk `i`, naming the backup, the chunk, its offset and digest.
@@ -331,22 +329,7 @@ impl Source for SnapshotSource {
     }
 
     async fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        let inner = &self.inner;
-        let end = offset.saturating_add(len).min(inner.size);
-        let mut extents = Vec::new();
-        let mut at = offset;
-        while at < end {
-            let i = inner.chunk_of(at);
-            let (chunk_offset, chunk_len) = inner.index.chunk_range(i);
-            let stop = (chunk_offset + chunk_len).min(end);
-            extents.push(if inner.digest(i)?.is_zero() {
-                Extent::zero(at, stop - at)
-            } else {
-                Extent::data(at, stop - at)
-            });
-            at = stop;
-        }
-        Ok(merge_extents(extents))
+        index_extents(&self.inner.index, self.inner.size, offset, len)
     }
 
     async fn read_at(&self, offset: u64, mut buf: IoBuf) -> Result<IoBuf> {
@@ -392,4 +375,37 @@ impl Source for SnapshotSource {
     async fn connect(&self) -> Result<Arc<dyn Source>> {
         Ok(Arc::new(self.clone()))
     }
+}
+
+/// The digest of chunk `i` of `index` (a number past the index is ferry's own error).
+pub(crate) fn index_digest(index: &FixedIndex, i: usize) -> Result<Digest> {
+    index
+        .digest(i)
+        .ok_or_else(|| Error::internal("a chunk number outside the index"))
+}
+
+/// The extents of `len` bytes at `offset` of an image of `size` bytes whose chunks
+/// `index` lists: zero chunks are zero extents (never read), the others data.
+pub(crate) fn index_extents(
+    index: &FixedIndex,
+    size: u64,
+    offset: u64,
+    len: u64,
+) -> Result<Vec<Extent>> {
+    let chunk_size = u64::from(index.chunk_size());
+    let end = offset.saturating_add(len).min(size);
+    let mut extents = Vec::new();
+    let mut at = offset;
+    while at < end {
+        let i = (at / chunk_size) as usize;
+        let (chunk_offset, chunk_len) = index.chunk_range(i);
+        let stop = (chunk_offset + chunk_len).min(end);
+        extents.push(if index_digest(index, i)?.is_zero() {
+            Extent::zero(at, stop - at)
+        } else {
+            Extent::data(at, stop - at)
+        });
+        at = stop;
+    }
+    Ok(merge_extents(extents))
 }
