@@ -21,6 +21,7 @@ use crate::controller::error::Error;
 use crate::controller::finalizer;
 use crate::controller::kind::{write_status, Ids};
 use crate::controller::pods::Created;
+use crate::controller::reconcile::update;
 use crate::controller::{plan as mover_plan, reconcile};
 use crate::crd::status::condition::{reason, RUNNING};
 use crate::crd::validate::quantity_bytes;
@@ -53,11 +54,20 @@ pub async fn reconcile_transfer(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result
         return reconcile(obj, ctx).await;
     }
     let ids = Ids::of(obj.as_ref())?;
-    let facts = observe(&ctx, &obj, &ids).await?;
+    // The classes are read to decide, once; a decided clone's looks read only its own
+    // snapshot and claims (the snapshot's class is looked up again only to remake it).
     let decision = match status.clone_strategy.as_deref() {
-        None if facts.source.is_none() => return reconcile(obj, ctx).await,
-        None => strategy::decide(&obj, &facts),
-        Some(_) => decided(&obj, &facts, &status),
+        None => {
+            let facts = observe(&ctx, &obj, &ids).await?;
+            if facts.source.is_none() {
+                return reconcile(obj, ctx).await;
+            }
+            strategy::decide(&obj, &facts)
+        }
+        Some("csi-clone") => Decision::CsiClone,
+        Some(_) => Decision::Snapshot {
+            class: String::new(),
+        },
     };
     match decision {
         Decision::Copy { fallback } => {
@@ -82,21 +92,6 @@ pub async fn reconcile_transfer(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result
     }
 }
 
-/// The decision recorded in the status. A snapshot's class is decided again (it matters
-/// only until the snapshot exists); if the classes changed since so that none is found,
-/// the cluster's default snapshot class is asked for.
-fn decided(obj: &Transfer, facts: &Facts, status: &TransferStatus) -> Decision {
-    match status.clone_strategy.as_deref() {
-        Some("csi-clone") => Decision::CsiClone,
-        _ => match strategy::decide(obj, facts) {
-            Decision::Snapshot { class } => Decision::Snapshot { class },
-            _ => Decision::Snapshot {
-                class: String::new(),
-            },
-        },
-    }
-}
-
 /// One step of a clone by the storage.
 async fn clone_step(
     ctx: &Context,
@@ -106,7 +101,19 @@ async fn clone_step(
     decision: &Decision,
 ) -> Result<Action, Error> {
     let observed = observe_clone(ctx, obj, ids, decision).await?;
-    let step = plan::next(obj, ids, decision, &observed);
+    let mut step = plan::next(obj, ids, decision, &observed);
+    if let (Step::Snapshot(_), Decision::Snapshot { class }) = (&step, decision) {
+        if class.is_empty() {
+            // A decided snapshot that is gone before the targets were made: made again in
+            // the class a decision names now (the cluster's default when none does).
+            let facts = observe(ctx, obj, ids).await?;
+            let class = match strategy::decide(obj, &facts) {
+                Decision::Snapshot { class } => class,
+                _ => String::new(),
+            };
+            step = Step::Snapshot(Box::new(plan::volume_snapshot(obj, ids, &class)));
+        }
+    }
     let mut next = status.clone();
     next.clone_strategy = Some(decision.name().to_string());
     if let Decision::Snapshot { .. } = decision {
@@ -131,7 +138,7 @@ async fn clone_step(
                         e.message
                     );
                     let waiting = mover_plan::waiting(obj, status, reason::REFUSED, &text);
-                    write_if_changed(ctx, ids, obj, status, &waiting).await?;
+                    update(ctx, ids, obj, status, &waiting).await?;
                     return Ok(Action::requeue(LOOK_AGAIN));
                 }
                 Err(e) => return Err(e.into()),
@@ -147,7 +154,7 @@ async fn clone_step(
                 if let Created::Refused(why) = claims::create(ctx, pvc).await? {
                     let text = format!("the API server refused to create pvc/{name}: {why}");
                     let waiting = mover_plan::waiting(obj, status, reason::REFUSED, &text);
-                    write_if_changed(ctx, ids, obj, status, &waiting).await?;
+                    update(ctx, ids, obj, status, &waiting).await?;
                     return Ok(Action::requeue(LOOK_AGAIN));
                 }
                 ctx.event(obj, false, "ClaimCreated", &format!("created pvc/{name}"))
@@ -162,7 +169,7 @@ async fn clone_step(
         Step::Wait { reason, message } => (Phase::Running, reason, message),
         Step::Conflict(text) => {
             let failed = mover_plan::failed(obj, &next, reason::INVALID_SPEC, &text);
-            write_if_changed(ctx, ids, obj, status, &failed).await?;
+            update(ctx, ids, obj, status, &failed).await?;
             ctx.event(obj, true, reason::INVALID_SPEC, &text).await;
             return Ok(Action::await_change());
         }
@@ -188,7 +195,7 @@ async fn clone_step(
                     .get_or_insert_with(crate::controller::life::now);
                 l.finish(Phase::Succeeded, reason::SUCCEEDED, Some(&text));
             });
-            if write_if_changed(ctx, ids, obj, status, &done).await? {
+            if update(ctx, ids, obj, status, &done).await?.is_some() {
                 ctx.event(obj, false, reason::SUCCEEDED, &text).await;
             }
             ctx.forget(&ids.uid);
@@ -203,7 +210,7 @@ async fn clone_step(
         l.message = None;
         l.set_condition(RUNNING, true, why, &message);
     });
-    write_if_changed(ctx, ids, obj, status, &running).await?;
+    update(ctx, ids, obj, status, &running).await?;
     Ok(Action::requeue(LOOK_AGAIN))
 }
 
@@ -216,20 +223,6 @@ fn target_statuses(names: &[String], phase: Phase) -> Vec<TargetStatus> {
             ..TargetStatus::default()
         })
         .collect()
-}
-
-async fn write_if_changed(
-    ctx: &Context,
-    ids: &Ids,
-    obj: &Transfer,
-    before: &TransferStatus,
-    next: &TransferStatus,
-) -> Result<bool, Error> {
-    if crate::controller::life::same_status(before, next) {
-        return Ok(false);
-    }
-    write_status(ctx, ids, obj, next).await?;
-    Ok(true)
 }
 
 /// What the cluster says about the Transfer's classes: its source claim, every storage
@@ -361,8 +354,9 @@ async fn observe_clone(
         .filter_map(|t| t.pvc_template.as_ref())
     {
         if let Some(pvc) = pvcs.get_opt(&t.name).await? {
+            let bound = pvc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
             let class = pvc.spec.as_ref().and_then(|s| s.storage_class_name.clone());
-            if let Some(class) = class {
+            if let Some(class) = class.filter(|_| !bound) {
                 if !observed.wait_for_consumer.contains(&class) {
                     let wffc = classes
                         .get_opt(&class)

@@ -101,7 +101,7 @@ async fn leftover(ctx: &Context, ids: &Ids, life: &Life) -> Result<Action, Error
 
 /// Writes `next` when it differs from `before` (the status of `obj`); returns the
 /// resource as written when it did.
-async fn update<K: MoverKind>(
+pub(crate) async fn update<K: MoverKind>(
     ctx: &Context,
     ids: &Ids,
     obj: &K,

@@ -174,10 +174,10 @@ fn clone(t: &mut Transfer, world: &mut World<'_>) -> Option<(Look, String)> {
             if let clone_plan::Step::Claims(pvcs) = clone_plan::next(t, &ids, &decision, &seen) {
                 for pvc in &pvcs {
                     world.create_claim(pvc);
-                    seen.targets
-                        .insert(pvc.metadata.name.clone().unwrap_or_default(), bound(pvc));
                 }
             }
+            // Render's planned claims are bound.
+            seen.targets = world.claims_in(&ids.namespace);
             match clone_plan::next(t, &ids, &decision, &seen) {
                 clone_plan::Step::Done(text) => {
                     next.targets = t
@@ -208,17 +208,6 @@ fn clone(t: &mut Transfer, world: &mut World<'_>) -> Option<(Look, String)> {
             }
         }
     }
-}
-
-fn bound(
-    pvc: &k8s_openapi::api::core::v1::PersistentVolumeClaim,
-) -> k8s_openapi::api::core::v1::PersistentVolumeClaim {
-    let mut bound = pvc.clone();
-    bound.status = Some(k8s_openapi::api::core::v1::PersistentVolumeClaimStatus {
-        phase: Some("Bound".into()),
-        ..Default::default()
-    });
-    bound
 }
 
 /// A Backup as written back: without the never-stored lookup.
