@@ -7,8 +7,11 @@
 //! test's server, which goes away when that test ends. [`listens_on`] closes the gap.
 
 use std::fs;
+use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 /// A TCP port on 127.0.0.1 that nothing listens on right now.
@@ -82,6 +85,79 @@ pub fn wait_gone(pid: i32, limit: Duration) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
     true
+}
+
+/// A server process the test started that prints lines on stdout (its URI first): read
+/// line by line, stopped by SIGTERM (also when dropped).
+#[derive(Debug)]
+pub struct Serving {
+    child: Option<Child>,
+    lines: Receiver<String>,
+}
+
+impl Serving {
+    /// Starts `cmd` (stdout piped) and returns once it printed its first line.
+    pub fn start(mut cmd: Command) -> (Self, String) {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
+        let mut child = cmd.spawn().expect("start ferry");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut running = Self {
+            child: Some(child),
+            lines,
+        };
+        let first = running.next_line(Duration::from_secs(60));
+        (running, first.trim().to_string())
+    }
+
+    /// The next line on stdout; fails the test after `limit`.
+    pub fn next_line(&mut self, limit: Duration) -> String {
+        match self.lines.recv_timeout(limit) {
+            Ok(line) => line,
+            Err(_) => {
+                if let Some(mut child) = self.child.take() {
+                    let _ = child.kill();
+                    let status = child.wait();
+                    panic!("ferry printed no line within {limit:?} ({status:?})");
+                }
+                panic!("ferry printed no line");
+            }
+        }
+    }
+
+    /// SIGTERM; returns whether it exited 0 within 10 s.
+    pub fn stop(&mut self) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return true;
+        };
+        signal(child.id() as i32, libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.success();
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }
 
 #[cfg(test)]

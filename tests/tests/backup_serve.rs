@@ -6,16 +6,14 @@
 //! has whole zero chunks; a wrong id or key is a clean failure; SIGTERM ends it with
 //! exit 0. `ferry backup restore --while-serving` restores while the export serves.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use ferry_tests::check::{assert_allocated_about, qemu_img_compare};
 use ferry_tests::images::{make, Image, Pattern};
 use ferry_tests::nbd_servers::{nbdinfo_map, require, TlsCerts};
-use ferry_tests::process::signal;
+use ferry_tests::process::Serving;
 use ferry_tests::s3_server::S3Server;
 use ferry_tests::{ferry, scratch_dir};
 
@@ -29,76 +27,6 @@ fn s(p: &Path) -> &str {
 
 /// A running ferry process that prints lines on stdout (an export's URI first), stopped
 /// with SIGTERM when dropped.
-struct Running {
-    child: Option<Child>,
-    lines: Receiver<String>,
-}
-
-impl Running {
-    /// Starts `cmd` (stdout piped) and returns once it printed its first line.
-    fn start(mut cmd: Command) -> (Self, String) {
-        cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
-        let mut child = cmd.spawn().expect("start ferry");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, lines) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut running = Self {
-            child: Some(child),
-            lines,
-        };
-        let first = running.next_line(Duration::from_secs(60));
-        (running, first.trim().to_string())
-    }
-
-    /// The next line on stdout; fails the test after `limit`.
-    fn next_line(&mut self, limit: Duration) -> String {
-        match self.lines.recv_timeout(limit) {
-            Ok(line) => line,
-            Err(_) => {
-                if let Some(mut child) = self.child.take() {
-                    let _ = child.kill();
-                    let status = child.wait();
-                    panic!("ferry printed no line within {limit:?} ({status:?})");
-                }
-                panic!("ferry printed no line");
-            }
-        }
-    }
-
-    /// SIGTERM; returns whether it exited 0 within 10 s.
-    fn stop(&mut self) -> bool {
-        let Some(mut child) = self.child.take() else {
-            return true;
-        };
-        signal(child.id() as i32, libc::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                return status.success();
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
 fn ok(tool: &str, args: &[&str]) -> String {
     require(tool);
     let out = Command::new(tool)
@@ -201,7 +129,7 @@ fn a_qcow2_backup_is_served_to_real_clients_with_its_holes() {
         "--cache-size",
         "1M",
     ]);
-    let (mut served, uri) = Running::start(cmd);
+    let (mut served, uri) = Serving::start(cmd);
     assert!(
         uri.starts_with("nbd://127.0.0.1:") && uri.ends_with("/vm1"),
         "{uri}"
@@ -305,7 +233,7 @@ async fn an_encrypted_s3_backup_is_served_over_tls_and_bad_ids_and_keys_fail_cle
             s(&c.join("ca-cert.pem")),
         ],
     );
-    let (mut served, uri) = tokio::task::spawn_blocking(move || Running::start(cmd))
+    let (mut served, uri) = tokio::task::spawn_blocking(move || Serving::start(cmd))
         .await
         .unwrap();
     assert!(uri.starts_with("nbds://127.0.0.1:"), "{uri}");
@@ -371,7 +299,7 @@ fn a_live_restore_serves_the_backup_while_the_target_fills() {
         "--workers",
         "1",
     ]);
-    let (mut live, uri) = Running::start(cmd);
+    let (mut live, uri) = Serving::start(cmd);
     assert!(uri.starts_with("nbd://127.0.0.1:"), "{uri}");
     // The export serves the whole image, whatever the restore has written yet.
     nbdcopy_and_compare(&uri, &dir.path().join("served.raw"), &image);

@@ -3,23 +3,21 @@
 //! `ferry checksum` and the source conformance suite), over TCP, Unix sockets and TLS;
 //! raw, qcow2 and HTTP sources; several clients at once; writes refused; SIGTERM ends it.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use ferry_tests::check::{assert_allocated_about, blkhash_file, qemu_img_compare};
 use ferry_tests::http_server::Nginx;
 use ferry_tests::images::{make, Image, Pattern};
 use ferry_tests::nbd_servers::{nbdinfo_map, require, NbdServer, QemuNbd, TlsCerts};
-use ferry_tests::process::signal;
+use ferry_tests::process::Serving;
 use ferry_tests::{ferry, scratch_dir};
 
 const MIB: u64 = 1 << 20;
 
 /// A running `ferry export`, stopped with SIGTERM when dropped.
 struct Exported {
-    child: Option<Child>,
+    server: Serving,
     uri: String,
 }
 
@@ -27,25 +25,13 @@ impl Exported {
     /// Starts `ferry export SRC ARGS...` and waits for the URI it prints.
     fn start(source: &str, args: &[&str]) -> Self {
         let mut cmd = ferry!().command(["export", source]);
-        cmd.args(args).stderr(Stdio::inherit());
-        let mut child = cmd.spawn().expect("start ferry export");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_default();
-        let uri = line.trim().to_string();
-        if uri.is_empty() {
-            let _ = child.kill();
-            panic!("ferry export {source} {args:?} printed no URI");
-        }
-        Self {
-            child: Some(child),
-            uri,
-        }
+        cmd.args(args);
+        let (server, uri) = Serving::start(cmd);
+        assert!(
+            !uri.is_empty(),
+            "ferry export {source} {args:?} printed no URI"
+        );
+        Self { server, uri }
     }
 
     /// The URI with `query` parameters appended.
@@ -56,28 +42,7 @@ impl Exported {
 
     /// SIGTERM; returns whether it exited 0 within 10 s.
     fn stop(&mut self) -> bool {
-        let Some(mut child) = self.child.take() else {
-            return true;
-        };
-        signal(child.id() as i32, libc::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                return status.success();
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Exported {
-    fn drop(&mut self) {
-        self.stop();
+        self.server.stop()
     }
 }
 
