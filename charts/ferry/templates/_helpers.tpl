@@ -95,5 +95,9 @@ namespace, else in a Role in each watched namespace.
   verbs: [list]
 - apiGroups: [""]
   resources: [nodes]
-  verbs: [get]
+  verbs: [get, list]
+# A Transfer that fans out places its mover groups by the nodes' CSI attach limits.
+- apiGroups: [storage.k8s.io]
+  resources: [csinodes]
+  verbs: [list]
 {{- end }}

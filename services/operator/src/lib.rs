@@ -53,6 +53,7 @@ pub mod clone;
 pub mod controller;
 pub mod crd;
 pub mod events;
+pub mod fanout;
 pub mod leader;
 pub mod metrics;
 pub mod mover;

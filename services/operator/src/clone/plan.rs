@@ -152,12 +152,8 @@ pub fn next(transfer: &Transfer, ids: &Ids, decision: &Decision, observed: &Obse
             Some(SnapshotState::Ready(size)) => restore_size = size.clone(),
         }
     }
-    let templates: Vec<&PvcTemplate> = transfer
-        .spec
-        .targets
-        .iter()
-        .filter_map(|t| t.pvc_template.as_ref())
-        .collect();
+    let all = transfer.spec.all_targets();
+    let templates: Vec<&PvcTemplate> = all.iter().filter_map(|t| t.pvc_template.as_ref()).collect();
     let mut missing = Vec::new();
     let (mut unbound, mut waiting) = (Vec::new(), Vec::new());
     for t in &templates {

@@ -43,10 +43,15 @@ const DEFAULT_SNAPSHOT_CLASS: &str = "snapshot.storage.kubernetes.io/is-default-
 /// One reconcile of a Transfer.
 pub async fn reconcile_transfer(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result<Action, Error> {
     let status = obj.status.clone().unwrap_or_default();
-    let shared = obj.metadata.deletion_timestamp.is_some()
+    let common = obj.metadata.deletion_timestamp.is_some()
         || !finalizer::has(obj.as_ref())
         || status.phase.is_final()
-        || obj.spec.validate().is_err()
+        || obj.spec.validate().is_err();
+    let copies = obj.spec.source.pvc.is_none() || status.clone_strategy.as_deref() == Some("copy");
+    if !common && obj.spec.fans_out() && copies && status.mover_pod.is_none() {
+        return crate::fanout::reconcile::reconcile(obj, ctx).await;
+    }
+    let shared = common
         || obj.spec.source.pvc.is_none()
         || status.clone_strategy.as_deref() == Some("copy")
         || status.mover_pod.is_some();
@@ -121,7 +126,7 @@ async fn clone_step(
     }
     let targets: Vec<String> = obj
         .spec
-        .targets
+        .all_targets()
         .iter()
         .filter_map(|t| t.pvc_template.as_ref().map(|p| p.name.clone()))
         .collect();
@@ -349,7 +354,7 @@ async fn observe_clone(
     let classes: Api<StorageClass> = Api::all(ctx.client.clone());
     for t in obj
         .spec
-        .targets
+        .all_targets()
         .iter()
         .filter_map(|t| t.pvc_template.as_ref())
     {

@@ -109,8 +109,8 @@ pub fn decide(transfer: &Transfer, facts: &Facts) -> Decision {
         return Decision::Copy { fallback: None };
     };
     let source_class = source.class.as_deref().and_then(|c| class(facts, c));
-    let target_class = spec
-        .targets
+    let all = spec.all_targets();
+    let target_class = all
         .iter()
         .find_map(|t| t.pvc_template.as_ref())
         .and_then(|t| t.storage_class_name.clone().or(facts.default_class.clone()))
@@ -154,7 +154,7 @@ pub fn decide(transfer: &Transfer, facts: &Facts) -> Decision {
             None => "the source claim has no storage class".to_string(),
         });
     };
-    for target in &spec.targets {
+    for target in all.iter() {
         let Some(t) = &target.pvc_template else {
             return fall_back(format!(
                 "target {} is not a pvcTemplate: only a new claim can be a clone",

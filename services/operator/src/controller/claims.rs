@@ -106,6 +106,14 @@ pub fn from_template<K: MoverKind>(
                 ClaimRetention::Delete => obj.controller_owner_ref(&()).map(|r| vec![r]),
                 ClaimRetention::Retain => None,
             },
+            // Provisioned for the mover's node (what the scheduler would set for a
+            // WaitForFirstConsumer claim; a topology-bound Immediate class honours it too).
+            annotations: obj.placed_on().map(|node| {
+                BTreeMap::from([(
+                    crate::populator::names::SELECTED_NODE.to_string(),
+                    node.to_string(),
+                )])
+            }),
             ..ObjectMeta::default()
         },
         spec: Some(PersistentVolumeClaimSpec {

@@ -77,6 +77,8 @@ pub struct Context {
     unreachable: Mutex<HashMap<String, (u32, Instant)>>,
     /// The last attachment check of a starting mover: pod uid -> (when, what it said).
     attachment_checks: Mutex<HashMap<String, (Instant, Option<String>)>>,
+    /// Every Transfer (the Transfer controller's store), where a fan-out reads its groups.
+    transfers: std::sync::OnceLock<Store<crate::crd::Transfer>>,
 }
 
 /// A resource waiting for a mover slot.
@@ -139,7 +141,18 @@ impl Context {
             mover_ca: None,
             unreachable: Mutex::default(),
             attachment_checks: Mutex::default(),
+            transfers: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Lets fan-outs read their groups from the Transfer controller's store.
+    pub fn set_transfers(&self, store: Store<crate::crd::Transfer>) {
+        let _ = self.transfers.set(store);
+    }
+
+    /// The Transfer controller's store, once set.
+    pub fn transfers(&self) -> Option<&Store<crate::crd::Transfer>> {
+        self.transfers.get()
     }
 
     /// The same context reading namespaces' metadata from `namespaces` (filled by a watch).

@@ -86,6 +86,11 @@ pub trait MoverKind:
     }
     /// Its mover pod.
     fn mover_pod(&self, input: &MoverPodInput<'_>) -> Result<Pod, MoverError>;
+    /// The node its mover is placed on, if the spec places it: the claims it creates are
+    /// provisioned for that node.
+    fn placed_on(&self) -> Option<&str> {
+        None
+    }
     /// Its jobs, resuming from what the status recorded.
     fn jobs(
         &self,

@@ -131,7 +131,11 @@ pub async fn run(
         ctx = ctx.with_mover_ca(ca);
     }
     let ctx = Arc::new(ctx);
-    let transfers = mover_controller::<Transfer>(&client, &ns, &ctx);
+    let transfers = mover_controller::<Transfer>(&client, &ns, &ctx).owns(
+        api::<Transfer>(&client, &ns),
+        watcher::Config::default().labels(crate::fanout::children::PARENT_UID),
+    );
+    ctx.set_transfers(transfers.store());
     let checksums = mover_controller::<Checksum>(&client, &ns, &ctx);
     let backups = mover_controller::<Backup>(&client, &ns, &ctx);
     let restores = mover_controller::<Restore>(&client, &ns, &ctx);

@@ -95,6 +95,10 @@ impl MoverKind for Transfer {
         transfer_pod(self, input)
     }
 
+    fn placed_on(&self) -> Option<&str> {
+        self.spec.mover.as_ref()?.node_name.as_deref()
+    }
+
     fn jobs(
         &self,
         status: &TransferStatus,

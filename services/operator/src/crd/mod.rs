@@ -7,6 +7,7 @@ pub mod backup_repository;
 pub mod backup_schedule;
 pub mod checksum;
 pub mod endpoint;
+pub mod fan_out;
 pub mod options;
 pub mod restore;
 pub mod settings;
@@ -34,6 +35,7 @@ pub use endpoint::{
     AccessMode, Endpoint, HttpHeader, HttpOptions, IscsiOptions, NbdOptions, NfsOptions, PvcRef,
     PvcTemplate, S3Options, SecretKeyRef, TargetKey, TransferTarget, VolumeMode,
 };
+pub use fan_out::{FanOut, FanOutStatus, GroupStatus, PvcTemplates};
 pub use options::{
     CacheMode, ChecksumOptions, CommitOrder, HashAlgorithm, ImageFormat, Preallocation,
     TransferOptions,

@@ -17,6 +17,10 @@ pub struct MoverSettings {
     /// Nodes the mover may run on (merged over the operator's default selector).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<BTreeMap<String, String>>,
+    /// The node the mover runs on (a Transfer that fans out places each group's mover
+    /// so; a claim in use on another node is then an error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
     /// Taints the mover tolerates (added to the operator's default tolerations).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tolerations: Option<Vec<Toleration>>,

@@ -10,14 +10,17 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::endpoint::{Endpoint, TransferTarget};
+use super::fan_out::{FanOut, FanOutStatus, PvcTemplates};
 use super::options::TransferOptions;
 use super::settings::MoverSettings;
 use super::status::{Checkpoint, Phase, Progress};
 use super::storage_class_profile::CloneStrategy;
 use super::validate::{check_digest, invalid, ValidationError};
 
-/// Most targets of one Transfer.
-pub const MAX_TARGETS: usize = 64;
+/// Most targets listed in one Transfer (`pvcTemplates` generates more).
+pub const MAX_TARGETS: usize = 1000;
+/// Most targets one mover writes: a Transfer with more fans out over mover groups.
+pub const MAX_ONE_MOVER: usize = 64;
 
 /// Copy a disk image from `source` into every target.
 // kube's printcolumn(...) entries repeat their keys by design.
@@ -62,8 +65,10 @@ pub struct TransferSpec {
     /// What to read: exactly one of url or pvc.
     #[x_kube(validation = Rule::new("has(self.url) != has(self.pvc)").message("source: give exactly one of url or pvc"))]
     pub source: Endpoint,
-    /// What to write: 1 to 64 targets, each exactly one of url, pvc or pvcTemplate.
-    #[schemars(length(min = 1, max = 64))]
+    /// What to write: up to 1000 targets, each exactly one of url, pvc or pvcTemplate
+    /// (with `pvcTemplates`, at least one target in all).
+    #[serde(default)]
+    #[schemars(length(max = 1000))]
     #[x_kube(validation = Rule::new("self.all(t, [has(t.url), has(t.pvc), has(t.pvcTemplate)].exists_one(x, x))").message("each target: give exactly one of url, pvc or pvcTemplate"))]
     pub targets: Vec<TransferTarget>,
     /// How to copy.
@@ -89,6 +94,39 @@ pub struct TransferSpec {
     /// target class's StorageClassProfile gives the default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clone_strategy: Option<CloneStrategy>,
+    /// Claims to create and fill besides `targets`: `count` alike claims named
+    /// `<namePrefix><index>`. A Transfer with these fans out over mover groups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pvc_templates: Option<PvcTemplates>,
+    /// Split the targets over mover groups, each what one node can attach (always with
+    /// `pvcTemplates` or more than 64 targets; given here, also for fewer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fan_out: Option<FanOut>,
+}
+
+impl TransferSpec {
+    /// Every target: those listed, then the generated ones.
+    pub fn all_targets(&self) -> std::borrow::Cow<'_, [TransferTarget]> {
+        match &self.pvc_templates {
+            None => std::borrow::Cow::Borrowed(&self.targets),
+            Some(t) => {
+                let mut all = self.targets.clone();
+                all.extend((0..t.count).map(|i| t.target(i)));
+                std::borrow::Cow::Owned(all)
+            }
+        }
+    }
+
+    /// How many targets in all.
+    pub fn target_count(&self) -> usize {
+        self.targets.len() + self.pvc_templates.as_ref().map_or(0, |t| t.count as usize)
+    }
+
+    /// Whether the targets are split over mover groups (child Transfers) rather than
+    /// written by one mover.
+    pub fn fans_out(&self) -> bool {
+        self.pvc_templates.is_some() || self.fan_out.is_some() || self.targets.len() > MAX_ONE_MOVER
+    }
 }
 
 /// What becomes of created claims when their Transfer is deleted.
@@ -106,14 +144,36 @@ impl TransferSpec {
     /// duplicate targets, the digest.
     pub fn validate(&self) -> Result<(), ValidationError> {
         self.source.validate("spec.source")?;
-        if self.targets.is_empty() {
-            return Err(invalid("spec.targets", "give at least one target"));
+        if self.targets.is_empty() && self.pvc_templates.is_none() {
+            return Err(invalid(
+                "spec.targets",
+                "give at least one target (or pvcTemplates)",
+            ));
         }
         if self.targets.len() > MAX_TARGETS {
             return Err(invalid(
                 "spec.targets",
-                &format!("at most {MAX_TARGETS} targets per Transfer: split it"),
+                &format!(
+                    "at most {MAX_TARGETS} targets listed per Transfer: generate claims with pvcTemplates, or split it"
+                ),
             ));
+        }
+        if let Some(templates) = &self.pvc_templates {
+            templates.validate("spec.pvcTemplates")?;
+            let listed = self.targets.iter().filter_map(|t| match t.key() {
+                Some(super::endpoint::TargetKey::Pvc(name)) => Some(name),
+                _ => None,
+            });
+            let source = self.source.pvc.iter().map(|p| p.name.clone());
+            if let Some(name) = listed.chain(source).find(|n| templates.generates(n)) {
+                return Err(invalid(
+                    "spec.pvcTemplates.namePrefix",
+                    &format!("the generated claim {name} is also the source or a listed target: choose another prefix"),
+                ));
+            }
+        }
+        if let Some(fan_out) = &self.fan_out {
+            fan_out.validate("spec.fanOut")?;
         }
         let source_pvc = self.source.pvc.as_ref().map(|p| p.name.as_str());
         let mut seen = Vec::with_capacity(self.targets.len());
@@ -238,6 +298,10 @@ pub struct TransferStatus {
     /// once every target is bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clone_snapshot: Option<String>,
+    /// The mover groups of a Transfer that fans out (each a child Transfer) and how far
+    /// they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fan_out: Option<FanOutStatus>,
 }
 
 #[cfg(test)]
@@ -256,6 +320,8 @@ mod tests {
             mover: None,
             claim_retention: None,
             clone_strategy: None,
+            pvc_templates: None,
+            fan_out: None,
         }
     }
 
@@ -294,7 +360,7 @@ mod tests {
     fn zero_targets_are_refused() {
         assert_eq!(
             spec(vec![]).validate().unwrap_err().to_string(),
-            "spec.targets: give at least one target"
+            "spec.targets: give at least one target (or pvcTemplates)"
         );
         let many = (0..=MAX_TARGETS)
             .map(|i| template(&format!("t{i}")))
@@ -303,7 +369,7 @@ mod tests {
             .validate()
             .unwrap_err()
             .message
-            .contains("at most 64"));
+            .contains("at most 1000"));
     }
 
     #[test]

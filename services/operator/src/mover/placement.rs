@@ -34,10 +34,21 @@ pub fn pinning_use(pvcs: &[ResolvedPvc]) -> Result<Option<&InUse>, String> {
 
 /// Pins the pod to the node of `used`, with its tolerations added.
 pub fn pin(spec: &mut PodSpec, used: &InUse) {
+    pin_to(spec, &used.node);
+    let tolerations = spec.tolerations.get_or_insert_with(Vec::new);
+    for t in &used.tolerations {
+        if !tolerations.contains(t) {
+            tolerations.push(t.clone());
+        }
+    }
+}
+
+/// Pins the pod to `node`.
+pub fn pin_to(spec: &mut PodSpec, node: &str) {
     let requirement = NodeSelectorRequirement {
         key: NODE_NAME_FIELD.into(),
         operator: "In".into(),
-        values: Some(vec![used.node.clone()]),
+        values: Some(vec![node.to_string()]),
     };
     spec.affinity = Some(Affinity {
         node_affinity: Some(NodeAffinity {
@@ -51,12 +62,6 @@ pub fn pin(spec: &mut PodSpec, used: &InUse) {
         }),
         ..Affinity::default()
     });
-    let tolerations = spec.tolerations.get_or_insert_with(Vec::new);
-    for t in &used.tolerations {
-        if !tolerations.contains(t) {
-            tolerations.push(t.clone());
-        }
-    }
 }
 
 /// The node a pod is pinned to by [`pin`].

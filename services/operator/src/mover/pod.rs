@@ -314,6 +314,14 @@ fn build(
         .clone()
         .unwrap_or_else(|| pod_security_context(&attached, input.assigned_ids));
     let pinned_by = placement::pinning_use(input.pvcs).map_err(MoverError::Apart)?;
+    if let (Some(node), Some(used)) = (&settings.node_name, pinned_by) {
+        if &used.node != node {
+            return Err(MoverError::Apart(format!(
+                "the mover is placed on node {node} but pod {} uses one of its claims on node {}: stop that pod",
+                used.pod, used.node
+            )));
+        }
+    }
     let mut spec = PodSpec {
         containers: vec![container(&attached, &settings, defaults, input.tls)],
         volumes: Some(volumes(&attached, input.token_secret, input.tls)),
@@ -342,6 +350,8 @@ fn build(
     };
     if let Some(used) = pinned_by {
         placement::pin(&mut spec, used);
+    } else if let Some(node) = &settings.node_name {
+        placement::pin_to(&mut spec, node);
     }
     Ok(Pod {
         metadata: metadata(&owner, input.pod_name),
@@ -727,6 +737,8 @@ mod tests {
             }),
             claim_retention: None,
             clone_strategy: None,
+            pvc_templates: None,
+            fan_out: None,
         };
         let mut t = Transfer::new("import", spec);
         t.metadata = meta();
@@ -1020,6 +1032,8 @@ mod tests {
                 mover: None,
                 claim_retention: None,
                 clone_strategy: None,
+                pvc_templates: None,
+                fan_out: None,
             },
         );
         t.metadata = meta();

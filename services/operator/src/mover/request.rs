@@ -214,6 +214,8 @@ mod tests {
             mover: None,
             claim_retention: None,
             clone_strategy: None,
+            pvc_templates: None,
+            fan_out: None,
         };
         let t = stored(Transfer::new("x", spec));
         let pvcs = [
@@ -343,6 +345,8 @@ mod tests {
             mover: None,
             claim_retention: None,
             clone_strategy: None,
+            pvc_templates: None,
+            fan_out: None,
         };
         let t = stored(Transfer::new("x", spec));
         let pvcs = [

@@ -137,6 +137,8 @@ pub fn transfer(ids: &ClaimIds, source: &VolumeImageSource) -> Transfer {
         mover: source.spec.mover.clone(),
         claim_retention: None,
         clone_strategy: None,
+        pvc_templates: None,
+        fan_out: None,
     };
     let mut transfer = Transfer::new(&names::transfer(&ids.name), spec);
     transfer.metadata = ids.meta(names::transfer(&ids.name));

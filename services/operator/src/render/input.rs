@@ -5,8 +5,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod, Secret};
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::api::DynamicObject;
 use kube::core::ObjectMeta;
 use serde::de::DeserializeOwned;
@@ -110,12 +111,19 @@ pub struct Cluster {
     pub profiles: Vec<StorageClassProfile>,
     /// VolumeSnapshotClasses (cluster-scoped).
     pub snapshot_classes: Vec<DynamicObject>,
+    /// Nodes, their CSINodes and the VolumeAttachments (cluster-scoped): where a
+    /// Transfer that fans out places its groups.
+    pub nodes: Vec<Node>,
+    /// CSINodes (attach limits per driver).
+    pub csinodes: Vec<CSINode>,
+    /// VolumeAttachments (what each node has attached).
+    pub attachments: Vec<VolumeAttachment>,
     /// Objects read for context that no plan looks at yet, by kind.
     pub context: BTreeMap<String, usize>,
 }
 
 /// Kinds read for context only.
-const CONTEXT_KINDS: [&str; 4] = ["PersistentVolume", "CSINode", "VolumeAttachment", "Node"];
+const CONTEXT_KINDS: [&str; 1] = ["PersistentVolume"];
 
 /// The namespace of an object, `default` when it names none (as kubectl applies it).
 pub fn namespace_of(meta: &ObjectMeta) -> String {
@@ -204,6 +212,11 @@ impl Cluster {
             ("snapshot.storage.k8s.io", "VolumeSnapshotClass") => {
                 let c: DynamicObject = typed(document, &kind, value)?;
                 self.snapshot_classes.push(c);
+            }
+            ("", "Node") => self.nodes.push(typed(document, &kind, value)?),
+            ("storage.k8s.io", "CSINode") => self.csinodes.push(typed(document, &kind, value)?),
+            ("storage.k8s.io", "VolumeAttachment") => {
+                self.attachments.push(typed(document, &kind, value)?)
             }
             ("storage.k8s.io", "StorageClass") => {
                 let c: StorageClass = typed(document, &kind, value)?;

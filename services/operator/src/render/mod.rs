@@ -12,6 +12,7 @@
 //! status exactly as on a cluster (the reason and message of its Ready condition).
 
 mod claims;
+mod fan_out;
 pub mod input;
 mod movers;
 mod schedules;
@@ -186,6 +187,13 @@ pub fn render(cluster: &Cluster, options: &Options) -> Result<Rendered, RenderEr
                 Look::Waiting => still_open.push(i),
                 Look::Settled => {}
             }
+        }
+        if !world.spawned.is_empty() {
+            // Resources a look created (a fan-out's groups) are planned from the next round.
+            let first = resources.len();
+            resources.append(&mut world.spawned);
+            notes.resize(resources.len(), String::new());
+            still_open.extend(first..resources.len());
         }
         open = still_open;
         if !started || open.is_empty() {

@@ -69,6 +69,9 @@ impl Resource {
                 if let Some((look, note)) = clone(r.as_mut(), world) {
                     return Ok((look, note));
                 }
+                if let Some((look, note)) = super::fan_out::look(r.as_mut(), world, options) {
+                    return Ok((look, note));
+                }
                 let (look, note, status) = look(r.as_mut(), world, options)?;
                 r.status = status.or(r.status.take());
                 Ok((look, note))
