@@ -6,6 +6,7 @@ mod support;
 mod backup;
 mod clone;
 mod crds;
+mod fan_out;
 mod leader;
 mod manifests;
 mod metrics;

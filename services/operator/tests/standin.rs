@@ -376,6 +376,110 @@ async fn a_mover_of_a_claim_in_use_lands_on_the_node_of_its_user() {
     assert_no_refusal(&cluster);
 }
 
+/// A rollout into ten new claims on three nodes whose driver attaches four volumes each:
+/// one mover could never attach them all; the Transfer fans out into three groups (4, 4
+/// and 2 claims), each a child Transfer whose mover is placed on its node and whose claims
+/// are provisioned there; every group and the Transfer succeed, and no pod ever waits on
+/// the attach limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_over_the_attach_limit_fans_out_over_nodes_and_succeeds() {
+    let cluster = cluster();
+    cluster.add_node("node-c", &[]);
+    for node in ["node-a", "node-b", "node-c"] {
+        cluster.put(json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+            "metadata": {"name": node},
+            "spec": {"drivers": [{"name": "rancher.io/local-path", "nodeID": node,
+                                  "allocatable": {"count": 4}}]}}));
+    }
+    let mut movers = cluster.changes("", "pods", &mover_selector());
+    let _operator = start(&cluster, settings());
+    apply_transfer(
+        &cluster,
+        "rollout",
+        json!({"source": {"url": "https://images.example.com/golden.img"},
+               "pvcTemplates": {"namePrefix": "vm-", "count": 10, "size": "4Mi"}}),
+    )
+    .await;
+    until(30, "the rollout to succeed", || {
+        phase_of(&cluster, "rollout").as_deref() == Some("Succeeded")
+    })
+    .await;
+    let rollout = cluster
+        .get("ferry.dev", "transfers", NS, "rollout")
+        .unwrap();
+    let fan_out = &rollout["status"]["fanOut"];
+    assert_eq!(
+        fan_out["groups"],
+        json!([
+            {"name": "rollout-g0", "node": "node-a", "targets": [[0, 4]], "phase": "Succeeded"},
+            {"name": "rollout-g1", "node": "node-b", "targets": [[4, 8]], "phase": "Succeeded"},
+            {"name": "rollout-g2", "node": "node-c", "targets": [[8, 10]], "phase": "Succeeded"},
+        ])
+    );
+    assert_eq!(fan_out["targetsSucceeded"], 10);
+    assert_eq!(
+        rollout["status"]["message"],
+        "10 targets written by 3 mover groups"
+    );
+    for (group, node, claims) in [
+        (0, "node-a", 0..4),
+        (1, "node-b", 4..8),
+        (2, "node-c", 8..10),
+    ] {
+        let child = cluster
+            .get("ferry.dev", "transfers", NS, &format!("rollout-g{group}"))
+            .unwrap();
+        assert_eq!(child["status"]["phase"], "Succeeded");
+        assert_eq!(child["metadata"]["ownerReferences"][0]["name"], "rollout");
+        assert_eq!(child["status"]["node"], node);
+        for i in claims {
+            let claim = cluster
+                .get("", "persistentvolumeclaims", NS, &format!("vm-{i}"))
+                .unwrap();
+            assert_eq!(claim["status"]["phase"], "Bound", "vm-{i}");
+            assert_eq!(
+                claim["metadata"]["annotations"]["volume.kubernetes.io/selected-node"], node,
+                "vm-{i}"
+            );
+        }
+    }
+    let seen = drain(&mut movers);
+    let mut ran: Vec<(String, String)> = seen
+        .iter()
+        .map(|(_, pod, _)| pod)
+        .filter(|pod| pod["status"]["phase"] == "Running")
+        .map(|pod| {
+            let owner = pod["metadata"]["ownerReferences"][0]["name"]
+                .as_str()
+                .unwrap_or_default();
+            (
+                owner.to_string(),
+                pod["spec"]["nodeName"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        })
+        .collect();
+    ran.sort();
+    ran.dedup();
+    assert_eq!(
+        ran,
+        [
+            ("rollout-g0".to_string(), "node-a".to_string()),
+            ("rollout-g1".to_string(), "node-b".to_string()),
+            ("rollout-g2".to_string(), "node-c".to_string()),
+        ]
+    );
+    let waits: Vec<_> = seen
+        .iter()
+        .flat_map(|(_, pod, _)| cluster.events_of("", "pods", NS, &name_of(pod)))
+        .filter(|e| e.2.contains("exceed max volume count") || e.1 == "FailedAttachVolume")
+        .collect();
+    assert!(waits.is_empty(), "{waits:?}");
+    assert_no_refusal(&cluster);
+}
+
 /// Deleting a finished Transfer keeps the claim it created by default (`claimRetention:
 /// Retain`) and deletes it with `Delete` (garbage-collected as the Transfer's dependent,
 /// its volume reclaimed).

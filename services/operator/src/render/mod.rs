@@ -283,6 +283,24 @@ impl World<'_> {
         claims
     }
 
+    /// The claims of `namespace` with these names that exist (the file's or planned).
+    pub(crate) fn claims_named<'n>(
+        &self,
+        namespace: &str,
+        names: impl Iterator<Item = &'n str>,
+    ) -> BTreeMap<String, PersistentVolumeClaim> {
+        names
+            .filter_map(|name| {
+                let key = (namespace.to_string(), name.to_string());
+                let pvc = self
+                    .claims
+                    .get(&key)
+                    .or_else(|| self.cluster.claims.get(&key))?;
+                Some((name.to_string(), pvc.clone()))
+            })
+            .collect()
+    }
+
     /// The pods of `namespace`: the file's and the planned movers.
     pub(crate) fn pods_in(&self, namespace: &str) -> Vec<Pod> {
         let mut pods = self

@@ -12,11 +12,12 @@ use crate::clone::plan as clone_plan;
 use crate::clone::reconcile as clone_reconcile;
 use crate::clone::strategy::{self, Decision};
 use crate::controller::finalizer::FINALIZER;
-use crate::controller::kind::{Ids, MoverKind};
+use crate::controller::kind::{Claim, Ids, MoverKind};
 use crate::controller::life::HasLife;
 use crate::controller::limits::{self, Slot};
 use crate::controller::plan::{self, Plan, Setup};
 use crate::controller::restore::{named_snapshot, snapshot_in};
+use crate::controller::users;
 use crate::crd::status::condition::{reason, READY};
 use crate::crd::{Backup, Phase, Restore, Transfer};
 use crate::mover::layout::{CLIENT_CA_KEY, TLS_CERT_KEY, TLS_KEY_KEY, TOKEN_KEY};
@@ -277,9 +278,27 @@ fn look<K: MoverKind>(
         let next = plan::waiting(obj, &status, reason::QUEUED, &message);
         return Ok((Look::Waiting, note_of(&next), Some(next)));
     }
+    // As the reconciler reads them: the claims the resource names, and the namespace's
+    // pods only when one of them attaches to one node at a time.
+    let named: Vec<(String, bool)> = obj
+        .claims()
+        .iter()
+        .map(|c| match c {
+            Claim::Existing(name) => (name.to_string(), true),
+            Claim::Template(t, _) => (t.name.clone(), false),
+        })
+        .collect();
+    let claims = world.claims_named(&ids.namespace, named.iter().map(|(n, _)| n.as_str()));
+    let single_node = named
+        .iter()
+        .any(|(n, existing)| *existing && claims.get(n).is_some_and(users::single_node));
     let observed = plan::Observed {
-        claims: world.claims_in(&ids.namespace),
-        pods: world.pods_in(&ids.namespace),
+        claims,
+        pods: if single_node {
+            world.pods_in(&ids.namespace)
+        } else {
+            Vec::new()
+        },
         secrets: world.cluster.secrets_in(&ids.namespace),
         assigns_ids: world.cluster.assigning_ids.contains(&ids.namespace),
     };
