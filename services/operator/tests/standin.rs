@@ -377,8 +377,8 @@ async fn a_mover_of_a_claim_in_use_lands_on_the_node_of_its_user() {
 }
 
 /// A rollout into ten new claims on three nodes whose driver attaches four volumes each:
-/// one mover could never attach them all; the Transfer fans out into three groups (4, 4
-/// and 2 claims), each a child Transfer whose mover is placed on its node and whose claims
+/// one mover could never attach them all; the Transfer fans out into three groups (4, 3
+/// and 3 claims), each a child Transfer whose mover is placed on its node and whose claims
 /// are provisioned there; every group and the Transfer succeed, and no pod ever waits on
 /// the attach limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -412,8 +412,8 @@ async fn a_rollout_over_the_attach_limit_fans_out_over_nodes_and_succeeds() {
         fan_out["groups"],
         json!([
             {"name": "rollout-g0", "node": "node-a", "targets": [[0, 4]], "phase": "Succeeded"},
-            {"name": "rollout-g1", "node": "node-b", "targets": [[4, 8]], "phase": "Succeeded"},
-            {"name": "rollout-g2", "node": "node-c", "targets": [[8, 10]], "phase": "Succeeded"},
+            {"name": "rollout-g1", "node": "node-b", "targets": [[4, 7]], "phase": "Succeeded"},
+            {"name": "rollout-g2", "node": "node-c", "targets": [[7, 10]], "phase": "Succeeded"},
         ])
     );
     assert_eq!(fan_out["targetsSucceeded"], 10);

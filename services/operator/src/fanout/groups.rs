@@ -105,14 +105,17 @@ pub fn plan(
             return Err(PlanError::NoRoom { why });
         }
         rooms.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-        let even = (any.len() as u64).div_ceil(rooms.len() as u64) as u32;
         let mut rest = any.as_slice();
         while !rest.is_empty() {
-            for &(node, cap) in &rooms {
-                if rest.is_empty() {
-                    break;
+            // Each round shares what is left evenly over the nodes (the first ones one
+            // more), each node taking at most its room.
+            let (n, r) = (rest.len(), rooms.len());
+            for (i, &(node, cap)) in rooms.iter().enumerate() {
+                let share = n / r + usize::from(i < n % r);
+                let take = (cap as usize).min(share).min(rest.len());
+                if take == 0 {
+                    continue;
                 }
-                let take = (cap.min(even.max(1)) as usize).min(rest.len());
                 let (chunk, next) = rest.split_at(take);
                 groups.push(Group {
                     node: Some(node.to_string()),
@@ -218,7 +221,12 @@ mod tests {
         let groups = plan(&reach, &nodes, 64, true).unwrap();
         assert_eq!(
             sizes(&groups),
-            [(Some("a"), 4), (Some("b"), 2), (Some("a"), 4)]
+            [
+                (Some("a"), 4),
+                (Some("b"), 2),
+                (Some("a"), 2),
+                (Some("b"), 2)
+            ]
         );
         // The mover's own limit caps a node without a stated limit.
         let groups = plan(

@@ -638,3 +638,101 @@ deletionPolicy: Delete
         "no VolumeSnapshotClass of driver rbd.csi.ceph.com"
     );
 }
+
+/// A file of `nodes` Ready nodes whose EBS driver attaches `limit` volumes each, the
+/// default class of that driver, and a Transfer generating `count` claims.
+fn rollout_file(nodes: usize, limit: u32, count: u32) -> String {
+    let mut out = String::from(
+        "apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: ebs
+  annotations: {storageclass.kubernetes.io/is-default-class: \"true\"}
+provisioner: ebs.csi.aws.com
+volumeBindingMode: WaitForFirstConsumer
+",
+    );
+    for i in 0..nodes {
+        out.push_str(&format!(
+            "---
+apiVersion: v1
+kind: Node
+metadata: {{name: node-{i:03}}}
+status: {{conditions: [{{type: Ready, status: \"True\"}}]}}
+---
+apiVersion: storage.k8s.io/v1
+kind: CSINode
+metadata: {{name: node-{i:03}}}
+spec: {{drivers: [{{name: ebs.csi.aws.com, nodeID: i-{i}, allocatable: {{count: {limit}}}}}]}}
+"
+        ));
+    }
+    out.push_str(&format!(
+        "---
+apiVersion: ferry.dev/v1alpha1
+kind: Transfer
+metadata: {{name: fleet, namespace: vms}}
+spec:
+  source: {{url: \"https://images.example.com/golden.qcow2\"}}
+  pvcTemplates: {{namePrefix: vm-disk-, count: {count}, size: 20Gi, volumeMode: Block}}
+"
+    ));
+    out
+}
+
+#[test]
+fn a_rollout_is_planned_as_groups_by_attach_room_each_a_child_with_its_mover() {
+    // 600 claims over 40 nodes of 25 slots (one node cordoned): 39 groups of 15 or 16,
+    // one per node, each a child Transfer whose mover is pinned to its node.
+    let mut file = rollout_file(40, 25, 600);
+    file = file.replacen(
+        "metadata: {name: node-007}\nstatus:",
+        "metadata: {name: node-007}\nspec: {unschedulable: true}\nstatus:",
+        1,
+    );
+    let rendered = run(&file, 0);
+    assert_eq!(
+        rendered.summary[0],
+        "Transfer vms/fleet: Running (copy): 600 targets in 39 mover groups over 39 nodes; the origin is read by 39 movers"
+    );
+    let fleet = object(&rendered, "Transfer", "fleet");
+    let groups = fleet["status"]["fanOut"]["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 39);
+    assert!(groups.iter().all(|g| g["node"] != "node-007"));
+    let sizes: Vec<u64> = groups
+        .iter()
+        .map(|g| g["targets"][0][1].as_u64().unwrap() - g["targets"][0][0].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes.iter().sum::<u64>(), 600);
+    assert!(sizes.iter().all(|&s| s == 16 || s == 15), "{sizes:?}");
+    let count = |kind: &str| {
+        rendered
+            .objects
+            .iter()
+            .filter(|o| o["kind"] == kind)
+            .count()
+    };
+    assert_eq!(count("PersistentVolumeClaim"), 600);
+    assert_eq!(count("Pod"), 39);
+    // 39 children created, then the 40 Transfers as patched.
+    assert_eq!(count("Transfer"), 39 + 40);
+    for (i, group) in groups.iter().enumerate() {
+        let name = format!("fleet-g{i}");
+        assert_eq!(group["name"], name.as_str());
+        let pod = object(&rendered, "Pod", &format!("{name}-ft-1"));
+        let pinned = &pod["spec"]["affinity"]["nodeAffinity"]
+            ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+            ["matchFields"][0]["values"][0];
+        assert_eq!(pinned, &group["node"]);
+        let first = group["targets"][0][0].as_u64().unwrap();
+        let claim = object(
+            &rendered,
+            "PersistentVolumeClaim",
+            &format!("vm-disk-{first}"),
+        );
+        assert_eq!(
+            claim["metadata"]["annotations"]["volume.kubernetes.io/selected-node"],
+            group["node"]
+        );
+    }
+}
