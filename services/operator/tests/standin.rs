@@ -423,8 +423,8 @@ async fn a_rollout_over_the_attach_limit_fans_out_over_nodes_and_succeeds() {
     );
     for (group, node, claims) in [
         (0, "node-a", 0..4),
-        (1, "node-b", 4..8),
-        (2, "node-c", 8..10),
+        (1, "node-b", 4..7),
+        (2, "node-c", 7..10),
     ] {
         let child = cluster
             .get("ferry.dev", "transfers", NS, &format!("rollout-g{group}"))
