@@ -133,10 +133,13 @@ fn kinds_names_and_columns() {
 fn the_schema_carries_the_validation() {
     let s = schema_json("Transfer");
     let spec = &s["openAPIV3Schema"]["properties"]["spec"];
-    assert_eq!(spec["required"], serde_json::json!(["source", "targets"]));
+    assert_eq!(spec["required"], serde_json::json!(["source"]));
     let targets = &spec["properties"]["targets"];
-    assert_eq!(targets["minItems"].as_f64(), Some(1.0));
-    assert_eq!(targets["maxItems"].as_f64(), Some(64.0));
+    assert_eq!(targets["maxItems"].as_f64(), Some(1000.0));
+    let generated = &spec["properties"]["pvcTemplates"]["properties"]["count"];
+    assert_eq!(generated["maximum"].as_f64(), Some(100000.0));
+    let per_mover = &spec["properties"]["fanOut"]["properties"]["maxTargetsPerMover"];
+    assert_eq!(per_mover["maximum"].as_f64(), Some(64.0));
     let rules = targets["x-kubernetes-validations"].to_string();
     assert!(rules.contains("exists_one"), "{rules}");
     let source_rules = spec["properties"]["source"]["x-kubernetes-validations"].to_string();

@@ -208,7 +208,7 @@ fn a_request_outside_the_roles_is_denied_naming_the_rule() {
         "",
     )
     .unwrap();
-    let nodes = access("GET", "/api/v1/nodes", "").unwrap();
+    let nodes = access("GET", "/api/v1/persistentvolumes", "").unwrap();
     // The Lease Role is namespaced: a lease elsewhere is not the operator's.
     let lease_here = access(
         "GET",
@@ -230,7 +230,7 @@ fn a_request_outside_the_roles_is_denied_naming_the_rule() {
         "{missing:?}"
     );
     assert!(
-        missing[1].contains("list \"\" nodes (all namespaces)"),
+        missing[1].contains("list \"\" persistentvolumes (all namespaces)"),
         "{missing:?}"
     );
     assert!(
