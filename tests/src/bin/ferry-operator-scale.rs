@@ -16,6 +16,12 @@
 //! Phase 2: `--max-movers` Transfers whose jobs report progress every 200 ms for
 //! `--progress-seconds`: status writes per minute per running Transfer, and reads that
 //! are not watches (polling) per minute per running Transfer.
+//!
+//! With `--rollout COUNT` instead: one Transfer generating COUNT claims over `--nodes`
+//! nodes whose CSI driver attaches `--attach-limit` volumes each (a WaitForFirstConsumer
+//! class), with `--max-movers`: how it fanned out (groups, nodes), whether every group and
+//! the Transfer succeeded, whether any mover ever waited on the attach limit, the wall
+//! time, the operator's API writes per target, peak RSS and CPU.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -236,6 +242,102 @@ impl Operator {
     }
 }
 
+/// The rollout phase: one Transfer into `count` generated claims.
+async fn rollout(count: u64) -> Value {
+    let nodes = arg("--nodes", 500);
+    let limit = arg("--attach-limit", 25);
+    let max_movers = arg("--max-movers", 50) as usize;
+    let job = Duration::from_millis(arg("--job-ms", 1000));
+    let c = Cluster::new();
+    c.simulate(&Sim::ALL);
+    c.add_namespace("ferry-system", &[], &[]);
+    c.add_namespace(NS, &[], &[]);
+    for n in 0..nodes {
+        let name = format!("node-{n:03}");
+        c.add_node(&name, &[]);
+        c.put(json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+            "metadata": {"name": name},
+            "spec": {"drivers": [{"name": "ebs.csi.aws.com", "nodeID": name,
+                                  "allocatable": {"count": limit}}]}}));
+    }
+    c.add_storage_class("ebs", "ebs.csi.aws.com", true, true);
+    let mut movers = c.changes("", "pods", &mover_selector());
+    let operator = Operator::start(&c, max_movers, job, None).await;
+    let began = Instant::now();
+    c.create(json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+        "metadata": {"name": "fleet", "namespace": NS},
+        "spec": {"source": {"url": "https://images.example.com/golden.qcow2"},
+                 "pvcTemplates": {"namePrefix": "vm-disk-", "count": count, "size": "20Gi",
+                                  "volumeMode": "Block"}},
+    }));
+    let deadline = Instant::now() + Duration::from_secs(60 + count / 10);
+    while phase(&c, "fleet").as_deref() != Some("Succeeded") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let seconds = began.elapsed().as_secs_f64();
+    let (peak_rss_kib, cpu_seconds) = operator.stop();
+    let operator_user = format!(
+        "system:serviceaccount:{}:{}",
+        SERVICE_ACCOUNT.0, SERVICE_ACCOUNT.1
+    );
+    let writes = c
+        .requests()
+        .iter()
+        .filter(|r| r.user == operator_user && is_write(&r.method))
+        .count();
+    let fleet = c
+        .get("ferry.dev", "transfers", NS, "fleet")
+        .unwrap_or_default();
+    let groups = fleet["status"]["fanOut"]["groups"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let nodes_used: std::collections::BTreeSet<String> = groups
+        .iter()
+        .filter_map(|g| g["node"].as_str().map(String::from))
+        .collect();
+    let (mut live, mut most, mut waited) = (std::collections::BTreeSet::new(), 0, 0);
+    while let Ok((kind, pod, _)) = movers.try_recv() {
+        let name = pod["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        match kind {
+            ChangeType::Added => {
+                live.insert(name.clone());
+            }
+            ChangeType::Deleted => {
+                live.remove(&name);
+            }
+            ChangeType::Modified => {}
+        }
+        most = most.max(live.len());
+        let unschedulable = pod["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["reason"] == "Unschedulable");
+        waited += usize::from(unschedulable);
+    }
+    json!({
+        "rollout_targets": count,
+        "nodes": nodes,
+        "attach_limit": limit,
+        "max_movers": max_movers,
+        "phase": fleet["status"]["phase"],
+        "groups": groups.len(),
+        "nodes_used": nodes_used.len(),
+        "targets_succeeded": fleet["status"]["fanOut"]["targetsSucceeded"],
+        "most_movers_at_once": most,
+        "mover_updates_unschedulable": waited,
+        "seconds": seconds,
+        "writes_per_target": writes as f64 / count as f64,
+        "operator_peak_rss_mib": peak_rss_kib as f64 / 1024.0,
+        "operator_cpu_seconds": cpu_seconds,
+    })
+}
+
 fn apply(cluster: &Cluster, name: &str) {
     cluster.create(json!({
         "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
@@ -282,6 +384,11 @@ async fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--operator") {
         return operator_process(args.get(i + 1).expect("--operator takes a URL")).await;
+    }
+    let count = arg("--rollout", 0);
+    if count > 0 {
+        println!("{}", rollout(count).await);
+        return;
     }
     let transfers = arg("--transfers", 1000);
     let max_movers = arg("--max-movers", 50) as usize;
