@@ -90,6 +90,13 @@ namespace, else in a Role in each watched namespace.
 - apiGroups: [ferry.dev]
   resources: [storageclassprofiles]
   verbs: [list]
+# GoldenImages: watched, their import Transfers created (above) and their status patched.
+- apiGroups: [ferry.dev]
+  resources: [goldenimages]
+  verbs: [get, list, watch]
+- apiGroups: [ferry.dev]
+  resources: [goldenimages/status]
+  verbs: [patch]
 - apiGroups: [storage.k8s.io]
   resources: [volumeattachments]
   verbs: [list]

@@ -54,6 +54,7 @@ pub mod controller;
 pub mod crd;
 pub mod events;
 pub mod fanout;
+pub mod golden;
 pub mod leader;
 pub mod metrics;
 pub mod mover;

@@ -42,6 +42,10 @@ const DEFAULT_SNAPSHOT_CLASS: &str = "snapshot.storage.kubernetes.io/is-default-
 
 /// One reconcile of a Transfer.
 pub async fn reconcile_transfer(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let obj = match crate::golden::source::resolve(obj, &ctx).await? {
+        crate::golden::source::Resolved::Ready(obj) => obj,
+        crate::golden::source::Resolved::Done(action) => return Ok(action),
+    };
     let status = obj.status.clone().unwrap_or_default();
     let common = obj.metadata.deletion_timestamp.is_some()
         || !finalizer::has(obj.as_ref())

@@ -161,6 +161,7 @@ pub async fn run(
     let checksums = drive(checksums, reconcile::<Checksum>, &ctx);
     let backups = drive(backups, backup::reconcile_backup, &ctx);
     let restores = drive(restores, restore::reconcile_restore, &ctx);
+    let golden_images = crate::golden::reconcile::run(client.clone(), ctx.clone(), ns.clone());
     let repositories = repositories
         .run(
             repository::reconcile_repository,
@@ -175,7 +176,8 @@ pub async fn run(
         backups,
         restores,
         repositories,
-        schedules
+        schedules,
+        golden_images
     );
     pod_task.abort();
     namespace_task.abort();

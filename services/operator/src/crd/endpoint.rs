@@ -146,6 +146,15 @@ pub struct NfsOptions {
     pub mount_port: Option<u16>,
 }
 
+/// A `GoldenImage` in the resource's namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GoldenImageRef {
+    /// Its name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
 /// An existing PersistentVolumeClaim in the resource's namespace.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -206,6 +215,10 @@ pub struct Endpoint {
     /// volume is the image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pvc: Option<PvcRef>,
+    /// Sources only: the newest image a `GoldenImage` in this namespace imported (its
+    /// `status.currentClaim`, looked up once when the resource starts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub golden_image: Option<GoldenImageRef>,
     /// Sources only: the format of the image: auto (detected by magic, the default), raw,
     /// qcow2, or a raw image compressed with gz, xz or zst. Targets are written raw.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -286,10 +299,20 @@ impl Endpoint {
 
     /// Checks the endpoint at `field` (for example `spec.source`).
     pub fn validate(&self, field: &str) -> Result<(), ValidationError> {
-        match (&self.url, &self.pvc) {
-            (Some(_), Some(_)) | (None, None) => {
-                Err(invalid(field, "give exactly one of url or pvc"))
+        if let Some(golden) = &self.golden_image {
+            if self.url.is_some() || self.pvc.is_some() || self.has_options() {
+                return Err(invalid(
+                    field,
+                    "give exactly one of url, pvc or goldenImage (and no url options with goldenImage)",
+                ));
             }
+            return check_pvc_name(&format!("{field}.goldenImage.name"), &golden.name);
+        }
+        match (&self.url, &self.pvc) {
+            (Some(_), Some(_)) | (None, None) => Err(invalid(
+                field,
+                "give exactly one of url, pvc or goldenImage",
+            )),
             (None, Some(pvc)) => {
                 if self.has_options() {
                     return Err(invalid(
@@ -568,6 +591,12 @@ impl TransferTarget {
                 "format and allowBacking apply to the source only: targets are written raw",
             ));
         }
+        if self.endpoint.golden_image.is_some() {
+            return Err(invalid(
+                &format!("{field}.goldenImage"),
+                "a GoldenImage is a source only: write into a pvc or pvcTemplate",
+            ));
+        }
         if self.endpoint.http.is_some()
             || self.endpoint.url.as_deref().is_some_and(|u| {
                 let scheme = u.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
@@ -678,10 +707,33 @@ mod tests {
     fn exactly_one_of_url_and_pvc() {
         let mut both = Endpoint::url("s3://b/k");
         both.pvc = Endpoint::pvc("x").pvc;
-        assert_eq!(err(&both), "spec.source: give exactly one of url or pvc");
+        assert_eq!(
+            err(&both),
+            "spec.source: give exactly one of url, pvc or goldenImage"
+        );
         assert_eq!(
             err(&Endpoint::default()),
-            "spec.source: give exactly one of url or pvc"
+            "spec.source: give exactly one of url, pvc or goldenImage"
+        );
+        let mut golden = Endpoint {
+            golden_image: Some(GoldenImageRef {
+                name: "fedora".into(),
+            }),
+            ..Endpoint::default()
+        };
+        assert_eq!(golden.validate("spec.source"), Ok(()));
+        golden.url = Some("https://x/y".into());
+        assert!(err(&golden).contains("exactly one of url, pvc or goldenImage"));
+        let target = TransferTarget {
+            endpoint: Endpoint {
+                golden_image: Some(GoldenImageRef { name: "f".into() }),
+                ..Endpoint::default()
+            },
+            pvc_template: None,
+        };
+        assert_eq!(
+            target.validate("spec.targets[0]").unwrap_err().to_string(),
+            "spec.targets[0].goldenImage: a GoldenImage is a source only: write into a pvc or pvcTemplate"
         );
     }
 

@@ -8,6 +8,7 @@ pub mod backup_schedule;
 pub mod checksum;
 pub mod endpoint;
 pub mod fan_out;
+pub mod golden_image;
 pub mod options;
 pub mod restore;
 pub mod settings;
@@ -32,10 +33,12 @@ pub use backup_schedule::{
 };
 pub use checksum::{Checksum, ChecksumSpec, ChecksumStatus};
 pub use endpoint::{
-    AccessMode, Endpoint, HttpHeader, HttpOptions, IscsiOptions, NbdOptions, NfsOptions, PvcRef,
-    PvcTemplate, S3Options, SecretKeyRef, TargetKey, TransferTarget, VolumeMode,
+    AccessMode, Endpoint, GoldenImageRef, HttpHeader, HttpOptions, IscsiOptions, NbdOptions,
+    NfsOptions, PvcRef, PvcTemplate, S3Options, SecretKeyRef, TargetKey, TransferTarget,
+    VolumeMode,
 };
 pub use fan_out::{FanOut, FanOutStatus, GroupStatus, PvcTemplates};
+pub use golden_image::{GoldenImage, GoldenImageSpec, GoldenImageStatus, ImportRecord, Importing};
 pub use options::{
     CacheMode, ChecksumOptions, CommitOrder, HashAlgorithm, ImageFormat, Preallocation,
     TransferOptions,
@@ -64,6 +67,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         BackupSchedule::crd(),
         Restore::crd(),
         StorageClassProfile::crd(),
+        GoldenImage::crd(),
     ]
 }
 

@@ -63,7 +63,7 @@ pub const MAX_ONE_MOVER: usize = 64;
 #[serde(rename_all = "camelCase")]
 pub struct TransferSpec {
     /// What to read: exactly one of url or pvc.
-    #[x_kube(validation = Rule::new("has(self.url) != has(self.pvc)").message("source: give exactly one of url or pvc"))]
+    #[x_kube(validation = Rule::new("[has(self.url), has(self.pvc), has(self.goldenImage)].exists_one(x, x)").message("source: give exactly one of url, pvc or goldenImage"))]
     pub source: Endpoint,
     /// What to write: up to 1000 targets, each exactly one of url, pvc or pvcTemplate
     /// (with `pvcTemplates`, at least one target in all).
@@ -302,6 +302,10 @@ pub struct TransferStatus {
     /// they are.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fan_out: Option<FanOutStatus>,
+    /// The claim a `goldenImage` source named as current when the Transfer started: what
+    /// it reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_claim: Option<String>,
 }
 
 #[cfg(test)]

@@ -35,7 +35,7 @@ use super::validate::{check_digest, ValidationError};
 #[serde(rename_all = "camelCase")]
 pub struct VolumeImageSourceSpec {
     /// The image: exactly one of url or pvc.
-    #[x_kube(validation = Rule::new("has(self.url) != has(self.pvc)").message("source: give exactly one of url or pvc"))]
+    #[x_kube(validation = Rule::new("[has(self.url), has(self.pvc), has(self.goldenImage)].exists_one(x, x)").message("source: give exactly one of url, pvc or goldenImage"))]
     pub source: Endpoint,
     /// How to copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]

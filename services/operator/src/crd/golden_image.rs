@@ -1,0 +1,173 @@
+//! The `GoldenImage` kind, in the spirit of CDI's DataImportCron: an image source polled
+//! on a cron schedule, imported into a new claim only when its version changed (an HTTP
+//! ETag or Last-Modified), the newest imports kept, older ones deleted, and the newest
+//! claim named in the status, where Transfers and VolumeImageSources find it
+//! (`source: {goldenImage: {name}}`), so new VMs always clone the newest image.
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::backup_schedule::Trigger;
+use super::endpoint::{AccessMode, Endpoint, VolumeMode};
+use super::options::TransferOptions;
+use super::settings::MoverSettings;
+use super::validate::{check_quantity, invalid, ValidationError};
+
+/// Imports kept unless `importsToKeep` says otherwise (CDI's default).
+pub const DEFAULT_KEEP: u32 = 3;
+/// Most imports kept.
+pub const MAX_KEEP: u32 = 100;
+
+/// An image kept current in a claim.
+// kube's printcolumn(...) entries repeat their keys by design.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "ferry.dev",
+    version = "v1alpha1",
+    kind = "GoldenImage",
+    namespaced,
+    status = "GoldenImageStatus",
+    shortname = "fgi",
+    category = "ferry",
+    doc = "Imports an image into a new PVC on a cron schedule whenever its version changed, keeping the newest imports",
+    printcolumn(name = "URL", type_ = "string", json_path = ".spec.source.url"),
+    printcolumn(name = "Current", type_ = "string", json_path = ".status.currentClaim"),
+    printcolumn(name = "Last poll", type_ = "date", json_path = ".status.lastPollTime"),
+    printcolumn(name = "Next poll", type_ = "date", json_path = ".status.nextPollTime"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct GoldenImageSpec {
+    /// Where the image is: a URL with its options (http(s), s3, docker registry, ...).
+    pub source: Endpoint,
+    /// When to look for a new version.
+    pub trigger: Trigger,
+    /// How many imports to keep, newest first (default 3, at most 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub imports_to_keep: Option<u32>,
+    /// The claims the imports are written into.
+    pub claim: ImportClaim,
+    /// How to copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub options: Option<TransferOptions>,
+    /// How the import's mover pod runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mover: Option<MoverSettings>,
+}
+
+/// The claim each import creates: `<name>-<version hash>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImportClaim {
+    /// Storage class (default: the cluster's default class).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+    /// Requested size; at least the image size.
+    pub size: Quantity,
+    /// Filesystem (the image is `disk.img` in it) or Block (default Filesystem).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_mode: Option<VolumeMode>,
+    /// Access modes (default ReadWriteOnce).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4))]
+    pub access_modes: Option<Vec<AccessMode>>,
+}
+
+impl GoldenImageSpec {
+    /// Checks what the schema cannot: the source (a URL), the schedule, the size.
+    pub fn validate(&self) -> Result<ferry_cron::CronSpec, ValidationError> {
+        if self.source.url.is_none() {
+            return Err(invalid(
+                "spec.source",
+                "give a url: a GoldenImage imports from a URL",
+            ));
+        }
+        self.source.validate("spec.source")?;
+        if let Some(keep) = self.imports_to_keep {
+            if keep == 0 || keep > MAX_KEEP {
+                return Err(invalid(
+                    "spec.importsToKeep",
+                    &format!("keep 1 to {MAX_KEEP} imports"),
+                ));
+            }
+        }
+        check_quantity("spec.claim.size", &self.claim.size)?;
+        if let Some(options) = &self.options {
+            options.validate("spec.options")?;
+        }
+        let zone = self.trigger.time_zone.as_deref().unwrap_or("UTC");
+        ferry_cron::CronSpec::parse(&self.trigger.schedule, zone, false)
+            .map_err(|e| invalid("spec.trigger.schedule", &e.to_string()))
+    }
+
+    /// How many imports are kept.
+    pub fn keep(&self) -> usize {
+        self.imports_to_keep.unwrap_or(DEFAULT_KEEP) as usize
+    }
+}
+
+/// One import kept.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImportRecord {
+    /// The claim holding it.
+    pub claim: String,
+    /// The source's version it holds (`etag:...`, `last-modified:...`; empty when the
+    /// source gave none).
+    #[serde(default)]
+    pub version: String,
+    /// When its import succeeded.
+    pub imported_at: Time,
+}
+
+/// An import under way.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Importing {
+    /// Its Transfer (owned by the GoldenImage, deleted once recorded).
+    pub transfer: String,
+    /// The claim it creates.
+    pub claim: String,
+    /// The version it imports.
+    #[serde(default)]
+    pub version: String,
+}
+
+/// What the operator observed of a GoldenImage.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GoldenImageStatus {
+    /// The newest successful import's claim: what `source: {goldenImage}` reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_claim: Option<String>,
+    /// The version it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_version: Option<String>,
+    /// The imports kept, newest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub imports: Vec<ImportRecord>,
+    /// The import under way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub importing: Option<Importing>,
+    /// When the source was last asked for its version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_poll_time: Option<Time>,
+    /// When it is asked next.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_poll_time: Option<Time>,
+    /// Ready (an import is current) and Progressing (an import runs), with reasons.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The spec generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
