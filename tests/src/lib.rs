@@ -12,6 +12,7 @@
 pub mod bin;
 pub mod check;
 pub mod copying;
+pub mod fake_mover;
 pub mod http_faults;
 pub mod http_server;
 pub mod images;

@@ -17,6 +17,7 @@ mod compressed_cli;
 mod conformance;
 mod container_image;
 mod fan_out;
+mod golden_image;
 mod http_source;
 mod iscsi_client;
 mod iscsi_copy;

@@ -26,95 +26,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use ferry_operator::controller::{
-    self, mover_ca, mover_selector, JobReport, JobRequest, JobState, LinkError, MoverAddress,
-    MoverLink, OperatorSettings, ReportStream,
-};
-use ferry_operator::crd::Progress;
+use ferry_operator::controller::{self, mover_ca, mover_selector, OperatorSettings};
 use ferry_operator::metrics::OperatorMetrics;
 use ferry_testkit::kube::rbac::Rules;
 use ferry_testkit::kube::{ChangeType, Cluster, Identity, Sim};
-use futures::StreamExt;
+use ferry_tests::fake_mover::FakeMover;
 use serde_json::{json, Value};
 
 const NS: &str = "vms";
 const SERVICE_ACCOUNT: (&str, &str) = ("ferry-system", "ferry-operator");
-
-/// A mover that finishes each job after `run`, reporting progress every `every` if set.
-struct FakeMover {
-    run: Duration,
-    every: Option<Duration>,
-}
-
-fn report(id: &str, state: JobState, done: u64) -> JobReport {
-    JobReport {
-        id: id.into(),
-        state,
-        progress: Progress {
-            total_bytes: 1 << 30,
-            done_bytes: done,
-            resumed_bytes: 0,
-            committed_bytes: 0,
-        },
-        checkpoint: None,
-        source_digest: None,
-        target_digest: None,
-        error: None,
-        targets: Vec::new(),
-        backup: None,
-        prune: None,
-    }
-}
-
-#[async_trait]
-impl MoverLink for FakeMover {
-    async fn start(&self, _: &MoverAddress, job: &JobRequest) -> Result<JobReport, LinkError> {
-        Ok(report(
-            &format!("job-{}", job.idempotency_key()),
-            JobState::Running,
-            0,
-        ))
-    }
-
-    async fn watch(&self, _: &MoverAddress, id: &str) -> Result<ReportStream, LinkError> {
-        let (run, every, id) = (self.run, self.every, id.to_string());
-        let stream = async_stream(run, every, id);
-        Ok(stream.boxed())
-    }
-
-    async fn cancel(&self, _: &MoverAddress, _: &str) -> Result<(), LinkError> {
-        Ok(())
-    }
-}
-
-fn async_stream(
-    run: Duration,
-    every: Option<Duration>,
-    id: String,
-) -> impl futures::Stream<Item = Result<JobReport, LinkError>> {
-    let started = Instant::now();
-    futures::stream::unfold(0u64, move |step| {
-        let id = id.clone();
-        async move {
-            if step == u64::MAX {
-                return None;
-            }
-            let left = run.saturating_sub(started.elapsed());
-            match every {
-                Some(every) if left > every => {
-                    tokio::time::sleep(every).await;
-                    let done = (step + 1) << 20;
-                    Some((Ok(report(&id, JobState::Running, done)), step + 1))
-                }
-                _ => {
-                    tokio::time::sleep(left).await;
-                    Some((Ok(report(&id, JobState::Succeeded, 1 << 30)), u64::MAX))
-                }
-            }
-        }
-    })
-}
 
 fn arg(name: &str, default: u64) -> u64 {
     let args: Vec<String> = std::env::args().collect();

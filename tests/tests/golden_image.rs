@@ -1,0 +1,244 @@
+//! GoldenImages end to end on the API stand-in with the operator's real controllers and a
+//! real nginx as the image server: the first poll imports (the version is nginx's ETag),
+//! an unchanged file imports nothing, a changed file imports again, the newest two imports
+//! are kept and the oldest claim deleted; a Transfer from `source: {goldenImage}` reads
+//! the claim current when it started; a missing file is a PollFailed condition. The movers'
+//! jobs are the fake link's (no bytes move: what is tested is the operator's side).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_operator::controller::{self, mover_ca, mover_selector, OperatorSettings};
+use ferry_operator::metrics::OperatorMetrics;
+use ferry_testkit::kube::{ChangeType, Cluster, Sim};
+use ferry_tests::fake_mover::FakeMover;
+use ferry_tests::http_server::Nginx;
+use serde_json::{json, Value};
+
+const NS: &str = "vms";
+const SERVICE_ACCOUNT: (&str, &str) = ("ferry-system", "ferry-operator");
+
+fn cluster() -> Cluster {
+    let c = Cluster::new();
+    c.simulate(&Sim::ALL);
+    c.add_namespace("ferry-system", &[], &[]);
+    c.add_namespace(NS, &[], &[]);
+    c.add_node("node-a", &[]);
+    c.add_storage_class("ceph-rbd", "rbd.csi.ceph.com", false, true);
+    c
+}
+
+/// The operator's controllers as its ServiceAccount, until the task is aborted.
+fn start(cluster: &Cluster) -> tokio::task::JoinHandle<()> {
+    let rbac =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/operator/10-rbac.yaml");
+    let client = cluster.client_as(&rbac, SERVICE_ACCOUNT);
+    let settings = OperatorSettings::new(ferry_tests::mover_pods::defaults(
+        "ghcr.io/ferry-project/ferry:0.1.0",
+    ));
+    tokio::spawn(async move {
+        let ca = mover_ca::load_or_create(&client, "ferry-system")
+            .await
+            .expect("the movers' CA");
+        let link = FakeMover {
+            run: Duration::from_millis(200),
+            every: None,
+        };
+        controller::run(
+            client,
+            settings,
+            Arc::new(link),
+            Some(Arc::new(ca)),
+            Arc::new(OperatorMetrics::new()),
+        )
+        .await
+        .expect("the controllers run");
+    })
+}
+
+async fn until(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn golden(c: &Cluster, name: &str) -> Value {
+    c.get("ferry.dev", "goldenimages", NS, name)
+        .expect("the GoldenImage")
+}
+
+/// Makes the next poll due now (as the next cron fire would).
+fn fire(c: &Cluster, name: &str) {
+    let mut g = golden(c, name);
+    g["status"]["nextPollTime"] = json!("2000-01-01T00:00:00Z");
+    c.put(g);
+}
+
+fn condition(g: &Value, type_: &str) -> (String, String, String) {
+    let c = g["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == type_)
+        .cloned()
+        .unwrap_or_default();
+    let text = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+    (text("status"), text("reason"), text("message"))
+}
+
+fn current(c: &Cluster, name: &str) -> Option<String> {
+    golden(c, name)["status"]["currentClaim"]
+        .as_str()
+        .map(String::from)
+}
+
+fn write_image(nginx: &Nginx, seed: u8) {
+    let bytes: Vec<u8> = (0..(1u32 << 20)).map(|i| (i as u8) ^ seed).collect();
+    std::fs::write(nginx.root().join("fedora.img"), bytes).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_golden_image_imports_each_new_version_keeps_the_newest_and_transfers_read_it() {
+    let nginx = Nginx::start();
+    write_image(&nginx, 1);
+    let c = cluster();
+    let operator = start(&c);
+    c.create(json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "GoldenImage",
+        "metadata": {"name": "fedora", "namespace": NS},
+        "spec": {
+            "source": {"url": nginx.url("fedora.img")},
+            "trigger": {"schedule": "0 0 1 1 *"},
+            "importsToKeep": 2,
+            "claim": {"size": "4Mi", "volumeMode": "Block"},
+        },
+    }));
+
+    // 1. The first poll imports; the import's Transfer is deleted, its claim kept.
+    until(30, "the first import", || current(&c, "fedora").is_some()).await;
+    let first = current(&c, "fedora").unwrap();
+    let g = golden(&c, "fedora");
+    let version = g["status"]["currentVersion"].as_str().unwrap().to_string();
+    assert!(version.starts_with("etag:\""), "{version}");
+    assert_eq!(condition(&g, "Ready").1, "UpToDate");
+    assert!(first.starts_with("fedora-"), "{first}");
+    until(10, "the import's Transfer to go", || {
+        c.get("ferry.dev", "transfers", NS, &first).is_none()
+    })
+    .await;
+    let claim = c.get("", "persistentvolumeclaims", NS, &first).unwrap();
+    assert_eq!(claim["status"]["phase"], "Bound");
+    assert!(g["status"]["nextPollTime"].as_str().unwrap() > "2026-");
+
+    // 2. A Transfer from the GoldenImage reads its current claim.
+    let mut movers = c.changes("", "pods", &mover_selector());
+    c.create(json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+        "metadata": {"name": "vm-1", "namespace": NS},
+        "spec": {"source": {"goldenImage": {"name": "fedora"}},
+                 "targets": [{"pvcTemplate": {"name": "vm-1-disk", "size": "4Mi",
+                                              "volumeMode": "Block"}}]},
+    }));
+    until(30, "the Transfer to succeed", || {
+        c.get("ferry.dev", "transfers", NS, "vm-1")
+            .is_some_and(|t| t["status"]["phase"] == "Succeeded")
+    })
+    .await;
+    let t = c.get("ferry.dev", "transfers", NS, "vm-1").unwrap();
+    assert_eq!(t["status"]["sourceClaim"], first.as_str());
+    let mut mounted = Vec::new();
+    while let Ok((kind, pod, _)) = movers.try_recv() {
+        if kind == ChangeType::Added {
+            for v in pod["spec"]["volumes"].as_array().into_iter().flatten() {
+                if let Some(claim) = v["persistentVolumeClaim"]["claimName"].as_str() {
+                    mounted.push(claim.to_string());
+                }
+            }
+        }
+    }
+    assert!(mounted.contains(&first), "{mounted:?}");
+    assert!(mounted.contains(&"vm-1-disk".to_string()), "{mounted:?}");
+
+    // 3. The file unchanged: a poll imports nothing.
+    let polled = golden(&c, "fedora")["status"]["lastPollTime"].clone();
+    fire(&c, "fedora");
+    until(10, "the next poll", || {
+        golden(&c, "fedora")["status"]["lastPollTime"] != polled
+            || golden(&c, "fedora")["status"]["nextPollTime"] != "2000-01-01T00:00:00Z"
+    })
+    .await;
+    until(10, "the poll to settle", || {
+        golden(&c, "fedora")["status"]["nextPollTime"] != "2000-01-01T00:00:00Z"
+    })
+    .await;
+    let g = golden(&c, "fedora");
+    assert_eq!(current(&c, "fedora").as_deref(), Some(first.as_str()));
+    assert_eq!(g["status"]["imports"].as_array().unwrap().len(), 1);
+    assert!(g["status"].get("importing").is_none(), "{}", g["status"]);
+
+    // 4. Two new versions: each imported; the oldest claim goes (importsToKeep 2).
+    let mut claims = vec![first.clone()];
+    for seed in [2u8, 3] {
+        // nginx's ETag is the file's mtime and size: a new second makes a new one.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        write_image(&nginx, seed);
+        let before = current(&c, "fedora");
+        fire(&c, "fedora");
+        until(30, "a new import", || current(&c, "fedora") != before).await;
+        claims.push(current(&c, "fedora").unwrap());
+    }
+    let g = golden(&c, "fedora");
+    let kept: Vec<&str> = g["status"]["imports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["claim"].as_str().unwrap())
+        .collect();
+    assert_eq!(kept, [claims[2].as_str(), claims[1].as_str()]);
+    assert_ne!(
+        g["status"]["currentVersion"].as_str(),
+        Some(version.as_str())
+    );
+    until(10, "the oldest import's claim to go", || {
+        c.get("", "persistentvolumeclaims", NS, &claims[0])
+            .is_none()
+    })
+    .await;
+    for kept in &claims[1..] {
+        assert!(
+            c.get("", "persistentvolumeclaims", NS, kept).is_some(),
+            "{kept}"
+        );
+    }
+    // The Transfer that read the first import keeps what it recorded.
+    let t = c.get("ferry.dev", "transfers", NS, "vm-1").unwrap();
+    assert_eq!(t["status"]["sourceClaim"], first.as_str());
+
+    // 5. A source that is not there: PollFailed, saying what the server answered.
+    c.create(json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "GoldenImage",
+        "metadata": {"name": "missing", "namespace": NS},
+        "spec": {
+            "source": {"url": nginx.url("no-such.img")},
+            "trigger": {"schedule": "0 0 1 1 *"},
+            "claim": {"size": "4Mi"},
+        },
+    }));
+    until(30, "the failed poll", || {
+        condition(&golden(&c, "missing"), "Ready").1 == "PollFailed"
+    })
+    .await;
+    let (status, _, message) = condition(&golden(&c, "missing"), "Ready");
+    assert_eq!(status, "False");
+    assert!(message.contains("404"), "{message}");
+    assert!(message.contains("check the URL"), "{message}");
+    assert!(current(&c, "missing").is_none());
+    let denied = c.denied();
+    assert!(
+        denied.is_empty(),
+        "the API server refused the operator: {denied:#?}"
+    );
+    operator.abort();
+}
