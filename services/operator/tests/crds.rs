@@ -93,6 +93,11 @@ fn kinds_names_and_columns() {
                 "Cluster".into(),
                 vec!["fscp".into()]
             ),
+            (
+                "goldenimages.ferry.dev".into(),
+                "Namespaced".into(),
+                vec!["fgi".into()]
+            ),
         ]
     );
     let transfer = crd("Transfer");
@@ -144,7 +149,8 @@ fn the_schema_carries_the_validation() {
     assert!(rules.contains("exists_one"), "{rules}");
     let source_rules = spec["properties"]["source"]["x-kubernetes-validations"].to_string();
     assert!(
-        source_rules.contains("has(self.url) != has(self.pvc)"),
+        source_rules
+            .contains("[has(self.url), has(self.pvc), has(self.goldenImage)].exists_one(x, x)"),
         "{source_rules}"
     );
     assert_eq!(

@@ -7,6 +7,7 @@ mod backup;
 mod clone;
 mod crds;
 mod fan_out;
+mod golden;
 mod leader;
 mod manifests;
 mod metrics;

@@ -77,7 +77,10 @@ pub fn next(status: &GoldenImageStatus, now: DateTime<Utc>) -> Step {
 /// The claim (and Transfer) name of an import of `version` (or, for a source without a
 /// version, of the poll at `now`): `<name>-<8 hex of its hash>`.
 pub fn import_name(name: &str, version: Option<&str>, now: DateTime<Utc>) -> String {
-    let seed = version.map_or_else(|| format!("time:{}", now.timestamp()), str::to_string);
+    let seed = version.map_or_else(
+        || format!("time:{}", now.timestamp_nanos_opt().unwrap_or_default()),
+        str::to_string,
+    );
     let digest = Sha256::digest(seed.as_bytes());
     let hex: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
     let keep = 253 - hex.len() - 1;
@@ -486,7 +489,7 @@ mod tests {
         let importing = polled.importing.clone().unwrap();
         let end = Ended::Failed("source: not found".into());
         let (status, delete) = after_import(&g, &polled, &importing, &end, now);
-        assert_eq!(delete, [importing.claim.clone()]);
+        assert_eq!(delete, std::slice::from_ref(&importing.claim));
         assert_eq!(status.current_claim.as_deref(), Some("fedora-old"));
         assert_eq!(reason(&status, "Ready"), "True ImportFailed");
         assert!(status.importing.is_none());

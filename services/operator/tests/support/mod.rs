@@ -220,6 +220,40 @@ impl ApiServer {
         self.expect("POST", &path, Reply::Echo).await
     }
 
+    /// Answers an event that repeats an earlier one: a PATCH of its series (kube's
+    /// recorder counts repeats instead of creating an event each time).
+    pub async fn expect_event_series(&mut self, namespace: &str) -> Seen {
+        let next = tokio::time::timeout(Duration::from_secs(10), self.handle.next_request())
+            .await
+            .expect("no event came");
+        let (request, send) = next.expect("the client went away");
+        let prefix = format!("/apis/events.k8s.io/v1/namespaces/{namespace}/events/");
+        let path = request.uri().path().to_string();
+        assert!(
+            request.method() == "PATCH" && path.starts_with(&prefix),
+            "expected the PATCH of an event series, got {} {path}",
+            request.method()
+        );
+        let bytes = request.into_body().collect_bytes().await.unwrap();
+        let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        self.count += 1;
+        self.answered
+            .push(("PATCH".to_string(), path.clone(), String::new()));
+        let response = Response::builder()
+            .status(200)
+            .header("content-type", "application/json")
+            .body(Body::from(serde_json::to_vec(&body).unwrap()))
+            .unwrap();
+        send.send_response(response);
+        Seen {
+            method: "PATCH".into(),
+            path,
+            query: String::new(),
+            content_type: "application/merge-patch+json".into(),
+            body,
+        }
+    }
+
     /// Asserts that no further request comes.
     pub async fn done(&mut self) {
         let extra =

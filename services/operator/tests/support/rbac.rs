@@ -74,6 +74,8 @@ fn record(dir: &Path, accesses: &[Access]) {
 /// Each names the test that covers it elsewhere, or why no mocked scenario can.
 pub const UNUSED_WITH_REASON: &[(&str, &str, &str, &str)] = &[
     ("watch", "ferry.dev", "transfers", WATCHES),
+    ("list", "ferry.dev", "goldenimages", WATCHES),
+    ("watch", "ferry.dev", "goldenimages", WATCHES),
     ("list", "ferry.dev", "checksums", WATCHES),
     ("watch", "ferry.dev", "checksums", WATCHES),
     ("watch", "", "pods", WATCHES),
