@@ -17,8 +17,8 @@ use serde_json::Value;
 use crate::controller::context::UID_RANGE_ANNOTATION;
 use crate::controller::secrets;
 use crate::crd::{
-    Backup, BackupRepository, BackupSchedule, Checksum, Restore, StorageClassProfile, Transfer,
-    VolumeImageSource,
+    Backup, BackupRepository, BackupSchedule, Checksum, GoldenImage, Restore, StorageClassProfile,
+    Transfer, VolumeImageSource,
 };
 
 /// Why the file cannot be rendered.
@@ -36,7 +36,7 @@ pub enum InputError {
     #[error("document {0}: no apiVersion and kind: every document must be a Kubernetes object")]
     NotAnObject(usize),
     /// A kind render does not read.
-    #[error("document {document}: {kind} ({api_version}) is not a kind render reads: give ferry resources (Transfer, Checksum, Backup, Restore, BackupRepository, BackupSchedule, VolumeImageSource) and the objects they refer to (PersistentVolumeClaim, Secret, Pod, Namespace, PersistentVolume, StorageClass, VolumeSnapshotClass, CSINode, VolumeAttachment, Node)")]
+    #[error("document {document}: {kind} ({api_version}) is not a kind render reads: give ferry resources (Transfer, Checksum, Backup, Restore, BackupRepository, BackupSchedule, VolumeImageSource, GoldenImage, StorageClassProfile) and the objects they refer to (PersistentVolumeClaim, Secret, Pod, Namespace, PersistentVolume, StorageClass, VolumeSnapshotClass, CSINode, VolumeAttachment, Node)")]
     UnknownKind {
         /// Its number, from 1.
         document: usize,
@@ -93,6 +93,9 @@ pub struct Cluster {
     pub schedules: Vec<BackupSchedule>,
     /// VolumeImageSources by (namespace, name).
     pub sources: BTreeMap<(String, String), VolumeImageSource>,
+    /// GoldenImages by (namespace, name): a `goldenImage` source reads the claim its
+    /// status names as current (render asks no source for its version).
+    pub golden_images: BTreeMap<(String, String), GoldenImage>,
     /// StorageClasses by name.
     pub classes: BTreeMap<String, StorageClass>,
     /// BackupRepositories by (namespace, name).
@@ -204,6 +207,12 @@ impl Cluster {
                 let key = (namespace_of(&v.metadata), name_of(&v.metadata));
                 unique(document, &kind, &key, self.sources.contains_key(&key))?;
                 self.sources.insert(key, v);
+            }
+            ("ferry.dev", "GoldenImage") => {
+                let g: GoldenImage = typed(document, &kind, value)?;
+                let key = (namespace_of(&g.metadata), name_of(&g.metadata));
+                unique(document, &kind, &key, self.golden_images.contains_key(&key))?;
+                self.golden_images.insert(key, g);
             }
             ("ferry.dev", "StorageClassProfile") => {
                 let p: StorageClassProfile = typed(document, &kind, value)?;

@@ -67,15 +67,15 @@ impl Resource {
     ) -> Result<(Look, String), RenderError> {
         match self {
             Resource::Transfer(r) => {
-                if let Some((look, note)) = clone(r.as_mut(), world) {
-                    return Ok((look, note));
+                // A goldenImage source is planned as the claim it names (the spec shown
+                // stays as written).
+                let written = r.spec.source.clone();
+                if let Some(wait) = golden_source(r.as_mut(), world) {
+                    return Ok(wait);
                 }
-                if let Some((look, note)) = super::fan_out::look(r.as_mut(), world, options) {
-                    return Ok((look, note));
-                }
-                let (look, note, status) = look(r.as_mut(), world, options)?;
-                r.status = status.or(r.status.take());
-                Ok((look, note))
+                let result = transfer_look(r.as_mut(), world, options);
+                r.spec.source = written;
+                result
             }
             Resource::Checksum(r) => {
                 let (look, note, status) = look(r.as_mut(), world, options)?;
@@ -116,6 +116,57 @@ impl Resource {
                 r.status = status.or(r.status.take());
                 Ok((look, note))
             }
+        }
+    }
+}
+
+/// A Transfer's look: a storage clone, a fan-out, or its own mover.
+fn transfer_look(
+    r: &mut Transfer,
+    world: &mut World<'_>,
+    options: &Options,
+) -> Result<(Look, String), RenderError> {
+    if let Some((look, note)) = clone(r, world) {
+        return Ok((look, note));
+    }
+    if let Some((look, note)) = super::fan_out::look(r, world, options) {
+        return Ok((look, note));
+    }
+    let (look, note, status) = look(r, world, options)?;
+    r.status = status.or(r.status.take());
+    Ok((look, note))
+}
+
+/// A `goldenImage` source as [`crate::golden::source`] resolves it: the claim recorded
+/// in the status, else the GoldenImage's current claim (recorded now); the source is then
+/// that claim. None to go on planning; the look's end while the GoldenImage holds none.
+fn golden_source(t: &mut Transfer, world: &World<'_>) -> Option<(Look, String)> {
+    let golden = t.spec.source.golden_image.clone()?;
+    let mut status = t.status.clone().unwrap_or_default();
+    let claim = status.source_claim.clone().or_else(|| {
+        let namespace = t.metadata.namespace.clone().unwrap_or_default();
+        world
+            .cluster
+            .golden_images
+            .get(&(namespace, golden.name.clone()))
+            .and_then(|g| g.status.as_ref()?.current_claim.clone())
+    });
+    match claim {
+        Some(claim) => {
+            status.source_claim = Some(claim.clone());
+            t.status = Some(status);
+            t.spec.source = crate::golden::source::with_claim(t, &claim).spec.source;
+            None
+        }
+        None => {
+            let text = format!(
+                "waiting for GoldenImage {} to hold an image: create it, or wait for its first import",
+                golden.name
+            );
+            let next = plan::waiting(t, &status, reason::PENDING, &text);
+            let note = note_of(&next);
+            t.status = Some(next);
+            Some((Look::Waiting, note))
         }
     }
 }

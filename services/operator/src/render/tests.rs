@@ -736,3 +736,61 @@ fn a_rollout_is_planned_as_groups_by_attach_room_each_a_child_with_its_mover() {
         );
     }
 }
+
+#[test]
+fn a_golden_image_source_is_planned_as_its_current_claim() {
+    let base = "
+apiVersion: ferry.dev/v1alpha1
+kind: Transfer
+metadata: {name: vm-1, namespace: vms}
+spec:
+  source: {goldenImage: {name: fedora}}
+  targets: [{pvcTemplate: {name: vm-1-disk, size: 10Gi, volumeMode: Block}}]
+---
+apiVersion: ferry.dev/v1alpha1
+kind: GoldenImage
+metadata: {name: fedora, namespace: vms}
+spec:
+  source: {url: \"https://images.example.com/fedora.qcow2\"}
+  trigger: {schedule: \"0 */6 * * *\"}
+  claim: {size: 10Gi, volumeMode: Block}
+";
+    let rendered = run(base, 0);
+    assert_eq!(
+        rendered.summary[0],
+        "Transfer vms/vm-1: Pending (Pending): waiting for GoldenImage fedora to hold an image: create it, or wait for its first import"
+    );
+    assert_eq!(
+        listed(&rendered),
+        [("Transfer".to_string(), "vm-1".to_string())]
+    );
+    let imported = format!(
+        "{base}status: {{currentClaim: fedora-0a1b2c3d}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: fedora-0a1b2c3d, namespace: vms}}
+spec:
+  accessModes: [ReadWriteOnce]
+  volumeMode: Block
+  resources: {{requests: {{storage: 10Gi}}}}
+status: {{phase: Bound}}
+"
+    );
+    let rendered = run(&imported, 0);
+    let t = object(&rendered, "Transfer", "vm-1");
+    assert_eq!(
+        t["spec"]["source"],
+        json!({"goldenImage": {"name": "fedora"}})
+    );
+    assert_eq!(t["status"]["sourceClaim"], "fedora-0a1b2c3d");
+    let pod = object(&rendered, "Pod", "vm-1-ft-1");
+    let claims: Vec<&str> = pod["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["persistentVolumeClaim"]["claimName"].as_str())
+        .collect();
+    assert!(claims.contains(&"fedora-0a1b2c3d"), "{claims:?}");
+    assert!(claims.contains(&"vm-1-disk"), "{claims:?}");
+}
