@@ -794,3 +794,59 @@ status: {{phase: Bound}}
     assert!(claims.contains(&"fedora-0a1b2c3d"), "{claims:?}");
     assert!(claims.contains(&"vm-1-disk"), "{claims:?}");
 }
+
+#[test]
+fn a_claim_populated_from_a_golden_image_reads_its_current_claim() {
+    let yaml = format!(
+        "apiVersion: ferry.dev/v1alpha1
+kind: VolumeImageSource
+metadata: {{name: ubuntu, namespace: vms}}
+spec:
+  source: {{goldenImage: {{name: ubuntu-golden}}}}
+---
+apiVersion: ferry.dev/v1alpha1
+kind: GoldenImage
+metadata: {{name: ubuntu-golden, namespace: vms}}
+spec:
+  source: {{url: \"https://images.example.com/ubuntu.img\"}}
+  trigger: {{schedule: \"@daily\"}}
+  claim: {{size: 40Gi, volumeMode: Block}}
+status: {{currentClaim: ubuntu-golden-1a2b3c4d}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: ubuntu-golden-1a2b3c4d, namespace: vms}}
+spec:
+  volumeMode: Block
+  accessModes: [ReadWriteOnce]
+  resources: {{requests: {{storage: 40Gi}}}}
+status: {{phase: Bound}}
+---
+{}",
+        populated_claim("root-a", "fast-rbd", None).replace("fast-rbd", "\"\"")
+    );
+    let rendered = run(&yaml, 0);
+    let transfer = rendered
+        .objects
+        .iter()
+        .rev()
+        .find(|o| o["kind"] == "Transfer")
+        .unwrap();
+    assert_eq!(
+        transfer["spec"]["source"],
+        json!({"goldenImage": {"name": "ubuntu-golden"}})
+    );
+    assert_eq!(transfer["status"]["sourceClaim"], "ubuntu-golden-1a2b3c4d");
+    let pod = rendered
+        .objects
+        .iter()
+        .find(|o| o["kind"] == "Pod")
+        .unwrap();
+    let claims: Vec<&str> = pod["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["persistentVolumeClaim"]["claimName"].as_str())
+        .collect();
+    assert!(claims.contains(&"ubuntu-golden-1a2b3c4d"), "{claims:?}");
+}
