@@ -1513,9 +1513,61 @@ async fn claims_of_a_delete_retention_are_owned_by_the_transfer() {
     task.abort();
 }
 
-/// A source claim in use by a running VM (Bound, ReadWriteOnce): the mover runs on the VM's
-/// node with its tolerations, not wherever the scheduler would put it (and hang on
-/// Multi-Attach).
+/// The users of the source claim (Bound, ReadWriteOnce): `web` uses another claim;
+/// `virt-launcher-vm1` on node-b mounts it, writable unless `read_only`.
+fn pods_using_golden(read_only: bool) -> Reply {
+    Reply::Ok(json!({
+        "apiVersion": "v1", "kind": "PodList", "metadata": {},
+        "items": [
+            {"metadata": {"name": "web", "namespace": NS},
+             "spec": {"nodeName": "node-a", "containers": [],
+                      "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "other"}}]},
+             "status": {"phase": "Running"}},
+            {"metadata": {"name": "virt-launcher-vm1", "namespace": NS},
+             "spec": {"nodeName": "node-b", "containers": [],
+                      "tolerations": [{"key": "kubevirt.io/drain", "operator": "Exists", "effect": "NoSchedule"}],
+                      "volumes": [{"name": "root", "persistentVolumeClaim": {"claimName": "golden", "readOnly": read_only}}]},
+             "status": {"phase": "Running"}}
+        ]
+    }))
+}
+
+/// A source claim a running VM writes: the copy waits (SourceInUse), naming the pod,
+/// instead of reading an image being written.
+#[tokio::test]
+async fn a_source_claim_a_pod_writes_is_not_copied() {
+    let mut h = Harness::new(settings());
+    let object = transfer_json(None);
+    let task = tokio::spawn(reconcile(transfer(&object), h.ctx.clone()));
+    let mut golden = golden_pvc();
+    golden["status"] = json!({"phase": "Bound", "accessModes": ["ReadWriteOnce"]});
+    h.server
+        .expect("GET", &format!("{PVCS}/golden"), Reply::Ok(golden))
+        .await;
+    h.server
+        .expect("GET", &format!("{PVCS}/copy"), Reply::Ok(copy_pvc()))
+        .await;
+    h.server.expect("GET", PODS, pods_using_golden(false)).await;
+    let seen = h
+        .server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = &seen.body["status"];
+    assert_eq!(status["phase"], "Pending");
+    assert_eq!(status["conditions"][0]["reason"], "SourceInUse");
+    assert_eq!(
+        status["message"],
+        "pvc/golden is in use by pod virt-launcher-vm1, which may write it: a copy would read an image being written; stop the pod (or clone it by snapshot: cloneStrategy snapshot)"
+    );
+    let event = h.server.expect_event(NS).await.body;
+    assert_eq!(event["reason"], "SourceInUse");
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(5)));
+    h.server.done().await;
+}
+
+/// A source claim a running VM reads (mounted read-only, Bound, ReadWriteOnce): the mover
+/// runs on the VM's node with its tolerations, not wherever the scheduler would put it
+/// (and hang on Multi-Attach).
 #[tokio::test]
 async fn a_mover_of_a_claim_in_use_runs_on_its_users_node() {
     let mut h = Harness::new(settings());
@@ -1529,22 +1581,7 @@ async fn a_mover_of_a_claim_in_use_runs_on_its_users_node() {
     h.server
         .expect("GET", &format!("{PVCS}/copy"), Reply::Ok(copy_pvc()))
         .await;
-    h.server
-        .expect("GET", PODS, Reply::Ok(json!({
-            "apiVersion": "v1", "kind": "PodList", "metadata": {},
-            "items": [
-                {"metadata": {"name": "web", "namespace": NS},
-                 "spec": {"nodeName": "node-a", "containers": [],
-                          "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "other"}}]},
-                 "status": {"phase": "Running"}},
-                {"metadata": {"name": "virt-launcher-vm1", "namespace": NS},
-                 "spec": {"nodeName": "node-b", "containers": [],
-                          "tolerations": [{"key": "kubevirt.io/drain", "operator": "Exists", "effect": "NoSchedule"}],
-                          "volumes": [{"name": "root", "persistentVolumeClaim": {"claimName": "golden"}}]},
-                 "status": {"phase": "Running"}}
-            ]
-        })))
-        .await;
+    h.server.expect("GET", PODS, pods_using_golden(true)).await;
     h.server.expect("POST", SECRETS, Reply::Echo).await;
     h.server.expect("POST", NETPOLS, Reply::Echo).await;
     let pod = h.server.expect("POST", PODS, Reply::Echo).await.body;

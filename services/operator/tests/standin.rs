@@ -330,7 +330,11 @@ async fn twenty_transfers_never_run_more_movers_than_the_limit() {
 async fn a_mover_of_a_claim_in_use_lands_on_the_node_of_its_user() {
     let cluster = cluster();
     cluster.create(claim("vm-disk", "ceph-rbd"));
-    cluster.create(pod_using("virt-launcher-vm1", "vm-disk", "node-b"));
+    // The VM reads the disk (mounted read-only); one that writes it makes a copy wait
+    // (tests/reconcile.rs).
+    let mut vm = pod_using("virt-launcher-vm1", "vm-disk", "node-b");
+    vm["spec"]["volumes"][0]["persistentVolumeClaim"]["readOnly"] = json!(true);
+    cluster.create(vm);
     until(5, "the VM to run", || {
         cluster.get("", "pods", NS, "virt-launcher-vm1").unwrap()["status"]["phase"] == "Running"
     })
@@ -609,7 +613,11 @@ async fn queued_transfers_take_freed_slots_while_the_mover_store_lags() {
 async fn render_plans_the_objects_the_operator_creates() {
     let cluster = cluster();
     cluster.create(claim("vm-disk", "ceph-rbd"));
-    cluster.create(pod_using("virt-launcher-vm1", "vm-disk", "node-b"));
+    // The VM reads the disk (mounted read-only); one that writes it makes a copy wait
+    // (tests/reconcile.rs).
+    let mut vm = pod_using("virt-launcher-vm1", "vm-disk", "node-b");
+    vm["spec"]["volumes"][0]["persistentVolumeClaim"]["readOnly"] = json!(true);
+    cluster.create(vm);
     until(5, "the VM to run", || {
         cluster.get("", "pods", NS, "virt-launcher-vm1").unwrap()["status"]["phase"] == "Running"
     })

@@ -44,6 +44,8 @@ pub enum Unresolved {
     Conflict(String),
     /// Claims in use on different nodes, which one mover cannot attach together.
     Apart(String),
+    /// The claim a copy reads is being written by a pod.
+    Written(String),
 }
 
 pub fn mode_of(pvc: &PersistentVolumeClaim) -> VolumeMode {
@@ -148,6 +150,13 @@ pub fn resolve<K: MoverKind>(
                     let mut resolved = ResolvedPvc::new(name, mode_of(pvc));
                     if users::single_node(pvc) {
                         resolved.in_use = users::user_of(name, pods, &ids.uid);
+                    }
+                    let written = resolved.in_use.as_ref().filter(|u| u.writes);
+                    if let (Some(user), Some(true)) = (written, obj.reads_whole_image(name)) {
+                        return Err(Unresolved::Written(format!(
+                            "pvc/{name} is in use by pod {}, which may write it: a copy would read an image being written; stop the pod (or clone it by snapshot: cloneStrategy snapshot)",
+                            user.pod
+                        )));
                     }
                     pvcs.push(resolved);
                 }

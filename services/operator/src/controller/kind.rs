@@ -86,6 +86,12 @@ pub trait MoverKind:
     }
     /// Its mover pod.
     fn mover_pod(&self, input: &MoverPodInput<'_>) -> Result<Pod, MoverError>;
+    /// Whether it reads claim `name` as an image that must not change while it is read
+    /// (a Transfer's source: Some(true)); None when the kind reads live volumes by design
+    /// (a Backup of a running app).
+    fn reads_whole_image(&self, _name: &str) -> Option<bool> {
+        None
+    }
     /// The node its mover is placed on, if the spec places it: the claims it creates are
     /// provisioned for that node.
     fn placed_on(&self) -> Option<&str> {

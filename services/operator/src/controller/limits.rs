@@ -181,6 +181,7 @@ mod tests {
                 pod: "vm".into(),
                 node: "n2".into(),
                 tolerations: vec![],
+                writes: false,
             },
         );
         let with_pinned = vec![pods[0].clone(), Arc::new(pinned.clone())];

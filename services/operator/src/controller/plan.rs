@@ -161,6 +161,12 @@ pub fn attempt<K: MoverKind>(
                     message,
                 })
             }
+            Err(Unresolved::Written(message)) => {
+                return Ok(Plan::Wait {
+                    reason: reason::SOURCE_IN_USE,
+                    message,
+                })
+            }
         };
     let endpoints = obj.endpoints();
     let keys = obj.secret_keys();

@@ -95,6 +95,11 @@ impl MoverKind for Transfer {
         transfer_pod(self, input)
     }
 
+    fn reads_whole_image(&self, name: &str) -> Option<bool> {
+        let source = self.spec.source.pvc.as_ref()?;
+        Some(source.name == name)
+    }
+
     fn placed_on(&self) -> Option<&str> {
         self.spec.mover.as_ref()?.node_name.as_deref()
     }

@@ -44,8 +44,8 @@ pub fn user_of(claim: &str, pods: &[Pod], owner_uid: &str) -> Option<InUse> {
             continue;
         };
         match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
-            Some("Running") => return Some(in_use(pod, node)),
-            Some("Pending") if pending.is_none() => pending = Some(in_use(pod, node)),
+            Some("Running") => return Some(in_use(pod, node, claim)),
+            Some("Pending") if pending.is_none() => pending = Some(in_use(pod, node, claim)),
             _ => {}
         }
     }
@@ -60,8 +60,27 @@ fn uses(pod: &Pod, claim: &str) -> bool {
         .any(|c| c.claim_name == claim)
 }
 
-fn in_use(pod: &Pod, node: &str) -> InUse {
+/// Whether `pod` may write `claim`: it mounts it without `readOnly` and is not a mover
+/// (movers open their sources read-only).
+fn writes(pod: &Pod, claim: &str) -> bool {
+    let mover = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(labels::MANAGED_BY))
+        .is_some_and(|m| m == "ferry-operator");
+    let writable = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .filter_map(|v| v.persistent_volume_claim.as_ref())
+        .any(|c| c.claim_name == claim && c.read_only != Some(true));
+    writable && !mover
+}
+
+fn in_use(pod: &Pod, node: &str, claim: &str) -> InUse {
     InUse {
+        writes: writes(pod, claim),
         pod: pod.metadata.name.clone().unwrap_or_default(),
         node: node.to_string(),
         tolerations: pod

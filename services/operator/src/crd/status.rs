@@ -58,6 +58,8 @@ pub mod condition {
     pub mod reason {
         /// Waiting for claims, Secrets or a mover slot.
         pub const PENDING: &str = "Pending";
+        /// The claim a Transfer copies is in use by a pod that may write it.
+        pub const SOURCE_IN_USE: &str = "SourceInUse";
         /// Waiting for a mover slot (cluster or node limit).
         pub const QUEUED: &str = "Queued";
         /// The API server refused the mover pod or a claim (admission: PodSecurity, a

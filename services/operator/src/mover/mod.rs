@@ -59,6 +59,8 @@ pub struct InUse {
     pub node: String,
     /// Its tolerations, which a mover on the same node needs as well.
     pub tolerations: Vec<Toleration>,
+    /// Whether it mounts the claim writable (it is not one of ferry's movers).
+    pub writes: bool,
 }
 
 /// Why a mover pod or request cannot be built.

@@ -91,6 +91,7 @@ mod tests {
     fn used(claim: &str, pod: &str, node: &str) -> ResolvedPvc {
         let mut p = ResolvedPvc::new(claim, VolumeMode::Block);
         p.in_use = Some(InUse {
+            writes: true,
             pod: pod.into(),
             node: node.into(),
             tolerations: vec![Toleration {
