@@ -122,8 +122,7 @@ impl Client {
         }
         if !String::from_utf8_lossy(&config.ca_pem).contains("-----BEGIN CERTIFICATE-----") {
             return Err(Error::Config(
-                "the CA certificate holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
-                    .into(),
+                "the CA certificate holds no PEM certificate (-----BEGIN CERTIFICATE-----)".into(),
             ));
         }
         if config.token.is_empty() {
@@ -197,7 +196,11 @@ impl Client {
                 starting_offset: offset as i64,
                 max_results: config.max_results,
             };
-            async move { stub.get_metadata_delta(request).await.map(|r| r.into_inner()) }
+            async move {
+                stub.get_metadata_delta(request)
+                    .await
+                    .map(|r| r.into_inner())
+            }
         })
         .await
     }

@@ -16,7 +16,9 @@ pub enum Error {
     #[error("the SnapshotMetadata service at {endpoint} is unreachable: {reason}")]
     Unreachable { endpoint: String, reason: String },
     /// The service did not accept the token (unknown, expired, or for another audience).
-    #[error("the SnapshotMetadata service did not authenticate the token (unauthenticated): {message}")]
+    #[error(
+        "the SnapshotMetadata service did not authenticate the token (unauthenticated): {message}"
+    )]
     Unauthenticated { message: String },
     /// The token's identity may not read the snapshots of this namespace.
     #[error("the SnapshotMetadata service refused access (permission denied): {message}")]
@@ -28,7 +30,9 @@ pub enum Error {
     #[error("the SnapshotMetadata service failed ({code}): {message}")]
     Rpc { code: String, message: String },
     /// The stream broke more often than the resumptions allowed.
-    #[error("the SnapshotMetadata stream broke {attempts} times (last at offset {offset}): {last}")]
+    #[error(
+        "the SnapshotMetadata stream broke {attempts} times (last at offset {offset}): {last}"
+    )]
     Interrupted {
         attempts: u32,
         offset: u64,

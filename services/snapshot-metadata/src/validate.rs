@@ -47,10 +47,7 @@ pub enum Invalid {
     #[error("block_metadata_type is {0}, not FIXED_LENGTH or VARIABLE_LENGTH")]
     UnknownStyle(i32),
     #[error("block_metadata_type changed from {first:?} to {now:?} within one answer")]
-    StyleChanged {
-        first: BlockStyle,
-        now: BlockStyle,
-    },
+    StyleChanged { first: BlockStyle, now: BlockStyle },
     #[error("volume_capacity_bytes is {0}, not a positive size")]
     BadCapacity(i64),
     #[error("volume_capacity_bytes changed from {first} to {now} within one answer")]
@@ -62,12 +59,18 @@ pub enum Invalid {
     #[error("an extent has a negative byte_offset {0}")]
     NegativeOffset(i64),
     #[error("the extent {offset}+{size} ends past the volume's capacity of {capacity} bytes")]
-    PastCapacity { offset: u64, size: u64, capacity: u64 },
+    PastCapacity {
+        offset: u64,
+        size: u64,
+        capacity: u64,
+    },
     #[error("the extent at {offset} comes after one at {previous}: extents out of order")]
     OutOfOrder { offset: u64, previous: u64 },
     #[error("the extent at {offset} overlaps the previous one, which ends at {previous_end}")]
     Overlapping { offset: u64, previous_end: u64 },
-    #[error("an extent's size_bytes is {size} in a FIXED_LENGTH answer whose extents are {fixed} bytes")]
+    #[error(
+        "an extent's size_bytes is {size} in a FIXED_LENGTH answer whose extents are {fixed} bytes"
+    )]
     NotFixed { size: u64, fixed: u64 },
     #[error("the answer holds more than {limit} separate ranges (after joining adjacent ones): refused as implausible")]
     TooManyExtents { limit: usize },

@@ -33,7 +33,15 @@ fn broken_promises_are_refused_by_name() {
     let cases: Vec<(i32, i64, Vec<BlockMetadata>, Invalid)> = vec![
         (0, 100, vec![b(0, 1)], Invalid::UnknownStyle(0)),
         (VAR, 0, vec![], Invalid::BadCapacity(0)),
-        (VAR, 100, vec![b(10, 0)], Invalid::EmptyExtent { offset: 10, size: 0 }),
+        (
+            VAR,
+            100,
+            vec![b(10, 0)],
+            Invalid::EmptyExtent {
+                offset: 10,
+                size: 0,
+            },
+        ),
         (VAR, 100, vec![b(-5, 10)], Invalid::NegativeOffset(-5)),
         (
             VAR,
@@ -141,7 +149,10 @@ fn separate_ranges_are_bounded_but_adjacent_ones_are_not() {
         .accept(VAR, 1 << 20, &[b(0, 1), b(2, 1), b(4, 1), b(6, 1)])
         .unwrap_err();
     assert_eq!(err, Invalid::TooManyExtents { limit: 3 });
-    assert!(err.to_string().contains("more than 3 separate ranges"), "{err}");
+    assert!(
+        err.to_string().contains("more than 3 separate ranges"),
+        "{err}"
+    );
 }
 
 #[test]
