@@ -198,7 +198,7 @@ impl Volume {
                 "restore",
                 "--no-progress",
                 s(&repo),
-                &id,
+                id.as_str(),
                 s(&out2),
             ])
         })

@@ -229,7 +229,9 @@ impl Client {
                     match timeout(config.idle_timeout, stream.message()).await {
                         Ok(Ok(Some(reply))) => {
                             let (style, capacity, blocks) = reply.parts();
-                            collector.accept(style, capacity, blocks)?;
+                            if let Err(invalid) = collector.accept(style, capacity, blocks) {
+                                return Err(invalid);
+                            }
                         }
                         Ok(Ok(None)) => return Ok(None),
                         Ok(Err(status)) => return Ok(Some(status)),

@@ -35,7 +35,6 @@ pub struct Request {
 }
 
 /// How a backup uses the service's answer.
-#[derive(Debug)]
 pub struct Plan {
     /// The source to read (only its allocated ranges, for a full backup).
     pub source: Arc<dyn Source>,
@@ -45,6 +44,17 @@ pub struct Plan {
     pub parent: ParentChoice,
     /// Why the service's answer is not used, when it is not.
     pub fallback: Option<String>,
+}
+
+impl std::fmt::Debug for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plan")
+            .field("source", &self.source.describe())
+            .field("changed", &self.changed)
+            .field("parent", &self.parent)
+            .field("fallback", &self.fallback)
+            .finish()
+    }
 }
 
 impl Plan {
