@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use ferry_core::{Caps, Error, Extent, ExtentKind, IoBuf, Result, Source};
+use ferry_core::{Caps, Error, Extent, IoBuf, Result, Source};
 
 use crate::changed::ChangedRanges;
 
