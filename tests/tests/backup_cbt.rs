@@ -364,6 +364,7 @@ async fn refused_tokens_unknown_bases_and_no_service_fall_back() {
     let (second, run) = volume.incremental(&url).await;
     let why = second["full_reason"].as_str().unwrap_or_default();
     assert!(why.contains("unauthenticated"), "{second}");
+    assert_eq!(second["parent"], first["id"]);
     assert_eq!(second["changed_block_tracking"], "ChangeDigests");
     assert_eq!(second["block_hash"], blkhash_file(&volume.dev2).as_str());
     assert!(!run.stdout.contains("tok-wrong-4711") && !run.stderr.contains("tok-wrong-4711"));

@@ -30,7 +30,8 @@ fn usage(problem: &str) -> ExitCode {
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (mut ca_out, mut token, mut namespace) = (None, None, None);
-    let (mut snapshots, mut deltas) = (Vec::new(), Vec::new());
+    let mut snapshots: Vec<(String, String, PathBuf)> = Vec::new();
+    let mut deltas = Vec::new();
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let Some(value) = it.next() else {
@@ -60,7 +61,7 @@ async fn main() -> ExitCode {
     };
     let mut config = MetadataServerConfig::new("ferry-bench", &token, &namespace);
     for (name, handle, path) in snapshots {
-        config = config.with_snapshot(&name, &handle, PathBuf::from(path));
+        config = config.with_snapshot(&name, &handle, path);
     }
     config.deltas = deltas;
     let server = match MetadataServer::start(config).await {
