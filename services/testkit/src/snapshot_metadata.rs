@@ -530,13 +530,13 @@ impl SnapshotMetadata for Service {
         };
         let (capacity, ranges) = tokio::task::spawn_blocking(move || -> std::io::Result<_> {
             match known {
-            Some(list) => Ok((std::fs::metadata(&target)?.len(), read_ranges(&list)?)),
-            None => delta(&base, &target, block),
+                Some(list) => Ok((std::fs::metadata(&target)?.len(), read_ranges(&list)?)),
+                None => delta(&base, &target, block),
             }
         })
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?
-            .map_err(|e| Status::internal(format!("comparing the snapshots: {e}")))?;
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(|e| Status::internal(format!("comparing the snapshots: {e}")))?;
         self.reply(
             &config,
             capacity,
