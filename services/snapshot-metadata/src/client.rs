@@ -17,7 +17,7 @@ use crate::proto::{
     GetMetadataDeltaRequest, GetMetadataDeltaResponse,
 };
 use crate::token::SecurityToken;
-use crate::validate::{Collector, Ranges};
+use crate::validate::{Collector, Invalid, Ranges};
 
 /// Separate ranges accepted by default: 16 bytes each, so at most 16 MiB held. A 1 TiB
 /// volume with a changed 4 KiB block in every 1 MiB has a million.
@@ -222,16 +222,14 @@ impl Client {
             let status = match tokio::time::timeout_at(deadline, async {
                 let mut stream = match timeout(config.idle_timeout, open(offset)).await {
                     Ok(Ok(stream)) => stream,
-                    Ok(Err(status)) => return Ok(Some(status)),
+                    Ok(Err(status)) => return Ok::<_, Invalid>(Some(status)),
                     Err(_) => return Ok(Some(idle(config.idle_timeout))),
                 };
                 loop {
                     match timeout(config.idle_timeout, stream.message()).await {
                         Ok(Ok(Some(reply))) => {
                             let (style, capacity, blocks) = reply.parts();
-                            if let Err(invalid) = collector.accept(style, capacity, blocks) {
-                                return Err(invalid);
-                            }
+                            collector.accept(style, capacity, blocks)?;
                         }
                         Ok(Ok(None)) => return Ok(None),
                         Ok(Err(status)) => return Ok(Some(status)),

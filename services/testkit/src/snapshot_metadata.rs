@@ -339,7 +339,7 @@ impl Service {
             config.max_results.max(1)
         };
         if let Style::Fixed(size) = config.style {
-            if size == 0 || capacity % size != 0 {
+            if size == 0 || !capacity.is_multiple_of(size) {
                 return Err(Status::internal(format!(
                     "the capacity {capacity} is not a multiple of the fixed block size {size}"
                 )));
