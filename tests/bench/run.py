@@ -51,7 +51,7 @@ def main() -> int:
         log("building ferry (release)")
         subprocess.run(["cargo", "build", "--release", "-p", "ferry", "--bin", "ferry",
                         "-p", "ferry-tests", "--bin", "ferry-mkimage", "--bin", "ferry-mover-job",
-                        "--bin", "ferry-operator-scale"],
+                        "--bin", "ferry-operator-scale", "--bin", "ferry-snapshot-metadata-server"],
                        cwd=REPO, check=True)
     ferry = target_dir / "release" / "ferry"
     mkimage = target_dir / "release" / "ferry-mkimage"

@@ -1,5 +1,6 @@
 //! The end-to-end tests, one module per area, built as one test binary.
 
+mod backup_cbt;
 mod backup_cli;
 mod backup_image;
 mod backup_immutable;

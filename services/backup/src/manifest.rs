@@ -119,6 +119,9 @@ pub struct SnapshotInfo {
     pub tags: BTreeMap<String, String>,
     /// The image's block hash (blksum-compatible lowercase hex), when computed.
     pub block_hash: Option<String>,
+    /// The storage snapshot the image was read from (a CSI snapshot handle), when the
+    /// caller named one: the base of the next backup's changed-block query.
+    pub snapshot_id: Option<String>,
 }
 
 impl SnapshotInfo {
@@ -143,6 +146,11 @@ impl SnapshotInfo {
         self.block_hash = Some(hex.into());
         self
     }
+
+    pub fn with_snapshot_id(mut self, id: impl Into<String>) -> Self {
+        self.snapshot_id = Some(id.into());
+        self
+    }
 }
 
 /// The manifest of a finished backup.
@@ -160,6 +168,11 @@ pub struct Manifest {
     pub tags: BTreeMap<String, String>,
     /// Block hash of the whole image (blksum-compatible hex), if the backup computed it.
     pub block_hash: Option<String>,
+    /// The storage snapshot the image was read from (a CSI VolumeSnapshotContent's
+    /// snapshot handle), when the backup was told: the next incremental asks the CSI
+    /// SnapshotMetadata service for the changes since it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_id: Option<String>,
     /// Bytes in chunks this backup stored (each distinct chunk once).
     pub bytes_new: u64,
     /// Bytes in chunks that were already stored (by earlier backups or earlier in this one).

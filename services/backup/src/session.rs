@@ -601,6 +601,7 @@ impl Session {
             parent: info.parent,
             tags: info.tags,
             block_hash: info.block_hash,
+            snapshot_id: info.snapshot_id,
             bytes_new: 0,
             bytes_reused: 0,
             bytes_zero: 0,

@@ -347,6 +347,7 @@ async fn copy_backup(
     info.parent = manifest.parent.clone();
     info.tags = manifest.tags.clone();
     info.block_hash = manifest.block_hash.clone();
+    info.snapshot_id = manifest.snapshot_id.clone();
     session.finish(&dst_index, info).await.map_err(within)?;
     tracing::info!(backup = %id, chunks = copied.chunks_copied, "copied a backup");
     Ok(copied)

@@ -17,6 +17,7 @@ pub mod nfs;
 pub mod registry;
 pub mod seeds;
 pub mod smoke;
+pub mod snapshot_metadata;
 
 pub use formats::{
     compressed_stream, ova_image, qcow2_image, vdi_image, vhd_image, vhdx_image, vmdk_image,
@@ -26,6 +27,7 @@ pub use iscsi::{iscsi_pdu, iscsi_session};
 pub use nbd::{nbd_handshake, nbd_parsers, nbd_replies, nbd_server};
 pub use nfs::{nfs4_compound_reply, nfs_rpc_reply, nfs_xdr};
 pub use registry::{container_layer, registry_manifest};
+pub use snapshot_metadata::snapshot_metadata_replies;
 
 /// One fuzz target, as the smoke and `make-seeds` see it.
 #[derive(Debug, Clone, Copy)]
@@ -71,5 +73,6 @@ pub const DRIVERS: &[Driver] = &[
     Driver { name: "vdi_image", run: vdi_image, seeds: seeds::vdi_image, dict: "", inputs: 5_000, max_len: 16384 },
     Driver { name: "ova_image", run: ova_image, seeds: seeds::ova_image, dict: "", inputs: 5_000, max_len: 16384 },
     Driver { name: "registry_manifest", run: registry_manifest, seeds: seeds::registry_manifest, dict: "", inputs: 20_000, max_len: 8192 },
+    Driver { name: "snapshot_metadata_replies", run: snapshot_metadata_replies, seeds: seeds::snapshot_metadata_replies, dict: "", inputs: 50_000, max_len: 4096 },
     Driver { name: "container_layer", run: container_layer, seeds: seeds::container_layer, dict: "", inputs: 3_000, max_len: 16384 },
 ];

@@ -47,6 +47,41 @@ pub fn http_headers() -> Vec<Seed> {
     ]
 }
 
+/// Two delta replies (VARIABLE_LENGTH, then a resumed stream), and a FIXED_LENGTH one.
+pub fn snapshot_metadata_replies() -> Vec<Seed> {
+    use ferry_snapshot_metadata::proto::{BlockMetadata, GetMetadataDeltaResponse};
+    use prost::Message;
+    let reply = |style: i32, blocks: &[(i64, i64)]| {
+        let body = GetMetadataDeltaResponse {
+            block_metadata_type: style,
+            volume_capacity_bytes: 1 << 30,
+            block_metadata: blocks
+                .iter()
+                .map(|&(byte_offset, size_bytes)| BlockMetadata {
+                    byte_offset,
+                    size_bytes,
+                })
+                .collect(),
+        }
+        .encode_to_vec();
+        cat(&[&(body.len() as u16).to_le_bytes(), &body])
+    };
+    vec![
+        seed(
+            "variable-resumed",
+            cat(&[
+                &reply(2, &[(0, 4096), (65536, 8192)]),
+                &[0, 0],
+                &reply(2, &[(70000, 100), (1 << 20, 4096)]),
+            ]),
+        ),
+        seed(
+            "fixed",
+            reply(1, &[(0, 65536), (131072, 65536), (196608, 65536)]),
+        ),
+    ]
+}
+
 // ---------------------------------------------------------------------------------------
 // NBD
 

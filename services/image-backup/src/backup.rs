@@ -53,8 +53,11 @@ pub struct BackupOptions {
     pub tags: BTreeMap<String, String>,
     /// Chunks in flight at once (default [`DEFAULT_WORKERS`]).
     pub workers: usize,
-    /// The source's changes since the parent (a dirty bitmap): only changed chunks are read.
+    /// The source's changes since the parent (a dirty bitmap, or the CSI SnapshotMetadata
+    /// service's delta): only changed chunks are read.
     pub changed: Option<Arc<dyn ChangedRanges>>,
+    /// The storage snapshot the source is (a CSI snapshot handle), kept in the manifest.
+    pub snapshot_id: Option<String>,
     pub session: SessionOptions,
 }
 
@@ -66,6 +69,7 @@ impl BackupOptions {
             tags: BTreeMap::new(),
             workers: DEFAULT_WORKERS,
             changed: None,
+            snapshot_id: None,
             session: SessionOptions::default(),
         }
     }
@@ -87,6 +91,11 @@ impl BackupOptions {
 
     pub fn with_changed(mut self, changed: Arc<dyn ChangedRanges>) -> Self {
         self.changed = Some(changed);
+        self
+    }
+
+    pub fn with_snapshot_id(mut self, id: impl Into<String>) -> Self {
+        self.snapshot_id = Some(id.into());
         self
     }
 
@@ -354,6 +363,9 @@ async fn finish(
     }
     for (k, v) in &options.tags {
         info = info.with_tag(k.clone(), v.clone());
+    }
+    if let Some(snapshot) = &options.snapshot_id {
+        info = info.with_snapshot_id(snapshot.clone());
     }
     session.finish(index, info).await
 }

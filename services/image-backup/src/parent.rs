@@ -170,6 +170,22 @@ pub(crate) async fn choose(
     })))
 }
 
+/// The manifest of the parent a backup of `source` (`size` bytes) would build on, or
+/// why it would be a full backup: what a caller needs to know before the backup (which
+/// storage snapshot the parent was read from). Pass its id as the backup's parent, so the
+/// backup builds on that one.
+pub async fn parent_manifest(
+    repo: &Repository,
+    choice: &ParentChoice,
+    source: &str,
+    size: u64,
+) -> Result<std::result::Result<Manifest, String>> {
+    Ok(match choose(repo, choice, source, size).await? {
+        Chosen::Parent(p) => Ok(p.manifest),
+        Chosen::Full(reason) => Err(reason),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

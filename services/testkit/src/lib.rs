@@ -18,6 +18,8 @@
 //!   `kube::Client` over it, RBAC from manifest files, and simulated controllers (PVC
 //!   binding, a scheduler, attach/detach and a kubelet). Only the operator's tests turn the
 //!   feature on, so the other crates' tests do not build kube.
+//! - `snapshot_metadata` (feature `snapshot-metadata`): a stand-in of the CSI
+//!   SnapshotMetadata sidecar over TLS, answering from real snapshot files, with faults.
 //!
 //! It depends on ferry-core only, so the engine and the endpoints can use it as a
 //! dev-dependency without a cycle. Its checks panic, as test assertions do.
@@ -31,6 +33,8 @@ mod gauge;
 pub mod kube;
 pub mod pod_security;
 pub mod promql;
+#[cfg(feature = "snapshot-metadata")]
+pub mod snapshot_metadata;
 mod source;
 mod target;
 

@@ -3,8 +3,11 @@
 //! The source is opened as `ferry copy` opens it (any endpoint, qcow2 and compressed
 //! images through ferry-formats). With `--dirty-bitmap NAME` the source must be NBD: the
 //! export is opened with the `qemu:dirty-bitmap:NAME` context and only the chunks it
-//! marks dirty are read. The summary (or `--json`) says what was stored, what was read,
-//! and why a backup was full when it was (`full_reason`).
+//! marks dirty are read. With `--snapshot-metadata URL` the CSI SnapshotMetadata service
+//! says which ranges changed since the parent's snapshot (or, for a full backup, which are
+//! allocated), and only those are read ([`super::snapshot_metadata`]). The summary (or
+//! `--json`) says what was stored, what was read, and why a backup was full when it was,
+//! or why the service's answer was not used (`full_reason`).
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -21,7 +24,7 @@ use super::args::{self, ProgressArgs};
 use super::backup::open_repository;
 use super::image::{self, FormatArgs};
 use super::summary::rate;
-use super::{cancel_on_ctrl_c, interrupted, progress};
+use super::{cancel_on_ctrl_c, interrupted, progress, snapshot_metadata};
 
 /// Arguments of `ferry backup create`.
 #[derive(Debug, Clone, Args)]
@@ -47,6 +50,27 @@ pub struct CreateArgs {
     /// the writes since the parent backup).
     #[arg(long, value_name = "NAME")]
     pub dirty_bitmap: Option<String>,
+    /// Ask the CSI SnapshotMetadata service at this address (https://HOST:PORT) which
+    /// ranges of --snapshot changed since the parent's snapshot (or are allocated, for a
+    /// full backup), and read only those; on any failure the backup is made without it.
+    /// The CA and the token come from FERRY_SNAPSHOT_METADATA_CA_FILE and
+    /// FERRY_SNAPSHOT_METADATA_TOKEN_FILE.
+    #[arg(long, value_name = "URL", requires_all = ["snapshot", "namespace"], conflicts_with = "dirty_bitmap")]
+    pub snapshot_metadata: Option<String>,
+    /// The VolumeSnapshot SRC was made from (with --snapshot-metadata).
+    #[arg(long, value_name = "NAME", requires = "snapshot_metadata")]
+    pub snapshot: Option<String>,
+    /// The namespace of the VolumeSnapshot (with --snapshot-metadata).
+    #[arg(long, value_name = "NS", requires = "snapshot_metadata")]
+    pub namespace: Option<String>,
+    /// The CSI snapshot handle of the base snapshot [default: the snapshot id the parent
+    /// backup recorded].
+    #[arg(long, value_name = "ID", requires = "snapshot_metadata")]
+    pub base_snapshot_id: Option<String>,
+    /// The CSI snapshot handle of the snapshot SRC is, recorded in the backup's manifest:
+    /// the next incremental's default base.
+    #[arg(long, value_name = "ID")]
+    pub snapshot_id: Option<String>,
     #[arg(long, value_name = "N", value_parser = args::count,
           help = format!("Chunks in flight at once [default: {}]", ferry_image_backup::DEFAULT_WORKERS))]
     pub workers: Option<usize>,
@@ -77,8 +101,14 @@ pub struct CreateSummary {
     pub id: String,
     pub source: String,
     pub parent: Option<String>,
-    /// Why the backup was made without a parent, when it was.
+    /// Why the backup was made without a parent, when it was; and why the CSI
+    /// SnapshotMetadata service's answer was not used, when it was asked and was not.
     pub full_reason: Option<String>,
+    /// How the changed blocks were found: SnapshotMetadata, DirtyBitmap, ChangeDigests
+    /// (read and compared), or none (a full backup).
+    pub changed_block_tracking: Option<String>,
+    /// The storage snapshot recorded in the manifest (--snapshot-id).
+    pub snapshot_id: Option<String>,
     pub size: u64,
     pub block_hash: Option<String>,
     pub tags: BTreeMap<String, String>,
@@ -104,6 +134,8 @@ impl From<&BackupReport> for CreateSummary {
             source: m.source.clone(),
             parent: m.parent.as_ref().map(ToString::to_string),
             full_reason: r.full_reason.clone(),
+            changed_block_tracking: None,
+            snapshot_id: m.snapshot_id.clone(),
             size: m.image_size,
             block_hash: m.block_hash.clone(),
             tags: m.tags.clone(),
@@ -137,7 +169,8 @@ impl CreateSummary {
             format_size(self.bytes_read),
         );
         match (&self.parent, &self.full_reason) {
-            (Some(p), _) => text.push_str(&format!("\nparent {p}")),
+            (Some(p), Some(reason)) => text.push_str(&format!("\nparent {p} ({reason})")),
+            (Some(p), None) => text.push_str(&format!("\nparent {p}")),
             (None, Some(reason)) => text.push_str(&format!("\nfull backup: {reason}")),
             (None, None) => {}
         }
@@ -174,10 +207,43 @@ async fn open_source(
 pub async fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
     let spec = EndpointSpec::parse(&args.source).map_err(|e| super::failed(e, "invalid source"))?;
     let repo = open_repository(&args.repo).await?;
-    let (source, changed) = open_source(&args, &spec).await?;
-    let mut options =
-        BackupOptions::new(args.source_id.clone().unwrap_or_else(|| spec.to_string()))
-            .with_parent(args.parent.clone());
+    let (mut source, changed) = open_source(&args, &spec).await?;
+    let source_id = args.source_id.clone().unwrap_or_else(|| spec.to_string());
+    let mut parent = args.parent.clone();
+    let mut tracking = changed.as_ref().map(|_| "DirtyBitmap");
+    let mut fallback = None;
+    let mut metadata_changes = None;
+    if let Some(url) = &args.snapshot_metadata {
+        let request = snapshot_metadata::Request {
+            url: url.clone(),
+            snapshot: args.snapshot.clone().unwrap_or_default(),
+            namespace: args.namespace.clone().unwrap_or_default(),
+            base_snapshot_id: args.base_snapshot_id.clone(),
+        };
+        let plan =
+            match snapshot_metadata::plan(&request, &repo, source.clone(), &source_id, &parent)
+                .await
+            {
+                Ok(plan) => plan,
+                Err(e) => {
+                    let _ = source.close().await;
+                    return Err(e);
+                }
+            };
+        if let Some(why) = &plan.fallback {
+            eprintln!("ferry: warning: {why}");
+        }
+        tracking = Some(plan.tracking());
+        (source, parent, metadata_changes, fallback) =
+            (plan.source, plan.parent, plan.changed, plan.fallback);
+    }
+    let mut options = BackupOptions::new(source_id).with_parent(parent);
+    if let Some(changed) = metadata_changes {
+        options = options.with_changed(changed);
+    }
+    if let Some(id) = &args.snapshot_id {
+        options = options.with_snapshot_id(id.clone());
+    }
     if let Some(workers) = args.workers {
         options = options.with_workers(workers);
     }
@@ -205,7 +271,20 @@ pub async fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
         }
         Err(e) => return Err(super::failed(e, "backup failed")),
     };
-    let summary = CreateSummary::from(&report);
+    let mut summary = CreateSummary::from(&report);
+    summary.changed_block_tracking = match (report.manifest.parent.is_some(), tracking) {
+        (true, Some(t)) => Some(t),
+        (true, None) => Some("ChangeDigests"),
+        (false, Some("SnapshotMetadata")) => Some("SnapshotMetadata"),
+        (false, _) => None,
+    }
+    .map(str::to_string);
+    if let Some(why) = fallback {
+        summary.full_reason = Some(match summary.full_reason.take() {
+            Some(reason) => format!("{reason}; {why}"),
+            None => why,
+        });
+    }
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);
     } else {

@@ -27,6 +27,7 @@ pub mod progress;
 pub mod remote;
 pub mod retention;
 pub mod serve;
+pub mod snapshot_metadata;
 pub mod summary;
 
 use std::process::ExitCode;
