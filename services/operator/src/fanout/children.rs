@@ -202,3 +202,127 @@ pub fn summarize(planned: &FanOutStatus, children: &BTreeMap<String, &Transfer>)
         end,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn parent() -> Transfer {
+        serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+            "metadata": {"name": "fleet", "namespace": "vms", "uid": "p-1"},
+            "spec": {
+                "source": {"url": "https://images.example.com/golden.img"},
+                "targets": [{"url": "nbd://backup.example.com/golden"}],
+                "pvcTemplates": {"namePrefix": "vm-", "count": 5, "size": "10Gi"},
+            },
+        }))
+        .unwrap()
+    }
+
+    fn planned() -> FanOutStatus {
+        FanOutStatus {
+            groups: vec![
+                GroupStatus {
+                    name: "fleet-g0".into(),
+                    node: Some("a".into()),
+                    targets: vec![[0, 3]],
+                    phase: Phase::Pending,
+                },
+                GroupStatus {
+                    name: "fleet-g1".into(),
+                    node: Some("b".into()),
+                    targets: vec![[3, 6]],
+                    phase: Phase::Pending,
+                },
+            ],
+            ..FanOutStatus::default()
+        }
+    }
+
+    fn child_in(phase: &str, message: Option<&str>, source: Option<&str>) -> Transfer {
+        let mut status = json!({"phase": phase});
+        if let Some(m) = message {
+            status["message"] = json!(m);
+        }
+        if let Some(d) = source {
+            status["digests"] = json!({"source": d});
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+            "metadata": {"name": "c", "namespace": "vms"},
+            "spec": {"source": {"url": "https://x/y"}, "targets": [{"url": "nbd://h/e"}]},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn listed_targets_come_first_then_the_generated_ones() {
+        let p = parent();
+        assert_eq!(
+            target_at(&p.spec, 0).unwrap().endpoint.url.as_deref(),
+            Some("nbd://backup.example.com/golden")
+        );
+        let generated = target_at(&p.spec, 1).unwrap().pvc_template.unwrap();
+        assert_eq!(generated.name, "vm-0");
+        assert_eq!(
+            target_at(&p.spec, 5).unwrap().pvc_template.unwrap().name,
+            "vm-4"
+        );
+        assert!(target_at(&p.spec, 6).is_none());
+        let child = child(&p, "p-1", &planned().groups[1]);
+        let names: Vec<String> = child
+            .spec
+            .targets
+            .iter()
+            .map(|t| t.pvc_template.as_ref().unwrap().name.clone())
+            .collect();
+        assert_eq!(names, ["vm-2", "vm-3", "vm-4"]);
+        assert_eq!(child.spec.mover.unwrap().node_name.as_deref(), Some("b"));
+        let long = "x".repeat(260);
+        let a = child_name(&long, "0b0e5e1c-1111", 12);
+        assert!(a.len() <= 253 && a.ends_with("-0b0e5e1c-g12"), "{a}");
+    }
+
+    #[test]
+    fn the_rollout_fails_once_every_group_ended_and_one_failed_naming_it() {
+        let failed = child_in("Failed", Some("pvc/vm-4: no space"), None);
+        let done = child_in("Succeeded", None, None);
+        let running = child_in("Running", None, None);
+        let mut children = BTreeMap::from([
+            ("fleet-g0".to_string(), &done),
+            ("fleet-g1".to_string(), &running),
+        ]);
+        assert!(summarize(&planned(), &children).end.is_none());
+        children.insert("fleet-g1".into(), &failed);
+        let s = summarize(&planned(), &children);
+        assert_eq!(
+            s.end,
+            Some((
+                Phase::Failed,
+                "1 of 2 mover groups failed (3 of 6 targets written): fleet-g1: pvc/vm-4: no space"
+                    .to_string()
+            ))
+        );
+        assert_eq!(s.fan_out.groups_failed, 1);
+        assert_eq!(s.fan_out.groups[1].phase, Phase::Failed);
+    }
+
+    #[test]
+    fn groups_that_read_different_images_fail_the_rollout() {
+        let a = child_in("Succeeded", None, Some("sha256:aa"));
+        let b = child_in("Running", None, Some("sha256:bb"));
+        let children = BTreeMap::from([("fleet-g0".to_string(), &a), ("fleet-g1".to_string(), &b)]);
+        let s = summarize(&planned(), &children);
+        let (phase, message) = s.end.unwrap();
+        assert_eq!(phase, Phase::Failed);
+        assert!(message.contains("sha256:aa, sha256:bb"), "{message}");
+        assert!(
+            message.contains("the source changed during the rollout"),
+            "{message}"
+        );
+    }
+}
