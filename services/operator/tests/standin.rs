@@ -668,7 +668,7 @@ async fn render_plans_the_objects_the_operator_creates() {
     let rendered = ferry_operator::render::render(&input, &options).unwrap();
     let planned = |kind: &str| {
         rendered
-            .objects
+            .objects()
             .iter()
             .find(|o| o["kind"] == kind)
             .unwrap_or_else(|| panic!("render planned no {kind}: {:?}", rendered.summary))

@@ -82,23 +82,34 @@ pub enum RenderError {
 /// What render found.
 #[derive(Debug, Clone, Default)]
 pub struct Rendered {
-    /// Every object created or patched, in write order.
-    pub objects: Vec<Value>,
+    /// Every object created or patched, in write order, as compact JSON: a plan of ten
+    /// thousand claims held as JSON values would take several times the memory.
+    documents: Vec<String>,
     /// One line per resource: its phase, and the reason and message of a resource that
     /// waits or failed.
     pub summary: Vec<String>,
 }
 
 impl Rendered {
+    /// Every object created or patched, in write order.
+    pub fn objects(&self) -> Vec<Value> {
+        self.documents.iter().map(|d| parse(d)).collect()
+    }
+
     /// The objects as one multi-document YAML stream that kubectl reads back as it is.
     pub fn yaml(&self) -> String {
         let mut out = String::new();
-        for object in &self.objects {
+        for document in &self.documents {
             out.push_str("---\n");
-            out.push_str(&yaml::to_string(object));
+            out.push_str(&yaml::to_string(&parse(document)));
         }
         out
     }
+}
+
+/// A document render wrote itself (so it parses).
+fn parse(document: &str) -> Value {
+    serde_json::from_str(document).unwrap_or(Value::Null)
 }
 
 /// The world as planned so far: the file's objects plus what render created.
@@ -110,8 +121,8 @@ pub(crate) struct World<'a> {
     pub(crate) movers: Vec<Arc<Pod>>,
     /// Planned mover pods by namespace (they use claims, like any pod).
     pods: BTreeMap<String, Vec<Pod>>,
-    /// Objects created, in order.
-    created: Vec<Value>,
+    /// Objects created, in order (compact JSON).
+    created: Vec<String>,
     /// Resources created by the populator and the schedules, planned like the file's.
     pub(crate) spawned: Vec<Resource>,
 }
@@ -166,12 +177,12 @@ pub fn render(cluster: &Cluster, options: &Options) -> Result<Rendered, RenderEr
     let mut summary = Vec::new();
     for (repository, note) in schedules::repositories(cluster) {
         summary.push(note);
-        patched.push(repository);
+        patched.push(repository.to_string());
     }
     summary.extend(claims::populate(&mut world));
     for (schedule, note) in schedules::schedules(&mut world, options) {
         summary.push(note);
-        patched.push(schedule);
+        patched.push(schedule.to_string());
     }
     resources.append(&mut world.spawned);
     let mut open: Vec<usize> = (0..resources.len()).collect();
@@ -202,7 +213,7 @@ pub fn render(cluster: &Cluster, options: &Options) -> Result<Rendered, RenderEr
     }
     for (resource, note) in resources.iter().zip(notes) {
         summary.push(format!("{} {note}", resource.title()));
-        patched.push(resource.to_value());
+        patched.push(resource.to_value().to_string());
     }
     if !cluster.context.is_empty() {
         let read: Vec<String> = cluster
@@ -212,9 +223,9 @@ pub fn render(cluster: &Cluster, options: &Options) -> Result<Rendered, RenderEr
             .collect();
         summary.push(format!("read, not used by any plan: {}", read.join(", ")));
     }
-    let mut objects = world.created;
-    objects.append(&mut patched);
-    Ok(Rendered { objects, summary })
+    let mut documents = world.created;
+    documents.append(&mut patched);
+    Ok(Rendered { documents, summary })
 }
 
 /// A uid for an object the file gives without one (owner references and long mover
@@ -236,8 +247,8 @@ fn is_mover(pod: &Pod) -> bool {
 impl World<'_> {
     /// Records the creation of `object`.
     pub(crate) fn create<T: Serialize>(&mut self, object: &T) {
-        if let Ok(value) = serde_json::to_value(object) {
-            self.created.push(value);
+        if let Ok(document) = serde_json::to_string(object) {
+            self.created.push(document);
         }
     }
 

@@ -30,7 +30,7 @@ fn run(yaml: &str, max_movers: usize) -> Rendered {
 /// (kind, name) of every object, in order.
 fn listed(rendered: &Rendered) -> Vec<(String, String)> {
     rendered
-        .objects
+        .objects()
         .iter()
         .map(|o| {
             (
@@ -41,10 +41,10 @@ fn listed(rendered: &Rendered) -> Vec<(String, String)> {
         .collect()
 }
 
-fn object<'a>(rendered: &'a Rendered, kind: &str, name: &str) -> &'a Value {
+fn object(rendered: &Rendered, kind: &str, name: &str) -> Value {
     rendered
-        .objects
-        .iter()
+        .objects()
+        .into_iter()
         .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
         .unwrap_or_else(|| panic!("no {kind} {name} in {:?}", listed(rendered)))
 }
@@ -113,7 +113,7 @@ spec:
     }
     for name in ["import-ft-1", "verify-fcs-1"] {
         let pod = object(&rendered, "Pod", name);
-        let violations = ferry_testkit::pod_security::restricted_violations(pod);
+        let violations = ferry_testkit::pod_security::restricted_violations(&pod);
         assert!(violations.is_empty(), "{name}: {violations:?}");
     }
     let import = object(&rendered, "Transfer", "import");
@@ -414,8 +414,8 @@ volumeBindingMode: WaitForFirstConsumer
         populated_claim("root-c", "fast-rbd", None),
     );
     let rendered = run(&yaml, 0);
-    let kinds: Vec<&str> = rendered
-        .objects
+    let objects = rendered.objects();
+    let kinds: Vec<&str> = objects
         .iter()
         .map(|o| o["kind"].as_str().unwrap())
         .collect();
@@ -429,18 +429,19 @@ volumeBindingMode: WaitForFirstConsumer
             "Transfer"
         ]
     );
-    let prime = &rendered.objects[0];
+    let objects = rendered.objects();
+    let prime = &objects[0];
     let prime_name = prime["metadata"]["name"].as_str().unwrap();
     assert!(prime_name.starts_with("ferry-prime-"), "{prime_name}");
     assert!(prime["spec"].get("dataSourceRef").is_none(), "{prime}");
     assert_eq!(prime["metadata"]["ownerReferences"][0]["name"], "root-a");
-    let transfer = &rendered.objects[4];
+    let transfer = &objects[4];
     assert_eq!(
         transfer["spec"]["targets"][0]["pvc"]["name"].as_str(),
         Some(prime_name)
     );
     assert_eq!(transfer["status"]["phase"], "Running");
-    let pod = &rendered.objects[3];
+    let pod = &objects[3];
     let claims: Vec<&str> = pod["spec"]["volumes"]
         .as_array()
         .unwrap()
@@ -557,7 +558,7 @@ fn the_examples_render() {
         "{:?}",
         rendered.summary
     );
-    for object in &rendered.objects {
+    for object in &rendered.objects() {
         if object["kind"] == "Pod" {
             let violations = ferry_testkit::pod_security::restricted_violations(object);
             assert!(violations.is_empty(), "{violations:?}");
@@ -707,7 +708,7 @@ fn a_rollout_is_planned_as_groups_by_attach_room_each_a_child_with_its_mover() {
     assert!(sizes.iter().all(|&s| s == 16 || s == 15), "{sizes:?}");
     let count = |kind: &str| {
         rendered
-            .objects
+            .objects()
             .iter()
             .filter(|o| o["kind"] == kind)
             .count()
@@ -826,8 +827,8 @@ status: {{phase: Bound}}
         populated_claim("root-a", "fast-rbd", None).replace("fast-rbd", "\"\"")
     );
     let rendered = run(&yaml, 0);
-    let transfer = rendered
-        .objects
+    let objects = rendered.objects();
+    let transfer = objects
         .iter()
         .rev()
         .find(|o| o["kind"] == "Transfer")
@@ -837,11 +838,7 @@ status: {{phase: Bound}}
         json!({"goldenImage": {"name": "ubuntu-golden"}})
     );
     assert_eq!(transfer["status"]["sourceClaim"], "ubuntu-golden-1a2b3c4d");
-    let pod = rendered
-        .objects
-        .iter()
-        .find(|o| o["kind"] == "Pod")
-        .unwrap();
+    let pod = objects.iter().find(|o| o["kind"] == "Pod").unwrap();
     let claims: Vec<&str> = pod["spec"]["volumes"]
         .as_array()
         .unwrap()
