@@ -330,7 +330,7 @@ impl BlockMap for SparseMap {
         if let Some(done) = self.window.inflate_cached(offset, 2 * grain, out) {
             return done;
         }
-        let ahead = (first.max(READ_AHEAD)).min(avail);
+        let ahead = first.max(READ_AHEAD).min(avail);
         let window = read_meta(file, offset, ahead, "compressed VMDK grain").await?;
         let size = u64::from(le32(&window, 8));
         if size == 0 || size > 2 * grain || size + 12 > avail {
