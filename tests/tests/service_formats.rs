@@ -370,7 +370,7 @@ async fn registry_sources_are_read_with_their_options_on_the_wire() {
         .start_transfer(request(&e.root.join("x.raw"), registry(&outside)))
         .await
         .unwrap_err();
-    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
     assert!(status.message().contains("auth_file"), "{status:?}");
     let img = e.root.join("plain.raw");
     std::fs::write(&img, vec![1u8; 4096]).unwrap();
