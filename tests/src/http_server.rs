@@ -8,6 +8,9 @@
 //! - `/private/NAME`: basic authentication ([`USER`], [`PASSWORD`]), files under
 //!   `root/private/`;
 //! - `/noranges/NAME`: `max_ranges 0` (whole-object answers only);
+//! - `/chunked/NAME`: whole-object answers, chunked, without Content-Length, ETag or
+//!   Last-Modified (a no-op `sub_filter` makes nginx drop them, as a dynamic answer has
+//!   none): an object whose size shows only at its end;
 //! - `/redirect/NAME`: 302 to `/NAME`; `/loop/NAME`: redirects forever;
 //! - `/to-http/NAME`: 302 to `http://127.0.0.1:PORT/NAME` (a downgrade when asked over TLS).
 
@@ -108,6 +111,11 @@ http {{
         location /noranges/ {{
             alias {root}/;
             max_ranges 0;
+        }}
+        location /chunked/ {{
+            alias {root}/;
+            sub_filter_types *;
+            sub_filter 'ferry-never-matches' '';
         }}
         location /redirect/ {{
             rewrite ^/redirect/(.*)$ /$1 redirect;

@@ -5,7 +5,8 @@
 //! multi-connection handles bound to one session, the fallback to NFSv4.1, a first
 //! connection reset; and a server restart: the session and open are recovered or
 //! reclaimed in a grace period, a file gone after the restart fails clearly, an idle open
-//! outlives its leases. Tests NFSv4 shares with NFSv3 run for both in nfs_copy.rs and
+//! outlives its leases. A stream of unknown size written over NFSv4 (and NFSv3) at its
+//! length. Tests NFSv4 shares with NFSv3 run for both in nfs_copy.rs and
 //! nfs_endpoint.rs, the conformance suite in conformance.rs.
 //!
 //! Every copy is checked with `qemu-img compare` against the file behind the export and
@@ -16,7 +17,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_core::{ErrorKind, Extent, ExtentKind, IoBuf, Source, Target, ZeroMode};
+use ferry_core::{ErrorKind, Extent, ExtentKind, IoBuf, Source, Target, ZeroMode, UNKNOWN_SIZE};
 use ferry_endpoints::nfs::{Nfs4Source, Nfs4Target, NfsOptions};
 use ferry_engine::{CopyOptions, CopyReport};
 use ferry_tests::check::{allocated_bytes, assert_allocated_about, blkhash_file, qemu_img_compare};
@@ -112,6 +113,69 @@ async fn nfs4_to_file_is_exact_and_sparse_and_reads_only_data() {
         "read {read} bytes of a {SIZE}-byte image holding {} bytes of data",
         image.written_bytes
     );
+}
+
+/// A stream of unknown size (as a gzip stream is) into NFSv4 and NFSv3 targets: a new file
+/// ends exactly at the stream's length and stays sparse, an existing longer file keeps
+/// its tail, a shorter one grows to the stream.
+#[tokio::test]
+async fn a_stream_of_unknown_size_is_written_at_its_length() {
+    let server = Ganesha::start();
+    let image = half_data(&server.path("src.raw"), 5);
+    let data = std::fs::read(&image.path).unwrap();
+    let stream = || -> Arc<dyn Source> {
+        Arc::new(ferry_testkit::MemSource::new(data.clone()).with_unknown_size())
+    };
+    for version in [4u8, 3] {
+        let name = format!("new-v{version}.raw");
+        let t = target(&server.url_for(version, &name), UNKNOWN_SIZE)
+            .await
+            .unwrap();
+        assert!(t.can_grow(), "NFSv{version}");
+        let report = run(stream(), t).await.unwrap();
+        assert!(report.size_learned, "NFSv{version}");
+        assert_eq!(report.size, SIZE, "NFSv{version}");
+        let out = server.path(&name);
+        assert_eq!(
+            std::fs::metadata(&out).unwrap().len(),
+            SIZE,
+            "NFSv{version}"
+        );
+        qemu_img_compare(&image.path, &out);
+        assert_allocated_about(&out, image.nonzero_block_bytes);
+
+        let name = format!("longer-v{version}.raw");
+        let longer = server.path(&name);
+        std::fs::write(&longer, vec![0x5au8; (SIZE + MIB) as usize]).unwrap();
+        let t = target(&server.url_for(version, &name), UNKNOWN_SIZE)
+            .await
+            .unwrap();
+        run(stream(), t).await.unwrap();
+        let got = std::fs::read(&longer).unwrap();
+        assert_eq!(got.len() as u64, SIZE + MIB, "NFSv{version}: never shrunk");
+        assert!(
+            got[..SIZE as usize] == data[..],
+            "NFSv{version}: the stream's bytes"
+        );
+        assert!(
+            got[SIZE as usize..].iter().all(|&b| b == 0x5a),
+            "NFSv{version}: the tail past the stream is kept"
+        );
+
+        let name = format!("shorter-v{version}.raw");
+        let shorter = server.path(&name);
+        std::fs::write(&shorter, vec![0x5au8; MIB as usize]).unwrap();
+        let t = target(&server.url_for(version, &name), UNKNOWN_SIZE)
+            .await
+            .unwrap();
+        run(stream(), t).await.unwrap();
+        assert_eq!(
+            std::fs::metadata(&shorter).unwrap().len(),
+            SIZE,
+            "NFSv{version}"
+        );
+        qemu_img_compare(&image.path, &shorter);
+    }
 }
 
 /// A 1 GiB image with one MiB of data: SEEK makes the copy read about one MiB.

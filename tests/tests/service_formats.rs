@@ -283,3 +283,180 @@ async fn format_options_are_refused_on_targets_and_out_of_range() {
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     e.service.shutdown().await;
 }
+
+/// A 64 MiB raw disk with 5 MiB of data, and its qcow2 (a containerDisk's disk).
+fn make_disk(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let raw = dir.join("disk.raw");
+    sh(
+        "qemu-utils",
+        "qemu-img",
+        &["create", "-q", "-f", "raw", s(&raw), "64M"],
+    );
+    for cmd in ["write -P 0x51 1M 3M", "write -P 0x52 40M 2M"] {
+        sh("qemu-utils", "qemu-io", &["-f", "raw", "-c", cmd, s(&raw)]);
+    }
+    let qcow2 = dir.join("disk.qcow2");
+    sh(
+        "qemu-utils",
+        "qemu-img",
+        &["convert", "-f", "raw", "-O", "qcow2", s(&raw), s(&qcow2)],
+    );
+    (raw, qcow2)
+}
+
+/// A containerDisk in the local docker-registry (TLS from a test CA, basic auth) read by
+/// jobs: the registry options on the wire (credentials and CA files under the allowed
+/// roots), the digest pinned as the job's source version, a checksum job; refused: an
+/// auth file outside the allowed roots, registry options on a file source, a registry
+/// target; a wrong password fails the job as `permission_denied` without the password.
+#[tokio::test]
+async fn registry_sources_are_read_with_their_options_on_the_wire() {
+    use ferry_tests::registry_server::{write_auth_file, Registry};
+    let mut e = env().await;
+    let scratch = tempfile::tempdir().unwrap();
+    let reg = Registry::start(scratch.path());
+    let (raw, qcow2) = make_disk(scratch.path());
+    reg.build("svc-disk", &qcow2, "amd64");
+    reg.push("svc-disk", "disks/svc:v1", "gzip");
+    let url = format!("{}:v1", reg.url("disks/svc"));
+    let auth = e.root.join("auth.json");
+    let ca = e.root.join("ca.pem");
+    std::fs::copy(reg.auth_file(), &auth).unwrap();
+    std::fs::copy(reg.ca_file(), &ca).unwrap();
+    let registry = |auth: &Path| proto::RegistryOptions {
+        auth_file: s(auth).into(),
+        ca_file: s(&ca).into(),
+        insecure: false,
+        platform: "linux/amd64".into(),
+    };
+    let request = |out: &Path, options: proto::RegistryOptions| {
+        with_source(transfer(out, out), |src| {
+            src.url = url.clone();
+            src.options = Some(proto::endpoint::Options::Registry(options));
+        })
+    };
+
+    let out = e.root.join("registry.raw");
+    let mut req = request(&out, registry(&auth));
+    req.options.as_mut().unwrap().verify = true;
+    let done = e.run(req).await;
+    assert_eq!(state(&done), JobState::Succeeded, "{:?}", done.error);
+    compare("raw", &raw, &out);
+
+    // A checksum job of the image: the raw disk's block hash.
+    let mut sum = checksum(&out);
+    sum.source = Some(proto::Endpoint {
+        url: url.clone(),
+        options: Some(proto::endpoint::Options::Registry(registry(&auth))),
+        ..Default::default()
+    });
+    let job = e.client.start_checksum(sum).await.unwrap().into_inner();
+    let done = wait_terminal(&mut e.client, &job.id, LIMIT).await;
+    assert_eq!(state(&done), JobState::Succeeded, "{:?}", done.error);
+    let want = ferry_tests::check::blkhash_file(&raw);
+    match &done.result {
+        Some(proto::job::Result::ChecksumResult(c)) => {
+            assert_eq!(c.digest.clone().unwrap().hex, want)
+        }
+        other => panic!("no checksum result: {other:?}"),
+    }
+
+    // Refused at the request: an auth file outside the allowed roots, registry options
+    // on a file source, a registry URL as a target.
+    let outside = scratch.path().join("auth-outside.json");
+    std::fs::copy(reg.auth_file(), &outside).unwrap();
+    let status = e
+        .client
+        .start_transfer(request(&e.root.join("x.raw"), registry(&outside)))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert!(status.message().contains("auth_file"), "{status:?}");
+    let img = e.root.join("plain.raw");
+    std::fs::write(&img, vec![1u8; 4096]).unwrap();
+    let mut req = transfer(&img, &e.root.join("y.raw"));
+    req.source.as_mut().unwrap().options =
+        Some(proto::endpoint::Options::Registry(registry(&auth)));
+    let status = e.client.start_transfer(req).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    let mut req = transfer(&img, &img);
+    req.target.as_mut().unwrap().url = url.clone();
+    let status = e.client.start_transfer(req).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+
+    // A wrong password: the job fails as permission denied, the password nowhere.
+    let bad = e.root.join("bad-auth.json");
+    write_auth_file(&bad, &reg.host(), "not-the-password-9431");
+    let done = e
+        .run(request(&e.root.join("bad.raw"), registry(&bad)))
+        .await;
+    assert_eq!(state(&done), JobState::Failed);
+    let error = done.error.unwrap();
+    assert_eq!(error.kind, "permission_denied", "{error:?}");
+    assert!(!format!("{error:?}").contains("not-the-password-9431"));
+}
+
+/// An OVA with two disks: a job without `disk` fails naming it; `disk: 1` reads the
+/// second; `disk` on a target is refused.
+#[tokio::test]
+async fn an_ova_disk_is_chosen_on_the_wire() {
+    let mut e = env().await;
+    let (raw, _) = make_disk(&e.root);
+    let mut refs = String::new();
+    for (i, d) in ["a.vmdk", "b.vmdk"].iter().enumerate() {
+        refs += &format!("    <File ovf:href=\"{d}\" ovf:id=\"file{i}\"/>\n");
+        sh(
+            "qemu-utils",
+            "qemu-img",
+            &[
+                "convert",
+                "-f",
+                "raw",
+                "-O",
+                "vmdk",
+                "-o",
+                "subformat=streamOptimized",
+                s(&raw),
+                s(&e.root.join(d)),
+            ],
+        );
+    }
+    std::fs::write(
+        e.root.join("vm.ovf"),
+        format!(
+            "<?xml version=\"1.0\"?>\n<Envelope xmlns:ovf=\"http://schemas.dmtf.org/ovf/envelope/1\">\n  <References>\n{refs}  </References>\n</Envelope>\n"
+        ),
+    )
+    .unwrap();
+    let ova = e.root.join("vm.ova");
+    sh(
+        "tar",
+        "tar",
+        &[
+            "-C",
+            s(&e.root),
+            "-cf",
+            s(&ova),
+            "vm.ovf",
+            "a.vmdk",
+            "b.vmdk",
+        ],
+    );
+
+    let out = e.root.join("ova.raw");
+    let done = e.run(transfer(&ova, &out)).await;
+    assert_eq!(state(&done), JobState::Failed);
+    let error = done.error.unwrap();
+    assert!(error.message.contains("disk"), "{error:?}");
+
+    let done = e
+        .run(with_source(transfer(&ova, &out), |src| src.disk = Some(1)))
+        .await;
+    assert_eq!(state(&done), JobState::Succeeded, "{:?}", done.error);
+    compare("raw", &raw, &out);
+
+    let mut req = transfer(&ova, &e.root.join("z.raw"));
+    req.target.as_mut().unwrap().disk = Some(0);
+    let status = e.client.start_transfer(req).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+}

@@ -168,6 +168,74 @@ fn gz_zst_and_unranged_xz_over_http_copy_into_new_files_at_their_length() {
     qemu_img_compare(&served.raw, &b);
 }
 
+/// An HTTP answer without Content-Length (chunked, no ranges) is a stream of unknown size:
+/// raw and gz copy into new files at their length, the checksum is the raw image's, and
+/// an image read by its tables (qcow2) is refused clearly.
+#[test]
+fn chunked_http_answers_without_a_length_are_streams_of_unknown_size() {
+    let served = serve();
+    let scratch = scratch_dir();
+    let raw_url = served.nginx.url("chunked/disk.raw");
+    let probe = Command::new("curl")
+        .args(["-sS", "-D", "-", "-o", "/dev/null", raw_url.as_str()])
+        .output()
+        .unwrap();
+    let headers = String::from_utf8_lossy(&probe.stdout).to_ascii_lowercase();
+    assert!(
+        headers.contains("transfer-encoding: chunked") && !headers.contains("content-length"),
+        "nginx's /chunked/ answer is not chunked: {headers}"
+    );
+
+    let info = ferry!().run(["info", "--json", raw_url.as_str()]);
+    info.assert_success();
+    let info = json(&info);
+    assert_eq!(info["format"], "raw", "{info}");
+    assert!(info["virtual_size"].is_null(), "{info}");
+    assert!(info["file_size"].is_null(), "{info}");
+
+    for (i, path) in ["chunked/disk.raw", "chunked/disk.raw.gz"]
+        .iter()
+        .enumerate()
+    {
+        let out = scratch.path().join(format!("chunked-{i}.raw"));
+        let url = served.nginx.url(path);
+        let run = ferry!().run(["copy", "--no-progress", "--json", url.as_str(), s(&out)]);
+        run.assert_success();
+        let summary = json(&run);
+        assert_eq!(summary["size"], SIZE, "{path}: {summary}");
+        assert_eq!(summary["size_learned"], true, "{path}: {summary}");
+        assert_eq!(std::fs::metadata(&out).unwrap().len(), SIZE, "{path}");
+        qemu_img_compare(&served.raw, &out);
+        assert_allocated_about(&out, DATA);
+    }
+
+    let run = ferry!().run(["checksum", "--no-progress", raw_url.as_str()]);
+    run.assert_success();
+    let want = blkhash_file(&served.raw);
+    assert!(run.stdout.starts_with(&want), "{run}");
+
+    let qcow2 = served.nginx.root().join("disk.qcow2");
+    shell(
+        "qemu-utils",
+        "qemu-img",
+        &format!(
+            "qemu-img convert -f raw -O qcow2 {} {}",
+            s(&served.raw),
+            s(&qcow2)
+        ),
+    );
+    let url = served.nginx.url("chunked/disk.qcow2");
+    let out = scratch.path().join("chunked.qcow2.raw");
+    let line = ferry!()
+        .run(["copy", "--no-progress", url.as_str(), s(&out)])
+        .assert_clean_failure();
+    assert!(
+        line.contains("qcow2") && line.contains("size is not known"),
+        "{line}"
+    );
+    assert!(!out.exists(), "a refused copy created its target");
+}
+
 /// `ferry checksum` of the streams is the raw image's block hash (and SHA-256).
 #[test]
 fn checksums_of_streams_of_unknown_size_are_the_raw_images() {

@@ -168,6 +168,47 @@ impl MappedSource {
         Ok(buf)
     }
 
+    /// The extents of a run of allocated blocks stored contiguously at `host`: data,
+    /// except where the image file itself has holes (a VHDX or VMDK block allocated
+    /// whole but written only in part), which read as zeroes and need no read.
+    async fn data_run(
+        &self,
+        out: &mut Vec<Extent>,
+        (guest, host, len): (u64, u64, u64),
+    ) -> Result<()> {
+        if !self.file.caps().extents {
+            out.push(Extent::data(guest, len));
+            return Ok(());
+        }
+        let mut done = 0;
+        while done < len {
+            let found = self
+                .file
+                .extents(host + done, len - done)
+                .await
+                .map_err(|e| self.context(e, "extents", guest + done))?;
+            let before = done;
+            for e in found {
+                if e.offset != host + done || done >= len {
+                    break;
+                }
+                let piece = e.len.min(len - done);
+                out.push(Extent {
+                    offset: guest + done,
+                    len: piece,
+                    kind: e.kind,
+                });
+                done += piece;
+            }
+            if done == before {
+                // The file said nothing usable: the rest is data.
+                out.push(Extent::data(guest + done, len - done));
+                break;
+            }
+        }
+        Ok(())
+    }
+
     fn context(&self, e: Error, operation: &'static str, offset: u64) -> Error {
         e.at(operation, offset).with_endpoint(self.file.describe())
     }
@@ -200,6 +241,8 @@ impl Source for MappedSource {
         let end = offset.saturating_add(len).min(self.size);
         let bs = self.map.block_size();
         let mut out = Vec::new();
+        // Data blocks contiguous in the guest and in the file: (guest, host, len).
+        let mut run: Option<(u64, u64, u64)> = None;
         let mut pos = offset;
         let mut blocks = 0;
         while pos < end && blocks < MAX_BLOCKS_PER_CALL {
@@ -210,21 +253,37 @@ impl Source for MappedSource {
                 .lookup(self.file.as_ref(), index)
                 .await
                 .map_err(|e| self.context(e, "extents", pos))?;
-            out.push(match place {
-                Place::Data(host) => {
-                    self.check_host(host + pos % bs, piece)
-                        .map_err(|e| self.context(e, "extents", pos))?;
-                    Extent::data(pos, piece)
+            if let Place::Data(host) = place {
+                let host = host + pos % bs;
+                self.check_host(host, piece)
+                    .map_err(|e| self.context(e, "extents", pos))?;
+                match &mut run {
+                    Some((_, h, l)) if *h + *l == host => *l += piece,
+                    _ => {
+                        if let Some(r) = run.take() {
+                            self.data_run(&mut out, r).await?;
+                        }
+                        run = Some((pos, host, piece));
+                    }
                 }
-                Place::Compressed(host) => {
-                    self.check_host(host, 1)
-                        .map_err(|e| self.context(e, "extents", pos))?;
-                    Extent::data(pos, piece)
+            } else {
+                if let Some(r) = run.take() {
+                    self.data_run(&mut out, r).await?;
                 }
-                Place::Zero => Extent::zero(pos, piece),
-            });
+                out.push(match place {
+                    Place::Compressed(host) => {
+                        self.check_host(host, 1)
+                            .map_err(|e| self.context(e, "extents", pos))?;
+                        Extent::data(pos, piece)
+                    }
+                    _ => Extent::zero(pos, piece),
+                });
+            }
             pos += piece;
             blocks += 1;
+        }
+        if let Some(r) = run.take() {
+            self.data_run(&mut out, r).await?;
         }
         Ok(merge_extents(out))
     }
@@ -330,6 +389,21 @@ mod tests {
             extents,
             vec![Extent::data(0, 4), Extent::zero(4, 4), Extent::data(8, 4)]
         );
+    }
+
+    /// Holes of the image file inside allocated blocks are zero extents: nothing to read.
+    #[tokio::test]
+    async fn holes_of_the_file_inside_allocated_blocks_are_zero_extents() {
+        let file: Arc<dyn Source> = Arc::new(MemSource::sparse(b"ab\0\0\0\0\0\0".to_vec(), 2));
+        let s = MappedSource::new(file, Arc::new(Map), 16);
+        let extents = s.extents(0, 12).await.unwrap();
+        assert_eq!(
+            extents,
+            vec![Extent::data(0, 2), Extent::zero(2, 10)],
+            "block 0's second half and block 2 are holes of the file"
+        );
+        let buf = s.read_at(0, IoBuf::new(12)).await.unwrap();
+        assert_eq!(&buf[..], b"ab\0\0\0\0\0\0\0\0\0\0");
     }
 
     #[tokio::test]

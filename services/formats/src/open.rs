@@ -173,6 +173,14 @@ pub async fn open_image(
 }
 
 async fn sniff(bytes: &dyn Source) -> Result<Detected> {
+    if !bytes.size_known() {
+        // A stream whose size shows at its end (an HTTP answer without Content-Length):
+        // its first bytes, however few there are.
+        let head = bytes
+            .read_some(0, ferry_core::IoBuf::new(MAGIC_LEN))
+            .await?;
+        return Ok(detect(&head));
+    }
     let size = bytes.size();
     let len = size.min(MAGIC_LEN as u64) as usize;
     if len == 0 {
@@ -218,6 +226,13 @@ pub(crate) async fn open_layer(
         }
         None => sniff(bytes.as_ref()).await.map_err(ctx)?,
     };
+    if !bytes.size_known() && detected != Detected::Raw && !detected.is_compressed_stream() {
+        return Err(ctx(Error::unsupported(format!(
+            "the image is {detected}, which is read by its tables, but its size is not known \
+             (the server sends no Content-Length and no ranges): serve it from a server that \
+             does, or copy it to a file first"
+        ))));
+    }
     match detected {
         Detected::Raw => {
             let info = raw_info(bytes.as_ref());

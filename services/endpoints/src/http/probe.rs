@@ -5,7 +5,7 @@ use ferry_core::http_headers::{
     parse_content_length, parse_content_range, parse_unsatisfied_range,
 };
 use ferry_core::{Error, ErrorKind};
-use http::header::{ACCEPT_RANGES, CONTENT_LENGTH, CONTENT_RANGE};
+use http::header::{ACCEPT_RANGES, CONTENT_LENGTH, CONTENT_RANGE, TRANSFER_ENCODING};
 use http::{HeaderMap, Method, StatusCode};
 use url::Url;
 
@@ -16,7 +16,9 @@ use super::validator::{change, is_weak_etag, Validator};
 /// What opening learned.
 #[derive(Debug, Clone)]
 pub(super) struct Probe {
-    pub size: u64,
+    /// None: the server does not tell it (a chunked answer without ranges); the object
+    /// is then read as a stream whose size shows at its end.
+    pub size: Option<u64>,
     /// Range requests work.
     pub ranges: bool,
     pub validator: Option<Validator>,
@@ -72,9 +74,15 @@ pub(super) async fn probe(client: &Client, url: &Url, shown: &str) -> Attempt<Pr
         weak_etag |= is_weak_etag(headers);
     }
     let (size, ranges) = size_and_ranges(status, headers, head_size, shown)?;
+    if size.is_none() && !framed(response.version(), headers) {
+        return Err(Failure::fatal(Error::unsupported(
+            "the server tells neither the object's size (no Content-Length) nor where its body \
+             ends (not chunked): a cut connection could not be told from the end",
+        )));
+    }
     // The body (one byte, or the whole object without ranges) is dropped unread.
     drop(response);
-    if let Some(h) = head_size {
+    if let (Some(h), Some(size)) = (head_size, size) {
         if h != size {
             return Err(Failure::fatal(Error::protocol(format!(
                 "HEAD says the object has {h} bytes, a GET says {size}"
@@ -132,6 +140,18 @@ async fn head(client: &Client, url: &Url, shown: &str) -> Attempt<Head> {
     }
 }
 
+/// Whether the body's end is marked (chunked HTTP/1.1, or HTTP/2 frames), so a body
+/// whose length is not announced cannot end early unnoticed.
+fn framed(version: http::Version, headers: &HeaderMap) -> bool {
+    version >= http::Version::HTTP_2
+        || headers.get_all(TRANSFER_ENCODING).iter().any(|v| {
+            v.to_str().is_ok_and(|v| {
+                v.split(',')
+                    .any(|coding| coding.trim().eq_ignore_ascii_case("chunked"))
+            })
+        })
+}
+
 /// Fails if the GET's answer shows that the object changed since the HEAD.
 fn check_unchanged(
     old: &Validator,
@@ -155,7 +175,7 @@ fn size_and_ranges(
     headers: &HeaderMap,
     head_size: Option<u64>,
     shown: &str,
-) -> Attempt<(u64, bool)> {
+) -> Attempt<(Option<u64>, bool)> {
     match status {
         StatusCode::PARTIAL_CONTENT => {
             let range = headers
@@ -167,7 +187,7 @@ fn size_and_ranges(
                     "the answer to a range request has no valid Content-Range for bytes 0-0 with the object's size",
                 )));
             };
-            Ok((total, true))
+            Ok((Some(total), true))
         }
         StatusCode::RANGE_NOT_SATISFIABLE => {
             // An empty object: no byte 0 to send.
@@ -176,20 +196,14 @@ fn size_and_ranges(
                 .and_then(|v| parse_unsatisfied_range(v.as_bytes()))
                 .or(head_size);
             match total {
-                Some(0) => Ok((0, true)),
+                Some(0) => Ok((Some(0), true)),
                 _ => Err(Failure::fatal(Error::protocol(
                     "the server refused the range bytes=0-0 of a non-empty object",
                 ))),
             }
         }
-        StatusCode::OK => {
-            let size = content_length(headers).or(head_size).ok_or_else(|| {
-                Failure::fatal(Error::unsupported(
-                    "the server does not tell the object's size (no Content-Length) and does not serve ranges",
-                ))
-            })?;
-            Ok((size, false))
-        }
+        // Without a Content-Length (a chunked answer) the size shows at the body's end.
+        StatusCode::OK => Ok((content_length(headers).or(head_size), false)),
         other => Err(error::status(other, shown)),
     }
 }

@@ -1,12 +1,17 @@
 //! [`HttpSource`]: ranged GETs into the engine's buffers by as many workers as the engine
-//! runs, or one streaming GET read in order when the server does not serve ranges.
+//! runs, or one streaming GET read in order when the server does not serve ranges. A
+//! server that neither serves ranges nor tells the size (a chunked answer without
+//! Content-Length) gives a stream of unknown size: [`Source::size_known`] is false and the
+//! body's end is the object's end ([`Source::read_some`] comes back short there).
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use ferry_core::http_headers::{parse_content_length, parse_content_range};
 use ferry_core::spec::HttpSpec;
-use ferry_core::{backoff, BlockSizes, Caps, Error, ErrorKind, IoBuf, Result, Source};
+use ferry_core::{
+    backoff, BlockSizes, Caps, Error, ErrorKind, IoBuf, Result, Source, UNKNOWN_SIZE,
+};
 use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_RANGE};
 use http::{Method, StatusCode};
 
@@ -43,7 +48,10 @@ pub(super) struct Inner {
     pub location: Location,
     /// The URL as errors and logs show it (no query).
     pub shown: String,
+    /// The object's size; [`UNKNOWN_SIZE`] when the server does not tell it.
     pub size: u64,
+    /// The server told the size (Content-Length or Content-Range).
+    pub size_known: bool,
     ranges: bool,
     pub validator: Option<Validator>,
     /// The server sent only a weak ETag (no validator then: see [`unpinned_warning`]).
@@ -60,6 +68,7 @@ impl std::fmt::Debug for HttpSource {
         f.debug_struct("HttpSource")
             .field("url", &self.inner.shown)
             .field("size", &self.inner.size)
+            .field("size_known", &self.inner.size_known)
             .field("ranges", &self.inner.ranges)
             .field("validator", &self.inner.validator)
             .finish_non_exhaustive()
@@ -167,6 +176,7 @@ impl HttpSource {
             location: Location::new(spec.url.clone(), spec.url.clone()),
             shown: shown.clone(),
             size: 0,
+            size_known: true,
             ranges: false,
             validator: None,
             weak_etag: false,
@@ -205,7 +215,8 @@ impl HttpSource {
             .iter()
             .filter_map(Validator::condition)
             .collect();
-        inner.size = found.size;
+        inner.size = found.size.unwrap_or(UNKNOWN_SIZE);
+        inner.size_known = found.size.is_some();
         inner.ranges = found.ranges;
         inner.validator = found.validator;
         inner.location = Location::new(spec.url.clone(), found.url);
@@ -213,7 +224,7 @@ impl HttpSource {
             tracing::warn!("{}", unpinned_warning(&shown, found.weak_etag));
         }
         inner.weak_etag = found.weak_etag;
-        tracing::debug!(endpoint = %shown, size = inner.size, ranges = inner.ranges, validator = ?inner.validator, "opened HTTP source");
+        tracing::debug!(endpoint = %shown, size = ?found.size, ranges = inner.ranges, validator = ?inner.validator, "opened HTTP source");
         Ok(Self {
             inner: Arc::new(inner),
         })
@@ -247,6 +258,10 @@ impl Source for HttpSource {
 
     fn size(&self) -> u64 {
         self.inner.size
+    }
+
+    fn size_known(&self) -> bool {
+        self.inner.size_known
     }
 
     fn caps(&self) -> Caps {
@@ -288,15 +303,55 @@ impl Source for HttpSource {
             let result = if inner.ranges {
                 inner.fetch(offset, &mut buf).await
             } else {
-                inner
+                let read = inner
                     .stream
                     .lock()
                     .await
                     .read(inner, offset, &mut buf)
-                    .await
+                    .await;
+                match read {
+                    Ok(n) if n == buf.len() => Ok(()),
+                    Ok(n) => Err(Failure::fatal(Error::invalid_input(format!(
+                        "read of {len} bytes at {offset}: the object ends at byte {}",
+                        offset + n as u64
+                    )))),
+                    Err(f) => Err(f),
+                }
             };
             match result {
                 Ok(()) => return Ok(buf),
+                Err(f) => inner
+                    .next_attempt(&mut attempt, f, "read")
+                    .await
+                    .map_err(|e| e.at("read", offset).with_endpoint(self.describe()))?,
+            }
+        }
+    }
+
+    async fn read_some(&self, offset: u64, mut buf: IoBuf) -> Result<IoBuf> {
+        let inner = &*self.inner;
+        let start = buf.view().start;
+        if inner.size_known {
+            let n = inner.size.saturating_sub(offset).min(buf.len() as u64) as usize;
+            buf.set_view(start, n);
+            if n == 0 {
+                return Ok(buf);
+            }
+            return self.read_at(offset, buf).await;
+        }
+        let mut attempt = 0;
+        loop {
+            let read = inner
+                .stream
+                .lock()
+                .await
+                .read(inner, offset, &mut buf)
+                .await;
+            match read {
+                Ok(n) => {
+                    buf.set_view(start, n);
+                    return Ok(buf);
+                }
                 Err(f) => inner
                     .next_attempt(&mut attempt, f, "read")
                     .await

@@ -77,6 +77,39 @@ impl RegistryOptions {
         Ok(o)
     }
 
+    /// Options from a job's settings: a docker config.json and a CA file by path (the
+    /// caller has confined them), plain HTTP, and a platform. Errors name the file, never
+    /// its content.
+    pub fn from_settings(
+        auth_file: Option<&std::path::Path>,
+        ca_file: Option<&std::path::Path>,
+        insecure: bool,
+        platform: Option<&str>,
+    ) -> Result<Self> {
+        let mut o = Self {
+            insecure,
+            ..Self::default()
+        };
+        if let Some(path) = auth_file {
+            let text = read_file("auth_file", &path.display().to_string())?;
+            o.auth = Some(
+                DockerConfig::parse(&text)
+                    .map_err(|e| Error::invalid_input(format!("auth_file: {}", e.message())))?,
+            );
+        }
+        if let Some(path) = ca_file {
+            let pem = read_file("ca_file", &path.display().to_string())?;
+            o.ca_pem = Some(
+                String::from_utf8(pem)
+                    .map_err(|_| Error::invalid_input("ca_file: the file is not PEM text"))?,
+            );
+        }
+        match platform {
+            Some(p) => o.with_platform(p),
+            None => Ok(o),
+        }
+    }
+
     /// Picks `platform` (`os/arch[/variant]`) from an image index.
     pub fn with_platform(mut self, platform: &str) -> Result<Self> {
         self.platform =

@@ -214,7 +214,11 @@ fn to_text(
         out += "virtual size: not known until the stream is read (the stream does not record \
                 it; a copy learns it at the end, --prescan counts it first)\n";
     }
-    out += &format!("file size: {}\n", sized(info.file_size));
+    if info.file_size == ferry_core::UNKNOWN_SIZE {
+        out += "file size: not known (the server does not tell it)\n";
+    } else {
+        out += &format!("file size: {}\n", sized(info.file_size));
+    }
     if let Some(allocated) = allocated {
         out += &format!("allocated: {}\n", sized(allocated));
     }
@@ -263,7 +267,7 @@ fn to_json(
         "format": info.format.as_str(),
         // null for a stream whose size shows only at its end.
         "virtual_size": info.size_known().then_some(info.virtual_size),
-        "file_size": info.file_size,
+        "file_size": (info.file_size != ferry_core::UNKNOWN_SIZE).then_some(info.file_size),
         "allocated_bytes": allocated,
         "cluster_size": info.cluster_size,
         "qcow2_version": info.version,

@@ -28,20 +28,28 @@ fn chunk_size(bytes: &dyn Source) -> u64 {
 pub(crate) fn spawn_feeder(handle: &Handle, bytes: Arc<dyn Source>) -> Input {
     let (tx, rx) = mpsc::channel(INPUT_DEPTH);
     handle.spawn(async move {
+        // A byte source of unknown size (an HTTP answer without Content-Length) is read
+        // until it comes back short.
         let size = bytes.size();
         let chunk = chunk_size(bytes.as_ref());
         let mut offset = 0u64;
         while offset < size {
             let len = chunk.min(size - offset) as usize;
             let read = bytes
-                .read_at(offset, IoBuf::new(len))
+                .read_some(offset, IoBuf::new(len))
                 .await
                 .map_err(|e| e.at("read compressed stream", offset));
-            let failed = read.is_err();
-            if tx.send(read).await.is_err() || failed {
+            let (failed, got) = match &read {
+                Ok(buf) => (false, buf.len()),
+                Err(_) => (true, 0),
+            };
+            if got == 0 && !failed {
                 return;
             }
-            offset += len as u64;
+            if tx.send(read).await.is_err() || failed || got < len {
+                return;
+            }
+            offset += got as u64;
         }
     });
     Input {

@@ -168,6 +168,57 @@ struct SparseMap {
     gd: Vec<u32>,
     rgd: Option<Vec<u32>>,
     cache: L2Cache,
+    window: GrainWindow,
+}
+
+/// Bytes of a streamOptimized extent read at once for the compressed grains ahead.
+const READ_AHEAD: u64 = 1 << 20;
+
+/// The last read-ahead window of compressed grains, per thread (the engine's workers read
+/// different parts of the image at once), tagged with the map it belongs to.
+#[derive(Debug)]
+struct GrainWindow {
+    id: u64,
+}
+
+type Window = Option<(u64, u64, ferry_core::IoBuf)>;
+
+thread_local! {
+    static WINDOW: RefCell<Window> = const { RefCell::new(None) };
+}
+
+impl GrainWindow {
+    fn new() -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        Self {
+            id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+
+    /// Inflates the grain at file `offset` from this thread's window when the window
+    /// holds its marker and all its bytes, and its length is plausible (at most
+    /// `max_size`; otherwise the caller reads it and fails).
+    fn inflate_cached(&self, offset: u64, max_size: u64, out: &mut [u8]) -> Option<Result<()>> {
+        WINDOW.with(|w| {
+            let w = w.borrow();
+            let (id, start, bytes) = w.as_ref()?;
+            let end = *start + bytes.len() as u64;
+            if *id != self.id || offset < *start || offset + 12 > end {
+                return None;
+            }
+            let at = (offset - start) as usize;
+            let size = u64::from(le32(bytes, at + 8));
+            let grain_end = offset.checked_add(12 + size)?;
+            if size == 0 || size > max_size || grain_end > end {
+                return None;
+            }
+            Some(inflate_grain(&bytes[at + 12..at + 12 + size as usize], out))
+        })
+    }
+
+    fn keep(&self, start: u64, bytes: ferry_core::IoBuf) {
+        WINDOW.with(|w| *w.borrow_mut() = Some((self.id, start, bytes)));
+    }
 }
 
 fn words(bytes: &[u8]) -> Vec<u32> {
@@ -274,15 +325,24 @@ impl BlockMap for SparseMap {
         if first <= 12 {
             return Err(past_end(0));
         }
-        let mut bytes = read_meta(file, offset, first, "compressed VMDK grain").await?;
-        let size = u64::from(le32(&bytes, 8));
+        // Grains follow each other in the file: one read of the window ahead serves the
+        // next ones this thread inflates.
+        if let Some(done) = self.window.inflate_cached(offset, 2 * grain, out) {
+            return done;
+        }
+        let ahead = first.max(READ_AHEAD).min(avail);
+        let window = read_meta(file, offset, ahead, "compressed VMDK grain").await?;
+        let size = u64::from(le32(&window, 8));
         if size == 0 || size > 2 * grain || size + 12 > avail {
             return Err(past_end(size));
         }
-        if size + 12 > first {
-            bytes = read_meta(file, offset, size + 12, "compressed VMDK grain").await?;
+        if size + 12 > ahead {
+            let bytes = read_meta(file, offset, size + 12, "compressed VMDK grain").await?;
+            return inflate_grain(&bytes[12..12 + size as usize], out);
         }
-        inflate_grain(&bytes[12..12 + size as usize], out)
+        let result = inflate_grain(&window[12..12 + size as usize], out);
+        self.window.keep(offset, window);
+        result
     }
 }
 
@@ -343,6 +403,7 @@ pub async fn open_sparse(
     let gt_bytes = header.gtes_per_gt as usize * 8;
     let map = SparseMap {
         cache: L2Cache::new(gt_bytes, GT_CACHE_BYTES),
+        window: GrainWindow::new(),
         header: header.clone(),
         gd,
         rgd,

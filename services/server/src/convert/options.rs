@@ -5,6 +5,7 @@
 
 use ferry_core::{EndpointSpec, Error, Result};
 use ferry_endpoints::http::HttpOptions;
+use ferry_endpoints::registry::RegistryOptions;
 use ferry_endpoints::s3::S3Options;
 use ferry_endpoints::{CacheMode, Preallocation, SourceOptions, TargetOptions};
 use ferry_engine::{Checkpoint, ChecksumOptions, CopyOptions};
@@ -83,13 +84,15 @@ impl JobSpec {
 }
 
 /// How a job reads its source's bytes as an image: the endpoint's `format`,
-/// `allow_backing`, `image_size` and `prescan`.
+/// `allow_backing`, `image_size`, `prescan` and `disk`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ImageSpec {
     pub format: SourceFormat,
     pub allow_backing: bool,
     pub size: Option<u64>,
     pub prescan: bool,
+    /// The OVA disk to read (None: the only one).
+    pub disk: Option<usize>,
 }
 
 impl ImageSpec {
@@ -104,6 +107,7 @@ impl ImageSpec {
             allow_backing: ep.allow_backing,
             size: ep.image_size,
             prescan: ep.prescan,
+            disk: ep.disk.map(|d| d as usize),
         })
     }
 
@@ -114,10 +118,10 @@ impl ImageSpec {
             proto::ImageFormat::try_from(ep.format),
             Ok(proto::ImageFormat::Auto | proto::ImageFormat::Raw)
         );
-        if !raw || ep.allow_backing || ep.image_size.is_some() || ep.prescan {
+        if !raw || ep.allow_backing || ep.image_size.is_some() || ep.prescan || ep.disk.is_some() {
             return Err(invalid(
-                "target: format, allow_backing, image_size and prescan apply to sources only \
-                 (targets are written raw)",
+                "target: format, allow_backing, image_size, prescan and disk apply to sources \
+                 only (targets are written raw)",
             ));
         }
         Ok(())
@@ -249,11 +253,13 @@ impl ChecksumSpec {
 }
 
 /// An endpoint's per-job settings, with credentials read from their references: S3
-/// settings over the SDK's standard chain, HTTP authentication, headers and TLS.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// settings over the SDK's standard chain, HTTP authentication, headers and TLS, a
+/// registry's credentials file, CA file, plain HTTP and platform.
+#[derive(Debug, Clone, Default)]
 pub struct EndpointSettings {
     pub s3: S3Options,
     pub http: HttpOptions,
+    pub registry: RegistryOptions,
 }
 
 /// Options to read an endpoint with: the job's cache mode and the endpoint's settings
@@ -264,6 +270,7 @@ pub fn source_options(cache: CacheMode, settings: EndpointSettings) -> SourceOpt
     s.cache = cache;
     s.s3 = settings.s3;
     s.http = settings.http;
+    s.registry = settings.registry;
     s
 }
 
@@ -406,9 +413,37 @@ pub fn open_spec(
         (EndpointSpec::Http(_), Some(Options::Http(o))) => {
             settings.http = http_options(what, o, secrets)?
         }
+        (EndpointSpec::Registry(_), Some(Options::Registry(o))) => {
+            settings.registry = registry_options(what, o)?
+        }
         _ => {}
     }
     Ok((spec, settings))
+}
+
+/// The platform a request's registry options pick, checked.
+pub(super) fn registry_platform(what: &str, o: &proto::RegistryOptions) -> Result<()> {
+    if o.platform.is_empty() {
+        return Ok(());
+    }
+    RegistryOptions::default()
+        .with_platform(&o.platform)
+        .map(|_| ())
+        .map_err(|e| invalid(format!("{what}.registry.platform: {}", e.message())))
+}
+
+/// A request's registry settings as endpoint options: the credentials and CA files (paths
+/// validation confined to the allowed roots) read now. Errors name the field and the
+/// path, never the file's content.
+fn registry_options(what: &str, o: &proto::RegistryOptions) -> Result<RegistryOptions> {
+    let given = |v: &str| (!v.is_empty()).then(|| v.to_owned());
+    RegistryOptions::from_settings(
+        given(&o.auth_file).as_deref().map(std::path::Path::new),
+        given(&o.ca_file).as_deref().map(std::path::Path::new),
+        o.insecure,
+        given(&o.platform).as_deref(),
+    )
+    .map_err(|e| Error::new(e.kind(), format!("{what}.registry: {}", e.message())))
 }
 
 /// A URL as job records and errors show it: no user information, and for HTTP(S) no

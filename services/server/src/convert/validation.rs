@@ -12,7 +12,9 @@ use ferry_core::{EndpointSpec, Error, Result};
 use prost::Message;
 use sha2::{Digest as _, Sha256};
 
-use super::options::{http_options, s3_options, ChecksumSpec, JobSpec, TransferSpec};
+use super::options::{
+    http_options, registry_platform, s3_options, ChecksumSpec, JobSpec, TransferSpec,
+};
 use crate::model::job::{JobKind, JobPlan, PlannedTarget, ResolvedEndpoint};
 use crate::secrets::SecretResolver;
 use crate::security::AllowRoots;
@@ -183,6 +185,14 @@ impl Validator {
                     self.roots.confine(Path::new(&o.tls_certificates_dir))?;
                 }
             }
+            (EndpointSpec::Registry(_), Some(Options::Registry(o))) => {
+                for (field, path) in [("auth_file", &o.auth_file), ("ca_file", &o.ca_file)] {
+                    if !path.is_empty() {
+                        self.confine(what, &format!("registry.{field}: "), Path::new(path))?;
+                    }
+                }
+                registry_platform(what, o)?;
+            }
             (spec, Some(_)) => {
                 return Err(invalid(format!(
                     "{what}: the options given do not belong to {}:// endpoints",
@@ -220,14 +230,11 @@ impl Validator {
     fn endpoint(&self, what: &str, ep: Option<&proto::Endpoint>) -> Result<Checked> {
         let ep = ep.ok_or_else(|| invalid(format!("{what} is missing")))?;
         let spec = parse_url(what, ep)?;
-        if matches!(spec, EndpointSpec::Registry(_)) {
-            return Err(Error::new(
-                ferry_core::ErrorKind::Unsupported,
-                format!(
-                    "{what}: {spec} is a registry image; the job service does not read registry \
-                     images yet (the command line does: ferry copy docker://...)"
-                ),
-            ));
+        if matches!(spec, EndpointSpec::Registry(_)) && what != "source" {
+            return Err(invalid(format!(
+                "{what}: {spec} is a registry image; registry endpoints are read-only and can \
+                 only be sources"
+            )));
         }
         if matches!(spec, EndpointSpec::Http(_)) && what != "source" {
             return Err(invalid(format!(

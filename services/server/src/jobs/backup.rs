@@ -21,7 +21,7 @@ use prost::Message;
 use tokio_util::sync::CancellationToken;
 
 use super::metered::{JobCounts, MeteredSource, MeteredTarget};
-use super::opener::open_image;
+use super::opener::{open_bytes, open_image};
 use super::runner::{drive, error_record, kind_label, Ended};
 use super::Inner;
 use crate::backups::results;
@@ -56,10 +56,11 @@ async fn open_backup_source(
         return Ok((source, Some(changed)));
     }
     let options = source_options(ferry_endpoints::CacheMode::default(), settings);
-    let bytes = inner.opener.open_source(&src_spec, &options).await?;
+    let (bytes, layer) = open_bytes(&inner.opener, &src_spec, &options).await?;
     let source = open_image(
         bytes,
         &spec.image,
+        layer,
         &inner.opener,
         &options,
         &inner.cfg.allow_roots,

@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use ferry_core::{EndpointSpec, Result, Source, Target};
+use ferry_endpoints::registry::RegistrySource;
 use ferry_endpoints::{SourceOptions, TargetOptions};
-use ferry_formats::{Backing, BackingOpener, ExtentFiles, OpenOptions, StreamOptions};
+use ferry_formats::{Backing, BackingOpener, Detected, ExtentFiles, OpenOptions, StreamOptions};
 
 use super::metered::MeteredSource;
 use crate::convert::ImageSpec;
@@ -56,13 +57,35 @@ impl Opener for Endpoints {
     }
 }
 
-/// Opens the image held in a job's source `bytes` as `image` says. A qcow2 backing file is
+/// Opens a job's source bytes through `opener`; a registry image's bytes are its disk
+/// layer, opened here (it needs no fake), and how that layer is compressed comes back with
+/// them.
+pub(super) async fn open_bytes(
+    opener: &Arc<dyn Opener>,
+    spec: &EndpointSpec,
+    options: &SourceOptions,
+) -> Result<(Arc<dyn Source>, Option<Detected>)> {
+    let EndpointSpec::Registry(registry) = spec else {
+        return Ok((opener.open_source(spec, options).await?, None));
+    };
+    let layer = RegistrySource::open(registry, &options.registry).await?;
+    let compression = match layer.info().compression {
+        "gzip" => Detected::Gzip,
+        "zstd" => Detected::Zstd,
+        _ => Detected::Raw,
+    };
+    Ok((Arc::new(layer), Some(compression)))
+}
+
+/// Opens the image held in a job's source `bytes` as `image` says (`layer`: the bytes
+/// are a registry image's layer, compressed so, holding the disk under /disk/). A qcow2 backing file is
 /// followed only when the request allows it, and only to a file under the server's
 /// allowed roots, opened through the job's opener. Both the byte source (by endpoint
 /// `kind`) and the image (by format as well) are metered.
 pub(super) async fn open_image(
     bytes: Arc<dyn Source>,
     image: &ImageSpec,
+    layer: Option<Detected>,
     opener: &Arc<dyn Opener>,
     options: &SourceOptions,
     roots: &AllowRoots,
@@ -92,6 +115,8 @@ pub(super) async fn open_image(
             size: image.size,
             prescan: image.prescan,
         },
+        disk: image.disk,
+        container_layer: layer,
         ..OpenOptions::default()
     };
     let bytes = MeteredSource::wrap(bytes, metrics, kind);

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::metered::{JobCounts, MeteredSource, MeteredTarget};
-use super::opener::open_image;
+use super::opener::{open_bytes, open_image};
 use super::{finish_record, Inner};
 use crate::admission::{backoff, jitter_random};
 use crate::convert::checkpoint::bounded;
@@ -543,18 +543,21 @@ async fn open_transfer(inner: &Inner, id: &str, spec: &TransferSpec) -> Result<O
 
 /// Opens a job's source bytes pinned to the version its first attempt read: a later
 /// attempt (a retry, a resumption after a restart) of a source that can tell its version
-/// (an HTTP ETag) fails when the object changed instead of mixing versions in the target.
+/// (an HTTP ETag, a registry image's digest) fails when the object changed instead of
+/// mixing versions in the target. A registry image's bytes are its disk layer: how that
+/// layer is compressed comes back with them.
 async fn open_pinned_source(
     inner: &Inner,
     id: &str,
     spec: &EndpointSpec,
     options: &mut SourceOptions,
-) -> Result<Arc<dyn Source>> {
+) -> Result<(Arc<dyn Source>, Option<ferry_formats::Detected>)> {
     let pinned = inner.source_version(id);
     if let Some(version) = &pinned {
         options.http.expect_version = Some(version.clone());
+        options.registry.expect_digest = Some(version.clone());
     }
-    let bytes = inner.opener.open_source(spec, options).await?;
+    let (bytes, layer) = open_bytes(&inner.opener, spec, options).await?;
     if pinned.is_none() {
         if let Some(version) = bytes.version() {
             if let Some(record) = inner.update(id, |r| {
@@ -565,7 +568,7 @@ async fn open_pinned_source(
             }
         }
     }
-    Ok(bytes)
+    Ok((bytes, layer))
 }
 
 /// Opens a transfer's source, metered, and checks the caller's checkpoint (if any) is of
@@ -577,11 +580,12 @@ pub(super) async fn open_transfer_source(
 ) -> Result<Arc<dyn Source>> {
     let (src_spec, src_settings) = spec.source.open(&inner.secrets)?;
     let mut options = source_options(spec.cache, src_settings);
-    let bytes = open_pinned_source(inner, id, &src_spec, &mut options).await?;
+    let (bytes, layer) = open_pinned_source(inner, id, &src_spec, &mut options).await?;
     let kind = kind_label(src_spec.kind());
     let source = open_image(
         bytes,
         &spec.image,
+        layer,
         &inner.opener,
         &options,
         &inner.cfg.allow_roots,
@@ -722,11 +726,12 @@ async fn checksum(
 ) -> Result<ResultRecord> {
     let (source_spec, settings) = spec.source.open(&inner.secrets)?;
     let mut options = source_options(spec.cache, settings);
-    let bytes = open_pinned_source(inner, id, &source_spec, &mut options).await?;
+    let (bytes, layer) = open_pinned_source(inner, id, &source_spec, &mut options).await?;
     let kind = kind_label(source_spec.kind());
     let source = open_image(
         bytes,
         &spec.image,
+        layer,
         &inner.opener,
         &options,
         &inner.cfg.allow_roots,

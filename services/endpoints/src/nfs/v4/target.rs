@@ -2,7 +2,10 @@
 //!
 //! A missing file is created by OPEN (GUARDED, mode 0644) and sized with SETATTR; it then
 //! reads as zeroes, so the engine skips zero ranges. An existing file must be at least as
-//! large as the image. Writes are UNSTABLE; flush COMMITs and checks the write verifier,
+//! large as the image. For a stream of unknown size ([`UNKNOWN_SIZE`]) the file grows with
+//! the writes: a new file starts empty, an existing one of any size is taken, and
+//! [`Target::set_end`] sets the length when the stream ends (a file this copy created is
+//! cut to exactly it, an existing one is never shrunk), as for NFSv3. Writes are UNSTABLE; flush COMMITs and checks the write verifier,
 //! and a COMMIT goes out in the background every 256 MiB written (`background_flush.rs`),
 //! as for NFSv3. Zero ranges are DEALLOCATEd (holes that read as zeroes) when the server
 //! supports it, else written as zero buffers.
@@ -12,7 +15,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use ferry_core::spec::NfsSpec;
-use ferry_core::{Caps, Error, IoBuf, Result, Target, ZeroMode};
+use ferry_core::{Caps, Error, IoBuf, Result, Target, ZeroMode, UNKNOWN_SIZE};
 use ferry_nfs::v4::ops::{self, Attrs, Status};
 use ferry_nfs::v4::{Link, OpenFile, Opened, StateId};
 
@@ -33,6 +36,8 @@ pub struct Nfs4Target {
     link: Arc<Link<NfsBuf>>,
     /// COMMITs as the copy goes, shared by every handle.
     background: Arc<BackgroundFlush>,
+    /// Opened for a stream of unknown size: writes may reach past the file's size.
+    grows: bool,
 }
 
 impl Nfs4Target {
@@ -47,6 +52,7 @@ impl Nfs4Target {
         if !created {
             check_existing(spec, &attrs, size).map_err(|e| opening.fail(e))?;
         }
+        let size_wanted = size;
         let size = attrs.size.unwrap_or(0);
         let dealloc = deallocate_works(&o, &file, size).await;
         let opened = Open {
@@ -61,6 +67,7 @@ impl Nfs4Target {
             file: Arc::new(Shared::new(o, opening, opened, size)),
             link,
             background: Arc::new(BackgroundFlush::new(DEFAULT_BACKGROUND_FLUSH)),
+            grows: size_wanted == UNKNOWN_SIZE,
         })
     }
 
@@ -153,6 +160,8 @@ async fn open_or_create(
             .map_err(opening_error)?;
         return Ok((file, deleg, attrs, false));
     }
+    // A stream of unknown size: the new file stays empty until set_end.
+    let size = if size == UNKNOWN_SIZE { 0 } else { size };
     match ferry_nfs::v4::open_file(o, access, Some(CREATE_MODE)).await {
         Ok((file, deleg, _)) => {
             file.set_size(&o.session, &o.link, size)
@@ -192,7 +201,7 @@ fn check_existing(spec: &NfsSpec, attrs: &Attrs, size: u64) -> Result<()> {
         )));
     }
     let existing = attrs.size.unwrap_or(0);
-    if existing < size {
+    if size != UNKNOWN_SIZE && existing < size {
         return Err(Error::invalid_input(format!(
             "the existing target {} is {existing} bytes, smaller than the image ({size} bytes): remove it or grow it first",
             spec.path
@@ -218,7 +227,11 @@ impl Target for Nfs4Target {
     }
 
     fn size(&self) -> u64 {
-        self.file.size
+        if self.grows {
+            UNKNOWN_SIZE
+        } else {
+            self.file.size
+        }
     }
 
     fn caps(&self) -> Caps {
@@ -230,8 +243,34 @@ impl Target for Nfs4Target {
         self.file.created
     }
 
+    fn can_grow(&self) -> bool {
+        self.grows
+    }
+
+    async fn set_end(&self, end: u64) -> Result<()> {
+        if !self.grows {
+            return Ok(());
+        }
+        let f = &*self.file;
+        let len = if f.created { end } else { end.max(f.size) };
+        f.file
+            .set_size(&f.session, &self.link, len)
+            .await
+            .map_err(|e| {
+                doing_error(
+                    e,
+                    &format!("set the file's length to {len} bytes"),
+                    &f.config,
+                )
+                .with_operation("set_end")
+                .with_endpoint(f.describe.clone())
+            })
+    }
+
     async fn write_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {
-        self.file.check_range("write", offset, buf.len() as u64)?;
+        if !self.grows {
+            self.file.check_range("write", offset, buf.len() as u64)?;
+        }
         self.write_all(offset, &buf, "write").await?;
         self.wrote(buf.len() as u64);
         Ok(buf)
@@ -241,7 +280,9 @@ impl Target for Nfs4Target {
     /// zeroes); zero buffers otherwise.
     async fn write_zeroes(&self, offset: u64, len: u64, mode: ZeroMode) -> Result<()> {
         let f = &*self.file;
-        f.check_range("write_zeroes", offset, len)?;
+        if !self.grows {
+            f.check_range("write_zeroes", offset, len)?;
+        }
         if len == 0 {
             return Ok(());
         }
@@ -271,6 +312,7 @@ impl Target for Nfs4Target {
             file: Arc::clone(&self.file),
             link: Arc::new(link),
             background: Arc::clone(&self.background),
+            grows: self.grows,
         }))
     }
 }
