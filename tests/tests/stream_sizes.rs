@@ -226,9 +226,8 @@ fn chunked_http_answers_without_a_length_are_streams_of_unknown_size() {
     );
     let url = served.nginx.url("chunked/disk.qcow2");
     let out = scratch.path().join("chunked.qcow2.raw");
-    let line = ferry!()
-        .run(["copy", "--no-progress", url.as_str(), s(&out)])
-        .assert_clean_failure();
+    let refused = ferry!().run(["copy", "--no-progress", url.as_str(), s(&out)]);
+    let line = refused.assert_clean_failure();
     assert!(
         line.contains("qcow2") && line.contains("size is not known"),
         "{line}"
