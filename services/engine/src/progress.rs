@@ -53,6 +53,25 @@ pub struct ProgressSnapshot {
     pub zero_bytes: u64,
 }
 
+/// Told of every range a copy has written to its target (or handled as zeroes), as soon as
+/// the write completed: a relay serves what its copy wrote before the copy ends.
+pub trait WrittenRanges: Send + Sync + 'static {
+    /// `[start, end)` holds the source's bytes on the target now; `zero` when it reads as
+    /// zeroes (written as zeroes, or left alone on a target that already reads as zeroes).
+    /// Ranges a resumed copy skips are reported as data when it starts.
+    fn written(&self, start: u64, end: u64, zero: bool);
+}
+
+/// The observer slot, set once before the copy starts.
+#[derive(Default)]
+struct Observer(std::sync::OnceLock<Arc<dyn WrittenRanges>>);
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() { "Some(..)" } else { "None" })
+    }
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     total: AtomicU64,
@@ -62,6 +81,7 @@ struct Inner {
     checkpoint: Mutex<Checkpoint>,
     /// Woken whenever a checkpoint is published.
     published: tokio::sync::Notify,
+    written: Observer,
 }
 
 /// Live progress of one copy or checksum. Clones share the same counters.
@@ -73,6 +93,21 @@ pub struct Progress {
 impl Progress {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Progress whose copy reports every range it writes to `observer` (see
+    /// [`WrittenRanges`]).
+    pub fn with_written(observer: Arc<dyn WrittenRanges>) -> Self {
+        let progress = Self::default();
+        let _ = progress.inner.written.0.set(observer);
+        progress
+    }
+
+    /// Tells the observer, if any, that `[start, end)` is on the target.
+    pub(crate) fn report_written(&self, start: u64, end: u64, zero: bool) {
+        if let Some(observer) = self.inner.written.0.get() {
+            observer.written(start, end, zero);
+        }
     }
 
     pub fn snapshot(&self) -> ProgressSnapshot {
