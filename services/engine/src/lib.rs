@@ -42,7 +42,8 @@ pub use options::{
     ChecksumOptions, CommitOrder, CopyOptions, HashAlgorithm, DEFAULT_REQUEST_SIZE,
     DEFAULT_WORKERS, DEFAULT_WORK_UNIT,
 };
-pub use progress::{Checkpoint, Progress, ProgressSnapshot, WrittenRanges};
+pub use ferry_core::WrittenRanges;
+pub use progress::{Checkpoint, Progress, ProgressSnapshot};
 pub use tokio_util::sync::CancellationToken;
 pub use verified::{
     copy_and_verify, verify_read_back, verify_read_backs, Prefix, Stage, StageError, Stages,

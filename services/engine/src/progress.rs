@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use ferry_core::WrittenRanges;
 use serde::{Deserialize, Serialize};
 
 /// Which ranges of the target hold the source's bytes durably (written and flushed).
@@ -51,15 +52,6 @@ pub struct ProgressSnapshot {
     pub data_bytes: u64,
     /// Bytes handled as zeroes by this run (written as zeroes or skipped).
     pub zero_bytes: u64,
-}
-
-/// Told of every range a copy has written to its target (or handled as zeroes), as soon as
-/// the write completed: a relay serves what its copy wrote before the copy ends.
-pub trait WrittenRanges: Send + Sync + 'static {
-    /// `[start, end)` holds the source's bytes on the target now; `zero` when it reads as
-    /// zeroes (written as zeroes, or left alone on a target that already reads as zeroes).
-    /// Ranges a resumed copy skips are reported as data when it starts.
-    fn written(&self, start: u64, end: u64, zero: bool);
 }
 
 /// The observer slot, set once before the copy starts.

@@ -23,6 +23,7 @@ mod tests;
 
 use std::future::Future;
 use std::ops::Deref;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -228,6 +229,24 @@ pub(crate) struct Inner<B> {
     pub backend: B,
     pub config: ExportConfig,
     pub block: BlockSize,
+    /// Connections being served now.
+    pub active: AtomicUsize,
+}
+
+/// Counts a connection while it is served.
+struct Active<'a>(&'a AtomicUsize);
+
+impl<'a> Active<'a> {
+    fn enter(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Self(count)
+    }
+}
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// An export server. Cheap to clone; clones serve the same export.
@@ -294,6 +313,7 @@ impl<B: Backend> Server<B> {
                 backend,
                 config,
                 block,
+                active: AtomicUsize::new(0),
             }),
         })
     }
@@ -306,7 +326,13 @@ impl<B: Backend> Server<B> {
     /// Serves one client on `stream` until it disconnects. A clean end (NBD_OPT_ABORT,
     /// NBD_CMD_DISC, or a hang-up between requests) is `Ok`.
     pub async fn serve_connection<S: Transport>(&self, stream: S) -> Result<(), ExportError> {
+        let _active = Active::enter(&self.inner.active);
         session::run(self.inner.clone(), stream).await
+    }
+
+    /// Clients connected now (a relay serves until the last one has gone).
+    pub fn connections(&self) -> usize {
+        self.inner.active.load(Ordering::SeqCst)
     }
 
     /// Accepts clients on `listener` until `shutdown` completes, then closes every
