@@ -303,6 +303,13 @@ fn garbage_and_reads_past_the_end_are_refused_while_a_copy_goes_on() {
     ]);
     let down = dir.path().join("down.raw");
     let child = spawn_copy(&seed.uri, std::slice::from_ref(&down), &[]);
+    // Other NBD clients read the relay too.
+    require("nbdcopy");
+    let by_nbdcopy = dir.path().join("nbdcopy.raw");
+    let nbdcopy = Command::new("nbdcopy")
+        .args([&seed.uri, s(&by_nbdcopy)])
+        .spawn()
+        .unwrap();
     // Garbage instead of the client's flags: the connection is dropped.
     let mut garbage = TcpStream::connect(&listen).unwrap();
     garbage
@@ -327,6 +334,9 @@ fn garbage_and_reads_past_the_end_are_refused_while_a_copy_goes_on() {
     assert_eq!(raw_read(&listen, image.size - 4096, 8192), 22);
     wait(child, "the downstream copy").assert_success();
     holds(&image, &down);
+    let status = nbdcopy.wait_with_output().unwrap().status;
+    assert!(status.success(), "nbdcopy from the relay failed: {status}");
+    holds(&image, &by_nbdcopy);
     seed.wait().assert_success();
 }
 

@@ -267,6 +267,11 @@ impl Backend for RelayBackend {
         true
     }
 
+    fn extents_ready(&self, offset: u64) -> bool {
+        let known = self.state.known.lock();
+        matches!(known.end, End::Failed(_)) || known.at(offset).is_some()
+    }
+
     async fn read(&self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
         self.state.wait_for(offset, offset + len as u64).await?;
         let file = self.file.clone();
@@ -438,6 +443,14 @@ impl Drop for Relay {
 struct RelayTarget {
     inner: Arc<dyn Target>,
     state: Arc<State>,
+}
+
+impl std::fmt::Debug for RelayTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RelayTarget")
+            .field("target", &self.inner.describe())
+            .finish_non_exhaustive()
+    }
 }
 
 impl RelayTarget {

@@ -130,3 +130,41 @@ async fn a_finished_copy_serves_everything_and_ends_without_clients() {
     relay.end().await;
     assert!(started.elapsed() < Duration::from_secs(1), "no client: no linger");
 }
+
+#[tokio::test]
+async fn block_status_describes_what_is_written_without_waiting_for_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let (relay, _) = relay(&dir, Duration::from_secs(30)).await;
+    relay.written().written(0, 8192, true);
+    relay.written().written(8192, 12288, false);
+    let port: u16 = relay
+        .uri()
+        .rsplit_once(':')
+        .and_then(|(_, rest)| rest.split('/').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap();
+    let config = ferry_nbd::Config {
+        export: "relay".into(),
+        ..ferry_nbd::Config::default()
+    };
+    let address = ferry_nbd::Address::Tcp {
+        host: "127.0.0.1".into(),
+        port,
+    };
+    let client = ferry_nbd::Client::connect(&address, &config).await.unwrap();
+    let started = std::time::Instant::now();
+    let status = client.block_status(0, SIZE).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "block status waited for unwritten ranges"
+    );
+    let base = status
+        .context(ferry_nbd::proto::CONTEXT_BASE_ALLOCATION)
+        .unwrap();
+    let described: Vec<(u64, u64, u32)> = base.iter().map(|e| (e.offset, e.len, e.flags)).collect();
+    assert_eq!(
+        described,
+        vec![(0, 8192, STATE_HOLE | STATE_ZERO), (8192, 4096, 0)]
+    );
+    relay.end().await;
+}

@@ -25,8 +25,8 @@ pub struct RelayArgs {
     #[arg(long, value_name = "ADDRESS", value_parser = parse_listen)]
     pub relay_listen: Option<ExportListen>,
     /// The relay's export name [default: "", which clients get by default].
-    #[arg(long, value_name = "NAME", default_value = "", requires = "relay_listen")]
-    pub relay_name: String,
+    #[arg(long, value_name = "NAME", requires = "relay_listen")]
+    pub relay_name: Option<String>,
     /// Serve the relay over TLS with this certificate chain (PEM) and require it (nbds://).
     #[arg(long, value_name = "FILE", requires_all = ["relay_listen", "relay_tls_key"])]
     pub relay_tls_cert: Option<PathBuf>,
@@ -37,13 +37,13 @@ pub struct RelayArgs {
     #[arg(long, value_name = "FILE", requires = "relay_tls_cert")]
     pub relay_tls_ca: Option<PathBuf>,
     /// After the copy, serve the finished image until every client has disconnected, at
-    /// most this many seconds.
-    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_LINGER.as_secs(), requires = "relay_listen")]
-    pub relay_linger: u64,
+    /// most this many seconds [default: 300].
+    #[arg(long, value_name = "SECS", requires = "relay_listen")]
+    pub relay_linger: Option<u64>,
     /// How long a client's read of a range the copy has not written yet waits for it
-    /// before it fails (seconds).
-    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_WAIT.as_secs(), requires = "relay_listen")]
-    pub relay_wait: u64,
+    /// before it fails, in seconds [default: 60].
+    #[arg(long, value_name = "SECS", requires = "relay_listen")]
+    pub relay_wait: Option<u64>,
 }
 
 fn parse_listen(text: &str) -> Result<ExportListen, String> {
@@ -65,12 +65,12 @@ impl RelayArgs {
         Some(RelayOptions {
             export: ExportOptions {
                 listen,
-                name: self.relay_name.clone(),
+                name: self.relay_name.clone().unwrap_or_default(),
                 description: Some(description.to_string()),
                 tls,
             },
-            wait: Duration::from_secs(self.relay_wait),
-            linger: Duration::from_secs(self.relay_linger),
+            wait: self.relay_wait.map_or(DEFAULT_WAIT, Duration::from_secs),
+            linger: self.relay_linger.map_or(DEFAULT_LINGER, Duration::from_secs),
         })
     }
 }

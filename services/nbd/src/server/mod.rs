@@ -88,6 +88,14 @@ pub trait Backend: Send + Sync + 'static {
     fn can_extents(&self) -> bool {
         false
     }
+
+    /// Whether [`Backend::extents`] at `offset` answers now. A backend that learns its
+    /// allocation as it goes (a relay serving an image while it is written) says false
+    /// where it would wait: block status then ends its reply before `offset` instead of
+    /// waiting to describe more of the range (the client asks again).
+    fn extents_ready(&self, _offset: u64) -> bool {
+        true
+    }
 }
 
 /// How an export is served.
