@@ -35,7 +35,7 @@ def main():
         if time.time() > deadline:
             seed.kill()
             sys.exit("the seed named no relay URI within 120 s")
-    downstream = [subprocess.Popen([ferry, "copy", uri, *group], stdout=subprocess.DEVNULL,
+    downstream = [subprocess.Popen([ferry, "copy", "--source-format", "raw", uri, *group], stdout=subprocess.DEVNULL,
                                    stderr=subprocess.PIPE, text=True)
                   for group in split[1:]]
     failed = False

@@ -104,9 +104,10 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
-/// Starts `ferry copy SRC DSTS...` without waiting for it.
+/// Starts a downstream `ferry copy --source-format raw SRC DSTS...` without waiting for
+/// it (a relay serves raw bytes; format detection would wait for the image's last sector).
 fn spawn_copy(source: &str, targets: &[PathBuf], extra: &[&str]) -> Child {
-    let mut cmd = ferry!().command(["copy", source]);
+    let mut cmd = ferry!().command(["copy", "--source-format", "raw", source]);
     cmd.args(targets).args(extra);
     cmd.spawn().expect("start a downstream copy")
 }
@@ -169,7 +170,10 @@ fn rollout(nginx: &Nginx, url: &str, image: &Image, origin_bytes: u64, tag: &str
         seed_run.elapsed < Duration::from_secs(50),
         "the seed lingered after its clients had gone: {seed_run}"
     );
-    eprintln!("{tag}: downstream copies done after {downstream_done:?}");
+    eprintln!(
+        "{tag}: downstream copies done after {downstream_done:?}, the seed after {:?}",
+        started.elapsed()
+    );
     assert_eq!(all.len(), 8);
     for target in &all {
         holds(image, target);
