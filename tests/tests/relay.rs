@@ -66,7 +66,11 @@ impl Seed {
                 .unwrap_or_else(|_| panic!("the seed named no relay URI: {:?}", seed.stderr));
             if let Some(rest) = line.strip_prefix("ferry: relaying ") {
                 let uri = rest.split(" at ").nth(1).unwrap_or_default();
-                seed.uri = uri.split_whitespace().next().unwrap_or_default().to_string();
+                seed.uri = uri
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
             }
             seed.stderr.push(line);
             assert!(started.elapsed() < Duration::from_secs(60));
@@ -200,13 +204,7 @@ fn a_raw_image_is_read_from_the_origin_once_for_four_groups() {
         31,
     )
     .unwrap();
-    let ratio = rollout(
-        &nginx,
-        &nginx.url("golden.raw"),
-        &image,
-        image.size,
-        "raw",
-    );
+    let ratio = rollout(&nginx, &nginx.url("golden.raw"), &image, image.size, "raw");
     // HTTP says nothing of holes: the seed reads the whole file once, zeroes included.
     assert!(ratio <= 1.05, "the origin served {ratio:.3}x the image");
 }
@@ -219,7 +217,13 @@ fn a_qcow2_image_is_read_from_the_origin_once_for_four_groups() {
         ..NginxOptions::default()
     });
     let dir = scratch_dir();
-    let image = make(&dir.path().join("golden.raw"), Pattern::HalfData, 48 * MIB, 32).unwrap();
+    let image = make(
+        &dir.path().join("golden.raw"),
+        Pattern::HalfData,
+        48 * MIB,
+        32,
+    )
+    .unwrap();
     let qcow2 = nginx.root().join("golden.qcow2");
     let out = Command::new("qemu-img")
         .args(["convert", "-O", "qcow2", s(&image.path), s(&qcow2)])
@@ -234,7 +238,10 @@ fn a_qcow2_image_is_read_from_the_origin_once_for_four_groups() {
         qcow2_size,
         "qcow2",
     );
-    assert!(ratio <= 1.05, "the origin served {ratio:.3}x the qcow2 file");
+    assert!(
+        ratio <= 1.05,
+        "the origin served {ratio:.3}x the qcow2 file"
+    );
 }
 
 #[test]
@@ -258,7 +265,10 @@ fn a_seed_killed_mid_copy_fails_the_downstream_copies_cleanly() {
     seed.kill9();
     let run = wait(child, "the downstream copy");
     let message = run.assert_clean_failure();
-    eprintln!("downstream of a killed seed: {message} (after {:?})", run.elapsed);
+    eprintln!(
+        "downstream of a killed seed: {message} (after {:?})",
+        run.elapsed
+    );
     assert!(run.elapsed < Duration::from_secs(120), "{run}");
 }
 
@@ -451,7 +461,9 @@ async fn a_transfer_job_relays_its_target() {
     })
     .await;
     assert!(
-        running.message.contains(&format!("nbd://127.0.0.1:{port}/golden")),
+        running
+            .message
+            .contains(&format!("nbd://127.0.0.1:{port}/golden")),
         "{running:?}"
     );
     let down = root.join("down.raw");

@@ -116,8 +116,8 @@ impl<B: Backend> Export<B> {
             tls,
             ..ExportConfig::default()
         };
-        let server = Server::new(backend, config)
-            .map_err(|e| Error::invalid_input(e.to_string()))?;
+        let server =
+            Server::new(backend, config).map_err(|e| Error::invalid_input(e.to_string()))?;
         let address = match &options.listen {
             ExportListen::Tcp { host, port } => Address::Tcp {
                 host: host.clone(),

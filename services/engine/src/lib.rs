@@ -37,12 +37,12 @@ mod zero;
 pub use checksum::{checksum, Digest};
 pub use copy::{copy, CopyReport};
 pub use fanout::{Failure, FanOut, MemberOutcome};
+pub use ferry_core::WrittenRanges;
 pub use geometry::read_request_size;
 pub use options::{
     ChecksumOptions, CommitOrder, CopyOptions, HashAlgorithm, DEFAULT_REQUEST_SIZE,
     DEFAULT_WORKERS, DEFAULT_WORK_UNIT,
 };
-pub use ferry_core::WrittenRanges;
 pub use progress::{Checkpoint, Progress, ProgressSnapshot};
 pub use tokio_util::sync::CancellationToken;
 pub use verified::{

@@ -7,8 +7,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
 use ferry_core::WrittenRanges;
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 /// Which ranges of the target hold the source's bytes durably (written and flushed).
@@ -60,7 +60,11 @@ struct Observer(std::sync::OnceLock<Arc<dyn WrittenRanges>>);
 
 impl std::fmt::Debug for Observer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.get().is_some() { "Some(..)" } else { "None" })
+        f.write_str(if self.0.get().is_some() {
+            "Some(..)"
+        } else {
+            "None"
+        })
     }
 }
 

@@ -47,7 +47,10 @@ async fn a_read_waits_until_its_whole_range_is_written() {
     write(&path, 0, &[1u8; 4096]);
     written.written(0, 4096, false);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!read.is_finished(), "half the range written: the read must wait");
+    assert!(
+        !read.is_finished(),
+        "half the range written: the read must wait"
+    );
     write(&path, 4096, &[2u8; 4096]);
     written.written(4096, 8192, false);
     let bytes = read.await.unwrap().unwrap();
@@ -123,12 +126,20 @@ async fn a_finished_copy_serves_everything_and_ends_without_clients() {
     target.finish().await.unwrap();
     assert!(relay.is_complete());
     // What the copy never reported (zeroes left alone) reads as zero.
-    let extents = relay.server.backend().extents(4096, SIZE - 4096).await.unwrap();
+    let extents = relay
+        .server
+        .backend()
+        .extents(4096, SIZE - 4096)
+        .await
+        .unwrap();
     assert_eq!(extents[0].flags, STATE_HOLE | STATE_ZERO);
     assert_eq!(extents[0].offset + extents[0].len, SIZE);
     let started = std::time::Instant::now();
     relay.end().await;
-    assert!(started.elapsed() < Duration::from_secs(1), "no client: no linger");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "no client: no linger"
+    );
 }
 
 #[tokio::test]

@@ -171,14 +171,8 @@ pub async fn run(args: CopyArgs) -> anyhow::Result<ExitCode> {
             .map_err(|e| super::named(e, &spec.to_string(), "cannot open the target"))?;
         targets.push(target);
     }
-    let relay = match super::relay::start(
-        &args.relay,
-        backing,
-        &source,
-        &source_name,
-        &mut targets,
-    )
-    .await
+    let relay = match super::relay::start(&args.relay, backing, &source, &source_name, &mut targets)
+        .await
     {
         Ok(relay) => relay,
         Err(e) => {

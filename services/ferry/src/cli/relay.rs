@@ -70,7 +70,9 @@ impl RelayArgs {
                 tls,
             },
             wait: self.relay_wait.map_or(DEFAULT_WAIT, Duration::from_secs),
-            linger: self.relay_linger.map_or(DEFAULT_LINGER, Duration::from_secs),
+            linger: self
+                .relay_linger
+                .map_or(DEFAULT_LINGER, Duration::from_secs),
         })
     }
 }

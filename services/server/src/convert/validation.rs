@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use ferry_endpoints::export::ExportListen;
 use ferry_core::spec::NbdAddress;
 use ferry_core::{EndpointSpec, Error, Result};
+use ferry_endpoints::export::ExportListen;
 use prost::Message;
 use sha2::{Digest as _, Sha256};
 
