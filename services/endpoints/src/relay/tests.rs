@@ -172,7 +172,7 @@ async fn block_status_describes_what_is_written_without_waiting_for_the_rest() {
     let base = status
         .context(ferry_nbd::proto::CONTEXT_BASE_ALLOCATION)
         .unwrap();
-    let described: Vec<(u64, u64, u32)> = base.iter().map(|e| (e.offset, e.len, e.flags)).collect();
+    let described: Vec<(u64, u64, u64)> = base.iter().map(|e| (e.offset, e.len, e.flags)).collect();
     assert_eq!(
         described,
         vec![(0, 8192, STATE_HOLE | STATE_ZERO), (8192, 4096, 0)]
