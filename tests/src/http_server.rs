@@ -33,6 +33,8 @@ pub const PASSWORD: &str = "s3cret-http-pw";
 pub struct NginxOptions {
     /// nginx's `limit_rate` per connection, like `200m` (benchmarks).
     pub limit_rate: Option<String>,
+    /// Log every request with the body bytes sent ([`Nginx::body_bytes_sent`]).
+    pub access_log: bool,
 }
 
 /// A running nginx, stopped when dropped.
@@ -79,6 +81,14 @@ impl Nginx {
             .map(|r| format!("limit_rate {r};"))
             .unwrap_or_default();
         let p = |s: &str| d.join(s).display().to_string();
+        let access_log = if options.access_log {
+            format!(
+                "log_format sent '$body_bytes_sent $status $request'; access_log {} sent;",
+                p("access.log")
+            )
+        } else {
+            "access_log off;".to_string()
+        };
         let conf = format!(
             r#"
 master_process off;
@@ -87,7 +97,7 @@ pid {pid};
 error_log {log} warn;
 events {{ worker_connections 512; }}
 http {{
-    access_log off;
+    {access_log}
     client_body_temp_path {tmp}/body;
     proxy_temp_path {tmp}/proxy;
     fastcgi_temp_path {tmp}/fastcgi;
@@ -188,6 +198,23 @@ http {{
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The body bytes nginx sent, summed over its access log (started with
+    /// [`NginxOptions::access_log`]), and the requests logged.
+    pub fn body_bytes_sent(&self) -> (u64, usize) {
+        let log = std::fs::read_to_string(self.dir.path().join("access.log"))
+            .expect("nginx's access log (start it with NginxOptions::access_log)");
+        let bytes = log
+            .lines()
+            .map(|l| {
+                let first = l.split_whitespace().next().unwrap_or("0");
+                first
+                    .parse::<u64>()
+                    .unwrap_or_else(|_| panic!("access log line without a byte count: {l}"))
+            })
+            .sum();
+        (bytes, log.lines().count())
     }
 
     /// The document root: files put here are served.

@@ -36,6 +36,7 @@ mod nfs_v4;
 mod operator_link;
 mod qcow2_cli;
 mod registry_cli;
+mod relay;
 mod s3_cli;
 mod s3_copy;
 mod s3_errors;

@@ -231,6 +231,7 @@ async fn start_and_kill(s: &Setup, url: &str, target: &Path) -> String {
 async fn a_resumed_job_reads_the_same_version_or_fails() {
     let nginx = Nginx::start_with(&NginxOptions {
         limit_rate: Some("512k".into()),
+        ..NginxOptions::default()
     });
     let size = 48 * MIB;
     let img = images::make(

@@ -17,6 +17,7 @@ pub mod http_headers;
 mod secret;
 pub mod size;
 pub mod spec;
+mod written;
 
 pub use buf::{IoBuf, IO_ALIGN};
 pub use caps::{BlockSizes, Caps};
@@ -25,3 +26,4 @@ pub use error::{Context, Error, ErrorKind, Result};
 pub use extent::{merge_extents, Extent, ExtentKind};
 pub use secret::Secret;
 pub use spec::{EndpointSpec, RegistrySpec};
+pub use written::WrittenRanges;

@@ -83,18 +83,26 @@ pub struct ExportOptions {
     pub tls: Option<ExportTls>,
 }
 
-/// A bound export, ready to serve.
+/// A bound export, ready to serve: of a source ([`Export::bind`]) or of any backend
+/// ([`Export::bind_backend`], the relay's).
 #[derive(Debug)]
-pub struct Export {
-    server: Server<SourceBackend>,
+pub struct Export<B: Backend = SourceBackend> {
+    server: Server<B>,
     listener: Listener,
     uri: String,
     socket: Option<PathBuf>,
 }
 
-impl Export {
+impl Export<SourceBackend> {
     /// Binds the socket and prepares the server; nothing is served until [`Export::serve`].
     pub async fn bind(source: Arc<dyn Source>, options: &ExportOptions) -> Result<Self> {
+        Self::bind_backend(SourceBackend::new(source), options).await
+    }
+}
+
+impl<B: Backend> Export<B> {
+    /// [`Export::bind`] of any backend.
+    pub async fn bind_backend(backend: B, options: &ExportOptions) -> Result<Self> {
         let tls = match &options.tls {
             None => None,
             Some(t) => Some(
@@ -108,8 +116,8 @@ impl Export {
             tls,
             ..ExportConfig::default()
         };
-        let server = Server::new(SourceBackend::new(source), config)
-            .map_err(|e| Error::invalid_input(e.to_string()))?;
+        let server =
+            Server::new(backend, config).map_err(|e| Error::invalid_input(e.to_string()))?;
         let address = match &options.listen {
             ExportListen::Tcp { host, port } => Address::Tcp {
                 host: host.clone(),
@@ -146,6 +154,11 @@ impl Export {
     /// The NBD URI clients connect to (the bound port when 0 was asked).
     pub fn uri(&self) -> &str {
         &self.uri
+    }
+
+    /// The server (to count its clients while it serves).
+    pub fn server(&self) -> Server<B> {
+        self.server.clone()
     }
 
     /// Serves until `shutdown` completes, then closes every connection (and removes the

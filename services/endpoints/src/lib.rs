@@ -12,6 +12,7 @@ pub mod iscsi;
 pub mod nbd;
 pub mod nfs;
 pub mod registry;
+pub mod relay;
 pub mod s3;
 
 pub use open::{open_source, open_target};

@@ -40,6 +40,9 @@ impl Committer {
         zero_mode: ZeroMode,
         resumed: RangeSet,
     ) -> Self {
+        for (start, end) in resumed.to_vec() {
+            progress.report_written(start, end, false);
+        }
         Self {
             target,
             progress,
@@ -57,7 +60,7 @@ impl Committer {
             .write_at(offset, buf)
             .await
             .map_err(|e| e.at("write", offset).with_endpoint(target.describe()))?;
-        self.mark(offset, offset + len);
+        self.mark(offset, offset + len, false);
         self.progress.add_data(len);
         Ok(buf)
     }
@@ -73,13 +76,14 @@ impl Committer {
                 .await
                 .map_err(|e| e.at("write_zeroes", start).with_endpoint(target.describe()))?;
         }
-        self.mark(start, end);
+        self.mark(start, end, true);
         self.progress.add_zero(end - start);
         Ok(())
     }
 
-    fn mark(&self, start: u64, end: u64) {
+    fn mark(&self, start: u64, end: u64, zero: bool) {
         self.written.lock().insert(start, end);
+        self.progress.report_written(start, end, zero);
     }
 
     /// Flushes the target and publishes what was written before the flush started.

@@ -37,6 +37,7 @@ mod zero;
 pub use checksum::{checksum, Digest};
 pub use copy::{copy, CopyReport};
 pub use fanout::{Failure, FanOut, MemberOutcome};
+pub use ferry_core::WrittenRanges;
 pub use geometry::read_request_size;
 pub use options::{
     ChecksumOptions, CommitOrder, CopyOptions, HashAlgorithm, DEFAULT_REQUEST_SIZE,

@@ -7,6 +7,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use ferry_core::WrittenRanges;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
@@ -53,6 +54,20 @@ pub struct ProgressSnapshot {
     pub zero_bytes: u64,
 }
 
+/// The observer slot, set once before the copy starts.
+#[derive(Default)]
+struct Observer(std::sync::OnceLock<Arc<dyn WrittenRanges>>);
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "Some(..)"
+        } else {
+            "None"
+        })
+    }
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     total: AtomicU64,
@@ -62,6 +77,7 @@ struct Inner {
     checkpoint: Mutex<Checkpoint>,
     /// Woken whenever a checkpoint is published.
     published: tokio::sync::Notify,
+    written: Observer,
 }
 
 /// Live progress of one copy or checksum. Clones share the same counters.
@@ -73,6 +89,21 @@ pub struct Progress {
 impl Progress {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Progress whose copy reports every range it writes to `observer` (see
+    /// [`WrittenRanges`]).
+    pub fn with_written(observer: Arc<dyn WrittenRanges>) -> Self {
+        let progress = Self::default();
+        let _ = progress.inner.written.0.set(observer);
+        progress
+    }
+
+    /// Tells the observer, if any, that `[start, end)` is on the target.
+    pub(crate) fn report_written(&self, start: u64, end: u64, zero: bool) {
+        if let Some(observer) = self.inner.written.0.get() {
+            observer.written(start, end, zero);
+        }
     }
 
     pub fn snapshot(&self) -> ProgressSnapshot {

@@ -47,15 +47,30 @@ def cases(env):
 class Server:
     """nginx on a free loopback port serving one image."""
 
-    def __init__(self, root: Path, image: Path, limit_rate=None):
+    def __init__(self, root: Path, image: Path, limit_rate=None, access_log=False):
         self.root = root
         self.image = image
         self.port = None
+        # Log the body bytes of every request to ROOT/access.log (see body_bytes_sent)
+        self.access_log = access_log
         # nginx's limit_rate (per connection); default FERRY_BENCH_HTTP_LIMIT_RATE, if set
         self.limit_rate = limit_rate or os.environ.get("FERRY_BENCH_HTTP_LIMIT_RATE")
 
     def url(self):
         return f"http://127.0.0.1:{self.port}/image.img"
+
+    def log_path(self):
+        return self.root / "access.log"
+
+    def reset_log(self):
+        """Empties the access log (nginx appends, so the next request starts it again)."""
+        if self.log_path().exists():
+            os.truncate(self.log_path(), 0)
+
+    def body_bytes_sent(self):
+        """The body bytes nginx sent since the last reset_log, and the requests."""
+        lines = self.log_path().read_text().splitlines()
+        return sum(int(line.split()[0]) for line in lines), len(lines)
 
     @contextlib.contextmanager
     def context(self):
@@ -78,7 +93,8 @@ pid {r}/nginx.pid;
 error_log {r}/error.log warn;
 events {{ worker_connections 512; }}
 http {{
-    access_log off;
+    {f"log_format sent '$body_bytes_sent $status $request'; access_log {r}/access.log sent;"
+      if self.access_log else "access_log off;"}
     client_body_temp_path {r}/tmp/body; proxy_temp_path {r}/tmp/proxy;
     fastcgi_temp_path {r}/tmp/fastcgi; uwsgi_temp_path {r}/tmp/uwsgi; scgi_temp_path {r}/tmp/scgi;
     sendfile on;

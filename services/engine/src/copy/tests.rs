@@ -602,3 +602,76 @@ proptest! {
         }
     }
 }
+
+/// Collects what a copy reports as written.
+#[derive(Default)]
+struct Seen(parking_lot::Mutex<Vec<(u64, u64, bool)>>);
+
+impl crate::WrittenRanges for Seen {
+    fn written(&self, start: u64, end: u64, zero: bool) {
+        self.0.lock().push((start, end, zero));
+    }
+}
+
+#[tokio::test]
+async fn written_ranges_are_reported_with_their_kind_before_the_copy_ends() {
+    for order in [CommitOrder::OutOfOrder, CommitOrder::InOrder] {
+        let src = zero_middle_image();
+        let tgt = RecordingTarget::new(src.len());
+        let seen = Arc::new(Seen::default());
+        let progress = Progress::with_written(seen.clone());
+        let opts = CopyOptions {
+            request_size: Some(256 * K),
+            order,
+            ..CopyOptions::default()
+        };
+        copy(
+            Arc::new(src.clone()),
+            Arc::new(tgt.clone()),
+            &opts,
+            &progress,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+        let mut seen = seen.0.lock().clone();
+        seen.sort();
+        // Every byte reported exactly once: data where the image has data, zero elsewhere.
+        let mut at = 0;
+        for &(s, e, zero) in &seen {
+            assert_eq!(s, at, "{order:?}: {seen:?}");
+            let data = s < M as u64 || s >= 6 * M as u64;
+            assert_eq!(zero, !data, "{order:?}: {s}..{e}");
+            at = e;
+        }
+        assert_eq!(at, src.len());
+    }
+}
+
+#[tokio::test]
+async fn resumed_ranges_are_reported_as_data() {
+    let src = MemSource::new(pattern(4 * M, 9));
+    let tgt = RecordingTarget::new(src.len());
+    let seen = Arc::new(Seen::default());
+    let progress = Progress::with_written(seen.clone());
+    let opts = CopyOptions {
+        resume: Some(Checkpoint {
+            size: src.len(),
+            committed: vec![(0, M as u64)],
+        }),
+        ..CopyOptions::default()
+    };
+    copy(
+        Arc::new(src.clone()),
+        Arc::new(tgt.clone()),
+        &opts,
+        &progress,
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    let seen = seen.0.lock().clone();
+    assert_eq!(seen[0], (0, M as u64, false));
+    let total: u64 = seen.iter().map(|(s, e, _)| e - s).sum();
+    assert_eq!(total, src.len());
+}

@@ -22,6 +22,7 @@ use ferry_engine::{
 
 use super::args::{self, ProgressArgs};
 use super::image::{self, FormatArgs};
+use super::relay::RelayArgs;
 use super::summary::CopySummary;
 use super::{cancel_on_ctrl_c, interrupted, progress};
 use crate::cli::options::{self, Cache};
@@ -79,6 +80,8 @@ pub struct CopyArgs {
     pub format: FormatArgs,
     #[command(flatten)]
     pub progress: ProgressArgs,
+    #[command(flatten)]
+    pub relay: RelayArgs,
     /// Print one JSON object summarising the copy on stdout.
     #[arg(long)]
     pub json: bool,
@@ -146,6 +149,7 @@ pub async fn run(args: CopyArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .map(|t| EndpointSpec::parse(t).map_err(|e| super::failed(e, "invalid target")))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let backing = super::relay::backing(&args.relay, &target_specs)?;
     let source_name = source_spec.to_string();
     let source_options = args.source_options()?;
     let format = args.format.open_options(&source_options);
@@ -167,15 +171,35 @@ pub async fn run(args: CopyArgs) -> anyhow::Result<ExitCode> {
             .map_err(|e| super::named(e, &spec.to_string(), "cannot open the target"))?;
         targets.push(target);
     }
+    let relay = match super::relay::start(&args.relay, backing, &source, &source_name, &mut targets)
+        .await
+    {
+        Ok(relay) => relay,
+        Err(e) => {
+            for target in &targets {
+                let _ = target.abort().await;
+            }
+            let _ = source.close().await;
+            return Err(e);
+        }
+    };
     let opened = Opened {
+        progress: match &relay {
+            Some(relay) => Progress::with_written(relay.written()),
+            None => Progress::new(),
+        },
         source,
         source_name,
         source_options,
     };
-    match <[_; 1]>::try_from(targets) {
+    let result = match <[_; 1]>::try_from(targets) {
         Ok([target]) => copy_one(&args, opened, &target_specs[0], target).await,
         Err(targets) => super::fan_out::run(&args, opened, &target_specs, targets).await,
+    };
+    if let Some(relay) = relay {
+        super::relay::end(relay).await;
     }
+    result
 }
 
 /// The opened source and how to open it again.
@@ -183,6 +207,8 @@ pub(super) struct Opened {
     pub source: Arc<dyn Source>,
     pub source_name: String,
     pub source_options: SourceOptions,
+    /// The copy's progress (reporting written ranges to the relay, if any).
+    pub progress: Progress,
 }
 
 async fn copy_one(
@@ -195,6 +221,7 @@ async fn copy_one(
         source,
         source_name,
         source_options,
+        progress: copy_progress,
     } = opened;
     let target_name = target_spec.to_string();
     let options = args.copy_options();
@@ -212,7 +239,7 @@ async fn copy_one(
         },
     });
     let fixed_size = (!target.can_grow()).then(|| target.size());
-    let (copy_progress, verify_progress) = (Progress::new(), Progress::new());
+    let verify_progress = Progress::new();
     let display = progress::Stages::start(&copy_progress, &verify_progress, args.progress.choice());
     let entered = |stage: Stage| display.enter(stage);
     let stages = Stages {

@@ -31,6 +31,7 @@ pub(super) async fn run(
         source,
         source_name,
         source_options,
+        progress: copy_progress,
     } = opened;
     let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
     let options = args.copy_options();
@@ -40,7 +41,7 @@ pub(super) async fn run(
     );
     let cancel = CancellationToken::new();
     let ctrl_c = cancel_on_ctrl_c(&cancel);
-    let (copy_progress, verify_progress) = (Progress::new(), Progress::new());
+    let verify_progress = Progress::new();
     let display = progress::Stages::start(&copy_progress, &verify_progress, args.progress.choice());
     display.enter(Stage::Copy);
     let copied = ferry_engine::copy(

@@ -24,6 +24,7 @@ pub mod info;
 pub mod operator;
 pub mod options;
 pub mod progress;
+pub mod relay;
 pub mod remote;
 pub mod retention;
 pub mod serve;

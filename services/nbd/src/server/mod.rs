@@ -23,6 +23,7 @@ mod tests;
 
 use std::future::Future;
 use std::ops::Deref;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -86,6 +87,14 @@ pub trait Backend: Send + Sync + 'static {
     /// answered with holes, without reading).
     fn can_extents(&self) -> bool {
         false
+    }
+
+    /// Whether [`Backend::extents`] at `offset` answers now. A backend that learns its
+    /// allocation as it goes (a relay serving an image while it is written) says false
+    /// where it would wait: block status then ends its reply before `offset` instead of
+    /// waiting to describe more of the range (the client asks again).
+    fn extents_ready(&self, _offset: u64) -> bool {
+        true
     }
 }
 
@@ -228,6 +237,24 @@ pub(crate) struct Inner<B> {
     pub backend: B,
     pub config: ExportConfig,
     pub block: BlockSize,
+    /// Connections being served now.
+    pub active: AtomicUsize,
+}
+
+/// Counts a connection while it is served.
+struct Active<'a>(&'a AtomicUsize);
+
+impl<'a> Active<'a> {
+    fn enter(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Self(count)
+    }
+}
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// An export server. Cheap to clone; clones serve the same export.
@@ -294,6 +321,7 @@ impl<B: Backend> Server<B> {
                 backend,
                 config,
                 block,
+                active: AtomicUsize::new(0),
             }),
         })
     }
@@ -306,7 +334,13 @@ impl<B: Backend> Server<B> {
     /// Serves one client on `stream` until it disconnects. A clean end (NBD_OPT_ABORT,
     /// NBD_CMD_DISC, or a hang-up between requests) is `Ok`.
     pub async fn serve_connection<S: Transport>(&self, stream: S) -> Result<(), ExportError> {
+        let _active = Active::enter(&self.inner.active);
         session::run(self.inner.clone(), stream).await
+    }
+
+    /// Clients connected now (a relay serves until the last one has gone).
+    pub fn connections(&self) -> usize {
+        self.inner.active.load(Ordering::SeqCst)
     }
 
     /// Accepts clients on `listener` until `shutdown` completes, then closes every

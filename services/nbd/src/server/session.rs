@@ -734,6 +734,9 @@ async fn block_status<B: Backend>(c: &Conn<B>, req: &Request) {
     let mut descriptors: Vec<(u32, u32)> = Vec::new();
     let mut at = req.offset;
     'outer: while at < end && descriptors.len() < MAX_DESCRIPTORS {
+        if !descriptors.is_empty() && !c.inner.backend.extents_ready(at) {
+            break;
+        }
         let extents = match c.inner.backend.extents(at, end - at).await {
             Ok(e) => e,
             Err(e) => {

@@ -3,9 +3,13 @@
 //! takes over a stored job), so the runner never decodes or converts a request itself.
 //! Secrets stay references here and are read at every open ([`EndpointAccess::open`]).
 
+use std::time::Duration;
+
 use ferry_core::{EndpointSpec, Error, Result};
+use ferry_endpoints::export::{ExportListen, ExportOptions, ExportTls};
 use ferry_endpoints::http::HttpOptions;
 use ferry_endpoints::registry::RegistryOptions;
+use ferry_endpoints::relay::{RelayOptions, DEFAULT_LINGER, DEFAULT_WAIT};
 use ferry_endpoints::s3::S3Options;
 use ferry_endpoints::{CacheMode, Preallocation, SourceOptions, TargetOptions};
 use ferry_engine::{Checkpoint, ChecksumOptions, CopyOptions};
@@ -145,6 +149,8 @@ pub struct TransferSpec {
     pub verify: Option<ChecksumOptions>,
     /// The caller's checkpoint to start from (`resume_from`), checked except for its size.
     pub resume_from: Option<Checkpoint>,
+    /// The relay a target asks for (`Endpoint.relay`): the target's index and options.
+    pub relay: Option<(usize, RelayOptions)>,
 }
 
 impl TransferSpec {
@@ -210,6 +216,7 @@ impl TransferSpec {
             preallocation,
             verify,
             resume_from,
+            relay: relay_of(req)?,
         })
     }
 
@@ -227,6 +234,45 @@ impl TransferSpec {
         t.s3 = settings.s3;
         t
     }
+}
+
+/// The relay a transfer's targets ask for (at most one; validation checked the rest):
+/// the target's index and how to serve.
+fn relay_of(req: &proto::StartTransferRequest) -> Result<Option<(usize, RelayOptions)>> {
+    let mut found = None;
+    for (index, ep) in req.target.iter().chain(&req.more_targets).enumerate() {
+        let Some(r) = &ep.relay else { continue };
+        if found.is_some() {
+            return Err(invalid("only one target of a transfer can have a relay"));
+        }
+        let listen = ExportListen::parse(&r.listen)?;
+        let tls = (!r.tls_cert.is_empty()).then(|| ExportTls {
+            cert: r.tls_cert.clone().into(),
+            key: r.tls_key.clone().into(),
+            client_ca: (!r.tls_ca.is_empty()).then(|| r.tls_ca.clone().into()),
+        });
+        let seconds = |s: u32, default: Duration| {
+            if s == 0 {
+                default
+            } else {
+                Duration::from_secs(u64::from(s))
+            }
+        };
+        found = Some((
+            index,
+            RelayOptions {
+                export: ExportOptions {
+                    listen,
+                    name: r.name.clone(),
+                    description: None,
+                    tls,
+                },
+                wait: seconds(r.wait_seconds, DEFAULT_WAIT),
+                linger: seconds(r.linger_seconds, DEFAULT_LINGER),
+            },
+        ));
+    }
+    Ok(found)
 }
 
 /// A checksum's endpoint and options.

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use ferry_core::spec::NbdAddress;
 use ferry_core::{EndpointSpec, Error, Result};
+use ferry_endpoints::export::ExportListen;
 use prost::Message;
 use sha2::{Digest as _, Sha256};
 
@@ -203,6 +204,51 @@ impl Validator {
         Ok(())
     }
 
+    /// A relay only on a transfer's file or block-device target, with an address that
+    /// parses and its files (and Unix socket) under the allowed roots.
+    fn check_relay(&self, what: &str, spec: &EndpointSpec, ep: &proto::Endpoint) -> Result<()> {
+        let Some(r) = &ep.relay else {
+            return Ok(());
+        };
+        if !(what == "target" || what.starts_with("more_targets")) {
+            return Err(invalid(format!(
+                "{what}.relay: only a transfer's target can be relayed"
+            )));
+        }
+        if !matches!(spec, EndpointSpec::File(_)) {
+            return Err(invalid(format!(
+                "{what}.relay: a relay serves from a file or block device target, and {spec} \
+                 is not one"
+            )));
+        }
+        let listen = ExportListen::parse(&r.listen)
+            .map_err(|e| invalid(format!("{what}.relay.listen: {}", e.message())))?;
+        if let ExportListen::Unix(path) = &listen {
+            let dir = path.parent().unwrap_or(path);
+            self.confine(&format!("{what}.relay.listen"), "socket directory ", dir)?;
+        }
+        if r.tls_cert.is_empty() != r.tls_key.is_empty() {
+            return Err(invalid(format!(
+                "{what}.relay: tls_cert and tls_key go together"
+            )));
+        }
+        if !r.tls_ca.is_empty() && r.tls_cert.is_empty() {
+            return Err(invalid(format!(
+                "{what}.relay.tls_ca needs tls_cert and tls_key"
+            )));
+        }
+        for (field, file) in [
+            ("tls_cert", &r.tls_cert),
+            ("tls_key", &r.tls_key),
+            ("tls_ca", &r.tls_ca),
+        ] {
+            if !file.is_empty() {
+                self.confine(&format!("{what}.relay.{field}"), "", Path::new(file))?;
+            }
+        }
+        Ok(())
+    }
+
     /// What an NBD URL names on the server's host, its Unix socket and its TLS
     /// certificate directory, must be under the allowed roots like files.
     fn confine_nbd(&self, what: &str, spec: &EndpointSpec) -> Result<()> {
@@ -242,6 +288,7 @@ impl Validator {
             )));
         }
         self.check_options(what, &spec, ep)?;
+        self.check_relay(what, &spec, ep)?;
         self.confine_nbd(what, &spec)?;
         let kind = spec.kind();
         let (host, key) = identity(&spec, ep);

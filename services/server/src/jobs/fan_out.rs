@@ -55,13 +55,28 @@ pub(super) async fn transfer(
         ));
     }
     let size = source.size();
-    let members = open_members(inner, id, spec, size).await?;
+    let mut members = open_members(inner, id, spec, size).await?;
     let (copy, resumed_bytes) = attempt_options(inner, id, spec, size);
+    // A relayed target that is out of the job (failed earlier) has nothing to serve.
+    let relayed = spec
+        .relay
+        .as_ref()
+        .and_then(|(index, _)| members.iter().position(|m| m.index == *index));
+    let relay = match relayed {
+        Some(at) => {
+            let relay = super::relay::start(inner, id, spec, size).await?;
+            if let Some((_, r)) = &relay {
+                members[at].target = r.wrap(members[at].target.clone());
+            }
+            relay
+        }
+        None => None,
+    };
     let fan = Arc::new(FanOut::new(
         source.clone(),
         members.iter().map(|m| m.target.clone()).collect(),
     )?);
-    let progress = Progress::new();
+    let progress = super::relay::progress(relay.as_ref());
     let copying = ferry_engine::copy(source.clone(), fan.clone(), &copy, &progress, cancel);
     let watched = async {
         tokio::select! {
@@ -70,6 +85,7 @@ pub(super) async fn transfer(
         }
     };
     let copied = drive(inner, id, &progress, true, watched).await;
+    super::relay::end(relay).await;
     let last = settle_copy(inner, id, &members, &fan, copied.is_err());
     // When none was left, the last failure decides whether the attempt is retried.
     let report = copied.map_err(|e| last.unwrap_or(e))?;

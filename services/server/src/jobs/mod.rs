@@ -10,6 +10,7 @@ mod backup;
 mod fan_out;
 pub mod metered;
 pub mod opener;
+mod relay;
 mod runner;
 
 use std::collections::{BTreeMap, HashMap};

@@ -658,8 +658,12 @@ async fn transfer(
     spec: &TransferSpec,
     cancel: &CancellationToken,
 ) -> Result<ResultRecord> {
-    let opened = open_transfer(inner, id, spec).await?;
+    let mut opened = open_transfer(inner, id, spec).await?;
     let (copy, resumed_bytes) = attempt_options(inner, id, spec, opened.source.size());
+    let relay = super::relay::start(inner, id, spec, opened.source.size()).await?;
+    if let Some((_, r)) = &relay {
+        opened.target = r.wrap(opened.target.clone());
+    }
     // Verification reads the target through a new handle, opened after the copy
     // flushed the target and released it.
     let target_kind = opened.target_kind;
@@ -681,7 +685,7 @@ async fn transfer(
         }
     };
     let stages = Stages {
-        copy: Progress::new(),
+        copy: super::relay::progress(relay.as_ref()),
         verify: Progress::new(),
         entered: &entered,
     };
@@ -690,7 +694,9 @@ async fn transfer(
     let done = drive(inner, id, &stages.copy, true, async {
         work.await.map_err(Error::from)
     })
-    .await?;
+    .await;
+    super::relay::end(relay).await;
+    let done = done?;
     let counts = &opened.counts;
     let moved = counts.written.load(Ordering::Relaxed) + counts.zeroed.load(Ordering::Relaxed);
     inner
