@@ -58,9 +58,8 @@ async fn open_backup_source(
     let options = source_options(ferry_endpoints::CacheMode::default(), settings);
     let (bytes, layer) = open_bytes(&inner.opener, &src_spec, &options).await?;
     let source = open_image(
-        bytes,
+        (bytes, layer),
         &spec.image,
-        layer,
         &inner.opener,
         &options,
         &inner.cfg.allow_roots,

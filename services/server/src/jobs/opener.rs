@@ -77,21 +77,21 @@ pub(super) async fn open_bytes(
     Ok((Arc::new(layer), Some(compression)))
 }
 
-/// Opens the image held in a job's source `bytes` as `image` says (`layer`: the bytes
-/// are a registry image's layer, compressed so, holding the disk under /disk/). A qcow2 backing file is
+/// Opens the image held in a job's source bytes as `image` says (`opened`: the bytes, and
+/// when they are a registry image's layer, its compression: the disk is under /disk/). A qcow2 backing file is
 /// followed only when the request allows it, and only to a file under the server's
 /// allowed roots, opened through the job's opener. Both the byte source (by endpoint
 /// `kind`) and the image (by format as well) are metered.
 pub(super) async fn open_image(
-    bytes: Arc<dyn Source>,
+    opened: (Arc<dyn Source>, Option<Detected>),
     image: &ImageSpec,
-    layer: Option<Detected>,
     opener: &Arc<dyn Opener>,
     options: &SourceOptions,
     roots: &AllowRoots,
     metrics: &Metrics,
     kind: &'static str,
 ) -> Result<Arc<dyn Source>> {
+    let (bytes, layer) = opened;
     let backing = if image.allow_backing {
         Backing::Open(Arc::new(RootedBacking {
             opener: opener.clone(),

@@ -583,9 +583,8 @@ pub(super) async fn open_transfer_source(
     let (bytes, layer) = open_pinned_source(inner, id, &src_spec, &mut options).await?;
     let kind = kind_label(src_spec.kind());
     let source = open_image(
-        bytes,
+        (bytes, layer),
         &spec.image,
-        layer,
         &inner.opener,
         &options,
         &inner.cfg.allow_roots,
@@ -735,9 +734,8 @@ async fn checksum(
     let (bytes, layer) = open_pinned_source(inner, id, &source_spec, &mut options).await?;
     let kind = kind_label(source_spec.kind());
     let source = open_image(
-        bytes,
+        (bytes, layer),
         &spec.image,
-        layer,
         &inner.opener,
         &options,
         &inner.cfg.allow_roots,
