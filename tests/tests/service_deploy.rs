@@ -453,6 +453,7 @@ fn the_chart_rbac_is_deploy_operator_rbac() {
     assert_eq!(
         cluster_resources,
         BTreeSet::from([
+            "csinodes",
             "namespaces",
             "nodes",
             "persistentvolumes",
