@@ -35,8 +35,6 @@ use super::strategy::{self, ClaimFacts, ClassFacts, Decision, Facts, SnapshotCla
 /// snapshots).
 const LOOK_AGAIN: Duration = Duration::from_secs(5);
 
-/// The annotation that marks a StorageClass the cluster's default.
-const DEFAULT_CLASS: &str = "storageclass.kubernetes.io/is-default-class";
 /// The annotation that marks a VolumeSnapshotClass its driver's default.
 const DEFAULT_SNAPSHOT_CLASS: &str = "snapshot.storage.kubernetes.io/is-default-class";
 
@@ -280,7 +278,7 @@ pub fn facts(
 ) -> Facts {
     let default_class = classes
         .iter()
-        .find(|c| annotated(&c.metadata.annotations, DEFAULT_CLASS))
+        .find(|c| annotated(&c.metadata.annotations, crate::fanout::facts::DEFAULT_CLASS))
         .and_then(|c| c.metadata.name.clone());
     let source = source.map(|pvc| {
         let spec = pvc.spec.clone().unwrap_or_default();

@@ -154,7 +154,28 @@ pub async fn write_status<K: MoverKind>(
     based_on: &K,
     status: &K::Status,
 ) -> Result<K, Error> {
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), &ids.namespace);
+    let mut written = apply_status(ctx, &ids.namespace, &ids.name, based_on, status).await?;
+    based_on.keep_lookups(&mut written);
+    Ok(written)
+}
+
+/// Applies `status` to the namespaced object `name` (any kind with a status subresource),
+/// as the operator's field manager, based on `based_on`'s resource version; returns the
+/// object as written.
+pub async fn apply_status<K>(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    based_on: &K,
+    status: &impl Serialize,
+) -> Result<K, Error>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + Debug
+        + DeserializeOwned,
+{
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
     let mut body = serde_json::json!({
         "apiVersion": K::api_version(&()),
         "kind": K::kind(&()),
@@ -163,13 +184,11 @@ pub async fn write_status<K: MoverKind>(
     if let Some(version) = &based_on.meta().resource_version {
         body["metadata"] = serde_json::json!({ "resourceVersion": version });
     }
-    let mut written = api
+    Ok(api
         .patch_status(
-            &ids.name,
+            name,
             &PatchParams::apply(MANAGER).force(),
             &Patch::Apply(body),
         )
-        .await?;
-    based_on.keep_lookups(&mut written);
-    Ok(written)
+        .await?)
 }

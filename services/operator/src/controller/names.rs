@@ -10,8 +10,13 @@ const MAX_NAME: usize = 63;
 /// (`ft`, `fcs`): `<name>-<short>-<attempt>`, or, when that is too long, a prefix of the
 /// name with the uid's first 8 characters to keep it unique.
 pub fn mover_pod(short: &str, name: &str, uid: &str, attempt: u32) -> String {
-    let suffix = format!("-{short}-{attempt}");
-    if name.len() + suffix.len() <= MAX_NAME {
+    bounded(name, uid, &format!("-{short}-{attempt}"), MAX_NAME)
+}
+
+/// `<name><suffix>`, or, when that is longer than `max`, a prefix of the name with the
+/// uid's first 8 characters to keep it unique.
+pub fn bounded(name: &str, uid: &str, suffix: &str, max: usize) -> String {
+    if name.len() + suffix.len() <= max {
         return format!("{name}{suffix}");
     }
     let uid: String = uid
@@ -19,7 +24,7 @@ pub fn mover_pod(short: &str, name: &str, uid: &str, attempt: u32) -> String {
         .filter(char::is_ascii_alphanumeric)
         .take(8)
         .collect();
-    let keep = MAX_NAME - suffix.len() - uid.len() - 1;
+    let keep = max - suffix.len() - uid.len() - 1;
     let prefix = name[..keep.min(name.len())].trim_end_matches(['-', '.']);
     format!("{prefix}-{uid}{suffix}")
 }

@@ -27,20 +27,7 @@ const MAX_NAME: usize = 253;
 
 /// The child Transfer of group `index` of `parent` (uid `uid`): `<parent>-g<index>`.
 pub fn child_name(parent: &str, uid: &str, index: usize) -> String {
-    let suffix = format!("-g{index}");
-    if parent.len() + suffix.len() <= MAX_NAME {
-        return format!("{parent}{suffix}");
-    }
-    let uid: String = uid
-        .chars()
-        .filter(char::is_ascii_alphanumeric)
-        .take(8)
-        .collect();
-    let keep = MAX_NAME - suffix.len() - uid.len() - 1;
-    format!(
-        "{}-{uid}{suffix}",
-        parent[..keep].trim_end_matches(['-', '.'])
-    )
+    crate::controller::names::bounded(parent, uid, &format!("-g{index}"), MAX_NAME)
 }
 
 /// Target `index` of `spec`: the listed ones first, then the generated ones.

@@ -150,6 +150,37 @@ pub fn worth_writing(before: &TransferStatus, next: &TransferStatus) -> bool {
     b.done_bytes.abs_diff(a.done_bytes) >= step || a.total_bytes != b.total_bytes
 }
 
+/// The status that records `fan_out`, Running, and its message ("N targets in G mover
+/// groups over K nodes").
+pub fn planned(
+    obj: &Transfer,
+    status: &TransferStatus,
+    fan_out: crate::crd::FanOutStatus,
+) -> (TransferStatus, String) {
+    let nodes: std::collections::BTreeSet<&str> = fan_out
+        .groups
+        .iter()
+        .filter_map(|g| g.node.as_deref())
+        .collect();
+    let message = format!(
+        "{} targets in {} mover groups over {} nodes",
+        fan_out.targets,
+        fan_out.groups.len(),
+        nodes.len()
+    );
+    let mut next = status.clone();
+    next.fan_out = Some(fan_out);
+    next.clone_strategy.get_or_insert_with(|| "copy".into());
+    let next = mover_plan::with_life(obj, &next, |l| {
+        l.phase = Phase::Running;
+        l.message = None;
+        l.start_time.get_or_insert_with(now);
+        l.set_condition(RUNNING, true, FANNING_OUT, &message);
+        l.set_condition(READY, false, FANNING_OUT, &message);
+    });
+    (next, message)
+}
+
 /// Plans the groups once and records the plan.
 async fn plan_groups(
     ctx: &Context,
@@ -181,27 +212,7 @@ async fn plan_groups(
     let rooms = facts::rooms(&nodes, &csinodes, &attachments, driver, &placement);
     match super::plan(obj, &ids.uid, &rooms, source_shared) {
         Ok(fan_out) => {
-            let nodes: std::collections::BTreeSet<&str> = fan_out
-                .groups
-                .iter()
-                .filter_map(|g| g.node.as_deref())
-                .collect();
-            let message = format!(
-                "{} targets in {} mover groups over {} nodes",
-                fan_out.targets,
-                fan_out.groups.len(),
-                nodes.len()
-            );
-            let mut next = status.clone();
-            next.fan_out = Some(fan_out.clone());
-            next.clone_strategy.get_or_insert_with(|| "copy".into());
-            let next = mover_plan::with_life(obj, &next, |l| {
-                l.phase = Phase::Running;
-                l.message = None;
-                l.start_time.get_or_insert_with(now);
-                l.set_condition(RUNNING, true, FANNING_OUT, &message);
-                l.set_condition(READY, false, FANNING_OUT, &message);
-            });
+            let (next, message) = planned(obj, status, fan_out);
             write_status(ctx, ids, obj, &next).await?;
             ctx.event(obj, false, "FanOutPlanned", &message).await;
             Ok(Action::requeue(Duration::ZERO))

@@ -6,17 +6,18 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use k8s_openapi::jiff::Timestamp;
 use kube::api::ObjectMeta;
 use kube::Resource;
 use sha2::{Digest, Sha256};
 
+use crate::controller::life::Life;
 use crate::crd::{
     ClaimRetention, GoldenImage, GoldenImageStatus, ImportRecord, Importing, Phase, PvcTemplate,
     Transfer, TransferSpec, TransferTarget,
 };
 use crate::mover::pod::labels;
+use crate::schedule::reconcile::from_time;
+pub(crate) use crate::schedule::reconcile::to_time;
 
 /// The label naming an import's GoldenImage by uid.
 pub const GOLDEN_IMAGE_UID: &str = "ferry.dev/golden-image";
@@ -52,23 +53,13 @@ pub enum Step {
     Wait(DateTime<Utc>),
 }
 
-fn to_chrono(t: &Time) -> DateTime<Utc> {
-    DateTime::from_timestamp(t.0.as_second(), t.0.subsec_nanosecond().max(0) as u32)
-        .unwrap_or_default()
-}
-
-/// A Kubernetes time of `t`.
-pub fn to_time(t: DateTime<Utc>) -> Time {
-    Time(Timestamp::from_second(t.timestamp()).unwrap_or(Timestamp::UNIX_EPOCH))
-}
-
 /// The next step: an import under way is followed; a poll is due when none was made or
 /// the next poll time passed.
 pub fn next(status: &GoldenImageStatus, now: DateTime<Utc>) -> Step {
     if let Some(importing) = &status.importing {
         return Step::Follow(importing.clone());
     }
-    match status.next_poll_time.as_ref().map(to_chrono) {
+    match status.next_poll_time.as_ref().map(from_time) {
         Some(at) if at > now => Step::Wait(at),
         _ => Step::Poll,
     }
@@ -327,29 +318,16 @@ pub fn after_import(
     }
 }
 
-/// Sets a condition; its transition time changes only when its status does.
+/// Sets a condition; its transition time changes only when its status does (the mover
+/// kinds' bookkeeping, [`Life::set_condition`]).
 pub fn set(status: &mut GoldenImageStatus, type_: &str, value: bool, reason: &str, message: &str) {
-    let value = if value { "True" } else { "False" }.to_string();
-    let generation = status.observed_generation;
-    match status.conditions.iter_mut().find(|c| c.type_ == type_) {
-        Some(c) => {
-            if c.status != value {
-                c.last_transition_time = crate::controller::life::now();
-            }
-            c.status = value;
-            c.reason = reason.to_string();
-            c.message = message.to_string();
-            c.observed_generation = generation;
-        }
-        None => status.conditions.push(Condition {
-            type_: type_.to_string(),
-            status: value,
-            reason: reason.to_string(),
-            message: message.to_string(),
-            last_transition_time: crate::controller::life::now(),
-            observed_generation: generation,
-        }),
-    }
+    let mut life = Life {
+        conditions: std::mem::take(&mut status.conditions),
+        observed_generation: status.observed_generation,
+        ..Life::default()
+    };
+    life.set_condition(type_, value, reason, message);
+    status.conditions = life.conditions;
 }
 
 #[cfg(test)]

@@ -17,20 +17,19 @@ use std::time::Duration;
 use chrono::Utc;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 
 use crate::controller::context::Context;
 use crate::controller::error::Error;
+use crate::controller::kind::apply_status;
 use crate::crd::{GoldenImage, GoldenImageStatus, Transfer};
 
 use super::plan::{self, condition, AfterPoll, Ended, Step};
 use super::probe;
 
-/// The field manager of status writes.
-const MANAGER: &str = "ferry-operator";
 /// How often an import under way is looked at when nothing wakes it.
 const FOLLOW_AGAIN: Duration = Duration::from_secs(60);
 
@@ -115,13 +114,8 @@ pub async fn reconcile(obj: Arc<GoldenImage>, ctx: Arc<Context>) -> Result<Actio
                 Ended::Succeeded => (false, "Imported"),
                 _ => (true, condition::IMPORT_FAILED),
             };
-            let text = next
-                .conditions
-                .iter()
-                .find(|c| c.type_ == condition::PROGRESSING)
-                .map(|c| c.message.clone())
-                .unwrap_or_default();
-            ctx.event(obj.as_ref(), warning, reason, &text).await;
+            ctx.event(obj.as_ref(), warning, reason, &progressing(&next))
+                .await;
             Ok(Action::requeue(Duration::ZERO))
         }
         Step::Poll => {
@@ -164,14 +158,13 @@ pub async fn reconcile(obj: Arc<GoldenImage>, ctx: Arc<Context>) -> Result<Actio
                         Err(e) => return Err(e.into()),
                     }
                     write(&ctx, &obj, &status, &next).await?;
-                    let text = next
-                        .conditions
-                        .iter()
-                        .find(|c| c.type_ == condition::PROGRESSING)
-                        .map(|c| c.message.clone())
-                        .unwrap_or_default();
-                    ctx.event(obj.as_ref(), false, condition::IMPORTING, &text)
-                        .await;
+                    ctx.event(
+                        obj.as_ref(),
+                        false,
+                        condition::IMPORTING,
+                        &progressing(&next),
+                    )
+                    .await;
                 }
             }
             Ok(Action::requeue(Duration::ZERO))
@@ -198,21 +191,17 @@ async fn write(
     if crate::controller::life::same_status(before, next) {
         return Ok(());
     }
-    let api: Api<GoldenImage> =
-        Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
-    let mut body = serde_json::json!({
-        "apiVersion": "ferry.dev/v1alpha1",
-        "kind": "GoldenImage",
-        "status": next,
-    });
-    if let Some(version) = &obj.metadata.resource_version {
-        body["metadata"] = serde_json::json!({ "resourceVersion": version });
-    }
-    api.patch_status(
-        &obj.name_any(),
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(body),
-    )
-    .await?;
+    let namespace = obj.namespace().unwrap_or_default();
+    apply_status::<GoldenImage>(ctx, &namespace, &obj.name_any(), obj, next).await?;
     Ok(())
+}
+
+/// The Progressing condition's message (what an event repeats).
+fn progressing(status: &GoldenImageStatus) -> String {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::PROGRESSING)
+        .map(|c| c.message.clone())
+        .unwrap_or_default()
 }

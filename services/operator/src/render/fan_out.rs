@@ -4,14 +4,11 @@
 //! group created, which render then plans like any Transfer (its claims, token Secret,
 //! NetworkPolicy and mover pod).
 
-use std::collections::BTreeSet;
-
 use crate::controller::finalizer::FINALIZER;
-use crate::controller::life::{now, HasLife};
+use crate::controller::life::HasLife;
 use crate::controller::plan;
-use crate::crd::status::condition::{READY, RUNNING};
-use crate::crd::{Phase, Transfer};
-use crate::fanout::{self, children, facts, reconcile::FANNING_OUT};
+use crate::crd::Transfer;
+use crate::fanout::{self, children, facts, reconcile};
 
 use super::{made_up_uid, Look, Options, Resource, World};
 
@@ -67,37 +64,16 @@ pub(crate) fn look(
     );
     match fanout::plan(t, &uid, &rooms, source_shared) {
         Ok(fan_out) => {
-            let nodes: BTreeSet<&str> = fan_out
-                .groups
-                .iter()
-                .filter_map(|g| g.node.as_deref())
-                .collect();
-            let message = format!(
-                "{} targets in {} mover groups over {} nodes",
-                fan_out.targets,
-                fan_out.groups.len(),
-                nodes.len()
-            );
-            let note = format!(
-                "Running (copy): {message}; the origin is read by {} movers",
-                fan_out.groups.len()
-            );
             for group in &fan_out.groups {
                 let mut child = children::child(t, &uid, group);
                 world.create(&child);
                 child.metadata.uid = Some(made_up_uid(6, world.spawned.len()));
                 world.spawned.push(Resource::Transfer(Box::new(child)));
             }
-            let mut next = status.clone();
-            next.fan_out = Some(fan_out);
-            next.clone_strategy.get_or_insert_with(|| "copy".into());
-            let next = plan::with_life(t, &next, |l| {
-                l.phase = Phase::Running;
-                l.start_time.get_or_insert_with(now);
-                l.set_condition(RUNNING, true, FANNING_OUT, &message);
-                l.set_condition(READY, false, FANNING_OUT, &message);
-            });
+            let movers = fan_out.groups.len();
+            let (next, message) = reconcile::planned(t, &status, fan_out);
             t.status = Some(next);
+            let note = format!("Running (copy): {message}; the origin is read by {movers} movers");
             Some((Look::Started, note))
         }
         Err(e) => {

@@ -67,7 +67,7 @@ pub(crate) fn to_time(t: DateTime<Utc>) -> Time {
     Time(Timestamp::from_millisecond(t.timestamp_millis()).unwrap_or(Timestamp::UNIX_EPOCH))
 }
 
-fn from_time(t: &Time) -> DateTime<Utc> {
+pub(crate) fn from_time(t: &Time) -> DateTime<Utc> {
     DateTime::from_timestamp_millis(t.0.as_millisecond()).unwrap_or_default()
 }
 
