@@ -55,23 +55,19 @@ fn csinode(name: &str, count: u32) -> Value {
            "spec": {"drivers": [{"name": DRIVER, "nodeID": name, "allocatable": {"count": count}}]}})
 }
 
-/// The facts the plan reads, in the reconciler's order.
-async fn facts_read(h: &mut Harness, limit: u32) {
+/// The facts the plan reads, in the reconciler's order: `nodes` whose driver attaches
+/// `limit` volumes each, one volume attached on node-a, the WaitForFirstConsumer class.
+async fn facts_read(h: &mut Harness, nodes: &[&str], limit: u32) {
+    let (ready, csinodes): (Vec<Value>, Vec<Value>) =
+        nodes.iter().map(|n| (node(n), csinode(n, limit))).unzip();
     h.server
-        .expect(
-            "GET",
-            "/api/v1/nodes",
-            list("Node", json!([node("node-a"), node("node-b")])),
-        )
+        .expect("GET", "/api/v1/nodes", list("Node", json!(ready)))
         .await;
     h.server
         .expect(
             "GET",
             "/apis/storage.k8s.io/v1/csinodes",
-            list(
-                "CSINode",
-                json!([csinode("node-a", limit), csinode("node-b", limit)]),
-            ),
+            list("CSINode", json!(csinodes)),
         )
         .await;
     h.server
@@ -126,7 +122,7 @@ async fn a_rollout_is_planned_by_attach_room_and_its_groups_become_child_transfe
 
     // 1. The plan: node-b has 3 free slots, node-a 2 (one attached): 3 + 2.
     let task = tokio::spawn(reconcile_transfer(transfer(&object), h.ctx.clone()));
-    facts_read(&mut h, 3).await;
+    facts_read(&mut h, &["node-a", "node-b"], 3).await;
     let seen = h
         .server
         .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
@@ -275,44 +271,7 @@ async fn without_attach_room_the_rollout_waits_and_says_why() {
     let object = transfer_json();
     let task = tokio::spawn(reconcile_transfer(transfer(&object), h.ctx.clone()));
     // node-a's one slot is taken: the claims can attach nowhere.
-    h.server
-        .expect(
-            "GET",
-            "/api/v1/nodes",
-            list("Node", json!([node("node-a")])),
-        )
-        .await;
-    h.server
-        .expect(
-            "GET",
-            "/apis/storage.k8s.io/v1/csinodes",
-            list("CSINode", json!([csinode("node-a", 1)])),
-        )
-        .await;
-    h.server
-        .expect(
-            "GET",
-            "/apis/storage.k8s.io/v1/volumeattachments",
-            list(
-                "VolumeAttachment",
-                json!([{"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
-                "metadata": {"name": "va-1"},
-                "spec": {"attacher": DRIVER, "nodeName": "node-a",
-                         "source": {"persistentVolumeName": "pv-other"}}}]),
-            ),
-        )
-        .await;
-    h.server
-        .expect(
-            "GET",
-            "/apis/storage.k8s.io/v1/storageclasses",
-            list(
-                "StorageClass",
-                json!([{"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
-                "metadata": {"name": "local"}, "provisioner": DRIVER}]),
-            ),
-        )
-        .await;
+    facts_read(&mut h, &["node-a"], 1).await;
     let seen = h
         .server
         .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
