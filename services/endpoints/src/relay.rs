@@ -10,7 +10,8 @@
 //! known prefix of a range otherwise. [`Relay::wrap`] watches the backing target: a write
 //! that fails there, or the copy's abort (failure, cancellation), fails every waiting and
 //! later read with EIO. After the copy, the finished image is served until every client
-//! has disconnected or the linger time has passed ([`Relay::end`]).
+//! has disconnected and none has come for the idle time (for clients that start late), or
+//! the linger time has passed ([`Relay::end`]).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
@@ -45,6 +46,10 @@ pub struct RelayOptions {
     pub wait: Duration,
     /// How long the finished image is served at most while clients are still connected.
     pub linger: Duration,
+    /// How long the finished image is still served with no client connected, for clients
+    /// that have not come yet (zero: it closes as soon as none is connected). Bounded by
+    /// `linger`.
+    pub idle: Duration,
 }
 
 /// Default of [`RelayOptions::wait`].
@@ -360,7 +365,7 @@ impl Relay {
         let export = Export::bind_backend(backend, &options.export).await?;
         let uri = export.uri().to_string();
         let server = export.server();
-        let linger = options.linger;
+        let (linger, idle) = (options.linger, options.idle);
         let shutdown = {
             let (state, server) = (state.clone(), server.clone());
             async move {
@@ -369,7 +374,17 @@ impl Relay {
                     return;
                 }
                 let deadline = tokio::time::Instant::now() + linger;
-                while server.connections() > 0 && tokio::time::Instant::now() < deadline {
+                let mut last_seen = tokio::time::Instant::now();
+                loop {
+                    let now = tokio::time::Instant::now();
+                    if server.connections() > 0 {
+                        last_seen = now;
+                    } else if now >= last_seen + idle {
+                        break;
+                    }
+                    if now >= deadline {
+                        break;
+                    }
                     tokio::time::sleep(LINGER_POLL).await;
                 }
             }

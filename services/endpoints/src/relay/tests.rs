@@ -8,6 +8,10 @@ use crate::export::ExportListen;
 const SIZE: u64 = 64 * 1024;
 
 async fn relay(dir: &tempfile::TempDir, wait: Duration) -> (Relay, PathBuf) {
+    relay_idle(dir, wait, Duration::ZERO).await
+}
+
+async fn relay_idle(dir: &tempfile::TempDir, wait: Duration, idle: Duration) -> (Relay, PathBuf) {
     let path = dir.path().join("backing.raw");
     std::fs::write(&path, vec![0u8; SIZE as usize]).unwrap();
     let options = RelayOptions {
@@ -22,6 +26,7 @@ async fn relay(dir: &tempfile::TempDir, wait: Duration) -> (Relay, PathBuf) {
         },
         wait,
         linger: Duration::from_secs(1),
+        idle,
     };
     (Relay::start(&path, SIZE, &options).await.unwrap(), path)
 }
@@ -139,6 +144,40 @@ async fn a_finished_copy_serves_everything_and_ends_without_clients() {
     assert!(
         started.elapsed() < Duration::from_secs(1),
         "no client: no linger"
+    );
+}
+
+#[tokio::test]
+async fn a_finished_copy_waits_the_idle_time_for_late_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let idle = Duration::from_millis(700);
+    let (relay, path) = relay_idle(&dir, Duration::from_secs(30), idle).await;
+    let target = relay.wrap(Arc::new(
+        crate::file::FileTarget::open(&path, SIZE, &crate::TargetOptions::default())
+            .await
+            .unwrap(),
+    ));
+    relay.written().written(0, SIZE, false);
+    target.finish().await.unwrap();
+    let address = relay
+        .uri()
+        .trim_start_matches("nbd://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let started = std::time::Instant::now();
+    let ending = tokio::spawn(relay.end());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A client that comes after the copy, within the idle time, still finds the relay.
+    tokio::net::TcpStream::connect(&address)
+        .await
+        .expect("the relay still listens during its idle time");
+    ending.await.unwrap();
+    let took = started.elapsed();
+    assert!(
+        took >= idle && took < Duration::from_secs(1) + idle,
+        "the relay ended after {took:?}, its idle time {idle:?} (linger 1 s)"
     );
 }
 

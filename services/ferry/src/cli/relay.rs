@@ -44,6 +44,10 @@ pub struct RelayArgs {
     /// before it fails, in seconds [default: 60].
     #[arg(long, value_name = "SECS", requires = "relay_listen")]
     pub relay_wait: Option<u64>,
+    /// After the copy, keep serving this many seconds with no client connected, for
+    /// clients that start late (bounded by --relay-linger) [default: 0].
+    #[arg(long, value_name = "SECS", requires = "relay_listen")]
+    pub relay_idle: Option<u64>,
 }
 
 fn parse_listen(text: &str) -> Result<ExportListen, String> {
@@ -73,6 +77,7 @@ impl RelayArgs {
             linger: self
                 .relay_linger
                 .map_or(DEFAULT_LINGER, Duration::from_secs),
+            idle: Duration::from_secs(self.relay_idle.unwrap_or(0)),
         })
     }
 }

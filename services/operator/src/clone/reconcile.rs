@@ -44,6 +44,10 @@ pub async fn reconcile_transfer(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result
         crate::golden::source::Resolved::Ready(obj) => obj,
         crate::golden::source::Resolved::Done(action) => return Ok(action),
     };
+    let obj = match crate::fanout::relay::resolve(obj, &ctx).await? {
+        crate::fanout::relay::Resolved::Ready(obj) => obj,
+        crate::fanout::relay::Resolved::Done(action) => return Ok(action),
+    };
     let status = obj.status.clone().unwrap_or_default();
     let common = obj.metadata.deletion_timestamp.is_some()
         || !finalizer::has(obj.as_ref())

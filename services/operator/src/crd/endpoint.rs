@@ -108,6 +108,10 @@ pub struct NbdOptions {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub tls_secret_name: Option<String>,
+    /// Authenticate with the mover's own certificate and trust only the movers' CA: for
+    /// reading another ferry mover's relay (the operator sets it on fan-out groups).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mover_certificate: Option<bool>,
 }
 
 /// Options of `iscsi://` endpoints.
@@ -366,6 +370,22 @@ impl Endpoint {
                 return Err(invalid(
                     &format!("{field}.nbd.tlsSecretName"),
                     "TLS certificates need an nbds:// URL",
+                ));
+            }
+        }
+        if self.nbd.as_ref().and_then(|n| n.mover_certificate) == Some(true) {
+            let field = format!("{field}.nbd.moverCertificate");
+            if !url.to_ascii_lowercase().starts_with("nbds") {
+                return Err(invalid(&field, "the movers' TLS needs an nbds:// URL"));
+            }
+            if self
+                .nbd
+                .as_ref()
+                .is_some_and(|n| n.tls_secret_name.is_some())
+            {
+                return Err(invalid(
+                    &field,
+                    "give tlsSecretName or moverCertificate, not both",
                 ));
             }
         }
@@ -780,8 +800,20 @@ mod tests {
         let mut e = Endpoint::url("nbd://host/export");
         e.nbd = Some(NbdOptions {
             tls_secret_name: Some("certs".into()),
+            ..NbdOptions::default()
         });
         assert!(err(&e).contains("nbds://"));
+        e.nbd = Some(NbdOptions {
+            mover_certificate: Some(true),
+            ..NbdOptions::default()
+        });
+        assert!(err(&e).contains("the movers' TLS needs an nbds:// URL"));
+        let mut e = Endpoint::url("nbds://host/export");
+        e.nbd = Some(NbdOptions {
+            tls_secret_name: Some("certs".into()),
+            mover_certificate: Some(true),
+        });
+        assert!(err(&e).contains("not both"));
         let mut e = Endpoint::url("nfs://h/e/f?version=4");
         e.nfs = Some(NfsOptions::default());
         assert!(err(&e).contains("one place"));

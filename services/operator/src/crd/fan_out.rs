@@ -108,6 +108,42 @@ pub struct FanOut {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 64))]
     pub max_targets_per_mover: Option<u32>,
+    /// Read the source once (default true): the first group's mover serves what it writes
+    /// to the other groups' movers over NBD (mutual TLS with the movers' certificates, port
+    /// 10810), so the source serves about one image's bytes however many groups there are.
+    /// A source claim is never relayed (each group reads it from the storage); `false`:
+    /// every group reads the source itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay: Option<bool>,
+}
+
+/// A fan-out group's part in reading the source once, set by the operator on the child
+/// Transfers of a fan-out: one serves, the others read from it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupRelay {
+    /// Serve the image this Transfer writes into its first claim target to the movers of
+    /// the same fan-out while it is written (and for a while after).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub serve: bool,
+    /// Read the source through the relay of this Transfer (a group of the same fan-out)
+    /// while its mover serves; from the source itself once that Transfer has ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub from: Option<String>,
+}
+
+impl GroupRelay {
+    pub(crate) fn validate(&self, field: &str) -> Result<(), ValidationError> {
+        match (&self.from, self.serve) {
+            (Some(_), true) => Err(invalid(
+                field,
+                "a group either serves its relay or reads another's: give serve or from",
+            )),
+            (None, false) => Err(invalid(field, "give serve: true or from")),
+            _ => Ok(()),
+        }
+    }
 }
 
 impl FanOut {

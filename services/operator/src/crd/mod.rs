@@ -37,7 +37,7 @@ pub use endpoint::{
     NfsOptions, PvcRef, PvcTemplate, S3Options, SecretKeyRef, TargetKey, TransferTarget,
     VolumeMode,
 };
-pub use fan_out::{FanOut, FanOutStatus, GroupStatus, PvcTemplates};
+pub use fan_out::{FanOut, FanOutStatus, GroupRelay, GroupStatus, PvcTemplates};
 pub use golden_image::{GoldenImage, GoldenImageSpec, GoldenImageStatus, ImportRecord, Importing};
 pub use options::{
     CacheMode, ChecksumOptions, CommitOrder, HashAlgorithm, ImageFormat, Preallocation,

@@ -10,7 +10,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::endpoint::{Endpoint, TransferTarget};
-use super::fan_out::{FanOut, FanOutStatus, PvcTemplates};
+use super::fan_out::{FanOut, FanOutStatus, GroupRelay, PvcTemplates};
 use super::options::TransferOptions;
 use super::settings::MoverSettings;
 use super::status::{Checkpoint, Phase, Progress};
@@ -102,6 +102,10 @@ pub struct TransferSpec {
     /// `pvcTemplates` or more than 64 targets; given here, also for fewer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fan_out: Option<FanOut>,
+    /// Set by the operator on the groups of a fan-out: this group serves what it writes to
+    /// the others, or reads the source through another group's relay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay: Option<GroupRelay>,
 }
 
 impl TransferSpec {
@@ -174,6 +178,15 @@ impl TransferSpec {
         }
         if let Some(fan_out) = &self.fan_out {
             fan_out.validate("spec.fanOut")?;
+        }
+        if let Some(relay) = &self.relay {
+            relay.validate("spec.relay")?;
+            if relay.from.is_some() && self.source.pvc.is_some() {
+                return Err(invalid(
+                    "spec.relay.from",
+                    "a source claim is read from the storage, not through a relay",
+                ));
+            }
         }
         let source_pvc = self.source.pvc.as_ref().map(|p| p.name.as_str());
         let mut seen = Vec::with_capacity(self.targets.len());
@@ -306,6 +319,10 @@ pub struct TransferStatus {
     /// it reads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_claim: Option<String>,
+    /// The relay the current mover reads the source through (`nbds://...`, a group of the
+    /// same fan-out), when it does; unset while it reads the source itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_relay: Option<String>,
 }
 
 #[cfg(test)]
@@ -326,6 +343,7 @@ mod tests {
             clone_strategy: None,
             pvc_templates: None,
             fan_out: None,
+            relay: None,
         }
     }
 

@@ -14,7 +14,7 @@ use kube::Resource;
 
 use crate::crd::status::Progress;
 use crate::crd::{
-    CloneStrategy, Digests, FanOutStatus, GroupStatus, MoverSettings, Phase, Transfer,
+    CloneStrategy, Digests, FanOutStatus, GroupRelay, GroupStatus, MoverSettings, Phase, Transfer,
     TransferSpec, TransferTarget,
 };
 use crate::mover::pod::labels;
@@ -41,8 +41,13 @@ pub fn target_at(spec: &TransferSpec, index: u32) -> Option<TransferTarget> {
     (generated < templates.count).then(|| templates.target(generated))
 }
 
-/// The child Transfer of `group`.
-pub fn child(parent: &Transfer, uid: &str, group: &GroupStatus) -> Transfer {
+/// The child Transfer of `group`, with its part in the fan-out's relay.
+pub fn child(
+    parent: &Transfer,
+    uid: &str,
+    group: &GroupStatus,
+    relay: Option<GroupRelay>,
+) -> Transfer {
     let spec = &parent.spec;
     let mut mover: MoverSettings = spec.mover.clone().unwrap_or_default();
     mover.node_name = group.node.clone();
@@ -68,6 +73,7 @@ pub fn child(parent: &Transfer, uid: &str, group: &GroupStatus) -> Transfer {
             clone_strategy: Some(CloneStrategy::Copy),
             pvc_templates: None,
             fan_out: None,
+            relay,
         },
         status: None,
     }
@@ -260,7 +266,7 @@ mod tests {
             "vm-4"
         );
         assert!(target_at(&p.spec, 6).is_none());
-        let child = child(&p, "p-1", &planned().groups[1]);
+        let child = child(&p, "p-1", &planned().groups[1], None);
         let names: Vec<String> = child
             .spec
             .targets

@@ -14,6 +14,7 @@ pub mod children;
 pub mod facts;
 pub mod groups;
 pub mod reconcile;
+pub mod relay;
 
 use crate::crd::fan_out::MAX_GROUP;
 use crate::crd::{FanOutStatus, GroupStatus, Transfer};

@@ -32,7 +32,7 @@ use crate::crd::status::condition::{reason, READY, RUNNING};
 use crate::crd::{Phase, Transfer, TransferStatus};
 
 use super::children::{self, PARENT_UID};
-use super::facts;
+use super::{facts, relay};
 
 /// Children created per reconcile: a rollout of thousands of groups is created in steps,
 /// each a requeue, so other resources' reconciles are not held up.
@@ -60,8 +60,12 @@ pub async fn reconcile(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result<Action, 
         .collect();
     if !missing.is_empty() {
         let api: Api<Transfer> = Api::namespaced(ctx.client.clone(), &ids.namespace);
+        let seed = relay::roles(&obj.spec, &planned, ctx.mover_ca().is_some());
+        let seed_name = seed.map_or("", |i| planned.groups[i].name.as_str());
         for group in &missing {
-            let child = children::child(&obj, &ids.uid, group);
+            let index = planned.groups.iter().position(|g| g.name == group.name);
+            let part = index.and_then(|i| relay::part(i, seed, seed_name));
+            let child = children::child(&obj, &ids.uid, group, part);
             match api.create(&PostParams::default(), &child).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(e)) if e.code == 409 => {}

@@ -213,6 +213,7 @@ pub fn import_transfer(golden: &GoldenImage, claim: &str) -> Transfer {
             clone_strategy: None,
             pvc_templates: None,
             fan_out: None,
+            relay: None,
         },
         status: None,
     }

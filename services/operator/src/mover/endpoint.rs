@@ -56,9 +56,14 @@ fn options(e: &Endpoint) -> Option<proto::endpoint::Options> {
             password: iscsi.password.as_ref().map(wire::secret_ref),
         }));
     }
-    let secret = e.nbd.as_ref()?.tls_secret_name.as_ref()?;
+    let nbd = e.nbd.as_ref()?;
+    let dir = match (&nbd.tls_secret_name, nbd.mover_certificate) {
+        (Some(secret), _) => layout::nbd_tls_dir(secret),
+        (None, Some(true)) => layout::RELAY_TLS_DIR.to_string(),
+        _ => return None,
+    };
     Some(proto::endpoint::Options::Nbd(proto::NbdOptions {
-        tls_certificates_dir: layout::nbd_tls_dir(secret),
+        tls_certificates_dir: dir,
     }))
 }
 
@@ -158,11 +163,23 @@ mod tests {
         let mut nbd = Endpoint::url("nbds://h/e");
         nbd.nbd = Some(crate::crd::NbdOptions {
             tls_secret_name: Some("certs".into()),
+            ..Default::default()
         });
         assert_eq!(
             endpoint(&nbd, &[]).unwrap().options,
             Some(proto::endpoint::Options::Nbd(proto::NbdOptions {
                 tls_certificates_dir: "/var/run/ferry/nbd-tls/certs".into()
+            }))
+        );
+        let mut relay = Endpoint::url("nbds://10.0.0.7:10810/?tls-hostname=g0.vms.mover.ferry.dev");
+        relay.nbd = Some(crate::crd::NbdOptions {
+            mover_certificate: Some(true),
+            ..Default::default()
+        });
+        assert_eq!(
+            endpoint(&relay, &[]).unwrap().options,
+            Some(proto::endpoint::Options::Nbd(proto::NbdOptions {
+                tls_certificates_dir: "/var/run/ferry/relay-tls".into()
             }))
         );
         assert_eq!(

@@ -26,6 +26,18 @@ pub const TLS_KEY_KEY: &str = "tls.key";
 pub const CLIENT_CA_KEY: &str = "ca.crt";
 /// NBD TLS Secrets are mounted at `<NBD_TLS_DIR>/<secret>`.
 pub const NBD_TLS_DIR: &str = "/var/run/ferry/nbd-tls";
+/// The port a fan-out group's relay serves NBD on (see `crate::fanout::relay`).
+pub const RELAY_PORT: i32 = 10810;
+/// The mover's own certificate, its key and the movers' CA, again, in the layout of an NBD
+/// TLS directory (`ca-cert.pem`, `client-cert.pem`, `client-key.pem`): what a relay
+/// serves with and what a group reading one authenticates with.
+pub const RELAY_TLS_DIR: &str = "/var/run/ferry/relay-tls";
+/// The files of [`RELAY_TLS_DIR`] and the token Secret's keys they are projected from.
+pub const RELAY_TLS_FILES: [(&str, &str); 3] = [
+    (CLIENT_CA_KEY, "ca-cert.pem"),
+    (TLS_CERT_KEY, "client-cert.pem"),
+    (TLS_KEY_KEY, "client-key.pem"),
+];
 /// The job store of the mover (an emptyDir: the checkpoint that must survive the pod is
 /// in the resource's status, not here).
 pub const DATA_DIR: &str = "/var/lib/ferry";
@@ -66,4 +78,9 @@ pub fn token_file() -> String {
 /// A key of the token Secret as a file in the mover.
 pub fn auth_file(key: &str) -> String {
     format!("{TOKEN_DIR}/{key}")
+}
+
+/// A file of [`RELAY_TLS_DIR`].
+pub fn relay_tls_file(name: &str) -> String {
+    format!("{RELAY_TLS_DIR}/{name}")
 }

@@ -7,6 +7,10 @@
 //! TCP to the mover's gRPC port from the operator's pods in the operator's namespace and
 //! from nothing else. It selects only movers of its resource, is named after the mover
 //! pod and goes with it. Egress is not restricted: a mover must reach its endpoints.
+//!
+//! A mover that serves a fan-out's relay also admits, on the relay's port, the other
+//! movers of the same fan-out (same namespace, labelled with the fan-out's uid): they
+//! read the image from it, over mutual TLS with their own certificates.
 
 use std::collections::BTreeMap;
 
@@ -18,8 +22,9 @@ use k8s_openapi::api::networking::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::layout::GRPC_PORT;
-use super::pod::labels;
+use super::layout::{GRPC_PORT, RELAY_PORT};
+use super::pod::{labels, RELAY_PORT_NAME};
+use crate::fanout::children::PARENT_UID;
 
 /// The label every namespace carries with its own name (set by the API server).
 const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
@@ -54,6 +59,31 @@ pub fn mover_network_policy(pod: &Pod, operator_namespace: &str) -> NetworkPolic
         }),
         ..NetworkPolicyPeer::default()
     };
+    let tcp = |port: i32| NetworkPolicyPort {
+        port: Some(IntOrString::Int(port)),
+        protocol: Some("TCP".to_string()),
+        ..NetworkPolicyPort::default()
+    };
+    let mut ingress = vec![NetworkPolicyIngressRule {
+        from: Some(vec![operator]),
+        ports: Some(vec![tcp(GRPC_PORT)]),
+    }];
+    if let (true, Some(fan_out)) = (serves_relay(pod), pod_labels.get(PARENT_UID)) {
+        let movers = BTreeMap::from([
+            (labels::COMPONENT.to_string(), "mover".to_string()),
+            (PARENT_UID.to_string(), fan_out.clone()),
+        ]);
+        ingress.push(NetworkPolicyIngressRule {
+            from: Some(vec![NetworkPolicyPeer {
+                pod_selector: Some(LabelSelector {
+                    match_labels: Some(movers),
+                    ..LabelSelector::default()
+                }),
+                ..NetworkPolicyPeer::default()
+            }]),
+            ports: Some(vec![tcp(RELAY_PORT)]),
+        });
+    }
     NetworkPolicy {
         metadata: ObjectMeta {
             name: pod.metadata.name.clone(),
@@ -68,17 +98,20 @@ pub fn mover_network_policy(pod: &Pod, operator_namespace: &str) -> NetworkPolic
                 ..LabelSelector::default()
             }),
             policy_types: Some(vec!["Ingress".to_string()]),
-            ingress: Some(vec![NetworkPolicyIngressRule {
-                from: Some(vec![operator]),
-                ports: Some(vec![NetworkPolicyPort {
-                    port: Some(IntOrString::Int(GRPC_PORT)),
-                    protocol: Some("TCP".to_string()),
-                    ..NetworkPolicyPort::default()
-                }]),
-            }]),
+            ingress: Some(ingress),
             egress: None,
         }),
     }
+}
+
+/// Whether the pod's mover serves a relay (it has the relay's port).
+fn serves_relay(pod: &Pod) -> bool {
+    pod.spec.iter().flat_map(|s| &s.containers).any(|c| {
+        c.ports
+            .iter()
+            .flatten()
+            .any(|p| p.name.as_deref() == Some(RELAY_PORT_NAME))
+    })
 }
 
 #[cfg(test)]

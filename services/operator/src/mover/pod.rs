@@ -47,6 +47,7 @@ use crate::crd::{
     Backup, BackupRepositorySpec, Checksum, Endpoint, MoverSettings, SecretKeyRef, Transfer,
     VolumeMode,
 };
+use crate::fanout::children::PARENT_UID;
 
 /// The non-root user (and group) movers run as: the conventional "nonroot" of distroless
 /// images.
@@ -125,12 +126,26 @@ pub fn transfer_pod(transfer: &Transfer, input: &MoverPodInput<'_>) -> Result<Po
             None => endpoints.push(Attach::Target(&target.endpoint)),
         }
     }
-    build(
+    let serves_relay = transfer.spec.relay.as_ref().is_some_and(|r| r.serve);
+    let mut pod = build(
         Owner::of(transfer, "Transfer")?,
         &endpoints,
         transfer.spec.mover.as_ref(),
         input,
-    )
+        serves_relay,
+    )?;
+    if let Some(uid) = transfer
+        .meta()
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(PARENT_UID))
+    {
+        pod.metadata
+            .labels
+            .get_or_insert_with(BTreeMap::new)
+            .insert(PARENT_UID.to_string(), uid.clone());
+    }
+    Ok(pod)
 }
 
 /// The mover pod of a Checksum.
@@ -141,6 +156,7 @@ pub fn checksum_pod(checksum: &Checksum, input: &MoverPodInput<'_>) -> Result<Po
         &[Attach::Source(&checksum.spec.source)],
         checksum.spec.mover.as_ref(),
         input,
+        false,
     )
 }
 
@@ -173,6 +189,7 @@ pub fn backup_pod(backup: &Backup, input: &MoverPodInput<'_>) -> Result<Pod, Mov
         &endpoints,
         backup.spec.mover.as_ref(),
         input,
+        false,
     )
 }
 
@@ -190,7 +207,7 @@ pub fn restore_pod<K: Resource<DynamicType = ()>>(
     let repo_endpoint = repo.endpoint();
     let mut endpoints = vec![Attach::Source(&repo_endpoint), Attach::Created(target)];
     endpoints.extend(repo.key().map(Attach::Key));
-    build(Owner::of(owner, kind)?, &endpoints, settings, input)
+    build(Owner::of(owner, kind)?, &endpoints, settings, input, false)
 }
 
 /// How an endpoint is attached: read-only for the source, read-write otherwise; a lone
@@ -240,6 +257,10 @@ struct Attachments {
     secrets: BTreeMap<String, BTreeSet<String>>,
     /// NBD TLS Secrets.
     nbd_tls: BTreeSet<String>,
+    /// The mover's own certificate is used for NBD: a relay it serves or reads.
+    relay_tls: bool,
+    /// It serves a relay.
+    relay_port: bool,
 }
 
 impl Attachments {
@@ -279,6 +300,9 @@ impl Attachments {
             {
                 a.nbd_tls.insert(name);
             }
+            if endpoint.nbd.as_ref().and_then(|n| n.mover_certificate) == Some(true) {
+                a.relay_tls = true;
+            }
         }
         Ok(a)
     }
@@ -296,13 +320,18 @@ impl Attachments {
     }
 }
 
+/// The pod; `serves_relay`: its mover serves a fan-out's relay ([`layout::RELAY_PORT`],
+/// with its own certificate).
 fn build(
     owner: Owner,
     endpoints: &[Attach<'_>],
     settings: Option<&MoverSettings>,
     input: &MoverPodInput<'_>,
+    serves_relay: bool,
 ) -> Result<Pod, MoverError> {
-    let attached = Attachments::gather(endpoints, input.pvcs)?;
+    let mut attached = Attachments::gather(endpoints, input.pvcs)?;
+    attached.relay_port = serves_relay;
+    attached.relay_tls = (attached.relay_tls || serves_relay) && input.tls;
     let defaults = input.defaults;
     let settings = settings.cloned().unwrap_or_default();
     let mut node_selector = defaults.node_selector.clone();
@@ -405,6 +434,9 @@ fn args(attached: &Attachments, tls: bool) -> Vec<String> {
     for secret in &attached.nbd_tls {
         args.extend(["--allow-root".into(), layout::nbd_tls_dir(secret)]);
     }
+    if attached.relay_tls {
+        args.extend(["--allow-root".into(), layout::RELAY_TLS_DIR.into()]);
+    }
     args.extend(
         [
             "--data-dir",
@@ -459,18 +491,30 @@ fn container(
             true,
         ));
     }
+    if attached.relay_tls {
+        mounts.push(mount(RELAY_TLS_VOLUME, layout::RELAY_TLS_DIR, true));
+    }
+    let mut ports = vec![ContainerPort {
+        name: Some("grpc".into()),
+        container_port: GRPC_PORT,
+        protocol: Some("TCP".into()),
+        ..ContainerPort::default()
+    }];
+    if attached.relay_port {
+        ports.push(ContainerPort {
+            name: Some(RELAY_PORT_NAME.into()),
+            container_port: layout::RELAY_PORT,
+            protocol: Some("TCP".into()),
+            ..ContainerPort::default()
+        });
+    }
     Container {
         name: "mover".into(),
         image: Some(defaults.image.clone()),
         image_pull_policy: defaults.image_pull_policy.clone(),
         command: Some(vec![layout::COMMAND.into()]),
         args: Some(args(attached, tls)),
-        ports: Some(vec![ContainerPort {
-            name: Some("grpc".into()),
-            container_port: GRPC_PORT,
-            protocol: Some("TCP".into()),
-            ..ContainerPort::default()
-        }]),
+        ports: Some(ports),
         readiness_probe: Some(Probe {
             grpc: Some(GRPCAction {
                 port: GRPC_PORT,
@@ -503,6 +547,11 @@ fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
 fn pvc_volume(i: usize) -> String {
     format!("pvc-{i}")
 }
+
+/// The volume of [`layout::RELAY_TLS_DIR`].
+const RELAY_TLS_VOLUME: &str = "relay-tls";
+/// The name of the relay's container port (the NetworkPolicy opens it to the fan-out).
+pub const RELAY_PORT_NAME: &str = "nbd-relay";
 
 fn nbd_tls_volume(i: usize) -> String {
     format!("nbd-tls-{i}")
@@ -558,6 +607,21 @@ fn volumes(attached: &Attachments, token_secret: &str, tls: bool) -> Vec<Volume>
     }
     for (i, secret) in attached.nbd_tls.iter().enumerate() {
         volumes.push(secret_volume(nbd_tls_volume(i), secret, None));
+    }
+    if attached.relay_tls {
+        let items = layout::RELAY_TLS_FILES
+            .iter()
+            .map(|(key, path)| KeyToPath {
+                key: (*key).into(),
+                path: (*path).into(),
+                mode: None,
+            })
+            .collect();
+        volumes.push(secret_volume(
+            RELAY_TLS_VOLUME.into(),
+            token_secret,
+            Some(items),
+        ));
     }
     volumes
 }
@@ -739,6 +803,7 @@ mod tests {
             clone_strategy: None,
             pvc_templates: None,
             fan_out: None,
+            relay: None,
         };
         let mut t = Transfer::new("import", spec);
         t.metadata = meta();
@@ -1018,6 +1083,7 @@ mod tests {
         let mut source = Endpoint::url("nbds://nbd.storage/export");
         source.nbd = Some(crate::crd::NbdOptions {
             tls_secret_name: Some("nbd-certs".into()),
+            ..Default::default()
         });
         let mut t = Transfer::new(
             "import",
@@ -1034,6 +1100,7 @@ mod tests {
                 clone_strategy: None,
                 pvc_templates: None,
                 fan_out: None,
+                relay: None,
             },
         );
         t.metadata = meta();

@@ -16,7 +16,7 @@ use ferry_api::proto;
 use kube::Resource;
 
 use super::endpoint::{claim_image, endpoint};
-use super::{find_pvc, wire, MoverError, ResolvedPvc};
+use super::{find_pvc, layout, wire, MoverError, ResolvedPvc};
 use crate::crd::{
     Checkpoint, Checksum, ChecksumOptions, Transfer, TransferOptions, ValidationError,
 };
@@ -64,6 +64,22 @@ pub fn transfer_request(
             None => endpoint(&target.endpoint, pvcs)?,
         });
     }
+    if transfer.spec.relay.as_ref().is_some_and(|r| r.serve) {
+        let claim = |i: &usize| {
+            transfer
+                .spec
+                .targets
+                .get(*i)
+                .is_some_and(|t| t.pvc_template.is_some() || t.endpoint.pvc.is_some())
+        };
+        if let Some(at) = indexes
+            .iter()
+            .filter(|&&i| i < transfer.spec.targets.len())
+            .position(claim)
+        {
+            targets[at].relay = Some(relay_serving());
+        }
+    }
     let mut targets = targets.into_iter();
     let target = targets.next().ok_or_else(|| {
         MoverError::Invalid(ValidationError {
@@ -91,6 +107,29 @@ pub fn transfer_request(
         refuse_if_target_busy: true,
         resume_from: resume_from.map(wire::checkpoint),
     })
+}
+
+/// After its copy, how long a fan-out's relay keeps serving with no group connected, for
+/// groups whose movers start late.
+pub const RELAY_IDLE_SECONDS: u32 = 120;
+/// How long the relay serves the finished image at most while groups still read it.
+pub const RELAY_LINGER_SECONDS: u32 = 6 * 3600;
+/// How long a group's read of a range the relay's copy has not written yet waits.
+pub const RELAY_WAIT_SECONDS: u32 = 600;
+
+/// The relay of a fan-out's serving group: on every address at [`layout::RELAY_PORT`],
+/// mutual TLS with the mover's own certificate, accepting only movers of the operator's CA.
+pub fn relay_serving() -> proto::RelayOptions {
+    proto::RelayOptions {
+        listen: format!("0.0.0.0:{}", layout::RELAY_PORT),
+        name: String::new(),
+        tls_cert: layout::relay_tls_file("client-cert.pem"),
+        tls_key: layout::relay_tls_file("client-key.pem"),
+        tls_ca: layout::relay_tls_file("ca-cert.pem"),
+        linger_seconds: RELAY_LINGER_SECONDS,
+        wait_seconds: RELAY_WAIT_SECONDS,
+        idle_seconds: RELAY_IDLE_SECONDS,
+    }
 }
 
 /// The request of a Checksum.
@@ -216,6 +255,7 @@ mod tests {
             clone_strategy: None,
             pvc_templates: None,
             fan_out: None,
+            relay: None,
         };
         let t = stored(Transfer::new("x", spec));
         let pvcs = [
@@ -347,6 +387,7 @@ mod tests {
             clone_strategy: None,
             pvc_templates: None,
             fan_out: None,
+            relay: None,
         };
         let t = stored(Transfer::new("x", spec));
         let pvcs = [

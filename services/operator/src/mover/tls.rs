@@ -10,8 +10,9 @@
 //!
 //! A mover's certificate names `<pod>.<namespace>.mover.ferry.dev` (the operator dials a
 //! pod IP, and checks that name instead: an IP is not known before the pod runs), is valid
-//! for [`MOVER_VALIDITY`] and for serving only; the operator's client certificate for
-//! [`CLIENT_VALIDITY`] and for client authentication only. Nothing here does I/O.
+//! for [`MOVER_VALIDITY`], for serving and, toward another mover's relay (a fan-out), for
+//! client authentication; the operator's client certificate for [`CLIENT_VALIDITY`] and
+//! for client authentication only. Nothing here does I/O.
 
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
@@ -132,13 +133,19 @@ impl MoverCa {
         self.key.serialize_pem()
     }
 
-    /// A serving certificate for the mover pod `pod` in `namespace`.
+    /// The certificate of the mover pod `pod` in `namespace`: it serves gRPC (and a
+    /// fan-out's relay) with it, and a fan-out group authenticates with it to the relay it
+    /// reads. A client certificate alone does not open another mover's job service: that
+    /// also takes the other mover's own bearer token.
     pub fn issue_mover(&self, pod: &str, namespace: &str) -> Result<Issued, TlsError> {
         let mut params = CertificateParams::new(vec![mover_server_name(pod, namespace)])?;
         params
             .distinguished_name
             .push(DnType::CommonName, mover_server_name(pod, namespace));
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
         self.issue(params, MOVER_VALIDITY)
     }
 

@@ -139,6 +139,7 @@ pub fn transfer(ids: &ClaimIds, source: &VolumeImageSource) -> Transfer {
         clone_strategy: None,
         pvc_templates: None,
         fan_out: None,
+        relay: None,
     };
     let mut transfer = Transfer::new(&names::transfer(&ids.name), spec);
     transfer.metadata = ids.meta(names::transfer(&ids.name));

@@ -8,7 +8,7 @@ use crate::controller::finalizer::FINALIZER;
 use crate::controller::life::HasLife;
 use crate::controller::plan;
 use crate::crd::Transfer;
-use crate::fanout::{self, children, facts, reconcile};
+use crate::fanout::{self, children, facts, reconcile, relay};
 
 use super::{made_up_uid, Look, Options, Resource, World};
 
@@ -64,8 +64,11 @@ pub(crate) fn look(
     );
     match fanout::plan(t, &uid, &rooms, source_shared) {
         Ok(fan_out) => {
-            for group in &fan_out.groups {
-                let mut child = children::child(t, &uid, group);
+            let seed = relay::roles(&t.spec, &fan_out, options.tls);
+            let seed_name = seed.map_or(String::new(), |i| fan_out.groups[i].name.clone());
+            for (i, group) in fan_out.groups.iter().enumerate() {
+                let part = relay::part(i, seed, &seed_name);
+                let mut child = children::child(t, &uid, group, part);
                 world.create(&child);
                 child.metadata.uid = Some(made_up_uid(6, world.spawned.len()));
                 world.spawned.push(Resource::Transfer(Box::new(child)));
@@ -73,7 +76,15 @@ pub(crate) fn look(
             let movers = fan_out.groups.len();
             let (next, message) = reconcile::planned(t, &status, fan_out);
             t.status = Some(next);
-            let note = format!("Running (copy): {message}; the origin is read by {movers} movers");
+            let reads = if seed.is_some() {
+                format!(
+                    "the origin is read once, by {seed_name}, which relays it to the other {} groups",
+                    movers - 1
+                )
+            } else {
+                format!("the origin is read by {movers} movers")
+            };
+            let note = format!("Running (copy): {message}; {reads}");
             Some((Look::Started, note))
         }
         Err(e) => {

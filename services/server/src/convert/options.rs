@@ -269,6 +269,7 @@ fn relay_of(req: &proto::StartTransferRequest) -> Result<Option<(usize, RelayOpt
                 },
                 wait: seconds(r.wait_seconds, DEFAULT_WAIT),
                 linger: seconds(r.linger_seconds, DEFAULT_LINGER),
+                idle: Duration::from_secs(u64::from(r.idle_seconds)),
             },
         ));
     }
