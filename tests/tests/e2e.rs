@@ -18,6 +18,7 @@ mod compressed_cli;
 mod conformance;
 mod container_image;
 mod fan_out;
+mod fan_out_relay;
 mod golden_image;
 mod http_source;
 mod iscsi_client;

@@ -79,10 +79,13 @@ impl Drop for Operator {
 }
 
 fn start(cluster: &Cluster, settings: OperatorSettings) -> Operator {
+    start_with(cluster, settings, Duration::from_millis(300))
+}
+
+/// The operator with movers whose jobs take `after`.
+fn start_with(cluster: &Cluster, settings: OperatorSettings, after: Duration) -> Operator {
     let client = cluster.client_as(&rbac_file(), SERVICE_ACCOUNT);
-    let link = Arc::new(DoneLink {
-        after: Duration::from_millis(300),
-    });
+    let link = Arc::new(DoneLink { after });
     let metrics = Arc::new(OperatorMetrics::new());
     Operator(tokio::spawn(async move {
         // The movers' CA, made and stored as the binary does (its Secret in the
@@ -384,7 +387,10 @@ async fn a_mover_of_a_claim_in_use_lands_on_the_node_of_its_user() {
 /// one mover could never attach them all; the Transfer fans out into three groups (4, 3
 /// and 3 claims), each a child Transfer whose mover is placed on its node and whose claims
 /// are provisioned there; every group and the Transfer succeed, and no pod ever waits on
-/// the attach limit.
+/// the attach limit. The origin is read once: the first group serves a relay (its
+/// NetworkPolicy admits the rollout's movers on the relay's port), the others wait for it
+/// to copy and read it at its pod's IP with their own certificates (each job takes 6 s, so
+/// the relay still serves when they look, every 5 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollout_over_the_attach_limit_fans_out_over_nodes_and_succeeds() {
     let cluster = cluster();
@@ -396,7 +402,7 @@ async fn a_rollout_over_the_attach_limit_fans_out_over_nodes_and_succeeds() {
                                   "allocatable": {"count": 4}}]}}));
     }
     let mut movers = cluster.changes("", "pods", &mover_selector());
-    let _operator = start(&cluster, settings());
+    let _operator = start_with(&cluster, settings(), Duration::from_secs(6));
     apply_transfer(
         &cluster,
         "rollout",
@@ -404,10 +410,50 @@ async fn a_rollout_over_the_attach_limit_fans_out_over_nodes_and_succeeds() {
                "pvcTemplates": {"namePrefix": "vm-", "count": 10, "size": "4Mi"}}),
     )
     .await;
-    until(30, "the rollout to succeed", || {
+    until(60, "the rollout to succeed", || {
         phase_of(&cluster, "rollout").as_deref() == Some("Succeeded")
     })
     .await;
+    let seen = drain(&mut movers);
+    let seed_pod = seen
+        .iter()
+        .map(|(_, pod, _)| pod)
+        .find(|pod| {
+            pod["metadata"]["annotations"]["ferry.dev/owner-name"] == "rollout-g0"
+                && pod["status"]["podIP"].is_string()
+        })
+        .expect("the serving group's mover ran")
+        .clone();
+    let relay_url = format!(
+        "nbds://{}:10810/?tls-hostname={}.{NS}.mover.ferry.dev",
+        seed_pod["status"]["podIP"].as_str().unwrap(),
+        name_of(&seed_pod)
+    );
+    let policy = cluster
+        .get("networking.k8s.io", "networkpolicies", NS, &name_of(&seed_pod))
+        .unwrap();
+    assert_eq!(
+        policy["spec"]["ingress"][1]["ports"],
+        json!([{"port": 10810, "protocol": "TCP"}])
+    );
+    for (group, relay) in [
+        ("rollout-g0", json!({"serve": true})),
+        ("rollout-g1", json!({"from": "rollout-g0"})),
+        ("rollout-g2", json!({"from": "rollout-g0"})),
+    ] {
+        let child = cluster.get("ferry.dev", "transfers", NS, group).unwrap();
+        assert_eq!(child["spec"]["relay"], relay, "{group}");
+        if group != "rollout-g0" {
+            assert_eq!(child["status"]["sourceRelay"], relay_url.as_str(), "{group}");
+            let pod = seen
+                .iter()
+                .map(|(_, pod, _)| pod)
+                .find(|pod| pod["metadata"]["annotations"]["ferry.dev/owner-name"] == group)
+                .expect("the reading group's mover");
+            let volumes = pod["spec"]["volumes"].as_array().unwrap();
+            assert!(volumes.iter().any(|v| v["name"] == "relay-tls"), "{group}");
+        }
+    }
     let rollout = cluster
         .get("ferry.dev", "transfers", NS, "rollout")
         .unwrap();
@@ -447,7 +493,8 @@ async fn a_rollout_over_the_attach_limit_fans_out_over_nodes_and_succeeds() {
             );
         }
     }
-    let seen = drain(&mut movers);
+    let mut seen = seen;
+    seen.extend(drain(&mut movers));
     let mut ran: Vec<(String, String)> = seen
         .iter()
         .map(|(_, pod, _)| pod)

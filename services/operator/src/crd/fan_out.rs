@@ -118,7 +118,8 @@ pub struct FanOut {
 }
 
 /// A fan-out group's part in reading the source once, set by the operator on the child
-/// Transfers of a fan-out: one serves, the others read from it.
+/// Transfers of a fan-out: the groups form a tree of relays, each reading its parent's and
+/// serving its own readers.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GroupRelay {
@@ -135,14 +136,10 @@ pub struct GroupRelay {
 
 impl GroupRelay {
     pub(crate) fn validate(&self, field: &str) -> Result<(), ValidationError> {
-        match (&self.from, self.serve) {
-            (Some(_), true) => Err(invalid(
-                field,
-                "a group either serves its relay or reads another's: give serve or from",
-            )),
-            (None, false) => Err(invalid(field, "give serve: true or from")),
-            _ => Ok(()),
+        if self.from.is_none() && !self.serve {
+            return Err(invalid(field, "give serve: true, from, or both"));
         }
+        Ok(())
     }
 }
 

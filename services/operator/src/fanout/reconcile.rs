@@ -60,11 +60,10 @@ pub async fn reconcile(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result<Action, 
         .collect();
     if !missing.is_empty() {
         let api: Api<Transfer> = Api::namespaced(ctx.client.clone(), &ids.namespace);
-        let seed = relay::roles(&obj.spec, &planned, ctx.mover_ca().is_some());
-        let seed_name = seed.map_or("", |i| planned.groups[i].name.as_str());
+        let parts = relay::roles(&obj.spec, &planned, ctx.mover_ca().is_some());
         for group in &missing {
             let index = planned.groups.iter().position(|g| g.name == group.name);
-            let part = index.and_then(|i| relay::part(i, seed, seed_name));
+            let part = index.and_then(|i| parts[i].clone());
             let child = children::child(&obj, &ids.uid, group, part);
             match api.create(&PostParams::default(), &child).await {
                 Ok(_) => {}
@@ -216,9 +215,12 @@ async fn plan_groups(
     let rooms = facts::rooms(&nodes, &csinodes, &attachments, driver, &placement);
     match super::plan(obj, &ids.uid, &rooms, source_shared) {
         Ok(fan_out) => {
+            let parts = relay::roles(&obj.spec, &fan_out, ctx.mover_ca().is_some());
+            let reads = relay::describe(&fan_out, &parts);
             let (next, message) = planned(obj, status, fan_out);
             write_status(ctx, ids, obj, &next).await?;
-            ctx.event(obj, false, "FanOutPlanned", &message).await;
+            let text = format!("{message}; {reads}");
+            ctx.event(obj, false, "FanOutPlanned", &text).await;
             Ok(Action::requeue(Duration::ZERO))
         }
         Err(e) => {

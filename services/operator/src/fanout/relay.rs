@@ -1,21 +1,24 @@
-//! The source read once: in a fan-out of several groups, one group's mover serves what it
-//! writes (a relay, `ferry_endpoints::relay`) and the other groups read the image from it
-//! over the pod network, so the origin (an HTTP server, S3, a registry) serves about one
-//! image's bytes however many groups and nodes the rollout has.
+//! The source read once: in a fan-out of several groups, one group's mover reads the
+//! origin and serves what it writes (a relay, `ferry_endpoints::relay`), and the other
+//! groups read the image from relays over the pod network, so the origin (an HTTP server,
+//! S3, a registry) serves about one image's bytes however many groups and nodes the
+//! rollout has.
 //!
-//! The plan names the roles once ([`roles`]): the first group with a claim target serves
-//! (`spec.relay.serve`), every other group reads through it (`spec.relay.from`). A
-//! reading group decides where to read each time it starts a mover ([`decide`]): through
-//! the relay while the serving group's mover runs its copy (`nbds://<pod IP>:10810/`,
-//! raw, mutual TLS with the movers' own certificates, the server's name checked), and
-//! recorded in `status.sourceRelay` for that mover; from the origin once the serving
-//! group has ended (a late group, or a retry after the relay went away), so a relay can
-//! slow a group down but never fail the rollout. Every group still reports the digest of
-//! what it read: the parent fails when two differ (see [`super::children::summarize`]).
+//! The plan names the roles once ([`roles`]): the groups form a tree of relays, each
+//! serving at most [`READERS_PER_RELAY`] others (`spec.relay.serve`, `spec.relay.from`),
+//! so no mover's network sends the image more than a few times. A reading group decides
+//! where to read each time it starts a mover ([`decide`]): through its parent's relay
+//! while that mover runs its copy (`nbds://<pod IP>:10810/`, raw, mutual TLS with the
+//! movers' own certificates, the server's name checked), recorded in
+//! `status.sourceRelay` for that mover; from the origin once the parent group has ended
+//! (a late group, or a retry after the relay went away), so a relay can slow a group down
+//! but never fail the rollout. Every group still reports the digest of what it read: the
+//! parent fails when two differ (see [`super::children::summarize`]).
 //!
 //! What a relay needs from the cluster: the movers' mutual TLS (an operator without its
-//! CA relays nothing), the seed's NetworkPolicy admitting the fan-out's movers on the
-//! relay's port ([`crate::mover::network_policy`]), and pod-to-pod traffic across nodes.
+//! CA relays nothing), the serving mover's NetworkPolicy admitting the fan-out's movers on
+//! the relay's port ([`crate::mover::network_policy`]), and pod-to-pod traffic across
+//! nodes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,37 +46,72 @@ const WAIT: Duration = Duration::from_secs(5);
 /// The Pending reason of a group waiting for the relay's mover.
 pub const WAITING_FOR_RELAY: &str = "WaitingForRelay";
 
-/// The index of the group that serves the relay, when the fan-out relays: several groups,
-/// a source that is not a claim (a claim is read from the storage by each group), not
-/// turned off (`fanOut.relay: false`), the movers' mutual TLS available (`tls`), and a
-/// group with a claim target (what the relay serves from).
-pub fn roles(spec: &TransferSpec, planned: &FanOutStatus, tls: bool) -> Option<usize> {
+/// How many groups read from one relay at most: the groups form a tree of this degree, so
+/// no mover sends the image more than this many times however large the rollout.
+pub const READERS_PER_RELAY: usize = 4;
+
+/// Each group's part in reading the source once, by group index, when the fan-out relays:
+/// several groups, a source that is not a claim (a claim is read from the storage by each
+/// group), not turned off (`fanOut.relay: false`), the movers' mutual TLS available
+/// (`tls`), and a group with a claim target (what a relay serves from).
+///
+/// The groups with a claim target form a tree in plan order, [`READERS_PER_RELAY`] readers
+/// per relay: the first reads the origin and serves, each other one reads the relay of its
+/// parent and serves those after it. The planner puts earlier groups in earlier rounds, so
+/// a parent starts no later than its readers. Groups without a claim (only URLs) read the
+/// root's relay and serve nothing.
+pub fn roles(spec: &TransferSpec, planned: &FanOutStatus, tls: bool) -> Vec<Option<GroupRelay>> {
+    let mut parts = vec![None; planned.groups.len()];
     let off = spec.fan_out.as_ref().and_then(|f| f.relay) == Some(false);
     let from_claim = spec.source.pvc.is_some() || spec.source.golden_image.is_some();
     if off || from_claim || !tls || planned.groups.len() < 2 {
-        return None;
+        return parts;
     }
-    planned.groups.iter().position(|g| {
+    let claim = |g: &crate::crd::GroupStatus| {
         g.indices().any(|i| {
             target_at(spec, i).is_some_and(|t| t.pvc_template.is_some() || t.endpoint.pvc.is_some())
         })
-    })
+    };
+    let servers: Vec<usize> = (0..planned.groups.len())
+        .filter(|&i| claim(&planned.groups[i]))
+        .collect();
+    let Some(&root) = servers.first() else {
+        return parts;
+    };
+    let name = |i: usize| planned.groups[i].name.clone();
+    for (position, &group) in servers.iter().enumerate() {
+        let from = (position > 0).then(|| name(servers[(position - 1) / READERS_PER_RELAY]));
+        let serve = servers.len() > position * READERS_PER_RELAY + 1;
+        parts[group] = (serve || from.is_some()).then_some(GroupRelay { serve, from });
+    }
+    for (i, part) in parts.iter_mut().enumerate() {
+        if part.is_none() && !servers.contains(&i) {
+            *part = Some(GroupRelay {
+                serve: false,
+                from: Some(name(root)),
+            });
+        }
+    }
+    parts
 }
 
-/// The relay part of group `index` when `seed` serves (named `seed_name`).
-pub fn part(index: usize, seed: Option<usize>, seed_name: &str) -> Option<GroupRelay> {
-    let seed = seed?;
-    Some(if index == seed {
-        GroupRelay {
-            serve: true,
-            from: None,
+/// How the groups read the source, for render and events: "the origin is read once, by
+/// `root`, ..." or by every group.
+pub fn describe(planned: &FanOutStatus, parts: &[Option<GroupRelay>]) -> String {
+    let root = parts
+        .iter()
+        .position(|p| p.as_ref().is_some_and(|p| p.serve && p.from.is_none()));
+    match root {
+        Some(root) => {
+            let relays = parts.iter().flatten().filter(|p| p.serve).count();
+            format!(
+                "the origin is read once, by {}, and relayed to the other {} groups by {relays} relays ({READERS_PER_RELAY} readers each)",
+                planned.groups[root].name,
+                planned.groups.len() - 1
+            )
         }
-    } else {
-        GroupRelay {
-            serve: false,
-            from: Some(seed_name.to_string()),
-        }
-    })
+        None => format!("the origin is read by {} movers", planned.groups.len()),
+    }
 }
 
 /// Where a reading group's next mover reads the source.
@@ -218,4 +256,172 @@ pub async fn resolve(obj: Arc<Transfer>, ctx: &Context) -> Result<Resolved, Erro
         return Ok(Resolved::Done(Action::requeue(Duration::ZERO)));
     }
     Ok(Resolved::Ready(Arc::new(with_relay(&obj))))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::crd::GroupStatus;
+
+    fn parent(source: serde_json::Value, fan_out: serde_json::Value) -> Transfer {
+        serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+            "metadata": {"name": "fleet", "namespace": "vms", "uid": "p-1"},
+            "spec": {
+                "source": source,
+                "targets": [{"url": "nbd://backup.example.com/golden"}],
+                "pvcTemplates": {"namePrefix": "vm-", "count": 4, "size": "10Gi"},
+                "fanOut": fan_out,
+            },
+        }))
+        .unwrap()
+    }
+
+    fn groups(ranges: &[[u32; 2]]) -> FanOutStatus {
+        FanOutStatus {
+            groups: ranges
+                .iter()
+                .enumerate()
+                .map(|(i, r)| GroupStatus {
+                    name: format!("fleet-g{i}"),
+                    node: Some(format!("node-{i}")),
+                    targets: vec![*r],
+                    phase: Phase::Pending,
+                })
+                .collect(),
+            ..FanOutStatus::default()
+        }
+    }
+
+    #[test]
+    fn the_groups_with_claims_form_a_tree_of_relays_unless_the_source_is_a_claim_or_relay_is_off() {
+        let url = json!({"url": "https://images.example.com/golden.qcow2"});
+        let p = parent(url.clone(), json!({}));
+        // Group 0 writes only the URL target (index 0); groups 1 to 6 write claims.
+        let planned = groups(&[[0, 1], [1, 2], [2, 3], [3, 4], [4, 5], [5, 6], [6, 7]]);
+        let part = |serve: bool, from: Option<&str>| {
+            Some(GroupRelay {
+                serve,
+                from: from.map(String::from),
+            })
+        };
+        let mut p7 = p.clone();
+        p7.spec.pvc_templates.as_mut().unwrap().count = 6;
+        assert_eq!(
+            roles(&p7.spec, &planned, true),
+            [
+                part(false, Some("fleet-g1")),
+                part(true, None),
+                part(true, Some("fleet-g1")),
+                part(false, Some("fleet-g1")),
+                part(false, Some("fleet-g1")),
+                part(false, Some("fleet-g1")),
+                part(false, Some("fleet-g2")),
+            ]
+        );
+        assert_eq!(
+            describe(&planned, &roles(&p7.spec, &planned, true)),
+            "the origin is read once, by fleet-g1, and relayed to the other 6 groups by 2 relays (4 readers each)"
+        );
+        // Without the movers' TLS, with one group, turned off, or from a claim: none.
+        let none = vec![None; 7];
+        assert_eq!(roles(&p7.spec, &planned, false), none);
+        assert_eq!(roles(&p.spec, &groups(&[[0, 5]]), true), [None]);
+        let off = parent(url, json!({"relay": false}));
+        assert_eq!(roles(&off.spec, &planned, true), none);
+        let claim = parent(json!({"pvc": {"name": "golden"}}), json!({}));
+        assert_eq!(roles(&claim.spec, &planned, true), none);
+        assert_eq!(
+            describe(&planned, &none),
+            "the origin is read by 7 movers"
+        );
+    }
+
+    fn seed(phase: &str, mover: Option<&str>, progress: bool) -> Transfer {
+        let mut status = json!({"phase": phase});
+        if let Some(m) = mover {
+            status["moverPod"] = json!(m);
+        }
+        if progress {
+            status["progress"] = json!({"totalBytes": 100, "doneBytes": 10});
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+            "metadata": {"name": "fleet-g1", "namespace": "vms"},
+            "spec": {"source": {"url": "https://x/y"}, "targets": [{"url": "nbd://h/e"}],
+                     "relay": {"serve": true}},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    fn pod(ip: &str, ready: bool) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "fleet-g1-ft-1", "namespace": "vms"},
+            "status": {
+                "phase": "Running", "podIP": ip,
+                "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_group_reads_the_relay_only_while_the_seed_copies() {
+        let running = seed("Running", Some("fleet-g1-ft-1"), true);
+        assert_eq!(
+            decide("fleet-g1", Some(&running), Some(&pod("10.1.2.3", true))),
+            Decision::Relay(
+                "nbds://10.1.2.3:10810/?tls-hostname=fleet-g1-ft-1.vms.mover.ferry.dev".into()
+            )
+        );
+        assert_eq!(
+            decide("fleet-g1", Some(&running), Some(&pod("fd00::7", true))),
+            Decision::Relay(
+                "nbds://[fd00::7]:10810/?tls-hostname=fleet-g1-ft-1.vms.mover.ferry.dev".into()
+            )
+        );
+        let wait = Decision::Wait("waiting for group fleet-g1's mover to serve the image".into());
+        assert_eq!(
+            decide("fleet-g1", Some(&running), Some(&pod("10.1.2.3", false))),
+            wait
+        );
+        let starting = seed("Running", Some("fleet-g1-ft-1"), false);
+        assert_eq!(
+            decide("fleet-g1", Some(&starting), Some(&pod("10.1.2.3", true))),
+            wait
+        );
+        assert_eq!(
+            decide("fleet-g1", Some(&seed("Pending", None, false)), None),
+            wait
+        );
+        assert_eq!(
+            decide("fleet-g1", Some(&seed("Succeeded", None, true)), None),
+            Decision::Origin("the relay's group fleet-g1 has ended (Succeeded)".into())
+        );
+        assert_eq!(
+            decide("fleet-g1", None, None),
+            Decision::Origin("the relay's group fleet-g1 does not exist".into())
+        );
+    }
+
+    #[test]
+    fn the_recorded_relay_becomes_a_raw_source_with_the_movers_certificate() {
+        let mut t = seed("Running", Some("g2-ft-1"), true);
+        t.spec.relay = Some(GroupRelay {
+            serve: false,
+            from: Some("fleet-g1".into()),
+        });
+        assert_eq!(with_relay(&t).spec.source, t.spec.source);
+        t.status.as_mut().unwrap().source_relay = Some("nbds://10.1.2.3:10810/".into());
+        let source = serde_json::to_value(with_relay(&t).spec.source).unwrap();
+        assert_eq!(
+            source,
+            json!({"url": "nbds://10.1.2.3:10810/", "format": "raw",
+                   "nbd": {"moverCertificate": true}})
+        );
+        with_relay(&t).spec.validate().unwrap();
+    }
 }

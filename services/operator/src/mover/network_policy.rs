@@ -168,4 +168,45 @@ mod tests {
             })
         );
     }
+
+    #[test]
+    fn a_relaying_mover_also_admits_its_fan_outs_movers_to_the_relay_port() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {
+                "name": "fleet-g0-ft-1", "namespace": "vms",
+                "labels": {
+                    "app.kubernetes.io/name": "ferry",
+                    "app.kubernetes.io/component": "mover",
+                    "ferry.dev/owner-uid": "g-0",
+                    "ferry.dev/fan-out-of": "p-1",
+                },
+            },
+            "spec": {"containers": [{"name": "mover", "ports": [
+                {"name": "grpc", "containerPort": 50051},
+                {"name": "nbd-relay", "containerPort": 10810},
+            ]}]},
+        }))
+        .unwrap();
+        let policy = serde_json::to_value(mover_network_policy(&pod, "ferry-system")).unwrap();
+        assert_eq!(
+            policy["spec"]["ingress"][1],
+            json!({
+                "from": [{"podSelector": {"matchLabels": {
+                    "app.kubernetes.io/component": "mover",
+                    "ferry.dev/fan-out-of": "p-1",
+                }}}],
+                "ports": [{"port": 10810, "protocol": "TCP"}],
+            })
+        );
+        assert_eq!(policy["spec"]["ingress"].as_array().unwrap().len(), 2);
+        // A group that only reads the relay opens nothing more.
+        let mut reader = pod.clone();
+        reader.spec.as_mut().unwrap().containers[0]
+            .ports
+            .as_mut()
+            .unwrap()
+            .pop();
+        let policy = serde_json::to_value(mover_network_policy(&reader, "ferry-system")).unwrap();
+        assert_eq!(policy["spec"]["ingress"].as_array().unwrap().len(), 1);
+    }
 }

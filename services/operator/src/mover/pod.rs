@@ -1175,4 +1175,106 @@ mod tests {
             MoverError::Invalid(_)
         ));
     }
+
+    /// A fan-out group from an HTTP source into the created claim `copy-b`, labelled with
+    /// its fan-out, with `relay` as its part.
+    fn group(relay: crate::crd::GroupRelay, source: Endpoint) -> Transfer {
+        let mut t: Transfer = serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+            "metadata": {"name": "fleet-g1", "namespace": "vms", "uid": "g-1",
+                         "labels": {"ferry.dev/fan-out-of": "p-1"}},
+            "spec": {
+                "source": {"url": "https://images.example.com/golden.qcow2"},
+                "targets": [{"pvcTemplate": {"name": "copy-b", "size": "10Gi"}}],
+            },
+        }))
+        .unwrap();
+        t.spec.source = source;
+        t.spec.relay = Some(relay);
+        t
+    }
+
+    #[test]
+    fn a_relaying_group_serves_on_its_port_with_its_own_certificate() {
+        let (pvcs, defaults) = (pvcs(), defaults());
+        let seed = group(
+            crate::crd::GroupRelay {
+                serve: true,
+                from: None,
+            },
+            Endpoint::url("https://images.example.com/golden.qcow2"),
+        );
+        let v =
+            serde_json::to_value(transfer_pod(&seed, &input(&pvcs, &defaults)).unwrap()).unwrap();
+        assert_eq!(v["metadata"]["labels"]["ferry.dev/fan-out-of"], "p-1");
+        let container = &v["spec"]["containers"][0];
+        assert_eq!(
+            container["ports"],
+            json!([
+                {"name": "grpc", "containerPort": 50051, "protocol": "TCP"},
+                {"name": "nbd-relay", "containerPort": 10810, "protocol": "TCP"},
+            ])
+        );
+        let volumes = v["spec"]["volumes"].as_array().unwrap();
+        let relay_tls = volumes.iter().find(|v| v["name"] == "relay-tls").unwrap();
+        assert_eq!(
+            relay_tls,
+            &json!({"name": "relay-tls", "secret": {
+                "secretName": "import-mover-token", "defaultMode": 0o440, "optional": false,
+                "items": [
+                    {"key": "ca.crt", "path": "ca-cert.pem"},
+                    {"key": "tls.crt", "path": "client-cert.pem"},
+                    {"key": "tls.key", "path": "client-key.pem"},
+                ],
+            }})
+        );
+        let mounts = container["volumeMounts"].as_array().unwrap();
+        assert!(mounts.contains(&json!({
+            "name": "relay-tls", "mountPath": "/var/run/ferry/relay-tls", "readOnly": true
+        })));
+        let args: Vec<&str> = container["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        assert!(
+            args.windows(2)
+                .any(|w| w == ["--allow-root", "/var/run/ferry/relay-tls"]),
+            "{args:?}"
+        );
+        // A group that reads the relay mounts the same directory, and opens no port.
+        let mut source = Endpoint::url("nbds://10.1.2.3:10810/");
+        source.nbd = Some(crate::crd::NbdOptions {
+            mover_certificate: Some(true),
+            ..Default::default()
+        });
+        let reader = group(
+            crate::crd::GroupRelay {
+                serve: false,
+                from: Some("fleet-g0".into()),
+            },
+            source,
+        );
+        let v =
+            serde_json::to_value(transfer_pod(&reader, &input(&pvcs, &defaults)).unwrap()).unwrap();
+        let container = &v["spec"]["containers"][0];
+        assert_eq!(container["ports"].as_array().unwrap().len(), 1);
+        assert!(container["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["mountPath"] == "/var/run/ferry/relay-tls"));
+        // Without the movers' TLS there is no certificate to mount.
+        let plain = MoverPodInput {
+            tls: false,
+            ..input(&pvcs, &defaults)
+        };
+        let v = serde_json::to_value(transfer_pod(&seed, &plain).unwrap()).unwrap();
+        assert!(!v["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["name"] == "relay-tls"));
+    }
 }

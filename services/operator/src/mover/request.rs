@@ -298,6 +298,29 @@ mod tests {
         let retry = transfer_request(&t, &pvcs, &[1], None).unwrap();
         assert_eq!(retry.target, Some(file("/dev/ferry/blk")));
         assert!(retry.more_targets.is_empty());
+        // A fan-out's serving group relays its first claim target of the request.
+        let mut seed = t.clone();
+        seed.spec.relay = Some(crate::crd::GroupRelay {
+            serve: true,
+            from: None,
+        });
+        let request = transfer_request(&seed, &pvcs, &[1], None).unwrap();
+        assert_eq!(
+            request.target.unwrap().relay,
+            Some(proto::RelayOptions {
+                listen: "0.0.0.0:10810".into(),
+                name: String::new(),
+                tls_cert: "/var/run/ferry/relay-tls/client-cert.pem".into(),
+                tls_key: "/var/run/ferry/relay-tls/client-key.pem".into(),
+                tls_ca: "/var/run/ferry/relay-tls/ca-cert.pem".into(),
+                linger_seconds: 6 * 3600,
+                wait_seconds: 600,
+                idle_seconds: 120,
+            })
+        );
+        let request = transfer_request(&seed, &pvcs, &[0, 1], None).unwrap();
+        assert!(request.target.unwrap().relay.is_some());
+        assert!(request.more_targets[0].relay.is_none());
         assert_eq!(retry.idempotency_key, "uid-1/1");
         assert_eq!(retry.labels[TARGET_LABEL], "1");
         assert_eq!(target_indexes("1"), Some(vec![1]));

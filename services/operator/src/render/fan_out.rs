@@ -64,26 +64,16 @@ pub(crate) fn look(
     );
     match fanout::plan(t, &uid, &rooms, source_shared) {
         Ok(fan_out) => {
-            let seed = relay::roles(&t.spec, &fan_out, options.tls);
-            let seed_name = seed.map_or(String::new(), |i| fan_out.groups[i].name.clone());
-            for (i, group) in fan_out.groups.iter().enumerate() {
-                let part = relay::part(i, seed, &seed_name);
-                let mut child = children::child(t, &uid, group, part);
+            let parts = relay::roles(&t.spec, &fan_out, options.tls);
+            let reads = relay::describe(&fan_out, &parts);
+            for (group, part) in fan_out.groups.iter().zip(&parts) {
+                let mut child = children::child(t, &uid, group, part.clone());
                 world.create(&child);
                 child.metadata.uid = Some(made_up_uid(6, world.spawned.len()));
                 world.spawned.push(Resource::Transfer(Box::new(child)));
             }
-            let movers = fan_out.groups.len();
             let (next, message) = reconcile::planned(t, &status, fan_out);
             t.status = Some(next);
-            let reads = if seed.is_some() {
-                format!(
-                    "the origin is read once, by {seed_name}, which relays it to the other {} groups",
-                    movers - 1
-                )
-            } else {
-                format!("the origin is read by {movers} movers")
-            };
             let note = format!("Running (copy): {message}; {reads}");
             Some((Look::Started, note))
         }

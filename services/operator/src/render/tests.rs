@@ -694,7 +694,7 @@ fn a_rollout_is_planned_as_groups_by_attach_room_each_a_child_with_its_mover() {
     let rendered = run(&file, 0);
     assert_eq!(
         rendered.summary[0],
-        "Transfer vms/fleet: Running (copy): 600 targets in 39 mover groups over 39 nodes; the origin is read by 39 movers"
+        "Transfer vms/fleet: Running (copy): 600 targets in 39 mover groups over 39 nodes; the origin is read once, by fleet-g0, and relayed to the other 38 groups by 10 relays (4 readers each)"
     );
     let fleet = object(&rendered, "Transfer", "fleet");
     let groups = fleet["status"]["fanOut"]["groups"].as_array().unwrap();
