@@ -79,7 +79,12 @@ impl Mover {
 
     /// The request as this mover's job service, confined to its root, takes it.
     fn localize_request(&self, r: &mut proto::StartTransferRequest) {
-        for e in r.source.iter_mut().chain(&mut r.target).chain(&mut r.more_targets) {
+        for e in r
+            .source
+            .iter_mut()
+            .chain(&mut r.target)
+            .chain(&mut r.more_targets)
+        {
             self.localize(e);
         }
     }
@@ -125,7 +130,8 @@ fn relay_url(port: u16) -> String {
         "metadata": {"name": "fleet-g0", "namespace": NS},
         "spec": {"source": {"url": "http://x/y"}, "targets": [{"url": "nbd://h/e"}]},
         "status": {"phase": "Running", "moverPod": SEED_POD,
-                   "progress": {"totalBytes": 1, "doneBytes": 0}},
+                   "conditions": [{"type": "Running", "status": "True", "reason": "MoverRunning",
+                                   "message": "", "lastTransitionTime": "2026-12-06T08:00:00Z"}]},
     }))
     .unwrap();
     let pod = serde_json::from_value(json!({
@@ -141,7 +147,11 @@ fn relay_url(port: u16) -> String {
 }
 
 /// The request of `reader` once its status records `url` as its relay.
-fn reader_request(reader: &Transfer, url: &str, pvcs: &[ResolvedPvc]) -> proto::StartTransferRequest {
+fn reader_request(
+    reader: &Transfer,
+    url: &str,
+    pvcs: &[ResolvedPvc],
+) -> proto::StartTransferRequest {
     let mut reader = reader.clone();
     reader.status = Some(serde_json::from_value(json!({"sourceRelay": url})).unwrap());
     let indexes: Vec<usize> = (0..pvcs.len()).collect();
@@ -156,7 +166,13 @@ async fn a_fan_out_reads_the_origin_once_through_its_serving_group() {
         ..NginxOptions::default()
     });
     let dir = scratch_dir();
-    let image = make(&dir.path().join("golden.raw"), Pattern::HalfData, 32 * MIB, 41).unwrap();
+    let image = make(
+        &dir.path().join("golden.raw"),
+        Pattern::HalfData,
+        32 * MIB,
+        41,
+    )
+    .unwrap();
     let qcow2 = nginx.root().join("golden.qcow2");
     let out = Command::new("qemu-img")
         .args(["convert", "-O", "qcow2"])
@@ -199,9 +215,17 @@ async fn a_fan_out_reads_the_origin_once_through_its_serving_group() {
     relay.listen = format!("127.0.0.1:{port}");
     relay.idle_seconds = 1;
     // Slow enough that the reading group starts while the seed copies.
-    request.options.get_or_insert_with(Default::default).rate_limit = 16 * MIB;
+    request
+        .options
+        .get_or_insert_with(Default::default)
+        .rate_limit = 16 * MIB;
     let mut seed_client = connect(seed_service.grpc_addr()).await;
-    let seed_id = seed_client.start_transfer(request).await.unwrap().into_inner().id;
+    let seed_id = seed_client
+        .start_transfer(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
     let running = watch_until(&mut seed_client, &seed_id, |j| {
         j.message.contains("relaying") || is_terminal(j)
     })
@@ -243,7 +267,9 @@ async fn a_fan_out_reads_the_origin_once_through_its_serving_group() {
     let source = request.source.as_ref().unwrap();
     assert_eq!(source.format, proto::ImageFormat::Raw as i32);
     assert!(
-        source.url.starts_with(&format!("nbds://127.0.0.1:{port}/?tls-hostname={SEED_POD}.{NS}.")),
+        source.url.starts_with(&format!(
+            "nbds://127.0.0.1:{port}/?tls-hostname={SEED_POD}.{NS}."
+        )),
         "{}",
         source.url
     );
@@ -264,7 +290,10 @@ async fn a_fan_out_reads_the_origin_once_through_its_serving_group() {
     let refused = wait_terminal(&mut stranger_client, &stranger_id, limit).await;
     assert_eq!(state(&refused), JobState::Failed, "{refused:?}");
     let why = refused.error.map(|e| e.message).unwrap_or_default();
-    assert!(why.to_lowercase().contains("certificate") || why.contains("TLS"), "{why}");
+    assert!(
+        why.to_lowercase().contains("certificate") || why.contains("TLS"),
+        "{why}"
+    );
 
     for disk in [
         seed_mover.disk("vm-0"),
@@ -274,7 +303,9 @@ async fn a_fan_out_reads_the_origin_once_through_its_serving_group() {
         qemu_img_compare(&image.path, &disk);
     }
     let digest = |j: &proto::Job| match &j.result {
-        Some(proto::job::Result::TransferResult(r)) => r.source_digest.as_ref().map(|d| d.hex.clone()),
+        Some(proto::job::Result::TransferResult(r)) => {
+            r.source_digest.as_ref().map(|d| d.hex.clone())
+        }
         _ => None,
     };
     assert!(digest(&seeded).is_some_and(|d| !d.is_empty()), "{seeded:?}");

@@ -191,9 +191,11 @@ async fn a_rollout_is_planned_by_attach_room_and_its_groups_become_child_transfe
             ],
             "mover": {"nodeName": "node-b"},
             "cloneStrategy": "copy",
+            "relay": {"serve": true},
         })
     );
     assert_eq!(g1["spec"]["mover"], json!({"nodeName": "node-a"}));
+    assert_eq!(g1["spec"]["relay"], json!({"from": "rollout-g0"}));
     let names: Vec<&str> = g1["spec"]["targets"]
         .as_array()
         .unwrap()

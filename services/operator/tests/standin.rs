@@ -402,6 +402,7 @@ async fn a_rollout_over_the_attach_limit_fans_out_over_nodes_and_succeeds() {
                                   "allocatable": {"count": 4}}]}}));
     }
     let mut movers = cluster.changes("", "pods", &mover_selector());
+    let mut policies = cluster.changes("networking.k8s.io", "networkpolicies", &mover_selector());
     let _operator = start_with(&cluster, settings(), Duration::from_secs(6));
     apply_transfer(
         &cluster,
@@ -429,9 +430,11 @@ async fn a_rollout_over_the_attach_limit_fans_out_over_nodes_and_succeeds() {
         seed_pod["status"]["podIP"].as_str().unwrap(),
         name_of(&seed_pod)
     );
-    let policy = cluster
-        .get("networking.k8s.io", "networkpolicies", NS, &name_of(&seed_pod))
-        .unwrap();
+    let policy = drain(&mut policies)
+        .into_iter()
+        .map(|(_, policy, _)| policy)
+        .find(|p| name_of(p) == name_of(&seed_pod))
+        .expect("the serving mover's NetworkPolicy");
     assert_eq!(
         policy["spec"]["ingress"][1]["ports"],
         json!([{"port": 10810, "protocol": "TCP"}])
@@ -444,7 +447,11 @@ async fn a_rollout_over_the_attach_limit_fans_out_over_nodes_and_succeeds() {
         let child = cluster.get("ferry.dev", "transfers", NS, group).unwrap();
         assert_eq!(child["spec"]["relay"], relay, "{group}");
         if group != "rollout-g0" {
-            assert_eq!(child["status"]["sourceRelay"], relay_url.as_str(), "{group}");
+            assert_eq!(
+                child["status"]["sourceRelay"],
+                relay_url.as_str(),
+                "{group}"
+            );
             let pod = seen
                 .iter()
                 .map(|(_, pod, _)| pod)

@@ -32,6 +32,7 @@ use crate::controller::error::Error;
 use crate::controller::kind::{write_status, Ids};
 use crate::controller::life::HasLife;
 use crate::controller::plan as mover_plan;
+use crate::crd::status::condition::{reason, RUNNING};
 use crate::crd::{
     Endpoint, FanOutStatus, GroupRelay, ImageFormat, NbdOptions, Phase, Transfer, TransferSpec,
 };
@@ -142,7 +143,13 @@ pub fn decide(name: &str, seed: Option<&Transfer>, pod: Option<&Pod>) -> Decisio
             "waiting for group {name}'s mover to serve the image"
         ))
     };
-    let copying = status.phase == Phase::Running && status.progress.is_some();
+    // The job (and its relay, which binds as the job opens its targets) starts right
+    // after MoverRunning is written; a reader's own mover takes longer than that to start.
+    let copying = status.phase == Phase::Running
+        && status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == RUNNING && c.status == "True" && c.reason == reason::MOVER_RUNNING);
     let Some(pod) = pod.filter(|_| copying) else {
         return waiting();
     };
@@ -333,19 +340,17 @@ mod tests {
         assert_eq!(roles(&off.spec, &planned, true), none);
         let claim = parent(json!({"pvc": {"name": "golden"}}), json!({}));
         assert_eq!(roles(&claim.spec, &planned, true), none);
-        assert_eq!(
-            describe(&planned, &none),
-            "the origin is read by 7 movers"
-        );
+        assert_eq!(describe(&planned, &none), "the origin is read by 7 movers");
     }
 
-    fn seed(phase: &str, mover: Option<&str>, progress: bool) -> Transfer {
+    fn seed(phase: &str, mover: Option<&str>, running: bool) -> Transfer {
         let mut status = json!({"phase": phase});
         if let Some(m) = mover {
             status["moverPod"] = json!(m);
         }
-        if progress {
-            status["progress"] = json!({"totalBytes": 100, "doneBytes": 10});
+        if running {
+            status["conditions"] = json!([{"type": "Running", "status": "True",
+                "reason": "MoverRunning", "message": "", "lastTransitionTime": "2026-12-06T08:00:00Z"}]);
         }
         serde_json::from_value(json!({
             "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
