@@ -17,6 +17,7 @@ use kube::api::PostParams;
 use kube::Api;
 
 use crate::crd::{ClaimRetention, PvcTemplate, VolumeMode};
+use crate::fanout::children::PARENT_UID;
 use crate::mover::pod::labels;
 use crate::mover::{placement, ResolvedPvc};
 
@@ -73,7 +74,23 @@ pub fn created_by(pvc: &PersistentVolumeClaim, uid: &str) -> bool {
             .any(|r| r.uid == uid)
 }
 
-/// The claim a template describes, labelled with the resource's uid; owned by the
+/// The fan-out `obj` is a group of (its parent's uid), if any.
+fn fan_out_of<K: MoverKind>(obj: &K) -> Option<&String> {
+    obj.meta().labels.as_ref()?.get(PARENT_UID)
+}
+
+/// Whether `pvc` is a claim `obj` (uid `uid`) may write as its template's: created by it,
+/// or by an earlier group of the same fan-out under the same name (a group's child
+/// Transfer deleted by hand and made again by its parent).
+pub fn made_for<K: MoverKind>(pvc: &PersistentVolumeClaim, obj: &K, uid: &str) -> bool {
+    let same_fan_out = fan_out_of(obj).is_some_and(|parent| {
+        pvc.metadata.labels.as_ref().and_then(|l| l.get(PARENT_UID)) == Some(parent)
+    });
+    created_by(pvc, uid) || same_fan_out
+}
+
+/// The claim a template describes, labelled with the resource's uid (and its fan-out's,
+/// for a group); owned by the
 /// resource (so deleted with it) only when its retention is `Delete`.
 pub fn from_template<K: MoverKind>(
     obj: &K,
@@ -100,10 +117,15 @@ pub fn from_template<K: MoverKind>(
         metadata: ObjectMeta {
             name: Some(t.name.clone()),
             namespace: Some(ids.namespace.clone()),
-            labels: Some(BTreeMap::from([
-                (labels::MANAGED_BY.to_string(), "ferry-operator".to_string()),
-                (labels::OWNER_UID.to_string(), ids.uid.clone()),
-            ])),
+            labels: Some(
+                [
+                    (labels::MANAGED_BY.to_string(), "ferry-operator".to_string()),
+                    (labels::OWNER_UID.to_string(), ids.uid.clone()),
+                ]
+                .into_iter()
+                .chain(fan_out_of(obj).map(|p| (PARENT_UID.to_string(), p.clone())))
+                .collect(),
+            ),
             owner_references: match retention {
                 ClaimRetention::Delete => obj.controller_owner_ref(&()).map(|r| vec![r]),
                 ClaimRetention::Retain => None,
@@ -168,7 +190,7 @@ pub fn resolve<K: MoverKind>(
                 }
             },
             Claim::Template(t, retention) => match existing.get(&t.name) {
-                Some(pvc) if created_by(pvc, &ids.uid) => {
+                Some(pvc) if made_for(pvc, obj, &ids.uid) => {
                     pvcs.push(ResolvedPvc::new(&t.name, mode_of(pvc)));
                 }
                 Some(_) => {
@@ -209,4 +231,64 @@ pub async fn create(ctx: &Context, pvc: &PersistentVolumeClaim) -> Result<Create
 /// validation (422).
 pub fn refused(code: u16) -> bool {
     code == 403 || code == 422
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::crd::Transfer;
+
+    fn group(uid: &str) -> Transfer {
+        serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+            "metadata": {"name": "fleet-g1", "namespace": "vms", "uid": uid,
+                         "labels": {"ferry.dev/fan-out-of": "p-1"}},
+            "spec": {"source": {"url": "https://x/y"},
+                     "targets": [{"pvcTemplate": {"name": "vm-4", "size": "1Gi"}}]},
+        }))
+        .unwrap()
+    }
+
+    fn resolved(t: &Transfer, existing: &[PersistentVolumeClaim]) -> Result<Resolved, Unresolved> {
+        let ids = Ids::of(t).unwrap();
+        let existing = existing
+            .iter()
+            .map(|c| (c.metadata.name.clone().unwrap(), c.clone()))
+            .collect();
+        resolve(t, &ids, &existing, &[])
+    }
+
+    #[test]
+    fn a_group_made_again_writes_the_claims_its_predecessor_created() {
+        let first = group("uid-old");
+        let made = resolved(&first, &[]).unwrap().new_claims;
+        assert_eq!(made.len(), 1);
+        let labels = made[0].metadata.labels.clone().unwrap();
+        assert_eq!(labels[PARENT_UID], "p-1");
+        assert_eq!(labels[labels::OWNER_UID], "uid-old");
+        // The child deleted by hand and made again by its parent: a new uid, same fan-out.
+        let again = resolved(&group("uid-new"), &made).unwrap();
+        assert!(again.new_claims.is_empty());
+        assert_eq!(again.pvcs[0].name, "vm-4");
+        // A group of another fan-out, or a claim someone else made, is a conflict.
+        let mut other = group("uid-other");
+        other
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(PARENT_UID.into(), "p-2".into());
+        assert!(matches!(
+            resolved(&other, &made),
+            Err(Unresolved::Conflict(_))
+        ));
+        let mut foreign = made[0].clone();
+        foreign.metadata.labels = None;
+        assert!(matches!(
+            resolved(&group("uid-new"), &[foreign]),
+            Err(Unresolved::Conflict(_))
+        ));
+    }
 }
