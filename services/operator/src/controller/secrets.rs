@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 
+use crate::crd::endpoint::DOCKER_CONFIG_KEY;
 use crate::crd::{Endpoint, SecretKeyRef};
 
 use super::context::Context;
@@ -36,6 +37,12 @@ pub fn referenced(
         }
         if let Some(name) = e.nbd.as_ref().and_then(|n| n.tls_secret_name.clone()) {
             wanted.entry(name).or_default();
+        }
+        if let Some(name) = e.registry.as_ref().and_then(|r| r.secret_ref.clone()) {
+            wanted
+                .entry(name)
+                .or_default()
+                .insert(DOCKER_CONFIG_KEY.to_string());
         }
     }
     wanted
@@ -91,4 +98,35 @@ pub fn missing(
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{NbdOptions, RegistryOptions};
+
+    #[test]
+    fn a_registry_source_needs_its_secrets_docker_config() {
+        let mut registry = Endpoint::url("docker://registry.example.com/vms/fedora:41");
+        registry.registry = Some(RegistryOptions {
+            secret_ref: Some("pull-secret".into()),
+            ..RegistryOptions::default()
+        });
+        let mut nbd = Endpoint::url("nbds://h/e");
+        nbd.nbd = Some(NbdOptions {
+            tls_secret_name: Some("certs".into()),
+            ..NbdOptions::default()
+        });
+        let wanted = referenced(&[&registry, &nbd], &[]);
+        assert_eq!(
+            wanted,
+            BTreeMap::from([
+                ("certs".to_string(), BTreeSet::new()),
+                (
+                    "pull-secret".to_string(),
+                    BTreeSet::from([".dockerconfigjson".to_string()])
+                ),
+            ])
+        );
+    }
 }

@@ -114,6 +114,36 @@ pub struct NbdOptions {
     pub mover_certificate: Option<bool>,
 }
 
+/// Options of a `docker://` (or `oci://`) source: a containerDisk image in a registry, whose
+/// one layer holds the disk under `/disk/` (CDI's `registry` source).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RegistryOptions {
+    /// A Secret in this namespace whose `.dockerconfigjson` is a docker config.json with
+    /// the registry's credentials (a `kubernetes.io/dockerconfigjson` Secret, as
+    /// imagePullSecrets use). Without it the registry is asked anonymously.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_ref: Option<String>,
+    /// A ConfigMap in this namespace whose `ca.crt` holds extra CA certificates (PEM) to
+    /// trust for the registry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub cert_config_map: Option<String>,
+    /// `os/arch[/variant]` of a multi-platform image (default linux/amd64).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub platform: Option<String>,
+    /// Plain HTTP to the registry (never the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub insecure: Option<bool>,
+}
+
+/// The key of a registry's credentials in its `secretRef` Secret.
+pub const DOCKER_CONFIG_KEY: &str = ".dockerconfigjson";
+/// The key of a registry's CA certificates in its `certConfigMap`.
+pub const REGISTRY_CA_KEY: &str = "ca.crt";
+
 /// Options of `iscsi://` endpoints.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -195,8 +225,9 @@ impl PvcRef {
 pub struct Endpoint {
     /// `nbd://host[:port]/export`, `nbds://...`, `nfs://host/export/path`,
     /// `iscsi://host[:port]/IQN/LUN`, `s3://bucket/key`, or (sources only)
-    /// `http(s)://host/path`. Credentials inside the URL are refused: give them by Secret
-    /// reference in the options.
+    /// `http(s)://host/path` and `docker://host[:port]/repo:tag` (or `@sha256:...`).
+    /// Credentials inside the URL are refused: give them by Secret reference in the
+    /// options.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 4096))]
     pub url: Option<String>,
@@ -215,6 +246,9 @@ pub struct Endpoint {
     /// Options of an `http://` or `https://` URL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<HttpOptions>,
+    /// Options of a `docker://` (or `oci://`) URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry: Option<RegistryOptions>,
     /// A claim in this namespace: a Filesystem volume holds the image as a file, a Block
     /// volume is the image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -279,6 +313,7 @@ impl Endpoint {
             || self.iscsi.is_some()
             || self.nfs.is_some()
             || self.http.is_some()
+            || self.registry.is_some()
     }
 
     /// Every Secret key the endpoint refers to, in a fixed order.
@@ -321,7 +356,7 @@ impl Endpoint {
                 if self.has_options() {
                     return Err(invalid(
                         field,
-                        "s3, nbd, iscsi, nfs and http options go with a url, not with a pvc",
+                        "s3, nbd, iscsi, nfs, http and registry options go with a url, not with a pvc",
                     ));
                 }
                 pvc.validate(&format!("{field}.pvc"))
@@ -338,6 +373,7 @@ impl Endpoint {
             (self.iscsi.is_some(), UrlKind::Iscsi, "iscsi"),
             (self.nfs.is_some(), UrlKind::Nfs, "nfs"),
             (self.http.is_some(), UrlKind::Http, "http"),
+            (self.registry.is_some(), UrlKind::Registry, "registry"),
         ];
         for (set, wanted, name) in given {
             if set && kind != wanted {
@@ -349,6 +385,32 @@ impl Endpoint {
         }
         if let Some(s3) = &self.s3 {
             validate_s3(&format!("{field}.s3"), s3)?;
+        }
+        if let Some(registry) = &self.registry {
+            let field = format!("{field}.registry");
+            if let Some(name) = &registry.secret_ref {
+                check_pvc_name(&format!("{field}.secretRef"), name)?;
+            }
+            if let Some(name) = &registry.cert_config_map {
+                check_pvc_name(&format!("{field}.certConfigMap"), name)?;
+            }
+            if let Some(platform) = &registry.platform {
+                let parts: Vec<&str> = platform.split('/').collect();
+                let ok = (2..=3).contains(&parts.len())
+                    && parts.iter().all(|p| {
+                        !p.is_empty()
+                            && p.bytes()
+                                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                    });
+                if !ok {
+                    return Err(invalid(
+                        &format!("{field}.platform"),
+                        &format!(
+                            "'{platform}' is not os/arch[/variant] (linux/amd64, linux/arm64/v8)"
+                        ),
+                    ));
+                }
+            }
         }
         if let Some(nfs) = &self.nfs {
             if url.contains('?') {
@@ -628,6 +690,17 @@ impl TransferTarget {
                 "HTTP(S) endpoints are read-only: they can only be sources",
             ));
         }
+        if self.endpoint.registry.is_some()
+            || self.endpoint.url.as_deref().is_some_and(|u| {
+                let scheme = u.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+                matches!(scheme.as_deref(), Some("docker" | "oci"))
+            })
+        {
+            return Err(invalid(
+                &format!("{field}.url"),
+                "registry images are read-only: they can only be sources",
+            ));
+        }
         match &self.pvc_template {
             None => self.endpoint.validate(field),
             Some(template) => {
@@ -784,6 +857,43 @@ mod tests {
         );
         assert!(err(&Endpoint::url("file:///var/lib/disk.img")).contains("is a file URL"));
         assert!(err(&Endpoint::url("nbd+unix:///e?socket=/s")).contains("Unix socket"));
+    }
+
+    #[test]
+    fn a_registry_image_is_a_source_with_registry_options_only() {
+        let mut e = Endpoint::url("docker://registry.example.com:5000/vms/fedora:41");
+        e.registry = Some(RegistryOptions {
+            secret_ref: Some("pull-secret".into()),
+            cert_config_map: Some("registry-ca".into()),
+            platform: Some("linux/arm64/v8".into()),
+            insecure: None,
+        });
+        e.validate("spec.source").unwrap();
+        let mut bad = e.clone();
+        bad.registry.as_mut().unwrap().platform = Some("arm64".into());
+        assert!(
+            err(&bad).contains("'arm64' is not os/arch[/variant]"),
+            "{}",
+            err(&bad)
+        );
+        let mut bad = e.clone();
+        bad.registry.as_mut().unwrap().secret_ref = Some("Not_A_Name".into());
+        assert!(err(&bad).contains("spec.source.registry.secretRef"));
+        let mut s3 = Endpoint::url("s3://bucket/disk.img");
+        s3.registry = Some(RegistryOptions::default());
+        assert_eq!(
+            err(&s3),
+            "spec.source.registry: registry options do not apply to a s3 URL"
+        );
+        let target = TransferTarget {
+            endpoint: e,
+            pvc_template: None,
+        };
+        let message = target.validate("spec.targets[0]").unwrap_err().to_string();
+        assert!(
+            message.contains("registry images are read-only"),
+            "{message}"
+        );
     }
 
     #[test]

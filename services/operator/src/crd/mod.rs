@@ -34,8 +34,8 @@ pub use backup_schedule::{
 pub use checksum::{Checksum, ChecksumSpec, ChecksumStatus};
 pub use endpoint::{
     AccessMode, Endpoint, GoldenImageRef, HttpHeader, HttpOptions, IscsiOptions, NbdOptions,
-    NfsOptions, PvcRef, PvcTemplate, S3Options, SecretKeyRef, TargetKey, TransferTarget,
-    VolumeMode,
+    NfsOptions, PvcRef, PvcTemplate, RegistryOptions, S3Options, SecretKeyRef, TargetKey,
+    TransferTarget, VolumeMode,
 };
 pub use fan_out::{FanOut, FanOutStatus, GroupRelay, GroupStatus, PvcTemplates};
 pub use golden_image::{GoldenImage, GoldenImageSpec, GoldenImageStatus, ImportRecord, Importing};

@@ -33,6 +33,7 @@ pub(crate) enum UrlKind {
     Iscsi,
     S3,
     Http,
+    Registry,
 }
 
 impl UrlKind {
@@ -43,6 +44,7 @@ impl UrlKind {
             Self::Iscsi => "iscsi",
             Self::S3 => "s3",
             Self::Http => "http(s)",
+            Self::Registry => "docker",
         }
     }
 }
@@ -105,6 +107,7 @@ pub(crate) fn check_url(field: &str, url: &str) -> Result<UrlKind, ValidationErr
         EndpointSpec::Iscsi(_) => Ok(UrlKind::Iscsi),
         EndpointSpec::S3(_) => Ok(UrlKind::S3),
         EndpointSpec::Http(_) => Ok(UrlKind::Http),
+        EndpointSpec::Registry(_) => Ok(UrlKind::Registry),
         _ => Err(invalid(
             field,
             &format!(

@@ -56,6 +56,21 @@ fn options(e: &Endpoint) -> Option<proto::endpoint::Options> {
             password: iscsi.password.as_ref().map(wire::secret_ref),
         }));
     }
+    if let Some(r) = &e.registry {
+        let file = |name: &str| format!("{}/{name}", layout::REGISTRY_DIR);
+        return Some(proto::endpoint::Options::Registry(proto::RegistryOptions {
+            auth_file: r
+                .secret_ref
+                .as_ref()
+                .map_or_else(String::new, |_| file(layout::REGISTRY_AUTH_FILE)),
+            ca_file: r
+                .cert_config_map
+                .as_ref()
+                .map_or_else(String::new, |_| file(layout::REGISTRY_CA_FILE)),
+            insecure: r.insecure.unwrap_or(false),
+            platform: r.platform.clone().unwrap_or_default(),
+        }));
+    }
     let nbd = e.nbd.as_ref()?;
     let dir = match (&nbd.tls_secret_name, nbd.mover_certificate) {
         (Some(secret), _) => layout::nbd_tls_dir(secret),
@@ -170,6 +185,29 @@ mod tests {
             Some(proto::endpoint::Options::Nbd(proto::NbdOptions {
                 tls_certificates_dir: "/var/run/ferry/nbd-tls/certs".into()
             }))
+        );
+        let mut docker = Endpoint::url("docker://registry.example.com/vms/fedora:41");
+        docker.registry = Some(crate::crd::RegistryOptions {
+            secret_ref: Some("pull-secret".into()),
+            cert_config_map: Some("registry-ca".into()),
+            platform: Some("linux/arm64".into()),
+            insecure: Some(true),
+        });
+        assert_eq!(
+            endpoint(&docker, &[]).unwrap().options,
+            Some(proto::endpoint::Options::Registry(proto::RegistryOptions {
+                auth_file: "/var/run/ferry/registry/auth.json".into(),
+                ca_file: "/var/run/ferry/registry/ca.crt".into(),
+                insecure: true,
+                platform: "linux/arm64".into(),
+            }))
+        );
+        docker.registry = Some(crate::crd::RegistryOptions::default());
+        assert_eq!(
+            endpoint(&docker, &[]).unwrap().options,
+            Some(proto::endpoint::Options::Registry(
+                proto::RegistryOptions::default()
+            ))
         );
         let mut relay = Endpoint::url("nbds://10.0.0.7:10810/?tls-hostname=g0.vms.mover.ferry.dev");
         relay.nbd = Some(crate::crd::NbdOptions {

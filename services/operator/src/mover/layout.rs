@@ -38,6 +38,13 @@ pub const RELAY_TLS_FILES: [(&str, &str); 3] = [
     (TLS_CERT_KEY, "client-cert.pem"),
     (TLS_KEY_KEY, "client-key.pem"),
 ];
+/// A registry source's credentials (`auth.json`, from its Secret's `.dockerconfigjson`)
+/// and CA certificates (`ca.crt`, from its ConfigMap).
+pub const REGISTRY_DIR: &str = "/var/run/ferry/registry";
+/// The registry's docker config.json in [`REGISTRY_DIR`].
+pub const REGISTRY_AUTH_FILE: &str = "auth.json";
+/// The registry's CA certificates in [`REGISTRY_DIR`].
+pub const REGISTRY_CA_FILE: &str = "ca.crt";
 /// The job store of the mover (an emptyDir: the checkpoint that must survive the pod is
 /// in the resource's status, not here).
 pub const DATA_DIR: &str = "/var/lib/ferry";

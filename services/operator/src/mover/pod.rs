@@ -31,8 +31,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, GRPCAction, KeyToPath,
-    PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, Probe,
+    Capabilities, ConfigMapProjection, Container, ContainerPort, EmptyDirVolumeSource, GRPCAction,
+    KeyToPath, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, Probe,
     ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecretProjection,
     SecretVolumeSource, SecurityContext, Toleration, Volume, VolumeDevice, VolumeMount,
     VolumeProjection,
@@ -43,6 +43,7 @@ use kube::Resource;
 use super::layout::{self, GRPC_PORT};
 use super::placement;
 use super::{find_pvc, MoverError, ResolvedPvc};
+use crate::crd::endpoint::{DOCKER_CONFIG_KEY, REGISTRY_CA_KEY};
 use crate::crd::{
     Backup, BackupRepositorySpec, Checksum, Endpoint, MoverSettings, SecretKeyRef, Transfer,
     VolumeMode,
@@ -261,6 +262,8 @@ struct Attachments {
     relay_tls: bool,
     /// It serves a relay.
     relay_port: bool,
+    /// A registry source's Secret (credentials) and ConfigMap (CA certificates).
+    registry: Option<(Option<String>, Option<String>)>,
 }
 
 impl Attachments {
@@ -302,6 +305,9 @@ impl Attachments {
             }
             if endpoint.nbd.as_ref().and_then(|n| n.mover_certificate) == Some(true) {
                 a.relay_tls = true;
+            }
+            if let Some(r) = &endpoint.registry {
+                a.registry = Some((r.secret_ref.clone(), r.cert_config_map.clone()));
             }
         }
         Ok(a)
@@ -437,6 +443,9 @@ fn args(attached: &Attachments, tls: bool) -> Vec<String> {
     if attached.relay_tls {
         args.extend(["--allow-root".into(), layout::RELAY_TLS_DIR.into()]);
     }
+    if attached.registry.is_some() {
+        args.extend(["--allow-root".into(), layout::REGISTRY_DIR.into()]);
+    }
     args.extend(
         [
             "--data-dir",
@@ -494,6 +503,9 @@ fn container(
     if attached.relay_tls {
         mounts.push(mount(RELAY_TLS_VOLUME, layout::RELAY_TLS_DIR, true));
     }
+    if attached.registry.is_some() {
+        mounts.push(mount(REGISTRY_VOLUME, layout::REGISTRY_DIR, true));
+    }
     let mut ports = vec![ContainerPort {
         name: Some("grpc".into()),
         container_port: GRPC_PORT,
@@ -548,6 +560,8 @@ fn pvc_volume(i: usize) -> String {
     format!("pvc-{i}")
 }
 
+/// The volume of [`layout::REGISTRY_DIR`].
+const REGISTRY_VOLUME: &str = "registry";
 /// The volume of [`layout::RELAY_TLS_DIR`].
 const RELAY_TLS_VOLUME: &str = "relay-tls";
 /// The name of the relay's container port (the NetworkPolicy opens it to the fan-out).
@@ -623,7 +637,52 @@ fn volumes(attached: &Attachments, token_secret: &str, tls: bool) -> Vec<Volume>
             Some(items),
         ));
     }
+    if let Some((secret, config_map)) = &attached.registry {
+        volumes.push(registry_volume(secret.as_deref(), config_map.as_deref()));
+    }
     volumes
+}
+
+/// A registry source's credentials and CA certificates, projected at the names the
+/// mover's request gives ([`layout::REGISTRY_DIR`]); a volume with nothing in it when the
+/// source has neither (the registry is asked anonymously).
+fn registry_volume(secret: Option<&str>, config_map: Option<&str>) -> Volume {
+    let item = |key: &str, path: &str| {
+        Some(vec![KeyToPath {
+            key: key.into(),
+            path: path.into(),
+            mode: None,
+        }])
+    };
+    let mut sources = Vec::new();
+    if let Some(name) = secret {
+        sources.push(VolumeProjection {
+            secret: Some(SecretProjection {
+                name: name.into(),
+                items: item(DOCKER_CONFIG_KEY, layout::REGISTRY_AUTH_FILE),
+                optional: Some(false),
+            }),
+            ..VolumeProjection::default()
+        });
+    }
+    if let Some(name) = config_map {
+        sources.push(VolumeProjection {
+            config_map: Some(ConfigMapProjection {
+                name: name.into(),
+                items: item(REGISTRY_CA_KEY, layout::REGISTRY_CA_FILE),
+                optional: Some(false),
+            }),
+            ..VolumeProjection::default()
+        });
+    }
+    Volume {
+        name: REGISTRY_VOLUME.into(),
+        projected: Some(ProjectedVolumeSource {
+            sources: Some(sources),
+            default_mode: Some(SECRET_MODE),
+        }),
+        ..Volume::default()
+    }
 }
 
 /// One projected volume with each referenced key at `<secret>/<key>`; always present
@@ -1276,5 +1335,57 @@ mod tests {
             .unwrap()
             .iter()
             .any(|v| v["name"] == "relay-tls"));
+    }
+
+    #[test]
+    fn a_registry_source_gets_its_credentials_and_ca_where_the_request_names_them() {
+        let (pvcs, defaults) = (pvcs(), defaults());
+        let mut source = Endpoint::url("docker://registry.example.com/vms/fedora:41");
+        source.registry = Some(crate::crd::RegistryOptions {
+            secret_ref: Some("pull-secret".into()),
+            cert_config_map: Some("registry-ca".into()),
+            ..Default::default()
+        });
+        let mut t = group(
+            crate::crd::GroupRelay {
+                serve: true,
+                from: None,
+            },
+            source,
+        );
+        t.spec.relay = None;
+        let v = serde_json::to_value(transfer_pod(&t, &input(&pvcs, &defaults)).unwrap()).unwrap();
+        let volumes = v["spec"]["volumes"].as_array().unwrap();
+        let registry = volumes.iter().find(|v| v["name"] == "registry").unwrap();
+        assert_eq!(
+            registry,
+            &json!({"name": "registry", "projected": {"defaultMode": 0o440, "sources": [
+                {"secret": {"name": "pull-secret", "optional": false,
+                            "items": [{"key": ".dockerconfigjson", "path": "auth.json"}]}},
+                {"configMap": {"name": "registry-ca", "optional": false,
+                               "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+            ]}})
+        );
+        let container = &v["spec"]["containers"][0];
+        assert!(container["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({
+                "name": "registry", "mountPath": "/var/run/ferry/registry", "readOnly": true
+            })));
+        let args: Vec<&str> = container["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        assert!(
+            args.windows(2)
+                .any(|w| w == ["--allow-root", "/var/run/ferry/registry"]),
+            "{args:?}"
+        );
+        // The credentials are not also in the shared secrets volume.
+        let secrets = volumes.iter().find(|v| v["name"] == "secrets").unwrap();
+        assert!(!secrets.to_string().contains("pull-secret"), "{secrets}");
     }
 }
