@@ -109,13 +109,15 @@ impl MoverKind for Transfer {
         status: &TransferStatus,
         pvcs: &[ResolvedPvc],
     ) -> Result<Vec<JobRequest>, MoverError> {
-        // A checkpoint does not name an HTTP object's version: a replacement mover copies
-        // such a source from the start rather than mix two versions of the object.
+        // A checkpoint does not name an HTTP object's version nor a registry image's
+        // digest: a replacement mover copies such a source from the start rather than mix
+        // two versions of the image.
+        let source = &self.spec.source;
         let resume_from = status
             .checkpoint
             .clone()
             .filter(|c| !c.committed.is_empty())
-            .filter(|_| !self.spec.source.is_http());
+            .filter(|_| !source.is_http() && !source.is_registry());
         let mut request =
             transfer_request(self, pvcs, &pending(self, status), resume_from.as_ref())?;
         if let Some(algorithm) = expected_algorithm(self) {
@@ -372,9 +374,13 @@ mod tests {
     }
 
     #[test]
-    fn a_replacement_mover_resumes_except_from_an_http_source() {
+    fn a_replacement_mover_resumes_except_from_an_http_source_or_a_registry_image() {
         assert!(resume_from(&transfer("s3://bucket/disk.img")).is_some());
         assert_eq!(resume_from(&transfer("https://host/disk.img?sig=x")), None);
         assert_eq!(resume_from(&transfer("HTTP://host/disk.img")), None);
+        assert_eq!(
+            resume_from(&transfer("docker://quay.io/containerdisks/fedora:41")),
+            None
+        );
     }
 }

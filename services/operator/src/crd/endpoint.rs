@@ -288,6 +288,16 @@ impl Endpoint {
             })
     }
 
+    /// Whether this is a `docker://` or `oci://` URL (a registry image).
+    pub fn is_registry(&self) -> bool {
+        self.url
+            .as_deref()
+            .and_then(|u| u.split_once("://"))
+            .is_some_and(|(scheme, _)| {
+                scheme.eq_ignore_ascii_case("docker") || scheme.eq_ignore_ascii_case("oci")
+            })
+    }
+
     /// An endpoint reading or writing `url`.
     pub fn url(url: impl Into<String>) -> Self {
         Self {
