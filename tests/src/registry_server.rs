@@ -38,6 +38,9 @@ pub enum Auth {
     /// Bearer tokens only, from a token service that grants pull and push on
     /// `repositories` to [`USER`] with [`PASSWORD`].
     Token { repositories: Vec<String> },
+    /// Anyone pulls and pushes, over plain HTTP (a public registry reached with
+    /// `insecure`): what an operator that reads no credentials can ask.
+    AnonymousPlain,
 }
 
 /// A running registry; stopped when dropped.
@@ -48,6 +51,8 @@ pub struct Registry {
     pub port: u16,
     /// The token service, with [`Auth::Token`].
     token_service: Option<Front>,
+    /// Plain HTTP ([`Auth::AnonymousPlain`]).
+    plain: bool,
 }
 
 /// An nginx in front of (or beside) the registry; stopped when dropped.
@@ -238,14 +243,22 @@ impl Registry {
                 );
                 (config, Some(service))
             }
+            Auth::AnonymousPlain => (String::new(), None),
+        };
+        let plain = *auth == Auth::AnonymousPlain;
+        let tls = if plain {
+            String::new()
+        } else {
+            format!(
+                "  tls:\n    certificate: {}\n    key: {}\n",
+                s(&f("srv.pem")),
+                s(&f("srv.key"))
+            )
         };
         let config = format!(
             "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  \
-             delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n  tls:\n    certificate: {}\n    \
-             key: {}\n{auth_config}",
+             delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n{tls}{auth_config}",
             s(&f("data")),
-            s(&f("srv.pem")),
-            s(&f("srv.key")),
         );
         std::fs::write(f("config.yml"), config).unwrap();
         let log = std::fs::File::create(f("registry.log")).unwrap();
@@ -261,6 +274,7 @@ impl Registry {
             dir,
             port,
             token_service,
+            plain,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         while !listens_on(registry.child.id() as i32, port) {
@@ -357,6 +371,9 @@ impl Registry {
         let certs = self.dir.join("certs");
         let auth = self.auth_file();
         let mut args = vec!["push", "--authfile", s(&auth), "--cert-dir", s(&certs)];
+        if self.plain {
+            args.push("--tls-verify=false");
+        }
         match compression {
             "none" => args.push("--disable-compression"),
             other => args.extend(["--compression-format", other]),

@@ -2,8 +2,10 @@
 //! real nginx as the image server: the first poll imports (the version is nginx's ETag),
 //! an unchanged file imports nothing, a changed file imports again, the newest two imports
 //! are kept and the oldest claim deleted; a Transfer from `source: {goldenImage}` reads
-//! the claim current when it started; a missing file is a PollFailed condition. The movers'
-//! jobs are the fake link's (no bytes move: what is tested is the operator's side).
+//! the claim current when it started; a missing file is a PollFailed condition. A registry
+//! image (a real docker-registry, anonymous, plain HTTP) is versioned by its tag's manifest
+//! digest: an unchanged tag imports nothing, a new image under the tag imports once. The
+//! movers' jobs are the fake link's (no bytes move: what is tested is the operator's side).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,6 +15,7 @@ use ferry_operator::metrics::OperatorMetrics;
 use ferry_testkit::kube::{ChangeType, Cluster, Sim};
 use ferry_tests::fake_mover::FakeMover;
 use ferry_tests::http_server::Nginx;
+use ferry_tests::registry_server::{Auth, Registry};
 use serde_json::{json, Value};
 
 const NS: &str = "vms";
@@ -241,4 +244,96 @@ async fn a_golden_image_imports_each_new_version_keeps_the_newest_and_transfers_
         "the API server refused the operator: {denied:#?}"
     );
     operator.abort();
+}
+
+/// The digest a registry names for `repo:tag` (curl's HEAD of the manifest).
+fn manifest_digest(registry: &Registry, repo: &str, tag: &str) -> String {
+    let out = std::process::Command::new("curl")
+        .args(["-sSfI", "-H"])
+        .arg(
+            "Accept: application/vnd.oci.image.index.v1+json, \
+             application/vnd.docker.distribution.manifest.list.v2+json, \
+             application/vnd.oci.image.manifest.v1+json, \
+             application/vnd.docker.distribution.manifest.v2+json",
+        )
+        .arg(format!(
+            "http://{}/v2/{repo}/manifests/{tag}",
+            registry.host()
+        ))
+        .output()
+        .expect("curl");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("docker-content-digest")
+                .then(|| v.trim().to_string())
+        })
+        .expect("the registry names the manifest's digest")
+}
+
+/// A containerDisk image `name` holding a 1 MiB disk made from `seed`, pushed as
+/// `vms/fedora:41`.
+fn push_disk(registry: &Registry, dir: &std::path::Path, name: &str, seed: u8) {
+    let disk = dir.join(format!("{name}.img"));
+    let bytes: Vec<u8> = (0..(1u32 << 20)).map(|i| (i as u8) ^ seed).collect();
+    std::fs::write(&disk, bytes).unwrap();
+    registry.build(name, &disk, "amd64");
+    registry.push(name, "vms/fedora:41", "gzip");
+}
+
+/// A GoldenImage of a registry image (a public registry, asked anonymously over plain
+/// HTTP with `registry.insecure`): its version is the digest of the manifest the tag
+/// names; an unchanged tag imports nothing, a new image pushed to the tag imports once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_golden_image_is_versioned_by_its_tags_manifest_digest() {
+    let dir = ferry_tests::scratch_dir();
+    let registry = Registry::start_with(dir.path(), &Auth::AnonymousPlain);
+    push_disk(&registry, dir.path(), "v1", 1);
+    let first_digest = manifest_digest(&registry, "vms/fedora", "41");
+    let c = cluster();
+    let _operator = start(&c);
+    c.create(json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "GoldenImage",
+        "metadata": {"name": "fedora", "namespace": NS},
+        "spec": {
+            "source": {"url": registry.url("vms/fedora:41"), "registry": {"insecure": true}},
+            "trigger": {"schedule": "0 0 1 1 *"},
+            "claim": {"size": "4Mi", "volumeMode": "Block"},
+        },
+    }));
+    until(30, "the first import", || current(&c, "fedora").is_some()).await;
+    let first = current(&c, "fedora").unwrap();
+    let g = golden(&c, "fedora");
+    assert_eq!(
+        g["status"]["currentVersion"],
+        format!("digest:{first_digest}").as_str()
+    );
+
+    // The tag unchanged: a poll imports nothing.
+    fire(&c, "fedora");
+    until(10, "the poll to settle", || {
+        golden(&c, "fedora")["status"]["nextPollTime"] != "2000-01-01T00:00:00Z"
+    })
+    .await;
+    let g = golden(&c, "fedora");
+    assert_eq!(current(&c, "fedora").as_deref(), Some(first.as_str()));
+    assert_eq!(g["status"]["imports"].as_array().unwrap().len(), 1);
+
+    // A new image under the same tag: imported once, under its digest.
+    push_disk(&registry, dir.path(), "v2", 2);
+    let second_digest = manifest_digest(&registry, "vms/fedora", "41");
+    assert_ne!(first_digest, second_digest);
+    fire(&c, "fedora");
+    until(30, "the new image's import", || {
+        current(&c, "fedora").is_some_and(|claim| claim != first)
+    })
+    .await;
+    let g = golden(&c, "fedora");
+    assert_eq!(
+        g["status"]["currentVersion"],
+        format!("digest:{second_digest}").as_str()
+    );
+    assert_eq!(g["status"]["imports"].as_array().unwrap().len(), 2);
 }

@@ -1,7 +1,8 @@
 //! The version of a GoldenImage's source, asked of the source itself without reading the
 //! image: an HTTP(S) `HEAD` (a `GET` of one byte where a server refuses `HEAD`), whose
-//! strong or weak `ETag`, else `Last-Modified`, is the version. A source that gives
-//! neither, and the URL kinds not probed here, have no version: every fire imports.
+//! strong or weak `ETag`, else `Last-Modified`, is the version; a registry image's
+//! manifest digest ([`super::registry`]). A source that gives none, and the URL kinds not
+//! probed here, have no version: every fire imports.
 //!
 //! The operator never reads a Secret's value, so only a source reachable without the
 //! endpoint's `http` options is asked (a public image server, or a presigned URL, whose
@@ -20,7 +21,23 @@ use rustls::{ClientConfig, RootCertStore};
 /// Redirects followed at most.
 const MAX_REDIRECTS: usize = 5;
 /// Longest wait for an answer.
-const TIMEOUT: Duration = Duration::from_secs(30);
+pub(super) const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The client the probes ask with: HTTP/1.1, TLS trusting the system's roots.
+pub(super) type HttpClient = Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    Empty<Bytes>,
+>;
+
+/// A new [`HttpClient`].
+pub(super) fn client() -> Result<HttpClient, ProbeError> {
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls()?)
+        .https_or_http()
+        .enable_http1()
+        .build();
+    Ok(Client::builder(TokioExecutor::new()).build(https))
+}
 
 /// Why the version could not be had.
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +66,7 @@ pub enum ProbeError {
 }
 
 /// The URL as errors show it: no user information, no query (a presigned URL's signature).
-fn shown(url: &str) -> String {
+pub(super) fn shown(url: &str) -> String {
     let plain = ferry_core::spec::redact_userinfo(url);
     match plain.split_once('?') {
         Some((base, _)) => format!("{base}?..."),
@@ -60,7 +77,7 @@ fn shown(url: &str) -> String {
 /// Whether `url` is of a kind whose version is asked here.
 pub fn probes(url: &str) -> bool {
     let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
-    matches!(scheme.as_deref(), Some("http" | "https"))
+    matches!(scheme.as_deref(), Some("http" | "https" | "docker" | "oci"))
 }
 
 fn tls() -> Result<ClientConfig, ProbeError> {
@@ -75,14 +92,13 @@ fn tls() -> Result<ClientConfig, ProbeError> {
 }
 
 /// The version of the source at `source`: `etag:<ETag>` or `last-modified:<date>`, or
-/// None when the server gives neither.
-pub async fn version(source: &str) -> Result<Option<String>, ProbeError> {
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls()?)
-        .https_or_http()
-        .enable_http1()
-        .build();
-    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build(https);
+/// None when the server gives neither; a registry image's `digest:sha256:<hex>` (asked
+/// over plain HTTP when `insecure`).
+pub async fn version(source: &str, insecure: bool) -> Result<Option<String>, ProbeError> {
+    if let Ok(ferry_core::EndpointSpec::Registry(spec)) = ferry_core::EndpointSpec::parse(source) {
+        return super::registry::version(&spec, insecure).await.map(Some);
+    }
+    let client = client()?;
     let mut url = source.to_string();
     let mut method = Method::HEAD;
     for _ in 0..=MAX_REDIRECTS {
@@ -177,8 +193,8 @@ mod tests {
         let text = shown("https://user:pw@images.example.com/a.img?X-Amz-Signature=s3cr3t");
         assert!(!text.contains("pw") && !text.contains("s3cr3t"), "{text}");
         assert!(text.ends_with("@images.example.com/a.img?..."), "{text}");
-        assert!(probes("HTTPS://x/y") && probes("http://x/y"));
-        assert!(!probes("s3://bucket/key") && !probes("docker://r/i:t"));
+        assert!(probes("HTTPS://x/y") && probes("http://x/y") && probes("docker://r/i:t"));
+        assert!(!probes("s3://bucket/key") && !probes("nbd://h/e"));
     }
 
     #[test]

@@ -121,9 +121,15 @@ pub async fn reconcile(obj: Arc<GoldenImage>, ctx: Arc<Context>) -> Result<Actio
         Step::Poll => {
             let next_fire = cron.next_after(now);
             let url = obj.spec.source.url.clone().unwrap_or_default();
-            let asked = probe::probes(&url) && obj.spec.source.http.is_none();
+            let source = &obj.spec.source;
+            let registry = source.registry.clone().unwrap_or_default();
+            let private = source.http.is_some()
+                || registry.secret_ref.is_some()
+                || registry.cert_config_map.is_some();
+            let asked = probe::probes(&url) && !private;
+            let insecure = registry.insecure.unwrap_or(false);
             let (version, unversioned) = if asked {
-                match probe::version(&url).await {
+                match probe::version(&url, insecure).await {
                     Ok(Some(v)) => (Some(v), None),
                     Ok(None) => (None, Some("the server gives no ETag or Last-Modified")),
                     Err(e) => {
@@ -136,7 +142,7 @@ pub async fn reconcile(obj: Arc<GoldenImage>, ctx: Arc<Context>) -> Result<Actio
                     }
                 }
             } else if probe::probes(&url) {
-                (None, Some("the source needs its http options, and the operator reads no Secret values"))
+                (None, Some("the source needs its credentials or certificates, and the operator reads no Secret or ConfigMap values"))
             } else {
                 (None, Some("the version of this kind of URL is not asked"))
             };
