@@ -552,3 +552,57 @@ async fn movers_and_the_operator_prove_themselves_by_the_movers_ca() {
     );
     service.shutdown().await;
 }
+
+/// A registry image's copy reports the manifest digest it pinned (what a Transfer's
+/// `status.sourceVersion` shows), through the link's reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_copy_reports_the_digest_it_read() {
+    use ferry_tests::registry_server::{Auth, Registry};
+
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let registry_dir = dir.path().join("registry");
+    std::fs::create_dir_all(&registry_dir).unwrap();
+    let registry = Registry::start_with(&registry_dir, &Auth::AnonymousPlain);
+    let disk = dir.path().join("disk.img");
+    let bytes: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8).collect();
+    std::fs::write(&disk, &bytes).unwrap();
+    registry.build("disk", &disk, "amd64");
+    registry.push("disk", "vms/disk:1", "gzip");
+    let (_service, mover) = mover_service(dir.path(), &root).await;
+    let dst = root.join("dst.img");
+    let request = proto::StartTransferRequest {
+        source: Some(proto::Endpoint {
+            url: registry.url("vms/disk:1"),
+            options: Some(proto::endpoint::Options::Registry(proto::RegistryOptions {
+                insecure: true,
+                ..proto::RegistryOptions::default()
+            })),
+            ..proto::Endpoint::default()
+        }),
+        target: Some(file(&dst)),
+        idempotency_key: "uid-r/0".into(),
+        labels: labels("uid-r"),
+        ..proto::StartTransferRequest::default()
+    };
+    let link = GrpcMoverLink::default();
+    let started = link
+        .start(&mover, &JobRequest::Transfer(Box::new(request)))
+        .await
+        .unwrap();
+    let done = last(&link, &mover, &started.id).await;
+    assert_eq!(done.state, JobState::Succeeded, "{done:?}");
+    assert_eq!(std::fs::read(&dst).unwrap(), bytes);
+    let version = done.source_version.expect("the pinned digest");
+    let out = std::process::Command::new("curl")
+        .args(["-sSfI", "-H", "Accept: application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json"])
+        .arg(format!("http://{}/v2/vms/disk/manifests/1", registry.host()))
+        .output()
+        .unwrap();
+    let headers = String::from_utf8_lossy(&out.stdout).to_ascii_lowercase();
+    assert!(
+        headers.contains(&format!("docker-content-digest: {version}")),
+        "{version} not in {headers}"
+    );
+}

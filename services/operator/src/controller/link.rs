@@ -137,6 +137,9 @@ pub struct JobReport {
     pub source_digest: Option<String>,
     /// The target's digest of a verified copy.
     pub target_digest: Option<String>,
+    /// The version of the source the job read (a registry image's manifest digest, an
+    /// HTTP object's ETag), when the source names one.
+    pub source_version: Option<String>,
     /// Why a failed (or cancelled) job ended.
     pub error: Option<JobFailure>,
     /// A transfer's targets one by one (`Job.targets`); empty when the mover does not

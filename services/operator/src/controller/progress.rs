@@ -104,6 +104,7 @@ mod tests {
             checkpoint,
             source_digest: None,
             target_digest: None,
+            source_version: None,
             error: None,
             targets: Vec::new(),
             backup: None,

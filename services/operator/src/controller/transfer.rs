@@ -142,6 +142,9 @@ impl MoverKind for Transfer {
             status.checkpoint = Some(checkpoint);
         }
         status.progress = Some(overall(reports, status.checkpoint.as_ref()));
+        if let Some(version) = reports.iter().find_map(|r| r.source_version.clone()) {
+            status.source_version = Some(version);
+        }
         let count = self.spec.targets.len();
         let previous = std::mem::take(&mut status.targets);
         status.targets = (0..count)
@@ -382,5 +385,29 @@ mod tests {
             resume_from(&transfer("docker://quay.io/containerdisks/fedora:41")),
             None
         );
+    }
+
+    #[test]
+    fn the_version_the_mover_read_is_recorded() {
+        let t = transfer("docker://quay.io/containerdisks/fedora:41");
+        let mut status = TransferStatus::default();
+        let mut report = JobReport {
+            id: "j1".into(),
+            state: JobState::Running,
+            progress: Default::default(),
+            checkpoint: None,
+            source_digest: None,
+            target_digest: None,
+            source_version: None,
+            error: None,
+            targets: Vec::new(),
+            backup: None,
+            prune: None,
+        };
+        t.observe(&mut status, std::slice::from_ref(&report));
+        assert_eq!(status.source_version, None);
+        report.source_version = Some("sha256:0f".into());
+        t.observe(&mut status, std::slice::from_ref(&report));
+        assert_eq!(status.source_version.as_deref(), Some("sha256:0f"));
     }
 }

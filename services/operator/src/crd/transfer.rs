@@ -319,6 +319,10 @@ pub struct TransferStatus {
     /// it reads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_claim: Option<String>,
+    /// The version of the source the mover read, when the source names one: a registry
+    /// image's manifest digest (`sha256:...`), an HTTP object's ETag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_version: Option<String>,
     /// The relay the current mover reads the source through (`nbds://...`, a group of the
     /// same fan-out), when it does; unset while it reads the source itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -348,6 +348,7 @@ pub fn report(id: &str, state: JobState, done: u64) -> JobReport {
         checkpoint: None,
         source_digest: None,
         target_digest: None,
+        source_version: None,
         error: None,
         targets: Vec::new(),
         backup: None,

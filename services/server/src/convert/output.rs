@@ -224,6 +224,7 @@ pub fn job_to_proto(r: &JobRecord) -> proto::Job {
         message: r.message.clone(),
         checkpoint: r.checkpoint.as_ref().map(checkpoint_to_proto),
         targets: r.targets.iter().map(target).collect(),
+        source_version: r.source_version.clone().unwrap_or_default(),
     }
 }
 

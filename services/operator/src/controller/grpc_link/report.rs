@@ -114,6 +114,9 @@ pub fn report(job: &proto::Job) -> JobReport {
         checkpoint,
         source_digest,
         target_digest,
+        // Bounded: the text comes from the network.
+        source_version: (!job.source_version.is_empty() && job.source_version.len() <= 256)
+            .then(|| job.source_version.clone()),
         error: job.error.as_ref().map(failure),
         targets: targets(job),
         backup,
@@ -154,6 +157,20 @@ mod tests {
             ..proto::Job::default()
         };
         let r = report(&job);
+        assert_eq!(r.source_version, None);
+        let pinned = proto::Job {
+            source_version: format!("sha256:{}", "ab".repeat(32)),
+            ..job.clone()
+        };
+        assert_eq!(
+            report(&pinned).source_version,
+            Some(format!("sha256:{}", "ab".repeat(32)))
+        );
+        let huge = proto::Job {
+            source_version: "x".repeat(10_000),
+            ..job.clone()
+        };
+        assert_eq!(report(&huge).source_version, None);
         assert_eq!(r.state, JobState::Succeeded);
         assert_eq!(r.progress.total_bytes, 100);
         assert_eq!(r.checkpoint, Some(Checkpoint::new(100, [(0, 100)])));
