@@ -87,6 +87,7 @@ mod location;
 mod manifest;
 mod protect;
 pub mod prune;
+mod rate;
 mod repository;
 mod session;
 pub mod store;
@@ -111,5 +112,6 @@ pub use session::{ChunkOutcome, ChunkPut, Session, SessionOptions};
 pub use store::{
     LocalStore, LockMode, ObjectMeta, ObjectStore, ObjectVersion, Put, PutMode, Retention, S3Store,
 };
-pub use sync::{sync, sync_with, CopyBeside, SyncOptions, SyncReport};
+pub use rate::{FixedRate, RatePolicy};
+pub use sync::{sync, sync_with, CopyBeside, SyncObserver, SyncOptions, SyncReport};
 pub use verify::{ChunkFault, ChunkProblem, VerifyOptions, VerifyReport};

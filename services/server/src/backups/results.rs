@@ -58,6 +58,7 @@ pub fn snapshot(m: &Manifest) -> proto::Snapshot {
         chunks_reused: m.chunks_reused,
         chunks_zero: m.chunks_zero,
         ferry_version: m.ferry_version.clone(),
+        protected: false,
     }
 }
 

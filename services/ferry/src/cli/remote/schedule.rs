@@ -349,6 +349,7 @@ pub(super) fn template_kind(s: &proto::Schedule) -> &'static str {
         Some(proto::job_template::Request::RepositoryVerify(_)) => "repository_verify",
         Some(proto::job_template::Request::Prune(_)) => "prune",
         Some(proto::job_template::Request::Gc(_)) => "gc",
+        Some(proto::job_template::Request::Sync(_)) => "sync",
         None => "unknown",
     }
 }
@@ -368,6 +369,9 @@ pub(super) fn endpoints(s: &proto::Schedule) -> (String, Option<String>) {
         }
         Some(proto::job_template::Request::Prune(r)) => (String::new(), repo_url(&r.repository)),
         Some(proto::job_template::Request::Gc(r)) => (String::new(), repo_url(&r.repository)),
+        Some(proto::job_template::Request::Sync(r)) => {
+            (repo_url(&r.source).unwrap_or_default(), repo_url(&r.destination))
+        }
         None => (String::new(), None),
     }
 }
