@@ -111,9 +111,12 @@ async fn init(e: &mut Env, repo: &proto::Repository, zstd_level: i32) {
         .unwrap();
 }
 
-async fn run(e: &mut Env, job: Result<tonic::Response<proto::Job>, tonic::Status>) -> proto::Job {
+async fn run(
+    mut jobs: Client,
+    job: Result<tonic::Response<proto::Job>, tonic::Status>,
+) -> proto::Job {
     let id = job.unwrap().into_inner().id;
-    wait_terminal(&mut e.jobs, &id, LIMIT).await
+    wait_terminal(&mut jobs, &id, LIMIT).await
 }
 
 fn succeeded(job: &proto::Job) {
@@ -133,7 +136,7 @@ async fn backup(e: &mut Env, src: &Path, repo: &proto::Repository) -> String {
         source_id: "vm/disk0".into(),
         ..Default::default()
     };
-    let job = run(e, e.jobs.clone().start_backup(req).await).await;
+    let job = run(e.jobs.clone(), e.jobs.clone().start_backup(req).await).await;
     succeeded(&job);
     match job.result {
         Some(proto::job::Result::BackupResult(b)) => b.snapshot_id,
@@ -150,7 +153,7 @@ async fn restore_exact(e: &mut Env, repo: &proto::Repository, id: &str, original
         target: endpoint(dst.display().to_string()),
         ..Default::default()
     };
-    let job = run(e, e.jobs.clone().start_restore(req).await).await;
+    let job = run(e.jobs.clone(), e.jobs.clone().start_restore(req).await).await;
     succeeded(&job);
     qemu_img_compare(original, &dst);
     std::fs::remove_file(&dst).unwrap();
@@ -243,7 +246,14 @@ async fn sync_jobs_copy_between_a_directory_and_s3_both_ways_and_the_copies_rest
     // Into S3, under the destination's own key (chunks re-encrypted).
     let replica = s3_repo(&s3, "s3://replica/site-b", Some("dst-key"));
     init(&mut e, &replica, 1).await;
-    let job = run(&mut e, e.jobs.clone().start_sync(sync_req(&primary, &replica)).await).await;
+    let job = run(
+        e.jobs.clone(),
+        e.jobs
+            .clone()
+            .start_sync(sync_req(&primary, &replica))
+            .await,
+    )
+    .await;
     assert_eq!(job.kind, proto::JobKind::Sync as i32);
     let r = sync_result(&job);
     assert_eq!(
@@ -251,35 +261,54 @@ async fn sync_jobs_copy_between_a_directory_and_s3_both_ways_and_the_copies_rest
         (2, 0, &[first.clone(), second.clone()][..])
     );
     assert!(r.chunks_copied > 0 && !r.same_keys, "{r:?}");
-    assert!(r.chunks_reused > 0, "the second backup shares chunks: {r:?}");
+    assert!(
+        r.chunks_reused > 0,
+        "the second backup shares chunks: {r:?}"
+    );
     let p = job.progress.unwrap();
     assert_eq!(p.total_bytes, 2 * (12 * MIB + 4096), "{p:?}");
     assert_eq!(p.done_bytes, p.total_bytes, "{p:?}");
     assert!(p.data_bytes > 0 && p.zero_bytes > 0, "{p:?}");
-    assert_eq!(snapshot_ids(&mut e, &replica).await, [first.clone(), second.clone()]);
+    assert_eq!(
+        snapshot_ids(&mut e, &replica).await,
+        [first.clone(), second.clone()]
+    );
     restore_exact(&mut e, &replica, &first, &v1).await;
     restore_exact(&mut e, &replica, &second, &disk).await;
 
     // Again: nothing to copy.
-    let job = run(&mut e, e.jobs.clone().start_sync(sync_req(&primary, &replica)).await).await;
+    let job = run(
+        e.jobs.clone(),
+        e.jobs
+            .clone()
+            .start_sync(sync_req(&primary, &replica))
+            .await,
+    )
+    .await;
     let r = sync_result(&job);
-    assert_eq!((r.backups_copied, r.backups_present, r.chunks_copied), (0, 2, 0));
+    assert_eq!(
+        (r.backups_copied, r.backups_present, r.chunks_copied),
+        (0, 2, 0)
+    );
 
     // Back from S3 into a new directory with the same passphrase as the replica's (given
     // no destination key, the source's reference opens it; its master key is its own, so
     // chunks are re-encrypted), only the latest backup by a keep rule.
     let restored_site = dir_repo(&e.root.join("site-c"), Some("dst-key"));
     init(&mut e, &restored_site, 0).await;
-    let mut req = sync_req(&replica, &proto::Repository {
-        key: None,
-        ..restored_site.clone()
-    });
+    let mut req = sync_req(
+        &replica,
+        &proto::Repository {
+            key: None,
+            ..restored_site.clone()
+        },
+    );
     req.retention = Some(proto::Retention {
         keep_last: 1,
         ..Default::default()
     });
     req.source_id = "vm/disk0".into();
-    let job = run(&mut e, e.jobs.clone().start_sync(req).await).await;
+    let job = run(e.jobs.clone(), e.jobs.clone().start_sync(req).await).await;
     let r = sync_result(&job);
     assert_eq!(&r.copied[..], [second.clone()]);
     restore_exact(&mut e, &restored_site, &second, &disk).await;
@@ -289,9 +318,17 @@ async fn sync_jobs_copy_between_a_directory_and_s3_both_ways_and_the_copies_rest
         key: file_ref("src-key"),
         ..replica.clone()
     };
-    let job = run(&mut e, e.jobs.clone().start_sync(sync_req(&primary, &wrong)).await).await;
+    let job = run(
+        e.jobs.clone(),
+        e.jobs.clone().start_sync(sync_req(&primary, &wrong)).await,
+    )
+    .await;
     assert_eq!(state(&job), JobState::Failed);
-    assert_eq!(job.error.as_ref().unwrap().kind, "permission_denied", "{job:?}");
+    assert_eq!(
+        job.error.as_ref().unwrap().kind,
+        "permission_denied",
+        "{job:?}"
+    );
     let records = format!(
         "{:?}",
         e.jobs
@@ -343,7 +380,7 @@ async fn timed_sync(
     let mut req = sync_req(src, &dst);
     limit(&mut req);
     let started = Instant::now();
-    let job = run(e, e.jobs.clone().start_sync(req).await).await;
+    let job = run(e.jobs.clone(), e.jobs.clone().start_sync(req).await).await;
     let seconds = started.elapsed().as_secs_f64();
     let r = sync_result(&job);
     assert_eq!(r.backups_copied, 1);
@@ -402,7 +439,14 @@ async fn the_rate_limit_bounds_a_sync_inside_its_windows_only_and_a_cancelled_sy
     init(&mut e, &dst, 0).await;
     let mut req = sync_req(&src, &dst);
     req.rate_limit = 256 * 1024;
-    let id_job = e.jobs.clone().start_sync(req).await.unwrap().into_inner().id;
+    let id_job = e
+        .jobs
+        .clone()
+        .start_sync(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
     let running = watch_until(&mut e.jobs.clone(), &id_job, |j| {
         j.progress.is_some_and(|p| p.data_bytes >= MIB)
     })
@@ -418,7 +462,11 @@ async fn the_rate_limit_bounds_a_sync_inside_its_windows_only_and_a_cancelled_sy
     assert_eq!(state(&job), JobState::Cancelled, "{job:?}");
     assert!(asked.elapsed() < Duration::from_secs(5));
     assert!(snapshot_ids(&mut e, &dst).await.is_empty());
-    let job = run(&mut e, e.jobs.clone().start_sync(sync_req(&src, &dst)).await).await;
+    let job = run(
+        e.jobs.clone(),
+        e.jobs.clone().start_sync(sync_req(&src, &dst)).await,
+    )
+    .await;
     let r = sync_result(&job);
     assert_eq!(r.backups_copied, 1);
     assert!(
@@ -486,7 +534,10 @@ async fn a_sync_schedule_and_the_cli_client_start_sync_jobs() {
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
-    assert!(status.message().contains("rate_limit_windows[0].start"), "{status:?}");
+    assert!(
+        status.message().contains("rate_limit_windows[0].start"),
+        "{status:?}"
+    );
 
     // `ferry job sync` (a second backup first, so there is something to copy).
     let second = backup(&mut e, &disk, &src).await;
@@ -497,7 +548,12 @@ async fn a_sync_schedule_and_the_cli_client_start_sync_jobs() {
         .arg(e.root.join("src"))
         .arg(e.root.join("dst"))
         .args(["--key-file", "src-key", "--dest-key-file", "dst-key"])
-        .args(["--limit-rate", "100M", "--limit-window", "mon-fri 08:00-18:00"])
+        .args([
+            "--limit-rate",
+            "100M",
+            "--limit-window",
+            "mon-fri 08:00-18:00",
+        ])
         .args(["--limit-time-zone", "Europe/Oslo", "--watch"])
         .output()
         .unwrap();
@@ -508,7 +564,8 @@ async fn a_sync_schedule_and_the_cli_client_start_sync_jobs() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let last = stdout.lines().last().unwrap_or_default();
-    let v: serde_json::Value = serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let v: serde_json::Value =
+        serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {stdout}"));
     assert_eq!(v["kind"], "sync", "{v}");
     assert_eq!(v["state"], "succeeded", "{v}");
     assert_eq!(v["result"]["backups_copied"], 1, "{v}");
@@ -561,7 +618,10 @@ async fn init_repository_makes_an_immutable_repository_and_refuses_what_cannot_b
         .await
         .unwrap()
         .into_inner();
-    assert_eq!((got.immutable_days, got.immutable_mode), (2, info.immutable_mode));
+    assert_eq!(
+        (got.immutable_days, got.immutable_mode),
+        (2, info.immutable_mode)
+    );
 
     // A backup into it (every version written with its retention) restores.
     let disk = e.root.join("disk.img");
@@ -575,7 +635,11 @@ async fn init_repository_makes_an_immutable_repository_and_refuses_what_cannot_b
             "Object Lock",
         ),
         (
-            init(dir_repo(&e.root.join("dir"), None), 2, proto::ImmutableMode::Unspecified),
+            init(
+                dir_repo(&e.root.join("dir"), None),
+                2,
+                proto::ImmutableMode::Unspecified,
+            ),
             "only an s3:// repository",
         ),
         (
@@ -647,13 +711,16 @@ async fn a_protected_backup_survives_prunes_until_it_is_unprotected() {
         }),
         ..Default::default()
     };
-    let job = run(&mut e, e.jobs.clone().start_prune(prune()).await).await;
+    let job = run(e.jobs.clone(), e.jobs.clone().start_prune(prune()).await).await;
     succeeded(&job);
     let Some(proto::job::Result::PruneResult(p)) = &job.result else {
         panic!("{job:?}")
     };
     assert!(p.removed.is_empty(), "{p:?}");
-    assert!(p.kept.iter().any(|k| k.id == old && k.reasons.contains(&"protected".into())));
+    assert!(p
+        .kept
+        .iter()
+        .any(|k| k.id == old && k.reasons.contains(&"protected".into())));
 
     let r = e
         .backups
@@ -672,11 +739,14 @@ async fn a_protected_backup_survives_prunes_until_it_is_unprotected() {
         .unwrap()
         .into_inner();
     assert!(!got.protected);
-    let job = run(&mut e, e.jobs.clone().start_prune(prune()).await).await;
+    let job = run(e.jobs.clone(), e.jobs.clone().start_prune(prune()).await).await;
     let Some(proto::job::Result::PruneResult(p)) = &job.result else {
         panic!("{job:?}")
     };
-    assert_eq!(p.removed.iter().map(|s| s.id.clone()).collect::<Vec<_>>(), [old.clone()]);
+    assert_eq!(
+        p.removed.iter().map(|s| s.id.clone()).collect::<Vec<_>>(),
+        [old.clone()]
+    );
     restore_exact(&mut e, &repo, &new, &disk).await;
 
     // An unknown backup, a bad id.
@@ -686,6 +756,10 @@ async fn a_protected_backup_survives_prunes_until_it_is_unprotected() {
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
-    let status = e.backups.protect_snapshot(protect("nope")).await.unwrap_err();
+    let status = e
+        .backups
+        .protect_snapshot(protect("nope"))
+        .await
+        .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
 }

@@ -71,9 +71,9 @@ fn info(url: String, repo: &Repository) -> proto::RepositoryInfo {
         zstd_level: c.zstd_level.unwrap_or(0),
         encrypted: repo.is_encrypted(),
         format_version: c.format_version,
-        immutable_days: c
-            .immutable
-            .map_or(0, |i| u32::try_from(i.period_secs / 86_400).unwrap_or(u32::MAX)),
+        immutable_days: c.immutable.map_or(0, |i| {
+            u32::try_from(i.period_secs / 86_400).unwrap_or(u32::MAX)
+        }),
         immutable_mode: match c.immutable.map(|i| i.mode) {
             None => proto::ImmutableMode::Unspecified,
             Some(LockMode::Governance) => proto::ImmutableMode::Governance,

@@ -17,8 +17,8 @@ use ferry_formats::SourceFormat;
 use prost::Message;
 
 use super::backup::{BackupSpec, GcSpec, PruneSpec, RestoreSpec, VerifySpec};
-use super::sync::SyncSpec;
 use super::checkpoint::checkpoint_from_proto;
+use super::sync::SyncSpec;
 use super::validation::{has_inline_password, invalid, MAX_URL_BYTES};
 use crate::model::job::{JobKind, JobPlan, JobRecord, ResolvedEndpoint};
 use crate::secrets::SecretResolver;

@@ -95,7 +95,11 @@ impl RateWindow {
 
 /// `HH:MM` as minutes after midnight; `24:00` only as an end.
 fn time_of_day(what: &str, text: &str, end: bool) -> Result<u32> {
-    let bad = || invalid(format!("{what} '{text}' is not a time of day: give HH:MM, like 08:00"));
+    let bad = || {
+        invalid(format!(
+            "{what} '{text}' is not a time of day: give HH:MM, like 08:00"
+        ))
+    };
     let (h, m) = text.trim().split_once(':').ok_or_else(bad)?;
     if h.is_empty() || h.len() > 2 || m.len() != 2 {
         return Err(bad());
@@ -280,7 +284,9 @@ mod tests {
         assert!(oslo.contains(at(2026, 12, 6, 22, 59)));
         assert!(!oslo.contains(at(2026, 12, 6, 23, 0)));
         // Every day, the whole day.
-        assert!(window(&[], "00:00", "24:00", "").unwrap().contains(Utc::now()));
+        assert!(window(&[], "00:00", "24:00", "")
+            .unwrap()
+            .contains(Utc::now()));
     }
 
     #[test]
@@ -348,7 +354,11 @@ mod tests {
             ErrorKind::PermissionDenied,
             "destination",
         );
-        check(&|r| r.source = None, ErrorKind::InvalidInput, "source is missing");
+        check(
+            &|r| r.source = None,
+            ErrorKind::InvalidInput,
+            "source is missing",
+        );
         check(
             &|r| r.destination = r.source.clone(),
             ErrorKind::InvalidInput,

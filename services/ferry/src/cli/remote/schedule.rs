@@ -369,9 +369,10 @@ pub(super) fn endpoints(s: &proto::Schedule) -> (String, Option<String>) {
         }
         Some(proto::job_template::Request::Prune(r)) => (String::new(), repo_url(&r.repository)),
         Some(proto::job_template::Request::Gc(r)) => (String::new(), repo_url(&r.repository)),
-        Some(proto::job_template::Request::Sync(r)) => {
-            (repo_url(&r.source).unwrap_or_default(), repo_url(&r.destination))
-        }
+        Some(proto::job_template::Request::Sync(r)) => (
+            repo_url(&r.source).unwrap_or_default(),
+            repo_url(&r.destination),
+        ),
         None => (String::new(), None),
     }
 }

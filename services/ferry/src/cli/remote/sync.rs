@@ -233,7 +233,10 @@ mod tests {
         assert_eq!(w.days, ["mon", "tue", "wed", "thu", "fri"]);
         assert_eq!((w.start.as_str(), w.end.as_str()), ("08:00", "18:00"));
         assert_eq!(window("sat,SUN 22:00-06:00").unwrap().days, ["sat", "sun"]);
-        assert_eq!(window("fri-mon 00:00-24:00").unwrap().days, ["fri", "sat", "sun", "mon"]);
+        assert_eq!(
+            window("fri-mon 00:00-24:00").unwrap().days,
+            ["fri", "sat", "sun", "mon"]
+        );
         assert!(window("08:00-18:00").unwrap().days.is_empty());
         assert!(window("someday 08:00-18:00").is_err());
         assert!(window("08:00").is_err());
