@@ -5,7 +5,8 @@
 //! and outside its time windows; a cancelled sync that leaves no half backup and is
 //! resumed; and the repository calls a controller needs: InitRepository of an immutable
 //! repository on moto (which enforces S3 Object Lock) and ProtectSnapshot /
-//! UnprotectSnapshot against a prune.
+//! UnprotectSnapshot against a prune, and the key calls (ListKeys, AddKey, RemoveKey,
+//! RotateKey) with restores under each key.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -28,6 +29,7 @@ const CHUNK: u64 = 256 * 1024;
 const LIMIT: Duration = Duration::from_secs(180);
 const SRC_KEY: &str = "source passphrase, kept secret";
 const DST_KEY: &str = "destination passphrase, also secret";
+const THIRD_KEY: &str = "a third passphrase for rotations";
 
 type Backups = BackupServiceClient<Channel>;
 
@@ -47,6 +49,7 @@ async fn env() -> Env {
     std::fs::create_dir_all(&secrets).unwrap();
     std::fs::write(secrets.join("src-key"), format!("{SRC_KEY}\n")).unwrap();
     std::fs::write(secrets.join("dst-key"), format!("{DST_KEY}\n")).unwrap();
+    std::fs::write(secrets.join("third-key"), format!("{THIRD_KEY}\n")).unwrap();
     std::fs::write(secrets.join("s3-id"), ACCESS_KEY).unwrap();
     std::fs::write(secrets.join("s3-secret"), SECRET_KEY).unwrap();
     let mut cfg = test_config(&dir.path().join("data"), &root);
@@ -310,7 +313,7 @@ async fn sync_jobs_copy_between_a_directory_and_s3_both_ways_and_the_copies_rest
     req.source_id = "vm/disk0".into();
     let job = run(e.jobs.clone(), e.jobs.clone().start_sync(req).await).await;
     let r = sync_result(&job);
-    assert_eq!(&r.copied[..], [second.clone()]);
+    assert_eq!(r.copied, [second.as_str()]);
     restore_exact(&mut e, &restored_site, &second, &disk).await;
 
     // A wrong destination key fails the job with the reason, and no secret shows anywhere.
@@ -516,7 +519,7 @@ async fn a_sync_schedule_and_the_cli_client_start_sync_jobs() {
         .unwrap()
         .into_inner();
     let job = wait_terminal(&mut e.jobs, &ran.job.unwrap().id, LIMIT).await;
-    assert_eq!(sync_result(&job).copied, [id.clone()]);
+    assert_eq!(sync_result(&job).copied, [id.as_str()]);
     assert_eq!(job.labels["ferry.schedule"], "replicate");
     restore_exact(&mut e, &dst, &id, &disk).await;
 
@@ -744,8 +747,8 @@ async fn a_protected_backup_survives_prunes_until_it_is_unprotected() {
         panic!("{job:?}")
     };
     assert_eq!(
-        p.removed.iter().map(|s| s.id.clone()).collect::<Vec<_>>(),
-        [old.clone()]
+        p.removed.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+        [old.as_str()]
     );
     restore_exact(&mut e, &repo, &new, &disk).await;
 
@@ -762,4 +765,136 @@ async fn a_protected_backup_survives_prunes_until_it_is_unprotected() {
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_are_listed_added_removed_and_rotated_over_grpc() {
+    let mut e = env().await;
+    let path = e.root.join("repo");
+    let with = |key: &str| dir_repo(&path, Some(key));
+    init(&mut e, &with("src-key"), 1).await;
+    let disk = e.root.join("disk.img");
+    make(&disk, Pattern::HalfData, 2 * MIB, 6).unwrap();
+    let id = backup(&mut e, &disk, &with("src-key")).await;
+    let list = |e: &mut Env, key: &str| {
+        let mut backups = e.backups.clone();
+        let repository = Some(with(key));
+        async move {
+            backups
+                .list_keys(proto::ListKeysRequest { repository })
+                .await
+                .map(|r| r.into_inner().keys)
+        }
+    };
+    let opens = |e: &mut Env, key: &str| {
+        let mut backups = e.backups.clone();
+        let repository = Some(with(key));
+        async move {
+            backups
+                .get_repository(proto::GetRepositoryRequest { repository })
+                .await
+                .map(|_| ())
+                .map_err(|s| s.code())
+        }
+    };
+
+    let keys = list(&mut e, "src-key").await.unwrap();
+    assert_eq!(keys.len(), 1);
+    assert!(keys[0].current && keys[0].id.len() == 16, "{keys:?}");
+    let first = keys[0].id.clone();
+
+    let added = e
+        .backups
+        .add_key(proto::AddKeyRequest {
+            repository: Some(with("src-key")),
+            new_key: file_ref("dst-key"),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!added.current && added.id != first, "{added:?}");
+    assert_eq!(added.master_key, keys[0].master_key, "the same master key");
+    assert_eq!(list(&mut e, "dst-key").await.unwrap().len(), 2);
+    restore_exact(&mut e, &with("dst-key"), &id, &disk).await;
+
+    // A key cannot remove itself; another key can.
+    let remove = |key: &str, id: &str| proto::RemoveKeyRequest {
+        repository: Some(with(key)),
+        key_id: id.into(),
+    };
+    let status = e
+        .backups
+        .remove_key(remove("src-key", &first))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    let removed = e
+        .backups
+        .remove_key(remove("dst-key", &first))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (removed.removed.as_str(), removed.keys_left),
+        (first.as_str(), 1)
+    );
+    assert_eq!(opens(&mut e, "src-key").await, Err(Code::PermissionDenied));
+
+    // Rotation replaces the key in use; the backups stay readable under the new one.
+    let rotated = e
+        .backups
+        .rotate_key(proto::RotateKeyRequest {
+            repository: Some(with("dst-key")),
+            new_key: file_ref("third-key"),
+            new_master_key: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(rotated.removed, added.id);
+    assert!(rotated.new_master_key.is_empty());
+    assert_eq!(opens(&mut e, "dst-key").await, Err(Code::PermissionDenied));
+    assert_eq!(opens(&mut e, "third-key").await, Ok(()));
+    restore_exact(&mut e, &with("third-key"), &id, &disk).await;
+
+    // The last key stays; a missing new key, an unknown key id and an unencrypted
+    // repository are refused with the reason.
+    let last = rotated.added.unwrap().id;
+    let status = e
+        .backups
+        .remove_key(remove("third-key", &last))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    let status = e
+        .backups
+        .remove_key(remove("third-key", "0123456789abcdef"))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    let status = e
+        .backups
+        .add_key(proto::AddKeyRequest {
+            repository: Some(with("third-key")),
+            new_key: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("new_key"), "{status:?}");
+    let plain = dir_repo(&e.root.join("plain"), None);
+    init(&mut e, &plain, 1).await;
+    let status = e
+        .backups
+        .list_keys(proto::ListKeysRequest {
+            repository: Some(plain),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+
+    let metrics = scrape_metrics(e.service.metrics_addr().unwrap()).await;
+    for secret in [SRC_KEY, DST_KEY, THIRD_KEY] {
+        assert!(!metrics.contains(secret));
+    }
 }

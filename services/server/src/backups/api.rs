@@ -1,10 +1,12 @@
 //! The `ferry.v1.BackupService` gRPC handlers: create a repository (immutable, too),
-//! describe it, list and read its backups, protect and unprotect one. Quick reads and
+//! describe it, list and read its backups, protect and unprotect one, manage its keys
+//! ([`super::keys`]). Quick reads and
 //! writes of small objects, answered at once (data moves in jobs). Requests are checked
 //! as job requests are (allowed roots, secret references).
 
 use tonic::{Request, Response, Status};
 
+use super::keys;
 use super::pages::{self, Position};
 use super::repository::{check_repository, InitSettings, RepoAccess};
 use super::results;
@@ -216,6 +218,61 @@ impl BackupService for BackupApi {
     ) -> Result<Response<proto::ProtectSnapshotResponse>, Status> {
         let guard = self.metrics.request("UnprotectSnapshot");
         reply(guard, self.set_protection(request.get_ref(), false).await)
+    }
+
+    async fn list_keys(
+        &self,
+        request: Request<proto::ListKeysRequest>,
+    ) -> Result<Response<proto::ListKeysResponse>, Status> {
+        let guard = self.metrics.request("ListKeys");
+        let r = async {
+            let repo = self.open(request.get_ref().repository.as_ref()).await?;
+            Ok(keys::list(&repo).await?)
+        }
+        .await;
+        reply(guard, r)
+    }
+
+    async fn add_key(
+        &self,
+        request: Request<proto::AddKeyRequest>,
+    ) -> Result<Response<proto::RepositoryKey>, Status> {
+        let guard = self.metrics.request("AddKey");
+        let req = request.get_ref();
+        let r = async {
+            let repo = self.open(req.repository.as_ref()).await?;
+            Ok(keys::add(&repo, &self.validator.secrets, req).await?)
+        }
+        .await;
+        reply(guard, r)
+    }
+
+    async fn remove_key(
+        &self,
+        request: Request<proto::RemoveKeyRequest>,
+    ) -> Result<Response<proto::RemoveKeyResponse>, Status> {
+        let guard = self.metrics.request("RemoveKey");
+        let req = request.get_ref();
+        let r = async {
+            let repo = self.open(req.repository.as_ref()).await?;
+            Ok(keys::remove(&repo, req).await?)
+        }
+        .await;
+        reply(guard, r)
+    }
+
+    async fn rotate_key(
+        &self,
+        request: Request<proto::RotateKeyRequest>,
+    ) -> Result<Response<proto::RotateKeyResponse>, Status> {
+        let guard = self.metrics.request("RotateKey");
+        let req = request.get_ref();
+        let r = async {
+            let repo = self.open(req.repository.as_ref()).await?;
+            Ok(keys::rotate(&repo, &self.validator.secrets, req).await?)
+        }
+        .await;
+        reply(guard, r)
     }
 }
 

@@ -121,6 +121,23 @@ impl InitSettings {
     }
 }
 
+/// The passphrase a reference names: the first line of the secret (as `ferry backup`
+/// reads its key file), read now; `what` names the field in errors.
+pub fn passphrase_of(
+    secrets: &SecretResolver,
+    what: &str,
+    key: &proto::SecretRef,
+) -> Result<Secret> {
+    let secret = secrets.resolve(what, key)?;
+    let line = secret.expose().lines().next().unwrap_or_default();
+    if line.is_empty() {
+        return Err(invalid(format!(
+            "{what}: the secret is empty (its first line is the passphrase)"
+        )));
+    }
+    Ok(Secret::new(line))
+}
+
 /// A checked repository: where it is (a canonical directory or an s3:// URL) and the
 /// request's message with its references.
 #[derive(Debug, Clone)]
@@ -243,15 +260,7 @@ impl RepoAccess {
         let Some(key) = &self.repository.key else {
             return Ok(None);
         };
-        let what = format!("{}.key", self.field);
-        let secret = secrets.resolve(&what, key)?;
-        let line = secret.expose().lines().next().unwrap_or_default();
-        if line.is_empty() {
-            return Err(invalid(format!(
-                "{what}: the secret is empty (its first line is the passphrase)"
-            )));
-        }
-        Ok(Some(Secret::new(line)))
+        passphrase_of(secrets, &format!("{}.key", self.field), key).map(Some)
     }
 
     async fn store(
