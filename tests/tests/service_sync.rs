@@ -574,6 +574,56 @@ async fn a_sync_schedule_and_the_cli_client_start_sync_jobs() {
     assert_eq!(v["result"]["backups_copied"], 1, "{v}");
     assert_eq!(v["result"]["copied"][0], second.as_str(), "{v}");
     restore_exact(&mut e, &dst, &second, &disk).await;
+
+    // `ferry schedule create --sync`: the template holds both keys by reference, the keep
+    // rule, the limit and its windows in their time zone; a run finds nothing to copy.
+    let out = Command::new(BIN)
+        .args(["schedule", "--server"])
+        .arg(format!("http://{}", e.service.grpc_addr()))
+        .args(["create", "nightly-sync", "--cron", "@daily", "--sync"])
+        .arg(e.root.join("src"))
+        .arg(e.root.join("dst"))
+        .args(["--repo-key-file", "src-key", "--dest-key-file", "dst-key"])
+        .args(["--keep-last", "1", "--rate-limit", "100M"])
+        .args([
+            "--limit-window",
+            "sat,sun 00:00-24:00",
+            "--limit-time-zone",
+            "Europe/Oslo",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let schedule = schedules
+        .get_schedule(proto::GetScheduleRequest {
+            id: "nightly-sync".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(proto::job_template::Request::Sync(t)) = schedule.template.and_then(|t| t.request)
+    else {
+        panic!("not a sync template")
+    };
+    assert_eq!(t.destination.unwrap().key, file_ref("dst-key"));
+    assert_eq!(t.retention.unwrap().keep_last, 1);
+    assert_eq!(t.rate_limit, 100 * MIB);
+    assert_eq!(t.rate_limit_windows[0].days, ["sat", "sun"]);
+    assert_eq!(t.rate_limit_windows[0].time_zone, "Europe/Oslo");
+    let ran = schedules
+        .run_schedule_now(proto::RunScheduleNowRequest {
+            id: "nightly-sync".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let job = wait_terminal(&mut e.jobs, &ran.job.unwrap().id, LIMIT).await;
+    let r = sync_result(&job);
+    assert_eq!((r.backups_copied, r.backups_present), (0, 1), "{r:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -67,7 +67,7 @@ pub struct SyncJobArgs {
 const DAYS: [&str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
 
 /// `[DAYS ]HH:MM-HH:MM`: days as a list (`mon,wed`) or a range (`mon-fri`).
-fn window(text: &str) -> Result<proto::RateLimitWindow, String> {
+pub(super) fn window(text: &str) -> Result<proto::RateLimitWindow, String> {
     let (days, times) = match text.trim().rsplit_once(' ') {
         Some((d, t)) => (d.trim(), t),
         None => ("", text.trim()),
@@ -105,6 +105,20 @@ fn window(text: &str) -> Result<proto::RateLimitWindow, String> {
     })
 }
 
+/// The windows with their time zone (None: UTC).
+pub(super) fn in_zone(
+    windows: &[proto::RateLimitWindow],
+    zone: Option<&str>,
+) -> Vec<proto::RateLimitWindow> {
+    windows
+        .iter()
+        .map(|w| proto::RateLimitWindow {
+            time_zone: zone.unwrap_or_default().to_string(),
+            ..w.clone()
+        })
+        .collect()
+}
+
 impl SyncJobArgs {
     pub fn to_proto(&self) -> proto::StartSyncRequest {
         let key = match (&self.dest_key_env, &self.dest_key_file) {
@@ -121,7 +135,6 @@ impl SyncJobArgs {
                 force_path_style: self.dest_s3_path_style,
                 ..Default::default()
             });
-        let zone = self.limit_time_zone.clone().unwrap_or_default();
         proto::StartSyncRequest {
             source: Some(self.src.to_proto()),
             destination: Some(proto::Repository {
@@ -133,14 +146,7 @@ impl SyncJobArgs {
             retention: self.retention.to_proto(),
             remove_vanished: self.remove_vanished,
             rate_limit: self.limit_rate.unwrap_or(0),
-            rate_limit_windows: self
-                .limit_windows
-                .iter()
-                .map(|w| proto::RateLimitWindow {
-                    time_zone: zone.clone(),
-                    ..w.clone()
-                })
-                .collect(),
+            rate_limit_windows: in_zone(&self.limit_windows, self.limit_time_zone.as_deref()),
             idempotency_key: self.meta.key.clone().unwrap_or_default(),
             labels: self.meta.labels.iter().cloned().collect(),
             priority: self.meta.priority,
