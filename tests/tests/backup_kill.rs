@@ -353,6 +353,7 @@ async fn served_backups(
                 init_if_missing: Some(proto::RepositoryInit {
                     chunk_size: 64 * 1024,
                     zstd_level: None,
+                    ..Default::default()
                 }),
                 ..Default::default()
             })

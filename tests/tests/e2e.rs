@@ -54,6 +54,7 @@ mod service_otlp;
 mod service_process;
 mod service_s3;
 mod service_schedules;
+mod service_sync;
 mod snapshot_pages;
 mod stream_sizes;
 mod verify_larger_target;

@@ -92,6 +92,7 @@ fn small_chunks() -> Option<proto::RepositoryInit> {
     Some(proto::RepositoryInit {
         chunk_size: CHUNK,
         zstd_level: None,
+        ..Default::default()
     })
 }
 
@@ -841,6 +842,7 @@ async fn bad_backup_requests_are_refused_with_the_reason() {
     req.init_if_missing = Some(proto::RepositoryInit {
         chunk_size: 1000,
         zstd_level: None,
+        ..Default::default()
     });
     let (c, m) = code(e.jobs.start_backup(req).await);
     assert_eq!(c, Code::InvalidArgument);

@@ -14,6 +14,7 @@ pub fn job_kind_name(v: i32) -> &'static str {
         Ok(JobKind::RepositoryVerify) => "repository_verify",
         Ok(JobKind::Prune) => "prune",
         Ok(JobKind::Gc) => "gc",
+        Ok(JobKind::Sync) => "sync",
         Ok(JobKind::Unspecified) | Err(_) => "unknown",
     }
 }

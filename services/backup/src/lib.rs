@@ -87,6 +87,7 @@ mod location;
 mod manifest;
 mod protect;
 pub mod prune;
+mod rate;
 mod repository;
 mod session;
 pub mod store;
@@ -106,10 +107,11 @@ pub use keys::{EncryptionConfig, KdfParams, KeySlotsRef, SingleKey};
 pub use location::RepositoryUrl;
 pub use manifest::{BackupId, Manifest, SnapshotInfo};
 pub use prune::{CalendarDuration, Keep, KeepPolicy, KeepReason, PrunePlan, PruneReport};
+pub use rate::{FixedRate, RatePolicy};
 pub use repository::{InitOptions, Repository};
 pub use session::{ChunkOutcome, ChunkPut, Session, SessionOptions};
 pub use store::{
     LocalStore, LockMode, ObjectMeta, ObjectStore, ObjectVersion, Put, PutMode, Retention, S3Store,
 };
-pub use sync::{sync, sync_with, CopyBeside, SyncOptions, SyncReport};
+pub use sync::{sync, sync_with, CopyBeside, SyncObserver, SyncOptions, SyncReport};
 pub use verify::{ChunkFault, ChunkProblem, VerifyOptions, VerifyReport};

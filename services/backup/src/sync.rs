@@ -27,9 +27,7 @@
 //! image): a difference is refused before anything is written.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use ferry_core::{Error, ErrorKind, Result};
@@ -44,6 +42,7 @@ use crate::key_slot;
 use crate::keys::EncryptionConfig;
 use crate::manifest::{BackupId, Manifest, SnapshotInfo};
 use crate::prune::{plan, KeepPolicy, SnapshotRef};
+use crate::rate::{FixedRate, RateLimit, RatePolicy};
 use crate::repository::immutable_store;
 use crate::repository::Repository;
 use crate::session::{Session, SessionOptions};
@@ -65,6 +64,20 @@ pub struct SyncOptions {
     pub remove_vanished: bool,
     /// Bytes sent per second at most (`None`: no limit).
     pub limit_rate: Option<u64>,
+    /// A limit that changes with time (the job service's rate limit windows); when set
+    /// it replaces `limit_rate`.
+    pub rate_policy: Option<Arc<dyn RatePolicy>>,
+    /// Told of the sync's progress.
+    pub observer: Option<Arc<dyn SyncObserver>>,
+}
+
+/// Follows a sync's progress, in image bytes of the backups it copies.
+pub trait SyncObserver: Send + Sync + std::fmt::Debug {
+    /// The backups to copy are chosen: `backups` of them, `bytes` their image sizes.
+    fn planned(&self, backups: usize, bytes: u64);
+    /// `bytes` image bytes of a backup being copied are handled: their chunk was sent
+    /// (`sent`), or needed no sending (a zero chunk, or one the destination had).
+    fn handled(&self, bytes: u64, sent: bool);
 }
 
 impl SyncOptions {
@@ -90,6 +103,24 @@ impl SyncOptions {
     pub fn with_limit_rate(mut self, bytes_per_second: u64) -> Self {
         self.limit_rate = Some(bytes_per_second.max(1));
         self
+    }
+
+    pub fn with_rate_policy(mut self, policy: Arc<dyn RatePolicy>) -> Self {
+        self.rate_policy = Some(policy);
+        self
+    }
+
+    pub fn with_observer(mut self, observer: Arc<dyn SyncObserver>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    fn limiter(&self) -> Option<RateLimit> {
+        match (&self.rate_policy, self.limit_rate) {
+            (Some(policy), _) => Some(RateLimit::new(policy.clone())),
+            (None, Some(rate)) => Some(RateLimit::new(Arc::new(FixedRate(rate)))),
+            (None, None) => None,
+        }
     }
 }
 
@@ -174,7 +205,13 @@ pub async fn sync_with(
     }
     let wanted = selected(src, options).await?;
     let have: BTreeSet<BackupId> = dst.list_snapshots().await?.into_iter().collect();
-    let limiter = options.limit_rate.map(RateLimit::new);
+    let limiter = options.limiter();
+    let observer = options.observer.as_deref();
+    if let Some(o) = observer {
+        let missing = wanted.iter().filter(|m| !have.contains(&m.id));
+        let (count, bytes) = missing.fold((0, 0), |(n, b), m| (n + 1, b + m.image_size));
+        o.planned(count, bytes);
+    }
     let mut report = SyncReport {
         same_keys: same_names(src, dst),
         ..SyncReport::default()
@@ -184,7 +221,7 @@ pub async fn sync_with(
             report.present += 1;
             continue;
         }
-        let copied = copy_backup(src, dst, manifest, limiter.as_ref(), beside).await?;
+        let copied = copy_backup(src, dst, manifest, limiter.as_ref(), observer, beside).await?;
         report.chunks_copied += copied.chunks_copied;
         report.chunks_reused += copied.chunks_reused;
         report.bytes_copied += copied.bytes_copied;
@@ -292,6 +329,7 @@ async fn copy_backup(
     dst: &Repository,
     manifest: &Manifest,
     limiter: Option<&RateLimit>,
+    observer: Option<&dyn SyncObserver>,
     beside: &dyn CopyBeside,
 ) -> Result<Copied> {
     let id = &manifest.id;
@@ -328,7 +366,7 @@ async fn copy_backup(
         )
         .await
         .map_err(within)?;
-    let result = copy_chunks(src, &session, &index, &naming, limiter).await;
+    let result = copy_chunks(src, &session, &index, &naming, limiter, observer).await;
     let copied = match result {
         Ok((dst_index, copied)) => beside
             .copy(src, dst, manifest, &index, &dst_index)
@@ -384,19 +422,31 @@ async fn copy_chunks(
     index: &FixedIndex,
     naming: &Naming,
     limiter: Option<&RateLimit>,
+    observer: Option<&dyn SyncObserver>,
 ) -> Result<(FixedIndex, Copied)> {
     let copied = Mutex::new(Copied::default());
     let renamed: Mutex<HashMap<Digest, Digest>> = Mutex::new(HashMap::new());
-    // Each distinct chunk once, with its length (the last chunk may be short).
-    let mut distinct: Vec<(Digest, u64)> = Vec::new();
-    let mut seen = HashSet::new();
+    // Each distinct chunk once, with its length (the last chunk may be short) and the
+    // image bytes it stands for (every place it appears).
+    let mut distinct: Vec<(Digest, u64, u64)> = Vec::new();
+    let mut seen: HashMap<Digest, usize> = HashMap::new();
+    let mut zero_bytes = 0;
     for (i, d) in index.digests().iter().enumerate() {
-        if !d.is_zero() && seen.insert(*d) {
-            distinct.push((*d, index.chunk_range(i).1));
+        let len = index.chunk_range(i).1;
+        if d.is_zero() {
+            zero_bytes += len;
+        } else if let Some(&at) = seen.get(d) {
+            distinct[at].2 += len;
+        } else {
+            seen.insert(*d, distinct.len());
+            distinct.push((*d, len, len));
         }
     }
+    if let Some(o) = observer {
+        o.handled(zero_bytes, false);
+    }
     stream::iter(distinct)
-        .map(|(digest, len)| {
+        .map(|(digest, len, image_bytes)| {
             let (copied, renamed) = (&copied, &renamed);
             async move {
                 let (name, sent) = match naming {
@@ -407,6 +457,9 @@ async fn copy_chunks(
                 };
                 if naming_changes(naming) {
                     renamed.lock().insert(digest, name);
+                }
+                if let Some(o) = observer {
+                    o.handled(image_bytes, sent.is_some());
                 }
                 match sent {
                     Some(bytes) => {
@@ -530,35 +583,6 @@ async fn fetch_checked(
             ),
         )
     })
-}
-
-/// A bandwidth limit: callers wait until the bytes sent so far fit the rate since the
-/// start.
-#[derive(Debug)]
-struct RateLimit {
-    rate: u64,
-    start: Instant,
-    sent: AtomicU64,
-}
-
-impl RateLimit {
-    fn new(rate: u64) -> Self {
-        Self {
-            rate: rate.max(1),
-            start: Instant::now(),
-            sent: AtomicU64::new(0),
-        }
-    }
-
-    /// Counts `bytes` sent and waits until they fit the rate.
-    async fn take(&self, bytes: u64) {
-        let sent = self.sent.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        let due = Duration::from_secs_f64(sent as f64 / self.rate as f64);
-        let elapsed = self.start.elapsed();
-        if due > elapsed {
-            tokio::time::sleep(due - elapsed).await;
-        }
-    }
 }
 
 impl Repository {

@@ -13,7 +13,7 @@
 use std::str::FromStr;
 
 use chrono::{DateTime, LocalResult, Offset, SubsecRound, TimeDelta, TimeZone, Utc};
-use chrono_tz::Tz;
+pub use chrono_tz::Tz;
 use croner::parser::{CronParser, Seconds, Year};
 use croner::{Cron, JobType};
 use ferry_core::{Error, Result};

@@ -184,6 +184,20 @@ impl JobService for JobApi {
         reply(guard, r)
     }
 
+    async fn start_sync(
+        &self,
+        request: Request<proto::StartSyncRequest>,
+    ) -> Result<Response<proto::Job>, Status> {
+        let guard = self.guard("StartSync");
+        let r = async {
+            let accepted = self.validator.sync(request.get_ref())?;
+            let record = self.manager.submit(accepted).await?;
+            Ok(convert::job_to_proto(&record))
+        }
+        .await;
+        reply(guard, r)
+    }
+
     async fn get_job(
         &self,
         request: Request<proto::GetJobRequest>,

@@ -1,9 +1,12 @@
-//! The `ferry.v1.BackupService` gRPC handlers: create a repository, describe it, list
-//! and read its backups. Quick reads of small objects, answered at once (data moves in
-//! jobs). Requests are checked as job requests are (allowed roots, secret references).
+//! The `ferry.v1.BackupService` gRPC handlers: create a repository (immutable, too),
+//! describe it, list and read its backups, protect and unprotect one, manage its keys
+//! ([`super::keys`]). Quick reads and
+//! writes of small objects, answered at once (data moves in jobs). Requests are checked
+//! as job requests are (allowed roots, secret references).
 
 use tonic::{Request, Response, Status};
 
+use super::keys;
 use super::pages::{self, Position};
 use super::repository::{check_repository, InitSettings, RepoAccess};
 use super::results;
@@ -11,7 +14,7 @@ use crate::convert::Validator;
 use crate::metrics::{Metrics, RequestGuard};
 use crate::status::ServiceError;
 use ferry_api::proto::{self, backup_service_server::BackupService};
-use ferry_backup::{BackupId, Manifest, Repository};
+use ferry_backup::{BackupId, LockMode, Manifest, Repository};
 use ferry_core::{Error, ErrorKind};
 
 /// Largest page ListSnapshots returns.
@@ -70,6 +73,22 @@ fn info(url: String, repo: &Repository) -> proto::RepositoryInfo {
         zstd_level: c.zstd_level.unwrap_or(0),
         encrypted: repo.is_encrypted(),
         format_version: c.format_version,
+        immutable_days: c.immutable.map_or(0, |i| {
+            u32::try_from(i.period_secs / 86_400).unwrap_or(u32::MAX)
+        }),
+        immutable_mode: match c.immutable.map(|i| i.mode) {
+            None => proto::ImmutableMode::Unspecified,
+            Some(LockMode::Governance) => proto::ImmutableMode::Governance,
+            Some(LockMode::Compliance) => proto::ImmutableMode::Compliance,
+        } as i32,
+    }
+}
+
+/// A backup's manifest with its protection, as GetSnapshot answers.
+fn snapshot_of(manifest: &Manifest, protected: bool) -> proto::Snapshot {
+    proto::Snapshot {
+        protected,
+        ..results::snapshot(manifest)
     }
 }
 
@@ -92,6 +111,7 @@ impl BackupService for BackupApi {
         let r = async {
             let access = self.access(req.repository.as_ref())?;
             let settings = InitSettings::from_proto("options", &req.options.unwrap_or_default())?;
+            settings.check_for("options", access.resolved())?;
             match access.init(&self.validator.secrets, &settings).await? {
                 Some(repo) => Ok(info(access.name(), &repo)),
                 None => Err(ServiceError::RepositoryExists { url: access.name() }),
@@ -153,7 +173,12 @@ impl BackupService for BackupApi {
                 Some(last) if page.more => Position::of(last).token(),
                 _ => String::new(),
             };
-            let snapshots = page.manifests.iter().map(results::snapshot).collect();
+            let protected = repo.protected_backups().await?;
+            let snapshots = page
+                .manifests
+                .iter()
+                .map(|m| snapshot_of(m, protected.contains(&m.id)))
+                .collect();
             Ok(proto::ListSnapshotsResponse {
                 snapshots,
                 next_page_token,
@@ -173,9 +198,102 @@ impl BackupService for BackupApi {
             let id = snapshot_id(&req.id)?;
             let repo = self.open(req.repository.as_ref()).await?;
             let manifest = repo.load_manifest(&id).await?;
-            Ok(results::snapshot(&manifest))
+            Ok(snapshot_of(&manifest, repo.is_protected(&id).await?))
         }
         .await;
         reply(guard, r)
+    }
+
+    async fn protect_snapshot(
+        &self,
+        request: Request<proto::ProtectSnapshotRequest>,
+    ) -> Result<Response<proto::ProtectSnapshotResponse>, Status> {
+        let guard = self.metrics.request("ProtectSnapshot");
+        reply(guard, self.set_protection(request.get_ref(), true).await)
+    }
+
+    async fn unprotect_snapshot(
+        &self,
+        request: Request<proto::ProtectSnapshotRequest>,
+    ) -> Result<Response<proto::ProtectSnapshotResponse>, Status> {
+        let guard = self.metrics.request("UnprotectSnapshot");
+        reply(guard, self.set_protection(request.get_ref(), false).await)
+    }
+
+    async fn list_keys(
+        &self,
+        request: Request<proto::ListKeysRequest>,
+    ) -> Result<Response<proto::ListKeysResponse>, Status> {
+        let guard = self.metrics.request("ListKeys");
+        let r = async {
+            let repo = self.open(request.get_ref().repository.as_ref()).await?;
+            Ok(keys::list(&repo).await?)
+        }
+        .await;
+        reply(guard, r)
+    }
+
+    async fn add_key(
+        &self,
+        request: Request<proto::AddKeyRequest>,
+    ) -> Result<Response<proto::RepositoryKey>, Status> {
+        let guard = self.metrics.request("AddKey");
+        let req = request.get_ref();
+        let r = async {
+            let repo = self.open(req.repository.as_ref()).await?;
+            Ok(keys::add(&repo, &self.validator.secrets, req).await?)
+        }
+        .await;
+        reply(guard, r)
+    }
+
+    async fn remove_key(
+        &self,
+        request: Request<proto::RemoveKeyRequest>,
+    ) -> Result<Response<proto::RemoveKeyResponse>, Status> {
+        let guard = self.metrics.request("RemoveKey");
+        let req = request.get_ref();
+        let r = async {
+            let repo = self.open(req.repository.as_ref()).await?;
+            Ok(keys::remove(&repo, req).await?)
+        }
+        .await;
+        reply(guard, r)
+    }
+
+    async fn rotate_key(
+        &self,
+        request: Request<proto::RotateKeyRequest>,
+    ) -> Result<Response<proto::RotateKeyResponse>, Status> {
+        let guard = self.metrics.request("RotateKey");
+        let req = request.get_ref();
+        let r = async {
+            let repo = self.open(req.repository.as_ref()).await?;
+            Ok(keys::rotate(&repo, &self.validator.secrets, req).await?)
+        }
+        .await;
+        reply(guard, r)
+    }
+}
+
+impl BackupApi {
+    /// Protects or unprotects a backup; answers with it as it is now.
+    async fn set_protection(
+        &self,
+        req: &proto::ProtectSnapshotRequest,
+        protect: bool,
+    ) -> Result<proto::ProtectSnapshotResponse, ServiceError> {
+        let id = snapshot_id(&req.id)?;
+        let repo = self.open(req.repository.as_ref()).await?;
+        let manifest = repo.load_manifest(&id).await?;
+        let was_protected = if protect {
+            repo.protect(&id).await?
+        } else {
+            repo.unprotect(&id).await?
+        };
+        Ok(proto::ProtectSnapshotResponse {
+            snapshot: Some(snapshot_of(&manifest, protect)),
+            was_protected,
+        })
     }
 }

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use ferry_backup::{InitOptions, Repository, RepositoryUrl};
+use ferry_backup::{Immutability, InitOptions, LockMode, Repository, RepositoryUrl};
 use ferry_core::{Error, ErrorKind, Result, Secret};
 use ferry_endpoints::s3::S3Options;
 
@@ -25,6 +25,37 @@ const CONFIG: &str = "config";
 pub struct InitSettings {
     pub chunk_size: u32,
     pub zstd_level: Option<i32>,
+    /// An immutable repository's retention (S3 Object Lock).
+    pub immutable: Option<Immutability>,
+}
+
+/// Longest retention of an immutable repository, in days (as `ferry backup init`).
+pub const MAX_IMMUTABLE_DAYS: u32 = 36_500;
+
+/// The retention a request's `immutable_days` and `immutable_mode` ask for.
+fn immutability(what: &str, o: &proto::RepositoryInit) -> Result<Option<Immutability>> {
+    let mode = match proto::ImmutableMode::try_from(o.immutable_mode) {
+        Ok(proto::ImmutableMode::Unspecified | proto::ImmutableMode::Compliance) => {
+            LockMode::Compliance
+        }
+        Ok(proto::ImmutableMode::Governance) => LockMode::Governance,
+        Err(_) => {
+            return Err(invalid(format!(
+                "{what}.immutable_mode {} is not an ImmutableMode",
+                o.immutable_mode
+            )))
+        }
+    };
+    match o.immutable_days {
+        0 if o.immutable_mode != 0 => Err(invalid(format!(
+            "{what}.immutable_mode needs {what}.immutable_days (the retention in days)"
+        ))),
+        0 => Ok(None),
+        d if d > MAX_IMMUTABLE_DAYS => Err(invalid(format!(
+            "{what}.immutable_days {d}: at most {MAX_IMMUTABLE_DAYS}"
+        ))),
+        d => Ok(Some(Immutability::days(mode, d))),
+    }
 }
 
 impl InitSettings {
@@ -60,7 +91,20 @@ impl InitSettings {
         Ok(Self {
             chunk_size,
             zstd_level,
+            immutable: immutability(what, o)?,
         })
+    }
+
+    /// Refuses immutability for a directory (only S3 Object Lock retains versions), naming
+    /// the field `what`.
+    pub fn check_for(&self, what: &str, repository: &ResolvedEndpoint) -> Result<()> {
+        if self.immutable.is_some() && matches!(repository, ResolvedEndpoint::File(_)) {
+            return Err(invalid(format!(
+                "{what}.immutable_days: only an s3:// repository (in a bucket with Object Lock \
+                 enabled) can be immutable, not a directory"
+            )));
+        }
+        Ok(())
     }
 
     fn options(&self, passphrase: Option<Secret>) -> InitOptions {
@@ -70,8 +114,28 @@ impl InitSettings {
         if let Some(p) = passphrase {
             o = o.with_passphrase(p);
         }
+        if let Some(imm) = self.immutable {
+            o = o.with_immutability(imm);
+        }
         o
     }
+}
+
+/// The passphrase a reference names: the first line of the secret (as `ferry backup`
+/// reads its key file), read now; `what` names the field in errors.
+pub fn passphrase_of(
+    secrets: &SecretResolver,
+    what: &str,
+    key: &proto::SecretRef,
+) -> Result<Secret> {
+    let secret = secrets.resolve(what, key)?;
+    let line = secret.expose().lines().next().unwrap_or_default();
+    if line.is_empty() {
+        return Err(invalid(format!(
+            "{what}: the secret is empty (its first line is the passphrase)"
+        )));
+    }
+    Ok(Secret::new(line))
 }
 
 /// A checked repository: where it is (a canonical directory or an s3:// URL) and the
@@ -80,6 +144,8 @@ impl InitSettings {
 pub struct RepoAccess {
     resolved: ResolvedEndpoint,
     repository: proto::Repository,
+    /// The request's field, named in errors (`repository`, `destination`, ...).
+    field: &'static str,
 }
 
 /// Checks a request's repository (`what` names the field in errors): PERMISSION_DENIED
@@ -141,14 +207,37 @@ pub fn check_repository(
 
 impl RepoAccess {
     pub fn new(resolved: &ResolvedEndpoint, repository: Option<&proto::Repository>) -> Self {
+        Self::field(resolved, repository, "repository")
+    }
+
+    /// A repository the request names in `field`.
+    pub fn field(
+        resolved: &ResolvedEndpoint,
+        repository: Option<&proto::Repository>,
+        field: &'static str,
+    ) -> Self {
         Self {
             resolved: resolved.clone(),
             repository: repository.cloned().unwrap_or_default(),
+            field,
         }
+    }
+
+    /// Without a key of its own, opened with `other`'s (a sync's destination that
+    /// shares the source's keys; an unencrypted repository ignores a key).
+    pub fn with_key_of(mut self, other: &RepoAccess) -> Self {
+        if self.repository.key.is_none() {
+            self.repository.key = other.repository.key.clone();
+        }
+        self
     }
 
     /// The repository as it is shown in job records, errors and metric labels: its
     /// directory or s3:// URL (which hold no credentials).
+    pub fn resolved(&self) -> &ResolvedEndpoint {
+        &self.resolved
+    }
+
     pub fn name(&self) -> String {
         match &self.resolved {
             ResolvedEndpoint::File(p) => p.display().to_string(),
@@ -171,14 +260,7 @@ impl RepoAccess {
         let Some(key) = &self.repository.key else {
             return Ok(None);
         };
-        let secret = secrets.resolve("repository.key", key)?;
-        let line = secret.expose().lines().next().unwrap_or_default();
-        if line.is_empty() {
-            return Err(invalid(
-                "repository.key: the secret is empty (its first line is the passphrase)",
-            ));
-        }
-        Ok(Some(Secret::new(line)))
+        passphrase_of(secrets, &format!("{}.key", self.field), key).map(Some)
     }
 
     async fn store(
@@ -186,7 +268,7 @@ impl RepoAccess {
         secrets: &SecretResolver,
     ) -> Result<std::sync::Arc<dyn ferry_backup::ObjectStore>> {
         let s3 = match &self.repository.s3 {
-            Some(o) => s3_options("repository", o, secrets)?,
+            Some(o) => s3_options(self.field, o, secrets)?,
             None => S3Options::new(),
         };
         Ok(self.url().open(&s3).await)

@@ -20,7 +20,7 @@ fn blkhash(hex: &str) -> proto::Digest {
     }
 }
 
-fn timestamp(t: DateTime<Utc>) -> prost_types::Timestamp {
+pub(crate) fn timestamp(t: DateTime<Utc>) -> prost_types::Timestamp {
     prost_types::Timestamp {
         seconds: t.timestamp(),
         nanos: t.timestamp_subsec_nanos() as i32,
@@ -58,6 +58,7 @@ pub fn snapshot(m: &Manifest) -> proto::Snapshot {
         chunks_reused: m.chunks_reused,
         chunks_zero: m.chunks_zero,
         ferry_version: m.ferry_version.clone(),
+        protected: false,
     }
 }
 

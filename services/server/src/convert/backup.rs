@@ -157,6 +157,14 @@ impl BackupSpec {
             .repository
             .as_ref()
             .ok_or_else(|| Error::internal("backup job without a repository"))?;
+        let init = req
+            .init_if_missing
+            .as_ref()
+            .map(|o| InitSettings::from_proto("init_if_missing", o))
+            .transpose()?;
+        if let Some(init) = &init {
+            init.check_for("init_if_missing", repository)?;
+        }
         Ok(Self {
             source,
             image: ImageSpec::source(req.source.as_ref())?,
@@ -166,11 +174,7 @@ impl BackupSpec {
             tags: req.tags.clone(),
             workers: workers("workers", req.workers)?,
             dirty_bitmap,
-            init: req
-                .init_if_missing
-                .as_ref()
-                .map(|o| InitSettings::from_proto("init_if_missing", o))
-                .transpose()?,
+            init,
             retention: req
                 .retention
                 .as_ref()
@@ -528,6 +532,7 @@ mod tests {
                 r.init_if_missing = Some(proto::RepositoryInit {
                     chunk_size: 0,
                     zstd_level: Some(23),
+                    ..Default::default()
                 })
             },
             ErrorKind::InvalidInput,

@@ -1,6 +1,7 @@
 //! Between the wire and the domain: [`validation`] checks requests into what a job needs
 //! (checked endpoints, confined paths, bounded metadata), [`options`] turns their options
-//! into the typed [`JobSpec`] a job runs with, [`backup`] does both for the backup jobs,
+//! into the typed [`JobSpec`] a job runs with, [`backup`] does both for the backup jobs
+//! and [`sync`] for syncs between repositories,
 //! [`checkpoint`] checks and bounds checkpoints, and [`output`] turns job records into
 //! `ferry.v1.Job`.
 
@@ -8,6 +9,7 @@ pub mod backup;
 pub mod checkpoint;
 pub mod options;
 pub mod output;
+pub mod sync;
 pub mod validation;
 
 pub use options::{

@@ -18,6 +18,7 @@ use prost::Message;
 
 use super::backup::{BackupSpec, GcSpec, PruneSpec, RestoreSpec, VerifySpec};
 use super::checkpoint::checkpoint_from_proto;
+use super::sync::SyncSpec;
 use super::validation::{has_inline_password, invalid, MAX_URL_BYTES};
 use crate::model::job::{JobKind, JobPlan, JobRecord, ResolvedEndpoint};
 use crate::secrets::SecretResolver;
@@ -39,6 +40,7 @@ pub enum JobSpec {
     RepositoryVerify(Box<VerifySpec>),
     Prune(Box<PruneSpec>),
     Gc(Box<GcSpec>),
+    Sync(Box<SyncSpec>),
 }
 
 impl JobSpec {
@@ -82,6 +84,11 @@ impl JobSpec {
                 let req = proto::StartGcRequest::decode(record.request.as_slice())
                     .map_err(undecodable)?;
                 Self::Gc(Box::new(GcSpec::new(&req, &record.plan)?))
+            }
+            JobKind::Sync => {
+                let req = proto::StartSyncRequest::decode(record.request.as_slice())
+                    .map_err(undecodable)?;
+                Self::Sync(Box::new(SyncSpec::new(&req, &record.plan)?))
             }
         })
     }

@@ -93,6 +93,7 @@ pub fn kind_to_proto(kind: JobKind) -> proto::JobKind {
         JobKind::RepositoryVerify => proto::JobKind::RepositoryVerify,
         JobKind::Prune => proto::JobKind::Prune,
         JobKind::Gc => proto::JobKind::Gc,
+        JobKind::Sync => proto::JobKind::Sync,
     }
 }
 
@@ -122,6 +123,9 @@ fn request_to_proto(r: &JobRecord) -> Option<proto::job::Request> {
         JobKind::Gc => proto::StartGcRequest::decode(r.request.as_slice())
             .ok()
             .map(proto::job::Request::Gc),
+        JobKind::Sync => proto::StartSyncRequest::decode(r.request.as_slice())
+            .ok()
+            .map(proto::job::Request::Sync),
     }
     .map(|mut request| {
         let endpoints: Vec<&mut proto::Endpoint> = match &mut request {
@@ -189,6 +193,9 @@ fn result_to_proto(r: &JobRecord) -> Option<proto::job::Result> {
         ResultRecord::Gc { result } => proto::GcResult::decode(result.as_slice())
             .ok()
             .map(proto::job::Result::GcResult),
+        ResultRecord::Sync { result } => proto::SyncResult::decode(result.as_slice())
+            .ok()
+            .map(proto::job::Result::SyncResult),
     })
 }
 
@@ -239,6 +246,7 @@ pub fn kind_from_proto(v: i32) -> Result<Option<JobKind>> {
         Ok(proto::JobKind::RepositoryVerify) => Ok(Some(JobKind::RepositoryVerify)),
         Ok(proto::JobKind::Prune) => Ok(Some(JobKind::Prune)),
         Ok(proto::JobKind::Gc) => Ok(Some(JobKind::Gc)),
+        Ok(proto::JobKind::Sync) => Ok(Some(JobKind::Sync)),
         Err(_) => Err(Error::new(
             ErrorKind::InvalidInput,
             format!("kind {v} is not a JobKind"),

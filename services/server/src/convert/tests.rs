@@ -527,7 +527,7 @@ fn records_and_clients_name_kinds_and_states_alike() {
             kinds += 1;
         }
     }
-    assert_eq!(kinds, 7, "every JobKind has a record kind");
+    assert_eq!(kinds, 8, "every JobKind has a record kind");
     for state in JobState::ALL {
         assert_eq!(job_state_name(output::state(state) as i32), state.as_str());
     }

@@ -12,6 +12,7 @@ pub mod metered;
 pub mod opener;
 mod relay;
 mod runner;
+mod sync;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

@@ -136,6 +136,7 @@ async fn run_attempts(
             JobSpec::RepositoryVerify(v) => super::backup::verify(inner, id, v, cancel).await,
             JobSpec::Prune(p) => super::backup::prune(inner, id, p, cancel).await,
             JobSpec::Gc(g) => super::backup::gc(inner, id, g, cancel).await,
+            JobSpec::Sync(s) => super::sync::sync(inner, id, s, cancel).await,
         };
         let err = match outcome {
             Ok(Ended {

@@ -20,6 +20,7 @@ pub enum JobKind {
     RepositoryVerify,
     Prune,
     Gc,
+    Sync,
 }
 
 impl JobKind {
@@ -33,6 +34,7 @@ impl JobKind {
             Self::RepositoryVerify => "repository_verify",
             Self::Prune => "prune",
             Self::Gc => "gc",
+            Self::Sync => "sync",
         }
     }
 }
@@ -208,7 +210,8 @@ pub enum ResultRecord {
         seconds: f64,
     },
     /// The backup jobs' results are the wire messages, prost-encoded as the requests are
-    /// (BackupResult, RestoreResult, RepositoryVerifyResult, PruneResult, GcResult).
+    /// (BackupResult, RestoreResult, RepositoryVerifyResult, PruneResult, GcResult,
+    /// SyncResult).
     Backup {
         #[serde(with = "hex_bytes")]
         result: Vec<u8>,
@@ -226,6 +229,10 @@ pub enum ResultRecord {
         result: Vec<u8>,
     },
     Gc {
+        #[serde(with = "hex_bytes")]
+        result: Vec<u8>,
+    },
+    Sync {
         #[serde(with = "hex_bytes")]
         result: Vec<u8>,
     },

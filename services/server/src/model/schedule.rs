@@ -54,6 +54,11 @@ pub enum TemplateRecord {
         #[serde(with = "hex_bytes")]
         request: Vec<u8>,
     },
+    /// A StartSyncRequest.
+    Sync {
+        #[serde(with = "hex_bytes")]
+        request: Vec<u8>,
+    },
 }
 
 impl TemplateRecord {
@@ -65,6 +70,7 @@ impl TemplateRecord {
             Self::RepositoryVerify { .. } => JobKind::RepositoryVerify,
             Self::Prune { .. } => JobKind::Prune,
             Self::Gc { .. } => JobKind::Gc,
+            Self::Sync { .. } => JobKind::Sync,
         }
     }
 }

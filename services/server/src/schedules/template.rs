@@ -27,6 +27,7 @@ pub enum Template {
     RepositoryVerify(proto::StartRepositoryVerifyRequest),
     Prune(proto::StartPruneRequest),
     Gc(proto::StartGcRequest),
+    Sync(proto::StartSyncRequest),
 }
 
 fn invalid(msg: impl Into<String>) -> Error {
@@ -40,7 +41,7 @@ impl Template {
         let request = t.and_then(|t| t.request.as_ref()).ok_or_else(|| {
             invalid(
                 "template is missing: give a transfer, checksum, backup, repository_verify, \
-                 prune or gc request",
+                 prune, gc or sync request",
             )
         })?;
         let template = match request {
@@ -50,6 +51,7 @@ impl Template {
             Request::RepositoryVerify(r) => Self::RepositoryVerify(r.clone()),
             Request::Prune(r) => Self::Prune(r.clone()),
             Request::Gc(r) => Self::Gc(r.clone()),
+            Request::Sync(r) => Self::Sync(r.clone()),
         };
         template.check()?;
         Ok(template)
@@ -71,6 +73,7 @@ impl Template {
             }
             TemplateRecord::Prune { request } => Self::Prune(decode(request)?),
             TemplateRecord::Gc { request } => Self::Gc(decode(request)?),
+            TemplateRecord::Sync { request } => Self::Sync(decode(request)?),
         })
     }
 
@@ -94,6 +97,9 @@ impl Template {
             Self::Gc(r) => TemplateRecord::Gc {
                 request: r.encode_to_vec(),
             },
+            Self::Sync(r) => TemplateRecord::Sync {
+                request: r.encode_to_vec(),
+            },
         }
     }
 
@@ -107,6 +113,7 @@ impl Template {
                 Self::RepositoryVerify(r) => Request::RepositoryVerify(r.clone()),
                 Self::Prune(r) => Request::Prune(r.clone()),
                 Self::Gc(r) => Request::Gc(r.clone()),
+                Self::Sync(r) => Request::Sync(r.clone()),
             }),
         }
     }
@@ -119,6 +126,7 @@ impl Template {
             Self::RepositoryVerify(r) => (&r.idempotency_key, &r.labels),
             Self::Prune(r) => (&r.idempotency_key, &r.labels),
             Self::Gc(r) => (&r.idempotency_key, &r.labels),
+            Self::Sync(r) => (&r.idempotency_key, &r.labels),
         }
     }
 
@@ -205,6 +213,12 @@ impl Template {
                 r.idempotency_key = key.to_string();
                 label(&mut r.labels);
                 validator.gc(&r)
+            }
+            Self::Sync(r) => {
+                let mut r = r.clone();
+                r.idempotency_key = key.to_string();
+                label(&mut r.labels);
+                validator.sync(&r)
             }
         }
         .map_err(|e| Error::new(e.kind(), format!("template: {e}")))

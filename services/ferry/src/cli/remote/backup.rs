@@ -131,6 +131,7 @@ impl BackupJobArgs {
                 .map(|chunk_size| proto::RepositoryInit {
                     chunk_size,
                     zstd_level: None,
+                    ..Default::default()
                 }),
             retention: self.retention.to_proto(),
             idempotency_key: self.meta.key.clone().unwrap_or_default(),
@@ -425,6 +426,7 @@ pub fn result_text(r: &proto::job::Result) -> Option<String> {
             g.chunks_referenced + g.chunks_recent,
             format_size(g.bytes_kept)
         ),
+        R::SyncResult(s) => super::sync::result_text(s),
         R::TransferResult(_) | R::ChecksumResult(_) => return None,
     })
 }

@@ -64,6 +64,12 @@ pub enum JobCommand {
     Gc(super::backup::GcJobArgs),
     /// List the backups in a repository.
     Snapshots(super::backup::SnapshotsArgs),
+    /// Start a sync: copy the backups SRC_REPO has and DST_REPO lacks.
+    Sync(super::sync::SyncJobArgs),
+    /// Protect a backup: no prune removes it until it is unprotected.
+    Protect(super::sync::ProtectArgs),
+    /// Remove a backup's protection.
+    Unprotect(super::sync::ProtectArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -248,6 +254,19 @@ pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
         JobCommand::Gc(a) => {
             let job = super::backup::start_gc(&mut client, a).await?;
             return started(&mut client, job, a.meta.watch, args.json).await;
+        }
+        JobCommand::Sync(a) => {
+            let job = client
+                .start_sync(a.to_proto())
+                .await
+                .map_err(status_error)?
+                .into_inner();
+            return started(&mut client, job, a.meta.watch, args.json).await;
+        }
+        JobCommand::Protect(a) | JobCommand::Unprotect(a) => {
+            let on = matches!(&args.command, JobCommand::Protect(_));
+            super::sync::protect(&args.conn, a, on, args.json).await?;
+            return Ok(ExitCode::SUCCESS);
         }
     };
     print_job(&job, args.json);

@@ -114,6 +114,7 @@ pub fn result_json(r: &proto::job::Result) -> Option<serde_json::Value> {
             "chunks_referenced": g.chunks_referenced, "chunks_recent": g.chunks_recent,
             "bytes_kept": g.bytes_kept, "seconds": g.seconds,
         }),
+        R::SyncResult(s) => super::sync::result_json(s),
         R::TransferResult(_) | R::ChecksumResult(_) => return None,
     })
 }

@@ -1,4 +1,5 @@
-//! The clients of a running job service: `ferry job` ([`job`]), `ferry schedule`
+//! The clients of a running job service: `ferry job` ([`job`]; syncs and protection in
+//! [`sync`]), `ferry schedule`
 //! ([`schedule`]) and `ferry backup ... --server` ([`backup`]). Each turns flags into a
 //! ferry-api request and prints the reply; they share how to reach the service
 //! ([`connection`]) and the `--json` shapes ([`json`]).
@@ -8,3 +9,4 @@ pub mod connection;
 pub mod job;
 pub mod json;
 pub mod schedule;
+pub mod sync;

@@ -80,23 +80,54 @@ pub struct CreateArgs {
     /// instead of copying; with --keep-... rules it then prunes the source's backups.
     #[arg(long, conflicts_with = "checksum")]
     pub backup: bool,
-    /// Backups: environment variable on the server with the repository's passphrase.
+    /// Backups (and syncs: of SRC): environment variable on the server with the
+    /// repository's passphrase.
+    #[arg(long, value_name = "NAME", conflicts_with = "repo_key_file")]
+    pub repo_key_env: Option<String>,
+    /// Backups (and syncs: of SRC): file under the server's --secrets-dir with the
+    /// repository's passphrase.
+    #[arg(long, value_name = "NAME")]
+    pub repo_key_file: Option<String>,
+    /// Backups: the source's identity, which groups its backups [default: SRC]; syncs:
+    /// only the backups of this source identity.
+    #[arg(long, value_name = "ID")]
+    pub source_id: Option<String>,
+    /// Backups: the retention applied after each successful run; syncs: only the backups
+    /// these rules keep.
+    #[command(flatten)]
+    pub retention: RetentionArgs,
+    /// Each run syncs the repository SRC into the repository DST (`ferry job sync`);
+    /// --rate-limit caps the bytes sent per second.
+    #[arg(long, conflicts_with_all = ["checksum", "backup"])]
+    pub sync: bool,
+    #[command(flatten)]
+    pub sync_args: ScheduleSyncArgs,
+}
+
+/// The flags of a sync schedule (`--sync`).
+#[derive(Debug, Clone, Args)]
+pub struct ScheduleSyncArgs {
+    /// Syncs: environment variable on the server with DST's passphrase [default: SRC's].
     #[arg(
         long,
         value_name = "NAME",
-        requires = "backup",
-        conflicts_with = "repo_key_file"
+        requires = "sync",
+        conflicts_with = "dest_key_file"
     )]
-    pub repo_key_env: Option<String>,
-    /// Backups: file under the server's --secrets-dir with the repository's passphrase.
-    #[arg(long, value_name = "NAME", requires = "backup")]
-    pub repo_key_file: Option<String>,
-    /// Backups: the source's identity, which groups its backups [default: SRC].
-    #[arg(long, value_name = "ID", requires = "backup")]
-    pub source_id: Option<String>,
-    /// Backups: the retention applied after each successful run.
-    #[command(flatten)]
-    pub retention: RetentionArgs,
+    pub dest_key_env: Option<String>,
+    /// Syncs: file under the server's --secrets-dir with DST's passphrase.
+    #[arg(long, value_name = "NAME", requires = "sync")]
+    pub dest_key_file: Option<String>,
+    /// Syncs: remove DST's backups that SRC no longer has (protected ones stay).
+    #[arg(long, requires = "sync")]
+    pub remove_vanished: bool,
+    /// Syncs: apply --rate-limit only in this window, `[DAYS ]HH:MM-HH:MM` (repeatable).
+    #[arg(long = "limit-window", value_name = "WINDOW", requires = "sync",
+          value_parser = super::sync::window)]
+    pub limit_windows: Vec<proto::RateLimitWindow>,
+    /// Syncs: the IANA time zone of the windows [default: UTC].
+    #[arg(long, value_name = "ZONE", requires = "limit_windows")]
+    pub limit_time_zone: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -169,16 +200,47 @@ pub async fn run(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn secret(env: &Option<String>, file: &Option<String>) -> Option<proto::SecretRef> {
+    let source = match (env, file) {
+        (Some(env), _) => proto::secret_ref::Source::Env(env.clone()),
+        (None, Some(file)) => proto::secret_ref::Source::File(file.clone()),
+        (None, None) => return None,
+    };
+    Some(proto::SecretRef {
+        source: Some(source),
+    })
+}
+
+/// The template of a sync schedule: the repository SRC into the repository DST.
+fn sync_request(c: &CreateArgs) -> anyhow::Result<proto::StartSyncRequest> {
+    let (s, a) = (&c.job, &c.sync_args);
+    let [dst] = s.dst.as_slice() else {
+        bail!("--sync needs the source repository (SRC) and the destination (DST) only");
+    };
+    let repo = |url: &str, key| proto::Repository {
+        url: url.to_string(),
+        s3: None,
+        key,
+    };
+    Ok(proto::StartSyncRequest {
+        source: Some(repo(&s.src, secret(&c.repo_key_env, &c.repo_key_file))),
+        destination: Some(repo(dst, secret(&a.dest_key_env, &a.dest_key_file))),
+        source_id: c.source_id.clone().unwrap_or_default(),
+        retention: c.retention.to_proto(),
+        remove_vanished: a.remove_vanished,
+        rate_limit: s.rate_limit.unwrap_or(0),
+        rate_limit_windows: super::sync::in_zone(&a.limit_windows, a.limit_time_zone.as_deref()),
+        labels: s.labels.iter().cloned().collect(),
+        priority: s.priority,
+        idempotency_key: String::new(),
+    })
+}
+
 /// The template of a backup schedule: SRC into the repository DST.
 fn backup_request(c: &CreateArgs) -> anyhow::Result<proto::StartBackupRequest> {
     let s = &c.job;
     let [repo] = s.dst.as_slice() else {
         bail!("--backup needs SRC and the repository (REPO) only");
-    };
-    let key = match (&c.repo_key_env, &c.repo_key_file) {
-        (Some(env), _) => Some(proto::secret_ref::Source::Env(env.clone())),
-        (None, Some(file)) => Some(proto::secret_ref::Source::File(file.clone())),
-        (None, None) => None,
     };
     let mut source = proto::Endpoint {
         url: s.src.clone(),
@@ -193,7 +255,7 @@ fn backup_request(c: &CreateArgs) -> anyhow::Result<proto::StartBackupRequest> {
         repository: Some(proto::Repository {
             url: repo.clone(),
             s3: None,
-            key: key.map(|k| proto::SecretRef { source: Some(k) }),
+            key: secret(&c.repo_key_env, &c.repo_key_file),
         }),
         source_id: c.source_id.clone().unwrap_or_default(),
         workers: s.workers.unwrap_or(0),
@@ -211,8 +273,12 @@ fn create_request(c: &CreateArgs) -> anyhow::Result<proto::CreateScheduleRequest
     }
     let request = if c.backup {
         proto::job_template::Request::Backup(backup_request(c)?)
+    } else if c.sync {
+        proto::job_template::Request::Sync(sync_request(c)?)
     } else if c.retention.to_proto().is_some() {
-        bail!("--keep-... rules apply to backup schedules (--backup)");
+        bail!("--keep-... rules apply to backup and sync schedules (--backup, --sync)");
+    } else if c.repo_key_env.is_some() || c.repo_key_file.is_some() || c.source_id.is_some() {
+        bail!("--repo-key-env, --repo-key-file and --source-id apply to backup and sync schedules");
     } else if s.checksum {
         if !s.dst.is_empty() {
             bail!("--checksum takes only SRC");
@@ -349,6 +415,7 @@ pub(super) fn template_kind(s: &proto::Schedule) -> &'static str {
         Some(proto::job_template::Request::RepositoryVerify(_)) => "repository_verify",
         Some(proto::job_template::Request::Prune(_)) => "prune",
         Some(proto::job_template::Request::Gc(_)) => "gc",
+        Some(proto::job_template::Request::Sync(_)) => "sync",
         None => "unknown",
     }
 }
@@ -368,6 +435,10 @@ pub(super) fn endpoints(s: &proto::Schedule) -> (String, Option<String>) {
         }
         Some(proto::job_template::Request::Prune(r)) => (String::new(), repo_url(&r.repository)),
         Some(proto::job_template::Request::Gc(r)) => (String::new(), repo_url(&r.repository)),
+        Some(proto::job_template::Request::Sync(r)) => (
+            repo_url(&r.source).unwrap_or_default(),
+            repo_url(&r.destination),
+        ),
         None => (String::new(), None),
     }
 }
