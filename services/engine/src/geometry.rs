@@ -127,7 +127,11 @@ impl Geometry {
         } else {
             align
         };
-        let unit = round_up(options.work_unit.max(1), unit_grain);
+        let wanted_unit = match source.work_unit {
+            Some(most) => options.work_unit.min(most),
+            None => options.work_unit,
+        };
+        let unit = round_up(wanted_unit.max(1), unit_grain);
         let (workers, window) = if source.sequential_read {
             (1, 1)
         } else {
