@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 pub(super) const AHEAD_LIMIT: usize = 64 << 20;
 /// A range before the first kept piece at most this long, that no read covers, is
 /// fetched at once.
-const SMALL_GAP: u64 = 1 << 20;
+const SMALL_GAP: u64 = 256 << 10;
 /// Most bytes one fill fetches.
 pub(super) const FILL_MAX: u64 = 8 << 20;
 
@@ -126,40 +126,86 @@ impl State {
 mod tests {
     use super::*;
 
+    const K: u64 = 1024;
+
+    fn data(len: u64) -> Vec<u8> {
+        (0..len).map(|i| (i % 253) as u8).collect()
+    }
+
+    fn part(data: &[u8], start: u64, end: u64) -> &[u8] {
+        &data[start as usize..end as usize]
+    }
+
     #[test]
     fn a_small_unread_gap_is_claimed_once_and_an_in_flight_one_never() {
-        let data: Vec<u8> = (0..4 << 20).map(|i: u32| (i % 253) as u8).collect();
+        let data = data(1 << 20);
         let h = RangeHashing::new(Digest::of(&data), data.len() as u64);
-        // Headers at 0..1024 were never read; a read at 1024 arrives ahead.
-        h.start(1024, 1 << 20);
-        h.start(2 << 20, 1 << 20);
-        let at = 1024usize;
-        let gap = h
-            .end(1024, 1 << 20, Some(&data[at..at + (1 << 20)]))
-            .unwrap();
-        assert_eq!(gap, Some((0, 1024)));
-        // While it is being filled, no one else claims it.
-        h.start(3 << 20, 1 << 20);
-        assert_eq!(
-            h.end(3 << 20, 1 << 20, Some(&data[3 << 20..])).unwrap(),
-            None
-        );
-        h.fill(0, &data[..1024]).unwrap();
+        // Headers at 0..1024 were never read; a read at 1024 arrives ahead of them while
+        // another read is under way further on.
+        let a = (K, K + 256 * K);
+        let b = (512 * K, 768 * K);
+        h.start(a.0, a.1 - a.0);
+        h.start(b.0, b.1 - b.0);
+        let gap = h.end(a.0, a.1 - a.0, Some(part(&data, a.0, a.1))).unwrap();
+        assert_eq!(gap, Some((0, K)));
+        // While it is being filled, no one else claims a range.
+        let c = (768 * K, 1024 * K);
+        h.start(c.0, c.1 - c.0);
+        let gap = h.end(c.0, c.1 - c.0, Some(part(&data, c.0, c.1))).unwrap();
+        assert_eq!(gap, None);
+        h.fill(0, part(&data, 0, K)).unwrap();
         h.fill_done();
-        // Now the prefix is at 1024 + 1 MiB.
-        let gap = h
-            .end(2 << 20, 1 << 20, Some(&data[2 << 20..3 << 20]))
-            .unwrap();
-        // The read at 2 MiB ended ahead of the prefix (1024 + 1 MiB): the 1 MiB - 1024
-        // gap before it is small and unread.
-        let (s, e) = gap.unwrap();
-        assert_eq!((s, e), ((1 << 20) + 1024, 2 << 20));
-        h.fill(s, &data[s as usize..e as usize]).unwrap();
+        // The prefix is at a.1; the range up to b is in flight: nothing to claim.
+        h.start(K, 0);
+        assert_eq!(h.end(K, 0, None).unwrap(), None);
+        // b ends: the small range a.1..b.0 nobody reads is claimed.
+        let gap = h.end(b.0, b.1 - b.0, Some(part(&data, b.0, b.1))).unwrap();
+        assert_eq!(gap, Some((a.1, b.0)));
+        h.fill(a.1, part(&data, a.1, b.0)).unwrap();
         h.fill_done();
         let (ordered, filled) = h.take().unwrap();
-        assert_eq!(filled, 1024 + (1 << 20) - 1024);
+        assert_eq!(filled, K + (b.0 - a.1));
         assert_eq!(ordered.next_gap(), None);
         ordered.check().unwrap();
         assert!(h.take().is_none());
+    }
+
+    #[test]
+    fn a_large_gap_waits_until_the_prefix_is_stuck() {
+        let size = 48 << 20;
+        let data = data(size);
+        let h = RangeHashing::new(Digest::of(&data), size);
+        // 8 MiB at 8 MiB: the 8 MiB before it may still be read by someone.
+        let piece = 8 << 20;
+        h.start(piece, piece);
+        let gap = h
+            .end(piece, piece, Some(part(&data, piece, 2 * piece)))
+            .unwrap();
+        assert_eq!(gap, None);
+        // More than half the buffer held ahead: the prefix is stuck, its gap fetched in
+        // FILL_MAX steps.
+        for i in 2..6 {
+            h.start(i * piece, piece);
+            let gap = h
+                .end(
+                    i * piece,
+                    piece,
+                    Some(part(&data, i * piece, (i + 1) * piece)),
+                )
+                .unwrap();
+            if i == 4 {
+                assert_eq!(gap, Some((0, FILL_MAX)), "{i}");
+                h.fill(0, part(&data, 0, FILL_MAX)).unwrap();
+                h.fill_done();
+            } else {
+                assert_eq!(gap, None, "{i}");
+            }
+        }
+        let (mut ordered, filled) = h.take().unwrap();
+        assert_eq!(filled, FILL_MAX);
+        assert_eq!(ordered.position(), 6 * piece);
+        assert_eq!(ordered.next_gap(), None);
+        ordered.offer(0, &data).unwrap();
+        ordered.check().unwrap();
     }
 }
