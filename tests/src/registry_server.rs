@@ -124,11 +124,10 @@ impl Front {
     /// `digest`, and how many such GETs it answered.
     pub fn blob_bytes_served(&self, digest: &str) -> (u64, usize) {
         // nginx's default (combined) format: `... "GET URI HTTP/1.1" STATUS BYTES ...`.
-        let get = format!("\"GET /v2/");
         let blob = format!("/blobs/{digest} ");
         self.access_log()
             .lines()
-            .filter(|l| l.contains(&get) && l.contains(&blob))
+            .filter(|l| l.contains("\"GET /v2/") && l.contains(&blob))
             .filter_map(|l| {
                 let (_, after) = l.split_once("\" ")?;
                 after.split(' ').nth(1)?.parse::<u64>().ok()
