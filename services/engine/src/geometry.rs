@@ -186,6 +186,25 @@ mod tests {
     }
 
     #[test]
+    fn a_source_may_ask_for_smaller_work_units() {
+        let defaults = CopyOptions::default();
+        let hinted = Caps {
+            work_unit: Some(8 << 20),
+            ..Caps::default()
+        };
+        let g = Geometry::new(1 << 30, hinted, Caps::default(), &defaults).unwrap();
+        assert_eq!(g.unit, 8 << 20);
+        let g = Geometry::new(1 << 30, Caps::default(), hinted, &defaults).unwrap();
+        assert_eq!(g.unit, crate::options::DEFAULT_WORK_UNIT, "a target's hint");
+        let small = CopyOptions {
+            work_unit: 1 << 20,
+            ..CopyOptions::default()
+        };
+        let g = Geometry::new(1 << 30, hinted, Caps::default(), &small).unwrap();
+        assert_eq!(g.unit, 1 << 20, "the smaller of the two");
+    }
+
+    #[test]
     fn defaults() {
         let g = Geometry::new(
             1 << 30,
