@@ -12,7 +12,9 @@
 //!   registry's HTTP API (`curl`), for uncompressed layers and hand-built (broken) tars;
 //!   [`tar_entry`] and [`tar_end`] build those tars;
 //! - [`Registry::range_refusing_proxy`]: an nginx in front of the registry that strips
-//!   `Range` and answers every blob with 200 and the whole body.
+//!   `Range` and answers every blob with 200 and the whole body;
+//! - [`Registry::counting_proxy`]: an nginx in front of the registry that logs the bytes
+//!   of every answer ([`Front::blob_bytes_served`]).
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -118,9 +120,24 @@ impl Front {
         format!("127.0.0.1:{}", self.port)
     }
 
-    /// nginx's access log so far (one line a request: `METHOD URI STATUS`).
+    /// nginx's access log so far (one line a request, nginx's combined format).
     pub fn access_log(&self) -> String {
         std::fs::read_to_string(self.dir.join("access.log")).unwrap_or_default()
+    }
+
+    /// Body bytes a [`Registry::counting_proxy`] sent in answers to GETs of the blob
+    /// `digest`, and how many such GETs it answered.
+    pub fn blob_bytes_served(&self, digest: &str) -> (u64, usize) {
+        // nginx's default (combined) format: `... "GET URI HTTP/1.1" STATUS BYTES ...`.
+        let blob = format!("/blobs/{digest} ");
+        self.access_log()
+            .lines()
+            .filter(|l| l.contains("\"GET /v2/") && l.contains(&blob))
+            .filter_map(|l| {
+                let (_, after) = l.split_once("\" ")?;
+                after.split(' ').nth(1)?.parse::<u64>().ok()
+            })
+            .fold((0, 0), |(sum, n), b| (sum + b, n + 1))
     }
 }
 
@@ -641,17 +658,32 @@ impl Registry {
     /// `If-Range`) from every request and serves no ranges itself: every blob comes back
     /// 200 with its whole body, as from a registry or CDN that refuses ranges.
     pub fn range_refusing_proxy(&self) -> Front {
+        self.proxy(
+            "range-refusing-proxy",
+            "    max_ranges 0;\n",
+            "      proxy_set_header Range \"\";\n      proxy_set_header If-Range \"\";\n      \
+             proxy_hide_header Accept-Ranges;\n",
+        )
+    }
+
+    /// Starts an nginx on TLS in front of the registry that passes every request as it
+    /// is (ranges too) and logs the body bytes of each answer: see
+    /// [`blob_bytes_served`].
+    pub fn counting_proxy(&self) -> Front {
+        self.proxy("counting-proxy", "", "")
+    }
+
+    /// An nginx proxy to the registry: `server` directives and `location` ones added.
+    fn proxy(&self, name: &str, server: &str, location: &str) -> Front {
         let body = format!(
-            "    client_max_body_size 0;\n    max_ranges 0;\n    location / {{\n      \
-             proxy_pass https://127.0.0.1:{};\n      proxy_set_header Host $http_host;\n      \
-             proxy_set_header Range \"\";\n      proxy_set_header If-Range \"\";\n      \
-             proxy_hide_header Accept-Ranges;\n      proxy_buffering off;\n      \
-             proxy_ssl_verify off;\n    }}",
+            "    client_max_body_size 0;\n{server}    location / {{\n      \
+             proxy_pass https://127.0.0.1:{};\n      proxy_set_header Host $http_host;\n\
+             {location}      proxy_buffering off;\n      proxy_ssl_verify off;\n    }}",
             self.port
         );
         Front::start(
             &self.dir,
-            "range-refusing-proxy",
+            name,
             &self.dir.join("srv.pem"),
             &self.dir.join("srv.key"),
             &body,

@@ -463,3 +463,81 @@ fn a_decompression_bomb_and_lying_tar_headers_fail_clearly() {
         assert!(line.contains("lies about its size"), "{name}: {line}");
     }
 }
+
+/// An uncompressed layer read by ranged GETs is downloaded once: the ranges the copy
+/// reads are hashed for the layer's digest as they arrive (only what no read covered is
+/// fetched again), counted by a proxy in front of the registry, for a raw disk and a
+/// qcow2; and a byte changed in the registry's storage, in the middle of the disk or at
+/// the layer's end, still fails the copy as corrupt.
+#[test]
+fn a_ranged_layer_is_downloaded_once_and_still_verified() {
+    let dir = scratch_dir();
+    let reg = Registry::start(dir.path());
+    let proxy = reg.counting_proxy();
+    let auth = dir.path().join("proxy-auth.json");
+    write_auth_file(&auth, &proxy.host(), ferry_tests::registry_server::PASSWORD);
+    let raw = dir.path().join("big.raw");
+    sh("qemu-img", &["create", "-q", "-f", "raw", s(&raw), "48M"]);
+    for cmd in ["write -P 0x61 0 20M", "write -P 0x62 30M 17M"] {
+        sh("qemu-io", &["-f", "raw", "-c", cmd, s(&raw)]);
+    }
+    let (small_raw, qcow2) = make_disk(dir.path(), 0x71);
+    for (tag, disk, want) in [("raw", &raw, &raw), ("qcow2", &qcow2, &small_raw)] {
+        let tar = plain_tar(disk);
+        reg.push_image("disks/once", tag, &tar, &tar, PLAIN_LAYER);
+        let url = format!("docker://{}/disks/once:{tag}", proxy.host());
+        let run = ferry_with_auth(&reg, &auth, &["info", "--json", &url]);
+        run.assert_success();
+        let info: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+        assert_eq!(info["registry"]["ranges"], true, "{info}");
+        let layer = info["registry"]["layer"].as_str().unwrap().to_string();
+        let (before, _) = proxy.blob_bytes_served(&layer);
+        let out = dir.path().join(format!("once-{tag}.raw"));
+        ferry_with_auth(&reg, &auth, &["copy", &url, s(&out)]).assert_success();
+        qemu_img_compare(want, &out);
+        let (after, gets) = proxy.blob_bytes_served(&layer);
+        let served = after - before;
+        let size = tar.len() as u64;
+        println!("{tag}: {served} bytes of the {size}-byte layer served in {gets} GETs");
+        // Every byte at least once (the digest needs them all); a second download of
+        // the whole layer would be twice its size.
+        assert!(
+            served >= size && served <= size + size / 10 + MIB,
+            "{tag}: {served} bytes of the {size}-byte layer served in {gets} GETs"
+        );
+    }
+
+    // Changed bytes in the registry's storage: in the disk's data (read by ranges) and
+    // in the layer's last byte (the tar's end, fetched only for the digest).
+    let info: serde_json::Value = serde_json::from_str(
+        &ferry_with_auth(
+            &reg,
+            &auth,
+            &[
+                "info",
+                "--json",
+                &format!("docker://{}/disks/once:raw", proxy.host()),
+            ],
+        )
+        .assert_success()
+        .stdout,
+    )
+    .unwrap();
+    let layer = info["registry"]["layer"].as_str().unwrap().to_string();
+    let blob = reg.blob_file(&layer);
+    let original = std::fs::read(&blob).unwrap();
+    let url = format!("docker://{}/disks/once:raw", proxy.host());
+    for at in [(25 << 20) + 12345, original.len() - 1] {
+        let mut changed = original.clone();
+        changed[at] ^= 0x5a;
+        std::fs::write(&blob, &changed).unwrap();
+        let out = dir.path().join(format!("changed-{at}.raw"));
+        let run = ferry_with_auth(&reg, &auth, &["copy", &url, s(&out)]);
+        let line = run.assert_clean_failure().to_string();
+        assert!(
+            line.contains("does not match its digest") || line.contains("tar"),
+            "byte {at}: {line}"
+        );
+    }
+    std::fs::write(&blob, &original).unwrap();
+}

@@ -1,7 +1,8 @@
 //! Image formats through the job service: a qcow2 image (with and without its backing
 //! file allowed) and a .zst image transferred by jobs and compared with the originals by
 //! `qemu-img compare`, a checksum job of a compressed image, and the format options
-//! refused where they do not belong.
+//! refused where they do not belong. A registry source's options and an OVA's disk both
+//! on the wire and through `ferry job start`'s flags.
 
 use std::path::Path;
 use std::process::Command;
@@ -57,6 +58,28 @@ fn compare(format: &str, image: &Path, raw: &Path) {
         "qemu-img",
         &["compare", "-f", format, "-F", "raw", s(image), s(raw)],
     );
+}
+
+/// `ferry job --server ADDR ARGS` (the binary under test), run off the runtime's thread:
+/// the service under test runs on it.
+async fn ferry_job(addr: std::net::SocketAddr, args: &[&str]) -> ferry_tests::bin::Run {
+    let server = format!("http://{addr}");
+    let mut all = vec!["job", "--server", server.as_str()];
+    all.extend_from_slice(args);
+    let all: Vec<String> = all.iter().map(ToString::to_string).collect();
+    tokio::task::spawn_blocking(move || ferry_tests::ferry!().run(all))
+        .await
+        .unwrap()
+}
+
+/// The final job of a `--watch --json` run (it prints a line per state).
+fn last_job(run: &ferry_tests::bin::Run) -> serde_json::Value {
+    let line = run
+        .stdout
+        .lines()
+        .rfind(|l| !l.trim().is_empty())
+        .unwrap_or_else(|| panic!("no output: {run}"));
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {run}"))
 }
 
 struct Env {
@@ -384,6 +407,78 @@ async fn registry_sources_are_read_with_their_options_on_the_wire() {
     let status = e.client.start_transfer(req).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
 
+    // The same through `ferry job start`'s flags: the copy, compared; the platform
+    // checked by the server; the flags refused on a file source before any request.
+    let addr = e.service.grpc_addr();
+    let out = e.root.join("cli.raw");
+    let run = ferry_job(
+        addr,
+        &[
+            "start",
+            &url,
+            s(&out),
+            "--registry-auth-file",
+            s(&auth),
+            "--registry-ca-file",
+            s(&ca),
+            "--platform",
+            "linux/amd64",
+            "--verify",
+            "--watch",
+            "--json",
+        ],
+    )
+    .await;
+    run.assert_success();
+    assert_eq!(last_job(&run)["state"], "succeeded", "{run}");
+    compare("raw", &raw, &out);
+    // Without the CA file the registry's certificate is not trusted: the flag is what
+    // made the copy above work.
+    let run = ferry_job(
+        addr,
+        &[
+            "start",
+            &url,
+            s(&e.root.join("no-ca.raw")),
+            "--registry-auth-file",
+            s(&auth),
+            "--watch",
+            "--json",
+        ],
+    )
+    .await;
+    assert!(!run.status.success(), "{run}");
+    assert_eq!(last_job(&run)["state"], "failed", "{run}");
+    let run = ferry_job(
+        addr,
+        &[
+            "start",
+            &url,
+            s(&e.root.join("arm.raw")),
+            "--registry-auth-file",
+            s(&auth),
+            "--registry-ca-file",
+            s(&ca),
+            "--platform",
+            "linux",
+        ],
+    )
+    .await;
+    let line = run.assert_clean_failure();
+    assert!(line.contains("registry.platform"), "{run}");
+    let run = ferry_job(
+        addr,
+        &[
+            "start",
+            s(&img),
+            s(&e.root.join("w.raw")),
+            "--registry-insecure",
+        ],
+    )
+    .await;
+    let line = run.assert_clean_failure();
+    assert!(line.contains("docker://"), "{run}");
+
     // A wrong password: the job fails as permission denied, the password nowhere.
     let bad = e.root.join("bad-auth.json");
     write_auth_file(&bad, &reg.host(), "not-the-password-9431");
@@ -454,6 +549,47 @@ async fn an_ova_disk_is_chosen_on_the_wire() {
         .await;
     assert_eq!(state(&done), JobState::Succeeded, "{:?}", done.error);
     compare("raw", &raw, &out);
+
+    // `ferry job start --disk`: the first disk now (the wire's `disk: 0`), compared; a
+    // disk the OVA does not have fails the job naming it.
+    let addr = e.service.grpc_addr();
+    let out = e.root.join("cli-ova.raw");
+    let run = ferry_job(
+        addr,
+        &[
+            "start",
+            s(&ova),
+            s(&out),
+            "--disk",
+            "0",
+            "--watch",
+            "--json",
+        ],
+    )
+    .await;
+    run.assert_success();
+    assert_eq!(last_job(&run)["state"], "succeeded", "{run}");
+    compare("raw", &raw, &out);
+    let run = ferry_job(
+        addr,
+        &[
+            "start",
+            s(&ova),
+            s(&e.root.join("cli-ova-7.raw")),
+            "--disk",
+            "7",
+            "--watch",
+            "--json",
+        ],
+    )
+    .await;
+    assert!(!run.status.success(), "{run}");
+    let job = last_job(&run);
+    assert_eq!(job["state"], "failed", "{run}");
+    assert!(
+        job["error"]["message"].to_string().contains("--disk 7"),
+        "{run}"
+    );
 
     let mut req = transfer(&ova, &e.root.join("z.raw"));
     req.target.as_mut().unwrap().disk = Some(0);

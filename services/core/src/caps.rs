@@ -54,6 +54,12 @@ pub struct Caps {
     /// chose none. Network endpoints pay a round trip per request and say so here;
     /// `None` leaves the choice to the engine's default.
     pub request_size: Option<u32>,
+    /// The largest work unit a copy should cut this source into, for a source that
+    /// checks its bytes in order while they are read by ranges in parallel (a registry
+    /// layer hashed as it goes): small units keep concurrent readers close together, so
+    /// what arrives ahead of the hashed prefix fits a bounded buffer. `None` leaves the
+    /// unit to the engine.
+    pub work_unit: Option<u64>,
 }
 
 impl Default for Caps {
@@ -69,6 +75,7 @@ impl Default for Caps {
             sequential_read: false,
             block: BlockSizes::default(),
             request_size: None,
+            work_unit: None,
         }
     }
 }

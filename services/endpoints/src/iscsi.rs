@@ -242,6 +242,7 @@ impl Lu {
                 maximum: maximum.max(bs),
             },
             request_size: Some(REQUEST_SIZE),
+            work_unit: None,
         }
     }
 

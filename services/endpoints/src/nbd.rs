@@ -230,6 +230,7 @@ impl Export {
                 maximum: bs.maximum,
             },
             request_size: Some(REQUEST_SIZE),
+            work_unit: None,
         }
     }
 

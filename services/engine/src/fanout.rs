@@ -236,6 +236,7 @@ fn common_caps(members: &[Arc<dyn Target>]) -> Caps {
                 .unwrap_or(u32::MAX),
         },
         request_size: caps.iter().filter_map(|c| c.request_size).max(),
+        work_unit: None,
     }
 }
 

@@ -127,7 +127,11 @@ impl Geometry {
         } else {
             align
         };
-        let unit = round_up(options.work_unit.max(1), unit_grain);
+        let wanted_unit = match source.work_unit {
+            Some(most) => options.work_unit.min(most),
+            None => options.work_unit,
+        };
+        let unit = round_up(wanted_unit.max(1), unit_grain);
         let (workers, window) = if source.sequential_read {
             (1, 1)
         } else {
@@ -179,6 +183,25 @@ mod tests {
             },
             ..Caps::default()
         }
+    }
+
+    #[test]
+    fn a_source_may_ask_for_smaller_work_units() {
+        let defaults = CopyOptions::default();
+        let hinted = Caps {
+            work_unit: Some(8 << 20),
+            ..Caps::default()
+        };
+        let g = Geometry::new(1 << 30, hinted, Caps::default(), &defaults).unwrap();
+        assert_eq!(g.unit, 8 << 20);
+        let g = Geometry::new(1 << 30, Caps::default(), hinted, &defaults).unwrap();
+        assert_eq!(g.unit, crate::options::DEFAULT_WORK_UNIT, "a target's hint");
+        let small = CopyOptions {
+            work_unit: 1 << 20,
+            ..CopyOptions::default()
+        };
+        let g = Geometry::new(1 << 30, hinted, Caps::default(), &small).unwrap();
+        assert_eq!(g.unit, 1 << 20, "the smaller of the two");
     }
 
     #[test]

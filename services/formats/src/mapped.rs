@@ -315,6 +315,18 @@ pub(crate) async fn read_meta(
     len: u64,
     what: &str,
 ) -> Result<IoBuf> {
+    read_meta_into(file, offset, len, what, None).await
+}
+
+/// [`read_meta`] into `spare` when it is large enough (see
+/// [`crate::qcow2::read_bytes_into`]).
+pub(crate) async fn read_meta_into(
+    file: &dyn Source,
+    offset: u64,
+    len: u64,
+    what: &str,
+    spare: Option<IoBuf>,
+) -> Result<IoBuf> {
     if offset.checked_add(len).is_none_or(|end| end > file.size()) {
         return Err(corrupt(format!(
             "the {what} ({len} bytes at offset {offset}) is past the end of the image file \
@@ -322,7 +334,7 @@ pub(crate) async fn read_meta(
             file.size()
         )));
     }
-    crate::qcow2::read_bytes(file, offset, len).await
+    crate::qcow2::read_bytes_into(file, offset, len, spare).await
 }
 
 pub(crate) fn le16(b: &[u8], at: usize) -> u16 {

@@ -8,7 +8,7 @@
 //! from the network is bounded: manifests ([`manifest::MAX_MANIFEST`]), token replies
 //! ([`auth::MAX_TOKEN_REPLY`]), the number of layers and index entries; the manifest's
 //! digest is checked against the bytes received, and [`digest::Verifier`] checks a blob's
-//! bytes as they stream.
+//! bytes as they stream ([`ordered::OrderedVerifier`] as ranges of it arrive in any order).
 
 #![forbid(unsafe_code)]
 
@@ -17,9 +17,11 @@ mod client;
 pub mod digest;
 mod error;
 pub mod manifest;
+pub mod ordered;
 
 pub use auth::{Credentials, DockerConfig};
 pub use client::{BlobBody, Client, ClientOptions, Resolved};
 pub use digest::{Digest, Verifier};
 pub use error::{Error, ErrorKind, Result};
 pub use manifest::{Compression, Layer, Platform};
+pub use ordered::OrderedVerifier;

@@ -85,6 +85,7 @@ impl FileHandle {
                 maximum: MAX_REQUEST.max(minimum),
             },
             request_size: None,
+            work_unit: None,
         }
     }
 

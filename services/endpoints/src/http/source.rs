@@ -281,6 +281,7 @@ impl Source for HttpSource {
                 maximum: 1024 * 1024 * 1024,
             },
             request_size: Some(REQUEST_SIZE),
+            work_unit: None,
         }
     }
 

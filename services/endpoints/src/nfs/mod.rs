@@ -207,6 +207,7 @@ fn caps(preferred: u32, maximum: u32, extents: bool, zero: bool) -> Caps {
             maximum,
         },
         request_size: Some(REQUEST_SIZE),
+        work_unit: None,
     }
 }
 

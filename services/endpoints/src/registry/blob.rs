@@ -9,6 +9,7 @@ use ferry_core::{BlockSizes, Caps, Error, ErrorKind, IoBuf, RegistrySpec, Result
 use ferry_registry::{BlobBody, Client, ClientOptions, Compression, Digest, Resolved, Verifier};
 use tokio::sync::Mutex;
 
+use super::hashing::{RangeHashing, FILL_MAX};
 use super::{error, RegistryOptions};
 
 /// Ranged GET size.
@@ -48,6 +49,8 @@ struct Inner {
     info: RegistryInfo,
     /// The stream, when the blob is read front to back.
     stream: Option<Mutex<Stream>>,
+    /// The digest of the ranged reads, when the blob is read by ranges.
+    hashing: Option<RangeHashing>,
     /// What `finish` found (it runs once).
     finished: Mutex<Option<std::result::Result<(), (ErrorKind, String)>>>,
 }
@@ -139,6 +142,7 @@ impl RegistrySource {
                 digest: layer.digest.clone(),
                 size: layer.size,
                 info,
+                hashing: ranges.then(|| RangeHashing::new(layer.digest.clone(), layer.size)),
                 stream,
                 finished: Mutex::new(None),
             }),
@@ -157,34 +161,50 @@ impl Inner {
 
     /// One ranged GET into `buf`.
     async fn fetch(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let last = offset + buf.len() as u64 - 1;
+        let end = offset + buf.len() as u64;
+        self.stream_range(offset, end, |at, chunk| {
+            let i = (at - offset) as usize;
+            buf[i..i + chunk.len()].copy_from_slice(chunk);
+            Ok(())
+        })
+        .await
+    }
+
+    /// One ranged GET of `[start, end)`, each chunk handed to `each` with its offset.
+    async fn stream_range(
+        &self,
+        start: u64,
+        end: u64,
+        mut each: impl FnMut(u64, &[u8]) -> ferry_registry::Result<()>,
+    ) -> Result<()> {
         let mut body = self
             .client
-            .blob(&self.digest, Some((offset, last)))
+            .blob(&self.digest, Some((start, end - 1)))
             .await
             .map_err(error)?;
         if !body.partial {
             return Err(Error::protocol(format!(
-                "asked for bytes {offset}-{last} of the layer, the registry sent the whole blob (it stopped serving ranges)"
+                "asked for bytes {start}-{} of the layer, the registry sent the whole blob (it stopped serving ranges)",
+                end - 1
             )));
         }
-        let mut filled = 0;
+        let mut at = start;
         while let Some(chunk) = body.next_chunk().await.map_err(error)? {
-            if chunk.len() > buf.len() - filled {
+            if chunk.len() as u64 > end - at {
                 return Err(Error::protocol(
                     "the registry sent more bytes than asked for",
                 ));
             }
-            buf[filled..filled + chunk.len()].copy_from_slice(&chunk);
-            filled += chunk.len();
+            each(at, &chunk).map_err(error)?;
+            at += chunk.len() as u64;
         }
-        if filled != buf.len() {
+        if at != end {
             return Err(Error::new(
                 ErrorKind::Corrupt,
                 format!(
-                    "the layer blob ended after {} of the {} bytes asked at {offset}: it is shorter than its descriptor's {} bytes",
-                    filled,
-                    buf.len(),
+                    "the layer blob ended after {} of the {} bytes asked at {start}: it is shorter than its descriptor's {} bytes",
+                    at - start,
+                    end - start,
                     self.size
                 ),
             ));
@@ -192,14 +212,61 @@ impl Inner {
         Ok(())
     }
 
-    /// Hashes the whole blob with one GET (the ranged reads cannot be hashed in order).
-    async fn hash_whole(&self) -> Result<()> {
-        let mut verifier = Verifier::new(self.digest.clone(), self.size);
-        let mut body = self.client.blob(&self.digest, None).await.map_err(error)?;
-        while let Some(chunk) = body.next_chunk().await.map_err(error)? {
-            verifier.update(&chunk).map_err(error)?;
+    /// One ranged read, offered to the digest; then the range the digest waits on, when
+    /// this reader should fetch it (see [`super::hashing`]).
+    async fn read_range(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let len = buf.len() as u64;
+        if let Some(h) = &self.hashing {
+            h.start(offset, len);
         }
-        verifier.check().map_err(error)
+        let mut attempt = 0;
+        let result = loop {
+            attempt += 1;
+            match self.fetch(offset, buf).await {
+                Err(e) if e.kind().is_transient() && attempt < 3 => continue,
+                other => break other,
+            }
+        };
+        let Some(h) = &self.hashing else {
+            return result;
+        };
+        let gap = h
+            .end(offset, len, result.as_ref().ok().map(|_| &*buf))
+            .map_err(error)?;
+        result?;
+        if let Some((start, end)) = gap {
+            // The copy's bytes are already read: a failed fill only leaves the range
+            // to `finish`.
+            let filled = self.stream_range(start, end, |at, b| h.fill(at, b)).await;
+            h.fill_done();
+            if let Err(e) = filled {
+                tracing::debug!(error = %e, start, end, "fetching a range for the layer digest failed");
+            }
+        }
+        Ok(())
+    }
+
+    /// Hashes what the ranged reads did not (ranged GETs of the gaps), then checks the
+    /// digest.
+    async fn hash_rest(&self) -> Result<()> {
+        let taken = self.hashing.as_ref().and_then(RangeHashing::take);
+        let Some((mut ordered, filled)) = taken else {
+            return Err(Error::internal("the layer was verified twice"));
+        };
+        let mut fetched = 0;
+        while let Some((start, end)) = ordered.next_gap() {
+            let end = end.min(start + 8 * FILL_MAX);
+            fetched += end - start;
+            self.stream_range(start, end, |at, b| ordered.offer(at, b))
+                .await?;
+        }
+        tracing::debug!(
+            filled,
+            fetched,
+            dropped = ordered.dropped(),
+            "layer digest: bytes fetched again"
+        );
+        ordered.check().map_err(error)
     }
 }
 
@@ -319,6 +386,8 @@ impl Source for RegistrySource {
                 maximum: 1 << 30,
             },
             request_size: Some(REQUEST_SIZE),
+            // Readers a unit apart stay within the digest's buffer (see `hashing`).
+            work_unit: ranges.then_some(u64::from(REQUEST_SIZE)),
             ..Caps::default()
         }
     }
@@ -339,16 +408,7 @@ impl Source for RegistrySource {
         }
         let result = match &inner.stream {
             Some(stream) => stream.lock().await.read(inner, offset, &mut buf).await,
-            None => {
-                let mut attempt = 0;
-                loop {
-                    attempt += 1;
-                    match inner.fetch(offset, &mut buf).await {
-                        Err(e) if e.kind().is_transient() && attempt < 3 => continue,
-                        other => break other,
-                    }
-                }
-            }
+            None => inner.read_range(offset, &mut buf).await,
         };
         result.map_err(|e| e.at("read", offset).with_endpoint(self.describe()))?;
         Ok(buf)
@@ -369,7 +429,7 @@ impl Source for RegistrySource {
         if finished.is_none() {
             let result = match &inner.stream {
                 Some(stream) => stream.lock().await.finish(inner).await,
-                None => inner.hash_whole().await,
+                None => inner.hash_rest().await,
             };
             *finished = Some(result.map_err(|e| (e.kind(), e.message().to_string())));
         }

@@ -8,13 +8,17 @@
 //! in parallel when the layer is an uncompressed tar and the registry serves ranges,
 //! otherwise as one stream read front to back. Either way the blob's sha256 is checked:
 //! as a stream it is hashed as it passes and [`Source::finish`] reads and hashes what
-//! the copy did not need; read by ranges, `finish` streams the blob once to hash it. A
-//! mismatch (or a blob shorter or longer than its descriptor) is `corrupt`.
+//! the copy did not need; read by ranges, the ranges read are hashed in order as they
+//! arrive ([`hashing`]: a bounded buffer holds what arrives ahead, the source asks the
+//! engine for small work units so the readers stay close) and `finish` fetches only what
+//! no read covered or the buffer could not hold. A mismatch (or a blob shorter or longer
+//! than its descriptor) is `corrupt`.
 //!
 //! The image in the layer (a tar, perhaps compressed, holding `/disk/*`) is opened by
 //! ferry-formats (`OpenOptions::container_layer`).
 
 mod blob;
+mod hashing;
 mod options;
 
 pub use blob::{RegistryInfo, RegistrySource};

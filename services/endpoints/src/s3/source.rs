@@ -204,6 +204,7 @@ impl Source for S3Source {
                 maximum: 1024 * 1024 * 1024,
             },
             request_size: Some(REQUEST_SIZE),
+            work_unit: None,
         }
     }
 

@@ -976,6 +976,7 @@ impl Target for S3Target {
                 maximum: part.max(32 * 1024 * 1024),
             },
             request_size: None,
+            work_unit: None,
         }
     }
 

@@ -75,6 +75,17 @@ struct Run {
 /// the byte source's minimum block (an iSCSI LUN reads whole blocks only), and the
 /// returned buffer views just the bytes asked for.
 pub(crate) async fn read_bytes(file: &dyn Source, offset: u64, len: u64) -> Result<IoBuf> {
+    read_bytes_into(file, offset, len, None).await
+}
+
+/// [`read_bytes`] into `spare` when it is large enough (a buffer kept from an earlier
+/// read: reusing it spares the allocation and the page faults of a fresh one).
+pub(crate) async fn read_bytes_into(
+    file: &dyn Source,
+    offset: u64,
+    len: u64,
+    spare: Option<IoBuf>,
+) -> Result<IoBuf> {
     let block = u64::from(file.caps().block.minimum.max(1));
     let start = offset - offset % block;
     let end = offset
@@ -87,7 +98,14 @@ pub(crate) async fn read_bytes(file: &dyn Source, offset: u64, len: u64) -> Resu
         .max(end);
     let total =
         usize::try_from(end - start).map_err(|_| Error::internal("read length exceeds usize"))?;
-    let mut buf = file.read_at(start, IoBuf::new(total)).await?;
+    let buf = match spare {
+        Some(mut b) if b.capacity() >= total => {
+            b.set_len(total);
+            b
+        }
+        _ => IoBuf::new(total),
+    };
+    let mut buf = file.read_at(start, buf).await?;
     buf.set_view((offset - start) as usize, len as usize);
     Ok(buf)
 }

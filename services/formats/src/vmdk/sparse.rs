@@ -19,7 +19,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use ferry_core::{Error, Result, Source};
 
-use crate::mapped::{corrupt, le32, le64, read_meta, BlockMap, MappedSource, Place};
+use crate::mapped::{
+    corrupt, le32, le64, read_meta, read_meta_into, BlockMap, MappedSource, Place,
+};
 use crate::qcow2::cache::L2Cache;
 
 /// `KDMV`, little-endian.
@@ -219,6 +221,12 @@ impl GrainWindow {
     fn keep(&self, start: u64, bytes: ferry_core::IoBuf) {
         WINDOW.with(|w| *w.borrow_mut() = Some((self.id, start, bytes)));
     }
+
+    /// This thread's window buffer, taken to read the next window into (whichever map
+    /// it served).
+    fn spare() -> Option<ferry_core::IoBuf> {
+        WINDOW.with(|w| w.borrow_mut().take().map(|(_, _, bytes)| bytes))
+    }
 }
 
 fn words(bytes: &[u8]) -> Vec<u32> {
@@ -331,7 +339,8 @@ impl BlockMap for SparseMap {
             return done;
         }
         let ahead = first.max(READ_AHEAD).min(avail);
-        let window = read_meta(file, offset, ahead, "compressed VMDK grain").await?;
+        let spare = GrainWindow::spare();
+        let window = read_meta_into(file, offset, ahead, "compressed VMDK grain", spare).await?;
         let size = u64::from(le32(&window, 8));
         if size == 0 || size > 2 * grain || size + 12 > avail {
             return Err(past_end(size));

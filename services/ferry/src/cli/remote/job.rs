@@ -129,6 +129,18 @@ pub struct StartArgs {
     /// How the server reads SRC as an image (as `ferry copy` does).
     #[command(flatten)]
     pub format: FormatArgs,
+    /// A docker config.json with the registry's credentials, for a docker:// or oci://
+    /// SRC: a path on the server, under its allowed roots (what FERRY_REGISTRY_AUTH_FILE
+    /// is to `ferry copy`).
+    #[arg(long, value_name = "PATH")]
+    pub registry_auth_file: Option<String>,
+    /// Extra trusted CA certificates (PEM) of a docker:// or oci:// SRC's registry: a path
+    /// on the server, under its allowed roots.
+    #[arg(long, value_name = "PATH")]
+    pub registry_ca_file: Option<String>,
+    /// Plain HTTP to a docker:// or oci:// SRC's registry (never the default).
+    #[arg(long)]
+    pub registry_insecure: bool,
     /// Watch the job after starting it.
     #[arg(long)]
     pub watch: bool,
@@ -193,14 +205,50 @@ fn endpoint(url: &str, secret_env: Option<&String>) -> proto::Endpoint {
     }
 }
 
-/// The source endpoint of `ferry job start`: SRC read as `--source-format` and friends say.
-fn source_endpoint(s: &StartArgs) -> proto::Endpoint {
+/// The source endpoint of `ferry job start`: SRC read as `--source-format` and friends say,
+/// an OVA's `--disk`, and a registry image's `--platform` and `--registry-*` settings.
+fn source_endpoint(s: &StartArgs) -> anyhow::Result<proto::Endpoint> {
     let mut ep = endpoint(&s.src, s.secret_env.as_ref());
     ep.format = proto::ImageFormat::from(s.format.source_format) as i32;
     ep.allow_backing = s.format.allow_backing;
     ep.image_size = s.format.source_size;
     ep.prescan = s.format.prescan;
-    ep
+    ep.disk = s
+        .format
+        .disk
+        .map(u32::try_from)
+        .transpose()
+        .context("--disk is too large")?;
+    if let Some(registry) = registry_options(s)? {
+        ep.options = Some(proto::endpoint::Options::Registry(registry));
+    }
+    Ok(ep)
+}
+
+/// The registry settings of a docker:// or oci:// SRC (None when none is given); refused
+/// on any other SRC.
+fn registry_options(s: &StartArgs) -> anyhow::Result<Option<proto::RegistryOptions>> {
+    let given = |v: &Option<String>| v.clone().unwrap_or_default();
+    let options = proto::RegistryOptions {
+        auth_file: given(&s.registry_auth_file),
+        ca_file: given(&s.registry_ca_file),
+        insecure: s.registry_insecure,
+        platform: given(&s.format.platform),
+    };
+    if options == proto::RegistryOptions::default() {
+        return Ok(None);
+    }
+    let registry = matches!(
+        ferry_core::EndpointSpec::parse(&s.src),
+        Ok(ferry_core::EndpointSpec::Registry(_))
+    );
+    if !registry {
+        bail!(
+            "--platform, --registry-auth-file, --registry-ca-file and --registry-insecure \
+             apply to docker:// and oci:// sources only"
+        );
+    }
+    Ok(Some(options))
 }
 
 /// Runs `ferry job ...`.
@@ -293,12 +341,12 @@ async fn start(client: &mut Client, s: &StartArgs) -> anyhow::Result<proto::Job>
         if !s.dst.is_empty() {
             bail!("--checksum takes only SRC");
         }
-        client.start_checksum(checksum_request(s)).await
+        client.start_checksum(checksum_request(s)?).await
     } else {
         let Some((dst, more)) = s.dst.split_first() else {
             bail!("a transfer needs SRC and DST (or use --checksum)");
         };
-        let mut request = transfer_request(s, dst, more);
+        let mut request = transfer_request(s, dst, more)?;
         if let Some(file) = &s.resume_from {
             request.resume_from = Some(read_checkpoint(file)?);
         }
@@ -307,9 +355,9 @@ async fn start(client: &mut Client, s: &StartArgs) -> anyhow::Result<proto::Job>
     Ok(job.map_err(status_error)?.into_inner())
 }
 
-pub(crate) fn checksum_request(s: &StartArgs) -> proto::StartChecksumRequest {
-    proto::StartChecksumRequest {
-        source: Some(source_endpoint(s)),
+pub(crate) fn checksum_request(s: &StartArgs) -> anyhow::Result<proto::StartChecksumRequest> {
+    Ok(proto::StartChecksumRequest {
+        source: Some(source_endpoint(s)?),
         options: Some(proto::ChecksumOptions {
             algorithm: proto::HashAlgorithm::from(s.algorithm) as i32,
             workers: s.workers.unwrap_or(0),
@@ -320,19 +368,19 @@ pub(crate) fn checksum_request(s: &StartArgs) -> proto::StartChecksumRequest {
         idempotency_key: s.key.clone().unwrap_or_default(),
         labels: s.labels.iter().cloned().collect(),
         priority: s.priority,
-    }
+    })
 }
 
 pub(crate) fn transfer_request(
     s: &StartArgs,
     dst: &str,
     more: &[String],
-) -> proto::StartTransferRequest {
+) -> anyhow::Result<proto::StartTransferRequest> {
     let order = s.order.map_or(CommitOrder::Auto, CommitOrder::from);
     let (preallocation, preallocation_step) =
         ferry_api::options::preallocation_to_proto(s.preallocation.unwrap_or_default());
-    proto::StartTransferRequest {
-        source: Some(source_endpoint(s)),
+    Ok(proto::StartTransferRequest {
+        source: Some(source_endpoint(s)?),
         target: Some(endpoint(dst, s.secret_env.as_ref())),
         options: Some(proto::TransferOptions {
             workers: s.workers.unwrap_or(0),
@@ -356,7 +404,7 @@ pub(crate) fn transfer_request(
             .iter()
             .map(|d| endpoint(d, s.secret_env.as_ref()))
             .collect(),
-    }
+    })
 }
 
 /// The checkpoint in a file written from `ferry job get --json` (or a bare checkpoint in

@@ -283,12 +283,12 @@ fn create_request(c: &CreateArgs) -> anyhow::Result<proto::CreateScheduleRequest
         if !s.dst.is_empty() {
             bail!("--checksum takes only SRC");
         }
-        proto::job_template::Request::Checksum(checksum_request(s))
+        proto::job_template::Request::Checksum(checksum_request(s)?)
     } else {
         let Some((dst, more)) = s.dst.split_first() else {
             bail!("a transfer needs SRC and DST (or use --checksum)");
         };
-        proto::job_template::Request::Transfer(transfer_request(s, dst, more))
+        proto::job_template::Request::Transfer(transfer_request(s, dst, more)?)
     };
     Ok(proto::CreateScheduleRequest {
         name: c.name.clone(),
