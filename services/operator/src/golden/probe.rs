@@ -65,6 +65,24 @@ pub enum ProbeError {
     },
 }
 
+/// Sends `request` with the probes' timeout; errors name `shown_url`.
+pub(super) async fn send(
+    client: &HttpClient,
+    request: Request<Empty<Bytes>>,
+    shown_url: &str,
+) -> Result<hyper::Response<hyper::body::Incoming>, ProbeError> {
+    tokio::time::timeout(TIMEOUT, client.request(request))
+        .await
+        .map_err(|_| ProbeError::Unreachable {
+            url: shown_url.to_string(),
+            why: format!("no answer within {} s", TIMEOUT.as_secs()),
+        })?
+        .map_err(|e| ProbeError::Unreachable {
+            url: shown_url.to_string(),
+            why: e.to_string(),
+        })
+}
+
 /// The URL as errors show it: no user information, no query (a presigned URL's signature).
 pub(super) fn shown(url: &str) -> String {
     let plain = ferry_core::spec::redact_userinfo(url);
@@ -109,16 +127,7 @@ pub async fn version(source: &str, insecure: bool) -> Result<Option<String>, Pro
         let request = request
             .body(Empty::new())
             .map_err(|e| ProbeError::Invalid(format!("{}: {e}", shown(&url))))?;
-        let response = tokio::time::timeout(TIMEOUT, client.request(request))
-            .await
-            .map_err(|_| ProbeError::Unreachable {
-                url: shown(&url),
-                why: format!("no answer within {} s", TIMEOUT.as_secs()),
-            })?
-            .map_err(|e| ProbeError::Unreachable {
-                url: shown(&url),
-                why: e.to_string(),
-            })?;
+        let response = send(&client, request, &shown(&url)).await?;
         let status = response.status();
         let text = |name: header::HeaderName| {
             response

@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 
 use ferry_core::spec::RegistrySpec;
 
-use super::probe::{client, shown, ProbeError, TIMEOUT};
+use super::probe::{client, send, shown, ProbeError};
 
 /// The manifest kinds asked for: an image index or list first (its digest is what a
 /// multi-platform tag names), then single manifests.
@@ -54,16 +54,7 @@ pub async fn version(spec: &RegistrySpec, insecure: bool) -> Result<String, Prob
         let request = request
             .body(Empty::new())
             .map_err(|e| ProbeError::Invalid(format!("{url}: {e}")))?;
-        let response = tokio::time::timeout(TIMEOUT, client.request(request))
-            .await
-            .map_err(|_| ProbeError::Unreachable {
-                url: url.clone(),
-                why: format!("no answer within {} s", TIMEOUT.as_secs()),
-            })?
-            .map_err(|e| ProbeError::Unreachable {
-                url: url.clone(),
-                why: e.to_string(),
-            })?;
+        let response = send(&client, request, &url).await?;
         let status = response.status();
         if status == StatusCode::UNAUTHORIZED && token.is_none() {
             let challenge = response
@@ -198,16 +189,7 @@ async fn anonymous_token(
         .uri(token_url.as_str())
         .body(Empty::new())
         .map_err(|e| ProbeError::Invalid(format!("{}: {e}", shown(&realm))))?;
-    let response = tokio::time::timeout(TIMEOUT, client.request(request))
-        .await
-        .map_err(|_| ProbeError::Unreachable {
-            url: shown(&realm),
-            why: format!("no answer within {} s", TIMEOUT.as_secs()),
-        })?
-        .map_err(|e| ProbeError::Unreachable {
-            url: shown(&realm),
-            why: e.to_string(),
-        })?;
+    let response = send(client, request, &shown(&realm)).await?;
     let status = response.status();
     if !status.is_success() {
         return Err(ProbeError::Status {
