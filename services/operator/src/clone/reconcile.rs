@@ -38,15 +38,25 @@ const LOOK_AGAIN: Duration = Duration::from_secs(5);
 /// The annotation that marks a VolumeSnapshotClass its driver's default.
 const DEFAULT_SNAPSHOT_CLASS: &str = "snapshot.storage.kubernetes.io/is-default-class";
 
+/// A Transfer as the reconciler should see it once a resolver of its source (a
+/// GoldenImage's claim, a fan-out group's relay) has looked at it.
+#[derive(Debug)]
+pub enum Resolved {
+    /// Reconcile this.
+    Ready(Arc<Transfer>),
+    /// Done for now.
+    Done(Action),
+}
+
 /// One reconcile of a Transfer.
 pub async fn reconcile_transfer(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result<Action, Error> {
     let obj = match crate::golden::source::resolve(obj, &ctx).await? {
-        crate::golden::source::Resolved::Ready(obj) => obj,
-        crate::golden::source::Resolved::Done(action) => return Ok(action),
+        Resolved::Ready(obj) => obj,
+        Resolved::Done(action) => return Ok(action),
     };
     let obj = match crate::fanout::relay::resolve(obj, &ctx).await? {
-        crate::fanout::relay::Resolved::Ready(obj) => obj,
-        crate::fanout::relay::Resolved::Done(action) => return Ok(action),
+        Resolved::Ready(obj) => obj,
+        Resolved::Done(action) => return Ok(action),
     };
     let status = obj.status.clone().unwrap_or_default();
     let common = obj.metadata.deletion_timestamp.is_some()

@@ -27,6 +27,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::Action;
 use kube::Api;
 
+use crate::clone::reconcile::Resolved;
 use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::kind::{write_status, Ids};
@@ -200,15 +201,6 @@ pub fn with_relay(obj: &Transfer) -> Transfer {
         t.spec.source = through(url);
     }
     t
-}
-
-/// The Transfer as the reconciler should see it.
-#[derive(Debug)]
-pub enum Resolved {
-    /// Reconcile this.
-    Ready(Arc<Transfer>),
-    /// Done for now.
-    Done(Action),
 }
 
 /// Resolves a reading group's source: while a mover runs, what its status recorded; before

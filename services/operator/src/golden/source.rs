@@ -10,6 +10,7 @@ use std::time::Duration;
 use kube::runtime::controller::Action;
 use kube::Api;
 
+use crate::clone::reconcile::Resolved;
 use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::kind::{write_status, Ids};
@@ -19,15 +20,6 @@ use crate::crd::{Endpoint, GoldenImage, PvcRef, Transfer};
 
 /// How often a Transfer waiting for its GoldenImage's first import looks again.
 const WAIT: Duration = Duration::from_secs(10);
-
-/// The Transfer as the reconciler should see it: its source the recorded claim.
-#[derive(Debug)]
-pub enum Resolved {
-    /// Reconcile this.
-    Ready(Arc<Transfer>),
-    /// Done for now.
-    Done(Action),
-}
 
 /// `obj` with its source the claim `claim` (the source's format and path kept).
 pub fn with_claim(obj: &Transfer, claim: &str) -> Transfer {
