@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
 use kube::Api;
 
 use crate::clone::reconcile::Resolved;
@@ -218,22 +219,22 @@ pub async fn resolve(obj: Arc<Transfer>, ctx: &Context) -> Result<Resolved, Erro
         return Ok(Resolved::Ready(Arc::new(with_relay(&obj))));
     }
     let ids = Ids::of(obj.as_ref())?;
-    let seed = Api::<Transfer>::namespaced(ctx.client.clone(), &ids.namespace)
-        .get_opt(&from)
-        .await?;
+    // From the controller's stores (the Transfers', the mover pods'): hundreds of waiting
+    // groups look every few seconds; an API read only where no store was set.
+    let seed_key = ObjectRef::new(&from).within(&ids.namespace);
+    let seed = match ctx.transfers() {
+        Some(store) => store.get(&seed_key),
+        None => Api::<Transfer>::namespaced(ctx.client.clone(), &ids.namespace)
+            .get_opt(&from)
+            .await?
+            .map(Arc::new),
+    };
     let pod_name = seed
         .as_ref()
         .and_then(|s| s.status.as_ref())
         .and_then(|s| s.mover_pod.clone());
-    let pod = match pod_name {
-        Some(name) => {
-            Api::<Pod>::namespaced(ctx.client.clone(), &ids.namespace)
-                .get_opt(&name)
-                .await?
-        }
-        None => None,
-    };
-    let (relay, message) = match decide(&from, seed.as_ref(), pod.as_ref()) {
+    let pod = pod_name.and_then(|name| ctx.pods.get(&ObjectRef::new(&name).within(&ids.namespace)));
+    let (relay, message) = match decide(&from, seed.as_deref(), pod.as_deref()) {
         Decision::Wait(why) => {
             let next = mover_plan::waiting(obj.as_ref(), &status, WAITING_FOR_RELAY, &why);
             if next.life() != status.life() {
