@@ -424,3 +424,158 @@ async fn refused_tokens_unknown_bases_and_no_service_fall_back() {
         .check_restore(fifth["id"].as_str().unwrap(), &volume.dev1, "r5.img")
         .await;
 }
+
+/// A backup job of the service asking `server` about `snapshot` (recorded as `handle`),
+/// reading `dev`, with the token in the secrets file `token`.
+fn job_request(
+    volume: &Volume,
+    server: &MetadataServer,
+    dev: &Path,
+    (snapshot, handle): (&str, &str),
+    token: &str,
+) -> ferry_api::proto::StartBackupRequest {
+    use ferry_api::proto;
+    proto::StartBackupRequest {
+        source: ferry_tests::service_support::endpoint(s(dev)),
+        repository: Some(proto::Repository {
+            url: s(&volume.repo).into(),
+            ..Default::default()
+        }),
+        source_id: "pvc/data".into(),
+        snapshot_metadata: Some(proto::SnapshotMetadataSource {
+            address: server.url(),
+            ca_certificate: server.ca_pem().as_bytes().to_vec(),
+            token: Some(proto::SecretRef {
+                source: Some(proto::secret_ref::Source::File(token.into())),
+            }),
+            snapshot: snapshot.into(),
+            namespace: NAMESPACE.into(),
+            base_snapshot_id: String::new(),
+        }),
+        volume_snapshot_handle: handle.into(),
+        ..Default::default()
+    }
+}
+
+/// Runs a backup job to its end and returns its result.
+async fn backup_job(
+    jobs: &mut ferry_tests::service_support::Client,
+    request: ferry_api::proto::StartBackupRequest,
+) -> (ferry_api::proto::Job, ferry_api::proto::BackupResult) {
+    use ferry_api::proto;
+    let id = jobs.start_backup(request).await.unwrap().into_inner().id;
+    let job = ferry_tests::service_support::wait_terminal(jobs, &id, DEFAULT_DEADLINE).await;
+    match &job.result {
+        Some(proto::job::Result::BackupResult(r)) => (job.clone(), r.clone()),
+        other => panic!("not a finished backup ({other:?}): {job:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_job_service_reads_only_what_the_service_answers_and_falls_back_on_a_bad_token() {
+    use ferry_tests::service_support::{connect, start_in_process, test_config};
+    let volume = Volume::new();
+    let server = volume.serve(volume.config()).await;
+    let secrets = volume.dir.path().join("secrets");
+    std::fs::create_dir(&secrets).unwrap();
+    std::fs::write(secrets.join("sm-token"), format!("{TOKEN}\n")).unwrap();
+    std::fs::write(secrets.join("other-token"), "tok-not-for-this-audience\n").unwrap();
+    let mut cfg = test_config(&volume.dir.path().join("data"), volume.dir.path());
+    cfg.secrets_dir = Some(secrets);
+    let service = start_in_process(cfg).await;
+    let mut jobs = connect(service.grpc_addr()).await;
+
+    let full = job_request(
+        &volume,
+        &server,
+        &volume.dev1,
+        ("snap-1", "h-1"),
+        "sm-token",
+    );
+    let (_, first) = backup_job(&mut jobs, full).await;
+    assert_eq!(
+        first.changed_block_tracking, "SnapshotMetadata",
+        "{first:?}"
+    );
+    assert!(
+        first.full_reason.is_empty() || !first.full_reason.contains("not used"),
+        "{first:?}"
+    );
+    assert!(
+        first.bytes_read > 0 && first.bytes_read <= 9 * MIB,
+        "{first:?}"
+    );
+    volume
+        .check_restore(&first.snapshot_id, &volume.dev1, "j1.img")
+        .await;
+
+    let next = job_request(
+        &volume,
+        &server,
+        &volume.dev2,
+        ("snap-2", "h-2"),
+        "sm-token",
+    );
+    let (_, second) = backup_job(&mut jobs, next).await;
+    assert_eq!(second.parent_id, first.snapshot_id, "{second:?}");
+    assert_eq!(
+        second.changed_block_tracking, "SnapshotMetadata",
+        "{second:?}"
+    );
+    assert!(second.full_reason.is_empty(), "{second:?}");
+    let changed = changed_chunk_bytes();
+    assert_eq!(second.chunks_read, changed / CHUNK, "{second:?}");
+    assert!(second.bytes_read * 100 <= changed * 105, "{second:?}");
+    let hash = second
+        .digest
+        .as_ref()
+        .map(|d| d.hex.clone())
+        .unwrap_or_default();
+    assert_eq!(hash, blkhash_file(&volume.dev2), "{second:?}");
+    volume
+        .check_restore(&second.snapshot_id, &volume.dev2, "j2.img")
+        .await;
+    assert_eq!(
+        server.requests().iter().map(|r| r.rpc).collect::<Vec<_>>(),
+        ["allocated", "delta"],
+        "the delta was asked since the parent's recorded handle h-1"
+    );
+
+    // A token the service refuses: the backup is made all the same, comparing change
+    // digests, and says why; the token is in neither the result nor the job record.
+    let refused = job_request(
+        &volume,
+        &server,
+        &volume.dev2,
+        ("snap-2", "h-3"),
+        "other-token",
+    );
+    let (job, third) = backup_job(&mut jobs, refused).await;
+    assert_eq!(third.changed_block_tracking, "ChangeDigests", "{third:?}");
+    assert!(third.full_reason.contains("not used"), "{third:?}");
+    assert_eq!(
+        third.bytes_read,
+        64 * MIB,
+        "the whole volume read: {third:?}"
+    );
+    volume
+        .check_restore(&third.snapshot_id, &volume.dev2, "j3.img")
+        .await;
+    let record = format!("{job:?}");
+    assert!(
+        !record.contains("tok-not-for") && !record.contains(TOKEN),
+        "{record}"
+    );
+
+    // A token file that is not there: the same fallback, with the reason.
+    let missing = job_request(
+        &volume,
+        &server,
+        &volume.dev2,
+        ("snap-2", "h-4"),
+        "no-such-token",
+    );
+    let (_, fourth) = backup_job(&mut jobs, missing).await;
+    assert_eq!(fourth.changed_block_tracking, "ChangeDigests", "{fourth:?}");
+    assert!(fourth.full_reason.contains("no-such-token"), "{fourth:?}");
+}

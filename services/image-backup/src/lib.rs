@@ -43,13 +43,18 @@ mod replicate;
 mod restore;
 mod served;
 mod snapshot;
+mod snapshot_metadata;
 
 pub use backup::{backup, BackupOptions, BackupReport, DEFAULT_WORKERS};
 pub use changed::{ChangedRanges, NbdDirtyBitmap};
 pub use chunk_cache::{CacheStats, CachedChunk, ChunkCache, DEFAULT_CACHE_BYTES};
+pub use ferry_snapshot_metadata::SecurityToken;
 pub use known::{AllocatedOnly, KnownChanges};
 pub use maintenance::{gc, prune, prune_source};
 pub use parent::{parent_manifest, ParentChoice};
 pub use replicate::sync;
 pub use restore::{restore, RestoreOptions, RestoreOrder, RestoreReport};
 pub use served::{BackupImage, DEFAULT_READ_AHEAD};
+pub use snapshot_metadata::{
+    changed_block_tracking, plan_with_snapshot_metadata, with_reason, MetadataPlan, MetadataRequest,
+};

@@ -17,7 +17,9 @@ use clap::Args;
 use ferry_core::size::format_size;
 use ferry_core::{EndpointSpec, Source};
 use ferry_engine::{CancellationToken, Progress};
-use ferry_image_backup::{BackupOptions, BackupReport, NbdDirtyBitmap, ParentChoice};
+use ferry_image_backup::{
+    changed_block_tracking, with_reason, BackupOptions, BackupReport, NbdDirtyBitmap, ParentChoice,
+};
 use serde::Serialize;
 
 use super::args::{self, ProgressArgs};
@@ -272,19 +274,9 @@ pub async fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
         Err(e) => return Err(super::failed(e, "backup failed")),
     };
     let mut summary = CreateSummary::from(&report);
-    summary.changed_block_tracking = match (report.manifest.parent.is_some(), tracking) {
-        (true, Some(t)) => Some(t),
-        (true, None) => Some("ChangeDigests"),
-        (false, Some("SnapshotMetadata")) => Some("SnapshotMetadata"),
-        (false, _) => None,
-    }
-    .map(str::to_string);
-    if let Some(why) = fallback {
-        summary.full_reason = Some(match summary.full_reason.take() {
-            Some(reason) => format!("{reason}; {why}"),
-            None => why,
-        });
-    }
+    summary.changed_block_tracking =
+        changed_block_tracking(report.manifest.parent.is_some(), tracking).map(str::to_string);
+    summary.full_reason = with_reason(summary.full_reason.take(), fallback);
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);
     } else {

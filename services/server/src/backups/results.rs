@@ -90,6 +90,8 @@ pub fn backup(r: &BackupReport) -> proto::BackupResult {
         throughput_bytes_per_second: rate(m.image_size, r.elapsed),
         prune: None,
         prune_error: None,
+        // The caller knows how the blocks to read were found.
+        changed_block_tracking: String::new(),
     }
 }
 

@@ -42,8 +42,72 @@ pub struct BackupSpec {
     pub tags: BTreeMap<String, String>,
     pub workers: usize,
     pub dirty_bitmap: Option<String>,
+    pub snapshot_metadata: Option<MetadataSpec>,
+    /// The CSI handle recorded in the backup.
+    pub volume_snapshot_handle: Option<String>,
     pub init: Option<InitSettings>,
     pub retention: Option<KeepPolicy>,
+}
+
+/// What a backup asks the CSI SnapshotMetadata service; the token stays a reference
+/// until the job runs.
+#[derive(Debug, Clone)]
+pub struct MetadataSpec {
+    pub address: String,
+    pub ca_pem: Vec<u8>,
+    pub token: proto::SecretRef,
+    pub snapshot: String,
+    pub namespace: String,
+    pub base_snapshot_id: Option<String>,
+}
+
+/// Longest CA bundle of a SnapshotMetadata service.
+pub const MAX_CA_BYTES: usize = 64 * 1024;
+/// Longest address or snapshot handle.
+const MAX_HANDLE_BYTES: usize = 1024;
+
+/// `text` as the field `what`: 1 to `max` bytes without control characters.
+fn bounded_text(what: &str, text: &str, max: usize) -> Result<()> {
+    if text.is_empty() || text.len() > max || text.chars().any(char::is_control) {
+        return Err(invalid(format!(
+            "{what} must be 1 to {max} bytes without control characters"
+        )));
+    }
+    Ok(())
+}
+
+impl MetadataSpec {
+    fn new(m: &proto::SnapshotMetadataSource) -> Result<Self> {
+        bounded_text("snapshot_metadata.address", &m.address, MAX_HANDLE_BYTES)?;
+        if !m.address.starts_with("https://") {
+            return Err(invalid(format!(
+                "snapshot_metadata.address '{}' must be https://HOST:PORT (the service speaks TLS only)",
+                m.address
+            )));
+        }
+        if m.ca_certificate.is_empty() || m.ca_certificate.len() > MAX_CA_BYTES {
+            return Err(invalid(format!(
+                "snapshot_metadata.ca_certificate must hold 1 to {MAX_CA_BYTES} bytes of PEM"
+            )));
+        }
+        let token = m.token.clone().ok_or_else(|| {
+            invalid("snapshot_metadata.token is missing: name the file or environment variable holding the ServiceAccount token")
+        })?;
+        bounded_text("snapshot_metadata.snapshot", &m.snapshot, 253)?;
+        bounded_text("snapshot_metadata.namespace", &m.namespace, 63)?;
+        let base = (!m.base_snapshot_id.is_empty()).then(|| m.base_snapshot_id.clone());
+        if let Some(base) = &base {
+            bounded_text("snapshot_metadata.base_snapshot_id", base, MAX_HANDLE_BYTES)?;
+        }
+        Ok(Self {
+            address: m.address.clone(),
+            ca_pem: m.ca_certificate.clone(),
+            token,
+            snapshot: m.snapshot.clone(),
+            namespace: m.namespace.clone(),
+            base_snapshot_id: base,
+        })
+    }
 }
 
 /// A restore's repository, backup and target.
@@ -153,6 +217,21 @@ impl BackupSpec {
                 ));
             }
         }
+        let snapshot_metadata = req
+            .snapshot_metadata
+            .as_ref()
+            .map(MetadataSpec::new)
+            .transpose()?;
+        if snapshot_metadata.is_some() && dirty_bitmap.is_some() {
+            return Err(invalid(
+                "dirty_bitmap and snapshot_metadata both say which blocks changed: give one",
+            ));
+        }
+        let volume_snapshot_handle =
+            (!req.volume_snapshot_handle.is_empty()).then(|| req.volume_snapshot_handle.clone());
+        if let Some(handle) = &volume_snapshot_handle {
+            bounded_text("volume_snapshot_handle", handle, MAX_HANDLE_BYTES)?;
+        }
         let repository = plan
             .repository
             .as_ref()
@@ -174,6 +253,8 @@ impl BackupSpec {
             tags: req.tags.clone(),
             workers: workers("workers", req.workers)?,
             dirty_bitmap,
+            snapshot_metadata,
+            volume_snapshot_handle,
             init,
             retention: req
                 .retention

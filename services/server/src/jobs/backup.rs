@@ -16,7 +16,10 @@ use ferry_backup::{GcOptions, Repository, VerifyOptions};
 use ferry_core::{EndpointSpec, Error, ErrorKind, Result, Source};
 use ferry_endpoints::TargetOptions;
 use ferry_engine::Progress;
-use ferry_image_backup::{BackupOptions, NbdDirtyBitmap, RestoreOptions};
+use ferry_image_backup::{
+    changed_block_tracking, plan_with_snapshot_metadata, with_reason, BackupOptions, MetadataPlan,
+    MetadataRequest, NbdDirtyBitmap, RestoreOptions, SecurityToken,
+};
 use prost::Message;
 use tokio_util::sync::CancellationToken;
 
@@ -25,7 +28,9 @@ use super::opener::{open_bytes, open_image};
 use super::runner::{drive, error_record, kind_label, Ended};
 use super::Inner;
 use crate::backups::results;
-use crate::convert::backup::{BackupSpec, GcSpec, PruneSpec, RestoreSpec, VerifySpec};
+use crate::convert::backup::{
+    BackupSpec, GcSpec, MetadataSpec, PruneSpec, RestoreSpec, VerifySpec,
+};
 use crate::convert::options::source_options;
 use crate::model::job::ResultRecord;
 use ferry_api::proto;
@@ -81,15 +86,40 @@ pub(super) async fn backup(
         .repository
         .open(&inner.secrets, spec.init.as_ref())
         .await?;
-    let (source, changed) = open_backup_source(inner, spec).await?;
+    let (mut source, changed) = open_backup_source(inner, spec).await?;
+    let mut parent = spec.parent.clone();
+    let mut tracking = changed.as_ref().map(|_| "DirtyBitmap");
+    let mut fallback = None;
+    let mut metadata_changes = None;
+    if let Some(metadata) = &spec.snapshot_metadata {
+        let plan = match metadata_plan(inner, metadata, &repo, source.clone(), spec).await {
+            Ok(plan) => plan,
+            Err(e) => {
+                let _ = source.close().await;
+                return Err(e);
+            }
+        };
+        if let Some(why) = &plan.fallback {
+            tracing::warn!(reason = %why, "the backup does not use the CSI SnapshotMetadata service");
+        }
+        tracking = Some(plan.tracking());
+        (source, parent, metadata_changes, fallback) =
+            (plan.source, plan.parent, plan.changed, plan.fallback);
+    }
     let mut options = BackupOptions::new(spec.source_id.clone())
-        .with_parent(spec.parent.clone())
+        .with_parent(parent)
         .with_workers(spec.workers);
     for (k, v) in &spec.tags {
         options = options.with_tag(k.clone(), v.clone());
     }
+    if let Some(changed) = metadata_changes {
+        options = options.with_changed(changed);
+    }
     if let Some(changed) = changed {
         options = options.with_changed(Arc::new(changed));
+    }
+    if let Some(handle) = &spec.volume_snapshot_handle {
+        options = options.with_snapshot_id(handle.clone());
     }
     let progress = Progress::new();
     let outcome = drive(
@@ -104,6 +134,12 @@ pub(super) async fn backup(
     let report = outcome?;
     inner.metrics.backup_done(&repo_name, &report);
     let mut result = results::backup(&report);
+    result.changed_block_tracking =
+        changed_block_tracking(report.manifest.parent.is_some(), tracking)
+            .unwrap_or_default()
+            .to_string();
+    let full_reason = (!result.full_reason.is_empty()).then(|| result.full_reason.clone());
+    result.full_reason = with_reason(full_reason, fallback).unwrap_or_default();
     if let Some(policy) = &spec.retention {
         note(inner, id, "pruning by the retention policy".into());
         match ferry_image_backup::prune_source(
@@ -129,6 +165,41 @@ pub(super) async fn backup(
     Ok(Ended::done(ResultRecord::Backup {
         result: result.encode_to_vec(),
     }))
+}
+
+/// How a backup reads its source, by the CSI SnapshotMetadata service's answer. A token
+/// that cannot be read is a fallback too (the service is an optimisation of the backup,
+/// never a condition of it); only the repository's failures end the job.
+async fn metadata_plan(
+    inner: &Inner,
+    metadata: &MetadataSpec,
+    repo: &Repository,
+    source: Arc<dyn Source>,
+    spec: &BackupSpec,
+) -> Result<MetadataPlan> {
+    let token = match inner.secrets.resolve("snapshot_metadata.token", &metadata.token) {
+        Ok(token) => SecurityToken::new(token.expose().trim()),
+        Err(e) => {
+            return Ok(MetadataPlan {
+                source,
+                changed: None,
+                parent: spec.parent.clone(),
+                fallback: Some(format!(
+                    "changed blocks from the CSI SnapshotMetadata service are not used: {}; comparing change digests instead",
+                    e.message()
+                )),
+            })
+        }
+    };
+    let request = MetadataRequest {
+        url: metadata.address.clone(),
+        ca_pem: metadata.ca_pem.clone(),
+        token,
+        snapshot: metadata.snapshot.clone(),
+        namespace: metadata.namespace.clone(),
+        base_snapshot_id: metadata.base_snapshot_id.clone(),
+    };
+    plan_with_snapshot_metadata(&request, repo, source, &spec.source_id, &spec.parent).await
 }
 
 pub(super) async fn restore(

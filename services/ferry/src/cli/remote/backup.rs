@@ -137,6 +137,10 @@ impl BackupJobArgs {
             idempotency_key: self.meta.key.clone().unwrap_or_default(),
             labels: self.meta.labels.iter().cloned().collect(),
             priority: self.meta.priority,
+            // Changed blocks from the CSI SnapshotMetadata service: what the operator's
+            // movers are sent (per fire, with a fresh token); no flags here.
+            snapshot_metadata: None,
+            volume_snapshot_handle: String::new(),
         }
     }
 }
