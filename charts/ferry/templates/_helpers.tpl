@@ -93,6 +93,14 @@ namespace, else in a Role in each watched namespace.
 - apiGroups: [snapshot.storage.k8s.io]
   resources: [volumesnapshotclasses]
   verbs: [list]
+# copyMethod Snapshot with changed-block tracking: a VolumeSnapshot's content (CSI
+# handle, driver) and the driver's SnapshotMetadataService.
+- apiGroups: [snapshot.storage.k8s.io]
+  resources: [volumesnapshotcontents]
+  verbs: [get]
+- apiGroups: [cbt.storage.k8s.io]
+  resources: [snapshotmetadataservices]
+  verbs: [get]
 - apiGroups: [ferry.dev]
   resources: [storageclassprofiles]
   verbs: [list]

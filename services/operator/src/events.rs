@@ -47,7 +47,7 @@ pub async fn publish<K: Resource<DynamicType = ()>>(
 }
 
 /// The longest prefix of `text` of at most `max` bytes that ends on a character.
-fn within(text: &str, max: usize) -> &str {
+pub(crate) fn within(text: &str, max: usize) -> &str {
     let mut end = text.len().min(max);
     while !text.is_char_boundary(end) {
         end -= 1;

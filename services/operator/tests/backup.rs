@@ -138,6 +138,8 @@ fn summary() -> BackupSummary {
         bytes_new: 3 * MIB,
         bytes_reused: MIB,
         block_hash: format!("blkhash:{}", "ab".repeat(32)),
+        changed_block_tracking: String::new(),
+        full_reason: String::new(),
     }
 }
 
@@ -1047,6 +1049,10 @@ async fn copy_method_snapshot_creates_and_cleans_a_snapshot_and_a_claim() {
         created["metadata"]["annotations"]["ferry.dev/volume-snapshot"],
         "nightly-20261202030000"
     );
+    assert_eq!(
+        created["spec"]["volumeSnapshot"], "nightly-20261202030000",
+        "the Backup asks the driver's SnapshotMetadata service about it"
+    );
     let seen = s
         .server
         .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
@@ -1646,6 +1652,400 @@ async fn a_schedule_deletes_the_backups_of_snapshots_a_killed_prune_removed() {
     s.server
         .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
         .await;
+    finish(task).await;
+    s.server.done().await;
+}
+
+const CONTENTS: &str = "/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents";
+const SMS_BETA: &str = "/apis/cbt.storage.k8s.io/v1beta1/snapshotmetadataservices";
+const SMS_ALPHA: &str = "/apis/cbt.storage.k8s.io/v1alpha1/snapshotmetadataservices";
+const TOKENS: &str = "/api/v1/namespaces/ferry-system/serviceaccounts/ferry-operator/token";
+const DRIVER: &str = "hostpath.csi.k8s.io";
+
+/// A schedule's Backup of `snap-src`, restored from the VolumeSnapshot `snap`.
+fn snapshot_backup_json(status: Option<Value>) -> Value {
+    let mut b = backup_json(status);
+    b["spec"]["sourcePVC"] = json!("snap-src");
+    b["spec"]["volumeSnapshot"] = json!("snap");
+    b["spec"]["sourceId"] = json!("vms/web1");
+    b
+}
+
+/// The lookups of a Backup's changed-block tracking: the Block claim, the snapshot, its
+/// content (driver and handle), then the driver's SnapshotMetadataService (`service`:
+/// None for a driver without one).
+async fn metadata_lookups(h: &mut Harness, service: Option<Value>) {
+    let claim = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                       "metadata": {"name": "snap-src", "namespace": NS},
+                       "spec": {"volumeMode": "Block"}});
+    h.server
+        .expect("GET", &format!("{PVCS}/snap-src"), Reply::Ok(claim))
+        .await;
+    let snapshot = json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+                          "metadata": {"name": "snap", "namespace": NS},
+                          "status": {"boundVolumeSnapshotContentName": "snapcontent-1",
+                                     "readyToUse": true}});
+    h.server
+        .expect("GET", &format!("{SNAPSHOTS}/snap"), Reply::Ok(snapshot))
+        .await;
+    let content = json!({"apiVersion": "snapshot.storage.k8s.io/v1",
+                         "kind": "VolumeSnapshotContent",
+                         "metadata": {"name": "snapcontent-1"},
+                         "spec": {"driver": DRIVER},
+                         "status": {"snapshotHandle": "h-7", "readyToUse": true}});
+    h.server
+        .expect(
+            "GET",
+            &format!("{CONTENTS}/snapcontent-1"),
+            Reply::Ok(content),
+        )
+        .await;
+    h.server
+        .expect("GET", &format!("{SMS_BETA}/{DRIVER}"), Reply::NotFound)
+        .await;
+    let alpha = match service {
+        Some(service) => Reply::Ok(service),
+        None => Reply::NotFound,
+    };
+    h.server
+        .expect("GET", &format!("{SMS_ALPHA}/{DRIVER}"), alpha)
+        .await;
+}
+
+/// The driver's SnapshotMetadataService (v1alpha1: the older sidecar's version).
+fn metadata_service() -> Value {
+    json!({"apiVersion": "cbt.storage.k8s.io/v1alpha1", "kind": "SnapshotMetadataService",
+           "metadata": {"name": DRIVER},
+           "spec": {"address": "csi-snapshot-metadata.csi-driver:6443",
+                    "audience": "cbt.hostpath.example",
+                    // base64 of "-----BEGIN CERTIFICATE-----\n"
+                    "caCert": "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg=="}})
+}
+
+/// A Backup of a VolumeSnapshot whose driver has a SnapshotMetadataService: the operator
+/// finds the service through the snapshot's content, mints a token of its own account
+/// for the service's audience into the mover's token Secret (projected as a file), and
+/// sends the mover the service, the snapshot and its CSI handle; the status records how
+/// the blocks were found and the handle the schedule keeps the snapshot for.
+#[tokio::test]
+async fn a_snapshot_backup_asks_the_drivers_snapshot_metadata_service_with_a_minted_token() {
+    let mut h = Harness::new(settings());
+    let object = snapshot_backup_json(None);
+    let task = tokio::spawn(reconcile_backup(backup(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", REPO, Reply::Ok(repository_json()))
+        .await;
+    metadata_lookups(&mut h, Some(metadata_service())).await;
+    h.server
+        .expect(
+            "GET",
+            &format!("{PVCS}/snap-src"),
+            Reply::Ok(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                             "metadata": {"name": "snap-src", "namespace": NS},
+                             "spec": {"volumeMode": "Block"}})),
+        )
+        .await;
+    for (name, keys) in [
+        ("backup-key", &["passphrase"][..]),
+        ("s3", &["id", "secret"]),
+    ] {
+        h.server
+            .expect(
+                "GET",
+                &format!("{SECRETS}/{name}"),
+                Reply::Ok(secret(name, keys)),
+            )
+            .await;
+    }
+    let minted = h
+        .server
+        .expect(
+            "POST",
+            TOKENS,
+            Reply::Ok(
+                json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                             "spec": {"audiences": ["cbt.hostpath.example"]},
+                             "status": {"token": "minted-token-9c1e",
+                                        "expirationTimestamp": "2026-01-01T01:00:00Z"}}),
+            ),
+        )
+        .await
+        .body;
+    assert_eq!(minted["spec"]["audiences"], json!(["cbt.hostpath.example"]));
+    assert_eq!(minted["spec"]["expirationSeconds"], 3600);
+    let token = h.server.expect("POST", SECRETS, Reply::Echo).await.body;
+    let stored = token["data"]["snapshot-metadata-token"]
+        .as_str()
+        .or_else(|| token["stringData"]["snapshot-metadata-token"].as_str())
+        .unwrap_or_else(|| panic!("no minted token in the mover's Secret: {token}"));
+    assert!(
+        stored == "minted-token-9c1e" || stored == "bWludGVkLXRva2VuLTljMWU=",
+        "{stored}"
+    );
+    h.server.expect("POST", NETPOLS, Reply::Echo).await;
+    let pod = h.server.expect("POST", PODS, Reply::Echo).await.body;
+    let projected: Vec<String> = pod["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "secrets")
+        .unwrap()["projected"]["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["secret"]["items"].as_array().unwrap().clone())
+        .map(|i| i["path"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        projected.contains(&"web1-now-fbk-1-token/snapshot-metadata-token".to_string()),
+        "{projected:?}"
+    );
+    assert!(
+        !pod.to_string().contains("minted-token-9c1e"),
+        "the token is in the Secret only"
+    );
+    let seen = h
+        .server
+        .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = seen.body["status"].clone();
+    h.server.expect_event(NS).await;
+    finish(task).await;
+    h.server.done().await;
+
+    // Ready: looked up again (the job is not followed yet), the job sent with the service.
+    let object = with_status(&snapshot_backup_json(None), &json!({ "status": status }));
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(pod).unwrap();
+    h.pod_seen(ready(pod.clone(), "node-a"));
+    let id = job_id("uid-b/backup");
+    let mut done = report(&id, JobState::Succeeded, MIB);
+    done.backup = Some(BackupSummary {
+        bytes_read: MIB,
+        changed_block_tracking: "SnapshotMetadata".into(),
+        ..summary()
+    });
+    h.link.script(&id, vec![done]);
+    let task = tokio::spawn(reconcile_backup(backup(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", REPO, Reply::Ok(repository_json()))
+        .await;
+    metadata_lookups(&mut h, Some(metadata_service())).await;
+    h.server
+        .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    h.server.expect_event(NS).await;
+    finish(task).await;
+    let seen = h
+        .server
+        .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let step = seen.body["status"].clone();
+    assert_eq!(step["changedBlockTracking"], "SnapshotMetadata");
+    assert_eq!(step["snapshotHandle"], "h-7");
+    assert_eq!(step["bytesRead"], MIB);
+    assert!(step.get("fullReason").is_none(), "{step}");
+    h.server.expect_event(NS).await;
+    h.ctx.take_watch("uid-b").unwrap().task.await.unwrap();
+    h.server.done().await;
+
+    let calls = h.link.calls();
+    let Call::Start(JobRequest::Backup(request)) = &calls[0] else {
+        panic!("{calls:?}")
+    };
+    let asked = request
+        .snapshot_metadata
+        .as_ref()
+        .expect("the service is asked");
+    assert_eq!(
+        asked.address,
+        "https://csi-snapshot-metadata.csi-driver:6443"
+    );
+    assert_eq!(asked.ca_certificate, b"-----BEGIN CERTIFICATE-----\n");
+    assert_eq!(asked.snapshot, "snap");
+    assert_eq!(asked.namespace, NS);
+    assert_eq!(
+        asked.token,
+        Some(ferry_api::proto::SecretRef {
+            source: Some(ferry_api::proto::secret_ref::Source::File(
+                "web1-now-fbk-1-token/snapshot-metadata-token".into()
+            )),
+        })
+    );
+    assert_eq!(request.volume_snapshot_handle, "h-7");
+    assert_eq!(request.source.as_ref().unwrap().url, "/dev/ferry/snap-src");
+}
+
+/// A driver without a SnapshotMetadataService: no token minted, nothing projected, the
+/// mover compares change digests, and the Backup's status says why.
+#[tokio::test]
+async fn without_a_service_for_the_driver_the_backup_says_why_it_read_more() {
+    let mut h = Harness::new(settings());
+    let object = snapshot_backup_json(None);
+    let task = tokio::spawn(reconcile_backup(backup(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", REPO, Reply::Ok(repository_json()))
+        .await;
+    metadata_lookups(&mut h, None).await;
+    h.server
+        .expect(
+            "GET",
+            &format!("{PVCS}/snap-src"),
+            Reply::Ok(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                             "metadata": {"name": "snap-src", "namespace": NS},
+                             "spec": {"volumeMode": "Block"}})),
+        )
+        .await;
+    for (name, keys) in [
+        ("backup-key", &["passphrase"][..]),
+        ("s3", &["id", "secret"]),
+    ] {
+        h.server
+            .expect(
+                "GET",
+                &format!("{SECRETS}/{name}"),
+                Reply::Ok(secret(name, keys)),
+            )
+            .await;
+    }
+    let token = h.server.expect("POST", SECRETS, Reply::Echo).await.body;
+    assert!(
+        !token.to_string().contains("snapshot-metadata-token"),
+        "{token}"
+    );
+    h.server.expect("POST", NETPOLS, Reply::Echo).await;
+    let pod = h.server.expect("POST", PODS, Reply::Echo).await.body;
+    assert!(!pod.to_string().contains("snapshot-metadata-token"));
+    let seen = h
+        .server
+        .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = seen.body["status"].clone();
+    h.server.expect_event(NS).await;
+    finish(task).await;
+    h.server.done().await;
+
+    let object = with_status(&snapshot_backup_json(None), &json!({ "status": status }));
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(pod).unwrap();
+    h.pod_seen(ready(pod, "node-a"));
+    let id = job_id("uid-b/backup");
+    let mut done = report(&id, JobState::Succeeded, 4 * MIB);
+    done.backup = Some(BackupSummary {
+        parent_id: "20261201T030000Z-00000003".into(),
+        changed_block_tracking: "ChangeDigests".into(),
+        ..summary()
+    });
+    h.link.script(&id, vec![done]);
+    let task = tokio::spawn(reconcile_backup(backup(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", REPO, Reply::Ok(repository_json()))
+        .await;
+    metadata_lookups(&mut h, None).await;
+    h.server
+        .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    h.server.expect_event(NS).await;
+    finish(task).await;
+    let seen = h
+        .server
+        .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let step = seen.body["status"].clone();
+    assert_eq!(step["changedBlockTracking"], "ChangeDigests");
+    assert!(step.get("snapshotHandle").is_none(), "{step}");
+    let why = step["fullReason"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("CSI driver hostpath.csi.k8s.io has no SnapshotMetadataService"),
+        "{step}"
+    );
+    h.server.expect_event(NS).await;
+    h.ctx.take_watch("uid-b").unwrap().task.await.unwrap();
+    h.server.done().await;
+    let calls = h.link.calls();
+    let Call::Start(JobRequest::Backup(request)) = &calls[0] else {
+        panic!("{calls:?}")
+    };
+    assert_eq!(request.snapshot_metadata, None);
+    assert_eq!(request.volume_snapshot_handle, "");
+}
+
+/// copyMethod Snapshot with changed-block tracking: the snapshot of the latest successful
+/// backup that recorded its CSI handle stays (the next delta is asked since it; its
+/// temporary claim goes), and frees the base before it; a failed backup frees its own
+/// snapshot and keeps the base.
+#[tokio::test]
+async fn a_schedule_keeps_its_latest_tracked_snapshot_as_the_next_base() {
+    let s_old = "nightly-20261201030000";
+    let s_new = "nightly-20261202030000";
+    let mut s = Sched::new("2026-12-02T03:30:00Z");
+    let mut object = schedule_json(Some(json!({
+        "nextSyncTime": "2026-12-03T03:00:00Z", "observedGeneration": 1,
+        "lastBackup": s_old, "lastResult": "Succeeded", "baseSnapshot": s_old})));
+    object["spec"]["copyMethod"] = json!("Snapshot");
+    let tracked = |name: &str, snapshot: &str, ended: &str| {
+        let mut b = ended_backup(
+            name,
+            snapshot,
+            ended,
+            json!({"snapshotHandle": format!("h-{name}"),
+                   "changedBlockTracking": "SnapshotMetadata"}),
+        );
+        b["spec"]["sourcePVC"] = json!(format!("{name}-src"));
+        b["spec"]["volumeSnapshot"] = json!(name);
+        b["metadata"]["annotations"] = json!({"ferry.dev/volume-snapshot": name});
+        b
+    };
+    let old = tracked(s_old, "20261201T030000Z-00000001", "2026-12-01T03:10:00Z");
+    let new = tracked(s_new, "20261202T030000Z-00000002", "2026-12-02T03:10:00Z");
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, vec![old.clone(), new.clone()]).await;
+    s.server
+        .expect("DELETE", &format!("{PVCS}/{s_new}-src"), Reply::Deleted)
+        .await;
+    s.server
+        .expect("DELETE", &format!("{SNAPSHOTS}/{s_old}"), Reply::Deleted)
+        .await;
+    assert_eq!(
+        s.server.expect_event(NS).await.body["reason"],
+        "BackupSucceeded"
+    );
+    let seen = s
+        .server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = seen.body["status"].clone();
+    assert_eq!(status["baseSnapshot"], s_new, "{status}");
+    assert_eq!(status["lastSnapshot"], "20261202T030000Z-00000002");
+    finish(task).await;
+    s.server.done().await;
+
+    // A later backup fails: its own snapshot goes, the base stays.
+    s.set("2026-12-02T23:00:00Z");
+    let object = with_status(&object, &json!({ "status": status }));
+    let s_failed = "nightly-20261203030000";
+    let mut failed = scheduled_backup(
+        s_failed,
+        "Failed",
+        json!({"message": "backup no_space: full", "completionTime": "2026-12-03T03:10:00Z"}),
+    );
+    failed["spec"]["sourcePVC"] = json!(format!("{s_failed}-src"));
+    failed["metadata"]["annotations"] = json!({"ferry.dev/volume-snapshot": s_failed});
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, vec![old, new, failed]).await;
+    s.server
+        .expect("DELETE", &format!("{PVCS}/{s_failed}-src"), Reply::Deleted)
+        .await;
+    s.server
+        .expect("DELETE", &format!("{SNAPSHOTS}/{s_failed}"), Reply::Deleted)
+        .await;
+    assert_eq!(
+        s.server.expect_event(NS).await.body["reason"],
+        "BackupFailed"
+    );
+    let seen = s
+        .server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert_eq!(seen.body["status"]["baseSnapshot"], s_new);
     finish(task).await;
     s.server.done().await;
 }

@@ -16,7 +16,7 @@ use kube::Api;
 use crate::crd::status::condition::reason;
 use crate::crd::{
     kept_snapshots, pruned_snapshots, Backup, BackupRepository, BackupStatus, Endpoint,
-    SecretKeyRef, ValidationError,
+    MetadataLookup, SecretKeyRef, ValidationError,
 };
 use crate::mover::backup_request::{backup_request, prune_request};
 use crate::mover::{backup_pod, MoverError, MoverPodInput, ResolvedPvc};
@@ -25,8 +25,10 @@ use super::context::Context;
 use super::error::Error;
 use super::kind::{Claim, MoverKind, Outcome};
 use super::link::{JobReport, JobRequest, JobState};
+use super::names;
 use super::progress::{failure_text, first_failure, is_transient, overall};
 use super::reconcile::reconcile;
+use super::snapshot_metadata;
 
 /// One reconcile of a Backup: its repository looked up, then the shared state machine.
 /// A deleted or finished Backup needs no repository.
@@ -40,7 +42,21 @@ pub async fn reconcile_backup(obj: Arc<Backup>, ctx: Arc<Context>) -> Result<Act
     let repository = api.get_opt(&obj.spec.repository).await?;
     let mut resolved = obj.as_ref().clone();
     resolved.spec.resolved_repository = repository.map(|r| r.spec);
+    if mover_may_start(&obj, &ctx) {
+        resolved.spec.resolved_snapshot_metadata = snapshot_metadata::lookup(&ctx, &obj).await?;
+    }
     reconcile(Arc::new(resolved), ctx).await
+}
+
+/// Whether this reconcile may make a mover or send it the backup job, which need the
+/// SnapshotMetadata lookup: not while the job is followed, nor once the backup is
+/// written (the prune needs none).
+fn mover_may_start(obj: &Backup, ctx: &Context) -> bool {
+    let status = obj.status.clone().unwrap_or_default();
+    let uid = obj.metadata.uid.as_deref().unwrap_or_default();
+    obj.spec.volume_snapshot.is_some()
+        && !backed_up(&status)
+        && !ctx.is_watching(uid, status.attempts)
 }
 
 /// Whether the backup step is done (its snapshot recorded).
@@ -90,6 +106,13 @@ impl MoverKind for Backup {
             .map_or_else(Vec::new, |repo| repo.secret_refs())
     }
 
+    fn token_audience(&self) -> Option<&str> {
+        match &self.spec.resolved_snapshot_metadata {
+            Some(MetadataLookup::Service(service)) => Some(&service.audience),
+            _ => None,
+        }
+    }
+
     fn mover_pod(&self, input: &MoverPodInput<'_>) -> Result<Pod, MoverError> {
         backup_pod(self, input)
     }
@@ -100,8 +123,11 @@ impl MoverKind for Backup {
         pvcs: &[ResolvedPvc],
     ) -> Result<Vec<JobRequest>, MoverError> {
         if !backed_up(status) {
+            let token_secret = status.mover_pod.as_deref().map(names::token_secret);
             return Ok(vec![JobRequest::Backup(Box::new(backup_request(
-                self, pvcs,
+                self,
+                pvcs,
+                token_secret.as_deref(),
             )?))]);
         }
         if prune_due(self, status) {
@@ -162,6 +188,7 @@ impl MoverKind for Backup {
 
     fn keep_lookups(&self, written: &mut Self) {
         written.spec.resolved_repository = self.spec.resolved_repository.clone();
+        written.spec.resolved_snapshot_metadata = self.spec.resolved_snapshot_metadata.clone();
     }
 
     fn succeed(&self, status: &mut BackupStatus, reports: &[JobReport]) {
@@ -173,6 +200,21 @@ impl MoverKind for Backup {
                 status.bytes_new = Some(b.bytes_new);
                 status.bytes_reused = Some(b.bytes_reused);
                 status.block_hash = (!b.block_hash.is_empty()).then(|| b.block_hash.clone());
+                status.changed_block_tracking = (!b.changed_block_tracking.is_empty())
+                    .then(|| b.changed_block_tracking.clone());
+                let not_asked = match &self.spec.resolved_snapshot_metadata {
+                    Some(MetadataLookup::Unavailable(why)) => Some(why.clone()),
+                    _ => None,
+                };
+                let full_reason = (!b.full_reason.is_empty()).then(|| b.full_reason.clone());
+                status.full_reason = match (not_asked, full_reason) {
+                    (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+                    (a, b) => a.or(b),
+                };
+                status.snapshot_handle = match &self.spec.resolved_snapshot_metadata {
+                    Some(MetadataLookup::Service(service)) => Some(service.snapshot_handle.clone()),
+                    _ => None,
+                };
             }
             if let Some(p) = &r.prune {
                 status.pruned = Some(p.removed);

@@ -166,6 +166,11 @@ pub struct BackupSummary {
     pub bytes_reused: u64,
     /// The image's block hash, `blkhash:<hex>`.
     pub block_hash: String,
+    /// How the blocks to read were found (SnapshotMetadata, DirtyBitmap, ChangeDigests;
+    /// empty for a full read).
+    pub changed_block_tracking: String,
+    /// Why it read more than the changed blocks (empty when it did not).
+    pub full_reason: String,
 }
 
 /// What a prune job did, once it succeeded.

@@ -34,6 +34,7 @@ pub mod repository;
 pub mod restore;
 pub mod secrets;
 pub mod settings;
+pub mod snapshot_metadata;
 pub mod transfer;
 pub mod users;
 

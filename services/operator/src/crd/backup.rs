@@ -120,11 +120,50 @@ pub struct BackupSpec {
     /// How the mover pod runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mover: Option<MoverSettings>,
+    /// The VolumeSnapshot `sourcePVC` was restored from and not written since (a
+    /// BackupSchedule with `copyMethod: Snapshot` sets it). With a Block claim and a
+    /// SnapshotMetadataService for the snapshot's CSI driver, the mover asks that service
+    /// which blocks changed since the parent backup's snapshot (or, for a first backup,
+    /// which are allocated) and reads only those.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub volume_snapshot: Option<String>,
     /// The named repository's spec, looked up by the operator before each reconcile;
     /// never stored.
     #[serde(skip)]
     #[schemars(skip)]
     pub resolved_repository: Option<BackupRepositorySpec>,
+    /// The SnapshotMetadataService of `volumeSnapshot`'s driver, looked up by the operator
+    /// before a mover starts; never stored.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub resolved_snapshot_metadata: Option<MetadataLookup>,
+}
+
+/// What the operator found of a Backup's `volumeSnapshot` and its driver's CSI
+/// SnapshotMetadata service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetadataLookup {
+    /// The service to ask, and the snapshot's CSI handle.
+    Service(MetadataService),
+    /// Why the mover reads without it (change digests, or every allocated chunk).
+    Unavailable(String),
+}
+
+/// A driver's SnapshotMetadataService (cbt.storage.k8s.io), as the mover needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetadataService {
+    /// The object's name: the CSI driver's.
+    pub driver: String,
+    /// `https://HOST:PORT`.
+    pub address: String,
+    /// The CA certificate(s), PEM.
+    pub ca_pem: Vec<u8>,
+    /// The audience its tokens must be minted for.
+    pub audience: String,
+    /// The CSI handle of the Backup's VolumeSnapshot (recorded in the backup: the next
+    /// backup's delta is asked since it).
+    pub snapshot_handle: String,
 }
 
 /// Which snapshots of a source a prune keeps (restic's rules; a snapshot is kept when any
@@ -252,6 +291,9 @@ impl BackupSpec {
         if let Some(parent) = &self.parent {
             check_parent("spec.parent", parent)?;
         }
+        if let Some(snapshot) = &self.volume_snapshot {
+            check_pvc_name("spec.volumeSnapshot", snapshot)?;
+        }
         if let Some(id) = &self.source_id {
             if id.is_empty() || id.len() > 253 || id.chars().any(char::is_control) {
                 return Err(invalid(
@@ -342,6 +384,20 @@ pub struct BackupStatus {
     /// The image's block hash (`blkhash:<hex>`, blksum-compatible).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_hash: Option<String>,
+    /// How the blocks to read were found: SnapshotMetadata (the CSI service's allocated
+    /// ranges or delta), ChangeDigests (an incremental that read every allocated chunk and
+    /// compared it), or absent (a full backup that read every allocated chunk).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changed_block_tracking: Option<String>,
+    /// Why the backup read more than the changed blocks: made in full although a parent
+    /// was asked for, or the CSI SnapshotMetadata service not used (none for the driver,
+    /// a Filesystem claim, the service's failure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub full_reason: Option<String>,
+    /// The CSI handle of `spec.volumeSnapshot`, recorded in the backup: the next backup's
+    /// delta is asked since it, so its schedule keeps that VolumeSnapshot until then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_handle: Option<String>,
     /// Snapshots the prune after the backup removed (when `retain` is set).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pruned: Option<u64>,
@@ -419,6 +475,8 @@ mod tests {
             tags: None,
             retain: None,
             mover: None,
+            volume_snapshot: None,
+            resolved_snapshot_metadata: None,
             resolved_repository: Some(BackupRepositorySpec {
                 url: Some("s3://backups/site-a".into()),
                 s3: None,

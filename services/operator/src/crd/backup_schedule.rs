@@ -82,7 +82,10 @@ pub struct BackupScheduleSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<bool>,
     /// Direct: back up the claim as it is (default). Snapshot: back up a VolumeSnapshot of
-    /// it, through a temporary claim; both are deleted when the backup ends.
+    /// it, through a temporary claim; both are deleted when the backup ends, but for the
+    /// latest successful backup's snapshot when the CSI driver offers a SnapshotMetadata
+    /// service: kept as the base the next backup's changed blocks are asked since
+    /// (`status.baseSnapshot`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub copy_method: Option<CopyMethod>,
     /// The VolumeSnapshotClass of `copyMethod: Snapshot` (default: the cluster's default).
@@ -200,6 +203,12 @@ pub struct BackupScheduleStatus {
     /// The phase the latest finished Backup ended in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_result: Option<String>,
+    /// copyMethod Snapshot with a CSI SnapshotMetadata service: the VolumeSnapshot of the
+    /// latest successful backup, kept (its temporary claim deleted) because the next
+    /// backup's changed blocks are asked for since it; deleted when a newer one replaces
+    /// it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_snapshot: Option<String>,
     /// Synchronizing: True while a backup runs; False between backups (reason
     /// WaitingForSchedule), when paused (Paused) or when the spec cannot run
     /// (InvalidSpec).

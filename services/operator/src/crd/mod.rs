@@ -22,8 +22,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 
 pub use backup::{
-    kept_snapshots, pruned_snapshots, Backup, BackupSpec, BackupStatus, Retention,
-    MAX_KEPT_SNAPSHOTS, MAX_PRUNED_SNAPSHOTS,
+    kept_snapshots, pruned_snapshots, Backup, BackupSpec, BackupStatus, MetadataLookup,
+    MetadataService, Retention, MAX_KEPT_SNAPSHOTS, MAX_PRUNED_SNAPSHOTS,
 };
 pub use backup_repository::{
     BackupRepository, BackupRepositorySpec, BackupRepositoryStatus, Encryption,

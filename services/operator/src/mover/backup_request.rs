@@ -12,9 +12,12 @@ use ferry_api::proto;
 use kube::Resource;
 
 use super::endpoint::{claim_image, endpoint};
+use super::pod::metadata_token;
 use super::request::{owner_labels, uid_of};
 use super::{layout, wire, MoverError, ResolvedPvc};
-use crate::crd::{Backup, BackupRepositorySpec, Endpoint, PvcRef, ValidationError};
+use crate::crd::{
+    Backup, BackupRepositorySpec, Endpoint, MetadataLookup, PvcRef, ValidationError, VolumeMode,
+};
 
 /// The repository's directory when it is kept in a claim.
 pub fn repository_dir(pvc: &PvcRef) -> String {
@@ -53,10 +56,11 @@ fn uid_and_repository(backup: &Backup) -> Result<(String, &BackupRepositorySpec)
     Ok((uid, repo))
 }
 
-/// The backup request of a Backup.
+/// The backup request of a Backup, for the mover whose token Secret is `token_secret`.
 pub fn backup_request(
     backup: &Backup,
     pvcs: &[ResolvedPvc],
+    token_secret: Option<&str>,
 ) -> Result<proto::StartBackupRequest, MoverError> {
     let (uid, repo) = uid_and_repository(backup)?;
     let spec = &backup.spec;
@@ -68,6 +72,8 @@ pub fn backup_request(
         ..Endpoint::default()
     };
     let namespace = backup.meta().namespace.clone().unwrap_or_default();
+    let metadata =
+        token_secret.and_then(|secret| metadata_source(backup, pvcs, secret, &namespace));
     Ok(proto::StartBackupRequest {
         source: Some(endpoint(&source, pvcs)?),
         repository: Some(repository(repo)),
@@ -82,7 +88,45 @@ pub fn backup_request(
             .then(proto::RepositoryInit::default),
         idempotency_key: format!("{uid}/backup"),
         labels: owner_labels(&uid),
+        volume_snapshot_handle: metadata
+            .as_ref()
+            .map(|(_, handle)| handle.clone())
+            .unwrap_or_default(),
+        snapshot_metadata: metadata.map(|(source, _)| source),
         ..proto::StartBackupRequest::default()
+    })
+}
+
+/// What the mover asks the CSI SnapshotMetadata service, and the snapshot handle it
+/// records: only for a Block source claim and a service the operator found. The token
+/// is the file of the key [`metadata_token`] projects; the base snapshot is the one the
+/// parent backup recorded.
+fn metadata_source(
+    backup: &Backup,
+    pvcs: &[ResolvedPvc],
+    token_secret: &str,
+    namespace: &str,
+) -> Option<(proto::SnapshotMetadataSource, String)> {
+    let Some(MetadataLookup::Service(service)) = &backup.spec.resolved_snapshot_metadata else {
+        return None;
+    };
+    let block = pvcs
+        .iter()
+        .any(|p| p.name == backup.spec.source_pvc && p.mode == VolumeMode::Block);
+    let snapshot = backup.spec.volume_snapshot.clone()?;
+    let token = metadata_token(backup, token_secret)?;
+    block.then(|| {
+        (
+            proto::SnapshotMetadataSource {
+                address: service.address.clone(),
+                ca_certificate: service.ca_pem.clone(),
+                token: Some(wire::secret_ref(&token)),
+                snapshot,
+                namespace: namespace.to_string(),
+                base_snapshot_id: String::new(),
+            },
+            service.snapshot_handle.clone(),
+        )
     })
 }
 
@@ -129,7 +173,9 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::crd::{BackupSpec, Encryption, Retention, S3Options, SecretKeyRef, VolumeMode};
+    use crate::crd::{
+        BackupSpec, Encryption, MetadataService, Retention, S3Options, SecretKeyRef, VolumeMode,
+    };
     use crate::mover::request::OWNER_UID_LABEL;
 
     fn secret(name: &str, key: &str) -> SecretKeyRef {
@@ -161,7 +207,9 @@ mod tests {
                     ..Retention::default()
                 }),
                 mover: None,
+                volume_snapshot: None,
                 resolved_repository: Some(repo),
+                resolved_snapshot_metadata: None,
             },
         );
         b.metadata = ObjectMeta {
@@ -192,7 +240,7 @@ mod tests {
         };
         let b = backup(repo);
         let pvcs = [ResolvedPvc::new("web1", VolumeMode::Block)];
-        let r = backup_request(&b, &pvcs).unwrap();
+        let r = backup_request(&b, &pvcs, None).unwrap();
         assert_eq!(r.source.unwrap().url, "/dev/ferry/web1");
         assert_eq!(
             r.repository,
@@ -224,9 +272,56 @@ mod tests {
         assert_eq!(p.repository, r.repository);
         assert_eq!(p.source_id, "vms/web1");
         assert!(matches!(
-            backup_request(&b, &[]),
+            backup_request(&b, &[], None),
             Err(MoverError::UnresolvedPvc(_))
         ));
+    }
+
+    #[test]
+    fn a_found_service_is_asked_for_a_block_claim_with_the_minted_tokens_file() {
+        let repo = BackupRepositorySpec {
+            url: Some("s3://backups/site-a".into()),
+            s3: None,
+            pvc: None,
+            encryption: None,
+            initialize: None,
+        };
+        let mut b = backup(repo);
+        b.spec.volume_snapshot = Some("nightly-20261202030000".into());
+        b.spec.resolved_snapshot_metadata = Some(MetadataLookup::Service(MetadataService {
+            driver: "hostpath.csi.k8s.io".into(),
+            address: "https://csi-snapshot-metadata.csi:6443".into(),
+            ca_pem: b"-----BEGIN CERTIFICATE-----".to_vec(),
+            audience: "cbt.example".into(),
+            snapshot_handle: "h-7".into(),
+        }));
+        let block = [ResolvedPvc::new("web1", VolumeMode::Block)];
+        let r = backup_request(&b, &block, Some("web1-nightly-fbk-1-token")).unwrap();
+        assert_eq!(r.volume_snapshot_handle, "h-7");
+        assert_eq!(
+            r.snapshot_metadata,
+            Some(proto::SnapshotMetadataSource {
+                address: "https://csi-snapshot-metadata.csi:6443".into(),
+                ca_certificate: b"-----BEGIN CERTIFICATE-----".to_vec(),
+                token: file("web1-nightly-fbk-1-token/snapshot-metadata-token"),
+                snapshot: "nightly-20261202030000".into(),
+                namespace: "vms".into(),
+                base_snapshot_id: String::new(),
+            }),
+            "the base is the parent's recorded handle: none sent"
+        );
+        let filesystem = [ResolvedPvc::new("web1", VolumeMode::Filesystem)];
+        let r = backup_request(&b, &filesystem, Some("web1-nightly-fbk-1-token")).unwrap();
+        assert_eq!(
+            r.snapshot_metadata, None,
+            "a file's blocks are not the volume's"
+        );
+        assert_eq!(r.volume_snapshot_handle, "");
+        let r = backup_request(&b, &block, None).unwrap();
+        assert_eq!(r.snapshot_metadata, None, "no mover token Secret, no token");
+        b.spec.resolved_snapshot_metadata = Some(MetadataLookup::Unavailable("no service".into()));
+        let r = backup_request(&b, &block, Some("web1-nightly-fbk-1-token")).unwrap();
+        assert_eq!(r.snapshot_metadata, None);
     }
 
     #[test]
@@ -246,7 +341,7 @@ mod tests {
             ResolvedPvc::new("web1", VolumeMode::Filesystem),
             ResolvedPvc::new("repo", VolumeMode::Filesystem),
         ];
-        let r = backup_request(&b, &pvcs).unwrap();
+        let r = backup_request(&b, &pvcs, None).unwrap();
         assert_eq!(
             r.source.unwrap().url,
             "/var/run/ferry/volumes/web1/disk.img"

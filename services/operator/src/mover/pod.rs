@@ -45,8 +45,8 @@ use super::placement;
 use super::{find_pvc, MoverError, ResolvedPvc};
 use crate::crd::endpoint::{DOCKER_CONFIG_KEY, REGISTRY_CA_KEY};
 use crate::crd::{
-    Backup, BackupRepositorySpec, Checksum, Endpoint, MoverSettings, SecretKeyRef, Transfer,
-    VolumeMode,
+    Backup, BackupRepositorySpec, Checksum, Endpoint, MetadataLookup, MoverSettings, SecretKeyRef,
+    Transfer, VolumeMode,
 };
 use crate::fanout::children::PARENT_UID;
 
@@ -185,6 +185,8 @@ pub fn backup_pod(backup: &Backup, input: &MoverPodInput<'_>) -> Result<Pod, Mov
         .as_ref()
         .and_then(|r| r.key());
     endpoints.extend(key.map(Attach::Key));
+    let minted = metadata_token(backup, input.token_secret);
+    endpoints.extend(minted.as_ref().map(Attach::Key));
     build(
         Owner::of(backup, "Backup")?,
         &endpoints,
@@ -192,6 +194,20 @@ pub fn backup_pod(backup: &Backup, input: &MoverPodInput<'_>) -> Result<Pod, Mov
         input,
         false,
     )
+}
+
+/// The key of the token a Backup's mover asks the CSI SnapshotMetadata service with, in
+/// its token Secret `token_secret` (projected under `--secrets-dir` like every key the
+/// mover's requests name); none when the Backup does not ask the service.
+pub fn metadata_token(backup: &Backup, token_secret: &str) -> Option<SecretKeyRef> {
+    matches!(
+        backup.spec.resolved_snapshot_metadata,
+        Some(MetadataLookup::Service(_))
+    )
+    .then(|| SecretKeyRef {
+        name: token_secret.to_string(),
+        key: layout::SNAPSHOT_METADATA_TOKEN_KEY.to_string(),
+    })
 }
 
 /// The mover pod of a restore into the claim `target` (owned by `owner`, of kind `kind`):

@@ -89,7 +89,9 @@ pub fn backup(schedule: &BackupSchedule, name: &str, snapshot: Option<&str>) -> 
             tags: spec.tags.clone(),
             retain: spec.retain.clone(),
             mover: spec.mover.clone(),
+            volume_snapshot: snapshot.map(str::to_string),
             resolved_repository: None,
+            resolved_snapshot_metadata: None,
         },
     );
     b.metadata = meta(schedule, name);

@@ -328,7 +328,10 @@ async fn record(
         .is_some_and(|a| a.contains_key(SNAPSHOT_ANNOTATION));
     if made_here && with_snapshot {
         let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
-        delete_snapshot(ctx, namespace, &name).await?;
+        delete_temp_claim(ctx, namespace, &name).await?;
+        for snapshot in snapshots_done(next, &name, &status) {
+            delete_volume_snapshot(ctx, namespace, &snapshot).await?;
+        }
     }
     let (warning, why, note) = result_event(&name, &status);
     ctx.event(obj, warning, why, &note).await;
@@ -367,16 +370,46 @@ fn note_result(next: &mut BackupScheduleStatus, name: &str, done: &Backup, statu
     }
 }
 
-/// Deletes the temporary claim and the VolumeSnapshot made for the Backup `name`.
-async fn delete_snapshot(ctx: &Context, namespace: &str, name: &str) -> Result<(), Error> {
-    let snapshots: Api<DynamicObject> =
-        Api::namespaced_with(ctx.client.clone(), namespace, &build::volume_snapshot_api());
+/// The VolumeSnapshots the schedule no longer needs once its Backup `name` (made from
+/// the snapshot of that name) ended with `status`, and `status.baseSnapshot` updated: a
+/// successful backup that recorded its snapshot's CSI handle keeps its snapshot as the
+/// base of the next delta (the driver diffs against it) and frees the previous base; one
+/// that recorded none frees both; a failed one frees its own and keeps the base.
+pub(crate) fn snapshots_done(
+    next: &mut BackupScheduleStatus,
+    name: &str,
+    status: &BackupStatus,
+) -> Vec<String> {
+    let succeeded = status.phase == crate::crd::Phase::Succeeded;
+    let mut done = Vec::new();
+    if succeeded && status.snapshot_handle.is_some() {
+        done.extend(next.base_snapshot.take().filter(|base| base != name));
+        next.base_snapshot = Some(name.to_string());
+        return done;
+    }
+    if next.base_snapshot.as_deref() != Some(name) {
+        done.push(name.to_string());
+    }
+    if succeeded {
+        done.extend(next.base_snapshot.take());
+    }
+    done
+}
+
+/// Deletes the temporary claim made for the Backup `name`.
+async fn delete_temp_claim(ctx: &Context, namespace: &str, name: &str) -> Result<(), Error> {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
     gone(
         claims
             .delete(&build::temp_claim_name(name), &DeleteParams::default())
             .await,
-    )?;
+    )
+}
+
+/// Deletes a VolumeSnapshot the schedule made.
+async fn delete_volume_snapshot(ctx: &Context, namespace: &str, name: &str) -> Result<(), Error> {
+    let snapshots: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), namespace, &build::volume_snapshot_api());
     gone(snapshots.delete(name, &DeleteParams::default()).await)
 }
 
@@ -581,4 +614,47 @@ async fn fire(
         Some(t) => Action::requeue(until(now, t)),
         None => Action::await_change(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::Phase;
+
+    fn ended(phase: Phase, handle: Option<&str>) -> BackupStatus {
+        BackupStatus {
+            phase,
+            snapshot_handle: handle.map(str::to_string),
+            ..BackupStatus::default()
+        }
+    }
+
+    #[test]
+    fn the_latest_tracked_snapshot_is_kept_as_the_base_and_frees_the_one_before() {
+        let mut next = BackupScheduleStatus::default();
+        let tracked = ended(Phase::Succeeded, Some("h"));
+        assert!(snapshots_done(&mut next, "s1", &tracked).is_empty());
+        assert_eq!(next.base_snapshot.as_deref(), Some("s1"));
+        assert_eq!(
+            snapshots_done(&mut next, "s1", &tracked),
+            Vec::<String>::new(),
+            "again: nothing"
+        );
+        assert_eq!(snapshots_done(&mut next, "s2", &tracked), ["s1"]);
+        assert_eq!(next.base_snapshot.as_deref(), Some("s2"));
+        let failed = ended(Phase::Failed, None);
+        assert_eq!(snapshots_done(&mut next, "s3", &failed), ["s3"]);
+        assert_eq!(
+            next.base_snapshot.as_deref(),
+            Some("s2"),
+            "a failure keeps the base"
+        );
+        let untracked = ended(Phase::Succeeded, None);
+        assert_eq!(snapshots_done(&mut next, "s4", &untracked), ["s4", "s2"]);
+        assert_eq!(
+            next.base_snapshot, None,
+            "its parent records no handle: no base needed"
+        );
+        assert_eq!(snapshots_done(&mut next, "s5", &untracked), ["s5"]);
+    }
 }

@@ -10,6 +10,7 @@ use crate::controller::link::{
     BackupSummary, JobFailure, JobReport, JobState, PruneSummary, TargetReport,
 };
 use crate::crd::{kept_snapshots, pruned_snapshots, Checkpoint, Progress};
+use crate::events::within;
 use crate::mover::request::{target_indexes, TARGET_LABEL};
 
 /// `<algorithm>:<hex>`, as the custom resources spell digests.
@@ -94,6 +95,9 @@ pub fn report(job: &proto::Job) -> JobReport {
             bytes_new: r.bytes_new,
             bytes_reused: r.bytes_reused,
             block_hash: digest(r.digest.as_ref()).unwrap_or_default(),
+            // Bounded: the texts come from the network and go into the status.
+            changed_block_tracking: within(&r.changed_block_tracking, 32).to_string(),
+            full_reason: within(&r.full_reason, 1024).to_string(),
         }),
         _ => None,
     };
