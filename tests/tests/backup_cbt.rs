@@ -1,7 +1,9 @@
-//! `ferry backup create --snapshot-metadata`: changed-block tracking through the CSI
-//! SnapshotMetadata service, against the test kit's stand-in of the sidecar (the upstream
-//! proto over TLS with a test CA, a token and an audience, answers computed from real
-//! snapshot files).
+//! Changed-block tracking through the CSI SnapshotMetadata service, against the test
+//! kit's stand-in of the sidecar (the upstream proto over TLS with a test CA, a token and
+//! an audience, answers computed from real snapshot files): `ferry backup create
+//! --snapshot-metadata`, the job service's `StartBackupRequest.snapshot_metadata`, and
+//! the request the operator builds for a Backup of a VolumeSnapshot, sent over its link
+//! to a real mover.
 //!
 //! Each snapshot is a sparse file the service answers from, and a fully allocated copy of
 //! it is what the backup reads (a block device shows no holes): so the bytes read show
@@ -578,4 +580,133 @@ async fn the_job_service_reads_only_what_the_service_answers_and_falls_back_on_a
     let (_, fourth) = backup_job(&mut jobs, missing).await;
     assert_eq!(fourth.changed_block_tracking, "ChangeDigests", "{fourth:?}");
     assert!(fourth.full_reason.contains("no-such-token"), "{fourth:?}");
+}
+
+/// The request the operator builds for a Backup of a VolumeSnapshot whose driver has a
+/// SnapshotMetadataService (what `ferry operator` looked up: address, CA, handle), sent
+/// over the operator's link to a real mover whose `--secrets-dir` holds the minted token
+/// where the pod projects it: the first backup reads only the allocated ranges, the
+/// second only the delta since the handle the first recorded, and the status the
+/// operator writes from the mover's report says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operators_request_reads_only_the_delta_on_a_real_mover() {
+    use ferry_api::proto;
+    use ferry_core::Secret;
+    use ferry_operator::controller::{GrpcMoverLink, JobState, MoverAddress, MoverKind, MoverLink};
+    use ferry_operator::crd::{
+        Backup, BackupRepositorySpec, BackupStatus, MetadataLookup, MetadataService, VolumeMode,
+    };
+    use ferry_operator::mover::backup_request::backup_request;
+    use ferry_operator::mover::ResolvedPvc;
+    use futures_util::StreamExt;
+
+    let volume = Volume::new();
+    let server = volume.serve(volume.config()).await;
+    let token_secret = "data-backup-fbk-1-token";
+    let secrets = volume.dir.path().join("mover-secrets");
+    std::fs::create_dir_all(secrets.join(token_secret)).unwrap();
+    std::fs::write(
+        secrets.join(token_secret).join("snapshot-metadata-token"),
+        TOKEN,
+    )
+    .unwrap();
+    let mut cfg = ferry_server::config::ServiceConfig::new(volume.dir.path().join("mover-data"));
+    cfg.grpc_listen = "127.0.0.1:0".parse().unwrap();
+    cfg.metrics_listen = None;
+    cfg.allow_roots = vec![volume.dir.path().to_path_buf()];
+    cfg.auth_token = Some(Secret::new("t0ken"));
+    cfg.secrets_dir = Some(secrets);
+    let service = ferry_server::server::start(cfg).await.unwrap();
+    let mover = MoverAddress {
+        namespace: NAMESPACE.into(),
+        pod: "data-backup-fbk-1".into(),
+        ip: service.grpc_addr().ip().to_string(),
+        port: service.grpc_addr().port(),
+        token: "t0ken".into(),
+    };
+    let link = GrpcMoverLink::default();
+
+    let mut last_status = BackupStatus::default();
+    for (n, snapshot, handle, dev) in [
+        (1, "snap-1", "h-1", &volume.dev1),
+        (2, "snap-2", "h-2", &volume.dev2),
+    ] {
+        let mut backup: Backup = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "Backup",
+            "metadata": {"name": format!("data-{n}"), "namespace": NAMESPACE,
+                         "uid": format!("uid-{n}")},
+            "spec": {"sourcePVC": "data-src", "repository": "site-a", "sourceId": "pvc/data",
+                     "volumeSnapshot": snapshot},
+        }))
+        .unwrap();
+        backup.spec.resolved_repository = Some(BackupRepositorySpec {
+            url: Some("s3://unused/prefix".into()),
+            s3: None,
+            pvc: None,
+            encryption: None,
+            initialize: None,
+        });
+        backup.spec.resolved_snapshot_metadata = Some(MetadataLookup::Service(MetadataService {
+            driver: "hostpath.csi.k8s.io".into(),
+            address: server.url(),
+            ca_pem: server.ca_pem().as_bytes().to_vec(),
+            audience: AUDIENCE.into(),
+            snapshot_handle: handle.into(),
+        }));
+        let pvcs = [ResolvedPvc::new("data-src", VolumeMode::Block)];
+        let mut request = backup_request(&backup, &pvcs, Some(token_secret)).unwrap();
+        assert!(request.snapshot_metadata.is_some(), "{request:?}");
+        // Inside a pod these are /dev/ferry/data-src and the repository's URL (the pod
+        // spec's own tests cover that mapping); here, the local device file and directory.
+        request.source = ferry_tests::service_support::endpoint(s(dev));
+        request.repository = Some(proto::Repository {
+            url: s(&volume.repo).into(),
+            ..Default::default()
+        });
+        let job = ferry_operator::controller::JobRequest::Backup(Box::new(request));
+        let started = link.start(&mover, &job).await.unwrap();
+        let mut stream = link.watch(&mover, &started.id).await.unwrap();
+        let mut report = None;
+        while let Some(r) = stream.next().await {
+            let r = r.unwrap();
+            let end = r.state.is_terminal();
+            report = Some(r);
+            if end {
+                break;
+            }
+        }
+        let report = report.unwrap();
+        assert_eq!(report.state, JobState::Succeeded, "{report:?}");
+        let mut status = BackupStatus::default();
+        backup.succeed(&mut status, std::slice::from_ref(&report));
+        assert_eq!(
+            status.changed_block_tracking.as_deref(),
+            Some("SnapshotMetadata"),
+            "{status:?}"
+        );
+        assert_eq!(status.snapshot_handle.as_deref(), Some(handle));
+        let read = status.bytes_read.unwrap();
+        if n == 1 {
+            assert!(read > 0 && read <= 9 * MIB, "{status:?}");
+            let why = status.full_reason.as_deref().unwrap_or_default();
+            assert!(why.contains("no earlier backup"), "{status:?}");
+        } else {
+            assert_eq!(status.full_reason, None, "{status:?}");
+            assert_eq!(status.parent_id, last_status.snapshot_id, "{status:?}");
+            assert!(read * 100 <= changed_chunk_bytes() * 105, "{status:?}");
+        }
+        volume
+            .check_restore(
+                status.snapshot_id.as_deref().unwrap(),
+                dev,
+                &format!("o{n}.img"),
+            )
+            .await;
+        last_status = status;
+    }
+    // A delta against any other base than h-1 would have failed and fallen back.
+    assert_eq!(
+        server.requests().iter().map(|r| r.rpc).collect::<Vec<_>>(),
+        ["allocated", "delta"]
+    );
 }
