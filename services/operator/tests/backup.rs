@@ -2049,3 +2049,88 @@ async fn a_schedule_keeps_its_latest_tracked_snapshot_as_the_next_base() {
     finish(task).await;
     s.server.done().await;
 }
+
+/// copyMethod Clone (VolSync's): a CSI clone of the claim (its dataSource the claim, as
+/// large as the claim's capacity), the Backup of the clone under the source's id; once the
+/// Backup ended, the clone is deleted. No VolumeSnapshot is made.
+#[tokio::test]
+async fn copy_method_clone_backs_up_a_csi_clone_and_deletes_it() {
+    let mut s = Sched::new("2026-12-02T03:00:05Z");
+    let mut object = schedule_json(Some(json!({"nextSyncTime": "2026-12-02T03:00:00Z",
+                                                "observedGeneration": 1})));
+    object["spec"]["copyMethod"] = json!("Clone");
+    let mut source = web1_claim();
+    source["status"] = json!({"phase": "Bound", "capacity": {"storage": "25Gi"}});
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, vec![]).await;
+    s.server
+        .expect("GET", &format!("{PVCS}/web1"), Reply::Ok(source))
+        .await;
+    let clone = s.server.expect("POST", PVCS, Reply::Echo).await.body;
+    assert_eq!(clone["metadata"]["name"], "nightly-20261202030000-src");
+    assert_eq!(clone["metadata"]["ownerReferences"][0]["uid"], "uid-s");
+    assert_eq!(
+        clone["spec"]["dataSource"],
+        json!({"kind": "PersistentVolumeClaim", "name": "web1"})
+    );
+    assert_eq!(clone["spec"]["storageClassName"], "fast");
+    assert_eq!(clone["spec"]["volumeMode"], "Block");
+    assert_eq!(
+        clone["spec"]["resources"]["requests"]["storage"], "25Gi",
+        "never smaller than the source's capacity"
+    );
+    let created = s.server.expect("POST", BACKUPS, Reply::Echo).await.body;
+    assert_eq!(created["spec"]["sourcePVC"], "nightly-20261202030000-src");
+    assert_eq!(created["spec"]["sourceId"], "vms/web1");
+    assert!(created["spec"].get("volumeSnapshot").is_none(), "{created}");
+    assert_eq!(
+        created["metadata"]["annotations"]["ferry.dev/clone-of"],
+        "web1"
+    );
+    let seen = s
+        .server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = seen.body["status"].clone();
+    assert_eq!(
+        s.server.expect_event(NS).await.body["reason"],
+        "BackupCreated"
+    );
+    finish(task).await;
+    s.server.done().await;
+
+    // The Backup succeeded: recorded, the clone deleted.
+    s.set("2026-12-02T03:30:00Z");
+    let object = with_status(&object, &json!({ "status": status }));
+    let mut done = ended_backup(
+        "nightly-20261202030000",
+        "20261202T030000Z-00000001",
+        "2026-12-02T03:10:00Z",
+        json!({}),
+    );
+    done["spec"]["sourcePVC"] = json!("nightly-20261202030000-src");
+    done["metadata"]["annotations"] = json!({"ferry.dev/clone-of": "web1"});
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, vec![done]).await;
+    s.server
+        .expect(
+            "DELETE",
+            &format!("{PVCS}/nightly-20261202030000-src"),
+            Reply::Deleted,
+        )
+        .await;
+    assert_eq!(
+        s.server.expect_event(NS).await.body["reason"],
+        "BackupSucceeded"
+    );
+    let seen = s
+        .server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert_eq!(
+        seen.body["status"]["lastSnapshot"],
+        "20261202T030000Z-00000001"
+    );
+    finish(task).await;
+    s.server.done().await;
+}

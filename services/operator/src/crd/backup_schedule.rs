@@ -81,7 +81,8 @@ pub struct BackupScheduleSpec {
     /// Stop firing (a running backup finishes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<bool>,
-    /// Direct: back up the claim as it is (default). Snapshot: back up a VolumeSnapshot of
+    /// Direct: back up the claim as it is (default). Clone: back up a CSI clone of it,
+    /// deleted when the backup ends. Snapshot: back up a VolumeSnapshot of
     /// it, through a temporary claim; both are deleted when the backup ends, but for the
     /// latest successful backup's snapshot when the CSI driver offers a SnapshotMetadata
     /// service: kept as the base the next backup's changed blocks are asked since
@@ -92,8 +93,8 @@ pub struct BackupScheduleSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub volume_snapshot_class_name: Option<String>,
-    /// The storage class of the temporary claim of `copyMethod: Snapshot` (default: the
-    /// source claim's).
+    /// The storage class of the temporary claim of `copyMethod: Snapshot` or `Clone`
+    /// (default: the source claim's; a clone's driver must clone into it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub storage_class_name: Option<String>,
@@ -127,6 +128,10 @@ pub enum CopyMethod {
     Direct,
     /// A VolumeSnapshot of the claim, through a temporary claim made from it.
     Snapshot,
+    /// A CSI clone of the claim (a temporary claim whose dataSource is the claim: the
+    /// driver copies it, often at once), backed up and then deleted, as VolSync's
+    /// `copyMethod: Clone`. The driver must clone, within one storage class.
+    Clone,
 }
 
 impl BackupScheduleSpec {

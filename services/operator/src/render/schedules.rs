@@ -147,12 +147,12 @@ fn schedule_backups(cluster: &Cluster, schedule: &BackupSchedule) -> Vec<Backup>
 }
 
 /// A due fire's objects: for `copyMethod: Snapshot` the VolumeSnapshot (taken as ready,
-/// with no restore size) and the temporary claim, then the Backup. Err: the source claim
+/// with no restore size) and the temporary claim, for `Clone` the clone, then the Backup. Err: the source claim
 /// does not exist (the fire waits for it).
 fn fire(world: &mut World<'_>, schedule: &BackupSchedule, name: &str) -> Result<(), String> {
     let namespace = schedule.metadata.namespace.clone().unwrap_or_default();
-    let snapshot = schedule.spec.copy_method.unwrap_or_default() == CopyMethod::Snapshot;
-    if snapshot {
+    let method = schedule.spec.copy_method.unwrap_or_default();
+    if method != CopyMethod::Direct {
         let claims = world.claims_in(&namespace);
         let Some(source) = claims.get(&schedule.spec.source_pvc) else {
             return Err(format!(
@@ -160,11 +160,23 @@ fn fire(world: &mut World<'_>, schedule: &BackupSchedule, name: &str) -> Result<
                 schedule.spec.source_pvc
             ));
         };
-        world.create(&build::volume_snapshot(schedule, name));
-        let claim = build::temp_claim(schedule, name, source, None);
+        let claim = match method {
+            CopyMethod::Clone => build::clone_claim(schedule, name, source),
+            _ => {
+                world.create(&build::volume_snapshot(schedule, name));
+                build::temp_claim(schedule, name, source, None)
+            }
+        };
         world.create_claim(&claim);
     }
-    let mut backup = build::backup(schedule, name, snapshot.then_some(name));
+    let mut backup = match method {
+        CopyMethod::Clone => build::clone_backup(schedule, name),
+        _ => build::backup(
+            schedule,
+            name,
+            (method == CopyMethod::Snapshot).then_some(name),
+        ),
+    };
     backup.metadata.uid = Some(made_up_uid(5, world.spawned.len()));
     world.spawned.push(Resource::Backup(Box::new(backup)));
     Ok(())

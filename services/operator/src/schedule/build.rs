@@ -24,6 +24,9 @@ pub const SCHEDULE_LABEL: &str = "ferry.dev/schedule";
 /// Annotation of a Backup made from a VolumeSnapshot: the snapshot's name (the Backup's
 /// source claim is the temporary claim made from it).
 pub const SNAPSHOT_ANNOTATION: &str = "ferry.dev/volume-snapshot";
+/// Annotation of a Backup made from a CSI clone: the cloned claim's name (the Backup's
+/// source claim is the clone).
+pub const CLONE_ANNOTATION: &str = "ferry.dev/clone-of";
 
 /// The VolumeSnapshot API (snapshot.storage.k8s.io/v1).
 pub fn volume_snapshot_api() -> ApiResource {
@@ -104,6 +107,17 @@ pub fn backup(schedule: &BackupSchedule, name: &str, snapshot: Option<&str>) -> 
     b
 }
 
+/// The Backup of a fire of `copyMethod: Clone`: of the clone, under the source's id.
+pub fn clone_backup(schedule: &BackupSchedule, name: &str) -> Backup {
+    let mut b = backup(schedule, name, None);
+    b.spec.source_pvc = temp_claim_name(name);
+    b.metadata.annotations = Some(BTreeMap::from([(
+        CLONE_ANNOTATION.to_string(),
+        schedule.spec.source_pvc.clone(),
+    )]));
+    b
+}
+
 /// The VolumeSnapshot of the schedule's claim for a fire.
 pub fn volume_snapshot(schedule: &BackupSchedule, name: &str) -> DynamicObject {
     let mut spec = json!({
@@ -149,6 +163,44 @@ pub fn temp_claim(
     source: &PersistentVolumeClaim,
     restore_size: Option<&Quantity>,
 ) -> PersistentVolumeClaim {
+    let data_source = TypedLocalObjectReference {
+        api_group: Some("snapshot.storage.k8s.io".into()),
+        kind: "VolumeSnapshot".into(),
+        name: snapshot.to_string(),
+    };
+    made_from(schedule, snapshot, source, restore_size, data_source)
+}
+
+/// The temporary claim of a fire of `copyMethod: Clone` (`name`: the Backup's): a CSI
+/// clone of the source claim, as large as the larger of its request and its capacity (a
+/// clone is never smaller than its source).
+pub fn clone_claim(
+    schedule: &BackupSchedule,
+    name: &str,
+    source: &PersistentVolumeClaim,
+) -> PersistentVolumeClaim {
+    let capacity = source
+        .status
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|c| c.get("storage"));
+    let data_source = TypedLocalObjectReference {
+        api_group: None,
+        kind: "PersistentVolumeClaim".into(),
+        name: source.metadata.name.clone().unwrap_or_default(),
+    };
+    made_from(schedule, name, source, capacity, data_source)
+}
+
+/// A temporary claim `<name>-src` from `data_source`, shaped like `source` and at least
+/// `at_least` large.
+fn made_from(
+    schedule: &BackupSchedule,
+    name: &str,
+    source: &PersistentVolumeClaim,
+    at_least: Option<&Quantity>,
+    data_source: TypedLocalObjectReference,
+) -> PersistentVolumeClaim {
     let from = source.spec.clone().unwrap_or_default();
     let mut resources = from.resources.clone().unwrap_or_default();
     let requested = resources
@@ -156,7 +208,7 @@ pub fn temp_claim(
         .as_ref()
         .and_then(|r| r.get("storage"))
         .and_then(quantity_bytes);
-    if let Some(size) = restore_size {
+    if let Some(size) = at_least {
         if quantity_bytes(size) > requested {
             resources
                 .requests
@@ -165,7 +217,7 @@ pub fn temp_claim(
         }
     }
     PersistentVolumeClaim {
-        metadata: meta(schedule, &temp_claim_name(snapshot)),
+        metadata: meta(schedule, &temp_claim_name(name)),
         spec: Some(PersistentVolumeClaimSpec {
             access_modes: from.access_modes.clone(),
             storage_class_name: schedule
@@ -175,11 +227,7 @@ pub fn temp_claim(
                 .or(from.storage_class_name.clone()),
             volume_mode: from.volume_mode.clone(),
             resources: Some(resources),
-            data_source: Some(TypedLocalObjectReference {
-                api_group: Some("snapshot.storage.k8s.io".into()),
-                kind: "VolumeSnapshot".into(),
-                name: snapshot.to_string(),
-            }),
+            data_source: Some(data_source),
             ..PersistentVolumeClaimSpec::default()
         }),
         status: None,

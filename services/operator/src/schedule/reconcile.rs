@@ -35,7 +35,7 @@ use crate::crd::{
     Backup, BackupRepository, BackupSchedule, BackupScheduleStatus, BackupStatus, CopyMethod,
 };
 
-use super::build::{self, SCHEDULE_LABEL, SNAPSHOT_ANNOTATION};
+use super::build::{self, CLONE_ANNOTATION, SCHEDULE_LABEL, SNAPSHOT_ANNOTATION};
 use super::history::{self, Why};
 use super::{Context, SYNCHRONIZING};
 
@@ -321,11 +321,17 @@ async fn record(
     // claim made for it, named after it: never delete what a Backup's spec names, which
     // anyone who may create Backups could point at any claim.
     let made_here = history::controls(obj, done);
-    let with_snapshot = done
-        .metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key(SNAPSHOT_ANNOTATION));
+    let annotated = |key: &str| {
+        done.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(key))
+    };
+    let with_snapshot = annotated(SNAPSHOT_ANNOTATION);
+    if made_here && annotated(CLONE_ANNOTATION) {
+        let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
+        delete_temp_claim(ctx, namespace, &name).await?;
+    }
     if made_here && with_snapshot {
         let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
         delete_temp_claim(ctx, namespace, &name).await?;
@@ -560,19 +566,38 @@ async fn fire(
     let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
     let schedule = obj.metadata.name.as_deref().unwrap_or_default();
     let name = build::backup_name(schedule, due);
-    let snapshot = obj.spec.copy_method.unwrap_or_default() == CopyMethod::Snapshot;
-    if snapshot {
-        let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
-        let Some(source) = claims.get_opt(&obj.spec.source_pvc).await? else {
-            let message = format!(
-                "pvc/{} does not exist in namespace {namespace}: the backup starts once it does",
-                obj.spec.source_pvc
-            );
-            next.message = Some(message.clone());
-            synchronizing(&mut next, false, reasons::SOURCE_MISSING, &message);
-            write(ctx, obj, before, &next).await?;
-            return Ok(Action::requeue(RECHECK));
-        };
+    let method = obj.spec.copy_method.unwrap_or_default();
+    let snapshot = method == CopyMethod::Snapshot;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
+    let source = match method {
+        CopyMethod::Direct => None,
+        CopyMethod::Snapshot | CopyMethod::Clone => {
+            match claims.get_opt(&obj.spec.source_pvc).await? {
+                Some(source) => Some(source),
+                None => {
+                    let message = format!(
+                        "pvc/{} does not exist in namespace {namespace}: the backup starts once it does",
+                        obj.spec.source_pvc
+                    );
+                    next.message = Some(message.clone());
+                    synchronizing(&mut next, false, reasons::SOURCE_MISSING, &message);
+                    write(ctx, obj, before, &next).await?;
+                    return Ok(Action::requeue(RECHECK));
+                }
+            }
+        }
+    };
+    if let (CopyMethod::Clone, Some(source)) = (method, &source) {
+        made(
+            claims
+                .create(
+                    &PostParams::default(),
+                    &build::clone_claim(obj, &name, source),
+                )
+                .await,
+        )?;
+    }
+    if let (true, Some(source)) = (snapshot, source) {
         let snapshots: Api<DynamicObject> =
             Api::namespaced_with(ctx.client.clone(), namespace, &build::volume_snapshot_api());
         let current = match snapshots
@@ -604,7 +629,10 @@ async fn fire(
         next.message = None;
     }
     let backups: Api<Backup> = Api::namespaced(ctx.client.clone(), namespace);
-    let backup = build::backup(obj, &name, snapshot.then_some(name.as_str()));
+    let backup = match method {
+        CopyMethod::Clone => build::clone_backup(obj, &name),
+        _ => build::backup(obj, &name, snapshot.then_some(name.as_str())),
+    };
     made(backups.create(&PostParams::default(), &backup).await)?;
     let following = cron.next_after(now);
     let message = fired_status(&mut next, &name, following);
