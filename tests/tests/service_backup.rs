@@ -1266,3 +1266,120 @@ async fn snapshots_are_listed_page_by_page_in_order() {
     assert_eq!(status.code(), Code::DataLoss, "{status:?}");
     assert!(status.message().contains(&all[6]), "{status:?}");
 }
+
+/// A restore of "the latest backup of a source" (`StartRestoreRequest.latest`): the job
+/// finds the newest backup of that source (another source's newer backup is not it), or
+/// the newest started at or before `as_of`; none such is NOT_FOUND at once, and a request
+/// naming both an id and `latest` is refused. Each restore is compared with its image.
+#[tokio::test]
+async fn a_restore_of_the_latest_backup_of_a_source_at_or_before_a_time() {
+    let mut e = env_with(false).await;
+    let repo = dir_repo(&e.root.join("repo"));
+    e.backups
+        .init_repository(proto::InitRepositoryRequest {
+            repository: repo.clone(),
+            options: small_chunks(),
+        })
+        .await
+        .unwrap();
+    let src = image(&e.root.join("src.img"), 4 * MIB, 7);
+    let old_copy = e.root.join("src-old.img");
+    std::fs::copy(&src, &old_copy).unwrap();
+    let backup = |path: &Path, source: &str| {
+        let mut req = backup_req(&path.display().to_string(), repo.clone());
+        req.source_id = source.into();
+        req
+    };
+    let first = finished(
+        e.jobs
+            .clone()
+            .start_backup(backup(&src, "vms/web1"))
+            .await
+            .unwrap(),
+        &mut e.jobs,
+    )
+    .await;
+    let first = backup_result(&first);
+    // Ids name the second a backup started in: the next one starts in a later second.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let between = chrono::Utc::now();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    scribble(&src, 0, 0x5a);
+    let second = finished(
+        e.jobs
+            .clone()
+            .start_backup(backup(&src, "vms/web1"))
+            .await
+            .unwrap(),
+        &mut e.jobs,
+    )
+    .await;
+    let second = backup_result(&second);
+    let other = image(&e.root.join("other.img"), 4 * MIB, 9);
+    finished(
+        e.jobs
+            .clone()
+            .start_backup(backup(&other, "vms/db"))
+            .await
+            .unwrap(),
+        &mut e.jobs,
+    )
+    .await;
+
+    let latest = |as_of: Option<chrono::DateTime<chrono::Utc>>, dst: &Path| {
+        let mut req = restore_req(repo.clone(), "", dst);
+        req.latest = Some(proto::LatestBackup {
+            source_id: "vms/web1".into(),
+            as_of: as_of.map(|t| prost_types::Timestamp {
+                seconds: t.timestamp(),
+                nanos: t.timestamp_subsec_nanos() as i32,
+            }),
+        });
+        req
+    };
+    let newest = e.root.join("newest.img");
+    let job = finished(
+        e.jobs
+            .clone()
+            .start_restore(latest(None, &newest))
+            .await
+            .unwrap(),
+        &mut e.jobs,
+    )
+    .await;
+    assert_eq!(restore_result(&job).snapshot_id, second.snapshot_id);
+    assert_same_image(&src, &newest);
+
+    let then = e.root.join("then.img");
+    let job = finished(
+        e.jobs
+            .clone()
+            .start_restore(latest(Some(between), &then))
+            .await
+            .unwrap(),
+        &mut e.jobs,
+    )
+    .await;
+    assert_eq!(restore_result(&job).snapshot_id, first.snapshot_id);
+    assert_same_image(&old_copy, &then);
+
+    let before_all = between - chrono::TimeDelta::days(1);
+    let refused = e
+        .jobs
+        .clone()
+        .start_restore(latest(Some(before_all), &e.root.join("none.img")))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::NotFound, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .contains("no backup of source 'vms/web1' started at or before"),
+        "{refused:?}"
+    );
+
+    let mut both = latest(None, &e.root.join("both.img"));
+    both.snapshot_id = first.snapshot_id.clone();
+    let refused = e.jobs.clone().start_restore(both).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+}

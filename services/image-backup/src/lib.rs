@@ -51,7 +51,7 @@ pub use chunk_cache::{CacheStats, CachedChunk, ChunkCache, DEFAULT_CACHE_BYTES};
 pub use ferry_snapshot_metadata::SecurityToken;
 pub use known::{AllocatedOnly, KnownChanges};
 pub use maintenance::{gc, prune, prune_source};
-pub use parent::{parent_manifest, ParentChoice};
+pub use parent::{latest_backup, parent_manifest, ParentChoice};
 pub use replicate::sync;
 pub use restore::{restore, RestoreOptions, RestoreOrder, RestoreReport};
 pub use served::{BackupImage, DEFAULT_READ_AHEAD};

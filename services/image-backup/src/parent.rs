@@ -6,6 +6,7 @@
 //! its index and block digests load. One that does not fit is not an error: the backup is
 //! made in full, and the reason is reported (logged, and in the report's `full_reason`).
 
+use chrono::{DateTime, Utc};
 use std::str::FromStr;
 
 use ferry_backup::{BackupId, FixedIndex, Manifest, Repository};
@@ -65,7 +66,21 @@ const PARALLEL_MANIFESTS: usize = 16;
 /// Manifests are read newest first (the first alone, then several at once), and only
 /// until every id left is from an earlier second than a backup of `source` already found.
 async fn latest_of(repo: &Repository, source: &str) -> Result<Option<Manifest>> {
+    latest_backup(repo, source, None).await
+}
+
+/// The newest backup of `source` started at or before `as_of` (any time when None), by
+/// start time, as [`latest_of`] finds it; what a restore of "the latest backup" restores.
+pub async fn latest_backup(
+    repo: &Repository,
+    source: &str,
+    as_of: Option<DateTime<Utc>>,
+) -> Result<Option<Manifest>> {
     let mut ids = repo.list_snapshots().await?;
+    // Ids name their start's second: one after `as_of`'s second started after it.
+    if let Some(t) = as_of {
+        ids.retain(|id| id.time() <= t);
+    }
     ids.reverse();
     // The newest is most often the one: it is read alone before the others, many at once.
     let rest = ids.split_off(ids.len().min(1));
@@ -79,7 +94,7 @@ async fn latest_of(repo: &Repository, source: &str) -> Result<Option<Manifest>> 
             break;
         }
         match loaded {
-            Ok(m) if m.source == source => {
+            Ok(m) if m.source == source && as_of.is_none_or(|t| m.time <= t) => {
                 if latest
                     .as_ref()
                     .is_none_or(|l| (l.time, &l.id) < (m.time, &m.id))

@@ -49,7 +49,8 @@ impl JobApi {
     async fn snapshot_exists(&self, spec: &RestoreSpec) -> Result<(), ServiceError> {
         let check = async {
             let repo = spec.repository.open(&self.validator.secrets, None).await?;
-            repo.load_manifest(&spec.id).await.map(|_| ())
+            let id = spec.which.resolve(&repo).await?;
+            repo.load_manifest(&id).await.map(|_| ())
         };
         match tokio::time::timeout(SNAPSHOT_CHECK_TIMEOUT, check).await {
             Ok(Err(e)) if e.kind() == ferry_core::ErrorKind::NotFound => Err(e.into()),

@@ -110,11 +110,80 @@ impl MetadataSpec {
     }
 }
 
+/// Which backup a restore writes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RestoreWhich {
+    /// This one.
+    Id(BackupId),
+    /// The newest of a source, started at or before `as_of` when given, as found when
+    /// the job starts.
+    Latest {
+        source_id: String,
+        as_of: Option<chrono::DateTime<chrono::Utc>>,
+    },
+}
+
+impl RestoreWhich {
+    fn new(req: &proto::StartRestoreRequest) -> Result<Self> {
+        let Some(latest) = &req.latest else {
+            return Ok(Self::Id(snapshot_id("snapshot_id", &req.snapshot_id)?));
+        };
+        if !req.snapshot_id.is_empty() {
+            return Err(invalid(
+                "snapshot_id and latest both name the backup to restore: give one",
+            ));
+        }
+        if latest.source_id.is_empty() {
+            return Err(invalid("latest.source_id is empty: name the source"));
+        }
+        check_source_id("latest.source_id", &latest.source_id)?;
+        let as_of = latest
+            .as_of
+            .as_ref()
+            .map(|t| {
+                chrono::DateTime::from_timestamp(
+                    t.seconds,
+                    u32::try_from(t.nanos).unwrap_or(u32::MAX),
+                )
+                .ok_or_else(|| invalid("latest.as_of is not a valid time"))
+            })
+            .transpose()?;
+        Ok(Self::Latest {
+            source_id: latest.source_id.clone(),
+            as_of,
+        })
+    }
+
+    /// The backup to restore, in `repo`.
+    pub async fn resolve(&self, repo: &ferry_backup::Repository) -> Result<BackupId> {
+        match self {
+            Self::Id(id) => Ok(id.clone()),
+            Self::Latest { source_id, as_of } => {
+                match ferry_image_backup::latest_backup(repo, source_id, *as_of).await? {
+                    Some(manifest) => Ok(manifest.id),
+                    None => Err(Error::new(
+                        ferry_core::ErrorKind::NotFound,
+                        match as_of {
+                            Some(t) => format!(
+                                "the repository holds no backup of source '{source_id}' started at or before {}",
+                                t.to_rfc3339()
+                            ),
+                            None => format!(
+                                "the repository holds no backup of source '{source_id}'"
+                            ),
+                        },
+                    )),
+                }
+            }
+        }
+    }
+}
+
 /// A restore's repository, backup and target.
 #[derive(Debug, Clone)]
 pub struct RestoreSpec {
     pub repository: RepoAccess,
-    pub id: BackupId,
+    pub which: RestoreWhich,
     pub target: EndpointAccess,
     pub workers: usize,
     pub order: RestoreOrder,
@@ -307,7 +376,7 @@ impl RestoreSpec {
         };
         Ok(Self {
             repository: RepoAccess::new(repository, req.repository.as_ref()),
-            id: snapshot_id("snapshot_id", &req.snapshot_id)?,
+            which: RestoreWhich::new(req)?,
             target: EndpointAccess::new(target, req.target.as_ref(), "target"),
             workers: workers("workers", req.workers)?,
             order,

@@ -209,7 +209,8 @@ pub(super) async fn restore(
     cancel: &CancellationToken,
 ) -> Result<Ended> {
     let repo = spec.repository.open(&inner.secrets, None).await?;
-    let manifest = repo.load_manifest(&spec.id).await?;
+    let backup_id = spec.which.resolve(&repo).await?;
+    let manifest = repo.load_manifest(&backup_id).await?;
     let (tgt_spec, settings) = spec.target.open(&inner.secrets)?;
     let kind = kind_label(tgt_spec.kind());
     let mut options = TargetOptions::default();
@@ -230,7 +231,14 @@ pub(super) async fn restore(
         id,
         &progress,
         false,
-        ferry_image_backup::restore(&repo, &spec.id, target, &restore_options, &progress, cancel),
+        ferry_image_backup::restore(
+            &repo,
+            &backup_id,
+            target,
+            &restore_options,
+            &progress,
+            cancel,
+        ),
     )
     .await?;
     Ok(Ended::done(ResultRecord::Restore {

@@ -150,12 +150,20 @@ impl BackupJobArgs {
 pub struct RestoreJobArgs {
     #[command(flatten)]
     pub repo: RepoArgs,
-    /// The backup's id.
+    /// The backup's id, or `latest`: the newest backup of --source-id, as the job finds
+    /// it when it starts.
     #[arg(value_name = "ID")]
     pub id: String,
     /// Image to write on the server (a missing file is created with the image's size).
     #[arg(value_name = "DST")]
     pub dst: String,
+    /// With ID `latest`: the source whose newest backup is restored.
+    #[arg(long, value_name = "SOURCE")]
+    pub source_id: Option<String>,
+    /// With ID `latest`: only backups started at or before this time (RFC 3339, like
+    /// 2026-12-02T03:00:00Z).
+    #[arg(long, value_name = "TIME", value_parser = parse_time, requires = "source_id")]
+    pub as_of: Option<prost_types::Timestamp>,
     /// Chunks opened and written at once (twice as many are fetched).
     #[arg(long)]
     pub workers: Option<u32>,
@@ -224,6 +232,16 @@ pub struct SnapshotsArgs {
     pub tags: Vec<(String, String)>,
 }
 
+/// An RFC 3339 time as a protobuf Timestamp.
+fn parse_time(text: &str) -> Result<prost_types::Timestamp, String> {
+    let t = chrono::DateTime::parse_from_rfc3339(text)
+        .map_err(|e| format!("'{text}' is not an RFC 3339 time like 2026-12-02T03:00:00Z: {e}"))?;
+    Ok(prost_types::Timestamp {
+        seconds: t.timestamp(),
+        nanos: i32::try_from(t.timestamp_subsec_nanos()).unwrap_or(0),
+    })
+}
+
 type JobClient =
     proto::job_service_client::JobServiceClient<InterceptedService<Channel, BearerToken>>;
 
@@ -244,9 +262,23 @@ pub async fn start_restore(
         ferry_engine::CommitOrder::Auto,
         ferry_engine::CommitOrder::from,
     );
+    let latest = match (a.id.as_str(), &a.source_id) {
+        ("latest", Some(source_id)) => Some(proto::LatestBackup {
+            source_id: source_id.clone(),
+            as_of: a.as_of,
+        }),
+        ("latest", None) => bail!("ID latest needs --source-id: whose latest backup?"),
+        (_, Some(_)) => bail!("--source-id goes with ID latest, not with a backup id"),
+        _ => None,
+    };
     let req = proto::StartRestoreRequest {
         repository: Some(a.repo.to_proto()),
-        snapshot_id: a.id.clone(),
+        snapshot_id: if latest.is_some() {
+            String::new()
+        } else {
+            a.id.clone()
+        },
+        latest,
         target: Some(proto::Endpoint {
             url: a.dst.clone(),
             ..Default::default()
