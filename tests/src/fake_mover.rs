@@ -40,6 +40,7 @@ pub fn report(id: &str, state: JobState, done: u64) -> JobReport {
         targets: Vec::new(),
         backup: None,
         prune: None,
+        restored_snapshot: None,
     }
 }
 

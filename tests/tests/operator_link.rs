@@ -274,7 +274,46 @@ async fn drives_backups_through_a_real_job_service() {
     let started = link.start(&mover, &request).await.unwrap();
     let restored = last(&link, &mover, &started.id).await;
     assert_eq!(restored.state, JobState::Succeeded, "{restored:?}");
+    assert_eq!(
+        restored.restored_snapshot.as_deref(),
+        Some(second.snapshot_id.as_str())
+    );
     assert_eq!(std::fs::read(&dst).unwrap(), bytes);
+
+    // The newest backup of the source, as the Restore of a sourceId asks for it: the
+    // operator's own request, the mover finding the snapshot.
+    let newest = root.join("newest.img");
+    std::fs::write(&newest, []).unwrap();
+    let repo_spec = ferry_operator::crd::BackupRepositorySpec {
+        url: Some("s3://unused/prefix".into()),
+        s3: None,
+        pvc: None,
+        encryption: None,
+        initialize: None,
+    };
+    let mut request = ferry_operator::mover::backup_request::restore_request(
+        "r3",
+        &repo_spec,
+        &ferry_operator::crd::SnapshotChoice::Latest {
+            source_id: "vms/web1".into(),
+            as_of: None,
+        },
+        &ferry_operator::mover::ResolvedPvc::new("newest", ferry_operator::crd::VolumeMode::Block),
+    );
+    // Inside a pod: /dev/ferry/newest and the repository's URL; here the local files.
+    request.target = Some(file(&newest));
+    request.repository = Some(repo.clone());
+    let started = link
+        .start(&mover, &JobRequest::Restore(Box::new(request)))
+        .await
+        .unwrap();
+    let restored = last(&link, &mover, &started.id).await;
+    assert_eq!(restored.state, JobState::Succeeded, "{restored:?}");
+    assert_eq!(
+        restored.restored_snapshot.as_deref(),
+        Some(second.snapshot_id.as_str())
+    );
+    assert_eq!(std::fs::read(&newest).unwrap(), bytes);
 
     // The pruned snapshot is gone: restoring it fails, saying so.
     let gone = restore(&repo, &first.snapshot_id, root.join("gone.img"), "r2");

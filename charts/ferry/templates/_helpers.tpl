@@ -46,7 +46,7 @@ namespace, else in a Role in each watched namespace.
   verbs: [get, list, watch]
 - apiGroups: [ferry.dev]
   resources: [backupschedules]
-  verbs: [list, watch]
+  verbs: [get, list, watch]
 - apiGroups: [ferry.dev]
   resources: [ferrybackups/status, backuprepositories/status, backupschedules/status, ferryrestores/status]
   verbs: [patch]

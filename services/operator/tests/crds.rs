@@ -231,11 +231,15 @@ fn the_backup_kinds_have_their_columns_and_no_operator_field() {
         spec["properties"].get("resolvedRepository").is_none(),
         "the operator's lookup is never part of the API: {spec}"
     );
+    assert!(
+        spec["properties"].get("resolvedSnapshotMetadata").is_none(),
+        "the operator's lookup is never part of the API: {spec}"
+    );
     let schedule = schema_json("BackupSchedule");
     let spec = &schedule["openAPIV3Schema"]["properties"]["spec"]["properties"];
     assert_eq!(
         spec["copyMethod"]["enum"],
-        serde_json::json!(["Direct", "Snapshot"])
+        serde_json::json!(["Direct", "Snapshot", "Clone"])
     );
     assert_eq!(spec["trigger"]["required"], serde_json::json!(["schedule"]));
 }

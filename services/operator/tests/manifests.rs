@@ -115,6 +115,7 @@ fn the_volume_populators_name_every_populator_source_kind() {
     let populated: std::collections::BTreeSet<String> = [
         ferry_operator::crd::VolumeImageSource::kind(&()).to_string(),
         ferry_operator::crd::Backup::kind(&()).to_string(),
+        ferry_operator::crd::BackupSchedule::kind(&()).to_string(),
     ]
     .into();
     assert_eq!(kinds, populated);

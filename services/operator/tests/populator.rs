@@ -662,3 +662,94 @@ async fn the_populator_watches_only_the_watched_namespace() {
         );
     }
 }
+
+const SCHEDULE: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/backupschedules/nightly";
+
+/// A claim naming the VolumeImageSource `fedora` whose `backup` is the newest backup of a
+/// source: the prime claim and a Restore of that source's newest snapshot (at or before
+/// the time given), with the source's mover settings; no Transfer.
+#[tokio::test]
+async fn a_source_naming_a_repositorys_latest_backup_is_restored() {
+    let mut h = Harness::new();
+    let mut vis = source();
+    vis["spec"] = json!({
+        "backup": {"repository": "site-a", "sourceId": "vms/web1",
+                   "restoreAsOf": "2026-12-02T03:00:00Z"},
+        "mover": {"priorityClassName": "restores"},
+    });
+    let task = tokio::spawn(reconcile(pvc(&claim()), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(vis)).await;
+    h.server
+        .expect("GET", SC, Reply::Ok(storage_class("Immediate")))
+        .await;
+    let prime = h.server.expect("POST", PVCS, Reply::Echo).await.body;
+    assert_eq!(prime["metadata"]["name"], PRIME);
+    on_claim(&h.server.expect_event(NS).await, "Normal", "PrimeCreated");
+    let r = h.server.expect("POST", RESTORES, Reply::Echo).await.body;
+    assert_eq!(
+        r["spec"],
+        json!({"repository": "site-a", "sourceId": "vms/web1",
+               "restoreAsOf": "2026-12-02T03:00:00Z", "targetPVC": PRIME,
+               "mover": {"priorityClassName": "restores"}})
+    );
+    assert_eq!(r["metadata"]["ownerReferences"], owner());
+    on_claim(&h.server.expect_event(NS).await, "Normal", "RestoreCreated");
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+}
+
+/// A claim naming a BackupSchedule: it waits (looking again, schedules are not watched)
+/// until the schedule has a successful backup; then a Restore of the newest snapshot of
+/// the schedule's claim in its repository.
+#[tokio::test]
+async fn a_claim_naming_a_schedule_restores_its_newest_backup() {
+    let mut h = Harness::new();
+    let mut c = claim();
+    c["spec"]["dataSourceRef"] = json!({"apiGroup": "ferry.dev", "kind": "BackupSchedule",
+                                        "name": "nightly"});
+    let mut schedule = json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "BackupSchedule",
+        "metadata": {"name": "nightly", "namespace": NS, "uid": "s-1"},
+        "spec": {"sourcePVC": "web1", "repository": "site-a",
+                 "trigger": {"schedule": "0 3 * * *"}},
+        "status": {},
+    });
+    let task = tokio::spawn(reconcile(pvc(&c), h.ctx.clone()));
+    h.server.expect("GET", SCHEDULE, Reply::NotFound).await;
+    let note = on_claim(&h.server.expect_event(NS).await, "Normal", "Pending");
+    assert!(
+        note.starts_with("waiting for BackupSchedule nightly"),
+        "{note}"
+    );
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(60)));
+    h.server.done().await;
+
+    let task = tokio::spawn(reconcile(pvc(&c), h.ctx.clone()));
+    h.server
+        .expect("GET", SCHEDULE, Reply::Ok(schedule.clone()))
+        .await;
+    let note = on_claim(&h.server.expect_event(NS).await, "Normal", "NoBackupYet");
+    assert_eq!(
+        note,
+        "waiting for the first successful backup of BackupSchedule nightly"
+    );
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(60)));
+    h.server.done().await;
+
+    schedule["status"] = json!({"lastSnapshot": "20261202T030000Z-0a1b2c3d"});
+    let task = tokio::spawn(reconcile(pvc(&c), h.ctx.clone()));
+    h.server.expect("GET", SCHEDULE, Reply::Ok(schedule)).await;
+    h.server
+        .expect("GET", SC, Reply::Ok(storage_class("Immediate")))
+        .await;
+    h.server.expect("POST", PVCS, Reply::Echo).await;
+    on_claim(&h.server.expect_event(NS).await, "Normal", "PrimeCreated");
+    let r = h.server.expect("POST", RESTORES, Reply::Echo).await.body;
+    assert_eq!(
+        r["spec"],
+        json!({"repository": "site-a", "sourceId": "vms/web1", "targetPVC": PRIME})
+    );
+    on_claim(&h.server.expect_event(NS).await, "Normal", "RestoreCreated");
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+}

@@ -147,6 +147,8 @@ pub struct JobReport {
     pub targets: Vec<TargetReport>,
     /// What a finished backup wrote.
     pub backup: Option<BackupSummary>,
+    /// The snapshot a finished restore wrote.
+    pub restored_snapshot: Option<String>,
     /// What a finished prune did.
     pub prune: Option<PruneSummary>,
 }

@@ -109,6 +109,7 @@ mod tests {
             targets: Vec::new(),
             backup: None,
             prune: None,
+            restored_snapshot: None,
         }
     }
 

@@ -12,7 +12,7 @@ use kube::{Api, Resource};
 use crate::crd::status::condition::reason;
 use crate::crd::{
     Backup, BackupRepository, Endpoint, Phase, ResolvedSnapshot, Restore, RestoreStatus,
-    SecretKeyRef, ValidationError,
+    SecretKeyRef, SnapshotChoice, ValidationError,
 };
 use crate::mover::backup_request::restore_request;
 use crate::mover::{find_pvc, restore_pod, MoverError, MoverPodInput, ResolvedPvc};
@@ -37,21 +37,21 @@ async fn resolve(
         }
         None => None,
     };
-    let (repository, snapshot_id) = match named_snapshot(restore, backup.as_ref()) {
+    let (repository, snapshot) = match named_snapshot(restore, backup.as_ref()) {
         Ok(named) => named,
         Err(why) => return Ok(Err(why)),
     };
     let repositories: Api<BackupRepository> = Api::namespaced(ctx.client.clone(), namespace);
     let found = repositories.get_opt(&repository).await?;
-    Ok(snapshot_in(&repository, snapshot_id, found))
+    Ok(snapshot_in(&repository, snapshot, found))
 }
 
-/// The repository name and snapshot id a Restore names: through its Backup (`backup`,
-/// the named Backup as found, None when it does not exist) or directly.
+/// The repository name and snapshot a Restore names: through its Backup (`backup`, the
+/// named Backup as found, None when it does not exist) or directly.
 pub fn named_snapshot(
     restore: &Restore,
     backup: Option<&Backup>,
-) -> Result<(String, String), String> {
+) -> Result<(String, SnapshotChoice), String> {
     match (&restore.spec.backup, &restore.spec.repository) {
         (Some(name), _) => {
             let Some(backup) = backup else {
@@ -61,7 +61,9 @@ pub fn named_snapshot(
             };
             let status = backup.status.clone().unwrap_or_default();
             match (status.phase, status.snapshot_id) {
-                (Phase::Succeeded, Some(id)) => Ok((backup.spec.repository.clone(), id)),
+                (Phase::Succeeded, Some(id)) => {
+                    Ok((backup.spec.repository.clone(), SnapshotChoice::Id(id)))
+                }
                 (phase, _) => Err(format!(
                     "Backup '{name}' has no snapshot to restore (phase {phase:?}): restore a Backup that succeeded"
                 )),
@@ -69,23 +71,29 @@ pub fn named_snapshot(
         }
         (None, Some(repository)) => Ok((
             repository.clone(),
-            restore.spec.snapshot_id.clone().unwrap_or_default(),
+            match &restore.spec.source_id {
+                Some(source_id) => SnapshotChoice::Latest {
+                    source_id: source_id.clone(),
+                    as_of: restore.spec.restore_as_of.clone(),
+                },
+                None => SnapshotChoice::Id(restore.spec.snapshot_id.clone().unwrap_or_default()),
+            },
         )),
         (None, None) => Err("name a backup, or a repository and snapshotId".into()),
     }
 }
 
-/// The snapshot `snapshot_id` of the repository named `name` (`found`: the
+/// The snapshot `snapshot` of the repository named `name` (`found`: the
 /// BackupRepository, None when it does not exist).
 pub fn snapshot_in(
     name: &str,
-    snapshot_id: String,
+    snapshot: SnapshotChoice,
     found: Option<BackupRepository>,
 ) -> Result<ResolvedSnapshot, String> {
     match found {
         Some(repo) => Ok(ResolvedSnapshot {
             repository: repo.spec,
-            snapshot_id,
+            snapshot,
         }),
         None => Err(format!(
             "BackupRepository '{name}' does not exist in this namespace: create it, or fix the name"
@@ -168,14 +176,19 @@ impl MoverKind for Restore {
         Ok(vec![JobRequest::Restore(Box::new(restore_request(
             &uid,
             &found.repository,
-            &found.snapshot_id,
+            &found.snapshot,
             target,
         )))])
     }
 
     fn observe(&self, status: &mut RestoreStatus, reports: &[JobReport]) {
         status.progress = Some(overall(reports, None));
-        status.snapshot_id = found(self).map(|f| f.snapshot_id.clone());
+        // The newest snapshot of a source is known once the mover found it.
+        let restored = reports.iter().find_map(|r| r.restored_snapshot.clone());
+        status.snapshot_id = match found(self).map(|f| &f.snapshot) {
+            Some(SnapshotChoice::Id(id)) => Some(id.clone()),
+            _ => restored.or(status.snapshot_id.take()),
+        };
     }
 
     fn checkpoint_changed(_before: &RestoreStatus, _after: &RestoreStatus) -> bool {
@@ -205,4 +218,95 @@ impl MoverKind for Restore {
     }
 
     fn succeed(&self, _status: &mut RestoreStatus, _reports: &[JobReport]) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::controller::JobState;
+
+    fn latest_restore() -> Restore {
+        let mut r: Restore = serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "Restore",
+            "metadata": {"name": "r", "namespace": "vms", "uid": "u"},
+            "spec": {"repository": "site-a", "sourceId": "vms/web1",
+                     "restoreAsOf": "2026-12-02T03:00:00Z", "targetPVC": "disk"},
+        }))
+        .unwrap();
+        let (repository, snapshot) = named_snapshot(&r, None).unwrap();
+        assert_eq!(repository, "site-a");
+        let repo: BackupRepository = serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "BackupRepository",
+            "metadata": {"name": "site-a", "namespace": "vms"},
+            "spec": {"url": "s3://backups/site-a"},
+        }))
+        .unwrap();
+        r.spec.resolved = Some(snapshot_in(&repository, snapshot, Some(repo)));
+        r
+    }
+
+    #[test]
+    fn the_newest_snapshot_of_a_source_is_asked_for_and_recorded_once_found() {
+        let r = latest_restore();
+        r.spec.validate().unwrap();
+        let jobs = r
+            .jobs(
+                &RestoreStatus::default(),
+                &[ResolvedPvc::new("disk", crate::crd::VolumeMode::Block)],
+            )
+            .unwrap();
+        let JobRequest::Restore(request) = &jobs[0] else {
+            panic!("{jobs:?}")
+        };
+        assert_eq!(request.snapshot_id, "");
+        let latest = request.latest.as_ref().unwrap();
+        assert_eq!(latest.source_id, "vms/web1");
+        assert_eq!(latest.as_of.as_ref().unwrap().seconds, 1_796_180_400);
+
+        let mut status = RestoreStatus::default();
+        let mut report = JobReport {
+            id: "j".into(),
+            state: JobState::Running,
+            progress: Default::default(),
+            checkpoint: None,
+            source_digest: None,
+            target_digest: None,
+            source_version: None,
+            error: None,
+            targets: Vec::new(),
+            backup: None,
+            prune: None,
+            restored_snapshot: None,
+        };
+        r.observe(&mut status, std::slice::from_ref(&report));
+        assert_eq!(
+            status.snapshot_id, None,
+            "not known before the mover found it"
+        );
+        report.restored_snapshot = Some("20261202T020000Z-00000001".into());
+        r.observe(&mut status, std::slice::from_ref(&report));
+        assert_eq!(
+            status.snapshot_id.as_deref(),
+            Some("20261202T020000Z-00000001")
+        );
+        report.restored_snapshot = None;
+        r.observe(&mut status, std::slice::from_ref(&report));
+        assert_eq!(
+            status.snapshot_id.as_deref(),
+            Some("20261202T020000Z-00000001"),
+            "kept once known"
+        );
+    }
+
+    #[test]
+    fn a_source_id_goes_with_a_repository_and_not_with_a_snapshot_id() {
+        let mut r = latest_restore();
+        r.spec.snapshot_id = Some("20261202T020000Z-00000001".into());
+        assert_eq!(r.spec.validate().unwrap_err().field, "spec");
+        let mut r = latest_restore();
+        r.spec.source_id = None;
+        assert_eq!(r.spec.validate().unwrap_err().field, "spec.sourceId");
+    }
 }

@@ -403,6 +403,7 @@ mod tests {
             targets: Vec::new(),
             backup: None,
             prune: None,
+            restored_snapshot: None,
         };
         t.observe(&mut status, std::slice::from_ref(&report));
         assert_eq!(status.source_version, None);

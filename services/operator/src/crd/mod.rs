@@ -43,13 +43,13 @@ pub use options::{
     CacheMode, ChecksumOptions, CommitOrder, HashAlgorithm, ImageFormat, Preallocation,
     TransferOptions,
 };
-pub use restore::{ResolvedSnapshot, Restore, RestoreSpec, RestoreStatus};
+pub use restore::{ResolvedSnapshot, Restore, RestoreSpec, RestoreStatus, SnapshotChoice};
 pub use settings::MoverSettings;
 pub use status::{Checkpoint, Phase, Progress};
 pub use storage_class_profile::{CloneStrategy, StorageClassProfile, StorageClassProfileSpec};
 pub use transfer::{ClaimRetention, Digests, TargetStatus, Transfer, TransferSpec, TransferStatus};
 pub use validate::ValidationError;
-pub use volume_image_source::{VolumeImageSource, VolumeImageSourceSpec};
+pub use volume_image_source::{LatestBackupRef, VolumeImageSource, VolumeImageSourceSpec};
 
 /// The API group of every kind.
 pub const GROUP: &str = "ferry.dev";

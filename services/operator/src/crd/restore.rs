@@ -1,7 +1,8 @@
 //! The `Restore` kind: write a backup snapshot into a claim, run by a mover with the claim
 //! attached (a Filesystem volume gets `disk.img`, a Block volume the image itself). The
 //! snapshot is named through a `Backup` of the namespace (its repository and snapshot
-//! id), or directly by repository and snapshot id. The volume populator creates one for a
+//! id), directly by repository and snapshot id, or as the newest snapshot of a source in
+//! a repository (at or before a time). The volume populator creates one for a
 //! claim whose `dataSourceRef` names a Backup; it can also be created by hand to restore
 //! into an existing claim.
 
@@ -59,6 +60,15 @@ pub struct RestoreSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 128), regex(pattern = r"^[0-9A-Za-z-]+$"))]
     pub snapshot_id: Option<String>,
+    /// ... or, instead of snapshotId, the newest snapshot of this source in it (a
+    /// Backup's `<namespace>/<sourcePVC>` unless it set its own sourceId), as the mover
+    /// finds it when it starts: VolSync's `latestImage`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub source_id: Option<String>,
+    /// With sourceId: the newest snapshot started at or before this time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_as_of: Option<Time>,
     /// The claim to write (in this namespace), at least as large as the image.
     #[serde(rename = "targetPVC")]
     #[schemars(length(min = 1, max = 253))]
@@ -78,8 +88,20 @@ pub struct RestoreSpec {
 pub struct ResolvedSnapshot {
     /// The repository's spec.
     pub repository: BackupRepositorySpec,
-    /// The snapshot's id.
-    pub snapshot_id: String,
+    /// Which snapshot of it.
+    pub snapshot: SnapshotChoice,
+}
+
+/// Which snapshot of a repository a Restore writes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SnapshotChoice {
+    /// This id.
+    Id(String),
+    /// The newest of a source (started at or before `as_of`), found by the mover.
+    Latest {
+        source_id: String,
+        as_of: Option<Time>,
+    },
 }
 
 impl RestoreSpec {
@@ -87,13 +109,26 @@ impl RestoreSpec {
     /// the snapshot was found (the operator looks it up first).
     pub fn validate(&self) -> Result<(), ValidationError> {
         check_pvc_name("spec.targetPVC", &self.target_pvc)?;
-        match (&self.backup, &self.repository, &self.snapshot_id) {
-            (Some(backup), None, None) => check_pvc_name("spec.backup", backup)?,
-            (None, Some(repository), Some(_)) => check_pvc_name("spec.repository", repository)?,
+        let latest = self.source_id.is_some() || self.restore_as_of.is_some();
+        match (&self.backup, &self.repository, &self.snapshot_id, latest) {
+            (Some(backup), None, None, false) => check_pvc_name("spec.backup", backup)?,
+            (None, Some(repository), Some(_), false) => {
+                check_pvc_name("spec.repository", repository)?
+            }
+            (None, Some(repository), None, true) => {
+                check_pvc_name("spec.repository", repository)?;
+                let id = self.source_id.as_deref().unwrap_or_default();
+                if id.is_empty() || id.len() > 1024 || id.chars().any(char::is_control) {
+                    return Err(invalid(
+                        "spec.sourceId",
+                        "restoreAsOf goes with sourceId: name the source (1 to 1024 printable characters)",
+                    ));
+                }
+            }
             _ => {
                 return Err(invalid(
                     "spec",
-                    "name the snapshot with backup, or with repository and snapshotId",
+                    "name the snapshot with backup, with repository and snapshotId, or with repository and sourceId (its newest snapshot)",
                 ))
             }
         }
@@ -179,6 +214,8 @@ mod tests {
             backup: Some("web1-nightly-20261202030000".into()),
             repository: None,
             snapshot_id: None,
+            source_id: None,
+            restore_as_of: None,
             target_pvc: "web1-copy".into(),
             mover: None,
             resolved: Some(Ok(ResolvedSnapshot {
@@ -189,7 +226,7 @@ mod tests {
                     encryption: None,
                     initialize: None,
                 },
-                snapshot_id: "20261202T030000Z-0a1b2c3d".into(),
+                snapshot: SnapshotChoice::Id("20261202T030000Z-0a1b2c3d".into()),
             })),
         }
     }

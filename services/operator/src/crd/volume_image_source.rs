@@ -1,16 +1,19 @@
 //! The `VolumeImageSource` kind: the volume populator's data source. A claim whose
 //! `dataSourceRef` names one is created already holding the image: the operator fills a
 //! prime claim with a mover and rebinds its volume to the user's claim. The object itself
-//! only describes the image; progress is reported on the claim (events) and the prime
-//! claim's Transfer.
+//! only describes the image (or, with `backup`, the newest backup of a source, which a
+//! Restore writes); progress is reported on the claim (events) and the prime claim's
+//! Transfer or Restore.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::endpoint::Endpoint;
 use super::options::TransferOptions;
 use super::settings::MoverSettings;
-use super::validate::{check_digest, ValidationError};
+use super::validate::{check_digest, check_pvc_name, invalid, ValidationError};
 
 /// An image to populate new claims with.
 // kube's printcolumn(...) entries repeat their keys by design.
@@ -34,9 +37,14 @@ use super::validate::{check_digest, ValidationError};
 )]
 #[serde(rename_all = "camelCase")]
 pub struct VolumeImageSourceSpec {
-    /// The image: exactly one of url or pvc.
+    /// The image: exactly one of url, pvc or goldenImage. Left out with `backup`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("[has(self.url), has(self.pvc), has(self.goldenImage)].exists_one(x, x)").message("source: give exactly one of url, pvc or goldenImage"))]
-    pub source: Endpoint,
+    pub source: Option<Endpoint>,
+    /// Instead of `source`: the newest backup of a source in a BackupRepository of this
+    /// namespace, restored into each claim (VolSync's `latestImage`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<LatestBackupRef>,
     /// How to copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub options: Option<TransferOptions>,
@@ -49,10 +57,46 @@ pub struct VolumeImageSourceSpec {
     pub mover: Option<MoverSettings>,
 }
 
+/// The newest backup of a source in a repository.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LatestBackupRef {
+    /// A BackupRepository in this namespace.
+    #[schemars(length(min = 1, max = 253))]
+    pub repository: String,
+    /// The source whose newest backup is restored (a Backup's `<namespace>/<sourcePVC>`
+    /// unless it set its own sourceId).
+    #[schemars(length(min = 1, max = 1024))]
+    pub source_id: String,
+    /// Only backups started at or before this time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_as_of: Option<Time>,
+}
+
 impl VolumeImageSourceSpec {
     /// Checks what the schema cannot (URLs, inline passwords, options, the digest).
     pub fn validate(&self) -> Result<(), ValidationError> {
-        self.source.validate("spec.source")?;
+        match (&self.source, &self.backup) {
+            (Some(source), None) => source.validate("spec.source")?,
+            (None, Some(backup)) => {
+                check_pvc_name("spec.backup.repository", &backup.repository)?;
+                if backup.source_id.is_empty()
+                    || backup.source_id.len() > 1024
+                    || backup.source_id.chars().any(char::is_control)
+                {
+                    return Err(invalid(
+                        "spec.backup.sourceId",
+                        "name the source: 1 to 1024 printable characters",
+                    ));
+                }
+            }
+            _ => {
+                return Err(invalid(
+                    "spec",
+                    "give exactly one of source (an image) or backup (a repository's newest backup of a source)",
+                ))
+            }
+        }
         if let Some(options) = &self.options {
             options.validate("spec.options")?;
         }
@@ -70,7 +114,8 @@ mod tests {
     #[test]
     fn validates_source_options_and_digest() {
         let mut s = VolumeImageSourceSpec {
-            source: Endpoint::url("s3://images/f.raw"),
+            source: Some(Endpoint::url("s3://images/f.raw")),
+            backup: None,
             options: None,
             expected_digest: Some(format!("sha256:{}", "f".repeat(64))),
             mover: None,
@@ -79,7 +124,7 @@ mod tests {
         s.expected_digest = Some("sha256:xyz".into());
         assert_eq!(s.validate().unwrap_err().field, "spec.expectedDigest");
         s.expected_digest = None;
-        s.source = Endpoint::url("s3://user:pw@images/f.raw");
+        s.source = Some(Endpoint::url("s3://user:pw@images/f.raw"));
         assert!(s
             .validate()
             .unwrap_err()

@@ -16,7 +16,8 @@ use super::pod::metadata_token;
 use super::request::{owner_labels, uid_of};
 use super::{layout, wire, MoverError, ResolvedPvc};
 use crate::crd::{
-    Backup, BackupRepositorySpec, Endpoint, MetadataLookup, PvcRef, ValidationError, VolumeMode,
+    Backup, BackupRepositorySpec, Endpoint, MetadataLookup, PvcRef, SnapshotChoice,
+    ValidationError, VolumeMode,
 };
 
 /// The repository's directory when it is kept in a claim.
@@ -147,17 +148,31 @@ pub fn prune_request(backup: &Backup) -> Result<Option<proto::StartPruneRequest>
     }))
 }
 
-/// A restore of `snapshot_id` from `repo` into the claim `target` (its whole device when
+/// A restore of `snapshot` from `repo` into the claim `target` (its whole device when
 /// Block, `disk.img` when Filesystem), for the resource of uid `uid`.
 pub fn restore_request(
     uid: &str,
     repo: &BackupRepositorySpec,
-    snapshot_id: &str,
+    snapshot: &SnapshotChoice,
     target: &ResolvedPvc,
 ) -> proto::StartRestoreRequest {
+    let (snapshot_id, latest) = match snapshot {
+        SnapshotChoice::Id(id) => (id.clone(), None),
+        SnapshotChoice::Latest { source_id, as_of } => (
+            String::new(),
+            Some(proto::LatestBackup {
+                source_id: source_id.clone(),
+                as_of: as_of.as_ref().map(|t| prost_types::Timestamp {
+                    seconds: t.0.as_second(),
+                    nanos: t.0.subsec_nanosecond(),
+                }),
+            }),
+        ),
+    };
     proto::StartRestoreRequest {
         repository: Some(repository(repo)),
-        snapshot_id: snapshot_id.to_string(),
+        snapshot_id,
+        latest,
         target: Some(claim_image(target)),
         idempotency_key: format!("{uid}/restore"),
         labels: owner_labels(uid),
@@ -168,7 +183,7 @@ pub fn restore_request(
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
     use std::collections::BTreeMap;
 
@@ -354,12 +369,34 @@ mod tests {
         let restore = restore_request(
             "uid-c",
             &repo,
-            "20261202T101500Z-0a1b2c3d",
+            &SnapshotChoice::Id("20261202T101500Z-0a1b2c3d".into()),
             &ResolvedPvc::new("new", VolumeMode::Block),
         );
         assert_eq!(restore.target.unwrap().url, "/dev/ferry/new");
         assert_eq!(restore.snapshot_id, "20261202T101500Z-0a1b2c3d");
+        assert_eq!(restore.latest, None);
         assert_eq!(restore.idempotency_key, "uid-c/restore");
         assert!(restore.refuse_if_target_busy);
+        let as_of: Time = serde_json::from_str("\"2026-12-02T03:00:00Z\"").unwrap();
+        let latest = restore_request(
+            "uid-c",
+            &repo,
+            &SnapshotChoice::Latest {
+                source_id: "vms/web1".into(),
+                as_of: Some(as_of),
+            },
+            &ResolvedPvc::new("new", VolumeMode::Block),
+        );
+        assert_eq!(latest.snapshot_id, "");
+        assert_eq!(
+            latest.latest,
+            Some(proto::LatestBackup {
+                source_id: "vms/web1".into(),
+                as_of: Some(prost_types::Timestamp {
+                    seconds: 1_796_180_400,
+                    nanos: 0
+                }),
+            })
+        );
     }
 }

@@ -123,11 +123,36 @@ fn with_filesystem_overhead(spec: &mut PersistentVolumeClaimSpec) {
     *storage = Quantity(format!("{}Mi", grown.div_ceil(1 << 20)));
 }
 
-/// The Transfer copying the VolumeImageSource's image into the prime claim, with its
+/// What fills the prime claim from a VolumeImageSource.
+#[derive(Debug, Clone)]
+pub enum ImageFiller {
+    /// A Transfer of its image.
+    Transfer(Box<Transfer>),
+    /// A Restore of its newest backup of a source.
+    Restore(Box<Restore>),
+}
+
+/// The Transfer of the VolumeImageSource's image, or the Restore of its backup.
+pub fn image_filler(ids: &ClaimIds, source: &VolumeImageSource) -> ImageFiller {
+    match (&source.spec.source, &source.spec.backup) {
+        (_, Some(latest)) => ImageFiller::Restore(Box::new(restore_latest(
+            ids,
+            latest,
+            source.spec.mover.clone(),
+        ))),
+        (image, None) => ImageFiller::Transfer(Box::new(transfer(
+            ids,
+            source,
+            &image.clone().unwrap_or_default(),
+        ))),
+    }
+}
+
+/// The Transfer copying `image` (the VolumeImageSource's) into the prime claim, with its
 /// options, expected digest and mover settings.
-pub fn transfer(ids: &ClaimIds, source: &VolumeImageSource) -> Transfer {
+fn transfer(ids: &ClaimIds, source: &VolumeImageSource, image: &Endpoint) -> Transfer {
     let spec = TransferSpec {
-        source: source.spec.source.clone(),
+        source: image.clone(),
         targets: vec![TransferTarget {
             endpoint: Endpoint::pvc(names::prime(&ids.uid)),
             pvc_template: None,
@@ -149,14 +174,44 @@ pub fn transfer(ids: &ClaimIds, source: &VolumeImageSource) -> Transfer {
 /// The Restore writing the Backup `backup`'s snapshot into the prime claim, with the
 /// Backup's mover settings; named as the Transfer of an image would be.
 pub fn restore(ids: &ClaimIds, backup: &crate::crd::Backup) -> Restore {
-    let spec = RestoreSpec {
-        backup: backup.metadata.name.clone(),
-        repository: None,
-        snapshot_id: None,
-        target_pvc: names::prime(&ids.uid),
-        mover: backup.spec.mover.clone(),
-        resolved: None,
-    };
+    restore_of(
+        ids,
+        RestoreSpec {
+            backup: backup.metadata.name.clone(),
+            repository: None,
+            snapshot_id: None,
+            source_id: None,
+            restore_as_of: None,
+            target_pvc: names::prime(&ids.uid),
+            mover: backup.spec.mover.clone(),
+            resolved: None,
+        },
+    )
+}
+
+/// The Restore writing the newest snapshot of `latest`'s source (at or before its time)
+/// into the prime claim; named as the Transfer of an image would be.
+pub fn restore_latest(
+    ids: &ClaimIds,
+    latest: &crate::crd::LatestBackupRef,
+    mover: Option<crate::crd::MoverSettings>,
+) -> Restore {
+    restore_of(
+        ids,
+        RestoreSpec {
+            backup: None,
+            repository: Some(latest.repository.clone()),
+            snapshot_id: None,
+            source_id: Some(latest.source_id.clone()),
+            restore_as_of: latest.restore_as_of.clone(),
+            target_pvc: names::prime(&ids.uid),
+            mover,
+            resolved: None,
+        },
+    )
+}
+
+fn restore_of(ids: &ClaimIds, spec: RestoreSpec) -> Restore {
     let mut restore = Restore::new(&names::transfer(&ids.name), spec);
     restore.metadata = ids.meta(names::transfer(&ids.name));
     restore

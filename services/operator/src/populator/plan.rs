@@ -6,7 +6,7 @@
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 
-use crate::crd::{Backup, Phase, VolumeImageSource};
+use crate::crd::{Backup, BackupSchedule, LatestBackupRef, Phase, VolumeImageSource};
 
 use super::names;
 
@@ -82,6 +82,42 @@ pub fn backup_problem(name: &str, namespace: &str, found: Option<&Backup>) -> Op
             format!("waiting for Backup {name} to succeed"),
         )),
     }
+}
+
+/// The newest backup a claim naming the BackupSchedule `name` in `namespace` is filled
+/// from (`found`: None when the schedule does not exist), or why it cannot be yet: a
+/// schedule without a successful backup has nothing to restore.
+pub fn schedule_source(
+    name: &str,
+    namespace: &str,
+    found: Option<&BackupSchedule>,
+) -> Result<LatestBackupRef, Note> {
+    let Some(schedule) = found else {
+        return Err(Note::new(
+            false,
+            "Pending",
+            format!(
+                "waiting for BackupSchedule {name} in namespace {namespace}: create it, or fix spec.dataSourceRef"
+            ),
+        ));
+    };
+    if schedule
+        .status
+        .as_ref()
+        .and_then(|s| s.last_snapshot.as_ref())
+        .is_none()
+    {
+        return Err(Note::new(
+            false,
+            "NoBackupYet",
+            format!("waiting for the first successful backup of BackupSchedule {name}"),
+        ));
+    }
+    Ok(LatestBackupRef {
+        repository: schedule.spec.repository.clone(),
+        source_id: format!("{namespace}/{}", schedule.spec.source_pvc),
+        restore_as_of: None,
+    })
 }
 
 /// The storage class a claim names, if any.

@@ -18,7 +18,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::Api;
 
-use crate::crd::{Backup, Phase, Restore, Transfer, VolumeImageSource};
+use crate::crd::{Backup, BackupSchedule, Phase, Restore, Transfer, VolumeImageSource};
 
 use super::build::{self, ClaimIds};
 use super::context::Context;
@@ -58,10 +58,7 @@ pub async fn reconcile(
         .as_deref()
         .filter(|ns| *ns != ids.namespace)
     {
-        let kind = match source.kind {
-            SourceKind::Image => "VolumeImageSource",
-            SourceKind::Backup => "Backup",
-        };
+        let kind = source.kind.name();
         let note = format!(
             "{kind} {other}/{} is in another namespace: ferry populates only from a {kind} in the claim's namespace ({})",
             source.name, ids.namespace
@@ -79,13 +76,13 @@ pub async fn reconcile(
     }
     match source.kind {
         SourceKind::Image => populate(&ctx, &pvc, &ids, &source.name).await,
-        SourceKind::Backup => restore(&ctx, &pvc, &ids, &source.name).await,
+        SourceKind::Backup => restore_backup(&ctx, &pvc, &ids, &source.name).await,
+        SourceKind::Schedule => restore_schedule(&ctx, &pvc, &ids, &source.name).await,
     }
 }
 
-/// A claim naming a Backup: once the Backup succeeded, the prime claim and a Restore of
-/// its snapshot into it; then the same hand-over as for an image.
-async fn restore(
+/// A claim naming a Backup: once the Backup succeeded, a Restore of its snapshot.
+async fn restore_backup(
     ctx: &Context,
     pvc: &PersistentVolumeClaim,
     ids: &ClaimIds,
@@ -101,6 +98,43 @@ async fn restore(
     let Some(backup) = found else {
         return Ok(Action::await_change());
     };
+    restore(ctx, pvc, ids, &build::restore(ids, &backup), backup_name).await
+}
+
+/// A claim naming a BackupSchedule: once the schedule made a successful backup, a
+/// Restore of the newest snapshot of its claim (as its mover finds it).
+async fn restore_schedule(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    ids: &ClaimIds,
+    name: &str,
+) -> Result<Action, Error> {
+    let schedules: Api<BackupSchedule> = Api::namespaced(ctx.client.clone(), &ids.namespace);
+    let found = schedules.get_opt(name).await?;
+    let Some(latest) = (match plan::schedule_source(name, &ids.namespace, found.as_ref()) {
+        Ok(latest) => Some(latest),
+        Err(note) => {
+            ctx.event(pvc, note.warning, note.reason, &note.text).await;
+            None
+        }
+    }) else {
+        // Schedules are not watched: look again.
+        return Ok(Action::requeue(RECHECK));
+    };
+    let mover = found.and_then(|s| s.spec.mover);
+    let restore_of = build::restore_latest(ids, &latest, mover);
+    restore(ctx, pvc, ids, &restore_of, name).await
+}
+
+/// The prime claim and `restore_of` writing into it; then the same hand-over as for an
+/// image (`source_name`: what the claim names, for the events).
+async fn restore(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    ids: &ClaimIds,
+    restore_of: &Restore,
+    source_name: &str,
+) -> Result<Action, Error> {
     let prime_name = names::prime(&ids.uid);
     let prime = match ctx.claim(&ids.namespace, &prime_name) {
         Some(prime) => prime,
@@ -109,13 +143,13 @@ async fn restore(
             Step::Wait(action) => return Ok(action),
         },
     };
-    let restore = match ensure_restore(ctx, pvc, ids, &backup).await? {
+    let restore = match ensure_restore(ctx, pvc, ids, restore_of).await? {
         Step::Go(restore) => restore,
         Step::Wait(action) => return Ok(action),
     };
     tell(ctx, pvc, ids, restore.as_ref(), &prime_name).await?;
     match restore.status.as_ref().map(|s| s.phase) {
-        Some(Phase::Succeeded) => rebind::rebind(ctx, pvc, ids, &prime, backup_name).await,
+        Some(Phase::Succeeded) => rebind::rebind(ctx, pvc, ids, &prime, source_name).await,
         _ => Ok(Action::await_change()),
     }
 }
@@ -125,17 +159,14 @@ async fn ensure_restore(
     ctx: &Context,
     pvc: &PersistentVolumeClaim,
     ids: &ClaimIds,
-    backup: &Backup,
+    restore_of: &Restore,
 ) -> Result<Step<Arc<Restore>>, Error> {
     let name = names::transfer(&ids.name);
     let existing = match ctx.restore(&ids.namespace, &name) {
         Some(r) => Some(r),
         None => {
             let api: Api<Restore> = Api::namespaced(ctx.client.clone(), &ids.namespace);
-            match api
-                .create(&PostParams::default(), &build::restore(ids, backup))
-                .await
-            {
+            match api.create(&PostParams::default(), restore_of).await {
                 Ok(_) => {
                     let note = format!(
                         "created Restore {name} to restore the backup into pvc/{}",
@@ -179,6 +210,12 @@ async fn populate(
     let Some(source) = found else {
         return Ok(Action::await_change());
     };
+    let transfer_of = match build::image_filler(ids, &source) {
+        build::ImageFiller::Transfer(transfer) => transfer,
+        build::ImageFiller::Restore(restore_of) => {
+            return restore(ctx, pvc, ids, &restore_of, source_name).await
+        }
+    };
     let prime_name = names::prime(&ids.uid);
     let prime = match ctx.claim(&ids.namespace, &prime_name) {
         Some(prime) => prime,
@@ -187,7 +224,7 @@ async fn populate(
             Step::Wait(action) => return Ok(action),
         },
     };
-    let transfer = match ensure_transfer(ctx, pvc, ids, &source).await? {
+    let transfer = match ensure_transfer(ctx, pvc, ids, &transfer_of).await? {
         Step::Go(transfer) => transfer,
         Step::Wait(action) => return Ok(action),
     };
@@ -250,17 +287,14 @@ async fn ensure_transfer(
     ctx: &Context,
     pvc: &PersistentVolumeClaim,
     ids: &ClaimIds,
-    source: &VolumeImageSource,
+    transfer_of: &Transfer,
 ) -> Result<Step<Arc<Transfer>>, Error> {
     let name = names::transfer(&ids.name);
     let existing = match ctx.transfer(&ids.namespace, &name) {
         Some(t) => Some(t),
         None => {
             let api: Api<Transfer> = Api::namespaced(ctx.client.clone(), &ids.namespace);
-            match api
-                .create(&PostParams::default(), &build::transfer(ids, source))
-                .await
-            {
+            match api.create(&PostParams::default(), transfer_of).await {
                 Ok(_) => {
                     let note = format!(
                         "created Transfer {name} to copy the image into pvc/{}",

@@ -1,11 +1,12 @@
 //! Which claims the populator serves: those whose `spec.dataSourceRef` names a
-//! `ferry.dev` `VolumeImageSource` (an image to copy) or `Backup` (a snapshot to
-//! restore). Every other claim is ignored before any request.
+//! `ferry.dev` `VolumeImageSource` (an image to copy, or a repository's newest backup of
+//! a source), `Backup` (a snapshot to restore) or `BackupSchedule` (the newest snapshot
+//! of its claim). Every other claim is ignored before any request.
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::Resource;
 
-use crate::crd::{Backup, VolumeImageSource, GROUP};
+use crate::crd::{Backup, BackupSchedule, VolumeImageSource, GROUP};
 
 /// What a claim is filled from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,6 +15,19 @@ pub enum SourceKind {
     Image,
     /// A Backup: a Restore writes its snapshot.
     Backup,
+    /// A BackupSchedule: a Restore writes the newest snapshot of its claim.
+    Schedule,
+}
+
+impl SourceKind {
+    /// The kind's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Image => "VolumeImageSource",
+            Self::Backup => "Backup",
+            Self::Schedule => "BackupSchedule",
+        }
+    }
 }
 
 /// The source a claim names.
@@ -38,6 +52,8 @@ pub fn of(pvc: &PersistentVolumeClaim) -> Option<SourceRef> {
         SourceKind::Image
     } else if r.kind == Backup::kind(&()) {
         SourceKind::Backup
+    } else if r.kind == BackupSchedule::kind(&()) {
+        SourceKind::Schedule
     } else {
         return None;
     };

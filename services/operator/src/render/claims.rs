@@ -1,5 +1,5 @@
 //! Render's look at the claims the volume populator fills (a `dataSourceRef` naming a
-//! VolumeImageSource or a Backup): the populator's decisions ([`plan`]) and objects
+//! VolumeImageSource, a Backup or a BackupSchedule): the populator's decisions ([`plan`]) and objects
 //! ([`build`]): the prime claim, and the Transfer or Restore that fills it, which render
 //! then plans like any resource. The user's claim itself is not written (its waits are
 //! events on a cluster, the summary's lines here).
@@ -39,10 +39,7 @@ pub(crate) fn populate(world: &mut World<'_>) -> Vec<String> {
             notes.push(format!("{title} has a volume: nothing to populate"));
             continue;
         }
-        let kind = match source.kind {
-            SourceKind::Image => "VolumeImageSource",
-            SourceKind::Backup => "Backup",
-        };
+        let kind = source.kind.name();
         if let Some(other) = source.namespace.as_deref().filter(|ns| *ns != namespace) {
             notes.push(format!(
                 "{title} {kind} {other}/{} is in another namespace: ferry populates only from a {kind} in the claim's namespace ({namespace})",
@@ -58,6 +55,12 @@ pub(crate) fn populate(world: &mut World<'_>) -> Vec<String> {
             SourceKind::Backup => {
                 plan::backup_problem(&source.name, &namespace, cluster.backups.get(&key))
             }
+            SourceKind::Schedule => plan::schedule_source(
+                &source.name,
+                &namespace,
+                schedule_named(cluster, &namespace, &source.name),
+            )
+            .err(),
         };
         if let Some(note) = problem {
             notes.push(format!(
@@ -92,13 +95,28 @@ pub(crate) fn populate(world: &mut World<'_>) -> Vec<String> {
         let prime_name = prime.metadata.name.clone().unwrap_or_default();
         world.create_claim(&prime);
         let filler = match source.kind {
-            SourceKind::Image => {
-                let mut t = build::transfer(&ids, &cluster.sources[&key]);
-                t.metadata.uid = Some(made_up_uid(3, i));
-                Resource::Transfer(Box::new(t))
-            }
+            SourceKind::Image => match build::image_filler(&ids, &cluster.sources[&key]) {
+                build::ImageFiller::Transfer(mut t) => {
+                    t.metadata.uid = Some(made_up_uid(3, i));
+                    Resource::Transfer(t)
+                }
+                build::ImageFiller::Restore(mut r) => {
+                    r.metadata.uid = Some(made_up_uid(3, i));
+                    Resource::Restore(r)
+                }
+            },
             SourceKind::Backup => {
                 let mut r = build::restore(&ids, &cluster.backups[&key]);
+                r.metadata.uid = Some(made_up_uid(3, i));
+                Resource::Restore(Box::new(r))
+            }
+            SourceKind::Schedule => {
+                let schedule = schedule_named(cluster, &namespace, &source.name);
+                let Ok(latest) = plan::schedule_source(&source.name, &namespace, schedule) else {
+                    continue;
+                };
+                let mover = schedule.and_then(|s| s.spec.mover.clone());
+                let mut r = build::restore_latest(&ids, &latest, mover);
                 r.metadata.uid = Some(made_up_uid(3, i));
                 Resource::Restore(Box::new(r))
             }
@@ -112,6 +130,17 @@ pub(crate) fn populate(world: &mut World<'_>) -> Vec<String> {
         world.spawned.push(filler);
     }
     notes
+}
+
+/// The BackupSchedule `name` of `namespace` in the file, if any.
+fn schedule_named<'a>(
+    cluster: &'a super::input::Cluster,
+    namespace: &str,
+    name: &str,
+) -> Option<&'a crate::crd::BackupSchedule> {
+    cluster.schedules.iter().find(|s| {
+        s.metadata.name.as_deref() == Some(name) && namespace_of(&s.metadata) == namespace
+    })
 }
 
 fn level(warning: bool) -> &'static str {

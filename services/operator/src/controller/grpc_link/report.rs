@@ -9,6 +9,7 @@ use ferry_api::proto;
 use crate::controller::link::{
     BackupSummary, JobFailure, JobReport, JobState, PruneSummary, TargetReport,
 };
+use crate::crd::backup::is_snapshot_id;
 use crate::crd::{kept_snapshots, pruned_snapshots, Checkpoint, Progress};
 use crate::events::within;
 use crate::mover::request::{target_indexes, TARGET_LABEL};
@@ -125,6 +126,13 @@ pub fn report(job: &proto::Job) -> JobReport {
         targets: targets(job),
         backup,
         prune,
+        restored_snapshot: match &job.result {
+            // Checked: the id goes into the status.
+            Some(proto::job::Result::RestoreResult(r)) if is_snapshot_id(&r.snapshot_id) => {
+                Some(r.snapshot_id.clone())
+            }
+            _ => None,
+        },
     }
 }
 
