@@ -2134,3 +2134,202 @@ async fn copy_method_clone_backs_up_a_csi_clone_and_deletes_it() {
     finish(task).await;
     s.server.done().await;
 }
+
+const VMI: &str =
+    "/apis/subresources.kubevirt.io/v1/namespaces/vms/virtualmachineinstances/web1-vm";
+
+/// A schedule with consistency hooks and a KubeVirt freeze, firing: the pre hook (an
+/// exec the mocked server cannot upgrade, so it fails: Continue, a warning), the guest
+/// frozen, the snapshot created and waited for until cut, the guest thawed, the post
+/// hook; each failure a Warning event. The exec requests are checked (path, command,
+/// container) and, with everything else, against the RBAC.
+#[tokio::test]
+async fn hooks_and_a_guest_freeze_surround_the_snapshot_cut() {
+    let mut s = Sched::new("2026-12-02T03:00:05Z");
+    let mut object = schedule_json(Some(json!({"nextSyncTime": "2026-12-02T03:00:00Z",
+                                                "observedGeneration": 1})));
+    object["spec"]["copyMethod"] = json!("Snapshot");
+    object["spec"]["consistency"] = json!({
+        "pre": [{"pod": "db-0", "container": "postgres",
+                 "command": ["psql", "-c", "CHECKPOINT"], "onError": "Continue"}],
+        "post": [{"pod": "db-0", "command": ["/unlock"]}],
+        "veleroAnnotations": false,
+        "freeze": {"virtualMachineInstance": "web1-vm", "unfreezeTimeoutSeconds": 120},
+    });
+    let name = "nightly-20261202030000";
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, vec![]).await;
+    s.server
+        .expect("GET", &format!("{PVCS}/web1"), Reply::Ok(web1_claim()))
+        .await;
+    s.server
+        .expect("GET", &format!("{SNAPSHOTS}/{name}"), Reply::NotFound)
+        .await;
+    let exec = s
+        .server
+        .expect("GET", &format!("{PODS}/db-0/exec"), Reply::Fail(403))
+        .await;
+    assert!(
+        exec.query
+            .contains("command=psql&command=-c&command=CHECKPOINT"),
+        "{}",
+        exec.query
+    );
+    assert!(exec.query.contains("container=postgres"), "{}", exec.query);
+    let freeze = s
+        .server
+        .expect("PUT", &format!("{VMI}/freeze"), Reply::Ok(json!({})))
+        .await;
+    assert_eq!(freeze.body, json!({"unfreezeTimeout": "120s"}));
+    s.server.expect("POST", SNAPSHOTS, Reply::Echo).await;
+    let mut cut = json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+                         "metadata": {"name": name, "namespace": NS}});
+    cut["status"] = json!({"creationTime": "2026-12-02T03:00:06Z", "readyToUse": false});
+    s.server
+        .expect("GET", &format!("{SNAPSHOTS}/{name}"), Reply::Ok(cut))
+        .await;
+    s.server
+        .expect("PUT", &format!("{VMI}/unfreeze"), Reply::Ok(json!({})))
+        .await;
+    let post = s
+        .server
+        .expect("GET", &format!("{PODS}/db-0/exec"), Reply::Fail(500))
+        .await;
+    assert!(post.query.contains("command=%2Funlock"), "{}", post.query);
+    let warning = s.server.expect_event(NS).await.body;
+    assert_eq!(warning["reason"], "ConsistencyWarning");
+    let note = warning["note"].as_str().unwrap();
+    assert!(
+        note.starts_with(
+            "pre hook \"psql -c CHECKPOINT\" in pod db-0 (postgres, from spec.consistency): cannot exec: 403"
+        ) && note.contains("; post hook \"/unlock\" in pod db-0"),
+        "{note}"
+    );
+    // Cut, not ready yet: the schedule waits for it, as without hooks.
+    let seen = s
+        .server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert_eq!(
+        synchronizing(&seen.body["status"]),
+        ("True".into(), "SnapshotPending".into())
+    );
+    finish(task).await;
+    s.server.done().await;
+}
+
+/// A pre hook that fails with policy Fail skips the fire: no freeze, no snapshot, but the
+/// post hooks still run (what the pre hook locked, the post hook unlocks); the next fire
+/// is waited for. A snapshot that cannot be created is thawed and post-hooked too.
+#[tokio::test]
+async fn a_failed_pre_hook_skips_the_fire_and_the_post_hooks_still_run() {
+    let mut s = Sched::new("2026-12-02T03:00:05Z");
+    let mut object = schedule_json(Some(json!({"nextSyncTime": "2026-12-02T03:00:00Z",
+                                                "observedGeneration": 1})));
+    object["spec"]["copyMethod"] = json!("Snapshot");
+    object["spec"]["consistency"] = json!({
+        "pre": [{"pod": "db-0", "command": ["/lock"]}],
+        "post": [{"pod": "db-0", "command": ["/unlock"]}],
+        "veleroAnnotations": false,
+        "freeze": {"virtualMachineInstance": "web1-vm"},
+    });
+    let name = "nightly-20261202030000";
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, vec![]).await;
+    s.server
+        .expect("GET", &format!("{PVCS}/web1"), Reply::Ok(web1_claim()))
+        .await;
+    s.server
+        .expect("GET", &format!("{SNAPSHOTS}/{name}"), Reply::NotFound)
+        .await;
+    s.server
+        .expect("GET", &format!("{PODS}/db-0/exec"), Reply::Fail(403))
+        .await;
+    let post = s
+        .server
+        .expect("GET", &format!("{PODS}/db-0/exec"), Reply::Fail(403))
+        .await;
+    assert!(post.query.contains("command=%2Funlock"), "{}", post.query);
+    assert_eq!(
+        s.server.expect_event(NS).await.body["reason"],
+        "ConsistencyWarning"
+    );
+    let seen = s
+        .server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = seen.body["status"].clone();
+    assert_eq!(
+        synchronizing(&status),
+        ("False".into(), "ConsistencyFailed".into())
+    );
+    assert!(
+        status["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("this fire's backup is skipped: pre hook \"/lock\""),
+        "{status}"
+    );
+    assert_eq!(status["nextSyncTime"], "2026-12-03T03:00:00Z");
+    assert_eq!(
+        s.server.expect_event(NS).await.body["reason"],
+        "BackupSkipped"
+    );
+    finish(task).await;
+    s.server.done().await;
+
+    // The next fire: the hooks pass... here the freeze does, and the snapshot is refused:
+    // the guest is thawed and the post hook runs before the fire is skipped.
+    // A new operator (its event recorder would fold a repeated warning into a series).
+    let mut s = Sched::new("2026-12-03T03:00:05Z");
+    let object = with_status(&object, &json!({ "status": status }));
+    let mut without_pre = object.clone();
+    without_pre["spec"]["consistency"]["pre"] = json!([]);
+    let name = "nightly-20261203030000";
+    let task = tokio::spawn(schedule::reconcile(sched(&without_pre), s.ctx.clone()));
+    looked_up(&mut s, vec![]).await;
+    s.server
+        .expect("GET", &format!("{PVCS}/web1"), Reply::Ok(web1_claim()))
+        .await;
+    s.server
+        .expect("GET", &format!("{SNAPSHOTS}/{name}"), Reply::NotFound)
+        .await;
+    let freeze = s
+        .server
+        .expect("PUT", &format!("{VMI}/freeze"), Reply::Ok(json!({})))
+        .await;
+    assert_eq!(freeze.body, json!({"unfreezeTimeout": "300s"}));
+    s.server
+        .expect(
+            "POST",
+            SNAPSHOTS,
+            Reply::Refuse(403, "admission webhook denied the request"),
+        )
+        .await;
+    s.server
+        .expect("PUT", &format!("{VMI}/unfreeze"), Reply::Ok(json!({})))
+        .await;
+    s.server
+        .expect("GET", &format!("{PODS}/db-0/exec"), Reply::Fail(500))
+        .await;
+    assert_eq!(
+        s.server.expect_event(NS).await.body["reason"],
+        "ConsistencyWarning"
+    );
+    let seen = s
+        .server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(without_pre.clone()))
+        .await;
+    let message = seen.body["status"]["message"].as_str().unwrap().to_string();
+    assert!(
+        message.contains("cannot create VolumeSnapshot nightly-20261203030000")
+            && message.contains("admission webhook denied"),
+        "{message}"
+    );
+    assert_eq!(
+        s.server.expect_event(NS).await.body["reason"],
+        "BackupSkipped"
+    );
+    finish(task).await;
+    s.server.done().await;
+}

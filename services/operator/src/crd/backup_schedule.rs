@@ -104,6 +104,88 @@ pub struct BackupScheduleSpec {
     /// How the mover pods run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mover: Option<MoverSettings>,
+    /// copyMethod Snapshot: what makes the snapshot consistent for a running app: commands
+    /// run in its pods before and after the snapshot is cut, and a KubeVirt VM's guest
+    /// filesystems frozen while it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consistency: Option<Consistency>,
+}
+
+/// Commands and a freeze around a schedule's snapshot. Order: the pre hooks, the freeze,
+/// the snapshot cut, the unfreeze, the post hooks. Once a pre hook ran, the unfreeze and
+/// the post hooks always run, whatever failed after it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Consistency {
+    /// Run before the snapshot, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub pre: Vec<Hook>,
+    /// Run after the snapshot was cut (or failed to be), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub post: Vec<Hook>,
+    /// Also run the hooks Velero's annotations declare on the running pods that use the
+    /// claim (`pre.hook.backup.velero.io/command`, `/container`, `/on-error`, `/timeout`
+    /// and the same with `post.`), after the ones above (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub velero_annotations: Option<bool>,
+    /// A KubeVirt VirtualMachineInstance of this namespace whose guest filesystems are
+    /// frozen through its guest agent while the snapshot is cut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub freeze: Option<Freeze>,
+}
+
+/// A command run in a container of a pod, through the API (as `kubectl exec`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Hook {
+    /// The pod (in this namespace).
+    #[schemars(length(min = 1, max = 253))]
+    pub pod: String,
+    /// Its container (default: the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub container: Option<String>,
+    /// The command and its arguments (no shell unless you run one).
+    #[schemars(length(min = 1, max = 64))]
+    pub command: Vec<String>,
+    /// How long it may run (default 30, at most 3600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub timeout_seconds: Option<u32>,
+    /// Fail (the default): a failure or a timeout skips this fire's backup. Continue: it
+    /// is a warning event and the backup goes on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_error: Option<OnError>,
+}
+
+/// What a failed hook or freeze does to the fire.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum OnError {
+    /// Skip this fire's backup (after the unfreeze and the post hooks).
+    #[default]
+    Fail,
+    /// Warn and go on.
+    Continue,
+}
+
+/// A KubeVirt guest freeze.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Freeze {
+    /// The VirtualMachineInstance.
+    #[schemars(length(min = 1, max = 253))]
+    pub virtual_machine_instance: String,
+    /// KubeVirt unfreezes by itself after this long, should the operator not (default
+    /// 300, at least 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 60, max = 3600))]
+    pub unfreeze_timeout_seconds: Option<u32>,
+    /// Fail (the default): a guest that cannot be frozen skips this fire's backup.
+    /// Continue: the snapshot is cut unfrozen, with a warning.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_error: Option<OnError>,
 }
 
 /// When a schedule fires.
@@ -252,6 +334,7 @@ mod tests {
             storage_class_name: None,
             tags: None,
             mover: None,
+            consistency: None,
             failed_backups_history_limit: None,
         }
     }

@@ -29,7 +29,8 @@ pub use backup_repository::{
     BackupRepository, BackupRepositorySpec, BackupRepositoryStatus, Encryption,
 };
 pub use backup_schedule::{
-    BackupSchedule, BackupScheduleSpec, BackupScheduleStatus, CopyMethod, Trigger,
+    BackupSchedule, BackupScheduleSpec, BackupScheduleStatus, Consistency, CopyMethod, Freeze,
+    Hook, OnError, Trigger,
 };
 pub use checksum::{Checksum, ChecksumSpec, ChecksumStatus};
 pub use endpoint::{

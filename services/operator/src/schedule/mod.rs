@@ -15,6 +15,7 @@
 //! create/delete, claims get/create/delete, events create/patch.
 
 pub mod build;
+pub mod consistent;
 pub mod history;
 pub mod reconcile;
 

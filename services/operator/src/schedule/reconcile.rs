@@ -36,6 +36,7 @@ use crate::crd::{
 };
 
 use super::build::{self, CLONE_ANNOTATION, SCHEDULE_LABEL, SNAPSHOT_ANNOTATION};
+use super::consistent;
 use super::history::{self, Why};
 use super::{Context, SYNCHRONIZING};
 
@@ -57,6 +58,8 @@ pub mod reasons {
     pub const SOURCE_MISSING: &str = "SourceMissing";
     /// The fire's VolumeSnapshot is not ready to restore from yet.
     pub const SNAPSHOT_PENDING: &str = "SnapshotPending";
+    /// A hook or the freeze failed with policy Fail: the fire's backup was skipped.
+    pub const CONSISTENCY_FAILED: &str = "ConsistencyFailed";
 }
 
 /// How often a schedule looks at a VolumeSnapshot that is not ready yet (no watch of
@@ -544,6 +547,26 @@ fn gone<T>(result: Result<T, kube::Error>) -> Result<(), Error> {
     }
 }
 
+/// The fire's VolumeSnapshot cut between the schedule's hooks and freeze
+/// ([`consistent::take`]), with one Warning event for what failed but did not stop it;
+/// Err: why it was not cut.
+async fn consistent_cut(
+    ctx: &Context,
+    obj: &BackupSchedule,
+    name: &str,
+) -> Result<Result<DynamicObject, String>, Error> {
+    let outcome = consistent::take(ctx, obj, name).await?;
+    if !outcome.warnings.is_empty() {
+        let note = outcome.warnings.join("; ");
+        ctx.event(obj, true, "ConsistencyWarning", &note).await;
+    }
+    Ok(match (outcome.snapshot, outcome.failed) {
+        (Some(snapshot), None) => Ok(snapshot),
+        (_, Some(why)) => Err(why),
+        (None, None) => Err(format!("VolumeSnapshot {name} was not created")),
+    })
+}
+
 /// A create that found the object already made (by an earlier try of this fire) is done.
 fn made<T>(result: Result<T, kube::Error>) -> Result<(), Error> {
     match result {
@@ -600,13 +623,36 @@ async fn fire(
     if let (true, Some(source)) = (snapshot, source) {
         let snapshots: Api<DynamicObject> =
             Api::namespaced_with(ctx.client.clone(), namespace, &build::volume_snapshot_api());
-        let current = match snapshots
-            .create(&PostParams::default(), &build::volume_snapshot(obj, &name))
-            .await
-        {
-            Ok(created) => created,
-            Err(kube::Error::Api(e)) if e.code == 409 => snapshots.get(&name).await?,
-            Err(e) => return Err(e.into()),
+        let current = if consistent::wanted(obj) {
+            match snapshots.get_opt(&name).await? {
+                // Cut by an earlier pass of this fire, its hooks run then.
+                Some(existing) => existing,
+                None => match consistent_cut(ctx, obj, &name).await? {
+                    Ok(cut) => cut,
+                    Err(why) => {
+                        let message = format!("this fire's backup is skipped: {why}");
+                        next.message = Some(message.clone());
+                        let following = cron.next_after(now);
+                        next.next_sync_time = following.map(to_time);
+                        synchronizing(&mut next, false, reasons::CONSISTENCY_FAILED, &message);
+                        write(ctx, obj, before, &next).await?;
+                        ctx.event(obj, true, "BackupSkipped", &message).await;
+                        return Ok(match following {
+                            Some(t) => Action::requeue(until(now, t)),
+                            None => Action::await_change(),
+                        });
+                    }
+                },
+            }
+        } else {
+            match snapshots
+                .create(&PostParams::default(), &build::volume_snapshot(obj, &name))
+                .await
+            {
+                Ok(created) => created,
+                Err(kube::Error::Api(e)) if e.code == 409 => snapshots.get(&name).await?,
+                Err(e) => return Err(e.into()),
+            }
         };
         let restore_size = match build::snapshot_state(&current) {
             build::SnapshotState::Ready(size) => size,

@@ -1,0 +1,528 @@
+//! A consistent snapshot of a running app: a schedule's pre hooks, a KubeVirt guest
+//! freeze, the VolumeSnapshot cut, the unfreeze, the post hooks, in that order.
+//!
+//! Hooks are the schedule's own (`consistency.pre`/`post`) and, unless turned off, the
+//! ones Velero's annotations declare on the running pods that use the claim
+//! (`pre.hook.backup.velero.io/command` as a JSON array, `/container`, `/on-error`
+//! `Fail|Continue`, `/timeout` like `30s`; Velero's defaults: the first container, 30 s,
+//! Fail). A hook is an exec through the API server (`pods/exec`, as `kubectl exec`): it
+//! succeeds when the command exits 0 within its timeout. The freeze is KubeVirt's
+//! `virtualmachineinstances/freeze` subresource (the guest agent's fsfreeze), with an
+//! unfreeze timeout after which KubeVirt thaws the guest by itself, should the operator
+//! die in between.
+//!
+//! Once a pre hook ran, the unfreeze and every post hook run whatever failed after it (a
+//! pre hook that locks a database needs its post hook). A failure whose policy is Fail
+//! (a pre hook, the freeze) skips the snapshot; a post hook's failure, or any with
+//! Continue, is a warning: the snapshot was cut consistently all the same.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{AttachParams, DynamicObject, ListParams, PostParams};
+use kube::Api;
+use serde_json::json;
+
+use crate::crd::{BackupSchedule, Hook, OnError};
+
+use super::{build, Context};
+
+/// How long a hook runs unless it says otherwise (Velero's default).
+pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(30);
+/// KubeVirt's own unfreeze after this long, unless the schedule says otherwise.
+pub const DEFAULT_UNFREEZE_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long the cut of the snapshot is waited for (its `creationTime`) while frozen.
+pub const CUT_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often the snapshot is looked at while waiting for its cut.
+const CUT_POLL: Duration = Duration::from_millis(500);
+/// Velero's annotation prefixes.
+const VELERO_PRE: &str = "pre.hook.backup.velero.io";
+const VELERO_POST: &str = "post.hook.backup.velero.io";
+
+/// A hook to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedHook {
+    pub pod: String,
+    pub container: Option<String>,
+    pub command: Vec<String>,
+    pub timeout: Duration,
+    pub on_error: OnError,
+    /// Where it was declared, for messages.
+    pub from: &'static str,
+}
+
+impl PlannedHook {
+    fn of(hook: &Hook) -> Self {
+        Self {
+            pod: hook.pod.clone(),
+            container: hook.container.clone(),
+            command: hook.command.clone(),
+            timeout: hook
+                .timeout_seconds
+                .map_or(DEFAULT_HOOK_TIMEOUT, |s| Duration::from_secs(s.into())),
+            on_error: hook.on_error.unwrap_or_default(),
+            from: "spec.consistency",
+        }
+    }
+
+    fn describe(&self) -> String {
+        let container = self.container.as_deref().unwrap_or("its first container");
+        format!(
+            "hook {:?} in pod {} ({container}, from {})",
+            self.command.join(" "),
+            self.pod,
+            self.from
+        )
+    }
+}
+
+/// `30s`, `2m`, `1h30m` (Go's durations as Velero writes them; whole units only).
+pub fn go_duration(text: &str) -> Option<Duration> {
+    let mut total = 0u64;
+    let mut digits = String::new();
+    for c in text.chars() {
+        if c.is_ascii_digit() {
+            digits.push(c);
+            continue;
+        }
+        let n: u64 = digits.parse().ok()?;
+        digits.clear();
+        total = total.checked_add(n.checked_mul(match c {
+            'h' => 3600,
+            'm' => 60,
+            's' => 1,
+            _ => return None,
+        })?)?;
+    }
+    (digits.is_empty() && total > 0).then(|| Duration::from_secs(total))
+}
+
+/// The hook Velero's annotations of `phase` (`pre` or `post`) declare on `pod`: none
+/// without a command; an error naming the annotation for one that cannot be read.
+pub fn velero_hook(pod: &Pod, phase: &str) -> Result<Option<PlannedHook>, String> {
+    let prefix = if phase == "pre" {
+        VELERO_PRE
+    } else {
+        VELERO_POST
+    };
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    let get = |key: &str| annotations.get(&format!("{prefix}/{key}"));
+    let Some(command) = get("command") else {
+        return Ok(None);
+    };
+    let bad = |key: &str, why: &str| format!("pod {name}: annotation {prefix}/{key} {why}");
+    // Velero takes a JSON array, or one word.
+    let command: Vec<String> = if command.trim_start().starts_with('[') {
+        serde_json::from_str(command)
+            .map_err(|e| bad("command", &format!("is not a JSON array of strings: {e}")))?
+    } else {
+        vec![command.clone()]
+    };
+    if command.is_empty() || command.len() > 64 || command[0].is_empty() {
+        return Err(bad("command", "names no command"));
+    }
+    let on_error = match get("on-error").map(String::as_str) {
+        None | Some("Fail") => OnError::Fail,
+        Some("Continue") => OnError::Continue,
+        Some(other) => {
+            return Err(bad(
+                "on-error",
+                &format!("is '{other}', not Fail or Continue"),
+            ))
+        }
+    };
+    let timeout = match get("timeout") {
+        None => DEFAULT_HOOK_TIMEOUT,
+        Some(t) => go_duration(t)
+            .filter(|d| *d <= Duration::from_secs(3600))
+            .ok_or_else(|| {
+                bad(
+                    "timeout",
+                    &format!("is '{t}', not a duration like 30s or 2m (at most 1h)"),
+                )
+            })?,
+    };
+    Ok(Some(PlannedHook {
+        pod: name,
+        container: get("container").cloned(),
+        command,
+        timeout,
+        on_error,
+        from: if phase == "pre" {
+            "a pre.hook.backup.velero.io annotation"
+        } else {
+            "a post.hook.backup.velero.io annotation"
+        },
+    }))
+}
+
+/// The running pods of `pods` that mount `claim`.
+pub fn pods_using<'a>(pods: &'a [Pod], claim: &str) -> Vec<&'a Pod> {
+    pods.iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .filter(|p| {
+            p.spec
+                .iter()
+                .flat_map(|s| s.volumes.iter().flatten())
+                .any(|v| {
+                    v.persistent_volume_claim
+                        .as_ref()
+                        .is_some_and(|c| c.claim_name == claim)
+                })
+        })
+        .collect()
+}
+
+/// Every hook of `phase` for the schedule: its own, then Velero's of `pods` (the pods
+/// using its claim). An annotation that cannot be read is a Fail hook that fails.
+pub fn plan(
+    schedule: &BackupSchedule,
+    pods: &[Pod],
+    phase: &str,
+) -> (Vec<PlannedHook>, Vec<String>) {
+    let Some(c) = &schedule.spec.consistency else {
+        return (Vec::new(), Vec::new());
+    };
+    let own = if phase == "pre" { &c.pre } else { &c.post };
+    let mut hooks: Vec<PlannedHook> = own.iter().map(PlannedHook::of).collect();
+    let mut unreadable = Vec::new();
+    if c.velero_annotations != Some(false) {
+        for pod in pods_using(pods, &schedule.spec.source_pvc) {
+            match velero_hook(pod, phase) {
+                Ok(Some(hook)) => hooks.push(hook),
+                Ok(None) => {}
+                Err(why) => unreadable.push(why),
+            }
+        }
+    }
+    (hooks, unreadable)
+}
+
+/// Whether the schedule asks for anything around its snapshot (its own hooks, a freeze,
+/// or Velero's annotations, which need a look at the pods).
+pub fn wanted(schedule: &BackupSchedule) -> bool {
+    schedule.spec.consistency.is_some()
+}
+
+/// Runs a hook; Err says why it failed.
+async fn run(ctx: &Context, namespace: &str, hook: &PlannedHook) -> Result<(), String> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let mut params = AttachParams::default()
+        .stdin(false)
+        .stdout(true)
+        .stderr(true);
+    if let Some(c) = &hook.container {
+        params = params.container(c.clone());
+    }
+    let exec = async {
+        let mut process = pods
+            .exec(&hook.pod, hook.command.clone(), &params)
+            .await
+            .map_err(|e| match e {
+                kube::Error::Api(s) => format!("cannot exec: {} {}", s.code, s.message),
+                other => format!("cannot exec: {other}"),
+            })?;
+        let status = process.take_status();
+        let stderr = process.stderr();
+        let tail = async move {
+            use tokio::io::AsyncReadExt;
+            let mut text = String::new();
+            if let Some(mut stderr) = stderr {
+                let mut buf = Vec::new();
+                let _ = (&mut stderr).take(4096).read_to_end(&mut buf).await;
+                text = String::from_utf8_lossy(&buf).trim().to_string();
+            }
+            text
+        };
+        let (status, stderr) = tokio::join!(
+            async {
+                match status {
+                    Some(s) => s.await,
+                    None => None,
+                }
+            },
+            tail
+        );
+        let _ = process.join().await;
+        match status {
+            Some(s) if s.status.as_deref() == Some("Success") => Ok(()),
+            Some(s) => Err(format!(
+                "it failed: {}{}",
+                s.message.unwrap_or_else(|| "no message".into()),
+                if stderr.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (stderr: {stderr})")
+                }
+            )),
+            None => Err("the exec ended without a status".into()),
+        }
+    };
+    match tokio::time::timeout(hook.timeout, exec).await {
+        Ok(result) => result,
+        Err(_) => Err(format!(
+            "it did not end within {} s",
+            hook.timeout.as_secs()
+        )),
+    }
+}
+
+/// A KubeVirt subresource call (`freeze` or `unfreeze`) of a VirtualMachineInstance.
+async fn kubevirt(
+    ctx: &Context,
+    namespace: &str,
+    vmi: &str,
+    what: &str,
+    body: serde_json::Value,
+) -> Result<(), String> {
+    let url = format!(
+        "/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/virtualmachineinstances/{vmi}/{what}"
+    );
+    let request = http::Request::put(url)
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&body).unwrap_or_default())
+        .map_err(|e| e.to_string())?;
+    ctx.client
+        .request_text(request)
+        .await
+        .map(|_| ())
+        .map_err(|e| match e {
+            kube::Error::Api(s) => format!("{} {}", s.code, s.message),
+            other => other.to_string(),
+        })
+}
+
+/// What happened around the cut.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// The snapshot, as last seen; None when it was not created (a Fail failure).
+    pub snapshot: Option<DynamicObject>,
+    /// Why the snapshot was not created.
+    pub failed: Option<String>,
+    /// What failed with Continue, or after the cut.
+    pub warnings: Vec<String>,
+}
+
+/// Pre hooks, freeze, the VolumeSnapshot `name` created and waited for until cut,
+/// unfreeze, post hooks (see the module docs).
+pub async fn take(
+    ctx: &Context,
+    schedule: &BackupSchedule,
+    name: &str,
+) -> Result<Outcome, crate::controller::Error> {
+    let namespace = schedule.metadata.namespace.clone().unwrap_or_default();
+    let consistency = schedule.spec.consistency.clone().unwrap_or_default();
+    let pods: Vec<Pod> = if consistency.velero_annotations != Some(false) {
+        let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+        api.list(&ListParams::default()).await?.items
+    } else {
+        Vec::new()
+    };
+    let mut outcome = Outcome::default();
+    let (pre, unreadable) = plan(schedule, &pods, "pre");
+    let (post, unreadable_post) = plan(schedule, &pods, "post");
+    if let Some(why) = unreadable.into_iter().chain(unreadable_post).next() {
+        outcome.failed = Some(why);
+        return Ok(outcome);
+    }
+    for hook in &pre {
+        if let Err(why) = run(ctx, &namespace, hook).await {
+            let text = format!("pre {}: {why}", hook.describe());
+            match hook.on_error {
+                OnError::Continue => outcome.warnings.push(text),
+                OnError::Fail => {
+                    outcome.failed = Some(text);
+                    break;
+                }
+            }
+        }
+    }
+    let mut frozen = None;
+    if outcome.failed.is_none() {
+        if let Some(freeze) = &consistency.freeze {
+            let vmi = &freeze.virtual_machine_instance;
+            let timeout = freeze
+                .unfreeze_timeout_seconds
+                .map_or(DEFAULT_UNFREEZE_TIMEOUT, |s| Duration::from_secs(s.into()));
+            let body = json!({"unfreezeTimeout": format!("{}s", timeout.as_secs())});
+            match kubevirt(ctx, &namespace, vmi, "freeze", body).await {
+                Ok(()) => frozen = Some(vmi.clone()),
+                Err(why) => {
+                    let text = format!("cannot freeze VirtualMachineInstance {vmi}: {why}");
+                    match freeze.on_error.unwrap_or_default() {
+                        OnError::Continue => outcome.warnings.push(text),
+                        OnError::Fail => outcome.failed = Some(text),
+                    }
+                }
+            }
+        }
+    }
+    if outcome.failed.is_none() {
+        match cut(ctx, schedule, &namespace, name).await {
+            Ok((snapshot, cut)) => {
+                if !cut {
+                    outcome.warnings.push(format!(
+                        "VolumeSnapshot {name} was not cut within {} s; unfrozen and the post hooks run all the same, so the snapshot may not be consistent",
+                        CUT_TIMEOUT.as_secs()
+                    ));
+                }
+                outcome.snapshot = Some(snapshot);
+            }
+            Err(e) => outcome.failed = Some(format!("cannot create VolumeSnapshot {name}: {e}")),
+        }
+    }
+    if let Some(vmi) = frozen {
+        if let Err(why) = kubevirt(ctx, &namespace, &vmi, "unfreeze", json!({})).await {
+            outcome.warnings.push(format!(
+                "cannot unfreeze VirtualMachineInstance {vmi}: {why} (KubeVirt thaws it by itself after its unfreeze timeout)"
+            ));
+        }
+    }
+    for hook in &post {
+        if let Err(why) = run(ctx, &namespace, hook).await {
+            outcome
+                .warnings
+                .push(format!("post {}: {why}", hook.describe()));
+        }
+    }
+    Ok(outcome)
+}
+
+/// Creates the VolumeSnapshot and waits until it is cut (`status.creationTime`, or ready);
+/// returns it as last seen and whether it was cut within [`CUT_TIMEOUT`].
+async fn cut(
+    ctx: &Context,
+    schedule: &BackupSchedule,
+    namespace: &str,
+    name: &str,
+) -> Result<(DynamicObject, bool), kube::Error> {
+    let snapshots: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), namespace, &build::volume_snapshot_api());
+    let mut current = match snapshots
+        .create(
+            &PostParams::default(),
+            &build::volume_snapshot(schedule, name),
+        )
+        .await
+    {
+        Ok(created) => created,
+        Err(kube::Error::Api(e)) if e.code == 409 => snapshots.get(name).await?,
+        Err(e) => return Err(e),
+    };
+    let started = tokio::time::Instant::now();
+    loop {
+        let status = &current.data["status"];
+        if status["creationTime"].is_string() || status["readyToUse"].as_bool() == Some(true) {
+            return Ok((current, true));
+        }
+        if started.elapsed() >= CUT_TIMEOUT {
+            return Ok((current, false));
+        }
+        tokio::time::sleep(CUT_POLL).await;
+        current = snapshots.get(name).await?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, phase: &str, claim: &str, annotations: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": {"containers": [{"name": "db"}],
+                     "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]},
+            "status": {"phase": phase},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn go_durations_as_velero_writes_them() {
+        assert_eq!(go_duration("30s"), Some(Duration::from_secs(30)));
+        assert_eq!(go_duration("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(go_duration("1h30m"), Some(Duration::from_secs(5400)));
+        for bad in ["", "30", "0s", "1d", "-1s", "1.5s", "s"] {
+            assert_eq!(go_duration(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn velero_annotations_become_hooks_with_velero_defaults() {
+        let p = pod(
+            "db-0",
+            "Running",
+            "data",
+            json!({"pre.hook.backup.velero.io/command": "[\"/bin/sh\", \"-c\", \"sync\"]",
+                   "pre.hook.backup.velero.io/container": "db",
+                   "pre.hook.backup.velero.io/timeout": "2m",
+                   "pre.hook.backup.velero.io/on-error": "Continue",
+                   "post.hook.backup.velero.io/command": "/unlock"}),
+        );
+        let pre = velero_hook(&p, "pre").unwrap().unwrap();
+        assert_eq!(pre.command, ["/bin/sh", "-c", "sync"]);
+        assert_eq!(pre.container.as_deref(), Some("db"));
+        assert_eq!(pre.timeout, Duration::from_secs(120));
+        assert_eq!(pre.on_error, OnError::Continue);
+        let post = velero_hook(&p, "post").unwrap().unwrap();
+        assert_eq!(post.command, ["/unlock"]);
+        assert_eq!(post.container, None, "the first container");
+        assert_eq!(post.timeout, DEFAULT_HOOK_TIMEOUT);
+        assert_eq!(post.on_error, OnError::Fail);
+        let none = pod("web-0", "Running", "data", json!({}));
+        assert_eq!(velero_hook(&none, "pre").unwrap(), None);
+        for (key, value, says) in [
+            ("command", "[\"/bin/sh\",", "not a JSON array"),
+            ("command", "[]", "names no command"),
+            ("on-error", "Ignore", "not Fail or Continue"),
+            ("timeout", "forever", "not a duration"),
+        ] {
+            let mut a = json!({"pre.hook.backup.velero.io/command": "[\"/x\"]"});
+            a[format!("pre.hook.backup.velero.io/{key}")] = json!(value);
+            let why = velero_hook(&pod("db-0", "Running", "data", a), "pre").unwrap_err();
+            assert!(why.contains(says) && why.contains(key), "{why}");
+        }
+    }
+
+    #[test]
+    fn only_running_pods_of_the_claim_give_hooks_after_the_schedules_own() {
+        let hooked = json!({"pre.hook.backup.velero.io/command": "[\"/lock\"]"});
+        let pods = [
+            pod("db-0", "Running", "data", hooked.clone()),
+            pod("db-1", "Pending", "data", hooked.clone()),
+            pod("other", "Running", "logs", hooked.clone()),
+        ];
+        let running: Vec<_> = pods_using(&pods, "data")
+            .iter()
+            .map(|p| p.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(running, ["db-0"]);
+        let mut schedule: BackupSchedule = serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "BackupSchedule",
+            "metadata": {"name": "nightly", "namespace": "vms"},
+            "spec": {"sourcePVC": "data", "repository": "r", "trigger": {"schedule": "@daily"},
+                     "consistency": {"pre": [{"pod": "app-0", "command": ["/flush"],
+                                              "timeoutSeconds": 5}]}},
+        }))
+        .unwrap();
+        let (pre, unreadable) = plan(&schedule, &pods, "pre");
+        assert!(unreadable.is_empty());
+        let order: Vec<(&str, &str)> = pre
+            .iter()
+            .map(|h| (h.pod.as_str(), h.command[0].as_str()))
+            .collect();
+        assert_eq!(order, [("app-0", "/flush"), ("db-0", "/lock")]);
+        assert_eq!(pre[0].timeout, Duration::from_secs(5));
+        schedule
+            .spec
+            .consistency
+            .as_mut()
+            .unwrap()
+            .velero_annotations = Some(false);
+        assert_eq!(plan(&schedule, &pods, "pre").0.len(), 1, "annotations off");
+        schedule.spec.consistency = None;
+        assert!(plan(&schedule, &pods, "pre").0.is_empty());
+        assert!(!wanted(&schedule));
+    }
+}
