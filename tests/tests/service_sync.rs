@@ -950,3 +950,149 @@ async fn keys_are_listed_added_removed_and_rotated_over_grpc() {
         assert!(!metrics.contains(secret));
     }
 }
+
+/// Runs `ferry job [--json] key ARGS...` against the service; its status, stdout, stderr.
+fn key_cli(e: &Env, json: bool, args: &[&str]) -> (bool, String, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["job", "--server"])
+        .arg(format!("http://{}", e.service.grpc_addr()));
+    if json {
+        cmd.arg("--json");
+    }
+    let out = cmd.arg("key").args(args).output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    for secret in [SRC_KEY, DST_KEY, THIRD_KEY] {
+        assert!(
+            !stdout.contains(secret) && !stderr.contains(secret),
+            "a passphrase was printed: {stdout} {stderr}"
+        );
+    }
+    (out.status.success(), stdout, stderr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_client_lists_adds_removes_and_rotates_keys() {
+    let mut e = env().await;
+    let path = e.root.join("repo");
+    let repo = path.display().to_string();
+    let with = |key: &str| dir_repo(&path, Some(key));
+    init(&mut e, &with("src-key"), 1).await;
+    let disk = e.root.join("disk.img");
+    make(&disk, Pattern::HalfData, 2 * MIB, 7).unwrap();
+    let id = backup(&mut e, &disk, &with("src-key")).await;
+    let opens = |e: &Env, key: &str| {
+        let mut backups = e.backups.clone();
+        let repository = Some(with(key));
+        async move {
+            backups
+                .get_repository(proto::GetRepositoryRequest { repository })
+                .await
+                .map(|_| ())
+                .map_err(|s| s.code())
+        }
+    };
+    let json = |text: &str| -> serde_json::Value {
+        serde_json::from_str(text.trim()).unwrap_or_else(|err| panic!("{err}: {text}"))
+    };
+
+    let (ok, out, err) = key_cli(&e, true, &["list", &repo, "--key-file", "src-key"]);
+    assert!(ok, "{err}");
+    let keys = json(&out);
+    assert_eq!(keys.as_array().map(Vec::len), Some(1), "{keys}");
+    assert_eq!(keys[0]["current"], true, "{keys}");
+    let first = keys[0]["id"].as_str().unwrap().to_string();
+
+    // A key added over the CLI opens the repository and restores its backup.
+    assert_eq!(opens(&e, "dst-key").await, Err(Code::PermissionDenied));
+    let (ok, out, err) = key_cli(
+        &e,
+        false,
+        &[
+            "add",
+            &repo,
+            "--key-file",
+            "src-key",
+            "--new-key-file",
+            "dst-key",
+        ],
+    );
+    assert!(ok, "{err}");
+    let added = out
+        .trim()
+        .strip_prefix("added key ")
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(added.len() == 16 && added != first, "{out}");
+    assert_eq!(opens(&e, "dst-key").await, Ok(()));
+    restore_exact(&mut e, &with("dst-key"), &id, &disk).await;
+    let (ok, out, err) = key_cli(&e, false, &["list", &repo, "--key-file", "dst-key"]);
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().count(), 2, "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with(&format!("{added} (in use)"))),
+        "{out}"
+    );
+
+    // A key cannot remove itself (the reason, a failure exit); another key removes it,
+    // and it no longer opens the repository.
+    let (ok, _, err) = key_cli(
+        &e,
+        false,
+        &["remove", &repo, "--key-file", "src-key", &first],
+    );
+    assert!(!ok && err.contains("InvalidArgument"), "{err}");
+    let (ok, out, err) = key_cli(
+        &e,
+        true,
+        &["remove", &repo, "--key-file", "dst-key", &first],
+    );
+    assert!(ok, "{err}");
+    let removed = json(&out);
+    assert_eq!(
+        (removed["removed"].as_str(), removed["keys"].as_u64()),
+        (Some(first.as_str()), Some(1))
+    );
+    assert_eq!(opens(&e, "src-key").await, Err(Code::PermissionDenied));
+
+    // Rotation replaces the key in use by the new one; the backup stays readable.
+    let (ok, out, err) = key_cli(
+        &e,
+        true,
+        &[
+            "rotate",
+            &repo,
+            "--key-file",
+            "dst-key",
+            "--new-key-file",
+            "third-key",
+        ],
+    );
+    assert!(ok, "{err}");
+    let rotated = json(&out);
+    assert_eq!(rotated["removed"].as_str(), Some(added), "{rotated}");
+    assert!(rotated["new_master_key"].is_null(), "{rotated}");
+    assert_eq!(opens(&e, "dst-key").await, Err(Code::PermissionDenied));
+    assert_eq!(opens(&e, "third-key").await, Ok(()));
+    restore_exact(&mut e, &with("third-key"), &id, &disk).await;
+
+    // A new key is required by the CLI itself; a key file the server lacks is refused
+    // with the reason.
+    let (ok, _, err) = key_cli(&e, false, &["add", &repo, "--key-file", "third-key"]);
+    assert!(!ok && err.contains("--new-key"), "{err}");
+    let (ok, _, err) = key_cli(
+        &e,
+        false,
+        &[
+            "add",
+            &repo,
+            "--key-file",
+            "third-key",
+            "--new-key-file",
+            "missing",
+        ],
+    );
+    assert!(!ok && err.contains("missing"), "{err}");
+}

@@ -51,6 +51,25 @@ use crate::store::{ObjectStore, Put, PutMode};
 /// Chunks copied at once (each holds a blob and, while checked, its plaintext).
 const PARALLEL_CHUNKS: usize = 8;
 
+/// Plaintext buffers of chunks checked and dropped, reused by the next chunks: a fresh
+/// chunk-sized buffer per chunk costs its zeroing and page faults every time (ferry's
+/// allocator maps buffers that large and unmaps them when freed).
+#[derive(Default)]
+struct Spare(Mutex<Vec<Vec<u8>>>);
+
+impl Spare {
+    fn take(&self) -> Vec<u8> {
+        self.0.lock().pop().unwrap_or_default()
+    }
+
+    fn give(&self, buf: Vec<u8>) {
+        let mut spare = self.0.lock();
+        if spare.len() < PARALLEL_CHUNKS {
+            spare.push(buf);
+        }
+    }
+}
+
 /// What to copy.
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
@@ -426,6 +445,7 @@ async fn copy_chunks(
 ) -> Result<(FixedIndex, Copied)> {
     let copied = Mutex::new(Copied::default());
     let renamed: Mutex<HashMap<Digest, Digest>> = Mutex::new(HashMap::new());
+    let spare = Spare::default();
     // Each distinct chunk once, with its length (the last chunk may be short) and the
     // image bytes it stands for (every place it appears).
     let mut distinct: Vec<(Digest, u64, u64)> = Vec::new();
@@ -447,12 +467,12 @@ async fn copy_chunks(
     }
     stream::iter(distinct)
         .map(|(digest, len, image_bytes)| {
-            let (copied, renamed) = (&copied, &renamed);
+            let (copied, renamed, spare) = (&copied, &renamed, &spare);
             async move {
                 let (name, sent) = match naming {
-                    Naming::Same => (digest, copy_same(src, session, digest, len).await?),
+                    Naming::Same => (digest, copy_same(src, session, digest, len, spare).await?),
                     Naming::Reencode(known) => {
-                        copy_reencoded(src, session, digest, len, known.get(&digest)).await?
+                        copy_reencoded(src, session, digest, len, known.get(&digest), spare).await?
                     }
                 };
                 if naming_changes(naming) {
@@ -512,11 +532,13 @@ async fn copy_same(
     session: &Session,
     digest: Digest,
     len: u64,
+    spare: &Spare,
 ) -> Result<Option<u64>> {
     if session.lookup(&digest).await?.is_some() {
         return Ok(None);
     }
-    let blob = fetch_checked(src, digest, len).await?.0;
+    let (blob, plain, _) = fetch_checked(src, digest, len, spare.take()).await?;
+    spare.give(plain);
     let bytes = blob.len() as u64;
     session.store_encoded(digest, blob).await?;
     Ok(Some(bytes))
@@ -530,37 +552,43 @@ async fn copy_reencoded(
     digest: Digest,
     len: u64,
     known: Option<&Digest>,
+    spare: &Spare,
 ) -> Result<(Digest, Option<u64>)> {
     if let Some(name) = known {
         if session.lookup(name).await?.is_some() {
             return Ok((*name, None));
         }
     }
-    let (_, plain, blocks) = fetch_checked(src, digest, len).await?;
+    let (_, plain, blocks) = fetch_checked(src, digest, len, spare.take()).await?;
     let dst = session.repository().clone();
     let name = dst.chunk_digest_of_blocks(plain.len(), &blocks);
     if session.lookup(&name).await?.is_some() {
+        spare.give(plain);
         return Ok((name, None));
     }
-    let blob = tokio::task::spawn_blocking(move || dst.encode_chunk(&plain))
+    let (blob, plain) = tokio::task::spawn_blocking(move || (dst.encode_chunk(&plain), plain))
         .await
-        .map_err(|_| Error::internal("a chunk encoding thread panicked"))??;
+        .map_err(|_| Error::internal("a chunk encoding thread panicked"))?;
+    spare.give(plain);
+    let blob = blob?;
     let bytes = blob.len() as u64;
     session.store_encoded(name, blob).await?;
     Ok((name, Some(bytes)))
 }
 
 /// Reads chunk `digest` of the source and checks it against its name and the index's
-/// length; returns its blob, plaintext and block digests.
+/// length; returns its blob, plaintext (in `plain`'s allocation, whose bytes are
+/// overwritten) and block digests.
 async fn fetch_checked(
     src: &Repository,
     digest: Digest,
     len: u64,
+    mut plain: Vec<u8>,
 ) -> Result<(Vec<u8>, Vec<u8>, Vec<ferry_blkhash::Hash>)> {
     let blob = src.fetch_chunk(&digest).await?;
     let repo = src.clone();
     tokio::task::spawn_blocking(move || {
-        let mut plain = vec![0u8; repo.chunk_size() as usize];
+        plain.resize(repo.chunk_size() as usize, 0);
         let (got, blocks) = repo.open_chunk(&digest, &blob, &mut plain)?;
         if got as u64 != len {
             return Err(Error::new(

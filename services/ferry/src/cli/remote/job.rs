@@ -70,6 +70,8 @@ pub enum JobCommand {
     Protect(super::sync::ProtectArgs),
     /// Remove a backup's protection.
     Unprotect(super::sync::ProtectArgs),
+    /// List, add, remove or rotate the keys of an encrypted repository.
+    Key(super::keys::KeyJobArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -316,6 +318,7 @@ pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
             super::sync::protect(&args.conn, a, on, args.json).await?;
             return Ok(ExitCode::SUCCESS);
         }
+        JobCommand::Key(a) => return super::keys::run(&args.conn, a, args.json).await,
     };
     print_job(&job, args.json);
     Ok(ExitCode::SUCCESS)
