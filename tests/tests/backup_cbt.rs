@@ -386,8 +386,31 @@ async fn refused_tokens_unknown_bases_and_no_service_fall_back() {
         !run.stdout.contains("tok-other-audience") && !run.stderr.contains("tok-other-audience")
     );
 
-    // An unknown base snapshot.
+    // A base other than the snapshot the parent was made from: not asked, since its delta
+    // would be applied onto the parent's data.
     std::fs::write(&volume.token, TOKEN).unwrap();
+    let run = volume
+        .backup(
+            &url,
+            &volume.dev2,
+            &["--snapshot", "snap-2", "--base-snapshot-id", "h-1"],
+        )
+        .await;
+    run.assert_success();
+    let why = json(&run)["full_reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        why.contains("was made from snapshot h-2, not from the base h-1 given"),
+        "{why}"
+    );
+
+    // A parent that recorded no snapshot, and a base the service does not know.
+    volume
+        .backup(&url, &volume.dev2, &["--snapshot", "snap-2"])
+        .await
+        .assert_success();
     let run = volume
         .backup(
             &url,
@@ -499,8 +522,8 @@ async fn the_job_service_reads_only_what_the_service_answers_and_falls_back_on_a
         first.changed_block_tracking, "SnapshotMetadata",
         "{first:?}"
     );
-    assert!(
-        first.full_reason.is_empty() || !first.full_reason.contains("not used"),
+    assert_eq!(
+        first.full_reason, "there is no earlier backup of pvc/data",
         "{first:?}"
     );
     assert!(
@@ -602,14 +625,11 @@ async fn the_operators_request_reads_only_the_delta_on_a_real_mover() {
 
     let volume = Volume::new();
     let server = volume.serve(volume.config()).await;
-    let token_secret = "data-backup-fbk-1-token";
+    // Where the pod's projected ServiceAccount token for the service's audience lands.
     let secrets = volume.dir.path().join("mover-secrets");
-    std::fs::create_dir_all(secrets.join(token_secret)).unwrap();
-    std::fs::write(
-        secrets.join(token_secret).join("snapshot-metadata-token"),
-        TOKEN,
-    )
-    .unwrap();
+    let token_file = secrets.join(ferry_operator::mover::layout::SNAPSHOT_METADATA_TOKEN_FILE);
+    std::fs::create_dir_all(token_file.parent().unwrap()).unwrap();
+    std::fs::write(&token_file, TOKEN).unwrap();
     let mut cfg = ferry_server::config::ServiceConfig::new(volume.dir.path().join("mover-data"));
     cfg.grpc_listen = "127.0.0.1:0".parse().unwrap();
     cfg.metrics_listen = None;
@@ -654,7 +674,7 @@ async fn the_operators_request_reads_only_the_delta_on_a_real_mover() {
             snapshot_handle: handle.into(),
         }));
         let pvcs = [ResolvedPvc::new("data-src", VolumeMode::Block)];
-        let mut request = backup_request(&backup, &pvcs, Some(token_secret)).unwrap();
+        let mut request = backup_request(&backup, &pvcs).unwrap();
         assert!(request.snapshot_metadata.is_some(), "{request:?}");
         // Inside a pod these are /dev/ferry/data-src and the repository's URL (the pod
         // spec's own tests cover that mapping); here, the local device file and directory.

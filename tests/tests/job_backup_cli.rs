@@ -287,9 +287,13 @@ fn bad_input_to_ferry_job_fails_with_one_clear_line() {
         "a refused restore created its target"
     );
     // Not a backup id at all.
-    let run = srv.job(&["restore", repo, "latest", dst]);
+    let run = srv.job(&["restore", repo, "yesterday", dst]);
     let line = run.assert_clean_failure();
     assert!(line.contains("snapshot_id"), "{line}");
+    // `latest` of no source.
+    let run = srv.job(&["restore", repo, "latest", dst]);
+    let line = run.assert_clean_failure();
+    assert!(line.contains("ID latest needs --source-id"), "{line}");
 
     // Repositories that are not: a URL of another kind, a directory outside the roots, a
     // directory with no repository.

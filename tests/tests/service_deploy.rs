@@ -457,10 +457,12 @@ fn the_chart_rbac_is_deploy_operator_rbac() {
             "namespaces",
             "nodes",
             "persistentvolumes",
+            "snapshotmetadataservices",
             "storageclasses",
             "storageclassprofiles",
             "volumeattachments",
-            "volumesnapshotclasses"
+            "volumesnapshotclasses",
+            "volumesnapshotcontents",
         ]),
         "with watched namespaces only cluster-scoped resources are in the ClusterRole"
     );

@@ -15,8 +15,9 @@
 //!
 //! Memory: at most `capacity` bytes of decoded chunks are kept; beyond that, the chunks
 //! being fetched (each a blob and its plaintext, about twice the chunk size), which the
-//! callers bound: the NBD server's requests in flight and the read-ahead window, and a
-//! few spare buffers.
+//! callers bound: the NBD server's requests in flight and the read-ahead window, and up
+//! to 8 spare plaintext and 8 spare blob buffers (fewer when `capacity` holds fewer
+//! chunks).
 //!
 //! Buffers are reused: a chunk evicted that no reader holds any more gives its plaintext
 //! buffer to the next fetch, and every fetch gives its blob buffer back. A fresh 4 MiB
@@ -73,12 +74,15 @@ struct State {
     spare_plain: Vec<Vec<u8>>,
     /// Blob buffers of finished fetches.
     spare_blobs: Vec<Vec<u8>>,
+    /// Spare buffers kept of each kind: [`SPARE`], or fewer for a small cache (the spares
+    /// are memory the cache's bound does not count).
+    spare_limit: usize,
 }
 
 impl State {
     /// Keeps `buf` for reuse unless enough are kept.
-    fn spare(list: &mut Vec<Vec<u8>>, buf: Vec<u8>) {
-        if list.len() < SPARE && buf.capacity() > 0 {
+    fn spare(list: &mut Vec<Vec<u8>>, limit: usize, buf: Vec<u8>) {
+        if list.len() < limit && buf.capacity() > 0 {
             list.push(buf);
         }
     }
@@ -116,6 +120,7 @@ pub struct CacheStats {
 impl ChunkCache {
     /// A cache of at most `capacity` bytes of decoded chunks of `repo`.
     pub fn new(repo: Repository, capacity: u64) -> Arc<Self> {
+        let repo_chunk = repo.chunk_size();
         Arc::new(Self {
             repo,
             capacity,
@@ -127,6 +132,8 @@ impl ChunkCache {
                 misses: 0,
                 spare_plain: Vec::new(),
                 spare_blobs: Vec::new(),
+                spare_limit: SPARE
+                    .min(usize::try_from(capacity / u64::from(repo_chunk.max(1))).unwrap_or(SPARE)),
             }),
         })
     }
@@ -239,7 +246,8 @@ impl ChunkCache {
             if let Some(old) = evicted.take() {
                 state.bytes -= old.data.len() as u64;
                 if let Ok(old) = Arc::try_unwrap(old) {
-                    State::spare(&mut state.spare_plain, old.data);
+                    let limit = state.spare_limit;
+                    State::spare(&mut state.spare_plain, limit, old.data);
                 }
             }
             if state.bytes <= self.capacity {
@@ -285,7 +293,10 @@ impl ChunkCache {
         })
         .await
         .map_err(|_| Error::internal("a chunk decoding thread panicked"))?;
-        State::spare(&mut self.state.lock().spare_blobs, blob);
+        let mut state = self.state.lock();
+        let limit = state.spare_limit;
+        State::spare(&mut state.spare_blobs, limit, blob);
+        drop(state);
         chunk
     }
 }

@@ -122,6 +122,19 @@ pub async fn plan_with_snapshot_metadata(
         });
     };
     let pinned = ParentChoice::Id(manifest.id.clone());
+    if let (Some(given), Some(recorded)) = (&request.base_snapshot_id, &manifest.snapshot_id) {
+        if given != recorded {
+            // The delta since another snapshot than the parent's would be applied onto the
+            // parent's data: a wrong backup.
+            return Ok(MetadataPlan {
+                parent: pinned,
+                ..unused(format!(
+                    "changed blocks from the CSI SnapshotMetadata service are not used: the parent backup {} was made from snapshot {recorded}, not from the base {given} given; comparing change digests instead",
+                    manifest.id
+                ))
+            });
+        }
+    }
     let Some(base) = request
         .base_snapshot_id
         .clone()

@@ -1659,7 +1659,6 @@ async fn a_schedule_deletes_the_backups_of_snapshots_a_killed_prune_removed() {
 const CONTENTS: &str = "/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents";
 const SMS_BETA: &str = "/apis/cbt.storage.k8s.io/v1beta1/snapshotmetadataservices";
 const SMS_ALPHA: &str = "/apis/cbt.storage.k8s.io/v1alpha1/snapshotmetadataservices";
-const TOKENS: &str = "/api/v1/namespaces/ferry-system/serviceaccounts/ferry-operator/token";
 const DRIVER: &str = "hostpath.csi.k8s.io";
 
 /// A schedule's Backup of `snap-src`, restored from the VolumeSnapshot `snap`.
@@ -1677,7 +1676,9 @@ fn snapshot_backup_json(status: Option<Value>) -> Value {
 async fn metadata_lookups(h: &mut Harness, service: Option<Value>) {
     let claim = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                        "metadata": {"name": "snap-src", "namespace": NS},
-                       "spec": {"volumeMode": "Block"}});
+                       "spec": {"volumeMode": "Block",
+                                "dataSource": {"apiGroup": "snapshot.storage.k8s.io",
+                                               "kind": "VolumeSnapshot", "name": "snap"}}});
     h.server
         .expect("GET", &format!("{PVCS}/snap-src"), Reply::Ok(claim))
         .await;
@@ -1723,12 +1724,12 @@ fn metadata_service() -> Value {
 }
 
 /// A Backup of a VolumeSnapshot whose driver has a SnapshotMetadataService: the operator
-/// finds the service through the snapshot's content, mints a token of its own account
-/// for the service's audience into the mover's token Secret (projected as a file), and
+/// finds the service through the snapshot's content, gives the mover pod a token of its
+/// own ServiceAccount projected for the service's audience (never in a Secret), and
 /// sends the mover the service, the snapshot and its CSI handle; the status records how
 /// the blocks were found and the handle the schedule keeps the snapshot for.
 #[tokio::test]
-async fn a_snapshot_backup_asks_the_drivers_snapshot_metadata_service_with_a_minted_token() {
+async fn a_snapshot_backup_asks_the_drivers_snapshot_metadata_service_with_the_pods_token() {
     let mut h = Harness::new(settings());
     let object = snapshot_backup_json(None);
     let task = tokio::spawn(reconcile_backup(backup(&object), h.ctx.clone()));
@@ -1757,52 +1758,34 @@ async fn a_snapshot_backup_asks_the_drivers_snapshot_metadata_service_with_a_min
             )
             .await;
     }
-    let minted = h
-        .server
-        .expect(
-            "POST",
-            TOKENS,
-            Reply::Ok(
-                json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                             "spec": {"audiences": ["cbt.hostpath.example"]},
-                             "status": {"token": "minted-token-9c1e",
-                                        "expirationTimestamp": "2026-01-01T01:00:00Z"}}),
-            ),
-        )
-        .await
-        .body;
-    assert_eq!(minted["spec"]["audiences"], json!(["cbt.hostpath.example"]));
-    assert_eq!(minted["spec"]["expirationSeconds"], 3600);
     let token = h.server.expect("POST", SECRETS, Reply::Echo).await.body;
-    let stored = token["data"]["snapshot-metadata-token"]
-        .as_str()
-        .or_else(|| token["stringData"]["snapshot-metadata-token"].as_str())
-        .unwrap_or_else(|| panic!("no minted token in the mover's Secret: {token}"));
     assert!(
-        stored == "minted-token-9c1e" || stored == "bWludGVkLXRva2VuLTljMWU=",
-        "{stored}"
+        !token.to_string().contains("snapshot-metadata"),
+        "no token of the service's in a Secret: {token}"
     );
     h.server.expect("POST", NETPOLS, Reply::Echo).await;
     let pod = h.server.expect("POST", PODS, Reply::Echo).await.body;
-    let projected: Vec<String> = pod["spec"]["volumes"]
+    let sources = pod["spec"]["volumes"]
         .as_array()
         .unwrap()
         .iter()
         .find(|v| v["name"] == "secrets")
         .unwrap()["projected"]["sources"]
+        .clone();
+    let projected: Vec<&Value> = sources
         .as_array()
         .unwrap()
         .iter()
-        .flat_map(|s| s["secret"]["items"].as_array().unwrap().clone())
-        .map(|i| i["path"].as_str().unwrap().to_string())
+        .filter(|s| s.get("serviceAccountToken").is_some())
         .collect();
-    assert!(
-        projected.contains(&"web1-now-fbk-1-token/snapshot-metadata-token".to_string()),
-        "{projected:?}"
-    );
-    assert!(
-        !pod.to_string().contains("minted-token-9c1e"),
-        "the token is in the Secret only"
+    assert_eq!(
+        projected,
+        [
+            &json!({"serviceAccountToken": {"audience": "cbt.hostpath.example",
+                                         "expirationSeconds": 600,
+                                         "path": "_snapshot-metadata/token"}})
+        ],
+        "{sources}"
     );
     let seen = h
         .server
@@ -1867,7 +1850,7 @@ async fn a_snapshot_backup_asks_the_drivers_snapshot_metadata_service_with_a_min
         asked.token,
         Some(ferry_api::proto::SecretRef {
             source: Some(ferry_api::proto::secret_ref::Source::File(
-                "web1-now-fbk-1-token/snapshot-metadata-token".into()
+                "_snapshot-metadata/token".into()
             )),
         })
     );
@@ -1875,7 +1858,7 @@ async fn a_snapshot_backup_asks_the_drivers_snapshot_metadata_service_with_a_min
     assert_eq!(request.source.as_ref().unwrap().url, "/dev/ferry/snap-src");
 }
 
-/// A driver without a SnapshotMetadataService: no token minted, nothing projected, the
+/// A driver without a SnapshotMetadataService: no token projected, the
 /// mover compares change digests, and the Backup's status says why.
 #[tokio::test]
 async fn without_a_service_for_the_driver_the_backup_says_why_it_read_more() {
@@ -1914,7 +1897,7 @@ async fn without_a_service_for_the_driver_the_backup_says_why_it_read_more() {
     );
     h.server.expect("POST", NETPOLS, Reply::Echo).await;
     let pod = h.server.expect("POST", PODS, Reply::Echo).await.body;
-    assert!(!pod.to_string().contains("snapshot-metadata-token"));
+    assert!(!pod.to_string().contains("serviceAccountToken"), "{pod}");
     let seen = h
         .server
         .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
@@ -2137,6 +2120,32 @@ async fn copy_method_clone_backs_up_a_csi_clone_and_deletes_it() {
 
 const VMI: &str =
     "/apis/subresources.kubevirt.io/v1/namespaces/vms/virtualmachineinstances/web1-vm";
+const VMI_OBJECT: &str = "/apis/kubevirt.io/v1/namespaces/vms/virtualmachineinstances/web1-vm";
+
+/// The pods of the namespace: `db-0` runs on the schedule's claim and allows its hooks
+/// (its first container `postgres`, a mesh sidecar beside it); `cache-0` runs on it too
+/// but did not opt in.
+fn app_pods() -> Value {
+    let pod = |name: &str, annotations: Value| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": NS, "annotations": annotations},
+               "spec": {"containers": [{"name": "postgres"}, {"name": "istio-proxy"}],
+                        "volumes": [{"name": "data",
+                                     "persistentVolumeClaim": {"claimName": "web1"}}]},
+               "status": {"phase": "Running"}})
+    };
+    json!({"apiVersion": "v1", "kind": "PodList", "metadata": {},
+           "items": [pod("db-0", json!({"ferry.dev/allow-backup-hooks": "true"})),
+                     pod("cache-0", json!({}))]})
+}
+
+/// The VirtualMachineInstance `web1-vm`, its root disk on the schedule's claim.
+fn web1_vmi() -> Value {
+    json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+           "metadata": {"name": "web1-vm", "namespace": NS},
+           "spec": {"volumes": [{"name": "root",
+                                 "persistentVolumeClaim": {"claimName": "web1"}}]}})
+}
 
 /// A schedule with consistency hooks and a KubeVirt freeze, firing: the pre hook (an
 /// exec the mocked server cannot upgrade, so it fails: Continue, a warning), the guest
@@ -2165,6 +2174,7 @@ async fn hooks_and_a_guest_freeze_surround_the_snapshot_cut() {
     s.server
         .expect("GET", &format!("{SNAPSHOTS}/{name}"), Reply::NotFound)
         .await;
+    s.server.expect("GET", PODS, Reply::Ok(app_pods())).await;
     let exec = s
         .server
         .expect("GET", &format!("{PODS}/db-0/exec"), Reply::Fail(403))
@@ -2176,6 +2186,14 @@ async fn hooks_and_a_guest_freeze_surround_the_snapshot_cut() {
         exec.query
     );
     assert!(exec.query.contains("container=postgres"), "{}", exec.query);
+    assert!(
+        !exec.query.contains("stdout=true"),
+        "stdout is not asked for: {}",
+        exec.query
+    );
+    s.server
+        .expect("GET", VMI_OBJECT, Reply::Ok(web1_vmi()))
+        .await;
     let freeze = s
         .server
         .expect("PUT", &format!("{VMI}/freeze"), Reply::Ok(json!({})))
@@ -2196,6 +2214,11 @@ async fn hooks_and_a_guest_freeze_surround_the_snapshot_cut() {
         .expect("GET", &format!("{PODS}/db-0/exec"), Reply::Fail(500))
         .await;
     assert!(post.query.contains("command=%2Funlock"), "{}", post.query);
+    assert!(
+        post.query.contains("container=postgres"),
+        "the pod's first container: {}",
+        post.query
+    );
     let warning = s.server.expect_event(NS).await.body;
     assert_eq!(warning["reason"], "ConsistencyWarning");
     let note = warning["note"].as_str().unwrap();
@@ -2228,7 +2251,7 @@ async fn a_failed_pre_hook_skips_the_fire_and_the_post_hooks_still_run() {
                                                 "observedGeneration": 1})));
     object["spec"]["copyMethod"] = json!("Snapshot");
     object["spec"]["consistency"] = json!({
-        "pre": [{"pod": "db-0", "command": ["/lock"]}],
+        "pre": [{"pod": "cache-0", "command": ["/lock"]}],
         "post": [{"pod": "db-0", "command": ["/unlock"]}],
         "veleroAnnotations": false,
         "freeze": {"virtualMachineInstance": "web1-vm"},
@@ -2242,9 +2265,8 @@ async fn a_failed_pre_hook_skips_the_fire_and_the_post_hooks_still_run() {
     s.server
         .expect("GET", &format!("{SNAPSHOTS}/{name}"), Reply::NotFound)
         .await;
-    s.server
-        .expect("GET", &format!("{PODS}/db-0/exec"), Reply::Fail(403))
-        .await;
+    s.server.expect("GET", PODS, Reply::Ok(app_pods())).await;
+    // cache-0 did not opt in: no exec into it; the post hook runs in db-0 all the same.
     let post = s
         .server
         .expect("GET", &format!("{PODS}/db-0/exec"), Reply::Fail(403))
@@ -2254,6 +2276,10 @@ async fn a_failed_pre_hook_skips_the_fire_and_the_post_hooks_still_run() {
         s.server.expect_event(NS).await.body["reason"],
         "ConsistencyWarning"
     );
+    // Nothing made it, but a fire that skips cleans up what it may have made.
+    s.server
+        .expect("DELETE", &format!("{SNAPSHOTS}/{name}"), Reply::NotFound)
+        .await;
     let seen = s
         .server
         .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
@@ -2267,7 +2293,7 @@ async fn a_failed_pre_hook_skips_the_fire_and_the_post_hooks_still_run() {
         status["message"]
             .as_str()
             .unwrap()
-            .starts_with("this fire's backup is skipped: pre hook \"/lock\""),
+            .starts_with("this fire's backup is skipped: pre hook \"/lock\" in pod cache-0"),
         "{status}"
     );
     assert_eq!(status["nextSyncTime"], "2026-12-03T03:00:00Z");
@@ -2294,6 +2320,10 @@ async fn a_failed_pre_hook_skips_the_fire_and_the_post_hooks_still_run() {
     s.server
         .expect("GET", &format!("{SNAPSHOTS}/{name}"), Reply::NotFound)
         .await;
+    s.server.expect("GET", PODS, Reply::Ok(app_pods())).await;
+    s.server
+        .expect("GET", VMI_OBJECT, Reply::Ok(web1_vmi()))
+        .await;
     let freeze = s
         .server
         .expect("PUT", &format!("{VMI}/freeze"), Reply::Ok(json!({})))
@@ -2316,6 +2346,9 @@ async fn a_failed_pre_hook_skips_the_fire_and_the_post_hooks_still_run() {
         s.server.expect_event(NS).await.body["reason"],
         "ConsistencyWarning"
     );
+    s.server
+        .expect("DELETE", &format!("{SNAPSHOTS}/{name}"), Reply::NotFound)
+        .await;
     let seen = s
         .server
         .expect("PATCH", S_STATUS, Reply::ApplyStatus(without_pre.clone()))

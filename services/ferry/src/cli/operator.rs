@@ -130,14 +130,6 @@ pub struct MoverFlags {
     /// admit [default: the pod's namespace, else "ferry-system"].
     #[arg(long, env = "FERRY_OPERATOR_NAMESPACE")]
     pub operator_namespace: Option<String>,
-    /// The operator's own ServiceAccount, whose tokens (minted for a CSI SnapshotMetadata
-    /// service's audience) a Backup's mover asks that service with.
-    #[arg(
-        long,
-        env = "FERRY_OPERATOR_SERVICE_ACCOUNT",
-        default_value = "ferry-operator"
-    )]
-    pub operator_service_account: String,
     /// Give each mover a NetworkPolicy admitting only the operator to its gRPC port
     /// (needed where a default-deny policy covers the movers' namespaces).
     #[arg(long, env = "FERRY_OPERATOR_MOVER_NETWORK_POLICY", default_value_t = true,
@@ -215,7 +207,6 @@ impl MoverFlags {
             .or_else(pod_namespace)
             .unwrap_or_else(|| "ferry-system".to_string());
         settings.mover_network_policy = self.mover_network_policy;
-        settings.operator_service_account = self.operator_service_account.clone();
         settings
     }
 }

@@ -25,7 +25,6 @@ use super::context::Context;
 use super::error::Error;
 use super::kind::{Claim, MoverKind, Outcome};
 use super::link::{JobReport, JobRequest, JobState};
-use super::names;
 use super::progress::{failure_text, first_failure, is_transient, overall};
 use super::reconcile::reconcile;
 use super::snapshot_metadata;
@@ -106,13 +105,6 @@ impl MoverKind for Backup {
             .map_or_else(Vec::new, |repo| repo.secret_refs())
     }
 
-    fn token_audience(&self) -> Option<&str> {
-        match &self.spec.resolved_snapshot_metadata {
-            Some(MetadataLookup::Service(service)) => Some(&service.audience),
-            _ => None,
-        }
-    }
-
     fn mover_pod(&self, input: &MoverPodInput<'_>) -> Result<Pod, MoverError> {
         backup_pod(self, input)
     }
@@ -123,11 +115,8 @@ impl MoverKind for Backup {
         pvcs: &[ResolvedPvc],
     ) -> Result<Vec<JobRequest>, MoverError> {
         if !backed_up(status) {
-            let token_secret = status.mover_pod.as_deref().map(names::token_secret);
             return Ok(vec![JobRequest::Backup(Box::new(backup_request(
-                self,
-                pvcs,
-                token_secret.as_deref(),
+                self, pvcs,
             )?))]);
         }
         if prune_due(self, status) {

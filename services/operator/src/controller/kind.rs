@@ -84,12 +84,6 @@ pub trait MoverKind:
     fn secret_keys(&self) -> Vec<&SecretKeyRef> {
         Vec::new()
     }
-    /// The audience of a token of the operator's ServiceAccount its mover needs (a
-    /// Backup asking a CSI SnapshotMetadata service), minted into the mover's token
-    /// Secret under [`crate::mover::layout::SNAPSHOT_METADATA_TOKEN_KEY`].
-    fn token_audience(&self) -> Option<&str> {
-        None
-    }
     /// Its mover pod.
     fn mover_pod(&self, input: &MoverPodInput<'_>) -> Result<Pod, MoverError>;
     /// Whether it reads claim `name` as an image that must not change while it is read

@@ -14,7 +14,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::Api;
 
 use crate::crd::VolumeMode;
-use crate::mover::layout::{self, CLIENT_CA_KEY, GRPC_PORT, TLS_CERT_KEY, TLS_KEY_KEY, TOKEN_KEY};
+use crate::mover::layout::{CLIENT_CA_KEY, GRPC_PORT, TLS_CERT_KEY, TLS_KEY_KEY, TOKEN_KEY};
 use crate::mover::ResolvedPvc;
 
 use super::claims;
@@ -24,7 +24,6 @@ use super::kind::{Ids, MoverKind};
 use super::link::MoverAddress;
 use super::names;
 use super::plan;
-use super::snapshot_metadata;
 
 /// What became of the mover pod the status names.
 #[derive(Debug, Clone)]
@@ -296,19 +295,6 @@ pub async fn create_token<K: MoverKind>(
 ) -> Result<(), Error> {
     let token = new_token()?;
     let mut data = BTreeMap::from([(TOKEN_KEY.to_string(), token.clone())]);
-    if let Some(audience) = obj.token_audience() {
-        // A refusal leaves the key empty: the mover then reads without the service and
-        // says why, and the event says what to fix.
-        let minted = snapshot_metadata::mint(ctx, audience).await;
-        if let Err(why) = &minted {
-            ctx.event(obj, true, "SnapshotMetadataTokenRefused", why)
-                .await;
-        }
-        data.insert(
-            layout::SNAPSHOT_METADATA_TOKEN_KEY.to_string(),
-            minted.unwrap_or_default(),
-        );
-    }
     if let Some(ca) = ctx.mover_ca() {
         let issued = ca.issue_mover(pod_name, &ids.namespace)?;
         data.insert(TLS_CERT_KEY.to_string(), issued.cert_pem);

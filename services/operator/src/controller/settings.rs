@@ -39,9 +39,6 @@ pub struct OperatorSettings {
     pub watch_namespace: Option<String>,
     /// The operator's own namespace: the movers' NetworkPolicies admit its pods.
     pub operator_namespace: String,
-    /// The operator's own ServiceAccount (in `operator_namespace`): the tokens a mover
-    /// asks a CSI SnapshotMetadata service with are minted for it.
-    pub operator_service_account: String,
     /// Whether each mover gets a NetworkPolicy admitting the operator to its gRPC port
     /// (see [`crate::mover::network_policy`]).
     pub mover_network_policy: bool,
@@ -64,7 +61,6 @@ impl OperatorSettings {
             resync: Duration::from_secs(300),
             watch_namespace: None,
             operator_namespace: "ferry-system".to_string(),
-            operator_service_account: "ferry-operator".to_string(),
             mover_network_policy: true,
         }
     }

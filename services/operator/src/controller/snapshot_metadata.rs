@@ -10,15 +10,16 @@
 //!
 //! The token: the service's sidecar authenticates a caller by a TokenReview for its
 //! audience and authorizes it by a SubjectAccessReview (`get volumesnapshots` in the
-//! snapshot's namespace). The operator's own ServiceAccount may do that (it reads every
-//! VolumeSnapshot), so the operator mints a token of that account for the service's
-//! audience (TokenRequest, [`TOKEN_SECONDS`]) into the mover's token Secret: a mover
-//! needs no rights of its own, and the token is worth nothing to any other audience.
+//! snapshot's namespace). The mover asks with a token of its own pod's ServiceAccount,
+//! projected by the kubelet for the service's audience (bound to the pod, renewed, never
+//! in a Secret, 10 minutes): so the service answers only for what that account, in that
+//! namespace, may read, and a user who can read the namespace's Secrets learns nothing.
+//! The account needs `get volumesnapshots` in its namespace (the upstream client role);
+//! without it the service refuses, and the backup compares change digests instead.
 
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, ServiceAccount};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::ByteString;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::Api;
 
 use crate::crd::{Backup, MetadataLookup, MetadataService};
@@ -26,9 +27,6 @@ use crate::crd::{Backup, MetadataLookup, MetadataService};
 use super::context::Context;
 use super::error::Error;
 
-/// How long a minted token is valid: the mover asks the service as its backup starts,
-/// and a mover that waits longer to start falls back to change digests.
-pub const TOKEN_SECONDS: i64 = 3600;
 /// The versions of the SnapshotMetadataService kind asked for, in order.
 pub const SERVICE_VERSIONS: [&str; 2] = ["v1beta1", "v1alpha1"];
 
@@ -91,7 +89,7 @@ pub async fn lookup(ctx: &Context, backup: &Backup) -> Result<Option<MetadataLoo
             backup.spec.source_pvc
         ))));
     };
-    if let Some(why) = not_block(&claim) {
+    if let Some(why) = not_block(&claim).or_else(|| not_restored_from(&claim, name)) {
         return Ok(Some(unavailable(why)));
     }
     let snapshots: Api<DynamicObject> = Api::namespaced_with(
@@ -166,6 +164,26 @@ pub fn not_block(claim: &PersistentVolumeClaim) -> Option<String> {
     })
 }
 
+/// Why the claim's blocks are not the snapshot's, when the claim was not restored from
+/// the VolumeSnapshot `snapshot` (its metadata would then describe other blocks: a
+/// wrong backup).
+pub fn not_restored_from(claim: &PersistentVolumeClaim, snapshot: &str) -> Option<String> {
+    let spec = claim.spec.as_ref();
+    let source = spec
+        .and_then(|s| s.data_source_ref.as_ref())
+        .map(|r| (r.api_group.as_deref(), r.kind.as_str(), r.name.as_str()))
+        .or_else(|| {
+            spec.and_then(|s| s.data_source.as_ref())
+                .map(|r| (r.api_group.as_deref(), r.kind.as_str(), r.name.as_str()))
+        });
+    (source != Some((Some("snapshot.storage.k8s.io"), "VolumeSnapshot", snapshot))).then(|| {
+        format!(
+            "pvc/{} was not restored from VolumeSnapshot {snapshot}: the snapshot's blocks are not the claim's",
+            claim.metadata.name.as_deref().unwrap_or_default()
+        )
+    })
+}
+
 /// A VolumeSnapshotContent's driver and snapshot handle.
 pub fn content_facts(content: &DynamicObject) -> Result<(String, String), String> {
     let name = content.metadata.name.as_deref().unwrap_or_default();
@@ -216,37 +234,6 @@ pub fn service_of(
         audience,
         snapshot_handle,
     })
-}
-
-/// A token of the operator's ServiceAccount for `audience`; on a refusal, why (the
-/// backup then reads without the service).
-pub async fn mint(ctx: &Context, audience: &str) -> Result<String, String> {
-    let settings = &ctx.settings;
-    let accounts: Api<ServiceAccount> =
-        Api::namespaced(ctx.client.clone(), &settings.operator_namespace);
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![audience.to_string()],
-            expiration_seconds: Some(TOKEN_SECONDS),
-            bound_object_ref: None,
-        },
-        ..TokenRequest::default()
-    };
-    match accounts
-        .create_token_request(&settings.operator_service_account, &PostParams::default(), &request)
-        .await
-    {
-        Ok(answer) => answer
-            .status
-            .map(|s| s.token)
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| "the TokenRequest was answered without a token".to_string()),
-        Err(kube::Error::Api(e)) => Err(format!(
-            "cannot mint a token of serviceaccount {}/{} for the service's audience: {} {} (the operator's RBAC needs create on serviceaccounts/token)",
-            settings.operator_namespace, settings.operator_service_account, e.code, e.message
-        )),
-        Err(e) => Err(format!("cannot mint a token for the service's audience: {e}")),
-    }
 }
 
 #[cfg(test)]
@@ -317,6 +304,23 @@ mod tests {
                 "{field} {bad}: {why}"
             );
         }
+    }
+
+    #[test]
+    fn only_a_claim_restored_from_the_snapshot_is_described_by_it() {
+        let claim = |source: serde_json::Value| -> PersistentVolumeClaim {
+            serde_json::from_value(json!({"metadata": {"name": "snap-src"},
+                                          "spec": {"volumeMode": "Block", "dataSource": source}}))
+            .unwrap()
+        };
+        let from = |name: &str| json!({"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": name});
+        assert_eq!(not_restored_from(&claim(from("snap")), "snap"), None);
+        assert!(not_restored_from(&claim(from("other")), "snap")
+            .unwrap()
+            .starts_with("pvc/snap-src was not restored from VolumeSnapshot snap"));
+        let cloned = json!({"kind": "PersistentVolumeClaim", "name": "snap"});
+        assert!(not_restored_from(&claim(cloned), "snap").is_some());
+        assert!(not_restored_from(&claim(serde_json::Value::Null), "snap").is_some());
     }
 
     #[test]

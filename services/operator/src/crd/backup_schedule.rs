@@ -217,6 +217,14 @@ pub enum CopyMethod {
 }
 
 impl BackupScheduleSpec {
+    /// The source id its Backups are stored under: `<namespace>/<sourcePVC>`, whichever
+    /// way the claim is read.
+    pub fn source_id_in(&self, namespace: &str) -> String {
+        format!("{namespace}/{}", self.source_pvc)
+    }
+}
+
+impl BackupScheduleSpec {
     /// Checks what the schema cannot: names, the cron expression and time zone, the
     /// retention rules, tags.
     pub fn validate(&self) -> Result<ferry_cron::CronSpec, ValidationError> {
@@ -228,6 +236,12 @@ impl BackupScheduleSpec {
         let zone = self.trigger.time_zone.as_deref().unwrap_or("");
         let cron = ferry_cron::CronSpec::parse(&self.trigger.schedule, zone, false)
             .map_err(|e| invalid("spec.trigger", e.message()))?;
+        if self.consistency.is_some() && self.copy_method != Some(CopyMethod::Snapshot) {
+            return Err(invalid(
+                "spec.consistency",
+                "hooks and a freeze surround a snapshot's cut: set copyMethod: Snapshot",
+            ));
+        }
         if let Some(retain) = &self.retain {
             retain.validate("spec.retain")?;
         }

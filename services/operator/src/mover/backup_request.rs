@@ -57,11 +57,10 @@ fn uid_and_repository(backup: &Backup) -> Result<(String, &BackupRepositorySpec)
     Ok((uid, repo))
 }
 
-/// The backup request of a Backup, for the mover whose token Secret is `token_secret`.
+/// The backup request of a Backup.
 pub fn backup_request(
     backup: &Backup,
     pvcs: &[ResolvedPvc],
-    token_secret: Option<&str>,
 ) -> Result<proto::StartBackupRequest, MoverError> {
     let (uid, repo) = uid_and_repository(backup)?;
     let spec = &backup.spec;
@@ -73,8 +72,7 @@ pub fn backup_request(
         ..Endpoint::default()
     };
     let namespace = backup.meta().namespace.clone().unwrap_or_default();
-    let metadata =
-        token_secret.and_then(|secret| metadata_source(backup, pvcs, secret, &namespace));
+    let metadata = metadata_source(backup, pvcs, &namespace);
     Ok(proto::StartBackupRequest {
         source: Some(endpoint(&source, pvcs)?),
         repository: Some(repository(repo)),
@@ -100,12 +98,11 @@ pub fn backup_request(
 
 /// What the mover asks the CSI SnapshotMetadata service, and the snapshot handle it
 /// records: only for a Block source claim and a service the operator found. The token
-/// is the file of the key [`metadata_token`] projects; the base snapshot is the one the
-/// parent backup recorded.
+/// is the file [`metadata_token`] names; the base snapshot is the one the parent backup
+/// recorded.
 fn metadata_source(
     backup: &Backup,
     pvcs: &[ResolvedPvc],
-    token_secret: &str,
     namespace: &str,
 ) -> Option<(proto::SnapshotMetadataSource, String)> {
     let Some(MetadataLookup::Service(service)) = &backup.spec.resolved_snapshot_metadata else {
@@ -115,13 +112,15 @@ fn metadata_source(
         .iter()
         .any(|p| p.name == backup.spec.source_pvc && p.mode == VolumeMode::Block);
     let snapshot = backup.spec.volume_snapshot.clone()?;
-    let token = metadata_token(backup, token_secret)?;
+    let token = metadata_token(backup)?;
     block.then(|| {
         (
             proto::SnapshotMetadataSource {
                 address: service.address.clone(),
                 ca_certificate: service.ca_pem.clone(),
-                token: Some(wire::secret_ref(&token)),
+                token: Some(proto::SecretRef {
+                    source: Some(proto::secret_ref::Source::File(token)),
+                }),
                 snapshot,
                 namespace: namespace.to_string(),
                 base_snapshot_id: String::new(),
@@ -255,7 +254,7 @@ mod tests {
         };
         let b = backup(repo);
         let pvcs = [ResolvedPvc::new("web1", VolumeMode::Block)];
-        let r = backup_request(&b, &pvcs, None).unwrap();
+        let r = backup_request(&b, &pvcs).unwrap();
         assert_eq!(r.source.unwrap().url, "/dev/ferry/web1");
         assert_eq!(
             r.repository,
@@ -287,7 +286,7 @@ mod tests {
         assert_eq!(p.repository, r.repository);
         assert_eq!(p.source_id, "vms/web1");
         assert!(matches!(
-            backup_request(&b, &[], None),
+            backup_request(&b, &[]),
             Err(MoverError::UnresolvedPvc(_))
         ));
     }
@@ -311,14 +310,14 @@ mod tests {
             snapshot_handle: "h-7".into(),
         }));
         let block = [ResolvedPvc::new("web1", VolumeMode::Block)];
-        let r = backup_request(&b, &block, Some("web1-nightly-fbk-1-token")).unwrap();
+        let r = backup_request(&b, &block).unwrap();
         assert_eq!(r.volume_snapshot_handle, "h-7");
         assert_eq!(
             r.snapshot_metadata,
             Some(proto::SnapshotMetadataSource {
                 address: "https://csi-snapshot-metadata.csi:6443".into(),
                 ca_certificate: b"-----BEGIN CERTIFICATE-----".to_vec(),
-                token: file("web1-nightly-fbk-1-token/snapshot-metadata-token"),
+                token: file("_snapshot-metadata/token"),
                 snapshot: "nightly-20261202030000".into(),
                 namespace: "vms".into(),
                 base_snapshot_id: String::new(),
@@ -326,16 +325,14 @@ mod tests {
             "the base is the parent's recorded handle: none sent"
         );
         let filesystem = [ResolvedPvc::new("web1", VolumeMode::Filesystem)];
-        let r = backup_request(&b, &filesystem, Some("web1-nightly-fbk-1-token")).unwrap();
+        let r = backup_request(&b, &filesystem).unwrap();
         assert_eq!(
             r.snapshot_metadata, None,
             "a file's blocks are not the volume's"
         );
         assert_eq!(r.volume_snapshot_handle, "");
-        let r = backup_request(&b, &block, None).unwrap();
-        assert_eq!(r.snapshot_metadata, None, "no mover token Secret, no token");
         b.spec.resolved_snapshot_metadata = Some(MetadataLookup::Unavailable("no service".into()));
-        let r = backup_request(&b, &block, Some("web1-nightly-fbk-1-token")).unwrap();
+        let r = backup_request(&b, &block).unwrap();
         assert_eq!(r.snapshot_metadata, None);
     }
 
@@ -356,7 +353,7 @@ mod tests {
             ResolvedPvc::new("web1", VolumeMode::Filesystem),
             ResolvedPvc::new("repo", VolumeMode::Filesystem),
         ];
-        let r = backup_request(&b, &pvcs, None).unwrap();
+        let r = backup_request(&b, &pvcs).unwrap();
         assert_eq!(
             r.source.unwrap().url,
             "/var/run/ferry/volumes/web1/disk.img"

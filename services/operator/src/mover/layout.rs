@@ -24,9 +24,10 @@ pub const TLS_CERT_KEY: &str = "tls.crt";
 pub const TLS_KEY_KEY: &str = "tls.key";
 /// The key of the CA whose client certificates the mover accepts (the operator's).
 pub const CLIENT_CA_KEY: &str = "ca.crt";
-/// The key, in the per-mover token Secret, of the token a Backup's mover asks the CSI
-/// SnapshotMetadata service with (minted by the operator for the service's audience).
-pub const SNAPSHOT_METADATA_TOKEN_KEY: &str = "snapshot-metadata-token";
+/// The file, under [`SECRETS_DIR`], of the token a Backup's mover asks the CSI
+/// SnapshotMetadata service with: its ServiceAccount's, projected for the service's
+/// audience (no Secret name can start with `_`, so no Secret key lands there).
+pub const SNAPSHOT_METADATA_TOKEN_FILE: &str = "_snapshot-metadata/token";
 /// NBD TLS Secrets are mounted at `<NBD_TLS_DIR>/<secret>`.
 pub const NBD_TLS_DIR: &str = "/var/run/ferry/nbd-tls";
 /// The port a fan-out group's relay serves NBD on (see `crate::fanout::relay`).

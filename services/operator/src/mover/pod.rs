@@ -34,8 +34,8 @@ use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapProjection, Container, ContainerPort, EmptyDirVolumeSource, GRPCAction,
     KeyToPath, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, Probe,
     ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecretProjection,
-    SecretVolumeSource, SecurityContext, Toleration, Volume, VolumeDevice, VolumeMount,
-    VolumeProjection,
+    SecretVolumeSource, SecurityContext, ServiceAccountTokenProjection, Toleration, Volume,
+    VolumeDevice, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
@@ -185,8 +185,9 @@ pub fn backup_pod(backup: &Backup, input: &MoverPodInput<'_>) -> Result<Pod, Mov
         .as_ref()
         .and_then(|r| r.key());
     endpoints.extend(key.map(Attach::Key));
-    let minted = metadata_token(backup, input.token_secret);
-    endpoints.extend(minted.as_ref().map(Attach::Key));
+    if let Some(MetadataLookup::Service(service)) = &backup.spec.resolved_snapshot_metadata {
+        endpoints.push(Attach::AudienceToken(&service.audience));
+    }
     build(
         Owner::of(backup, "Backup")?,
         &endpoints,
@@ -196,18 +197,16 @@ pub fn backup_pod(backup: &Backup, input: &MoverPodInput<'_>) -> Result<Pod, Mov
     )
 }
 
-/// The key of the token a Backup's mover asks the CSI SnapshotMetadata service with, in
-/// its token Secret `token_secret` (projected under `--secrets-dir` like every key the
-/// mover's requests name); none when the Backup does not ask the service.
-pub fn metadata_token(backup: &Backup, token_secret: &str) -> Option<SecretKeyRef> {
+/// The token a Backup's mover asks the CSI SnapshotMetadata service with: a file under
+/// `--secrets-dir`, projected by the kubelet from the pod's own ServiceAccount for the
+/// service's audience (bound to the pod, rotated, never in a Secret); none when the
+/// Backup does not ask the service.
+pub fn metadata_token(backup: &Backup) -> Option<String> {
     matches!(
         backup.spec.resolved_snapshot_metadata,
         Some(MetadataLookup::Service(_))
     )
-    .then(|| SecretKeyRef {
-        name: token_secret.to_string(),
-        key: layout::SNAPSHOT_METADATA_TOKEN_KEY.to_string(),
-    })
+    .then(|| layout::SNAPSHOT_METADATA_TOKEN_FILE.to_string())
 }
 
 /// The mover pod of a restore into the claim `target` (owned by `owner`, of kind `kind`):
@@ -234,6 +233,8 @@ enum Attach<'a> {
     Target(&'a Endpoint),
     Created(&'a str),
     Key(&'a SecretKeyRef),
+    /// A token of the pod's ServiceAccount for this audience, projected by the kubelet.
+    AudienceToken(&'a str),
 }
 
 struct Owner {
@@ -280,6 +281,8 @@ struct Attachments {
     relay_port: bool,
     /// A registry source's Secret (credentials) and ConfigMap (CA certificates).
     registry: Option<(Option<String>, Option<String>)>,
+    /// The audience of a projected ServiceAccount token (a CSI SnapshotMetadata service's).
+    audience_token: Option<String>,
 }
 
 impl Attachments {
@@ -290,6 +293,10 @@ impl Attachments {
                 Attach::Created(name) => {
                     let pvc = find_pvc(pvcs, name)?;
                     a.pvcs.push((pvc.name.clone(), pvc.mode, false));
+                    continue;
+                }
+                Attach::AudienceToken(audience) => {
+                    a.audience_token = Some(audience.to_string());
                     continue;
                 }
                 Attach::Key(r) => {
@@ -703,8 +710,12 @@ fn registry_volume(secret: Option<&str>, config_map: Option<&str>) -> Volume {
 
 /// One projected volume with each referenced key at `<secret>/<key>`; always present
 /// (empty when nothing is referenced) so `--secrets-dir` exists.
+/// How long a projected audience token lives (the least the API allows; the kubelet
+/// renews it before it ends).
+const AUDIENCE_TOKEN_SECONDS: i64 = 600;
+
 fn secrets_volume(attached: &Attachments) -> Volume {
-    let sources = attached
+    let mut sources: Vec<VolumeProjection> = attached
         .secrets
         .iter()
         .map(|(name, keys)| VolumeProjection {
@@ -724,6 +735,16 @@ fn secrets_volume(attached: &Attachments) -> Volume {
             ..VolumeProjection::default()
         })
         .collect();
+    if let Some(audience) = &attached.audience_token {
+        sources.push(VolumeProjection {
+            service_account_token: Some(ServiceAccountTokenProjection {
+                audience: Some(audience.clone()),
+                expiration_seconds: Some(AUDIENCE_TOKEN_SECONDS),
+                path: layout::SNAPSHOT_METADATA_TOKEN_FILE.into(),
+            }),
+            ..VolumeProjection::default()
+        });
+    }
     Volume {
         name: "secrets".into(),
         projected: Some(ProjectedVolumeSource {

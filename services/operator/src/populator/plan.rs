@@ -115,7 +115,7 @@ pub fn schedule_source(
     }
     Ok(LatestBackupRef {
         repository: schedule.spec.repository.clone(),
-        source_id: format!("{namespace}/{}", schedule.spec.source_pvc),
+        source_id: schedule.spec.source_id_in(namespace),
         restore_as_of: None,
     })
 }

@@ -87,7 +87,7 @@ pub fn backup(schedule: &BackupSchedule, name: &str, snapshot: Option<&str>) -> 
             source_pvc,
             path: spec.path.clone(),
             repository: spec.repository.clone(),
-            source_id: Some(format!("{namespace}/{}", spec.source_pvc)),
+            source_id: Some(spec.source_id_in(&namespace)),
             parent: None,
             tags: spec.tags.clone(),
             retain: spec.retain.clone(),

@@ -19,7 +19,9 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{AttachParams, DynamicObject, ListParams, PostParams};
+use kube::api::{
+    ApiResource, AttachParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
+};
 use kube::Api;
 use serde_json::json;
 
@@ -39,6 +41,11 @@ const CUT_POLL: Duration = Duration::from_millis(500);
 const VELERO_PRE: &str = "pre.hook.backup.velero.io";
 const VELERO_POST: &str = "post.hook.backup.velero.io";
 
+/// The annotation with which a pod lets a BackupSchedule's own hooks run in it: a
+/// schedule's author is not trusted with an exec into any pod of the namespace (Velero's
+/// annotations need none: the pod's owner wrote them).
+pub const ALLOW_HOOKS_ANNOTATION: &str = "ferry.dev/allow-backup-hooks";
+
 /// A hook to run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlannedHook {
@@ -49,24 +56,63 @@ pub struct PlannedHook {
     pub on_error: OnError,
     /// Where it was declared, for messages.
     pub from: &'static str,
+    /// Why it may not run (it then fails, as its policy says).
+    pub refused: Option<String>,
+}
+
+/// A pod's first container: the one a hook runs in unless it names one.
+fn first_container(pod: &Pod) -> Option<String> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .map(|c| c.name.clone())
 }
 
 impl PlannedHook {
-    fn of(hook: &Hook) -> Self {
+    /// The schedule's own `hook`, to run in one of `using` (the running pods of its
+    /// claim), which must allow it.
+    fn of(hook: &Hook, using: &[&Pod], claim: &str) -> Self {
+        let pod = using
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(hook.pod.as_str()));
+        let refused = match pod {
+            None => Some(format!(
+                "pod {} is not a running pod that uses pvc/{claim}: a schedule's hooks run only there",
+                hook.pod
+            )),
+            Some(p)
+                if p.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(ALLOW_HOOKS_ANNOTATION))
+                    .map(String::as_str)
+                    != Some("true") =>
+            {
+                Some(format!(
+                    "pod {} does not allow a BackupSchedule's hooks: its owner annotates it {ALLOW_HOOKS_ANNOTATION}=true",
+                    hook.pod
+                ))
+            }
+            Some(_) => None,
+        };
         Self {
             pod: hook.pod.clone(),
-            container: hook.container.clone(),
+            container: hook
+                .container
+                .clone()
+                .or_else(|| pod.and_then(|p| first_container(p))),
             command: hook.command.clone(),
             timeout: hook
                 .timeout_seconds
                 .map_or(DEFAULT_HOOK_TIMEOUT, |s| Duration::from_secs(s.into())),
             on_error: hook.on_error.unwrap_or_default(),
             from: "spec.consistency",
+            refused,
         }
     }
 
     fn describe(&self) -> String {
-        let container = self.container.as_deref().unwrap_or("its first container");
+        let container = self.container.as_deref().unwrap_or("no container");
         format!(
             "hook {:?} in pod {} ({container}, from {})",
             self.command.join(" "),
@@ -145,7 +191,7 @@ pub fn velero_hook(pod: &Pod, phase: &str) -> Result<Option<PlannedHook>, String
     };
     Ok(Some(PlannedHook {
         pod: name,
-        container: get("container").cloned(),
+        container: get("container").cloned().or_else(|| first_container(pod)),
         command,
         timeout,
         on_error,
@@ -154,6 +200,7 @@ pub fn velero_hook(pod: &Pod, phase: &str) -> Result<Option<PlannedHook>, String
         } else {
             "a post.hook.backup.velero.io annotation"
         },
+        refused: None,
     }))
 }
 
@@ -185,10 +232,15 @@ pub fn plan(
         return (Vec::new(), Vec::new());
     };
     let own = if phase == "pre" { &c.pre } else { &c.post };
-    let mut hooks: Vec<PlannedHook> = own.iter().map(PlannedHook::of).collect();
+    let claim = &schedule.spec.source_pvc;
+    let using = pods_using(pods, claim);
+    let mut hooks: Vec<PlannedHook> = own
+        .iter()
+        .map(|h| PlannedHook::of(h, &using, claim))
+        .collect();
     let mut unreadable = Vec::new();
     if c.velero_annotations != Some(false) {
-        for pod in pods_using(pods, &schedule.spec.source_pvc) {
+        for pod in using {
             match velero_hook(pod, phase) {
                 Ok(Some(hook)) => hooks.push(hook),
                 Ok(None) => {}
@@ -207,10 +259,14 @@ pub fn wanted(schedule: &BackupSchedule) -> bool {
 
 /// Runs a hook; Err says why it failed.
 async fn run(ctx: &Context, namespace: &str, hook: &PlannedHook) -> Result<(), String> {
+    if let Some(why) = &hook.refused {
+        return Err(why.clone());
+    }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    // No stdout: unread, it would fill kube's pipe and stall the command.
     let mut params = AttachParams::default()
         .stdin(false)
-        .stdout(true)
+        .stdout(false)
         .stderr(true);
     if let Some(c) = &hook.container {
         params = params.container(c.clone());
@@ -231,6 +287,8 @@ async fn run(ctx: &Context, namespace: &str, hook: &PlannedHook) -> Result<(), S
             if let Some(mut stderr) = stderr {
                 let mut buf = Vec::new();
                 let _ = (&mut stderr).take(4096).read_to_end(&mut buf).await;
+                // Read to the end: a full pipe would stall the command.
+                let _ = tokio::io::copy(&mut stderr, &mut tokio::io::sink()).await;
                 text = String::from_utf8_lossy(&buf).trim().to_string();
             }
             text
@@ -293,6 +351,41 @@ async fn kubevirt(
         })
 }
 
+/// Whether the VirtualMachineInstance `vmi` has `claim` among its disks: a schedule's
+/// author may freeze only the VM whose disk it backs up.
+async fn vmi_uses(ctx: &Context, namespace: &str, vmi: &str, claim: &str) -> Result<(), String> {
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        ctx.client.clone(),
+        namespace,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachineInstance"),
+            "virtualmachineinstances",
+        ),
+    );
+    let object = api.get(vmi).await.map_err(|e| match e {
+        kube::Error::Api(s) => format!("{} {}", s.code, s.message),
+        other => other.to_string(),
+    })?;
+    if volumes_name(&object.data, claim) {
+        Ok(())
+    } else {
+        Err(format!(
+            "it has no disk on pvc/{claim}: a schedule freezes only the VM whose disk it backs up"
+        ))
+    }
+}
+
+/// Whether a VirtualMachineInstance's `spec.volumes` name `claim` (a PVC or a DataVolume
+/// of that name).
+pub fn volumes_name(vmi: &serde_json::Value, claim: &str) -> bool {
+    vmi["spec"]["volumes"].as_array().is_some_and(|volumes| {
+        volumes.iter().any(|v| {
+            v["persistentVolumeClaim"]["claimName"].as_str() == Some(claim)
+                || v["dataVolume"]["name"].as_str() == Some(claim)
+        })
+    })
+}
+
 /// What happened around the cut.
 #[derive(Debug, Default)]
 pub struct Outcome {
@@ -313,7 +406,8 @@ pub async fn take(
 ) -> Result<Outcome, crate::controller::Error> {
     let namespace = schedule.metadata.namespace.clone().unwrap_or_default();
     let consistency = schedule.spec.consistency.clone().unwrap_or_default();
-    let pods: Vec<Pod> = if consistency.velero_annotations != Some(false) {
+    let hooked = !consistency.pre.is_empty() || !consistency.post.is_empty();
+    let pods: Vec<Pod> = if hooked || consistency.velero_annotations != Some(false) {
         let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
         api.list(&ListParams::default()).await?.items
     } else {
@@ -346,7 +440,12 @@ pub async fn take(
                 .unfreeze_timeout_seconds
                 .map_or(DEFAULT_UNFREEZE_TIMEOUT, |s| Duration::from_secs(s.into()));
             let body = json!({"unfreezeTimeout": format!("{}s", timeout.as_secs())});
-            match kubevirt(ctx, &namespace, vmi, "freeze", body).await {
+            let frozen_claim = match vmi_uses(ctx, &namespace, vmi, &schedule.spec.source_pvc).await
+            {
+                Ok(()) => kubevirt(ctx, &namespace, vmi, "freeze", body).await,
+                Err(why) => Err(why),
+            };
+            match frozen_claim {
                 Ok(()) => frozen = Some(vmi.clone()),
                 Err(why) => {
                     let text = format!("cannot freeze VirtualMachineInstance {vmi}: {why}");
@@ -439,6 +538,18 @@ mod tests {
     }
 
     #[test]
+    fn only_a_vm_with_a_disk_on_the_claim_is_frozen() {
+        let vmi = json!({"spec": {"volumes": [
+            {"name": "root", "persistentVolumeClaim": {"claimName": "web1-root"}},
+            {"name": "data", "dataVolume": {"name": "web1-data"}},
+            {"name": "init", "cloudInitNoCloud": {}}]}});
+        assert!(volumes_name(&vmi, "web1-root"));
+        assert!(volumes_name(&vmi, "web1-data"));
+        assert!(!volumes_name(&vmi, "db-data"));
+        assert!(!volumes_name(&json!({"spec": {}}), "web1-root"));
+    }
+
+    #[test]
     fn go_durations_as_velero_writes_them() {
         assert_eq!(go_duration("30s"), Some(Duration::from_secs(30)));
         assert_eq!(go_duration("2m"), Some(Duration::from_secs(120)));
@@ -467,7 +578,7 @@ mod tests {
         assert_eq!(pre.on_error, OnError::Continue);
         let post = velero_hook(&p, "post").unwrap().unwrap();
         assert_eq!(post.command, ["/unlock"]);
-        assert_eq!(post.container, None, "the first container");
+        assert_eq!(post.container.as_deref(), Some("db"), "the first container");
         assert_eq!(post.timeout, DEFAULT_HOOK_TIMEOUT);
         assert_eq!(post.on_error, OnError::Fail);
         let none = pod("web-0", "Running", "data", json!({}));
@@ -492,12 +603,19 @@ mod tests {
             pod("db-0", "Running", "data", hooked.clone()),
             pod("db-1", "Pending", "data", hooked.clone()),
             pod("other", "Running", "logs", hooked.clone()),
+            pod(
+                "app-0",
+                "Running",
+                "data",
+                json!({ALLOW_HOOKS_ANNOTATION: "true"}),
+            ),
+            pod("app-1", "Running", "data", json!({})),
         ];
         let running: Vec<_> = pods_using(&pods, "data")
             .iter()
             .map(|p| p.metadata.name.clone().unwrap())
             .collect();
-        assert_eq!(running, ["db-0"]);
+        assert_eq!(running, ["db-0", "app-0", "app-1"]);
         let mut schedule: BackupSchedule = serde_json::from_value(json!({
             "apiVersion": "ferry.dev/v1alpha1", "kind": "BackupSchedule",
             "metadata": {"name": "nightly", "namespace": "vms"},
@@ -514,12 +632,30 @@ mod tests {
             .collect();
         assert_eq!(order, [("app-0", "/flush"), ("db-0", "/lock")]);
         assert_eq!(pre[0].timeout, Duration::from_secs(5));
+        assert_eq!(pre[0].refused, None);
+        assert_eq!(
+            pre[0].container.as_deref(),
+            Some("db"),
+            "the first container"
+        );
+        // A pod that did not opt in, one of another claim, one that is not there: refused.
+        for (target, says) in [
+            ("app-1", "does not allow a BackupSchedule's hooks"),
+            ("other", "is not a running pod that uses pvc/data"),
+            ("gone-0", "is not a running pod that uses pvc/data"),
+        ] {
+            schedule.spec.consistency.as_mut().unwrap().pre[0].pod = target.into();
+            let (pre, _) = plan(&schedule, &pods, "pre");
+            let why = pre[0].refused.clone().unwrap_or_default();
+            assert!(why.contains(says), "{target}: {why}");
+        }
         schedule
             .spec
             .consistency
             .as_mut()
             .unwrap()
             .velero_annotations = Some(false);
+        schedule.spec.consistency.as_mut().unwrap().pre[0].pod = "app-0".into();
         assert_eq!(plan(&schedule, &pods, "pre").0.len(), 1, "annotations off");
         schedule.spec.consistency = None;
         assert!(plan(&schedule, &pods, "pre").0.is_empty());

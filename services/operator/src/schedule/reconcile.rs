@@ -335,11 +335,16 @@ async fn record(
         let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
         delete_temp_claim(ctx, namespace, &name).await?;
     }
+    let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
     if made_here && with_snapshot {
-        let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
         delete_temp_claim(ctx, namespace, &name).await?;
         for snapshot in snapshots_done(next, &name, &status) {
             delete_volume_snapshot(ctx, namespace, &snapshot).await?;
+        }
+    } else if status.phase == crate::crd::Phase::Succeeded {
+        // Made some other way (copyMethod changed): the kept base is no one's parent now.
+        if let Some(base) = next.base_snapshot.take() {
+            delete_volume_snapshot(ctx, namespace, &base).await?;
         }
     }
     let (warning, why, note) = result_event(&name, &status);
@@ -630,6 +635,8 @@ async fn fire(
                 None => match consistent_cut(ctx, obj, &name).await? {
                     Ok(cut) => cut,
                     Err(why) => {
+                        // Made before what failed after it: nothing will back it up.
+                        gone(snapshots.delete(&name, &DeleteParams::default()).await)?;
                         let message = format!("this fire's backup is skipped: {why}");
                         next.message = Some(message.clone());
                         let following = cron.next_after(now);

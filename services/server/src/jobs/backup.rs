@@ -92,7 +92,14 @@ pub(super) async fn backup(
     let mut fallback = None;
     let mut metadata_changes = None;
     if let Some(metadata) = &spec.snapshot_metadata {
-        let plan = match metadata_plan(inner, metadata, &repo, source.clone(), spec).await {
+        let asked = tokio::select! {
+            plan = metadata_plan(inner, metadata, &repo, source.clone(), spec) => plan,
+            () = cancel.cancelled() => Err(Error::new(
+                ErrorKind::Cancelled,
+                "the backup was cancelled while the CSI SnapshotMetadata service was asked",
+            )),
+        };
+        let plan = match asked {
             Ok(plan) => plan,
             Err(e) => {
                 let _ = source.close().await;

@@ -50,14 +50,7 @@ impl fmt::Display for Access {
 /// (deletecollection without a name).
 pub fn access(method: &str, path: &str, query: &str) -> Result<Access, String> {
     let p = ResourcePath::parse(path)?;
-    // A websocket exec, attach or port-forward is a GET upgraded to a stream: since
-    // Kubernetes 1.31 it is authorized as `create` on its subresource.
-    let connect = matches!(
-        p.subresource.as_deref(),
-        Some("exec" | "attach" | "portforward")
-    );
     let verb = match (method, &p.name) {
-        ("GET", _) if connect => "create",
         ("GET", _) if is_watch(query) => "watch",
         ("GET", Some(_)) => "get",
         ("GET", None) => "list",

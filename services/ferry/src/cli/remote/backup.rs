@@ -45,11 +45,7 @@ pub struct RepoArgs {
 
 impl RepoArgs {
     pub fn to_proto(&self) -> proto::Repository {
-        let key = match (&self.key_env, &self.key_file) {
-            (Some(env), _) => Some(proto::secret_ref::Source::Env(env.clone())),
-            (None, Some(file)) => Some(proto::secret_ref::Source::File(file.clone())),
-            (None, None) => None,
-        };
+        let key = super::connection::secret_ref(&self.key_env, &self.key_file);
         let s3 = (self.s3_endpoint.is_some() || self.s3_region.is_some() || self.s3_path_style)
             .then(|| proto::S3Options {
                 endpoint_url: self.s3_endpoint.clone().unwrap_or_default(),
@@ -60,7 +56,7 @@ impl RepoArgs {
         proto::Repository {
             url: self.repo.clone(),
             s3,
-            key: key.map(|s| proto::SecretRef { source: Some(s) }),
+            key,
         }
     }
 }

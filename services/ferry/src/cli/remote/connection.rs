@@ -100,3 +100,20 @@ pub fn parse_label(s: &str) -> Result<(String, String), String> {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .ok_or_else(|| format!("label '{s}' is not KEY=VALUE"))
 }
+
+/// A secret by reference, as the server reads it: an environment variable of the server
+/// (`env`, first) or a file under its `--secrets-dir`; none when neither is given.
+pub(crate) fn secret_ref(
+    env: &Option<String>,
+    file: &Option<String>,
+) -> Option<ferry_api::proto::SecretRef> {
+    use ferry_api::proto;
+    let source = match (env, file) {
+        (Some(env), _) => proto::secret_ref::Source::Env(env.clone()),
+        (None, Some(file)) => proto::secret_ref::Source::File(file.clone()),
+        (None, None) => return None,
+    };
+    Some(proto::SecretRef {
+        source: Some(source),
+    })
+}

@@ -60,14 +60,7 @@ pub struct NewKeyArgs {
 
 impl NewKeyArgs {
     fn new_key(&self) -> Option<proto::SecretRef> {
-        let source = match (&self.new_key_env, &self.new_key_file) {
-            (Some(env), _) => proto::secret_ref::Source::Env(env.clone()),
-            (None, Some(file)) => proto::secret_ref::Source::File(file.clone()),
-            (None, None) => return None,
-        };
-        Some(proto::SecretRef {
-            source: Some(source),
-        })
+        super::connection::secret_ref(&self.new_key_env, &self.new_key_file)
     }
 }
 

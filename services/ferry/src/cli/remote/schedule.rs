@@ -12,7 +12,7 @@ use ferry_api::auth::BearerToken;
 use ferry_api::names::{job_kind_name, missed_run_policy_name, schedule_run_result_name};
 use ferry_api::proto::{self, schedule_service_client::ScheduleServiceClient};
 
-use super::connection::{channel, parse_label, status_error, ServerArgs};
+use super::connection::{channel, parse_label, secret_ref as secret, status_error, ServerArgs};
 use super::job::{checksum_request, transfer_request, StartArgs};
 use super::json::{job_json, schedule_json};
 use crate::cli::retention::RetentionArgs;
@@ -198,17 +198,6 @@ pub async fn run(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
     };
     print_schedule(&schedule, args.json);
     Ok(ExitCode::SUCCESS)
-}
-
-fn secret(env: &Option<String>, file: &Option<String>) -> Option<proto::SecretRef> {
-    let source = match (env, file) {
-        (Some(env), _) => proto::secret_ref::Source::Env(env.clone()),
-        (None, Some(file)) => proto::secret_ref::Source::File(file.clone()),
-        (None, None) => return None,
-    };
-    Some(proto::SecretRef {
-        source: Some(source),
-    })
 }
 
 /// The template of a sync schedule: the repository SRC into the repository DST.

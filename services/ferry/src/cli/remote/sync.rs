@@ -121,11 +121,7 @@ pub(super) fn in_zone(
 
 impl SyncJobArgs {
     pub fn to_proto(&self) -> proto::StartSyncRequest {
-        let key = match (&self.dest_key_env, &self.dest_key_file) {
-            (Some(env), _) => Some(proto::secret_ref::Source::Env(env.clone())),
-            (None, Some(file)) => Some(proto::secret_ref::Source::File(file.clone())),
-            (None, None) => None,
-        };
+        let key = super::connection::secret_ref(&self.dest_key_env, &self.dest_key_file);
         let s3 = (self.dest_s3_endpoint.is_some()
             || self.dest_s3_region.is_some()
             || self.dest_s3_path_style)
@@ -140,7 +136,7 @@ impl SyncJobArgs {
             destination: Some(proto::Repository {
                 url: self.dst.clone(),
                 s3,
-                key: key.map(|s| proto::SecretRef { source: Some(s) }),
+                key,
             }),
             source_id: self.source_id.clone().unwrap_or_default(),
             retention: self.retention.to_proto(),
