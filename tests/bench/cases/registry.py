@@ -2,20 +2,26 @@
 against CDI's registry import path (`skopeo copy` of the image to a directory, the disk
 extracted from its layer with tar, then `qemu-img convert -m 8 -W -t writeback`).
 
-The disk is the 4 GiB half-data image as a qcow2 (`qemu-img convert -O qcow2`, made once
-and reused while newer than the image), built into a containerDisk with buildah
-(`FROM scratch`, `ADD disk.qcow2 /disk/`) and pushed twice, with a gzip and with a zstd
-layer, to Debian's docker-registry on loopback (plain HTTP, no auth: ferry gets
-FERRY_REGISTRY_INSECURE=1, skopeo --src-tls-verify=false). The registry's storage stays in
-the bench directory between runs; the buildah storage is removed once the images are pushed.
-Both sides flush the target; both targets are compared with the raw image by qemu-img.
+The disk is the 4 GiB half-data image as a qcow2 (`qemu-img convert -O qcow2`, written in
+order as containerDisks are: not `-W`, whose out-of-order writes put data before the L2
+tables that map it; made once and reused while newer than the image), built into a
+containerDisk with buildah (`FROM scratch`, `ADD disk.qcow2 /disk/`) and pushed twice, with
+a gzip and with a zstd layer, to Debian's docker-registry on loopback (plain HTTP, no auth:
+ferry gets FERRY_REGISTRY_INSECURE=1, skopeo --src-tls-verify=false). Each push gets an
+empty blob-info cache of its own (otherwise the zstd push reuses the gzip layer already in
+the registry and the zstd tag names a gzip layer), and the pushed manifest's layer type is
+checked. The registry's storage stays in the bench directory between runs; the buildah
+storage is removed once the images are pushed. Both sides flush the target; both targets
+are compared with the raw image by qemu-img.
 """
 
 import contextlib
+import json
 import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 
@@ -32,14 +38,15 @@ RSS_MIB = 256  # ferry's peak RSS at most this
 
 
 def qcow2_of(env, image):
-    """The image as a qcow2, made once and reused while newer than the image."""
-    path = env.workdir / f"{image.path.stem}.registry.qcow2"
+    """The image as a qcow2 written in order (no -W), made once and reused while newer than
+    the image."""
+    path = env.workdir / f"{image.path.stem}.containerdisk.qcow2"
     if env.dry:
         return path
     if not path.exists() or path.stat().st_mtime < image.path.stat().st_mtime:
         env.log(f"making {path}")
         tmp = path.with_name(path.name + ".part")
-        subprocess.run(["qemu-img", "convert", "-m", "8", "-W", "-f", "raw", "-O", "qcow2",
+        subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2",
                         str(image.path), str(tmp)], check=True)
         os.replace(tmp, path)
     return path
@@ -62,7 +69,7 @@ class Registry:
         return f"docker://{self.host()}/{REPO}:{compression}"
 
     @contextlib.contextmanager
-    def context(self):
+    def context(self, compression):
         for tool, package in (("docker-registry", "docker-registry"), ("buildah", "buildah"),
                               ("skopeo", "skopeo")):
             if which(tool) is None:
@@ -88,17 +95,18 @@ class Registry:
                     if time.time() > deadline or proc.poll() is not None:
                         raise RuntimeError("docker-registry did not start")
                     time.sleep(0.1)
-            self.push_images()
+            self.push_image(compression)
             yield self
         finally:
             proc.terminate()
             proc.wait(timeout=10)
             log.close()
 
-    def push_images(self):
-        """Builds and pushes the containerDisk unless the registry holds this qcow2's
-        images already (a stamp file per compression, newer than the qcow2)."""
-        stamps = {c: self.root / f"pushed-{c}" for c in COMPRESSIONS}
+    def push_image(self, compression):
+        """Builds and pushes the containerDisk with a COMPRESSION layer unless the registry
+        holds it already (a stamp file per compression, newer than the qcow2). Only the
+        case being run pushes its image: each holds another copy of the disk."""
+        stamps = {compression: self.root / f"pushed-{compression}"}
         todo = [c for c, st in stamps.items()
                 if not st.exists() or st.stat().st_mtime < self.qcow2.stat().st_mtime]
         if not todo:
@@ -117,13 +125,44 @@ class Registry:
                             str(ctx)], check=True, capture_output=True)
             for c in todo:
                 self.env.log(f"pushing it with a {c} layer")
-                subprocess.run([*base, "push", "--tls-verify=false", "--compression-format", c,
-                                "bench-disk", f"docker://{self.host()}/{REPO}:{c}"],
+                subprocess.run(fresh_blob_cache([*base, "push", "--tls-verify=false",
+                                                 "--compression-format", c, "bench-disk",
+                                                 f"docker://{self.host()}/{REPO}:{c}"]),
                                check=True, capture_output=True)
+                self.check_layer(c)
                 stamps[c].write_text("")
         finally:
             shutil.rmtree(store, ignore_errors=True)
             shutil.rmtree(ctx, ignore_errors=True)
+
+
+    def check_layer(self, compression):
+        """Raises unless REPO:COMPRESSION's manifest names one layer of that compression."""
+        req = urllib.request.Request(
+            f"http://{self.host()}/v2/{REPO}/manifests/{compression}",
+            headers={"Accept": "application/vnd.oci.image.manifest.v1+json, "
+                               "application/vnd.docker.distribution.manifest.v2+json"})
+        with urllib.request.urlopen(req, timeout=10) as reply:
+            layers = json.load(reply).get("layers", [])
+        types = [layer.get("mediaType", "") for layer in layers]
+        if len(types) != 1 or not types[0].endswith(compression):
+            raise RuntimeError(f"{REPO}:{compression} was pushed with layers {types}, "
+                               f"not one {compression} layer")
+
+
+def fresh_blob_cache(argv):
+    """ARGV run with an empty blob-info cache of its own. buildah 1.28 has no
+    --force-compression: with the shared cache, a push in another compression reuses the
+    layer the registry already holds. Root's cache is /var/lib/containers/cache (hidden here
+    by a tmpfs in a private mount namespace); other users' is under XDG_DATA_HOME."""
+    if os.geteuid() == 0:
+        if which("unshare") is None:
+            raise RuntimeError("unshare is not installed: apt-get install -y util-linux")
+        cache = "/var/lib/containers/cache"
+        return ["unshare", "-m", "sh", "-c",
+                f'mkdir -p {cache} && mount -t tmpfs ferry-bench {cache} && exec "$@"',
+                "sh", *argv]
+    return ["env", f"XDG_DATA_HOME={tempfile.mkdtemp(prefix='ferry-bench-xdg-')}", *argv]
 
 
 def compare(image, target):
@@ -178,7 +217,7 @@ def cases(env):
                 peer(PEER, cdi, INSTALL, tool="skopeo", setup=remove, cleanup=remove,
                      check=check, note="CDI's registry import"),
             ],
-            context=registry.context,
+            context=lambda c=c: registry.context(c),
             notes=[f"docker-registry {REPO}:{c} on loopback (plain HTTP); the qcow2 is "
                    f"`qemu-img convert -O qcow2` of the raw image, pushed by buildah"],
             goals=[_time_goal(c, case_name), _rss_goal(c, case_name)],

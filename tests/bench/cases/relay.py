@@ -6,10 +6,12 @@ URL DST1..DST4`).
 
 The image is a qcow2 of a 4 GiB, 50%-data raw image (FERRY_BENCH_RELAY_SIZE overrides the
 virtual size, like 512M, for a quick run), served by nginx with an access log: a qcow2
-carries its allocation, so one reader needs about the image's data bytes from the origin
-(a raw image over HTTP has no holes to skip: its whole size is read). Measured: the body
-bytes nginx served during one relayed rollout (its access log) over the image's data bytes
-and over what one group alone read, and the wall times.
+carries its allocation, so one reader needs its allocated clusters and metadata from the
+origin, about the qcow2 file's size (a raw image over HTTP has no holes to skip: its whole
+size is read). That is more than the raw image's data bytes: a 64 KiB cluster holding one
+nonzero 4 KiB block is stored whole. Measured: the body bytes nginx served during one
+relayed rollout (its access log) over the qcow2's size, with the image's data bytes and
+what one group alone read beside it, and the wall times.
 """
 
 import os
@@ -82,9 +84,11 @@ def cases(env):
             return None, "not measured"
         sent, requests = served[RELAYED]
         alone = served.get(ONE_GROUP, (0, 0))[0]
-        x = sent / image.data_bytes
-        return x <= 1.05, (f"{x:.3f}x: {sent} bytes in {requests} requests for "
-                           f"{image.data_bytes} data bytes (one group alone read {alone})")
+        qcow2_size = qcow2.stat().st_size
+        x = sent / qcow2_size
+        return x <= 1.05, (f"{x:.3f}x: {sent} bytes in {requests} requests for the "
+                           f"{qcow2_size}-byte qcow2 ({image.data_bytes} data bytes in the "
+                           f"raw image; one group alone read {alone})")
 
     def time_goal(results):
         x = ratio(results, name, RELAYED, ONE_GROUP)
@@ -98,8 +102,8 @@ def cases(env):
         commands=commands,
         context=server.context,
         goals=[
-            Goal("origin bytes served for 16 targets in 4 groups <= 1.05x the image's data "
-                 "bytes", bytes_goal),
+            Goal("origin bytes served for 16 targets in 4 groups <= 1.05x the qcow2's size "
+                 "(what one reader needs)", bytes_goal),
             Goal("relayed rollout (16 targets) <= 1.3x one group of 4", time_goal),
         ],
     )]

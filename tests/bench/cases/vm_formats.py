@@ -2,10 +2,12 @@
 against `qemu-img convert -m 8 -W -t writeback` (both flush the target).
 
 The images are made once from the 4 GiB half-data image with `qemu-img convert` and reused
-while newer than it. The streamOptimized VMDK's grains are deflate-compressed: ferry
-inflates them on its workers, qemu-img on its coroutines' thread.
+while newer than it, each when its case starts (so that `--only` one format makes only that
+one: each is another 2 GiB). The streamOptimized VMDK's grains are deflate-compressed:
+ferry inflates them on its workers, qemu-img on its coroutines' thread.
 """
 
+import contextlib
 import os
 import subprocess
 
@@ -49,7 +51,7 @@ def cases(env):
     image = env.image("half-4g", "half", env.size(4 * GiB))
     found = []
     for prefix, fmt, options, most in KINDS:
-        source = made(env, image, prefix, fmt, options)
+        source = env.workdir / f"{image.path.stem}.{prefix}"
         case_name = f"{prefix}-to-raw-half-4g"
         target = env.target(case_name)
 
@@ -74,8 +76,16 @@ def cases(env):
                            "-f", fmt, "-O", "raw", source, target]),
             ],
             goals=[_goal(f"{prefix[3:]} to raw <= {most}x {QEMU}", case_name, QEMU, most)],
+            context=lambda prefix=prefix, fmt=fmt, options=options: _making(
+                env, image, prefix, fmt, options),
         ))
     return found
+
+
+@contextlib.contextmanager
+def _making(env, image, name, fmt, options):
+    made(env, image, name, fmt, options)
+    yield
 
 
 def _goal(text, case_name, peer_label, most):
