@@ -153,6 +153,26 @@ pub struct JobReport {
     pub prune: Option<PruneSummary>,
 }
 
+impl JobReport {
+    /// A report of job `id` in `state` that says nothing else yet.
+    pub fn new(id: impl Into<String>, state: JobState) -> Self {
+        Self {
+            id: id.into(),
+            state,
+            progress: Progress::default(),
+            checkpoint: None,
+            source_digest: None,
+            target_digest: None,
+            source_version: None,
+            error: None,
+            targets: Vec::new(),
+            backup: None,
+            prune: None,
+            restored_snapshot: None,
+        }
+    }
+}
+
 /// What a backup job wrote, once it succeeded.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BackupSummary {

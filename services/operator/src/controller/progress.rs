@@ -93,8 +93,6 @@ mod tests {
 
     fn report(checkpoint: Option<Checkpoint>, done: u64) -> JobReport {
         JobReport {
-            id: "j".into(),
-            state: JobState::Running,
             progress: Progress {
                 total_bytes: 100,
                 done_bytes: done,
@@ -102,14 +100,7 @@ mod tests {
                 committed_bytes: 0,
             },
             checkpoint,
-            source_digest: None,
-            target_digest: None,
-            source_version: None,
-            error: None,
-            targets: Vec::new(),
-            backup: None,
-            prune: None,
-            restored_snapshot: None,
+            ..JobReport::new("j", JobState::Running)
         }
     }
 

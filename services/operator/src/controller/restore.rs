@@ -266,20 +266,7 @@ mod tests {
         assert_eq!(latest.as_of.as_ref().unwrap().seconds, 1_796_180_400);
 
         let mut status = RestoreStatus::default();
-        let mut report = JobReport {
-            id: "j".into(),
-            state: JobState::Running,
-            progress: Default::default(),
-            checkpoint: None,
-            source_digest: None,
-            target_digest: None,
-            source_version: None,
-            error: None,
-            targets: Vec::new(),
-            backup: None,
-            prune: None,
-            restored_snapshot: None,
-        };
+        let mut report = JobReport::new("j", JobState::Running);
         r.observe(&mut status, std::slice::from_ref(&report));
         assert_eq!(
             status.snapshot_id, None,

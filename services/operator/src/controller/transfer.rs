@@ -391,20 +391,7 @@ mod tests {
     fn the_version_the_mover_read_is_recorded() {
         let t = transfer("docker://quay.io/containerdisks/fedora:41");
         let mut status = TransferStatus::default();
-        let mut report = JobReport {
-            id: "j1".into(),
-            state: JobState::Running,
-            progress: Default::default(),
-            checkpoint: None,
-            source_digest: None,
-            target_digest: None,
-            source_version: None,
-            error: None,
-            targets: Vec::new(),
-            backup: None,
-            prune: None,
-            restored_snapshot: None,
-        };
+        let mut report = JobReport::new("j1", JobState::Running);
         t.observe(&mut status, std::slice::from_ref(&report));
         assert_eq!(status.source_version, None);
         report.source_version = Some("sha256:0f".into());

@@ -337,23 +337,13 @@ impl MoverLink for FakeLink {
 /// A job report.
 pub fn report(id: &str, state: JobState, done: u64) -> JobReport {
     JobReport {
-        id: id.into(),
-        state,
         progress: Progress {
             total_bytes: 4 << 20,
             done_bytes: done,
             resumed_bytes: 0,
             committed_bytes: 0,
         },
-        checkpoint: None,
-        source_digest: None,
-        target_digest: None,
-        source_version: None,
-        error: None,
-        targets: Vec::new(),
-        backup: None,
-        prune: None,
-        restored_snapshot: None,
+        ..JobReport::new(id, state)
     }
 }
 
