@@ -30,3 +30,12 @@ pub enum Error {
     #[error("secret {0} has no token: delete it so the operator writes a new one")]
     NoToken(String),
 }
+
+/// What the API server (or the way to it) said of a refused request, for a status or an
+/// event: `403 message` for the server's own Status, the error's text otherwise.
+pub fn api_text(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) => format!("{} {}", status.code, status.message),
+        other => other.to_string(),
+    }
+}

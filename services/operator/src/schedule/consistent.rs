@@ -25,6 +25,7 @@ use kube::api::{
 use kube::Api;
 use serde_json::json;
 
+use crate::controller::error::api_text;
 use crate::crd::{BackupSchedule, Hook, OnError};
 
 use super::{build, Context};
@@ -275,10 +276,7 @@ async fn run(ctx: &Context, namespace: &str, hook: &PlannedHook) -> Result<(), S
         let mut process = pods
             .exec(&hook.pod, hook.command.clone(), &params)
             .await
-            .map_err(|e| match e {
-                kube::Error::Api(s) => format!("cannot exec: {} {}", s.code, s.message),
-                other => format!("cannot exec: {other}"),
-            })?;
+            .map_err(|e| format!("cannot exec: {}", api_text(&e)))?;
         let status = process.take_status();
         let stderr = process.stderr();
         let tail = async move {
@@ -345,10 +343,7 @@ async fn kubevirt(
         .request_text(request)
         .await
         .map(|_| ())
-        .map_err(|e| match e {
-            kube::Error::Api(s) => format!("{} {}", s.code, s.message),
-            other => other.to_string(),
-        })
+        .map_err(|e| api_text(&e))
 }
 
 /// Whether the VirtualMachineInstance `vmi` has `claim` among its disks: a schedule's
@@ -362,10 +357,7 @@ async fn vmi_uses(ctx: &Context, namespace: &str, vmi: &str, claim: &str) -> Res
             "virtualmachineinstances",
         ),
     );
-    let object = api.get(vmi).await.map_err(|e| match e {
-        kube::Error::Api(s) => format!("{} {}", s.code, s.message),
-        other => other.to_string(),
-    })?;
+    let object = api.get(vmi).await.map_err(|e| api_text(&e))?;
     if volumes_name(&object.data, claim) {
         Ok(())
     } else {

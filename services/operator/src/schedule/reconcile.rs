@@ -28,6 +28,7 @@ use kube::api::{
 use kube::runtime::controller::Action;
 use kube::Api;
 
+use crate::controller::error::api_text;
 use crate::controller::life::Life;
 use crate::controller::Error;
 use crate::crd::status::condition::reason;
@@ -509,10 +510,7 @@ async fn expire(ctx: &Context, obj: &BackupSchedule, mine: &[Backup]) {
             Err(error) => {
                 tracing::warn!(%namespace, %schedule, backup = %e.name, %error,
                     "cannot delete a Backup the schedule no longer keeps");
-                let why = match &error {
-                    kube::Error::Api(status) => format!("{} {}", status.code, status.message),
-                    other => other.to_string(),
-                };
+                let why = api_text(&error);
                 refused.push(format!("{} ({why})", e.name));
                 continue;
             }
