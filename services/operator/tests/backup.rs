@@ -1723,20 +1723,27 @@ fn metadata_service() -> Value {
                     "caCert": "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg=="}})
 }
 
-/// A Backup of a VolumeSnapshot whose driver has a SnapshotMetadataService: the operator
-/// finds the service through the snapshot's content, gives the mover pod a token of its
-/// own ServiceAccount projected for the service's audience (never in a Secret), and
-/// sends the mover the service, the snapshot and its CSI handle; the status records how
-/// the blocks were found and the handle the schedule keeps the snapshot for.
-#[tokio::test]
-async fn a_snapshot_backup_asks_the_drivers_snapshot_metadata_service_with_the_pods_token() {
+/// What a Backup of the VolumeSnapshot `snap` did, its driver's service being `service`
+/// (None: the driver has none): the mover's token Secret and pod as created, the status
+/// once the backup job (reporting `summary`) succeeded, and the request the mover got.
+struct TrackedBackup {
+    token: Value,
+    pod: Value,
+    step: Value,
+    request: ferry_api::proto::StartBackupRequest,
+}
+
+/// Runs a Backup of `snap` through its two reconciles: the lookups, the claim, the
+/// Secrets, the mover; then, ready, the lookups again (its job is not followed yet), the
+/// backup job reporting `summary`, and its result in the status.
+async fn tracked_backup(service: Option<Value>, summary: BackupSummary) -> TrackedBackup {
     let mut h = Harness::new(settings());
     let object = snapshot_backup_json(None);
     let task = tokio::spawn(reconcile_backup(backup(&object), h.ctx.clone()));
     h.server
         .expect("GET", REPO, Reply::Ok(repository_json()))
         .await;
-    metadata_lookups(&mut h, Some(metadata_service())).await;
+    metadata_lookups(&mut h, service.clone()).await;
     h.server
         .expect(
             "GET",
@@ -1759,12 +1766,79 @@ async fn a_snapshot_backup_asks_the_drivers_snapshot_metadata_service_with_the_p
             .await;
     }
     let token = h.server.expect("POST", SECRETS, Reply::Echo).await.body;
+    h.server.expect("POST", NETPOLS, Reply::Echo).await;
+    let pod = h.server.expect("POST", PODS, Reply::Echo).await.body;
+    let seen = h
+        .server
+        .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = seen.body["status"].clone();
+    h.server.expect_event(NS).await;
+    finish(task).await;
+    h.server.done().await;
+
+    let object = with_status(&snapshot_backup_json(None), &json!({ "status": status }));
+    let ready_pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(pod.clone()).unwrap();
+    h.pod_seen(ready(ready_pod, "node-a"));
+    let id = job_id("uid-b/backup");
+    let mut done = report(&id, JobState::Succeeded, summary.bytes_read);
+    done.backup = Some(summary);
+    h.link.script(&id, vec![done]);
+    let task = tokio::spawn(reconcile_backup(backup(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", REPO, Reply::Ok(repository_json()))
+        .await;
+    metadata_lookups(&mut h, service).await;
+    h.server
+        .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    h.server.expect_event(NS).await;
+    finish(task).await;
+    let seen = h
+        .server
+        .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let step = seen.body["status"].clone();
+    h.server.expect_event(NS).await;
+    h.ctx.take_watch("uid-b").unwrap().task.await.unwrap();
+    h.server.done().await;
+    let calls = h.link.calls();
+    let Call::Start(JobRequest::Backup(request)) = &calls[0] else {
+        panic!("{calls:?}")
+    };
+    TrackedBackup {
+        token,
+        pod,
+        step,
+        request: (**request).clone(),
+    }
+}
+
+/// A Backup of a VolumeSnapshot whose driver has a SnapshotMetadataService: the operator
+/// finds the service through the snapshot's content, gives the mover pod a token of its
+/// own ServiceAccount projected for the service's audience (never in a Secret), and
+/// sends the mover the service, the snapshot and its CSI handle; the status records how
+/// the blocks were found and the handle the schedule keeps the snapshot for.
+#[tokio::test]
+async fn a_snapshot_backup_asks_the_drivers_snapshot_metadata_service_with_the_pods_token() {
+    let TrackedBackup {
+        token,
+        pod,
+        step,
+        request,
+    } = tracked_backup(
+        Some(metadata_service()),
+        BackupSummary {
+            bytes_read: MIB,
+            changed_block_tracking: "SnapshotMetadata".into(),
+            ..summary()
+        },
+    )
+    .await;
     assert!(
         !token.to_string().contains("snapshot-metadata"),
         "no token of the service's in a Secret: {token}"
     );
-    h.server.expect("POST", NETPOLS, Reply::Echo).await;
-    let pod = h.server.expect("POST", PODS, Reply::Echo).await.body;
     let sources = pod["spec"]["volumes"]
         .as_array()
         .unwrap()
@@ -1787,54 +1861,10 @@ async fn a_snapshot_backup_asks_the_drivers_snapshot_metadata_service_with_the_p
         ],
         "{sources}"
     );
-    let seen = h
-        .server
-        .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
-        .await;
-    let status = seen.body["status"].clone();
-    h.server.expect_event(NS).await;
-    finish(task).await;
-    h.server.done().await;
-
-    // Ready: looked up again (the job is not followed yet), the job sent with the service.
-    let object = with_status(&snapshot_backup_json(None), &json!({ "status": status }));
-    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(pod).unwrap();
-    h.pod_seen(ready(pod.clone(), "node-a"));
-    let id = job_id("uid-b/backup");
-    let mut done = report(&id, JobState::Succeeded, MIB);
-    done.backup = Some(BackupSummary {
-        bytes_read: MIB,
-        changed_block_tracking: "SnapshotMetadata".into(),
-        ..summary()
-    });
-    h.link.script(&id, vec![done]);
-    let task = tokio::spawn(reconcile_backup(backup(&object), h.ctx.clone()));
-    h.server
-        .expect("GET", REPO, Reply::Ok(repository_json()))
-        .await;
-    metadata_lookups(&mut h, Some(metadata_service())).await;
-    h.server
-        .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
-        .await;
-    h.server.expect_event(NS).await;
-    finish(task).await;
-    let seen = h
-        .server
-        .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
-        .await;
-    let step = seen.body["status"].clone();
     assert_eq!(step["changedBlockTracking"], "SnapshotMetadata");
     assert_eq!(step["snapshotHandle"], "h-7");
     assert_eq!(step["bytesRead"], MIB);
     assert!(step.get("fullReason").is_none(), "{step}");
-    h.server.expect_event(NS).await;
-    h.ctx.take_watch("uid-b").unwrap().task.await.unwrap();
-    h.server.done().await;
-
-    let calls = h.link.calls();
-    let Call::Start(JobRequest::Backup(request)) = &calls[0] else {
-        panic!("{calls:?}")
-    };
     let asked = request
         .snapshot_metadata
         .as_ref()
@@ -1862,77 +1892,26 @@ async fn a_snapshot_backup_asks_the_drivers_snapshot_metadata_service_with_the_p
 /// mover compares change digests, and the Backup's status says why.
 #[tokio::test]
 async fn without_a_service_for_the_driver_the_backup_says_why_it_read_more() {
-    let mut h = Harness::new(settings());
-    let object = snapshot_backup_json(None);
-    let task = tokio::spawn(reconcile_backup(backup(&object), h.ctx.clone()));
-    h.server
-        .expect("GET", REPO, Reply::Ok(repository_json()))
-        .await;
-    metadata_lookups(&mut h, None).await;
-    h.server
-        .expect(
-            "GET",
-            &format!("{PVCS}/snap-src"),
-            Reply::Ok(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                             "metadata": {"name": "snap-src", "namespace": NS},
-                             "spec": {"volumeMode": "Block"}})),
-        )
-        .await;
-    for (name, keys) in [
-        ("backup-key", &["passphrase"][..]),
-        ("s3", &["id", "secret"]),
-    ] {
-        h.server
-            .expect(
-                "GET",
-                &format!("{SECRETS}/{name}"),
-                Reply::Ok(secret(name, keys)),
-            )
-            .await;
-    }
-    let token = h.server.expect("POST", SECRETS, Reply::Echo).await.body;
+    let TrackedBackup {
+        token,
+        pod,
+        step,
+        request,
+    } = tracked_backup(
+        None,
+        BackupSummary {
+            bytes_read: 4 * MIB,
+            parent_id: "20261201T030000Z-00000003".into(),
+            changed_block_tracking: "ChangeDigests".into(),
+            ..summary()
+        },
+    )
+    .await;
     assert!(
         !token.to_string().contains("snapshot-metadata-token"),
         "{token}"
     );
-    h.server.expect("POST", NETPOLS, Reply::Echo).await;
-    let pod = h.server.expect("POST", PODS, Reply::Echo).await.body;
     assert!(!pod.to_string().contains("serviceAccountToken"), "{pod}");
-    let seen = h
-        .server
-        .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
-        .await;
-    let status = seen.body["status"].clone();
-    h.server.expect_event(NS).await;
-    finish(task).await;
-    h.server.done().await;
-
-    let object = with_status(&snapshot_backup_json(None), &json!({ "status": status }));
-    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(pod).unwrap();
-    h.pod_seen(ready(pod, "node-a"));
-    let id = job_id("uid-b/backup");
-    let mut done = report(&id, JobState::Succeeded, 4 * MIB);
-    done.backup = Some(BackupSummary {
-        parent_id: "20261201T030000Z-00000003".into(),
-        changed_block_tracking: "ChangeDigests".into(),
-        ..summary()
-    });
-    h.link.script(&id, vec![done]);
-    let task = tokio::spawn(reconcile_backup(backup(&object), h.ctx.clone()));
-    h.server
-        .expect("GET", REPO, Reply::Ok(repository_json()))
-        .await;
-    metadata_lookups(&mut h, None).await;
-    h.server
-        .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
-        .await;
-    h.server.expect_event(NS).await;
-    finish(task).await;
-    let seen = h
-        .server
-        .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
-        .await;
-    let step = seen.body["status"].clone();
     assert_eq!(step["changedBlockTracking"], "ChangeDigests");
     assert!(step.get("snapshotHandle").is_none(), "{step}");
     let why = step["fullReason"].as_str().unwrap_or_default();
@@ -1940,13 +1919,6 @@ async fn without_a_service_for_the_driver_the_backup_says_why_it_read_more() {
         why.contains("CSI driver hostpath.csi.k8s.io has no SnapshotMetadataService"),
         "{step}"
     );
-    h.server.expect_event(NS).await;
-    h.ctx.take_watch("uid-b").unwrap().task.await.unwrap();
-    h.server.done().await;
-    let calls = h.link.calls();
-    let Call::Start(JobRequest::Backup(request)) = &calls[0] else {
-        panic!("{calls:?}")
-    };
     assert_eq!(request.snapshot_metadata, None);
     assert_eq!(request.volume_snapshot_handle, "");
 }
