@@ -665,6 +665,19 @@ async fn the_populator_watches_only_the_watched_namespace() {
 
 const SCHEDULE: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/backupschedules/nightly";
 
+/// The prime claim and the Restore filling it created for a claim of class `fast`
+/// (Immediate binding), each with its event: their bodies as sent.
+async fn prime_and_restore(h: &mut Harness) -> (Value, Value) {
+    h.server
+        .expect("GET", SC, Reply::Ok(storage_class("Immediate")))
+        .await;
+    let prime = h.server.expect("POST", PVCS, Reply::Echo).await.body;
+    on_claim(&h.server.expect_event(NS).await, "Normal", "PrimeCreated");
+    let restore = h.server.expect("POST", RESTORES, Reply::Echo).await.body;
+    on_claim(&h.server.expect_event(NS).await, "Normal", "RestoreCreated");
+    (prime, restore)
+}
+
 /// A claim naming the VolumeImageSource `fedora` whose `backup` is the newest backup of a
 /// source: the prime claim and a Restore of that source's newest snapshot (at or before
 /// the time given), with the source's mover settings; no Transfer.
@@ -679,13 +692,8 @@ async fn a_source_naming_a_repositorys_latest_backup_is_restored() {
     });
     let task = tokio::spawn(reconcile(pvc(&claim()), h.ctx.clone()));
     h.server.expect("GET", VIS, Reply::Ok(vis)).await;
-    h.server
-        .expect("GET", SC, Reply::Ok(storage_class("Immediate")))
-        .await;
-    let prime = h.server.expect("POST", PVCS, Reply::Echo).await.body;
+    let (prime, r) = prime_and_restore(&mut h).await;
     assert_eq!(prime["metadata"]["name"], PRIME);
-    on_claim(&h.server.expect_event(NS).await, "Normal", "PrimeCreated");
-    let r = h.server.expect("POST", RESTORES, Reply::Echo).await.body;
     assert_eq!(
         r["spec"],
         json!({"repository": "site-a", "sourceId": "vms/web1",
@@ -693,7 +701,6 @@ async fn a_source_naming_a_repositorys_latest_backup_is_restored() {
                "mover": {"priorityClassName": "restores"}})
     );
     assert_eq!(r["metadata"]["ownerReferences"], owner());
-    on_claim(&h.server.expect_event(NS).await, "Normal", "RestoreCreated");
     assert_eq!(finish(task).await, Action::await_change());
     h.server.done().await;
 }
@@ -739,17 +746,11 @@ async fn a_claim_naming_a_schedule_restores_its_newest_backup() {
     schedule["status"] = json!({"lastSnapshot": "20261202T030000Z-0a1b2c3d"});
     let task = tokio::spawn(reconcile(pvc(&c), h.ctx.clone()));
     h.server.expect("GET", SCHEDULE, Reply::Ok(schedule)).await;
-    h.server
-        .expect("GET", SC, Reply::Ok(storage_class("Immediate")))
-        .await;
-    h.server.expect("POST", PVCS, Reply::Echo).await;
-    on_claim(&h.server.expect_event(NS).await, "Normal", "PrimeCreated");
-    let r = h.server.expect("POST", RESTORES, Reply::Echo).await.body;
+    let (_, r) = prime_and_restore(&mut h).await;
     assert_eq!(
         r["spec"],
         json!({"repository": "site-a", "sourceId": "vms/web1", "targetPVC": PRIME})
     );
-    on_claim(&h.server.expect_event(NS).await, "Normal", "RestoreCreated");
     assert_eq!(finish(task).await, Action::await_change());
     h.server.done().await;
 }
