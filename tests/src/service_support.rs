@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ferry_api::proto;
+use ferry_api::proto::backup_service_client::BackupServiceClient;
 use ferry_api::proto::job_service_client::JobServiceClient;
 use ferry_api::proto::schedule_service_client::ScheduleServiceClient;
 use ferry_server::config::ServiceConfig;
@@ -23,6 +24,8 @@ pub use proto::{
 pub type Client = JobServiceClient<Channel>;
 /// A gRPC client of the schedule service.
 pub type ScheduleClient = ScheduleServiceClient<Channel>;
+/// A gRPC client of the backup service.
+pub type BackupClient = BackupServiceClient<Channel>;
 
 /// A service configuration for tests: ports chosen at run time, data under `data_dir`,
 /// files allowed under `root`, quick checkpoints and retries.
@@ -56,6 +59,62 @@ async fn channel(addr: SocketAddr) -> Channel {
 /// Connects a client to `addr`.
 pub async fn connect(addr: SocketAddr) -> Client {
     JobServiceClient::new(channel(addr).await)
+}
+
+/// Connects a backup client to `addr`.
+pub async fn connect_backups(addr: SocketAddr) -> BackupClient {
+    BackupServiceClient::new(channel(addr).await)
+}
+
+/// A job service in this process with its jobs and backups clients: files allowed under
+/// `root` (`<dir>/images`), each of `secrets` (name, content) a file under its
+/// `--secrets-dir`; `seconds`: schedules take a seconds field.
+#[derive(Debug)]
+pub struct BackupEnv {
+    pub dir: tempfile::TempDir,
+    pub root: PathBuf,
+    pub service: RunningService,
+    pub jobs: Client,
+    pub backups: BackupClient,
+}
+
+impl BackupEnv {
+    pub async fn start(secrets: &[(&str, String)], seconds: bool) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("images");
+        std::fs::create_dir(&root).unwrap();
+        let secrets_dir = write_secrets(dir.path(), secrets);
+        let mut cfg = test_config(&dir.path().join("data"), &root);
+        cfg.secrets_dir = Some(secrets_dir);
+        cfg.schedules.seconds_field = seconds;
+        let service = start_in_process(cfg).await;
+        let jobs = connect(service.grpc_addr()).await;
+        let backups = connect_backups(service.grpc_addr()).await;
+        Self {
+            dir,
+            root,
+            service,
+            jobs,
+            backups,
+        }
+    }
+}
+
+/// `<dir>/secrets` holding each of `secrets` (name, content) as a file: a `--secrets-dir`.
+pub fn write_secrets(dir: &Path, secrets: &[(&str, String)]) -> PathBuf {
+    let path = dir.join("secrets");
+    std::fs::create_dir_all(&path).unwrap();
+    for (name, value) in secrets {
+        std::fs::write(path.join(name), value).unwrap();
+    }
+    path
+}
+
+/// A secret by reference: a file under the service's `--secrets-dir`.
+pub fn file_ref(name: &str) -> Option<proto::SecretRef> {
+    Some(proto::SecretRef {
+        source: Some(proto::secret_ref::Source::File(name.into())),
+    })
 }
 
 /// Connects a schedule client to `addr`.

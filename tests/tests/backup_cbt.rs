@@ -470,9 +470,7 @@ fn job_request(
         snapshot_metadata: Some(proto::SnapshotMetadataSource {
             address: server.url(),
             ca_certificate: server.ca_pem().as_bytes().to_vec(),
-            token: Some(proto::SecretRef {
-                source: Some(proto::secret_ref::Source::File(token.into())),
-            }),
+            token: ferry_tests::service_support::file_ref(token),
             snapshot: snapshot.into(),
             namespace: NAMESPACE.into(),
             base_snapshot_id: String::new(),

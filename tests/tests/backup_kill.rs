@@ -264,12 +264,6 @@ async fn kill_9_mid_prune_leaves_whole_backups_and_a_rerun_finishes_it() {
 
 // ---- through `ferry serve` ----------------------------------------------------------
 
-fn file_ref(name: &str) -> Option<proto::SecretRef> {
-    Some(proto::SecretRef {
-        source: Some(proto::secret_ref::Source::File(name.into())),
-    })
-}
-
 /// A server process for the S3 repository: its credentials by reference to files.
 struct Served {
     tmp: tempfile::TempDir,

@@ -12,13 +12,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use ferry_api::proto::backup_service_client::BackupServiceClient;
 use ferry_api::proto::{self, JobState};
 use ferry_tests::check::{allocated_bytes, blkhash_file, qemu_img_compare, require_tool};
 use ferry_tests::nbd_servers::{NbdServer, Nbdkit, QemuNbd};
 use ferry_tests::s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
 use ferry_tests::service_support::*;
-use tonic::transport::Channel;
 use tonic::Code;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ferry-e2e");
@@ -27,58 +25,25 @@ const CHUNK: u64 = 256 * 1024;
 const LIMIT: Duration = Duration::from_secs(120);
 const PASSPHRASE: &str = "correct horse battery staple";
 
-type Backups = BackupServiceClient<Channel>;
+type Backups = BackupClient;
+type Env = BackupEnv;
 
-struct Env {
-    dir: tempfile::TempDir,
-    root: PathBuf,
-    service: ferry_server::server::RunningService,
-    jobs: Client,
-    backups: Backups,
+/// The repository key, a wrong one and the S3 credentials, as secret files.
+fn secret_files() -> [(&'static str, String); 4] {
+    [
+        ("repo-key", format!("{PASSPHRASE}\n")),
+        ("wrong-key", "not the passphrase\n".into()),
+        ("s3-id", ACCESS_KEY.into()),
+        ("s3-secret", SECRET_KEY.into()),
+    ]
 }
 
 fn secrets_dir(dir: &Path) -> PathBuf {
-    let secrets = dir.join("secrets");
-    std::fs::create_dir_all(&secrets).unwrap();
-    std::fs::write(secrets.join("repo-key"), format!("{PASSPHRASE}\n")).unwrap();
-    std::fs::write(secrets.join("wrong-key"), "not the passphrase\n").unwrap();
-    std::fs::write(secrets.join("s3-id"), ACCESS_KEY).unwrap();
-    std::fs::write(secrets.join("s3-secret"), SECRET_KEY).unwrap();
-    secrets
+    write_secrets(dir, &secret_files())
 }
 
 async fn env_with(seconds: bool) -> Env {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("images");
-    std::fs::create_dir(&root).unwrap();
-    let mut cfg = test_config(&dir.path().join("data"), &root);
-    cfg.secrets_dir = Some(secrets_dir(dir.path()));
-    cfg.schedules.seconds_field = seconds;
-    let service = start_in_process(cfg).await;
-    let jobs = connect(service.grpc_addr()).await;
-    let backups = connect_backups(service.grpc_addr()).await;
-    Env {
-        dir,
-        root,
-        service,
-        jobs,
-        backups,
-    }
-}
-
-async fn connect_backups(addr: std::net::SocketAddr) -> Backups {
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    BackupServiceClient::new(channel)
-}
-
-fn file_ref(name: &str) -> Option<proto::SecretRef> {
-    Some(proto::SecretRef {
-        source: Some(proto::secret_ref::Source::File(name.into())),
-    })
+    BackupEnv::start(&secret_files(), seconds).await
 }
 
 fn dir_repo(path: &Path) -> Option<proto::Repository> {
@@ -1267,6 +1232,19 @@ async fn snapshots_are_listed_page_by_page_in_order() {
     assert!(status.message().contains(&all[6]), "{status:?}");
 }
 
+/// A finished backup of `path` into `repo` under `source`.
+async fn backed_up(
+    e: &mut Env,
+    repo: Option<proto::Repository>,
+    path: &Path,
+    source: &str,
+) -> proto::BackupResult {
+    let mut req = backup_req(&path.display().to_string(), repo);
+    req.source_id = source.into();
+    let job = finished(e.jobs.clone().start_backup(req).await.unwrap(), &mut e.jobs).await;
+    backup_result(&job)
+}
+
 /// A restore of "the latest backup of a source" (`StartRestoreRequest.latest`): the job
 /// finds the newest backup of that source (another source's newer backup is not it), or
 /// the newest started at or before `as_of`; none such is NOT_FOUND at once, and a request
@@ -1285,46 +1263,15 @@ async fn a_restore_of_the_latest_backup_of_a_source_at_or_before_a_time() {
     let src = image(&e.root.join("src.img"), 4 * MIB, 7);
     let old_copy = e.root.join("src-old.img");
     std::fs::copy(&src, &old_copy).unwrap();
-    let backup = |path: &Path, source: &str| {
-        let mut req = backup_req(&path.display().to_string(), repo.clone());
-        req.source_id = source.into();
-        req
-    };
-    let first = finished(
-        e.jobs
-            .clone()
-            .start_backup(backup(&src, "vms/web1"))
-            .await
-            .unwrap(),
-        &mut e.jobs,
-    )
-    .await;
-    let first = backup_result(&first);
+    let first = backed_up(&mut e, repo.clone(), &src, "vms/web1").await;
     // Ids name the second a backup started in: the next one starts in a later second.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let between = chrono::Utc::now();
     tokio::time::sleep(Duration::from_millis(1100)).await;
     scribble(&src, 0, 0x5a);
-    let second = finished(
-        e.jobs
-            .clone()
-            .start_backup(backup(&src, "vms/web1"))
-            .await
-            .unwrap(),
-        &mut e.jobs,
-    )
-    .await;
-    let second = backup_result(&second);
+    let second = backed_up(&mut e, repo.clone(), &src, "vms/web1").await;
     let other = image(&e.root.join("other.img"), 4 * MIB, 9);
-    finished(
-        e.jobs
-            .clone()
-            .start_backup(backup(&other, "vms/db"))
-            .await
-            .unwrap(),
-        &mut e.jobs,
-    )
-    .await;
+    backed_up(&mut e, repo.clone(), &other, "vms/db").await;
 
     let latest = |as_of: Option<chrono::DateTime<chrono::Utc>>, dst: &Path| {
         let mut req = restore_req(repo.clone(), "", dst);

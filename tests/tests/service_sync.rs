@@ -8,19 +8,17 @@
 //! UnprotectSnapshot against a prune, and the key calls (ListKeys, AddKey, RemoveKey,
 //! RotateKey) with restores under each key.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use chrono::Datelike;
-use ferry_api::proto::backup_service_client::BackupServiceClient;
 use ferry_api::proto::{self, JobState};
 use ferry_tests::check::qemu_img_compare;
 use ferry_tests::images::{make, Pattern};
 use ferry_tests::moto_server::MotoServer;
 use ferry_tests::s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
 use ferry_tests::service_support::*;
-use tonic::transport::Channel;
 use tonic::Code;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ferry-e2e");
@@ -31,49 +29,17 @@ const SRC_KEY: &str = "source passphrase, kept secret";
 const DST_KEY: &str = "destination passphrase, also secret";
 const THIRD_KEY: &str = "a third passphrase for rotations";
 
-type Backups = BackupServiceClient<Channel>;
-
-struct Env {
-    dir: tempfile::TempDir,
-    root: PathBuf,
-    service: ferry_server::server::RunningService,
-    jobs: Client,
-    backups: Backups,
-}
+type Env = BackupEnv;
 
 async fn env() -> Env {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("images");
-    std::fs::create_dir(&root).unwrap();
-    let secrets = dir.path().join("secrets");
-    std::fs::create_dir_all(&secrets).unwrap();
-    std::fs::write(secrets.join("src-key"), format!("{SRC_KEY}\n")).unwrap();
-    std::fs::write(secrets.join("dst-key"), format!("{DST_KEY}\n")).unwrap();
-    std::fs::write(secrets.join("third-key"), format!("{THIRD_KEY}\n")).unwrap();
-    std::fs::write(secrets.join("s3-id"), ACCESS_KEY).unwrap();
-    std::fs::write(secrets.join("s3-secret"), SECRET_KEY).unwrap();
-    let mut cfg = test_config(&dir.path().join("data"), &root);
-    cfg.secrets_dir = Some(secrets);
-    let service = start_in_process(cfg).await;
-    let jobs = connect(service.grpc_addr()).await;
-    let channel = Channel::from_shared(format!("http://{}", service.grpc_addr()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    Env {
-        dir,
-        root,
-        service,
-        jobs,
-        backups: BackupServiceClient::new(channel),
-    }
-}
-
-fn file_ref(name: &str) -> Option<proto::SecretRef> {
-    Some(proto::SecretRef {
-        source: Some(proto::secret_ref::Source::File(name.into())),
-    })
+    let secrets = [
+        ("src-key", format!("{SRC_KEY}\n")),
+        ("dst-key", format!("{DST_KEY}\n")),
+        ("third-key", format!("{THIRD_KEY}\n")),
+        ("s3-id", ACCESS_KEY.into()),
+        ("s3-secret", SECRET_KEY.into()),
+    ];
+    BackupEnv::start(&secrets, false).await
 }
 
 fn dir_repo(path: &Path, key: Option<&str>) -> proto::Repository {
