@@ -4,7 +4,6 @@
 //! outside the allowed roots is PERMISSION_DENIED.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_backup::{BackupId, KeepPolicy};
@@ -13,7 +12,7 @@ use ferry_image_backup::{ParentChoice, RestoreOrder};
 use prost::Message;
 
 use super::options::{ImageSpec, JobSpec, MAX_WORKERS};
-use super::validation::{check_meta, fingerprint, invalid, Accepted, Validator};
+use super::validation::{check_meta, invalid, Accepted, Meta, Validator};
 use super::EndpointAccess;
 use crate::backups::repository::{check_repository, InitSettings, RepoAccess};
 use crate::model::job::{JobKind, JobPlan, ResolvedEndpoint};
@@ -446,34 +445,6 @@ fn repo_of(plan: &JobPlan, r: Option<&proto::Repository>) -> Result<RepoAccess> 
     Ok(RepoAccess::new(resolved, r))
 }
 
-/// What every start request has besides its own fields.
-struct Meta<'a> {
-    key: &'a str,
-    labels: &'a BTreeMap<String, String>,
-    priority: i32,
-    refuse_if_target_busy: bool,
-}
-
-fn accepted(
-    kind: JobKind,
-    request: Vec<u8>,
-    spec: JobSpec,
-    plan: JobPlan,
-    m: Meta<'_>,
-) -> Accepted {
-    Accepted {
-        kind,
-        fingerprint: fingerprint(&request),
-        request,
-        spec: Arc::new(spec),
-        plan,
-        idempotency_key: m.key.to_string(),
-        labels: m.labels.clone(),
-        priority: m.priority,
-        refuse_if_target_busy: m.refuse_if_target_busy,
-    }
-}
-
 impl Validator {
     fn repository(&self, r: Option<&proto::Repository>) -> Result<ResolvedEndpoint> {
         check_repository(&self.roots, &self.secrets, "repository", r)
@@ -501,7 +472,7 @@ impl Validator {
             priority: req.priority,
             refuse_if_target_busy: false,
         };
-        Ok(accepted(
+        Ok(Accepted::new(
             JobKind::Backup,
             req.encode_to_vec(),
             spec,
@@ -532,7 +503,7 @@ impl Validator {
             priority: req.priority,
             refuse_if_target_busy: req.refuse_if_target_busy,
         };
-        Ok(accepted(
+        Ok(Accepted::new(
             JobKind::Restore,
             req.encode_to_vec(),
             spec,
@@ -552,7 +523,7 @@ impl Validator {
             priority: req.priority,
             refuse_if_target_busy: false,
         };
-        Ok(accepted(
+        Ok(Accepted::new(
             JobKind::RepositoryVerify,
             req.encode_to_vec(),
             spec,
@@ -572,7 +543,7 @@ impl Validator {
             priority: req.priority,
             refuse_if_target_busy: false,
         };
-        Ok(accepted(
+        Ok(Accepted::new(
             JobKind::Prune,
             req.encode_to_vec(),
             spec,
@@ -592,7 +563,13 @@ impl Validator {
             priority: req.priority,
             refuse_if_target_busy: false,
         };
-        Ok(accepted(JobKind::Gc, req.encode_to_vec(), spec, plan, meta))
+        Ok(Accepted::new(
+            JobKind::Gc,
+            req.encode_to_vec(),
+            spec,
+            plan,
+            meta,
+        ))
     }
 }
 

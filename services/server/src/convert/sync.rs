@@ -17,7 +17,7 @@ use prost::Message;
 
 use super::backup::MAX_SOURCE_ID_BYTES;
 use super::options::JobSpec;
-use super::validation::{check_meta, fingerprint, invalid, Accepted, Validator};
+use super::validation::{check_meta, invalid, Accepted, Meta, Validator};
 use crate::backups::repository::{check_repository, RepoAccess};
 use crate::model::job::{JobKind, JobPlan, ResolvedEndpoint};
 use ferry_api::options::retention_from_proto;
@@ -223,18 +223,19 @@ impl Validator {
             repository: Some(source),
         };
         let spec = JobSpec::Sync(Box::new(SyncSpec::new(req, &plan)?));
-        let request = req.encode_to_vec();
-        Ok(Accepted {
-            kind: JobKind::Sync,
-            fingerprint: fingerprint(&request),
-            request,
-            spec: Arc::new(spec),
-            plan,
-            idempotency_key: req.idempotency_key.clone(),
-            labels: req.labels.clone(),
+        let meta = Meta {
+            key: &req.idempotency_key,
+            labels: &req.labels,
             priority: req.priority,
             refuse_if_target_busy: false,
-        })
+        };
+        Ok(Accepted::new(
+            JobKind::Sync,
+            req.encode_to_vec(),
+            spec,
+            plan,
+            meta,
+        ))
     }
 }
 

@@ -54,6 +54,37 @@ pub struct Accepted {
     pub refuse_if_target_busy: bool,
 }
 
+/// What every start request has besides its own fields.
+pub(super) struct Meta<'a> {
+    pub key: &'a str,
+    pub labels: &'a BTreeMap<String, String>,
+    pub priority: i32,
+    pub refuse_if_target_busy: bool,
+}
+
+impl Accepted {
+    /// A request of `kind` (`request`: as received, encoded) accepted to run as `spec`.
+    pub(super) fn new(
+        kind: JobKind,
+        request: Vec<u8>,
+        spec: JobSpec,
+        plan: JobPlan,
+        m: Meta<'_>,
+    ) -> Self {
+        Self {
+            kind,
+            fingerprint: fingerprint(&request),
+            request,
+            spec: Arc::new(spec),
+            plan,
+            idempotency_key: m.key.to_string(),
+            labels: m.labels.clone(),
+            priority: m.priority,
+            refuse_if_target_busy: m.refuse_if_target_busy,
+        }
+    }
+}
+
 pub(crate) fn invalid(msg: impl Into<String>) -> Error {
     Error::invalid_input(msg)
 }
@@ -346,18 +377,19 @@ impl Validator {
             repository: None,
         };
         let spec = JobSpec::Transfer(Box::new(TransferSpec::new(req, &plan)?));
-        let request = req.encode_to_vec();
-        Ok(Accepted {
-            kind: JobKind::Transfer,
-            fingerprint: fingerprint(&request),
-            request,
-            spec: Arc::new(spec),
-            plan,
-            idempotency_key: req.idempotency_key.clone(),
-            labels: req.labels.clone(),
+        let meta = Meta {
+            key: &req.idempotency_key,
+            labels: &req.labels,
             priority: req.priority,
             refuse_if_target_busy: req.refuse_if_target_busy,
-        })
+        };
+        Ok(Accepted::new(
+            JobKind::Transfer,
+            req.encode_to_vec(),
+            spec,
+            plan,
+            meta,
+        ))
     }
 
     /// The targets after the first of a fan-out, each checked like `target`, none the
@@ -420,17 +452,18 @@ impl Validator {
             repository: None,
         };
         let spec = JobSpec::Checksum(Box::new(ChecksumSpec::new(req, &plan)?));
-        let request = req.encode_to_vec();
-        Ok(Accepted {
-            kind: JobKind::Checksum,
-            fingerprint: fingerprint(&request),
-            request,
-            spec: Arc::new(spec),
-            plan,
-            idempotency_key: req.idempotency_key.clone(),
-            labels: req.labels.clone(),
+        let meta = Meta {
+            key: &req.idempotency_key,
+            labels: &req.labels,
             priority: req.priority,
             refuse_if_target_busy: false,
-        })
+        };
+        Ok(Accepted::new(
+            JobKind::Checksum,
+            req.encode_to_vec(),
+            spec,
+            plan,
+            meta,
+        ))
     }
 }
