@@ -2,7 +2,8 @@
 //! in this process, sending the ferry-api requests the operator builds: a verified fan-out
 //! copy, the same start again answered with the same job, a checksum, a wrong token
 //! refused, a cancel of nothing running; and the backup jobs of the Backup and Restore
-//! kinds: a backup, an incremental one, a prune, a restore, a pruned snapshot refused.
+//! kinds: a backup, an incremental one, a prune, a restore, the copy into a secondary
+//! repository and the prune there, a pruned snapshot refused.
 //! They live here, not in ferry-operator, because they need ferry-server.
 
 use std::collections::BTreeMap;
@@ -315,6 +316,51 @@ async fn drives_backups_through_a_real_job_service() {
     );
     assert_eq!(std::fs::read(&newest).unwrap(), bytes);
 
+    // The operator's copy into a secondary repository it creates, then its prune there:
+    // the copy restores exact.
+    let secondary = root.join("secondary");
+    let (sync, prune_there) = secondary_requests(&repo_spec);
+    let mut sync = sync;
+    // Inside a pod: the repositories' URLs; here the local directories.
+    sync.source = Some(repo.clone());
+    sync.destination = Some(proto::Repository {
+        url: secondary.display().to_string(),
+        s3: None,
+        key: None,
+    });
+    assert!(sync.init_destination_if_missing);
+    let started = link
+        .start(&mover, &JobRequest::Sync(Box::new(sync.clone())))
+        .await
+        .unwrap();
+    let synced = last(&link, &mover, &started.id).await;
+    assert_eq!(synced.state, JobState::Succeeded, "{synced:?}");
+    let summary = synced.sync.expect("a sync summary");
+    assert_eq!((summary.copied, summary.present), (1, 0), "{summary:?}");
+    assert!(
+        summary.chunks_copied > 0 && summary.bytes_copied > 0,
+        "{summary:?}"
+    );
+    let mut prune_there = prune_there;
+    prune_there.repository = sync.destination.clone();
+    let started = link
+        .start(&mover, &JobRequest::Prune(Box::new(prune_there)))
+        .await
+        .unwrap();
+    let pruned = last(&link, &mover, &started.id).await;
+    assert_eq!(pruned.prune.map(|p| (p.kept, p.removed)), Some((1, 0)));
+    let copied = root.join("copied.img");
+    let request = restore(
+        sync.destination.as_ref().unwrap(),
+        &second.snapshot_id,
+        copied.clone(),
+        "r4",
+    );
+    let started = link.start(&mover, &request).await.unwrap();
+    let restored = last(&link, &mover, &started.id).await;
+    assert_eq!(restored.state, JobState::Succeeded, "{restored:?}");
+    assert_eq!(std::fs::read(&copied).unwrap(), bytes);
+
     // The pruned snapshot is gone: restoring it fails, saying so.
     let gone = restore(&repo, &first.snapshot_id, root.join("gone.img"), "r2");
     match link.start(&mover, &gone).await {
@@ -327,6 +373,55 @@ async fn drives_backups_through_a_real_job_service() {
         Err(e) => panic!("{e}"),
     }
     service.shutdown().await;
+}
+
+/// The copy and the prune of a Backup (uid `b3`, of `vms/web1`) whose secondary
+/// repository keeps its last 3 snapshots and is created by the first copy, as the
+/// operator builds them.
+fn secondary_requests(
+    repo: &ferry_operator::crd::BackupRepositorySpec,
+) -> (proto::StartSyncRequest, proto::StartPruneRequest) {
+    use ferry_operator::crd::{Backup, BackupSpec, Retention, Secondary};
+    let mut b = Backup::new(
+        "web1-now",
+        BackupSpec {
+            source_pvc: "web1".into(),
+            path: None,
+            repository: "site-a".into(),
+            source_id: None,
+            parent: None,
+            tags: None,
+            retain: None,
+            mover: None,
+            volume_snapshot: None,
+            secondary: Some(Secondary {
+                repository: "site-b".into(),
+                retain: Some(Retention {
+                    last: Some(3),
+                    ..Retention::default()
+                }),
+                remove_vanished: None,
+                rate_limit: None,
+                rate_limit_windows: Vec::new(),
+            }),
+            resolved_repository: Some(repo.clone()),
+            resolved_snapshot_metadata: None,
+            resolved_secondary: Some(ferry_operator::crd::BackupRepositorySpec {
+                url: Some("s3://also-unused/site-b".into()),
+                initialize: Some(true),
+                ..repo.clone()
+            }),
+        },
+    );
+    b.metadata.namespace = Some("vms".into());
+    b.metadata.uid = Some("b3".into());
+    let sync = ferry_operator::mover::backup_request::sync_request(&b)
+        .unwrap()
+        .unwrap();
+    let prune = ferry_operator::mover::backup_request::secondary_prune_request(&b)
+        .unwrap()
+        .unwrap();
+    (sync, prune)
 }
 
 /// A TCP proxy that forwards until frozen, then holds its connections open and silent:

@@ -332,6 +332,67 @@ async fn sync_jobs_copy_between_a_directory_and_s3_both_ways_and_the_copies_rest
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
 }
 
+/// `init_destination_if_missing`: a missing destination is created sharing the source's
+/// keys (chunks copied as stored), its own passphrase added as one more key, also when an
+/// earlier sync created it without that key; without the flag a missing destination is
+/// not found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_creates_a_missing_destination_sharing_the_sources_keys() {
+    let mut e = env().await;
+    let primary = dir_repo(&e.root.join("primary"), Some("src-key"));
+    init(&mut e, &primary, 1).await;
+    let disk = e.root.join("disk.img");
+    make(&disk, Pattern::HalfData, 8 * MIB, 7).unwrap();
+    let id = backup(&mut e, &disk, &primary).await;
+
+    let missing = dir_repo(&e.root.join("nowhere"), None);
+    let job = run(
+        e.jobs.clone(),
+        e.jobs
+            .clone()
+            .start_sync(sync_req(&primary, &missing))
+            .await,
+    )
+    .await;
+    assert_eq!(state(&job), JobState::Failed);
+    assert_eq!(job.error.as_ref().unwrap().kind, "not_found", "{job:?}");
+    assert!(!e.root.join("nowhere").join("config").exists());
+
+    // Created without a key of its own (the source's opens it), then synced again with
+    // its own passphrase: the second sync adds it.
+    let replica = dir_repo(&e.root.join("replica"), Some("dst-key"));
+    let mut req = sync_req(&primary, &dir_repo(&e.root.join("replica"), None));
+    req.init_destination_if_missing = true;
+    let r = sync_result(&run(e.jobs.clone(), e.jobs.clone().start_sync(req).await).await);
+    assert_eq!(r.copied, [id.as_str()]);
+    assert!(r.same_keys, "chunks copied as stored: {r:?}");
+    let mut req = sync_req(&primary, &replica);
+    req.init_destination_if_missing = true;
+    let r = sync_result(&run(e.jobs.clone(), e.jobs.clone().start_sync(req).await).await);
+    assert_eq!((r.backups_copied, r.backups_present), (0, 1), "{r:?}");
+    restore_exact(&mut e, &replica, &id, &disk).await;
+    let under_source_key = dir_repo(&e.root.join("replica"), Some("src-key"));
+    restore_exact(&mut e, &under_source_key, &id, &disk).await;
+
+    // Created in one go with its own passphrase.
+    let second = dir_repo(&e.root.join("second"), Some("dst-key"));
+    let mut req = sync_req(&primary, &second);
+    req.init_destination_if_missing = true;
+    let r = sync_result(&run(e.jobs.clone(), e.jobs.clone().start_sync(req).await).await);
+    assert_eq!(r.copied, [id.as_str()]);
+    restore_exact(&mut e, &second, &id, &disk).await;
+    let keys = e
+        .backups
+        .list_keys(proto::ListKeysRequest {
+            repository: Some(second.clone()),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .keys;
+    assert_eq!(keys.len(), 2, "the source's key and its own: {keys:?}");
+}
+
 /// The weekday name of `days` days from now (UTC).
 fn day_from_now(days: i64) -> String {
     let d = (chrono::Utc::now() + chrono::Duration::days(days)).weekday();

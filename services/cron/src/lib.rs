@@ -7,6 +7,8 @@
 //! search walks wall-clock time, and around a repeated hour the next wall time is not
 //! always the next instant (a later pass of an earlier wall time can come first);
 //! [`CronSpec::next_after`] turns its answers into the next instant that is really later.
+//! [`WeeklyWindow`] is the other question a schedule asks of the clock: is it now inside
+//! some days' hours (a sync's bandwidth window)?
 
 #![forbid(unsafe_code)]
 
@@ -17,6 +19,9 @@ pub use chrono_tz::Tz;
 use croner::parser::{CronParser, Seconds, Year};
 use croner::{Cron, JobType};
 use ferry_core::{Error, Result};
+
+mod window;
+pub use window::{WeeklyWindow, DAYS};
 
 /// Longest cron expression accepted.
 pub const MAX_CRON_BYTES: usize = 256;

@@ -15,7 +15,9 @@ use chrono::{DateTime, Utc};
 use ferry_operator::controller::backup::reconcile_backup;
 use ferry_operator::controller::repository::reconcile_repository;
 use ferry_operator::controller::restore::reconcile_restore;
-use ferry_operator::controller::{BackupSummary, JobFailure, JobRequest, JobState, PruneSummary};
+use ferry_operator::controller::{
+    BackupSummary, JobFailure, JobRequest, JobState, PruneSummary, SyncSummary,
+};
 use ferry_operator::crd::{Backup, BackupRepository, BackupSchedule, Restore, VolumeMode};
 use ferry_operator::mover::{backup_pod, restore_pod, MoverPodInput, ResolvedPvc};
 use ferry_operator::schedule::{self, Clock};
@@ -102,6 +104,10 @@ fn mover_pod(object: &Value) -> k8s_openapi::api::core::v1::Pod {
     let mut b = (*backup(object)).clone();
     let repo: BackupRepository = serde_json::from_value(repository_json()).unwrap();
     b.spec.resolved_repository = Some(repo.spec);
+    if b.spec.secondary.is_some() {
+        let second: BackupRepository = serde_json::from_value(secondary_repository_json()).unwrap();
+        b.spec.resolved_secondary = Some(second.spec);
+    }
     backup_pod(
         &b,
         &MoverPodInput {
@@ -493,6 +499,302 @@ async fn a_failed_prune_keeps_the_backup_succeeded() {
     assert_eq!(h.server.expect_event(NS).await.body["reason"], "Succeeded");
     h.ctx.take_watch("uid-b").unwrap().task.await.unwrap();
     h.server.done().await;
+}
+
+const REPO_B: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/backuprepositories/site-b";
+
+/// The secondary repository: another bucket, its own credentials and key, created by the
+/// first copy.
+fn secondary_repository_json() -> Value {
+    json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "BackupRepository",
+        "metadata": {"name": "site-b", "namespace": NS, "uid": "uid-r2", "generation": 1},
+        "spec": {
+            "url": "s3://far-away/site-b",
+            "s3": {"endpointUrl": "https://s3.far-away.example", "region": "eu-north-1",
+                   "accessKeyId": {"name": "s3-b", "key": "id"},
+                   "secretAccessKey": {"name": "s3-b", "key": "secret"}},
+            "encryption": {"keySecretRef": {"name": "backup-key-b", "key": "passphrase"}},
+            "initialize": true,
+        },
+    })
+}
+
+/// Backup `web1-now` after its backup and prune, with a secondary that keeps 12 monthly
+/// snapshots, copied at 10 MiB/s at most on weekdays' office hours.
+fn secondary_backup_json(status: Value) -> Value {
+    let mut b = backup_json(Some(status));
+    b["spec"]["secondary"] = json!({
+        "repository": "site-b", "retain": {"monthly": 12},
+        "rateLimit": 10 * MIB,
+        "rateLimitWindows": [{"days": ["mon", "tue", "wed", "thu", "fri"],
+                              "start": "08:00", "end": "18:00", "timeZone": "Europe/Oslo"}],
+    });
+    b
+}
+
+fn pruned_status() -> Value {
+    let mut status = running_status();
+    status["snapshotId"] = json!("20261202T030000Z-0a1b2c3d");
+    status["pruned"] = json!(0);
+    status["kept"] = json!(1);
+    status
+}
+
+/// A reconcile of a Backup whose mover runs: both repositories looked up, the mover's
+/// token read (by the `first` reconcile of this operator), then the scripted job followed
+/// to the status write it ends in.
+async fn secondary_step(h: &mut Harness, object: &Value, first: bool) -> Value {
+    let task = tokio::spawn(reconcile_backup(backup(object), h.ctx.clone()));
+    h.server
+        .expect("GET", REPO, Reply::Ok(repository_json()))
+        .await;
+    h.server
+        .expect("GET", REPO_B, Reply::Ok(secondary_repository_json()))
+        .await;
+    if first {
+        h.server
+            .expect(
+                "GET",
+                &format!("{SECRETS}/web1-now-fbk-1-token"),
+                Reply::Ok(secret("web1-now-fbk-1-token", &["token"])),
+            )
+            .await;
+    }
+    finish(task).await;
+    h.server
+        .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
+        .await
+        .body["status"]
+        .clone()
+}
+
+/// The mover removed at the end: its pod, token and NetworkPolicy.
+async fn mover_removed(h: &mut Harness) {
+    h.server
+        .expect("DELETE", &format!("{PODS}/web1-now-fbk-1"), Reply::Deleted)
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{SECRETS}/web1-now-fbk-1-token"),
+            Reply::Deleted,
+        )
+        .await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{NETPOLS}/web1-now-fbk-1"),
+            Reply::Deleted,
+        )
+        .await;
+}
+
+/// After the backup and its prune, the same mover copies the source's snapshots into the
+/// secondary repository (created from the primary, the selection and the bandwidth
+/// windows as the spec says), then prunes the secondary by its own rules; the status
+/// says what each did.
+#[tokio::test]
+async fn a_backup_copies_into_its_secondary_then_prunes_there() {
+    let mut h = Harness::new(settings());
+    let object = secondary_backup_json(pruned_status());
+    let pod = mover_pod(&object);
+    let json = serde_json::to_value(&pod).unwrap();
+    let projected: Vec<&str> = json["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "secrets")
+        .unwrap()["projected"]["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["secret"]["items"].as_array().unwrap())
+        .map(|i| i["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        projected,
+        [
+            "backup-key/passphrase",
+            "backup-key-b/passphrase",
+            "s3/id",
+            "s3/secret",
+            "s3-b/id",
+            "s3-b/secret"
+        ],
+        "both repositories' keys and credentials, as files"
+    );
+    h.pod_seen(ready(pod, "node-a"));
+    let id = job_id("uid-b/sync");
+    let mut synced = report(&id, JobState::Succeeded, 0);
+    synced.sync = Some(SyncSummary {
+        copied: 2,
+        present: 1,
+        chunks_copied: 40,
+        bytes_copied: 9 * MIB,
+        removed: 0,
+    });
+    h.link.script(&id, vec![synced]);
+    let step = secondary_step(&mut h, &object, true).await;
+    assert_eq!(
+        step["phase"], "Running",
+        "the secondary's prune is still to run"
+    );
+    assert_eq!(
+        step["secondary"],
+        json!({"repository": "site-b", "snapshotsCopied": 2, "snapshotsPresent": 1,
+               "chunksCopied": 40, "bytesCopied": 9 * MIB, "snapshotsRemoved": 0})
+    );
+    let event = h.server.expect_event(NS).await.body;
+    assert_eq!(event["reason"], "StepSucceeded");
+    assert_eq!(
+        event["note"],
+        "sync copied 2 snapshots (40 chunks, 9437184 bytes); pruning the secondary repository site-b"
+    );
+    h.ctx.take_watch("uid-b").unwrap().task.await.unwrap();
+    h.server.done().await;
+
+    let object = with_status(&object, &json!({ "status": step }));
+    let id = job_id("uid-b/prune-secondary");
+    let mut pruned = report(&id, JobState::Succeeded, 0);
+    pruned.prune = Some(PruneSummary {
+        kept: 12,
+        removed: 3,
+        removed_ids: Vec::new(),
+        kept_ids: Vec::new(),
+    });
+    h.link.script(&id, vec![pruned]);
+    let end = secondary_step(&mut h, &object, false).await;
+    assert_eq!(end["phase"], "Succeeded");
+    assert_eq!(end["secondary"]["pruned"], 3);
+    assert_eq!(end["pruned"], 0, "the primary's prune stays as it was");
+    assert!(end["prunedSnapshots"].is_null(), "{end}");
+    mover_removed(&mut h).await;
+    assert_eq!(h.server.expect_event(NS).await.body["reason"], "Succeeded");
+    h.ctx.take_watch("uid-b").unwrap().task.await.unwrap();
+    h.server.done().await;
+
+    let calls = h.link.calls();
+    let Call::Start(JobRequest::Sync(sync)) = &calls[0] else {
+        panic!("{calls:?}")
+    };
+    let (src, dst) = (
+        sync.source.as_ref().unwrap(),
+        sync.destination.as_ref().unwrap(),
+    );
+    assert_eq!(src.url, "s3://backups/site-a");
+    assert_eq!(dst.url, "s3://far-away/site-b");
+    assert_eq!(dst.s3.as_ref().unwrap().region, "eu-north-1");
+    assert!(
+        format!("{:?}", dst.key).contains("backup-key-b/passphrase"),
+        "the secondary's key, as a file: {:?}",
+        dst.key
+    );
+    assert_eq!(sync.source_id, "vms/web1");
+    assert_eq!(sync.retention.as_ref().unwrap().keep_monthly, 12);
+    assert_eq!(sync.rate_limit, 10 * MIB);
+    assert_eq!(sync.rate_limit_windows.len(), 1);
+    assert_eq!(sync.rate_limit_windows[0].time_zone, "Europe/Oslo");
+    assert_eq!(sync.rate_limit_windows[0].days.len(), 5);
+    assert!(sync.init_destination_if_missing && !sync.remove_vanished);
+    assert_eq!(sync.idempotency_key, "uid-b/sync");
+    let Call::Start(JobRequest::Prune(prune)) = &calls[2] else {
+        panic!("{calls:?}")
+    };
+    assert_eq!(
+        prune.repository.as_ref().unwrap().url,
+        "s3://far-away/site-b"
+    );
+    assert_eq!(prune.retention.as_ref().unwrap().keep_monthly, 12);
+    assert_eq!(prune.idempotency_key, "uid-b/prune-secondary");
+    assert_eq!(calls.len(), 4, "{calls:?}");
+}
+
+/// The secondary unreachable: the Backup Succeeded all the same (its snapshot is in the
+/// primary), the copy's error recorded, no prune of the secondary, no new mover.
+#[tokio::test]
+async fn a_failed_copy_into_the_secondary_keeps_the_backup_succeeded() {
+    let mut h = Harness::new(settings());
+    let object = secondary_backup_json(pruned_status());
+    h.pod_seen(ready(mover_pod(&object), "node-a"));
+    let id = job_id("uid-b/sync");
+    let mut failed = report(&id, JobState::Failed, 0);
+    failed.error = Some(JobFailure {
+        kind: "timeout".into(),
+        message: "s3://far-away/site-b: no answer in 30 s".into(),
+    });
+    h.link.script(&id, vec![failed]);
+    let end = secondary_step(&mut h, &object, true).await;
+    assert_eq!(end["phase"], "Succeeded");
+    assert_eq!(
+        end["secondary"]["error"],
+        "sync timeout: s3://far-away/site-b: no answer in 30 s"
+    );
+    assert!(end["secondary"]["pruned"].is_null());
+    mover_removed(&mut h).await;
+    assert_eq!(h.server.expect_event(NS).await.body["reason"], "Succeeded");
+    h.ctx.take_watch("uid-b").unwrap().task.await.unwrap();
+    h.server.done().await;
+    assert_eq!(h.link.calls().len(), 2, "{:?}", h.link.calls());
+}
+
+/// A failed prune of the primary does not keep the copy from running.
+#[tokio::test]
+async fn a_failed_prune_still_copies_into_the_secondary() {
+    let mut h = Harness::new(settings());
+    let mut status = pruned_status();
+    status.as_object_mut().unwrap().remove("pruned");
+    status.as_object_mut().unwrap().remove("kept");
+    let object = secondary_backup_json(status);
+    h.pod_seen(ready(mover_pod(&object), "node-a"));
+    let id = job_id("uid-b/prune");
+    let mut failed = report(&id, JobState::Failed, 0);
+    failed.error = Some(JobFailure {
+        kind: "invalid_input".into(),
+        message: "the repository is locked by another prune".into(),
+    });
+    h.link.script(&id, vec![failed]);
+    let step = secondary_step(&mut h, &object, true).await;
+    assert_eq!(step["phase"], "Running");
+    assert_eq!(
+        step["pruneError"],
+        "prune invalid_input: the repository is locked by another prune"
+    );
+    let event = h.server.expect_event(NS).await.body;
+    assert_eq!(
+        event["note"],
+        "prune invalid_input: the repository is locked by another prune; copying the snapshots into the secondary repository site-b"
+    );
+    h.ctx.take_watch("uid-b").unwrap().task.await.unwrap();
+    h.server.done().await;
+}
+
+/// A secondary that names no existing repository: InvalidSpec, before any mover.
+#[tokio::test]
+async fn a_missing_secondary_repository_is_an_invalid_spec() {
+    let mut h = Harness::new(settings());
+    let mut object = secondary_backup_json(json!({}));
+    object.as_object_mut().unwrap().remove("status");
+    let task = tokio::spawn(reconcile_backup(backup(&object), h.ctx.clone()));
+    h.server
+        .expect("GET", REPO, Reply::Ok(repository_json()))
+        .await;
+    h.server.expect("GET", REPO_B, Reply::NotFound).await;
+    let seen = h
+        .server
+        .expect("PATCH", B_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let failed = &seen.body["status"];
+    assert_eq!(failed["phase"], "Failed");
+    assert_eq!(condition(failed, "Ready")["reason"], "InvalidSpec");
+    assert_eq!(
+        failed["message"],
+        "spec.secondary.repository: BackupRepository 'site-b' does not exist in this namespace: create it, or fix the name: fix the spec and create the Backup again"
+    );
+    h.server.expect_event(NS).await;
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+    assert!(h.link.calls().is_empty());
 }
 
 /// A Backup naming no existing repository, and one whose repository has a password in
@@ -938,6 +1240,96 @@ async fn a_schedule_fires_without_overlap_and_records_each_backup() {
     assert_eq!(status["lastBackup"], "nightly-20261203030000");
     assert_eq!(status["nextSyncTime"], "2026-12-04T03:00:00Z");
     s.server.expect("PATCH", &repeat, Reply::Echo).await;
+    finish(task).await;
+    s.server.done().await;
+}
+
+/// A schedule's secondary goes into each Backup it fires; a Backup whose copy failed is
+/// a warning and the schedule's secondaryError, a later one that copied clears it and
+/// becomes lastSecondarySnapshot.
+#[tokio::test]
+async fn a_schedule_copies_into_its_secondary_and_reports_failed_copies() {
+    let mut s = Sched::new("2026-12-02T03:00:05Z");
+    let secondary = json!({"repository": "site-b", "removeVanished": true});
+    let mut object = schedule_json(Some(json!({"nextSyncTime": "2026-12-02T03:00:00Z",
+                                                "observedGeneration": 1})));
+    object["spec"]["secondary"] = secondary.clone();
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, vec![]).await;
+    let created = s.server.expect("POST", BACKUPS, Reply::Echo).await.body;
+    assert_eq!(created["spec"]["secondary"], secondary);
+    let status = s
+        .server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await
+        .body["status"]
+        .clone();
+    s.server.expect_event(NS).await;
+    finish(task).await;
+    s.server.done().await;
+
+    // It succeeded, but its copy failed: a warning, the schedule's secondaryError.
+    s.set("2026-12-02T03:30:00Z");
+    let object = with_status(&object, &json!({ "status": status }));
+    let failed_copy = json!({"repository": "site-b", "snapshotsCopied": 0,
+                             "error": "sync timeout: s3://far-away/site-b: no answer in 30 s"});
+    let done = scheduled_backup(
+        "nightly-20261202030000",
+        "Succeeded",
+        json!({"snapshotId": "20261202T030002Z-0a1b2c3d", "secondary": failed_copy,
+               "completionTime": "2026-12-02T03:10:00Z"}),
+    );
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, vec![done]).await;
+    assert_eq!(
+        s.server.expect_event(NS).await.body["reason"],
+        "BackupSucceeded"
+    );
+    let event = s.server.expect_event(NS).await.body;
+    assert_eq!(
+        (event["type"].clone(), event["reason"].clone()),
+        (json!("Warning"), json!("SecondaryCopyFailed"))
+    );
+    assert_eq!(
+        event["note"],
+        "Backup nightly-20261202030000's copy into the secondary repository: sync timeout: s3://far-away/site-b: no answer in 30 s"
+    );
+    let status = s
+        .server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await
+        .body["status"]
+        .clone();
+    assert_eq!(
+        status["secondaryError"],
+        "sync timeout: s3://far-away/site-b: no answer in 30 s"
+    );
+    assert!(status["lastSecondarySnapshot"].is_null(), "{status}");
+    finish(task).await;
+    s.server.done().await;
+
+    // A later one (run by hand) copied (its own snapshot and the one before): the error cleared.
+    let object = with_status(&object, &json!({ "status": status }));
+    let next = scheduled_backup(
+        "nightly-20261202033000",
+        "Succeeded",
+        json!({"snapshotId": "20261202T033002Z-0b1b2c3d",
+               "secondary": {"repository": "site-b", "snapshotsCopied": 2},
+               "completionTime": "2026-12-02T03:35:00Z"}),
+    );
+    // A new operator: kube's recorder would send this BackupSucceeded as a series patch.
+    let mut s = Sched::new("2026-12-02T03:40:00Z");
+    let task = tokio::spawn(schedule::reconcile(sched(&object), s.ctx.clone()));
+    looked_up(&mut s, vec![next]).await;
+    s.server.expect_event(NS).await;
+    let status = s
+        .server
+        .expect("PATCH", S_STATUS, Reply::ApplyStatus(object.clone()))
+        .await
+        .body["status"]
+        .clone();
+    assert!(status["secondaryError"].is_null(), "{status}");
+    assert_eq!(status["lastSecondarySnapshot"], "20261202T033002Z-0b1b2c3d");
     finish(task).await;
     s.server.done().await;
 }

@@ -15,16 +15,18 @@ use kube::Api;
 
 use crate::crd::status::condition::reason;
 use crate::crd::{
-    kept_snapshots, pruned_snapshots, Backup, BackupRepository, BackupStatus, Endpoint,
-    MetadataLookup, SecretKeyRef, ValidationError,
+    kept_snapshots, pruned_snapshots, Backup, BackupRepository, BackupRepositorySpec, BackupSpec,
+    BackupStatus, Endpoint, MetadataLookup, SecondaryStatus, SecretKeyRef, ValidationError,
 };
-use crate::mover::backup_request::{backup_request, prune_request};
+use crate::mover::backup_request::{
+    backup_request, prune_request, secondary_prune_request, sync_request,
+};
 use crate::mover::{backup_pod, MoverError, MoverPodInput, ResolvedPvc};
 
 use super::context::Context;
 use super::error::Error;
 use super::kind::{Claim, MoverKind, Outcome};
-use super::link::{JobReport, JobRequest, JobState};
+use super::link::{BackupSummary, JobReport, JobRequest};
 use super::progress::{failure_text, first_failure, is_transient, overall};
 use super::reconcile::reconcile;
 use super::snapshot_metadata;
@@ -41,6 +43,10 @@ pub async fn reconcile_backup(obj: Arc<Backup>, ctx: Arc<Context>) -> Result<Act
     let repository = api.get_opt(&obj.spec.repository).await?;
     let mut resolved = obj.as_ref().clone();
     resolved.spec.resolved_repository = repository.map(|r| r.spec);
+    if let Some(secondary) = &obj.spec.secondary {
+        resolved.spec.resolved_secondary =
+            api.get_opt(&secondary.repository).await?.map(|r| r.spec);
+    }
     if mover_may_start(&obj, &ctx) {
         resolved.spec.resolved_snapshot_metadata = snapshot_metadata::lookup(&ctx, &obj).await?;
     }
@@ -63,9 +69,114 @@ fn backed_up(status: &BackupStatus) -> bool {
     status.snapshot_id.is_some()
 }
 
-/// Whether the prune step is due and not done.
-fn prune_due(backup: &Backup, status: &BackupStatus) -> bool {
-    backup.spec.retain.is_some() && status.pruned.is_none()
+/// The steps of a Backup, in order, on one mover; the status records each one's end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// The backup job.
+    Backup,
+    /// The prune of the source's snapshots by `retain`.
+    Prune,
+    /// The copy into `secondary`.
+    Sync,
+    /// The prune of the secondary by its `retain`.
+    SecondaryPrune,
+    /// Nothing left.
+    Done,
+}
+
+impl Step {
+    /// The step as messages name it.
+    fn name(self) -> &'static str {
+        match self {
+            Self::Backup => "backup",
+            Self::Prune => "prune",
+            Self::Sync => "sync",
+            Self::SecondaryPrune => "secondary prune",
+            Self::Done => "done",
+        }
+    }
+
+    /// What the step does, for the message of the step before it.
+    fn doing(self, spec: &BackupSpec) -> String {
+        let secondary = spec
+            .secondary
+            .as_ref()
+            .map_or("", |s| s.repository.as_str());
+        match self {
+            Self::Prune => "pruning the source's older snapshots".into(),
+            Self::Sync => {
+                format!("copying the snapshots into the secondary repository {secondary}")
+            }
+            Self::SecondaryPrune => format!("pruning the secondary repository {secondary}"),
+            Self::Backup | Self::Done => String::new(),
+        }
+    }
+
+    /// Whether the step's failure leaves the Backup to go on: the snapshot is written
+    /// and restorable by then. A failed copy (or a prune of the secondary) is not retried
+    /// on a new mover either: the next backup's copy sends what this one did not.
+    fn failure_continues(self, kind: &str) -> bool {
+        match self {
+            Self::Backup | Self::Done => false,
+            Self::Prune => !is_transient(kind),
+            Self::Sync | Self::SecondaryPrune => true,
+        }
+    }
+}
+
+/// The step the status says is next.
+fn next_step(spec: &BackupSpec, status: &BackupStatus) -> Step {
+    if !backed_up(status) {
+        return Step::Backup;
+    }
+    if spec.retain.is_some() && status.pruned.is_none() && status.prune_error.is_none() {
+        return Step::Prune;
+    }
+    let Some(secondary) = &spec.secondary else {
+        return Step::Done;
+    };
+    match &status.secondary {
+        None => Step::Sync,
+        Some(s)
+            if secondary.retain.is_some()
+                && s.error.is_none()
+                && s.pruned.is_none()
+                && s.prune_error.is_none() =>
+        {
+            Step::SecondaryPrune
+        }
+        Some(_) => Step::Done,
+    }
+}
+
+/// What a step that ended without a failure did, for the message of its end.
+fn step_done(step: Step, reports: &[JobReport]) -> String {
+    let summary = |f: &dyn Fn(&JobReport) -> Option<String>| reports.iter().find_map(f);
+    let text = match step {
+        Step::Backup => summary(&|r| {
+            r.backup.as_ref().map(|b| {
+                format!(
+                    "snapshot {} written ({} bytes new)",
+                    b.snapshot_id, b.bytes_new
+                )
+            })
+        }),
+        Step::Prune | Step::SecondaryPrune => summary(&|r| {
+            r.prune
+                .as_ref()
+                .map(|p| format!("{} removed {} snapshots", step.name(), p.removed))
+        }),
+        Step::Sync => summary(&|r| {
+            r.sync.as_ref().map(|y| {
+                format!(
+                    "sync copied {} snapshots ({} chunks, {} bytes)",
+                    y.copied, y.chunks_copied, y.bytes_copied
+                )
+            })
+        }),
+        Step::Done => None,
+    };
+    text.unwrap_or_else(|| format!("{} done", step.name()))
 }
 
 impl MoverKind for Backup {
@@ -82,16 +193,19 @@ impl MoverKind for Backup {
     }
 
     fn claims(&self) -> Vec<Claim<'_>> {
-        let mut claims = vec![Claim::Existing(self.spec.source_pvc.as_str())];
-        if let Some(pvc) = self
-            .spec
-            .resolved_repository
-            .as_ref()
-            .and_then(|r| r.pvc.as_ref())
-        {
-            claims.push(Claim::Existing(pvc.name.as_str()));
-        }
-        claims
+        let repositories = [
+            &self.spec.resolved_repository,
+            &self.spec.resolved_secondary,
+        ];
+        std::iter::once(self.spec.source_pvc.as_str())
+            .chain(
+                repositories
+                    .into_iter()
+                    .filter_map(|r| r.as_ref()?.pvc.as_ref())
+                    .map(|pvc| pvc.name.as_str()),
+            )
+            .map(Claim::Existing)
+            .collect()
     }
 
     fn endpoints(&self) -> Vec<&Endpoint> {
@@ -99,10 +213,14 @@ impl MoverKind for Backup {
     }
 
     fn secret_keys(&self) -> Vec<&SecretKeyRef> {
-        self.spec
-            .resolved_repository
-            .as_ref()
-            .map_or_else(Vec::new, |repo| repo.secret_refs())
+        [
+            &self.spec.resolved_repository,
+            &self.spec.resolved_secondary,
+        ]
+        .into_iter()
+        .flatten()
+        .flat_map(BackupRepositorySpec::secret_refs)
+        .collect()
     }
 
     fn mover_pod(&self, input: &MoverPodInput<'_>) -> Result<Pod, MoverError> {
@@ -114,17 +232,22 @@ impl MoverKind for Backup {
         status: &BackupStatus,
         pvcs: &[ResolvedPvc],
     ) -> Result<Vec<JobRequest>, MoverError> {
-        if !backed_up(status) {
-            return Ok(vec![JobRequest::Backup(Box::new(backup_request(
-                self, pvcs,
-            )?))]);
-        }
-        if prune_due(self, status) {
-            if let Some(prune) = prune_request(self)? {
-                return Ok(vec![JobRequest::Prune(Box::new(prune))]);
-            }
-        }
-        Ok(Vec::new())
+        Ok(match next_step(&self.spec, status) {
+            Step::Backup => vec![JobRequest::Backup(Box::new(backup_request(self, pvcs)?))],
+            Step::Prune => prune_request(self)?
+                .map(|r| JobRequest::Prune(Box::new(r)))
+                .into_iter()
+                .collect(),
+            Step::Sync => sync_request(self)?
+                .map(|r| JobRequest::Sync(Box::new(r)))
+                .into_iter()
+                .collect(),
+            Step::SecondaryPrune => secondary_prune_request(self)?
+                .map(|r| JobRequest::Prune(Box::new(r)))
+                .into_iter()
+                .collect(),
+            Step::Done => Vec::new(),
+        })
     }
 
     fn observe(&self, status: &mut BackupStatus, reports: &[JobReport]) {
@@ -139,84 +262,137 @@ impl MoverKind for Backup {
     }
 
     fn outcome(&self, status: &BackupStatus, reports: &[JobReport]) -> Outcome {
-        if let Some((_, failed)) = first_failure(reports) {
-            let (kind, message) = failure_text(failed);
-            if backed_up(status) && failed.state == JobState::Failed && !is_transient(&kind) {
-                // The snapshot is written and restorable: a prune that fails does not undo
-                // the backup (as a backup job of the service ends): `succeed` records why.
-                return Outcome::Succeeded;
-            }
-            let step = if backed_up(status) { "prune" } else { "backup" };
-            let message = format!("{step} {kind}: {message}");
-            return if is_transient(&kind) {
-                Outcome::Retry { message }
-            } else {
-                Outcome::Failed {
-                    reason: reason::FAILED,
-                    message,
+        let step = next_step(&self.spec, status);
+        let mut after = status.clone();
+        self.record(&mut after, reports);
+        let next = next_step(&self.spec, &after);
+        let done = match first_failure(reports) {
+            Some((_, failed)) => {
+                let (kind, message) = failure_text(failed);
+                let message = format!("{} {kind}: {message}", step.name());
+                if !step.failure_continues(&kind) {
+                    return if is_transient(&kind) {
+                        Outcome::Retry { message }
+                    } else {
+                        Outcome::Failed {
+                            reason: reason::FAILED,
+                            message,
+                        }
+                    };
                 }
-            };
-        }
-        let snapshot = reports.iter().find_map(|r| r.backup.as_ref());
-        match snapshot {
-            Some(b) if self.spec.retain.is_some() && status.pruned.is_none() => {
-                Outcome::Continue {
-                    message: format!(
-                        "snapshot {} written ({} bytes new); pruning the source's older snapshots",
-                        b.snapshot_id, b.bytes_new
-                    ),
-                }
+                message
             }
-            None if !backed_up(status) && !reports.is_empty() => Outcome::Failed {
+            None if next == step && step != Step::Done => return Outcome::Failed {
                 reason: reason::FAILED,
-                message: "the mover reported the backup done without a snapshot id: check the mover's version".into(),
+                message: format!(
+                    "the mover reported the {} done without its result: check the mover's version",
+                    step.name()
+                ),
             },
-            _ => Outcome::Succeeded,
+            None => step_done(step, reports),
+        };
+        match next {
+            Step::Done => Outcome::Succeeded,
+            next => Outcome::Continue {
+                message: format!("{done}; {}", next.doing(&self.spec)),
+            },
         }
     }
 
     fn keep_lookups(&self, written: &mut Self) {
         written.spec.resolved_repository = self.spec.resolved_repository.clone();
+        written.spec.resolved_secondary = self.spec.resolved_secondary.clone();
         written.spec.resolved_snapshot_metadata = self.spec.resolved_snapshot_metadata.clone();
     }
 
     fn succeed(&self, status: &mut BackupStatus, reports: &[JobReport]) {
-        for r in reports {
-            if let Some(b) = &r.backup {
-                status.snapshot_id = Some(b.snapshot_id.clone());
-                status.parent_id = (!b.parent_id.is_empty()).then(|| b.parent_id.clone());
-                status.bytes_read = Some(b.bytes_read);
-                status.bytes_new = Some(b.bytes_new);
-                status.bytes_reused = Some(b.bytes_reused);
-                status.block_hash = (!b.block_hash.is_empty()).then(|| b.block_hash.clone());
-                status.changed_block_tracking = (!b.changed_block_tracking.is_empty())
-                    .then(|| b.changed_block_tracking.clone());
-                let not_asked = match &self.spec.resolved_snapshot_metadata {
-                    Some(MetadataLookup::Unavailable(why)) => Some(why.clone()),
-                    _ => None,
-                };
-                let full_reason = (!b.full_reason.is_empty()).then(|| b.full_reason.clone());
-                status.full_reason = match (not_asked, full_reason) {
-                    (Some(a), Some(b)) => Some(format!("{a}; {b}")),
-                    (a, b) => a.or(b),
-                };
-                status.snapshot_handle = match &self.spec.resolved_snapshot_metadata {
-                    Some(MetadataLookup::Service(service)) => Some(service.snapshot_handle.clone()),
-                    _ => None,
-                };
-            }
-            if let Some(p) = &r.prune {
-                status.pruned = Some(p.removed);
-                status.kept = Some(p.kept);
-                // Bounded and checked here too: the status is what a schedule acts on.
-                status.pruned_snapshots =
-                    pruned_snapshots(p.removed_ids.iter().map(String::as_str));
-                status.kept_snapshots = kept_snapshots(p.kept_ids.iter().map(String::as_str));
-            }
-        }
-        if let Some((_, failed)) = first_failure(reports) {
+        self.record(status, reports);
+    }
+}
+
+impl Backup {
+    /// What the step the status says is next produced, into the status: a backup's
+    /// snapshot, a prune's lists, a copy's counts, or the step's failure.
+    fn record(&self, status: &mut BackupStatus, reports: &[JobReport]) {
+        let step = next_step(&self.spec, status);
+        let failure = first_failure(reports).map(|(_, failed)| {
             let (kind, message) = failure_text(failed);
-            status.prune_error = Some(format!("prune {kind}: {message}"));
+            format!("{} {kind}: {message}", step.name())
+        });
+        let prune = reports.iter().find_map(|r| r.prune.as_ref());
+        match step {
+            Step::Backup => {
+                if let Some(b) = reports.iter().find_map(|r| r.backup.as_ref()) {
+                    self.record_backup(status, b);
+                }
+            }
+            Step::Prune => match (prune, failure) {
+                (Some(p), _) => {
+                    status.pruned = Some(p.removed);
+                    status.kept = Some(p.kept);
+                    // Bounded and checked here too: the status is what a schedule acts on.
+                    status.pruned_snapshots =
+                        pruned_snapshots(p.removed_ids.iter().map(String::as_str));
+                    status.kept_snapshots = kept_snapshots(p.kept_ids.iter().map(String::as_str));
+                }
+                (None, failure) => status.prune_error = failure,
+            },
+            Step::Sync => {
+                let sync = reports.iter().find_map(|r| r.sync.as_ref());
+                if sync.is_none() && failure.is_none() {
+                    return;
+                }
+                let sync = sync.cloned().unwrap_or_default();
+                status.secondary = Some(SecondaryStatus {
+                    repository: self
+                        .spec
+                        .secondary
+                        .as_ref()
+                        .map(|s| s.repository.clone())
+                        .unwrap_or_default(),
+                    snapshots_copied: sync.copied,
+                    snapshots_present: sync.present,
+                    chunks_copied: sync.chunks_copied,
+                    bytes_copied: sync.bytes_copied,
+                    snapshots_removed: sync.removed,
+                    pruned: None,
+                    error: failure,
+                    prune_error: None,
+                });
+            }
+            Step::SecondaryPrune => {
+                if let Some(secondary) = status.secondary.as_mut() {
+                    match (prune, failure) {
+                        (Some(p), _) => secondary.pruned = Some(p.removed),
+                        (None, failure) => secondary.prune_error = failure,
+                    }
+                }
+            }
+            Step::Done => {}
         }
+    }
+
+    fn record_backup(&self, status: &mut BackupStatus, b: &BackupSummary) {
+        status.snapshot_id = Some(b.snapshot_id.clone());
+        status.parent_id = (!b.parent_id.is_empty()).then(|| b.parent_id.clone());
+        status.bytes_read = Some(b.bytes_read);
+        status.bytes_new = Some(b.bytes_new);
+        status.bytes_reused = Some(b.bytes_reused);
+        status.block_hash = (!b.block_hash.is_empty()).then(|| b.block_hash.clone());
+        status.changed_block_tracking =
+            (!b.changed_block_tracking.is_empty()).then(|| b.changed_block_tracking.clone());
+        let not_asked = match &self.spec.resolved_snapshot_metadata {
+            Some(MetadataLookup::Unavailable(why)) => Some(why.clone()),
+            _ => None,
+        };
+        let full_reason = (!b.full_reason.is_empty()).then(|| b.full_reason.clone());
+        status.full_reason = match (not_asked, full_reason) {
+            (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+            (a, b) => a.or(b),
+        };
+        status.snapshot_handle = match &self.spec.resolved_snapshot_metadata {
+            Some(MetadataLookup::Service(service)) => Some(service.snapshot_handle.clone()),
+            _ => None,
+        };
     }
 }

@@ -255,6 +255,7 @@ async fn send(client: &mut Client, job: &JobRequest) -> Result<proto::Job, Statu
         JobRequest::Backup(r) => client.start_backup(r.as_ref().clone()).await,
         JobRequest::Prune(r) => client.start_prune(r.as_ref().clone()).await,
         JobRequest::Restore(r) => client.start_restore(r.as_ref().clone()).await,
+        JobRequest::Sync(r) => client.start_sync(r.as_ref().clone()).await,
     };
     Ok(job?.into_inner())
 }

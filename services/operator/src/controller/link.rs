@@ -64,6 +64,8 @@ pub enum JobRequest {
     Prune(Box<proto::StartPruneRequest>),
     /// A restore of a snapshot.
     Restore(Box<proto::StartRestoreRequest>),
+    /// A copy of snapshots into another repository.
+    Sync(Box<proto::StartSyncRequest>),
 }
 
 impl JobRequest {
@@ -75,6 +77,7 @@ impl JobRequest {
             Self::Backup(request) => &request.idempotency_key,
             Self::Prune(request) => &request.idempotency_key,
             Self::Restore(request) => &request.idempotency_key,
+            Self::Sync(request) => &request.idempotency_key,
         }
     }
 
@@ -86,6 +89,7 @@ impl JobRequest {
             Self::Backup(request) => &request.labels,
             Self::Prune(request) => &request.labels,
             Self::Restore(request) => &request.labels,
+            Self::Sync(request) => &request.labels,
         }
     }
 }
@@ -151,6 +155,8 @@ pub struct JobReport {
     pub restored_snapshot: Option<String>,
     /// What a finished prune did.
     pub prune: Option<PruneSummary>,
+    /// What a finished sync copied.
+    pub sync: Option<SyncSummary>,
 }
 
 impl JobReport {
@@ -168,6 +174,7 @@ impl JobReport {
             targets: Vec::new(),
             backup: None,
             prune: None,
+            sync: None,
             restored_snapshot: None,
         }
     }
@@ -210,6 +217,21 @@ pub struct PruneSummary {
     /// [`crate::crd::MAX_KEPT_SNAPSHOTS`] of them (the first ones) when more were kept,
     /// so fewer than `kept` then.
     pub kept_ids: Vec<String>,
+}
+
+/// What a sync job copied, once it succeeded.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncSummary {
+    /// Snapshots copied.
+    pub copied: u64,
+    /// Selected snapshots the destination had already.
+    pub present: u64,
+    /// Chunks sent.
+    pub chunks_copied: u64,
+    /// Bytes sent, as the destination stores them.
+    pub bytes_copied: u64,
+    /// Snapshots removed from the destination (remove_vanished).
+    pub removed: u64,
 }
 
 /// One target of a transfer job as the mover reports it.

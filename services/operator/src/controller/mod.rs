@@ -61,7 +61,7 @@ pub use grpc_link::{GrpcMoverLink, LinkTimeouts};
 pub use kind::MoverKind;
 pub use link::{
     BackupSummary, JobFailure, JobReport, JobRequest, JobState, LinkError, MoverAddress, MoverLink,
-    PruneSummary, ReportStream, TargetReport,
+    PruneSummary, ReportStream, SyncSummary, TargetReport,
 };
 pub use reconcile::reconcile;
 pub use settings::OperatorSettings;

@@ -14,7 +14,8 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::backup_repository::BackupRepositorySpec;
+use super::backup_repository::{named_repository, BackupRepositorySpec};
+use super::secondary::{Secondary, SecondaryStatus};
 use super::settings::MoverSettings;
 use super::status::{Phase, Progress};
 use super::validate::{check_pvc_name, invalid, ValidationError};
@@ -128,11 +129,20 @@ pub struct BackupSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub volume_snapshot: Option<String>,
+    /// After the backup (and its prune), copy the source's snapshots into a second
+    /// BackupRepository (another site), and prune there by its own rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secondary: Option<Secondary>,
     /// The named repository's spec, looked up by the operator before each reconcile;
     /// never stored.
     #[serde(skip)]
     #[schemars(skip)]
     pub resolved_repository: Option<BackupRepositorySpec>,
+    /// The secondary repository's spec, looked up like `resolved_repository`; never
+    /// stored.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub resolved_secondary: Option<BackupRepositorySpec>,
     /// The SnapshotMetadataService of `volumeSnapshot`'s driver, looked up by the operator
     /// before a mover starts; never stored.
     #[serde(skip)]
@@ -322,33 +332,29 @@ impl BackupSpec {
         if let Some(retain) = &self.retain {
             retain.validate("spec.retain")?;
         }
-        match &self.resolved_repository {
-            None => Err(invalid(
+        let repo = named_repository(
+            "spec.repository",
+            &self.repository,
+            self.resolved_repository.as_ref(),
+        )?;
+        if repo.pvc.as_ref().is_some_and(|p| p.name == self.source_pvc) {
+            return Err(invalid(
                 "spec.repository",
                 &format!(
-                    "BackupRepository '{}' does not exist in this namespace: create it, or fix the name",
+                    "BackupRepository '{}' is kept in the claim being backed up: keep it in another claim or in S3",
                     self.repository
                 ),
-            )),
-            Some(repo) => {
-                repo.validate().map_err(|e| {
-                    invalid(
-                        "spec.repository",
-                        &format!("BackupRepository '{}' is not valid: {e}", self.repository),
-                    )
-                })?;
-                if repo.pvc.as_ref().is_some_and(|p| p.name == self.source_pvc) {
-                    return Err(invalid(
-                        "spec.repository",
-                        &format!(
-                            "BackupRepository '{}' is kept in the claim being backed up: keep it in another claim or in S3",
-                            self.repository
-                        ),
-                    ));
-                }
-                Ok(())
-            }
+            ));
         }
+        if let Some(secondary) = &self.secondary {
+            secondary.validate(
+                "spec.secondary",
+                &self.repository,
+                &self.source_pvc,
+                Some((self.resolved_secondary.as_ref(), Some(repo))),
+            )?;
+        }
+        Ok(())
     }
 
     /// The source id: `sourceId`, or `<namespace>/<sourcePVC>`.
@@ -421,6 +427,9 @@ pub struct BackupStatus {
     /// the same; the next backup's prune tries again).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prune_error: Option<String>,
+    /// What the copy into `spec.secondary` (and the prune there) did, once it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secondary: Option<SecondaryStatus>,
     /// Bytes so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
@@ -477,6 +486,8 @@ mod tests {
             mover: None,
             volume_snapshot: None,
             resolved_snapshot_metadata: None,
+            secondary: None,
+            resolved_secondary: None,
             resolved_repository: Some(BackupRepositorySpec {
                 url: Some("s3://backups/site-a".into()),
                 s3: None,

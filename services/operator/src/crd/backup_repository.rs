@@ -132,6 +132,30 @@ impl BackupRepositorySpec {
     }
 }
 
+/// The named repository, looked up by the operator: an error naming `field` when it
+/// does not exist or is not valid.
+pub(crate) fn named_repository<'a>(
+    field: &str,
+    name: &str,
+    resolved: Option<&'a BackupRepositorySpec>,
+) -> Result<&'a BackupRepositorySpec, ValidationError> {
+    let repo = resolved.ok_or_else(|| {
+        invalid(
+            field,
+            &format!(
+                "BackupRepository '{name}' does not exist in this namespace: create it, or fix the name"
+            ),
+        )
+    })?;
+    repo.validate().map_err(|e| {
+        invalid(
+            field,
+            &format!("BackupRepository '{name}' is not valid: {e}"),
+        )
+    })?;
+    Ok(repo)
+}
+
 /// What the operator observed of a repository.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

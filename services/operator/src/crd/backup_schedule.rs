@@ -12,6 +12,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::backup::{Retention, MAX_TAGS};
+use super::secondary::Secondary;
 use super::settings::MoverSettings;
 use super::validate::{check_pvc_name, invalid, ValidationError};
 
@@ -109,6 +110,10 @@ pub struct BackupScheduleSpec {
     /// filesystems frozen while it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consistency: Option<Consistency>,
+    /// After each backup (and its prune), copy the claim's snapshots into a second
+    /// BackupRepository (another site), and prune there by its own rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secondary: Option<Secondary>,
 }
 
 /// Commands and a freeze around a schedule's snapshot. Order: the pre hooks, the freeze,
@@ -245,6 +250,9 @@ impl BackupScheduleSpec {
         if let Some(retain) = &self.retain {
             retain.validate("spec.retain")?;
         }
+        if let Some(secondary) = &self.secondary {
+            secondary.validate("spec.secondary", &self.repository, &self.source_pvc, None)?;
+        }
         for (field, name) in [
             (
                 "spec.volumeSnapshotClassName",
@@ -310,6 +318,14 @@ pub struct BackupScheduleStatus {
     /// it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_snapshot: Option<String>,
+    /// `spec.secondary`: the latest snapshot whose Backup copied it into the secondary
+    /// repository.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_secondary_snapshot: Option<String>,
+    /// `spec.secondary`: why the latest Backup's copy into the secondary repository (or
+    /// its prune there) failed; cleared by the next one that succeeds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secondary_error: Option<String>,
     /// Synchronizing: True while a backup runs; False between backups (reason
     /// WaitingForSchedule), when paused (Paused) or when the spec cannot run
     /// (InvalidSpec).
@@ -350,6 +366,7 @@ mod tests {
             mover: None,
             consistency: None,
             failed_backups_history_limit: None,
+            secondary: None,
         }
     }
 

@@ -11,6 +11,7 @@ pub mod fan_out;
 pub mod golden_image;
 pub mod options;
 pub mod restore;
+pub mod secondary;
 pub mod settings;
 pub mod status;
 pub mod storage_class_profile;
@@ -45,6 +46,7 @@ pub use options::{
     TransferOptions,
 };
 pub use restore::{ResolvedSnapshot, Restore, RestoreSpec, RestoreStatus, SnapshotChoice};
+pub use secondary::{RateLimitWindow, Secondary, SecondaryStatus};
 pub use settings::MoverSettings;
 pub use status::{Checkpoint, Phase, Progress};
 pub use storage_class_profile::{CloneStrategy, StorageClassProfile, StorageClassProfileSpec};

@@ -1,11 +1,13 @@
-//! The backup job requests the operator sends a mover (a backup, the prune after it, a
-//! restore): ferry-api's `StartBackupRequest`, `StartPruneRequest` and
+//! The backup job requests the operator sends a mover (a backup, the prune after it, the
+//! copy into a secondary repository and the prune there, a restore): ferry-api's
+//! `StartBackupRequest`, `StartPruneRequest`, `StartSyncRequest` and
 //! `StartRestoreRequest`, built from the resource by pure functions.
 //!
 //! The repository becomes its URL inside the mover (an `s3://` URL with its options, or
 //! the directory of its claim), the encryption key a `SecretRef{file}` under the mover's
 //! `--secrets-dir`. Idempotency keys are the resource's uid and the step
-//! (`<uid>/backup`, `<uid>/prune`, `<uid>/restore`), so a reconcile that repeats itself
+//! (`<uid>/backup`, `<uid>/prune`, `<uid>/sync`, `<uid>/prune-secondary`,
+//! `<uid>/restore`), so a reconcile that repeats itself
 //! starts nothing twice.
 
 use ferry_api::proto;
@@ -16,8 +18,8 @@ use super::pod::metadata_token;
 use super::request::{owner_labels, uid_of};
 use super::{layout, wire, MoverError, ResolvedPvc};
 use crate::crd::{
-    Backup, BackupRepositorySpec, Endpoint, MetadataLookup, PvcRef, SnapshotChoice,
-    ValidationError, VolumeMode,
+    Backup, BackupRepositorySpec, Endpoint, MetadataLookup, PvcRef, Retention, Secondary,
+    SnapshotChoice, ValidationError, VolumeMode,
 };
 
 /// The repository's directory when it is kept in a claim.
@@ -133,18 +135,87 @@ fn metadata_source(
 /// The prune after a Backup (None when it sets no `retain`).
 pub fn prune_request(backup: &Backup) -> Result<Option<proto::StartPruneRequest>, MoverError> {
     let (uid, repo) = uid_and_repository(backup)?;
-    let Some(retain) = &backup.spec.retain else {
-        return Ok(None);
-    };
+    Ok(backup
+        .spec
+        .retain
+        .as_ref()
+        .map(|retain| prune(backup, &uid, repo, retain, "prune")))
+}
+
+/// A prune of the Backup's source in `repo` by `retain`, as step `step`.
+fn prune(
+    backup: &Backup,
+    uid: &str,
+    repo: &BackupRepositorySpec,
+    retain: &Retention,
+    step: &str,
+) -> proto::StartPruneRequest {
     let namespace = backup.meta().namespace.clone().unwrap_or_default();
-    Ok(Some(proto::StartPruneRequest {
+    proto::StartPruneRequest {
         repository: Some(repository(repo)),
         retention: Some(wire::retention(retain)),
         source_id: backup.spec.source_id_in(&namespace),
-        idempotency_key: format!("{uid}/prune"),
-        labels: owner_labels(&uid),
+        idempotency_key: format!("{uid}/{step}"),
+        labels: owner_labels(uid),
         ..proto::StartPruneRequest::default()
+    }
+}
+
+/// The secondary repository of a Backup, once looked up (None when it names none).
+fn secondary(backup: &Backup) -> Result<Option<(&Secondary, &BackupRepositorySpec)>, MoverError> {
+    let Some(secondary) = &backup.spec.secondary else {
+        return Ok(None);
+    };
+    let repo = backup.spec.resolved_secondary.as_ref().ok_or_else(|| {
+        MoverError::Invalid(ValidationError {
+            field: "spec.secondary.repository".into(),
+            message: "the repository was not looked up".into(),
+        })
+    })?;
+    Ok(Some((secondary, repo)))
+}
+
+/// The copy of the Backup's source's snapshots into its secondary repository (None when
+/// it names none): the selection by the secondary's `retain`, the destination created
+/// from the primary when its BackupRepository says `initialize`.
+pub fn sync_request(backup: &Backup) -> Result<Option<proto::StartSyncRequest>, MoverError> {
+    let (uid, primary) = uid_and_repository(backup)?;
+    let Some((secondary, repo)) = secondary(backup)? else {
+        return Ok(None);
+    };
+    let namespace = backup.meta().namespace.clone().unwrap_or_default();
+    Ok(Some(proto::StartSyncRequest {
+        source: Some(repository(primary)),
+        destination: Some(repository(repo)),
+        source_id: backup.spec.source_id_in(&namespace),
+        retention: secondary.retain.as_ref().map(wire::retention),
+        remove_vanished: secondary.remove_vanished.unwrap_or(false),
+        rate_limit: secondary.rate_limit.unwrap_or(0),
+        rate_limit_windows: secondary
+            .rate_limit_windows
+            .iter()
+            .map(wire::rate_limit_window)
+            .collect(),
+        init_destination_if_missing: repo.initialize.unwrap_or(false),
+        idempotency_key: format!("{uid}/sync"),
+        labels: owner_labels(&uid),
+        ..proto::StartSyncRequest::default()
     }))
+}
+
+/// The prune of the secondary repository after the copy (None when the secondary sets
+/// no `retain`).
+pub fn secondary_prune_request(
+    backup: &Backup,
+) -> Result<Option<proto::StartPruneRequest>, MoverError> {
+    let (uid, _) = uid_and_repository(backup)?;
+    let Some((secondary, repo)) = secondary(backup)? else {
+        return Ok(None);
+    };
+    Ok(secondary
+        .retain
+        .as_ref()
+        .map(|retain| prune(backup, &uid, repo, retain, "prune-secondary")))
 }
 
 /// A restore of `snapshot` from `repo` into the claim `target` (its whole device when
@@ -224,6 +295,8 @@ mod tests {
                 volume_snapshot: None,
                 resolved_repository: Some(repo),
                 resolved_snapshot_metadata: None,
+                secondary: None,
+                resolved_secondary: None,
             },
         );
         b.metadata = ObjectMeta {

@@ -162,7 +162,8 @@ pub fn checksum_pod(checksum: &Checksum, input: &MoverPodInput<'_>) -> Result<Po
 }
 
 /// The mover pod of a Backup: the source claim read-only, the repository's claim (when
-/// it is kept in one) read-write, its S3 credentials and encryption key projected.
+/// it is kept in one) read-write, its S3 credentials and encryption key projected; the
+/// same for the secondary repository, when the Backup names one.
 pub fn backup_pod(backup: &Backup, input: &MoverPodInput<'_>) -> Result<Pod, MoverError> {
     backup.spec.validate()?;
     let source = Endpoint {
@@ -178,13 +179,21 @@ pub fn backup_pod(backup: &Backup, input: &MoverPodInput<'_>) -> Result<Pod, Mov
         .as_ref()
         .map(BackupRepositorySpec::endpoint)
         .unwrap_or_default();
-    let mut endpoints = vec![Attach::Source(&source), Attach::Target(&repo)];
-    let key = backup
+    let secondary = backup
         .spec
-        .resolved_repository
+        .resolved_secondary
         .as_ref()
-        .and_then(|r| r.key());
-    endpoints.extend(key.map(Attach::Key));
+        .filter(|_| backup.spec.secondary.is_some());
+    let secondary_endpoint = secondary.map(BackupRepositorySpec::endpoint);
+    let mut endpoints = vec![Attach::Source(&source), Attach::Target(&repo)];
+    endpoints.extend(secondary_endpoint.as_ref().map(Attach::Target));
+    let keys = [backup.spec.resolved_repository.as_ref(), secondary];
+    endpoints.extend(
+        keys.into_iter()
+            .flatten()
+            .filter_map(|r| r.key())
+            .map(Attach::Key),
+    );
     if let Some(MetadataLookup::Service(service)) = &backup.spec.resolved_snapshot_metadata {
         endpoints.push(Attach::AudienceToken(&service.audience));
     }

@@ -10,8 +10,8 @@ use ferry_api::proto;
 
 use super::layout;
 use crate::crd::{
-    CacheMode, Checkpoint, CommitOrder, HashAlgorithm, ImageFormat, Preallocation, Retention,
-    S3Options, SecretKeyRef,
+    CacheMode, Checkpoint, CommitOrder, HashAlgorithm, ImageFormat, Preallocation, RateLimitWindow,
+    Retention, S3Options, SecretKeyRef,
 };
 
 /// `ImageFormat`.
@@ -91,6 +91,16 @@ pub fn retention(r: &Retention) -> proto::Retention {
         keep_monthly: count(r.monthly),
         keep_yearly: count(r.yearly),
         keep_within: r.within.clone().unwrap_or_default(),
+    }
+}
+
+/// A bandwidth window of a secondary repository.
+pub fn rate_limit_window(w: &RateLimitWindow) -> proto::RateLimitWindow {
+    proto::RateLimitWindow {
+        days: w.days.clone(),
+        start: w.start.clone(),
+        end: w.end.clone(),
+        time_zone: w.time_zone.clone().unwrap_or_default(),
     }
 }
 

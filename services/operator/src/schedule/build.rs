@@ -95,6 +95,8 @@ pub fn backup(schedule: &BackupSchedule, name: &str, snapshot: Option<&str>) -> 
             volume_snapshot: snapshot.map(str::to_string),
             resolved_repository: None,
             resolved_snapshot_metadata: None,
+            secondary: spec.secondary.clone(),
+            resolved_secondary: None,
         },
     );
     b.metadata = meta(schedule, name);

@@ -350,6 +350,10 @@ async fn record(
     }
     let (warning, why, note) = result_event(&name, &status);
     ctx.event(obj, warning, why, &note).await;
+    if let Some(failure) = status.secondary.as_ref().and_then(|s| s.failure()) {
+        let note = format!("Backup {name}'s copy into the secondary repository: {failure}");
+        ctx.event(obj, true, "SecondaryCopyFailed", &note).await;
+    }
     if made_here {
         warn_unlisted_snapshots(ctx, obj, &name, &status).await;
     }
@@ -365,7 +369,8 @@ fn is_recorded(next: &BackupScheduleStatus, name: &str) -> bool {
 }
 
 /// Sets lastBackup, its result, lastSyncTime, lastSyncDuration and (when it succeeded)
-/// lastSnapshot from the finished Backup `name`.
+/// lastSnapshot and the secondary's lastSecondarySnapshot and secondaryError from the
+/// finished Backup `name`.
 fn note_result(next: &mut BackupScheduleStatus, name: &str, done: &Backup, status: &BackupStatus) {
     let ended = status.completion_time.as_ref().map(from_time);
     let started = status
@@ -382,6 +387,12 @@ fn note_result(next: &mut BackupScheduleStatus, name: &str, done: &Backup, statu
     };
     if status.phase == crate::crd::Phase::Succeeded {
         next.last_snapshot = status.snapshot_id.clone();
+        if let Some(secondary) = &status.secondary {
+            next.secondary_error = secondary.failure().map(str::to_string);
+            if secondary.error.is_none() {
+                next.last_secondary_snapshot = status.snapshot_id.clone();
+            }
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use ferry_backup::{Immutability, InitOptions, LockMode, Repository, RepositoryUrl};
+use ferry_backup::{Immutability, InitOptions, KdfParams, LockMode, Repository, RepositoryUrl};
 use ferry_core::{Error, ErrorKind, Result, Secret};
 use ferry_endpoints::s3::S3Options;
 
@@ -306,6 +306,41 @@ impl RepoAccess {
                 }
             }
         }
+    }
+
+    /// Opens a sync's destination, created first when there is none sharing `source`'s
+    /// keys (StartSyncRequest.init_destination_if_missing). When its own passphrase does
+    /// not open it but the source's does (it shares the source's keys), the own one is
+    /// added as one more key: so after a crash between the creation and the key's
+    /// addition the next attempt finishes it.
+    pub async fn open_or_init_from(
+        &self,
+        secrets: &SecretResolver,
+        source: &RepoAccess,
+    ) -> Result<Repository> {
+        let store = self.store(secrets).await?;
+        if store.head(CONFIG).await?.is_none() {
+            let from = source.store(secrets).await?;
+            if let Err(e) = Repository::init_from(store.clone(), from.as_ref(), None).await {
+                // Another job may have created it meanwhile.
+                if store.head(CONFIG).await?.is_none() {
+                    return Err(e);
+                }
+            }
+        }
+        let own = self.passphrase(secrets)?;
+        let refused = match Repository::open(store.clone(), own.as_ref()).await {
+            Err(e) if e.kind() == ErrorKind::PermissionDenied => e,
+            other => return other,
+        };
+        let (Some(own), Some(theirs)) = (own, source.passphrase(secrets)?) else {
+            return Err(refused);
+        };
+        let Ok(shared) = Repository::open(store, Some(&theirs)).await else {
+            return Err(refused);
+        };
+        shared.add_key(&own, &KdfParams::default()).await?;
+        Ok(shared)
     }
 
     /// Creates the repository; ALREADY_EXISTS-worthy when one is there (returned as

@@ -9,10 +9,10 @@
 
 use std::sync::Arc;
 
-use chrono::{DateTime, Datelike, Timelike, Utc};
+use chrono::Utc;
 use ferry_backup::{FixedRate, KeepPolicy, RatePolicy};
 use ferry_core::{Error, Result};
-use ferry_cron::Tz;
+use ferry_cron::WeeklyWindow;
 use prost::Message;
 
 use super::backup::MAX_SOURCE_ID_BYTES;
@@ -25,8 +25,6 @@ use ferry_api::proto;
 
 /// Most rate limit windows of one sync.
 pub const MAX_WINDOWS: usize = 16;
-const MINUTES_PER_DAY: u32 = 24 * 60;
-const DAYS: [&str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
 
 /// A sync's repositories and options.
 #[derive(Debug, Clone)]
@@ -37,86 +35,22 @@ pub struct SyncSpec {
     /// Empty: every backup.
     pub keep: KeepPolicy,
     pub remove_vanished: bool,
+    /// Create the destination from the source when it holds no repository.
+    pub init_destination: bool,
     /// The bandwidth limit (None: unlimited).
     pub rate: Option<Arc<dyn RatePolicy>>,
 }
 
-/// When a limit applies: on some days of the week, from a time of day to another, in a
-/// time zone.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RateWindow {
-    /// Monday first.
-    days: [bool; 7],
-    /// Minutes after midnight; `end <= start` runs past midnight into the next day.
-    start: u32,
-    end: u32,
-    zone: Tz,
-}
-
-impl RateWindow {
-    fn from_proto(what: &str, w: &proto::RateLimitWindow) -> Result<Self> {
-        let mut days = [w.days.is_empty(); 7];
-        for d in &w.days {
-            let at = DAYS
-                .iter()
-                .position(|n| n.eq_ignore_ascii_case(d.trim()))
-                .ok_or_else(|| {
-                    invalid(format!(
-                        "{what}.days: '{d}' is not a day (mon, tue, wed, thu, fri, sat, sun)"
-                    ))
-                })?;
-            days[at] = true;
-        }
-        let start = time_of_day(&format!("{what}.start"), &w.start, false)?;
-        let end = time_of_day(&format!("{what}.end"), &w.end, true)?;
-        let zone = ferry_cron::parse_zone(&w.time_zone)
-            .map_err(|e| invalid(format!("{what}.{}", e.message())))?;
-        Ok(Self {
-            days,
-            start,
-            end,
-            zone,
-        })
-    }
-
-    /// Whether `now` is inside the window. A window past midnight belongs to the day it
-    /// starts on.
-    pub fn contains(&self, now: DateTime<Utc>) -> bool {
-        let local = now.with_timezone(&self.zone);
-        let day = local.weekday().num_days_from_monday() as usize;
-        let minute = local.hour() * 60 + local.minute();
-        if self.start < self.end {
-            return self.days[day] && (self.start..self.end).contains(&minute);
-        }
-        let yesterday = (day + 6) % 7;
-        (self.days[day] && minute >= self.start) || (self.days[yesterday] && minute < self.end)
-    }
-}
-
-/// `HH:MM` as minutes after midnight; `24:00` only as an end.
-fn time_of_day(what: &str, text: &str, end: bool) -> Result<u32> {
-    let bad = || {
-        invalid(format!(
-            "{what} '{text}' is not a time of day: give HH:MM, like 08:00"
-        ))
-    };
-    let (h, m) = text.trim().split_once(':').ok_or_else(bad)?;
-    if h.is_empty() || h.len() > 2 || m.len() != 2 {
-        return Err(bad());
-    }
-    let (h, m): (u32, u32) = (h.parse().map_err(|_| bad())?, m.parse().map_err(|_| bad())?);
-    let minutes = h * 60 + m;
-    if m >= 60 || minutes > MINUTES_PER_DAY || (minutes == MINUTES_PER_DAY && !end) {
-        return Err(bad());
-    }
-    Ok(minutes)
+/// A window of a request: its days, times and zone, as ferry-cron parses them.
+fn window(what: &str, w: &proto::RateLimitWindow) -> Result<WeeklyWindow> {
+    WeeklyWindow::parse(what, &w.days, &w.start, &w.end, &w.time_zone)
 }
 
 /// A rate that applies inside its windows only (unlimited outside).
 #[derive(Debug)]
 pub struct WindowedRate {
     rate: u64,
-    windows: Vec<RateWindow>,
+    windows: Vec<WeeklyWindow>,
 }
 
 impl RatePolicy for WindowedRate {
@@ -140,7 +74,7 @@ fn rate(req: &proto::StartSyncRequest) -> Result<Option<Arc<dyn RatePolicy>>> {
         .rate_limit_windows
         .iter()
         .enumerate()
-        .map(|(i, w)| RateWindow::from_proto(&format!("rate_limit_windows[{i}]"), w))
+        .map(|(i, w)| window(&format!("rate_limit_windows[{i}]"), w))
         .collect::<Result<Vec<_>>>()?;
     Ok(match (req.rate_limit, windows.is_empty()) {
         (0, true) => None,
@@ -183,6 +117,7 @@ impl SyncSpec {
             source_id: (!req.source_id.is_empty()).then(|| req.source_id.clone()),
             keep,
             remove_vanished: req.remove_vanished,
+            init_destination: req.init_destination_if_missing,
             rate: rate(req)?,
         })
     }
@@ -244,67 +179,7 @@ mod tests {
     use super::*;
     use crate::secrets::SecretResolver;
     use crate::security::AllowRoots;
-    use chrono::TimeZone;
     use ferry_core::ErrorKind;
-
-    fn window(days: &[&str], start: &str, end: &str, zone: &str) -> Result<RateWindow> {
-        RateWindow::from_proto(
-            "w",
-            &proto::RateLimitWindow {
-                days: days.iter().map(|d| d.to_string()).collect(),
-                start: start.into(),
-                end: end.into(),
-                time_zone: zone.into(),
-            },
-        )
-    }
-
-    fn at(y: i32, mo: u32, d: u32, h: u32, mi: u32) -> DateTime<Utc> {
-        Utc.with_ymd_and_hms(y, mo, d, h, mi, 0).unwrap()
-    }
-
-    #[test]
-    fn windows_hold_their_days_and_hours_in_their_time_zone() {
-        // 2026-12-07 is a Monday.
-        let office = window(&["mon", "tue", "wed", "thu", "fri"], "08:00", "18:00", "").unwrap();
-        assert!(office.contains(at(2026, 12, 7, 8, 0)));
-        assert!(office.contains(at(2026, 12, 7, 17, 59)));
-        assert!(!office.contains(at(2026, 12, 7, 18, 0)));
-        assert!(!office.contains(at(2026, 12, 7, 7, 59)));
-        assert!(!office.contains(at(2026, 12, 6, 12, 0)), "a Sunday");
-        // The night from Friday: Friday 22:00 to Saturday 06:00, not Sunday night.
-        let night = window(&["fri"], "22:00", "06:00", "").unwrap();
-        assert!(night.contains(at(2026, 12, 11, 23, 0)));
-        assert!(night.contains(at(2026, 12, 12, 5, 59)));
-        assert!(!night.contains(at(2026, 12, 12, 6, 0)));
-        assert!(!night.contains(at(2026, 12, 13, 23, 0)));
-        // In Oslo (UTC+1 in December) 08:00 is 07:00 UTC.
-        let oslo = window(&[], "08:00", "24:00", "Europe/Oslo").unwrap();
-        assert!(oslo.contains(at(2026, 12, 6, 7, 0)));
-        assert!(!oslo.contains(at(2026, 12, 6, 6, 59)));
-        assert!(oslo.contains(at(2026, 12, 6, 22, 59)));
-        assert!(!oslo.contains(at(2026, 12, 6, 23, 0)));
-        // Every day, the whole day.
-        assert!(window(&[], "00:00", "24:00", "")
-            .unwrap()
-            .contains(Utc::now()));
-    }
-
-    #[test]
-    fn bad_windows_are_refused_naming_the_field() {
-        for (days, start, end, zone, what) in [
-            (&["someday"][..], "08:00", "18:00", "", "w.days"),
-            (&[][..], "8", "18:00", "", "w.start"),
-            (&[][..], "24:00", "18:00", "", "w.start"),
-            (&[][..], "08:00", "18:60", "", "w.end"),
-            (&[][..], "08:00", "25:00", "", "w.end"),
-            (&[][..], "08:00", "18:00", "Mars/Olympus", "w.time_zone"),
-        ] {
-            let e = window(days, start, end, zone).unwrap_err();
-            assert_eq!(e.kind(), ErrorKind::InvalidInput);
-            assert!(e.to_string().contains(what), "{what}: {e}");
-        }
-    }
 
     fn validator(root: &std::path::Path) -> Validator {
         Validator {

@@ -46,10 +46,14 @@ pub(super) async fn sync(
     cancel: &CancellationToken,
 ) -> Result<Ended> {
     let started = Instant::now();
-    let (src, dst) = tokio::try_join!(
-        spec.source.open(&inner.secrets, None),
-        spec.destination.open(&inner.secrets, None)
-    )?;
+    let src = spec.source.open(&inner.secrets, None).await?;
+    let dst = if spec.init_destination {
+        spec.destination
+            .open_or_init_from(&inner.secrets, &spec.source)
+            .await?
+    } else {
+        spec.destination.open(&inner.secrets, None).await?
+    };
     let progress = Progress::new();
     let mut options = SyncOptions::new()
         .with_keep(spec.keep.clone())

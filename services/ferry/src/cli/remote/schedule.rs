@@ -121,6 +121,9 @@ pub struct ScheduleSyncArgs {
     /// Syncs: remove DST's backups that SRC no longer has (protected ones stay).
     #[arg(long, requires = "sync")]
     pub remove_vanished: bool,
+    /// Syncs: create DST when it holds no repository, sharing SRC's keys.
+    #[arg(long, requires = "sync")]
+    pub init_destination: bool,
     /// Syncs: apply --rate-limit only in this window, `[DAYS ]HH:MM-HH:MM` (repeatable).
     #[arg(long = "limit-window", value_name = "WINDOW", requires = "sync",
           value_parser = super::sync::window)]
@@ -217,6 +220,7 @@ fn sync_request(c: &CreateArgs) -> anyhow::Result<proto::StartSyncRequest> {
         source_id: c.source_id.clone().unwrap_or_default(),
         retention: c.retention.to_proto(),
         remove_vanished: a.remove_vanished,
+        init_destination_if_missing: a.init_destination,
         rate_limit: s.rate_limit.unwrap_or(0),
         rate_limit_windows: super::sync::in_zone(&a.limit_windows, a.limit_time_zone.as_deref()),
         labels: s.labels.iter().cloned().collect(),

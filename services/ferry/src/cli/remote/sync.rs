@@ -50,6 +50,10 @@ pub struct SyncJobArgs {
     /// protected backups stay.
     #[arg(long)]
     pub remove_vanished: bool,
+    /// Create DST when it holds no repository, sharing SRC's keys (as `ferry backup init
+    /// DST --from SRC`); the destination key, when given, is added as one more key.
+    #[arg(long)]
+    pub init_destination: bool,
     /// Send at most this many bytes per second (like 50M).
     #[arg(long, value_name = "BYTES", value_parser = args::rate)]
     pub limit_rate: Option<u64>,
@@ -141,6 +145,7 @@ impl SyncJobArgs {
             source_id: self.source_id.clone().unwrap_or_default(),
             retention: self.retention.to_proto(),
             remove_vanished: self.remove_vanished,
+            init_destination_if_missing: self.init_destination,
             rate_limit: self.limit_rate.unwrap_or(0),
             rate_limit_windows: in_zone(&self.limit_windows, self.limit_time_zone.as_deref()),
             idempotency_key: self.meta.key.clone().unwrap_or_default(),

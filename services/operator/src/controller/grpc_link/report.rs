@@ -7,7 +7,7 @@
 use ferry_api::proto;
 
 use crate::controller::link::{
-    BackupSummary, JobFailure, JobReport, JobState, PruneSummary, TargetReport,
+    BackupSummary, JobFailure, JobReport, JobState, PruneSummary, SyncSummary, TargetReport,
 };
 use crate::crd::backup::is_snapshot_id;
 use crate::crd::{kept_snapshots, pruned_snapshots, Checkpoint, Progress};
@@ -112,6 +112,16 @@ pub fn report(job: &proto::Job) -> JobReport {
         }),
         _ => None,
     };
+    let sync = match &job.result {
+        Some(proto::job::Result::SyncResult(r)) => Some(SyncSummary {
+            copied: r.backups_copied,
+            present: r.backups_present,
+            chunks_copied: r.chunks_copied,
+            bytes_copied: r.bytes_copied,
+            removed: r.removed.len() as u64,
+        }),
+        _ => None,
+    };
     JobReport {
         id: job.id.clone(),
         state,
@@ -126,6 +136,7 @@ pub fn report(job: &proto::Job) -> JobReport {
         targets: targets(job),
         backup,
         prune,
+        sync,
         restored_snapshot: match &job.result {
             // Checked: the id goes into the status.
             Some(proto::job::Result::RestoreResult(r)) if is_snapshot_id(&r.snapshot_id) => {
