@@ -461,6 +461,7 @@ fn the_chart_rbac_is_deploy_operator_rbac() {
             "storageclasses",
             "storageclassprofiles",
             "volumeattachments",
+            "volumegroupsnapshotcontents",
             "volumesnapshotclasses",
             "volumesnapshotcontents",
         ]),

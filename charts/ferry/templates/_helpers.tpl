@@ -59,6 +59,13 @@ namespace, else in a Role in each watched namespace.
 - apiGroups: [snapshot.storage.k8s.io]
   resources: [volumesnapshots]
   verbs: [get, create, delete]
+# A BackupSchedule's volumeGroup: its group snapshots and their members.
+- apiGroups: [snapshot.storage.k8s.io]
+  resources: [volumesnapshots]
+  verbs: [list, patch]
+- apiGroups: [groupsnapshot.storage.k8s.io]
+  resources: [volumegroupsnapshots]
+  verbs: [get, list, create, delete]
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, create, delete]
@@ -107,6 +114,11 @@ namespace, else in a Role in each watched namespace.
 - apiGroups: [snapshot.storage.k8s.io]
   resources: [volumesnapshotcontents]
   verbs: [get]
+# A BackupSchedule's volumeGroup: a group snapshot's content (its handle pairs), set to
+# Retain before its members are handed out, deleted with the group snapshot.
+- apiGroups: [groupsnapshot.storage.k8s.io]
+  resources: [volumegroupsnapshotcontents]
+  verbs: [get, patch, delete]
 - apiGroups: [cbt.storage.k8s.io]
   resources: [snapshotmetadataservices]
   verbs: [get]

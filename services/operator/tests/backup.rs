@@ -1363,6 +1363,522 @@ fn web1_claim() -> Value {
                     "resources": {"requests": {"storage": "20Gi"}}}})
 }
 
+const GROUPS: &str =
+    "/apis/groupsnapshot.storage.k8s.io/v1beta1/namespaces/vms/volumegroupsnapshots";
+const GROUP_CONTENTS: &str =
+    "/apis/groupsnapshot.storage.k8s.io/v1beta1/volumegroupsnapshotcontents";
+const SNAPSHOT_CONTENTS: &str = "/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents";
+const PVS: &str = "/api/v1/persistentvolumes";
+
+/// Schedule `name` of claim `claim` in the volume group `db` (claims labelled app=db).
+fn group_schedule_json(name: &str, uid: &str, claim: &str) -> Value {
+    let mut object = schedule_json(Some(json!({"nextSyncTime": "2026-12-02T03:00:00Z",
+                                                "observedGeneration": 1})));
+    object["metadata"]["name"] = json!(name);
+    object["metadata"]["uid"] = json!(uid);
+    object["spec"]["sourcePVC"] = json!(claim);
+    object["spec"]["copyMethod"] = json!("Snapshot");
+    object["spec"]["volumeGroup"] = json!({"name": "db", "selector": {"app": "db"},
+                                           "volumeGroupSnapshotClassName": "csi-group"});
+    object
+}
+
+fn db_claim(name: &str, volume: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+           "metadata": {"name": name, "namespace": NS, "labels": {"app": "db"}},
+           "spec": {"volumeMode": "Block", "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": "fast", "volumeName": volume,
+                    "resources": {"requests": {"storage": "20Gi"}}}})
+}
+
+fn csi_volume(name: &str, handle: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
+           "spec": {"csi": {"driver": "hostpath.csi.k8s.io", "volumeHandle": handle}}})
+}
+
+/// A member VolumeSnapshot of group snapshot `group`, as the snapshot controller makes it.
+fn member_snapshot(name: &str, group: &str, content: &str) -> Value {
+    json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+           "metadata": {"name": name, "namespace": NS, "resourceVersion": "7",
+                        "finalizers": ["snapshot.storage.kubernetes.io/volumesnapshot-bound-protection",
+                                       "groupsnapshot.storage.kubernetes.io/volumesnapshot-in-group-protection"],
+                        "ownerReferences": [{"apiVersion": "groupsnapshot.storage.k8s.io/v1beta1",
+                                             "kind": "VolumeGroupSnapshot", "name": group,
+                                             "uid": "uid-g"}]},
+           "spec": {"source": {"volumeSnapshotContentName": content}},
+           "status": {"volumeGroupSnapshotName": group, "boundVolumeSnapshotContentName": content,
+                      "readyToUse": true, "restoreSize": "21Gi"}})
+}
+
+fn snapshot_list(items: Vec<Value>) -> Value {
+    json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotList",
+           "metadata": {}, "items": items})
+}
+
+/// volumeGroup: the first schedule of the group to fire creates the VolumeGroupSnapshot
+/// over the app's claims; once ready, it matches each member to its claim through the CSI
+/// handles, hands every member out (labelled, freed from the group), sets the group's
+/// content to Retain, deletes the group snapshot of the fire before (and its unclaimed
+/// member), and backs its claim up from its member; the other claim's schedule finds its
+/// member handed out and backs up from it: one instant for both.
+#[tokio::test]
+async fn schedules_of_a_volume_group_back_up_from_one_group_snapshot() {
+    let mut s = Sched::new("2026-12-02T03:00:05Z");
+    let data = group_schedule_json("db-data", "uid-d", "db-data");
+    let group_name = "db-20261202030000";
+    let data_status = "/apis/ferry.dev/v1alpha1/namespaces/vms/backupschedules/db-data/status";
+    let by_group = format!("labelSelector=ferry.dev%2Fvolume-group-snapshot%3D{group_name}");
+
+    // 1. No group snapshot yet: created over the selector, not ready: pending.
+    let task = tokio::spawn(schedule::reconcile(sched(&data), s.ctx.clone()));
+    s.server
+        .expect("GET", REPO, Reply::Ok(repository_json()))
+        .await;
+    s.server
+        .expect("GET", BACKUPS, Reply::Ok(list(vec![])))
+        .await;
+    s.server
+        .expect(
+            "GET",
+            &format!("{PVCS}/db-data"),
+            Reply::Ok(db_claim("db-data", "pv-1")),
+        )
+        .await;
+    let seen = s
+        .server
+        .expect("GET", SNAPSHOTS, Reply::Ok(snapshot_list(vec![])))
+        .await;
+    assert!(seen.query.contains(&by_group), "{}", seen.query);
+    s.server
+        .expect("GET", &format!("{GROUPS}/{group_name}"), Reply::NotFound)
+        .await;
+    let group = s.server.expect("POST", GROUPS, Reply::Echo).await.body;
+    assert_eq!(group["metadata"]["name"], group_name);
+    assert_eq!(group["metadata"]["labels"]["ferry.dev/volume-group"], "db");
+    assert!(
+        group["metadata"].get("ownerReferences").is_none(),
+        "shared by the group's schedules"
+    );
+    assert_eq!(
+        group["spec"],
+        json!({"source": {"selector": {"matchLabels": {"app": "db"}}},
+               "volumeGroupSnapshotClassName": "csi-group"})
+    );
+    let pending = s
+        .server
+        .expect("PATCH", data_status, Reply::ApplyStatus(data.clone()))
+        .await
+        .body["status"]
+        .clone();
+    assert_eq!(
+        synchronizing(&pending),
+        ("True".into(), "SnapshotPending".into())
+    );
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(5)));
+    s.server.done().await;
+
+    // 2. Ready: the members handed out, the fire before's group snapshot retired, the
+    //    temporary claim from this claim's member, the Backup.
+    let data = with_status(&data, &json!({ "status": pending }));
+    let task = tokio::spawn(schedule::reconcile(sched(&data), s.ctx.clone()));
+    s.server
+        .expect("GET", REPO, Reply::Ok(repository_json()))
+        .await;
+    s.server
+        .expect("GET", BACKUPS, Reply::Ok(list(vec![])))
+        .await;
+    s.server
+        .expect(
+            "GET",
+            &format!("{PVCS}/db-data"),
+            Reply::Ok(db_claim("db-data", "pv-1")),
+        )
+        .await;
+    s.server
+        .expect("GET", SNAPSHOTS, Reply::Ok(snapshot_list(vec![])))
+        .await;
+    let mut ready = group.clone();
+    ready["status"] = json!({"readyToUse": true, "creationTime": "2026-12-02T03:00:06Z",
+                             "boundVolumeGroupSnapshotContentName": "groupcontent-1"});
+    s.server
+        .expect("GET", &format!("{GROUPS}/{group_name}"), Reply::Ok(ready))
+        .await;
+    s.server
+        .expect(
+            "GET",
+            &format!("{GROUP_CONTENTS}/groupcontent-1"),
+            Reply::Ok(json!({"apiVersion": "groupsnapshot.storage.k8s.io/v1beta1",
+                             "kind": "VolumeGroupSnapshotContent",
+                             "metadata": {"name": "groupcontent-1"},
+                             "status": {"volumeSnapshotHandlePairList": [
+                                 {"volumeHandle": "h-wal", "snapshotHandle": "s-wal"},
+                                 {"volumeHandle": "h-data", "snapshotHandle": "s-data"}]}})),
+        )
+        .await;
+    let seen = s
+        .server
+        .expect(
+            "GET",
+            PVCS,
+            Reply::Ok(
+                json!({"apiVersion": "v1", "kind": "PersistentVolumeClaimList",
+                             "metadata": {},
+                             "items": [db_claim("db-data", "pv-1"), db_claim("db-wal", "pv-2")]}),
+            ),
+        )
+        .await;
+    assert!(
+        seen.query.contains("labelSelector=app%3Ddb"),
+        "{}",
+        seen.query
+    );
+    s.server
+        .expect(
+            "GET",
+            &format!("{PVS}/pv-1"),
+            Reply::Ok(csi_volume("pv-1", "h-data")),
+        )
+        .await;
+    s.server
+        .expect(
+            "GET",
+            &format!("{PVS}/pv-2"),
+            Reply::Ok(csi_volume("pv-2", "h-wal")),
+        )
+        .await;
+    let other = json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+                       "metadata": {"name": "someone-elses", "namespace": NS},
+                       "status": {"readyToUse": true}});
+    s.server
+        .expect(
+            "GET",
+            SNAPSHOTS,
+            Reply::Ok(snapshot_list(vec![
+                member_snapshot("snapshot-wal", group_name, "vsc-wal"),
+                other,
+                member_snapshot("snapshot-data", group_name, "vsc-data"),
+            ])),
+        )
+        .await;
+    for (content, handle) in [("vsc-wal", "s-wal"), ("vsc-data", "s-data")] {
+        s.server
+            .expect(
+                "GET",
+                &format!("{SNAPSHOT_CONTENTS}/{content}"),
+                Reply::Ok(json!({"apiVersion": "snapshot.storage.k8s.io/v1",
+                                 "kind": "VolumeSnapshotContent", "metadata": {"name": content},
+                                 "status": {"snapshotHandle": handle}})),
+            )
+            .await;
+    }
+    for (member, claim) in [("snapshot-wal", "db-wal"), ("snapshot-data", "db-data")] {
+        let patch = s
+            .server
+            .expect("PATCH", &format!("{SNAPSHOTS}/{member}"), Reply::Echo)
+            .await
+            .body;
+        assert_eq!(
+            patch["metadata"]["labels"],
+            json!({"ferry.dev/volume-group": "db", "ferry.dev/volume-group-snapshot": group_name})
+        );
+        assert_eq!(
+            patch["metadata"]["annotations"]["ferry.dev/snapshot-of"],
+            claim
+        );
+        assert_eq!(
+            patch["metadata"]["ownerReferences"],
+            json!([]),
+            "freed from the group"
+        );
+        assert_eq!(
+            patch["metadata"]["finalizers"],
+            json!(["snapshot.storage.kubernetes.io/volumesnapshot-bound-protection"])
+        );
+        assert_eq!(patch["metadata"]["resourceVersion"], "7");
+    }
+    let retain = s
+        .server
+        .expect(
+            "PATCH",
+            &format!("{GROUP_CONTENTS}/groupcontent-1"),
+            Reply::Echo,
+        )
+        .await
+        .body;
+    assert_eq!(retain, json!({"spec": {"deletionPolicy": "Retain"}}));
+    // The group snapshot of the fire before: retired, with its member no schedule claimed.
+    let older = "db-20261201030000";
+    let seen = s
+        .server
+        .expect(
+            "GET",
+            GROUPS,
+            Reply::Ok(json!({"apiVersion": "groupsnapshot.storage.k8s.io/v1beta1",
+                             "kind": "VolumeGroupSnapshotList", "metadata": {},
+                             "items": [
+                {"apiVersion": "groupsnapshot.storage.k8s.io/v1beta1", "kind": "VolumeGroupSnapshot",
+                 "metadata": {"name": older, "namespace": NS},
+                 "status": {"boundVolumeGroupSnapshotContentName": "groupcontent-0"}},
+                group.clone()]})),
+        )
+        .await;
+    assert!(
+        seen.query
+            .contains("labelSelector=ferry.dev%2Fvolume-group%3Ddb"),
+        "{}",
+        seen.query
+    );
+    s.server
+        .expect(
+            "PATCH",
+            &format!("{GROUP_CONTENTS}/groupcontent-0"),
+            Reply::Echo,
+        )
+        .await;
+    s.server
+        .expect("DELETE", &format!("{GROUPS}/{older}"), Reply::Deleted)
+        .await;
+    s.server
+        .expect(
+            "DELETE",
+            &format!("{GROUP_CONTENTS}/groupcontent-0"),
+            Reply::Deleted,
+        )
+        .await;
+    let mut claimed_before = member_snapshot("snapshot-old-data", older, "vsc-o1");
+    claimed_before["metadata"]["ownerReferences"] = json!([{"apiVersion": "ferry.dev/v1alpha1", "kind": "BackupSchedule",
+                "name": "db-data", "uid": "uid-d"}]);
+    let mut unclaimed = member_snapshot("snapshot-old-logs", older, "vsc-o2");
+    unclaimed["metadata"]["ownerReferences"] = json!([]);
+    s.server
+        .expect(
+            "GET",
+            SNAPSHOTS,
+            Reply::Ok(snapshot_list(vec![claimed_before, unclaimed])),
+        )
+        .await;
+    s.server
+        .expect(
+            "DELETE",
+            &format!("{SNAPSHOTS}/snapshot-old-logs"),
+            Reply::Deleted,
+        )
+        .await;
+    // Its own member, now handed out: claimed (the schedule among its owners).
+    let mut data_member = member_snapshot("snapshot-data", group_name, "vsc-data");
+    data_member["metadata"]["ownerReferences"] = json!([]);
+    data_member["metadata"]["annotations"] = json!({"ferry.dev/snapshot-of": "db-data"});
+    let mut wal_member = member_snapshot("snapshot-wal", group_name, "vsc-wal");
+    wal_member["metadata"]["ownerReferences"] = json!([]);
+    wal_member["metadata"]["annotations"] = json!({"ferry.dev/snapshot-of": "db-wal"});
+    s.server
+        .expect(
+            "GET",
+            SNAPSHOTS,
+            Reply::Ok(snapshot_list(vec![wal_member.clone(), data_member.clone()])),
+        )
+        .await;
+    let mut owned = data_member.clone();
+    owned["metadata"]["ownerReferences"] = json!([{"apiVersion": "ferry.dev/v1alpha1", "kind": "BackupSchedule",
+                "name": "db-data", "uid": "uid-d"}]);
+    let patch = s
+        .server
+        .expect(
+            "PATCH",
+            &format!("{SNAPSHOTS}/snapshot-data"),
+            Reply::Ok(owned),
+        )
+        .await
+        .body;
+    assert_eq!(patch["metadata"]["ownerReferences"][0]["uid"], "uid-d");
+    assert!(patch["metadata"]["ownerReferences"][0]
+        .get("controller")
+        .is_none());
+    let claim = s.server.expect("POST", PVCS, Reply::Echo).await.body;
+    assert_eq!(claim["metadata"]["name"], "db-data-20261202030000-src");
+    assert_eq!(
+        claim["spec"]["dataSource"],
+        json!({"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",
+               "name": "snapshot-data"})
+    );
+    assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "21Gi");
+    let created = s.server.expect("POST", BACKUPS, Reply::Echo).await.body;
+    assert_eq!(created["spec"]["sourcePVC"], "db-data-20261202030000-src");
+    assert_eq!(created["spec"]["volumeSnapshot"], "snapshot-data");
+    assert_eq!(
+        created["metadata"]["annotations"]["ferry.dev/volume-snapshot"],
+        "snapshot-data"
+    );
+    s.server
+        .expect("PATCH", data_status, Reply::ApplyStatus(data.clone()))
+        .await;
+    s.server.expect_event(NS).await;
+    finish(task).await;
+    s.server.done().await;
+
+    // 3. The other claim's schedule: its member handed out already, no second group
+    //    snapshot.
+    let wal = group_schedule_json("db-wal", "uid-w", "db-wal");
+    let wal_status = "/apis/ferry.dev/v1alpha1/namespaces/vms/backupschedules/db-wal/status";
+    let task = tokio::spawn(schedule::reconcile(sched(&wal), s.ctx.clone()));
+    s.server
+        .expect("GET", REPO, Reply::Ok(repository_json()))
+        .await;
+    s.server
+        .expect("GET", BACKUPS, Reply::Ok(list(vec![])))
+        .await;
+    s.server
+        .expect(
+            "GET",
+            &format!("{PVCS}/db-wal"),
+            Reply::Ok(db_claim("db-wal", "pv-2")),
+        )
+        .await;
+    s.server
+        .expect(
+            "GET",
+            SNAPSHOTS,
+            Reply::Ok(snapshot_list(vec![wal_member.clone(), data_member])),
+        )
+        .await;
+    let mut owned = wal_member;
+    owned["metadata"]["ownerReferences"] = json!([{"apiVersion": "ferry.dev/v1alpha1", "kind": "BackupSchedule",
+                "name": "db-wal", "uid": "uid-w"}]);
+    s.server
+        .expect(
+            "PATCH",
+            &format!("{SNAPSHOTS}/snapshot-wal"),
+            Reply::Ok(owned.clone()),
+        )
+        .await;
+    let claim = s.server.expect("POST", PVCS, Reply::Echo).await.body;
+    assert_eq!(claim["spec"]["dataSource"]["name"], "snapshot-wal");
+    let created = s.server.expect("POST", BACKUPS, Reply::Echo).await.body;
+    assert_eq!(created["spec"]["volumeSnapshot"], "snapshot-wal");
+    s.server
+        .expect("PATCH", wal_status, Reply::ApplyStatus(wal.clone()))
+        .await;
+    s.server.expect_event(NS).await;
+    finish(task).await;
+    s.server.done().await;
+
+    // 4. Its Backup ended: the temporary claim and its member deleted (the member is the
+    //    schedule's: its owner reference says so).
+    let mut s = Sched::new("2026-12-02T03:30:00Z");
+    let mut done = scheduled_backup(
+        "db-wal-20261202030000",
+        "Succeeded",
+        json!({"snapshotId": "20261202T030002Z-0a1b2c3d", "completionTime": "2026-12-02T03:20:00Z"}),
+    );
+    done["metadata"]["labels"]["ferry.dev/schedule"] = json!("db-wal");
+    done["metadata"]["ownerReferences"][0]["name"] = json!("db-wal");
+    done["metadata"]["ownerReferences"][0]["uid"] = json!("uid-w");
+    done["metadata"]["annotations"] = json!({"ferry.dev/volume-snapshot": "snapshot-wal"});
+    let wal = with_status(
+        &wal,
+        &json!({"status": {"nextSyncTime": "2026-12-03T03:00:00Z",
+                                                   "lastBackup": "db-wal-20261202030000",
+                                                   "observedGeneration": 1}}),
+    );
+    let task = tokio::spawn(schedule::reconcile(sched(&wal), s.ctx.clone()));
+    s.server
+        .expect("GET", REPO, Reply::Ok(repository_json()))
+        .await;
+    s.server
+        .expect("GET", BACKUPS, Reply::Ok(list(vec![done])))
+        .await;
+    s.server
+        .expect(
+            "DELETE",
+            &format!("{PVCS}/db-wal-20261202030000-src"),
+            Reply::Deleted,
+        )
+        .await;
+    s.server
+        .expect(
+            "GET",
+            &format!("{SNAPSHOTS}/snapshot-wal"),
+            Reply::Ok(owned),
+        )
+        .await;
+    s.server
+        .expect(
+            "DELETE",
+            &format!("{SNAPSHOTS}/snapshot-wal"),
+            Reply::Deleted,
+        )
+        .await;
+    assert_eq!(
+        s.server.expect_event(NS).await.body["reason"],
+        "BackupSucceeded"
+    );
+    s.server
+        .expect("PATCH", wal_status, Reply::ApplyStatus(wal.clone()))
+        .await;
+    finish(task).await;
+    s.server.done().await;
+}
+
+/// A Backup whose snapshot annotation names a VolumeSnapshot the schedule does not own
+/// (someone edited it): the schedule does not delete that snapshot.
+#[tokio::test]
+async fn a_schedule_deletes_no_snapshot_it_does_not_own() {
+    let mut s = Sched::new("2026-12-02T03:30:00Z");
+    let wal = group_schedule_json("db-wal", "uid-w", "db-wal");
+    let mut done = scheduled_backup(
+        "db-wal-20261202030000",
+        "Succeeded",
+        json!({"snapshotId": "20261202T030002Z-0a1b2c3d", "completionTime": "2026-12-02T03:20:00Z"}),
+    );
+    done["metadata"]["labels"]["ferry.dev/schedule"] = json!("db-wal");
+    done["metadata"]["ownerReferences"][0]["name"] = json!("db-wal");
+    done["metadata"]["ownerReferences"][0]["uid"] = json!("uid-w");
+    done["metadata"]["annotations"] = json!({"ferry.dev/volume-snapshot": "precious"});
+    let wal = with_status(
+        &wal,
+        &json!({"status": {"nextSyncTime": "2026-12-03T03:00:00Z",
+                                                   "lastBackup": "db-wal-20261202030000",
+                                                   "observedGeneration": 1}}),
+    );
+    let task = tokio::spawn(schedule::reconcile(sched(&wal), s.ctx.clone()));
+    s.server
+        .expect("GET", REPO, Reply::Ok(repository_json()))
+        .await;
+    s.server
+        .expect("GET", BACKUPS, Reply::Ok(list(vec![done])))
+        .await;
+    s.server
+        .expect(
+            "DELETE",
+            &format!("{PVCS}/db-wal-20261202030000-src"),
+            Reply::Deleted,
+        )
+        .await;
+    s.server
+        .expect(
+            "GET",
+            &format!("{SNAPSHOTS}/precious"),
+            Reply::Ok(
+                json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+                             "metadata": {"name": "precious", "namespace": NS}}),
+            ),
+        )
+        .await;
+    assert_eq!(
+        s.server.expect_event(NS).await.body["reason"],
+        "BackupSucceeded"
+    );
+    s.server
+        .expect(
+            "PATCH",
+            "/apis/ferry.dev/v1alpha1/namespaces/vms/backupschedules/db-wal/status",
+            Reply::ApplyStatus(wal.clone()),
+        )
+        .await;
+    finish(task).await;
+    s.server.done().await;
+}
+
 /// copyMethod Snapshot: a VolumeSnapshot of the claim; once it is ready, a temporary
 /// claim from it (the source's modes, the snapshot's restoreSize), the Backup of that
 /// claim under the source's id; once the Backup ended, both are deleted.

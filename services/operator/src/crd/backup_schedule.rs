@@ -114,6 +114,32 @@ pub struct BackupScheduleSpec {
     /// BackupRepository (another site), and prune there by its own rules.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secondary: Option<Secondary>,
+    /// copyMethod Snapshot: take the claim's snapshot in one VolumeGroupSnapshot with the
+    /// other claims of its app (one instant for all of them), shared by the schedules of
+    /// those claims that name the same group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_group: Option<VolumeGroup>,
+}
+
+/// A VolumeGroupSnapshot (groupsnapshot.storage.k8s.io) shared by the schedules of an
+/// app's claims: the first schedule to fire at a fire time creates it over every claim
+/// the selector matches, and each schedule backs its own claim up from its member
+/// snapshot. The schedules of one group share one trigger.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeGroup {
+    /// The group's name: its group snapshots are `<name>-<YYYYMMDDHHMMSS>` (the fire time,
+    /// UTC).
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// The labels of the group's claims (all of them: matchLabels); the schedule's own
+    /// claim must carry them.
+    #[schemars(length(min = 1, max = 16))]
+    pub selector: BTreeMap<String, String>,
+    /// The VolumeGroupSnapshotClass (default: the cluster's default for the driver).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub volume_group_snapshot_class_name: Option<String>,
 }
 
 /// Commands and a freeze around a schedule's snapshot. Order: the pre hooks, the freeze,
@@ -193,6 +219,60 @@ pub struct Freeze {
     pub on_error: Option<OnError>,
 }
 
+impl VolumeGroup {
+    fn validate(&self) -> Result<(), ValidationError> {
+        let label_value = |v: &str| {
+            v.len() <= 63
+                && v.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+                && v.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && v.ends_with(|c: char| c.is_ascii_alphanumeric())
+        };
+        let dns_label = !self.name.is_empty()
+            && self.name.len() <= 48
+            && self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !self.name.starts_with('-')
+            && !self.name.ends_with('-');
+        if !dns_label {
+            return Err(invalid(
+                "spec.volumeGroup.name",
+                "a group name is 1 to 48 lowercase letters, digits and '-' (its snapshots add the fire time)",
+            ));
+        }
+        if self.selector.is_empty() || self.selector.len() > 16 {
+            return Err(invalid(
+                "spec.volumeGroup.selector",
+                "give 1 to 16 labels that the group's claims carry",
+            ));
+        }
+        for (k, v) in &self.selector {
+            let (prefix, key) = k.rsplit_once('/').unwrap_or(("", k));
+            if key.is_empty() || !label_value(key) || prefix.len() > 253 || !label_value(v) {
+                return Err(invalid(
+                    &format!("spec.volumeGroup.selector.{k}"),
+                    "not a label: a key of letters, digits, '-', '_', '.' (an optional prefix/) and a value of at most 63 of them",
+                ));
+            }
+        }
+        if let Some(class) = &self.volume_group_snapshot_class_name {
+            check_pvc_name("spec.volumeGroup.volumeGroupSnapshotClassName", class)?;
+        }
+        Ok(())
+    }
+
+    /// The selector as a label selector query (`k=v,k2=v2`).
+    pub fn selector_query(&self) -> String {
+        self.selector
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
 /// When a schedule fires.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -249,6 +329,15 @@ impl BackupScheduleSpec {
         }
         if let Some(retain) = &self.retain {
             retain.validate("spec.retain")?;
+        }
+        if let Some(group) = &self.volume_group {
+            group.validate()?;
+            if self.copy_method != Some(CopyMethod::Snapshot) {
+                return Err(invalid(
+                    "spec.volumeGroup",
+                    "a group snapshot replaces the claim's own snapshot: set copyMethod: Snapshot",
+                ));
+            }
         }
         if let Some(secondary) = &self.secondary {
             secondary.validate("spec.secondary", &self.repository, &self.source_pvc, None)?;
@@ -367,6 +456,7 @@ mod tests {
             consistency: None,
             failed_backups_history_limit: None,
             secondary: None,
+            volume_group: None,
         }
     }
 

@@ -31,7 +31,7 @@ pub use backup_repository::{
 };
 pub use backup_schedule::{
     BackupSchedule, BackupScheduleSpec, BackupScheduleStatus, Consistency, CopyMethod, Freeze,
-    Hook, OnError, Trigger,
+    Hook, OnError, Trigger, VolumeGroup,
 };
 pub use checksum::{Checksum, ChecksumSpec, ChecksumStatus};
 pub use endpoint::{

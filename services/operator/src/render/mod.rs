@@ -252,6 +252,16 @@ impl World<'_> {
         }
     }
 
+    /// Records the creation of an object several resources share (a group snapshot),
+    /// once.
+    pub(crate) fn create_once<T: Serialize>(&mut self, object: &T) {
+        if let Ok(document) = serde_json::to_string(object) {
+            if !self.created.contains(&document) {
+                self.created.push(document);
+            }
+        }
+    }
+
     /// Records the creation of a claim, which then exists, bound.
     pub(crate) fn create_claim(&mut self, pvc: &PersistentVolumeClaim) {
         self.create(pvc);

@@ -162,10 +162,22 @@ fn fire(world: &mut World<'_>, schedule: &BackupSchedule, name: &str) -> Result<
         };
         let claim = match method {
             CopyMethod::Clone => build::clone_claim(schedule, name, source),
-            _ => {
-                world.create(&build::volume_snapshot(schedule, name));
-                build::temp_claim(schedule, name, source, None)
-            }
+            _ => match &schedule.spec.volume_group {
+                // The member's name shows only once the group snapshot is ready: the plan
+                // names the group snapshot, made once for the group's schedules.
+                Some(group) => {
+                    let at = name.rsplit('-').next().unwrap_or_default();
+                    let group_snapshot = format!("{}-{at}", group.name);
+                    if let Some(object) = build::volume_group_snapshot(schedule, &group_snapshot) {
+                        world.create_once(&object);
+                    }
+                    build::temp_claim(schedule, name, &group_snapshot, source, None)
+                }
+                None => {
+                    world.create(&build::volume_snapshot(schedule, name));
+                    build::temp_claim(schedule, name, name, source, None)
+                }
+            },
         };
         world.create_claim(&claim);
     }

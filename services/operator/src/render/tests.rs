@@ -531,6 +531,55 @@ fn a_schedule_waits_for_its_fire_and_a_due_one_fires() {
     assert_eq!(backup_obj["status"]["phase"], "Running");
 }
 
+/// Two schedules of one volume group due at once: one VolumeGroupSnapshot for both, each
+/// temporary claim restored from the group's snapshot.
+#[test]
+fn the_schedules_of_a_volume_group_plan_one_group_snapshot() {
+    let group = "
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: web1-wal, namespace: vms, labels: {app: web1}}
+spec:
+  accessModes: [ReadWriteOnce]
+  volumeMode: Block
+  resources: {requests: {storage: 1Gi}}
+---
+apiVersion: ferry.dev/v1alpha1
+kind: BackupSchedule
+metadata: {name: nightly-wal, namespace: vms}
+spec:
+  sourcePVC: web1-wal
+  repository: site-a
+  trigger: {schedule: '30 2 * * *'}
+  copyMethod: Snapshot
+  volumeGroup: {name: web1, selector: {app: web1}}
+status: {nextSyncTime: '2026-01-01T02:30:00Z', observedGeneration: null}
+";
+    let main = SCHEDULE.replace(
+        "  copyMethod: Snapshot\n",
+        "  copyMethod: Snapshot\n  volumeGroup: {name: web1, selector: {app: web1}}\n",
+    );
+    let text = format!(
+        "{main}status: {{nextSyncTime: '2026-01-01T02:30:00Z', observedGeneration: null}}\n---{group}"
+    );
+    let rendered = run(&text, 0);
+    let kinds = listed(&rendered);
+    let groups: Vec<&String> = kinds
+        .iter()
+        .filter(|(k, _)| k == "VolumeGroupSnapshot")
+        .map(|(_, n)| n)
+        .collect();
+    assert_eq!(groups, ["web1-20260101023000"], "{kinds:?}");
+    assert!(
+        !kinds.iter().any(|(k, _)| k == "VolumeSnapshot"),
+        "{kinds:?}"
+    );
+    for backup in ["nightly-20260101023000", "nightly-wal-20260101023000"] {
+        let claim = object(&rendered, "PersistentVolumeClaim", &build_temp(backup));
+        assert_eq!(claim["spec"]["dataSource"]["name"], "web1-20260101023000");
+    }
+}
+
 fn build_temp(backup: &str) -> String {
     crate::schedule::build::temp_claim_name(backup)
 }

@@ -36,6 +36,78 @@ pub fn volume_snapshot_api() -> ApiResource {
     )
 }
 
+/// The VolumeSnapshotContent API (snapshot.storage.k8s.io/v1, cluster-scoped).
+pub fn volume_snapshot_content_api() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", "VolumeSnapshotContent"),
+        "volumesnapshotcontents",
+    )
+}
+
+/// The VolumeGroupSnapshot API (groupsnapshot.storage.k8s.io/v1beta1: served from
+/// Kubernetes 1.32, and beside v1beta2 from 1.34).
+pub fn volume_group_snapshot_api() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(
+            "groupsnapshot.storage.k8s.io",
+            "v1beta1",
+            "VolumeGroupSnapshot",
+        ),
+        "volumegroupsnapshots",
+    )
+}
+
+/// The VolumeGroupSnapshotContent API (cluster-scoped).
+pub fn volume_group_snapshot_content_api() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(
+            "groupsnapshot.storage.k8s.io",
+            "v1beta1",
+            "VolumeGroupSnapshotContent",
+        ),
+        "volumegroupsnapshotcontents",
+    )
+}
+
+/// Label of a group snapshot (and of its member snapshots once handed out) with its
+/// group's name.
+pub const GROUP_LABEL: &str = "ferry.dev/volume-group";
+/// Label of a handed-out member snapshot with its group snapshot's name.
+pub const GROUP_SNAPSHOT_LABEL: &str = "ferry.dev/volume-group-snapshot";
+/// Annotation of a handed-out member snapshot with the claim it is a snapshot of.
+pub const MEMBER_OF_ANNOTATION: &str = "ferry.dev/snapshot-of";
+
+/// The group snapshot of the fire at `at`: `<group>-<YYYYMMDDHHMMSS>` (UTC), the same for
+/// every schedule of the group.
+pub fn group_snapshot_name(group: &str, at: DateTime<Utc>) -> String {
+    format!("{group}-{}", at.format("%Y%m%d%H%M%S"))
+}
+
+/// The VolumeGroupSnapshot `name` of the schedule's group: over the claims its selector
+/// matches, owned by no schedule (the group's schedules share it).
+pub fn volume_group_snapshot(schedule: &BackupSchedule, name: &str) -> Option<DynamicObject> {
+    let group = schedule.spec.volume_group.as_ref()?;
+    let mut spec = json!({"source": {"selector": {"matchLabels": group.selector}}});
+    if let Some(class) = &group.volume_group_snapshot_class_name {
+        spec["volumeGroupSnapshotClassName"] = json!(class);
+    }
+    let mut object = DynamicObject::new(name, &volume_group_snapshot_api());
+    object.metadata = ObjectMeta {
+        name: Some(name.to_string()),
+        namespace: schedule.metadata.namespace.clone(),
+        labels: Some(BTreeMap::from([
+            (GROUP_LABEL.to_string(), group.name.clone()),
+            (
+                "app.kubernetes.io/managed-by".to_string(),
+                "ferry-operator".to_string(),
+            ),
+        ])),
+        ..ObjectMeta::default()
+    };
+    object.data = json!({ "spec": spec });
+    Some(object)
+}
+
 /// Longest object name.
 const MAX_NAME: usize = 253;
 
@@ -45,6 +117,17 @@ pub fn backup_name(schedule: &str, at: DateTime<Utc>) -> String {
     let keep = MAX_NAME - stamp.len() - 1 - "-src".len();
     let prefix = schedule[..keep.min(schedule.len())].trim_end_matches(['-', '.']);
     format!("{prefix}-{stamp}")
+}
+
+/// Whether `name` is one [`backup_name`] gives the schedule (its fires' Backups and
+/// their own VolumeSnapshots are named so).
+pub fn is_fire_name(schedule: &str, name: &str) -> bool {
+    let Some((prefix, stamp)) = name.rsplit_once('-') else {
+        return false;
+    };
+    let keep = MAX_NAME - 14 - 1 - "-src".len();
+    let expected = schedule[..keep.min(schedule.len())].trim_end_matches(['-', '.']);
+    prefix == expected && stamp.len() == 14 && stamp.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// The temporary claim made from a fire's VolumeSnapshot.
@@ -155,12 +238,14 @@ pub fn snapshot_state(snapshot: &DynamicObject) -> SnapshotState {
     SnapshotState::Pending(status["error"]["message"].as_str().map(str::to_string))
 }
 
-/// The temporary claim restored from the fire's VolumeSnapshot: the source claim's access
+/// The temporary claim of the Backup `backup` restored from the fire's VolumeSnapshot
+/// `snapshot` (its own, or its member of a group snapshot): the source claim's access
 /// and volume modes, in `storageClassName` or the source's class, and the larger of the
 /// source's request and the snapshot's `restoreSize` (a volume provisioned larger than
 /// its request, or expanded, restores only into a claim as large as the snapshot).
 pub fn temp_claim(
     schedule: &BackupSchedule,
+    backup: &str,
     snapshot: &str,
     source: &PersistentVolumeClaim,
     restore_size: Option<&Quantity>,
@@ -170,7 +255,7 @@ pub fn temp_claim(
         kind: "VolumeSnapshot".into(),
         name: snapshot.to_string(),
     };
-    made_from(schedule, snapshot, source, restore_size, data_source)
+    made_from(schedule, backup, source, restore_size, data_source)
 }
 
 /// The temporary claim of a fire of `copyMethod: Clone` (`name`: the Backup's): a CSI
@@ -252,6 +337,21 @@ mod tests {
         );
         let long = backup_name(&"a".repeat(260), at);
         assert!(temp_claim_name(&long).len() <= MAX_NAME, "{long}");
+        assert!(is_fire_name("nightly", "nightly-20261202030000"));
+        assert!(is_fire_name(&"a".repeat(260), &long));
+        for other in [
+            "snapshot-9f8e7d",
+            "nightly-2026120203000",
+            "daily-20261202030000",
+            "nightly",
+        ] {
+            assert!(!is_fire_name("nightly", other), "{other}");
+        }
+        assert_eq!(
+            group_snapshot_name("db", at),
+            "db-20261202030000",
+            "the same for every schedule of the group"
+        );
     }
 
     #[test]
@@ -288,7 +388,7 @@ mod tests {
         .unwrap();
         let size = |restore: Option<&str>| {
             let q = restore.map(|r| Quantity(r.into()));
-            let claim = temp_claim(&schedule, "n", &source, q.as_ref());
+            let claim = temp_claim(&schedule, "n", "n", &source, q.as_ref());
             claim.spec.unwrap().resources.unwrap().requests.unwrap()["storage"]
                 .0
                 .clone()

@@ -28,7 +28,7 @@ use serde_json::json;
 use crate::controller::error::api_text;
 use crate::crd::{BackupSchedule, Hook, OnError};
 
-use super::{build, Context};
+use super::Context;
 
 /// How long a hook runs unless it says otherwise (Velero's default).
 pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(30);
@@ -389,13 +389,16 @@ pub struct Outcome {
     pub warnings: Vec<String>,
 }
 
-/// Pre hooks, freeze, the VolumeSnapshot `name` created and waited for until cut,
-/// unfreeze, post hooks (see the module docs).
+/// Pre hooks, freeze, `snapshot` (a VolumeSnapshot, or a VolumeGroupSnapshot, of `api`)
+/// created and waited for until cut, unfreeze, post hooks (see the module docs).
 pub async fn take(
     ctx: &Context,
     schedule: &BackupSchedule,
-    name: &str,
+    api: &ApiResource,
+    snapshot: &DynamicObject,
 ) -> Result<Outcome, crate::controller::Error> {
+    let name = snapshot.metadata.name.clone().unwrap_or_default();
+    let kind = &api.kind;
     let namespace = schedule.metadata.namespace.clone().unwrap_or_default();
     let consistency = schedule.spec.consistency.clone().unwrap_or_default();
     let hooked = !consistency.pre.is_empty() || !consistency.post.is_empty();
@@ -450,17 +453,17 @@ pub async fn take(
         }
     }
     if outcome.failed.is_none() {
-        match cut(ctx, schedule, &namespace, name).await {
+        match cut(ctx, &namespace, api, snapshot).await {
             Ok((snapshot, cut)) => {
                 if !cut {
                     outcome.warnings.push(format!(
-                        "VolumeSnapshot {name} was not cut within {} s; unfrozen and the post hooks run all the same, so the snapshot may not be consistent",
+                        "{kind} {name} was not cut within {} s; unfrozen and the post hooks run all the same, so the snapshot may not be consistent",
                         CUT_TIMEOUT.as_secs()
                     ));
                 }
                 outcome.snapshot = Some(snapshot);
             }
-            Err(e) => outcome.failed = Some(format!("cannot create VolumeSnapshot {name}: {e}")),
+            Err(e) => outcome.failed = Some(format!("cannot create {kind} {name}: {e}")),
         }
     }
     if let Some(vmi) = frozen {
@@ -480,25 +483,19 @@ pub async fn take(
     Ok(outcome)
 }
 
-/// Creates the VolumeSnapshot and waits until it is cut (`status.creationTime`, or ready);
-/// returns it as last seen and whether it was cut within [`CUT_TIMEOUT`].
+/// Creates the snapshot (of `api`) and waits until it is cut (`status.creationTime`, or
+/// ready); returns it as last seen and whether it was cut within [`CUT_TIMEOUT`].
 async fn cut(
     ctx: &Context,
-    schedule: &BackupSchedule,
     namespace: &str,
-    name: &str,
+    api: &ApiResource,
+    snapshot: &DynamicObject,
 ) -> Result<(DynamicObject, bool), kube::Error> {
-    let snapshots: Api<DynamicObject> =
-        Api::namespaced_with(ctx.client.clone(), namespace, &build::volume_snapshot_api());
-    let mut current = match snapshots
-        .create(
-            &PostParams::default(),
-            &build::volume_snapshot(schedule, name),
-        )
-        .await
-    {
+    let name = snapshot.metadata.name.clone().unwrap_or_default();
+    let snapshots: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), namespace, api);
+    let mut current = match snapshots.create(&PostParams::default(), snapshot).await {
         Ok(created) => created,
-        Err(kube::Error::Api(e)) if e.code == 409 => snapshots.get(name).await?,
+        Err(kube::Error::Api(e)) if e.code == 409 => snapshots.get(&name).await?,
         Err(e) => return Err(e),
     };
     let started = tokio::time::Instant::now();
@@ -511,7 +508,7 @@ async fn cut(
             return Ok((current, false));
         }
         tokio::time::sleep(CUT_POLL).await;
-        current = snapshots.get(name).await?;
+        current = snapshots.get(&name).await?;
     }
 }
 

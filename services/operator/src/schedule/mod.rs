@@ -16,6 +16,7 @@
 
 pub mod build;
 pub mod consistent;
+pub mod group;
 pub mod history;
 pub mod reconcile;
 

@@ -38,6 +38,7 @@ use crate::crd::{
 
 use super::build::{self, CLONE_ANNOTATION, SCHEDULE_LABEL, SNAPSHOT_ANNOTATION};
 use super::consistent;
+use super::group;
 use super::history::{self, Why};
 use super::{Context, SYNCHRONIZING};
 
@@ -332,6 +333,14 @@ async fn record(
             .is_some_and(|a| a.contains_key(key))
     };
     let with_snapshot = annotated(SNAPSHOT_ANNOTATION);
+    // Its own snapshot is named after it; a member of a group snapshot is not.
+    let snapshot_name = done
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SNAPSHOT_ANNOTATION))
+        .cloned()
+        .unwrap_or_else(|| name.clone());
     if made_here && annotated(CLONE_ANNOTATION) {
         let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
         delete_temp_claim(ctx, namespace, &name).await?;
@@ -339,13 +348,13 @@ async fn record(
     let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
     if made_here && with_snapshot {
         delete_temp_claim(ctx, namespace, &name).await?;
-        for snapshot in snapshots_done(next, &name, &status) {
-            delete_volume_snapshot(ctx, namespace, &snapshot).await?;
+        for snapshot in snapshots_done(next, &snapshot_name, &status) {
+            delete_done_snapshot(ctx, obj, namespace, &snapshot).await?;
         }
     } else if status.phase == crate::crd::Phase::Succeeded {
         // Made some other way (copyMethod changed): the kept base is no one's parent now.
         if let Some(base) = next.base_snapshot.take() {
-            delete_volume_snapshot(ctx, namespace, &base).await?;
+            delete_done_snapshot(ctx, obj, namespace, &base).await?;
         }
     }
     let (warning, why, note) = result_event(&name, &status);
@@ -433,6 +442,37 @@ async fn delete_temp_claim(ctx: &Context, namespace: &str, name: &str) -> Result
 }
 
 /// Deletes a VolumeSnapshot the schedule made.
+/// Deletes a VolumeSnapshot the schedule is done with: one it made (named like its
+/// Backups) at once; any other (a member of a group snapshot) only when it is the
+/// schedule's (an owner reference to it): a Backup's annotation, which whoever may edit
+/// Backups can change, never decides alone what the operator deletes.
+async fn delete_done_snapshot(
+    ctx: &Context,
+    obj: &BackupSchedule,
+    namespace: &str,
+    name: &str,
+) -> Result<(), Error> {
+    let schedule = obj.metadata.name.as_deref().unwrap_or_default();
+    if !build::is_fire_name(schedule, name) {
+        let snapshots: Api<DynamicObject> =
+            Api::namespaced_with(ctx.client.clone(), namespace, &build::volume_snapshot_api());
+        let Some(member) = snapshots.get_opt(name).await? else {
+            return Ok(());
+        };
+        let uid = obj.metadata.uid.as_deref().unwrap_or_default();
+        let ours = member
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.uid == uid);
+        if !ours {
+            return Ok(());
+        }
+    }
+    delete_volume_snapshot(ctx, namespace, name).await
+}
+
 async fn delete_volume_snapshot(ctx: &Context, namespace: &str, name: &str) -> Result<(), Error> {
     let snapshots: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), namespace, &build::volume_snapshot_api());
@@ -569,7 +609,13 @@ async fn consistent_cut(
     obj: &BackupSchedule,
     name: &str,
 ) -> Result<Result<DynamicObject, String>, Error> {
-    let outcome = consistent::take(ctx, obj, name).await?;
+    let outcome = consistent::take(
+        ctx,
+        obj,
+        &build::volume_snapshot_api(),
+        &build::volume_snapshot(obj, name),
+    )
+    .await?;
     if !outcome.warnings.is_empty() {
         let note = outcome.warnings.join("; ");
         ctx.event(obj, true, "ConsistencyWarning", &note).await;
@@ -588,6 +634,31 @@ fn made<T>(result: Result<T, kube::Error>) -> Result<(), Error> {
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Skips the fire at hand (`why`: its hooks or its group snapshot failed): Synchronizing
+/// False (ConsistencyFailed), a BackupSkipped event, the next fire waited for.
+#[allow(clippy::too_many_arguments)]
+async fn skip_fire(
+    ctx: &Context,
+    obj: &BackupSchedule,
+    before: &BackupScheduleStatus,
+    mut next: BackupScheduleStatus,
+    now: DateTime<Utc>,
+    cron: &ferry_cron::CronSpec,
+    why: &str,
+) -> Result<Action, Error> {
+    let message = format!("this fire's backup is skipped: {why}");
+    next.message = Some(message.clone());
+    let following = cron.next_after(now);
+    next.next_sync_time = following.map(to_time);
+    synchronizing(&mut next, false, reasons::CONSISTENCY_FAILED, &message);
+    write(ctx, obj, before, &next).await?;
+    ctx.event(obj, true, "BackupSkipped", &message).await;
+    Ok(match following {
+        Some(t) => Action::requeue(until(now, t)),
+        None => Action::await_change(),
+    })
 }
 
 /// Starts the Backup of the fire at `due`, then waits for the next fire time.
@@ -634,47 +705,61 @@ async fn fire(
                 .await,
         )?;
     }
+    let mut snapshot_name = name.clone();
     if let (true, Some(source)) = (snapshot, source) {
-        let snapshots: Api<DynamicObject> =
-            Api::namespaced_with(ctx.client.clone(), namespace, &build::volume_snapshot_api());
-        let current = if consistent::wanted(obj) {
-            match snapshots.get_opt(&name).await? {
-                // Cut by an earlier pass of this fire, its hooks run then.
-                Some(existing) => existing,
-                None => match consistent_cut(ctx, obj, &name).await? {
-                    Ok(cut) => cut,
-                    Err(why) => {
-                        // Made before what failed after it: nothing will back it up.
-                        gone(snapshots.delete(&name, &DeleteParams::default()).await)?;
-                        let message = format!("this fire's backup is skipped: {why}");
+        let current = match &obj.spec.volume_group {
+            Some(group) => {
+                let group_snapshot = build::group_snapshot_name(&group.name, due);
+                match group::member(ctx, obj, &group_snapshot).await? {
+                    group::Member::Ready(member) => *member,
+                    group::Member::Pending(message) => {
                         next.message = Some(message.clone());
-                        let following = cron.next_after(now);
-                        next.next_sync_time = following.map(to_time);
-                        synchronizing(&mut next, false, reasons::CONSISTENCY_FAILED, &message);
+                        synchronizing(&mut next, true, reasons::SNAPSHOT_PENDING, &message);
                         write(ctx, obj, before, &next).await?;
-                        ctx.event(obj, true, "BackupSkipped", &message).await;
-                        return Ok(match following {
-                            Some(t) => Action::requeue(until(now, t)),
-                            None => Action::await_change(),
-                        });
+                        return Ok(Action::requeue(SNAPSHOT_RECHECK));
                     }
-                },
+                    group::Member::Refused(why) => {
+                        return skip_fire(ctx, obj, before, next, now, cron, &why).await;
+                    }
+                }
             }
-        } else {
-            match snapshots
-                .create(&PostParams::default(), &build::volume_snapshot(obj, &name))
-                .await
-            {
-                Ok(created) => created,
-                Err(kube::Error::Api(e)) if e.code == 409 => snapshots.get(&name).await?,
-                Err(e) => return Err(e.into()),
+            None => {
+                let snapshots: Api<DynamicObject> = Api::namespaced_with(
+                    ctx.client.clone(),
+                    namespace,
+                    &build::volume_snapshot_api(),
+                );
+                if consistent::wanted(obj) {
+                    match snapshots.get_opt(&name).await? {
+                        // Cut by an earlier pass of this fire, its hooks run then.
+                        Some(existing) => existing,
+                        None => match consistent_cut(ctx, obj, &name).await? {
+                            Ok(cut) => cut,
+                            Err(why) => {
+                                // Made before what failed after it: nothing will back it up.
+                                gone(snapshots.delete(&name, &DeleteParams::default()).await)?;
+                                return skip_fire(ctx, obj, before, next, now, cron, &why).await;
+                            }
+                        },
+                    }
+                } else {
+                    match snapshots
+                        .create(&PostParams::default(), &build::volume_snapshot(obj, &name))
+                        .await
+                    {
+                        Ok(created) => created,
+                        Err(kube::Error::Api(e)) if e.code == 409 => snapshots.get(&name).await?,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
             }
         };
+        snapshot_name = current.metadata.name.clone().unwrap_or_default();
         let restore_size = match build::snapshot_state(&current) {
             build::SnapshotState::Ready(size) => size,
             build::SnapshotState::Pending(error) => {
                 let mut message = format!(
-                    "VolumeSnapshot {name} of pvc/{} is not ready yet: the backup starts once it is",
+                    "VolumeSnapshot {snapshot_name} of pvc/{} is not ready yet: the backup starts once it is",
                     obj.spec.source_pvc
                 );
                 if let Some(error) = error {
@@ -686,14 +771,14 @@ async fn fire(
                 return Ok(Action::requeue(SNAPSHOT_RECHECK));
             }
         };
-        let claim = build::temp_claim(obj, &name, &source, restore_size.as_ref());
+        let claim = build::temp_claim(obj, &name, &snapshot_name, &source, restore_size.as_ref());
         made(claims.create(&PostParams::default(), &claim).await)?;
         next.message = None;
     }
     let backups: Api<Backup> = Api::namespaced(ctx.client.clone(), namespace);
     let backup = match method {
         CopyMethod::Clone => build::clone_backup(obj, &name),
-        _ => build::backup(obj, &name, snapshot.then_some(name.as_str())),
+        _ => build::backup(obj, &name, snapshot.then_some(snapshot_name.as_str())),
     };
     made(backups.create(&PostParams::default(), &backup).await)?;
     let following = cron.next_after(now);

@@ -1,0 +1,489 @@
+//! A schedule's snapshot taken in a VolumeGroupSnapshot (groupsnapshot.storage.k8s.io)
+//! with the other claims of its app, so several volumes of one app are backed up from one
+//! instant. The schedules of the app's claims name one `volumeGroup`; at a fire time the
+//! first of them creates the group snapshot `<group>-<fire time>` over every claim the
+//! selector matches (between its consistency hooks, when it has any), and once it is ready
+//! hands its member snapshots out, as Velero does: each member VolumeSnapshot is labelled
+//! with the group snapshot and annotated with its claim, freed from the group (its owner
+//! reference and group finalizers removed), and the group's content set to `Retain`, so a
+//! member lives on as an ordinary VolumeSnapshot of its claim that its schedule backs up
+//! from and deletes (or keeps as the next changed-block base) like its own.
+//!
+//! Which member is of which claim: the group's content lists pairs of CSI volume and
+//! snapshot handles (`volumeSnapshotInfoList`, v1beta2's, or v1beta1's
+//! `volumeSnapshotHandlePairList`); a claim's volume handle is its PersistentVolume's, a
+//! member's snapshot handle its VolumeSnapshotContent's ([`members_by_claim`]).
+//!
+//! Group snapshots of earlier fire times are deleted (contents `Retain`, so their members
+//! stay) by the schedule that hands out a newer one, with any member of theirs that no
+//! schedule claimed (a claim of the group without a schedule).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Resource};
+use serde_json::{json, Value};
+
+use crate::controller::Error;
+use crate::crd::BackupSchedule;
+
+use super::build::{self, GROUP_LABEL, GROUP_SNAPSHOT_LABEL, MEMBER_OF_ANNOTATION};
+use super::{consistent, Context};
+
+/// Most claims one group snapshot hands out.
+pub const MAX_MEMBERS: usize = 256;
+
+/// Where the schedule's snapshot of a group fire is.
+#[derive(Debug)]
+pub enum Member {
+    /// The claim's member VolumeSnapshot, handed out and claimed by the schedule.
+    Ready(Box<DynamicObject>),
+    /// Not ready yet: why.
+    Pending(String),
+    /// The fire cannot have one: why (hooks that failed, a claim outside the group).
+    Refused(String),
+}
+
+/// The CSI (volume handle, snapshot handle) pairs a group snapshot's content lists.
+pub fn handle_pairs(content: &Value) -> Vec<(String, String)> {
+    let status = &content["status"];
+    let list = status["volumeSnapshotInfoList"]
+        .as_array()
+        .or_else(|| status["volumeSnapshotHandlePairList"].as_array());
+    list.into_iter()
+        .flatten()
+        .take(MAX_MEMBERS)
+        .filter_map(|p| {
+            Some((
+                p["volumeHandle"].as_str()?.to_string(),
+                p["snapshotHandle"].as_str()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// Claim name -> member VolumeSnapshot name, from the content's handle pairs, the claims'
+/// volume handles (claim, handle) and the members' snapshot handles (snapshot, handle).
+/// A claim or member whose handle is not paired is left out.
+pub fn members_by_claim(
+    pairs: &[(String, String)],
+    claims: &[(String, String)],
+    members: &[(String, String)],
+) -> BTreeMap<String, String> {
+    let snapshot_of_volume: BTreeMap<&str, &str> = pairs
+        .iter()
+        .map(|(v, s)| (v.as_str(), s.as_str()))
+        .collect();
+    let member_of_snapshot: BTreeMap<&str, &str> = members
+        .iter()
+        .map(|(m, s)| (s.as_str(), m.as_str()))
+        .collect();
+    claims
+        .iter()
+        .filter_map(|(claim, volume)| {
+            let snapshot = snapshot_of_volume.get(volume.as_str())?;
+            let member = member_of_snapshot.get(snapshot)?;
+            Some((claim.clone(), member.to_string()))
+        })
+        .collect()
+}
+
+fn not_found<T>(r: Result<T, kube::Error>) -> Result<Option<T>, Error> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The schedule's member snapshot of the group snapshot `name` (see the module docs).
+pub async fn member(ctx: &Context, schedule: &BackupSchedule, name: &str) -> Result<Member, Error> {
+    let namespace = schedule.metadata.namespace.clone().unwrap_or_default();
+    let claim = schedule.spec.source_pvc.as_str();
+    if let Some(mine) = handed_out(ctx, &namespace, name, claim).await? {
+        return Ok(Member::Ready(Box::new(claimed(ctx, schedule, mine).await?)));
+    }
+    let groups: Api<DynamicObject> = Api::namespaced_with(
+        ctx.client.clone(),
+        &namespace,
+        &build::volume_group_snapshot_api(),
+    );
+    let group = match groups.get_opt(name).await? {
+        Some(group) => group,
+        None => {
+            let Some(object) = build::volume_group_snapshot(schedule, name) else {
+                return Ok(Member::Refused("the schedule names no volumeGroup".into()));
+            };
+            if consistent::wanted(schedule) {
+                let outcome =
+                    consistent::take(ctx, schedule, &build::volume_group_snapshot_api(), &object)
+                        .await?;
+                if let Some(why) = outcome.failed {
+                    // Made before what failed after it: nothing will back it up.
+                    not_found(groups.delete(name, &DeleteParams::default()).await)?;
+                    return Ok(Member::Refused(why));
+                }
+                if !outcome.warnings.is_empty() {
+                    let note = outcome.warnings.join("; ");
+                    ctx.event(schedule, true, "ConsistencyWarning", &note).await;
+                }
+                match outcome.snapshot {
+                    Some(group) => group,
+                    None => {
+                        return Ok(Member::Pending(format!(
+                            "VolumeGroupSnapshot {name} is being made"
+                        )))
+                    }
+                }
+            } else {
+                match groups.create(&PostParams::default(), &object).await {
+                    Ok(created) => created,
+                    Err(kube::Error::Api(e)) if e.code == 409 => groups.get(name).await?,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    };
+    let status = &group.data["status"];
+    if status["readyToUse"].as_bool() != Some(true) {
+        let mut why =
+            format!("VolumeGroupSnapshot {name} is not ready yet: the backup starts once it is");
+        if let Some(error) = status["error"]["message"].as_str() {
+            why.push_str(&format!(" (the snapshot controller says: {error})"));
+        }
+        return Ok(Member::Pending(why));
+    }
+    if let Err(why) = hand_out(ctx, schedule, &namespace, &group).await? {
+        return Ok(Member::Pending(why));
+    }
+    retire_older(ctx, schedule, &namespace, name).await?;
+    match handed_out(ctx, &namespace, name, claim).await? {
+        Some(mine) => Ok(Member::Ready(Box::new(claimed(ctx, schedule, mine).await?))),
+        None => Ok(Member::Refused(format!(
+            "VolumeGroupSnapshot {name} holds no snapshot of pvc/{claim}: label the claim with spec.volumeGroup.selector's labels (the group's snapshots are taken over the claims that carry them)"
+        ))),
+    }
+}
+
+/// The member of group snapshot `name` handed out for `claim`, if any.
+async fn handed_out(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    claim: &str,
+) -> Result<Option<DynamicObject>, Error> {
+    let snapshots: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), namespace, &build::volume_snapshot_api());
+    let members = snapshots
+        .list(&ListParams::default().labels(&format!("{GROUP_SNAPSHOT_LABEL}={name}")))
+        .await?
+        .items;
+    Ok(members.into_iter().find(|m| {
+        m.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(MEMBER_OF_ANNOTATION))
+            .is_some_and(|c| c == claim)
+    }))
+}
+
+/// The member with the schedule among its owners (so deleting the schedule deletes it).
+async fn claimed(
+    ctx: &Context,
+    schedule: &BackupSchedule,
+    member: DynamicObject,
+) -> Result<DynamicObject, Error> {
+    let Some(owner) = schedule.controller_owner_ref(&()) else {
+        return Err(Error::NotStored("BackupSchedule"));
+    };
+    let owners = member.metadata.owner_references.clone().unwrap_or_default();
+    if owners.iter().any(|o| o.uid == owner.uid) {
+        return Ok(member);
+    }
+    let mut all = owners;
+    all.push(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            controller: None,
+            block_owner_deletion: None,
+            ..owner
+        },
+    );
+    let namespace = member.metadata.namespace.clone().unwrap_or_default();
+    let name = member.metadata.name.clone().unwrap_or_default();
+    let snapshots: Api<DynamicObject> = Api::namespaced_with(
+        ctx.client.clone(),
+        &namespace,
+        &build::volume_snapshot_api(),
+    );
+    let patch = json!({"metadata": {
+        "ownerReferences": all,
+        "resourceVersion": member.metadata.resource_version,
+    }});
+    Ok(snapshots
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?)
+}
+
+/// Labels every member of the ready group snapshot with it and its claim, frees it from
+/// the group, and sets the group's content to `Retain`. Err: why it cannot yet (the
+/// content or a member not bound yet).
+async fn hand_out(
+    ctx: &Context,
+    schedule: &BackupSchedule,
+    namespace: &str,
+    group: &DynamicObject,
+) -> Result<Result<(), String>, Error> {
+    let name = group.metadata.name.clone().unwrap_or_default();
+    let Some(content_name) = group.data["status"]["boundVolumeGroupSnapshotContentName"].as_str()
+    else {
+        return Ok(Err(format!(
+            "VolumeGroupSnapshot {name} is bound to no content yet"
+        )));
+    };
+    let contents: Api<DynamicObject> = Api::all_with(
+        ctx.client.clone(),
+        &build::volume_group_snapshot_content_api(),
+    );
+    let Some(content) = not_found(contents.get(content_name).await)? else {
+        return Ok(Err(format!(
+            "VolumeGroupSnapshotContent {content_name} of {name} does not exist yet"
+        )));
+    };
+    let pairs = handle_pairs(&content.data);
+    let claims = claim_handles(ctx, schedule, namespace).await?;
+    let snapshots: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), namespace, &build::volume_snapshot_api());
+    let members: Vec<DynamicObject> = snapshots
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|s| s.data["status"]["volumeGroupSnapshotName"].as_str() == Some(name.as_str()))
+        .take(MAX_MEMBERS)
+        .collect();
+    let snapshot_contents: Api<DynamicObject> =
+        Api::all_with(ctx.client.clone(), &build::volume_snapshot_content_api());
+    let mut member_handles = Vec::with_capacity(members.len());
+    for m in &members {
+        let member = m.metadata.name.clone().unwrap_or_default();
+        let Some(bound) = m.data["status"]["boundVolumeSnapshotContentName"].as_str() else {
+            return Ok(Err(format!(
+                "member VolumeSnapshot {member} of {name} is bound to no content yet"
+            )));
+        };
+        let Some(c) = not_found(snapshot_contents.get(bound).await)? else {
+            return Ok(Err(format!(
+                "VolumeSnapshotContent {bound} of {member} does not exist yet"
+            )));
+        };
+        let handle = c.data["status"]["snapshotHandle"]
+            .as_str()
+            .or_else(|| c.data["spec"]["source"]["snapshotHandle"].as_str());
+        if let Some(handle) = handle {
+            member_handles.push((member, handle.to_string()));
+        }
+    }
+    let by_claim = members_by_claim(&pairs, &claims, &member_handles);
+    for m in &members {
+        let member = m.metadata.name.clone().unwrap_or_default();
+        let Some((claim, _)) = by_claim.iter().find(|(_, s)| **s == member) else {
+            continue;
+        };
+        let owners: Vec<_> = m
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .filter(|o| o.kind != "VolumeGroupSnapshot")
+            .cloned()
+            .collect();
+        let finalizers: Vec<_> = m
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .filter(|f| !f.contains("group"))
+            .cloned()
+            .collect();
+        let group_name = schedule
+            .spec
+            .volume_group
+            .as_ref()
+            .map(|g| g.name.clone())
+            .unwrap_or_default();
+        let patch = json!({"metadata": {
+            "labels": {GROUP_SNAPSHOT_LABEL: name, GROUP_LABEL: group_name},
+            "annotations": {MEMBER_OF_ANNOTATION: claim},
+            "ownerReferences": owners,
+            "finalizers": finalizers,
+            "resourceVersion": m.metadata.resource_version,
+        }});
+        snapshots
+            .patch(&member, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    contents
+        .patch(
+            content_name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"deletionPolicy": "Retain"}})),
+        )
+        .await?;
+    Ok(Ok(()))
+}
+
+/// (claim, CSI volume handle) of every bound claim the group's selector matches.
+async fn claim_handles(
+    ctx: &Context,
+    schedule: &BackupSchedule,
+    namespace: &str,
+) -> Result<Vec<(String, String)>, Error> {
+    let Some(group) = &schedule.spec.volume_group else {
+        return Ok(Vec::new());
+    };
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
+    let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let mut handles = Vec::new();
+    let matched = claims
+        .list(&ListParams::default().labels(&group.selector_query()))
+        .await?
+        .items;
+    for claim in matched.into_iter().take(MAX_MEMBERS) {
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let Some(volume) = claim.spec.and_then(|s| s.volume_name) else {
+            continue;
+        };
+        let handle = not_found(volumes.get(&volume).await)?
+            .and_then(|pv| pv.spec)
+            .and_then(|s| s.csi)
+            .map(|c| c.volume_handle);
+        if let Some(handle) = handle {
+            handles.push((name, handle));
+        }
+    }
+    Ok(handles)
+}
+
+/// Deletes the group's snapshots of earlier fire times (their contents set to `Retain`
+/// first, so their members stay) and their members no schedule claimed.
+async fn retire_older(
+    ctx: &Context,
+    schedule: &BackupSchedule,
+    namespace: &str,
+    current: &str,
+) -> Result<(), Error> {
+    let Some(group) = &schedule.spec.volume_group else {
+        return Ok(());
+    };
+    let groups: Api<DynamicObject> = Api::namespaced_with(
+        ctx.client.clone(),
+        namespace,
+        &build::volume_group_snapshot_api(),
+    );
+    let contents: Api<DynamicObject> = Api::all_with(
+        ctx.client.clone(),
+        &build::volume_group_snapshot_content_api(),
+    );
+    let snapshots: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), namespace, &build::volume_snapshot_api());
+    let older: Vec<DynamicObject> = groups
+        .list(&ListParams::default().labels(&format!("{GROUP_LABEL}={}", group.name)))
+        .await?
+        .items
+        .into_iter()
+        .filter(|g| g.metadata.name.as_deref().is_some_and(|n| n < current))
+        .collect();
+    for old in older {
+        let name = old.metadata.name.clone().unwrap_or_default();
+        let content = old.data["status"]["boundVolumeGroupSnapshotContentName"]
+            .as_str()
+            .map(str::to_string);
+        if let Some(content) = &content {
+            not_found(
+                contents
+                    .patch(
+                        content,
+                        &PatchParams::default(),
+                        &Patch::Merge(&json!({"spec": {"deletionPolicy": "Retain"}})),
+                    )
+                    .await,
+            )?;
+        }
+        not_found(groups.delete(&name, &DeleteParams::default()).await)?;
+        if let Some(content) = &content {
+            not_found(contents.delete(content, &DeleteParams::default()).await)?;
+        }
+        let unclaimed = snapshots
+            .list(&ListParams::default().labels(&format!("{GROUP_SNAPSHOT_LABEL}={name}")))
+            .await?
+            .items
+            .into_iter()
+            .filter(|m| {
+                m.metadata
+                    .owner_references
+                    .as_ref()
+                    .is_none_or(Vec::is_empty)
+            });
+        for m in unclaimed {
+            let member = m.metadata.name.clone().unwrap_or_default();
+            not_found(snapshots.delete(&member, &DeleteParams::default()).await)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(list: &str) -> Value {
+        json!({"status": {list: [
+            {"volumeHandle": "vol-a", "snapshotHandle": "snap-a"},
+            {"volumeHandle": "vol-b", "snapshotHandle": "snap-b"},
+            {"volumeHandle": "vol-c"},
+        ]}})
+    }
+
+    #[test]
+    fn members_are_matched_to_claims_through_the_csi_handles() {
+        for list in ["volumeSnapshotInfoList", "volumeSnapshotHandlePairList"] {
+            let p = handle_pairs(&pairs(list));
+            assert_eq!(
+                p,
+                [
+                    ("vol-a".to_string(), "snap-a".to_string()),
+                    ("vol-b".to_string(), "snap-b".to_string())
+                ],
+                "{list}"
+            );
+            let claims = [
+                ("db-data".to_string(), "vol-a".to_string()),
+                ("db-wal".to_string(), "vol-b".to_string()),
+                ("other".to_string(), "vol-x".to_string()),
+            ];
+            let members = [
+                ("snapshot-1b2c".to_string(), "snap-b".to_string()),
+                ("snapshot-9f8e".to_string(), "snap-a".to_string()),
+                ("stray".to_string(), "snap-z".to_string()),
+            ];
+            let by_claim = members_by_claim(&p, &claims, &members);
+            assert_eq!(
+                by_claim,
+                BTreeMap::from([
+                    ("db-data".to_string(), "snapshot-9f8e".to_string()),
+                    ("db-wal".to_string(), "snapshot-1b2c".to_string()),
+                ])
+            );
+        }
+        assert!(handle_pairs(&json!({"status": {}})).is_empty());
+        let many: Vec<Value> = (0..1000)
+            .map(|i| json!({"volumeHandle": format!("v{i}"), "snapshotHandle": format!("s{i}")}))
+            .collect();
+        assert_eq!(
+            handle_pairs(&json!({"status": {"volumeSnapshotInfoList": many}})).len(),
+            MAX_MEMBERS,
+            "bounded: the list comes from the API"
+        );
+    }
+}
