@@ -1444,6 +1444,13 @@ async fn schedules_of_a_volume_group_back_up_from_one_group_snapshot() {
             Reply::Ok(db_claim("db-data", "pv-1")),
         )
         .await;
+    s.server
+        .expect(
+            "GET",
+            &format!("{SNAPSHOTS}/db-data-20261202030000"),
+            Reply::NotFound,
+        )
+        .await;
     let seen = s
         .server
         .expect("GET", SNAPSHOTS, Reply::Ok(snapshot_list(vec![])))
@@ -1492,6 +1499,13 @@ async fn schedules_of_a_volume_group_back_up_from_one_group_snapshot() {
             "GET",
             &format!("{PVCS}/db-data"),
             Reply::Ok(db_claim("db-data", "pv-1")),
+        )
+        .await;
+    s.server
+        .expect(
+            "GET",
+            &format!("{SNAPSHOTS}/db-data-20261202030000"),
+            Reply::NotFound,
         )
         .await;
     s.server
@@ -1737,6 +1751,13 @@ async fn schedules_of_a_volume_group_back_up_from_one_group_snapshot() {
     s.server
         .expect(
             "GET",
+            &format!("{SNAPSHOTS}/db-wal-20261202030000"),
+            Reply::NotFound,
+        )
+        .await;
+    s.server
+        .expect(
+            "GET",
             SNAPSHOTS,
             Reply::Ok(snapshot_list(vec![wal_member.clone(), data_member])),
         )
@@ -1815,6 +1836,104 @@ async fn schedules_of_a_volume_group_back_up_from_one_group_snapshot() {
     s.server
         .expect("PATCH", wal_status, Reply::ApplyStatus(wal.clone()))
         .await;
+    finish(task).await;
+    s.server.done().await;
+}
+
+/// A cluster that serves no VolumeGroupSnapshots: the claim gets a snapshot of its own,
+/// with a warning saying why; the group snapshot is not asked for again on the next pass
+/// of the fire.
+#[tokio::test]
+async fn without_group_snapshots_a_claim_gets_its_own_snapshot_and_a_warning() {
+    let mut s = Sched::new("2026-12-02T03:00:05Z");
+    let data = group_schedule_json("db-data", "uid-d", "db-data");
+    let status = "/apis/ferry.dev/v1alpha1/namespaces/vms/backupschedules/db-data/status";
+    let own_name = format!("{SNAPSHOTS}/db-data-20261202030000");
+    let task = tokio::spawn(schedule::reconcile(sched(&data), s.ctx.clone()));
+    s.server
+        .expect("GET", REPO, Reply::Ok(repository_json()))
+        .await;
+    s.server
+        .expect("GET", BACKUPS, Reply::Ok(list(vec![])))
+        .await;
+    s.server
+        .expect(
+            "GET",
+            &format!("{PVCS}/db-data"),
+            Reply::Ok(db_claim("db-data", "pv-1")),
+        )
+        .await;
+    s.server.expect("GET", &own_name, Reply::NotFound).await;
+    s.server
+        .expect("GET", SNAPSHOTS, Reply::Ok(snapshot_list(vec![])))
+        .await;
+    s.server
+        .expect(
+            "GET",
+            &format!("{GROUPS}/db-20261202030000"),
+            Reply::NotFound,
+        )
+        .await;
+    s.server.expect("POST", GROUPS, Reply::NotFound).await;
+    let event = s.server.expect_event(NS).await.body;
+    assert_eq!(
+        (event["type"].clone(), event["reason"].clone()),
+        (json!("Warning"), json!("GroupSnapshotUnavailable"))
+    );
+    assert!(
+        event["note"].as_str().unwrap().starts_with(
+            "no group snapshot for pvc/db-data: the API server serves no VolumeGroupSnapshots"
+        ),
+        "{event}"
+    );
+    let own = s.server.expect("POST", SNAPSHOTS, Reply::Echo).await.body;
+    assert_eq!(own["metadata"]["name"], "db-data-20261202030000");
+    assert_eq!(
+        own["spec"]["source"]["persistentVolumeClaimName"],
+        "db-data"
+    );
+    let pending = s
+        .server
+        .expect("PATCH", status, Reply::ApplyStatus(data.clone()))
+        .await
+        .body["status"]
+        .clone();
+    assert_eq!(
+        synchronizing(&pending),
+        ("True".into(), "SnapshotPending".into())
+    );
+    finish(task).await;
+    s.server.done().await;
+
+    // The next pass: its own snapshot is there, so no group snapshot is asked for.
+    let data = with_status(&data, &json!({ "status": pending }));
+    let task = tokio::spawn(schedule::reconcile(sched(&data), s.ctx.clone()));
+    s.server
+        .expect("GET", REPO, Reply::Ok(repository_json()))
+        .await;
+    s.server
+        .expect("GET", BACKUPS, Reply::Ok(list(vec![])))
+        .await;
+    s.server
+        .expect(
+            "GET",
+            &format!("{PVCS}/db-data"),
+            Reply::Ok(db_claim("db-data", "pv-1")),
+        )
+        .await;
+    let mut ready = own.clone();
+    ready["status"] = json!({"readyToUse": true, "restoreSize": "20Gi"});
+    s.server.expect("GET", &own_name, Reply::Ok(ready)).await;
+    let claim = s.server.expect("POST", PVCS, Reply::Echo).await.body;
+    assert_eq!(
+        claim["spec"]["dataSource"]["name"],
+        "db-data-20261202030000"
+    );
+    s.server.expect("POST", BACKUPS, Reply::Echo).await;
+    s.server
+        .expect("PATCH", status, Reply::ApplyStatus(data.clone()))
+        .await;
+    s.server.expect_event(NS).await;
     finish(task).await;
     s.server.done().await;
 }

@@ -43,7 +43,15 @@ pub enum Member {
     Pending(String),
     /// The fire cannot have one: why (hooks that failed, a claim outside the group).
     Refused(String),
+    /// The cluster or the driver takes no group snapshots: why (the claim then gets a
+    /// snapshot of its own).
+    Unsupported(String),
 }
+
+/// How long a group snapshot may report an error without becoming ready before the
+/// schedule takes the claim's own snapshot instead (a driver without group snapshots, a
+/// class that does not exist).
+pub const GROUP_PATIENCE: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// The CSI (volume handle, snapshot handle) pairs a group snapshot's content lists.
 pub fn handle_pairs(content: &Value) -> Vec<(String, String)> {
@@ -140,12 +148,33 @@ pub async fn member(ctx: &Context, schedule: &BackupSchedule, name: &str) -> Res
                 match groups.create(&PostParams::default(), &object).await {
                     Ok(created) => created,
                     Err(kube::Error::Api(e)) if e.code == 409 => groups.get(name).await?,
+                    Err(kube::Error::Api(e)) if e.code == 404 => {
+                        return Ok(Member::Unsupported(format!(
+                            "the API server serves no VolumeGroupSnapshots (groupsnapshot.storage.k8s.io/v1beta1: {})",
+                            e.message
+                        )))
+                    }
                     Err(e) => return Err(e.into()),
                 }
             }
         }
     };
     let status = &group.data["status"];
+    let made = group
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0.as_millisecond());
+    let now = ctx.clock.now().timestamp_millis();
+    let patience = i64::try_from(GROUP_PATIENCE.as_millis()).unwrap_or(i64::MAX);
+    if let (Some(error), Some(made)) = (status["error"]["message"].as_str(), made) {
+        if status["readyToUse"].as_bool() != Some(true) && now - made > patience {
+            return Ok(Member::Unsupported(format!(
+                "VolumeGroupSnapshot {name} is not ready after {} s: the snapshot controller says: {error}",
+                GROUP_PATIENCE.as_secs()
+            )));
+        }
+    }
     if status["readyToUse"].as_bool() != Some(true) {
         let mut why =
             format!("VolumeGroupSnapshot {name} is not ready yet: the backup starts once it is");

@@ -707,11 +707,17 @@ async fn fire(
     }
     let mut snapshot_name = name.clone();
     if let (true, Some(source)) = (snapshot, source) {
-        let current = match &obj.spec.volume_group {
-            Some(group) => {
+        let snapshots: Api<DynamicObject> =
+            Api::namespaced_with(ctx.client.clone(), namespace, &build::volume_snapshot_api());
+        let mut member = None;
+        let mut own = None;
+        if let Some(group) = &obj.spec.volume_group {
+            // A fallback of an earlier pass of this fire made the claim's own snapshot.
+            own = snapshots.get_opt(&name).await?;
+            if own.is_none() {
                 let group_snapshot = build::group_snapshot_name(&group.name, due);
                 match group::member(ctx, obj, &group_snapshot).await? {
-                    group::Member::Ready(member) => *member,
+                    group::Member::Ready(m) => member = Some(*m),
                     group::Member::Pending(message) => {
                         next.message = Some(message.clone());
                         synchronizing(&mut next, true, reasons::SNAPSHOT_PENDING, &message);
@@ -721,38 +727,40 @@ async fn fire(
                     group::Member::Refused(why) => {
                         return skip_fire(ctx, obj, before, next, now, cron, &why).await;
                     }
-                }
-            }
-            None => {
-                let snapshots: Api<DynamicObject> = Api::namespaced_with(
-                    ctx.client.clone(),
-                    namespace,
-                    &build::volume_snapshot_api(),
-                );
-                if consistent::wanted(obj) {
-                    match snapshots.get_opt(&name).await? {
-                        // Cut by an earlier pass of this fire, its hooks run then.
-                        Some(existing) => existing,
-                        None => match consistent_cut(ctx, obj, &name).await? {
-                            Ok(cut) => cut,
-                            Err(why) => {
-                                // Made before what failed after it: nothing will back it up.
-                                gone(snapshots.delete(&name, &DeleteParams::default()).await)?;
-                                return skip_fire(ctx, obj, before, next, now, cron, &why).await;
-                            }
-                        },
-                    }
-                } else {
-                    match snapshots
-                        .create(&PostParams::default(), &build::volume_snapshot(obj, &name))
-                        .await
-                    {
-                        Ok(created) => created,
-                        Err(kube::Error::Api(e)) if e.code == 409 => snapshots.get(&name).await?,
-                        Err(e) => return Err(e.into()),
+                    group::Member::Unsupported(why) => {
+                        let note = format!(
+                            "no group snapshot for pvc/{}: {why}; it gets a snapshot of its own, not of its group's instant",
+                            obj.spec.source_pvc
+                        );
+                        ctx.event(obj, true, "GroupSnapshotUnavailable", &note)
+                            .await;
                     }
                 }
             }
+        }
+        let current = match (member, own) {
+            (Some(member), _) => member,
+            (None, Some(own)) => own,
+            (None, None) if consistent::wanted(obj) => match snapshots.get_opt(&name).await? {
+                // Cut by an earlier pass of this fire, its hooks run then.
+                Some(existing) => existing,
+                None => match consistent_cut(ctx, obj, &name).await? {
+                    Ok(cut) => cut,
+                    Err(why) => {
+                        // Made before what failed after it: nothing will back it up.
+                        gone(snapshots.delete(&name, &DeleteParams::default()).await)?;
+                        return skip_fire(ctx, obj, before, next, now, cron, &why).await;
+                    }
+                },
+            },
+            (None, None) => match snapshots
+                .create(&PostParams::default(), &build::volume_snapshot(obj, &name))
+                .await
+            {
+                Ok(created) => created,
+                Err(kube::Error::Api(e)) if e.code == 409 => snapshots.get(&name).await?,
+                Err(e) => return Err(e.into()),
+            },
         };
         snapshot_name = current.metadata.name.clone().unwrap_or_default();
         let restore_size = match build::snapshot_state(&current) {
