@@ -1785,7 +1785,15 @@ async fn schedules_of_a_volume_group_back_up_from_one_group_snapshot() {
 
     // 4. Its Backup ended: the temporary claim and its member deleted (the member is the
     //    schedule's: its owner reference says so).
+    wal_backup_recorded(owned, true).await;
+}
+
+/// Schedule db-wal recording its Backup that ended, whose snapshot annotation names
+/// `snapshot` (as the API returns it): the temporary claim deleted, then the snapshot
+/// only when `deleted`.
+async fn wal_backup_recorded(snapshot: Value, deleted: bool) {
     let mut s = Sched::new("2026-12-02T03:30:00Z");
+    let name = snapshot["metadata"]["name"].as_str().unwrap().to_string();
     let mut done = scheduled_backup(
         "db-wal-20261202030000",
         "Succeeded",
@@ -1794,12 +1802,11 @@ async fn schedules_of_a_volume_group_back_up_from_one_group_snapshot() {
     done["metadata"]["labels"]["ferry.dev/schedule"] = json!("db-wal");
     done["metadata"]["ownerReferences"][0]["name"] = json!("db-wal");
     done["metadata"]["ownerReferences"][0]["uid"] = json!("uid-w");
-    done["metadata"]["annotations"] = json!({"ferry.dev/volume-snapshot": "snapshot-wal"});
+    done["metadata"]["annotations"] = json!({"ferry.dev/volume-snapshot": name});
     let wal = with_status(
-        &wal,
+        &group_schedule_json("db-wal", "uid-w", "db-wal"),
         &json!({"status": {"nextSyncTime": "2026-12-03T03:00:00Z",
-                                                   "lastBackup": "db-wal-20261202030000",
-                                                   "observedGeneration": 1}}),
+                           "lastBackup": "db-wal-20261202030000", "observedGeneration": 1}}),
     );
     let task = tokio::spawn(schedule::reconcile(sched(&wal), s.ctx.clone()));
     s.server
@@ -1815,26 +1822,21 @@ async fn schedules_of_a_volume_group_back_up_from_one_group_snapshot() {
             Reply::Deleted,
         )
         .await;
-    s.server
-        .expect(
-            "GET",
-            &format!("{SNAPSHOTS}/snapshot-wal"),
-            Reply::Ok(owned),
-        )
-        .await;
-    s.server
-        .expect(
-            "DELETE",
-            &format!("{SNAPSHOTS}/snapshot-wal"),
-            Reply::Deleted,
-        )
-        .await;
+    let path = format!("{SNAPSHOTS}/{name}");
+    s.server.expect("GET", &path, Reply::Ok(snapshot)).await;
+    if deleted {
+        s.server.expect("DELETE", &path, Reply::Deleted).await;
+    }
     assert_eq!(
         s.server.expect_event(NS).await.body["reason"],
         "BackupSucceeded"
     );
     s.server
-        .expect("PATCH", wal_status, Reply::ApplyStatus(wal.clone()))
+        .expect(
+            "PATCH",
+            "/apis/ferry.dev/v1alpha1/namespaces/vms/backupschedules/db-wal/status",
+            Reply::ApplyStatus(wal.clone()),
+        )
         .await;
     finish(task).await;
     s.server.done().await;
@@ -1942,60 +1944,9 @@ async fn without_group_snapshots_a_claim_gets_its_own_snapshot_and_a_warning() {
 /// (someone edited it): the schedule does not delete that snapshot.
 #[tokio::test]
 async fn a_schedule_deletes_no_snapshot_it_does_not_own() {
-    let mut s = Sched::new("2026-12-02T03:30:00Z");
-    let wal = group_schedule_json("db-wal", "uid-w", "db-wal");
-    let mut done = scheduled_backup(
-        "db-wal-20261202030000",
-        "Succeeded",
-        json!({"snapshotId": "20261202T030002Z-0a1b2c3d", "completionTime": "2026-12-02T03:20:00Z"}),
-    );
-    done["metadata"]["labels"]["ferry.dev/schedule"] = json!("db-wal");
-    done["metadata"]["ownerReferences"][0]["name"] = json!("db-wal");
-    done["metadata"]["ownerReferences"][0]["uid"] = json!("uid-w");
-    done["metadata"]["annotations"] = json!({"ferry.dev/volume-snapshot": "precious"});
-    let wal = with_status(
-        &wal,
-        &json!({"status": {"nextSyncTime": "2026-12-03T03:00:00Z",
-                                                   "lastBackup": "db-wal-20261202030000",
-                                                   "observedGeneration": 1}}),
-    );
-    let task = tokio::spawn(schedule::reconcile(sched(&wal), s.ctx.clone()));
-    s.server
-        .expect("GET", REPO, Reply::Ok(repository_json()))
-        .await;
-    s.server
-        .expect("GET", BACKUPS, Reply::Ok(list(vec![done])))
-        .await;
-    s.server
-        .expect(
-            "DELETE",
-            &format!("{PVCS}/db-wal-20261202030000-src"),
-            Reply::Deleted,
-        )
-        .await;
-    s.server
-        .expect(
-            "GET",
-            &format!("{SNAPSHOTS}/precious"),
-            Reply::Ok(
-                json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
-                             "metadata": {"name": "precious", "namespace": NS}}),
-            ),
-        )
-        .await;
-    assert_eq!(
-        s.server.expect_event(NS).await.body["reason"],
-        "BackupSucceeded"
-    );
-    s.server
-        .expect(
-            "PATCH",
-            "/apis/ferry.dev/v1alpha1/namespaces/vms/backupschedules/db-wal/status",
-            Reply::ApplyStatus(wal.clone()),
-        )
-        .await;
-    finish(task).await;
-    s.server.done().await;
+    let precious = json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+                          "metadata": {"name": "precious", "namespace": NS}});
+    wal_backup_recorded(precious, false).await;
 }
 
 /// copyMethod Snapshot: a VolumeSnapshot of the claim; once it is ready, a temporary

@@ -271,14 +271,7 @@ impl MoverKind for Backup {
                 let (kind, message) = failure_text(failed);
                 let message = format!("{} {kind}: {message}", step.name());
                 if !step.failure_continues(&kind) {
-                    return if is_transient(&kind) {
-                        Outcome::Retry { message }
-                    } else {
-                        Outcome::Failed {
-                            reason: reason::FAILED,
-                            message,
-                        }
-                    };
+                    return Outcome::of_failure(is_transient(&kind), message);
                 }
                 message
             }

@@ -3,7 +3,6 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::crd::status::condition::reason;
 use crate::crd::{Checksum, ChecksumStatus, Endpoint, ValidationError};
 use crate::mover::{checksum_pod, checksum_request, MoverError, MoverPodInput, ResolvedPvc};
 
@@ -64,14 +63,7 @@ impl MoverKind for Checksum {
             Some((_, failed)) => {
                 let (kind, message) = failure_text(failed);
                 let message = format!("{kind}: {message}");
-                if is_transient(&kind) {
-                    Outcome::Retry { message }
-                } else {
-                    Outcome::Failed {
-                        reason: reason::FAILED,
-                        message,
-                    }
-                }
+                Outcome::of_failure(is_transient(&kind), message)
             }
             None => Outcome::Succeeded,
         }

@@ -54,6 +54,21 @@ pub enum Outcome {
     },
 }
 
+impl Outcome {
+    /// A failure's end: a retry on a new mover when `transient`, else Failed (reason
+    /// `Failed`), with `message`.
+    pub fn of_failure(transient: bool, message: String) -> Self {
+        if transient {
+            Self::Retry { message }
+        } else {
+            Self::Failed {
+                reason: crate::crd::status::condition::reason::FAILED,
+                message,
+            }
+        }
+    }
+}
+
 /// A kind the operator runs movers for.
 pub trait MoverKind:
     Resource<DynamicType = (), Scope = NamespaceResourceScope>

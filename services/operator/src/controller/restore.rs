@@ -9,7 +9,6 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::Action;
 use kube::{Api, Resource};
 
-use crate::crd::status::condition::reason;
 use crate::crd::{
     Backup, BackupRepository, Endpoint, Phase, ResolvedSnapshot, Restore, RestoreStatus,
     SecretKeyRef, SnapshotChoice, ValidationError,
@@ -200,14 +199,7 @@ impl MoverKind for Restore {
             Some((_, failed)) => {
                 let (kind, message) = failure_text(failed);
                 let message = format!("restore {kind}: {message}");
-                if is_transient(&kind) {
-                    Outcome::Retry { message }
-                } else {
-                    Outcome::Failed {
-                        reason: reason::FAILED,
-                        message,
-                    }
-                }
+                Outcome::of_failure(is_transient(&kind), message)
             }
             None => Outcome::Succeeded,
         }

@@ -204,14 +204,7 @@ impl MoverKind for Transfer {
             // A job that failed without saying which target: all of them.
             let (kind, message) = failure_text(failed);
             let message = format!("{}: {kind}: {message}", target_name(self, i));
-            return if is_transient(&kind) {
-                Outcome::Retry { message }
-            } else {
-                Outcome::Failed {
-                    reason: reason::FAILED,
-                    message,
-                }
-            };
+            return Outcome::of_failure(is_transient(&kind), message);
         }
         let Some(expected) = self.spec.expected_digest.as_deref() else {
             return Outcome::Succeeded;
@@ -289,14 +282,10 @@ impl Transfer {
                 which.join("; ")
             )
         };
-        Some(if failed.iter().all(|(_, kind, _)| is_transient(kind)) {
-            Outcome::Retry { message }
-        } else {
-            Outcome::Failed {
-                reason: reason::FAILED,
-                message,
-            }
-        })
+        Some(Outcome::of_failure(
+            failed.iter().all(|(_, kind, _)| is_transient(kind)),
+            message,
+        ))
     }
 }
 
