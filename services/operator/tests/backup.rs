@@ -318,23 +318,7 @@ async fn a_backup_backs_up_then_prunes_on_one_mover() {
         "the backup's progress stays"
     );
     assert_eq!(condition(&end, "Ready")["status"], "True");
-    h.server
-        .expect("DELETE", &format!("{PODS}/web1-now-fbk-1"), Reply::Deleted)
-        .await;
-    h.server
-        .expect(
-            "DELETE",
-            &format!("{SECRETS}/web1-now-fbk-1-token"),
-            Reply::Deleted,
-        )
-        .await;
-    h.server
-        .expect(
-            "DELETE",
-            &format!("{NETPOLS}/web1-now-fbk-1"),
-            Reply::Deleted,
-        )
-        .await;
+    mover_removed(&mut h).await;
     assert_eq!(h.server.expect_event(NS).await.body["reason"], "Succeeded");
     h.ctx.take_watch("uid-b").unwrap().task.await.unwrap();
     h.server.done().await;
@@ -413,23 +397,7 @@ async fn a_failed_backup_says_why() {
     );
     assert!(end.get("snapshotId").is_none());
     assert_eq!(condition(end, "Ready")["reason"], "Failed");
-    h.server
-        .expect("DELETE", &format!("{PODS}/web1-now-fbk-1"), Reply::Deleted)
-        .await;
-    h.server
-        .expect(
-            "DELETE",
-            &format!("{SECRETS}/web1-now-fbk-1-token"),
-            Reply::Deleted,
-        )
-        .await;
-    h.server
-        .expect(
-            "DELETE",
-            &format!("{NETPOLS}/web1-now-fbk-1"),
-            Reply::Deleted,
-        )
-        .await;
+    mover_removed(&mut h).await;
     let event = h.server.expect_event(NS).await.body;
     assert_eq!(
         (event["type"].clone(), event["reason"].clone()),
@@ -479,23 +447,7 @@ async fn a_failed_prune_keeps_the_backup_succeeded() {
         end["pruneError"],
         "prune invalid_input: the retention keeps nothing"
     );
-    h.server
-        .expect("DELETE", &format!("{PODS}/web1-now-fbk-1"), Reply::Deleted)
-        .await;
-    h.server
-        .expect(
-            "DELETE",
-            &format!("{SECRETS}/web1-now-fbk-1-token"),
-            Reply::Deleted,
-        )
-        .await;
-    h.server
-        .expect(
-            "DELETE",
-            &format!("{NETPOLS}/web1-now-fbk-1"),
-            Reply::Deleted,
-        )
-        .await;
+    mover_removed(&mut h).await;
     assert_eq!(h.server.expect_event(NS).await.body["reason"], "Succeeded");
     h.ctx.take_watch("uid-b").unwrap().task.await.unwrap();
     h.server.done().await;
