@@ -13,7 +13,6 @@ request log shows 2063 requests against 2060, the chunks' HEAD and PUT the same)
 import contextlib
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
