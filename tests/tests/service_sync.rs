@@ -333,9 +333,10 @@ async fn sync_jobs_copy_between_a_directory_and_s3_both_ways_and_the_copies_rest
 }
 
 /// `init_destination_if_missing`: a missing destination is created sharing the source's
-/// keys (chunks copied as stored), its own passphrase added as one more key, also when an
-/// earlier sync created it without that key; without the flag a missing destination is
-/// not found.
+/// keys (chunks copied as stored) with its own passphrase added as one more key; a sync
+/// that stopped between the creation and the key's addition (its marker left) has the key
+/// added by the next; a passphrase that does not open an existing destination is refused,
+/// never added; without the flag a missing destination is not found.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sync_creates_a_missing_destination_sharing_the_sources_keys() {
     let mut e = env().await;
@@ -344,6 +345,21 @@ async fn a_sync_creates_a_missing_destination_sharing_the_sources_keys() {
     let disk = e.root.join("disk.img");
     make(&disk, Pattern::HalfData, 8 * MIB, 7).unwrap();
     let id = backup(&mut e, &disk, &primary).await;
+    let keys_of = |e: &mut Env, repo: &proto::Repository| {
+        let mut backups = e.backups.clone();
+        let repo = repo.clone();
+        async move {
+            backups
+                .list_keys(proto::ListKeysRequest {
+                    repository: Some(repo),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .keys
+                .len()
+        }
+    };
 
     let missing = dir_repo(&e.root.join("nowhere"), None);
     let job = run(
@@ -358,39 +374,49 @@ async fn a_sync_creates_a_missing_destination_sharing_the_sources_keys() {
     assert_eq!(job.error.as_ref().unwrap().kind, "not_found", "{job:?}");
     assert!(!e.root.join("nowhere").join("config").exists());
 
-    // Created without a key of its own (the source's opens it), then synced again with
-    // its own passphrase: the second sync adds it.
-    let replica = dir_repo(&e.root.join("replica"), Some("dst-key"));
-    let mut req = sync_req(&primary, &dir_repo(&e.root.join("replica"), None));
-    req.init_destination_if_missing = true;
-    let r = sync_result(&run(e.jobs.clone(), e.jobs.clone().start_sync(req).await).await);
-    assert_eq!(r.copied, [id.as_str()]);
-    assert!(r.same_keys, "chunks copied as stored: {r:?}");
-    let mut req = sync_req(&primary, &replica);
-    req.init_destination_if_missing = true;
-    let r = sync_result(&run(e.jobs.clone(), e.jobs.clone().start_sync(req).await).await);
-    assert_eq!((r.backups_copied, r.backups_present), (0, 1), "{r:?}");
-    restore_exact(&mut e, &replica, &id, &disk).await;
-    let under_source_key = dir_repo(&e.root.join("replica"), Some("src-key"));
-    restore_exact(&mut e, &under_source_key, &id, &disk).await;
-
-    // Created in one go with its own passphrase.
+    // Created in one go with its own passphrase: two keys, either restores.
     let second = dir_repo(&e.root.join("second"), Some("dst-key"));
     let mut req = sync_req(&primary, &second);
     req.init_destination_if_missing = true;
     let r = sync_result(&run(e.jobs.clone(), e.jobs.clone().start_sync(req).await).await);
     assert_eq!(r.copied, [id.as_str()]);
+    assert!(r.same_keys, "chunks copied as stored: {r:?}");
+    assert!(!e.root.join("second/init-from-key-owed").exists());
     restore_exact(&mut e, &second, &id, &disk).await;
-    let keys = e
-        .backups
-        .list_keys(proto::ListKeysRequest {
-            repository: Some(second.clone()),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .keys;
-    assert_eq!(keys.len(), 2, "the source's key and its own: {keys:?}");
+    let under_source_key = dir_repo(&e.root.join("second"), Some("src-key"));
+    restore_exact(&mut e, &under_source_key, &id, &disk).await;
+    assert_eq!(
+        keys_of(&mut e, &second).await,
+        2,
+        "the source's key and its own"
+    );
+
+    // Another passphrase for it now: refused, not added.
+    let wrong = dir_repo(&e.root.join("second"), Some("third-key"));
+    let mut req = sync_req(&primary, &wrong);
+    req.init_destination_if_missing = true;
+    let job = run(e.jobs.clone(), e.jobs.clone().start_sync(req).await).await;
+    assert_eq!(state(&job), JobState::Failed);
+    assert_eq!(
+        job.error.as_ref().unwrap().kind,
+        "permission_denied",
+        "{job:?}"
+    );
+    assert_eq!(keys_of(&mut e, &second).await, 2, "no key added");
+
+    // Created without a key of its own, then a sync stopped before adding one (its
+    // marker left): the next sync adds its passphrase.
+    let replica = dir_repo(&e.root.join("replica"), Some("dst-key"));
+    let mut req = sync_req(&primary, &dir_repo(&e.root.join("replica"), None));
+    req.init_destination_if_missing = true;
+    sync_result(&run(e.jobs.clone(), e.jobs.clone().start_sync(req).await).await);
+    std::fs::write(e.root.join("replica/init-from-key-owed"), b"").unwrap();
+    let mut req = sync_req(&primary, &replica);
+    req.init_destination_if_missing = true;
+    let r = sync_result(&run(e.jobs.clone(), e.jobs.clone().start_sync(req).await).await);
+    assert_eq!((r.backups_copied, r.backups_present), (0, 1), "{r:?}");
+    assert!(!e.root.join("replica/init-from-key-owed").exists());
+    restore_exact(&mut e, &replica, &id, &disk).await;
 }
 
 /// The weekday name of `days` days from now (UTC).

@@ -1353,7 +1353,7 @@ fn member_snapshot(name: &str, group: &str, content: &str) -> Value {
     json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
            "metadata": {"name": name, "namespace": NS, "resourceVersion": "7",
                         "finalizers": ["snapshot.storage.kubernetes.io/volumesnapshot-bound-protection",
-                                       "groupsnapshot.storage.kubernetes.io/volumesnapshot-in-group-protection"],
+                                       "snapshot.storage.kubernetes.io/volumesnapshot-in-group-protection"],
                         "ownerReferences": [{"apiVersion": "groupsnapshot.storage.k8s.io/v1beta1",
                                              "kind": "VolumeGroupSnapshot", "name": group,
                                              "uid": "uid-g"}]},
@@ -1367,22 +1367,9 @@ fn snapshot_list(items: Vec<Value>) -> Value {
            "metadata": {}, "items": items})
 }
 
-/// volumeGroup: the first schedule of the group to fire creates the VolumeGroupSnapshot
-/// over the app's claims; once ready, it matches each member to its claim through the CSI
-/// handles, hands every member out (labelled, freed from the group), sets the group's
-/// content to Retain, deletes the group snapshot of the fire before (and its unclaimed
-/// member), and backs its claim up from its member; the other claim's schedule finds its
-/// member handed out and backs up from it: one instant for both.
-#[tokio::test]
-async fn schedules_of_a_volume_group_back_up_from_one_group_snapshot() {
-    let mut s = Sched::new("2026-12-02T03:00:05Z");
-    let data = group_schedule_json("db-data", "uid-d", "db-data");
-    let group_name = "db-20261202030000";
-    let data_status = "/apis/ferry.dev/v1alpha1/namespaces/vms/backupschedules/db-data/status";
-    let by_group = format!("labelSelector=ferry.dev%2Fvolume-group-snapshot%3D{group_name}");
-
-    // 1. No group snapshot yet: created over the selector, not ready: pending.
-    let task = tokio::spawn(schedule::reconcile(sched(&data), s.ctx.clone()));
+/// The start of a group schedule's fire pass: its repository, Backups and claim read, no
+/// own snapshot of an earlier fallback, no member of `group` handed out yet.
+async fn group_pass_start(s: &mut Sched, claim: &str, volume: &str, group: &str) {
     s.server
         .expect("GET", REPO, Reply::Ok(repository_json()))
         .await;
@@ -1392,14 +1379,14 @@ async fn schedules_of_a_volume_group_back_up_from_one_group_snapshot() {
     s.server
         .expect(
             "GET",
-            &format!("{PVCS}/db-data"),
-            Reply::Ok(db_claim("db-data", "pv-1")),
+            &format!("{PVCS}/{claim}"),
+            Reply::Ok(db_claim(claim, volume)),
         )
         .await;
     s.server
         .expect(
             "GET",
-            &format!("{SNAPSHOTS}/db-data-20261202030000"),
+            &format!("{SNAPSHOTS}/{claim}-20261202030000"),
             Reply::NotFound,
         )
         .await;
@@ -1407,13 +1394,48 @@ async fn schedules_of_a_volume_group_back_up_from_one_group_snapshot() {
         .server
         .expect("GET", SNAPSHOTS, Reply::Ok(snapshot_list(vec![])))
         .await;
+    let by_group = format!("labelSelector=ferry.dev%2Fvolume-group-snapshot%3D{group}");
     assert!(seen.query.contains(&by_group), "{}", seen.query);
+}
+
+fn group_list(items: Vec<Value>) -> Value {
+    json!({"apiVersion": "groupsnapshot.storage.k8s.io/v1beta1",
+           "kind": "VolumeGroupSnapshotList", "metadata": {}, "items": items})
+}
+
+/// volumeGroup: the first schedule of the group to fire creates the VolumeGroupSnapshot
+/// over the app's claims; once ready, it sets the group's content to Retain, matches each
+/// member to its claim through the CSI handles, hands every member out (labelled), deletes
+/// the group snapshot (orphaning its members) and its content, retires what an earlier
+/// fire left, and backs its claim up from its member; the other claim's schedule finds its
+/// member handed out and backs up from it: one instant for both.
+#[tokio::test]
+async fn schedules_of_a_volume_group_back_up_from_one_group_snapshot() {
+    let mut s = Sched::new("2026-12-02T03:00:05Z");
+    let data = group_schedule_json("db-data", "uid-d", "db-data");
+    let group_name = "db-20261202030000";
+    let data_status = "/apis/ferry.dev/v1alpha1/namespaces/vms/backupschedules/db-data/status";
+
+    // 1. No group snapshot yet: the kind is served; created over the selector, marked
+    //    with its maker; not ready: pending.
+    let task = tokio::spawn(schedule::reconcile(sched(&data), s.ctx.clone()));
+    group_pass_start(&mut s, "db-data", "pv-1", group_name).await;
     s.server
         .expect("GET", &format!("{GROUPS}/{group_name}"), Reply::NotFound)
+        .await;
+    s.server
+        .expect("GET", SNAPSHOTS, Reply::Ok(snapshot_list(vec![])))
+        .await;
+    s.server
+        .expect("GET", GROUPS, Reply::Ok(group_list(vec![])))
         .await;
     let group = s.server.expect("POST", GROUPS, Reply::Echo).await.body;
     assert_eq!(group["metadata"]["name"], group_name);
     assert_eq!(group["metadata"]["labels"]["ferry.dev/volume-group"], "db");
+    assert_eq!(
+        group["metadata"]["annotations"]["ferry.dev/made-by"],
+        "uid-d"
+    );
     assert!(
         group["metadata"].get("ownerReferences").is_none(),
         "shared by the group's schedules"
@@ -1436,34 +1458,14 @@ async fn schedules_of_a_volume_group_back_up_from_one_group_snapshot() {
     assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(5)));
     s.server.done().await;
 
-    // 2. Ready: the members handed out, the fire before's group snapshot retired, the
-    //    temporary claim from this claim's member, the Backup.
+    // 2. Ready: its content set to Retain, the members matched and handed out, the group
+    //    snapshot and its content deleted, the last fire's leftovers retired, then the
+    //    temporary claim from this claim's member and the Backup.
     let data = with_status(&data, &json!({ "status": pending }));
     let task = tokio::spawn(schedule::reconcile(sched(&data), s.ctx.clone()));
-    s.server
-        .expect("GET", REPO, Reply::Ok(repository_json()))
-        .await;
-    s.server
-        .expect("GET", BACKUPS, Reply::Ok(list(vec![])))
-        .await;
-    s.server
-        .expect(
-            "GET",
-            &format!("{PVCS}/db-data"),
-            Reply::Ok(db_claim("db-data", "pv-1")),
-        )
-        .await;
-    s.server
-        .expect(
-            "GET",
-            &format!("{SNAPSHOTS}/db-data-20261202030000"),
-            Reply::NotFound,
-        )
-        .await;
-    s.server
-        .expect("GET", SNAPSHOTS, Reply::Ok(snapshot_list(vec![])))
-        .await;
+    group_pass_start(&mut s, "db-data", "pv-1", group_name).await;
     let mut ready = group.clone();
+    ready["metadata"]["creationTimestamp"] = json!("2026-12-02T03:00:05Z");
     ready["status"] = json!({"readyToUse": true, "creationTime": "2026-12-02T03:00:06Z",
                              "boundVolumeGroupSnapshotContentName": "groupcontent-1"});
     s.server
@@ -1476,11 +1478,26 @@ async fn schedules_of_a_volume_group_back_up_from_one_group_snapshot() {
             Reply::Ok(json!({"apiVersion": "groupsnapshot.storage.k8s.io/v1beta1",
                              "kind": "VolumeGroupSnapshotContent",
                              "metadata": {"name": "groupcontent-1"},
+                             "spec": {"volumeGroupSnapshotRef": {"namespace": NS, "name": group_name}},
                              "status": {"volumeSnapshotHandlePairList": [
                                  {"volumeHandle": "h-wal", "snapshotHandle": "s-wal"},
                                  {"volumeHandle": "h-data", "snapshotHandle": "s-data"}]}})),
         )
         .await;
+    let retain = s
+        .server
+        .expect(
+            "PATCH",
+            &format!("{GROUP_CONTENTS}/groupcontent-1"),
+            Reply::Echo,
+        )
+        .await
+        .body;
+    assert_eq!(
+        retain,
+        json!({"spec": {"deletionPolicy": "Retain"}}),
+        "first"
+    );
     let seen = s
         .server
         .expect(
@@ -1551,41 +1568,91 @@ async fn schedules_of_a_volume_group_back_up_from_one_group_snapshot() {
             patch["metadata"]["annotations"]["ferry.dev/snapshot-of"],
             claim
         );
-        assert_eq!(
-            patch["metadata"]["ownerReferences"],
-            json!([]),
-            "freed from the group"
-        );
-        assert_eq!(
-            patch["metadata"]["finalizers"],
-            json!(["snapshot.storage.kubernetes.io/volumesnapshot-bound-protection"])
+        assert_eq!(patch["metadata"]["ownerReferences"], json!([]));
+        assert!(
+            patch["metadata"].get("finalizers").is_none(),
+            "the snapshot controller's to remove: {patch}"
         );
         assert_eq!(patch["metadata"]["resourceVersion"], "7");
     }
-    let retain = s
+    let deleted = s
         .server
+        .expect("DELETE", &format!("{GROUPS}/{group_name}"), Reply::Deleted)
+        .await;
+    assert!(
+        deleted.body.to_string().contains("Orphan") || deleted.query.contains("Orphan"),
+        "the members orphaned, not deleted: {} {}",
+        deleted.query,
+        deleted.body
+    );
+    s.server
         .expect(
-            "PATCH",
+            "DELETE",
             &format!("{GROUP_CONTENTS}/groupcontent-1"),
-            Reply::Echo,
+            Reply::Deleted,
         )
-        .await
-        .body;
-    assert_eq!(retain, json!({"spec": {"deletionPolicy": "Retain"}}));
-    // The group snapshot of the fire before: retired, with its member no schedule claimed.
+        .await;
+    // What the fire before left: a group snapshot never handed out (deleted with its
+    // content, which names it back), one not made by the operator (kept), and an
+    // unclaimed member (deleted).
     let older = "db-20261201030000";
     let seen = s
         .server
         .expect(
             "GET",
             GROUPS,
+            Reply::Ok(group_list(vec![
+                json!({"apiVersion": "groupsnapshot.storage.k8s.io/v1beta1",
+                       "kind": "VolumeGroupSnapshot",
+                       "metadata": {"name": older, "namespace": NS,
+                                    "annotations": {"ferry.dev/made-by": "uid-w"}},
+                       "status": {"boundVolumeGroupSnapshotContentName": "groupcontent-0"}}),
+                json!({"apiVersion": "groupsnapshot.storage.k8s.io/v1beta1",
+                       "kind": "VolumeGroupSnapshot",
+                       "metadata": {"name": "db-20261130030000", "namespace": NS}}),
+            ])),
+        )
+        .await;
+    assert!(
+        seen.query
+            .contains("labelSelector=ferry.dev%2Fvolume-group%3Ddb"),
+        "{}",
+        seen.query
+    );
+    s.server
+        .expect("DELETE", &format!("{GROUPS}/{older}"), Reply::Deleted)
+        .await;
+    s.server
+        .expect(
+            "GET",
+            &format!("{GROUP_CONTENTS}/groupcontent-0"),
             Reply::Ok(json!({"apiVersion": "groupsnapshot.storage.k8s.io/v1beta1",
-                             "kind": "VolumeGroupSnapshotList", "metadata": {},
-                             "items": [
-                {"apiVersion": "groupsnapshot.storage.k8s.io/v1beta1", "kind": "VolumeGroupSnapshot",
-                 "metadata": {"name": older, "namespace": NS},
-                 "status": {"boundVolumeGroupSnapshotContentName": "groupcontent-0"}},
-                group.clone()]})),
+                             "kind": "VolumeGroupSnapshotContent",
+                             "metadata": {"name": "groupcontent-0"},
+                             "spec": {"volumeGroupSnapshotRef": {"namespace": NS, "name": older}}})),
+        )
+        .await;
+    s.server
+        .expect(
+            "DELETE",
+            &format!("{GROUP_CONTENTS}/groupcontent-0"),
+            Reply::Deleted,
+        )
+        .await;
+    let mut claimed_before = member_snapshot("snapshot-old-data", older, "vsc-o1");
+    claimed_before["metadata"]["labels"] =
+        json!({"ferry.dev/volume-group": "db", "ferry.dev/volume-group-snapshot": older});
+    claimed_before["metadata"]["ownerReferences"] = json!([{"apiVersion": "ferry.dev/v1alpha1", "kind": "BackupSchedule",
+                "name": "db-data", "uid": "uid-d"}]);
+    let mut unclaimed = member_snapshot("snapshot-old-logs", older, "vsc-o2");
+    unclaimed["metadata"]["labels"] = claimed_before["metadata"]["labels"].clone();
+    unclaimed["metadata"]["ownerReferences"] = json!([]);
+    let seen = s
+        .server
+        .expect(
+            "GET",
+            SNAPSHOTS,
+            Reply::Ok(snapshot_list(vec![claimed_before, unclaimed])),
         )
         .await;
     assert!(
@@ -1596,52 +1663,32 @@ async fn schedules_of_a_volume_group_back_up_from_one_group_snapshot() {
     );
     s.server
         .expect(
-            "PATCH",
-            &format!("{GROUP_CONTENTS}/groupcontent-0"),
-            Reply::Echo,
-        )
-        .await;
-    s.server
-        .expect("DELETE", &format!("{GROUPS}/{older}"), Reply::Deleted)
-        .await;
-    s.server
-        .expect(
-            "DELETE",
-            &format!("{GROUP_CONTENTS}/groupcontent-0"),
-            Reply::Deleted,
-        )
-        .await;
-    let mut claimed_before = member_snapshot("snapshot-old-data", older, "vsc-o1");
-    claimed_before["metadata"]["ownerReferences"] = json!([{"apiVersion": "ferry.dev/v1alpha1", "kind": "BackupSchedule",
-                "name": "db-data", "uid": "uid-d"}]);
-    let mut unclaimed = member_snapshot("snapshot-old-logs", older, "vsc-o2");
-    unclaimed["metadata"]["ownerReferences"] = json!([]);
-    s.server
-        .expect(
-            "GET",
-            SNAPSHOTS,
-            Reply::Ok(snapshot_list(vec![claimed_before, unclaimed])),
-        )
-        .await;
-    s.server
-        .expect(
             "DELETE",
             &format!("{SNAPSHOTS}/snapshot-old-logs"),
             Reply::Deleted,
         )
         .await;
-    // Its own member, now handed out: claimed (the schedule among its owners).
-    let mut data_member = member_snapshot("snapshot-data", group_name, "vsc-data");
-    data_member["metadata"]["ownerReferences"] = json!([]);
-    data_member["metadata"]["annotations"] = json!({"ferry.dev/snapshot-of": "db-data"});
-    let mut wal_member = member_snapshot("snapshot-wal", group_name, "vsc-wal");
-    wal_member["metadata"]["ownerReferences"] = json!([]);
-    wal_member["metadata"]["annotations"] = json!({"ferry.dev/snapshot-of": "db-wal"});
+    // Its own member, now handed out: claimed (the schedule among its owners). A
+    // snapshot labelled as a member whose status says otherwise is not taken.
+    let handed = |name: &str, claim: &str| {
+        let mut m = member_snapshot(name, group_name, "vsc");
+        m["metadata"]["ownerReferences"] = json!([]);
+        m["metadata"]["annotations"] = json!({"ferry.dev/snapshot-of": claim});
+        m
+    };
+    let mut forged = handed("forged", "db-data");
+    forged["status"]["volumeGroupSnapshotName"] = json!("elsewhere");
+    let data_member = handed("snapshot-data", "db-data");
+    let wal_member = handed("snapshot-wal", "db-wal");
     s.server
         .expect(
             "GET",
             SNAPSHOTS,
-            Reply::Ok(snapshot_list(vec![wal_member.clone(), data_member.clone()])),
+            Reply::Ok(snapshot_list(vec![
+                forged,
+                wal_member.clone(),
+                data_member.clone(),
+            ])),
         )
         .await;
     let mut owned = data_member.clone();
@@ -1828,7 +1875,10 @@ async fn without_group_snapshots_a_claim_gets_its_own_snapshot_and_a_warning() {
             Reply::NotFound,
         )
         .await;
-    s.server.expect("POST", GROUPS, Reply::NotFound).await;
+    s.server
+        .expect("GET", SNAPSHOTS, Reply::Ok(snapshot_list(vec![])))
+        .await;
+    s.server.expect("GET", GROUPS, Reply::NotFound).await;
     let event = s.server.expect_event(NS).await.body;
     assert_eq!(
         (event["type"].clone(), event["reason"].clone()),
@@ -1886,6 +1936,108 @@ async fn without_group_snapshots_a_claim_gets_its_own_snapshot_and_a_warning() {
     s.server.expect("POST", BACKUPS, Reply::Echo).await;
     s.server
         .expect("PATCH", status, Reply::ApplyStatus(data.clone()))
+        .await;
+    s.server.expect_event(NS).await;
+    finish(task).await;
+    s.server.done().await;
+}
+
+/// A group snapshot no snapshot controller ever takes up (no status 5 minutes on): the
+/// schedule that made it deletes it and takes the claim's own snapshot, saying why.
+#[tokio::test]
+async fn a_group_snapshot_nobody_takes_up_gives_way_to_the_claims_own() {
+    let mut s = Sched::new("2026-12-02T03:10:05Z");
+    let data = group_schedule_json("db-data", "uid-d", "db-data");
+    let group_name = "db-20261202030000";
+    let task = tokio::spawn(schedule::reconcile(sched(&data), s.ctx.clone()));
+    group_pass_start(&mut s, "db-data", "pv-1", group_name).await;
+    let stuck = json!({"apiVersion": "groupsnapshot.storage.k8s.io/v1beta1",
+                       "kind": "VolumeGroupSnapshot",
+                       "metadata": {"name": group_name, "namespace": NS,
+                                    "creationTimestamp": "2026-12-02T03:00:05Z",
+                                    "annotations": {"ferry.dev/made-by": "uid-d"}},
+                       "spec": {"source": {"selector": {"matchLabels": {"app": "db"}}}}});
+    let path = format!("{GROUPS}/{group_name}");
+    s.server
+        .expect("GET", &path, Reply::Ok(stuck.clone()))
+        .await;
+    s.server.expect("GET", &path, Reply::Ok(stuck)).await;
+    s.server.expect("DELETE", &path, Reply::Deleted).await;
+    let event = s.server.expect_event(NS).await.body;
+    assert_eq!(event["reason"], "GroupSnapshotUnavailable");
+    assert!(
+        event["note"]
+            .as_str()
+            .unwrap()
+            .contains("is not ready after 300 s: no snapshot controller has taken it up"),
+        "{event}"
+    );
+    let own = s.server.expect("POST", SNAPSHOTS, Reply::Echo).await.body;
+    assert_eq!(own["metadata"]["name"], "db-data-20261202030000");
+    s.server
+        .expect(
+            "PATCH",
+            "/apis/ferry.dev/v1alpha1/namespaces/vms/backupschedules/db-data/status",
+            Reply::ApplyStatus(data.clone()),
+        )
+        .await;
+    finish(task).await;
+    s.server.done().await;
+}
+
+/// A schedule with consistency hooks on a cluster without group snapshots: no hooks
+/// around a group snapshot that cannot be made; the claim's own snapshot is cut (between
+/// the hooks: here none) and backed up.
+#[tokio::test]
+async fn with_hooks_and_no_group_snapshots_the_claims_own_snapshot_is_cut() {
+    let mut s = Sched::new("2026-12-02T03:00:05Z");
+    let mut data = group_schedule_json("db-data", "uid-d", "db-data");
+    data["spec"]["consistency"] = json!({"veleroAnnotations": false});
+    let task = tokio::spawn(schedule::reconcile(sched(&data), s.ctx.clone()));
+    group_pass_start(&mut s, "db-data", "pv-1", "db-20261202030000").await;
+    s.server
+        .expect(
+            "GET",
+            &format!("{GROUPS}/db-20261202030000"),
+            Reply::NotFound,
+        )
+        .await;
+    s.server
+        .expect("GET", SNAPSHOTS, Reply::Ok(snapshot_list(vec![])))
+        .await;
+    s.server.expect("GET", GROUPS, Reply::NotFound).await;
+    assert_eq!(
+        s.server.expect_event(NS).await.body["reason"],
+        "GroupSnapshotUnavailable"
+    );
+    let own_path = format!("{SNAPSHOTS}/db-data-20261202030000");
+    s.server.expect("GET", &own_path, Reply::NotFound).await;
+    let mut cut = json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+                         "metadata": {"name": "db-data-20261202030000", "namespace": NS},
+                         "status": {"creationTime": "2026-12-02T03:00:06Z",
+                                    "readyToUse": true, "restoreSize": "20Gi"}});
+    let posted = s
+        .server
+        .expect("POST", SNAPSHOTS, Reply::Ok(cut.clone()))
+        .await
+        .body;
+    assert_eq!(
+        posted["spec"]["source"]["persistentVolumeClaimName"],
+        "db-data"
+    );
+    cut["spec"] = posted["spec"].clone();
+    let claim = s.server.expect("POST", PVCS, Reply::Echo).await.body;
+    assert_eq!(
+        claim["spec"]["dataSource"]["name"],
+        "db-data-20261202030000"
+    );
+    s.server.expect("POST", BACKUPS, Reply::Echo).await;
+    s.server
+        .expect(
+            "PATCH",
+            "/apis/ferry.dev/v1alpha1/namespaces/vms/backupschedules/db-data/status",
+            Reply::ApplyStatus(data.clone()),
+        )
         .await;
     s.server.expect_event(NS).await;
     finish(task).await;

@@ -139,7 +139,9 @@ impl Secondary {
         };
         let secondary = named_repository(&repo_field, &self.repository, secondary)?;
         let Some(claim) = &secondary.pvc else {
-            if secondary.url.is_some() && secondary.url == primary_spec.and_then(|p| p.url.clone())
+            let place = |url: Option<&String>| url.map(|u| u.trim_end_matches('/').to_string());
+            if secondary.url.is_some()
+                && place(secondary.url.as_ref()) == place(primary_spec.and_then(|p| p.url.as_ref()))
             {
                 return Err(invalid(
                     &repo_field,
@@ -263,6 +265,9 @@ mod tests {
         assert_eq!(e.field, "spec.secondary.repository");
         assert!(e.message.contains("'site-b' does not exist"), "{e}");
         let e = check(&secondary(), Some((Some(&a), Some(&a)))).unwrap_err();
+        assert!(e.message.contains("primary's URL"), "{e}");
+        let slash = s3_repo("s3://backups/site-a/");
+        let e = check(&secondary(), Some((Some(&slash), Some(&a)))).unwrap_err();
         assert!(e.message.contains("primary's URL"), "{e}");
         for claim in ["web1", "repo-claim"] {
             let e = check(

@@ -253,12 +253,23 @@ impl World<'_> {
     }
 
     /// Records the creation of an object several resources share (a group snapshot),
-    /// once.
+    /// once: the first of the same kind, namespace and name.
     pub(crate) fn create_once<T: Serialize>(&mut self, object: &T) {
-        if let Ok(document) = serde_json::to_string(object) {
-            if !self.created.contains(&document) {
-                self.created.push(document);
-            }
+        let Ok(value) = serde_json::to_value(object) else {
+            return;
+        };
+        let key = |v: &serde_json::Value| {
+            (
+                v["kind"].clone(),
+                v["metadata"]["namespace"].clone(),
+                v["metadata"]["name"].clone(),
+            )
+        };
+        let made = self.created.iter().any(|d| {
+            serde_json::from_str::<serde_json::Value>(d).is_ok_and(|c| key(&c) == key(&value))
+        });
+        if !made {
+            self.create(object);
         }
     }
 

@@ -77,6 +77,17 @@ pub const GROUP_SNAPSHOT_LABEL: &str = "ferry.dev/volume-group-snapshot";
 /// Annotation of a handed-out member snapshot with the claim it is a snapshot of.
 pub const MEMBER_OF_ANNOTATION: &str = "ferry.dev/snapshot-of";
 
+/// Annotation of a group snapshot with the uid of the schedule that made it: only that
+/// schedule deletes it when its fire fails.
+pub const MADE_BY_ANNOTATION: &str = "ferry.dev/made-by";
+
+/// Whether `name` is a group snapshot name of `group` ([`group_snapshot_name`]).
+pub fn is_group_snapshot_name(group: &str, name: &str) -> bool {
+    name.strip_prefix(group)
+        .and_then(|rest| rest.strip_prefix('-'))
+        .is_some_and(|stamp| stamp.len() == 14 && stamp.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// The group snapshot of the fire at `at`: `<group>-<YYYYMMDDHHMMSS>` (UTC), the same for
 /// every schedule of the group.
 pub fn group_snapshot_name(group: &str, at: DateTime<Utc>) -> String {
@@ -102,6 +113,10 @@ pub fn volume_group_snapshot(schedule: &BackupSchedule, name: &str) -> Option<Dy
                 "ferry-operator".to_string(),
             ),
         ])),
+        annotations: Some(BTreeMap::from([(
+            MADE_BY_ANNOTATION.to_string(),
+            schedule.metadata.uid.clone().unwrap_or_default(),
+        )])),
         ..ObjectMeta::default()
     };
     object.data = json!({ "spec": spec });
@@ -352,6 +367,14 @@ mod tests {
             "db-20261202030000",
             "the same for every schedule of the group"
         );
+        assert!(is_group_snapshot_name("db", "db-20261202030000"));
+        for other in [
+            "db-2026120203000x",
+            "dbx-20261202030000",
+            "db-data-20261202030000",
+        ] {
+            assert!(!is_group_snapshot_name("db", other), "{other}");
+        }
     }
 
     #[test]

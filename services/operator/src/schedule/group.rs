@@ -2,26 +2,35 @@
 //! with the other claims of its app, so several volumes of one app are backed up from one
 //! instant. The schedules of the app's claims name one `volumeGroup`; at a fire time the
 //! first of them creates the group snapshot `<group>-<fire time>` over every claim the
-//! selector matches (between its consistency hooks, when it has any), and once it is ready
-//! hands its member snapshots out, as Velero does: each member VolumeSnapshot is labelled
-//! with the group snapshot and annotated with its claim, freed from the group (its owner
-//! reference and group finalizers removed), and the group's content set to `Retain`, so a
-//! member lives on as an ordinary VolumeSnapshot of its claim that its schedule backs up
-//! from and deletes (or keeps as the next changed-block base) like its own.
+//! selector matches (between its own consistency hooks, when it has any: a schedule that
+//! finds the group snapshot made runs none), and once it is ready hands its member
+//! snapshots out, as Velero does: the group's content is set to `Retain` first, each
+//! member VolumeSnapshot is labelled with the group snapshot and annotated with its claim,
+//! and the group snapshot is deleted orphaning its members (the garbage collector drops
+//! their owner reference to it, the snapshot controller their group finalizer), then its
+//! content. A member lives on as an ordinary VolumeSnapshot of its claim that its
+//! schedule takes (an owner reference), backs up from and deletes (or keeps as the next
+//! changed-block base) like its own. A schedule takes a labelled snapshot only when its
+//! status (which only the snapshot controller writes) names the group snapshot too.
 //!
 //! Which member is of which claim: the group's content lists pairs of CSI volume and
 //! snapshot handles (`volumeSnapshotInfoList`, v1beta2's, or v1beta1's
 //! `volumeSnapshotHandlePairList`); a claim's volume handle is its PersistentVolume's, a
 //! member's snapshot handle its VolumeSnapshotContent's ([`members_by_claim`]).
 //!
-//! Group snapshots of earlier fire times are deleted (contents `Retain`, so their members
-//! stay) by the schedule that hands out a newer one, with any member of theirs that no
-//! schedule claimed (a claim of the group without a schedule).
+//! Where there are no group snapshots (the kind not served, or one not ready
+//! [`GROUP_PATIENCE`] after it was made), the claim gets a snapshot of its own; the group
+//! snapshot is deleted by the schedule that made it (its `ferry.dev/made-by`
+//! annotation). What earlier fires left (a group snapshot the operator made and never
+//! handed out, members no schedule took) is deleted by the next hand-out, a content only
+//! when it names its group snapshot back.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, PropagationPolicy,
+};
 use kube::{Api, Resource};
 use serde_json::{json, Value};
 
@@ -120,6 +129,23 @@ pub async fn member(ctx: &Context, schedule: &BackupSchedule, name: &str) -> Res
     let group = match groups.get_opt(name).await? {
         Some(group) => group,
         None => {
+            // Handed out (and deleted) by another schedule between the look above and the
+            // get: its labels were written before the deletion, so they show now.
+            if let Some(mine) = handed_out(ctx, &namespace, name, claim).await? {
+                return Ok(Member::Ready(Box::new(claimed(ctx, schedule, mine).await?)));
+            }
+            // A kind the API server does not serve answers a list with 404: no hooks run
+            // and no app is frozen around a create that cannot work.
+            match groups.list(&ListParams::default().limit(1)).await {
+                Err(kube::Error::Api(e)) if e.code == 404 => {
+                    return Ok(Member::Unsupported(format!(
+                        "the API server serves no VolumeGroupSnapshots (groupsnapshot.storage.k8s.io/v1beta1: {})",
+                        e.message
+                    )))
+                }
+                Err(e) => return Err(e.into()),
+                Ok(_) => {}
+            }
             let Some(object) = build::volume_group_snapshot(schedule, name) else {
                 return Ok(Member::Refused("the schedule names no volumeGroup".into()));
             };
@@ -128,8 +154,9 @@ pub async fn member(ctx: &Context, schedule: &BackupSchedule, name: &str) -> Res
                     consistent::take(ctx, schedule, &build::volume_group_snapshot_api(), &object)
                         .await?;
                 if let Some(why) = outcome.failed {
-                    // Made before what failed after it: nothing will back it up.
-                    not_found(groups.delete(name, &DeleteParams::default()).await)?;
+                    // Made before what failed after it (by this schedule only: another
+                    // schedule of the group may have made it, and waits on it).
+                    delete_if_made_by(ctx, schedule, &namespace, name).await?;
                     return Ok(Member::Refused(why));
                 }
                 if !outcome.warnings.is_empty() {
@@ -148,37 +175,35 @@ pub async fn member(ctx: &Context, schedule: &BackupSchedule, name: &str) -> Res
                 match groups.create(&PostParams::default(), &object).await {
                     Ok(created) => created,
                     Err(kube::Error::Api(e)) if e.code == 409 => groups.get(name).await?,
-                    Err(kube::Error::Api(e)) if e.code == 404 => {
-                        return Ok(Member::Unsupported(format!(
-                            "the API server serves no VolumeGroupSnapshots (groupsnapshot.storage.k8s.io/v1beta1: {})",
-                            e.message
-                        )))
-                    }
                     Err(e) => return Err(e.into()),
                 }
             }
         }
     };
     let status = &group.data["status"];
-    let made = group
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map(|t| t.0.as_millisecond());
-    let now = ctx.clock.now().timestamp_millis();
-    let patience = i64::try_from(GROUP_PATIENCE.as_millis()).unwrap_or(i64::MAX);
-    if let (Some(error), Some(made)) = (status["error"]["message"].as_str(), made) {
-        if status["readyToUse"].as_bool() != Some(true) && now - made > patience {
+    if status["readyToUse"].as_bool() != Some(true) {
+        let error = status["error"]["message"].as_str();
+        let made = group
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or(i64::MAX, |t| t.0.as_millisecond());
+        let waited = ctx.clock.now().timestamp_millis().saturating_sub(made);
+        let patience = i64::try_from(GROUP_PATIENCE.as_millis()).unwrap_or(i64::MAX);
+        if waited > patience {
+            delete_if_made_by(ctx, schedule, &namespace, name).await?;
+            let why = error.map_or_else(
+                || "no snapshot controller has taken it up (are group snapshots on in the snapshot controller?)".to_string(),
+                |e| format!("the snapshot controller says: {e}"),
+            );
             return Ok(Member::Unsupported(format!(
-                "VolumeGroupSnapshot {name} is not ready after {} s: the snapshot controller says: {error}",
+                "VolumeGroupSnapshot {name} is not ready after {} s: {why}",
                 GROUP_PATIENCE.as_secs()
             )));
         }
-    }
-    if status["readyToUse"].as_bool() != Some(true) {
         let mut why =
             format!("VolumeGroupSnapshot {name} is not ready yet: the backup starts once it is");
-        if let Some(error) = status["error"]["message"].as_str() {
+        if let Some(error) = error {
             why.push_str(&format!(" (the snapshot controller says: {error})"));
         }
         return Ok(Member::Pending(why));
@@ -195,6 +220,34 @@ pub async fn member(ctx: &Context, schedule: &BackupSchedule, name: &str) -> Res
     }
 }
 
+/// Deletes the group snapshot `name` when this schedule made it (its annotation says so).
+async fn delete_if_made_by(
+    ctx: &Context,
+    schedule: &BackupSchedule,
+    namespace: &str,
+    name: &str,
+) -> Result<(), Error> {
+    let groups: Api<DynamicObject> = Api::namespaced_with(
+        ctx.client.clone(),
+        namespace,
+        &build::volume_group_snapshot_api(),
+    );
+    let Some(group) = groups.get_opt(name).await? else {
+        return Ok(());
+    };
+    let uid = schedule.metadata.uid.as_deref().unwrap_or_default();
+    let mine = group
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(build::MADE_BY_ANNOTATION))
+        .is_some_and(|by| by == uid);
+    if mine {
+        not_found(groups.delete(name, &DeleteParams::default()).await)?;
+    }
+    Ok(())
+}
+
 /// The member of group snapshot `name` handed out for `claim`, if any.
 async fn handed_out(
     ctx: &Context,
@@ -208,12 +261,15 @@ async fn handed_out(
         .list(&ListParams::default().labels(&format!("{GROUP_SNAPSHOT_LABEL}={name}")))
         .await?
         .items;
+    // The status (written only by the snapshot controller) must agree with the label:
+    // a labelled snapshot of anyone else's is no member.
     Ok(members.into_iter().find(|m| {
-        m.metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(MEMBER_OF_ANNOTATION))
-            .is_some_and(|c| c == claim)
+        m.data["status"]["volumeGroupSnapshotName"].as_str() == Some(name)
+            && m.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(MEMBER_OF_ANNOTATION))
+                .is_some_and(|c| c == claim)
     }))
 }
 
@@ -279,6 +335,19 @@ async fn hand_out(
             "VolumeGroupSnapshotContent {content_name} of {name} does not exist yet"
         )));
     };
+    if !points_back(&content, namespace, &name) {
+        return Ok(Err(format!(
+            "VolumeGroupSnapshotContent {content_name} does not name VolumeGroupSnapshot {namespace}/{name}: not handed out"
+        )));
+    }
+    // Retain first: should the group snapshot go now, its members' storage stays.
+    contents
+        .patch(
+            content_name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"deletionPolicy": "Retain"}})),
+        )
+        .await?;
     let pairs = handle_pairs(&content.data);
     let claims = claim_handles(ctx, schedule, namespace).await?;
     let snapshots: Api<DynamicObject> =
@@ -327,14 +396,6 @@ async fn hand_out(
             .filter(|o| o.kind != "VolumeGroupSnapshot")
             .cloned()
             .collect();
-        let finalizers: Vec<_> = m
-            .metadata
-            .finalizers
-            .iter()
-            .flatten()
-            .filter(|f| !f.contains("group"))
-            .cloned()
-            .collect();
         let group_name = schedule
             .spec
             .volume_group
@@ -345,20 +406,30 @@ async fn hand_out(
             "labels": {GROUP_SNAPSHOT_LABEL: name, GROUP_LABEL: group_name},
             "annotations": {MEMBER_OF_ANNOTATION: claim},
             "ownerReferences": owners,
-            "finalizers": finalizers,
             "resourceVersion": m.metadata.resource_version,
         }});
         snapshots
             .patch(&member, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
     }
-    contents
-        .patch(
-            content_name,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"spec": {"deletionPolicy": "Retain"}})),
-        )
-        .await?;
+    // Handed out: the group snapshot goes (its dependents orphaned, not deleted: the
+    // garbage collector drops their owner reference to it, and the snapshot controller
+    // their group finalizer), then its content (Retain: the members' storage stays).
+    let groups: Api<DynamicObject> = Api::namespaced_with(
+        ctx.client.clone(),
+        namespace,
+        &build::volume_group_snapshot_api(),
+    );
+    let orphan = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Orphan),
+        ..DeleteParams::default()
+    };
+    not_found(groups.delete(&name, &orphan).await)?;
+    not_found(
+        contents
+            .delete(content_name, &DeleteParams::default())
+            .await,
+    )?;
     Ok(Ok(()))
 }
 
@@ -394,8 +465,16 @@ async fn claim_handles(
     Ok(handles)
 }
 
-/// Deletes the group's snapshots of earlier fire times (their contents set to `Retain`
-/// first, so their members stay) and their members no schedule claimed.
+/// Whether a group snapshot content names `namespace/name` as its group snapshot.
+fn points_back(content: &DynamicObject, namespace: &str, name: &str) -> bool {
+    let r = &content.data["spec"]["volumeGroupSnapshotRef"];
+    r["namespace"].as_str() == Some(namespace) && r["name"].as_str() == Some(name)
+}
+
+/// Deletes what earlier fires of the group left: a group snapshot the operator made (its
+/// name and annotation say so) that was never handed out (a fire that failed or was
+/// given up), with its content when that names it back, and the handed-out members of
+/// earlier fires that no schedule took (a labelled claim without a schedule).
 async fn retire_older(
     ctx: &Context,
     schedule: &BackupSchedule,
@@ -416,48 +495,52 @@ async fn retire_older(
     );
     let snapshots: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), namespace, &build::volume_snapshot_api());
-    let older: Vec<DynamicObject> = groups
+    let older = |n: &str| build::is_group_snapshot_name(&group.name, n) && n < current;
+    let left: Vec<DynamicObject> = groups
         .list(&ListParams::default().labels(&format!("{GROUP_LABEL}={}", group.name)))
         .await?
         .items
         .into_iter()
-        .filter(|g| g.metadata.name.as_deref().is_some_and(|n| n < current))
+        .filter(|g| g.metadata.name.as_deref().is_some_and(older))
+        .filter(|g| {
+            g.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(build::MADE_BY_ANNOTATION))
+        })
         .collect();
-    for old in older {
+    for old in left {
         let name = old.metadata.name.clone().unwrap_or_default();
-        let content = old.data["status"]["boundVolumeGroupSnapshotContentName"]
-            .as_str()
-            .map(str::to_string);
-        if let Some(content) = &content {
-            not_found(
-                contents
-                    .patch(
-                        content,
-                        &PatchParams::default(),
-                        &Patch::Merge(&json!({"spec": {"deletionPolicy": "Retain"}})),
-                    )
-                    .await,
-            )?;
-        }
         not_found(groups.delete(&name, &DeleteParams::default()).await)?;
-        if let Some(content) = &content {
-            not_found(contents.delete(content, &DeleteParams::default()).await)?;
+        if let Some(content) = old.data["status"]["boundVolumeGroupSnapshotContentName"].as_str() {
+            if let Some(c) = not_found(contents.get(content).await)? {
+                if points_back(&c, namespace, &name) {
+                    not_found(contents.delete(content, &DeleteParams::default()).await)?;
+                }
+            }
         }
-        let unclaimed = snapshots
-            .list(&ListParams::default().labels(&format!("{GROUP_SNAPSHOT_LABEL}={name}")))
-            .await?
-            .items
-            .into_iter()
-            .filter(|m| {
-                m.metadata
+    }
+    let unclaimed = snapshots
+        .list(&ListParams::default().labels(&format!("{GROUP_LABEL}={}", group.name)))
+        .await?
+        .items
+        .into_iter()
+        .filter(|m| {
+            let of = m
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(GROUP_SNAPSHOT_LABEL));
+            let status_of = m.data["status"]["volumeGroupSnapshotName"].as_str();
+            of.is_some_and(|g| older(g) && status_of == Some(g.as_str()))
+                && m.metadata
                     .owner_references
                     .as_ref()
                     .is_none_or(Vec::is_empty)
-            });
-        for m in unclaimed {
-            let member = m.metadata.name.clone().unwrap_or_default();
-            not_found(snapshots.delete(&member, &DeleteParams::default()).await)?;
-        }
+        });
+    for m in unclaimed {
+        let member = m.metadata.name.clone().unwrap_or_default();
+        not_found(snapshots.delete(&member, &DeleteParams::default()).await)?;
     }
     Ok(())
 }

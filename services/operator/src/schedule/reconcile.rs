@@ -396,11 +396,15 @@ fn note_result(next: &mut BackupScheduleStatus, name: &str, done: &Backup, statu
     };
     if status.phase == crate::crd::Phase::Succeeded {
         next.last_snapshot = status.snapshot_id.clone();
-        if let Some(secondary) = &status.secondary {
-            next.secondary_error = secondary.failure().map(str::to_string);
-            if secondary.error.is_none() {
-                next.last_secondary_snapshot = status.snapshot_id.clone();
+        match &status.secondary {
+            Some(secondary) => {
+                next.secondary_error = secondary.failure().map(str::to_string);
+                if secondary.error.is_none() {
+                    next.last_secondary_snapshot = status.snapshot_id.clone();
+                }
             }
+            // No secondary (any more): no error of one to show.
+            None => next.secondary_error = None,
         }
     }
 }

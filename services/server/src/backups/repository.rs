@@ -18,6 +18,8 @@ use ferry_api::proto;
 
 /// The object that makes a location a repository.
 const CONFIG: &str = "config";
+/// The object that says a sync created this destination and still owes it its own key.
+const KEY_OWED: &str = "init-from-key-owed";
 
 /// The settings of a repository a job creates when there is none (`init_if_missing`),
 /// or InitRepository creates.
@@ -309,10 +311,11 @@ impl RepoAccess {
     }
 
     /// Opens a sync's destination, created first when there is none sharing `source`'s
-    /// keys (StartSyncRequest.init_destination_if_missing). When its own passphrase does
-    /// not open it but the source's does (it shares the source's keys), the own one is
-    /// added as one more key: so after a crash between the creation and the key's
-    /// addition the next attempt finishes it.
+    /// keys (StartSyncRequest.init_destination_if_missing), with its own passphrase added
+    /// as one more key. A marker object written before the creation and removed after the
+    /// key's addition says the addition is still owed: after a crash between the two the
+    /// next attempt finishes it. A destination without the marker that its own passphrase
+    /// does not open is refused (a wrong passphrase is never added as a key).
     pub async fn open_or_init_from(
         &self,
         secrets: &SecretResolver,
@@ -320,6 +323,13 @@ impl RepoAccess {
     ) -> Result<Repository> {
         let store = self.store(secrets).await?;
         if store.head(CONFIG).await?.is_none() {
+            store
+                .put(
+                    KEY_OWED,
+                    Default::default(),
+                    ferry_backup::PutMode::Overwrite,
+                )
+                .await?;
             let from = source.store(secrets).await?;
             if let Err(e) = Repository::init_from(store.clone(), from.as_ref(), None).await {
                 // Another job may have created it meanwhile.
@@ -328,18 +338,26 @@ impl RepoAccess {
                 }
             }
         }
+        let owed = store.head(KEY_OWED).await?.is_some();
         let own = self.passphrase(secrets)?;
         let refused = match Repository::open(store.clone(), own.as_ref()).await {
-            Err(e) if e.kind() == ErrorKind::PermissionDenied => e,
-            other => return other,
+            Ok(repo) => {
+                if owed {
+                    store.delete(KEY_OWED).await?;
+                }
+                return Ok(repo);
+            }
+            Err(e) if e.kind() == ErrorKind::PermissionDenied && owed => e,
+            Err(e) => return Err(e),
         };
         let (Some(own), Some(theirs)) = (own, source.passphrase(secrets)?) else {
             return Err(refused);
         };
-        let Ok(shared) = Repository::open(store, Some(&theirs)).await else {
+        let Ok(shared) = Repository::open(store.clone(), Some(&theirs)).await else {
             return Err(refused);
         };
         shared.add_key(&own, &KdfParams::default()).await?;
+        store.delete(KEY_OWED).await?;
         Ok(shared)
     }
 

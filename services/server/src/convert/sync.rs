@@ -123,6 +123,16 @@ impl SyncSpec {
     }
 }
 
+/// Whether two repositories are one place (`s3://b/p` and `s3://b/p/` are).
+fn same_location(a: &ResolvedEndpoint, b: &ResolvedEndpoint) -> bool {
+    match (a, b) {
+        (ResolvedEndpoint::Url(a), ResolvedEndpoint::Url(b)) => {
+            a.trim_end_matches('/') == b.trim_end_matches('/')
+        }
+        _ => a == b,
+    }
+}
+
 /// The one-writer identity of a repository a sync writes.
 fn target_key(r: &ResolvedEndpoint) -> String {
     match r {
@@ -142,7 +152,7 @@ impl Validator {
             "destination",
             req.destination.as_ref(),
         )?;
-        if source == destination {
+        if same_location(&source, &destination) {
             return Err(invalid(
                 "source and destination are the same repository: a sync copies into another one",
             ));
@@ -239,6 +249,22 @@ mod tests {
             &|r| r.destination = r.source.clone(),
             ErrorKind::InvalidInput,
             "same repository",
+        );
+        let s3 = |url: &str| {
+            Some(proto::Repository {
+                url: url.into(),
+                ..Default::default()
+            })
+        };
+        let mut r = req.clone();
+        r.source = s3("s3://bucket/site-a");
+        r.destination = s3("s3://bucket/site-a/");
+        assert!(
+            v.sync(&r)
+                .unwrap_err()
+                .to_string()
+                .contains("same repository"),
+            "a trailing slash is the same place"
         );
         check(
             &|r| {
