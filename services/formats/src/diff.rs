@@ -476,7 +476,7 @@ pub fn plain_parent_name(parent: &ParentRef, format: &str) -> Result<String> {
     let named = parent
         .names
         .iter()
-        .map(|(what, name)| format!("{name:?} ({what})"))
+        .map(|(what, name)| format!("{} ({what})", quote(name)))
         .collect::<Vec<_>>()
         .join(", ");
     Err(Error::invalid_input(if named.is_empty() {
@@ -488,6 +488,21 @@ pub fn plain_parent_name(parent: &ParentRef, format: &str) -> Result<String> {
              parent beside it"
         )
     }))
+}
+
+/// `name` in double quotes, control characters escaped (Windows paths keep their single
+/// backslashes).
+pub fn quote(name: &str) -> String {
+    let mut out = String::from("\"");
+    for c in name.chars() {
+        if c.is_control() || c == '"' {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// A file name with no path in it.

@@ -309,12 +309,17 @@ async fn open_parent_of(
 ) -> Result<(Arc<dyn Source>, Vec<String>)> {
     let format = kind.as_str().to_uppercase();
     let shown = diff.parent.display_name();
-    let what = format!("the image is a differencing {format} whose parent is {shown:?}");
+    let what = format!(
+        "the image is a differencing {format} whose parent is {}",
+        crate::diff::quote(&shown)
+    );
     let name = crate::diff::plain_parent_name(&diff.parent, &format);
+    // The name recorded without --allow-backing: the one that would be opened.
+    let recorded = name.as_ref().map_or(shown, Clone::clone);
     let Some((parent_bytes, name)) =
         follow_backing(bytes.as_ref(), &what, name, options, seen).await?
     else {
-        return Ok((diff.alone(), vec![shown]));
+        return Ok((diff.alone(), vec![recorded]));
     };
     check_identity(parent_bytes.as_ref(), &diff.parent.identity, &name, &format)
         .await

@@ -291,8 +291,8 @@ pub async fn read_footer(file: &dyn Source) -> Result<Footer> {
     Ok(footer)
 }
 
-/// The parent a differencing image names: its locators (`W2ru` then `W2ku`), then the
-/// parent name field, and the unique id the parent must have.
+/// The parent a differencing image names: its locators (`W2ru` then `W2ku`), or the
+/// parent name field when it has neither, and the unique id the parent must have.
 async fn parent_ref(file: &dyn Source, header: &DynamicHeader) -> Result<ParentRef> {
     let mut names = Vec::new();
     for (code, what) in [(b"W2ru", "W2ru locator"), (b"W2ku", "W2ku locator")] {
@@ -309,7 +309,8 @@ async fn parent_ref(file: &dyn Source, header: &DynamicHeader) -> Result<ParentR
             }
         }
     }
-    if !header.parent_name.is_empty() {
+    // The parent name field only when no locator names the parent (older images).
+    if names.is_empty() && !header.parent_name.is_empty() {
         names.push(("parent name", header.parent_name.clone()));
     }
     Ok(ParentRef {

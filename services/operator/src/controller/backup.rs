@@ -282,13 +282,15 @@ impl MoverKind for Backup {
                 }
                 message
             }
-            None if next == step && step != Step::Done => return Outcome::Failed {
-                reason: reason::FAILED,
-                message: format!(
+            None if next == step && step != Step::Done => {
+                return Outcome::Failed {
+                    reason: reason::FAILED,
+                    message: format!(
                     "the mover reported the {} done without its result: check the mover's version",
                     step.name()
                 ),
-            },
+                }
+            }
             None => step_done(step, reports),
         };
         match next {
