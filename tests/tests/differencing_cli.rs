@@ -152,6 +152,7 @@ fn copy_fails(image: &Path, allow: bool) -> String {
     }
     args.extend([s(image), s(&out)]);
     let line = ferry!().run(args).assert_clean_failure().to_owned();
+    eprintln!("{line}");
     assert!(!out.exists() || allocated_bytes(&out) == 0, "{line}");
     line
 }

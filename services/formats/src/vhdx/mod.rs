@@ -15,10 +15,10 @@
 //! The BAT interleaves payload block entries with sector bitmap entries (one per "chunk"
 //! of payload blocks); a payload entry is a state and a file offset in MiB. Fully
 //! present blocks are data; not present, undefined, zero and unmapped blocks read as
-//! zeroes. In a differencing image (the file parameters' has-parent bit) not present,
-//! undefined and unmapped blocks are the parent's, and a partially present block holds
-//! the sectors its chunk's sector bitmap block marks (one bit per logical sector, least
-//! significant bit first). The parent is named by the parent locator's `relative_path`
+//! zeroes. In a differencing image (the file parameters' has-parent bit) not present
+//! blocks are the parent's (the others read as zeroes as in a dynamic image), and a
+//! partially present block holds the sectors its chunk's sector bitmap block marks (one
+//! bit per logical sector, least significant bit first). The parent is named by the parent locator's `relative_path`
 //! and `absolute_win32_path` and recognised by `parent_linkage`: its DataWriteGuid.
 
 mod crc;
@@ -125,8 +125,10 @@ impl DiffMap for DiffBatMap {
             return Err(corrupt(format!("VHDX block {index} is past the BAT")));
         };
         match entry & 7 {
-            PAYLOAD_NOT_PRESENT | PAYLOAD_UNDEFINED | PAYLOAD_UNMAPPED => Ok(DiffPlace::Parent),
-            PAYLOAD_ZERO => Ok(DiffPlace::Zero),
+            PAYLOAD_NOT_PRESENT => Ok(DiffPlace::Parent),
+            // Undefined and unmapped blocks may read as zeroes (MS-VHDX 2.5.1.1); zero
+            // blocks must.
+            PAYLOAD_UNDEFINED | PAYLOAD_ZERO | PAYLOAD_UNMAPPED => Ok(DiffPlace::Zero),
             PAYLOAD_FULLY_PRESENT => Ok(DiffPlace::Data(block_offset(entry, "block", index)?)),
             PAYLOAD_PARTIALLY_PRESENT => {
                 let host = block_offset(entry, "block", index)?;
