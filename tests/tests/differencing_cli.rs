@@ -8,31 +8,18 @@
 //! missing parent, each a one-line error and a non-zero exit.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use ferry_tests::check::{allocated_bytes, assert_allocated_about, qemu_img_compare, require_tool};
+use ferry_tests::check::{allocated_bytes, assert_allocated_about, qemu_img_compare};
 use ferry_tests::diff_images::{
     apply, id, make_vhd_child, make_vhdx_child, vhd_unique_id, vhdx_data_write_guid, DiffSpec,
     Write,
 };
 use ferry_tests::{ferry, scratch_dir};
 
+use super::vm_formats_cli::{make_raw, s, sh};
+
 const MIB: u64 = 1 << 20;
 const SIZE: u64 = 64 * MIB;
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn sh(program: &str, args: &[&str]) {
-    require_tool(program, "qemu-utils");
-    let out = Command::new(program).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// The two formats: (file extension, what qemu-img makes the parent with).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,21 +63,6 @@ impl Format {
             Self::Vhdx => make_vhdx_child(path, spec).unwrap(),
         }
     }
-}
-
-/// A 64 MiB raw image: data runs and holes.
-fn make_raw(dir: &Path) -> PathBuf {
-    let raw = dir.join("base.raw");
-    sh("qemu-img", &["create", "-q", "-f", "raw", s(&raw), "64M"]);
-    for cmd in [
-        "write -P 0x11 0 3M",
-        "write -P 0x22 5M 1M",
-        "write -P 0x33 7M 12k",
-        "write -P 0x44 60M 100k",
-    ] {
-        sh("qemu-io", &["-f", "raw", "-c", cmd, s(&raw)]);
-    }
-    raw
 }
 
 fn w(offset: u64, len: u64, byte: u8) -> Write {

@@ -347,33 +347,6 @@ impl DiffSource {
         Ok(buf)
     }
 
-    /// The parent's extents of `guest..guest + len`.
-    async fn parent_extents(&self, out: &mut Vec<Extent>, guest: u64, len: u64) -> Result<()> {
-        let end = guest + len;
-        let mut pos = guest;
-        while pos < end {
-            let before = pos;
-            for e in self.parent.extents(pos, end - pos).await? {
-                if e.offset != pos || pos >= end {
-                    break;
-                }
-                let piece = e.len.min(end - pos);
-                out.push(Extent {
-                    offset: pos,
-                    len: piece,
-                    kind: e.kind,
-                });
-                pos += piece;
-            }
-            if pos == before {
-                // The parent said nothing usable: the rest is data.
-                out.push(Extent::data(pos, end - pos));
-                break;
-            }
-        }
-        Ok(())
-    }
-
     fn context(&self, e: Error, operation: &'static str, offset: u64) -> Error {
         e.at(operation, offset).with_endpoint(self.file.describe())
     }
@@ -433,7 +406,9 @@ impl Source for DiffSource {
             match p.from {
                 From::Zero => out.push(Extent::zero(p.guest, p.len)),
                 From::Child(_) => out.push(Extent::data(p.guest, p.len)),
-                From::Parent => self.parent_extents(&mut out, p.guest, p.len).await?,
+                From::Parent => out.extend(
+                    crate::qcow2::extents_over(self.parent.as_ref(), p.guest, p.len).await?,
+                ),
             }
         }
         Ok(merge_extents(out))

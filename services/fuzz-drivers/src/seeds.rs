@@ -782,9 +782,8 @@ fn vhd_footer(disk_type: u32, creator: &[u8; 4], size: u64) -> Vec<u8> {
     f
 }
 
-/// A dynamic VHD of two 4 KiB blocks (the second stored) and a fixed one of 8 KiB.
-pub fn vhd_image() -> Vec<Seed> {
-    let mut dynamic = vhd_footer(3, b"qemu", 8192);
+/// A VHD dynamic header: the BAT at 1536, two blocks of 4 KiB.
+fn vhd_dynamic_header() -> Vec<u8> {
     let mut dh = vec![0u8; 1024];
     dh[..8].copy_from_slice(b"cxsparse");
     dh[8..16].copy_from_slice(&u64::MAX.to_be_bytes());
@@ -792,6 +791,13 @@ pub fn vhd_image() -> Vec<Seed> {
     dh[24..28].copy_from_slice(&0x0001_0000u32.to_be_bytes());
     dh[28..32].copy_from_slice(&2u32.to_be_bytes());
     dh[32..36].copy_from_slice(&4096u32.to_be_bytes());
+    dh
+}
+
+/// A dynamic VHD of two 4 KiB blocks (the second stored) and a fixed one of 8 KiB.
+pub fn vhd_image() -> Vec<Seed> {
+    let mut dynamic = vhd_footer(3, b"qemu", 8192);
+    let dh = vhd_dynamic_header();
     dynamic.extend(dh);
     let mut bat = vec![0xffu8; 512];
     bat[4..8].copy_from_slice(&4u32.to_be_bytes());
@@ -812,13 +818,7 @@ pub fn vhd_image() -> Vec<Seed> {
 /// and 2 (0x5a), the rest its parent's; the parent named by a `W2ru` locator.
 pub fn vhd_differencing() -> Vec<u8> {
     let mut f = vhd_footer(4, b"win ", 8192);
-    let mut dh = vec![0u8; 1024];
-    dh[..8].copy_from_slice(b"cxsparse");
-    dh[8..16].copy_from_slice(&u64::MAX.to_be_bytes());
-    dh[16..24].copy_from_slice(&1536u64.to_be_bytes());
-    dh[24..28].copy_from_slice(&0x0001_0000u32.to_be_bytes());
-    dh[28..32].copy_from_slice(&2u32.to_be_bytes());
-    dh[32..36].copy_from_slice(&4096u32.to_be_bytes());
+    let mut dh = vhd_dynamic_header();
     dh[40..56].fill(7);
     let name: Vec<u8> = "base.vhd"
         .encode_utf16()

@@ -48,6 +48,17 @@ struct BatMap {
     bat: Vec<u64>,
 }
 
+impl BatMap {
+    /// The payload entry of block `index` (past the sector bitmap entries before it).
+    fn entry(&self, index: u64) -> Result<u64> {
+        let at = index + index / self.chunk_ratio;
+        self.bat
+            .get(at as usize)
+            .copied()
+            .ok_or_else(|| corrupt(format!("VHDX block {index} is past the BAT")))
+    }
+}
+
 const PAYLOAD_NOT_PRESENT: u64 = 0;
 const PAYLOAD_UNDEFINED: u64 = 1;
 const PAYLOAD_ZERO: u64 = 2;
@@ -62,10 +73,7 @@ impl BlockMap for BatMap {
     }
 
     async fn lookup(&self, _file: &dyn Source, index: u64) -> Result<Place> {
-        let at = index + index / self.chunk_ratio;
-        let Some(&entry) = self.bat.get(at as usize) else {
-            return Err(corrupt(format!("VHDX block {index} is past the BAT")));
-        };
+        let entry = self.entry(index)?;
         match entry & 7 {
             PAYLOAD_NOT_PRESENT | PAYLOAD_UNDEFINED | PAYLOAD_ZERO | PAYLOAD_UNMAPPED => {
                 Ok(Place::Zero)
@@ -95,24 +103,22 @@ fn block_offset(entry: u64, what: &str, index: u64) -> Result<u64> {
 /// A differencing VHDX's BAT, and the sector bitmaps of its partially present blocks.
 #[derive(Debug)]
 struct DiffBatMap {
-    block_size: u64,
-    chunk_ratio: u64,
+    table: BatMap,
     sector_size: u64,
-    bat: Vec<u64>,
     bitmaps: L2Cache<Vec<u8>>,
 }
 
 impl DiffBatMap {
     /// Bitmap bytes per payload block.
     fn bitmap_bytes(&self) -> u64 {
-        self.block_size / self.sector_size / 8
+        self.table.block_size / self.sector_size / 8
     }
 }
 
 #[async_trait]
 impl DiffMap for DiffBatMap {
     fn block_size(&self) -> u64 {
-        self.block_size
+        self.table.block_size
     }
 
     fn sector_size(&self) -> u64 {
@@ -120,10 +126,8 @@ impl DiffMap for DiffBatMap {
     }
 
     async fn lookup(&self, file: &dyn Source, index: u64) -> Result<DiffPlace> {
-        let at = index + index / self.chunk_ratio;
-        let Some(&entry) = self.bat.get(at as usize) else {
-            return Err(corrupt(format!("VHDX block {index} is past the BAT")));
-        };
+        let entry = self.table.entry(index)?;
+        let ratio = self.table.chunk_ratio;
         match entry & 7 {
             PAYLOAD_NOT_PRESENT => Ok(DiffPlace::Parent),
             // Undefined and unmapped blocks may read as zeroes (MS-VHDX 2.5.1.1); zero
@@ -132,9 +136,9 @@ impl DiffMap for DiffBatMap {
             PAYLOAD_FULLY_PRESENT => Ok(DiffPlace::Data(block_offset(entry, "block", index)?)),
             PAYLOAD_PARTIALLY_PRESENT => {
                 let host = block_offset(entry, "block", index)?;
-                let chunk = index / self.chunk_ratio;
-                let sb_at = chunk * (self.chunk_ratio + 1) + self.chunk_ratio;
-                let sb = self.bat.get(sb_at as usize).copied().unwrap_or(0);
+                let chunk = index / ratio;
+                let sb_at = chunk * (ratio + 1) + ratio;
+                let sb = self.table.bat.get(sb_at as usize).copied().unwrap_or(0);
                 if sb & 7 != SB_BLOCK_PRESENT {
                     return Err(corrupt(format!(
                         "VHDX block {index} is partially present but the sector bitmap \
@@ -142,8 +146,7 @@ impl DiffMap for DiffBatMap {
                     )));
                 }
                 let len = self.bitmap_bytes();
-                let from = block_offset(sb, "sector bitmap block", chunk)?
-                    + (index % self.chunk_ratio) * len;
+                let from = block_offset(sb, "sector bitmap block", chunk)? + (index % ratio) * len;
                 let bytes = match self.bitmaps.get(from) {
                     Some(bytes) => bytes,
                     None => {
@@ -210,14 +213,17 @@ pub async fn open_vhdx(file: Arc<dyn Source>) -> Result<(Opened, Layout)> {
     .await?;
     let bat = raw.chunks_exact(8).map(|c| le64(c, 0)).collect();
     let size = layout.virtual_size;
+    let map = BatMap {
+        block_size: layout.block_size,
+        chunk_ratio: layout.chunk_ratio,
+        bat,
+    };
     if layout.has_parent {
         let parent = parent_ref(&locator)?;
         let sector_size = u64::from(layout.logical_sector_size);
         let map = DiffBatMap {
-            block_size: layout.block_size,
-            chunk_ratio: layout.chunk_ratio,
+            table: map,
             sector_size,
-            bat,
             bitmaps: L2Cache::new(
                 (layout.block_size / sector_size / 8) as usize,
                 BITMAP_CACHE_BYTES,
@@ -226,11 +232,6 @@ pub async fn open_vhdx(file: Arc<dyn Source>) -> Result<(Opened, Layout)> {
         let diff = Differencing::new(file, Arc::new(map), size, parent);
         return Ok((Opened::Differencing(diff), layout));
     }
-    let map = BatMap {
-        block_size: layout.block_size,
-        chunk_ratio: layout.chunk_ratio,
-        bat,
-    };
     let image = Arc::new(MappedSource::new(file, Arc::new(map), size));
     Ok((Opened::Image(image), layout))
 }
