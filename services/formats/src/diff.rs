@@ -31,6 +31,27 @@ pub(crate) struct Bitmap {
 }
 
 impl Bitmap {
+    /// The first sector after `first` (up to `last`) whose bit is not `mine`: whole
+    /// bytes of equal bits are skipped at once.
+    fn run_end(&self, first: u64, last: u64, mine: bool) -> u64 {
+        let same = if mine { 0xff } else { 0 };
+        let mut s = first + 1;
+        while s < last {
+            if s % 8 == 0 && s + 8 <= last {
+                let byte = usize::try_from(s / 8).ok().and_then(|i| self.bytes.get(i));
+                if byte == Some(&same) || (!mine && byte.is_none()) {
+                    s += 8;
+                    continue;
+                }
+            }
+            if self.child(s) != mine {
+                break;
+            }
+            s += 1;
+        }
+        s
+    }
+
     /// Whether the child holds sector `sector` of the block (bits past the bitmap: no).
     fn child(&self, sector: u64) -> bool {
         let Some(&byte) = usize::try_from(sector / 8)
@@ -278,10 +299,7 @@ impl DiffSource {
                     while p < stop {
                         let first = (p - start) / ss;
                         let mine = bitmap.child(first);
-                        let mut s = first + 1;
-                        while s < last && bitmap.child(s) == mine {
-                            s += 1;
-                        }
+                        let s = bitmap.run_end(first, last, mine);
                         let run_end = (start + s * ss).min(stop);
                         let from = if mine {
                             let at = host + (p - start);
@@ -646,6 +664,27 @@ mod tests {
         let img = Differencing::new(file, Arc::new(Map), 64, parent).alone();
         let err = img.read_at(48, IoBuf::new(16)).await.unwrap_err();
         assert_eq!(err.kind(), ferry_core::ErrorKind::Corrupt, "{err}");
+    }
+
+    #[test]
+    fn runs_of_bits_end_where_the_bit_changes() {
+        for msb_first in [true, false] {
+            let b = Bitmap {
+                bytes: Arc::new(vec![0xff, 0xff, 0x00, 0x00, 0xff]),
+                msb_first,
+            };
+            assert_eq!(b.run_end(0, 40, true), 16);
+            assert_eq!(b.run_end(3, 12, true), 12);
+            assert_eq!(b.run_end(16, 40, false), 32);
+            assert_eq!(b.run_end(32, 64, true), 40, "past the bitmap: the parent's");
+            assert_eq!(b.run_end(40, 64, false), 64);
+        }
+        let mixed = Bitmap {
+            bytes: Arc::new(vec![0b1110_0000]),
+            msb_first: true,
+        };
+        assert_eq!(mixed.run_end(0, 8, true), 3);
+        assert_eq!(mixed.run_end(3, 8, false), 8);
     }
 
     #[test]

@@ -416,6 +416,52 @@ mod tests {
         assert!(m.layout((0, 8)).is_err());
     }
 
+    /// A metadata region holding only a parent locator of `pairs`, the last entry's
+    /// value at `value_at` when given.
+    fn locator_region(pairs: &[(&str, &str)], value_at: Option<u32>) -> Vec<u8> {
+        let utf16 = |t: &str| -> Vec<u8> { t.encode_utf16().flat_map(u16::to_le_bytes).collect() };
+        let mut item = guid(VHDX_PARENT_TYPE).to_vec();
+        item.extend([0, 0]);
+        item.extend((pairs.len() as u16).to_le_bytes());
+        let mut data: Vec<u8> = Vec::new();
+        let table = 20 + pairs.len() * 12;
+        for (k, v) in pairs {
+            let (k, v) = (utf16(k), utf16(v));
+            let key_at = (table + data.len()) as u32;
+            data.extend(&k);
+            let val_at = value_at.unwrap_or((table + data.len()) as u32);
+            data.extend(&v);
+            item.extend(key_at.to_le_bytes());
+            item.extend(val_at.to_le_bytes());
+            item.extend((k.len() as u16).to_le_bytes());
+            item.extend((v.len() as u16).to_le_bytes());
+        }
+        item.extend(data);
+        let mut b = vec![0u8; 4096];
+        b[..8].copy_from_slice(b"metadata");
+        b[10..12].copy_from_slice(&1u16.to_le_bytes());
+        b[32..48].copy_from_slice(&guid(PARENT_LOCATOR));
+        b[48..52].copy_from_slice(&1024u32.to_le_bytes());
+        b[52..56].copy_from_slice(&(item.len() as u32).to_le_bytes());
+        b[1024..1024 + item.len()].copy_from_slice(&item);
+        b
+    }
+
+    #[test]
+    fn parent_locator_pairs_are_read_within_their_item() {
+        let pairs = [
+            ("parent_linkage", "{01}"),
+            ("relative_path", ".\\base.vhdx"),
+        ];
+        let got = parent_locator(&locator_region(&pairs, None)).unwrap();
+        assert_eq!(got[1], ("relative_path".into(), ".\\base.vhdx".into()));
+        let err = parent_locator(&locator_region(&pairs, Some(60_000))).unwrap_err();
+        assert_eq!(err.kind(), ferry_core::ErrorKind::Corrupt, "{err}");
+        let mut region = locator_region(&pairs, None);
+        region[32..48].fill(0);
+        assert!(parent_locator(&region).is_err(), "no locator item");
+    }
+
     #[test]
     fn a_log_entry_of_the_header_guid_is_dirty() {
         let g = [7u8; 16];

@@ -37,7 +37,7 @@ use crate::qcow2::cache::L2Cache;
 pub use header::{Layout, MAX_BAT_BYTES};
 
 /// Bytes of sector bitmaps a differencing image keeps.
-const BITMAP_CACHE_BYTES: usize = 16 << 20;
+const BITMAP_CACHE_BYTES: usize = 4 << 20;
 /// A sector bitmap block entry's state when the block is in the file.
 const SB_BLOCK_PRESENT: u64 = 6;
 
