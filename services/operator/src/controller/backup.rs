@@ -282,15 +282,13 @@ impl MoverKind for Backup {
                 }
                 message
             }
-            None if next == step && step != Step::Done => {
-                return Outcome::Failed {
-                    reason: reason::FAILED,
-                    message: format!(
+            None if next == step && step != Step::Done => return Outcome::Failed {
+                reason: reason::FAILED,
+                message: format!(
                     "the mover reported the {} done without its result: check the mover's version",
                     step.name()
                 ),
-                }
-            }
+            },
             None => step_done(step, reports),
         };
         match next {
