@@ -37,7 +37,7 @@ impl Bitmap {
         let same = if mine { 0xff } else { 0 };
         let mut s = first + 1;
         while s < last {
-            if s % 8 == 0 && s + 8 <= last {
+            if s.is_multiple_of(8) && s + 8 <= last {
                 let byte = usize::try_from(s / 8).ok().and_then(|i| self.bytes.get(i));
                 if byte == Some(&same) || (!mine && byte.is_none()) {
                     s += 8;
