@@ -1,4 +1,5 @@
-//! End-to-end test support for ferry: seeded images ([`images`]), independent checks of
+//! End-to-end test support for ferry: seeded images ([`images`]), differencing VHD and
+//! VHDX images written by their specs ([`diff_images`]), independent checks of
 //! the results ([`check`]), running the binary under test ([`bin`]) and the job service
 //! ([`service_support`]), opening endpoints by URL ([`copying`]), and the real servers the
 //! tests run against: NBD ([`nbd_servers`]), NFS ([`nfs_server`]), iSCSI
@@ -12,6 +13,7 @@
 pub mod bin;
 pub mod check;
 pub mod copying;
+pub mod diff_images;
 pub mod fake_mover;
 pub mod http_faults;
 pub mod http_server;

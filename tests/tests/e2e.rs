@@ -17,6 +17,7 @@ mod cli_errors;
 mod compressed_cli;
 mod conformance;
 mod container_image;
+mod differencing_cli;
 mod fan_out;
 mod fan_out_relay;
 mod golden_image;

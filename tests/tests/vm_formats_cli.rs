@@ -17,7 +17,7 @@ const MIB: u64 = 1 << 20;
 /// The data bytes of [`make_raw`]'s image (none of them zero).
 const DATA: u64 = 4 * MIB + 112 * 1024;
 
-fn sh(program: &str, args: &[&str]) {
+pub(crate) fn sh(program: &str, args: &[&str]) {
     require_tool(program, "qemu-utils");
     let out = Command::new(program).args(args).output().unwrap();
     assert!(
@@ -27,12 +27,12 @@ fn sh(program: &str, args: &[&str]) {
     );
 }
 
-fn s(p: &Path) -> &str {
+pub(crate) fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
 /// A 64 MiB raw image: data runs and holes, from the start to near the end.
-fn make_raw(dir: &Path) -> PathBuf {
+pub(crate) fn make_raw(dir: &Path) -> PathBuf {
     let raw = dir.join("src.raw");
     sh("qemu-img", &["create", "-q", "-f", "raw", s(&raw), "64M"]);
     for cmd in [

@@ -12,6 +12,7 @@
 mod composite;
 pub mod container;
 mod detect;
+pub mod diff;
 mod mapped;
 mod open;
 pub mod ova;

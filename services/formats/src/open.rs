@@ -2,10 +2,12 @@
 //!
 //! Detects (or takes the caller's word for) the format, opens qcow2, VMDK, OVA, VHD,
 //! VHDX, VDI or a compressed stream over the bytes, opens a VMDK descriptor's extent
-//! files through the caller's [`ExtentFiles`] opener, and follows a backing chain only through the caller's
-//! [`BackingOpener`]: a backing name comes from the image, so it is untrusted; the opener
-//! decides how (and whether) a name resolves, this module bounds the chain's depth and
-//! refuses loops.
+//! files through the caller's [`ExtentFiles`] opener, and follows a backing chain (a
+//! qcow2 backing file, a VHD or VHDX differencing image's parent) only through the
+//! caller's [`BackingOpener`]: a backing name comes from the image, so it is untrusted;
+//! the opener decides how (and whether) a name resolves, this module bounds the chain's
+//! depth, refuses loops, and checks that a differencing image's parent is the image it
+//! was made from.
 
 use std::sync::Arc;
 
@@ -239,7 +241,12 @@ pub(crate) async fn open_layer(
             Ok((bytes, info))
         }
         Detected::Qcow2 => Box::pin(open_qcow2(bytes, options, seen)).await,
-        Detected::Vmdk | Detected::Vhd | Detected::Vhdx | Detected::Vdi => {
+        Detected::Vhd | Detected::Vhdx => {
+            Box::pin(open_differencing_capable(bytes, detected, options, seen))
+                .await
+                .map_err(ctx)
+        }
+        Detected::Vmdk | Detected::Vdi => {
             open_vm_format(bytes, detected, options.extents.0.as_deref())
                 .await
                 .map_err(ctx)
@@ -251,7 +258,134 @@ pub(crate) async fn open_layer(
     }
 }
 
-/// A VMDK, VHD, VHDX or VDI image.
+/// A VHD or VHDX image; a differencing one over its parent, when `options.backing`
+/// allows it.
+async fn open_differencing_capable(
+    bytes: Arc<dyn Source>,
+    kind: Detected,
+    options: &OpenOptions,
+    seen: &mut Vec<String>,
+) -> Result<(Arc<dyn Source>, ImageInfo)> {
+    let file_size = bytes.size();
+    let (opened, subformat, cluster_size) = if kind == Detected::Vhd {
+        let (opened, info) = crate::vhd::open_vhd(bytes.clone()).await?;
+        let opened = match opened {
+            crate::diff::Opened::Image(image) => Ok(image),
+            crate::diff::Opened::Differencing(diff) => Err(diff),
+        };
+        (opened, info.footer.subformat(), info.block_size)
+    } else {
+        let (opened, layout) = crate::vhdx::open_vhdx(bytes.clone()).await?;
+        let opened = match opened {
+            crate::diff::Opened::Image(image) => Ok(image),
+            crate::diff::Opened::Differencing(diff) => Err(diff),
+        };
+        let subformat = if layout.has_parent {
+            "differencing"
+        } else {
+            layout.subformat
+        };
+        (opened, subformat, Some(layout.block_size))
+    };
+    let (image, chain) = match opened {
+        Ok(image) => (image, Vec::new()),
+        Err(diff) => Box::pin(open_parent_of(&bytes, diff, kind, options, seen)).await?,
+    };
+    let mut info = ImageInfo::plain(kind, image.size(), file_size);
+    info.cluster_size = cluster_size;
+    info.subformat = Some(subformat.into());
+    info.backing_chain = chain;
+    Ok((image, info))
+}
+
+/// A differencing image over its parent: the parent named by a plain file name beside
+/// it, opened through `options.backing`, its identity checked; and the chain's names.
+async fn open_parent_of(
+    bytes: &Arc<dyn Source>,
+    diff: crate::diff::Differencing,
+    kind: Detected,
+    options: &OpenOptions,
+    seen: &mut Vec<String>,
+) -> Result<(Arc<dyn Source>, Vec<String>)> {
+    let format = kind.as_str().to_uppercase();
+    let shown = diff.parent.display_name();
+    let what = format!(
+        "the image is a differencing {format} whose parent is {}",
+        crate::diff::quote(&shown)
+    );
+    let name = crate::diff::plain_parent_name(&diff.parent, &format);
+    // The name recorded without --allow-backing: the one that would be opened.
+    let recorded = name.as_ref().map_or(shown, Clone::clone);
+    let Some((parent_bytes, name)) =
+        follow_backing(bytes.as_ref(), &what, name, options, seen).await?
+    else {
+        return Ok((diff.alone(), vec![recorded]));
+    };
+    check_identity(parent_bytes.as_ref(), &diff.parent.identity, &name, &format)
+        .await
+        .map_err(|e| {
+            e.with_operation("open parent")
+                .with_endpoint(bytes.describe())
+        })?;
+    let (parent, parent_info) = open_layer(parent_bytes, SourceFormat::Auto, options, seen).await?;
+    if parent_info.format != kind {
+        return Err(Error::invalid_input(format!(
+            "the parent {name:?} of the differencing {format} opens as {}, not {format}",
+            parent_info.format
+        ))
+        .with_operation("open parent")
+        .with_endpoint(bytes.describe()));
+    }
+    let mut chain = vec![name];
+    chain.extend(parent_info.backing_chain);
+    Ok((diff.over(parent), chain))
+}
+
+/// Checks that `parent` is the image a differencing child was made from.
+async fn check_identity(
+    parent: &dyn Source,
+    identity: &crate::diff::Identity,
+    name: &str,
+    format: &str,
+) -> Result<()> {
+    use crate::diff::{format_guid, Identity};
+    let context = |e: Error| {
+        Error::new(
+            e.kind(),
+            format!(
+                "the parent {name:?} of the differencing {format} is not a {format} image: {e}"
+            ),
+        )
+    };
+    let (found, wanted) = match identity {
+        Identity::VhdUniqueId(want) => {
+            let footer = crate::vhd::read_footer(parent).await.map_err(context)?;
+            if footer.unique_id == *want {
+                return Ok(());
+            }
+            (footer.unique_id, vec![*want])
+        }
+        Identity::VhdxDataWriteGuid(want) => {
+            let header = crate::vhdx::header::read_header(parent)
+                .await
+                .map_err(context)?;
+            if want.contains(&header.data_write_guid) {
+                return Ok(());
+            }
+            (header.data_write_guid, want.clone())
+        }
+    };
+    let wanted: Vec<String> = wanted.iter().map(format_guid).collect();
+    Err(Error::invalid_input(format!(
+        "the parent {name:?} is not the image this differencing {format} was made from: the \
+         child expects id {}, the parent has {}; the parent was replaced or written to since \
+         (find the right parent, or merge the chain where it was made)",
+        wanted.join(" or "),
+        format_guid(&found)
+    )))
+}
+
+/// A VMDK or VDI image.
 async fn open_vm_format(
     bytes: Arc<dyn Source>,
     kind: Detected,
@@ -262,14 +396,6 @@ async fn open_vm_format(
         Detected::Vmdk => {
             let (image, info) = crate::vmdk::open_vmdk(bytes, extents).await?;
             (image, info.subformat, info.grain_size)
-        }
-        Detected::Vhd => {
-            let (image, info) = crate::vhd::open_vhd(bytes).await?;
-            (image, info.footer.subformat().into(), info.block_size)
-        }
-        Detected::Vhdx => {
-            let (image, layout) = crate::vhdx::open_vhdx(bytes).await?;
-            (image, layout.subformat.into(), Some(layout.block_size))
         }
         _ => {
             let (image, header) = crate::vdi::open_vdi(bytes).await?;
@@ -348,35 +474,12 @@ async fn open_qcow2(
             .with_operation("open backing file")
             .with_endpoint(bytes.describe())
     };
-    let opener = match &options.backing {
-        Backing::Refuse => {
-            return Err(refuse(format!(
-                "the image has a backing file ({name:?}); reading backing files must be \
-                 allowed explicitly (--allow-backing)"
-            )))
-        }
-        Backing::NameOnly => {
-            info.backing_chain.push(name);
-            return Ok((Arc::new(image), info));
-        }
-        Backing::Open(opener) => opener.clone(),
+    let what = format!("the image has a backing file ({name:?})");
+    let followed = follow_backing(bytes.as_ref(), &what, Ok(name.clone()), options, seen).await?;
+    let Some((backing_bytes, _)) = followed else {
+        info.backing_chain.push(name);
+        return Ok((Arc::new(image), info));
     };
-    if seen.len() > MAX_BACKING_DEPTH {
-        return Err(refuse(format!(
-            "the backing chain is longer than {MAX_BACKING_DEPTH} images"
-        )));
-    }
-    let backing_bytes = opener.open_backing(&bytes.describe(), &name).await?;
-    let resolved = backing_bytes.describe();
-    if seen.contains(&resolved) {
-        return Err(Error::new(
-            ErrorKind::Corrupt,
-            format!("the backing chain loops back to {resolved}"),
-        )
-        .with_operation("open backing file")
-        .with_endpoint(bytes.describe()));
-    }
-    seen.push(resolved);
     let format = match h.backing_format.as_deref() {
         Some("raw") => SourceFormat::Raw,
         Some("qcow2") => SourceFormat::Qcow2,
@@ -395,6 +498,54 @@ async fn open_qcow2(
     info.backing_chain.extend(backing_info.backing_chain);
     image = image.with_backing(backing);
     Ok((Arc::new(image), info))
+}
+
+/// Opens the bytes of the backing file (or parent) `name` of `image`, as
+/// `options.backing` says: refused (naming it: `what`), `None` when only its name is
+/// recorded, or its bytes and the name opened. Bounds the chain's depth and refuses a
+/// loop; `seen` gains the backing file.
+async fn follow_backing(
+    image: &dyn Source,
+    what: &str,
+    name: Result<String>,
+    options: &OpenOptions,
+    seen: &mut Vec<String>,
+) -> Result<Option<(Arc<dyn Source>, String)>> {
+    let fail = |kind: ErrorKind, message: String| {
+        Error::new(kind, message)
+            .with_operation("open backing file")
+            .with_endpoint(image.describe())
+    };
+    let opener = match &options.backing {
+        Backing::Refuse => {
+            return Err(fail(
+                ErrorKind::Unsupported,
+                format!(
+                    "{what}; reading backing files must be allowed explicitly \
+                     (--allow-backing)"
+                ),
+            ))
+        }
+        Backing::NameOnly => return Ok(None),
+        Backing::Open(opener) => opener.clone(),
+    };
+    let name = name.map_err(|e| fail(e.kind(), e.to_string()))?;
+    if seen.len() > MAX_BACKING_DEPTH {
+        return Err(fail(
+            ErrorKind::Unsupported,
+            format!("the backing chain is longer than {MAX_BACKING_DEPTH} images"),
+        ));
+    }
+    let backing = opener.open_backing(&image.describe(), &name).await?;
+    let resolved = backing.describe();
+    if seen.contains(&resolved) {
+        return Err(fail(
+            ErrorKind::Corrupt,
+            format!("the backing chain loops back to {resolved}"),
+        ));
+    }
+    seen.push(resolved);
+    Ok(Some((backing, name)))
 }
 
 #[cfg(test)]

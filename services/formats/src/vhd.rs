@@ -1,13 +1,18 @@
 //! VHD images (Virtual PC, Hyper-V's first format; qemu calls it `vpc`): fixed and
-//! dynamic, read through [`MappedSource`].
+//! dynamic, read through [`MappedSource`], and differencing, read over their parent
+//! through [`crate::diff`].
 //!
 //! Every VHD ends with a 512-byte footer (`conectix`); a fixed image is just the disk
 //! followed by it, so it has no header and is detected by its last sector. A dynamic
 //! image also starts with a copy of the footer, then a dynamic header (`cxsparse`) that
 //! points at the block allocation table (BAT): one big-endian sector number per block
 //! (usually 2 MiB), `0xFFFFFFFF` for a block never written. A stored block is a sector
-//! bitmap followed by the data; like qemu, a stored block is read whole (the bitmap
-//! matters only to differencing images, which are refused).
+//! bitmap followed by the data; like qemu, a stored block of a dynamic image is read
+//! whole. A differencing image has the same tables; its bitmaps say which sectors it
+//! holds (most significant bit first), its BAT's empty entries and clear bits are its
+//! parent's. The parent is named by locators in the dynamic header (`W2ru`, relative,
+//! and `W2ku`, absolute, UTF-16LE paths) and recognised by its footer's unique id,
+//! which the child records.
 //!
 //! The guest size follows qemu's rule: images made by Virtual PC (`vpc `) and older
 //! qemu (`qemu`) have the size of their CHS geometry, unless that geometry is the
@@ -18,7 +23,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use ferry_core::{Error, Result, Source};
 
+use crate::diff::{utf16, Bitmap, DiffMap, DiffPlace, Differencing, Identity, Opened, ParentRef};
 use crate::mapped::{be32, be64, corrupt, read_meta, BlockMap, MappedSource, Place};
+use crate::qcow2::cache::L2Cache;
 
 /// The footer's cookie.
 pub const FOOTER_COOKIE: &[u8; 8] = b"conectix";
@@ -28,6 +35,10 @@ const DYNAMIC_COOKIE: &[u8; 8] = b"cxsparse";
 const DYNAMIC_LEN: u64 = 1024;
 /// Largest BAT loaded (16 Mi blocks: 32 TiB of 2 MiB blocks).
 pub const MAX_BAT_BYTES: u64 = 64 << 20;
+/// Longest parent locator read.
+const MAX_LOCATOR_BYTES: u32 = 64 << 10;
+/// Bytes of sector bitmaps a differencing image keeps.
+const BITMAP_CACHE_BYTES: usize = 4 << 20;
 /// The largest CHS geometry (65535 cylinders, 16 heads, 255 sectors).
 const MAX_GEOMETRY: u64 = 65535 * 16 * 255;
 
@@ -46,6 +57,8 @@ pub struct Footer {
     pub current_size: u64,
     /// Sectors of the CHS geometry.
     pub chs_sectors: u64,
+    /// The image's unique id (what a differencing child records of its parent).
+    pub unique_id: [u8; 16],
 }
 
 impl Footer {
@@ -72,7 +85,10 @@ impl Footer {
         }
         let chs_sectors =
             u64::from(u16::from_be_bytes([b[56], b[57]])) * u64::from(b[58]) * u64::from(b[59]);
+        let mut unique_id = [0u8; 16];
+        unique_id.copy_from_slice(&b[68..84]);
         Ok(Self {
+            unique_id,
             disk_type,
             data_offset: be64(b, 16),
             creator_app: [b[28], b[29], b[30], b[31]],
@@ -108,6 +124,10 @@ pub struct DynamicHeader {
     pub block_size: u64,
     /// The parent's name (differencing images), as the image gives it.
     pub parent_name: String,
+    /// The parent's footer unique id (differencing images).
+    pub parent_id: [u8; 16],
+    /// The parent locators: (platform code, length, file offset).
+    pub locators: Vec<([u8; 4], u32, u64)>,
 }
 
 impl DynamicHeader {
@@ -121,16 +141,20 @@ impl DynamicHeader {
                 "VHD block size {block_size} is not supported"
             )));
         }
-        let units: Vec<u16> = b[64..576]
-            .chunks_exact(2)
-            .map(|c| u16::from_be_bytes([c[0], c[1]]))
-            .take_while(|&u| u != 0)
+        let mut parent_id = [0u8; 16];
+        parent_id.copy_from_slice(&b[40..56]);
+        let locators = b[576..768]
+            .chunks_exact(24)
+            .filter(|e| e[..4] != [0; 4])
+            .map(|e| ([e[0], e[1], e[2], e[3]], be32(e, 8), be64(e, 16)))
             .collect();
         let header = Self {
             table_offset: be64(b, 16),
             max_table_entries: be32(b, 28),
             block_size,
-            parent_name: String::from_utf16_lossy(&units),
+            parent_name: utf16(&b[64..576], true),
+            parent_id,
+            locators,
         };
         let bat_bytes = u64::from(header.max_table_entries) * 4;
         if bat_bytes > MAX_BAT_BYTES {
@@ -194,6 +218,50 @@ impl BlockMap for DynamicMap {
     }
 }
 
+/// A differencing image's blocks: the BAT, and each stored block's sector bitmap.
+#[derive(Debug)]
+struct DiffBlocks {
+    header: DynamicHeader,
+    bat: Vec<u32>,
+    bitmaps: L2Cache<Vec<u8>>,
+}
+
+#[async_trait]
+impl DiffMap for DiffBlocks {
+    fn block_size(&self) -> u64 {
+        self.header.block_size
+    }
+
+    fn sector_size(&self) -> u64 {
+        512
+    }
+
+    async fn lookup(&self, file: &dyn Source, index: u64) -> Result<DiffPlace> {
+        let sector = match self.bat.get(index as usize).copied() {
+            None | Some(0xffff_ffff) => return Ok(DiffPlace::Parent),
+            Some(sector) => u64::from(sector),
+        };
+        let at = sector * 512;
+        let bytes = match self.bitmaps.get(at) {
+            Some(bytes) => bytes,
+            None => {
+                let len = self.header.bitmap_bytes();
+                let raw = read_meta(file, at, len, "VHD sector bitmap").await?;
+                let bytes = Arc::new(raw.to_vec());
+                self.bitmaps.insert(at, bytes.clone());
+                bytes
+            }
+        };
+        Ok(DiffPlace::Partial {
+            host: at + self.header.bitmap_bytes(),
+            bitmap: Bitmap {
+                bytes,
+                msb_first: true,
+            },
+        })
+    }
+}
+
 /// What was learnt opening a VHD.
 #[derive(Debug, Clone)]
 pub struct VhdInfo {
@@ -201,26 +269,60 @@ pub struct VhdInfo {
     pub block_size: Option<u64>,
 }
 
-/// Opens the VHD image in `file`.
-pub async fn open_vhd(file: Arc<dyn Source>) -> Result<(Arc<dyn Source>, VhdInfo)> {
+/// The footer of the VHD in `file`: the copy at its start (dynamic and differencing
+/// images) or, failing that, the footer at its end (fixed images).
+pub async fn read_footer(file: &dyn Source) -> Result<Footer> {
     let file_size = file.size();
     if file_size < FOOTER_LEN as u64 {
         return Err(corrupt("the VHD image is shorter than its footer"));
     }
-    let head = read_meta(file.as_ref(), 0, FOOTER_LEN as u64, "VHD footer copy").await?;
-    let footer = if &head[..8] == FOOTER_COOKIE {
-        Footer::parse(&head)?
-    } else {
-        let tail_at = file_size - FOOTER_LEN as u64;
-        let tail = read_meta(file.as_ref(), tail_at, FOOTER_LEN as u64, "VHD footer").await?;
-        let footer = Footer::parse(&tail)?;
-        if footer.disk_type != TYPE_FIXED {
-            return Err(corrupt(
-                "the VHD footer says the image is dynamic but the file has no header copy",
-            ));
+    let head = read_meta(file, 0, FOOTER_LEN as u64, "VHD footer copy").await?;
+    if &head[..8] == FOOTER_COOKIE {
+        return Footer::parse(&head);
+    }
+    let tail_at = file_size - FOOTER_LEN as u64;
+    let tail = read_meta(file, tail_at, FOOTER_LEN as u64, "VHD footer").await?;
+    let footer = Footer::parse(&tail)?;
+    if footer.disk_type != TYPE_FIXED {
+        return Err(corrupt(
+            "the VHD footer says the image is dynamic but the file has no header copy",
+        ));
+    }
+    Ok(footer)
+}
+
+/// The parent a differencing image names: its locators (`W2ru` then `W2ku`), or the
+/// parent name field when it has neither, and the unique id the parent must have.
+async fn parent_ref(file: &dyn Source, header: &DynamicHeader) -> Result<ParentRef> {
+    let mut names = Vec::new();
+    for (code, what) in [(b"W2ru", "W2ru locator"), (b"W2ku", "W2ku locator")] {
+        for &(_, len, offset) in header.locators.iter().filter(|l| &l.0 == code) {
+            if len > MAX_LOCATOR_BYTES {
+                return Err(corrupt(format!(
+                    "the VHD's {what} is {len} bytes, more than the {MAX_LOCATOR_BYTES} read"
+                )));
+            }
+            let raw = read_meta(file, offset, u64::from(len), "VHD parent locator").await?;
+            let name = utf16(&raw, false);
+            if !name.is_empty() {
+                names.push((what, name));
+            }
         }
-        footer
-    };
+    }
+    // The parent name field only when no locator names the parent (older images).
+    if names.is_empty() && !header.parent_name.is_empty() {
+        names.push(("parent name", header.parent_name.clone()));
+    }
+    Ok(ParentRef {
+        names,
+        identity: Identity::VhdUniqueId(header.parent_id),
+    })
+}
+
+/// Opens the VHD image in `file`.
+pub async fn open_vhd(file: Arc<dyn Source>) -> Result<(Opened, VhdInfo)> {
+    let file_size = file.size();
+    let footer = read_footer(file.as_ref()).await?;
     let size = footer.virtual_size();
     match footer.disk_type {
         TYPE_FIXED => {
@@ -235,10 +337,8 @@ pub async fn open_vhd(file: Arc<dyn Source>) -> Result<(Arc<dyn Source>, VhdInfo
                 footer,
                 block_size: None,
             };
-            Ok((
-                Arc::new(MappedSource::new(file, Arc::new(FixedMap), size)),
-                info,
-            ))
+            let image = Arc::new(MappedSource::new(file, Arc::new(FixedMap), size));
+            Ok((Opened::Image(image), info))
         }
         disk_type => {
             let bytes = read_meta(
@@ -249,13 +349,6 @@ pub async fn open_vhd(file: Arc<dyn Source>) -> Result<(Arc<dyn Source>, VhdInfo
             )
             .await?;
             let header = DynamicHeader::parse(&bytes, file_size)?;
-            if disk_type == TYPE_DIFFERENCING {
-                return Err(Error::unsupported(format!(
-                    "the VHD is a differencing image (its parent is {:?}); differencing VHDs \
-                     are not supported: merge it into its parent first (Hyper-V's Merge-VHD)",
-                    header.parent_name
-                )));
-            }
             let bat_bytes = u64::from(header.max_table_entries) * 4;
             let raw = read_meta(
                 file.as_ref(),
@@ -269,8 +362,20 @@ pub async fn open_vhd(file: Arc<dyn Source>) -> Result<(Arc<dyn Source>, VhdInfo
                 footer,
                 block_size: Some(header.block_size),
             };
+            if disk_type == TYPE_DIFFERENCING {
+                let parent = parent_ref(file.as_ref(), &header).await?;
+                let bitmap_bytes = header.bitmap_bytes() as usize;
+                let map = DiffBlocks {
+                    header,
+                    bat,
+                    bitmaps: L2Cache::new(bitmap_bytes, BITMAP_CACHE_BYTES),
+                };
+                let diff = Differencing::new(file, Arc::new(map), size, parent);
+                return Ok((Opened::Differencing(diff), info));
+            }
             let map = DynamicMap { header, bat };
-            Ok((Arc::new(MappedSource::new(file, Arc::new(map), size)), info))
+            let image = Arc::new(MappedSource::new(file, Arc::new(map), size));
+            Ok((Opened::Image(image), info))
         }
     }
 }
@@ -330,7 +435,9 @@ mod tests {
     #[tokio::test]
     async fn reads_a_dynamic_image() {
         let file: Arc<dyn Source> = Arc::new(MemSource::new(dynamic()));
-        let (img, info) = open_vhd(file).await.unwrap();
+        let (Opened::Image(img), info) = open_vhd(file).await.unwrap() else {
+            panic!("a dynamic image needs no parent")
+        };
         assert_eq!(info.footer.subformat(), "dynamic");
         assert_eq!(img.size(), 8192);
         let buf = img.read_at(0, IoBuf::new(8192)).await.unwrap();
@@ -345,7 +452,9 @@ mod tests {
         let mut img = dynamic();
         img.truncate(img.len() - 2048);
         let file: Arc<dyn Source> = Arc::new(MemSource::new(img));
-        let (img, _) = open_vhd(file).await.unwrap();
+        let (Opened::Image(img), _) = open_vhd(file).await.unwrap() else {
+            panic!("a dynamic image needs no parent")
+        };
         let err = img.read_at(4096, IoBuf::new(4096)).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Corrupt);
     }

@@ -247,6 +247,7 @@ pub fn vhdx_image(data: &[u8]) {
     let file = vhdx_layout(rest, mode & 1 != 0);
     open_and_exercise(&file, SourceFormat::Vhdx, None);
     let _ = ferry_formats::vhdx::header::Metadata::parse(rest);
+    let _ = ferry_formats::vhdx::header::parent_locator(rest);
 }
 
 #[cfg(test)]
@@ -262,6 +263,8 @@ mod tests {
             let options = OpenOptions {
                 format,
                 disk,
+                // A differencing seed reads its parent's sectors as zeroes.
+                backing: Backing::NameOnly,
                 ..OpenOptions::default()
             };
             let (image, _) = open_image(bytes, &options).await.unwrap();
@@ -287,6 +290,11 @@ mod tests {
                 s.name
             );
         }
+        let diff = opens(&seeds::vhd_differencing(), SourceFormat::Vhd, None);
+        assert!(diff[..4096].iter().all(|&b| b == 0));
+        assert!(diff[4096..4608].iter().all(|&b| b == 0x5a));
+        assert!(diff[4608..5120].iter().all(|&b| b == 0));
+        assert!(diff[5120..5632].iter().all(|&b| b == 0x5a));
         let vmdk = seeds::vmdk_image();
         let sparse = opens(&vmdk[0].bytes[1..], SourceFormat::Vmdk, None);
         assert!(sparse[..512].iter().all(|&b| b == 0x71));

@@ -782,9 +782,8 @@ fn vhd_footer(disk_type: u32, creator: &[u8; 4], size: u64) -> Vec<u8> {
     f
 }
 
-/// A dynamic VHD of two 4 KiB blocks (the second stored) and a fixed one of 8 KiB.
-pub fn vhd_image() -> Vec<Seed> {
-    let mut dynamic = vhd_footer(3, b"qemu", 8192);
+/// A VHD dynamic header: the BAT at 1536, two blocks of 4 KiB.
+fn vhd_dynamic_header() -> Vec<u8> {
     let mut dh = vec![0u8; 1024];
     dh[..8].copy_from_slice(b"cxsparse");
     dh[8..16].copy_from_slice(&u64::MAX.to_be_bytes());
@@ -792,6 +791,13 @@ pub fn vhd_image() -> Vec<Seed> {
     dh[24..28].copy_from_slice(&0x0001_0000u32.to_be_bytes());
     dh[28..32].copy_from_slice(&2u32.to_be_bytes());
     dh[32..36].copy_from_slice(&4096u32.to_be_bytes());
+    dh
+}
+
+/// A dynamic VHD of two 4 KiB blocks (the second stored) and a fixed one of 8 KiB.
+pub fn vhd_image() -> Vec<Seed> {
+    let mut dynamic = vhd_footer(3, b"qemu", 8192);
+    let dh = vhd_dynamic_header();
     dynamic.extend(dh);
     let mut bat = vec![0xffu8; 512];
     bat[4..8].copy_from_slice(&4u32.to_be_bytes());
@@ -801,7 +807,45 @@ pub fn vhd_image() -> Vec<Seed> {
     dynamic.extend(vhd_footer(3, b"qemu", 8192));
     let mut fixed: Vec<u8> = (0..8192u32).map(|i| (i % 7) as u8).collect();
     fixed.extend(vhd_footer(2, b"win ", 8192));
-    vec![seed("dynamic", dynamic), seed("fixed", fixed)]
+    vec![
+        seed("dynamic", dynamic),
+        seed("fixed", fixed),
+        seed("differencing", vhd_differencing()),
+    ]
+}
+
+/// A differencing VHD of two 4 KiB blocks: block 1 stored, its bitmap marking sectors 0
+/// and 2 (0x5a), the rest its parent's; the parent named by a `W2ru` locator.
+pub fn vhd_differencing() -> Vec<u8> {
+    let mut f = vhd_footer(4, b"win ", 8192);
+    let mut dh = vhd_dynamic_header();
+    dh[40..56].fill(7);
+    let name: Vec<u8> = "base.vhd"
+        .encode_utf16()
+        .flat_map(u16::to_be_bytes)
+        .collect();
+    dh[64..64 + name.len()].copy_from_slice(&name);
+    let locator: Vec<u8> = ".\\base.vhd"
+        .encode_utf16()
+        .flat_map(u16::to_le_bytes)
+        .collect();
+    dh[576..580].copy_from_slice(b"W2ru");
+    dh[580..584].copy_from_slice(&512u32.to_be_bytes());
+    dh[584..588].copy_from_slice(&(locator.len() as u32).to_be_bytes());
+    dh[592..600].copy_from_slice(&2048u64.to_be_bytes());
+    f.extend(dh);
+    let mut bat = vec![0xffu8; 512];
+    bat[4..8].copy_from_slice(&5u32.to_be_bytes());
+    f.extend(bat);
+    let mut loc = vec![0u8; 512];
+    loc[..locator.len()].copy_from_slice(&locator);
+    f.extend(loc);
+    let mut bitmap = vec![0u8; 512];
+    bitmap[0] = 0b1010_0000;
+    f.extend(bitmap);
+    f.extend([0x5au8; 4096]);
+    f.extend(vhd_footer(4, b"win ", 8192));
+    f
 }
 
 fn zlib(data: &[u8]) -> Vec<u8> {
@@ -994,7 +1038,55 @@ pub fn vhdx_image() -> Vec<Seed> {
         unfixed.extend_from_slice(&file[at..at + 4096]);
     }
     unfixed.extend_from_slice(&input[1 + 4 * 4096..]);
-    vec![seed("fixed-crc", input), seed("dynamic", unfixed)]
+    let mut differencing = input.clone();
+    differencing.resize(differencing.len() + 128, 0);
+    vhdx_make_differencing(&mut differencing[1 + 4 * 4096..]);
+    vec![
+        seed("fixed-crc", input),
+        seed("dynamic", unfixed),
+        seed("differencing", differencing),
+    ]
+}
+
+/// Turns [`vhdx_image`]'s metadata and BAT (`rest`) into a differencing VHDX's: the
+/// has-parent bit, 256 MiB blocks (16 per chunk, so the BAT of 512 MiB is 17 entries:
+/// block 0 zero, block 1 the parent's, the chunk's sector bitmap entry), and a parent
+/// locator naming `.\base.vhdx` and its DataWriteGuid.
+fn vhdx_make_differencing(rest: &mut [u8]) {
+    let meta = &mut rest[..4096];
+    meta[10..12].copy_from_slice(&4u16.to_le_bytes());
+    put32le(meta, 1024, 256 << 20);
+    put32le(meta, 1028, 2);
+    put64le(meta, 1032, 512 << 20);
+    let e = 32 + 3 * 32;
+    meta[e..e + 16].copy_from_slice(&vhdx_guid("A8D35F2D-B30B-454D-ABF7-D3D84834AB0C"));
+    put32le(meta, e + 16, 1100);
+    put32le(meta, e + 24, 4);
+    let utf16 = |t: &str| -> Vec<u8> { t.encode_utf16().flat_map(u16::to_le_bytes).collect() };
+    let pairs = [
+        ("parent_linkage", "{83ED0EC3-24C8-49A6-A959-5E4BF1288BFB}"),
+        ("relative_path", ".\\base.vhdx"),
+    ];
+    let mut locator = vec![0u8; 20 + pairs.len() * 12];
+    locator[..16].copy_from_slice(&vhdx_guid("B04AEFB7-D19E-4A81-B789-25B8E9445913"));
+    locator[18..20].copy_from_slice(&(pairs.len() as u16).to_le_bytes());
+    for (i, (k, v)) in pairs.iter().enumerate() {
+        let (k, v) = (utf16(k), utf16(v));
+        let at = 20 + i * 12;
+        let key_at = locator.len() as u32;
+        locator.extend(&k);
+        let value_at = locator.len() as u32;
+        locator.extend(&v);
+        put32le(&mut locator, at, key_at);
+        put32le(&mut locator, at + 4, value_at);
+        locator[at + 8..at + 10].copy_from_slice(&(k.len() as u16).to_le_bytes());
+        locator[at + 10..at + 12].copy_from_slice(&(v.len() as u16).to_le_bytes());
+    }
+    put32le(meta, e + 20, locator.len() as u32);
+    meta[1100..1100 + locator.len()].copy_from_slice(&locator);
+    let bat = &mut rest[4096..];
+    bat.fill(0);
+    put64le(bat, 0, 2);
 }
 
 // ---------------------------------------------------------------------------------------

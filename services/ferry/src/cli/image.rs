@@ -1,5 +1,6 @@
 //! The image format options every command that reads a source shares, and the opener
-//! that follows a qcow2 backing chain when `--allow-backing` asks for it.
+//! that follows a qcow2 backing chain (or a differencing VHD/VHDX image's parents) when
+//! `--allow-backing` asks for it.
 //!
 //! Endpoints give bytes; this turns them into the image those bytes hold (raw, qcow2,
 //! VMDK, an OVA's disk, VHD, VHDX, VDI, or a raw image compressed with gzip, xz or zstd), so `ferry copy image.qcow2 disk.raw`
@@ -38,7 +39,9 @@ pub struct FormatArgs {
     #[arg(long)]
     pub prescan: bool,
     /// Follow a qcow2 image's backing file (resolved relative to the image, for file
-    /// images only; at most 16 deep). Off by default: the name comes from the image.
+    /// images only; at most 16 deep), and read a differencing VHD or VHDX over its parent
+    /// (a plain file name beside the image, its id checked). Off by default: the name
+    /// comes from the image.
     #[arg(long)]
     pub allow_backing: bool,
     /// The disk of an OVA to read, numbered from 0 as `ferry info` lists them (needed

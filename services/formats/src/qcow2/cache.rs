@@ -2,6 +2,8 @@
 //!
 //! Every lookup of a guest cluster needs its L2 table; over the network a table read per
 //! request would double the round trips. Tables are kept decoded, keyed by host offset.
+//! VMDK grain tables and the sector bitmaps of VHD/VHDX differencing images use it too
+//! (a bitmap is a table of bytes).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,19 +14,28 @@ use parking_lot::Mutex;
 pub type Table = Arc<Vec<u64>>;
 
 #[derive(Debug)]
-pub struct L2Cache {
-    inner: Mutex<Inner>,
+pub struct L2Cache<T = Vec<u64>> {
+    inner: Mutex<Inner<T>>,
     table_bytes: usize,
     max_bytes: usize,
 }
 
-#[derive(Debug, Default)]
-struct Inner {
-    tables: HashMap<u64, (Table, u64)>,
+#[derive(Debug)]
+struct Inner<T> {
+    tables: HashMap<u64, (Arc<T>, u64)>,
     clock: u64,
 }
 
-impl L2Cache {
+impl<T> Default for Inner<T> {
+    fn default() -> Self {
+        Self {
+            tables: HashMap::new(),
+            clock: 0,
+        }
+    }
+}
+
+impl<T> L2Cache<T> {
     /// A cache of tables of `table_bytes` each, holding at most `max_bytes` of them
     /// (always at least one table).
     pub fn new(table_bytes: usize, max_bytes: usize) -> Self {
@@ -39,7 +50,7 @@ impl L2Cache {
         (self.max_bytes / self.table_bytes.max(1)).max(1)
     }
 
-    pub fn get(&self, offset: u64) -> Option<Table> {
+    pub fn get(&self, offset: u64) -> Option<Arc<T>> {
         let mut inner = self.inner.lock();
         inner.clock += 1;
         let now = inner.clock;
@@ -48,7 +59,7 @@ impl L2Cache {
         Some(table.clone())
     }
 
-    pub fn insert(&self, offset: u64, table: Table) {
+    pub fn insert(&self, offset: u64, table: Arc<T>) {
         let capacity = self.capacity();
         let mut inner = self.inner.lock();
         inner.clock += 1;
@@ -78,7 +89,7 @@ mod tests {
 
     #[test]
     fn evicts_the_least_recently_used_within_the_byte_bound() {
-        let cache = L2Cache::new(1024, 2048);
+        let cache: L2Cache = L2Cache::new(1024, 2048);
         cache.insert(1, Arc::new(vec![1]));
         cache.insert(2, Arc::new(vec![2]));
         assert!(cache.get(1).is_some());
@@ -91,7 +102,7 @@ mod tests {
 
     #[test]
     fn keeps_one_table_even_when_the_bound_is_smaller() {
-        let cache = L2Cache::new(4096, 100);
+        let cache: L2Cache = L2Cache::new(4096, 100);
         cache.insert(1, Arc::new(vec![1]));
         cache.insert(2, Arc::new(vec![2]));
         assert_eq!(cache.len(), 1);

@@ -256,34 +256,44 @@ impl Qcow2Source {
         let Some(backing) = &self.backing else {
             return Ok(vec![Extent::zero(offset, len)]);
         };
-        let end = offset + len;
-        let backed_end = end.min(backing.size()).max(offset);
-        let mut out = Vec::new();
-        let mut pos = offset;
-        while pos < backed_end {
-            let extents = backing.extents(pos, backed_end - pos).await?;
-            let before = pos;
-            for e in extents {
-                let e_end = e.end().min(backed_end);
-                if e.offset != pos || e_end <= pos {
-                    break;
-                }
-                out.push(Extent {
-                    offset: pos,
-                    len: e_end - pos,
-                    kind: e.kind,
-                });
-                pos = e_end;
-            }
-            if pos == before {
-                return Err(Error::internal("the backing image reported no extent"));
-            }
-        }
-        if pos < end {
-            out.push(Extent::zero(pos, end - pos));
-        }
-        Ok(out)
+        extents_over(backing.as_ref(), offset, len).await
     }
+}
+
+/// What `backing` (a backing file, a differencing image's parent) says about all of
+/// `offset..offset + len`, zeroes past its end.
+pub(crate) async fn extents_over(
+    backing: &dyn Source,
+    offset: u64,
+    len: u64,
+) -> Result<Vec<Extent>> {
+    let end = offset + len;
+    let backed_end = end.min(backing.size()).max(offset);
+    let mut out = Vec::new();
+    let mut pos = offset;
+    while pos < backed_end {
+        let extents = backing.extents(pos, backed_end - pos).await?;
+        let before = pos;
+        for e in extents {
+            let e_end = e.end().min(backed_end);
+            if e.offset != pos || e_end <= pos {
+                break;
+            }
+            out.push(Extent {
+                offset: pos,
+                len: e_end - pos,
+                kind: e.kind,
+            });
+            pos = e_end;
+        }
+        if pos == before {
+            return Err(Error::internal("the backing image reported no extent"));
+        }
+    }
+    if pos < end {
+        out.push(Extent::zero(pos, end - pos));
+    }
+    Ok(out)
 }
 
 /// Appends `piece`, merging it into the last run when both continue one another.

@@ -24,6 +24,11 @@ const METADATA_GUID: &str = "8B7CA206-4790-4B9A-B8FE-575F050F886E";
 const FILE_PARAMETERS: &str = "CAA16737-FA36-4D43-B3B6-33F0AA44E76B";
 const VIRTUAL_DISK_SIZE: &str = "2FA54224-CD1B-4876-B211-5DBED83BF4B8";
 const LOGICAL_SECTOR_SIZE: &str = "8141BF1D-A96F-4709-BA47-F233A8FAAB5F";
+const PARENT_LOCATOR: &str = "A8D35F2D-B30B-454D-ABF7-D3D84834AB0C";
+/// The locator type of a VHDX parent.
+const VHDX_PARENT_TYPE: &str = "B04AEFB7-D19E-4A81-B789-25B8E9445913";
+/// Most key/value pairs of a parent locator.
+const MAX_LOCATOR_ENTRIES: u16 = 256;
 
 /// A GUID as VHDX stores it (the first three fields little-endian).
 pub fn guid(text: &str) -> [u8; 16] {
@@ -46,6 +51,8 @@ pub fn guid(text: &str) -> [u8; 16] {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
     pub sequence: u64,
+    /// Changes whenever the guest's data changes: what a child's `parent_linkage` names.
+    pub data_write_guid: [u8; 16],
     pub log_guid: [u8; 16],
     pub log_length: u32,
     pub log_offset: u64,
@@ -63,8 +70,11 @@ impl Header {
         }
         let mut log_guid = [0u8; 16];
         log_guid.copy_from_slice(&b[48..64]);
+        let mut data_write_guid = [0u8; 16];
+        data_write_guid.copy_from_slice(&b[32..48]);
         Some(Self {
             sequence: le64(b, 8),
+            data_write_guid,
             log_guid,
             log_length: le32(b, 68),
             log_offset: le64(b, 72),
@@ -134,6 +144,8 @@ pub struct Layout {
     pub chunk_ratio: u64,
     pub bat_offset: u64,
     pub bat_entries: u64,
+    /// A differencing image (its BAT has a sector bitmap entry for every chunk).
+    pub has_parent: bool,
 }
 
 /// The metadata items ferry needs.
@@ -150,29 +162,7 @@ pub struct Metadata {
 impl Metadata {
     /// Parses the metadata region `b` (its table and items).
     pub fn parse(b: &[u8]) -> Result<Self> {
-        if b.len() < 32 || &b[..8] != b"metadata" {
-            return Err(corrupt("the VHDX metadata table signature is missing"));
-        }
-        let count = le16(b, 10);
-        if count > MAX_METADATA_ENTRIES || 32 + usize::from(count) * 32 > b.len() {
-            return Err(corrupt(format!(
-                "the VHDX metadata table has {count} entries"
-            )));
-        }
-        let item = |id: &str, len: usize| -> Result<Option<&[u8]>> {
-            let id = guid(id);
-            for i in 0..usize::from(count) {
-                let e = &b[32 + i * 32..64 + i * 32];
-                if e[..16] == id {
-                    let (offset, length) = (le32(e, 16) as usize, le32(e, 20) as usize);
-                    if length < len || offset.checked_add(len).is_none_or(|end| end > b.len()) {
-                        return Err(corrupt("a VHDX metadata item is outside its region"));
-                    }
-                    return Ok(Some(&b[offset..offset + len]));
-                }
-            }
-            Ok(None)
-        };
+        let item = |id: &str, len: usize| metadata_item(b, id, len);
         let missing = |what: &str| corrupt(format!("the VHDX metadata has no {what}"));
         let params = item(FILE_PARAMETERS, 8)?.ok_or_else(|| missing("file parameters"))?;
         let size = item(VIRTUAL_DISK_SIZE, 8)?.ok_or_else(|| missing("virtual disk size"))?;
@@ -188,12 +178,6 @@ impl Metadata {
 
     /// Checks the values and derives the BAT's shape.
     pub fn layout(&self, bat: (u64, u32)) -> Result<Layout> {
-        if self.has_parent {
-            return Err(Error::unsupported(
-                "the VHDX is a differencing image (it has a parent); differencing VHDX images \
-                 are not supported: merge it into its parent first (Hyper-V's Merge-VHD)",
-            ));
-        }
         let bs = u64::from(self.block_size);
         if !bs.is_power_of_two() || !((1 << 20)..=(256 << 20)).contains(&bs) {
             return Err(corrupt(format!("VHDX block size {bs} is not valid")));
@@ -214,6 +198,9 @@ impl Metadata {
         let payload = self.virtual_size.div_ceil(bs);
         let bat_entries = if payload == 0 {
             0
+        } else if self.has_parent {
+            // Every chunk, the last one too, has its sector bitmap entry.
+            payload.div_ceil(chunk_ratio) * (chunk_ratio + 1)
         } else {
             payload + (payload - 1) / chunk_ratio
         };
@@ -241,8 +228,69 @@ impl Metadata {
             chunk_ratio,
             bat_offset: bat.0,
             bat_entries,
+            has_parent: self.has_parent,
         })
     }
+}
+
+/// The metadata item `id` of the metadata region `b` (at least `len` bytes of it, all of
+/// it returned); `None` when the table has no such item.
+fn metadata_item<'a>(b: &'a [u8], id: &str, len: usize) -> Result<Option<&'a [u8]>> {
+    if b.len() < 32 || &b[..8] != b"metadata" {
+        return Err(corrupt("the VHDX metadata table signature is missing"));
+    }
+    let count = le16(b, 10);
+    if count > MAX_METADATA_ENTRIES || 32 + usize::from(count) * 32 > b.len() {
+        return Err(corrupt(format!(
+            "the VHDX metadata table has {count} entries"
+        )));
+    }
+    let id = guid(id);
+    for i in 0..usize::from(count) {
+        let e = &b[32 + i * 32..64 + i * 32];
+        if e[..16] == id {
+            let (offset, length) = (le32(e, 16) as usize, le32(e, 20) as usize);
+            if length < len || offset.checked_add(length).is_none_or(|end| end > b.len()) {
+                return Err(corrupt("a VHDX metadata item is outside its region"));
+            }
+            return Ok(Some(&b[offset..offset + length]));
+        }
+    }
+    Ok(None)
+}
+
+/// The key/value pairs of a differencing VHDX's parent locator (metadata region `b`):
+/// `parent_linkage`, `relative_path`, `absolute_win32_path`, ...
+pub fn parent_locator(b: &[u8]) -> Result<Vec<(String, String)>> {
+    let item = metadata_item(b, PARENT_LOCATOR, 20)?
+        .ok_or_else(|| corrupt("the differencing VHDX has no parent locator"))?;
+    if item[..16] != guid(VHDX_PARENT_TYPE) {
+        return Err(Error::unsupported(
+            "the VHDX parent locator is not of the VHDX type",
+        ));
+    }
+    let count = le16(item, 18);
+    if count > MAX_LOCATOR_ENTRIES || 20 + usize::from(count) * 12 > item.len() {
+        return Err(corrupt(format!(
+            "the VHDX parent locator has {count} entries"
+        )));
+    }
+    let text = |offset: u32, len: u16| -> Result<String> {
+        let (offset, len) = (offset as usize, usize::from(len));
+        let bytes = offset
+            .checked_add(len)
+            .and_then(|end| item.get(offset..end))
+            .ok_or_else(|| corrupt("a VHDX parent locator entry is outside the locator"))?;
+        Ok(crate::diff::utf16(bytes, false))
+    };
+    (0..usize::from(count))
+        .map(|i| {
+            let e = &item[20 + i * 12..32 + i * 12];
+            let key = text(le32(e, 0), le16(e, 8))?;
+            let value = text(le32(e, 4), le16(e, 10))?;
+            Ok((key, value))
+        })
+        .collect()
 }
 
 /// Whether the log region `log` holds an entry of the log `guid` (a log that was
@@ -252,8 +300,8 @@ pub fn log_has_entries(log: &[u8], guid: &[u8; 16]) -> bool {
         .any(|s| &s[..4] == b"loge" && s[32..48] == guid[..])
 }
 
-/// Reads the identifier, the current header, the region table and the metadata.
-pub async fn read_layout(file: &dyn Source) -> Result<Layout> {
+/// The file identifier's check and the current header.
+pub async fn read_header(file: &dyn Source) -> Result<Header> {
     let id = read_meta(file, 0, 8, "VHDX file identifier").await?;
     if &id[..] != FILE_SIGNATURE {
         return Err(corrupt(
@@ -269,7 +317,13 @@ pub async fn read_layout(file: &dyn Source) -> Result<Layout> {
             }
         }
     }
-    let header = current.ok_or_else(|| corrupt("neither VHDX header is valid"))?;
+    current.ok_or_else(|| corrupt("neither VHDX header is valid"))
+}
+
+/// Reads the identifier, the current header, the region table and the metadata; for a
+/// differencing image, its parent locator's key/value pairs too.
+pub async fn read_layout(file: &dyn Source) -> Result<(Layout, Vec<(String, String)>)> {
+    let header = read_header(file).await?;
     if header.log_guid != [0; 16] {
         let len = u64::from(header.log_length);
         if len > MAX_LOG_BYTES {
@@ -302,7 +356,13 @@ pub async fn read_layout(file: &dyn Source) -> Result<Layout> {
         "VHDX metadata",
     )
     .await?;
-    Metadata::parse(&meta)?.layout(regions.bat)
+    let layout = Metadata::parse(&meta)?.layout(regions.bat)?;
+    let locator = if layout.has_parent {
+        parent_locator(&meta)?
+    } else {
+        Vec::new()
+    };
+    Ok((layout, locator))
 }
 
 #[cfg(test)]
@@ -337,12 +397,16 @@ mod tests {
             ..m
         };
         assert_eq!(big.layout((1 << 20, 1 << 20)).unwrap().bat_entries, 257);
-        assert!(Metadata {
+        let diff = Metadata {
             has_parent: true,
             ..m
         }
         .layout((0, 1 << 20))
-        .is_err());
+        .unwrap();
+        assert_eq!(
+            diff.bat_entries, 129,
+            "the last chunk's bitmap entry counts"
+        );
         assert!(Metadata {
             block_size: 3 << 20,
             ..m
@@ -350,6 +414,52 @@ mod tests {
         .layout((0, 1 << 20))
         .is_err());
         assert!(m.layout((0, 8)).is_err());
+    }
+
+    /// A metadata region holding only a parent locator of `pairs`, the last entry's
+    /// value at `value_at` when given.
+    fn locator_region(pairs: &[(&str, &str)], value_at: Option<u32>) -> Vec<u8> {
+        let utf16 = |t: &str| -> Vec<u8> { t.encode_utf16().flat_map(u16::to_le_bytes).collect() };
+        let mut item = guid(VHDX_PARENT_TYPE).to_vec();
+        item.extend([0, 0]);
+        item.extend((pairs.len() as u16).to_le_bytes());
+        let mut data: Vec<u8> = Vec::new();
+        let table = 20 + pairs.len() * 12;
+        for (k, v) in pairs {
+            let (k, v) = (utf16(k), utf16(v));
+            let key_at = (table + data.len()) as u32;
+            data.extend(&k);
+            let val_at = value_at.unwrap_or((table + data.len()) as u32);
+            data.extend(&v);
+            item.extend(key_at.to_le_bytes());
+            item.extend(val_at.to_le_bytes());
+            item.extend((k.len() as u16).to_le_bytes());
+            item.extend((v.len() as u16).to_le_bytes());
+        }
+        item.extend(data);
+        let mut b = vec![0u8; 4096];
+        b[..8].copy_from_slice(b"metadata");
+        b[10..12].copy_from_slice(&1u16.to_le_bytes());
+        b[32..48].copy_from_slice(&guid(PARENT_LOCATOR));
+        b[48..52].copy_from_slice(&1024u32.to_le_bytes());
+        b[52..56].copy_from_slice(&(item.len() as u32).to_le_bytes());
+        b[1024..1024 + item.len()].copy_from_slice(&item);
+        b
+    }
+
+    #[test]
+    fn parent_locator_pairs_are_read_within_their_item() {
+        let pairs = [
+            ("parent_linkage", "{01}"),
+            ("relative_path", ".\\base.vhdx"),
+        ];
+        let got = parent_locator(&locator_region(&pairs, None)).unwrap();
+        assert_eq!(got[1], ("relative_path".into(), ".\\base.vhdx".into()));
+        let err = parent_locator(&locator_region(&pairs, Some(60_000))).unwrap_err();
+        assert_eq!(err.kind(), ferry_core::ErrorKind::Corrupt, "{err}");
+        let mut region = locator_region(&pairs, None);
+        region[32..48].fill(0);
+        assert!(parent_locator(&region).is_err(), "no locator item");
     }
 
     #[test]
