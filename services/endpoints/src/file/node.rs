@@ -11,6 +11,7 @@ use std::path::Path;
 
 use ferry_core::{Error, ErrorKind, Result, UNKNOWN_SIZE};
 
+use super::extents::KnownData;
 use super::handle::{self, Direct, FileHandle, Kind, Unsupported};
 use super::sys;
 use crate::CacheMode;
@@ -140,6 +141,7 @@ pub(crate) fn open_source(path: &Path, cache: CacheMode) -> Result<FileHandle> {
         kind,
         size,
         unsupported: Unsupported::default(),
+        known_data: KnownData::default(),
     })
 }
 
@@ -274,6 +276,7 @@ fn finish_target(
             kind,
             size,
             unsupported: Unsupported::default(),
+            known_data: KnownData::default(),
         },
         created,
         zeroed,
