@@ -521,7 +521,7 @@ mod tests {
             512
         }
         async fn lookup(&self, _file: &dyn Source, index: u64) -> Result<Place> {
-            Ok(if index % 2 == 0 {
+            Ok(if index.is_multiple_of(2) {
                 Place::Data(self.stored(index / 2) * 512)
             } else {
                 Place::Zero
@@ -555,7 +555,7 @@ mod tests {
         for (reverse, limit) in [(false, usize::MAX), (true, usize::MAX), (false, 50)] {
             let map = Scattered { reverse };
             let expected = merge_extents((0..2 * FILE_BLOCKS).map(|i| {
-                if i % 2 == 0 && !hole(map.stored(i / 2)) {
+                if i.is_multiple_of(2) && !hole(map.stored(i / 2)) {
                     Extent::data(i * 512, 512)
                 } else {
                     Extent::zero(i * 512, 512)
