@@ -27,6 +27,13 @@ const MAX_EXTENTS: usize = 1024;
 pub(crate) struct KnownData(Mutex<(u64, u64)>);
 
 impl KnownData {
+    /// The run from the file's start up to `first_hole`, SEEK_HOLE's answer at 0 (when
+    /// the file starts with data), as the file was opened: workers starting together
+    /// then do not each walk the same run.
+    pub(crate) fn first_run(first_hole: Option<u64>) -> Self {
+        Self(Mutex::new((0, first_hole.unwrap_or(0))))
+    }
+
     /// Where the data run holding `pos` ends, when it is known.
     fn end(&self, pos: u64) -> Option<u64> {
         let (start, end) = *self.0.lock();
@@ -105,25 +112,36 @@ mod tests {
 
     /// SEEK_HOLE's answer past the range asked is kept, so the next unit of the same data
     /// run is answered without walking the file again; the hole after it is still found.
+    /// The run a file starts with is known from its opening.
     #[test]
     fn a_data_run_found_past_the_range_asked_is_remembered_whole() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("data-then-hole.img");
+        let path = dir.path().join("hole-data-hole.img");
         let file = std::fs::File::create(&path).unwrap();
-        file.write_all_at(&vec![7u8; (8 * MIB) as usize], 0)
+        file.write_all_at(&vec![7u8; (8 * MIB) as usize], MIB)
             .unwrap();
         file.set_len(12 * MIB).unwrap();
         let h = node::open_source(&path, CacheMode::PageCache).unwrap();
-        assert_eq!(h.known_data.end(0), None);
-        assert_eq!(extents(&h, 0, 4096).unwrap(), vec![Extent::data(0, 4096)]);
-        assert_eq!(h.known_data.end(5 * MIB), Some(8 * MIB), "the whole run");
+        assert_eq!(h.known_data.end(2 * MIB), None, "it starts with a hole");
+        assert_eq!(
+            extents(&h, 2 * MIB, 4096).unwrap(),
+            vec![Extent::data(2 * MIB, 4096)]
+        );
+        assert_eq!(h.known_data.end(5 * MIB), Some(9 * MIB), "the whole run");
         assert_eq!(
             extents(&h, 6 * MIB, 4 * MIB).unwrap(),
-            vec![
-                Extent::data(6 * MIB, 2 * MIB),
-                Extent::zero(8 * MIB, 2 * MIB)
-            ]
+            vec![Extent::data(6 * MIB, 3 * MIB), Extent::zero(9 * MIB, MIB)]
         );
-        assert_eq!(h.known_data.end(8 * MIB), None, "holes are not remembered");
+        assert_eq!(h.known_data.end(9 * MIB), None, "holes are not remembered");
+        assert_eq!(
+            extents(&h, 0, 2 * MIB).unwrap(),
+            vec![Extent::zero(0, MIB), Extent::data(MIB, MIB)]
+        );
+
+        let full = dir.path().join("data.img");
+        std::fs::write(&full, vec![1u8; (3 * MIB) as usize]).unwrap();
+        let h = node::open_source(&full, CacheMode::Direct).unwrap();
+        assert_eq!(h.known_data.end(0), Some(3 * MIB), "known from the opening");
+        assert_eq!(extents(&h, MIB, MIB).unwrap(), vec![Extent::data(MIB, MIB)]);
     }
 }
