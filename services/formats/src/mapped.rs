@@ -71,18 +71,13 @@ struct FileExtents {
 impl FileExtents {
     /// The known extent holding file offset `at`, cut to start there.
     fn at(&self, at: u64) -> Option<Extent> {
-        let known = self.known.lock();
-        let e = known.get(known.partition_point(|e| e.end() <= at))?;
-        (e.offset <= at).then(|| Extent {
-            offset: at,
-            len: e.end() - at,
-            kind: e.kind,
-        })
+        holding(&self.known.lock(), at)
     }
 
     /// Keeps `extents`, an answer from file offset `from`, in place of the last: its
-    /// contiguous prefix starting at `from`, at most [`MAX_FILE_EXTENTS`].
-    fn keep(&self, from: u64, extents: Vec<Extent>) {
+    /// contiguous prefix starting at `from`, at most [`MAX_FILE_EXTENTS`]. Returns its
+    /// extent holding `at`, as [`FileExtents::at`] does.
+    fn keep(&self, from: u64, extents: Vec<Extent>, at: u64) -> Option<Extent> {
         let mut next = from;
         let prefix: Vec<Extent> = extents
             .into_iter()
@@ -93,10 +88,22 @@ impl FileExtents {
             })
             .take(MAX_FILE_EXTENTS)
             .collect();
+        let found = holding(&prefix, at);
         if !prefix.is_empty() {
             *self.known.lock() = prefix;
         }
+        found
     }
+}
+
+/// The extent of sorted, contiguous `extents` holding `at`, cut to start there.
+fn holding(extents: &[Extent], at: u64) -> Option<Extent> {
+    let e = extents.get(extents.partition_point(|e| e.end() <= at))?;
+    (e.offset <= at).then(|| Extent {
+        offset: at,
+        len: e.end() - at,
+        kind: e.kind,
+    })
 }
 
 /// A guest image read through a [`BlockMap`] over the image file's bytes.
@@ -274,8 +281,7 @@ impl MappedSource {
                 .extents(from, self.file.size() - from)
                 .await
                 .map_err(|e| self.context(e, "extents", guest))?;
-            self.file_extents.keep(from, found);
-            if let Some(e) = self.file_extents.at(at) {
+            if let Some(e) = self.file_extents.keep(from, found, at) {
                 return Ok(Some(e));
             }
             if from == at {
