@@ -265,7 +265,9 @@ impl MappedSource {
     /// The image file's extent holding file offset `at` (guest offset `guest`), cut to
     /// start there: from [`FileExtents`], else asked for the rest of the file and kept.
     /// The first time, the file is asked from its start: a file of few extents (one,
-    /// without holes) is then known whole, whatever order its blocks are stored in.
+    /// without holes) is then known whole, whatever order its blocks are stored in. A
+    /// file of more extents than one answer holds is asked again on a miss; walking it
+    /// costs little, since only long data runs make SEEK_HOLE slow.
     async fn file_extent(&self, at: u64, guest: u64) -> Result<Option<Extent>> {
         if let Some(e) = self.file_extents.at(at) {
             return Ok(Some(e));
