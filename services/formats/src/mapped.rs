@@ -8,11 +8,18 @@
 //! reads coalesced into one byte-source read per contiguous host run, bounds checks
 //! against the file's end (a block past it is `corrupt`, never zeroes), and compressed
 //! blocks decoded inline on the worker that asked for them.
+//!
+//! The image file's own extents (holes inside allocated blocks) are asked for the whole
+//! file and kept ([`FileExtents`]), not once per run of allocated blocks: a local file
+//! answers with lseek SEEK_HOLE, which walks the file's data up to its next hole, so per
+//! run a file without holes cost O(file) each time (on tmpfs, page by page).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use ferry_core::{merge_extents, Caps, Error, ErrorKind, Extent, IoBuf, Result, Source};
+use parking_lot::Mutex;
 
 /// Where one guest block's bytes are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,11 +55,63 @@ pub(crate) fn corrupt(message: impl Into<String>) -> Error {
 /// Most blocks one `extents` call looks up.
 const MAX_BLOCKS_PER_CALL: u64 = 4096;
 
+/// Most of the image file's extents [`FileExtents`] keeps from one answer.
+const MAX_FILE_EXTENTS: usize = 4096;
+
+/// The image file's extents from its last answer (contiguous, at most
+/// [`MAX_FILE_EXTENTS`]), shared by every handle of one image: runs of allocated blocks
+/// stored inside them are answered without asking the file again.
+#[derive(Debug, Default)]
+struct FileExtents {
+    known: Mutex<Vec<Extent>>,
+    /// Whether the file was asked from its start yet (see [`MappedSource::file_extent`]).
+    asked: AtomicBool,
+}
+
+impl FileExtents {
+    /// The known extent holding file offset `at`, cut to start there.
+    fn at(&self, at: u64) -> Option<Extent> {
+        holding(&self.known.lock(), at)
+    }
+
+    /// Keeps `extents`, an answer from file offset `from`, in place of the last: its
+    /// contiguous prefix starting at `from`, at most [`MAX_FILE_EXTENTS`]. Returns its
+    /// extent holding `at`, as [`FileExtents::at`] does.
+    fn keep(&self, from: u64, extents: Vec<Extent>, at: u64) -> Option<Extent> {
+        let mut next = from;
+        let prefix: Vec<Extent> = extents
+            .into_iter()
+            .take_while(|e| {
+                let fits = e.offset == next && e.len > 0;
+                next = e.end();
+                fits
+            })
+            .take(MAX_FILE_EXTENTS)
+            .collect();
+        let found = holding(&prefix, at);
+        if !prefix.is_empty() {
+            *self.known.lock() = prefix;
+        }
+        found
+    }
+}
+
+/// The extent of sorted, contiguous `extents` holding `at`, cut to start there.
+fn holding(extents: &[Extent], at: u64) -> Option<Extent> {
+    let e = extents.get(extents.partition_point(|e| e.end() <= at))?;
+    (e.offset <= at).then(|| Extent {
+        offset: at,
+        len: e.end() - at,
+        kind: e.kind,
+    })
+}
+
 /// A guest image read through a [`BlockMap`] over the image file's bytes.
 pub(crate) struct MappedSource {
     file: Arc<dyn Source>,
     map: Arc<dyn BlockMap>,
     size: u64,
+    file_extents: Arc<FileExtents>,
 }
 
 impl std::fmt::Debug for MappedSource {
@@ -67,7 +126,12 @@ impl std::fmt::Debug for MappedSource {
 
 impl MappedSource {
     pub(crate) fn new(file: Arc<dyn Source>, map: Arc<dyn BlockMap>, size: u64) -> Self {
-        Self { file, map, size }
+        Self {
+            file,
+            map,
+            size,
+            file_extents: Arc::default(),
+        }
     }
 
     /// Checks that `len` bytes at file offset `host` lie inside the image file.
@@ -182,31 +246,51 @@ impl MappedSource {
         }
         let mut done = 0;
         while done < len {
-            let found = self
-                .file
-                .extents(host + done, len - done)
-                .await
-                .map_err(|e| self.context(e, "extents", guest + done))?;
-            let before = done;
-            for e in found {
-                if e.offset != host + done || done >= len {
-                    break;
-                }
-                let piece = e.len.min(len - done);
-                out.push(Extent {
-                    offset: guest + done,
-                    len: piece,
-                    kind: e.kind,
-                });
-                done += piece;
-            }
-            if done == before {
+            let Some(e) = self.file_extent(host + done, guest + done).await? else {
                 // The file said nothing usable: the rest is data.
                 out.push(Extent::data(guest + done, len - done));
                 break;
-            }
+            };
+            let piece = e.len.min(len - done);
+            out.push(Extent {
+                offset: guest + done,
+                len: piece,
+                kind: e.kind,
+            });
+            done += piece;
         }
         Ok(())
+    }
+
+    /// The image file's extent holding file offset `at` (guest offset `guest`), cut to
+    /// start there: from [`FileExtents`], else asked for the rest of the file and kept.
+    /// The first time, the file is asked from its start: a file of few extents (one,
+    /// without holes) is then known whole, whatever order its blocks are stored in. A
+    /// file of more extents than one answer holds is asked again on a miss; walking it
+    /// costs little, since only long data runs make SEEK_HOLE slow.
+    async fn file_extent(&self, at: u64, guest: u64) -> Result<Option<Extent>> {
+        if let Some(e) = self.file_extents.at(at) {
+            return Ok(Some(e));
+        }
+        let mut from = if self.file_extents.asked.swap(true, Ordering::Relaxed) {
+            at
+        } else {
+            0
+        };
+        loop {
+            let found = self
+                .file
+                .extents(from, self.file.size() - from)
+                .await
+                .map_err(|e| self.context(e, "extents", guest))?;
+            if let Some(e) = self.file_extents.keep(from, found, at) {
+                return Ok(Some(e));
+            }
+            if from == at {
+                return Ok(None);
+            }
+            from = at;
+        }
     }
 
     fn context(&self, e: Error, operation: &'static str, offset: u64) -> Error {
@@ -299,6 +383,7 @@ impl Source for MappedSource {
             file: self.file.connect().await?,
             map: self.map.clone(),
             size: self.size,
+            file_extents: Arc::clone(&self.file_extents),
         }))
     }
 
@@ -416,6 +501,98 @@ mod tests {
         );
         let buf = s.read_at(0, IoBuf::new(12)).await.unwrap();
         assert_eq!(&buf[..], b"ab\0\0\0\0\0\0\0\0\0\0");
+    }
+
+    const FILE_BLOCKS: u64 = 1000;
+
+    /// Guest blocks of 512 bytes, every other one allocated, stored in the file one after
+    /// another (or in reverse): each allocated block is a run of its own.
+    #[derive(Debug)]
+    struct Scattered {
+        reverse: bool,
+    }
+
+    impl Scattered {
+        /// The file block holding allocated guest block `2 * n`.
+        fn stored(&self, n: u64) -> u64 {
+            if self.reverse {
+                FILE_BLOCKS - 1 - n
+            } else {
+                n
+            }
+        }
+    }
+
+    #[async_trait]
+    impl BlockMap for Scattered {
+        fn block_size(&self) -> u64 {
+            512
+        }
+        async fn lookup(&self, _file: &dyn Source, index: u64) -> Result<Place> {
+            Ok(if index.is_multiple_of(2) {
+                Place::Data(self.stored(index / 2) * 512)
+            } else {
+                Place::Zero
+            })
+        }
+    }
+
+    /// The file's extents are asked once per answer the file gives, not once per run of
+    /// allocated blocks (a local file answers with SEEK_HOLE, which walks to the next
+    /// hole: per run, a file without holes cost O(file) each time), in whatever order
+    /// the blocks are stored when one answer holds the file's layout. Holes of the file
+    /// still come out as zero extents, through every handle.
+    #[tokio::test]
+    async fn the_file_is_asked_its_extents_per_answer_not_per_run() {
+        let hole = |j: u64| j % 7 == 3;
+        let data: Vec<u8> = (0..FILE_BLOCKS)
+            .flat_map(|j| [if hole(j) { 0 } else { (j % 251 + 1) as u8 }; 512])
+            .collect();
+        let guest_size = 2 * FILE_BLOCKS * 512;
+        let file_extents = MemSource::sparse(data.clone(), 512)
+            .extents(0, data.len() as u64)
+            .await
+            .unwrap()
+            .len() as u64;
+        assert!(
+            file_extents > 200,
+            "{file_extents} extents: the test's layout"
+        );
+
+        // (stored in reverse, extents per answer of the file)
+        for (reverse, limit) in [(false, usize::MAX), (true, usize::MAX), (false, 50)] {
+            let map = Scattered { reverse };
+            let expected = merge_extents((0..2 * FILE_BLOCKS).map(|i| {
+                if i.is_multiple_of(2) && !hole(map.stored(i / 2)) {
+                    Extent::data(i * 512, 512)
+                } else {
+                    Extent::zero(i * 512, 512)
+                }
+            }));
+            let file = MemSource::sparse(data.clone(), 512).with_extent_limit(limit);
+            let stats = Arc::clone(&file.stats);
+            let s = MappedSource::new(Arc::new(file), Arc::new(map), guest_size);
+            assert_eq!(s.extents(0, guest_size).await.unwrap(), expected);
+            let answers = file_extents.div_ceil(limit.min(file_extents as usize) as u64);
+            let calls = stats.extent_calls();
+            assert!(
+                calls as u64 <= answers + 1,
+                "{calls} extents calls for {FILE_BLOCKS} runs at {limit} extents per answer \
+                 (reverse: {reverse})"
+            );
+            // Another handle of the same image reuses what the first learnt: with one
+            // answer for the whole file, it asks nothing.
+            let other = s.connect().await.unwrap();
+            let tail = guest_size / 2;
+            let again = other.extents(tail, guest_size - tail).await.unwrap();
+            assert_eq!(again.first().map(|e| e.offset), Some(tail));
+            let more = stats.extent_calls() - calls;
+            let most = if limit == usize::MAX { 0 } else { answers + 1 };
+            assert!(
+                more as u64 <= most,
+                "{more} more calls through a second handle"
+            );
+        }
     }
 
     #[tokio::test]

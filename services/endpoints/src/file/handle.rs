@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use ferry_core::{BlockSizes, Caps, Error, ErrorKind};
 
+use super::extents::KnownData;
 use super::{direct, sys};
 
 /// What the path names.
@@ -61,6 +62,8 @@ pub(crate) struct FileHandle {
     /// The granularity of zeroing calls: the logical block size of a device, 1 for files.
     pub(crate) zero_granularity: u64,
     pub(crate) unsupported: Unsupported,
+    /// The data run lseek SEEK_HOLE found last (see [`super::extents`]).
+    pub(crate) known_data: KnownData,
 }
 
 /// Largest request the endpoint advertises; larger ones work but gain nothing.

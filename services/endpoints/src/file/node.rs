@@ -11,6 +11,7 @@ use std::path::Path;
 
 use ferry_core::{Error, ErrorKind, Result, UNKNOWN_SIZE};
 
+use super::extents::KnownData;
 use super::handle::{self, Direct, FileHandle, Kind, Unsupported};
 use super::sys;
 use crate::CacheMode;
@@ -128,7 +129,9 @@ pub(crate) fn open_source(path: &Path, cache: CacheMode) -> Result<FileHandle> {
         CacheMode::PageCache => None,
         CacheMode::Direct => Some(open_direct(path, false, kind, &describe)?),
     };
-    if direct.is_none() && has_holes(&file, kind, size) {
+    // One walk of the first data run serves both the readahead choice and the extents.
+    let first_hole = first_hole(&file, kind);
+    if direct.is_none() && has_holes(first_hole, size) {
         // Best effort: without it, reads are only slower.
         let _ = sys::fadvise_random(&file);
     }
@@ -140,6 +143,7 @@ pub(crate) fn open_source(path: &Path, cache: CacheMode) -> Result<FileHandle> {
         kind,
         size,
         unsupported: Unsupported::default(),
+        known_data: KnownData::first_run(first_hole),
     })
 }
 
@@ -151,8 +155,17 @@ pub(crate) fn open_source(path: &Path, cache: CacheMode) -> Result<FileHandle> {
 /// On a cold 4 GiB image with 1 MiB data runs that zeroing was half of a backup's CPU time,
 /// so readahead is turned off for sparse files (a file system that cannot find holes
 /// reports none, and keeps it).
-fn has_holes(file: &File, kind: Kind, size: u64) -> bool {
-    kind == Kind::Regular && matches!(sys::seek_hole(file, 0), Ok(Some(hole)) if hole < size)
+fn has_holes(first_hole: Option<u64>, size: u64) -> bool {
+    first_hole.is_some_and(|hole| hole < size)
+}
+
+/// A regular file's first hole (its end when it has none) from SEEK_HOLE at 0: `None` for
+/// devices, and where the file system cannot say.
+fn first_hole(file: &File, kind: Kind) -> Option<u64> {
+    if kind != Kind::Regular {
+        return None;
+    }
+    sys::seek_hole(file, 0).ok().flatten()
 }
 
 /// Opens an existing file or block device, or creates a file of `needed` bytes, for writing.
@@ -274,6 +287,7 @@ fn finish_target(
             kind,
             size,
             unsupported: Unsupported::default(),
+            known_data: KnownData::default(),
         },
         created,
         zeroed,
@@ -289,15 +303,10 @@ mod tests {
     fn only_a_file_with_a_hole_before_its_end_has_holes() {
         let file = tempfile::tempfile().unwrap();
         file.write_all_at(&[1u8; 1 << 20], 0).unwrap();
-        assert!(!has_holes(&file, Kind::Regular, 1 << 20), "all data");
+        let holes = |kind, size| has_holes(first_hole(&file, kind), size);
+        assert!(!holes(Kind::Regular, 1 << 20), "all data");
         file.set_len(4 << 20).unwrap();
-        assert!(
-            has_holes(&file, Kind::Regular, 4 << 20),
-            "3 MiB hole at the end"
-        );
-        assert!(
-            !has_holes(&file, Kind::BlockDevice, 4 << 20),
-            "devices have none"
-        );
+        assert!(holes(Kind::Regular, 4 << 20), "3 MiB hole at the end");
+        assert!(!holes(Kind::BlockDevice, 4 << 20), "devices have none");
     }
 }
