@@ -38,16 +38,8 @@ impl Source for SliceSource {
     }
 
     fn caps(&self) -> Caps {
-        let caps = self.inner.caps();
         // Reads off the inner source's blocks are widened (see `read_at`).
-        Caps {
-            extents: false,
-            block: ferry_core::BlockSizes {
-                minimum: 1,
-                ..caps.block
-            },
-            ..caps
-        }
+        crate::widened_caps(self.inner.caps(), false)
     }
 
     async fn read_at(&self, offset: u64, buf: IoBuf) -> Result<IoBuf> {

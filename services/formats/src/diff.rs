@@ -402,15 +402,7 @@ impl Source for DiffSource {
     }
 
     fn caps(&self) -> Caps {
-        let file = self.file.caps();
-        Caps {
-            extents: true,
-            block: ferry_core::BlockSizes {
-                minimum: 1,
-                ..file.block
-            },
-            ..file
-        }
+        crate::widened_caps(self.file.caps(), true)
     }
 
     async fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {

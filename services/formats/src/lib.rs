@@ -32,3 +32,16 @@ pub use open::{
 pub use ova::OvaDisk;
 pub use qcow2::{Qcow2Options, Qcow2Source};
 pub use stream::{open_stream, FramesSource, StreamLayout, StreamOptions, StreamSource};
+
+/// The capabilities of a source that reads any byte range of `inner` (widening reads off
+/// its blocks onto them itself), with or without extents of its own.
+pub(crate) fn widened_caps(inner: ferry_core::Caps, extents: bool) -> ferry_core::Caps {
+    ferry_core::Caps {
+        extents,
+        block: ferry_core::BlockSizes {
+            minimum: 1,
+            ..inner.block
+        },
+        ..inner
+    }
+}

@@ -309,16 +309,8 @@ impl Source for MappedSource {
     }
 
     fn caps(&self) -> Caps {
-        let file = self.file.caps();
         // Runs off the file's blocks are widened in `read_run`: any guest range reads.
-        Caps {
-            extents: true,
-            block: ferry_core::BlockSizes {
-                minimum: 1,
-                ..file.block
-            },
-            ..file
-        }
+        crate::widened_caps(self.file.caps(), true)
     }
 
     async fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
