@@ -78,6 +78,17 @@ fn backup_json(status: Option<Value>) -> Value {
     b
 }
 
+/// The next Event, which must be a Warning of `reason`.
+async fn warning(server: &mut ApiServer, reason: &str) -> Value {
+    let event = server.expect_event(NS).await.body;
+    assert_eq!(
+        (event["type"].clone(), event["reason"].clone()),
+        (json!("Warning"), json!(reason)),
+        "{event}"
+    );
+    event
+}
+
 fn backup(v: &Value) -> Arc<Backup> {
     Arc::new(serde_json::from_value(v.clone()).unwrap())
 }
@@ -398,11 +409,7 @@ async fn a_failed_backup_says_why() {
     assert!(end.get("snapshotId").is_none());
     assert_eq!(condition(end, "Ready")["reason"], "Failed");
     mover_removed(&mut h).await;
-    let event = h.server.expect_event(NS).await.body;
-    assert_eq!(
-        (event["type"].clone(), event["reason"].clone()),
-        (json!("Warning"), json!("Failed"))
-    );
+    warning(&mut h.server, "Failed").await;
     h.ctx.take_watch("uid-b").unwrap().task.await.unwrap();
     h.server.done().await;
     assert_eq!(h.link.calls().len(), 2, "no prune after a failed backup");
@@ -1237,11 +1244,7 @@ async fn a_schedule_copies_into_its_secondary_and_reports_failed_copies() {
         s.server.expect_event(NS).await.body["reason"],
         "BackupSucceeded"
     );
-    let event = s.server.expect_event(NS).await.body;
-    assert_eq!(
-        (event["type"].clone(), event["reason"].clone()),
-        (json!("Warning"), json!("SecondaryCopyFailed"))
-    );
+    let event = warning(&mut s.server, "SecondaryCopyFailed").await;
     assert_eq!(
         event["note"],
         "Backup nightly-20261202030000's copy into the secondary repository: sync timeout: s3://far-away/site-b: no answer in 30 s"
@@ -1879,11 +1882,7 @@ async fn without_group_snapshots_a_claim_gets_its_own_snapshot_and_a_warning() {
         .expect("GET", SNAPSHOTS, Reply::Ok(snapshot_list(vec![])))
         .await;
     s.server.expect("GET", GROUPS, Reply::NotFound).await;
-    let event = s.server.expect_event(NS).await.body;
-    assert_eq!(
-        (event["type"].clone(), event["reason"].clone()),
-        (json!("Warning"), json!("GroupSnapshotUnavailable"))
-    );
+    let event = warning(&mut s.server, "GroupSnapshotUnavailable").await;
     assert!(
         event["note"].as_str().unwrap().starts_with(
             "no group snapshot for pvc/db-data: the API server serves no VolumeGroupSnapshots"
@@ -2463,11 +2462,7 @@ async fn a_prune_listing_fewer_snapshots_than_it_removed_is_a_warning() {
         s.server.expect_event(NS).await.body["reason"],
         "BackupSucceeded"
     );
-    let event = s.server.expect_event(NS).await.body;
-    assert_eq!(
-        (event["type"].clone(), event["reason"].clone()),
-        (json!("Warning"), json!("PrunedSnapshotsUnlisted"))
-    );
+    let event = warning(&mut s.server, "PrunedSnapshotsUnlisted").await;
     let note = event["note"].as_str().unwrap();
     assert!(
         note.starts_with(
@@ -2538,11 +2533,7 @@ async fn a_refused_delete_does_not_stop_the_schedule() {
         event["note"],
         "deleted Backup nightly-20261202030000 (its snapshot was pruned)"
     );
-    let event = s.server.expect_event(NS).await.body;
-    assert_eq!(
-        (event["type"].clone(), event["reason"].clone()),
-        (json!("Warning"), json!("BackupsNotDeleted"))
-    );
+    let event = warning(&mut s.server, "BackupsNotDeleted").await;
     let note = event["note"].as_str().unwrap();
     assert!(
         note.starts_with(
@@ -2708,11 +2699,7 @@ async fn a_schedule_deletes_the_backups_of_snapshots_a_killed_prune_removed() {
         s.server.expect_event(NS).await.body["reason"],
         "BackupSucceeded"
     );
-    let event = s.server.expect_event(NS).await.body;
-    assert_eq!(
-        (event["type"].clone(), event["reason"].clone()),
-        (json!("Warning"), json!("KeptSnapshotsUnlisted"))
-    );
+    let event = warning(&mut s.server, "KeptSnapshotsUnlisted").await;
     let note = event["note"].as_str().unwrap();
     assert!(
         note.starts_with(
