@@ -249,16 +249,27 @@ fn target_statuses(names: &[String], phase: Phase) -> Vec<TargetStatus> {
 /// What the cluster says about the Transfer's classes: its source claim, every storage
 /// class with its profile, the VolumeSnapshotClasses.
 pub async fn observe(ctx: &Context, obj: &Transfer, ids: &Ids) -> Result<Facts, Error> {
-    let Some(source) = &obj.spec.source.pvc else {
-        return Ok(Facts::default());
-    };
-    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ids.namespace);
-    let classes: Api<StorageClass> = Api::all(ctx.client.clone());
+    match &obj.spec.source.pvc {
+        Some(source) => Ok(observe_claim(&ctx.client, &ids.namespace, &source.name).await?),
+        None => Ok(Facts::default()),
+    }
+}
+
+/// What the cluster says for a clone of the claim `namespace/name`: the claim, every
+/// storage class with its profile, the VolumeSnapshotClasses (the Transfer reconciler's
+/// and the populator's one reading).
+pub async fn observe_claim(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<Facts, kube::Error> {
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
+    let classes: Api<StorageClass> = Api::all(client.clone());
     let classes = classes.list(&ListParams::default()).await?.items;
-    let profiles: Api<StorageClassProfile> = Api::all(ctx.client.clone());
+    let profiles: Api<StorageClassProfile> = Api::all(client.clone());
     let profiles = profiles.list(&ListParams::default()).await?.items;
     let snapshot_classes: Api<DynamicObject> = Api::all_with(
-        ctx.client.clone(),
+        client.clone(),
         &kube::api::ApiResource::from_gvk_with_plural(
             &kube::api::GroupVersionKind::gvk(
                 "snapshot.storage.k8s.io",
@@ -272,9 +283,9 @@ pub async fn observe(ctx: &Context, obj: &Transfer, ids: &Ids) -> Result<Facts, 
         Ok(list) => list.items,
         // A cluster without the snapshot CRDs has no snapshot classes.
         Err(kube::Error::Api(e)) if e.code == 404 => Vec::new(),
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(e),
     };
-    let source = pvcs.get_opt(&source.name).await?;
+    let source = pvcs.get_opt(name).await?;
     Ok(facts(
         source.as_ref(),
         &classes,
