@@ -6,6 +6,8 @@
 
 pub mod plan;
 pub mod probe;
+pub mod probe_pod;
 pub mod reconcile;
 pub mod registry;
+pub mod report;
 pub mod source;
