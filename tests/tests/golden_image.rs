@@ -337,3 +337,347 @@ async fn a_registry_golden_image_is_versioned_by_its_tags_manifest_digest() {
     );
     assert_eq!(g["status"]["imports"].as_array().unwrap().len(), 2);
 }
+
+// ---- `ferry source version`: the version a probe pod reports, against real servers ----
+
+/// A secrets directory laid out as a mover's `--secrets-dir` (`<secret>/<key>` files).
+fn secrets_dir(dir: &std::path::Path, files: &[(&str, &str, &str)]) -> std::path::PathBuf {
+    let root = dir.join("secrets");
+    for (secret, key, value) in files {
+        std::fs::create_dir_all(root.join(secret)).unwrap();
+        std::fs::write(root.join(secret).join(key), value).unwrap();
+    }
+    root
+}
+
+/// `ferry source version ARGS`: its stdout's one line on success.
+fn source_version(args: &[&str]) -> String {
+    let mut all = vec!["source", "version"];
+    all.extend(args);
+    let run = ferry_tests::ferry!().run(&all);
+    run.assert_success();
+    run.stdout.trim().to_string()
+}
+
+/// The termination message a probe writes for ARGS (the run exits 0 either way).
+fn reported(dir: &std::path::Path, args: &[&str]) -> ferry_operator::golden::report::Probed {
+    let path = dir.join("termination-log");
+    let _ = std::fs::remove_file(&path);
+    let mut all = vec!["source", "version", "--termination-message-path"];
+    all.push(path.to_str().unwrap());
+    all.extend(args);
+    let run = ferry_tests::ferry!().run(&all);
+    run.assert_success();
+    let text = std::fs::read_to_string(&path).expect("the termination message");
+    assert!(text.len() <= ferry_operator::golden::report::MAX_MESSAGE);
+    ferry_operator::golden::report::parse(&text)
+}
+
+/// nginx: the version is its ETag, the same the operator asks anonymously; a changed
+/// file has another one; credentials from `--endpoint-json` reach `/private/`; a wrong
+/// password and a missing file are errors that show no secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_version_command_names_an_http_objects_etag_with_its_credentials() {
+    use ferry_operator::golden::report::Probed;
+    let nginx = Nginx::start();
+    write_image(&nginx, 1);
+    let url = nginx.url("fedora.img");
+    let first = source_version(&[&url]);
+    assert!(
+        first.starts_with("etag:\"") && first.ends_with('"'),
+        "{first}"
+    );
+    let endpoint: ferry_operator::crd::Endpoint =
+        serde_json::from_value(json!({"url": url})).unwrap();
+    let operator = ferry_operator::golden::probe::version_of(&endpoint)
+        .await
+        .unwrap();
+    assert_eq!(operator.as_deref(), Some(first.as_str()));
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    write_image(&nginx, 2);
+    let second = source_version(&[&url]);
+    assert_ne!(first, second);
+
+    // Basic authentication from a Secret file, as in a probe pod.
+    let dir = ferry_tests::scratch_dir();
+    std::fs::copy(
+        nginx.root().join("fedora.img"),
+        nginx.root().join("private/fedora.img"),
+    )
+    .unwrap();
+    let private = json!({"url": nginx.url("private/fedora.img"),
+        "http": {"user": ferry_tests::http_server::USER, "password": {"name": "web", "key": "password"}}})
+    .to_string();
+    let good = secrets_dir(
+        &dir.path().join("good"),
+        &[("web", "password", ferry_tests::http_server::PASSWORD)],
+    );
+    let version = source_version(&[
+        "--endpoint-json",
+        &private,
+        "--secrets-dir",
+        good.to_str().unwrap(),
+    ]);
+    assert!(version.starts_with("etag:\""), "{version}");
+    assert_eq!(
+        reported(
+            dir.path(),
+            &[
+                "--endpoint-json",
+                &private,
+                "--secrets-dir",
+                good.to_str().unwrap()
+            ]
+        ),
+        Probed::Version(Some(version))
+    );
+    let bad = secrets_dir(
+        &dir.path().join("bad"),
+        &[("web", "password", "wrong-password-value")],
+    );
+    let Probed::Failed(why) = reported(
+        dir.path(),
+        &[
+            "--endpoint-json",
+            &private,
+            "--secrets-dir",
+            bad.to_str().unwrap(),
+        ],
+    ) else {
+        panic!("a wrong password gave a version")
+    };
+    assert!(why.contains("401"), "{why}");
+    assert!(!why.contains("wrong-password-value"), "{why}");
+    let run = ferry_tests::ferry!().run([
+        "source",
+        "version",
+        "--endpoint-json",
+        &private,
+        "--secrets-dir",
+        bad.to_str().unwrap(),
+    ]);
+    let line = run.assert_clean_failure();
+    assert!(!line.contains("wrong-password-value"), "{line}");
+    let Probed::Failed(why) = reported(dir.path(), &[&nginx.url("no-such.img")]) else {
+        panic!("a missing file gave a version")
+    };
+    assert!(why.contains("404") || why.contains("not found"), "{why}");
+    let line = ferry_tests::ferry!()
+        .run(["source", "version", "nbd://127.0.0.1:1/x"])
+        .assert_clean_failure()
+        .to_string();
+    assert!(line.contains("have a version to ask"), "{line}");
+}
+
+/// S3 with credentials (s3s-fs): the version is the object's ETag; the operator's
+/// anonymous HEAD is refused (the pod asks then); a wrong key is an error without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_version_command_names_an_s3_objects_etag_with_its_credentials() {
+    use ferry_operator::golden::report::Probed;
+    use ferry_tests::s3_server::{S3Server, ACCESS_KEY, SECRET_KEY};
+    let server = S3Server::start().await;
+    server.create_bucket("images");
+    let client = ferry_s3::client(&server.options()).await;
+    let put = |body: &'static [u8]| {
+        client
+            .put_object()
+            .bucket("images")
+            .key("fedora/disk.raw")
+            .body(body.to_vec().into())
+            .send()
+    };
+    put(b"version one").await.unwrap();
+    let dir = ferry_tests::scratch_dir();
+    let source = json!({"url": "s3://images/fedora/disk.raw", "s3": {
+        "endpointUrl": server.endpoint_url(), "forcePathStyle": true,
+        "accessKeyId": {"name": "s3", "key": "id"},
+        "secretAccessKey": {"name": "s3", "key": "secret"}}});
+    let json = source.to_string();
+    let good = secrets_dir(
+        &dir.path().join("good"),
+        &[("s3", "id", ACCESS_KEY), ("s3", "secret", SECRET_KEY)],
+    );
+    let args = |secrets: &std::path::Path| {
+        vec![
+            "--endpoint-json".to_string(),
+            json.clone(),
+            "--secrets-dir".to_string(),
+            secrets.to_str().unwrap().to_string(),
+        ]
+    };
+    let good_args = args(&good);
+    let good_args: Vec<&str> = good_args.iter().map(String::as_str).collect();
+    let first = source_version(&good_args);
+    let head = client
+        .head_object()
+        .bucket("images")
+        .key("fedora/disk.raw")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first, format!("etag:{}", head.e_tag().unwrap()));
+    assert_eq!(
+        source_version(&good_args),
+        first,
+        "asked twice, one version"
+    );
+    put(b"version two").await.unwrap();
+    let second = source_version(&good_args);
+    assert_ne!(first, second);
+    assert_eq!(
+        reported(dir.path(), &good_args),
+        Probed::Version(Some(second))
+    );
+
+    // The operator's anonymous HEAD: refused, so the GoldenImage asks by a pod.
+    let mut anonymous = source.clone();
+    anonymous["s3"] = json!({"endpointUrl": server.endpoint_url(), "forcePathStyle": true});
+    let endpoint: ferry_operator::crd::Endpoint = serde_json::from_value(anonymous).unwrap();
+    let e = ferry_operator::golden::probe::version_of(&endpoint)
+        .await
+        .unwrap_err();
+    assert!(e.denied(), "{e}");
+
+    let bad = secrets_dir(
+        &dir.path().join("bad"),
+        &[
+            ("s3", "id", ACCESS_KEY),
+            ("s3", "secret", "not-the-secret-key-9876"),
+        ],
+    );
+    let bad_args = args(&bad);
+    let bad_args: Vec<&str> = bad_args.iter().map(String::as_str).collect();
+    let Probed::Failed(why) = reported(dir.path(), &bad_args) else {
+        panic!("a wrong key gave a version")
+    };
+    assert!(!why.contains("not-the-secret-key-9876"), "{why}");
+    let mut missing = source.clone();
+    missing["url"] = json!("s3://images/no-such.raw");
+    let missing = missing.to_string();
+    let Probed::Failed(why) = reported(
+        dir.path(),
+        &[
+            "--endpoint-json",
+            &missing,
+            "--secrets-dir",
+            good.to_str().unwrap(),
+        ],
+    ) else {
+        panic!("a missing object gave a version")
+    };
+    assert!(why.contains("no-such.raw"), "{why}");
+}
+
+/// moto with a versioned bucket: the version names the object's version id, so the same
+/// bytes written again are a new version; the operator's anonymous HEAD (moto answers
+/// unsigned requests) names the same version as the credentialed command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_versioned_buckets_object_version_names_its_version_id() {
+    use ferry_tests::moto_server::MotoServer;
+    let moto = MotoServer::start();
+    moto.create_locked_bucket("versioned");
+    let client = ferry_s3::client(&moto.options()).await;
+    let put = || {
+        client
+            .put_object()
+            .bucket("versioned")
+            .key("disk.raw")
+            .body(b"same bytes".to_vec().into())
+            .send()
+    };
+    let first_id = put().await.unwrap().version_id().unwrap().to_string();
+    let dir = ferry_tests::scratch_dir();
+    let ask = || {
+        let mut cmd =
+            ferry_tests::ferry!().command(["source", "version", "s3://versioned/disk.raw"]);
+        moto.sdk_env(&mut cmd, dir.path());
+        let run = ferry_tests::bin::wait_with_deadline(
+            cmd.spawn().unwrap(),
+            Duration::from_secs(60),
+            "ferry source version".into(),
+        );
+        run.assert_success();
+        run.stdout.trim().to_string()
+    };
+    let first = ask();
+    assert!(first.starts_with("etag:\""), "{first}");
+    assert!(
+        first.ends_with(&format!(" version-id:{first_id}")),
+        "{first}"
+    );
+    let second_id = put().await.unwrap().version_id().unwrap().to_string();
+    assert_ne!(first_id, second_id);
+    let second = ask();
+    assert_eq!(
+        second,
+        format!(
+            "{} version-id:{second_id}",
+            first.split(' ').next().unwrap()
+        ),
+        "the same bytes again: the same ETag, another version"
+    );
+    let endpoint: ferry_operator::crd::Endpoint = serde_json::from_value(json!({
+        "url": "s3://versioned/disk.raw",
+        "s3": {"endpointUrl": moto.endpoint_url(), "forcePathStyle": true}}))
+    .unwrap();
+    let anonymous = ferry_operator::golden::probe::version_of(&endpoint)
+        .await
+        .unwrap();
+    assert_eq!(anonymous.as_deref(), Some(second.as_str()));
+}
+
+/// A registry with basic authentication over TLS (its own CA): the version is the
+/// digest of the manifest the tag names, asked with the credentials the mover gets; a
+/// new image under the tag is another version; a wrong password is an error.
+#[test]
+fn the_version_command_names_a_private_registry_images_digest() {
+    use ferry_tests::registry_server::{write_auth_file, PASSWORD, USER};
+    let dir = ferry_tests::scratch_dir();
+    let registry = Registry::start(dir.path());
+    push_disk(&registry, dir.path(), "v1", 1);
+    let digest = |reg: &Registry| {
+        let out = std::process::Command::new("curl")
+            .args(["-sSfI", "--cacert"])
+            .arg(reg.ca_file())
+            .args(["-u", &format!("{USER}:{PASSWORD}"), "-H"])
+            .arg("Accept: application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.list.v2+json, application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json")
+            .arg(format!("https://{}/v2/vms/fedora/manifests/41", reg.host()))
+            .output()
+            .expect("curl");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("docker-content-digest")
+                    .then(|| v.trim().to_string())
+            })
+            .unwrap()
+    };
+    let ask = |auth: &std::path::Path| {
+        let mut cmd = ferry_tests::ferry!().command([
+            "source".to_string(),
+            "version".to_string(),
+            registry.url("vms/fedora:41"),
+        ]);
+        cmd.env("FERRY_REGISTRY_AUTH_FILE", auth)
+            .env("FERRY_REGISTRY_CA_FILE", registry.ca_file());
+        ferry_tests::bin::wait_with_deadline(
+            cmd.spawn().unwrap(),
+            Duration::from_secs(60),
+            "ferry source version".into(),
+        )
+    };
+    let run = ask(&registry.auth_file());
+    run.assert_success();
+    assert_eq!(run.stdout.trim(), format!("digest:{}", digest(&registry)));
+    push_disk(&registry, dir.path(), "v2", 2);
+    let run = ask(&registry.auth_file());
+    run.assert_success();
+    assert_eq!(run.stdout.trim(), format!("digest:{}", digest(&registry)));
+    let wrong = dir.path().join("wrong-auth.json");
+    write_auth_file(&wrong, &registry.host(), "not-the-registry-pw");
+    let run = ask(&wrong);
+    let line = run.assert_clean_failure();
+    assert!(!line.contains("not-the-registry-pw"), "{line}");
+}

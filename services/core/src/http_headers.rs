@@ -139,14 +139,12 @@ pub fn strong_etag(value: &[u8]) -> Option<&str> {
 /// id that is not printable ASCII of that length is left out.
 pub fn s3_object_version(etag: Option<&str>, version_id: Option<&str>) -> Option<String> {
     let etag = etag.and_then(|e| strong_etag(e.as_bytes()))?;
-    let id = version_id
-        .map(|v| v.trim_matches([' ', '\t']))
-        .filter(|v| {
-            !v.is_empty()
-                && v != &"null"
-                && v.len() <= MAX_HEADER_VALUE
-                && v.bytes().all(|b| (0x21..=0x7e).contains(&b))
-        });
+    let id = version_id.map(|v| v.trim_matches([' ', '\t'])).filter(|v| {
+        !v.is_empty()
+            && v != &"null"
+            && v.len() <= MAX_HEADER_VALUE
+            && v.bytes().all(|b| (0x21..=0x7e).contains(&b))
+    });
     Some(match id {
         Some(id) => format!("etag:{etag} version-id:{id}"),
         None => format!("etag:{etag}"),
@@ -232,7 +230,8 @@ mod tests {
             Some("etag:\"abc\"")
         );
         assert_eq!(
-            s3_object_version(Some("\"abc-2\""), Some("3HL4kqtJlcpXroDTDmJ+rmSpXd3dIbrHY")).as_deref(),
+            s3_object_version(Some("\"abc-2\""), Some("3HL4kqtJlcpXroDTDmJ+rmSpXd3dIbrHY"))
+                .as_deref(),
             Some("etag:\"abc-2\" version-id:3HL4kqtJlcpXroDTDmJ+rmSpXd3dIbrHY")
         );
         // An unversioned bucket answers the id `null`.
@@ -240,7 +239,10 @@ mod tests {
             s3_object_version(Some("\"abc\""), Some("null")).as_deref(),
             Some("etag:\"abc\"")
         );
-        assert_eq!(s3_object_version(Some("\"abc\""), Some("a b\n")).as_deref(), Some("etag:\"abc\""));
+        assert_eq!(
+            s3_object_version(Some("\"abc\""), Some("a b\n")).as_deref(),
+            Some("etag:\"abc\"")
+        );
         assert_eq!(s3_object_version(Some("abc"), Some("v1")), None);
         assert_eq!(s3_object_version(None, Some("v1")), None);
         let long = format!("\"{}\"", "a".repeat(MAX_HEADER_VALUE));

@@ -135,7 +135,10 @@ pub fn s3_url(bucket: &str, key: &str, options: &S3Options) -> Result<String, Pr
     let mut url = url::Url::parse(&base)
         .map_err(|e| ProbeError::Invalid(format!("the S3 endpoint URL {}: {e}", shown(&base))))?;
     let host = url.host().ok_or_else(|| {
-        ProbeError::Invalid(format!("the S3 endpoint URL {} names no host", shown(&base)))
+        ProbeError::Invalid(format!(
+            "the S3 endpoint URL {} names no host",
+            shown(&base)
+        ))
     })?;
     let dns_label = !bucket.is_empty()
         && bucket.len() <= 63
@@ -189,9 +192,7 @@ pub async fn s3_version(url: &str) -> Result<Option<String>, ProbeError> {
                 ": the object is not public: give spec.source.s3 credentials"
             }
             StatusCode::NOT_FOUND => ": check the bucket and the key",
-            _ if region.is_some() => {
-                ": the bucket is in another region: set spec.source.s3.region"
-            }
+            _ if region.is_some() => ": the bucket is in another region: set spec.source.s3.region",
             _ => "",
         };
         return Err(ProbeError::Status {
@@ -341,18 +342,31 @@ mod tests {
             "https://images.s3.eu-west-3.amazonaws.com/a%20b+c.img"
         );
         assert_eq!(
-            s3_url("images", "d.img", &o(Some("http://minio.storage:9000"), None, Some(true)))
-                .unwrap(),
+            s3_url(
+                "images",
+                "d.img",
+                &o(Some("http://minio.storage:9000"), None, Some(true))
+            )
+            .unwrap(),
             "http://minio.storage:9000/images/d.img"
         );
         assert_eq!(
-            s3_url("images", "d.img", &o(Some("https://objects.example.com/"), None, None))
-                .unwrap(),
+            s3_url(
+                "images",
+                "d.img",
+                &o(Some("https://objects.example.com/"), None, None)
+            )
+            .unwrap(),
             "https://images.objects.example.com/d.img"
         );
         // An IP endpoint and a bucket that is no DNS label: path style.
         assert_eq!(
-            s3_url("images", "d.img", &o(Some("http://127.0.0.1:9000"), None, None)).unwrap(),
+            s3_url(
+                "images",
+                "d.img",
+                &o(Some("http://127.0.0.1:9000"), None, None)
+            )
+            .unwrap(),
             "http://127.0.0.1:9000/images/d.img"
         );
         assert_eq!(

@@ -135,7 +135,11 @@ pub fn observe(pod: &Pod, args: &[String], now: DateTime<Utc>) -> Seen {
         return Seen::Stale;
     }
     let status = pod.status.clone().unwrap_or_default();
-    let container = status.container_statuses.unwrap_or_default().into_iter().next();
+    let container = status
+        .container_statuses
+        .unwrap_or_default()
+        .into_iter()
+        .next();
     let state = container.and_then(|c| c.state).unwrap_or_default();
     if let Some(t) = &state.terminated {
         let probed = report::parse(t.message.as_deref().unwrap_or_default());
@@ -239,7 +243,10 @@ mod tests {
     #[test]
     fn who_asks_depends_on_the_credentials_the_source_needs() {
         let e = |v: serde_json::Value| -> Endpoint { serde_json::from_value(v).unwrap() };
-        assert_eq!(asker(&e(json!({"url": "https://h/a.img"}))), Asker::Operator);
+        assert_eq!(
+            asker(&e(json!({"url": "https://h/a.img"}))),
+            Asker::Operator
+        );
         assert_eq!(
             asker(&e(json!({"url": "https://h/a.img",
                 "http": {"user": "u", "password": {"name": "s", "key": "p"}}}))),
@@ -247,11 +254,15 @@ mod tests {
         );
         assert_eq!(asker(&e(json!({"url": "docker://r/i:t"}))), Asker::Operator);
         assert_eq!(
-            asker(&e(json!({"url": "docker://r/i:t", "registry": {"secretRef": "pull"}}))),
+            asker(&e(
+                json!({"url": "docker://r/i:t", "registry": {"secretRef": "pull"}})
+            )),
             Asker::Pod
         );
         assert_eq!(
-            asker(&e(json!({"url": "oci://r/i:t", "registry": {"certConfigMap": "ca"}}))),
+            asker(&e(
+                json!({"url": "oci://r/i:t", "registry": {"certConfigMap": "ca"}})
+            )),
             Asker::Pod
         );
         assert_eq!(asker(&e(json!({"url": "s3://b/k"}))), Asker::Operator);
@@ -332,7 +343,10 @@ mod tests {
                 },
             })
         );
-        assert_eq!(observe(&pod, &args(&g.spec.source), Utc::now()), Seen::Running);
+        assert_eq!(
+            observe(&pod, &args(&g.spec.source), Utc::now()),
+            Seen::Running
+        );
     }
 
     fn terminated(args: &[String], message: &str, exit_code: i32) -> Pod {
@@ -356,10 +370,16 @@ mod tests {
             observe(&ok, &args, now),
             Seen::Ended(Probed::Version(Some("etag:\"v1\"".into())))
         );
-        let denied = terminated(&args, r#"{"error":"s3://images/fedora.raw: access denied"}"#, 0);
+        let denied = terminated(
+            &args,
+            r#"{"error":"s3://images/fedora.raw: access denied"}"#,
+            0,
+        );
         assert_eq!(
             observe(&denied, &args, now),
-            Seen::Ended(Probed::Failed("s3://images/fedora.raw: access denied".into()))
+            Seen::Ended(Probed::Failed(
+                "s3://images/fedora.raw: access denied".into()
+            ))
         );
         let crashed = terminated(&args, "thread 'main' panicked", 101);
         assert_eq!(
@@ -396,7 +416,8 @@ mod tests {
         let status = deadline.status.as_mut().unwrap();
         status.phase = Some("Failed".into());
         status.reason = Some("DeadlineExceeded".into());
-        status.message = Some("Pod was active on the node longer than the specified deadline".into());
+        status.message =
+            Some("Pod was active on the node longer than the specified deadline".into());
         assert_eq!(
             observe(&deadline, &args, soon),
             Seen::Ended(Probed::Failed(

@@ -17,7 +17,7 @@ use std::time::Duration;
 use chrono::Utc;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, DynamicObject, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
@@ -25,27 +25,34 @@ use kube::{Api, Client, ResourceExt};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::kind::apply_status;
-use crate::crd::{GoldenImage, GoldenImageStatus, Transfer};
+use crate::crd::{GoldenImage, GoldenImageStatus, KeepAs, Transfer};
+use crate::schedule::build::{snapshot_state, volume_snapshot_api, SnapshotState};
 
-use super::plan::{self, condition, AfterPoll, Ended, Step};
+use super::plan::{self, condition, AfterPoll, Ended, Kept, Step};
 use super::probe;
 use super::probe_pod::{self, Asker, Seen};
 use super::report::Probed;
 
 /// How often an import under way is looked at when nothing wakes it.
 const FOLLOW_AGAIN: Duration = Duration::from_secs(60);
+/// How often an import's VolumeSnapshot is looked at until it is ready (snapshots are not
+/// watched).
+const SNAPSHOT_LOOK: Duration = Duration::from_secs(5);
 
 /// Runs the GoldenImage controller (in `namespace`, or all) until a termination signal.
 pub async fn run(client: Client, ctx: Arc<Context>, namespace: Option<String>) {
-    let (images, transfers, pods): (Api<GoldenImage>, Api<Transfer>, Api<Pod>) =
-        match &namespace {
-            Some(ns) => (
-                Api::namespaced(client.clone(), ns),
-                Api::namespaced(client.clone(), ns),
-                Api::namespaced(client, ns),
-            ),
-            None => (Api::all(client.clone()), Api::all(client.clone()), Api::all(client)),
-        };
+    let (images, transfers, pods): (Api<GoldenImage>, Api<Transfer>, Api<Pod>) = match &namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client, ns),
+        ),
+        None => (
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+            Api::all(client),
+        ),
+    };
     let probes = format!(
         "{}={}",
         crate::mover::pod::labels::COMPONENT,
@@ -101,23 +108,57 @@ pub async fn reconcile(obj: Arc<GoldenImage>, ctx: Arc<Context>) -> Result<Actio
             Ok(Action::requeue(wait.max(Duration::from_secs(1))))
         }
         Step::Follow(importing) => {
-            let transfer = transfers.get_opt(&importing.transfer).await?;
-            let end = plan::ended(transfer.as_ref());
-            if end == Ended::Running {
-                return Ok(Action::requeue(FOLLOW_AGAIN));
-            }
+            let snapshots: Api<DynamicObject> =
+                Api::namespaced_with(ctx.client.clone(), &namespace, &volume_snapshot_api());
+            let mut transfer_left = false;
+            let end = match &importing.snapshot {
+                // The copy is done; the import ends when its snapshot is ready.
+                Some(name) => match snapshots.get_opt(name).await? {
+                    None => Ended::Failed(format!(
+                        "its VolumeSnapshot {name} was deleted before it was ready"
+                    )),
+                    Some(snapshot) => match snapshot_state(&snapshot) {
+                        SnapshotState::Ready(_) => Ended::Succeeded,
+                        SnapshotState::Pending(_) => {
+                            return Ok(Action::requeue(SNAPSHOT_LOOK));
+                        }
+                    },
+                },
+                None => {
+                    let transfer = transfers.get_opt(&importing.transfer).await?;
+                    let end = plan::ended(transfer.as_ref());
+                    if end == Ended::Running {
+                        return Ok(Action::requeue(FOLLOW_AGAIN));
+                    }
+                    if end == Ended::Succeeded && obj.spec.keep_as() == KeepAs::Snapshot {
+                        let snapshot = plan::import_snapshot(&obj, &importing.claim);
+                        match snapshots.create(&PostParams::default(), &snapshot).await {
+                            Ok(_) => {}
+                            Err(kube::Error::Api(e)) if e.code == 409 => {}
+                            Err(e) => return Err(e.into()),
+                        }
+                        let next = plan::snapshotting(&obj, &status, &importing);
+                        write(&ctx, &obj, &status, &next).await?;
+                        delete_transfer(&transfers, &importing.transfer).await?;
+                        ctx.event(obj.as_ref(), false, "Snapshotting", &progressing(&next))
+                            .await;
+                        return Ok(Action::requeue(SNAPSHOT_LOOK));
+                    }
+                    transfer_left = transfer.is_some();
+                    end
+                }
+            };
             let (next, delete) = plan::after_import(&obj, &status, &importing, &end, now);
             let claims: Api<PersistentVolumeClaim> =
                 Api::namespaced(ctx.client.clone(), &namespace);
-            for claim in &delete {
-                gone(claims.delete(claim, &DeleteParams::default()).await)?;
+            for kept in &delete {
+                match kept {
+                    Kept::Claim(c) => gone(claims.delete(c, &DeleteParams::default()).await)?,
+                    Kept::Snapshot(s) => gone(snapshots.delete(s, &DeleteParams::default()).await)?,
+                }
             }
-            if transfer.is_some() {
-                gone(
-                    transfers
-                        .delete(&importing.transfer, &DeleteParams::background())
-                        .await,
-                )?;
+            if transfer_left {
+                delete_transfer(&transfers, &importing.transfer).await?;
             }
             write(&ctx, &obj, &status, &next).await?;
             let (warning, reason) = match end {
@@ -261,6 +302,11 @@ async fn ask_by_pod(
             "asking the source for its version (pod {name}): {why}"
         )),
     })
+}
+
+/// Deletes an import's Transfer (its claim stays: `claimRetention: Retain`).
+async fn delete_transfer(transfers: &Api<Transfer>, name: &str) -> Result<(), Error> {
+    gone(transfers.delete(name, &DeleteParams::background()).await)
 }
 
 /// A delete whose object is already gone succeeded.

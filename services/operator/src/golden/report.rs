@@ -141,7 +141,10 @@ mod tests {
             r#"{"version":"etag:\"v1\""}"#
         );
         assert_eq!(encode(&Probed::Version(None)), r#"{"version":null}"#);
-        assert_eq!(parse("  {\"version\":\"x\"}\n"), Probed::Version(Some("x".into())));
+        assert_eq!(
+            parse("  {\"version\":\"x\"}\n"),
+            Probed::Version(Some("x".into()))
+        );
     }
 
     #[test]
