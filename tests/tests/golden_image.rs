@@ -569,8 +569,8 @@ async fn the_version_command_names_an_s3_objects_etag_with_its_credentials() {
 }
 
 /// moto with a versioned bucket: the version names the object's version id, so the same
-/// bytes written again are a new version; the operator's anonymous HEAD (moto answers
-/// unsigned requests) names the same version as the credentialed command.
+/// bytes written again are a new version; the operator's anonymous HEAD of the object
+/// (public-read) names the same version as the credentialed command.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_versioned_buckets_object_version_names_its_version_id() {
     use ferry_tests::moto_server::MotoServer;
@@ -582,6 +582,7 @@ async fn a_versioned_buckets_object_version_names_its_version_id() {
             .put_object()
             .bucket("versioned")
             .key("disk.raw")
+            .acl(aws_sdk_s3::types::ObjectCannedAcl::PublicRead)
             .body(b"same bytes".to_vec().into())
             .send()
     };
