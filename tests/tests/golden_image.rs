@@ -682,3 +682,279 @@ fn the_version_command_names_a_private_registry_images_digest() {
     let line = run.assert_clean_failure();
     assert!(!line.contains("not-the-registry-pw"), "{line}");
 }
+
+// ---- On the API stand-in: credentialed sources probed by pods, imports kept as snapshots ----
+
+/// The kubelet of version probe pods: runs each new probe pod's command with the real
+/// binary (its Secret keys written where the pod projects them) and ends the pod with
+/// what the command wrote as its termination message. Stops when the flag is set.
+fn run_probe_pods(
+    c: &Cluster,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<usize> {
+    use base64::Engine as _;
+    let mut pods = c.changes("", "pods", "app.kubernetes.io/component=version-probe");
+    let c = c.clone();
+    std::thread::spawn(move || {
+        let mut ran = 0;
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            let Ok((kind, pod, _)) = pods.try_recv() else {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            };
+            if kind != ChangeType::Added {
+                continue;
+            }
+            let name = pod["metadata"]["name"].as_str().unwrap().to_string();
+            let ns = pod["metadata"]["namespace"].as_str().unwrap().to_string();
+            let dir = ferry_tests::scratch_dir();
+            let secrets = dir.path().join("secrets");
+            for volume in pod["spec"]["volumes"].as_array().unwrap() {
+                for source in volume["projected"]["sources"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                {
+                    let secret = &source["secret"];
+                    let Some(secret_name) = secret["name"].as_str() else {
+                        continue;
+                    };
+                    let Some(stored) = c.get("", "secrets", &ns, secret_name) else {
+                        continue; // a missing Secret: the kubelet would not start the pod
+                    };
+                    for item in secret["items"].as_array().unwrap() {
+                        let value = base64::engine::general_purpose::STANDARD
+                            .decode(
+                                stored["data"][item["key"].as_str().unwrap()]
+                                    .as_str()
+                                    .unwrap(),
+                            )
+                            .unwrap();
+                        let path = secrets.join(item["path"].as_str().unwrap());
+                        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                        std::fs::write(path, value).unwrap();
+                    }
+                }
+            }
+            let message = dir.path().join("termination-log");
+            let args: Vec<String> = pod["spec"]["containers"][0]["args"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap().to_string())
+                .collect();
+            let mut local = Vec::new();
+            let mut it = args.iter();
+            while let Some(a) = it.next() {
+                local.push(a.clone());
+                match a.as_str() {
+                    "--secrets-dir" => {
+                        assert_eq!(it.next().unwrap(), "/var/run/ferry/secrets");
+                        local.push(secrets.display().to_string());
+                    }
+                    "--termination-message-path" => {
+                        assert_eq!(it.next().unwrap(), "/dev/termination-log");
+                        local.push(message.display().to_string());
+                    }
+                    _ => {}
+                }
+            }
+            let run = ferry_tests::ferry!().run(&local);
+            let text = std::fs::read_to_string(&message).unwrap_or_default();
+            let code = run.status.code().unwrap_or(1);
+            c.exit_pod_with(&ns, &name, code, None, Some(&text));
+            ran += 1;
+        }
+        ran
+    })
+}
+
+fn secret(c: &Cluster, name: &str, key: &str, value: &str) {
+    use base64::Engine as _;
+    c.create(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "namespace": NS},
+        "data": {key: base64::engine::general_purpose::STANDARD.encode(value)},
+    }));
+}
+
+/// A GoldenImage of a file behind basic authentication on nginx: each poll is a probe pod
+/// (run here by the real binary with the projected Secret) whose version decides; an
+/// unchanged file imports nothing, a changed one imports once; a wrong password is
+/// PollFailed saying 401, without the password; the probe pods go once read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credentialed_golden_image_is_versioned_by_probe_pods() {
+    let nginx = Nginx::start();
+    let write_private = |seed: u8| {
+        let bytes: Vec<u8> = (0..(1u32 << 20)).map(|i| (i as u8) ^ seed).collect();
+        std::fs::write(nginx.root().join("private/fedora.img"), bytes).unwrap();
+    };
+    write_private(1);
+    let c = cluster();
+    secret(&c, "web", "password", ferry_tests::http_server::PASSWORD);
+    secret(&c, "web-wrong", "password", "not-the-http-password");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let kubelet = run_probe_pods(&c, stop.clone());
+    let _operator = start(&c);
+    let spec = |secret: &str| {
+        json!({
+            "source": {"url": nginx.url("private/fedora.img"),
+                       "http": {"user": ferry_tests::http_server::USER,
+                                "password": {"name": secret, "key": "password"}}},
+            "trigger": {"schedule": "0 0 1 1 *"},
+            "claim": {"size": "4Mi", "volumeMode": "Block"},
+        })
+    };
+    c.create(json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "GoldenImage",
+        "metadata": {"name": "fedora", "namespace": NS}, "spec": spec("web"),
+    }));
+    until(60, "the first import", || current(&c, "fedora").is_some()).await;
+    let first = current(&c, "fedora").unwrap();
+    let version = golden(&c, "fedora")["status"]["currentVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(version.starts_with("etag:\""), "{version}");
+    until(10, "the probe pod to go", || {
+        c.get("", "pods", NS, "fedora-version").is_none()
+    })
+    .await;
+
+    // Unchanged: nothing imports.
+    fire(&c, "fedora");
+    until(30, "the poll to settle", || {
+        golden(&c, "fedora")["status"]["nextPollTime"] != "2000-01-01T00:00:00Z"
+    })
+    .await;
+    let g = golden(&c, "fedora");
+    assert_eq!(current(&c, "fedora").as_deref(), Some(first.as_str()));
+    assert_eq!(g["status"]["imports"].as_array().unwrap().len(), 1);
+    assert!(g["status"].get("importing").is_none(), "{}", g["status"]);
+
+    // Changed: one import, of the new version.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    write_private(2);
+    fire(&c, "fedora");
+    until(60, "the new version's import", || {
+        current(&c, "fedora").is_some_and(|claim| claim != first)
+    })
+    .await;
+    let g = golden(&c, "fedora");
+    assert_eq!(g["status"]["imports"].as_array().unwrap().len(), 2);
+    assert_ne!(
+        g["status"]["currentVersion"].as_str(),
+        Some(version.as_str())
+    );
+
+    // A wrong password: PollFailed, what the server said, no secret.
+    c.create(json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "GoldenImage",
+        "metadata": {"name": "denied", "namespace": NS}, "spec": spec("web-wrong"),
+    }));
+    until(60, "the failed poll", || {
+        condition(&golden(&c, "denied"), "Ready").1 == "PollFailed"
+    })
+    .await;
+    let (_, _, message) = condition(&golden(&c, "denied"), "Ready");
+    assert!(message.contains("401"), "{message}");
+    assert!(!message.contains("not-the-http-password"), "{message}");
+    assert!(current(&c, "denied").is_none());
+    until(10, "the failed probe pod to go", || {
+        c.get("", "pods", NS, "denied-version").is_none()
+    })
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(kubelet.join().unwrap() >= 4);
+    let denied = c.denied();
+    assert!(
+        denied.is_empty(),
+        "the API server refused the operator: {denied:#?}"
+    );
+}
+
+/// `keepAs: Snapshot`: the import's claim is snapshotted, deleted once the snapshot is
+/// ready (made ready here, as a snapshot controller would), the snapshot is current; a
+/// Transfer from the GoldenImage restores it into its own claim and copies from that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_golden_image_kept_as_snapshots_serves_transfers_from_a_restored_claim() {
+    let nginx = Nginx::start();
+    write_image(&nginx, 1);
+    let c = cluster();
+    let _operator = start(&c);
+    c.create(json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "GoldenImage",
+        "metadata": {"name": "fedora", "namespace": NS},
+        "spec": {
+            "source": {"url": nginx.url("fedora.img")},
+            "trigger": {"schedule": "0 0 1 1 *"},
+            "claim": {"size": "4Mi", "volumeMode": "Block", "storageClassName": "ceph-rbd"},
+            "keepAs": "Snapshot",
+        },
+    }));
+    until(30, "the import's snapshot", || {
+        golden(&c, "fedora")["status"]["importing"]["snapshot"].is_string()
+    })
+    .await;
+    let name = golden(&c, "fedora")["status"]["importing"]["snapshot"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut snapshot = c
+        .get("snapshot.storage.k8s.io", "volumesnapshots", NS, &name)
+        .expect("the VolumeSnapshot");
+    assert_eq!(
+        snapshot["spec"]["source"]["persistentVolumeClaimName"],
+        name.as_str()
+    );
+    assert!(c.get("", "persistentvolumeclaims", NS, &name).is_some());
+    snapshot["status"] = json!({"readyToUse": true, "restoreSize": "4Mi"});
+    c.put(snapshot);
+    until(30, "the snapshot to be current", || {
+        golden(&c, "fedora")["status"]["currentSnapshot"] == name.as_str()
+    })
+    .await;
+    assert!(current(&c, "fedora").is_none());
+    until(10, "the import's claim to go", || {
+        c.get("", "persistentvolumeclaims", NS, &name).is_none()
+    })
+    .await;
+
+    let mut movers = c.changes("", "pods", &mover_selector());
+    c.create(json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+        "metadata": {"name": "vm-1", "namespace": NS},
+        "spec": {"source": {"goldenImage": {"name": "fedora"}},
+                 "targets": [{"pvcTemplate": {"name": "vm-1-disk", "size": "4Mi",
+                                              "volumeMode": "Block"}}]},
+    }));
+    until(60, "the Transfer to succeed", || {
+        c.get("ferry.dev", "transfers", NS, "vm-1")
+            .is_some_and(|t| t["status"]["phase"] == "Succeeded")
+    })
+    .await;
+    let t = c.get("ferry.dev", "transfers", NS, "vm-1").unwrap();
+    assert_eq!(t["status"]["sourceClaim"], "vm-1-golden");
+    let restored = c
+        .get("", "persistentvolumeclaims", NS, "vm-1-golden")
+        .expect("the restored claim");
+    assert_eq!(restored["spec"]["dataSource"]["kind"], "VolumeSnapshot");
+    assert_eq!(restored["spec"]["dataSource"]["name"], name.as_str());
+    assert_eq!(restored["metadata"]["ownerReferences"][0]["name"], "vm-1");
+    let mut mounted = Vec::new();
+    while let Ok((kind, pod, _)) = movers.try_recv() {
+        if kind == ChangeType::Added {
+            for v in pod["spec"]["volumes"].as_array().into_iter().flatten() {
+                if let Some(claim) = v["persistentVolumeClaim"]["claimName"].as_str() {
+                    mounted.push(claim.to_string());
+                }
+            }
+        }
+    }
+    assert!(mounted.contains(&"vm-1-golden".to_string()), "{mounted:?}");
+    let denied = c.denied();
+    assert!(
+        denied.is_empty(),
+        "the API server refused the operator: {denied:#?}"
+    );
+}
