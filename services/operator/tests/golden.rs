@@ -279,6 +279,8 @@ async fn a_credentialed_source_is_asked_by_a_probe_pod_and_only_a_new_version_im
     // 1. No probe pod yet: one is made, with the Secret key projected, never read.
     let task = tokio::spawn(reconcile(gi.clone(), h.ctx.clone()));
     h.server.expect("GET", PROBE, Reply::NotFound).await;
+    // The GoldenImage read afresh: the poll is still due.
+    h.server.expect("GET", GI, Reply::Ok(object.clone())).await;
     let created = h.server.expect("POST", PODS, Reply::Echo).await.body;
     assert_eq!(
         created["metadata"]["labels"]["app.kubernetes.io/component"],
@@ -380,10 +382,21 @@ async fn a_credentialed_source_is_asked_by_a_probe_pod_and_only_a_new_version_im
     // 5. A pod of an earlier spec (other arguments) is deleted, never read.
     let mut stale = probe_ended(&created, r#"{"version":"etag:\"v9\""}"#);
     stale["spec"]["containers"][0]["args"][3] = json!("{\"url\":\"https://old.example.com/x\"}");
-    let task = tokio::spawn(reconcile(gi, h.ctx.clone()));
+    let task = tokio::spawn(reconcile(gi.clone(), h.ctx.clone()));
     h.server.expect("GET", PROBE, Reply::Ok(stale)).await;
     h.server.expect("DELETE", PROBE, Reply::Deleted).await;
     assert_eq!(finish(task).await, Action::requeue(Duration::ZERO));
+    h.server.done().await;
+
+    // 6. A reconcile of a stale copy (the cache behind the status just written): the
+    // GoldenImage read afresh was polled meanwhile, so no pod is made.
+    let task = tokio::spawn(reconcile(gi, h.ctx.clone()));
+    h.server.expect("GET", PROBE, Reply::NotFound).await;
+    let mut polled = object.clone();
+    polled["status"]["lastPollTime"] = json!("2026-12-06T10:00:00Z");
+    polled["status"]["nextPollTime"] = json!("2999-01-01T00:00:00Z");
+    h.server.expect("GET", GI, Reply::Ok(polled)).await;
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(1)));
     h.server.done().await;
 }
 

@@ -21,6 +21,7 @@ use crate::crd::{Endpoint, GoldenImage};
 use crate::mover::layout;
 use crate::mover::pod::{probe_pod, MoverDefaults, PROBE_DEADLINE_SECONDS};
 use crate::mover::MoverError;
+use crate::schedule::reconcile::from_time;
 
 /// Where the probe writes its report: the kubelet's default `terminationMessagePath`
 /// (writable whatever the root filesystem).
@@ -128,11 +129,19 @@ pub enum Seen {
     Stale,
 }
 
-/// What `pod` shows at `now`, when it should run `args`.
-pub fn observe(pod: &Pod, args: &[String], now: DateTime<Utc>) -> Seen {
+/// What `pod` shows at `now`, when it should run `args` for the poll due at `due`: a
+/// pod of other arguments, or made before the poll was due (left by an earlier poll), is
+/// stale.
+pub fn observe(pod: &Pod, args: &[String], due: Option<DateTime<Utc>>, now: DateTime<Utc>) -> Seen {
     let spec = pod.spec.clone().unwrap_or_default();
     if spec.containers.first().and_then(|c| c.args.as_deref()) != Some(args) {
         return Seen::Stale;
+    }
+    let created = pod.metadata.creation_timestamp.as_ref().map(from_time);
+    if let (Some(created), Some(due)) = (created, due) {
+        if created < due {
+            return Seen::Stale;
+        }
     }
     let status = pod.status.clone().unwrap_or_default();
     let container = status
@@ -169,12 +178,7 @@ pub fn observe(pod: &Pod, args: &[String], now: DateTime<Utc>) -> Seen {
             said(status.reason.clone(), status.message.clone())
         )));
     }
-    let age = pod
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map(|t| (now - crate::schedule::reconcile::from_time(t)).num_seconds())
-        .unwrap_or_default();
+    let age = created.map(|t| (now - t).num_seconds()).unwrap_or_default();
     if age > TIMEOUT_SECONDS {
         let waiting = state
             .waiting
@@ -344,7 +348,7 @@ mod tests {
             })
         );
         assert_eq!(
-            observe(&pod, &args(&g.spec.source), Utc::now()),
+            observe(&pod, &args(&g.spec.source), None, Utc::now()),
             Seen::Running
         );
     }
@@ -367,7 +371,7 @@ mod tests {
         let now: DateTime<Utc> = "2026-12-06T10:01:00Z".parse().unwrap();
         let ok = terminated(&args, r#"{"version":"etag:\"v1\""}"#, 0);
         assert_eq!(
-            observe(&ok, &args, now),
+            observe(&ok, &args, None, now),
             Seen::Ended(Probed::Version(Some("etag:\"v1\"".into())))
         );
         let denied = terminated(
@@ -376,20 +380,27 @@ mod tests {
             0,
         );
         assert_eq!(
-            observe(&denied, &args, now),
+            observe(&denied, &args, None, now),
             Seen::Ended(Probed::Failed(
                 "s3://images/fedora.raw: access denied".into()
             ))
         );
         let crashed = terminated(&args, "thread 'main' panicked", 101);
         assert_eq!(
-            observe(&crashed, &args, now),
+            observe(&crashed, &args, None, now),
             Seen::Ended(Probed::Failed(
                 "the version probe ended without a report it could read: thread 'main' panicked (exit code 101, Error)".into()
             ))
         );
-        // Another spec's pod is not read.
-        assert_eq!(observe(&ok, &args[..2], now), Seen::Stale);
+        // Another spec's pod is not read, nor one an earlier poll left.
+        assert_eq!(observe(&ok, &args[..2], None, now), Seen::Stale);
+        let due: DateTime<Utc> = "2026-12-06T10:00:01Z".parse().unwrap();
+        assert_eq!(observe(&ok, &args, Some(due), now), Seen::Stale);
+        let due: DateTime<Utc> = "2026-12-06T10:00:00Z".parse().unwrap();
+        assert!(matches!(
+            observe(&ok, &args, Some(due), now),
+            Seen::Ended(_)
+        ));
     }
 
     #[test]
@@ -404,10 +415,10 @@ mod tests {
         }))
         .unwrap();
         let soon: DateTime<Utc> = "2026-12-06T10:05:00Z".parse().unwrap();
-        assert_eq!(observe(&pod, &args, soon), Seen::Running);
+        assert_eq!(observe(&pod, &args, None, soon), Seen::Running);
         let late: DateTime<Utc> = "2026-12-06T10:06:01Z".parse().unwrap();
         assert_eq!(
-            observe(&pod, &args, late),
+            observe(&pod, &args, None, late),
             Seen::Ended(Probed::Failed(
                 "the version probe pod did not finish within 360 s: CreateContainerConfigError: secret \"s3-creds\" not found".into()
             ))
@@ -419,7 +430,7 @@ mod tests {
         status.message =
             Some("Pod was active on the node longer than the specified deadline".into());
         assert_eq!(
-            observe(&deadline, &args, soon),
+            observe(&deadline, &args, None, soon),
             Seen::Ended(Probed::Failed(
                 "the version probe pod failed: DeadlineExceeded: Pod was active on the node longer than the specified deadline".into()
             ))

@@ -272,6 +272,16 @@ async fn ask_by_pod(
     let name = probe_pod::pod_name(&obj.name_any());
     let args = probe_pod::args(&obj.spec.source);
     let Some(pod) = pods.get_opt(&name).await? else {
+        // The object read may lag behind the status this operator wrote (a poll that just
+        // ended): only a poll still due when read afresh makes a pod.
+        let images: Api<GoldenImage> = Api::namespaced(ctx.client.clone(), namespace);
+        let fresh = images.get_opt(&obj.name_any()).await?;
+        let fresh = fresh.and_then(|g| g.status).unwrap_or_default();
+        if !matches!(plan::next(&fresh, now), Step::Poll)
+            || fresh.last_poll_time != obj.status.clone().unwrap_or_default().last_poll_time
+        {
+            return Ok(Asked::Waiting(Action::requeue(Duration::from_secs(1))));
+        }
         let pod = match probe_pod::pod(obj, &ctx.settings.mover, ctx.assigns_ids(namespace)) {
             Ok(pod) => pod,
             Err(e) => {
@@ -287,7 +297,12 @@ async fn ask_by_pod(
         }
         return Ok(Asked::Waiting(Action::requeue(PROBE_LOOK)));
     };
-    let seen = probe_pod::observe(&pod, &args, now);
+    let due = obj
+        .status
+        .as_ref()
+        .and_then(|s| s.next_poll_time.as_ref())
+        .map(crate::schedule::reconcile::from_time);
+    let seen = probe_pod::observe(&pod, &args, due, now);
     if seen == Seen::Running {
         return Ok(Asked::Waiting(Action::requeue(PROBE_LOOK)));
     }
