@@ -24,7 +24,7 @@ use crate::crd::status::condition::reason;
 use crate::crd::{Endpoint, GoldenImage, PvcRef, Transfer, VolumeMode};
 use crate::mover::pod::labels;
 
-use super::plan::{self, Current};
+use super::Current;
 
 /// How often a Transfer waiting for its GoldenImage's first import, or for the claim
 /// restored from its snapshot, looks again.
@@ -65,10 +65,7 @@ pub async fn resolve(obj: Arc<Transfer>, ctx: &Context) -> Result<Resolved, Erro
     let ids = Ids::of(obj.as_ref())?;
     let api: Api<GoldenImage> = Api::namespaced(ctx.client.clone(), &ids.namespace);
     let image = api.get_opt(&golden.name).await?;
-    let current = image
-        .as_ref()
-        .and_then(|g| g.status.as_ref())
-        .and_then(plan::current);
+    let current = image.as_ref().and_then(super::current_import);
     let (claim, text) = match (&image, current) {
         (_, Some(Current::Claim(claim))) => (Some(claim), String::new()),
         (Some(image), Some(Current::Snapshot(snapshot))) => {
