@@ -311,6 +311,7 @@ mod tests {
                     "nodeSelector": {"kubernetes.io/os": "linux", "pool": "storage"},
                     "securityContext": {
                         "runAsUser": 65532, "runAsGroup": 65532, "runAsNonRoot": true,
+                        "fsGroup": 65532,
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },
                     "containers": [{

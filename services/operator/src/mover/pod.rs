@@ -276,8 +276,16 @@ pub fn probe_pod<K: Resource<DynamicType = ()>>(
         labels.insert(labels::COMPONENT.to_string(), PROBE_COMPONENT.to_string());
     }
     let unused = |name: &str| ["auth-token", "data"].contains(&name);
+    let own_context = settings.is_some_and(|s| s.security_context.is_some());
     if let Some(spec) = pod.spec.as_mut() {
         spec.active_deadline_seconds = Some(PROBE_DEADLINE_SECONDS);
+        // The projected Secret keys (0440) are the probe's only files: their group must be
+        // the pod's, whatever claims are attached (none).
+        if let Some(context) = spec.security_context.as_mut().filter(|_| !own_context) {
+            if context.fs_group.is_none() {
+                context.fs_group = context.run_as_group;
+            }
+        }
         if let Some(volumes) = spec.volumes.as_mut() {
             volumes.retain(|v| !unused(&v.name));
         }
