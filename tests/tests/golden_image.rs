@@ -958,3 +958,151 @@ async fn a_golden_image_kept_as_snapshots_serves_transfers_from_a_restored_claim
         "the API server refused the operator: {denied:#?}"
     );
 }
+
+/// The probe pod the operator builds for a GoldenImage behind basic authentication, run in
+/// the image (a scratch image of the binary this suite built, see container_image.rs) as
+/// a container runtime runs it: its command and arguments as given, its user and group;
+/// each volumeMount a bind mount filled as kubelet fills it (the projected Secret key
+/// owned by root and the pod's `fsGroup`, mode 0440), the termination message a file of
+/// the host (bound outside the read-only /dev of buildah's chroot isolation). What it
+/// writes there is the version nginx names for the file.
+#[test]
+fn the_probe_pod_runs_in_the_image_and_reports_the_version() {
+    use crate::container_image::{context, require_buildah, Buildah};
+    use ferry_operator::golden::report::{parse, Probed};
+    use std::os::unix::fs::{chown, PermissionsExt};
+
+    require_buildah();
+    let nginx = Nginx::start();
+    let bytes: Vec<u8> = (0..(1u32 << 20)).map(|i| i as u8).collect();
+    std::fs::write(nginx.root().join("private/fedora.img"), bytes).unwrap();
+    let expected = source_version(&[
+        "--endpoint-json",
+        &json!({"url": nginx.url("private/fedora.img"), "http": {"user": ferry_tests::http_server::USER,
+            "password": {"name": "web", "key": "password"}}})
+        .to_string(),
+        "--secrets-dir",
+        secrets_dir(
+            &ferry_tests::scratch_dir().path().join("s"),
+            &[("web", "password", ferry_tests::http_server::PASSWORD)],
+        )
+        .to_str()
+        .unwrap(),
+    ]);
+
+    let tmp = ferry_tests::scratch_dir();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let buildah = Buildah {
+        root: tmp.path().join("buildah"),
+    };
+    let ctx = tmp.path().join("context");
+    context(&ctx);
+    let image = "localhost/ferry-probe-test:latest";
+    buildah.run(&[
+        "bud",
+        "--isolation",
+        "chroot",
+        "--layers=false",
+        "-t",
+        image,
+        ctx.to_str().unwrap(),
+    ]);
+    let container = String::from_utf8(buildah.run(&["from", image]).stdout).unwrap();
+    let container = container.trim().to_string();
+
+    let golden: ferry_operator::crd::GoldenImage = serde_json::from_value(json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "GoldenImage",
+        "metadata": {"name": "fedora", "namespace": NS, "uid": "gi-1"},
+        "spec": {
+            "source": {"url": nginx.url("private/fedora.img"),
+                       "http": {"user": ferry_tests::http_server::USER,
+                                "password": {"name": "web", "key": "password"}}},
+            "trigger": {"schedule": "@daily"},
+            "claim": {"size": "4Mi"},
+        },
+    }))
+    .unwrap();
+    let pod = ferry_operator::golden::probe_pod::pod(
+        &golden,
+        &ferry_tests::mover_pods::defaults(image),
+        false,
+    )
+    .unwrap();
+    let spec = pod.spec.clone().unwrap();
+    let security = spec.security_context.clone().unwrap();
+    let (uid, gid) = (
+        security.run_as_user.unwrap() as u32,
+        security.run_as_group.unwrap() as u32,
+    );
+    let fs_group = security.fs_group.map_or(0, |g| g as u32);
+    let c = &spec.containers[0];
+    let mut mounts = Vec::new();
+    for m in c.volume_mounts.iter().flatten() {
+        let volume = spec
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == m.name)
+            .unwrap_or_else(|| panic!("no volume {}", m.name));
+        let dir = tmp.path().join("volumes").join(&m.name);
+        std::fs::create_dir_all(&dir).unwrap();
+        if let Some(projected) = &volume.projected {
+            for source in projected.sources.iter().flatten() {
+                let secret = source.secret.as_ref().expect("only Secret keys");
+                assert_eq!(secret.name, "web");
+                for item in secret.items.iter().flatten() {
+                    let file = dir.join(&item.path);
+                    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+                    std::fs::write(&file, ferry_tests::http_server::PASSWORD).unwrap();
+                    chown(&file, Some(0), Some(fs_group)).unwrap();
+                    let mode = projected.default_mode.unwrap_or(0o644) as u32;
+                    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+                    chown(file.parent().unwrap(), Some(0), Some(fs_group)).unwrap();
+                }
+            }
+        }
+        chown(&dir, Some(0), Some(fs_group)).unwrap();
+        let mode = if volume.empty_dir.is_some() {
+            0o1777
+        } else {
+            0o755
+        };
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
+        let ro = if m.read_only == Some(true) { ":ro" } else { "" };
+        mounts.push(format!("{}:{}{ro}", dir.display(), m.mount_path));
+    }
+    // kubelet's termination message file, writable by the container. buildah's chroot
+    // isolation keeps /dev read-only, binds into it included, so the file is bound at
+    // /var/run/termination-log and that one argument names it there.
+    let log = tmp.path().join("termination-log");
+    std::fs::write(&log, "").unwrap();
+    std::fs::set_permissions(&log, std::fs::Permissions::from_mode(0o666)).unwrap();
+    mounts.push(format!("{}:/var/run/termination-log", log.display()));
+    let mut args = c.args.clone().unwrap();
+    let at = args
+        .iter()
+        .position(|a| a == "--termination-message-path")
+        .unwrap();
+    assert_eq!(args[at + 1], "/dev/termination-log");
+    args[at + 1] = "/var/run/termination-log".into();
+
+    let user = format!("{uid}:{gid}");
+    let mut run = buildah.cmd();
+    run.args(["run", "--isolation", "chroot", "--user", &user]);
+    for m in &mounts {
+        run.args(["-v", m]);
+    }
+    run.arg(&container).arg("--");
+    run.args(c.command.clone().unwrap());
+    run.args(args);
+    let out = run.output().expect("run the probe");
+    assert!(out.status.success(), "the probe failed: {out:?}");
+    let message = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        parse(&message),
+        Probed::Version(Some(expected)),
+        "{message}"
+    );
+    buildah.run(&["rm", &container]);
+    buildah.run(&["rmi", image]);
+}
