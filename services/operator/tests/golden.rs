@@ -537,6 +537,17 @@ async fn a_transfer_from_a_snapshot_kept_golden_image_restores_its_own_claim_onc
     );
     assert_eq!(claim["metadata"]["ownerReferences"][0]["uid"], "t-1");
     assert_eq!(claim["metadata"]["ownerReferences"][0]["kind"], "Transfer");
+    h.server
+        .expect(
+            "GET",
+            "/apis/storage.k8s.io/v1/storageclasses/rbd",
+            Reply::Ok(
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                "metadata": {"name": "rbd"}, "provisioner": "rbd.csi.ceph.com",
+                "volumeBindingMode": "Immediate"}),
+            ),
+        )
+        .await;
     let seen = h
         .server
         .expect("PATCH", TRANSFER_STATUS, Reply::ApplyStatus(object.clone()))
@@ -562,6 +573,40 @@ async fn a_transfer_from_a_snapshot_kept_golden_image_restores_its_own_claim_onc
     bound["status"] = json!({"phase": "Bound"});
     h.server
         .expect("GET", &format!("{PVCS}/vm-1-golden"), Reply::Ok(bound))
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", TRANSFER_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert_eq!(seen.body["status"]["sourceClaim"], "vm-1-golden");
+    assert_eq!(finish(task).await, Action::requeue(Duration::ZERO));
+    h.server.done().await;
+
+    // 3. A class that binds at the first consumer: recorded unbound (the copy's mover
+    // binds it).
+    let mut image = golden_json();
+    image["spec"]["keepAs"] = json!("Snapshot");
+    image["spec"]["claim"]["storageClassName"] = json!("local");
+    image["status"] = json!({"currentSnapshot": "fedora-0a1b2c3d"});
+    let task = tokio::spawn(reconcile_transfer(
+        Arc::new(serde_json::from_value(object.clone()).unwrap()),
+        h.ctx.clone(),
+    ));
+    h.server.expect("GET", GI, Reply::Ok(image)).await;
+    h.server
+        .expect("GET", &format!("{PVCS}/vm-1-golden"), Reply::NotFound)
+        .await;
+    h.server.expect("POST", PVCS, Reply::Echo).await;
+    h.server
+        .expect(
+            "GET",
+            "/apis/storage.k8s.io/v1/storageclasses/local",
+            Reply::Ok(
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                "metadata": {"name": "local"}, "provisioner": "local.csi",
+                "volumeBindingMode": "WaitForFirstConsumer"}),
+            ),
+        )
         .await;
     let seen = h
         .server

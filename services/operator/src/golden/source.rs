@@ -4,12 +4,14 @@
 //! Transfer is reconciled as one whose source is that claim (a storage clone where the
 //! storage can, a copy otherwise). A GoldenImage that keeps its imports as VolumeSnapshots
 //! names a snapshot: the Transfer restores it into a claim of its own
-//! (`<transfer>-golden`, owned by it), waits until that is bound and records it.
+//! (`<transfer>-golden`, owned by it), waits until that is bound (unless its class binds
+//! at the first consumer) and records it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use kube::{Api, Resource};
@@ -145,7 +147,8 @@ pub fn restored_claim(
 }
 
 /// Restores the GoldenImage's current snapshot into the Transfer's own claim, once: the
-/// claim when it is Bound, else None and what the Transfer waits for.
+/// claim when it is Bound (or its class binds at the first consumer: the copy's mover
+/// binds it), else None and what the Transfer waits for.
 async fn restore(
     obj: &Transfer,
     ids: &Ids,
@@ -175,6 +178,22 @@ async fn restore(
     let phase = claim.status.as_ref().and_then(|s| s.phase.clone());
     if phase.as_deref() == Some("Bound") {
         return Ok((Some(name), String::new()));
+    }
+    // A class that binds at the first consumer binds it when the copy's mover mounts it.
+    if let Some(class) = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.clone())
+    {
+        let classes: Api<StorageClass> = Api::all(ctx.client.clone());
+        let wffc = classes
+            .get_opt(&class)
+            .await?
+            .and_then(|c| c.volume_binding_mode)
+            .is_some_and(|m| m == "WaitForFirstConsumer");
+        if wffc {
+            return Ok((Some(name), String::new()));
+        }
     }
     Ok((
         None,
