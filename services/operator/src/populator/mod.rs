@@ -16,12 +16,18 @@
 //! Transfer starts again. Both are owned by the user's claim, so deleting the claim
 //! deletes them; every name is derived from the claim, so every step may repeat.
 //!
-//! The Kubernetes calls: claims list/watch/create/delete, persistentvolumes get/patch,
-//! storageclasses get, volumeimagesources get/list/watch, transfers list/watch/create/
-//! get/delete, backups get/list/watch, restores list/watch/create/get/delete, events
-//! create/patch.
+//! An image that is itself in a claim (`pvc`, or a GoldenImage's current claim) is cloned
+//! by the storage where it can be ([`clone`]): the prime claim is created from a
+//! VolumeSnapshot of it or as a CSI clone of it, and no Transfer runs.
+//!
+//! The Kubernetes calls: claims list/watch/create/patch/delete, persistentvolumes
+//! get/patch, storageclasses get/list, storageclassprofiles and volumesnapshotclasses
+//! list, volumesnapshots get/create/delete, goldenimages get, volumeimagesources
+//! get/list/watch, transfers list/watch/create/get/delete, backups get/list/watch,
+//! restores list/watch/create/get/delete, events create/patch.
 
 pub mod build;
+pub mod clone;
 pub mod context;
 pub mod error;
 pub mod mirror;
