@@ -421,3 +421,55 @@ async fn a_strategy_the_classes_cannot_do_is_refused_without_recording() {
     assert_eq!(finish(task).await, Action::await_change());
     h.server.done().await;
 }
+
+/// A copied image's prime claim grows by its class's profile's file-system overhead
+/// (10% here, not CDI's 5.5%).
+#[tokio::test]
+async fn a_copys_prime_claim_grows_by_the_classs_profile_overhead() {
+    use ferry_operator::class_defaults::ClassDefaults;
+    use ferry_operator::crd::StorageClassProfile;
+    use kube::runtime::reflector::store::Writer;
+    use kube::runtime::watcher::Event;
+
+    let mut profiles = Writer::<StorageClassProfile>::default();
+    let profile: StorageClassProfile = serde_json::from_value(json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "StorageClassProfile",
+        "metadata": {"name": "rbd"}, "spec": {"filesystemOverhead": "0.1"},
+    }))
+    .unwrap();
+    profiles.apply_watcher_event(&Event::Apply(profile));
+    let defaults = ClassDefaults::from_stores(profiles.as_reader(), Writer::default().as_reader());
+    let mut h = Harness::with_class_defaults(defaults);
+    let image = source(json!({"url": "https://images.example.com/fedora.raw"}));
+    let task = tokio::spawn(reconcile(pvc(&claim(json!({}))), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(image)).await;
+    h.server
+        .expect(
+            "GET",
+            SC,
+            Reply::Ok(
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                "metadata": {"name": "rbd"}, "provisioner": "rbd.csi.ceph.com",
+                "volumeBindingMode": "Immediate"}),
+            ),
+        )
+        .await;
+    let prime = h.server.expect("POST", PVCS, Reply::Echo).await.body;
+    // 20 GiB / 0.9 = 22,755.56 MiB, rounded up.
+    assert_eq!(prime["spec"]["resources"]["requests"]["storage"], "22756Mi");
+    on_claim(&h.server.expect_event(NS).await, "Normal", "PrimeCreated");
+    h.server
+        .expect(
+            "POST",
+            "/apis/ferry.dev/v1alpha1/namespaces/vms/transfers",
+            Reply::Echo,
+        )
+        .await;
+    on_claim(
+        &h.server.expect_event(NS).await,
+        "Normal",
+        "TransferCreated",
+    );
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+}

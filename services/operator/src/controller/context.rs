@@ -57,6 +57,9 @@ pub struct Context {
     namespaces: Store<PartialObjectMeta<Namespace>>,
     /// The operator's metrics (the reconcilers count into them).
     pub metrics: Arc<OperatorMetrics>,
+    /// What the StorageClassProfiles say of the claims ferry makes (nothing until
+    /// [`Context::with_class_defaults`]).
+    pub class_defaults: crate::class_defaults::ClassDefaults,
     recorder: Recorder,
     watches: Mutex<HashMap<String, Watch>>,
     tokens: Mutex<HashMap<String, String>>,
@@ -131,6 +134,7 @@ impl Context {
             pods,
             namespaces: reflector::store().0,
             metrics: Arc::default(),
+            class_defaults: crate::class_defaults::ClassDefaults::default(),
             watches: Mutex::default(),
             tokens: Mutex::default(),
             waits: Mutex::default(),
@@ -173,6 +177,12 @@ impl Context {
                     .as_ref()
                     .is_some_and(|a| a.contains_key(UID_RANGE_ANNOTATION))
             })
+    }
+
+    /// The same context filling templates from `defaults` (filled by watches).
+    pub fn with_class_defaults(mut self, defaults: crate::class_defaults::ClassDefaults) -> Self {
+        self.class_defaults = defaults;
+        self
     }
 
     /// The same context counting into `metrics` (the ones the binary serves).

@@ -230,6 +230,10 @@ pub async fn populate(
 ) -> Result<Option<Action>, Error> {
     let clone = match recorded(pvc) {
         Recorded::Copy => return Ok(None),
+        // Filled by a copy before clones were decided (an operator of an earlier version).
+        Recorded::Undecided if ctx.claim(&ids.namespace, &names::prime(&ids.uid)).is_some() => {
+            return Ok(None)
+        }
         Recorded::Undecided => match decide(ctx, pvc, ids, vis).await? {
             Some(done) => return Ok(done),
             None => return Ok(Some(Action::await_change())),

@@ -132,8 +132,12 @@ pub async fn run(client: Client, namespace: Option<String>) -> Result<(), RunErr
         watcher::Config::default(),
     );
     let claims = controller.store();
-    let ctx =
-        Arc::new(Context::new(client.clone(), claims.clone(), transfers).with_restores(restores));
+    let (class_defaults, class_tasks) = crate::class_defaults::ClassDefaults::watch(&client);
+    let ctx = Arc::new(
+        Context::new(client.clone(), claims.clone(), transfers)
+            .with_restores(restores)
+            .with_class_defaults(class_defaults),
+    );
     let restoring = claims.clone();
     controller
         .owns(api::<PersistentVolumeClaim>(&client, ns), owned())
@@ -160,6 +164,7 @@ pub async fn run(client: Client, namespace: Option<String>) -> Result<(), RunErr
         .await;
     transfer_task.abort();
     restore_task.abort();
+    class_tasks.iter().for_each(|t| t.abort());
     Ok(())
 }
 

@@ -280,7 +280,8 @@ async fn create_prime(
         Ok(node) => node,
         Err(action) => return Ok(Step::Wait(action)),
     };
-    let prime = build::prime_claim(pvc, ids, node.as_deref());
+    let overhead = ctx.class_defaults.overhead_ppm(plan::class_of(pvc));
+    let prime = build::prime_claim_sized(pvc, ids, node.as_deref(), Some(overhead));
     let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ids.namespace);
     match api.create(&PostParams::default(), &prime).await {
         Ok(created) => {

@@ -148,7 +148,14 @@ pub(crate) fn populate(world: &mut World<'_>) -> Vec<String> {
                 }
             }
         }
-        let prime = build::prime_claim(pvc, &ids, node.as_deref());
+        let default_class = crate::class_defaults::default_class(cluster.classes.values());
+        let profile = crate::class_defaults::profile_among(
+            &cluster.profiles,
+            default_class.as_deref(),
+            plan::class_of(pvc),
+        );
+        let overhead = crate::class_defaults::overhead_ppm(profile.as_ref());
+        let prime = build::prime_claim_sized(pvc, &ids, node.as_deref(), Some(overhead));
         let prime_name = prime.metadata.name.clone().unwrap_or_default();
         world.create_claim(&prime);
         let filler = match source.kind {

@@ -389,6 +389,14 @@ pub struct Harness {
 
 impl Harness {
     pub fn new(settings: OperatorSettings) -> Self {
+        Self::with_class_defaults(settings, Default::default())
+    }
+
+    /// A harness whose templates are filled from these StorageClassProfiles.
+    pub fn with_class_defaults(
+        settings: OperatorSettings,
+        defaults: ferry_operator::class_defaults::ClassDefaults,
+    ) -> Self {
         let (client, server) = ApiServer::new();
         let link = Arc::new(FakeLink::default());
         let pods = Writer::<Pod>::default();
@@ -396,7 +404,8 @@ impl Harness {
         let ctx = Arc::new(
             Context::new(client, settings, link.clone(), pods.as_reader())
                 .with_namespaces(namespaces.as_reader())
-                .with_mover_ca(mover_ca()),
+                .with_mover_ca(mover_ca())
+                .with_class_defaults(defaults),
         );
         Self {
             server,
