@@ -82,6 +82,8 @@ pub struct Context {
     attachment_checks: Mutex<HashMap<String, (Instant, Option<String>)>>,
     /// Every Transfer (the Transfer controller's store), where a fan-out reads its groups.
     transfers: std::sync::OnceLock<Store<crate::crd::Transfer>>,
+    /// Serving groups' movers told that no reader is still to come: "uid/pod".
+    relays_ended: Mutex<std::collections::HashSet<String>>,
 }
 
 /// A resource waiting for a mover slot.
@@ -146,6 +148,7 @@ impl Context {
             unreachable: Mutex::default(),
             attachment_checks: Mutex::default(),
             transfers: std::sync::OnceLock::new(),
+            relays_ended: Mutex::default(),
         }
     }
 
@@ -336,6 +339,19 @@ impl Context {
     pub fn forget(&self, uid: &str) {
         self.done_waiting(uid);
         self.reached(uid);
+        let prefix = format!("{uid}/");
+        self.relays_ended.lock().retain(|k| !k.starts_with(&prefix));
+    }
+
+    /// Whether the relay of resource `uid`'s mover `pod` is to be told that its readers
+    /// are done (true once, until [`Context::relay_not_ended`]).
+    pub fn relay_ending(&self, uid: &str, pod: &str) -> bool {
+        self.relays_ended.lock().insert(format!("{uid}/{pod}"))
+    }
+
+    /// The relay of `uid`'s mover `pod` could not be told: tell it on a later look.
+    pub fn relay_not_ended(&self, uid: &str, pod: &str) {
+        self.relays_ended.lock().remove(&format!("{uid}/{pod}"));
     }
 
     /// Remembers that a resource of `kind` waits for a mover slot (keeping its place when

@@ -272,6 +272,7 @@ pub enum Call {
     Start(JobRequest),
     Watch(String),
     Cancel(String),
+    EndRelay(String),
 }
 
 /// A fake mover: records calls; `start` answers Running; `watch` plays the reports
@@ -329,6 +330,14 @@ impl MoverLink for FakeLink {
 
     async fn cancel(&self, mover: &MoverAddress, owner_uid: &str) -> Result<(), LinkError> {
         self.calls.lock().push(Call::Cancel(owner_uid.to_string()));
+        self.tokens.lock().push(mover.token.clone());
+        Ok(())
+    }
+
+    async fn end_relay(&self, mover: &MoverAddress, owner_uid: &str) -> Result<(), LinkError> {
+        self.calls
+            .lock()
+            .push(Call::EndRelay(owner_uid.to_string()));
         self.tokens.lock().push(mover.token.clone());
         Ok(())
     }
