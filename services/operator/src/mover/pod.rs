@@ -276,16 +276,8 @@ pub fn probe_pod<K: Resource<DynamicType = ()>>(
         labels.insert(labels::COMPONENT.to_string(), PROBE_COMPONENT.to_string());
     }
     let unused = |name: &str| ["auth-token", "data"].contains(&name);
-    let own_context = settings.is_some_and(|s| s.security_context.is_some());
     if let Some(spec) = pod.spec.as_mut() {
         spec.active_deadline_seconds = Some(PROBE_DEADLINE_SECONDS);
-        // The projected Secret keys (0440) are the probe's only files: their group must be
-        // the pod's, whatever claims are attached (none).
-        if let Some(context) = spec.security_context.as_mut().filter(|_| !own_context) {
-            if context.fs_group.is_none() {
-                context.fs_group = context.run_as_group;
-            }
-        }
         if let Some(volumes) = spec.volumes.as_mut() {
             volumes.retain(|v| !unused(&v.name));
         }
@@ -838,17 +830,18 @@ fn runtime_default() -> SeccompProfile {
     }
 }
 
-/// Non-root, with `fsGroup` when a Filesystem claim is attached and the disk images'
-/// group (see [`DISK_IMAGE_GID`]) to read images `fsGroup` does not reach (see the
-/// module comment for Block claims); no user, group or `fsGroup` where the namespace
-/// assigns them.
+/// Non-root, with `fsGroup` (kubelet gives the projected token and keys, mode 0440, to
+/// that group: without it they stay root's and the mover cannot read them, whatever
+/// claims it has) and, when a Filesystem claim is attached, the disk images' group (see
+/// [`DISK_IMAGE_GID`]) to read images `fsGroup` does not reach (see the module comment
+/// for Block claims); no user, group or `fsGroup` where the namespace assigns them.
 fn pod_security_context(attached: &Attachments, assigned_ids: bool) -> PodSecurityContext {
     let id = (!assigned_ids).then_some(MOVER_UID);
     PodSecurityContext {
         run_as_user: id,
         run_as_group: id,
         run_as_non_root: Some(true),
-        fs_group: id.filter(|_| attached.has_filesystem()),
+        fs_group: id,
         supplemental_groups: attached.has_filesystem().then(|| vec![DISK_IMAGE_GID]),
         fs_group_change_policy: attached
             .has_filesystem()
@@ -1182,14 +1175,16 @@ mod tests {
     }
 
     #[test]
-    fn block_claims_run_as_non_root_without_fs_group() {
+    fn block_claims_run_as_non_root_with_the_fs_group_of_their_keys() {
         let v = checksum_of_golden(VolumeMode::Block);
+        // fsGroup reaches the projected token and keys (0440), not the block device.
         assert_eq!(
             v["spec"]["securityContext"],
             json!({
                 "runAsUser": 65532,
                 "runAsGroup": 65532,
                 "runAsNonRoot": true,
+                "fsGroup": 65532,
                 "seccompProfile": {"type": "RuntimeDefault"}
             })
         );
