@@ -49,6 +49,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod clone;
 pub mod controller;
 pub mod crd;
