@@ -192,9 +192,6 @@ impl TransferSpec {
         let mut source = self.source.clone();
         let source_namespace = source.pvc.as_mut().and_then(|p| p.namespace.take());
         source.validate("spec.source")?;
-        if let Some(ns) = &source_namespace {
-            self.validate_cross_namespace(ns)?;
-        }
         if self.targets.is_empty() && self.pvc_templates.is_none() {
             return Err(invalid(
                 "spec.targets",
@@ -277,6 +274,9 @@ impl TransferSpec {
         }
         if let Some(digest) = &self.expected_digest {
             check_digest("spec.expectedDigest", digest)?;
+        }
+        if let Some(ns) = &source_namespace {
+            self.validate_cross_namespace(ns)?;
         }
         Ok(())
     }
