@@ -12,4 +12,6 @@ pub mod reconcile;
 pub mod strategy;
 
 #[cfg(test)]
+mod cross_tests;
+#[cfg(test)]
 mod tests;
