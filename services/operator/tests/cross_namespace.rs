@@ -34,10 +34,12 @@ fn cluster_with_golden() -> Cluster {
 
 /// `user` may get the claim `golden` in `images` (a Role and a RoleBinding).
 fn grant_read(cluster: &Cluster, user: &str) {
-    cluster.create(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+    cluster.create(
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
         "metadata": {"name": "golden-reader", "namespace": SOURCE_NS},
         "rules": [{"apiGroups": [""], "resources": ["persistentvolumeclaims"],
-                   "resourceNames": ["golden"], "verbs": ["get"]}]}));
+                   "resourceNames": ["golden"], "verbs": ["get"]}]}),
+    );
     cluster.create(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
         "metadata": {"name": "golden-reader", "namespace": SOURCE_NS},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "golden-reader"},
@@ -114,7 +116,12 @@ fn in_source_namespace(cluster: &Cluster, group: &str, resource: &str) -> Vec<St
         .list(group, resource)
         .iter()
         .filter(|o| o["metadata"]["namespace"] == SOURCE_NS)
-        .map(|o| o["metadata"]["name"].as_str().unwrap_or_default().to_string())
+        .map(|o| {
+            o["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
         .collect()
 }
 
@@ -185,7 +192,10 @@ async fn a_clone_from_another_namespace_the_creator_may_read_is_handed_over() {
     assert_eq!(pv["spec"]["claimRef"]["name"], "vm-disk");
     assert_eq!(pv["spec"]["claimRef"]["uid"], target["metadata"]["uid"]);
     assert_eq!(pv["spec"]["persistentVolumeReclaimPolicy"], "Delete");
-    assert!(pv["metadata"]["annotations"][RECLAIM_POLICY].is_null(), "{pv}");
+    assert!(
+        pv["metadata"]["annotations"][RECLAIM_POLICY].is_null(),
+        "{pv}"
+    );
     until(10, "the child and the temporary claim to go", || {
         cluster
             .get("ferry.dev", "transfers", SOURCE_NS, &child)
@@ -198,10 +208,7 @@ async fn a_clone_from_another_namespace_the_creator_may_read_is_handed_over() {
     // The volume stayed: the temporary claim's deletion did not take it.
     assert!(cluster.get("", "persistentvolumes", "", &volume).is_some());
     let events = events_of(&cluster, "vm");
-    assert!(
-        events.iter().any(|e| e.1 == "CloneStarted"),
-        "{events:?}"
-    );
+    assert!(events.iter().any(|e| e.1 == "CloneStarted"), "{events:?}");
     assert_no_refusal(&cluster);
 }
 
@@ -221,10 +228,14 @@ async fn a_clone_from_a_claim_the_creator_may_not_read_fails_and_touches_nothing
     let t = cluster.get("ferry.dev", "transfers", NS, "vm").unwrap();
     let message = t["status"]["message"].as_str().unwrap_or_default();
     assert!(
-        message.starts_with("user bob may not get persistentvolumeclaim golden in namespace images"),
+        message
+            .starts_with("user bob may not get persistentvolumeclaim golden in namespace images"),
         "{message}"
     );
-    assert!(message.contains("kubectl -n images create rolebinding"), "{message}");
+    assert!(
+        message.contains("kubectl -n images create rolebinding"),
+        "{message}"
+    );
     let reasons: Vec<&str> = t["status"]["conditions"]
         .as_array()
         .unwrap()
@@ -261,7 +272,11 @@ async fn a_forged_or_missing_stamp_is_refused() {
     let _operator = start(&cluster, settings());
     create(
         &cluster,
-        admitted(transfer("other-key"), "alice", &StampKey::from_ca_key("not the CA")),
+        admitted(
+            transfer("other-key"),
+            "alice",
+            &StampKey::from_ca_key("not the CA"),
+        ),
     )
     .await;
     let mut edited = admitted(transfer("edited"), "bob", &key);

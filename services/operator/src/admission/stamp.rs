@@ -163,7 +163,8 @@ mod tests {
 
     #[test]
     fn a_stamp_is_exact_json_and_verifies_only_for_its_transfer_and_source() {
-        let key = StampKey::from_ca_key("-----BEGIN PRIVATE KEY-----\nx\n-----END PRIVATE KEY-----\n");
+        let key =
+            StampKey::from_ca_key("-----BEGIN PRIVATE KEY-----\nx\n-----END PRIVATE KEY-----\n");
         let value = key.sign(claim());
         let json: serde_json::Value = serde_json::from_str(&value).unwrap();
         let signature = json["signature"].as_str().unwrap().to_string();
@@ -188,7 +189,10 @@ mod tests {
             key.verify(Some(&value), "vms/disk", "images/other"),
             Err(StampError::Mismatch { .. })
         ));
-        assert_eq!(key.verify(None, "vms/disk", "images/golden"), Err(StampError::Missing));
+        assert_eq!(
+            key.verify(None, "vms/disk", "images/golden"),
+            Err(StampError::Missing)
+        );
         // Another key (another installation), or a changed field, is a forgery.
         let other = StampKey::from_ca_key("another key");
         assert_eq!(

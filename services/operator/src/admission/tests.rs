@@ -80,7 +80,12 @@ const PATCHED: &str = "/metadata/annotations/ferry.dev~1requester";
 
 #[test]
 fn a_create_from_another_namespace_is_stamped_with_its_creator() {
-    let (response, patch) = respond(&review("CREATE", "alice", &transfer(Some("images"), None), None));
+    let (response, patch) = respond(&review(
+        "CREATE",
+        "alice",
+        &transfer(Some("images"), None),
+        None,
+    ));
     assert_eq!(
         response,
         json!({"uid": "req-1", "allowed": true, "patchType": "JSONPatch"})
@@ -198,8 +203,8 @@ async fn the_webhook_answers_over_https_with_a_certificate_from_the_ca() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let ca = crate::mover::tls::MoverCa::generate().unwrap();
-    let tls = server::tls_config(&ca, service_names("ferry-operator-webhook", "ferry-system"))
-        .unwrap();
+    let tls =
+        server::tls_config(&ca, service_names("ferry-operator-webhook", "ferry-system")).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let serving = tokio::spawn(server::serve(listener, tls, Arc::new(key())));

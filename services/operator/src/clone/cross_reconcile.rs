@@ -39,11 +39,7 @@ fn final_phase(t: &Transfer) -> Phase {
 
 /// Deletes the child Transfer of `parent_uid` in `namespace` (the parent's finalizer, or
 /// a parent that is done); whether one was there.
-pub async fn delete_child(
-    ctx: &Context,
-    namespace: &str,
-    parent_uid: &str,
-) -> Result<bool, Error> {
+pub async fn delete_child(ctx: &Context, namespace: &str, parent_uid: &str) -> Result<bool, Error> {
     let api: Api<Transfer> = Api::namespaced(ctx.client.clone(), namespace);
     match api
         .delete(&cross::child_name(parent_uid), &DeleteParams::background())
@@ -222,14 +218,26 @@ pub async fn reconcile(
             );
             delete_child(&ctx, &source_namespace, &ids.uid).await?;
             let next = mover_plan::failed(obj.as_ref(), &next, reason::FAILED, &text);
-            if update(&ctx, &ids, obj.as_ref(), &status, &next).await?.is_some() {
+            if update(&ctx, &ids, obj.as_ref(), &status, &next)
+                .await?
+                .is_some()
+            {
                 ctx.event(obj.as_ref(), true, reason::FAILED, &text).await;
             }
             ctx.forget(&ids.uid);
             Ok(Action::await_change())
         }
         Phase::Succeeded => {
-            hand_over(&ctx, &obj, &ids, &status, next, &templates, &source_namespace).await
+            hand_over(
+                &ctx,
+                &obj,
+                &ids,
+                &status,
+                next,
+                &templates,
+                &source_namespace,
+            )
+            .await
         }
         _ => {
             let what = child_status
@@ -293,7 +301,10 @@ async fn hand_over(
                 volumes
                     .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await?;
-                waiting.push(format!("pvc/{}: volume {name} being handed over", template.name));
+                waiting.push(format!(
+                    "pvc/{}: volume {name} being handed over",
+                    template.name
+                ));
             }
             Step::CreateTarget(pvc) => {
                 if let Created::Refused(why) = claims::create(ctx, &pvc).await? {
@@ -327,7 +338,16 @@ async fn hand_over(
     }
     let mut next = next;
     next.targets = target_statuses(templates, Phase::Running);
-    running(ctx, obj, ids, status, next, HANDING_OVER, &waiting.join("; ")).await?;
+    running(
+        ctx,
+        obj,
+        ids,
+        status,
+        next,
+        HANDING_OVER,
+        &waiting.join("; "),
+    )
+    .await?;
     Ok(Action::requeue(NEXT_STEP))
 }
 
@@ -358,7 +378,12 @@ async fn succeed(
     mut next: TransferStatus,
     templates: &[crate::crd::PvcTemplate],
 ) -> Result<Action, Error> {
-    if let Some((namespace, _)) = next.clone_transfer.clone().as_deref().and_then(|c| c.split_once('/')) {
+    if let Some((namespace, _)) = next
+        .clone_transfer
+        .clone()
+        .as_deref()
+        .and_then(|c| c.split_once('/'))
+    {
         delete_child(ctx, namespace, &ids.uid).await?;
     }
     let text = format!(

@@ -86,11 +86,17 @@ fn pvc(v: Value) -> PersistentVolumeClaim {
 }
 
 fn temporary(volume: Option<&str>) -> PersistentVolumeClaim {
-    pvc(json!({"metadata": {"name": "xns-u-1-0", "namespace": "images", "uid": "t-1"},
-               "spec": {"volumeName": volume}, "status": {"phase": "Bound"}}))
+    pvc(
+        json!({"metadata": {"name": "xns-u-1-0", "namespace": "images", "uid": "t-1"},
+               "spec": {"volumeName": volume}, "status": {"phase": "Bound"}}),
+    )
 }
 
-fn volume(policy: &str, saved: Option<&str>, claim: (&str, &str, Option<&str>)) -> PersistentVolume {
+fn volume(
+    policy: &str,
+    saved: Option<&str>,
+    claim: (&str, &str, Option<&str>),
+) -> PersistentVolume {
     let mut v = json!({"metadata": {"name": "pv-1"},
         "spec": {"persistentVolumeReclaimPolicy": policy,
                  "claimRef": {"namespace": claim.0, "name": claim.1, "uid": claim.2}}});
@@ -118,7 +124,11 @@ fn a_volume_is_handed_over_step_by_step() {
     let tmp = temporary(Some("pv-1"));
     // Its policy kept, Retain set.
     let pv = volume("Delete", None, ("images", "xns-u-1-0", Some("t-1")));
-    let obs = Observed { temporary: Some(&tmp), volume: Some(&pv), target: None };
+    let obs = Observed {
+        temporary: Some(&tmp),
+        volume: Some(&pv),
+        target: None,
+    };
     assert_eq!(
         step(&obs),
         Step::PatchVolume {
@@ -128,8 +138,16 @@ fn a_volume_is_handed_over_step_by_step() {
         }
     );
     // Pointed at the target, with no uid.
-    let pv = volume("Retain", Some("Delete"), ("images", "xns-u-1-0", Some("t-1")));
-    let obs = Observed { temporary: Some(&tmp), volume: Some(&pv), target: None };
+    let pv = volume(
+        "Retain",
+        Some("Delete"),
+        ("images", "xns-u-1-0", Some("t-1")),
+    );
+    let obs = Observed {
+        temporary: Some(&tmp),
+        volume: Some(&pv),
+        target: None,
+    };
     assert_eq!(
         step(&obs),
         Step::PatchVolume {
@@ -140,7 +158,11 @@ fn a_volume_is_handed_over_step_by_step() {
     );
     // The target made on the volume.
     let pv = volume("Retain", Some("Delete"), ("vms", "vm-disk", None));
-    let obs = Observed { temporary: Some(&tmp), volume: Some(&pv), target: None };
+    let obs = Observed {
+        temporary: Some(&tmp),
+        volume: Some(&pv),
+        target: None,
+    };
     let Step::CreateTarget(made) = step(&obs) else {
         panic!("{:?}", step(&obs))
     };
@@ -158,20 +180,32 @@ fn a_volume_is_handed_over_step_by_step() {
     );
     // The temporary claim deleted.
     let waiting = target(false);
-    let obs = Observed { temporary: Some(&tmp), volume: Some(&pv), target: Some(&waiting) };
+    let obs = Observed {
+        temporary: Some(&tmp),
+        volume: Some(&pv),
+        target: Some(&waiting),
+    };
     assert_eq!(
         step(&obs),
         Step::DeleteTemporary("images".into(), "xns-u-1-0".into())
     );
     // Binding.
-    let obs = Observed { temporary: None, volume: Some(&pv), target: Some(&waiting) };
+    let obs = Observed {
+        temporary: None,
+        volume: Some(&pv),
+        target: Some(&waiting),
+    };
     assert_eq!(
         step(&obs),
         Step::Wait("pvc/vm-disk is binding to volume pv-1".into())
     );
     // Bound: the old policy back.
     let bound = target(true);
-    let obs = Observed { temporary: None, volume: Some(&pv), target: Some(&bound) };
+    let obs = Observed {
+        temporary: None,
+        volume: Some(&pv),
+        target: Some(&bound),
+    };
     assert_eq!(
         step(&obs),
         Step::PatchVolume {
@@ -181,26 +215,40 @@ fn a_volume_is_handed_over_step_by_step() {
         }
     );
     let pv = volume("Delete", None, ("vms", "vm-disk", Some("x")));
-    let obs = Observed { temporary: None, volume: Some(&pv), target: Some(&bound) };
+    let obs = Observed {
+        temporary: None,
+        volume: Some(&pv),
+        target: Some(&bound),
+    };
     assert_eq!(step(&obs), Step::Done("pv-1".into()));
 }
 
 #[test]
 fn a_hand_over_finds_its_volume_and_refuses_a_claim_it_did_not_make() {
     let tmp = temporary(Some("pv-1"));
-    let lost = pvc(json!({"metadata": {"name": "xns-u-1-0"}, "spec": {"volumeName": "pv-1"},
-                          "status": {"phase": "Lost"}}));
+    let lost = pvc(
+        json!({"metadata": {"name": "xns-u-1-0"}, "spec": {"volumeName": "pv-1"},
+                          "status": {"phase": "Lost"}}),
+    );
     assert_eq!(volume_of(Some(&tmp), None), Some("pv-1"));
     assert_eq!(volume_of(Some(&lost), None), Some("pv-1"));
     assert_eq!(volume_of(None, Some(&target(false))), Some("pv-1"));
     assert_eq!(volume_of(Some(&temporary(None)), None), None);
     let pending = temporary(None);
-    let obs = Observed { temporary: Some(&pending), volume: None, target: None };
+    let obs = Observed {
+        temporary: Some(&pending),
+        volume: None,
+        target: None,
+    };
     assert_eq!(
         step(&obs),
         Step::Wait("pvc/xns-u-1-0 in namespace images is not bound yet".into())
     );
     let foreign = pvc(json!({"metadata": {"name": "vm-disk", "namespace": "vms"}}));
-    let obs = Observed { temporary: Some(&tmp), volume: None, target: Some(&foreign) };
+    let obs = Observed {
+        temporary: Some(&tmp),
+        volume: None,
+        target: Some(&foreign),
+    };
     assert!(matches!(step(&obs), Step::Conflict(m) if m.contains("not created by this Transfer")));
 }

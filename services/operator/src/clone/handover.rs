@@ -130,9 +130,9 @@ pub fn next(
         .as_ref()
         .and_then(|a| a.get(RECLAIM_POLICY))
         .cloned();
-    let bound = observed.target.is_some_and(|t| {
-        phase(t) == Some("Bound") && volume_name(t) == Some(name.as_str())
-    });
+    let bound = observed
+        .target
+        .is_some_and(|t| phase(t) == Some("Bound") && volume_name(t) == Some(name.as_str()));
     if bound && saved.is_none() {
         return Step::Done(name);
     }

@@ -71,12 +71,13 @@ pub async fn reconcile_transfer(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result
         // Deleted or done: the child in the source namespace goes (owner references
         // cannot cross namespaces), then the rest as for any Transfer.
         if let Some(uid) = obj.metadata.uid.as_deref() {
-            let deleting = obj.metadata.deletion_timestamp.is_some() && finalizer::has(obj.as_ref());
+            let deleting =
+                obj.metadata.deletion_timestamp.is_some() && finalizer::has(obj.as_ref());
             // A final Transfer costs a request only while its child is still there.
             let child = kube::runtime::reflector::ObjectRef::new(&super::cross::child_name(uid))
                 .within(&source_namespace);
-            let child_left = status.phase.is_final()
-                && ctx.transfers().is_some_and(|s| s.get(&child).is_some());
+            let child_left =
+                status.phase.is_final() && ctx.transfers().is_some_and(|s| s.get(&child).is_some());
             if deleting || child_left {
                 super::cross_reconcile::delete_child(&ctx, &source_namespace, uid).await?;
             }

@@ -494,10 +494,7 @@ mod tests {
         assert_eq!(s.source_namespace("vms"), Some("images"));
         assert_eq!(s.source_namespace("images"), None);
         s.source.pvc.as_mut().unwrap().namespace = Some("Images".into());
-        assert_eq!(
-            s.validate().unwrap_err().field,
-            "spec.source.pvc.namespace"
-        );
+        assert_eq!(s.validate().unwrap_err().field, "spec.source.pvc.namespace");
         s.source.pvc.as_mut().unwrap().namespace = Some("images".into());
         let mut target = to(Endpoint::pvc("disk"));
         target.endpoint.pvc.as_mut().unwrap().namespace = Some("other".into());

@@ -126,8 +126,18 @@ pub const UNUSED_WITH_REASON: &[(&str, &str, &str, &str)] = &[
         "a clone from another namespace asks whether its creator may read the claim: \
         tests/standin.rs's cross-namespace scenarios make that request through these rules",
     ),
-    ("get", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", WEBHOOK),
-    ("update", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", WEBHOOK),
+    (
+        "get",
+        "admissionregistration.k8s.io",
+        "mutatingwebhookconfigurations",
+        WEBHOOK,
+    ),
+    (
+        "update",
+        "admissionregistration.k8s.io",
+        "mutatingwebhookconfigurations",
+        WEBHOOK,
+    ),
 ];
 
 const WEBHOOK: &str = "`ferry operator run --webhook-listen` sets the webhook's caBundle at start \

@@ -341,7 +341,12 @@ pub fn review(docs: &[serde_json::Value], sar: &serde_json::Value) -> serde_json
             "reason": "the stand-in reviews resource attributes only"});
         return out;
     }
-    let text = |k: &str| attributes[k].as_str().filter(|v| !v.is_empty()).map(String::from);
+    let text = |k: &str| {
+        attributes[k]
+            .as_str()
+            .filter(|v| !v.is_empty())
+            .map(String::from)
+    };
     let resource = match text("subresource") {
         Some(sub) => format!("{}/{sub}", text("resource").unwrap_or_default()),
         None => text("resource").unwrap_or_default(),
@@ -556,9 +561,18 @@ rules:
             sar("alice", &[], "images", "get"),
             serde_json::json!({"allowed": true, "reason": "RBAC: allowed by RoleBinding of claim-reader"})
         );
-        assert_eq!(sar("alice", &[], "images", "delete"), serde_json::json!({"allowed": false}));
-        assert_eq!(sar("alice", &[], "base", "get"), serde_json::json!({"allowed": false}));
-        assert_eq!(sar("bob", &[], "images", "get"), serde_json::json!({"allowed": false}));
+        assert_eq!(
+            sar("alice", &[], "images", "delete"),
+            serde_json::json!({"allowed": false})
+        );
+        assert_eq!(
+            sar("alice", &[], "base", "get"),
+            serde_json::json!({"allowed": false})
+        );
+        assert_eq!(
+            sar("bob", &[], "images", "get"),
+            serde_json::json!({"allowed": false})
+        );
         assert_eq!(sar("bob", &["devs"], "base", "get")["allowed"], true);
         assert_eq!(sar("bob", &["devs"], "images", "get")["allowed"], false);
     }

@@ -100,7 +100,14 @@ const BUILTIN: &[(&str, &str, &str, &str, bool, bool)] = &[
     ("", "v1", "events", "Event", true, false),
     ("events.k8s.io", "v1", "events", "Event", true, false),
     ("coordination.k8s.io", "v1", "leases", "Lease", true, false),
-    ("rbac.authorization.k8s.io", "v1", "roles", "Role", true, false),
+    (
+        "rbac.authorization.k8s.io",
+        "v1",
+        "roles",
+        "Role",
+        true,
+        false,
+    ),
     (
         "rbac.authorization.k8s.io",
         "v1",

@@ -270,7 +270,12 @@ impl ApiService {
         };
         let state = self.shared.state.lock();
         let mut docs = Vec::new();
-        for plural in ["roles", "rolebindings", "clusterroles", "clusterrolebindings"] {
+        for plural in [
+            "roles",
+            "rolebindings",
+            "clusterroles",
+            "clusterrolebindings",
+        ] {
             docs.extend(
                 state
                     .objects_where(super::rbac::RBAC_GROUP, plural, |_| true)
