@@ -309,3 +309,137 @@ async fn a_forged_or_missing_stamp_is_refused() {
     assert!(in_source_namespace(&cluster, "ferry.dev", "transfers").is_empty());
     assert_no_refusal(&cluster);
 }
+
+/// The child's failure is the Transfer's (here a strategy the source's storage cannot
+/// do: no VolumeSnapshotClass), with the child's reason in the message; the child goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_that_fails_fails_the_transfer_with_its_reason() {
+    let cluster = cluster_with_golden();
+    grant_read(&cluster, "alice");
+    let key = operator_key(&cluster).await;
+    let _operator = start(&cluster, settings());
+    let mut t = transfer("vm");
+    t["spec"]["cloneStrategy"] = json!("snapshot");
+    create(&cluster, admitted(t, "alice", &key)).await;
+    until(20, "the Transfer to fail", || {
+        phase_of(&cluster, "vm").as_deref() == Some("Failed")
+    })
+    .await;
+    let t = cluster.get("ferry.dev", "transfers", NS, "vm").unwrap();
+    let message = t["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("which fills the claims in the source namespace, failed")
+            && message.contains("cloneStrategy snapshot cannot be used: no VolumeSnapshotClass"),
+        "{message}"
+    );
+    until(10, "the child to go", || {
+        in_source_namespace(&cluster, "ferry.dev", "transfers").is_empty()
+    })
+    .await;
+    assert!(cluster
+        .get("", "persistentvolumeclaims", NS, "vm-disk")
+        .is_none());
+    assert_no_refusal(&cluster);
+}
+
+/// Deleting the Transfer while its child works deletes the child (and with it its
+/// temporary claims): owner references cannot cross namespaces, the finalizer does it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_the_transfer_deletes_its_child_in_the_source_namespace() {
+    let cluster = cluster_with_golden();
+    grant_read(&cluster, "alice");
+    let key = operator_key(&cluster).await;
+    // Movers that take a long time: the child is still running when the parent goes.
+    let _operator = super::start_with(&cluster, settings(), std::time::Duration::from_secs(600));
+    create(&cluster, admitted(transfer("vm"), "alice", &key)).await;
+    let uid = cluster.get("ferry.dev", "transfers", NS, "vm").unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    until(20, "the child's temporary claim", || {
+        cluster
+            .get(
+                "",
+                "persistentvolumeclaims",
+                SOURCE_NS,
+                &format!("xns-{uid}-0"),
+            )
+            .is_some()
+    })
+    .await;
+    transfers(&cluster)
+        .delete("vm", &Default::default())
+        .await
+        .unwrap();
+    until(
+        20,
+        "the Transfer, its child and the temporary claim to go",
+        || {
+            cluster.get("ferry.dev", "transfers", NS, "vm").is_none()
+                && in_source_namespace(&cluster, "ferry.dev", "transfers").is_empty()
+                && in_source_namespace(&cluster, "", "persistentvolumeclaims") == ["golden"]
+        },
+    )
+    .await;
+    assert_no_refusal(&cluster);
+}
+
+/// The operator (through its RBAC) puts its CA into the caBundle of the shipped
+/// MutatingWebhookConfiguration, and leaves it alone when it is already there.
+#[tokio::test]
+async fn the_operator_sets_the_webhooks_ca_bundle() {
+    use ferry_operator::admission::install::{set_ca_bundle, WEBHOOK_CONFIGURATION};
+    let cluster = cluster();
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy/operator/50-webhook.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let config = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| <serde_json::Value as serde::Deserialize>::deserialize(d).unwrap())
+        .find(|d| d["kind"] == "MutatingWebhookConfiguration")
+        .unwrap();
+    assert_eq!(config["metadata"]["name"], WEBHOOK_CONFIGURATION);
+    cluster.create(config);
+    let client = cluster.client_as(
+        &super::support::rbac::rbac_file(),
+        super::support::rbac::SERVICE_ACCOUNT,
+    );
+    let ca = mover_ca::load_or_create(&client, "ferry-system")
+        .await
+        .unwrap();
+    set_ca_bundle(&client, WEBHOOK_CONFIGURATION, ca.cert_pem())
+        .await
+        .unwrap();
+    let stored = cluster
+        .get(
+            "admissionregistration.k8s.io",
+            "mutatingwebhookconfigurations",
+            "",
+            WEBHOOK_CONFIGURATION,
+        )
+        .unwrap();
+    let bundle = base64::engine::general_purpose::STANDARD
+        .decode(
+            stored["webhooks"][0]["clientConfig"]["caBundle"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+    assert_eq!(String::from_utf8(bundle).unwrap(), ca.cert_pem());
+    let version = stored["metadata"]["resourceVersion"].clone();
+    set_ca_bundle(&client, WEBHOOK_CONFIGURATION, ca.cert_pem())
+        .await
+        .unwrap();
+    let again = cluster
+        .get(
+            "admissionregistration.k8s.io",
+            "mutatingwebhookconfigurations",
+            "",
+            WEBHOOK_CONFIGURATION,
+        )
+        .unwrap();
+    assert_eq!(
+        again["metadata"]["resourceVersion"], version,
+        "no write when it is set"
+    );
+    assert_no_refusal(&cluster);
+}

@@ -410,7 +410,15 @@ async fn start_webhook(
         .with_context(|| format!("cannot listen for the admission webhook on {addr}"))?;
     tracing::info!(%addr, service, "serving the admission webhook");
     let key = Arc::new(StampKey::from_ca_key(&ca.key_pem()));
-    Ok(tokio::spawn(server::serve(listener, tls, key)))
+    let keep = install::keep_ca_bundle(
+        client.clone(),
+        configuration.to_string(),
+        ca.cert_pem().to_string(),
+        std::time::Duration::from_secs(300),
+    );
+    Ok(tokio::spawn(async move {
+        tokio::join!(server::serve(listener, tls, key), keep);
+    }))
 }
 
 /// Waits to lead (or for a termination signal), runs the controllers while leading, and

@@ -1,6 +1,7 @@
 //! The webhook's MutatingWebhookConfiguration is shipped without a caBundle (the CA is
 //! made in the cluster by the first operator): each operator puts the movers' CA
-//! certificate into every webhook of it at start.
+//! certificate into every webhook of it at start, and puts it back when something (a
+//! re-applied manifest) took it out.
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::ByteString;
@@ -40,4 +41,20 @@ pub async fn set_ca_bundle(client: &Client, name: &str, ca_pem: &str) -> Result<
         }
     }
     Ok(())
+}
+
+/// Sets the caBundle now and then every `every` (a manifest applied again may have
+/// emptied it), logging what fails; runs until dropped.
+pub async fn keep_ca_bundle(
+    client: Client,
+    name: String,
+    ca_pem: String,
+    every: std::time::Duration,
+) {
+    loop {
+        tokio::time::sleep(every).await;
+        if let Err(e) = set_ca_bundle(&client, &name, &ca_pem).await {
+            tracing::warn!(error = %e, "cannot keep the webhook's caBundle");
+        }
+    }
 }

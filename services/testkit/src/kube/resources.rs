@@ -101,6 +101,14 @@ const BUILTIN: &[(&str, &str, &str, &str, bool, bool)] = &[
     ("events.k8s.io", "v1", "events", "Event", true, false),
     ("coordination.k8s.io", "v1", "leases", "Lease", true, false),
     (
+        "admissionregistration.k8s.io",
+        "v1",
+        "mutatingwebhookconfigurations",
+        "MutatingWebhookConfiguration",
+        false,
+        false,
+    ),
+    (
         "rbac.authorization.k8s.io",
         "v1",
         "roles",
