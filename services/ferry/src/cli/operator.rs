@@ -403,7 +403,8 @@ async fn start_webhook(
                 controller::mover_ca::CA_SECRET
             )
         })?;
-    let tls = server::tls_config(&ca, server::service_names(service, namespace))?;
+    let ca = Arc::new(ca);
+    let tls = server::tls_config(ca.clone(), server::service_names(service, namespace))?;
     install::set_ca_bundle(client, configuration, ca.cert_pem()).await?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await

@@ -202,9 +202,12 @@ async fn the_webhook_answers_over_https_with_a_certificate_from_the_ca() {
     use rustls::pki_types::{CertificateDer, ServerName};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    let ca = crate::mover::tls::MoverCa::generate().unwrap();
-    let tls =
-        server::tls_config(&ca, service_names("ferry-operator-webhook", "ferry-system")).unwrap();
+    let ca = Arc::new(crate::mover::tls::MoverCa::generate().unwrap());
+    let tls = server::tls_config(
+        ca.clone(),
+        service_names("ferry-operator-webhook", "ferry-system"),
+    )
+    .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let serving = tokio::spawn(server::serve(listener, tls, Arc::new(key())));
