@@ -53,6 +53,10 @@ impl MoverLink for FakeMover {
     async fn cancel(&self, _: &MoverAddress, _: &str) -> Result<(), LinkError> {
         Ok(())
     }
+
+    async fn end_relay(&self, _: &MoverAddress, _: &str) -> Result<(), LinkError> {
+        Ok(())
+    }
 }
 
 fn async_stream(

@@ -22,13 +22,13 @@ const MIB: u64 = 1024 * 1024;
 /// The non-root user of the image (distroless's `nonroot`).
 const USER: &str = "65532:65532";
 
-/// buildah with its own storage under `root`.
-struct Buildah {
-    root: PathBuf,
+/// buildah with its own storage under `root` (also used by golden_image.rs).
+pub(crate) struct Buildah {
+    pub(crate) root: PathBuf,
 }
 
 impl Buildah {
-    fn cmd(&self) -> Command {
+    pub(crate) fn cmd(&self) -> Command {
         let mut cmd = Command::new("buildah");
         cmd.arg("--root")
             .arg(self.root.join("storage"))
@@ -41,7 +41,7 @@ impl Buildah {
     }
 
     /// Runs `buildah ARGS` and returns its output; fails the test when it fails.
-    fn run(&self, args: &[&str]) -> Output {
+    pub(crate) fn run(&self, args: &[&str]) -> Output {
         let out = self
             .cmd()
             .args(args)
@@ -59,7 +59,7 @@ impl Buildah {
 }
 
 /// Panics with the install command when buildah is missing.
-fn require_buildah() {
+pub(crate) fn require_buildah() {
     let found = Command::new("buildah").arg("--version").output().is_ok();
     assert!(
         found,
@@ -94,7 +94,7 @@ fn shared_libraries(bin: &Path) -> Vec<PathBuf> {
 
 /// A build context: `rootfs/` with `/ferry` and its libraries at their paths, and a
 /// Containerfile that puts it in a scratch image.
-fn context(dir: &Path) -> u64 {
+pub(crate) fn context(dir: &Path) -> u64 {
     let rootfs = dir.join("rootfs");
     std::fs::create_dir_all(&rootfs).unwrap();
     let mut bytes = 0;

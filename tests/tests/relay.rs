@@ -479,3 +479,93 @@ async fn a_transfer_job_relays_its_target() {
         holds(&image, &target);
     }
 }
+
+/// EndRelay: a relay waiting its idle time for late clients ends as soon as it is told
+/// none is still to come (a rollout's last reader is done); a job that relays nothing is
+/// FAILED_PRECONDITION, an unknown one NOT_FOUND.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn end_relay_ends_a_relay_waiting_for_late_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("images");
+    std::fs::create_dir(&root).unwrap();
+    let service = start_in_process(test_config(&dir.path().join("data"), &root)).await;
+    let mut client = connect(service.grpc_addr()).await;
+    let image = make(&root.join("golden.img"), Pattern::HalfData, 8 * MIB, 41).unwrap();
+    let port = free_port();
+    let mut req = transfer(&image.path, &root.join("seed.raw"));
+    req.target = Some(proto::Endpoint {
+        relay: Some(proto::RelayOptions {
+            listen: format!("127.0.0.1:{port}"),
+            name: "golden".into(),
+            idle_seconds: 300,
+            ..proto::RelayOptions::default()
+        }),
+        ..endpoint(root.join("seed.raw").display().to_string()).unwrap()
+    });
+    let id = client.start_transfer(req).await.unwrap().into_inner().id;
+    watch_until(&mut client, &id, |j| {
+        j.message.contains("relaying") || is_terminal(j)
+    })
+    .await;
+    let down = root.join("down.raw");
+    let uri = format!("nbd://127.0.0.1:{port}/golden");
+    let child = spawn_copy(&uri, std::slice::from_ref(&down), &[]);
+    let run = tokio::task::spawn_blocking(move || wait(child, "the downstream copy"))
+        .await
+        .unwrap();
+    run.assert_success();
+    holds(&image, &down);
+    // The copy is done and its reader gone: the relay waits for late clients.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let job = client
+        .get_job(proto::GetJobRequest { id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(state(&job), JobState::Running, "{job:?}");
+    let asked = std::time::Instant::now();
+    client
+        .end_relay(proto::EndRelayRequest { id: id.clone() })
+        .await
+        .unwrap();
+    let job = wait_terminal(&mut client, &id, Duration::from_secs(10)).await;
+    assert_eq!(state(&job), JobState::Succeeded, "{job:?}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "the relay ended {:?} after EndRelay (idle time 300 s)",
+        asked.elapsed()
+    );
+    holds(&image, &root.join("seed.raw"));
+    // Ended: returned as it is.
+    let again = client
+        .end_relay(proto::EndRelayRequest { id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(state(&again), JobState::Succeeded);
+
+    // A slow copy that relays nothing: still running when asked.
+    let mut slow = transfer(&image.path, &root.join("plain.raw"));
+    slow.options = Some(proto::TransferOptions {
+        rate_limit: MIB,
+        ..proto::TransferOptions::default()
+    });
+    let plain = client.start_transfer(slow).await.unwrap().into_inner().id;
+    let e = client
+        .end_relay(proto::EndRelayRequest { id: plain.clone() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("does not relay"), "{e:?}");
+    client
+        .cancel_job(proto::CancelJobRequest { id: plain })
+        .await
+        .unwrap();
+    let e = client
+        .end_relay(proto::EndRelayRequest {
+            id: "no-such-job".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+}

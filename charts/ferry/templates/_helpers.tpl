@@ -103,9 +103,11 @@ namespace, else in a Role in each watched namespace.
 - apiGroups: [""]
   resources: [namespaces]
   verbs: [list, watch]
+# Storage classes: which is the default, watched with the StorageClassProfiles (the
+# modes and file-system overhead of the claims ferry makes).
 - apiGroups: [storage.k8s.io]
   resources: [storageclasses]
-  verbs: [get, list]
+  verbs: [get, list, watch]
 - apiGroups: [snapshot.storage.k8s.io]
   resources: [volumesnapshotclasses]
   verbs: [list]
@@ -124,7 +126,7 @@ namespace, else in a Role in each watched namespace.
   verbs: [get]
 - apiGroups: [ferry.dev]
   resources: [storageclassprofiles]
-  verbs: [list]
+  verbs: [list, watch]
 - apiGroups: [storage.k8s.io]
   resources: [volumeattachments]
   verbs: [list]

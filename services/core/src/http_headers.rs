@@ -133,6 +133,24 @@ pub fn strong_etag(value: &[u8]) -> Option<&str> {
         .then_some(text)
 }
 
+/// The version of an S3 object as a job and a GoldenImage record it: `etag:<ETag>` (the
+/// quotes kept), followed by ` version-id:<id>` on a versioned bucket. None without a
+/// usable ETag (refused when malformed or longer than [`MAX_HEADER_VALUE`]); a version
+/// id that is not printable ASCII of that length is left out.
+pub fn s3_object_version(etag: Option<&str>, version_id: Option<&str>) -> Option<String> {
+    let etag = etag.and_then(|e| strong_etag(e.as_bytes()))?;
+    let id = version_id.map(|v| v.trim_matches([' ', '\t'])).filter(|v| {
+        !v.is_empty()
+            && v != &"null"
+            && v.len() <= MAX_HEADER_VALUE
+            && v.bytes().all(|b| (0x21..=0x7e).contains(&b))
+    });
+    Some(match id {
+        Some(id) => format!("etag:{etag} version-id:{id}"),
+        None => format!("etag:{etag}"),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,5 +221,31 @@ mod tests {
         assert_eq!(strong_etag(b"W/\"abc\""), None);
         assert_eq!(strong_etag(b"abc"), None);
         assert_eq!(strong_etag(b"\"a\"b\""), None);
+    }
+
+    #[test]
+    fn s3_versions_name_the_etag_and_a_real_version_id() {
+        assert_eq!(
+            s3_object_version(Some("\"abc\""), None).as_deref(),
+            Some("etag:\"abc\"")
+        );
+        assert_eq!(
+            s3_object_version(Some("\"abc-2\""), Some("3HL4kqtJlcpXroDTDmJ+rmSpXd3dIbrHY"))
+                .as_deref(),
+            Some("etag:\"abc-2\" version-id:3HL4kqtJlcpXroDTDmJ+rmSpXd3dIbrHY")
+        );
+        // An unversioned bucket answers the id `null`.
+        assert_eq!(
+            s3_object_version(Some("\"abc\""), Some("null")).as_deref(),
+            Some("etag:\"abc\"")
+        );
+        assert_eq!(
+            s3_object_version(Some("\"abc\""), Some("a b\n")).as_deref(),
+            Some("etag:\"abc\"")
+        );
+        assert_eq!(s3_object_version(Some("abc"), Some("v1")), None);
+        assert_eq!(s3_object_version(None, Some("v1")), None);
+        let long = format!("\"{}\"", "a".repeat(MAX_HEADER_VALUE));
+        assert_eq!(s3_object_version(Some(&long), None), None);
     }
 }

@@ -11,7 +11,8 @@
 //! that fails there, or the copy's abort (failure, cancellation), fails every waiting and
 //! later read with EIO. After the copy, the finished image is served until every client
 //! has disconnected and none has come for the idle time (for clients that start late), or
-//! the linger time has passed ([`Relay::end`]).
+//! the linger time has passed ([`Relay::end`]); a [`RelayRelease`] (the caller knows no
+//! client is still to come) skips the idle time.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
@@ -147,12 +148,28 @@ impl Known {
     }
 }
 
-/// The relay's shared state: what is written, and whether the copy ended.
+/// The relay's shared state: what is written, whether the copy ended, and whether more
+/// clients are to be waited for.
 #[derive(Debug)]
 struct State {
     wait: Duration,
     known: Mutex<Known>,
     changed: Notify,
+    released: std::sync::atomic::AtomicBool,
+}
+
+/// Says a relay that no client is still to come: once its copy finished it serves the
+/// clients connected and ends when the last one has gone, without the idle time.
+#[derive(Debug, Clone)]
+pub struct RelayRelease(Arc<State>);
+
+impl RelayRelease {
+    /// No client is still to come.
+    pub fn release(&self) {
+        self.0
+            .released
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
 }
 
 impl State {
@@ -355,6 +372,7 @@ impl Relay {
                 end: End::Running,
             }),
             changed: Notify::new(),
+            released: std::sync::atomic::AtomicBool::new(false),
         });
         let backend = RelayBackend {
             state: state.clone(),
@@ -377,9 +395,10 @@ impl Relay {
                 let mut last_seen = tokio::time::Instant::now();
                 loop {
                     let now = tokio::time::Instant::now();
+                    let released = state.released.load(std::sync::atomic::Ordering::Acquire);
                     if server.connections() > 0 {
                         last_seen = now;
-                    } else if now >= last_seen + idle {
+                    } else if released || now >= last_seen + idle {
                         break;
                     }
                     if now >= deadline {
@@ -402,6 +421,11 @@ impl Relay {
     /// The NBD URI downstream movers read.
     pub fn uri(&self) -> &str {
         &self.uri
+    }
+
+    /// A handle that tells the relay no client is still to come.
+    pub fn release_handle(&self) -> RelayRelease {
+        RelayRelease(self.state.clone())
     }
 
     /// Clients connected now.

@@ -26,6 +26,8 @@ enum Command {
     Export(cli::export::ExportArgs),
     /// Print an image's format, virtual size, allocation and backing chain.
     Info(cli::info::InfoArgs),
+    /// Ask a source about itself without reading it: `ferry source version URL`.
+    Source(cli::source::SourceArgs),
     /// Deduplicating backups of images into a repository (directory or S3): init, create,
     /// list, show, restore, verify, prune, gc, key, protect.
     Backup(cli::backup::BackupArgs),
@@ -61,6 +63,7 @@ pub fn main() -> ExitCode {
             Command::Copy(args) => cli::copy::run(args).await,
             Command::Checksum(args) => cli::checksum::run(args).await,
             Command::Info(args) => cli::info::run(args).await,
+            Command::Source(args) => cli::source::run(args).await,
             Command::Export(args) => cli::export::run(args).await,
             Command::Backup(args) => cli::backup::run(args).await,
             Command::Serve(args) => cli::serve::run(args).await,

@@ -288,3 +288,98 @@ async fn without_attach_room_the_rollout_waits_and_says_why() {
     assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(30)));
     h.server.done().await;
 }
+
+/// The serving group's relay is told, once, that no reader is still to come when every
+/// group reading from it has ended (through its mover's link, with its token); not while
+/// one still runs.
+#[tokio::test]
+async fn a_relay_whose_readers_have_ended_is_told_so_once() {
+    let mut h = Harness::new(settings());
+    let planned = json!({"phase": "Running", "fanOut": {"targets": 5, "targetsSucceeded": 0,
+        "targetsFailed": 0, "groupsRunning": 2, "groupsSucceeded": 0, "groupsFailed": 0,
+        "groups": [
+        {"name": "rollout-g0", "node": "node-b", "targets": [[0, 3]], "phase": "Running"},
+        {"name": "rollout-g1", "node": "node-a", "targets": [[3, 5]], "phase": "Running"},
+    ]}});
+    let object = with_status(&transfer_json(), &json!({ "status": planned }));
+    let child = |name: &str, relay: Value, status: Value| {
+        json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+               "metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}"),
+                            "labels": {"ferry.dev/fan-out-of": "uid-r"}},
+               "spec": {"source": {"url": "https://images.example.com/golden.qcow2"},
+                        "targets": [], "relay": relay},
+               "status": status})
+    };
+    let serving = child(
+        "rollout-g0",
+        json!({"serve": true}),
+        json!({"phase": "Running", "moverPod": "rollout-g0-ft-1", "attempts": 1}),
+    );
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "rollout-g0-ft-1", "namespace": NS},
+        "status": {"phase": "Running", "podIP": "10.0.0.7"},
+    }))
+    .unwrap();
+    h.pod_seen(pod);
+    let reading = |phase: &str| {
+        child(
+            "rollout-g1",
+            json!({"from": "rollout-g0"}),
+            json!({"phase": phase}),
+        )
+    };
+    let relay_ends = |h: &Harness| {
+        h.link
+            .calls
+            .lock()
+            .iter()
+            .filter(|c| matches!(c, support::Call::EndRelay(uid) if uid == "uid-rollout-g0"))
+            .count()
+    };
+
+    // A reader still runs: nothing said.
+    let task = tokio::spawn(reconcile_transfer(transfer(&object), h.ctx.clone()));
+    h.server
+        .expect(
+            "GET",
+            TRANSFERS,
+            list("Transfer", json!([serving.clone(), reading("Running")])),
+        )
+        .await;
+    h.server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert_eq!(finish(task).await, Action::requeue(settings().resync));
+    h.server.done().await;
+    assert_eq!(relay_ends(&h), 0);
+
+    // Every reader ended: the serving mover is told, with its own token.
+    for round in 0..2 {
+        let task = tokio::spawn(reconcile_transfer(transfer(&object), h.ctx.clone()));
+        h.server
+            .expect(
+                "GET",
+                TRANSFERS,
+                list("Transfer", json!([serving.clone(), reading("Succeeded")])),
+            )
+            .await;
+        if round == 0 {
+            h.server
+                .expect(
+                    "GET",
+                    "/api/v1/namespaces/vms/secrets/rollout-g0-ft-1-token",
+                    Reply::Ok(json!({"apiVersion": "v1", "kind": "Secret",
+                        "metadata": {"name": "rollout-g0-ft-1-token", "namespace": NS},
+                        "data": {"token": "c2VjcmV0LXRva2Vu"}})),
+                )
+                .await;
+        }
+        h.server
+            .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+            .await;
+        finish(task).await;
+        h.server.done().await;
+        assert_eq!(relay_ends(&h), 1, "round {round}");
+    }
+    assert!(h.link.tokens.lock().iter().all(|t| t == "secret-token"));
+}

@@ -1,8 +1,12 @@
 //! GoldenImages against a mocked API server: a poll of a source whose version is not
-//! asked (an `s3://` URL) starts an import Transfer into a new claim and records it; the
+//! asked (an `nbd://` URL) starts an import Transfer into a new claim and records it; the
 //! import's end makes its claim current and deletes the Transfer; a Transfer from
 //! `source: {goldenImage}` records the current claim first, and waits, saying why, while
-//! the GoldenImage holds none. (tests/tests/golden_image.rs runs the whole loop against
+//! the GoldenImage holds none. A source with credentials is asked by a probe pod (an
+//! unchanged version imports nothing, a failed probe is PollFailed, a stale pod is
+//! deleted); an import kept as a snapshot is snapshotted, its claim deleted once the
+//! snapshot is ready, the oldest snapshot pruned; a Transfer from such a GoldenImage
+//! restores the snapshot into its own claim once. (tests/tests/golden_image.rs runs the whole loop against
 //! nginx with the real controllers.)
 
 use crate::support;
@@ -30,7 +34,7 @@ fn golden_json() -> Value {
         "metadata": {"name": "fedora", "namespace": NS, "uid": "gi-1", "generation": 1,
                      "resourceVersion": "3"},
         "spec": {
-            "source": {"url": "s3://images/fedora.raw"},
+            "source": {"url": "nbd://images.example.com:10809/fedora"},
             "trigger": {"schedule": "0 */6 * * *"},
             "importsToKeep": 1,
             "claim": {"size": "10Gi", "volumeMode": "Block"},
@@ -54,7 +58,7 @@ async fn a_poll_imports_and_the_imports_end_makes_its_claim_current() {
     let object = golden_json();
     let gi: Arc<GoldenImage> = Arc::new(serde_json::from_value(object.clone()).unwrap());
 
-    // 1. The first poll: no version to ask of s3://, so an import.
+    // 1. The first poll: no version to ask of nbd://, so an import.
     let task = tokio::spawn(reconcile(gi, h.ctx.clone()));
     let created = h.server.expect("POST", TRANSFERS, Reply::Echo).await.body;
     let name = created["metadata"]["name"].as_str().unwrap().to_string();
@@ -116,7 +120,7 @@ async fn a_poll_imports_and_the_imports_end_makes_its_claim_current() {
     assert_eq!(finish(task).await, Action::requeue(Duration::ZERO));
     h.server.done().await;
 
-    // 3. The next fire imports again (s3:// has no version asked); once it succeeded the
+    // 3. The next fire imports again (nbd:// has no version asked); once it succeeded the
     // first claim goes (importsToKeep 1).
     let mut status = status;
     status["nextPollTime"] = json!("2000-01-01T00:00:00Z");
@@ -221,6 +225,394 @@ async fn a_transfer_from_a_golden_image_records_its_current_claim_or_waits() {
         )
         .await;
     assert_eq!(seen.body["status"]["sourceClaim"], "fedora-0a1b2c3d");
+    assert_eq!(finish(task).await, Action::requeue(Duration::ZERO));
+    h.server.done().await;
+}
+
+// ---- Sources with credentials: asked by a probe pod ----
+
+const PODS: &str = "/api/v1/namespaces/vms/pods";
+const PROBE: &str = "/api/v1/namespaces/vms/pods/fedora-version";
+
+/// A GoldenImage of an HTTPS source behind basic authentication (a Secret the operator
+/// never reads).
+fn private_json() -> Value {
+    let mut g = golden_json();
+    g["spec"]["source"] = json!({
+        "url": "https://images.example.com/private/fedora.qcow2",
+        "http": {"user": "ferry", "password": {"name": "web", "key": "password"}},
+    });
+    g
+}
+
+/// The probe pod of `object` as it was created, ended with `message` as its termination
+/// message.
+fn probe_ended(created: &Value, message: &str) -> Value {
+    let mut pod = created.clone();
+    pod["metadata"]["creationTimestamp"] = json!("2026-12-06T10:00:00Z");
+    pod["status"] = json!({"phase": "Succeeded", "containerStatuses": [{
+        "name": "probe", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 0, "reason": "Completed", "message": message}}}]});
+    pod
+}
+
+fn condition_of(status: &Value, type_: &str) -> (String, String) {
+    let c = status["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == type_)
+        .cloned()
+        .unwrap_or_default();
+    (
+        c["reason"].as_str().unwrap_or_default().to_string(),
+        c["message"].as_str().unwrap_or_default().to_string(),
+    )
+}
+
+#[tokio::test]
+async fn a_credentialed_source_is_asked_by_a_probe_pod_and_only_a_new_version_imports() {
+    let mut h = Harness::new(settings());
+    let object = private_json();
+    let gi: Arc<GoldenImage> = Arc::new(serde_json::from_value(object.clone()).unwrap());
+
+    // 1. No probe pod yet: one is made, with the Secret key projected, never read.
+    let task = tokio::spawn(reconcile(gi.clone(), h.ctx.clone()));
+    h.server.expect("GET", PROBE, Reply::NotFound).await;
+    // The GoldenImage read afresh: the poll is still due.
+    h.server.expect("GET", GI, Reply::Ok(object.clone())).await;
+    let created = h.server.expect("POST", PODS, Reply::Echo).await.body;
+    assert_eq!(
+        created["metadata"]["labels"]["app.kubernetes.io/component"],
+        "version-probe"
+    );
+    assert_eq!(created["metadata"]["ownerReferences"][0]["uid"], "gi-1");
+    let args = created["spec"]["containers"][0]["args"].clone();
+    assert_eq!(args[0], "source");
+    assert_eq!(args[1], "version");
+    let source: Value = serde_json::from_str(args[3].as_str().unwrap()).unwrap();
+    assert_eq!(source, object["spec"]["source"]);
+    let secrets = created["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "secrets")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        secrets["projected"]["sources"][0]["secret"],
+        json!({"name": "web", "optional": false, "items": [{"key": "password", "path": "web/password"}]})
+    );
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(5)));
+    h.server.done().await;
+
+    // 2. It ended with a version: the pod goes, the version imports.
+    let task = tokio::spawn(reconcile(gi.clone(), h.ctx.clone()));
+    h.server
+        .expect(
+            "GET",
+            PROBE,
+            Reply::Ok(probe_ended(&created, r#"{"version":"etag:\"v1\""}"#)),
+        )
+        .await;
+    h.server.expect("DELETE", PROBE, Reply::Deleted).await;
+    let transfer = h.server.expect("POST", TRANSFERS, Reply::Echo).await.body;
+    assert_eq!(transfer["spec"]["source"], object["spec"]["source"]);
+    let seen = h
+        .server
+        .expect("PATCH", GI_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = seen.body["status"].clone();
+    assert_eq!(status["importing"]["version"], "etag:\"v1\"");
+    assert_eq!(h.server.expect_event(NS).await.body["reason"], "Importing");
+    assert_eq!(finish(task).await, Action::requeue(Duration::ZERO));
+    h.server.done().await;
+
+    // 3. The same version at the next fire: nothing imports.
+    let name = status["importing"]["claim"].as_str().unwrap().to_string();
+    let current = json!({"status": {
+        "currentClaim": name, "currentVersion": "etag:\"v1\"",
+        "imports": [{"claim": name, "version": "etag:\"v1\"", "importedAt": "2026-12-06T10:00:00Z"}],
+        "nextPollTime": "2000-01-01T00:00:00Z"}});
+    let object = with_status(&object, &current);
+    let gi: Arc<GoldenImage> = Arc::new(serde_json::from_value(object.clone()).unwrap());
+    let task = tokio::spawn(reconcile(gi.clone(), h.ctx.clone()));
+    h.server
+        .expect(
+            "GET",
+            PROBE,
+            Reply::Ok(probe_ended(&created, r#"{"version":"etag:\"v1\""}"#)),
+        )
+        .await;
+    h.server.expect("DELETE", PROBE, Reply::Deleted).await;
+    let seen = h
+        .server
+        .expect("PATCH", GI_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert_eq!(seen.body["status"]["currentClaim"], name.as_str());
+    assert!(seen.body["status"].get("importing").is_none());
+    assert_eq!(condition_of(&seen.body["status"], "Ready").0, "UpToDate");
+    assert_eq!(finish(task).await, Action::requeue(Duration::ZERO));
+    h.server.done().await;
+
+    // 4. A probe that failed (bad credentials): PollFailed with what it said, no import.
+    let task = tokio::spawn(reconcile(gi.clone(), h.ctx.clone()));
+    let said = r#"{"error":"cannot ask the source for its version: https://images.example.com/private/fedora.qcow2: the server answered 401 Unauthorized"}"#;
+    h.server
+        .expect("GET", PROBE, Reply::Ok(probe_ended(&created, said)))
+        .await;
+    h.server.expect("DELETE", PROBE, Reply::Deleted).await;
+    let seen = h
+        .server
+        .expect("PATCH", GI_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let (reason, message) = condition_of(&seen.body["status"], "Ready");
+    assert_eq!(reason, "PollFailed");
+    assert!(
+        message.contains("(pod fedora-version)") && message.contains("401"),
+        "{message}"
+    );
+    assert_eq!(seen.body["status"]["currentClaim"], name.as_str());
+    let event = h.server.expect_event(NS).await;
+    assert_eq!(event.body["reason"], "PollFailed");
+    assert_eq!(event.body["type"], "Warning");
+    finish(task).await;
+    h.server.done().await;
+
+    // 5. A pod of an earlier spec (other arguments) is deleted, never read.
+    let mut stale = probe_ended(&created, r#"{"version":"etag:\"v9\""}"#);
+    stale["spec"]["containers"][0]["args"][3] = json!("{\"url\":\"https://old.example.com/x\"}");
+    let task = tokio::spawn(reconcile(gi.clone(), h.ctx.clone()));
+    h.server.expect("GET", PROBE, Reply::Ok(stale)).await;
+    h.server.expect("DELETE", PROBE, Reply::Deleted).await;
+    assert_eq!(finish(task).await, Action::requeue(Duration::ZERO));
+    h.server.done().await;
+
+    // 6. A reconcile of a stale copy (the cache behind the status just written): the
+    // GoldenImage read afresh was polled meanwhile, so no pod is made.
+    let task = tokio::spawn(reconcile(gi, h.ctx.clone()));
+    h.server.expect("GET", PROBE, Reply::NotFound).await;
+    let mut polled = object.clone();
+    polled["status"]["lastPollTime"] = json!("2026-12-06T10:00:00Z");
+    polled["status"]["nextPollTime"] = json!("2999-01-01T00:00:00Z");
+    h.server.expect("GET", GI, Reply::Ok(polled)).await;
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(1)));
+    h.server.done().await;
+}
+
+// ---- keepAs: Snapshot ----
+
+const SNAPSHOTS: &str = "/apis/snapshot.storage.k8s.io/v1/namespaces/vms/volumesnapshots";
+
+#[tokio::test]
+async fn an_import_kept_as_a_snapshot_is_snapshotted_then_its_claim_goes() {
+    let mut h = Harness::new(settings());
+    let mut object = golden_json();
+    object["spec"]["keepAs"] = json!("Snapshot");
+    object["spec"]["volumeSnapshotClassName"] = json!("rbd-snaps");
+    let object = with_status(
+        &object,
+        &json!({"status": {
+            "currentSnapshot": "fedora-old", "currentVersion": "etag:\"v0\"",
+            "imports": [{"claim": "fedora-old", "snapshot": "fedora-old", "version": "etag:\"v0\"",
+                         "importedAt": "2026-12-05T10:00:00Z"}],
+            "importing": {"transfer": "fedora-new", "claim": "fedora-new", "version": "etag:\"v1\""}}}),
+    );
+    let gi: Arc<GoldenImage> = Arc::new(serde_json::from_value(object.clone()).unwrap());
+
+    // 1. The copy succeeded: the claim is snapshotted, the Transfer goes.
+    let task = tokio::spawn(reconcile(gi, h.ctx.clone()));
+    h.server
+        .expect(
+            "GET",
+            &format!("{TRANSFERS}/fedora-new"),
+            Reply::Ok(json!({
+                "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+                "metadata": {"name": "fedora-new", "namespace": NS},
+                "spec": {"source": {"url": "s3://images/fedora.raw"}, "targets": []},
+                "status": {"phase": "Succeeded"}})),
+        )
+        .await;
+    let snapshot = h.server.expect("POST", SNAPSHOTS, Reply::Echo).await.body;
+    assert_eq!(snapshot["metadata"]["name"], "fedora-new");
+    assert_eq!(
+        snapshot["spec"],
+        json!({"source": {"persistentVolumeClaimName": "fedora-new"},
+               "volumeSnapshotClassName": "rbd-snaps"})
+    );
+    let seen = h
+        .server
+        .expect("PATCH", GI_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = seen.body["status"].clone();
+    assert_eq!(status["importing"]["snapshot"], "fedora-new");
+    assert_eq!(status["currentSnapshot"], "fedora-old");
+    h.server
+        .expect("DELETE", &format!("{TRANSFERS}/fedora-new"), Reply::Deleted)
+        .await;
+    assert_eq!(
+        h.server.expect_event(NS).await.body["reason"],
+        "Snapshotting"
+    );
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(5)));
+    h.server.done().await;
+
+    // 2. Not ready yet: nothing changes.
+    let object = with_status(&object, &json!({ "status": status }));
+    let gi: Arc<GoldenImage> = Arc::new(serde_json::from_value(object.clone()).unwrap());
+    let task = tokio::spawn(reconcile(gi.clone(), h.ctx.clone()));
+    let mut pending = snapshot.clone();
+    pending["status"] = json!({"readyToUse": false});
+    h.server
+        .expect(
+            "GET",
+            &format!("{SNAPSHOTS}/fedora-new"),
+            Reply::Ok(pending),
+        )
+        .await;
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(5)));
+    h.server.done().await;
+
+    // 3. Ready: the claim goes, the snapshot is current, the oldest snapshot goes.
+    let task = tokio::spawn(reconcile(gi, h.ctx.clone()));
+    let mut ready = snapshot.clone();
+    ready["status"] = json!({"readyToUse": true, "restoreSize": "10Gi"});
+    h.server
+        .expect("GET", &format!("{SNAPSHOTS}/fedora-new"), Reply::Ok(ready))
+        .await;
+    h.server
+        .expect("DELETE", &format!("{PVCS}/fedora-new"), Reply::Deleted)
+        .await;
+    h.server
+        .expect("DELETE", &format!("{SNAPSHOTS}/fedora-old"), Reply::Deleted)
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", GI_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = &seen.body["status"];
+    assert_eq!(status["currentSnapshot"], "fedora-new");
+    assert!(status.get("currentClaim").is_none(), "{status}");
+    assert_eq!(status["currentVersion"], "etag:\"v1\"");
+    assert_eq!(
+        status["imports"],
+        json!([{"claim": "fedora-new", "snapshot": "fedora-new", "version": "etag:\"v1\"",
+                "importedAt": status["imports"][0]["importedAt"]}])
+    );
+    assert_eq!(
+        condition_of(status, "Ready").1,
+        "VolumeSnapshot fedora-new holds the newest import"
+    );
+    assert_eq!(h.server.expect_event(NS).await.body["reason"], "Imported");
+    finish(task).await;
+    h.server.done().await;
+}
+
+#[tokio::test]
+async fn a_transfer_from_a_snapshot_kept_golden_image_restores_its_own_claim_once() {
+    let mut h = Harness::new(settings());
+    let object = transfer_json();
+    let mut image = golden_json();
+    image["spec"]["keepAs"] = json!("Snapshot");
+    image["spec"]["claim"]["storageClassName"] = json!("rbd");
+    image["status"] = json!({"currentSnapshot": "fedora-0a1b2c3d"});
+    const TRANSFER_STATUS: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/transfers/vm-1/status";
+
+    // 1. The claim restored from the snapshot is made; the Transfer waits for it.
+    let task = tokio::spawn(reconcile_transfer(
+        Arc::new(serde_json::from_value(object.clone()).unwrap()),
+        h.ctx.clone(),
+    ));
+    h.server.expect("GET", GI, Reply::Ok(image.clone())).await;
+    h.server
+        .expect("GET", &format!("{PVCS}/vm-1-golden"), Reply::NotFound)
+        .await;
+    let claim = h.server.expect("POST", PVCS, Reply::Echo).await.body;
+    assert_eq!(
+        claim["spec"],
+        json!({"accessModes": ["ReadWriteOnce"], "volumeMode": "Block", "storageClassName": "rbd",
+               "resources": {"requests": {"storage": "10Gi"}},
+               "dataSource": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",
+                              "name": "fedora-0a1b2c3d"}})
+    );
+    assert_eq!(claim["metadata"]["ownerReferences"][0]["uid"], "t-1");
+    assert_eq!(claim["metadata"]["ownerReferences"][0]["kind"], "Transfer");
+    h.server
+        .expect(
+            "GET",
+            "/apis/storage.k8s.io/v1/storageclasses/rbd",
+            Reply::Ok(
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                "metadata": {"name": "rbd"}, "provisioner": "rbd.csi.ceph.com",
+                "volumeBindingMode": "Immediate"}),
+            ),
+        )
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", TRANSFER_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert_eq!(seen.body["status"]["phase"], "Pending");
+    assert_eq!(
+        seen.body["status"]["message"],
+        "restoring GoldenImage fedora's VolumeSnapshot fedora-0a1b2c3d into pvc/vm-1-golden: waiting for it to be bound"
+    );
+    assert!(seen.body["status"].get("sourceClaim").is_none());
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(10)));
+    h.server.done().await;
+
+    // 2. Bound: recorded as the source claim; a newer snapshot meanwhile changes nothing
+    // (the claim already exists, restored from the first).
+    image["status"] = json!({"currentSnapshot": "fedora-99999999"});
+    let task = tokio::spawn(reconcile_transfer(
+        Arc::new(serde_json::from_value(object.clone()).unwrap()),
+        h.ctx.clone(),
+    ));
+    h.server.expect("GET", GI, Reply::Ok(image)).await;
+    let mut bound = claim.clone();
+    bound["status"] = json!({"phase": "Bound"});
+    h.server
+        .expect("GET", &format!("{PVCS}/vm-1-golden"), Reply::Ok(bound))
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", TRANSFER_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert_eq!(seen.body["status"]["sourceClaim"], "vm-1-golden");
+    assert_eq!(finish(task).await, Action::requeue(Duration::ZERO));
+    h.server.done().await;
+
+    // 3. A class that binds at the first consumer: recorded unbound (the copy's mover
+    // binds it).
+    let mut image = golden_json();
+    image["spec"]["keepAs"] = json!("Snapshot");
+    image["spec"]["claim"]["storageClassName"] = json!("local");
+    image["status"] = json!({"currentSnapshot": "fedora-0a1b2c3d"});
+    let task = tokio::spawn(reconcile_transfer(
+        Arc::new(serde_json::from_value(object.clone()).unwrap()),
+        h.ctx.clone(),
+    ));
+    h.server.expect("GET", GI, Reply::Ok(image)).await;
+    h.server
+        .expect("GET", &format!("{PVCS}/vm-1-golden"), Reply::NotFound)
+        .await;
+    h.server.expect("POST", PVCS, Reply::Echo).await;
+    h.server
+        .expect(
+            "GET",
+            "/apis/storage.k8s.io/v1/storageclasses/local",
+            Reply::Ok(
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                "metadata": {"name": "local"}, "provisioner": "local.csi",
+                "volumeBindingMode": "WaitForFirstConsumer"}),
+            ),
+        )
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", TRANSFER_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert_eq!(seen.body["status"]["sourceClaim"], "vm-1-golden");
     assert_eq!(finish(task).await, Action::requeue(Duration::ZERO));
     h.server.done().await;
 }

@@ -829,6 +829,53 @@ async fn a_refused_claim_waits_with_the_server_message() {
     h.server.done().await;
 }
 
+/// A pvcTemplate that leaves its volume and access modes out gets its class's
+/// StorageClassProfile's (a given mode stays); the claim is created with them.
+#[tokio::test]
+async fn a_template_without_modes_takes_its_classs_profile() {
+    use ferry_operator::class_defaults::ClassDefaults;
+    use ferry_operator::crd::StorageClassProfile;
+    use kube::runtime::reflector::store::Writer;
+    use kube::runtime::watcher::Event;
+
+    let mut profiles = Writer::<StorageClassProfile>::default();
+    let profile: StorageClassProfile = serde_json::from_value(json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "StorageClassProfile",
+        "metadata": {"name": "fast"},
+        "spec": {"volumeMode": "Block", "accessModes": ["ReadWriteMany"]},
+    }))
+    .unwrap();
+    profiles.apply_watcher_event(&Event::Apply(profile));
+    let classes = Writer::default();
+    let defaults = ClassDefaults::from_stores(profiles.as_reader(), classes.as_reader());
+    let mut h = Harness::with_class_defaults(settings(), defaults);
+    let mut object = transfer_json(None);
+    object["spec"]["source"] = json!({"url": "https://images.example.com/fedora.raw"});
+    let task = tokio::spawn(ferry_operator::clone::reconcile::reconcile_transfer(
+        transfer(&object),
+        h.ctx.clone(),
+    ));
+    h.server
+        .expect("GET", &format!("{PVCS}/copy"), Reply::NotFound)
+        .await;
+    let created = h
+        .server
+        .expect("POST", PVCS, Reply::Refuse(403, "quota"))
+        .await
+        .body;
+    assert_eq!(
+        created["spec"],
+        json!({"accessModes": ["ReadWriteMany"], "storageClassName": "fast",
+               "volumeMode": "Block", "resources": {"requests": {"storage": "10Gi"}}})
+    );
+    h.server
+        .expect("PATCH", T_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    h.server.expect_event(NS).await;
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(5)));
+    h.server.done().await;
+}
+
 /// An invalid spec (a password inside the URL): Failed with what to fix, the password
 /// never repeated; a Failed resource costs nothing more.
 #[tokio::test]

@@ -13,4 +13,5 @@ mod manifests;
 mod metrics;
 mod mover_ca;
 mod populator;
+mod populator_clone;
 mod reconcile;

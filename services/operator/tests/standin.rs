@@ -55,6 +55,10 @@ impl MoverLink for DoneLink {
     async fn cancel(&self, _mover: &MoverAddress, _owner_uid: &str) -> Result<(), LinkError> {
         Ok(())
     }
+
+    async fn end_relay(&self, _mover: &MoverAddress, _owner_uid: &str) -> Result<(), LinkError> {
+        Ok(())
+    }
 }
 
 /// A cluster of two nodes, a default WaitForFirstConsumer class (local-path, as on kind)

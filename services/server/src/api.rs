@@ -284,6 +284,18 @@ impl JobService for JobApi {
         reply(guard, r)
     }
 
+    async fn end_relay(
+        &self,
+        request: Request<proto::EndRelayRequest>,
+    ) -> Result<Response<proto::Job>, Status> {
+        let guard = self.guard("EndRelay");
+        let r = self
+            .manager
+            .end_relay(&request.get_ref().id)
+            .map(|r| convert::job_to_proto(&r));
+        reply(guard, r)
+    }
+
     async fn cancel_job(
         &self,
         request: Request<proto::CancelJobRequest>,

@@ -33,6 +33,8 @@ pub enum ServiceError {
     TooManySchedules { limit: usize },
     /// InitRepository where a repository exists.
     RepositoryExists { url: String },
+    /// EndRelay of a job that relays nothing.
+    NotRelaying { id: String },
 }
 
 impl From<Error> for ServiceError {
@@ -104,6 +106,9 @@ impl ServiceError {
             ServiceError::TooManySchedules { limit } => Status::resource_exhausted(format!(
                 "the server holds {limit} schedules, as many as it allows: delete one first"
             )),
+            ServiceError::NotRelaying { id } => Status::failed_precondition(format!(
+                "job {id} does not relay its image (no target with `relay`): nothing to end"
+            )),
         }
     }
 }
@@ -129,6 +134,8 @@ mod tests {
         .into();
         assert_eq!(s.code(), Code::AlreadyExists);
         assert_eq!(code_for(ErrorKind::Disconnected), Code::Unavailable);
+        let s: Status = ServiceError::NotRelaying { id: "x".into() }.into();
+        assert_eq!(s.code(), Code::FailedPrecondition);
         let s: Status = ServiceError::UnknownSchedule { id: "x".into() }.into();
         assert_eq!(s.code(), Code::NotFound);
         let s: Status = ServiceError::ScheduleNameTaken { name: "n".into() }.into();

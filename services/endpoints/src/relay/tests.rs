@@ -181,6 +181,31 @@ async fn a_finished_copy_waits_the_idle_time_for_late_clients() {
     );
 }
 
+/// Released (no client is still to come), a finished relay ends as soon as no client is
+/// connected, not after its idle time; released before the copy finished, it still
+/// serves until then.
+#[tokio::test]
+async fn a_released_relay_ends_without_its_idle_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let (relay, path) = relay_idle(&dir, Duration::from_secs(30), Duration::from_secs(30)).await;
+    let target = relay.wrap(Arc::new(
+        crate::file::FileTarget::open(&path, SIZE, &crate::TargetOptions::default())
+            .await
+            .unwrap(),
+    ));
+    relay.release_handle().release();
+    assert!(!relay.is_complete());
+    relay.written().written(0, SIZE, false);
+    target.finish().await.unwrap();
+    let started = std::time::Instant::now();
+    relay.end().await;
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "a released relay ended after {:?} (idle time 30 s)",
+        started.elapsed()
+    );
+}
+
 #[tokio::test]
 async fn block_status_describes_what_is_written_without_waiting_for_the_rest() {
     let dir = tempfile::tempdir().unwrap();

@@ -35,6 +35,8 @@ struct Inner {
     size: u64,
     /// Sent as If-Match so that a replaced object fails the copy instead of mixing versions.
     etag: Option<String>,
+    /// `etag:"..."` (and ` version-id:...` on a versioned bucket): [`Source::version`].
+    version: Option<String>,
     metadata: FerryMetadata,
     attempts: u32,
 }
@@ -90,6 +92,10 @@ impl S3Source {
                 key: key.to_string(),
                 size,
                 etag: head.e_tag().map(str::to_string),
+                version: ferry_core::http_headers::s3_object_version(
+                    head.e_tag(),
+                    head.version_id(),
+                ),
                 metadata,
                 attempts,
             }),
@@ -240,5 +246,9 @@ impl Source for S3Source {
 
     async fn connect(&self) -> Result<Arc<dyn Source>> {
         Ok(Arc::new(self.clone()))
+    }
+
+    fn version(&self) -> Option<String> {
+        self.inner.version.clone()
     }
 }

@@ -29,6 +29,7 @@ pub mod remote;
 pub mod retention;
 pub mod serve;
 pub mod snapshot_metadata;
+pub mod source;
 pub mod summary;
 
 use std::process::ExitCode;

@@ -50,6 +50,7 @@ pub enum Resolved {
 
 /// One reconcile of a Transfer.
 pub async fn reconcile_transfer(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let obj = ctx.class_defaults.fill_transfer(obj);
     let obj = match crate::golden::source::resolve(obj, &ctx).await? {
         Resolved::Ready(obj) => obj,
         Resolved::Done(action) => return Ok(action),

@@ -57,6 +57,9 @@ pub struct Context {
     namespaces: Store<PartialObjectMeta<Namespace>>,
     /// The operator's metrics (the reconcilers count into them).
     pub metrics: Arc<OperatorMetrics>,
+    /// What the StorageClassProfiles say of the claims ferry makes (nothing until
+    /// [`Context::with_class_defaults`]).
+    pub class_defaults: crate::class_defaults::ClassDefaults,
     recorder: Recorder,
     watches: Mutex<HashMap<String, Watch>>,
     tokens: Mutex<HashMap<String, String>>,
@@ -79,6 +82,8 @@ pub struct Context {
     attachment_checks: Mutex<HashMap<String, (Instant, Option<String>)>>,
     /// Every Transfer (the Transfer controller's store), where a fan-out reads its groups.
     transfers: std::sync::OnceLock<Store<crate::crd::Transfer>>,
+    /// Serving groups' movers told that no reader is still to come: "uid/pod".
+    relays_ended: Mutex<std::collections::HashSet<String>>,
 }
 
 /// A resource waiting for a mover slot.
@@ -131,6 +136,7 @@ impl Context {
             pods,
             namespaces: reflector::store().0,
             metrics: Arc::default(),
+            class_defaults: crate::class_defaults::ClassDefaults::default(),
             watches: Mutex::default(),
             tokens: Mutex::default(),
             waits: Mutex::default(),
@@ -142,6 +148,7 @@ impl Context {
             unreachable: Mutex::default(),
             attachment_checks: Mutex::default(),
             transfers: std::sync::OnceLock::new(),
+            relays_ended: Mutex::default(),
         }
     }
 
@@ -173,6 +180,12 @@ impl Context {
                     .as_ref()
                     .is_some_and(|a| a.contains_key(UID_RANGE_ANNOTATION))
             })
+    }
+
+    /// The same context filling templates from `defaults` (filled by watches).
+    pub fn with_class_defaults(mut self, defaults: crate::class_defaults::ClassDefaults) -> Self {
+        self.class_defaults = defaults;
+        self
     }
 
     /// The same context counting into `metrics` (the ones the binary serves).
@@ -326,6 +339,19 @@ impl Context {
     pub fn forget(&self, uid: &str) {
         self.done_waiting(uid);
         self.reached(uid);
+        let prefix = format!("{uid}/");
+        self.relays_ended.lock().retain(|k| !k.starts_with(&prefix));
+    }
+
+    /// Whether the relay of resource `uid`'s mover `pod` is to be told that its readers
+    /// are done (true once, until [`Context::relay_not_ended`]).
+    pub fn relay_ending(&self, uid: &str, pod: &str) -> bool {
+        self.relays_ended.lock().insert(format!("{uid}/{pod}"))
+    }
+
+    /// The relay of `uid`'s mover `pod` could not be told: tell it on a later look.
+    pub fn relay_not_ended(&self, uid: &str, pod: &str) {
+        self.relays_ended.lock().remove(&format!("{uid}/{pod}"));
     }
 
     /// Remembers that a resource of `kind` waits for a mover slot (keeping its place when

@@ -313,6 +313,24 @@ impl MoverLink for GrpcMoverLink {
         }
         Ok(())
     }
+
+    async fn end_relay(&self, mover: &MoverAddress, owner_uid: &str) -> Result<(), LinkError> {
+        let mut client = self.client(mover).await?;
+        let labels = [(OWNER_UID_LABEL.to_string(), owner_uid.to_string())].into();
+        let states = vec![proto::JobState::Running as i32];
+        for job in list(&mut client, &labels, states).await? {
+            match client
+                .end_relay(proto::EndRelayRequest { id: job.id })
+                .await
+            {
+                Ok(_) => {}
+                // A job that relays nothing (a prune after the copy), or gone meanwhile.
+                Err(s) if s.code() == Code::FailedPrecondition || s.code() == Code::NotFound => {}
+                Err(s) => return Err(link_error(&s)),
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Jobs with these labels (and states, when given), at most [`MAX_PAGES`] pages.

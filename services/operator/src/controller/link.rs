@@ -277,6 +277,10 @@ pub trait MoverLink: Send + Sync {
 
     /// Cancels every job of the resource with this uid (the jobs' owner-uid label).
     async fn cancel(&self, mover: &MoverAddress, owner_uid: &str) -> Result<(), LinkError>;
+
+    /// Tells the relay of every running job of the resource with this uid that no reader
+    /// is still to come (its copy done, it ends once its readers have gone).
+    async fn end_relay(&self, mover: &MoverAddress, owner_uid: &str) -> Result<(), LinkError>;
 }
 
 #[cfg(test)]

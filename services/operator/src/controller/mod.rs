@@ -125,8 +125,10 @@ pub async fn run(
     let (store, pod_task) = watch_movers(&client, &ns);
     store.wait_until_ready().await.map_err(|_| RunError)?;
     let (namespaces, namespace_task) = watch_namespaces(&client);
+    let (class_defaults, class_tasks) = crate::class_defaults::ClassDefaults::watch(&client);
     let mut ctx = Context::new(client.clone(), settings, link, store.clone())
         .with_namespaces(namespaces)
+        .with_class_defaults(class_defaults)
         .with_metrics(metrics.clone());
     if let Some(ca) = mover_ca {
         ctx = ctx.with_mover_ca(ca);
@@ -182,6 +184,7 @@ pub async fn run(
     );
     pod_task.abort();
     namespace_task.abort();
+    class_tasks.iter().for_each(|t| t.abort());
     Ok(())
 }
 

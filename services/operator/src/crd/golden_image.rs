@@ -36,6 +36,11 @@ pub const MAX_KEEP: u32 = 100;
     doc = "Imports an image into a new PVC on a cron schedule whenever its version changed, keeping the newest imports",
     printcolumn(name = "URL", type_ = "string", json_path = ".spec.source.url"),
     printcolumn(name = "Current", type_ = "string", json_path = ".status.currentClaim"),
+    printcolumn(
+        name = "Snapshot",
+        type_ = "string",
+        json_path = ".status.currentSnapshot"
+    ),
     printcolumn(name = "Last poll", type_ = "date", json_path = ".status.lastPollTime"),
     printcolumn(name = "Next poll", type_ = "date", json_path = ".status.nextPollTime"),
     printcolumn(
@@ -56,12 +61,31 @@ pub struct GoldenImageSpec {
     pub imports_to_keep: Option<u32>,
     /// The claims the imports are written into.
     pub claim: ImportClaim,
+    /// What each import is kept as: its claim (default), or a VolumeSnapshot of it, the
+    /// claim deleted once the snapshot is ready (CDI's `sourceFormat: snapshot`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_as: Option<KeepAs>,
+    /// The VolumeSnapshotClass of the imports' snapshots (`keepAs: Snapshot`; default:
+    /// the cluster's default class of the claim's driver).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_snapshot_class_name: Option<String>,
     /// How to copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub options: Option<TransferOptions>,
     /// How the import's mover pod runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mover: Option<MoverSettings>,
+}
+
+/// What an import is kept as.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum KeepAs {
+    /// The claim the import wrote.
+    #[default]
+    Claim,
+    /// A VolumeSnapshot of that claim (named like it); the claim is deleted once the
+    /// snapshot is ready. Consumers restore a claim from it.
+    Snapshot,
 }
 
 /// The claim each import creates: `<name>-<version hash>`.
@@ -109,6 +133,11 @@ impl GoldenImageSpec {
             .map_err(|e| invalid("spec.trigger.schedule", &e.to_string()))
     }
 
+    /// What imports are kept as.
+    pub fn keep_as(&self) -> KeepAs {
+        self.keep_as.unwrap_or_default()
+    }
+
     /// How many imports are kept.
     pub fn keep(&self) -> usize {
         self.imports_to_keep.unwrap_or(DEFAULT_KEEP) as usize
@@ -119,8 +148,11 @@ impl GoldenImageSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ImportRecord {
-    /// The claim holding it.
+    /// The claim holding it (deleted when it is kept as a snapshot).
     pub claim: String,
+    /// The VolumeSnapshot holding it (`keepAs: Snapshot`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
     /// The source's version it holds (`etag:...`, `last-modified:...`; empty when the
     /// source gave none).
     #[serde(default)]
@@ -140,6 +172,10 @@ pub struct Importing {
     /// The version it imports.
     #[serde(default)]
     pub version: String,
+    /// Its VolumeSnapshot, once the copy succeeded (`keepAs: Snapshot`): the import ends
+    /// when it is ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
 }
 
 /// What the operator observed of a GoldenImage.
@@ -149,6 +185,10 @@ pub struct GoldenImageStatus {
     /// The newest successful import's claim: what `source: {goldenImage}` reads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_claim: Option<String>,
+    /// The newest successful import's VolumeSnapshot (`keepAs: Snapshot`; then there is
+    /// no current claim): `source: {goldenImage}` restores a claim from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_snapshot: Option<String>,
     /// The version it holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_version: Option<String>,

@@ -40,7 +40,9 @@ pub use endpoint::{
     TransferTarget, VolumeMode,
 };
 pub use fan_out::{FanOut, FanOutStatus, GroupRelay, GroupStatus, PvcTemplates};
-pub use golden_image::{GoldenImage, GoldenImageSpec, GoldenImageStatus, ImportRecord, Importing};
+pub use golden_image::{
+    GoldenImage, GoldenImageSpec, GoldenImageStatus, ImportRecord, Importing, KeepAs,
+};
 pub use options::{
     CacheMode, ChecksumOptions, CommitOrder, HashAlgorithm, ImageFormat, Preallocation,
     TransferOptions,

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::endpoint::Endpoint;
 use super::options::TransferOptions;
 use super::settings::MoverSettings;
+use super::storage_class_profile::CloneStrategy;
 use super::validate::{check_digest, check_pvc_name, invalid, ValidationError};
 
 /// An image to populate new claims with.
@@ -55,6 +56,11 @@ pub struct VolumeImageSourceSpec {
     /// How the mover pod runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mover: Option<MoverSettings>,
+    /// For an image in a claim (`pvc` or `goldenImage`): how each claim is made (`auto`,
+    /// `snapshot`, `csi-clone`, `copy`), as a Transfer's `cloneStrategy`; default the
+    /// claim's class's StorageClassProfile, else `auto`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_strategy: Option<CloneStrategy>,
 }
 
 /// The newest backup of a source in a repository.
@@ -103,6 +109,16 @@ impl VolumeImageSourceSpec {
         if let Some(digest) = &self.expected_digest {
             check_digest("spec.expectedDigest", digest)?;
         }
+        let in_claim = self
+            .source
+            .as_ref()
+            .is_some_and(|s| s.pvc.is_some() || s.golden_image.is_some());
+        if self.clone_strategy.is_some() && !in_claim {
+            return Err(invalid(
+                "spec.cloneStrategy",
+                "only an image in a claim (source.pvc or source.goldenImage) can be cloned: leave cloneStrategy out",
+            ));
+        }
         Ok(())
     }
 }
@@ -119,6 +135,7 @@ mod tests {
             options: None,
             expected_digest: Some(format!("sha256:{}", "f".repeat(64))),
             mover: None,
+            clone_strategy: None,
         };
         s.validate().unwrap();
         s.expected_digest = Some("sha256:xyz".into());
@@ -130,5 +147,11 @@ mod tests {
             .unwrap_err()
             .message
             .contains("password inside the URL"));
+        s.source = Some(Endpoint::url("s3://images/f.raw"));
+        s.expected_digest = None;
+        s.clone_strategy = Some(CloneStrategy::Snapshot);
+        assert_eq!(s.validate().unwrap_err().field, "spec.cloneStrategy");
+        s.source = Some(Endpoint::pvc("golden"));
+        s.validate().unwrap();
     }
 }

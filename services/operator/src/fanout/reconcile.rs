@@ -77,6 +77,7 @@ pub async fn reconcile(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result<Action, 
         .iter()
         .map(|(name, child)| (name.clone(), child.as_ref()))
         .collect();
+    relay::end_served_out(&ctx, &views).await;
     let summary = children::summarize(&planned, &views);
     let next = summed(&obj, &status, summary);
     if worth_writing(&status, &next) {

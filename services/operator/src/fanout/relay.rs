@@ -15,6 +15,10 @@
 //! but never fail the rollout. Every group still reports the digest of what it read: the
 //! parent fails when two differ (see [`super::children::summarize`]).
 //!
+//! A serving group's relay waits a while for readers that start late; once every group
+//! that reads from it has ended, the operator tells its mover that no reader is still to
+//! come ([`end_served_out`]), so it ends without waiting.
+//!
 //! What a relay needs from the cluster: the movers' mutual TLS (an operator without its
 //! CA relays nothing), the serving mover's NetworkPolicy admitting the fan-out's movers on
 //! the relay's port ([`crate::mover::network_policy`]), and pod-to-pod traffic across
@@ -35,6 +39,8 @@ use crate::controller::kind::{write_status, Ids};
 use crate::controller::life::HasLife;
 use crate::controller::plan as mover_plan;
 use crate::crd::status::condition::{reason, RUNNING};
+use std::collections::BTreeMap;
+
 use crate::crd::{
     Endpoint, FanOutStatus, GroupRelay, ImageFormat, NbdOptions, Phase, Transfer, TransferSpec,
 };
@@ -114,6 +120,58 @@ pub fn describe(planned: &FanOutStatus, parts: &[Option<GroupRelay>]) -> String 
             )
         }
         None => format!("the origin is read by {} movers", planned.groups.len()),
+    }
+}
+
+/// The serving groups whose mover runs and whose readers (the groups reading `from` them)
+/// have all ended: their relays need wait for nobody.
+pub fn served_out<'a>(children: &BTreeMap<String, &'a Transfer>) -> Vec<&'a Transfer> {
+    let serving = children.iter().filter(|(_, c)| {
+        let status = c.status.as_ref();
+        c.spec.relay.as_ref().is_some_and(|r| r.serve)
+            && status.is_some_and(|s| s.phase == Phase::Running && s.mover_pod.is_some())
+    });
+    serving
+        .filter(|(name, _)| {
+            children
+                .values()
+                .filter(|r| r.spec.relay.as_ref().and_then(|p| p.from.as_ref()) == Some(*name))
+                .all(|r| r.status.as_ref().is_some_and(|s| s.phase.is_final()))
+        })
+        .map(|(_, c)| *c)
+        .collect()
+}
+
+/// Tells the movers of [`served_out`] groups that no reader is still to come, once per
+/// mover; a mover that cannot be told now is told on a later look.
+pub async fn end_served_out(ctx: &Context, children: &BTreeMap<String, &Transfer>) {
+    for seed in served_out(children) {
+        let Ok(ids) = Ids::of(seed) else { continue };
+        let Some(pod_name) = seed.status.as_ref().and_then(|s| s.mover_pod.clone()) else {
+            continue;
+        };
+        if !ctx.relay_ending(&ids.uid, &pod_name) {
+            continue;
+        }
+        let key = ObjectRef::new(&pod_name).within(&ids.namespace);
+        let told = match ctx.pods.get(&key) {
+            Some(pod) => match crate::controller::pods::address(ctx, &ids, &pod).await {
+                Ok(mover) => ctx
+                    .link
+                    .end_relay(&mover, &ids.uid)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            },
+            None => Err("its pod is not in the store yet".to_string()),
+        };
+        match told {
+            Ok(()) => tracing::info!(group = %ids.name, "every reader is done: the relay ends"),
+            Err(e) => {
+                tracing::warn!(group = %ids.name, error = %e, "the relay could not be told its readers are done");
+                ctx.relay_not_ended(&ids.uid, &pod_name);
+            }
+        }
     }
 }
 
@@ -264,6 +322,49 @@ mod tests {
 
     use super::*;
     use crate::crd::GroupStatus;
+
+    fn group(name: &str, relay: serde_json::Value, status: serde_json::Value) -> Transfer {
+        serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+            "metadata": {"name": name, "namespace": "vms", "uid": format!("u-{name}")},
+            "spec": {"source": {"url": "https://h/i.qcow2"}, "targets": [], "relay": relay},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_relay_is_served_out_when_every_group_reading_it_has_ended() {
+        let running = json!({"phase": "Running", "moverPod": "p"});
+        let tree = |g1: &str, g3: &str| {
+            vec![
+                group("g0", json!({"serve": true}), running.clone()),
+                group(
+                    "g1",
+                    json!({"serve": true, "from": "g0"}),
+                    json!({"phase": g1, "moverPod": "p1"}),
+                ),
+                group("g2", json!({"from": "g0"}), json!({"phase": "Succeeded"})),
+                group("g3", json!({"from": "g1"}), json!({"phase": g3})),
+                // Serving, but its mover has not started: nothing to tell.
+                group("g4", json!({"serve": true}), json!({"phase": "Pending"})),
+            ]
+        };
+        let served_out_of = |groups: &[Transfer]| {
+            let views: BTreeMap<String, &Transfer> = groups
+                .iter()
+                .map(|g| (g.metadata.name.clone().unwrap(), g))
+                .collect();
+            served_out(&views)
+                .into_iter()
+                .map(|g| g.metadata.name.clone().unwrap())
+                .collect::<Vec<_>>()
+        };
+        assert!(served_out_of(&tree("Running", "Running")).is_empty());
+        assert_eq!(served_out_of(&tree("Running", "Failed")), ["g1"]);
+        // g1 ended: g0's readers are all done (g1's own relay ended with it).
+        assert_eq!(served_out_of(&tree("Succeeded", "Succeeded")), ["g0"]);
+    }
 
     fn parent(source: serde_json::Value, fan_out: serde_json::Value) -> Transfer {
         serde_json::from_value(json!({

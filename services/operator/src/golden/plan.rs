@@ -6,8 +6,9 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use kube::api::ObjectMeta;
+use kube::api::{DynamicObject, ObjectMeta};
 use kube::Resource;
+use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::controller::life::Life;
@@ -16,6 +17,7 @@ use crate::crd::{
     Transfer, TransferSpec, TransferTarget,
 };
 use crate::mover::pod::labels;
+use crate::schedule::build::volume_snapshot_api;
 use crate::schedule::reconcile::from_time;
 pub(crate) use crate::schedule::reconcile::to_time;
 
@@ -40,6 +42,43 @@ pub mod condition {
     pub const POLL_FAILED: &str = "PollFailed";
     /// The spec is not valid.
     pub const INVALID_SPEC: &str = "InvalidSpec";
+}
+
+/// What holds a GoldenImage's current import.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Current {
+    /// A claim (`keepAs: Claim`): consumers read or clone it.
+    Claim(String),
+    /// A VolumeSnapshot (`keepAs: Snapshot`): consumers restore a claim from it.
+    Snapshot(String),
+}
+
+impl Current {
+    /// As messages name it: `pvc/NAME` or `VolumeSnapshot NAME`.
+    pub fn shown(&self) -> String {
+        match self {
+            Self::Claim(c) => format!("pvc/{c}"),
+            Self::Snapshot(s) => format!("VolumeSnapshot {s}"),
+        }
+    }
+}
+
+/// The current import of a GoldenImage whose status is `status`: its claim or its
+/// snapshot; None before the first import succeeded.
+pub fn current(status: &GoldenImageStatus) -> Option<Current> {
+    if let Some(s) = &status.current_snapshot {
+        return Some(Current::Snapshot(s.clone()));
+    }
+    status.current_claim.clone().map(Current::Claim)
+}
+
+/// Something an import left that is to be deleted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kept {
+    /// A claim.
+    Claim(String),
+    /// A VolumeSnapshot.
+    Snapshot(String),
 }
 
 /// What to do now.
@@ -101,14 +140,14 @@ pub fn after_poll(
     next.last_poll_time = Some(to_time(now));
     next.next_poll_time = next_fire.map(to_time);
     if version.is_some() && version == status.current_version.as_deref() {
-        let claim = status.current_claim.clone().unwrap_or_default();
+        let held = current(status).map(|c| c.shown()).unwrap_or_default();
         set(
             &mut next,
             condition::READY,
             true,
             condition::UP_TO_DATE,
             &format!(
-                "pvc/{claim} holds the source's version {}",
+                "{held} holds the source's version {}",
                 version.unwrap_or_default()
             ),
         );
@@ -128,6 +167,7 @@ pub fn after_poll(
         transfer: claim.clone(),
         claim: claim.clone(),
         version: version.unwrap_or_default().to_string(),
+        snapshot: None,
     });
     let why = match (version, unversioned_why) {
         (Some(v), _) => format!("importing version {v} into pvc/{claim}"),
@@ -141,7 +181,7 @@ pub fn after_poll(
         condition::IMPORTING,
         &why,
     );
-    if next.current_claim.is_none() {
+    if current(&next).is_none() {
         set(
             &mut next,
             condition::READY,
@@ -165,7 +205,7 @@ pub fn poll_failed(
     next.observed_generation = golden.metadata.generation;
     next.last_poll_time = Some(to_time(now));
     next.next_poll_time = next_fire.map(to_time);
-    let ready = next.current_claim.is_some();
+    let ready = current(&next).is_some();
     set(
         &mut next,
         condition::READY,
@@ -247,18 +287,70 @@ pub fn ended(transfer: Option<&Transfer>) -> Ended {
     }
 }
 
-/// The status after the import `importing` ended at `now`, and the claims to delete: on
-/// success the imports beyond `keep`; on failure the failed import's own claim.
+/// The VolumeSnapshot of an import's claim (`keepAs: Snapshot`), named like it and
+/// labelled with the GoldenImage's uid; like the claims, it outlives the GoldenImage.
+pub fn import_snapshot(golden: &GoldenImage, claim: &str) -> DynamicObject {
+    let mut object = DynamicObject::new(claim, &volume_snapshot_api());
+    object.metadata.namespace = golden.metadata.namespace.clone();
+    object.metadata.labels = Some(BTreeMap::from([
+        (labels::MANAGED_BY.to_string(), "ferry-operator".to_string()),
+        (
+            GOLDEN_IMAGE_UID.to_string(),
+            golden.metadata.uid.clone().unwrap_or_default(),
+        ),
+    ]));
+    let mut spec = json!({"source": {"persistentVolumeClaimName": claim}});
+    if let Some(class) = &golden.spec.volume_snapshot_class_name {
+        spec["volumeSnapshotClassName"] = json!(class);
+    }
+    object.data = json!({ "spec": spec });
+    object
+}
+
+/// The status once the import `importing` copied its image and its claim's snapshot was
+/// made: the import waits for the snapshot to be ready.
+pub fn snapshotting(
+    golden: &GoldenImage,
+    status: &GoldenImageStatus,
+    importing: &Importing,
+) -> GoldenImageStatus {
+    let mut next = status.clone();
+    next.observed_generation = golden.metadata.generation;
+    next.importing = Some(Importing {
+        snapshot: Some(importing.claim.clone()),
+        ..importing.clone()
+    });
+    set(
+        &mut next,
+        condition::PROGRESSING,
+        true,
+        condition::IMPORTING,
+        &format!(
+            "copied into pvc/{0}; waiting for its VolumeSnapshot {0} to be ready",
+            importing.claim
+        ),
+    );
+    next
+}
+
+/// The status after the import `importing` ended at `now`, and what to delete: on
+/// success the imports beyond `keep` (their snapshots, or their claims) and, for an
+/// import kept as a snapshot, its claim; on failure the failed import's claim and
+/// snapshot.
 pub fn after_import(
     golden: &GoldenImage,
     status: &GoldenImageStatus,
     importing: &Importing,
     end: &Ended,
     now: DateTime<Utc>,
-) -> (GoldenImageStatus, Vec<String>) {
+) -> (GoldenImageStatus, Vec<Kept>) {
     let mut next = status.clone();
     next.observed_generation = golden.metadata.generation;
     next.importing = None;
+    let record_of = |r: ImportRecord| match r.snapshot {
+        Some(s) => Kept::Snapshot(s),
+        None => Kept::Claim(r.claim),
+    };
     match end {
         Ended::Running => (next, Vec::new()),
         Ended::Succeeded => {
@@ -267,20 +359,35 @@ pub fn after_import(
                 0,
                 ImportRecord {
                     claim: importing.claim.clone(),
+                    snapshot: importing.snapshot.clone(),
                     version: importing.version.clone(),
                     imported_at: to_time(now),
                 },
             );
-            let dropped: Vec<String> = next
+            let mut dropped: Vec<Kept> = next
                 .imports
                 .split_off(golden.spec.keep().min(next.imports.len()))
                 .into_iter()
-                .map(|r| r.claim)
+                .map(record_of)
                 .collect();
-            next.current_claim = Some(importing.claim.clone());
+            let held = match &importing.snapshot {
+                Some(s) => {
+                    dropped.insert(0, Kept::Claim(importing.claim.clone()));
+                    Current::Snapshot(s.clone())
+                }
+                None => Current::Claim(importing.claim.clone()),
+            };
+            next.current_claim = match &held {
+                Current::Claim(c) => Some(c.clone()),
+                Current::Snapshot(_) => None,
+            };
+            next.current_snapshot = match &held {
+                Current::Snapshot(s) => Some(s.clone()),
+                Current::Claim(_) => None,
+            };
             next.current_version =
                 (!importing.version.is_empty()).then(|| importing.version.clone());
-            let text = format!("pvc/{} holds the newest import", importing.claim);
+            let text = format!("{} holds the newest import", held.shown());
             set(
                 &mut next,
                 condition::READY,
@@ -299,7 +406,7 @@ pub fn after_import(
         }
         Ended::Failed(why) => {
             let text = format!("the import into pvc/{} failed: {why}", importing.claim);
-            let ready = next.current_claim.is_some();
+            let ready = current(&next).is_some();
             set(
                 &mut next,
                 condition::READY,
@@ -314,7 +421,9 @@ pub fn after_import(
                 condition::IMPORT_FAILED,
                 &text,
             );
-            (next, vec![importing.claim.clone()])
+            let mut delete = vec![Kept::Claim(importing.claim.clone())];
+            delete.extend(importing.snapshot.clone().map(Kept::Snapshot));
+            (next, delete)
         }
     }
 }
@@ -333,8 +442,6 @@ pub fn set(status: &mut GoldenImageStatus, type_: &str, value: bool, reason: &st
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
-
     use super::*;
 
     fn golden(keep: u32) -> GoldenImage {
@@ -443,7 +550,7 @@ mod tests {
             if i < 2 {
                 assert!(dropped.is_empty());
             } else {
-                assert_eq!(dropped, [names[0].clone()]);
+                assert_eq!(dropped, [Kept::Claim(names[0].clone())]);
             }
         }
         let kept: Vec<&str> = status.imports.iter().map(|r| r.claim.as_str()).collect();
@@ -468,7 +575,7 @@ mod tests {
         let importing = polled.importing.clone().unwrap();
         let end = Ended::Failed("source: not found".into());
         let (status, delete) = after_import(&g, &polled, &importing, &end, now);
-        assert_eq!(delete, std::slice::from_ref(&importing.claim));
+        assert_eq!(delete, [Kept::Claim(importing.claim.clone())]);
         assert_eq!(status.current_claim.as_deref(), Some("fedora-old"));
         assert_eq!(reason(&status, "Ready"), "True ImportFailed");
         assert!(status.importing.is_none());
@@ -476,5 +583,103 @@ mod tests {
         let a = import_name("fedora", None, now);
         let b = import_name("fedora", None, now + chrono::Duration::hours(6));
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn imports_kept_as_snapshots_point_at_the_snapshot_and_drop_their_claims() {
+        let mut g = golden(1);
+        g.spec.keep_as = Some(crate::crd::KeepAs::Snapshot);
+        g.spec.volume_snapshot_class_name = Some("rbd-snapshots".into());
+        let mut status = GoldenImageStatus::default();
+        let mut names: Vec<String> = Vec::new();
+        for (i, v) in ["etag:a", "etag:b"].iter().enumerate() {
+            let now = at("2026-12-06T10:00:00Z") + chrono::Duration::hours(i as i64);
+            let AfterPoll::Import(_, polled) = after_poll(&g, &status, Some(v), None, now, None)
+            else {
+                panic!("a new version imports");
+            };
+            let importing = polled.importing.clone().unwrap();
+            let snapshot = import_snapshot(&g, &importing.claim);
+            assert_eq!(
+                snapshot.metadata.name.as_deref(),
+                Some(importing.claim.as_str())
+            );
+            assert_eq!(
+                snapshot.data,
+                json!({"spec": {"source": {"persistentVolumeClaimName": importing.claim},
+                                "volumeSnapshotClassName": "rbd-snapshots"}})
+            );
+            assert_eq!(
+                snapshot.metadata.labels.as_ref().unwrap()[GOLDEN_IMAGE_UID],
+                "gi-1"
+            );
+            let waiting = snapshotting(&g, &polled, &importing);
+            assert_eq!(reason(&waiting, "Progressing"), "True Importing");
+            let importing = waiting.importing.clone().unwrap();
+            assert_eq!(
+                importing.snapshot.as_deref(),
+                Some(importing.claim.as_str())
+            );
+            let (next, dropped) = after_import(&g, &waiting, &importing, &Ended::Succeeded, now);
+            let mut expected = vec![Kept::Claim(importing.claim.clone())];
+            if i == 1 {
+                expected.push(Kept::Snapshot(names[0].clone()));
+            }
+            assert_eq!(dropped, expected);
+            assert_eq!(next.current_claim, None);
+            assert_eq!(
+                next.current_snapshot.as_deref(),
+                Some(importing.claim.as_str())
+            );
+            assert_eq!(
+                current(&next),
+                Some(Current::Snapshot(importing.claim.clone()))
+            );
+            assert_eq!(
+                next.imports[0].snapshot.as_deref(),
+                Some(importing.claim.as_str())
+            );
+            names.push(importing.claim.clone());
+            status = next;
+        }
+        // Unchanged: the snapshot is named as what holds the version.
+        let AfterPoll::Unchanged(same) = after_poll(
+            &g,
+            &status,
+            Some("etag:b"),
+            None,
+            at("2026-12-06T12:00:00Z"),
+            None,
+        ) else {
+            panic!("the same version imports nothing");
+        };
+        let ready = same.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(
+            ready.message,
+            format!(
+                "VolumeSnapshot {} holds the source's version etag:b",
+                names[1]
+            )
+        );
+        // A failed snapshot deletes both.
+        let importing = Importing {
+            transfer: "t".into(),
+            claim: "c".into(),
+            version: "etag:c".into(),
+            snapshot: Some("c".into()),
+        };
+        let (after, delete) = after_import(
+            &g,
+            &status,
+            &importing,
+            &Ended::Failed("VolumeSnapshot c failed".into()),
+            at("2026-12-06T13:00:00Z"),
+        );
+        assert_eq!(
+            delete,
+            [Kept::Claim("c".into()), Kept::Snapshot("c".into())]
+        );
+        assert_eq!(current(&after), Some(Current::Snapshot(names[1].clone())));
+        assert_eq!(reason(&after, "Ready"), "True ImportFailed");
     }
 }

@@ -18,6 +18,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use rustls::{ClientConfig, RootCertStore};
 
+use crate::crd::{Endpoint, S3Options};
+
 /// Redirects followed at most.
 const MAX_REDIRECTS: usize = 5;
 /// Longest wait for an answer.
@@ -92,10 +94,117 @@ pub(super) fn shown(url: &str) -> String {
     }
 }
 
-/// Whether `url` is of a kind whose version is asked here.
-pub fn probes(url: &str) -> bool {
-    let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
-    matches!(scheme.as_deref(), Some("http" | "https" | "docker" | "oci"))
+impl ProbeError {
+    /// The server refused to answer without credentials (401 or 403).
+    pub fn denied(&self) -> bool {
+        matches!(
+            self,
+            Self::Status { status, .. }
+                if *status == StatusCode::UNAUTHORIZED || *status == StatusCode::FORBIDDEN
+        )
+    }
+}
+
+/// The version of `source` as the operator can ask it, anonymously: an HTTP(S) URL's,
+/// a registry image's ([`version`]) or an S3 object's ([`s3_version`]).
+pub async fn version_of(source: &Endpoint) -> Result<Option<String>, ProbeError> {
+    let url = source.url.clone().unwrap_or_default();
+    if let Ok(ferry_core::EndpointSpec::S3(spec)) = ferry_core::EndpointSpec::parse(&url) {
+        let options = source.s3.clone().unwrap_or_default();
+        return s3_version(&s3_url(&spec.bucket, &spec.key, &options)?).await;
+    }
+    let insecure = source
+        .registry
+        .as_ref()
+        .and_then(|r| r.insecure)
+        .unwrap_or(false);
+    version(&url, insecure).await
+}
+
+/// Where an S3 client sends requests for `bucket/key`, as the AWS SDK addresses them
+/// (and so the mover): `endpointUrl` (default `https://s3.<region>.amazonaws.com`, the
+/// region `us-east-1` unless given) with the bucket in the host name, or in the path when
+/// `forcePathStyle` is set, the endpoint's host is an IP address, or the bucket is no DNS
+/// label (dots, capitals).
+pub fn s3_url(bucket: &str, key: &str, options: &S3Options) -> Result<String, ProbeError> {
+    let region = options.region.as_deref().unwrap_or("us-east-1");
+    let base = options
+        .endpoint_url
+        .clone()
+        .unwrap_or_else(|| format!("https://s3.{region}.amazonaws.com"));
+    let mut url = url::Url::parse(&base)
+        .map_err(|e| ProbeError::Invalid(format!("the S3 endpoint URL {}: {e}", shown(&base))))?;
+    let host = url.host().ok_or_else(|| {
+        ProbeError::Invalid(format!(
+            "the S3 endpoint URL {} names no host",
+            shown(&base)
+        ))
+    })?;
+    let dns_label = !bucket.is_empty()
+        && bucket.len() <= 63
+        && bucket
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    let ip = !matches!(host, url::Host::Domain(_));
+    let path_style = options.force_path_style.unwrap_or(false) || ip || !dns_label;
+    if !path_style {
+        let virtual_host = format!("{bucket}.{host}");
+        url.set_host(Some(&virtual_host))
+            .map_err(|e| ProbeError::Invalid(format!("the bucket {bucket}: {e}")))?;
+    }
+    {
+        let mut segments = url
+            .path_segments_mut()
+            .map_err(|_| ProbeError::Invalid(format!("the S3 endpoint URL {}", shown(&base))))?;
+        segments.pop_if_empty();
+        if path_style {
+            segments.push(bucket);
+        }
+        segments.extend(key.split('/'));
+    }
+    Ok(url.to_string())
+}
+
+/// The version of the S3 object at `url` ([`s3_url`]), asked with an anonymous `HEAD`:
+/// its ETag, and its version id on a versioned bucket
+/// ([`ferry_core::http_headers::s3_object_version`], as the S3 endpoint names it).
+/// A 401 or 403 is [`ProbeError::denied`]: the caller asks with credentials instead.
+pub async fn s3_version(url: &str) -> Result<Option<String>, ProbeError> {
+    let client = client()?;
+    let request = Request::builder()
+        .method(Method::HEAD)
+        .uri(url)
+        .body(Empty::new())
+        .map_err(|e| ProbeError::Invalid(format!("{}: {e}", shown(url))))?;
+    let response = send(&client, request, &shown(url)).await?;
+    let status = response.status();
+    let text = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    if !status.is_success() {
+        let region = text("x-amz-bucket-region");
+        let hint = match status {
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
+                ": the object is not public: give spec.source.s3 credentials"
+            }
+            StatusCode::NOT_FOUND => ": check the bucket and the key",
+            _ if region.is_some() => ": the bucket is in another region: set spec.source.s3.region",
+            _ => "",
+        };
+        return Err(ProbeError::Status {
+            url: shown(url),
+            status,
+            hint,
+        });
+    }
+    Ok(ferry_core::http_headers::s3_object_version(
+        text("etag").as_deref(),
+        text("x-amz-version-id").as_deref(),
+    ))
 }
 
 fn tls() -> Result<ClientConfig, ProbeError> {
@@ -198,12 +307,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_http_urls_are_asked_and_queries_never_show() {
+    fn queries_never_show() {
         let text = shown("https://user:pw@images.example.com/a.img?X-Amz-Signature=s3cr3t");
         assert!(!text.contains("pw") && !text.contains("s3cr3t"), "{text}");
         assert!(text.ends_with("@images.example.com/a.img?..."), "{text}");
-        assert!(probes("HTTPS://x/y") && probes("http://x/y") && probes("docker://r/i:t"));
-        assert!(!probes("s3://bucket/key") && !probes("nbd://h/e"));
     }
 
     #[test]
@@ -216,5 +323,56 @@ mod tests {
             resolve("https://a.example.com/x/y.img", "https://b.example.com/c").unwrap(),
             "https://b.example.com/c"
         );
+    }
+
+    #[test]
+    fn s3_objects_are_addressed_as_the_sdk_addresses_them() {
+        let o = |endpoint: Option<&str>, region: Option<&str>, path: Option<bool>| S3Options {
+            endpoint_url: endpoint.map(String::from),
+            region: region.map(String::from),
+            force_path_style: path,
+            ..S3Options::default()
+        };
+        assert_eq!(
+            s3_url("images", "fedora/41/disk.img", &o(None, None, None)).unwrap(),
+            "https://images.s3.us-east-1.amazonaws.com/fedora/41/disk.img"
+        );
+        assert_eq!(
+            s3_url("images", "a b+c.img", &o(None, Some("eu-west-3"), None)).unwrap(),
+            "https://images.s3.eu-west-3.amazonaws.com/a%20b+c.img"
+        );
+        assert_eq!(
+            s3_url(
+                "images",
+                "d.img",
+                &o(Some("http://minio.storage:9000"), None, Some(true))
+            )
+            .unwrap(),
+            "http://minio.storage:9000/images/d.img"
+        );
+        assert_eq!(
+            s3_url(
+                "images",
+                "d.img",
+                &o(Some("https://objects.example.com/"), None, None)
+            )
+            .unwrap(),
+            "https://images.objects.example.com/d.img"
+        );
+        // An IP endpoint and a bucket that is no DNS label: path style.
+        assert_eq!(
+            s3_url(
+                "images",
+                "d.img",
+                &o(Some("http://127.0.0.1:9000"), None, None)
+            )
+            .unwrap(),
+            "http://127.0.0.1:9000/images/d.img"
+        );
+        assert_eq!(
+            s3_url("my.images", "d.img", &o(None, None, None)).unwrap(),
+            "https://s3.us-east-1.amazonaws.com/my.images/d.img"
+        );
+        assert!(s3_url("b", "k", &o(Some("not a url"), None, None)).is_err());
     }
 }

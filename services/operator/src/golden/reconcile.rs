@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use chrono::Utc;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::api::{DeleteParams, PostParams};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::api::{DeleteParams, DynamicObject, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
@@ -25,28 +25,45 @@ use kube::{Api, Client, ResourceExt};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::kind::apply_status;
-use crate::crd::{GoldenImage, GoldenImageStatus, Transfer};
+use crate::crd::{GoldenImage, GoldenImageStatus, KeepAs, Transfer};
+use crate::schedule::build::{snapshot_state, volume_snapshot_api, SnapshotState};
 
-use super::plan::{self, condition, AfterPoll, Ended, Step};
+use super::plan::{self, condition, AfterPoll, Ended, Kept, Step};
 use super::probe;
+use super::probe_pod::{self, Asker, Seen};
+use super::report::Probed;
 
 /// How often an import under way is looked at when nothing wakes it.
 const FOLLOW_AGAIN: Duration = Duration::from_secs(60);
+/// How often an import's VolumeSnapshot is looked at until it is ready (snapshots are not
+/// watched).
+const SNAPSHOT_LOOK: Duration = Duration::from_secs(5);
 
 /// Runs the GoldenImage controller (in `namespace`, or all) until a termination signal.
 pub async fn run(client: Client, ctx: Arc<Context>, namespace: Option<String>) {
-    let (images, transfers): (Api<GoldenImage>, Api<Transfer>) = match &namespace {
+    let (images, transfers, pods): (Api<GoldenImage>, Api<Transfer>, Api<Pod>) = match &namespace {
         Some(ns) => (
+            Api::namespaced(client.clone(), ns),
             Api::namespaced(client.clone(), ns),
             Api::namespaced(client, ns),
         ),
-        None => (Api::all(client.clone()), Api::all(client)),
+        None => (
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+            Api::all(client),
+        ),
     };
+    let probes = format!(
+        "{}={}",
+        crate::mover::pod::labels::COMPONENT,
+        crate::mover::pod::PROBE_COMPONENT
+    );
     Controller::new(images, watcher::Config::default())
         .owns(
             transfers,
             watcher::Config::default().labels(plan::GOLDEN_IMAGE_UID),
         )
+        .owns(pods, watcher::Config::default().labels(&probes))
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -91,23 +108,57 @@ pub async fn reconcile(obj: Arc<GoldenImage>, ctx: Arc<Context>) -> Result<Actio
             Ok(Action::requeue(wait.max(Duration::from_secs(1))))
         }
         Step::Follow(importing) => {
-            let transfer = transfers.get_opt(&importing.transfer).await?;
-            let end = plan::ended(transfer.as_ref());
-            if end == Ended::Running {
-                return Ok(Action::requeue(FOLLOW_AGAIN));
-            }
+            let snapshots: Api<DynamicObject> =
+                Api::namespaced_with(ctx.client.clone(), &namespace, &volume_snapshot_api());
+            let mut transfer_left = false;
+            let end = match &importing.snapshot {
+                // The copy is done; the import ends when its snapshot is ready.
+                Some(name) => match snapshots.get_opt(name).await? {
+                    None => Ended::Failed(format!(
+                        "its VolumeSnapshot {name} was deleted before it was ready"
+                    )),
+                    Some(snapshot) => match snapshot_state(&snapshot) {
+                        SnapshotState::Ready(_) => Ended::Succeeded,
+                        SnapshotState::Pending(_) => {
+                            return Ok(Action::requeue(SNAPSHOT_LOOK));
+                        }
+                    },
+                },
+                None => {
+                    let transfer = transfers.get_opt(&importing.transfer).await?;
+                    let end = plan::ended(transfer.as_ref());
+                    if end == Ended::Running {
+                        return Ok(Action::requeue(FOLLOW_AGAIN));
+                    }
+                    if end == Ended::Succeeded && obj.spec.keep_as() == KeepAs::Snapshot {
+                        let snapshot = plan::import_snapshot(&obj, &importing.claim);
+                        match snapshots.create(&PostParams::default(), &snapshot).await {
+                            Ok(_) => {}
+                            Err(kube::Error::Api(e)) if e.code == 409 => {}
+                            Err(e) => return Err(e.into()),
+                        }
+                        let next = plan::snapshotting(&obj, &status, &importing);
+                        write(&ctx, &obj, &status, &next).await?;
+                        delete_transfer(&transfers, &importing.transfer).await?;
+                        ctx.event(obj.as_ref(), false, "Snapshotting", &progressing(&next))
+                            .await;
+                        return Ok(Action::requeue(SNAPSHOT_LOOK));
+                    }
+                    transfer_left = transfer.is_some();
+                    end
+                }
+            };
             let (next, delete) = plan::after_import(&obj, &status, &importing, &end, now);
             let claims: Api<PersistentVolumeClaim> =
                 Api::namespaced(ctx.client.clone(), &namespace);
-            for claim in &delete {
-                gone(claims.delete(claim, &DeleteParams::default()).await)?;
+            for kept in &delete {
+                match kept {
+                    Kept::Claim(c) => gone(claims.delete(c, &DeleteParams::default()).await)?,
+                    Kept::Snapshot(s) => gone(snapshots.delete(s, &DeleteParams::default()).await)?,
+                }
             }
-            if transfer.is_some() {
-                gone(
-                    transfers
-                        .delete(&importing.transfer, &DeleteParams::background())
-                        .await,
-                )?;
+            if transfer_left {
+                delete_transfer(&transfers, &importing.transfer).await?;
             }
             write(&ctx, &obj, &status, &next).await?;
             let (warning, reason) = match end {
@@ -120,37 +171,23 @@ pub async fn reconcile(obj: Arc<GoldenImage>, ctx: Arc<Context>) -> Result<Actio
         }
         Step::Poll => {
             let next_fire = cron.next_after(now);
-            let url = obj.spec.source.url.clone().unwrap_or_default();
-            let source = &obj.spec.source;
-            let registry = source.registry.clone().unwrap_or_default();
-            let private = source.http.is_some()
-                || registry.secret_ref.is_some()
-                || registry.cert_config_map.is_some();
-            let asked = probe::probes(&url) && !private;
-            let insecure = registry.insecure.unwrap_or(false);
-            let (version, unversioned) = if asked {
-                match probe::version(&url, insecure).await {
-                    Ok(Some(v)) => (Some(v), None),
-                    Ok(None) => (None, Some("the server gives no ETag or Last-Modified")),
-                    Err(e) => {
-                        let text = format!("asking the source for its version: {e}");
-                        let next = plan::poll_failed(&obj, &status, &text, now, next_fire);
-                        write(&ctx, &obj, &status, &next).await?;
-                        ctx.event(obj.as_ref(), true, condition::POLL_FAILED, &text)
-                            .await;
-                        return Ok(Action::requeue(Duration::ZERO));
-                    }
+            let (version, unversioned) = match ask(&obj, &ctx, &namespace, now).await? {
+                Asked::Waiting(action) => return Ok(action),
+                Asked::Version(v) => (Some(v), None),
+                Asked::Unversioned(why) => (None, Some(why)),
+                Asked::Failed(text) => {
+                    let next = plan::poll_failed(&obj, &status, &text, now, next_fire);
+                    write(&ctx, &obj, &status, &next).await?;
+                    ctx.event(obj.as_ref(), true, condition::POLL_FAILED, &text)
+                        .await;
+                    return Ok(Action::requeue(Duration::ZERO));
                 }
-            } else if probe::probes(&url) {
-                (None, Some("the source needs its credentials or certificates, and the operator reads no Secret or ConfigMap values"))
-            } else {
-                (None, Some("the version of this kind of URL is not asked"))
             };
             match plan::after_poll(
                 &obj,
                 &status,
                 version.as_deref(),
-                unversioned,
+                unversioned.as_deref(),
                 now,
                 next_fire,
             ) {
@@ -176,6 +213,115 @@ pub async fn reconcile(obj: Arc<GoldenImage>, ctx: Arc<Context>) -> Result<Actio
             Ok(Action::requeue(Duration::ZERO))
         }
     }
+}
+
+/// What asking the source for its version gave.
+enum Asked {
+    /// The version.
+    Version(String),
+    /// No version (every fire imports), and why.
+    Unversioned(String),
+    /// The source could not be asked: the condition's message.
+    Failed(String),
+    /// A probe pod runs: look again then.
+    Waiting(Action),
+}
+
+/// Asks `obj`'s source for its version: the operator itself, anonymously, or a probe pod
+/// with the source's credentials ([`probe_pod::asker`]; an S3 store that refuses the
+/// anonymous request is asked by a pod too).
+async fn ask(
+    obj: &GoldenImage,
+    ctx: &Context,
+    namespace: &str,
+    now: chrono::DateTime<Utc>,
+) -> Result<Asked, Error> {
+    let failed = |e: &dyn std::fmt::Display| {
+        Asked::Failed(format!("asking the source for its version: {e}"))
+    };
+    match probe_pod::asker(&obj.spec.source) {
+        Asker::Nobody => Ok(Asked::Unversioned(
+            "the version of this kind of URL is not asked".into(),
+        )),
+        Asker::Pod => ask_by_pod(obj, ctx, namespace, now).await,
+        Asker::Operator => match probe::version_of(&obj.spec.source).await {
+            Ok(Some(v)) => Ok(Asked::Version(v)),
+            Ok(None) => Ok(Asked::Unversioned(
+                "the server gives no ETag or Last-Modified".into(),
+            )),
+            Err(e) if e.denied() && probe_pod::is_s3(&obj.spec.source) => {
+                ask_by_pod(obj, ctx, namespace, now).await
+            }
+            Err(e) => Ok(failed(&e)),
+        },
+    }
+}
+
+/// How often a running probe pod is looked at when nothing wakes the GoldenImage.
+const PROBE_LOOK: Duration = Duration::from_secs(5);
+
+/// Asks by the probe pod: creates it when there is none, reads what it reported once it
+/// ended and deletes it.
+async fn ask_by_pod(
+    obj: &GoldenImage,
+    ctx: &Context,
+    namespace: &str,
+    now: chrono::DateTime<Utc>,
+) -> Result<Asked, Error> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let name = probe_pod::pod_name(&obj.name_any());
+    let args = probe_pod::args(&obj.spec.source);
+    let Some(pod) = pods.get_opt(&name).await? else {
+        // The object read may lag behind the status this operator wrote (a poll that just
+        // ended): only a poll still due when read afresh makes a pod.
+        let images: Api<GoldenImage> = Api::namespaced(ctx.client.clone(), namespace);
+        let fresh = images.get_opt(&obj.name_any()).await?;
+        let fresh = fresh.and_then(|g| g.status).unwrap_or_default();
+        if !matches!(plan::next(&fresh, now), Step::Poll)
+            || fresh.last_poll_time != obj.status.clone().unwrap_or_default().last_poll_time
+        {
+            return Ok(Asked::Waiting(Action::requeue(Duration::from_secs(1))));
+        }
+        let pod = match probe_pod::pod(obj, &ctx.settings.mover, ctx.assigns_ids(namespace)) {
+            Ok(pod) => pod,
+            Err(e) => {
+                return Ok(Asked::Failed(format!(
+                    "the version probe pod cannot be made: {e}"
+                )))
+            }
+        };
+        match pods.create(&PostParams::default(), &pod).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+        return Ok(Asked::Waiting(Action::requeue(PROBE_LOOK)));
+    };
+    let due = obj
+        .status
+        .as_ref()
+        .and_then(|s| s.next_poll_time.as_ref())
+        .map(crate::schedule::reconcile::from_time);
+    let seen = probe_pod::observe(&pod, &args, due, now);
+    if seen == Seen::Running {
+        return Ok(Asked::Waiting(Action::requeue(PROBE_LOOK)));
+    }
+    gone(pods.delete(&name, &DeleteParams::background()).await)?;
+    Ok(match seen {
+        Seen::Running | Seen::Stale => Asked::Waiting(Action::requeue(Duration::ZERO)),
+        Seen::Ended(Probed::Version(Some(v))) => Asked::Version(v),
+        Seen::Ended(Probed::Version(None)) => Asked::Unversioned(
+            "the source names no version (no strong ETag or Last-Modified)".into(),
+        ),
+        Seen::Ended(Probed::Failed(why)) => Asked::Failed(format!(
+            "asking the source for its version (pod {name}): {why}"
+        )),
+    })
+}
+
+/// Deletes an import's Transfer (its claim stays: `claimRetention: Retain`).
+async fn delete_transfer(transfers: &Api<Transfer>, name: &str) -> Result<(), Error> {
+    gone(transfers.delete(name, &DeleteParams::background()).await)
 }
 
 /// A delete whose object is already gone succeeded.

@@ -2,13 +2,20 @@
 //! current, looked up once, when the Transfer starts, and recorded in its status
 //! (`sourceClaim`), so a newer import during the copy changes nothing. From then on the
 //! Transfer is reconciled as one whose source is that claim (a storage clone where the
-//! storage can, a copy otherwise).
+//! storage can, a copy otherwise). A GoldenImage that keeps its imports as VolumeSnapshots
+//! names a snapshot: the Transfer restores it into a claim of its own
+//! (`<transfer>-golden`, owned by it), waits until that is bound (unless its class binds
+//! at the first consumer) and records it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::PostParams;
 use kube::runtime::controller::Action;
-use kube::Api;
+use kube::{Api, Resource};
+use serde_json::json;
 
 use crate::clone::reconcile::Resolved;
 use crate::controller::context::Context;
@@ -16,9 +23,13 @@ use crate::controller::error::Error;
 use crate::controller::kind::{write_status, Ids};
 use crate::controller::plan as mover_plan;
 use crate::crd::status::condition::reason;
-use crate::crd::{Endpoint, GoldenImage, PvcRef, Transfer};
+use crate::crd::{Endpoint, GoldenImage, PvcRef, Transfer, VolumeMode};
+use crate::mover::pod::labels;
 
-/// How often a Transfer waiting for its GoldenImage's first import looks again.
+use super::Current;
+
+/// How often a Transfer waiting for its GoldenImage's first import, or for the claim
+/// restored from its snapshot, looks again.
 const WAIT: Duration = Duration::from_secs(10);
 
 /// `obj` with its source the claim `claim` (the source's format and path kept).
@@ -56,31 +67,140 @@ pub async fn resolve(obj: Arc<Transfer>, ctx: &Context) -> Result<Resolved, Erro
     }
     let ids = Ids::of(obj.as_ref())?;
     let api: Api<GoldenImage> = Api::namespaced(ctx.client.clone(), &ids.namespace);
-    let current = api
-        .get_opt(&golden.name)
-        .await?
-        .and_then(|g| g.status.and_then(|s| s.current_claim));
-    let mut next = match &current {
+    let image = api.get_opt(&golden.name).await?;
+    let current = image.as_ref().and_then(super::current_import);
+    let (claim, text) = match (&image, current) {
+        (_, Some(Current::Claim(claim))) => (Some(claim), String::new()),
+        (Some(image), Some(Current::Snapshot(snapshot))) => {
+            restore(obj.as_ref(), &ids, image, &snapshot, ctx).await?
+        }
+        _ => (
+            None,
+            format!(
+                "waiting for GoldenImage {} to hold an image: create it, or wait for its first import",
+                golden.name
+            ),
+        ),
+    };
+    let mut next = match &claim {
         Some(claim) => {
             let mut next = status.clone();
             next.source_claim = Some(claim.clone());
             next
         }
-        None => {
-            let text = format!(
-                "waiting for GoldenImage {} to hold an image: create it, or wait for its first import",
-                golden.name
-            );
-            mover_plan::waiting(obj.as_ref(), &status, reason::PENDING, &text)
-        }
+        None => mover_plan::waiting(obj.as_ref(), &status, reason::PENDING, &text),
     };
     next.observed_generation = obj.metadata.generation;
     if !crate::controller::life::same_status(&status, &next) {
         write_status(ctx, &ids, obj.as_ref(), &next).await?;
     }
-    Ok(Resolved::Done(if current.is_some() {
+    Ok(Resolved::Done(if claim.is_some() {
         Action::requeue(Duration::ZERO)
     } else {
         Action::requeue(WAIT)
     }))
+}
+
+/// The claim a Transfer from a snapshot-kept GoldenImage reads: `<transfer>-golden`.
+pub fn restored_claim_name(transfer: &str) -> String {
+    let keep = 253 - "-golden".len();
+    format!("{}-golden", &transfer[..transfer.len().min(keep)])
+}
+
+/// The label naming, by uid, the Transfer a restored claim was made for (not the label of
+/// the claims a Transfer creates as targets: this one is its source).
+pub const RESTORED_FOR: &str = "ferry.dev/golden-image-source-of";
+
+/// The claim restored from the GoldenImage's snapshot `snapshot` for `transfer`: shaped
+/// as the GoldenImage's import claims (size, class, volume and access modes), owned by
+/// the Transfer (it goes with it).
+pub fn restored_claim(
+    transfer: &Transfer,
+    ids: &Ids,
+    golden: &GoldenImage,
+    snapshot: &str,
+) -> Result<PersistentVolumeClaim, Error> {
+    let spec = &golden.spec.claim;
+    let access_modes = match &spec.access_modes {
+        Some(modes) => serde_json::to_value(modes).unwrap_or_default(),
+        None => json!(["ReadWriteOnce"]),
+    };
+    let mut claim = json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": restored_claim_name(&ids.name),
+            "namespace": ids.namespace,
+            "labels": {labels::MANAGED_BY: "ferry-operator", RESTORED_FOR: ids.uid},
+            "ownerReferences": transfer.controller_owner_ref(&()).map(|r| vec![r]),
+        },
+        "spec": {
+            "accessModes": access_modes,
+            "volumeMode": spec.volume_mode.unwrap_or(VolumeMode::Filesystem),
+            "resources": {"requests": {"storage": spec.size}},
+            "dataSource": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",
+                           "name": snapshot},
+        },
+    });
+    if let Some(class) = &spec.storage_class_name {
+        claim["spec"]["storageClassName"] = json!(class);
+    }
+    serde_json::from_value(claim).map_err(|e| Error::Kube(kube::Error::SerdeError(e)))
+}
+
+/// Restores the GoldenImage's current snapshot into the Transfer's own claim, once: the
+/// claim when it is Bound (or its class binds at the first consumer: the copy's mover
+/// binds it), else None and what the Transfer waits for.
+async fn restore(
+    obj: &Transfer,
+    ids: &Ids,
+    golden: &GoldenImage,
+    snapshot: &str,
+    ctx: &Context,
+) -> Result<(Option<String>, String), Error> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ids.namespace);
+    let name = restored_claim_name(&ids.name);
+    let claim = match claims.get_opt(&name).await? {
+        Some(claim) => claim,
+        None => {
+            let pvc = restored_claim(obj, ids, golden, snapshot)?;
+            match claims.create(&PostParams::default(), &pvc).await {
+                Ok(created) => created,
+                Err(kube::Error::Api(e)) if e.code == 409 => return Ok((None, String::new())),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    };
+    let from = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.data_source.as_ref())
+        .map(|d| d.name.clone())
+        .unwrap_or_else(|| snapshot.to_string());
+    let phase = claim.status.as_ref().and_then(|s| s.phase.clone());
+    if phase.as_deref() == Some("Bound") {
+        return Ok((Some(name), String::new()));
+    }
+    // A class that binds at the first consumer binds it when the copy's mover mounts it.
+    if let Some(class) = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.clone())
+    {
+        let classes: Api<StorageClass> = Api::all(ctx.client.clone());
+        let wffc = classes
+            .get_opt(&class)
+            .await?
+            .and_then(|c| c.volume_binding_mode)
+            .is_some_and(|m| m == "WaitForFirstConsumer");
+        if wffc {
+            return Ok((Some(name), String::new()));
+        }
+    }
+    Ok((
+        None,
+        format!(
+            "restoring GoldenImage {}'s VolumeSnapshot {from} into pvc/{name}: waiting for it to be bound",
+            golden.metadata.name.clone().unwrap_or_default()
+        ),
+    ))
 }

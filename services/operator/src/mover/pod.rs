@@ -236,6 +236,73 @@ pub fn restore_pod<K: Resource<DynamicType = ()>>(
     build(Owner::of(owner, kind)?, &endpoints, settings, input, false)
 }
 
+/// The component label of a GoldenImage's version probe pod: not a mover (it takes no
+/// mover slot and runs no job), so the movers' watch leaves it out.
+pub const PROBE_COMPONENT: &str = "version-probe";
+/// A version probe pod is stopped by the kubelet after this long (it asks one server).
+pub const PROBE_DEADLINE_SECONDS: i64 = 300;
+
+/// A pod that runs the ferry binary once with `args` (a GoldenImage's version probe,
+/// `ferry source version`) and reports through its termination message: `source`'s
+/// Secret keys and registry files projected exactly as for the mover that imports it, the
+/// movers' image, security context and placement settings; no claim, no token, no port,
+/// stopped after [`PROBE_DEADLINE_SECONDS`].
+#[allow(clippy::too_many_arguments)]
+pub fn probe_pod<K: Resource<DynamicType = ()>>(
+    owner: &K,
+    kind: &'static str,
+    source: &Endpoint,
+    settings: Option<&MoverSettings>,
+    pod_name: &str,
+    args: Vec<String>,
+    defaults: &MoverDefaults,
+    assigned_ids: bool,
+) -> Result<Pod, MoverError> {
+    let input = MoverPodInput {
+        pod_name,
+        token_secret: "",
+        pvcs: &[],
+        defaults,
+        assigned_ids,
+        tls: false,
+    };
+    let mut pod = build(
+        Owner::of(owner, kind)?,
+        &[Attach::Source(source)],
+        settings,
+        &input,
+        false,
+    )?;
+    if let Some(labels) = pod.metadata.labels.as_mut() {
+        labels.insert(labels::COMPONENT.to_string(), PROBE_COMPONENT.to_string());
+    }
+    let unused = |name: &str| ["auth-token", "data"].contains(&name);
+    let own_context = settings.is_some_and(|s| s.security_context.is_some());
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.active_deadline_seconds = Some(PROBE_DEADLINE_SECONDS);
+        // The projected Secret keys (0440) are the probe's only files: their group must be
+        // the pod's, whatever claims are attached (none).
+        if let Some(context) = spec.security_context.as_mut().filter(|_| !own_context) {
+            if context.fs_group.is_none() {
+                context.fs_group = context.run_as_group;
+            }
+        }
+        if let Some(volumes) = spec.volumes.as_mut() {
+            volumes.retain(|v| !unused(&v.name));
+        }
+        for c in &mut spec.containers {
+            c.name = "probe".into();
+            c.args = Some(args.clone());
+            c.ports = None;
+            c.readiness_probe = None;
+            if let Some(mounts) = c.volume_mounts.as_mut() {
+                mounts.retain(|m| !unused(&m.name));
+            }
+        }
+    }
+    Ok(pod)
+}
+
 /// How an endpoint is attached: read-only for the source, read-write otherwise; a lone
 /// Secret key is projected like an endpoint's.
 enum Attach<'a> {

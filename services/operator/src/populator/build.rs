@@ -70,22 +70,34 @@ pub fn owned_by<K: Resource>(obj: &K, uid: &str) -> bool {
         .any(|r| r.uid == uid)
 }
 
-/// Of a Filesystem volume, the share its filesystem takes for itself, per mille (CDI's
-/// default `filesystemOverhead`, 5.5%): the prime claim of a Filesystem volume asks for
-/// this much more, so that an image as large as the user's claim fits in `disk.img`.
-pub const FILESYSTEM_OVERHEAD_PER_MILLE: u128 = 55;
+/// Of a Filesystem volume, the share its filesystem takes for itself, in parts per million
+/// (CDI's default `filesystemOverhead`, 5.5%): the prime claim of a Filesystem volume asks
+/// for this much more, so that an image as large as the user's claim fits in `disk.img`.
+/// A class's `StorageClassProfile` may say otherwise.
+pub const FILESYSTEM_OVERHEAD_PPM: u32 = 55_000;
 
 /// The prime claim of `pvc`: same storage class, access modes and volume mode, no data
-/// source, the same size (a Filesystem volume's grown by [`FILESYSTEM_OVERHEAD_PER_MILLE`],
-/// as CDI grows it); pinned to `node` (WaitForFirstConsumer classes) when given.
+/// source, the same size (a Filesystem volume's grown by [`FILESYSTEM_OVERHEAD_PPM`], as
+/// CDI grows it); pinned to `node` (WaitForFirstConsumer classes) when given.
 pub fn prime_claim(
     pvc: &PersistentVolumeClaim,
     ids: &ClaimIds,
     node: Option<&str>,
 ) -> PersistentVolumeClaim {
+    prime_claim_sized(pvc, ids, node, Some(FILESYSTEM_OVERHEAD_PPM))
+}
+
+/// [`prime_claim`] with a Filesystem volume grown by `overhead_ppm` (None: not grown, for
+/// a clone, whose volume holds the source's filesystem).
+pub fn prime_claim_sized(
+    pvc: &PersistentVolumeClaim,
+    ids: &ClaimIds,
+    node: Option<&str>,
+    overhead_ppm: Option<u32>,
+) -> PersistentVolumeClaim {
     let mut spec = pvc.spec.clone().unwrap_or_default();
-    if spec.volume_mode.as_deref() != Some("Block") {
-        with_filesystem_overhead(&mut spec);
+    if let Some(ppm) = overhead_ppm.filter(|_| spec.volume_mode.as_deref() != Some("Block")) {
+        with_filesystem_overhead(&mut spec, ppm);
     }
     let mut metadata = ids.meta(names::prime(&ids.uid));
     metadata.annotations =
@@ -104,8 +116,9 @@ pub fn prime_claim(
     }
 }
 
-/// Grows the storage request by the filesystem's overhead, in whole MiB rounded up.
-fn with_filesystem_overhead(spec: &mut PersistentVolumeClaimSpec) {
+/// Grows the storage request by the filesystem's overhead (`ppm` parts per million of
+/// the volume), in whole MiB rounded up.
+fn with_filesystem_overhead(spec: &mut PersistentVolumeClaimSpec, ppm: u32) {
     let Some(storage) = spec
         .resources
         .as_mut()
@@ -117,9 +130,8 @@ fn with_filesystem_overhead(spec: &mut PersistentVolumeClaimSpec) {
     let Some(bytes) = quantity_bytes(storage) else {
         return;
     };
-    let grown = bytes
-        .saturating_mul(1000)
-        .div_ceil(1000 - FILESYSTEM_OVERHEAD_PER_MILLE);
+    let ppm = u128::from(ppm.min(999_999));
+    let grown = bytes.saturating_mul(1_000_000).div_ceil(1_000_000 - ppm);
     *storage = Quantity(format!("{}Mi", grown.div_ceil(1 << 20)));
 }
 
@@ -150,7 +162,7 @@ pub fn image_filler(ids: &ClaimIds, source: &VolumeImageSource) -> ImageFiller {
 
 /// The Transfer copying `image` (the VolumeImageSource's) into the prime claim, with its
 /// options, expected digest and mover settings.
-fn transfer(ids: &ClaimIds, source: &VolumeImageSource, image: &Endpoint) -> Transfer {
+pub fn transfer(ids: &ClaimIds, source: &VolumeImageSource, image: &Endpoint) -> Transfer {
     let spec = TransferSpec {
         source: image.clone(),
         targets: vec![TransferTarget {

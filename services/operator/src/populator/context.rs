@@ -28,6 +28,8 @@ pub struct Context {
     pub transfers: Store<Transfer>,
     /// The Restores the populator created.
     pub restores: Store<Restore>,
+    /// What the StorageClassProfiles say (the file-system overhead of a prime claim).
+    pub class_defaults: crate::class_defaults::ClassDefaults,
     recorder: Recorder,
     said: Mutex<HashMap<String, Said>>,
 }
@@ -54,6 +56,7 @@ impl Context {
             claims,
             transfers,
             restores: Writer::<Restore>::default().as_reader(),
+            class_defaults: crate::class_defaults::ClassDefaults::default(),
             said: Mutex::default(),
         }
     }
@@ -61,6 +64,12 @@ impl Context {
     /// The same context reading populator Restores from `restores`.
     pub fn with_restores(mut self, restores: Store<Restore>) -> Self {
         self.restores = restores;
+        self
+    }
+
+    /// The same context reading the StorageClassProfiles from `defaults`.
+    pub fn with_class_defaults(mut self, defaults: crate::class_defaults::ClassDefaults) -> Self {
+        self.class_defaults = defaults;
         self
     }
 

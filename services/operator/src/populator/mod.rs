@@ -16,12 +16,18 @@
 //! Transfer starts again. Both are owned by the user's claim, so deleting the claim
 //! deletes them; every name is derived from the claim, so every step may repeat.
 //!
-//! The Kubernetes calls: claims list/watch/create/delete, persistentvolumes get/patch,
-//! storageclasses get, volumeimagesources get/list/watch, transfers list/watch/create/
-//! get/delete, backups get/list/watch, restores list/watch/create/get/delete, events
-//! create/patch.
+//! An image that is itself in a claim (`pvc`, or a GoldenImage's current claim) is cloned
+//! by the storage where it can be ([`clone`]): the prime claim is created from a
+//! VolumeSnapshot of it or as a CSI clone of it, and no Transfer runs.
+//!
+//! The Kubernetes calls: claims list/watch/create/patch/delete, persistentvolumes
+//! get/patch, storageclasses get/list, storageclassprofiles and volumesnapshotclasses
+//! list, volumesnapshots get/create/delete, goldenimages get, volumeimagesources
+//! get/list/watch, transfers list/watch/create/get/delete, backups get/list/watch,
+//! restores list/watch/create/get/delete, events create/patch.
 
 pub mod build;
+pub mod clone;
 pub mod context;
 pub mod error;
 pub mod mirror;
@@ -126,8 +132,12 @@ pub async fn run(client: Client, namespace: Option<String>) -> Result<(), RunErr
         watcher::Config::default(),
     );
     let claims = controller.store();
-    let ctx =
-        Arc::new(Context::new(client.clone(), claims.clone(), transfers).with_restores(restores));
+    let (class_defaults, class_tasks) = crate::class_defaults::ClassDefaults::watch(&client);
+    let ctx = Arc::new(
+        Context::new(client.clone(), claims.clone(), transfers)
+            .with_restores(restores)
+            .with_class_defaults(class_defaults),
+    );
     let restoring = claims.clone();
     controller
         .owns(api::<PersistentVolumeClaim>(&client, ns), owned())
@@ -154,6 +164,7 @@ pub async fn run(client: Client, namespace: Option<String>) -> Result<(), RunErr
         .await;
     transfer_task.abort();
     restore_task.abort();
+    class_tasks.iter().for_each(|t| t.abort());
     Ok(())
 }
 

@@ -26,7 +26,7 @@ use super::error::Error;
 use super::mirror::{self, Filler};
 use super::plan::{self, Placement};
 use super::source::SourceKind;
-use super::{names, rebind, source};
+use super::{clone, names, rebind, source};
 
 /// How long a claim waits before looking again at what no watch reports (a storage
 /// class, a volume, a conflicting Transfer someone else owns).
@@ -210,6 +210,9 @@ async fn populate(
     let Some(source) = found else {
         return Ok(Action::await_change());
     };
+    if let Some(action) = clone::populate(ctx, pvc, ids, &source, source_name).await? {
+        return Ok(action);
+    }
     let transfer_of = match build::image_filler(ids, &source) {
         build::ImageFiller::Transfer(transfer) => transfer,
         build::ImageFiller::Restore(restore_of) => {
@@ -248,24 +251,37 @@ async fn placement(ctx: &Context, pvc: &PersistentVolumeClaim) -> Result<Placeme
     Ok(plan::placement(pvc, Some(found.as_ref())))
 }
 
+/// The node the prime claim of `pvc` is pinned to (None: anywhere), or the action while
+/// it may not be created yet (an event says why when the user must act).
+pub(super) async fn prime_placement(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+) -> Result<Result<Option<String>, Action>, Error> {
+    Ok(match placement(ctx, pvc).await? {
+        Placement::Anywhere => Ok(None),
+        Placement::Node(node) => Ok(Some(node)),
+        Placement::NoClass(note) => {
+            ctx.event(pvc, note.warning, note.reason, &note.text).await;
+            Err(Action::requeue(RECHECK))
+        }
+        // The scheduler annotates the claim once a pod using it has a node; that update
+        // wakes the claim.
+        Placement::NoNode => Err(Action::await_change()),
+    })
+}
+
 /// Creates the prime claim, or says how long to wait before it may be.
 async fn create_prime(
     ctx: &Context,
     pvc: &PersistentVolumeClaim,
     ids: &ClaimIds,
 ) -> Result<Step<PersistentVolumeClaim>, Error> {
-    let node = match placement(ctx, pvc).await? {
-        Placement::Anywhere => None,
-        Placement::Node(node) => Some(node),
-        Placement::NoClass(note) => {
-            ctx.event(pvc, note.warning, note.reason, &note.text).await;
-            return Ok(Step::Wait(Action::requeue(RECHECK)));
-        }
-        // The scheduler annotates the claim once a pod using it has a node; that update
-        // wakes the claim.
-        Placement::NoNode => return Ok(Step::Wait(Action::await_change())),
+    let node = match prime_placement(ctx, pvc).await? {
+        Ok(node) => node,
+        Err(action) => return Ok(Step::Wait(action)),
     };
-    let prime = build::prime_claim(pvc, ids, node.as_deref());
+    let overhead = ctx.class_defaults.overhead_ppm(plan::class_of(pvc));
+    let prime = build::prime_claim_sized(pvc, ids, node.as_deref(), Some(overhead));
     let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ids.namespace);
     match api.create(&PostParams::default(), &prime).await {
         Ok(created) => {

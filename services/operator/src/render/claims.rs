@@ -4,7 +4,13 @@
 //! then plans like any resource. The user's claim itself is not written (its waits are
 //! events on a cluster, the summary's lines here).
 
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+
+use crate::clone::reconcile as clone_reconcile;
+use crate::clone::strategy::{self, Decision};
+use crate::crd::VolumeImageSource;
 use crate::populator::build::{self, ClaimIds};
+use crate::populator::clone;
 use crate::populator::plan::{self, Placement};
 use crate::populator::source::{self, SourceKind};
 
@@ -91,7 +97,65 @@ pub(crate) fn populate(world: &mut World<'_>) -> Vec<String> {
                 continue;
             }
         };
-        let prime = build::prime_claim(pvc, &ids, node.as_deref());
+        let place = node
+            .as_ref()
+            .map(|n| format!(" on node {n}"))
+            .unwrap_or_default();
+        let mut fallback = String::new();
+        if source.kind == SourceKind::Image {
+            match storage_clone(world, &ids, pvc, &cluster.sources[&key]) {
+                StorageClone::Copy(why) => fallback = why,
+                StorageClone::Refused(why) => {
+                    notes.push(format!("{title} Warning (InvalidSource): {why}"));
+                    continue;
+                }
+                StorageClone::Clone(recorded, how) => {
+                    if let clone::Recorded::Clone {
+                        snapshot: true,
+                        source: from,
+                        ..
+                    } = &recorded
+                    {
+                        let class = match how {
+                            Decision::Snapshot { class } => class,
+                            _ => String::new(),
+                        };
+                        world.create(&clone::volume_snapshot(&ids, from, &class));
+                    }
+                    let prime = clone::prime_claim(pvc, &ids, node.as_deref(), &recorded, None);
+                    world.create_claim(&prime);
+                    let clone::Recorded::Clone {
+                        snapshot,
+                        source: from,
+                    } = recorded
+                    else {
+                        continue;
+                    };
+                    let made = if snapshot {
+                        format!(
+                            "restored from VolumeSnapshot {} of pvc/{from}",
+                            clone::snapshot_name(&ids.uid)
+                        )
+                    } else {
+                        format!("a CSI clone of pvc/{from}")
+                    };
+                    notes.push(format!(
+                        "{title} populating from {kind} {}: prime claim pvc/{}{place}, {made} (no mover)",
+                        source.name,
+                        crate::populator::names::prime(&ids.uid),
+                    ));
+                    continue;
+                }
+            }
+        }
+        let default_class = crate::class_defaults::default_class(cluster.classes.values());
+        let profile = crate::class_defaults::profile_among(
+            &cluster.profiles,
+            default_class.as_deref(),
+            plan::class_of(pvc),
+        );
+        let overhead = crate::class_defaults::overhead_ppm(profile.as_ref());
+        let prime = build::prime_claim_sized(pvc, &ids, node.as_deref(), Some(overhead));
         let prime_name = prime.metadata.name.clone().unwrap_or_default();
         world.create_claim(&prime);
         let filler = match source.kind {
@@ -121,15 +185,80 @@ pub(crate) fn populate(world: &mut World<'_>) -> Vec<String> {
                 Resource::Restore(Box::new(r))
             }
         };
-        let place = node.map(|n| format!(" on node {n}")).unwrap_or_default();
         notes.push(format!(
-            "{title} populating from {kind} {}: prime claim pvc/{prime_name}{place} and {} created",
+            "{title} populating from {kind} {}: prime claim pvc/{prime_name}{place} and {} created{fallback}",
             source.name,
             filler.title().trim_end_matches(':'),
         ));
         world.spawned.push(filler);
     }
     notes
+}
+
+/// How the populator fills a claim from a VolumeImageSource, as
+/// [`crate::populator::clone`] decides it.
+enum StorageClone {
+    /// A copy; the summary's addition saying why not a clone (empty: none was possible).
+    Copy(String),
+    /// Refused: why.
+    Refused(String),
+    /// A storage clone.
+    Clone(clone::Recorded, Decision),
+}
+
+fn storage_clone(
+    world: &World<'_>,
+    ids: &ClaimIds,
+    pvc: &PersistentVolumeClaim,
+    vis: &VolumeImageSource,
+) -> StorageClone {
+    let source = match clone::claim_source(vis) {
+        clone::ClaimSource::None => return StorageClone::Copy(String::new()),
+        clone::ClaimSource::Claim(source) => source,
+        clone::ClaimSource::Golden(name) => {
+            let key = (ids.namespace.clone(), name);
+            let current = world
+                .cluster
+                .golden_images
+                .get(&key)
+                .and_then(|g| g.status.as_ref())
+                .and_then(|s| s.current_claim.clone());
+            match current {
+                Some(claim) => crate::crd::PvcRef {
+                    name: claim,
+                    path: None,
+                    namespace: None,
+                },
+                None => return StorageClone::Copy(String::new()),
+            }
+        }
+    };
+    let claims = world.claims_in(&ids.namespace);
+    let classes: Vec<_> = world.cluster.classes.values().cloned().collect();
+    let facts = clone_reconcile::facts(
+        claims.get(&source.name),
+        &classes,
+        &world.cluster.profiles,
+        &world.cluster.snapshot_classes,
+    );
+    if facts.source.is_none() {
+        return StorageClone::Copy(String::new());
+    }
+    match strategy::decide(&clone::as_transfer(ids, vis, &source, pvc), &facts) {
+        Decision::Copy { fallback } => StorageClone::Copy(
+            fallback
+                .map(|why| format!(" (copy: no storage clone: {why})"))
+                .unwrap_or_default(),
+        ),
+        Decision::Refused(why) => StorageClone::Refused(why),
+        decision => StorageClone::Clone(
+            clone::Recorded::Clone {
+                snapshot: matches!(decision, Decision::Snapshot { .. }),
+                source: source.name,
+            },
+            decision,
+        ),
+    }
 }
 
 /// The BackupSchedule `name` of `namespace` in the file, if any.

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use kube::Resource as _;
 use serde_json::Value;
 
+use crate::class_defaults;
 use crate::clone::plan as clone_plan;
 use crate::clone::reconcile as clone_reconcile;
 use crate::clone::strategy::{self, Decision};
@@ -67,14 +68,24 @@ impl Resource {
     ) -> Result<(Look, String), RenderError> {
         match self {
             Resource::Transfer(r) => {
-                // A goldenImage source is planned as the claim it names (the spec shown
-                // stays as written).
-                let written = r.spec.source.clone();
+                // A goldenImage source is planned as the claim it names, templates with
+                // their class's profile's modes (the spec shown stays as written).
+                let written = r.spec.clone();
+                let cluster = world.cluster;
+                let default_class = class_defaults::default_class(cluster.classes.values());
+                class_defaults::fill(r.as_mut(), |class| {
+                    class_defaults::profile_among(
+                        &cluster.profiles,
+                        default_class.as_deref(),
+                        class,
+                    )
+                });
                 if let Some(wait) = golden_source(r.as_mut(), world) {
+                    r.spec = written;
                     return Ok(wait);
                 }
                 let result = transfer_look(r.as_mut(), world, options);
-                r.spec.source = written;
+                r.spec = written;
                 result
             }
             Resource::Checksum(r) => {

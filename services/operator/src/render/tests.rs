@@ -461,6 +461,90 @@ volumeBindingMode: WaitForFirstConsumer
     assert!(summary.contains("PersistentVolumeClaim vms/root-c: waiting (Pending): waiting for StorageClass fast-rbd: it does not exist"), "{summary}");
 }
 
+/// A claim whose image is in a claim is planned as the populator decides it: the prime
+/// claim restored from a VolumeSnapshot of the image's claim, no mover; a copy saying why
+/// when no snapshot class of its driver exists.
+#[test]
+fn a_claim_from_an_image_in_a_claim_is_planned_as_a_storage_clone() {
+    let base = "
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: rbd}
+provisioner: rbd.csi.ceph.com
+allowVolumeExpansion: true
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: golden, namespace: vms}
+spec:
+  storageClassName: rbd
+  volumeMode: Block
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 10Gi}}
+---
+apiVersion: ferry.dev/v1alpha1
+kind: VolumeImageSource
+metadata: {name: base, namespace: vms}
+spec:
+  source: {pvc: {name: golden}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: vm-1, namespace: vms, uid: 0d1c2b1e-0000-4000-8000-0000000000a1}
+spec:
+  storageClassName: rbd
+  volumeMode: Block
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 10Gi}}
+  dataSourceRef: {apiGroup: ferry.dev, kind: VolumeImageSource, name: base}
+";
+    let with_class = format!(
+        "{base}---
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshotClass
+metadata: {{name: rbd-snap}}
+driver: rbd.csi.ceph.com
+deletionPolicy: Delete
+"
+    );
+    let uid = "0d1c2b1e-0000-4000-8000-0000000000a1";
+    let rendered = run(&with_class, 0);
+    assert_eq!(
+        listed(&rendered),
+        [
+            ("VolumeSnapshot".to_string(), format!("ferry-clone-{uid}")),
+            ("PersistentVolumeClaim".into(), format!("ferry-prime-{uid}")),
+        ]
+    );
+    let prime = object(
+        &rendered,
+        "PersistentVolumeClaim",
+        &format!("ferry-prime-{uid}"),
+    );
+    assert_eq!(
+        prime["spec"]["dataSource"],
+        serde_json::json!({"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",
+                           "name": format!("ferry-clone-{uid}")})
+    );
+    let snapshot = object(&rendered, "VolumeSnapshot", &format!("ferry-clone-{uid}"));
+    assert_eq!(snapshot["spec"]["volumeSnapshotClassName"], "rbd-snap");
+    let summary = rendered.summary.join("\n");
+    assert!(summary.contains(&format!(
+        "PersistentVolumeClaim vms/vm-1: populating from VolumeImageSource base: prime claim pvc/ferry-prime-{uid}, restored from VolumeSnapshot ferry-clone-{uid} of pvc/golden (no mover)"
+    )), "{summary}");
+
+    let rendered = run(base, 0);
+    let kinds: Vec<String> = listed(&rendered).into_iter().map(|(k, _)| k).collect();
+    assert!(kinds.contains(&"Pod".to_string()), "{kinds:?}");
+    let summary = rendered.summary.join("\n");
+    assert!(
+        summary.contains(
+            "(copy: no storage clone: no VolumeSnapshotClass of driver rbd.csi.ceph.com)"
+        ),
+        "{summary}"
+    );
+}
+
 const SCHEDULE: &str = "
 apiVersion: ferry.dev/v1alpha1
 kind: BackupRepository

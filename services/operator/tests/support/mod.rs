@@ -272,6 +272,7 @@ pub enum Call {
     Start(JobRequest),
     Watch(String),
     Cancel(String),
+    EndRelay(String),
 }
 
 /// A fake mover: records calls; `start` answers Running; `watch` plays the reports
@@ -332,6 +333,14 @@ impl MoverLink for FakeLink {
         self.tokens.lock().push(mover.token.clone());
         Ok(())
     }
+
+    async fn end_relay(&self, mover: &MoverAddress, owner_uid: &str) -> Result<(), LinkError> {
+        self.calls
+            .lock()
+            .push(Call::EndRelay(owner_uid.to_string()));
+        self.tokens.lock().push(mover.token.clone());
+        Ok(())
+    }
 }
 
 /// A job report.
@@ -389,6 +398,14 @@ pub struct Harness {
 
 impl Harness {
     pub fn new(settings: OperatorSettings) -> Self {
+        Self::with_class_defaults(settings, Default::default())
+    }
+
+    /// A harness whose templates are filled from these StorageClassProfiles.
+    pub fn with_class_defaults(
+        settings: OperatorSettings,
+        defaults: ferry_operator::class_defaults::ClassDefaults,
+    ) -> Self {
         let (client, server) = ApiServer::new();
         let link = Arc::new(FakeLink::default());
         let pods = Writer::<Pod>::default();
@@ -396,7 +413,8 @@ impl Harness {
         let ctx = Arc::new(
             Context::new(client, settings, link.clone(), pods.as_reader())
                 .with_namespaces(namespaces.as_reader())
-                .with_mover_ca(mover_ca()),
+                .with_mover_ca(mover_ca())
+                .with_class_defaults(defaults),
         );
         Self {
             server,

@@ -26,13 +26,19 @@ pub struct Harness {
 
 impl Harness {
     pub fn new() -> Self {
+        Self::with_class_defaults(Default::default())
+    }
+
+    /// A harness whose prime claims grow by these StorageClassProfiles' overheads.
+    pub fn with_class_defaults(defaults: ferry_operator::class_defaults::ClassDefaults) -> Self {
         let (client, server) = ApiServer::new();
         let claims = Writer::<PersistentVolumeClaim>::default();
         let transfers = Writer::<Transfer>::default();
         let restores = Writer::<Restore>::default();
         let ctx = Arc::new(
             Context::new(client, claims.as_reader(), transfers.as_reader())
-                .with_restores(restores.as_reader()),
+                .with_restores(restores.as_reader())
+                .with_class_defaults(defaults),
         );
         Self {
             server,

@@ -88,6 +88,8 @@ pub const UNUSED_WITH_REASON: &[(&str, &str, &str, &str)] = &[
     ("watch", "ferry.dev", "checksums", WATCHES),
     ("watch", "", "pods", WATCHES),
     ("list", "", "namespaces", WATCHES),
+    ("watch", "storage.k8s.io", "storageclasses", WATCHES),
+    ("watch", "ferry.dev", "storageclassprofiles", WATCHES),
     ("watch", "", "namespaces", WATCHES),
     (
         "patch",

@@ -88,6 +88,11 @@ struct Entry {
     tx: watch::Sender<JobRecord>,
     cancel: CancellationToken,
     checkpoint: Option<Checkpoint>,
+    /// The relay of the running attempt, once started.
+    relay: Option<ferry_endpoints::relay::RelayRelease>,
+    /// An EndRelay asked that no more relay clients be waited for (this attempt's and
+    /// the next's).
+    relay_released: bool,
 }
 
 #[derive(Default)]
@@ -317,6 +322,29 @@ impl JobManager {
             .ok_or_else(|| ServiceError::UnknownJob { id: id.to_string() })
     }
 
+    /// Tells a job's relay that no client is still to come: once its copy finished it
+    /// ends as soon as its connected clients have gone, without its idle time. A job
+    /// that relays nothing is FAILED_PRECONDITION; an ended job is returned as it is.
+    pub fn end_relay(&self, id: &str) -> Result<JobRecord, ServiceError> {
+        let mut table = self.inner.table.lock();
+        let e = table
+            .jobs
+            .get_mut(id)
+            .ok_or_else(|| ServiceError::UnknownJob { id: id.to_string() })?;
+        if e.record.state.is_terminal() {
+            return Ok(e.record.clone());
+        }
+        let relays = matches!(e.spec.as_deref(), Some(JobSpec::Transfer(t)) if t.relay.is_some());
+        if !relays {
+            return Err(ServiceError::NotRelaying { id: id.to_string() });
+        }
+        e.relay_released = true;
+        if let Some(relay) = &e.relay {
+            relay.release();
+        }
+        Ok(e.record.clone())
+    }
+
     /// Cancels a job; waits a little for a running job to stop so the caller usually sees
     /// the terminal state.
     pub async fn cancel(&self, id: &str) -> Result<JobRecord, ServiceError> {
@@ -489,6 +517,17 @@ fn finish_record(r: &mut JobRecord, state: JobState, error: Option<ErrorRecord>)
 }
 
 impl Inner {
+    /// Records the relay an attempt of job `id` started (released at once when an
+    /// EndRelay came first).
+    pub(crate) fn relay_started(&self, id: &str, relay: ferry_endpoints::relay::RelayRelease) {
+        if let Some(e) = self.table.lock().jobs.get_mut(id) {
+            if e.relay_released {
+                relay.release();
+            }
+            e.relay = Some(relay);
+        }
+    }
+
     /// Takes over the jobs of the store: queued ones queue again, running ones are
     /// returned to be resumed; unfinished ones get their typed options from their stored
     /// request.
@@ -586,6 +625,8 @@ impl Inner {
                 tx,
                 cancel: self.shutdown.child_token(),
                 checkpoint,
+                relay: None,
+                relay_released: false,
             },
         );
     }

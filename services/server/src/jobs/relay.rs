@@ -32,6 +32,7 @@ pub(super) async fn start(
         ));
     };
     let relay = Relay::start(&path, size, options).await?;
+    inner.relay_started(id, relay.release_handle());
     tracing::info!(uri = relay.uri(), "relaying the image while it is copied");
     let message = format!("relaying at {}", relay.uri());
     inner.update(id, |r| {

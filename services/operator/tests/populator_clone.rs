@@ -1,0 +1,475 @@
+//! The populator cloning an image that is in a claim, against a mocked API server: the
+//! strategy decided from the classes and recorded on the user's claim, a VolumeSnapshot
+//! of the source, the prime claim restored from it, the snapshot deleted once the prime
+//! is Bound, the volume handed over; a CSI clone of a GoldenImage's current claim; a
+//! fallback to a copy saying why; a strategy the classes cannot do refused.
+
+use crate::support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_operator::populator::reconcile;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::runtime::controller::Action;
+use serde_json::{json, Value};
+use support::populator::Harness;
+use support::{Reply, Seen};
+
+const NS: &str = "vms";
+const UID: &str = "u-1";
+const PRIME: &str = "ferry-prime-u-1";
+const SNAPSHOT: &str = "ferry-clone-u-1";
+const VIS: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/volumeimagesources/golden";
+const SC: &str = "/apis/storage.k8s.io/v1/storageclasses/rbd";
+const PVCS: &str = "/api/v1/namespaces/vms/persistentvolumeclaims";
+const CLASSES: &str = "/apis/storage.k8s.io/v1/storageclasses";
+const PROFILES: &str = "/apis/ferry.dev/v1alpha1/storageclassprofiles";
+const SNAPSHOT_CLASSES: &str = "/apis/snapshot.storage.k8s.io/v1/volumesnapshotclasses";
+const SNAPSHOTS: &str = "/apis/snapshot.storage.k8s.io/v1/namespaces/vms/volumesnapshots";
+const GOLDEN: &str = "/apis/ferry.dev/v1alpha1/namespaces/vms/goldenimages/fedora";
+const PV: &str = "/api/v1/persistentvolumes/pv-7";
+
+/// The user's claim `disk`: 20Gi of class `rbd`, Filesystem, from VolumeImageSource
+/// `golden`; with these annotations.
+fn claim(annotations: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "disk", "namespace": NS, "uid": UID, "resourceVersion": "40",
+                     "annotations": annotations},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"], "storageClassName": "rbd",
+            "volumeMode": "Filesystem", "resources": {"requests": {"storage": "20Gi"}},
+            "dataSourceRef": {"apiGroup": "ferry.dev", "kind": "VolumeImageSource", "name": "golden"},
+        },
+        "status": {"phase": "Pending"},
+    })
+}
+
+fn source(image: Value) -> Value {
+    json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "VolumeImageSource",
+        "metadata": {"name": "golden", "namespace": NS, "uid": "vis-1"},
+        "spec": {"source": image},
+    })
+}
+
+fn pvc(v: &Value) -> Arc<PersistentVolumeClaim> {
+    Arc::new(serde_json::from_value(v.clone()).unwrap())
+}
+
+fn list(kind: &str, items: Value) -> Reply {
+    Reply::Ok(json!({"apiVersion": "v1", "kind": format!("{kind}List"),
+                     "metadata": {"resourceVersion": "1"}, "items": items}))
+}
+
+/// What a decision reads: the classes (`rbd` of the Ceph driver, expandable, and `other`
+/// of another driver), the profiles, the snapshot classes (one of the Ceph driver when
+/// `snapshot_class`), and the source claim `name` (10Gi of `rbd`, Filesystem).
+async fn facts_read(h: &mut Harness, snapshot_class: bool, name: &str) {
+    let class = |name: &str, driver: &str| {
+        json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+               "metadata": {"name": name}, "provisioner": driver,
+               "allowVolumeExpansion": true, "volumeBindingMode": "Immediate"})
+    };
+    h.server
+        .expect(
+            "GET",
+            CLASSES,
+            list(
+                "StorageClass",
+                json!([
+                    class("rbd", "rbd.csi.ceph.com"),
+                    class("other", "ebs.csi.aws.com")
+                ]),
+            ),
+        )
+        .await;
+    h.server
+        .expect("GET", PROFILES, list("StorageClassProfile", json!([])))
+        .await;
+    let snapshot_classes = if snapshot_class {
+        json!([{"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotClass",
+                "metadata": {"name": "rbd-snap"}, "driver": "rbd.csi.ceph.com",
+                "deletionPolicy": "Delete"}])
+    } else {
+        json!([])
+    };
+    h.server
+        .expect(
+            "GET",
+            SNAPSHOT_CLASSES,
+            list("VolumeSnapshotClass", snapshot_classes),
+        )
+        .await;
+    h.server
+        .expect(
+            "GET",
+            &format!("{PVCS}/{name}"),
+            Reply::Ok(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": name, "namespace": NS},
+                "spec": {"storageClassName": "rbd", "volumeMode": "Filesystem",
+                         "resources": {"requests": {"storage": "10Gi"}}},
+                "status": {"phase": "Bound", "capacity": {"storage": "10Gi"}}})),
+        )
+        .await;
+}
+
+async fn finish(
+    task: tokio::task::JoinHandle<Result<Action, ferry_operator::populator::Error>>,
+) -> Action {
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the reconcile did not finish")
+        .unwrap()
+        .unwrap()
+}
+
+/// Checks an event published on the user's claim; returns its note.
+fn on_claim(event: &Seen, type_: &str, reason: &str) -> String {
+    assert_eq!(event.body["reason"], reason, "{}", event.body);
+    assert_eq!(event.body["type"], type_, "{}", event.body);
+    assert_eq!(event.body["regarding"]["name"], "disk");
+    event.body["note"].as_str().unwrap().to_string()
+}
+
+/// The decision's patch of the user's claim; returns the annotations it sets.
+async fn expect_recorded(h: &mut Harness, claim_after: Value) -> Value {
+    let seen = h
+        .server
+        .expect("PATCH", &format!("{PVCS}/disk"), Reply::Ok(claim_after))
+        .await;
+    assert_eq!(seen.content_type, "application/merge-patch+json");
+    seen.body["metadata"]["annotations"].clone()
+}
+
+fn recorded_snapshot() -> Value {
+    json!({"ferry.dev/clone-strategy": "snapshot", "ferry.dev/clone-source": "base"})
+}
+
+#[tokio::test]
+async fn a_claim_of_an_image_in_a_claim_is_restored_from_a_snapshot_of_it() {
+    let mut h = Harness::new();
+    let image = source(json!({"pvc": {"name": "base"}}));
+
+    // 1. Decided and recorded on the claim.
+    let task = tokio::spawn(reconcile(pvc(&claim(json!({}))), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(image.clone())).await;
+    facts_read(&mut h, true, "base").await;
+    let annotations = expect_recorded(&mut h, claim(recorded_snapshot())).await;
+    assert_eq!(
+        annotations,
+        json!({"ferry.dev/clone-strategy": "snapshot", "ferry.dev/clone-source": "base",
+               "ferry.dev/clone-fallback-reason": null})
+    );
+    let note = on_claim(&h.server.expect_event(NS).await, "Normal", "CloneStrategy");
+    assert_eq!(note, "cloning pvc/base by the storage (snapshot)");
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+
+    // 2. The snapshot of the source, in the class of its driver.
+    let decided = claim(recorded_snapshot());
+    let task = tokio::spawn(reconcile(pvc(&decided), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(image.clone())).await;
+    h.server
+        .expect("GET", &format!("{SNAPSHOTS}/{SNAPSHOT}"), Reply::NotFound)
+        .await;
+    facts_read(&mut h, true, "base").await;
+    let created = h.server.expect("POST", SNAPSHOTS, Reply::Echo).await.body;
+    assert_eq!(
+        created["spec"],
+        json!({"source": {"persistentVolumeClaimName": "base"},
+               "volumeSnapshotClassName": "rbd-snap"})
+    );
+    assert_eq!(created["metadata"]["ownerReferences"][0]["uid"], UID);
+    assert_eq!(
+        created["metadata"]["labels"]["ferry.dev/populated-claim"],
+        UID
+    );
+    on_claim(
+        &h.server.expect_event(NS).await,
+        "Normal",
+        "SnapshotCreated",
+    );
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(5)));
+    h.server.done().await;
+
+    // 3. Not ready, with the snapshot controller's error: said, looked at again.
+    let task = tokio::spawn(reconcile(pvc(&decided), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(image.clone())).await;
+    let pending = json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+        "metadata": {"name": SNAPSHOT, "namespace": NS},
+        "status": {"readyToUse": false, "error": {"message": "driver busy"}}});
+    h.server
+        .expect(
+            "GET",
+            &format!("{SNAPSHOTS}/{SNAPSHOT}"),
+            Reply::Ok(pending),
+        )
+        .await;
+    let note = on_claim(
+        &h.server.expect_event(NS).await,
+        "Warning",
+        "SnapshotPending",
+    );
+    assert_eq!(
+        note,
+        format!("VolumeSnapshot {SNAPSHOT} is not ready: driver busy")
+    );
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(5)));
+    h.server.done().await;
+
+    // 4. Ready: the prime claim restored from it, the user's size (no overhead), larger
+    // than the snapshot.
+    let task = tokio::spawn(reconcile(pvc(&decided), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(image.clone())).await;
+    let ready = json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+        "metadata": {"name": SNAPSHOT, "namespace": NS},
+        "status": {"readyToUse": true, "restoreSize": "10Gi"}});
+    h.server
+        .expect("GET", &format!("{SNAPSHOTS}/{SNAPSHOT}"), Reply::Ok(ready))
+        .await;
+    h.server
+        .expect(
+            "GET",
+            SC,
+            Reply::Ok(
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                "metadata": {"name": "rbd"}, "provisioner": "rbd.csi.ceph.com",
+                "volumeBindingMode": "Immediate"}),
+            ),
+        )
+        .await;
+    let prime = h.server.expect("POST", PVCS, Reply::Echo).await.body;
+    assert_eq!(prime["metadata"]["name"], PRIME);
+    assert_eq!(
+        prime["spec"],
+        json!({"accessModes": ["ReadWriteOnce"], "storageClassName": "rbd",
+               "volumeMode": "Filesystem", "resources": {"requests": {"storage": "20Gi"}},
+               "dataSource": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",
+                              "name": SNAPSHOT}})
+    );
+    let note = on_claim(&h.server.expect_event(NS).await, "Normal", "PrimeCreated");
+    assert_eq!(
+        note,
+        format!("created prime claim pvc/{PRIME}, restored from VolumeSnapshot {SNAPSHOT}")
+    );
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+
+    // 5. The prime is Bound: the snapshot goes, the volume is handed over.
+    let mut bound = prime.clone();
+    bound["metadata"]["uid"] = json!("prime-uid");
+    bound["spec"]["volumeName"] = json!("pv-7");
+    bound["status"] = json!({"phase": "Bound"});
+    h.claim_seen(&bound);
+    let task = tokio::spawn(reconcile(pvc(&decided), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(image.clone())).await;
+    h.server
+        .expect(
+            "DELETE",
+            &format!("{SNAPSHOTS}/{SNAPSHOT}"),
+            Reply::Ok(json!({})),
+        )
+        .await;
+    let pv = json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pv-7"},
+        "spec": {"claimRef": {"namespace": NS, "name": PRIME, "uid": "prime-uid"}}});
+    h.server.expect("GET", PV, Reply::Ok(pv.clone())).await;
+    let patch = h.server.expect("PATCH", PV, Reply::Ok(pv)).await.body;
+    assert_eq!(patch["spec"]["claimRef"]["uid"], UID);
+    assert_eq!(patch["spec"]["claimRef"]["name"], "disk");
+    on_claim(&h.server.expect_event(NS).await, "Normal", "Rebinding");
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+}
+
+#[tokio::test]
+async fn a_goldenimages_current_claim_is_cloned_by_the_csi_driver_when_asked() {
+    let mut h = Harness::new();
+    let image = source(json!({"goldenImage": {"name": "fedora"}}));
+    let mut image = image;
+    image["spec"]["cloneStrategy"] = json!("csi-clone");
+
+    let task = tokio::spawn(reconcile(pvc(&claim(json!({}))), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(image.clone())).await;
+    h.server
+        .expect(
+            "GET",
+            GOLDEN,
+            Reply::Ok(
+                json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "GoldenImage",
+                "metadata": {"name": "fedora", "namespace": NS},
+                "spec": {"source": {"url": "https://h/f.qcow2"},
+                         "trigger": {"schedule": "@daily"},
+                         "claim": {"size": "10Gi", "storageClassName": "rbd"}},
+                "status": {"currentClaim": "fedora-1a2b"}}),
+            ),
+        )
+        .await;
+    facts_read(&mut h, false, "fedora-1a2b").await;
+    let recorded = json!({"ferry.dev/clone-strategy": "csi-clone",
+                          "ferry.dev/clone-source": "fedora-1a2b"});
+    let annotations = expect_recorded(&mut h, claim(recorded.clone())).await;
+    assert_eq!(annotations["ferry.dev/clone-strategy"], "csi-clone");
+    assert_eq!(annotations["ferry.dev/clone-source"], "fedora-1a2b");
+    on_claim(&h.server.expect_event(NS).await, "Normal", "CloneStrategy");
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+
+    // The prime claim is a clone of the recorded claim: the GoldenImage is not read again.
+    let task = tokio::spawn(reconcile(pvc(&claim(recorded)), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(image)).await;
+    h.server
+        .expect(
+            "GET",
+            SC,
+            Reply::Ok(
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                "metadata": {"name": "rbd"}, "provisioner": "rbd.csi.ceph.com",
+                "volumeBindingMode": "Immediate"}),
+            ),
+        )
+        .await;
+    let prime = h.server.expect("POST", PVCS, Reply::Echo).await.body;
+    assert_eq!(
+        prime["spec"]["dataSource"],
+        json!({"kind": "PersistentVolumeClaim", "name": "fedora-1a2b"})
+    );
+    let note = on_claim(&h.server.expect_event(NS).await, "Normal", "PrimeCreated");
+    assert_eq!(
+        note,
+        format!("created prime claim pvc/{PRIME}, a CSI clone of pvc/fedora-1a2b")
+    );
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+}
+
+#[tokio::test]
+async fn without_a_snapshot_class_the_image_is_copied_and_the_claim_says_why() {
+    let mut h = Harness::new();
+    let image = source(json!({"pvc": {"name": "base"}}));
+    let task = tokio::spawn(reconcile(pvc(&claim(json!({}))), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(image.clone())).await;
+    facts_read(&mut h, false, "base").await;
+    let why = "no VolumeSnapshotClass of driver rbd.csi.ceph.com";
+    let recorded = json!({"ferry.dev/clone-strategy": "copy", "ferry.dev/clone-source": "base",
+                          "ferry.dev/clone-fallback-reason": why});
+    let annotations = expect_recorded(&mut h, claim(recorded.clone())).await;
+    assert_eq!(annotations, recorded);
+    let note = on_claim(&h.server.expect_event(NS).await, "Normal", "CloneFallback");
+    assert_eq!(note, format!("copying: no storage clone ({why})"));
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+
+    // Recorded a copy: the prime claim (5.5% larger, a Filesystem volume) and a Transfer
+    // from the claim, as for any image; no class is read again.
+    let task = tokio::spawn(reconcile(pvc(&claim(recorded)), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(image)).await;
+    h.server
+        .expect(
+            "GET",
+            SC,
+            Reply::Ok(
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                "metadata": {"name": "rbd"}, "provisioner": "rbd.csi.ceph.com",
+                "volumeBindingMode": "Immediate"}),
+            ),
+        )
+        .await;
+    let prime = h.server.expect("POST", PVCS, Reply::Echo).await.body;
+    assert!(prime["spec"].get("dataSource").is_none(), "{prime}");
+    assert_eq!(prime["spec"]["resources"]["requests"]["storage"], "21672Mi");
+    on_claim(&h.server.expect_event(NS).await, "Normal", "PrimeCreated");
+    let transfer = h
+        .server
+        .expect(
+            "POST",
+            "/apis/ferry.dev/v1alpha1/namespaces/vms/transfers",
+            Reply::Echo,
+        )
+        .await
+        .body;
+    assert_eq!(transfer["spec"]["source"], json!({"pvc": {"name": "base"}}));
+    assert_eq!(
+        transfer["spec"]["targets"],
+        json!([{"pvc": {"name": PRIME}}])
+    );
+    on_claim(
+        &h.server.expect_event(NS).await,
+        "Normal",
+        "TransferCreated",
+    );
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+}
+
+#[tokio::test]
+async fn a_strategy_the_classes_cannot_do_is_refused_without_recording() {
+    let mut h = Harness::new();
+    let mut image = source(json!({"pvc": {"name": "base"}}));
+    image["spec"]["cloneStrategy"] = json!("csi-clone");
+    let mut other_class = claim(json!({}));
+    other_class["spec"]["storageClassName"] = json!("other");
+    let task = tokio::spawn(reconcile(pvc(&other_class), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(image)).await;
+    facts_read(&mut h, true, "base").await;
+    let note = on_claim(&h.server.expect_event(NS).await, "Warning", "InvalidSource");
+    assert_eq!(
+        note,
+        "cloneStrategy csi-clone cannot be used: pvc/ferry-prime-u-1 is of driver ebs.csi.aws.com and the source of rbd.csi.ceph.com: storage clones stay with one driver; use cloneStrategy auto or copy"
+    );
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+}
+
+/// A copied image's prime claim grows by its class's profile's file-system overhead
+/// (10% here, not CDI's 5.5%).
+#[tokio::test]
+async fn a_copys_prime_claim_grows_by_the_classs_profile_overhead() {
+    use ferry_operator::class_defaults::ClassDefaults;
+    use ferry_operator::crd::StorageClassProfile;
+    use kube::runtime::reflector::store::Writer;
+    use kube::runtime::watcher::Event;
+
+    let mut profiles = Writer::<StorageClassProfile>::default();
+    let profile: StorageClassProfile = serde_json::from_value(json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "StorageClassProfile",
+        "metadata": {"name": "rbd"}, "spec": {"filesystemOverhead": "0.1"},
+    }))
+    .unwrap();
+    profiles.apply_watcher_event(&Event::Apply(profile));
+    let defaults = ClassDefaults::from_stores(profiles.as_reader(), Writer::default().as_reader());
+    let mut h = Harness::with_class_defaults(defaults);
+    let image = source(json!({"url": "https://images.example.com/fedora.raw"}));
+    let task = tokio::spawn(reconcile(pvc(&claim(json!({}))), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(image)).await;
+    h.server
+        .expect(
+            "GET",
+            SC,
+            Reply::Ok(
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                "metadata": {"name": "rbd"}, "provisioner": "rbd.csi.ceph.com",
+                "volumeBindingMode": "Immediate"}),
+            ),
+        )
+        .await;
+    let prime = h.server.expect("POST", PVCS, Reply::Echo).await.body;
+    // 20 GiB / 0.9 = 22,755.56 MiB, rounded up.
+    assert_eq!(prime["spec"]["resources"]["requests"]["storage"], "22756Mi");
+    on_claim(&h.server.expect_event(NS).await, "Normal", "PrimeCreated");
+    h.server
+        .expect(
+            "POST",
+            "/apis/ferry.dev/v1alpha1/namespaces/vms/transfers",
+            Reply::Echo,
+        )
+        .await;
+    on_claim(
+        &h.server.expect_event(NS).await,
+        "Normal",
+        "TransferCreated",
+    );
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+}
