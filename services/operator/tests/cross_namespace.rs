@@ -443,3 +443,27 @@ async fn the_operator_sets_the_webhooks_ca_bundle() {
     );
     assert_no_refusal(&cluster);
 }
+
+/// An operator that watches one namespace cannot follow a child in another: the
+/// Transfer fails saying so, before anything is made there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_watching_one_namespace_refuses_a_clone_from_another() {
+    let cluster = cluster_with_golden();
+    grant_read(&cluster, "alice");
+    let key = operator_key(&cluster).await;
+    let mut one = settings();
+    one.watch_namespace = Some(NS.to_string());
+    let _operator = start(&cluster, one);
+    create(&cluster, admitted(transfer("vm"), "alice", &key)).await;
+    until(20, "the Transfer to fail", || {
+        phase_of(&cluster, "vm").as_deref() == Some("Failed")
+    })
+    .await;
+    let t = cluster.get("ferry.dev", "transfers", NS, "vm").unwrap();
+    let message = t["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("the operator watches only namespace vms"),
+        "{message}"
+    );
+    assert!(in_source_namespace(&cluster, "ferry.dev", "transfers").is_empty());
+}

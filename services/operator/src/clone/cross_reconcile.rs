@@ -177,6 +177,12 @@ pub async fn reconcile(
             );
             return fail(&ctx, &obj, &ids, &status, reason::FAILED, &text).await;
         }
+        if let Some(watched) = ctx.settings.watch_namespace.as_deref() {
+            let text = format!(
+                "the operator watches only namespace {watched}: a clone from namespace {source_namespace} needs an operator that watches every namespace"
+            );
+            return fail(&ctx, &obj, &ids, &status, reason::INVALID_SPEC, &text).await;
+        }
         if let Some(why) = authorize(&ctx, &obj, &ids, &source_namespace, &source).await? {
             return fail(&ctx, &obj, &ids, &status, NOT_AUTHORIZED, &why).await;
         }
