@@ -63,10 +63,26 @@ fn list(kind: &str, items: Value) -> Reply {
                      "metadata": {"resourceVersion": "1"}, "items": items}))
 }
 
-/// What a decision reads: the classes (`rbd` of the Ceph driver, expandable, and `other`
-/// of another driver), the profiles, the snapshot classes (one of the Ceph driver when
-/// `snapshot_class`), and the source claim `name` (10Gi of `rbd`, Filesystem).
+/// What a decision reads: the classes, the profiles, the snapshot classes, and the source
+/// claim `name` (10Gi of `rbd`, Filesystem).
 async fn facts_read(h: &mut Harness, snapshot_class: bool, name: &str) {
+    classes_read(h, snapshot_class).await;
+    h.server
+        .expect(
+            "GET",
+            &format!("{PVCS}/{name}"),
+            Reply::Ok(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": name, "namespace": NS},
+                "spec": {"storageClassName": "rbd", "volumeMode": "Filesystem",
+                         "resources": {"requests": {"storage": "10Gi"}}},
+                "status": {"phase": "Bound", "capacity": {"storage": "10Gi"}}})),
+        )
+        .await;
+}
+
+/// The classes (`rbd` of the Ceph driver, expandable, and `other` of another driver), the
+/// profiles, the snapshot classes (one of the Ceph driver when `snapshot_class`).
+async fn classes_read(h: &mut Harness, snapshot_class: bool) {
     let class = |name: &str, driver: &str| {
         json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
                "metadata": {"name": name}, "provisioner": driver,
@@ -100,17 +116,6 @@ async fn facts_read(h: &mut Harness, snapshot_class: bool, name: &str) {
             "GET",
             SNAPSHOT_CLASSES,
             list("VolumeSnapshotClass", snapshot_classes),
-        )
-        .await;
-    h.server
-        .expect(
-            "GET",
-            &format!("{PVCS}/{name}"),
-            Reply::Ok(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                "metadata": {"name": name, "namespace": NS},
-                "spec": {"storageClassName": "rbd", "volumeMode": "Filesystem",
-                         "resources": {"requests": {"storage": "10Gi"}}},
-                "status": {"phase": "Bound", "capacity": {"storage": "10Gi"}}})),
         )
         .await;
 }
@@ -160,7 +165,8 @@ async fn a_claim_of_an_image_in_a_claim_is_restored_from_a_snapshot_of_it() {
     assert_eq!(
         annotations,
         json!({"ferry.dev/clone-strategy": "snapshot", "ferry.dev/clone-source": "base",
-               "ferry.dev/clone-fallback-reason": null})
+               "ferry.dev/clone-fallback-reason": null,
+               "ferry.dev/clone-source-snapshot": null})
     );
     let note = on_claim(&h.server.expect_event(NS).await, "Normal", "CloneStrategy");
     assert_eq!(note, "cloning pvc/base by the storage (snapshot)");
@@ -355,7 +361,9 @@ async fn without_a_snapshot_class_the_image_is_copied_and_the_claim_says_why() {
     let recorded = json!({"ferry.dev/clone-strategy": "copy", "ferry.dev/clone-source": "base",
                           "ferry.dev/clone-fallback-reason": why});
     let annotations = expect_recorded(&mut h, claim(recorded.clone())).await;
-    assert_eq!(annotations, recorded);
+    let mut written = recorded.clone();
+    written["ferry.dev/clone-source-snapshot"] = Value::Null;
+    assert_eq!(annotations, written);
     let note = on_claim(&h.server.expect_event(NS).await, "Normal", "CloneFallback");
     assert_eq!(note, format!("copying: no storage clone ({why})"));
     assert_eq!(finish(task).await, Action::await_change());
@@ -470,6 +478,117 @@ async fn a_copys_prime_claim_grows_by_the_classs_profile_overhead() {
         "Normal",
         "TransferCreated",
     );
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+}
+
+/// A GoldenImage whose imports are kept as VolumeSnapshots: its current snapshot restored
+/// into the prime claim (no snapshot of ferry's own, nothing deleted); a snapshot pruned
+/// before the prime claim was made undoes the decision.
+#[tokio::test]
+async fn a_snapshot_kept_goldenimage_is_restored_into_the_prime_claim() {
+    let mut h = Harness::new();
+    let image = source(json!({"goldenImage": {"name": "fedora"}}));
+    let golden = json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "GoldenImage",
+        "metadata": {"name": "fedora", "namespace": NS},
+        "spec": {"source": {"url": "https://h/f.qcow2"}, "trigger": {"schedule": "@daily"},
+                 "keepAs": "Snapshot",
+                 "claim": {"size": "10Gi", "storageClassName": "rbd"}},
+        "status": {"currentSnapshot": "fedora-1a2b"}});
+    let ready = json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+        "metadata": {"name": "fedora-1a2b", "namespace": NS},
+        "status": {"readyToUse": true, "restoreSize": "10Gi"}});
+    let golden_snapshot = format!("{SNAPSHOTS}/fedora-1a2b");
+
+    let task = tokio::spawn(reconcile(pvc(&claim(json!({}))), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(image.clone())).await;
+    h.server.expect("GET", GOLDEN, Reply::Ok(golden)).await;
+    classes_read(&mut h, true).await;
+    h.server
+        .expect("GET", &golden_snapshot, Reply::Ok(ready.clone()))
+        .await;
+    let recorded = json!({"ferry.dev/clone-strategy": "snapshot",
+                          "ferry.dev/clone-source-snapshot": "fedora-1a2b"});
+    let annotations = expect_recorded(&mut h, claim(recorded.clone())).await;
+    assert_eq!(
+        annotations,
+        json!({"ferry.dev/clone-strategy": "snapshot", "ferry.dev/clone-source": null,
+               "ferry.dev/clone-source-snapshot": "fedora-1a2b",
+               "ferry.dev/clone-fallback-reason": null})
+    );
+    let note = on_claim(&h.server.expect_event(NS).await, "Normal", "CloneStrategy");
+    assert_eq!(
+        note,
+        "restoring the GoldenImage's VolumeSnapshot fedora-1a2b by the storage"
+    );
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+
+    // Recorded: the prime claim restored from the GoldenImage's snapshot.
+    let task = tokio::spawn(reconcile(pvc(&claim(recorded.clone())), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(image.clone())).await;
+    h.server
+        .expect("GET", &golden_snapshot, Reply::Ok(ready))
+        .await;
+    h.server
+        .expect(
+            "GET",
+            SC,
+            Reply::Ok(
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                "metadata": {"name": "rbd"}, "provisioner": "rbd.csi.ceph.com",
+                "volumeBindingMode": "Immediate"}),
+            ),
+        )
+        .await;
+    let prime = h.server.expect("POST", PVCS, Reply::Echo).await.body;
+    assert_eq!(
+        prime["spec"]["dataSource"],
+        json!({"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",
+               "name": "fedora-1a2b"})
+    );
+    assert_eq!(prime["spec"]["resources"]["requests"]["storage"], "20Gi");
+    let note = on_claim(&h.server.expect_event(NS).await, "Normal", "PrimeCreated");
+    assert_eq!(
+        note,
+        format!("created prime claim pvc/{PRIME}, restored from the GoldenImage's VolumeSnapshot fedora-1a2b")
+    );
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+
+    // Bound: handed over; the GoldenImage's snapshot is not ferry's to delete.
+    let mut bound = prime.clone();
+    bound["metadata"]["uid"] = json!("prime-uid");
+    bound["spec"]["volumeName"] = json!("pv-7");
+    bound["status"] = json!({"phase": "Bound"});
+    h.claim_seen(&bound);
+    let task = tokio::spawn(reconcile(pvc(&claim(recorded.clone())), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(image.clone())).await;
+    let pv = json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pv-7"},
+        "spec": {"claimRef": {"namespace": NS, "name": PRIME, "uid": "prime-uid"}}});
+    h.server.expect("GET", PV, Reply::Ok(pv.clone())).await;
+    h.server.expect("PATCH", PV, Reply::Ok(pv)).await;
+    on_claim(&h.server.expect_event(NS).await, "Normal", "Rebinding");
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+
+    // Another claim whose recorded snapshot was pruned before its prime claim: undone.
+    let mut other = claim(recorded);
+    other["metadata"]["uid"] = json!("u-2");
+    let task = tokio::spawn(reconcile(pvc(&other), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(image)).await;
+    h.server
+        .expect("GET", &golden_snapshot, Reply::NotFound)
+        .await;
+    let annotations = expect_recorded(&mut h, claim(json!({}))).await;
+    assert_eq!(
+        annotations,
+        json!({"ferry.dev/clone-strategy": null, "ferry.dev/clone-source": null,
+               "ferry.dev/clone-source-snapshot": null,
+               "ferry.dev/clone-fallback-reason": null})
+    );
+    let note = on_claim(&h.server.expect_event(NS).await, "Warning", "SourceGone");
+    assert!(note.contains("fedora-1a2b is gone"), "{note}");
     assert_eq!(finish(task).await, Action::await_change());
     h.server.done().await;
 }

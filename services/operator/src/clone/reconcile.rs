@@ -285,7 +285,29 @@ pub async fn observe_claim(
     namespace: &str,
     name: &str,
 ) -> Result<Facts, kube::Error> {
+    let (classes, profiles, snapshot_classes) = observe_classes(client).await?;
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
+    let source = pvcs.get_opt(name).await?;
+    Ok(facts(
+        source.as_ref(),
+        &classes,
+        &profiles,
+        &snapshot_classes,
+    ))
+}
+
+/// Every storage class, StorageClassProfile and VolumeSnapshotClass (none of the last
+/// on a cluster without the snapshot CRDs).
+pub async fn observe_classes(
+    client: &kube::Client,
+) -> Result<
+    (
+        Vec<StorageClass>,
+        Vec<StorageClassProfile>,
+        Vec<DynamicObject>,
+    ),
+    kube::Error,
+> {
     let classes: Api<StorageClass> = Api::all(client.clone());
     let classes = classes.list(&ListParams::default()).await?.items;
     let profiles: Api<StorageClassProfile> = Api::all(client.clone());
@@ -307,13 +329,7 @@ pub async fn observe_claim(
         Err(kube::Error::Api(e)) if e.code == 404 => Vec::new(),
         Err(e) => return Err(e),
     };
-    let source = pvcs.get_opt(name).await?;
-    Ok(facts(
-        source.as_ref(),
-        &classes,
-        &profiles,
-        &snapshot_classes,
-    ))
+    Ok((classes, profiles, snapshot_classes))
 }
 
 /// The facts from the objects read (pure, so that render builds them alike).

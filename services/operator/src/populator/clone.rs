@@ -2,7 +2,9 @@
 //! GoldenImage's current claim) is made by the storage where it can be, as CDI's clone
 //! populator does: the prime claim is created with a VolumeSnapshot of the source, or the
 //! source claim itself, as its `dataSource`, so no mover runs and no byte goes through
-//! ferry; the hand-over to the user's claim is the copy's ([`super::rebind`]).
+//! ferry; the hand-over to the user's claim is the copy's ([`super::rebind`]). A
+//! GoldenImage whose imports are kept as VolumeSnapshots (`keepAs: Snapshot`) has its
+//! current snapshot restored into the prime claim.
 //!
 //! The strategy is the Transfer's ([`crate::clone::strategy::decide`], asked about the
 //! prime claim as a `pvcTemplate` target), decided once and recorded on the user's claim
@@ -20,13 +22,14 @@ use kube::runtime::controller::Action;
 use kube::Api;
 use serde_json::json;
 
-use crate::clone::reconcile::observe_claim;
-use crate::clone::strategy::{self, Decision};
+use crate::clone::reconcile::{facts, observe_claim, observe_classes};
+use crate::clone::strategy::{self, ClaimFacts, Decision};
 use crate::crd::validate::quantity_bytes;
 use crate::crd::{
     AccessMode, GoldenImage, PvcRef, PvcTemplate, Transfer, TransferTarget, VolumeImageSource,
     VolumeMode,
 };
+use crate::golden::Current;
 use crate::schedule::build::{snapshot_state, volume_snapshot_api, SnapshotState};
 
 use super::build::{self, ClaimIds};
@@ -41,6 +44,8 @@ pub const STRATEGY: &str = "ferry.dev/clone-strategy";
 pub const FALLBACK_REASON: &str = "ferry.dev/clone-fallback-reason";
 /// On the user's claim: the claim it is cloned from (a GoldenImage's, looked up once).
 pub const SOURCE_CLAIM: &str = "ferry.dev/clone-source";
+/// On the user's claim: the GoldenImage's VolumeSnapshot it is restored from.
+pub const SOURCE_SNAPSHOT: &str = "ferry.dev/clone-source-snapshot";
 
 /// How often a clone in progress is looked at (VolumeSnapshots are not watched).
 const LOOK_AGAIN: Duration = Duration::from_secs(5);
@@ -64,6 +69,11 @@ pub enum Recorded {
         /// The source claim.
         source: String,
     },
+    /// A restore of this VolumeSnapshot (a GoldenImage's import, not ferry's to delete).
+    Restore {
+        /// The VolumeSnapshot.
+        snapshot: String,
+    },
 }
 
 /// What `pvc`'s annotations record.
@@ -72,6 +82,12 @@ pub fn recorded(pvc: &PersistentVolumeClaim) -> Recorded {
     let get = |k: &str| annotations.and_then(|a| a.get(k)).map(String::as_str);
     match (get(STRATEGY), get(SOURCE_CLAIM)) {
         (Some("copy"), _) => Recorded::Copy,
+        (Some("snapshot"), None) => match get(SOURCE_SNAPSHOT) {
+            Some(snapshot) => Recorded::Restore {
+                snapshot: snapshot.to_string(),
+            },
+            None => Recorded::Undecided,
+        },
         (Some(s @ ("snapshot" | "csi-clone")), Some(source)) => Recorded::Clone {
             snapshot: s == "snapshot",
             source: source.to_string(),
@@ -88,8 +104,34 @@ pub enum ClaimSource {
     None,
     /// This claim.
     Claim(PvcRef),
-    /// The current claim of this GoldenImage.
+    /// The current import of this GoldenImage (a claim, or a VolumeSnapshot).
     Golden(String),
+}
+
+/// What a claim is filled from, once a GoldenImage's current import is known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CloneFrom {
+    /// A claim: cloned (or copied).
+    Claim(PvcRef),
+    /// A GoldenImage's VolumeSnapshot, of a claim of this class and mode: restored.
+    Snapshot {
+        /// The VolumeSnapshot.
+        name: String,
+        /// The class of the claim it was taken of.
+        class: Option<String>,
+        /// That claim's volume mode.
+        mode: VolumeMode,
+    },
+}
+
+impl CloneFrom {
+    /// As the strategy sees the source: a claim of this name.
+    pub fn as_pvc_ref(&self) -> PvcRef {
+        match self {
+            Self::Claim(source) => source.clone(),
+            Self::Snapshot { name, .. } => source_ref(name),
+        }
+    }
 }
 
 /// The claim source of `source`.
@@ -152,17 +194,32 @@ pub fn as_transfer(
     transfer
 }
 
-/// The annotations recording `decision` about a clone of `source`.
-pub fn record(decision: &Decision, source: &str) -> BTreeMap<String, Option<String>> {
-    let (strategy, reason) = match decision {
-        Decision::Copy { fallback } => ("copy", fallback.clone()),
-        other => (other.name(), None),
+/// The annotations recording `decision` about a clone from `from` (a GoldenImage's
+/// snapshot is restored whatever storage strategy was decided).
+pub fn record(decision: &Decision, from: &CloneFrom) -> BTreeMap<String, Option<String>> {
+    let (strategy, reason) = match (decision, from) {
+        (Decision::Copy { fallback }, _) => ("copy", fallback.clone()),
+        (_, CloneFrom::Snapshot { .. }) => ("snapshot", None),
+        (other, _) => (other.name(), None),
+    };
+    let (claim, snapshot) = match from {
+        CloneFrom::Claim(source) => (Some(source.name.clone()), None),
+        CloneFrom::Snapshot { name, .. } => (None, Some(name.clone())),
     };
     BTreeMap::from([
         (STRATEGY.to_string(), Some(strategy.to_string())),
         (FALLBACK_REASON.to_string(), reason),
-        (SOURCE_CLAIM.to_string(), Some(source.to_string())),
+        (SOURCE_CLAIM.to_string(), claim),
+        (SOURCE_SNAPSHOT.to_string(), snapshot),
     ])
+}
+
+/// The annotations of nothing decided: decided again on the next look.
+pub fn undecided() -> BTreeMap<String, Option<String>> {
+    [STRATEGY, FALLBACK_REASON, SOURCE_CLAIM, SOURCE_SNAPSHOT]
+        .into_iter()
+        .map(|k| (k.to_string(), None))
+        .collect()
 }
 
 /// The VolumeSnapshot of `source` a clone of the user's claim is restored from, owned by
@@ -192,6 +249,13 @@ pub fn prime_claim(
 ) -> PersistentVolumeClaim {
     let mut prime = build::prime_claim_sized(pvc, ids, node, None);
     let spec = prime.spec.get_or_insert_with(Default::default);
+    if let Recorded::Restore { snapshot } = clone {
+        spec.data_source = Some(TypedLocalObjectReference {
+            api_group: Some("snapshot.storage.k8s.io".into()),
+            kind: "VolumeSnapshot".into(),
+            name: snapshot.clone(),
+        });
+    }
     if let Recorded::Clone { snapshot, source } = clone {
         spec.data_source = Some(if *snapshot {
             TypedLocalObjectReference {
@@ -240,13 +304,10 @@ pub async fn populate(
         },
         clone => clone,
     };
-    let Recorded::Clone { snapshot, source } = &clone else {
-        return Ok(None);
-    };
     let prime_name = names::prime(&ids.uid);
     if let Some(prime) = ctx.claim(&ids.namespace, &prime_name) {
         let bound = prime.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
-        if bound && *snapshot {
+        if bound && matches!(clone, Recorded::Clone { snapshot: true, .. }) {
             // The volume is provisioned: the snapshot is no longer needed.
             forget_snapshot(ctx, ids).await?;
         }
@@ -254,48 +315,18 @@ pub async fn populate(
             .await
             .map(Some);
     }
-    let mut restore_size = None;
-    if *snapshot {
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(ctx.client.clone(), &ids.namespace, &volume_snapshot_api());
-        let name = snapshot_name(&ids.uid);
-        match api.get_opt(&name).await?.map(|s| snapshot_state(&s)) {
-            None => {
-                let facts = observe_claim(&ctx.client, &ids.namespace, source).await?;
-                let class = match strategy::decide(
-                    &as_transfer(ids, vis, &source_ref(source), pvc),
-                    &facts,
-                ) {
-                    Decision::Snapshot { class } => class,
-                    _ => String::new(),
-                };
-                match api
-                    .create(
-                        &PostParams::default(),
-                        &volume_snapshot(ids, source, &class),
-                    )
-                    .await
-                {
-                    Ok(_) => {
-                        let note =
-                            format!("created VolumeSnapshot {name} of pvc/{source} to clone");
-                        ctx.event(pvc, false, "SnapshotCreated", &note).await;
-                    }
-                    Err(kube::Error::Api(e)) if e.code == 409 => {}
-                    Err(e) => return Err(e.into()),
-                }
-                return Ok(Some(Action::requeue(LOOK_AGAIN)));
-            }
-            Some(SnapshotState::Pending(error)) => {
-                if let Some(error) = error {
-                    let note = format!("VolumeSnapshot {name} is not ready: {error}");
-                    ctx.event(pvc, true, "SnapshotPending", &note).await;
-                }
-                return Ok(Some(Action::requeue(LOOK_AGAIN)));
-            }
-            Some(SnapshotState::Ready(size)) => restore_size = size,
-        }
-    }
+    let ready = match &clone {
+        Recorded::Clone {
+            snapshot: true,
+            source,
+        } => own_snapshot(ctx, pvc, ids, vis, source).await?,
+        Recorded::Restore { snapshot } => golden_snapshot(ctx, pvc, ids, snapshot).await?,
+        _ => Ok(None),
+    };
+    let restore_size = match ready {
+        Ok(size) => size,
+        Err(action) => return Ok(Some(action)),
+    };
     let node = match super::reconcile::prime_placement(ctx, pvc).await? {
         Ok(node) => node,
         Err(action) => return Ok(Some(action)),
@@ -304,10 +335,15 @@ pub async fn populate(
     let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ids.namespace);
     match api.create(&PostParams::default(), &prime).await {
         Ok(_) => {
-            let how = if *snapshot {
-                format!("restored from VolumeSnapshot {}", snapshot_name(&ids.uid))
-            } else {
-                format!("a CSI clone of pvc/{source}")
+            let how = match &clone {
+                Recorded::Clone { snapshot: true, .. } => {
+                    format!("restored from VolumeSnapshot {}", snapshot_name(&ids.uid))
+                }
+                Recorded::Clone { source, .. } => format!("a CSI clone of pvc/{source}"),
+                Recorded::Restore { snapshot } => {
+                    format!("restored from the GoldenImage's VolumeSnapshot {snapshot}")
+                }
+                _ => String::new(),
             };
             let place = node.map(|n| format!(" on node {n}")).unwrap_or_default();
             let note = format!("created prime claim pvc/{prime_name}{place}, {how}");
@@ -318,6 +354,95 @@ pub async fn populate(
     }
     // The prime claim's watch wakes the claim when it binds.
     Ok(Some(Action::await_change()))
+}
+
+/// The clone's own VolumeSnapshot of `source`: its restore size once ready, else the
+/// action while it is made or not ready.
+async fn own_snapshot(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    ids: &ClaimIds,
+    vis: &VolumeImageSource,
+    source: &str,
+) -> Result<Result<Option<Quantity>, Action>, Error> {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), &ids.namespace, &volume_snapshot_api());
+    let name = snapshot_name(&ids.uid);
+    match api.get_opt(&name).await?.map(|s| snapshot_state(&s)) {
+        None => {
+            let facts = observe_claim(&ctx.client, &ids.namespace, source).await?;
+            let class =
+                match strategy::decide(&as_transfer(ids, vis, &source_ref(source), pvc), &facts) {
+                    Decision::Snapshot { class } => class,
+                    _ => String::new(),
+                };
+            match api
+                .create(
+                    &PostParams::default(),
+                    &volume_snapshot(ids, source, &class),
+                )
+                .await
+            {
+                Ok(_) => {
+                    let note = format!("created VolumeSnapshot {name} of pvc/{source} to clone");
+                    ctx.event(pvc, false, "SnapshotCreated", &note).await;
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+            Ok(Err(Action::requeue(LOOK_AGAIN)))
+        }
+        Some(state) => Ok(ready_or_wait(ctx, pvc, &name, state).await),
+    }
+}
+
+/// The GoldenImage's VolumeSnapshot `name`: its restore size once ready, else the action
+/// while it is not; gone (pruned by its GoldenImage before the prime claim was made), the
+/// decision is undone and made again with the GoldenImage's current import.
+async fn golden_snapshot(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    ids: &ClaimIds,
+    name: &str,
+) -> Result<Result<Option<Quantity>, Action>, Error> {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), &ids.namespace, &volume_snapshot_api());
+    match api.get_opt(name).await?.map(|s| snapshot_state(&s)) {
+        None => {
+            let claims: Api<PersistentVolumeClaim> =
+                Api::namespaced(ctx.client.clone(), &ids.namespace);
+            let patch = json!({"metadata": {"annotations": undecided()}});
+            claims
+                .patch(&ids.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            let note = format!(
+                "the GoldenImage's VolumeSnapshot {name} is gone: restoring its current import instead"
+            );
+            ctx.event(pvc, true, "SourceGone", &note).await;
+            Ok(Err(Action::await_change()))
+        }
+        Some(state) => Ok(ready_or_wait(ctx, pvc, name, state).await),
+    }
+}
+
+/// A snapshot's restore size when it is ready, else the action while it is not (its
+/// error said when the snapshot controller reports one).
+async fn ready_or_wait(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    name: &str,
+    state: SnapshotState,
+) -> Result<Option<Quantity>, Action> {
+    match state {
+        SnapshotState::Ready(size) => Ok(size),
+        SnapshotState::Pending(error) => {
+            if let Some(error) = error {
+                let note = format!("VolumeSnapshot {name} is not ready: {error}");
+                ctx.event(pvc, true, "SnapshotPending", &note).await;
+            }
+            Err(Action::requeue(LOOK_AGAIN))
+        }
+    }
 }
 
 fn source_ref(name: &str) -> PvcRef {
@@ -337,60 +462,102 @@ async fn decide(
     ids: &ClaimIds,
     vis: &VolumeImageSource,
 ) -> Result<Option<Option<Action>>, Error> {
-    let source = match claim_source(vis) {
+    let from = match claim_source(vis) {
         ClaimSource::None => return Ok(Some(None)),
-        ClaimSource::Claim(source) => source,
+        ClaimSource::Claim(source) => CloneFrom::Claim(source),
         ClaimSource::Golden(name) => {
             let api: Api<GoldenImage> = Api::namespaced(ctx.client.clone(), &ids.namespace);
-            let current = api
-                .get_opt(&name)
-                .await?
-                .and_then(|g| g.status.and_then(|s| s.current_claim));
-            let Some(claim) = current else {
+            let golden = api.get_opt(&name).await?;
+            let current = golden.as_ref().and_then(crate::golden::current_import);
+            match (golden, current) {
+                (_, Some(Current::Claim(claim))) => CloneFrom::Claim(source_ref(&claim)),
+                (Some(golden), Some(Current::Snapshot(snapshot))) => CloneFrom::Snapshot {
+                    name: snapshot,
+                    class: golden.spec.claim.storage_class_name,
+                    mode: golden
+                        .spec
+                        .claim
+                        .volume_mode
+                        .unwrap_or(VolumeMode::Filesystem),
+                },
+                _ => {
+                    let note = format!(
+                        "waiting for GoldenImage {name} to hold an image: create it, or wait for its first import"
+                    );
+                    ctx.event(pvc, false, "Pending", &note).await;
+                    return Ok(Some(Some(Action::requeue(RECHECK))));
+                }
+            }
+        }
+    };
+    let facts = match &from {
+        CloneFrom::Claim(source) => {
+            let facts = observe_claim(&ctx.client, &ids.namespace, &source.name).await?;
+            if facts.source.is_none() {
                 let note = format!(
-                    "waiting for GoldenImage {name} to hold an image: create it, or wait for its first import"
+                    "waiting for pvc/{} in namespace {}, the image's claim",
+                    source.name, ids.namespace
                 );
                 ctx.event(pvc, false, "Pending", &note).await;
                 return Ok(Some(Some(Action::requeue(RECHECK))));
+            }
+            facts
+        }
+        CloneFrom::Snapshot { name, class, mode } => {
+            let (classes, profiles, snapshot_classes) = observe_classes(&ctx.client).await?;
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(ctx.client.clone(), &ids.namespace, &volume_snapshot_api());
+            let bytes = match api.get_opt(name).await?.map(|s| snapshot_state(&s)) {
+                Some(SnapshotState::Ready(size)) => size.as_ref().and_then(quantity_bytes),
+                _ => None,
             };
-            source_ref(&claim)
+            let mut facts = facts(None, &classes, &profiles, &snapshot_classes);
+            facts.source = Some(ClaimFacts {
+                class: class.clone().or(facts.default_class.clone()),
+                mode: *mode,
+                bytes: bytes.map(|b| b.min(u64::MAX as u128) as u64),
+            });
+            facts
         }
     };
-    let facts = observe_claim(&ctx.client, &ids.namespace, &source.name).await?;
-    if facts.source.is_none() {
-        let note = format!(
-            "waiting for pvc/{} in namespace {}, the image's claim",
-            source.name, ids.namespace
-        );
-        ctx.event(pvc, false, "Pending", &note).await;
-        return Ok(Some(Some(Action::requeue(RECHECK))));
-    }
-    let decision = strategy::decide(&as_transfer(ids, vis, &source, pvc), &facts);
+    let decision = strategy::decide(&as_transfer(ids, vis, &from.as_pvc_ref(), pvc), &facts);
     if let Decision::Refused(why) = &decision {
         ctx.event(pvc, true, "InvalidSource", why).await;
         // The VolumeImageSource's watch wakes the claim when it is changed.
         return Ok(Some(Some(Action::await_change())));
     }
     let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ids.namespace);
-    let patch = json!({"metadata": {"annotations": record(&decision, &source.name)}});
+    let patch = json!({"metadata": {"annotations": record(&decision, &from)}});
     api.patch(&ids.name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
-    match &decision {
-        Decision::Copy {
-            fallback: Some(why),
-        } => {
-            let note = format!("copying: no storage clone ({why})");
-            ctx.event(pvc, false, "CloneFallback", &note).await;
-        }
-        Decision::Snapshot { .. } | Decision::CsiClone => {
-            let note = format!(
+    let note = match (&decision, &from) {
+        (
+            Decision::Copy {
+                fallback: Some(why),
+            },
+            _,
+        ) => Some((
+            "CloneFallback",
+            format!("copying: no storage clone ({why})"),
+        )),
+        (Decision::Snapshot { .. } | Decision::CsiClone, CloneFrom::Claim(source)) => Some((
+            "CloneStrategy",
+            format!(
                 "cloning pvc/{} by the storage ({})",
                 source.name,
                 decision.name()
-            );
-            ctx.event(pvc, false, "CloneStrategy", &note).await;
+            ),
+        )),
+        (Decision::Snapshot { .. } | Decision::CsiClone, CloneFrom::Snapshot { name, .. }) => {
+            Some((
+                "CloneStrategy",
+                format!("restoring the GoldenImage's VolumeSnapshot {name} by the storage"),
+            ))
         }
-        _ => {}
+        _ => None,
+    };
+    if let Some((reason, note)) = note {
+        ctx.event(pvc, false, reason, &note).await;
     }
     Ok(None)
 }
@@ -442,7 +609,8 @@ mod tests {
         let decision = Decision::Snapshot {
             class: "snaps".into(),
         };
-        let written = record(&decision, "base");
+        let base = CloneFrom::Claim(source_ref("base"));
+        let written = record(&decision, &base);
         let annotations: BTreeMap<String, String> = written
             .into_iter()
             .filter_map(|(k, v)| v.map(|v| (k, v)))
@@ -459,13 +627,33 @@ mod tests {
             &Decision::Copy {
                 fallback: Some("no VolumeSnapshotClass of driver x".into()),
             },
-            "base",
+            &base,
         );
         assert_eq!(
             serde_json::to_value(&copy).unwrap(),
-            json!({STRATEGY: "copy", SOURCE_CLAIM: "base",
+            json!({STRATEGY: "copy", SOURCE_CLAIM: "base", SOURCE_SNAPSHOT: null,
                    FALLBACK_REASON: "no VolumeSnapshotClass of driver x"})
         );
+        let golden = CloneFrom::Snapshot {
+            name: "fedora-41".into(),
+            class: None,
+            mode: VolumeMode::Block,
+        };
+        let restore: BTreeMap<String, String> = record(&Decision::CsiClone, &golden)
+            .into_iter()
+            .filter_map(|(k, v)| v.map(|v| (k, v)))
+            .collect();
+        assert_eq!(
+            recorded(&user_claim(json!(restore))),
+            Recorded::Restore {
+                snapshot: "fedora-41".into()
+            }
+        );
+        let undone: BTreeMap<String, String> = undecided()
+            .into_iter()
+            .filter_map(|(k, v)| v.map(|v| (k, v)))
+            .collect();
+        assert!(undone.is_empty());
         assert_eq!(
             recorded(&user_claim(json!({STRATEGY: "copy"}))),
             Recorded::Copy

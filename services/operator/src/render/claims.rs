@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use crate::clone::reconcile as clone_reconcile;
 use crate::clone::strategy::{self, Decision};
 use crate::crd::VolumeImageSource;
+use crate::golden::Current;
 use crate::populator::build::{self, ClaimIds};
 use crate::populator::clone;
 use crate::populator::plan::{self, Placement};
@@ -124,20 +125,21 @@ pub(crate) fn populate(world: &mut World<'_>) -> Vec<String> {
                     }
                     let prime = clone::prime_claim(pvc, &ids, node.as_deref(), &recorded, None);
                     world.create_claim(&prime);
-                    let clone::Recorded::Clone {
-                        snapshot,
-                        source: from,
-                    } = recorded
-                    else {
-                        continue;
-                    };
-                    let made = if snapshot {
-                        format!(
+                    let made = match recorded {
+                        clone::Recorded::Clone {
+                            snapshot: true,
+                            source: from,
+                        } => format!(
                             "restored from VolumeSnapshot {} of pvc/{from}",
                             clone::snapshot_name(&ids.uid)
-                        )
-                    } else {
-                        format!("a CSI clone of pvc/{from}")
+                        ),
+                        clone::Recorded::Clone { source: from, .. } => {
+                            format!("a CSI clone of pvc/{from}")
+                        }
+                        clone::Recorded::Restore { snapshot } => {
+                            format!("restored from the GoldenImage's VolumeSnapshot {snapshot}")
+                        }
+                        _ => continue,
                     };
                     notes.push(format!(
                         "{title} populating from {kind} {}: prime claim pvc/{}{place}, {made} (no mover)",
@@ -217,18 +219,17 @@ fn storage_clone(
         clone::ClaimSource::Claim(source) => source,
         clone::ClaimSource::Golden(name) => {
             let key = (ids.namespace.clone(), name);
-            let current = world
-                .cluster
-                .golden_images
-                .get(&key)
-                .and_then(|g| g.status.as_ref())
-                .and_then(|s| s.current_claim.clone());
-            match current {
-                Some(claim) => crate::crd::PvcRef {
+            let golden = world.cluster.golden_images.get(&key);
+            match golden.and_then(crate::golden::current_import) {
+                Some(Current::Claim(claim)) => crate::crd::PvcRef {
                     name: claim,
                     path: None,
                     namespace: None,
                 },
+                Some(Current::Snapshot(snapshot)) => {
+                    let claim = golden.map(|g| g.spec.claim.clone());
+                    return restore(world, ids, pvc, vis, snapshot, claim);
+                }
                 None => return StorageClone::Copy(String::new()),
             }
         }
@@ -258,6 +259,44 @@ fn storage_clone(
             },
             decision,
         ),
+    }
+}
+
+/// A GoldenImage's VolumeSnapshot `snapshot` (of a claim as `claim` describes) restored
+/// into the prime claim, when the strategy allows it.
+fn restore(
+    world: &World<'_>,
+    ids: &ClaimIds,
+    pvc: &PersistentVolumeClaim,
+    vis: &VolumeImageSource,
+    snapshot: String,
+    claim: Option<crate::crd::golden_image::ImportClaim>,
+) -> StorageClone {
+    let classes: Vec<_> = world.cluster.classes.values().cloned().collect();
+    let mut facts = clone_reconcile::facts(
+        None,
+        &classes,
+        &world.cluster.profiles,
+        &world.cluster.snapshot_classes,
+    );
+    facts.source = claim.map(|c| strategy::ClaimFacts {
+        class: c.storage_class_name.or(facts.default_class.clone()),
+        mode: c.volume_mode.unwrap_or(crate::crd::VolumeMode::Filesystem),
+        bytes: None,
+    });
+    let source = crate::crd::PvcRef {
+        name: snapshot.clone(),
+        path: None,
+        namespace: None,
+    };
+    match strategy::decide(&clone::as_transfer(ids, vis, &source, pvc), &facts) {
+        Decision::Copy { fallback } => StorageClone::Copy(
+            fallback
+                .map(|why| format!(" (copy: no storage clone: {why})"))
+                .unwrap_or_default(),
+        ),
+        Decision::Refused(why) => StorageClone::Refused(why),
+        decision => StorageClone::Clone(clone::Recorded::Restore { snapshot }, decision),
     }
 }
 

@@ -155,17 +155,38 @@ fn transfer_look(
 /// A `goldenImage` source as [`crate::golden::source`] resolves it: the claim recorded
 /// in the status, else the GoldenImage's current claim (recorded now); the source is then
 /// that claim. None to go on planning; the look's end while the GoldenImage holds none.
-fn golden_source(t: &mut Transfer, world: &World<'_>) -> Option<(Look, String)> {
+fn golden_source(t: &mut Transfer, world: &mut World<'_>) -> Option<(Look, String)> {
     let golden = t.spec.source.golden_image.clone()?;
     let mut status = t.status.clone().unwrap_or_default();
-    let claim = status.source_claim.clone().or_else(|| {
-        let namespace = t.metadata.namespace.clone().unwrap_or_default();
-        world
-            .cluster
-            .golden_images
-            .get(&(namespace, golden.name.clone()))
-            .and_then(|g| g.status.as_ref()?.current_claim.clone())
-    });
+    let claim = match status.source_claim.clone() {
+        Some(claim) => Some(claim),
+        None => {
+            let namespace = t.metadata.namespace.clone().unwrap_or_default();
+            let image = world
+                .cluster
+                .golden_images
+                .get(&(namespace.clone(), golden.name.clone()));
+            match image.and_then(crate::golden::current_import) {
+                Some(crate::golden::Current::Claim(claim)) => Some(claim),
+                // Kept as snapshots: the Transfer's own claim restored from the current one.
+                Some(crate::golden::Current::Snapshot(snapshot)) => {
+                    let ids = Ids {
+                        namespace,
+                        name: t.metadata.name.clone().unwrap_or_default(),
+                        uid: t.metadata.uid.clone().unwrap_or_default(),
+                    };
+                    let restored = image.and_then(|g| {
+                        crate::golden::source::restored_claim(t, &ids, g, &snapshot).ok()
+                    });
+                    restored.map(|claim| {
+                        world.create_claim(&claim);
+                        claim.metadata.name.unwrap_or_default()
+                    })
+                }
+                None => None,
+            }
+        }
+    };
     match claim {
         Some(claim) => {
             status.source_claim = Some(claim.clone());

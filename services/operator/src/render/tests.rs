@@ -461,6 +461,94 @@ volumeBindingMode: WaitForFirstConsumer
     assert!(summary.contains("PersistentVolumeClaim vms/root-c: waiting (Pending): waiting for StorageClass fast-rbd: it does not exist"), "{summary}");
 }
 
+/// A claim from a GoldenImage whose imports are kept as VolumeSnapshots is planned as the
+/// populator restores it: the prime claim from the GoldenImage's snapshot, no mover.
+#[test]
+fn a_claim_from_a_snapshot_kept_golden_image_restores_its_snapshot() {
+    let yaml = "
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: rbd}
+provisioner: rbd.csi.ceph.com
+allowVolumeExpansion: true
+---
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshotClass
+metadata: {name: rbd-snap}
+driver: rbd.csi.ceph.com
+deletionPolicy: Delete
+---
+apiVersion: ferry.dev/v1alpha1
+kind: GoldenImage
+metadata: {name: fedora, namespace: vms}
+spec:
+  source: {url: https://images.example.com/fedora.qcow2}
+  trigger: {schedule: '@daily'}
+  keepAs: Snapshot
+  claim: {size: 10Gi, storageClassName: rbd, volumeMode: Block}
+status:
+  currentSnapshot: fedora-1a2b
+---
+apiVersion: ferry.dev/v1alpha1
+kind: VolumeImageSource
+metadata: {name: base, namespace: vms}
+spec:
+  source: {goldenImage: {name: fedora}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: vm-1, namespace: vms, uid: 0d1c2b1e-0000-4000-8000-0000000000a2}
+spec:
+  storageClassName: rbd
+  volumeMode: Block
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 10Gi}}
+  dataSourceRef: {apiGroup: ferry.dev, kind: VolumeImageSource, name: base}
+";
+    let uid = "0d1c2b1e-0000-4000-8000-0000000000a2";
+    let rendered = run(yaml, 0);
+    assert_eq!(
+        listed(&rendered),
+        [(
+            "PersistentVolumeClaim".to_string(),
+            format!("ferry-prime-{uid}")
+        )]
+    );
+    let prime = object(
+        &rendered,
+        "PersistentVolumeClaim",
+        &format!("ferry-prime-{uid}"),
+    );
+    assert_eq!(
+        prime["spec"]["dataSource"],
+        serde_json::json!({"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",
+                           "name": "fedora-1a2b"})
+    );
+    let summary = rendered.summary.join("\n");
+    assert!(summary.contains(&format!(
+        "PersistentVolumeClaim vms/vm-1: populating from VolumeImageSource base: prime claim pvc/ferry-prime-{uid}, restored from the GoldenImage's VolumeSnapshot fedora-1a2b (no mover)"
+    )), "{summary}");
+
+    // A Transfer from it reads its own claim restored from the snapshot.
+    let with_transfer = format!(
+        "{yaml}---
+apiVersion: ferry.dev/v1alpha1
+kind: Transfer
+metadata: {{name: copy-it, namespace: vms}}
+spec:
+  source: {{goldenImage: {{name: fedora}}}}
+  targets:
+    - pvcTemplate: {{name: vm-2, size: 10Gi, storageClassName: rbd, volumeMode: Block}}
+"
+    );
+    let rendered = run(&with_transfer, 0);
+    let restored = object(&rendered, "PersistentVolumeClaim", "copy-it-golden");
+    assert_eq!(restored["spec"]["dataSource"]["name"], "fedora-1a2b");
+    let status = &object(&rendered, "Transfer", "copy-it")["status"];
+    assert_eq!(status["sourceClaim"], "copy-it-golden", "{status}");
+    assert_ne!(status["phase"], "Pending", "{status}");
+}
+
 /// A claim whose image is in a claim is planned as the populator decides it: the prime
 /// claim restored from a VolumeSnapshot of the image's claim, no mover; a copy saying why
 /// when no snapshot class of its driver exists.
