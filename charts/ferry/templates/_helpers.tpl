@@ -137,4 +137,13 @@ namespace, else in a Role in each watched namespace.
 - apiGroups: [storage.k8s.io]
   resources: [csinodes]
   verbs: [list]
+# A clone from another namespace: may the Transfer's creator read the source claim?
+- apiGroups: [authorization.k8s.io]
+  resources: [subjectaccessreviews]
+  verbs: [create]
+# The admission webhook: its caBundle set at start.
+- apiGroups: [admissionregistration.k8s.io]
+  resources: [mutatingwebhookconfigurations]
+  resourceNames: [{{ .Release.Name }}-operator]
+  verbs: [get, update]
 {{- end }}

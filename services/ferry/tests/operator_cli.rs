@@ -96,7 +96,7 @@ fn without_a_cluster_config_it_fails_naming_the_problem() {
 #[test]
 fn bad_flags_fail_naming_the_flag() {
     let (_dir, missing) = missing_kubeconfig();
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (&[], "--mover-image"),
         (
             &["--mover-image", "i", "--max-attempts", "0"],
@@ -109,6 +109,10 @@ fn bad_flags_fail_naming_the_flag() {
         (
             &["--mover-image", "i", "--metrics-listen", "here"],
             "--metrics-listen 'here'",
+        ),
+        (
+            &["--mover-image", "i", "--webhook-listen", "there"],
+            "--webhook-listen 'there'",
         ),
     ];
     for (flags, named) in cases {
@@ -139,6 +143,9 @@ fn help_lists_every_flag() {
         "--lease-namespace",
         "--lease-name",
         "--watch-namespace",
+        "--webhook-listen",
+        "--webhook-service",
+        "--webhook-configuration",
         "--log-format",
         "--log-filter",
     ] {

@@ -49,6 +49,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod class_defaults;
 pub mod clone;
 pub mod controller;

@@ -813,3 +813,68 @@ fn metric_names_are_found_in_promql() {
         "ferry_job_duration_seconds"
     );
 }
+
+const INSTALL_CEL: &str = "pip install cel-expr-python==0.1.3 (scripts/test.sh installs it)";
+
+/// The admission webhook's matchConditions (deploy/ and the chart say the same) compile
+/// in Google's CEL runtime with `object` and `request` dynamic, as the API server declares
+/// them, and select exactly the Transfers whose source claim is in another namespace.
+#[test]
+fn the_webhook_match_condition_selects_only_cross_namespace_transfers() {
+    let docs = documents(&repo().join("deploy/operator/50-webhook.yaml"));
+    let config = docs
+        .iter()
+        .find(|d| d["kind"].as_str() == Some("MutatingWebhookConfiguration"))
+        .unwrap();
+    let conditions = config["webhooks"][0]["matchConditions"]
+        .as_sequence()
+        .unwrap();
+    assert_eq!(conditions.len(), 1);
+    let expression = conditions[0]["expression"]
+        .as_str()
+        .unwrap()
+        .trim()
+        .to_string();
+    let chart =
+        std::fs::read_to_string(repo().join("charts/ferry/templates/operator-webhook.yaml"))
+            .unwrap();
+    let squeeze = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        squeeze(&chart).contains(&squeeze(&expression)),
+        "the chart's matchConditions differ from deploy/'s"
+    );
+    let cases = serde_json::json!([
+        [{"spec": {"source": {"pvc": {"name": "g", "namespace": "images"}}}}, "vms", true],
+        [{"spec": {"source": {"pvc": {"name": "g", "namespace": "vms"}}}}, "vms", false],
+        [{"spec": {"source": {"pvc": {"name": "g"}}}}, "vms", false],
+        [{"spec": {"source": {"url": "s3://b/k"}}}, "vms", false],
+        [{"spec": {"source": {"goldenImage": {"name": "f"}}}}, "vms", false],
+        [{"metadata": {"name": "t"}}, "vms", false],
+    ]);
+    let script = r#"
+import json, sys
+from cel_expr_python import cel
+expression, cases = sys.argv[1], json.loads(sys.argv[2])
+dyn = cel.Type("dyn")
+compiled = cel.NewEnv(variables={"object": dyn, "request": dyn}).compile(expression)
+print(json.dumps([compiled.eval(data={"object": o, "request": {"namespace": ns}}).value()
+                  for o, ns, _ in cases]))
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, &expression, &cases.to_string()])
+        .output()
+        .unwrap_or_else(|e| panic!("python3 is needed: {INSTALL_CEL} ({e})"));
+    assert!(
+        out.status.success(),
+        "the CEL runtime refused the expression ({INSTALL_CEL}): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Vec<bool> = serde_json::from_slice(&out.stdout).unwrap();
+    let want: Vec<bool> = cases
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c[2].as_bool().unwrap())
+        .collect();
+    assert_eq!(got, want, "{expression}");
+}

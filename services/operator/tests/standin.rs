@@ -7,6 +7,8 @@
 
 mod support;
 
+mod cross_namespace;
+
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;

@@ -73,6 +73,25 @@ pub struct RunArgs {
         default_value = "0.0.0.0:9090"
     )]
     pub metrics_listen: String,
+    /// Address of the admission webhook that records who creates a Transfer from a claim
+    /// in another namespace (HTTPS, certificate from the movers' CA), or "off".
+    #[arg(long, env = "FERRY_OPERATOR_WEBHOOK_LISTEN", default_value = "off")]
+    pub webhook_listen: String,
+    /// The Service the API server reaches the webhook through (in the operator's
+    /// namespace): the webhook's certificate names it.
+    #[arg(
+        long,
+        env = "FERRY_OPERATOR_WEBHOOK_SERVICE",
+        default_value = "ferry-operator-webhook"
+    )]
+    pub webhook_service: String,
+    /// The MutatingWebhookConfiguration whose caBundle the operator sets at start.
+    #[arg(
+        long,
+        env = "FERRY_OPERATOR_WEBHOOK_CONFIGURATION",
+        default_value = ferry_operator::admission::install::WEBHOOK_CONFIGURATION
+    )]
+    pub webhook_configuration: String,
     /// Namespace of the leader Lease [default: the pod's namespace, else "default"].
     #[arg(long, env = "FERRY_OPERATOR_LEASE_NAMESPACE")]
     pub lease_namespace: Option<String>,
@@ -235,6 +254,20 @@ impl RunArgs {
         Ok(Some(addr))
     }
 
+    /// The webhook's address, None for "off".
+    pub fn webhook_addr(&self) -> anyhow::Result<Option<SocketAddr>> {
+        if self.webhook_listen == "off" {
+            return Ok(None);
+        }
+        let addr = self.webhook_listen.parse().with_context(|| {
+            format!(
+                "--webhook-listen '{}' is neither an address (host:port) nor 'off'",
+                self.webhook_listen
+            )
+        })?;
+        Ok(Some(addr))
+    }
+
     /// The Lease namespace: the flag, else the pod's namespace, else `default`.
     pub fn lease_namespace(&self) -> String {
         self.lease_namespace
@@ -302,6 +335,7 @@ fn render(args: &RenderArgs) -> anyhow::Result<ExitCode> {
 /// `ferry operator run`: checks the flags, connects, serves metrics, then leads.
 async fn run_operator(args: RunArgs) -> anyhow::Result<ExitCode> {
     let metrics_addr = args.metrics_addr()?;
+    let webhook_addr = args.webhook_addr()?;
     let mut telemetry = telemetry::init(args.log_format, &args.log_filter)?;
     let client = kube::Client::try_default().await.map_err(|e| {
         anyhow::anyhow!(
@@ -321,16 +355,71 @@ async fn run_operator(args: RunArgs) -> anyhow::Result<ExitCode> {
             stop_metrics.clone(),
         ));
     }
+    let settings = args.settings();
+    let webhook = match webhook_addr {
+        Some(addr) => Some(
+            start_webhook(
+                &client,
+                addr,
+                &settings.operator_namespace,
+                &args.webhook_service,
+                &args.webhook_configuration,
+            )
+            .await?,
+        ),
+        None => None,
+    };
     let config = LeaseConfig::new(
         &args.lease_namespace(),
         &args.lease_name,
         &leader::identity(),
     );
     let elector = Elector::new(client.clone(), config);
-    let result = lead(client, args.settings(), &elector, &metrics).await;
+    let result = lead(client, settings, &elector, &metrics).await;
+    if let Some(webhook) = webhook {
+        webhook.abort();
+    }
     stop_metrics.cancel();
     telemetry.shutdown();
     result
+}
+
+/// Serves the admission webhook on every replica (the API server calls whichever the
+/// Service picks): the movers' CA (made if missing) issues its certificate for the
+/// Service's names and is put into the MutatingWebhookConfiguration's caBundle.
+async fn start_webhook(
+    client: &kube::Client,
+    addr: SocketAddr,
+    namespace: &str,
+    service: &str,
+    configuration: &str,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    use ferry_operator::admission::{install, server, stamp::StampKey};
+    let ca = controller::mover_ca::load_or_create(client, namespace)
+        .await
+        .with_context(|| {
+            format!(
+                "the movers' CA (secret {} in namespace {namespace}), which the webhook's certificate comes from",
+                controller::mover_ca::CA_SECRET
+            )
+        })?;
+    let ca = Arc::new(ca);
+    let tls = server::tls_config(ca.clone(), server::service_names(service, namespace))?;
+    install::set_ca_bundle(client, configuration, ca.cert_pem()).await?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen for the admission webhook on {addr}"))?;
+    tracing::info!(%addr, service, "serving the admission webhook");
+    let key = Arc::new(StampKey::from_ca_key(&ca.key_pem()));
+    let keep = install::keep_ca_bundle(
+        client.clone(),
+        configuration.to_string(),
+        ca.cert_pem().to_string(),
+        std::time::Duration::from_secs(300),
+    );
+    Ok(tokio::spawn(async move {
+        tokio::join!(server::serve(listener, tls, key), keep);
+    }))
 }
 
 /// Waits to lead (or for a termination signal), runs the controllers while leading, and

@@ -64,6 +64,27 @@ pub async fn reconcile_transfer(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result
         || !finalizer::has(obj.as_ref())
         || status.phase.is_final()
         || obj.spec.validate().is_err();
+    let namespace = obj.metadata.namespace.clone().unwrap_or_default();
+    if let Some(source_namespace) = obj.spec.source_namespace(&namespace).map(String::from) {
+        if !common {
+            return super::cross_reconcile::reconcile(obj, ctx, source_namespace).await;
+        }
+        // Deleted or done: the child in the source namespace goes (owner references
+        // cannot cross namespaces), then the rest as for any Transfer.
+        if let Some(uid) = obj.metadata.uid.as_deref() {
+            let deleting =
+                obj.metadata.deletion_timestamp.is_some() && finalizer::has(obj.as_ref());
+            // A final Transfer costs a request only while its child is still there.
+            let child = kube::runtime::reflector::ObjectRef::new(&super::cross::child_name(uid))
+                .within(&source_namespace);
+            let child_left =
+                status.phase.is_final() && ctx.transfers().is_some_and(|s| s.get(&child).is_some());
+            if deleting || child_left {
+                super::cross_reconcile::delete_child(&ctx, &source_namespace, uid).await?;
+            }
+        }
+        return reconcile(obj, ctx).await;
+    }
     let copies = obj.spec.source.pvc.is_none() || status.clone_strategy.as_deref() == Some("copy");
     if !common && obj.spec.fans_out() && copies && status.mover_pod.is_none() {
         return crate::fanout::reconcile::reconcile(obj, ctx).await;

@@ -538,6 +538,7 @@ mod tests {
             pvc: Some(PvcRef {
                 name: "web1".into(),
                 path: None,
+                namespace: None,
             }),
             encryption: None,
             initialize: None,

@@ -218,6 +218,7 @@ mod tests {
         r.pvc = Some(PvcRef {
             name: "repo".into(),
             path: None,
+            namespace: None,
         });
         assert_eq!(r.validate().unwrap_err().field, "spec");
         r.url = None;
@@ -227,6 +228,7 @@ mod tests {
         r.pvc = Some(PvcRef {
             name: "repo".into(),
             path: Some("../x".into()),
+            namespace: None,
         });
         assert_eq!(r.validate().unwrap_err().field, "spec.pvc.path");
         let mut r = s3();

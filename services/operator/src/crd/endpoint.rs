@@ -189,13 +189,21 @@ pub struct GoldenImageRef {
     pub name: String,
 }
 
-/// An existing PersistentVolumeClaim in the resource's namespace.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+/// An existing PersistentVolumeClaim in the resource's namespace (a Transfer's source may
+/// name another namespace).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PvcRef {
     /// Name of the claim.
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
+    /// A Transfer's source only: the claim's namespace, when it is not the Transfer's own.
+    /// Allowed only when the Transfer's creator may `get` that claim (a
+    /// SubjectAccessReview, as CDI checks); the targets must then be new claims
+    /// (`pvcTemplate`s), which the storage fills in that namespace and hands over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: Option<String>,
     /// The image file inside a Filesystem volume, relative to its root (default `disk.img`).
     /// Ignored for Block volumes, which are the image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -209,7 +217,21 @@ impl PvcRef {
         self.path.as_deref().unwrap_or(DEFAULT_IMAGE_FILE)
     }
 
+    /// A claim named by name alone (default image path).
+    pub fn named(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            ..Self::default()
+        }
+    }
+
     pub(crate) fn validate(&self, field: &str) -> Result<(), ValidationError> {
+        if self.namespace.is_some() {
+            return Err(invalid(
+                &format!("{field}.namespace"),
+                "only a Transfer's source claim can be in another namespace: a target (or any other claim) is in the resource's own",
+            ));
+        }
         check_pvc_name(&format!("{field}.name"), &self.name)?;
         if let Some(path) = &self.path {
             check_relative_path(&format!("{field}.path"), path)?;
@@ -312,6 +334,7 @@ impl Endpoint {
             pvc: Some(PvcRef {
                 name: name.into(),
                 path: None,
+                namespace: None,
             }),
             ..Self::default()
         }
@@ -975,6 +998,7 @@ mod tests {
                 pvc: Some(PvcRef {
                     name: "data".into(),
                     path: Some(path.into()),
+                    namespace: None,
                 }),
                 ..Endpoint::default()
             };

@@ -240,6 +240,7 @@ mod tests {
             pvc: Some(PvcRef {
                 name: name.into(),
                 path: None,
+                namespace: None,
             }),
             encryption: None,
             initialize: None,

@@ -121,6 +121,46 @@ impl TransferSpec {
         }
     }
 
+    /// The namespace of the source claim when it is not `own` (the Transfer's): a clone
+    /// across namespaces.
+    pub fn source_namespace(&self, own: &str) -> Option<&str> {
+        self.source
+            .pvc
+            .as_ref()
+            .and_then(|p| p.namespace.as_deref())
+            .filter(|ns| *ns != own)
+    }
+
+    fn validate_cross_namespace(&self, ns: &str) -> Result<(), ValidationError> {
+        let field = "spec.source.pvc.namespace";
+        let label_ok = !ns.is_empty()
+            && ns.len() <= 63
+            && ns
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !ns.starts_with('-')
+            && !ns.ends_with('-');
+        if !label_ok {
+            return Err(invalid(
+                field,
+                &format!("'{ns}' is not a valid namespace name (lower-case letters, digits and '-', at most 63)"),
+            ));
+        }
+        if let Some(i) = self.targets.iter().position(|t| t.pvc_template.is_none()) {
+            return Err(invalid(
+                &format!("spec.targets[{i}]"),
+                "a Transfer from a claim in another namespace makes new claims only (pvcTemplate): the source namespace fills them and hands their volumes over",
+            ));
+        }
+        if self.relay.is_some() {
+            return Err(invalid(
+                "spec.relay",
+                "a Transfer from a claim in another namespace reads no relay",
+            ));
+        }
+        Ok(())
+    }
+
     /// How many targets in all.
     pub fn target_count(&self) -> usize {
         self.targets.len() + self.pvc_templates.as_ref().map_or(0, |t| t.count as usize)
@@ -147,7 +187,11 @@ impl TransferSpec {
     /// Checks what the schema cannot: URLs, inline passwords, option combinations,
     /// duplicate targets, the digest.
     pub fn validate(&self) -> Result<(), ValidationError> {
-        self.source.validate("spec.source")?;
+        // The source alone may name another namespace: checked here, the rest as for any
+        // endpoint.
+        let mut source = self.source.clone();
+        let source_namespace = source.pvc.as_mut().and_then(|p| p.namespace.take());
+        source.validate("spec.source")?;
         if self.targets.is_empty() && self.pvc_templates.is_none() {
             return Err(invalid(
                 "spec.targets",
@@ -168,7 +212,12 @@ impl TransferSpec {
                 Some(super::endpoint::TargetKey::Pvc(name)) => Some(name),
                 _ => None,
             });
-            let source = self.source.pvc.iter().map(|p| p.name.clone());
+            let source = self
+                .source
+                .pvc
+                .iter()
+                .filter(|p| p.namespace.is_none())
+                .map(|p| p.name.clone());
             if let Some(name) = listed.chain(source).find(|n| templates.generates(n)) {
                 return Err(invalid(
                     "spec.pvcTemplates.namePrefix",
@@ -188,7 +237,13 @@ impl TransferSpec {
                 ));
             }
         }
-        let source_pvc = self.source.pvc.as_ref().map(|p| p.name.as_str());
+        // A claim of the same name in another namespace is another claim.
+        let source_pvc = self
+            .source
+            .pvc
+            .as_ref()
+            .filter(|p| p.namespace.is_none())
+            .map(|p| p.name.as_str());
         let mut seen = Vec::with_capacity(self.targets.len());
         for (i, target) in self.targets.iter().enumerate() {
             let field = format!("spec.targets[{i}]");
@@ -219,6 +274,9 @@ impl TransferSpec {
         }
         if let Some(digest) = &self.expected_digest {
             check_digest("spec.expectedDigest", digest)?;
+        }
+        if let Some(ns) = &source_namespace {
+            self.validate_cross_namespace(ns)?;
         }
         Ok(())
     }
@@ -311,6 +369,10 @@ pub struct TransferStatus {
     /// once every target is bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clone_snapshot: Option<String>,
+    /// A clone from another namespace: the Transfer there (`namespace/name`) that fills
+    /// temporary claims whose volumes are then handed over to the targets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_transfer: Option<String>,
     /// The mover groups of a Transfer that fans out (each a child Transfer) and how far
     /// they are.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -421,6 +483,29 @@ mod tests {
             .unwrap_err()
             .message
             .contains("copied onto itself"));
+    }
+
+    #[test]
+    fn only_the_source_claim_may_be_in_another_namespace() {
+        let mut s = spec(vec![template("golden")]);
+        s.source = Endpoint::pvc("golden");
+        s.source.pvc.as_mut().unwrap().namespace = Some("images".into());
+        s.validate().unwrap();
+        assert_eq!(s.source_namespace("vms"), Some("images"));
+        assert_eq!(s.source_namespace("images"), None);
+        s.source.pvc.as_mut().unwrap().namespace = Some("Images".into());
+        assert_eq!(s.validate().unwrap_err().field, "spec.source.pvc.namespace");
+        s.source.pvc.as_mut().unwrap().namespace = Some("images".into());
+        let mut target = to(Endpoint::pvc("disk"));
+        target.endpoint.pvc.as_mut().unwrap().namespace = Some("other".into());
+        s.targets = vec![template("a"), target];
+        let e = s.validate().unwrap_err();
+        assert_eq!(e.field, "spec.targets[1].pvc.namespace");
+        assert!(e.message.contains("only a Transfer's source"), "{e}");
+        s.targets = vec![template("a"), to(Endpoint::pvc("disk"))];
+        let e = s.validate().unwrap_err();
+        assert_eq!(e.field, "spec.targets[1]");
+        assert!(e.message.contains("pvcTemplate"), "{e}");
     }
 
     #[test]

@@ -40,6 +40,7 @@ pub fn with_claim(obj: &Transfer, claim: &str) -> Transfer {
         pvc: Some(PvcRef {
             name: claim.to_string(),
             path: None,
+            namespace: None,
         }),
         format: golden.format,
         allow_backing: golden.allow_backing,

@@ -70,6 +70,7 @@ pub fn backup_request(
         pvc: Some(PvcRef {
             name: spec.source_pvc.clone(),
             path: spec.path.clone(),
+            namespace: None,
         }),
         ..Endpoint::default()
     };
@@ -417,6 +418,7 @@ mod tests {
             pvc: Some(PvcRef {
                 name: "repo".into(),
                 path: Some("ferry".into()),
+                namespace: None,
             }),
             encryption: None,
             initialize: None,

@@ -35,6 +35,7 @@ pub fn claim_image(pvc: &ResolvedPvc) -> proto::Endpoint {
     let r = PvcRef {
         name: pvc.name.clone(),
         path: None,
+        namespace: None,
     };
     proto::Endpoint {
         url: layout::pvc_image(&r, pvc.mode),

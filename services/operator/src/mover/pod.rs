@@ -170,6 +170,7 @@ pub fn backup_pod(backup: &Backup, input: &MoverPodInput<'_>) -> Result<Pod, Mov
         pvc: Some(crate::crd::PvcRef {
             name: backup.spec.source_pvc.clone(),
             path: backup.spec.path.clone(),
+            namespace: None,
         }),
         ..Endpoint::default()
     };

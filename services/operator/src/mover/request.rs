@@ -228,6 +228,7 @@ mod tests {
                         pvc: Some(PvcRef {
                             name: "fs".into(),
                             path: Some("images/vm.img".into()),
+                            namespace: None,
                         }),
                         ..Endpoint::default()
                     },

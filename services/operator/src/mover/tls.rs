@@ -149,6 +149,17 @@ impl MoverCa {
         self.issue(params, MOVER_VALIDITY)
     }
 
+    /// A serving certificate for these DNS names (the operator's admission webhook,
+    /// which the API server reaches through a Service), valid for `validity`.
+    pub fn issue_server(&self, names: Vec<String>, validity: Duration) -> Result<Issued, TlsError> {
+        let mut params = CertificateParams::new(names.clone())?;
+        if let Some(first) = names.first() {
+            params.distinguished_name.push(DnType::CommonName, first);
+        }
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        self.issue(params, validity)
+    }
+
     /// The operator's client certificate.
     pub fn issue_client(&self) -> Result<Issued, TlsError> {
         let mut params = CertificateParams::new(Vec::<String>::new())?;

@@ -449,6 +449,7 @@ fn source_ref(name: &str) -> PvcRef {
     PvcRef {
         name: name.to_string(),
         path: None,
+        namespace: None,
     }
 }
 

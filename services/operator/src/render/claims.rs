@@ -224,6 +224,7 @@ fn storage_clone(
                 Some(Current::Claim(claim)) => crate::crd::PvcRef {
                     name: claim,
                     path: None,
+                    namespace: None,
                 },
                 Some(Current::Snapshot(snapshot)) => {
                     let claim = golden.map(|g| g.spec.claim.clone());
@@ -286,6 +287,7 @@ fn restore(
     let source = crate::crd::PvcRef {
         name: snapshot.clone(),
         path: None,
+        namespace: None,
     };
     match strategy::decide(&clone::as_transfer(ids, vis, &source, pvc), &facts) {
         Decision::Copy { fallback } => StorageClone::Copy(

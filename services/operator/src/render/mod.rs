@@ -12,6 +12,7 @@
 //! status exactly as on a cluster (the reason and message of its Ready condition).
 
 mod claims;
+mod cross;
 mod fan_out;
 pub mod input;
 mod movers;

@@ -131,12 +131,16 @@ impl Resource {
     }
 }
 
-/// A Transfer's look: a storage clone, a fan-out, or its own mover.
+/// A Transfer's look: a clone from another namespace, a storage clone, a fan-out, or its
+/// own mover.
 fn transfer_look(
     r: &mut Transfer,
     world: &mut World<'_>,
     options: &Options,
 ) -> Result<(Look, String), RenderError> {
+    if let Some((look, note)) = super::cross::look(r, world) {
+        return Ok((look, note));
+    }
     if let Some((look, note)) = clone(r, world) {
         return Ok((look, note));
     }

@@ -121,8 +121,29 @@ pub const UNUSED_WITH_REASON: &[(&str, &str, &str, &str)] = &[
         "the finalizer of a Restore (controller/finalizer.rs, the same code as a \
         Transfer's): the restore scenario starts with it in place",
     ),
+    (
+        "create",
+        "authorization.k8s.io",
+        "subjectaccessreviews",
+        "a clone from another namespace asks whether its creator may read the claim: \
+        tests/standin.rs's cross-namespace scenarios make that request through these rules",
+    ),
+    (
+        "get",
+        "admissionregistration.k8s.io",
+        "mutatingwebhookconfigurations",
+        WEBHOOK,
+    ),
+    (
+        "update",
+        "admissionregistration.k8s.io",
+        "mutatingwebhookconfigurations",
+        WEBHOOK,
+    ),
 ];
 
+const WEBHOOK: &str = "`ferry operator run --webhook-listen` sets the webhook's caBundle at start \
+    (admission::install), before any reconciler runs";
 const WATCHES: &str = "controller::run's watchers (list then watch across namespaces); \
     the scenarios call reconcile directly and feed the stores themselves";
 const POPULATOR: &str = "steps of the volume populator (services/operator/src/populator) \

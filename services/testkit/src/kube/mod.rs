@@ -27,7 +27,9 @@
 //! - **Garbage collection** of dependents whose owners are all gone.
 //! - **RBAC**: a client from [`Cluster::client_as`] is held to the Roles and ClusterRoles
 //!   bound to a ServiceAccount in a manifest file ([`rbac`]); a refused request gets the
-//!   API server's 403 Status and is logged ([`Cluster::denied`]).
+//!   API server's 403 Status and is logged ([`Cluster::denied`]). SubjectAccessReviews
+//!   are answered from the Roles, ClusterRoles and bindings created in the stand-in, for
+//!   the review's user and groups ([`rbac::review`]).
 //! - **Controllers** a test switches on ([`Cluster::simulate`], see [`sim`]): PVC binding
 //!   and provisioning (Immediate, WaitForFirstConsumer with the selected-node annotation,
 //!   pvc-protection), a scheduler (nodeName, node selector, required node affinity with

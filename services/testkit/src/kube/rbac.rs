@@ -146,11 +146,53 @@ impl Rule {
     }
 }
 
-fn strings(v: &Value, what: &str) -> Vec<String> {
+/// Who a binding may name: a user and the groups it is in (a ServiceAccount is the user
+/// `system:serviceaccount:NS:NAME`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subject {
+    /// The user name.
+    pub user: String,
+    /// Its groups.
+    pub groups: Vec<String>,
+}
+
+impl Subject {
+    /// The ServiceAccount `(namespace, name)`, with the groups the API server gives it.
+    pub fn service_account(namespace: &str, name: &str) -> Self {
+        Self {
+            user: format!("system:serviceaccount:{namespace}:{name}"),
+            groups: vec![
+                "system:serviceaccounts".into(),
+                format!("system:serviceaccounts:{namespace}"),
+                "system:authenticated".into(),
+            ],
+        }
+    }
+
+    fn named_by(&self, s: &serde_json::Value) -> bool {
+        match s["kind"].as_str() {
+            Some("ServiceAccount") => {
+                self.user
+                    == format!(
+                        "system:serviceaccount:{}:{}",
+                        s["namespace"].as_str().unwrap_or_default(),
+                        s["name"].as_str().unwrap_or_default()
+                    )
+            }
+            Some("User") => s["name"].as_str() == Some(self.user.as_str()),
+            Some("Group") => s["name"]
+                .as_str()
+                .is_some_and(|g| self.groups.iter().any(|x| x == g)),
+            _ => false,
+        }
+    }
+}
+
+fn strings(v: &serde_json::Value, what: &str) -> Vec<String> {
     match v {
-        Value::Null => Vec::new(),
+        serde_json::Value::Null => Vec::new(),
         _ => v
-            .as_sequence()
+            .as_array()
             .unwrap_or_else(|| panic!("{what} is not a list: {v:?}"))
             .iter()
             .map(|s| {
@@ -178,9 +220,19 @@ impl Rules {
     pub fn load(file: &Path, service_account: (&str, &str)) -> Self {
         let text =
             std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-        let docs: Vec<Value> = serde_yaml::Deserializer::from_str(&text)
+        let docs: Vec<serde_json::Value> = serde_yaml::Deserializer::from_str(&text)
             .map(|d| <Value as serde::Deserialize>::deserialize(d).expect("a YAML document"))
+            .map(|d| serde_json::to_value(d).expect("YAML as JSON"))
             .collect();
+        Self::bound(
+            &docs,
+            &Subject::service_account(service_account.0, service_account.1),
+        )
+    }
+
+    /// The rules of every ClusterRole and Role among `docs` (objects of any kind; only
+    /// roles and bindings count) that a binding grants to `subject`.
+    pub fn bound(docs: &[serde_json::Value], subject: &Subject) -> Self {
         let bound: BTreeSet<(String, Option<String>)> = docs
             .iter()
             .filter(|d| {
@@ -190,13 +242,9 @@ impl Rules {
                 )
             })
             .filter(|d| {
-                d["subjects"].as_sequence().is_some_and(|s| {
-                    s.iter().any(|s| {
-                        s["kind"].as_str() == Some("ServiceAccount")
-                            && s["namespace"].as_str() == Some(service_account.0)
-                            && s["name"].as_str() == Some(service_account.1)
-                    })
-                })
+                d["subjects"]
+                    .as_array()
+                    .is_some_and(|s| s.iter().any(|s| subject.named_by(s)))
             })
             .map(|d| {
                 // A RoleBinding grants its role (Role or ClusterRole) in its namespace only.
@@ -213,7 +261,7 @@ impl Rules {
             })
             .collect();
         let mut rules = Vec::new();
-        for d in &docs {
+        for d in docs {
             let (tag, role_ns) = match d["kind"].as_str() {
                 Some("ClusterRole") => ("C", None),
                 Some("Role") => ("R", d["metadata"]["namespace"].as_str().map(String::from)),
@@ -229,7 +277,7 @@ impl Rules {
                 if tag == "R" && binding_ns != &role_ns {
                     continue;
                 }
-                for r in d["rules"].as_sequence().into_iter().flatten() {
+                for r in d["rules"].as_array().into_iter().flatten() {
                     rules.push(Rule {
                         role: role.clone(),
                         namespace: binding_ns.clone(),
@@ -242,10 +290,7 @@ impl Rules {
             }
         }
         Self {
-            user: format!(
-                "system:serviceaccount:{}:{}",
-                service_account.0, service_account.1
-            ),
+            user: subject.user.clone(),
             rules,
         }
     }
@@ -267,6 +312,59 @@ impl Rules {
         missing.dedup();
         missing
     }
+}
+
+/// The API group of RBAC objects.
+pub const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
+/// The REST path of SubjectAccessReviews.
+pub const SUBJECT_ACCESS_REVIEWS: &str = "/apis/authorization.k8s.io/v1/subjectaccessreviews";
+
+/// The answer to a SubjectAccessReview (`spec.user`, `spec.groups`,
+/// `spec.resourceAttributes`) by the RBAC objects `docs`, as the API server gives it: the
+/// review with its `status` (`allowed`, and `reason` naming the role that allowed it).
+/// A review of a non-resource URL is not simulated (denied, saying so).
+pub fn review(docs: &[serde_json::Value], sar: &serde_json::Value) -> serde_json::Value {
+    let spec = &sar["spec"];
+    let subject = Subject {
+        user: spec["user"].as_str().unwrap_or_default().to_string(),
+        groups: spec["groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|g| g.as_str().map(String::from))
+            .collect(),
+    };
+    let attributes = &spec["resourceAttributes"];
+    let mut out = sar.clone();
+    if !attributes.is_object() {
+        out["status"] = serde_json::json!({"allowed": false,
+            "reason": "the stand-in reviews resource attributes only"});
+        return out;
+    }
+    let text = |k: &str| {
+        attributes[k]
+            .as_str()
+            .filter(|v| !v.is_empty())
+            .map(String::from)
+    };
+    let resource = match text("subresource") {
+        Some(sub) => format!("{}/{sub}", text("resource").unwrap_or_default()),
+        None => text("resource").unwrap_or_default(),
+    };
+    let access = Access {
+        verb: text("verb").unwrap_or_default(),
+        group: text("group").unwrap_or_default(),
+        resource,
+        namespace: text("namespace"),
+        name: text("name"),
+    };
+    let rules = Rules::bound(docs, &subject);
+    out["status"] = match rules.rules.iter().find(|r| r.allows(&access)) {
+        Some(rule) => serde_json::json!({"allowed": true, "reason": format!(
+            "RBAC: allowed by {} {}", if rule.namespace.is_some() { "RoleBinding of" } else { "ClusterRoleBinding of" }, rule.role)}),
+        None => serde_json::json!({"allowed": false}),
+    };
+    out
 }
 
 #[cfg(test)]
@@ -434,6 +532,49 @@ rules:
             denied,
             ["no rule in f.yaml allows delete \"\" pods in namespace x"]
         );
+    }
+
+    #[test]
+    fn a_subject_access_review_is_answered_by_the_bindings_of_its_user_and_groups() {
+        let docs: Vec<serde_json::Value> = serde_json::from_value(serde_json::json!([
+            {"kind": "Role", "metadata": {"name": "claim-reader", "namespace": "images"},
+             "rules": [{"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get"]}]},
+            {"kind": "RoleBinding", "metadata": {"name": "alice", "namespace": "images"},
+             "roleRef": {"kind": "Role", "name": "claim-reader"},
+             "subjects": [{"kind": "User", "name": "alice"}]},
+            {"kind": "ClusterRole", "metadata": {"name": "view"},
+             "rules": [{"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "list"]}]},
+            {"kind": "RoleBinding", "metadata": {"name": "devs", "namespace": "base"},
+             "roleRef": {"kind": "ClusterRole", "name": "view"},
+             "subjects": [{"kind": "Group", "name": "devs"}]},
+        ]))
+        .unwrap();
+        let sar = |user: &str, groups: &[&str], ns: &str, verb: &str| {
+            let out = review(
+                &docs,
+                &serde_json::json!({"spec": {"user": user, "groups": groups,
+                    "resourceAttributes": {"namespace": ns, "verb": verb, "resource": "persistentvolumeclaims", "name": "golden"}}}),
+            );
+            out["status"].clone()
+        };
+        assert_eq!(
+            sar("alice", &[], "images", "get"),
+            serde_json::json!({"allowed": true, "reason": "RBAC: allowed by RoleBinding of claim-reader"})
+        );
+        assert_eq!(
+            sar("alice", &[], "images", "delete"),
+            serde_json::json!({"allowed": false})
+        );
+        assert_eq!(
+            sar("alice", &[], "base", "get"),
+            serde_json::json!({"allowed": false})
+        );
+        assert_eq!(
+            sar("bob", &[], "images", "get"),
+            serde_json::json!({"allowed": false})
+        );
+        assert_eq!(sar("bob", &["devs"], "base", "get")["allowed"], true);
+        assert_eq!(sar("bob", &["devs"], "images", "get")["allowed"], false);
     }
 
     #[test]

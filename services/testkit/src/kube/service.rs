@@ -193,6 +193,9 @@ impl ApiService {
                 }
             }
         }
+        if method == "POST" && path == super::rbac::SUBJECT_ACCESS_REVIEWS {
+            return self.subject_access_review(body);
+        }
         let params = params(query);
         let target = {
             let state = self.shared.state.lock();
@@ -257,6 +260,34 @@ impl ApiService {
             Ok((code, v)) => respond(code, &v),
             Err(e) => failure(&e),
         }
+    }
+
+    /// A SubjectAccessReview, answered from the RBAC objects the stand-in holds.
+    fn subject_access_review(&self, body: &[u8]) -> Response<ResponseBody> {
+        let sar: Value = match serde_json::from_slice(body) {
+            Ok(v) => v,
+            Err(e) => return failure(&ApiError::bad_request(format!("the body is not JSON: {e}"))),
+        };
+        let state = self.shared.state.lock();
+        let mut docs = Vec::new();
+        for plural in [
+            "roles",
+            "rolebindings",
+            "clusterroles",
+            "clusterrolebindings",
+        ] {
+            docs.extend(
+                state
+                    .objects_where(super::rbac::RBAC_GROUP, plural, |_| true)
+                    .into_iter()
+                    .map(|(_, v)| v),
+            );
+        }
+        drop(state);
+        let mut answer = super::rbac::review(&docs, &sar);
+        answer["apiVersion"] = json!("authorization.k8s.io/v1");
+        answer["kind"] = json!("SubjectAccessReview");
+        respond(201, &answer)
     }
 
     /// Runs a write under the lock, then wakes the simulated controllers.

@@ -1,0 +1,265 @@
+//! The webhook's answers against exact JSON, and one review over real HTTPS.
+
+use base64::Engine;
+use serde_json::{json, Value};
+
+use super::review::{answer, PATH};
+use super::server::{self, service_names};
+use super::stamp::{Claim, Requester, StampKey, REQUESTER};
+
+fn key() -> StampKey {
+    StampKey::from_ca_key("the CA key")
+}
+
+fn transfer(source_ns: Option<&str>, annotations: Option<Value>) -> Value {
+    let mut pvc = json!({"name": "golden"});
+    if let Some(ns) = source_ns {
+        pvc["namespace"] = json!(ns);
+    }
+    let mut t = json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+        "metadata": {"name": "disk", "namespace": "vms"},
+        "spec": {"source": {"pvc": pvc},
+                 "targets": [{"pvcTemplate": {"name": "disk", "size": "10Gi"}}]},
+    });
+    if let Some(a) = annotations {
+        t["metadata"]["annotations"] = a;
+    }
+    t
+}
+
+fn review(operation: &str, user: &str, object: &Value, old: Option<&Value>) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "req-1",
+            "kind": {"group": "ferry.dev", "version": "v1alpha1", "kind": "Transfer"},
+            "resource": {"group": "ferry.dev", "version": "v1alpha1", "resource": "transfers"},
+            "name": "disk", "namespace": "vms", "operation": operation,
+            "userInfo": {"username": user, "uid": format!("{user}-uid"),
+                         "groups": ["devs", "system:authenticated"],
+                         "extra": {"scopes": ["vm-admin"]}},
+            "object": object, "oldObject": old, "dryRun": false,
+        },
+    }))
+    .unwrap()
+}
+
+fn stamp_of(user: &str, source: &str) -> String {
+    key().sign(Claim {
+        requester: Requester {
+            user: user.into(),
+            uid: Some(format!("{user}-uid")),
+            groups: vec!["devs".into(), "system:authenticated".into()],
+            extra: [("scopes".to_string(), vec!["vm-admin".to_string()])].into(),
+        },
+        transfer: "vms/disk".into(),
+        source: source.into(),
+    })
+}
+
+/// The response, with its patch decoded.
+fn respond(body: &[u8]) -> (Value, Option<Value>) {
+    let out = answer(body, &key());
+    assert_eq!(out["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(out["kind"], "AdmissionReview");
+    let mut response = out["response"].clone();
+    let patch = response.get("patch").cloned().map(|p| {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(p.as_str().unwrap())
+            .unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    });
+    if let Some(r) = response.as_object_mut() {
+        r.remove("patch");
+    }
+    (response, patch)
+}
+
+const PATCHED: &str = "/metadata/annotations/ferry.dev~1requester";
+
+#[test]
+fn a_create_from_another_namespace_is_stamped_with_its_creator() {
+    let (response, patch) = respond(&review(
+        "CREATE",
+        "alice",
+        &transfer(Some("images"), None),
+        None,
+    ));
+    assert_eq!(
+        response,
+        json!({"uid": "req-1", "allowed": true, "patchType": "JSONPatch"})
+    );
+    assert_eq!(
+        patch.unwrap(),
+        json!([{"op": "add", "path": "/metadata/annotations",
+                "value": {REQUESTER: stamp_of("alice", "images/golden")}}])
+    );
+    // With annotations already there, the one key is added.
+    let t = transfer(Some("images"), Some(json!({"team": "a"})));
+    let (_, patch) = respond(&review("CREATE", "alice", &t, None));
+    assert_eq!(
+        patch.unwrap(),
+        json!([{"op": "add", "path": PATCHED, "value": stamp_of("alice", "images/golden")}])
+    );
+}
+
+#[test]
+fn a_stamp_written_by_the_user_is_replaced() {
+    let forged = stamp_of("admin", "images/golden").replace("admin", "root");
+    let t = transfer(Some("images"), Some(json!({REQUESTER: forged})));
+    let (response, patch) = respond(&review("CREATE", "mallory", &t, None));
+    assert_eq!(response["allowed"], true);
+    assert_eq!(
+        patch.unwrap(),
+        json!([{"op": "add", "path": PATCHED, "value": stamp_of("mallory", "images/golden")}])
+    );
+}
+
+#[test]
+fn an_update_that_keeps_the_source_keeps_the_old_stamp() {
+    let stamped = json!({REQUESTER: stamp_of("alice", "images/golden")});
+    let old = transfer(Some("images"), Some(stamped.clone()));
+    // The operator adds its finalizer: the stamp stays as it is, no patch.
+    let mut new = old.clone();
+    new["metadata"]["finalizers"] = json!(["ferry.dev/cancel"]);
+    let (response, patch) = respond(&review(
+        "UPDATE",
+        "system:serviceaccount:ferry-system:ferry-operator",
+        &new,
+        Some(&old),
+    ));
+    assert_eq!(response, json!({"uid": "req-1", "allowed": true}));
+    assert_eq!(patch, None);
+    // Someone else puts their own value in: the old one is put back.
+    let mut new = old.clone();
+    new["metadata"]["annotations"][REQUESTER] = json!(stamp_of("bob", "images/golden"));
+    let (_, patch) = respond(&review("UPDATE", "bob", &new, Some(&old)));
+    assert_eq!(
+        patch.unwrap(),
+        json!([{"op": "add", "path": PATCHED, "value": stamp_of("alice", "images/golden")}])
+    );
+    // Or removes it: put back too.
+    let mut new = old.clone();
+    new["metadata"]["annotations"] = json!({"team": "b"});
+    let (_, patch) = respond(&review("UPDATE", "bob", &new, Some(&old)));
+    assert_eq!(
+        patch.unwrap(),
+        json!([{"op": "add", "path": PATCHED, "value": stamp_of("alice", "images/golden")}])
+    );
+}
+
+#[test]
+fn an_update_that_changes_the_source_is_stamped_again() {
+    let old = transfer(
+        Some("images"),
+        Some(json!({REQUESTER: stamp_of("alice", "images/golden")})),
+    );
+    let mut new = old.clone();
+    new["spec"]["source"]["pvc"]["namespace"] = json!("base-images");
+    let (_, patch) = respond(&review("UPDATE", "bob", &new, Some(&old)));
+    assert_eq!(
+        patch.unwrap(),
+        json!([{"op": "add", "path": PATCHED, "value": stamp_of("bob", "base-images/golden")}])
+    );
+}
+
+#[test]
+fn other_requests_pass_untouched_and_bad_ones_are_refused() {
+    // Same namespace (given or not): nothing to stamp.
+    for t in [transfer(None, None), transfer(Some("vms"), None)] {
+        let (response, patch) = respond(&review("CREATE", "alice", &t, None));
+        assert_eq!(response, json!({"uid": "req-1", "allowed": true}));
+        assert_eq!(patch, None);
+    }
+    // A name to be generated cannot be bound.
+    let mut t = transfer(Some("images"), None);
+    t["metadata"] = json!({"generateName": "disk-", "namespace": "vms"});
+    let mut body: Value = serde_json::from_slice(&review("CREATE", "alice", &t, None)).unwrap();
+    body["request"]["name"] = json!("");
+    let (response, patch) = respond(&serde_json::to_vec(&body).unwrap());
+    assert_eq!(response["allowed"], false);
+    assert!(response["status"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("generateName"));
+    assert_eq!(patch, None);
+    let (response, _) = respond(b"{not json");
+    assert_eq!(response["allowed"], false);
+    assert!(response["status"]["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("the AdmissionReview cannot be read"));
+}
+
+/// A real TLS client (rustls, trusting only the movers' CA, checking the Service's DNS
+/// name) posts an AdmissionReview to the webhook server and gets the stamp back.
+#[tokio::test]
+async fn the_webhook_answers_over_https_with_a_certificate_from_the_ca() {
+    use std::sync::Arc;
+
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let ca = Arc::new(crate::mover::tls::MoverCa::generate().unwrap());
+    let tls = server::tls_config(
+        ca.clone(),
+        service_names("ferry-operator-webhook", "ferry-system"),
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let serving = tokio::spawn(server::serve(listener, tls, Arc::new(key())));
+
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca.cert_pem().as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let name = ServerName::try_from("ferry-operator-webhook.ferry-system.svc").unwrap();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut stream = connector.connect(name, tcp).await.unwrap();
+    let body = review("CREATE", "alice", &transfer(Some("images"), None), None);
+    let head = format!(
+        "POST {PATH} HTTP/1.1\r\nHost: ferry-operator-webhook.ferry-system.svc\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(&body).await.unwrap();
+    let mut out = Vec::new();
+    stream.read_to_end(&mut out).await.unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    let json_body = text.split("\r\n\r\n").nth(1).unwrap();
+    let got: Value = serde_json::from_str(json_body).unwrap();
+    assert_eq!(got, answer(&body, &key()));
+    assert_eq!(got["response"]["patchType"], "JSONPatch");
+
+    // A client that does not trust the CA is refused at the handshake.
+    let other = crate::mover::tls::MoverCa::generate().unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(other.cert_pem().as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = ServerName::try_from("ferry-operator-webhook.ferry-system.svc").unwrap();
+    assert!(tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .is_err());
+    serving.abort();
+}

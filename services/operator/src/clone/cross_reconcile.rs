@@ -1,0 +1,422 @@
+//! A Transfer from a claim in another namespace, carried out ([`super::cross`] plans it):
+//! the creator's stamp verified and a SubjectAccessReview asked before anything is read
+//! or made in the source namespace; then the child Transfer there, followed until it is
+//! done; then each temporary claim's volume handed over ([`super::handover`]), one step
+//! per target per look; then the child deleted and the Transfer Succeeded. A refusal
+//! fails the Transfer at once with [`super::cross::NOT_AUTHORIZED`] and a Warning event.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::Api;
+
+use crate::admission::stamp::{StampKey, REQUESTER};
+use crate::controller::claims::{self, created_by};
+use crate::controller::context::Context;
+use crate::controller::error::Error;
+use crate::controller::kind::Ids;
+use crate::controller::plan as mover_plan;
+use crate::controller::pods::Created;
+use crate::controller::reconcile::update;
+use crate::crd::status::condition::{reason, RUNNING};
+use crate::crd::{Phase, TargetStatus, Transfer, TransferStatus};
+
+use super::cross::{self, CLONING, HANDING_OVER, NOT_AUTHORIZED};
+use super::handover::{self, Observed, Step};
+
+/// How often a clone across namespaces is looked at while the child works.
+const LOOK_AGAIN: Duration = Duration::from_secs(2);
+/// How soon the next hand-over step is taken.
+const NEXT_STEP: Duration = Duration::from_millis(200);
+
+fn final_phase(t: &Transfer) -> Phase {
+    t.status.as_ref().map(|s| s.phase).unwrap_or_default()
+}
+
+/// Deletes the child Transfer of `parent_uid` in `namespace` (the parent's finalizer, or
+/// a parent that is done); whether one was there.
+pub async fn delete_child(ctx: &Context, namespace: &str, parent_uid: &str) -> Result<bool, Error> {
+    let api: Api<Transfer> = Api::namespaced(ctx.client.clone(), namespace);
+    match api
+        .delete(&cross::child_name(parent_uid), &DeleteParams::background())
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Fails `obj` with `why` and `message` (and a Warning event, once).
+async fn fail(
+    ctx: &Context,
+    obj: &Transfer,
+    ids: &Ids,
+    status: &TransferStatus,
+    why: &str,
+    message: &str,
+) -> Result<Action, Error> {
+    let next = mover_plan::failed(obj, status, why, message);
+    if update(ctx, ids, obj, status, &next).await?.is_some() {
+        ctx.event(obj, true, why, message).await;
+    }
+    ctx.forget(&ids.uid);
+    Ok(Action::await_change())
+}
+
+/// Running with `why` and `message`.
+async fn running(
+    ctx: &Context,
+    obj: &Transfer,
+    ids: &Ids,
+    status: &TransferStatus,
+    next: TransferStatus,
+    why: &str,
+    message: &str,
+) -> Result<(), Error> {
+    let next = mover_plan::with_life(obj, &next, |l| {
+        l.phase = Phase::Running;
+        l.start_time
+            .get_or_insert_with(crate::controller::life::now);
+        l.message = None;
+        l.set_condition(RUNNING, true, why, message);
+    });
+    update(ctx, ids, obj, status, &next).await?;
+    Ok(())
+}
+
+/// Whether the Transfer's creator may read the source claim: None when allowed, else
+/// why not.
+async fn authorize(
+    ctx: &Context,
+    obj: &Transfer,
+    ids: &Ids,
+    source_namespace: &str,
+    source: &str,
+) -> Result<Option<String>, Error> {
+    let Some(ca) = ctx.mover_ca() else {
+        return Ok(Some(
+            "the operator has no key to check who created this Transfer (it runs without the movers' CA)".into(),
+        ));
+    };
+    let key = StampKey::from_ca_key(&ca.key_pem());
+    let stamp = obj
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(REQUESTER))
+        .map(String::as_str);
+    let requester = match key.verify(
+        stamp,
+        &format!("{}/{}", ids.namespace, ids.name),
+        &format!("{source_namespace}/{source}"),
+    ) {
+        Ok(r) => r,
+        Err(e) => return Ok(Some(format!("{e}: the creator of a clone from another namespace is recorded by the operator's admission webhook"))),
+    };
+    let review = cross::access_review(&requester, source_namespace, source);
+    let api: Api<SubjectAccessReview> = Api::all(ctx.client.clone());
+    let answer = match api.create(&PostParams::default(), &review).await {
+        Ok(a) => a,
+        Err(kube::Error::Api(e)) if claims::refused(e.code) => {
+            return Ok(Some(format!(
+                "the API server refused the operator's SubjectAccessReview: {}",
+                e.message
+            )))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let status = answer.status.unwrap_or_default();
+    if status.allowed && status.denied != Some(true) {
+        return Ok(None);
+    }
+    Ok(Some(cross::denied_message(
+        &requester.user,
+        source_namespace,
+        source,
+        status.reason.as_deref(),
+    )))
+}
+
+/// One reconcile of a Transfer from a claim in `source_namespace` (not final, not being
+/// deleted, valid, with its finalizer).
+pub async fn reconcile(
+    obj: Arc<Transfer>,
+    ctx: Arc<Context>,
+    source_namespace: String,
+) -> Result<Action, Error> {
+    let ids = Ids::of(obj.as_ref())?;
+    let status = obj.status.clone().unwrap_or_default();
+    let source = obj
+        .spec
+        .source
+        .pvc
+        .as_ref()
+        .map(|p| p.name.clone())
+        .unwrap_or_default();
+    let children: Api<Transfer> = Api::namespaced(ctx.client.clone(), &source_namespace);
+    let child_name = cross::child_name(&ids.uid);
+    let child = children.get_opt(&child_name).await?;
+    let templates = cross::templates(&obj);
+    let mut next = status.clone();
+    next.clone_transfer = Some(format!("{source_namespace}/{child_name}"));
+    let Some(child) = child else {
+        if status.clone_transfer.is_some() {
+            // Made before: done and deleted (the status write that follows was lost), or
+            // deleted by someone before it was done.
+            let done = all_handed_over(&ctx, &ids, &templates).await?;
+            if done {
+                return succeed(&ctx, &obj, &ids, &status, next, &templates).await;
+            }
+            let text = format!(
+                "Transfer {source_namespace}/{child_name}, which fills the claims in the source namespace, was deleted before it was done: create this Transfer again"
+            );
+            return fail(&ctx, &obj, &ids, &status, reason::FAILED, &text).await;
+        }
+        if let Some(watched) = ctx.settings.watch_namespace.as_deref() {
+            let text = format!(
+                "the operator watches only namespace {watched}: a clone from namespace {source_namespace} needs an operator that watches every namespace"
+            );
+            return fail(&ctx, &obj, &ids, &status, reason::INVALID_SPEC, &text).await;
+        }
+        if let Some(why) = authorize(&ctx, &obj, &ids, &source_namespace, &source).await? {
+            return fail(&ctx, &obj, &ids, &status, NOT_AUTHORIZED, &why).await;
+        }
+        let made = cross::child_transfer(&obj, &ids, &source_namespace);
+        match children.create(&PostParams::default(), &made).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(kube::Error::Api(e)) if claims::refused(e.code) => {
+                let text = format!(
+                    "the API server refused to create Transfer {source_namespace}/{child_name}: {}",
+                    e.message
+                );
+                let waiting = mover_plan::waiting(obj.as_ref(), &status, reason::REFUSED, &text);
+                update(&ctx, &ids, obj.as_ref(), &status, &waiting).await?;
+                return Ok(Action::requeue(LOOK_AGAIN));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        let text = format!(
+            "created Transfer {source_namespace}/{child_name} to fill {} claims from pvc/{source} in its namespace",
+            templates.len()
+        );
+        ctx.event(obj.as_ref(), false, "CloneStarted", &text).await;
+        next.targets = target_statuses(&templates, Phase::Running);
+        running(&ctx, &obj, &ids, &status, next, CLONING, &text).await?;
+        return Ok(Action::requeue(LOOK_AGAIN));
+    };
+    let child_status = child.status.clone().unwrap_or_default();
+    next.clone_strategy = child_status.clone_strategy.clone();
+    next.clone_fallback_reason = child_status.clone_fallback_reason.clone();
+    match final_phase(&child) {
+        Phase::Failed | Phase::Cancelled => {
+            let why = child_status
+                .message
+                .clone()
+                .unwrap_or_else(|| "no message".into());
+            let text = format!(
+                "Transfer {source_namespace}/{child_name}, which fills the claims in the source namespace, failed: {why}"
+            );
+            delete_child(&ctx, &source_namespace, &ids.uid).await?;
+            let next = mover_plan::failed(obj.as_ref(), &next, reason::FAILED, &text);
+            if update(&ctx, &ids, obj.as_ref(), &status, &next)
+                .await?
+                .is_some()
+            {
+                ctx.event(obj.as_ref(), true, reason::FAILED, &text).await;
+            }
+            ctx.forget(&ids.uid);
+            Ok(Action::await_change())
+        }
+        Phase::Succeeded => {
+            hand_over(
+                &ctx,
+                &obj,
+                &ids,
+                &status,
+                next,
+                &templates,
+                &source_namespace,
+            )
+            .await
+        }
+        _ => {
+            let what = child_status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == RUNNING)
+                .map(|c| c.message.clone())
+                .or(child_status.message.clone())
+                .unwrap_or_else(|| "starting".into());
+            let text = format!("in namespace {source_namespace}, Transfer {child_name}: {what}");
+            next.targets = target_statuses(&templates, Phase::Running);
+            running(&ctx, &obj, &ids, &status, next, CLONING, &text).await?;
+            Ok(Action::requeue(LOOK_AGAIN))
+        }
+    }
+}
+
+/// One hand-over step for every target not yet done; Succeeded when all are.
+async fn hand_over(
+    ctx: &Context,
+    obj: &Transfer,
+    ids: &Ids,
+    status: &TransferStatus,
+    next: TransferStatus,
+    templates: &[crate::crd::PvcTemplate],
+    source_namespace: &str,
+) -> Result<Action, Error> {
+    let temporaries: Api<PersistentVolumeClaim> =
+        Api::namespaced(ctx.client.clone(), source_namespace);
+    let targets: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ids.namespace);
+    let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let mut waiting = Vec::new();
+    for (i, template) in templates.iter().enumerate() {
+        let temporary_name = cross::temporary_claim(&ids.uid, i);
+        let temporary = temporaries.get_opt(&temporary_name).await?;
+        let target = targets.get_opt(&template.name).await?;
+        let volume = match handover::volume_of(temporary.as_ref(), target.as_ref()) {
+            Some(name) => volumes.get_opt(name).await?,
+            None => None,
+        };
+        let observed = Observed {
+            temporary: temporary.as_ref(),
+            volume: volume.as_ref(),
+            target: target.as_ref(),
+        };
+        let step = handover::next(
+            obj,
+            ids,
+            template,
+            source_namespace,
+            &temporary_name,
+            &observed,
+        );
+        match step {
+            Step::Done(_) => continue,
+            Step::Conflict(text) => {
+                return fail(ctx, obj, ids, status, reason::INVALID_SPEC, &text).await
+            }
+            Step::Wait(why) => waiting.push(why),
+            Step::PatchVolume { name, patch } => {
+                volumes
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+                waiting.push(format!(
+                    "pvc/{}: volume {name} being handed over",
+                    template.name
+                ));
+            }
+            Step::CreateTarget(pvc) => {
+                if let Created::Refused(why) = claims::create(ctx, &pvc).await? {
+                    let text = format!(
+                        "the API server refused to create pvc/{}: {why}",
+                        template.name
+                    );
+                    let w = mover_plan::waiting(obj, status, reason::REFUSED, &text);
+                    update(ctx, ids, obj, status, &w).await?;
+                    return Ok(Action::requeue(LOOK_AGAIN));
+                }
+                let text = format!(
+                    "created pvc/{} on the volume filled in namespace {source_namespace}",
+                    template.name
+                );
+                ctx.event(obj, false, "ClaimCreated", &text).await;
+                waiting.push(text);
+            }
+            Step::DeleteTemporary(namespace, name) => {
+                match temporaries.delete(&name, &DeleteParams::background()).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(e)) if e.code == 404 => {}
+                    Err(e) => return Err(e.into()),
+                }
+                waiting.push(format!("pvc/{name} in namespace {namespace} deleted"));
+            }
+        }
+    }
+    if waiting.is_empty() {
+        return succeed(ctx, obj, ids, status, next, templates).await;
+    }
+    let mut next = next;
+    next.targets = target_statuses(templates, Phase::Running);
+    running(
+        ctx,
+        obj,
+        ids,
+        status,
+        next,
+        HANDING_OVER,
+        &waiting.join("; "),
+    )
+    .await?;
+    Ok(Action::requeue(NEXT_STEP))
+}
+
+/// Whether every target exists, was made by this Transfer and is bound.
+async fn all_handed_over(
+    ctx: &Context,
+    ids: &Ids,
+    templates: &[crate::crd::PvcTemplate],
+) -> Result<bool, Error> {
+    let targets: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ids.namespace);
+    for t in templates {
+        let Some(pvc) = targets.get_opt(&t.name).await? else {
+            return Ok(false);
+        };
+        let bound = pvc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
+        if !bound || !created_by(&pvc, &ids.uid) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+async fn succeed(
+    ctx: &Context,
+    obj: &Transfer,
+    ids: &Ids,
+    status: &TransferStatus,
+    mut next: TransferStatus,
+    templates: &[crate::crd::PvcTemplate],
+) -> Result<Action, Error> {
+    if let Some((namespace, _)) = next
+        .clone_transfer
+        .clone()
+        .as_deref()
+        .and_then(|c| c.split_once('/'))
+    {
+        delete_child(ctx, namespace, &ids.uid).await?;
+    }
+    let text = format!(
+        "{} claims filled in the source namespace ({}) and handed over",
+        templates.len(),
+        next.clone_strategy.as_deref().unwrap_or("copy")
+    );
+    next.targets = target_statuses(templates, Phase::Succeeded);
+    let done = mover_plan::with_life(obj, &next, |l| {
+        l.start_time
+            .get_or_insert_with(crate::controller::life::now);
+        l.finish(Phase::Succeeded, reason::SUCCEEDED, Some(&text));
+    });
+    if update(ctx, ids, obj, status, &done).await?.is_some() {
+        ctx.event(obj, false, reason::SUCCEEDED, &text).await;
+    }
+    ctx.forget(&ids.uid);
+    Ok(Action::await_change())
+}
+
+fn target_statuses(templates: &[crate::crd::PvcTemplate], phase: Phase) -> Vec<TargetStatus> {
+    templates
+        .iter()
+        .map(|t| TargetStatus {
+            name: format!("pvc/{}", t.name),
+            phase,
+            ..TargetStatus::default()
+        })
+        .collect()
+}

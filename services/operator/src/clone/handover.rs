@@ -1,0 +1,183 @@
+//! The hand-over of a temporary claim's volume (filled in the source namespace) to the
+//! target claim in the Transfer's namespace, as CDI does it across namespaces: the
+//! volume's reclaim policy set to Retain (its old one kept in an annotation), its
+//! `claimRef` pointed at the target (no uid: the PV controller binds the claim that
+//! comes), the target claim created naming the volume, the temporary claim deleted (it
+//! no longer holds the volume, so the volume stays), and once the target is bound the old
+//! reclaim policy put back. The volume is never copied and never free in between.
+//!
+//! A pure function of what the cluster shows gives the next step, so that each reconcile
+//! takes one and a restarted operator goes on where it stopped. (The populator's
+//! `rebind` hands a prime claim's volume over within one namespace and binds a claim the
+//! user made; here the operator makes the target, so the steps differ.)
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use serde_json::{json, Value};
+
+use crate::controller::claims::{created_by, from_template};
+use crate::controller::kind::Ids;
+use crate::crd::{PvcTemplate, Transfer};
+
+/// The annotation on a volume being handed over: its reclaim policy before.
+pub const RECLAIM_POLICY: &str = "ferry.dev/reclaim-policy";
+/// The annotation on a target claim: the temporary claim its volume came from.
+pub const HANDED_FROM: &str = "ferry.dev/handed-over-from";
+
+/// What the cluster shows of one target's hand-over.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Observed<'a> {
+    /// The temporary claim in the source namespace, when it exists.
+    pub temporary: Option<&'a PersistentVolumeClaim>,
+    /// The volume (named by the target claim, else by the temporary claim).
+    pub volume: Option<&'a PersistentVolume>,
+    /// The target claim, when it exists.
+    pub target: Option<&'a PersistentVolumeClaim>,
+}
+
+/// The next step of one hand-over.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Merge-patch the volume `name`.
+    PatchVolume {
+        /// The volume.
+        name: String,
+        /// The merge patch.
+        patch: Value,
+    },
+    /// Create the target claim.
+    CreateTarget(Box<PersistentVolumeClaim>),
+    /// Delete the temporary claim (`namespace`, `name`).
+    DeleteTemporary(String, String),
+    /// Nothing to do now: why.
+    Wait(String),
+    /// The target is bound to the volume, whose policy is back: its name.
+    Done(String),
+    /// A claim of the target's name exists and was not made by this Transfer.
+    Conflict(String),
+}
+
+fn phase(pvc: &PersistentVolumeClaim) -> Option<&str> {
+    pvc.status.as_ref().and_then(|s| s.phase.as_deref())
+}
+
+fn volume_name(pvc: &PersistentVolumeClaim) -> Option<&str> {
+    pvc.spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .filter(|v| !v.is_empty())
+}
+
+/// The volume name a hand-over reads: the target's, else the temporary claim's (Bound,
+/// or Lost once the volume points at the target).
+pub fn volume_of<'a>(
+    temporary: Option<&'a PersistentVolumeClaim>,
+    target: Option<&'a PersistentVolumeClaim>,
+) -> Option<&'a str> {
+    target
+        .and_then(volume_name)
+        .or_else(|| temporary.and_then(volume_name))
+}
+
+/// The target claim: the template's, naming `volume`.
+pub fn target_claim(
+    parent: &Transfer,
+    ids: &Ids,
+    template: &PvcTemplate,
+    volume: &str,
+    from: &str,
+) -> PersistentVolumeClaim {
+    let retention = parent.spec.claim_retention.unwrap_or_default();
+    let mut pvc = from_template(parent, ids, template, retention);
+    pvc.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(HANDED_FROM.to_string(), from.to_string());
+    if let Some(spec) = pvc.spec.as_mut() {
+        spec.volume_name = Some(volume.to_string());
+    }
+    pvc
+}
+
+/// The next step of handing the temporary claim `source_namespace/temporary` over to the
+/// target `template` of `parent`.
+pub fn next(
+    parent: &Transfer,
+    ids: &Ids,
+    template: &PvcTemplate,
+    source_namespace: &str,
+    temporary: &str,
+    observed: &Observed,
+) -> Step {
+    if let Some(target) = observed.target {
+        if !created_by(target, &ids.uid) {
+            return Step::Conflict(format!(
+                "pvc/{} already exists and was not created by this Transfer: choose another pvcTemplate name",
+                template.name
+            ));
+        }
+    }
+    let Some(pv) = observed.volume else {
+        return Step::Wait(match observed.target {
+            Some(_) => format!("pvc/{} waits for its volume", template.name),
+            None => format!("pvc/{temporary} in namespace {source_namespace} is not bound yet"),
+        });
+    };
+    let name = pv.metadata.name.clone().unwrap_or_default();
+    let spec = pv.spec.clone().unwrap_or_default();
+    let saved = pv
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(RECLAIM_POLICY))
+        .cloned();
+    let bound = observed
+        .target
+        .is_some_and(|t| phase(t) == Some("Bound") && volume_name(t) == Some(name.as_str()));
+    if bound && saved.is_none() {
+        return Step::Done(name);
+    }
+    if saved.is_none() {
+        let policy = spec
+            .persistent_volume_reclaim_policy
+            .clone()
+            .unwrap_or_else(|| "Delete".into());
+        return Step::PatchVolume {
+            name,
+            patch: json!({
+                "metadata": {"annotations": {RECLAIM_POLICY: policy}},
+                "spec": {"persistentVolumeReclaimPolicy": "Retain"},
+            }),
+        };
+    }
+    let claimed = spec.claim_ref.as_ref().is_some_and(|r| {
+        r.namespace.as_deref() == Some(ids.namespace.as_str())
+            && r.name.as_deref() == Some(template.name.as_str())
+    });
+    if !claimed {
+        return Step::PatchVolume {
+            name,
+            patch: json!({"spec": {"claimRef": {
+                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "namespace": ids.namespace, "name": template.name,
+                "uid": null, "resourceVersion": null,
+            }}}),
+        };
+    }
+    if observed.target.is_none() {
+        let from = format!("{source_namespace}/{temporary}");
+        return Step::CreateTarget(Box::new(target_claim(parent, ids, template, &name, &from)));
+    }
+    if observed.temporary.is_some() {
+        return Step::DeleteTemporary(source_namespace.to_string(), temporary.to_string());
+    }
+    if !bound {
+        return Step::Wait(format!("pvc/{} is binding to volume {name}", template.name));
+    }
+    Step::PatchVolume {
+        name,
+        patch: json!({
+            "metadata": {"annotations": {RECLAIM_POLICY: null}},
+            "spec": {"persistentVolumeReclaimPolicy": saved},
+        }),
+    }
+}
