@@ -32,13 +32,13 @@ fn cluster_with_golden() -> Cluster {
     c
 }
 
-/// `user` may get the claim `golden` in `images` (a Role and a RoleBinding).
+/// `user` may clone the claim `golden` of `images` (a Role and a RoleBinding).
 fn grant_read(cluster: &Cluster, user: &str) {
     cluster.create(
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
         "metadata": {"name": "golden-reader", "namespace": SOURCE_NS},
-        "rules": [{"apiGroups": [""], "resources": ["persistentvolumeclaims"],
-                   "resourceNames": ["golden"], "verbs": ["get"]}]}),
+        "rules": [{"apiGroups": ["ferry.dev"], "resources": ["transfers/source"],
+                   "resourceNames": ["golden"], "verbs": ["create"]}]}),
     );
     cluster.create(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
         "metadata": {"name": "golden-reader", "namespace": SOURCE_NS},
@@ -229,11 +229,11 @@ async fn a_clone_from_a_claim_the_creator_may_not_read_fails_and_touches_nothing
     let message = t["status"]["message"].as_str().unwrap_or_default();
     assert!(
         message
-            .starts_with("user bob may not get persistentvolumeclaim golden in namespace images"),
+            .starts_with("user bob may not clone persistentvolumeclaim golden of namespace images"),
         "{message}"
     );
     assert!(
-        message.contains("kubectl -n images create rolebinding"),
+        message.contains("resources: [transfers/source], resourceNames: [golden], verbs: [create]"),
         "{message}"
     );
     let reasons: Vec<&str> = t["status"]["conditions"]

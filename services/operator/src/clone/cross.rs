@@ -54,7 +54,7 @@ pub fn templates(parent: &Transfer) -> Vec<PvcTemplate> {
 
 /// The child Transfer of `parent` (ids `ids`) in `source_namespace`: the same source
 /// claim, strategy and options, into one temporary claim per target, owned by the child
-/// (so they go with it).
+/// (so they go with it); not the parent's mover settings.
 pub fn child_transfer(parent: &Transfer, ids: &Ids, source_namespace: &str) -> Transfer {
     let mut source = parent.spec.source.clone();
     if let Some(pvc) = source.pvc.as_mut() {
@@ -77,6 +77,10 @@ pub fn child_transfer(parent: &Transfer, ids: &Ids, source_namespace: &str) -> T
         pvc_templates: None,
         relay: None,
         claim_retention: Some(ClaimRetention::Delete),
+        // The mover's pod settings (service account, security context, node, tolerations,
+        // priority) are not the creator's to choose in a namespace it may only clone from:
+        // the child's mover runs with the operator's defaults there.
+        mover: None,
         ..parent.spec.clone()
     };
     let mut child = Transfer::new(&child_name(&ids.uid), spec);
@@ -96,7 +100,10 @@ pub fn child_transfer(parent: &Transfer, ids: &Ids, source_namespace: &str) -> T
     child
 }
 
-/// The SubjectAccessReview: may `requester` get the claim `namespace/name`?
+/// The SubjectAccessReview: may `requester` clone the claim `namespace/name`, that is
+/// `create` `transfers/source` (ferry.dev) of that name in its namespace? A permission of
+/// its own, as CDI's `datavolumes/source`: reading a claim's object (`get`, in the
+/// built-in `view` role) does not give its bytes away.
 pub fn access_review(requester: &Requester, namespace: &str, name: &str) -> SubjectAccessReview {
     SubjectAccessReview {
         metadata: ObjectMeta::default(),
@@ -107,9 +114,10 @@ pub fn access_review(requester: &Requester, namespace: &str, name: &str) -> Subj
             extra: Some(requester.extra.clone()).filter(|e| !e.is_empty()),
             resource_attributes: Some(ResourceAttributes {
                 namespace: Some(namespace.to_string()),
-                verb: Some("get".into()),
-                group: Some(String::new()),
-                resource: Some("persistentvolumeclaims".into()),
+                verb: Some("create".into()),
+                group: Some("ferry.dev".into()),
+                resource: Some("transfers".into()),
+                subresource: Some("source".into()),
                 name: Some(name.to_string()),
                 ..ResourceAttributes::default()
             }),
@@ -126,6 +134,6 @@ pub fn denied_message(user: &str, namespace: &str, name: &str, reason: Option<&s
         .map(|r| format!(" ({r})"))
         .unwrap_or_default();
     format!(
-        "user {user} may not get persistentvolumeclaim {name} in namespace {namespace}{why}: a clone from another namespace needs it. Grant it (for example `kubectl -n {namespace} create role claim-reader --verb=get --resource=persistentvolumeclaims --resource-name={name}` and `kubectl -n {namespace} create rolebinding claim-reader --role=claim-reader --user={user}`), then create the Transfer again"
+        "user {user} may not clone persistentvolumeclaim {name} of namespace {namespace}{why}: a clone from another namespace needs `create` on `transfers/source` (API group ferry.dev) there, as CDI's clones need `datavolumes/source`. Grant it with a Role in namespace {namespace} with the rule {{apiGroups: [ferry.dev], resources: [transfers/source], resourceNames: [{name}], verbs: [create]}} and a RoleBinding of it to user {user}, then create the Transfer again"
     )
 }

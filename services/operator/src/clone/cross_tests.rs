@@ -32,6 +32,21 @@ fn ids() -> Ids {
     }
 }
 
+/// The creator's mover settings stay in its own namespace: the child's mover in the
+/// source namespace runs with the operator's defaults.
+#[test]
+fn the_child_takes_no_mover_settings_from_the_parent() {
+    let mut p = parent();
+    p.spec.mover = serde_json::from_value(json!({
+        "serviceAccountName": "privileged", "nodeName": "node-x",
+        "tolerations": [{"operator": "Exists"}],
+    }))
+    .unwrap();
+    let child = child_transfer(&p, &ids(), "images");
+    assert_eq!(child.spec.mover, None);
+    assert_eq!(child.spec.clone_strategy, p.spec.clone_strategy);
+}
+
 #[test]
 fn the_child_transfer_fills_temporary_claims_in_the_source_namespace() {
     let child = child_transfer(&parent(), &ids(), "images");
@@ -56,7 +71,7 @@ fn the_child_transfer_fills_temporary_claims_in_the_source_namespace() {
 }
 
 #[test]
-fn the_review_asks_whether_the_creator_may_get_the_claim() {
+fn the_review_asks_whether_the_creator_may_clone_the_claim() {
     let requester = Requester {
         user: "alice".into(),
         uid: Some("a-1".into()),
@@ -70,14 +85,15 @@ fn the_review_asks_whether_the_creator_may_get_the_claim() {
             "metadata": {},
             "spec": {
                 "user": "alice", "uid": "a-1", "groups": ["devs"], "extra": {"scopes": ["x"]},
-                "resourceAttributes": {"namespace": "images", "verb": "get", "group": "",
-                                       "resource": "persistentvolumeclaims", "name": "golden"},
+                "resourceAttributes": {"namespace": "images", "verb": "create",
+                                       "group": "ferry.dev", "resource": "transfers",
+                                       "subresource": "source", "name": "golden"},
             },
         })
     );
     assert_eq!(
         denied_message("bob", "images", "golden", Some("")),
-        "user bob may not get persistentvolumeclaim golden in namespace images: a clone from another namespace needs it. Grant it (for example `kubectl -n images create role claim-reader --verb=get --resource=persistentvolumeclaims --resource-name=golden` and `kubectl -n images create rolebinding claim-reader --role=claim-reader --user=bob`), then create the Transfer again"
+        "user bob may not clone persistentvolumeclaim golden of namespace images: a clone from another namespace needs `create` on `transfers/source` (API group ferry.dev) there, as CDI's clones need `datavolumes/source`. Grant it with a Role in namespace images with the rule {apiGroups: [ferry.dev], resources: [transfers/source], resourceNames: [golden], verbs: [create]} and a RoleBinding of it to user bob, then create the Transfer again"
     );
 }
 
@@ -101,9 +117,18 @@ fn volume(
         "spec": {"persistentVolumeReclaimPolicy": policy,
                  "claimRef": {"namespace": claim.0, "name": claim.1, "uid": claim.2}}});
     if let Some(s) = saved {
-        v["metadata"]["annotations"] = json!({"ferry.dev/reclaim-policy": s});
+        v["metadata"]["annotations"] =
+            json!({"ferry.dev/reclaim-policy": s, "ferry.dev/handed-over-for": "u-1"});
     }
     serde_json::from_value(v).unwrap()
+}
+
+/// A volume taken for the hand-over whose policy was put back.
+fn restored() -> PersistentVolume {
+    let mut pv = volume("Delete", None, ("vms", "vm-disk", Some("x")));
+    pv.metadata.annotations =
+        Some([("ferry.dev/handed-over-for".to_string(), "u-1".to_string())].into());
+    pv
 }
 
 fn target(bound: bool) -> PersistentVolumeClaim {
@@ -133,7 +158,8 @@ fn a_volume_is_handed_over_step_by_step() {
         step(&obs),
         Step::PatchVolume {
             name: "pv-1".into(),
-            patch: json!({"metadata": {"annotations": {"ferry.dev/reclaim-policy": "Delete"}},
+            patch: json!({"metadata": {"annotations": {"ferry.dev/reclaim-policy": "Delete",
+                                                       "ferry.dev/handed-over-for": "u-1"}},
                           "spec": {"persistentVolumeReclaimPolicy": "Retain"}}),
         }
     );
@@ -214,13 +240,52 @@ fn a_volume_is_handed_over_step_by_step() {
                           "spec": {"persistentVolumeReclaimPolicy": "Delete"}}),
         }
     );
-    let pv = volume("Delete", None, ("vms", "vm-disk", Some("x")));
+    let pv = restored();
     let obs = Observed {
         temporary: None,
         volume: Some(&pv),
         target: Some(&bound),
     };
     assert_eq!(step(&obs), Step::Done("pv-1".into()));
+}
+
+/// Only the temporary claim's own volume (bound to it by uid) is ever taken: a target
+/// claim made beforehand naming someone's volume, or a temporary claim swapped for one
+/// holding another volume, takes nothing and fails the Transfer.
+#[test]
+fn a_volume_that_is_not_the_temporary_claims_is_never_taken() {
+    let victim = volume("Delete", None, ("team-b", "data", Some("v-9")));
+    let planted = target(false);
+    let obs = Observed {
+        temporary: None,
+        volume: Some(&victim),
+        target: Some(&planted),
+    };
+    assert!(
+        matches!(step(&obs), Step::Conflict(m) if m.contains("is not the volume of pvc/xns-u-1-0")),
+        "{:?}",
+        step(&obs)
+    );
+    let swapped = temporary(Some("pv-1"));
+    let other_uid = volume(
+        "Delete",
+        None,
+        ("images", "xns-u-1-0", Some("someone-else")),
+    );
+    let obs = Observed {
+        temporary: Some(&swapped),
+        volume: Some(&other_uid),
+        target: None,
+    };
+    assert!(matches!(step(&obs), Step::Conflict(_)), "{:?}", step(&obs));
+    // A bound target on an unmarked volume is not "done" either.
+    let bound = target(true);
+    let obs = Observed {
+        temporary: None,
+        volume: Some(&victim),
+        target: Some(&bound),
+    };
+    assert!(matches!(step(&obs), Step::Conflict(_)), "{:?}", step(&obs));
 }
 
 #[test]

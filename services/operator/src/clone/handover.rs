@@ -22,6 +22,11 @@ use crate::crd::{PvcTemplate, Transfer};
 pub const RECLAIM_POLICY: &str = "ferry.dev/reclaim-policy";
 /// The annotation on a target claim: the temporary claim its volume came from.
 pub const HANDED_FROM: &str = "ferry.dev/handed-over-from";
+/// The annotation on a volume taken for a hand-over: the uid of the Transfer it is
+/// handed to. Only a volume the PV controller bound to the temporary claim (by uid) is
+/// ever marked, and only a marked volume is ever patched: a claim someone made naming
+/// another volume takes nothing.
+pub const HANDED_OVER_FOR: &str = "ferry.dev/handed-over-for";
 
 /// What the cluster shows of one target's hand-over.
 #[derive(Debug, Clone, Copy, Default)]
@@ -124,12 +129,33 @@ pub fn next(
     };
     let name = pv.metadata.name.clone().unwrap_or_default();
     let spec = pv.spec.clone().unwrap_or_default();
-    let saved = pv
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(RECLAIM_POLICY))
-        .cloned();
+    let annotations = pv.metadata.annotations.as_ref();
+    let saved = annotations.and_then(|a| a.get(RECLAIM_POLICY)).cloned();
+    let marked = annotations
+        .and_then(|a| a.get(HANDED_OVER_FOR))
+        .is_some_and(|uid| *uid == ids.uid);
+    if !marked {
+        let temporary_claim = observed.temporary;
+        if temporary_claim.is_some_and(|t| phase(t) != Some("Bound")) {
+            return Step::Wait(format!(
+                "pvc/{temporary} in namespace {source_namespace} is not bound yet"
+            ));
+        }
+        let held = temporary_claim
+            .and_then(|t| t.metadata.uid.as_deref())
+            .is_some_and(|uid| {
+                spec.claim_ref.as_ref().is_some_and(|r| {
+                    r.uid.as_deref() == Some(uid)
+                        && r.namespace.as_deref() == Some(source_namespace)
+                        && r.name.as_deref() == Some(temporary)
+                })
+            });
+        if !held {
+            return Step::Conflict(format!(
+                "volume {name} is not the volume of pvc/{temporary} in namespace {source_namespace}: it is not handed over"
+            ));
+        }
+    }
     let bound = observed
         .target
         .is_some_and(|t| phase(t) == Some("Bound") && volume_name(t) == Some(name.as_str()));
@@ -144,7 +170,7 @@ pub fn next(
         return Step::PatchVolume {
             name,
             patch: json!({
-                "metadata": {"annotations": {RECLAIM_POLICY: policy}},
+                "metadata": {"annotations": {RECLAIM_POLICY: policy, HANDED_OVER_FOR: ids.uid}},
                 "spec": {"persistentVolumeReclaimPolicy": "Retain"},
             }),
         };

@@ -198,8 +198,9 @@ pub struct PvcRef {
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
     /// A Transfer's source only: the claim's namespace, when it is not the Transfer's own.
-    /// Allowed only when the Transfer's creator may `get` that claim (a
-    /// SubjectAccessReview, as CDI checks); the targets must then be new claims
+    /// Allowed only when the Transfer's creator may `create` `transfers/source` of that
+    /// claim there (a SubjectAccessReview, as CDI checks `datavolumes/source`); the
+    /// targets must then be new claims
     /// (`pvcTemplate`s), which the storage fills in that namespace and hands over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63))]
