@@ -18,11 +18,15 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 
+use crate::crd::golden_image::ImportClaim;
 use crate::crd::{
     AccessMode, PvcTemplate, PvcTemplates, StorageClassProfile, StorageClassProfileSpec, Transfer,
     VolumeMode,
 };
 use crate::fanout::facts::DEFAULT_CLASS;
+
+/// How long a starting operator waits for the profiles to be listed.
+pub const READY_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// The profiles and which class is the cluster's default, as watched (empty until
 /// [`ClassDefaults::watch`]: no template is filled).
@@ -54,6 +58,24 @@ impl ClassDefaults {
         classes: Store<PartialObjectMeta<StorageClass>>,
     ) -> Self {
         Self { profiles, classes }
+    }
+
+    /// Starts the watches of the profiles and of the classes' metadata and waits (at
+    /// most [`READY_WAIT`]) until both have listed, so that the first claims made after a
+    /// restart get their profile's modes; returns the defaults they fill and their tasks.
+    pub async fn watch_ready(client: &Client) -> (Self, Vec<tokio::task::JoinHandle<()>>) {
+        let (defaults, tasks) = Self::watch(client);
+        let ready = async {
+            let _ = defaults.profiles.wait_until_ready().await;
+            let _ = defaults.classes.wait_until_ready().await;
+        };
+        if tokio::time::timeout(READY_WAIT, ready).await.is_err() {
+            tracing::warn!(
+                "the StorageClassProfiles were not listed within {} s (is the CRD installed, the operator allowed to watch it?): claims made until they are get no profile's modes",
+                READY_WAIT.as_secs()
+            );
+        }
+        (defaults, tasks)
     }
 
     /// Starts the watches of the profiles and of the classes' metadata; returns the
@@ -118,6 +140,14 @@ impl ClassDefaults {
     /// profile gives none).
     pub fn overhead_ppm(&self, class: Option<&str>) -> u32 {
         overhead_ppm(self.profile(class).as_ref())
+    }
+
+    /// A GoldenImage's import claim with its left-out modes from its class's profile (what
+    /// its import Transfer's template was filled with: a snapshot of it has those modes).
+    pub fn fill_import_claim(&self, claim: &mut ImportClaim) {
+        if let Some(profile) = self.profile(claim.storage_class_name.as_deref()) {
+            fill_modes(&mut claim.volume_mode, &mut claim.access_modes, &profile);
+        }
     }
 }
 

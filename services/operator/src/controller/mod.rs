@@ -125,7 +125,8 @@ pub async fn run(
     let (store, pod_task) = watch_movers(&client, &ns);
     store.wait_until_ready().await.map_err(|_| RunError)?;
     let (namespaces, namespace_task) = watch_namespaces(&client);
-    let (class_defaults, class_tasks) = crate::class_defaults::ClassDefaults::watch(&client);
+    let (class_defaults, class_tasks) =
+        crate::class_defaults::ClassDefaults::watch_ready(&client).await;
     let mut ctx = Context::new(client.clone(), settings, link, store.clone())
         .with_namespaces(namespaces)
         .with_class_defaults(class_defaults)

@@ -162,7 +162,9 @@ async fn restore(
     let claim = match claims.get_opt(&name).await? {
         Some(claim) => claim,
         None => {
-            let pvc = restored_claim(obj, ids, golden, snapshot)?;
+            let mut golden = golden.clone();
+            ctx.class_defaults.fill_import_claim(&mut golden.spec.claim);
+            let pvc = restored_claim(obj, ids, &golden, snapshot)?;
             match claims.create(&PostParams::default(), &pvc).await {
                 Ok(created) => created,
                 Err(kube::Error::Api(e)) if e.code == 409 => return Ok((None, String::new())),

@@ -471,15 +471,15 @@ async fn decide(
             let current = golden.as_ref().and_then(crate::golden::current_import);
             match (golden, current) {
                 (_, Some(Current::Claim(claim))) => CloneFrom::Claim(source_ref(&claim)),
-                (Some(golden), Some(Current::Snapshot(snapshot))) => CloneFrom::Snapshot {
-                    name: snapshot,
-                    class: golden.spec.claim.storage_class_name,
-                    mode: golden
-                        .spec
-                        .claim
-                        .volume_mode
-                        .unwrap_or(VolumeMode::Filesystem),
-                },
+                (Some(golden), Some(Current::Snapshot(snapshot))) => {
+                    let mut claim = golden.spec.claim;
+                    ctx.class_defaults.fill_import_claim(&mut claim);
+                    CloneFrom::Snapshot {
+                        name: snapshot,
+                        class: claim.storage_class_name,
+                        mode: claim.volume_mode.unwrap_or(VolumeMode::Filesystem),
+                    }
+                }
                 _ => {
                     let note = format!(
                         "waiting for GoldenImage {name} to hold an image: create it, or wait for its first import"

@@ -132,7 +132,8 @@ pub async fn run(client: Client, namespace: Option<String>) -> Result<(), RunErr
         watcher::Config::default(),
     );
     let claims = controller.store();
-    let (class_defaults, class_tasks) = crate::class_defaults::ClassDefaults::watch(&client);
+    let (class_defaults, class_tasks) =
+        crate::class_defaults::ClassDefaults::watch_ready(&client).await;
     let ctx = Arc::new(
         Context::new(client.clone(), claims.clone(), transfers)
             .with_restores(restores)

@@ -279,9 +279,19 @@ fn restore(
         &world.cluster.profiles,
         &world.cluster.snapshot_classes,
     );
+    let profile = |c: &crate::crd::golden_image::ImportClaim| {
+        crate::class_defaults::profile_among(
+            &world.cluster.profiles,
+            facts.default_class.as_deref(),
+            c.storage_class_name.as_deref(),
+        )
+    };
     facts.source = claim.map(|c| strategy::ClaimFacts {
+        mode: c
+            .volume_mode
+            .or(profile(&c).and_then(|p| p.volume_mode))
+            .unwrap_or(crate::crd::VolumeMode::Filesystem),
         class: c.storage_class_name.or(facts.default_class.clone()),
-        mode: c.volume_mode.unwrap_or(crate::crd::VolumeMode::Filesystem),
         bytes: None,
     });
     let source = crate::crd::PvcRef {
