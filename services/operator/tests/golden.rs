@@ -615,4 +615,36 @@ async fn a_transfer_from_a_snapshot_kept_golden_image_restores_its_own_claim_onc
     assert_eq!(seen.body["status"]["sourceClaim"], "vm-1-golden");
     assert_eq!(finish(task).await, Action::requeue(Duration::ZERO));
     h.server.done().await;
+    // 4. A claim of that name made by someone else is never read: the Transfer waits,
+    // saying so.
+    let mut image = golden_json();
+    image["spec"]["keepAs"] = json!("Snapshot");
+    image["status"] = json!({"currentSnapshot": "fedora-0a1b2c3d"});
+    let task = tokio::spawn(reconcile_transfer(
+        Arc::new(serde_json::from_value(object.clone()).unwrap()),
+        h.ctx.clone(),
+    ));
+    h.server.expect("GET", GI, Reply::Ok(image)).await;
+    let users = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "vm-1-golden", "namespace": NS},
+        "status": {"phase": "Bound"}});
+    h.server
+        .expect("GET", &format!("{PVCS}/vm-1-golden"), Reply::Ok(users))
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", TRANSFER_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert_eq!(seen.body["status"]["phase"], "Pending");
+    assert!(
+        seen.body["status"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("pvc/vm-1-golden exists and was not restored for this Transfer"),
+        "{}",
+        seen.body["status"]
+    );
+    assert!(seen.body["status"].get("sourceClaim").is_none());
+    finish(task).await;
+    h.server.done().await;
 }

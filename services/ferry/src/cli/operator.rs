@@ -405,7 +405,16 @@ async fn start_webhook(
         })?;
     let ca = Arc::new(ca);
     let tls = server::tls_config(ca.clone(), server::service_names(service, namespace))?;
-    install::set_ca_bundle(client, configuration, ca.cert_pem()).await?;
+    // A missing or unwritable configuration stops only cross-namespace clones (which the
+    // API server then cannot stamp, so the operator refuses them): the operator runs on,
+    // and `keep_ca_bundle` sets it once it can.
+    if let Err(e) = install::set_ca_bundle(client, configuration, ca.cert_pem()).await {
+        tracing::warn!(
+            error = %e,
+            configuration,
+            "cannot set the admission webhook's caBundle: Transfers from another namespace are refused until it is set"
+        );
+    }
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen for the admission webhook on {addr}"))?;

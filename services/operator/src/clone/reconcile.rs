@@ -357,10 +357,18 @@ pub fn facts(
             .and_then(|r| r.requests.as_ref())
             .and_then(|r| r.get("storage"))
             .and_then(quantity_bytes);
+        let class = spec.storage_class_name.clone().or(default_class.clone());
+        let bound = pvc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
+        let binds_when_used = classes
+            .iter()
+            .find(|c| c.metadata.name.is_some() && c.metadata.name == class)
+            .and_then(|c| c.volume_binding_mode.as_deref())
+            == Some("WaitForFirstConsumer");
         ClaimFacts {
-            class: spec.storage_class_name.clone().or(default_class.clone()),
+            class,
             mode: mode_of(pvc),
             bytes: capacity.or(request).map(|b| b.min(u64::MAX as u128) as u64),
+            unbound_until_used: !bound && binds_when_used,
         }
     });
     Facts {

@@ -27,6 +27,9 @@ pub struct ClaimFacts {
     pub mode: VolumeMode,
     /// Its size in bytes (a bound claim's capacity, else its request).
     pub bytes: Option<u64>,
+    /// Not bound, in a class that binds at the first consumer: nothing but a pod using it
+    /// (a copy's mover) ever gives it a volume, so the storage cannot clone it.
+    pub unbound_until_used: bool,
 }
 
 /// A StorageClass as the strategy sees it.
@@ -147,6 +150,11 @@ pub fn decide(transfer: &Transfer, facts: &Facts) -> Decision {
     };
     if let Some(why) = needs_bytes {
         return fall_back(why);
+    }
+    if source.unbound_until_used {
+        return fall_back(
+            "the source claim is not bound and its class binds at the first consumer: only a copy's mover gives it a volume".into(),
+        );
     }
     let Some(source_class) = source_class else {
         return fall_back(match &source.class {

@@ -54,6 +54,7 @@ fn facts() -> Facts {
             class: Some("rbd".into()),
             mode: VolumeMode::Filesystem,
             bytes: Some(10 << 30),
+            unbound_until_used: false,
         }),
         classes: vec![
             class("rbd", "rbd.csi.ceph.com"),
@@ -317,4 +318,20 @@ fn a_csi_clone_names_the_source_claim_as_data_source() {
         json!({"kind": "PersistentVolumeClaim", "name": "golden"})
     );
     assert_eq!(vm2["spec"]["resources"]["requests"]["storage"], "10Gi");
+}
+
+/// A source claim not bound yet in a class that binds at its first consumer (a
+/// GoldenImage's restored claim in a WaitForFirstConsumer class) is copied: a snapshot or
+/// CSI clone of it would never start; a strategy insisted on fails saying why.
+#[test]
+fn an_unbound_source_that_binds_when_used_is_copied() {
+    let mut f = facts();
+    f.source.as_mut().unwrap().unbound_until_used = true;
+    let t = transfer(json!({}));
+    match decide(&t, &f) {
+        Decision::Copy {
+            fallback: Some(why),
+        } => assert!(why.contains("binds at the first consumer"), "{why}"),
+        other => panic!("{other:?}"),
+    }
 }

@@ -147,6 +147,16 @@ pub fn restored_claim(
     serde_json::from_value(claim).map_err(|e| Error::Kube(kube::Error::SerdeError(e)))
 }
 
+/// The uid of the Transfer `claim` was restored for (its [`RESTORED_FOR`] label).
+fn restored_for(claim: &PersistentVolumeClaim) -> Option<&str> {
+    claim
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(RESTORED_FOR))
+        .map(String::as_str)
+}
+
 /// Restores the GoldenImage's current snapshot into the Transfer's own claim, once: the
 /// claim when it is Bound (or its class binds at the first consumer: the copy's mover
 /// binds it), else None and what the Transfer waits for.
@@ -160,7 +170,17 @@ async fn restore(
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ids.namespace);
     let name = restored_claim_name(&ids.name);
     let claim = match claims.get_opt(&name).await? {
-        Some(claim) => claim,
+        Some(claim) if restored_for(&claim) == Some(ids.uid.as_str()) => claim,
+        // A claim of that name that was not restored for this Transfer is never read.
+        Some(_) => {
+            return Ok((
+                None,
+                format!(
+                    "pvc/{name} exists and was not restored for this Transfer from GoldenImage {}: rename or delete it (the Transfer restores the GoldenImage's snapshot into a claim of that name)",
+                    golden.metadata.name.clone().unwrap_or_default()
+                ),
+            ))
+        }
         None => {
             let mut golden = golden.clone();
             ctx.class_defaults.fill_import_claim(&mut golden.spec.claim);

@@ -513,6 +513,7 @@ async fn decide(
             };
             let mut facts = facts(None, &classes, &profiles, &snapshot_classes);
             facts.source = Some(ClaimFacts {
+                unbound_until_used: false,
                 class: class.clone().or(facts.default_class.clone()),
                 mode: *mode,
                 bytes: bytes.map(|b| b.min(u64::MAX as u128) as u64),

@@ -287,6 +287,7 @@ fn restore(
         )
     };
     facts.source = claim.map(|c| strategy::ClaimFacts {
+        unbound_until_used: false,
         mode: c
             .volume_mode
             .or(profile(&c).and_then(|p| p.volume_mode))
