@@ -129,7 +129,7 @@ impl CloneFrom {
     pub fn as_pvc_ref(&self) -> PvcRef {
         match self {
             Self::Claim(source) => source.clone(),
-            Self::Snapshot { name, .. } => source_ref(name),
+            Self::Snapshot { name, .. } => PvcRef::named(name),
         }
     }
 }
@@ -372,7 +372,8 @@ async fn own_snapshot(
         None => {
             let facts = observe_claim(&ctx.client, &ids.namespace, source).await?;
             let class =
-                match strategy::decide(&as_transfer(ids, vis, &source_ref(source), pvc), &facts) {
+                match strategy::decide(&as_transfer(ids, vis, &PvcRef::named(source), pvc), &facts)
+                {
                     Decision::Snapshot { class } => class,
                     _ => String::new(),
                 };
@@ -445,14 +446,6 @@ async fn ready_or_wait(
     }
 }
 
-fn source_ref(name: &str) -> PvcRef {
-    PvcRef {
-        name: name.to_string(),
-        path: None,
-        namespace: None,
-    }
-}
-
 /// Decides and records the strategy: Some(action) when the claim waits or is refused
 /// (Some(None): recorded a copy, go on copying now), None when recorded (the annotation's
 /// change wakes the claim).
@@ -470,7 +463,7 @@ async fn decide(
             let golden = api.get_opt(&name).await?;
             let current = golden.as_ref().and_then(crate::golden::current_import);
             match (golden, current) {
-                (_, Some(Current::Claim(claim))) => CloneFrom::Claim(source_ref(&claim)),
+                (_, Some(Current::Claim(claim))) => CloneFrom::Claim(PvcRef::named(&claim)),
                 (Some(golden), Some(Current::Snapshot(snapshot))) => {
                     let mut claim = golden.spec.claim;
                     ctx.class_defaults.fill_import_claim(&mut claim);
@@ -610,7 +603,7 @@ mod tests {
         let decision = Decision::Snapshot {
             class: "snaps".into(),
         };
-        let base = CloneFrom::Claim(source_ref("base"));
+        let base = CloneFrom::Claim(PvcRef::named("base"));
         let written = record(&decision, &base);
         let annotations: BTreeMap<String, String> = written
             .into_iter()

@@ -221,11 +221,7 @@ fn storage_clone(
             let key = (ids.namespace.clone(), name);
             let golden = world.cluster.golden_images.get(&key);
             match golden.and_then(crate::golden::current_import) {
-                Some(Current::Claim(claim)) => crate::crd::PvcRef {
-                    name: claim,
-                    path: None,
-                    namespace: None,
-                },
+                Some(Current::Claim(claim)) => crate::crd::PvcRef::named(claim),
                 Some(Current::Snapshot(snapshot)) => {
                     let claim = golden.map(|g| g.spec.claim.clone());
                     return restore(world, ids, pvc, vis, snapshot, claim);
@@ -245,20 +241,24 @@ fn storage_clone(
     if facts.source.is_none() {
         return StorageClone::Copy(String::new());
     }
-    match strategy::decide(&clone::as_transfer(ids, vis, &source, pvc), &facts) {
+    let decision = strategy::decide(&clone::as_transfer(ids, vis, &source, pvc), &facts);
+    planned(decision, |d| clone::Recorded::Clone {
+        snapshot: matches!(d, Decision::Snapshot { .. }),
+        source: source.name.clone(),
+    })
+}
+
+/// A decision as render plans it: a storage clone recorded by `record`, else a copy (its
+/// summary's addition saying why) or a refusal.
+fn planned(decision: Decision, record: impl FnOnce(&Decision) -> clone::Recorded) -> StorageClone {
+    match decision {
         Decision::Copy { fallback } => StorageClone::Copy(
             fallback
                 .map(|why| format!(" (copy: no storage clone: {why})"))
                 .unwrap_or_default(),
         ),
         Decision::Refused(why) => StorageClone::Refused(why),
-        decision => StorageClone::Clone(
-            clone::Recorded::Clone {
-                snapshot: matches!(decision, Decision::Snapshot { .. }),
-                source: source.name,
-            },
-            decision,
-        ),
+        decision => StorageClone::Clone(record(&decision), decision),
     }
 }
 
@@ -295,20 +295,9 @@ fn restore(
         class: c.storage_class_name.or(facts.default_class.clone()),
         bytes: None,
     });
-    let source = crate::crd::PvcRef {
-        name: snapshot.clone(),
-        path: None,
-        namespace: None,
-    };
-    match strategy::decide(&clone::as_transfer(ids, vis, &source, pvc), &facts) {
-        Decision::Copy { fallback } => StorageClone::Copy(
-            fallback
-                .map(|why| format!(" (copy: no storage clone: {why})"))
-                .unwrap_or_default(),
-        ),
-        Decision::Refused(why) => StorageClone::Refused(why),
-        decision => StorageClone::Clone(clone::Recorded::Restore { snapshot }, decision),
-    }
+    let source = crate::crd::PvcRef::named(snapshot.clone());
+    let decision = strategy::decide(&clone::as_transfer(ids, vis, &source, pvc), &facts);
+    planned(decision, |_| clone::Recorded::Restore { snapshot })
 }
 
 /// The BackupSchedule `name` of `namespace` in the file, if any.
