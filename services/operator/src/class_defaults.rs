@@ -119,10 +119,9 @@ impl ClassDefaults {
                 .find(|c| is_default(&c.metadata))
                 .and_then(|c| c.metadata.name.clone())?,
         };
+        // By key: every Transfer's reconcile asks, the store need not be copied for it.
         self.profiles
-            .state()
-            .iter()
-            .find(|p| p.metadata.name.as_deref() == Some(class.as_str()))
+            .get(&kube::runtime::reflector::ObjectRef::new(&class))
             .map(|p| p.spec.clone())
     }
 
