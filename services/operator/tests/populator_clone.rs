@@ -149,7 +149,21 @@ async fn expect_recorded(h: &mut Harness, claim_after: Value) -> Value {
 }
 
 fn recorded_snapshot() -> Value {
-    json!({"ferry.dev/clone-strategy": "snapshot", "ferry.dev/clone-source": "base"})
+    json!({"ferry.dev/clone-strategy": "snapshot", "ferry.dev/clone-source": "base",
+           "ferry.dev/clone-snapshot-class": "rbd-snap", "ferry.dev/clone-decided-for": UID})
+}
+
+/// The source claim `name` asked for before anything is made from it.
+async fn source_read(h: &mut Harness, name: &str) {
+    h.server
+        .expect(
+            "GET",
+            &format!("{PVCS}/{name}"),
+            Reply::Ok(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": name, "namespace": NS},
+                "status": {"phase": "Bound"}})),
+        )
+        .await;
 }
 
 #[tokio::test]
@@ -166,21 +180,24 @@ async fn a_claim_of_an_image_in_a_claim_is_restored_from_a_snapshot_of_it() {
         annotations,
         json!({"ferry.dev/clone-strategy": "snapshot", "ferry.dev/clone-source": "base",
                "ferry.dev/clone-fallback-reason": null,
-               "ferry.dev/clone-source-snapshot": null})
+               "ferry.dev/clone-source-snapshot": null,
+               "ferry.dev/clone-snapshot-class": "rbd-snap",
+               "ferry.dev/clone-decided-for": UID})
     );
     let note = on_claim(&h.server.expect_event(NS).await, "Normal", "CloneStrategy");
     assert_eq!(note, "cloning pvc/base by the storage (snapshot)");
     assert_eq!(finish(task).await, Action::await_change());
     h.server.done().await;
 
-    // 2. The snapshot of the source, in the class of its driver.
+    // 2. The snapshot of the source, in the recorded class of its driver (no class read
+    // again).
     let decided = claim(recorded_snapshot());
     let task = tokio::spawn(reconcile(pvc(&decided), h.ctx.clone()));
     h.server.expect("GET", VIS, Reply::Ok(image.clone())).await;
     h.server
         .expect("GET", &format!("{SNAPSHOTS}/{SNAPSHOT}"), Reply::NotFound)
         .await;
-    facts_read(&mut h, true, "base").await;
+    source_read(&mut h, "base").await;
     let created = h.server.expect("POST", SNAPSHOTS, Reply::Echo).await.body;
     assert_eq!(
         created["spec"],
@@ -314,7 +331,8 @@ async fn a_goldenimages_current_claim_is_cloned_by_the_csi_driver_when_asked() {
         .await;
     facts_read(&mut h, false, "fedora-1a2b").await;
     let recorded = json!({"ferry.dev/clone-strategy": "csi-clone",
-                          "ferry.dev/clone-source": "fedora-1a2b"});
+                          "ferry.dev/clone-source": "fedora-1a2b",
+                          "ferry.dev/clone-decided-for": UID});
     let annotations = expect_recorded(&mut h, claim(recorded.clone())).await;
     assert_eq!(annotations["ferry.dev/clone-strategy"], "csi-clone");
     assert_eq!(annotations["ferry.dev/clone-source"], "fedora-1a2b");
@@ -322,9 +340,10 @@ async fn a_goldenimages_current_claim_is_cloned_by_the_csi_driver_when_asked() {
     assert_eq!(finish(task).await, Action::await_change());
     h.server.done().await;
 
-    // The prime claim is a clone of the recorded claim: the GoldenImage is not read again.
-    let task = tokio::spawn(reconcile(pvc(&claim(recorded)), h.ctx.clone()));
-    h.server.expect("GET", VIS, Reply::Ok(image)).await;
+    // The prime claim is a clone of the recorded claim (asked for first): the GoldenImage
+    // is not read again.
+    let task = tokio::spawn(reconcile(pvc(&claim(recorded.clone())), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(image.clone())).await;
     h.server
         .expect(
             "GET",
@@ -336,6 +355,7 @@ async fn a_goldenimages_current_claim_is_cloned_by_the_csi_driver_when_asked() {
             ),
         )
         .await;
+    source_read(&mut h, "fedora-1a2b").await;
     let prime = h.server.expect("POST", PVCS, Reply::Echo).await.body;
     assert_eq!(
         prime["spec"]["dataSource"],
@@ -346,6 +366,73 @@ async fn a_goldenimages_current_claim_is_cloned_by_the_csi_driver_when_asked() {
         note,
         format!("created prime claim pvc/{PRIME}, a CSI clone of pvc/fedora-1a2b")
     );
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+
+    // Another claim decided alike whose recorded claim the GoldenImage pruned before its
+    // prime claim was made (it waited for a first consumer): undone, decided again.
+    let mut other = claim(recorded.clone());
+    other["metadata"]["uid"] = json!("u-2");
+    other["metadata"]["annotations"]["ferry.dev/clone-decided-for"] = json!("u-2");
+    let task = tokio::spawn(reconcile(pvc(&other), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(image.clone())).await;
+    h.server
+        .expect(
+            "GET",
+            SC,
+            Reply::Ok(
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                "metadata": {"name": "rbd"}, "provisioner": "rbd.csi.ceph.com",
+                "volumeBindingMode": "Immediate"}),
+            ),
+        )
+        .await;
+    h.server
+        .expect("GET", &format!("{PVCS}/fedora-1a2b"), Reply::NotFound)
+        .await;
+    let annotations = expect_recorded(&mut h, claim(json!({}))).await;
+    assert!(
+        annotations
+            .as_object()
+            .unwrap()
+            .values()
+            .all(Value::is_null),
+        "{annotations}"
+    );
+    assert_eq!(annotations.as_object().unwrap().len(), 6, "{annotations}");
+    let note = on_claim(&h.server.expect_event(NS).await, "Warning", "SourceGone");
+    assert_eq!(
+        note,
+        "pvc/fedora-1a2b, the clone's source, is gone: deciding again"
+    );
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+
+    // A claim whose manifest was copied from the first one (its annotations with it) is
+    // decided afresh, never filled from the first claim's record.
+    let mut copied = claim(recorded);
+    copied["metadata"]["uid"] = json!("u-3");
+    let task = tokio::spawn(reconcile(pvc(&copied), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(image)).await;
+    h.server
+        .expect(
+            "GET",
+            GOLDEN,
+            Reply::Ok(
+                json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "GoldenImage",
+                "metadata": {"name": "fedora", "namespace": NS},
+                "spec": {"source": {"url": "https://h/f.qcow2"},
+                         "trigger": {"schedule": "@daily"},
+                         "claim": {"size": "10Gi", "storageClassName": "rbd"}},
+                "status": {"currentClaim": "fedora-3c4d"}}),
+            ),
+        )
+        .await;
+    facts_read(&mut h, false, "fedora-3c4d").await;
+    let annotations = expect_recorded(&mut h, claim(json!({}))).await;
+    assert_eq!(annotations["ferry.dev/clone-source"], "fedora-3c4d");
+    assert_eq!(annotations["ferry.dev/clone-decided-for"], "u-3");
+    on_claim(&h.server.expect_event(NS).await, "Normal", "CloneStrategy");
     assert_eq!(finish(task).await, Action::await_change());
     h.server.done().await;
 }
@@ -359,10 +446,12 @@ async fn without_a_snapshot_class_the_image_is_copied_and_the_claim_says_why() {
     facts_read(&mut h, false, "base").await;
     let why = "no VolumeSnapshotClass of driver rbd.csi.ceph.com";
     let recorded = json!({"ferry.dev/clone-strategy": "copy", "ferry.dev/clone-source": "base",
-                          "ferry.dev/clone-fallback-reason": why});
+                          "ferry.dev/clone-fallback-reason": why,
+                          "ferry.dev/clone-decided-for": UID});
     let annotations = expect_recorded(&mut h, claim(recorded.clone())).await;
     let mut written = recorded.clone();
     written["ferry.dev/clone-source-snapshot"] = Value::Null;
+    written["ferry.dev/clone-snapshot-class"] = Value::Null;
     assert_eq!(annotations, written);
     let note = on_claim(&h.server.expect_event(NS).await, "Normal", "CloneFallback");
     assert_eq!(note, format!("copying: no storage clone ({why})"));
@@ -508,13 +597,15 @@ async fn a_snapshot_kept_goldenimage_is_restored_into_the_prime_claim() {
         .expect("GET", &golden_snapshot, Reply::Ok(ready.clone()))
         .await;
     let recorded = json!({"ferry.dev/clone-strategy": "snapshot",
-                          "ferry.dev/clone-source-snapshot": "fedora-1a2b"});
+                          "ferry.dev/clone-source-snapshot": "fedora-1a2b",
+                          "ferry.dev/clone-decided-for": UID});
     let annotations = expect_recorded(&mut h, claim(recorded.clone())).await;
     assert_eq!(
         annotations,
         json!({"ferry.dev/clone-strategy": "snapshot", "ferry.dev/clone-source": null,
                "ferry.dev/clone-source-snapshot": "fedora-1a2b",
-               "ferry.dev/clone-fallback-reason": null})
+               "ferry.dev/clone-fallback-reason": null,
+               "ferry.dev/clone-snapshot-class": null, "ferry.dev/clone-decided-for": UID})
     );
     let note = on_claim(&h.server.expect_event(NS).await, "Normal", "CloneStrategy");
     assert_eq!(
@@ -575,6 +666,7 @@ async fn a_snapshot_kept_goldenimage_is_restored_into_the_prime_claim() {
     // Another claim whose recorded snapshot was pruned before its prime claim: undone.
     let mut other = claim(recorded);
     other["metadata"]["uid"] = json!("u-2");
+    other["metadata"]["annotations"]["ferry.dev/clone-decided-for"] = json!("u-2");
     let task = tokio::spawn(reconcile(pvc(&other), h.ctx.clone()));
     h.server.expect("GET", VIS, Reply::Ok(image)).await;
     h.server
@@ -585,7 +677,8 @@ async fn a_snapshot_kept_goldenimage_is_restored_into_the_prime_claim() {
         annotations,
         json!({"ferry.dev/clone-strategy": null, "ferry.dev/clone-source": null,
                "ferry.dev/clone-source-snapshot": null,
-               "ferry.dev/clone-fallback-reason": null})
+               "ferry.dev/clone-fallback-reason": null,
+               "ferry.dev/clone-snapshot-class": null, "ferry.dev/clone-decided-for": null})
     );
     let note = on_claim(&h.server.expect_event(NS).await, "Warning", "SourceGone");
     assert!(note.contains("fedora-1a2b is gone"), "{note}");

@@ -46,6 +46,11 @@ pub const FALLBACK_REASON: &str = "ferry.dev/clone-fallback-reason";
 pub const SOURCE_CLAIM: &str = "ferry.dev/clone-source";
 /// On the user's claim: the GoldenImage's VolumeSnapshot it is restored from.
 pub const SOURCE_SNAPSHOT: &str = "ferry.dev/clone-source-snapshot";
+/// On the user's claim: the VolumeSnapshotClass of a snapshot clone's own snapshot (empty:
+/// the driver's default class).
+pub const SNAPSHOT_CLASS: &str = "ferry.dev/clone-snapshot-class";
+/// On the user's claim: the uid of the claim the decision was made for.
+pub const DECIDED_FOR: &str = "ferry.dev/clone-decided-for";
 
 /// How often a clone in progress is looked at (VolumeSnapshots are not watched).
 const LOOK_AGAIN: Duration = Duration::from_secs(5);
@@ -66,6 +71,8 @@ pub enum Recorded {
     Clone {
         /// Through a VolumeSnapshot (else a CSI clone).
         snapshot: bool,
+        /// The VolumeSnapshotClass of that snapshot (empty: the default; a CSI clone: empty).
+        class: String,
         /// The source claim.
         source: String,
     },
@@ -76,20 +83,30 @@ pub enum Recorded {
     },
 }
 
-/// What `pvc`'s annotations record.
+/// What `pvc`'s annotations record for it (nothing when they were written for another
+/// claim).
 pub fn recorded(pvc: &PersistentVolumeClaim) -> Recorded {
     let annotations = pvc.metadata.annotations.as_ref();
     let get = |k: &str| annotations.and_then(|a| a.get(k)).map(String::as_str);
-    match (get(STRATEGY), get(SOURCE_CLAIM)) {
-        (Some("copy"), _) => Recorded::Copy,
-        (Some("snapshot"), None) => match get(SOURCE_SNAPSHOT) {
+    if pvc.metadata.uid.is_none() || get(DECIDED_FOR) != pvc.metadata.uid.as_deref() {
+        return Recorded::Undecided;
+    }
+    match (get(STRATEGY), get(SOURCE_CLAIM), get(SNAPSHOT_CLASS)) {
+        (Some("copy"), _, _) => Recorded::Copy,
+        (Some("snapshot"), None, _) => match get(SOURCE_SNAPSHOT) {
             Some(snapshot) => Recorded::Restore {
                 snapshot: snapshot.to_string(),
             },
             None => Recorded::Undecided,
         },
-        (Some(s @ ("snapshot" | "csi-clone")), Some(source)) => Recorded::Clone {
-            snapshot: s == "snapshot",
+        (Some("snapshot"), Some(source), Some(class)) => Recorded::Clone {
+            snapshot: true,
+            class: class.to_string(),
+            source: source.to_string(),
+        },
+        (Some("csi-clone"), Some(source), _) => Recorded::Clone {
+            snapshot: false,
+            class: String::new(),
             source: source.to_string(),
         },
         _ => Recorded::Undecided,
@@ -194,9 +211,13 @@ pub fn as_transfer(
     transfer
 }
 
-/// The annotations recording `decision` about a clone from `from` (a GoldenImage's
-/// snapshot is restored whatever storage strategy was decided).
-pub fn record(decision: &Decision, from: &CloneFrom) -> BTreeMap<String, Option<String>> {
+/// The annotations recording `decision` about a clone from `from` for the claim `uid` (a
+/// GoldenImage's snapshot is restored whatever storage strategy was decided).
+pub fn record(
+    decision: &Decision,
+    from: &CloneFrom,
+    uid: &str,
+) -> BTreeMap<String, Option<String>> {
     let (strategy, reason) = match (decision, from) {
         (Decision::Copy { fallback }, _) => ("copy", fallback.clone()),
         (_, CloneFrom::Snapshot { .. }) => ("snapshot", None),
@@ -206,20 +227,33 @@ pub fn record(decision: &Decision, from: &CloneFrom) -> BTreeMap<String, Option<
         CloneFrom::Claim(source) => (Some(source.name.clone()), None),
         CloneFrom::Snapshot { name, .. } => (None, Some(name.clone())),
     };
+    let class = match (decision, from) {
+        (Decision::Snapshot { class }, CloneFrom::Claim(_)) => Some(class.clone()),
+        _ => None,
+    };
     BTreeMap::from([
         (STRATEGY.to_string(), Some(strategy.to_string())),
         (FALLBACK_REASON.to_string(), reason),
         (SOURCE_CLAIM.to_string(), claim),
         (SOURCE_SNAPSHOT.to_string(), snapshot),
+        (SNAPSHOT_CLASS.to_string(), class),
+        (DECIDED_FOR.to_string(), Some(uid.to_string())),
     ])
 }
 
 /// The annotations of nothing decided: decided again on the next look.
 pub fn undecided() -> BTreeMap<String, Option<String>> {
-    [STRATEGY, FALLBACK_REASON, SOURCE_CLAIM, SOURCE_SNAPSHOT]
-        .into_iter()
-        .map(|k| (k.to_string(), None))
-        .collect()
+    [
+        STRATEGY,
+        FALLBACK_REASON,
+        SOURCE_CLAIM,
+        SOURCE_SNAPSHOT,
+        SNAPSHOT_CLASS,
+        DECIDED_FOR,
+    ]
+    .into_iter()
+    .map(|k| (k.to_string(), None))
+    .collect()
 }
 
 /// The VolumeSnapshot of `source` a clone of the user's claim is restored from, owned by
@@ -256,7 +290,10 @@ pub fn prime_claim(
             name: snapshot.clone(),
         });
     }
-    if let Recorded::Clone { snapshot, source } = clone {
+    if let Recorded::Clone {
+        snapshot, source, ..
+    } = clone
+    {
         spec.data_source = Some(if *snapshot {
             TypedLocalObjectReference {
                 api_group: Some("snapshot.storage.k8s.io".into()),
@@ -318,8 +355,9 @@ pub async fn populate(
     let ready = match &clone {
         Recorded::Clone {
             snapshot: true,
+            class,
             source,
-        } => own_snapshot(ctx, pvc, ids, vis, source).await?,
+        } => own_snapshot(ctx, pvc, ids, class, source).await?,
         Recorded::Restore { snapshot } => golden_snapshot(ctx, pvc, ids, snapshot).await?,
         _ => Ok(None),
     };
@@ -331,6 +369,19 @@ pub async fn populate(
         Ok(node) => node,
         Err(action) => return Ok(Some(action)),
     };
+    if let Recorded::Clone {
+        snapshot: false,
+        source,
+        ..
+    } = &clone
+    {
+        // Decided maybe long before a first consumer placed the claim: the source may be
+        // gone (a GoldenImage's pruned import).
+        if !claim_exists(ctx, &ids.namespace, source).await? {
+            let note = format!("pvc/{source}, the clone's source, is gone: deciding again");
+            return undo(ctx, pvc, ids, &note).await.map(Some);
+        }
+    }
     let prime = prime_claim(pvc, ids, node.as_deref(), &clone, restore_size.as_ref());
     let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ids.namespace);
     match api.create(&PostParams::default(), &prime).await {
@@ -356,13 +407,14 @@ pub async fn populate(
     Ok(Some(Action::await_change()))
 }
 
-/// The clone's own VolumeSnapshot of `source`: its restore size once ready, else the
-/// action while it is made or not ready.
+/// The clone's own VolumeSnapshot of `source` in the VolumeSnapshotClass `class`: its
+/// restore size once ready, else the action while it is made or not ready (the decision
+/// undone when the source is gone before the snapshot is made).
 async fn own_snapshot(
     ctx: &Context,
     pvc: &PersistentVolumeClaim,
     ids: &ClaimIds,
-    vis: &VolumeImageSource,
+    class: &str,
     source: &str,
 ) -> Result<Result<Option<Quantity>, Action>, Error> {
     let api: Api<DynamicObject> =
@@ -370,18 +422,12 @@ async fn own_snapshot(
     let name = snapshot_name(&ids.uid);
     match api.get_opt(&name).await?.map(|s| snapshot_state(&s)) {
         None => {
-            let facts = observe_claim(&ctx.client, &ids.namespace, source).await?;
-            let class =
-                match strategy::decide(&as_transfer(ids, vis, &PvcRef::named(source), pvc), &facts)
-                {
-                    Decision::Snapshot { class } => class,
-                    _ => String::new(),
-                };
+            if !claim_exists(ctx, &ids.namespace, source).await? {
+                let note = format!("pvc/{source}, the clone's source, is gone: deciding again");
+                return undo(ctx, pvc, ids, &note).await.map(Err);
+            }
             match api
-                .create(
-                    &PostParams::default(),
-                    &volume_snapshot(ids, source, &class),
-                )
+                .create(&PostParams::default(), &volume_snapshot(ids, source, class))
                 .await
             {
                 Ok(_) => {
@@ -397,6 +443,30 @@ async fn own_snapshot(
     }
 }
 
+/// Whether the claim `name` of `namespace` exists (asked, not the store's view: it was
+/// seen when the decision was made).
+async fn claim_exists(ctx: &Context, namespace: &str, name: &str) -> Result<bool, Error> {
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
+    Ok(api.get_opt(name).await?.is_some())
+}
+
+/// Undoes the recorded decision, its source gone (`note` says which): the annotations'
+/// change wakes the claim, which is decided again.
+async fn undo(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    ids: &ClaimIds,
+    note: &str,
+) -> Result<Action, Error> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ids.namespace);
+    let patch = json!({"metadata": {"annotations": undecided()}});
+    claims
+        .patch(&ids.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    ctx.event(pvc, true, "SourceGone", note).await;
+    Ok(Action::await_change())
+}
+
 /// The GoldenImage's VolumeSnapshot `name`: its restore size once ready, else the action
 /// while it is not; gone (pruned by its GoldenImage before the prime claim was made), the
 /// decision is undone and made again with the GoldenImage's current import.
@@ -410,17 +480,10 @@ async fn golden_snapshot(
         Api::namespaced_with(ctx.client.clone(), &ids.namespace, &volume_snapshot_api());
     match api.get_opt(name).await?.map(|s| snapshot_state(&s)) {
         None => {
-            let claims: Api<PersistentVolumeClaim> =
-                Api::namespaced(ctx.client.clone(), &ids.namespace);
-            let patch = json!({"metadata": {"annotations": undecided()}});
-            claims
-                .patch(&ids.name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
             let note = format!(
                 "the GoldenImage's VolumeSnapshot {name} is gone: restoring its current import instead"
             );
-            ctx.event(pvc, true, "SourceGone", &note).await;
-            Ok(Err(Action::await_change()))
+            undo(ctx, pvc, ids, &note).await.map(Err)
         }
         Some(state) => Ok(ready_or_wait(ctx, pvc, name, state).await),
     }
@@ -521,7 +584,7 @@ async fn decide(
         return Ok(Some(Some(Action::await_change())));
     }
     let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ids.namespace);
-    let patch = json!({"metadata": {"annotations": record(&decision, &from)}});
+    let patch = json!({"metadata": {"annotations": record(&decision, &from, &ids.uid)}});
     api.patch(&ids.name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     let note = match (&decision, &from) {
@@ -604,7 +667,7 @@ mod tests {
             class: "snaps".into(),
         };
         let base = CloneFrom::Claim(PvcRef::named("base"));
-        let written = record(&decision, &base);
+        let written = record(&decision, &base, "u-1");
         let annotations: BTreeMap<String, String> = written
             .into_iter()
             .filter_map(|(k, v)| v.map(|v| (k, v)))
@@ -614,26 +677,45 @@ mod tests {
             recorded(&pvc),
             Recorded::Clone {
                 snapshot: true,
+                class: "snaps".into(),
                 source: "base".into()
             }
         );
+        // Written for another claim (its manifest copied): nothing recorded for this one.
+        let mut copied = pvc.clone();
+        copied.metadata.uid = Some("u-2".into());
+        assert_eq!(recorded(&copied), Recorded::Undecided);
         let copy = record(
             &Decision::Copy {
                 fallback: Some("no VolumeSnapshotClass of driver x".into()),
             },
             &base,
+            "u-1",
         );
         assert_eq!(
             serde_json::to_value(&copy).unwrap(),
             json!({STRATEGY: "copy", SOURCE_CLAIM: "base", SOURCE_SNAPSHOT: null,
+                   SNAPSHOT_CLASS: null, DECIDED_FOR: "u-1",
                    FALLBACK_REASON: "no VolumeSnapshotClass of driver x"})
+        );
+        let csi: BTreeMap<String, String> = record(&Decision::CsiClone, &base, "u-1")
+            .into_iter()
+            .filter_map(|(k, v)| v.map(|v| (k, v)))
+            .collect();
+        assert_eq!(
+            recorded(&user_claim(json!(csi))),
+            Recorded::Clone {
+                snapshot: false,
+                class: String::new(),
+                source: "base".into()
+            }
         );
         let golden = CloneFrom::Snapshot {
             name: "fedora-41".into(),
             class: None,
             mode: VolumeMode::Block,
         };
-        let restore: BTreeMap<String, String> = record(&Decision::CsiClone, &golden)
+        let restore: BTreeMap<String, String> = record(&Decision::CsiClone, &golden, "u-1")
             .into_iter()
             .filter_map(|(k, v)| v.map(|v| (k, v)))
             .collect();
@@ -649,13 +731,26 @@ mod tests {
             .collect();
         assert!(undone.is_empty());
         assert_eq!(
-            recorded(&user_claim(json!({STRATEGY: "copy"}))),
+            recorded(&user_claim(json!({STRATEGY: "copy", DECIDED_FOR: "u-1"}))),
             Recorded::Copy
         );
         assert_eq!(recorded(&user_claim(json!({}))), Recorded::Undecided);
-        // A clone strategy without its source is not a decision.
+        // A clone strategy without its source is not a decision; nor a snapshot clone
+        // without its snapshot class; nor a record without the claim it was made for.
         assert_eq!(
-            recorded(&user_claim(json!({STRATEGY: "csi-clone"}))),
+            recorded(&user_claim(
+                json!({STRATEGY: "csi-clone", DECIDED_FOR: "u-1"})
+            )),
+            Recorded::Undecided
+        );
+        assert_eq!(
+            recorded(&user_claim(
+                json!({STRATEGY: "snapshot", SOURCE_CLAIM: "base", DECIDED_FOR: "u-1"})
+            )),
+            Recorded::Undecided
+        );
+        assert_eq!(
+            recorded(&user_claim(json!({STRATEGY: "copy"}))),
             Recorded::Undecided
         );
     }
@@ -695,6 +790,7 @@ mod tests {
         let ids = ClaimIds::of(&pvc).unwrap();
         let by_snapshot = Recorded::Clone {
             snapshot: true,
+            class: "snaps".into(),
             source: "base".into(),
         };
         let larger = Quantity("21Gi".into());
@@ -719,6 +815,7 @@ mod tests {
         );
         let by_csi = Recorded::Clone {
             snapshot: false,
+            class: String::new(),
             source: "base".into(),
         };
         let smaller = Quantity("10Gi".into());

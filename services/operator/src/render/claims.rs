@@ -110,18 +110,14 @@ pub(crate) fn populate(world: &mut World<'_>) -> Vec<String> {
                     notes.push(format!("{title} Warning (InvalidSource): {why}"));
                     continue;
                 }
-                StorageClone::Clone(recorded, how) => {
+                StorageClone::Clone(recorded) => {
                     if let clone::Recorded::Clone {
                         snapshot: true,
+                        class,
                         source: from,
-                        ..
                     } = &recorded
                     {
-                        let class = match how {
-                            Decision::Snapshot { class } => class,
-                            _ => String::new(),
-                        };
-                        world.create(&clone::volume_snapshot(&ids, from, &class));
+                        world.create(&clone::volume_snapshot(&ids, from, class));
                     }
                     let prime = clone::prime_claim(pvc, &ids, node.as_deref(), &recorded, None);
                     world.create_claim(&prime);
@@ -129,6 +125,7 @@ pub(crate) fn populate(world: &mut World<'_>) -> Vec<String> {
                         clone::Recorded::Clone {
                             snapshot: true,
                             source: from,
+                            ..
                         } => format!(
                             "restored from VolumeSnapshot {} of pvc/{from}",
                             clone::snapshot_name(&ids.uid)
@@ -205,7 +202,7 @@ enum StorageClone {
     /// Refused: why.
     Refused(String),
     /// A storage clone.
-    Clone(clone::Recorded, Decision),
+    Clone(clone::Recorded),
 }
 
 fn storage_clone(
@@ -244,6 +241,10 @@ fn storage_clone(
     let decision = strategy::decide(&clone::as_transfer(ids, vis, &source, pvc), &facts);
     planned(decision, |d| clone::Recorded::Clone {
         snapshot: matches!(d, Decision::Snapshot { .. }),
+        class: match d {
+            Decision::Snapshot { class } => class.clone(),
+            _ => String::new(),
+        },
         source: source.name.clone(),
     })
 }
@@ -258,7 +259,7 @@ fn planned(decision: Decision, record: impl FnOnce(&Decision) -> clone::Recorded
                 .unwrap_or_default(),
         ),
         Decision::Refused(why) => StorageClone::Refused(why),
-        decision => StorageClone::Clone(record(&decision), decision),
+        decision => StorageClone::Clone(record(&decision)),
     }
 }
 
