@@ -110,19 +110,22 @@ impl ClassDefaults {
 
     /// The profile of `class` (the cluster's default class when None).
     pub fn profile(&self, class: Option<&str>) -> Option<StorageClassProfileSpec> {
-        let class = match class {
-            Some(c) => c.to_string(),
-            None => self
-                .classes
-                .state()
-                .iter()
-                .find(|c| is_default(&c.metadata))
-                .and_then(|c| c.metadata.name.clone())?,
-        };
-        // By key: every Transfer's reconcile asks, the store need not be copied for it.
-        self.profiles
-            .get(&kube::runtime::reflector::ObjectRef::new(&class))
-            .map(|p| p.spec.clone())
+        profile_of(
+            class,
+            || {
+                self.classes
+                    .state()
+                    .iter()
+                    .find(|c| is_default(&c.metadata))
+                    .and_then(|c| c.metadata.name.clone())
+            },
+            // By key: every Transfer's reconcile asks, the store need not be copied for it.
+            |name| {
+                self.profiles
+                    .get(&kube::runtime::reflector::ObjectRef::new(name))
+                    .map(|p| p.spec.clone())
+            },
+        )
     }
 
     /// `transfer` with its templates filled (the same `Arc` when none needs it).
@@ -239,11 +242,29 @@ pub fn profile_among(
     default_class: Option<&str>,
     class: Option<&str>,
 ) -> Option<StorageClassProfileSpec> {
-    let class = class.or(default_class)?;
-    profiles
-        .iter()
-        .find(|p| p.metadata.name.as_deref() == Some(class))
-        .map(|p| p.spec.clone())
+    profile_of(
+        class,
+        || default_class.map(str::to_string),
+        |name| {
+            profiles
+                .iter()
+                .find(|p| p.metadata.name.as_deref() == Some(name))
+                .map(|p| p.spec.clone())
+        },
+    )
+}
+
+/// The one rule for the watched stores and render's file alike: the profile named after
+/// `class`, or after the cluster's default class (asked only when `class` is None).
+fn profile_of(
+    class: Option<&str>,
+    default_class: impl FnOnce() -> Option<String>,
+    named: impl FnOnce(&str) -> Option<StorageClassProfileSpec>,
+) -> Option<StorageClassProfileSpec> {
+    match class {
+        Some(class) => named(class),
+        None => named(&default_class()?),
+    }
 }
 
 #[cfg(test)]
