@@ -4,6 +4,13 @@ it wrote over NBD, the other three `ferry copy nbd://... DST..` reading that rel
 started together (tests/bench/relay_rollout.py). Against one group of 4 alone (`ferry copy
 URL DST1..DST4`).
 
+A second case gives the targets the write rate of a cloud volume (an `nbdkit --filter=rate
+file` server per target, FERRY_BENCH_RELAY_RATE bits/s, 100M by default), except each
+group's first: the seed's first target is the local file the relay serves from (a mover's
+PVC), and one group alone has the same shape. There the targets' storage, not this
+machine's two cores, bounds a group, as it does when each group has a node of its own, and
+the relayed rollout's time is set against one group's.
+
 The image is a qcow2 of a 4 GiB, 50%-data raw image (FERRY_BENCH_RELAY_SIZE overrides the
 virtual size, like 512M, for a quick run), served by nginx with an access log: a qcow2
 carries its allocation, so one reader needs its allocated clusters and metadata from the
@@ -15,6 +22,7 @@ what one group alone read beside it, and the wall times.
 """
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -94,7 +102,7 @@ def cases(env):
         x = ratio(results, name, RELAYED, ONE_GROUP)
         return x <= 1.3, f"{x:.2f}x"
 
-    return [Case(
+    local = Case(
         name=name,
         title=f"The origin read once: a qcow2 ({size // MiB} MiB virtual, 50% data in "
               f"scattered 1 MiB runs) from nginx into {GROUPS * PER_GROUP} files in "
@@ -106,7 +114,130 @@ def cases(env):
                  "(what one reader needs)", bytes_goal),
             Goal("relayed rollout (16 targets) <= 1.3x one group of 4", time_goal),
         ],
-    )]
+    )
+    return [local, _rated_case(env, size, image, qcow2, server, values, rollout)]
+
+
+def _rated_case(env, size, image, qcow2, server, values, rollout):
+    """The same rollout into targets of a cloud volume's write rate (see the module doc)."""
+    rate = os.environ.get("FERRY_BENCH_RELAY_RATE", "100M")
+    name = f"relay-qcow2-half-{size // MiB}m-4x4-rate-{rate.lower()}"
+    files = [env.target(f"{name}-{i}") for i in range(GROUPS * PER_GROUP)]
+    volumes = RatedVolumes(files[1:], size, rate)
+    served = {}
+    late = dict(values)
+    late["T0"] = lambda: str(files[0])
+    late.update({f"T{i}": (lambda i=i: volumes.uri(i - 1)) for i in range(1, len(files))})
+    slots = [f"T{i}" for i in range(len(files))]
+
+    def setup(count):
+        def start():
+            volumes.stop()
+            if files[0].exists():
+                files[0].unlink()
+            server.reset_log()
+            volumes.start(count - 1)
+        return start
+
+    def checker(label, count):
+        def check(_result):
+            served[label] = server.body_bytes_sent()
+            for f in files[:count]:
+                cmp = subprocess.run(["qemu-img", "compare", "-q", "-f", "raw", "-F", "raw",
+                                      str(image.path), str(f)], capture_output=True, text=True)
+                if cmp.returncode != 0:
+                    return f"{f}: qemu-img compare: {cmp.stdout.strip()} {cmp.stderr.strip()}"
+            return None
+        return check
+
+    relayed = f"{RELAYED}, each target {rate}bit/s"
+    one = f"{ONE_GROUP}, each target {rate}bit/s"
+    commands = [
+        Command(relayed, LateArgv(["python3", rollout, env.ferry, "URL", "PORT", str(GROUPS),
+                                   *slots], late), ferry=True,
+                setup=setup(len(files)), cleanup=volumes.stop,
+                check=checker(relayed, len(files)),
+                note="the seed's first target a file, the others nbd:// to an nbdkit file "
+                     "server with the rate filter each"),
+        Command(one, LateArgv([env.ferry, "copy", "URL", *slots[:PER_GROUP]], late),
+                setup=setup(PER_GROUP), cleanup=volumes.stop,
+                check=checker(one, PER_GROUP)),
+    ]
+
+    def time_goal(results):
+        x = ratio(results, name, relayed, one)
+        return x <= 1.3, f"{x:.2f}x"
+
+    def bytes_goal(results):
+        if relayed not in served:
+            return None, "not measured"
+        sent, requests = served[relayed]
+        x = sent / qcow2.stat().st_size
+        return x <= 1.05, f"{x:.3f}x: {sent} bytes in {requests} requests"
+
+    return Case(
+        name=name,
+        title=f"The origin read once, each target a volume of {rate}bit/s: the same qcow2 "
+              f"into {GROUPS * PER_GROUP} NBD targets in {GROUPS} groups of {PER_GROUP}, "
+              f"against one group of {PER_GROUP}",
+        commands=commands,
+        context=server.context,
+        goals=[
+            Goal("relayed rollout (16 targets) <= 1.3x one group of 4, where the targets' "
+                 "write rate bounds a group", time_goal),
+            Goal("origin bytes served <= 1.05x the qcow2's size", bytes_goal),
+        ],
+    )
+
+
+class RatedVolumes:
+    """One `nbdkit --filter=rate file` server per target file, started empty (a sparse
+    file of the image's size) before a run and stopped after it: a volume that takes
+    writes at `rate` bits per second, as a cloud volume's throughput limit does."""
+
+    def __init__(self, files, size, rate):
+        self.files, self.size, self.rate = files, size, rate
+        self.servers = []
+
+    def start(self, count):
+        if shutil.which("nbdkit") is None:
+            raise RuntimeError("nbdkit is not installed: apt-get install -y nbdkit")
+        for f in self.files[:count]:
+            if f.exists():
+                f.unlink()
+            with open(f, "wb") as out:
+                out.truncate(self.size)
+            port = _free_port()
+            proc = subprocess.Popen(
+                ["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(port), "--filter=rate",
+                 "file", str(f), f"rate={self.rate}"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            self.servers.append((proc, port))
+        for proc, port in self.servers:
+            _wait_listening(port, proc)
+
+    def uri(self, i):
+        return f"nbd://127.0.0.1:{self.servers[i][1]}"
+
+    def stop(self):
+        for proc, _ in self.servers:
+            proc.terminate()
+            proc.wait(timeout=30)
+        self.servers = []
+
+
+def _wait_listening(port, proc):
+    import socket
+    import time
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"nbdkit exited {proc.returncode}: {proc.stderr.read()}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nbdkit did not listen on port {port}")
 
 
 def _free_port():
