@@ -527,11 +527,19 @@ async fn a_transfer_from_a_snapshot_kept_golden_image_restores_its_own_claim_onc
     h.server
         .expect("GET", &format!("{PVCS}/vm-1-golden"), Reply::NotFound)
         .await;
+    // The snapshot is read for its restoreSize: the driver rounded the 10Gi volume up.
+    h.server
+        .expect(
+            "GET",
+            &format!("{SNAPSHOTS}/fedora-0a1b2c3d"),
+            Reply::Ok(ready_snapshot("fedora-0a1b2c3d", "10752Mi")),
+        )
+        .await;
     let claim = h.server.expect("POST", PVCS, Reply::Echo).await.body;
     assert_eq!(
         claim["spec"],
         json!({"accessModes": ["ReadWriteOnce"], "volumeMode": "Block", "storageClassName": "rbd",
-               "resources": {"requests": {"storage": "10Gi"}},
+               "resources": {"requests": {"storage": "10752Mi"}},
                "dataSource": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",
                               "name": "fedora-0a1b2c3d"}})
     );
@@ -596,7 +604,15 @@ async fn a_transfer_from_a_snapshot_kept_golden_image_restores_its_own_claim_onc
     h.server
         .expect("GET", &format!("{PVCS}/vm-1-golden"), Reply::NotFound)
         .await;
-    h.server.expect("POST", PVCS, Reply::Echo).await;
+    h.server
+        .expect(
+            "GET",
+            &format!("{SNAPSHOTS}/fedora-0a1b2c3d"),
+            Reply::Ok(ready_snapshot("fedora-0a1b2c3d", "10Gi")),
+        )
+        .await;
+    let claim = h.server.expect("POST", PVCS, Reply::Echo).await.body;
+    assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "10Gi");
     h.server
         .expect(
             "GET",
@@ -647,4 +663,44 @@ async fn a_transfer_from_a_snapshot_kept_golden_image_restores_its_own_claim_onc
     assert!(seen.body["status"].get("sourceClaim").is_none());
     finish(task).await;
     h.server.done().await;
+
+    // 5. The GoldenImage's snapshot is gone (deleted by hand): no claim that could never
+    // bind; the Transfer waits for the next import, saying so.
+    let mut image = golden_json();
+    image["spec"]["keepAs"] = json!("Snapshot");
+    image["status"] = json!({"currentSnapshot": "fedora-0a1b2c3d"});
+    let task = tokio::spawn(reconcile_transfer(
+        Arc::new(serde_json::from_value(object.clone()).unwrap()),
+        h.ctx.clone(),
+    ));
+    h.server.expect("GET", GI, Reply::Ok(image)).await;
+    h.server
+        .expect("GET", &format!("{PVCS}/vm-1-golden"), Reply::NotFound)
+        .await;
+    h.server
+        .expect(
+            "GET",
+            &format!("{SNAPSHOTS}/fedora-0a1b2c3d"),
+            Reply::NotFound,
+        )
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", TRANSFER_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert_eq!(
+        seen.body["status"]["message"],
+        "GoldenImage fedora's VolumeSnapshot fedora-0a1b2c3d is gone: waiting for the GoldenImage's next import"
+    );
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(10)));
+    h.server.done().await;
+}
+
+/// A VolumeSnapshot of the GoldenImage `fedora` (uid gi-1), ready, of `restore_size`.
+fn ready_snapshot(name: &str, restore_size: &str) -> Value {
+    json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+           "metadata": {"name": name, "namespace": NS,
+                        "labels": {"ferry.dev/golden-image": "gi-1"}},
+           "spec": {"source": {"persistentVolumeClaimName": name}},
+           "status": {"readyToUse": true, "restoreSize": restore_size}})
 }
