@@ -440,17 +440,21 @@ pub enum SnapshotWait {
     Expired(String),
 }
 
-/// The deadline of an import's snapshot that is `seen` not ready: [`SNAPSHOT_ERROR_DEADLINE`]
-/// after its error first showed (else after its creation), [`SNAPSHOT_DEADLINE`] after
-/// its creation when it shows none; None when the API gave no time to count from.
+/// The deadline of an import's snapshot that is `seen` not ready: [`SNAPSHOT_DEADLINE`]
+/// after its creation, or sooner [`SNAPSHOT_ERROR_DEADLINE`] after the error it shows
+/// first showed (else after its creation); None when the API gave no time to count from.
 pub fn snapshot_deadline(seen: &NotReady) -> Option<DateTime<Utc>> {
-    match &seen.error {
-        Some(_) => seen
-            .error_since
-            .or(seen.created)
-            .map(|t| t + SNAPSHOT_ERROR_DEADLINE),
-        None => seen.created.map(|t| t + SNAPSHOT_DEADLINE),
-    }
+    let made = seen.created.map(|t| t + SNAPSHOT_DEADLINE);
+    [made, error_deadline(seen)].into_iter().flatten().min()
+}
+
+/// [`SNAPSHOT_ERROR_DEADLINE`] after the error `seen` shows first showed (else after the
+/// snapshot's creation); None without an error.
+fn error_deadline(seen: &NotReady) -> Option<DateTime<Utc>> {
+    seen.error.as_ref()?;
+    seen.error_since
+        .or(seen.created)
+        .map(|t| t + SNAPSHOT_ERROR_DEADLINE)
 }
 
 /// The longest snapshot controller's error a condition quotes.
@@ -473,10 +477,15 @@ pub fn snapshot_not_ready(
         .map(|e| crate::events::within(e.trim(), MAX_SNAPSHOT_ERROR).to_string());
     let deadline = snapshot_deadline(seen);
     if deadline.is_some_and(|d| d <= now) {
+        let on_error = error_deadline(seen).is_some_and(|d| d <= now);
         let waited = match &error {
-            Some(e) => format!(
+            Some(e) if on_error => format!(
                 "its VolumeSnapshot {name} was not ready {} after the snapshot controller reported: {e}",
                 duration_text(SNAPSHOT_ERROR_DEADLINE)
+            ),
+            Some(e) => format!(
+                "its VolumeSnapshot {name} was not ready {} after it was made; the snapshot controller reports: {e}",
+                duration_text(SNAPSHOT_DEADLINE)
             ),
             None => format!(
                 "its VolumeSnapshot {name} was not ready {} after it was made (the snapshot controller reported no error)",
@@ -1144,6 +1153,19 @@ mod tests {
         assert!(matches!(
             snapshot_not_ready(&g, &status, &importing, &slow, at("2026-12-06T16:00:00Z")),
             SnapshotWait::Expired(why) if why.contains("not ready 6h0m0s after it was made")
+        ));
+        // An error the controller keeps renewing still ends six hours after creation.
+        let renewed = NotReady {
+            error_since: Some(at("2026-12-06T15:55:00Z")),
+            ..failing.clone()
+        };
+        assert_eq!(
+            snapshot_deadline(&renewed),
+            Some(at("2026-12-06T16:00:00Z"))
+        );
+        assert!(matches!(
+            snapshot_not_ready(&g, &status, &importing, &renewed, at("2026-12-06T16:00:00Z")),
+            SnapshotWait::Expired(why) if why.ends_with(&format!("not ready 6h0m0s after it was made; the snapshot controller reports: {error}"))
         ));
         // An error without a time counts from the snapshot's creation; no time at all
         // never expires.
