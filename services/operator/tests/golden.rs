@@ -6,7 +6,11 @@
 //! unchanged version imports nothing, a failed probe is PollFailed, a stale pod is
 //! deleted); an import kept as a snapshot is snapshotted, its claim deleted once the
 //! snapshot is ready, the oldest snapshot pruned; a Transfer from such a GoldenImage
-//! restores the snapshot into its own claim once. (tests/tests/golden_image.rs runs the whole loop against
+//! restores the snapshot into its own claim once, as large as its `restoreSize`. A
+//! version imported again (a rollback) is an import of its own and the current snapshot
+//! survives pruning; a Transfer or snapshot of an import's name is adopted only when it
+//! is this GoldenImage's own; a snapshot that never becomes ready says why and fails the
+//! import at its deadline. (tests/tests/golden_image.rs runs the whole loop against
 //! nginx with the real controllers.)
 
 use crate::support;
@@ -1059,6 +1063,97 @@ async fn a_snapshot_that_never_becomes_ready_says_why_and_fails_the_import_at_it
         .await;
     assert_eq!(seen.body["status"]["importing"]["version"], "etag:\"v1\"");
     assert_eq!(h.server.expect_event(NS).await.body["reason"], "Importing");
+    finish(task).await;
+    h.server.done().await;
+}
+
+#[tokio::test]
+async fn an_import_snapshot_of_that_name_is_adopted_only_when_it_is_this_imports_own() {
+    let mut h = Harness::new(settings());
+    let mut object = golden_json();
+    object["spec"]["keepAs"] = json!("Snapshot");
+    let object = with_status(
+        &object,
+        &json!({"status": {
+            "currentSnapshot": "fedora-old", "currentVersion": "etag:\"v0\"",
+            "imports": [{"claim": "fedora-old", "snapshot": "fedora-old", "version": "etag:\"v0\"",
+                         "importedAt": "2026-12-05T10:00:00Z"}],
+            "importing": {"transfer": "fedora-new", "claim": "fedora-new", "version": "etag:\"v1\""}}}),
+    );
+    let done = json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+        "metadata": {"name": "fedora-new", "namespace": NS},
+        "spec": {"source": {"url": "s3://images/fedora.raw"}, "targets": []},
+        "status": {"phase": "Succeeded"}});
+    let gi: Arc<GoldenImage> = Arc::new(serde_json::from_value(object.clone()).unwrap());
+
+    // 1. Its own snapshot, left by a crash before the status recorded it: adopted.
+    let task = tokio::spawn(reconcile(gi.clone(), h.ctx.clone()));
+    h.server
+        .expect(
+            "GET",
+            &format!("{TRANSFERS}/fedora-new"),
+            Reply::Ok(done.clone()),
+        )
+        .await;
+    h.server.expect("POST", SNAPSHOTS, Reply::Conflict).await;
+    let mut ours = ready_snapshot("fedora-new", "10Gi");
+    ours["status"] = json!({"readyToUse": false});
+    h.server
+        .expect("GET", &format!("{SNAPSHOTS}/fedora-new"), Reply::Ok(ours))
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", GI_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert_eq!(seen.body["status"]["importing"]["snapshot"], "fedora-new");
+    h.server
+        .expect("DELETE", &format!("{TRANSFERS}/fedora-new"), Reply::Deleted)
+        .await;
+    assert_eq!(
+        h.server.expect_event(NS).await.body["reason"],
+        "Snapshotting"
+    );
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(5)));
+    h.server.done().await;
+
+    // 2. A snapshot of that name made by someone else (or of another claim): left alone;
+    // the import failed, its claim deleted, the current snapshot kept.
+    let task = tokio::spawn(reconcile(gi, h.ctx.clone()));
+    h.server
+        .expect("GET", &format!("{TRANSFERS}/fedora-new"), Reply::Ok(done))
+        .await;
+    h.server.expect("POST", SNAPSHOTS, Reply::Conflict).await;
+    let mut foreign = ready_snapshot("fedora-new", "10Gi");
+    foreign["metadata"]["labels"] = json!({"app": "backups"});
+    h.server
+        .expect(
+            "GET",
+            &format!("{SNAPSHOTS}/fedora-new"),
+            Reply::Ok(foreign),
+        )
+        .await;
+    h.server
+        .expect("DELETE", &format!("{PVCS}/fedora-new"), Reply::Deleted)
+        .await;
+    h.server
+        .expect("DELETE", &format!("{TRANSFERS}/fedora-new"), Reply::Deleted)
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", GI_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = &seen.body["status"];
+    assert!(status.get("importing").is_none(), "{status}");
+    assert_eq!(status["currentSnapshot"], "fedora-old");
+    assert_eq!(
+        condition_of(status, "Progressing").1,
+        "the import into pvc/fedora-new failed: VolumeSnapshot fedora-new exists and is not this import's snapshot of pvc/fedora-new: it is left alone"
+    );
+    assert_eq!(
+        h.server.expect_event(NS).await.body["reason"],
+        "ImportFailed"
+    );
     finish(task).await;
     h.server.done().await;
 }

@@ -27,7 +27,7 @@ use kube::{Api, Client, ResourceExt};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::kind::apply_status;
-use crate::crd::{GoldenImage, GoldenImageStatus, KeepAs, Transfer};
+use crate::crd::{GoldenImage, GoldenImageStatus, Importing, KeepAs, Transfer};
 use crate::schedule::build::{snapshot_state, volume_snapshot_api, SnapshotState};
 
 use super::plan::{self, condition, AfterPoll, Ended, Kept, NotReady, SnapshotWait, Step};
@@ -115,33 +115,14 @@ pub async fn reconcile(obj: Arc<GoldenImage>, ctx: Arc<Context>) -> Result<Actio
             let mut transfer_left = false;
             let end = match &importing.snapshot {
                 // The copy is done; the import ends when its snapshot is ready.
-                Some(name) => match snapshots.get_opt(name).await? {
-                    None => Ended::Failed(format!(
-                        "its VolumeSnapshot {name} was deleted before it was ready"
-                    )),
-                    Some(snapshot) => match snapshot_state(&snapshot) {
-                        SnapshotState::Ready(_) => Ended::Succeeded,
-                        SnapshotState::Pending(error) => {
-                            let seen = not_ready(&snapshot, error);
-                            match plan::snapshot_not_ready(&obj, &status, &importing, &seen, now) {
-                                SnapshotWait::Expired(why) => Ended::Failed(why),
-                                SnapshotWait::Waiting(next, warning) => {
-                                    write(&ctx, &obj, &status, &next).await?;
-                                    if let Some(text) = warning {
-                                        ctx.event(
-                                            obj.as_ref(),
-                                            true,
-                                            condition::SNAPSHOT_NOT_READY,
-                                            &text,
-                                        )
-                                        .await;
-                                    }
-                                    return Ok(Action::requeue(SNAPSHOT_LOOK));
-                                }
-                            }
-                        }
-                    },
-                },
+                Some(name) => {
+                    let looked =
+                        look_at_snapshot(&ctx, &obj, &status, &importing, &snapshots, name, now);
+                    match looked.await? {
+                        Ok(end) => end,
+                        Err(action) => return Ok(action),
+                    }
+                }
                 None => {
                     let transfer = transfers.get_opt(&importing.transfer).await?;
                     let end = plan::ended(transfer.as_ref());
@@ -338,6 +319,42 @@ async fn ask_by_pod(
             "asking the source for its version (pod {name}): {why}"
         )),
     })
+}
+
+/// Looks at the VolumeSnapshot `name` of the import `importing`: how the import ended
+/// (ready; deleted; not ready past its deadline, [`plan::snapshot_not_ready`]), or, while
+/// it waits, Err(when to look again) once the status says what the snapshot controller
+/// reports (and a Warning event says a new error).
+async fn look_at_snapshot(
+    ctx: &Context,
+    obj: &GoldenImage,
+    status: &GoldenImageStatus,
+    importing: &Importing,
+    snapshots: &Api<DynamicObject>,
+    name: &str,
+    now: chrono::DateTime<Utc>,
+) -> Result<Result<Ended, Action>, Error> {
+    let Some(snapshot) = snapshots.get_opt(name).await? else {
+        return Ok(Ok(Ended::Failed(format!(
+            "its VolumeSnapshot {name} was deleted before it was ready"
+        ))));
+    };
+    let error = match snapshot_state(&snapshot) {
+        SnapshotState::Ready(_) => return Ok(Ok(Ended::Succeeded)),
+        SnapshotState::Pending(error) => error,
+    };
+    let seen = not_ready(&snapshot, error);
+    match plan::snapshot_not_ready(obj, status, importing, &seen, now) {
+        SnapshotWait::Expired(why) => Ok(Ok(Ended::Failed(why))),
+        SnapshotWait::Waiting(next, warning) => {
+            write(ctx, obj, status, &next).await?;
+            if let Some(text) = warning {
+                ctx.event(obj, true, condition::SNAPSHOT_NOT_READY, &text)
+                    .await;
+            }
+            Ok(Err(Action::requeue(SNAPSHOT_LOOK)))
+        }
+    }
 }
 
 /// Whether `meta` carries `obj`'s uid as its [`plan::GOLDEN_IMAGE_UID`] label: an object
