@@ -6,7 +6,11 @@
 //! unchanged version imports nothing, a failed probe is PollFailed, a stale pod is
 //! deleted); an import kept as a snapshot is snapshotted, its claim deleted once the
 //! snapshot is ready, the oldest snapshot pruned; a Transfer from such a GoldenImage
-//! restores the snapshot into its own claim once. (tests/tests/golden_image.rs runs the whole loop against
+//! restores the snapshot into its own claim once, as large as its `restoreSize`. A
+//! version imported again (a rollback) is an import of its own and the current snapshot
+//! survives pruning; a Transfer or snapshot of an import's name is adopted only when it
+//! is this GoldenImage's own; a snapshot that never becomes ready says why and fails the
+//! import at its deadline. (tests/tests/golden_image.rs runs the whole loop against
 //! nginx with the real controllers.)
 
 use crate::support;
@@ -527,11 +531,19 @@ async fn a_transfer_from_a_snapshot_kept_golden_image_restores_its_own_claim_onc
     h.server
         .expect("GET", &format!("{PVCS}/vm-1-golden"), Reply::NotFound)
         .await;
+    // The snapshot is read for its restoreSize: the driver rounded the 10Gi volume up.
+    h.server
+        .expect(
+            "GET",
+            &format!("{SNAPSHOTS}/fedora-0a1b2c3d"),
+            Reply::Ok(ready_snapshot("fedora-0a1b2c3d", "10752Mi")),
+        )
+        .await;
     let claim = h.server.expect("POST", PVCS, Reply::Echo).await.body;
     assert_eq!(
         claim["spec"],
         json!({"accessModes": ["ReadWriteOnce"], "volumeMode": "Block", "storageClassName": "rbd",
-               "resources": {"requests": {"storage": "10Gi"}},
+               "resources": {"requests": {"storage": "10752Mi"}},
                "dataSource": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",
                               "name": "fedora-0a1b2c3d"}})
     );
@@ -596,7 +608,15 @@ async fn a_transfer_from_a_snapshot_kept_golden_image_restores_its_own_claim_onc
     h.server
         .expect("GET", &format!("{PVCS}/vm-1-golden"), Reply::NotFound)
         .await;
-    h.server.expect("POST", PVCS, Reply::Echo).await;
+    h.server
+        .expect(
+            "GET",
+            &format!("{SNAPSHOTS}/fedora-0a1b2c3d"),
+            Reply::Ok(ready_snapshot("fedora-0a1b2c3d", "10Gi")),
+        )
+        .await;
+    let claim = h.server.expect("POST", PVCS, Reply::Echo).await.body;
+    assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "10Gi");
     h.server
         .expect(
             "GET",
@@ -645,6 +665,495 @@ async fn a_transfer_from_a_snapshot_kept_golden_image_restores_its_own_claim_onc
         seen.body["status"]
     );
     assert!(seen.body["status"].get("sourceClaim").is_none());
+    finish(task).await;
+    h.server.done().await;
+
+    // 5. The GoldenImage's snapshot is gone (deleted by hand): no claim that could never
+    // bind; the Transfer waits for the next import, saying so.
+    let mut image = golden_json();
+    image["spec"]["keepAs"] = json!("Snapshot");
+    image["status"] = json!({"currentSnapshot": "fedora-0a1b2c3d"});
+    let task = tokio::spawn(reconcile_transfer(
+        Arc::new(serde_json::from_value(object.clone()).unwrap()),
+        h.ctx.clone(),
+    ));
+    h.server.expect("GET", GI, Reply::Ok(image)).await;
+    h.server
+        .expect("GET", &format!("{PVCS}/vm-1-golden"), Reply::NotFound)
+        .await;
+    h.server
+        .expect(
+            "GET",
+            &format!("{SNAPSHOTS}/fedora-0a1b2c3d"),
+            Reply::NotFound,
+        )
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", TRANSFER_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert_eq!(
+        seen.body["status"]["message"],
+        "GoldenImage fedora's VolumeSnapshot fedora-0a1b2c3d is gone: waiting for the GoldenImage's next import"
+    );
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(10)));
+    h.server.done().await;
+}
+
+/// A VolumeSnapshot of the GoldenImage `fedora` (uid gi-1), ready, of `restore_size`.
+fn ready_snapshot(name: &str, restore_size: &str) -> Value {
+    json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+           "metadata": {"name": name, "namespace": NS,
+                        "labels": {"ferry.dev/golden-image": "gi-1"}},
+           "spec": {"source": {"persistentVolumeClaimName": name}},
+           "status": {"readyToUse": true, "restoreSize": restore_size}})
+}
+
+// ---- An earlier version imported again; a snapshot that never becomes ready ----
+
+/// The probe pod of `object`'s source (made before the poll was due), ended saying
+/// `version`.
+fn probe_said(object: &Value, version: &str) -> Value {
+    let gi: GoldenImage = serde_json::from_value(object.clone()).unwrap();
+    let args = ferry_operator::golden::probe_pod::args(&gi.spec.source);
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "fedora-version", "namespace": NS},
+        "spec": {"containers": [{"name": "probe", "image": "i", "args": args}]}});
+    probe_ended(&pod, &json!({ "version": version }).to_string())
+}
+
+/// Answers an event of `reason`: created the first time, a series after (kube's recorder
+/// counts repeats of a reason).
+async fn expect_reason(h: &mut Harness, seen: &mut Vec<String>, reason: &str) -> Value {
+    let event = if seen.iter().any(|r| r == reason) {
+        h.server.expect_event_series(NS).await
+    } else {
+        seen.push(reason.to_string());
+        h.server.expect_event(NS).await
+    };
+    assert_eq!(event.body["reason"], reason, "{}", event.body);
+    event.body
+}
+
+/// One poll of the GoldenImage `object` (kept as snapshots, its source asked by a probe
+/// pod) that finds `version`, imported to success: the import's name and the object
+/// with its status after it (its next poll due). `pruned`: the snapshot the end deletes.
+async fn import_as_snapshot(
+    h: &mut Harness,
+    events: &mut Vec<String>,
+    object: &Value,
+    version: &str,
+    pruned: Option<&str>,
+) -> (String, Value) {
+    // The poll: the probe said `version`; an import Transfer.
+    let gi: Arc<GoldenImage> = Arc::new(serde_json::from_value(object.clone()).unwrap());
+    let task = tokio::spawn(reconcile(gi, h.ctx.clone()));
+    h.server
+        .expect("GET", PROBE, Reply::Ok(probe_said(object, version)))
+        .await;
+    h.server.expect("DELETE", PROBE, Reply::Deleted).await;
+    let created = h.server.expect("POST", TRANSFERS, Reply::Echo).await.body;
+    let name = created["metadata"]["name"].as_str().unwrap().to_string();
+    let seen = h
+        .server
+        .expect("PATCH", GI_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let object = with_status(object, &json!({"status": seen.body["status"]}));
+    expect_reason(h, events, "Importing").await;
+    finish(task).await;
+    h.server.done().await;
+
+    // The copy succeeded: the claim is snapshotted.
+    let gi: Arc<GoldenImage> = Arc::new(serde_json::from_value(object.clone()).unwrap());
+    let task = tokio::spawn(reconcile(gi, h.ctx.clone()));
+    let mut done = created.clone();
+    done["status"] = json!({"phase": "Succeeded"});
+    h.server
+        .expect("GET", &format!("{TRANSFERS}/{name}"), Reply::Ok(done))
+        .await;
+    let snapshot = h.server.expect("POST", SNAPSHOTS, Reply::Echo).await.body;
+    assert_eq!(snapshot["metadata"]["name"], name.as_str());
+    let seen = h
+        .server
+        .expect("PATCH", GI_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let object = with_status(&object, &json!({"status": seen.body["status"]}));
+    h.server
+        .expect("DELETE", &format!("{TRANSFERS}/{name}"), Reply::Deleted)
+        .await;
+    expect_reason(h, events, "Snapshotting").await;
+    finish(task).await;
+    h.server.done().await;
+
+    // Ready: the claim goes, the snapshot is current, `pruned` goes.
+    let gi: Arc<GoldenImage> = Arc::new(serde_json::from_value(object.clone()).unwrap());
+    let task = tokio::spawn(reconcile(gi, h.ctx.clone()));
+    h.server
+        .expect(
+            "GET",
+            &format!("{SNAPSHOTS}/{name}"),
+            Reply::Ok(ready_snapshot(&name, "10Gi")),
+        )
+        .await;
+    h.server
+        .expect("DELETE", &format!("{PVCS}/{name}"), Reply::Deleted)
+        .await;
+    if let Some(pruned) = pruned {
+        h.server
+            .expect("DELETE", &format!("{SNAPSHOTS}/{pruned}"), Reply::Deleted)
+            .await;
+    }
+    let seen = h
+        .server
+        .expect("PATCH", GI_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let mut status = seen.body["status"].clone();
+    assert_eq!(status["currentSnapshot"], name.as_str());
+    assert_eq!(status["currentVersion"], version);
+    expect_reason(h, events, "Imported").await;
+    finish(task).await;
+    h.server.done().await;
+    status["nextPollTime"] = json!("2000-01-01T00:00:00Z");
+    (name, with_status(&object, &json!({ "status": status })))
+}
+
+#[tokio::test]
+async fn a_rolled_back_version_is_imported_anew_and_the_current_snapshot_survives_pruning() {
+    let mut h = Harness::new(settings());
+    let mut events = Vec::new();
+    let mut object = private_json();
+    object["spec"]["keepAs"] = json!("Snapshot");
+    object["spec"]["importsToKeep"] = json!(2);
+
+    // The source's tag goes A -> B -> A (a rollback upstream).
+    let a = "etag:\"A\"";
+    let (first, object) = import_as_snapshot(&mut h, &mut events, &object, a, None).await;
+    let (second, object) =
+        import_as_snapshot(&mut h, &mut events, &object, "etag:\"B\"", None).await;
+    // A again: an import of its own (not the first import's objects), and the pruned
+    // import is the first A, never the snapshot now current.
+    let (third, object) = import_as_snapshot(&mut h, &mut events, &object, a, Some(&first)).await;
+    assert_ne!(third, first);
+    assert_ne!(third, second);
+    let status = &object["status"];
+    assert_eq!(status["currentSnapshot"], third.as_str());
+    let kept: Vec<&str> = status["imports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["snapshot"].as_str().unwrap())
+        .collect();
+    assert_eq!(kept, [third.as_str(), second.as_str()]);
+
+    // A consumer still resolves: a Transfer from the GoldenImage restores the current
+    // snapshot.
+    let transfer = transfer_json();
+    let task = tokio::spawn(reconcile_transfer(
+        Arc::new(serde_json::from_value(transfer.clone()).unwrap()),
+        h.ctx.clone(),
+    ));
+    h.server.expect("GET", GI, Reply::Ok(object.clone())).await;
+    h.server
+        .expect("GET", &format!("{PVCS}/vm-1-golden"), Reply::NotFound)
+        .await;
+    h.server
+        .expect(
+            "GET",
+            &format!("{SNAPSHOTS}/{third}"),
+            Reply::Ok(ready_snapshot(&third, "10Gi")),
+        )
+        .await;
+    let claim = h.server.expect("POST", PVCS, Reply::Echo).await.body;
+    assert_eq!(claim["spec"]["dataSource"]["name"], third.as_str());
+    let seen = h
+        .server
+        .expect(
+            "PATCH",
+            "/apis/ferry.dev/v1alpha1/namespaces/vms/transfers/vm-1/status",
+            Reply::ApplyStatus(transfer.clone()),
+        )
+        .await;
+    assert!(
+        seen.body["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("VolumeSnapshot {third} into pvc/vm-1-golden")),
+        "{}",
+        seen.body["status"]
+    );
+    finish(task).await;
+    h.server.done().await;
+}
+
+#[tokio::test]
+async fn an_import_transfer_left_by_this_golden_image_is_adopted_and_another_one_is_not() {
+    let mut h = Harness::new(settings());
+    let object = golden_json();
+
+    // The create meets a Transfer this GoldenImage made (the same poll, repeated after
+    // a crash before the status was written): adopted.
+    let gi: Arc<GoldenImage> = Arc::new(serde_json::from_value(object.clone()).unwrap());
+    let task = tokio::spawn(reconcile(gi.clone(), h.ctx.clone()));
+    let refused = h
+        .server
+        .expect("POST", TRANSFERS, Reply::Conflict)
+        .await
+        .body;
+    let name = refused["metadata"]["name"].as_str().unwrap().to_string();
+    h.server
+        .expect(
+            "GET",
+            &format!("{TRANSFERS}/{name}"),
+            Reply::Ok(refused.clone()),
+        )
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", GI_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert_eq!(seen.body["status"]["importing"]["claim"], name.as_str());
+    assert_eq!(h.server.expect_event(NS).await.body["reason"], "Importing");
+    finish(task).await;
+    h.server.done().await;
+
+    // One of that name made by anything else is never followed: the poll failed, saying
+    // so, and nothing of it is deleted.
+    let task = tokio::spawn(reconcile(gi, h.ctx.clone()));
+    let refused = h
+        .server
+        .expect("POST", TRANSFERS, Reply::Conflict)
+        .await
+        .body;
+    assert_eq!(refused["metadata"]["name"], name.as_str());
+    let mut foreign = refused.clone();
+    foreign["metadata"]["labels"] = json!({"app": "mine"});
+    h.server
+        .expect("GET", &format!("{TRANSFERS}/{name}"), Reply::Ok(foreign))
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", GI_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert!(seen.body["status"].get("importing").is_none());
+    let (reason, message) = condition_of(&seen.body["status"], "Ready");
+    assert_eq!(reason, "PollFailed");
+    assert_eq!(
+        message,
+        format!("cannot start an import: Transfer {name} exists and was not made by this GoldenImage (no label ferry.dev/golden-image=gi-1); the next poll imports under another name")
+    );
+    let event = h.server.expect_event(NS).await;
+    assert_eq!(event.body["reason"], "PollFailed");
+    assert_eq!(event.body["type"], "Warning");
+    finish(task).await;
+    h.server.done().await;
+}
+
+#[tokio::test]
+async fn a_snapshot_that_never_becomes_ready_says_why_and_fails_the_import_at_its_deadline() {
+    let mut h = Harness::new(settings());
+    let mut object = private_json();
+    object["spec"]["keepAs"] = json!("Snapshot");
+    object["spec"]["volumeSnapshotClassName"] = json!("rbd-snaps");
+    let object = with_status(
+        &object,
+        &json!({"status": {
+            "currentSnapshot": "fedora-old", "currentVersion": "etag:\"v0\"",
+            "imports": [{"claim": "fedora-old", "snapshot": "fedora-old", "version": "etag:\"v0\"",
+                         "importedAt": "2026-12-05T10:00:00Z"}],
+            "importing": {"transfer": "fedora-new", "claim": "fedora-new",
+                          "version": "etag:\"v1\"", "snapshot": "fedora-new"},
+            "lastPollTime": "2026-12-06T10:00:00Z",
+            "nextPollTime": "2000-01-01T00:00:00Z"}}),
+    );
+    let now = chrono::Utc::now();
+    let stamp = |minutes_ago: i64| {
+        (now - chrono::Duration::minutes(minutes_ago))
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    };
+    let error = "Failed to get snapshot class with error volumesnapshotclass.snapshot.storage.k8s.io \"rbd-snaps\" not found";
+    let pending = |since: i64| {
+        json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+               "metadata": {"name": "fedora-new", "namespace": NS, "creationTimestamp": stamp(12)},
+               "spec": {"source": {"persistentVolumeClaimName": "fedora-new"},
+                        "volumeSnapshotClassName": "rbd-snaps"},
+               "status": {"readyToUse": false, "error": {"message": error, "time": stamp(since)}}})
+    };
+    let snapshot = format!("{SNAPSHOTS}/fedora-new");
+
+    // 1. The snapshot controller's error: in the Progressing condition, and a Warning.
+    let gi: Arc<GoldenImage> = Arc::new(serde_json::from_value(object.clone()).unwrap());
+    let task = tokio::spawn(reconcile(gi, h.ctx.clone()));
+    h.server
+        .expect("GET", &snapshot, Reply::Ok(pending(1)))
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", GI_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = seen.body["status"].clone();
+    let (reason, message) = condition_of(&status, "Progressing");
+    assert_eq!(reason, "SnapshotNotReady");
+    let fails_at = (now - chrono::Duration::minutes(1) + chrono::Duration::minutes(10))
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    assert_eq!(
+        message,
+        format!("copied into pvc/fedora-new; its VolumeSnapshot fedora-new is not ready: {error} (the import fails at {fails_at} if it is still not ready)")
+    );
+    assert_eq!(status["currentSnapshot"], "fedora-old");
+    let event = h.server.expect_event(NS).await;
+    assert_eq!(event.body["reason"], "SnapshotNotReady");
+    assert_eq!(event.body["type"], "Warning");
+    assert_eq!(event.body["note"], message.as_str());
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(5)));
+    h.server.done().await;
+
+    // 2. The same error at the next look: nothing written, no second event.
+    let object = with_status(&object, &json!({ "status": status }));
+    let gi: Arc<GoldenImage> = Arc::new(serde_json::from_value(object.clone()).unwrap());
+    let task = tokio::spawn(reconcile(gi.clone(), h.ctx.clone()));
+    h.server
+        .expect("GET", &snapshot, Reply::Ok(pending(1)))
+        .await;
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(5)));
+    h.server.done().await;
+
+    // 3. Ten minutes of that error: the import failed, its claim and snapshot deleted,
+    // the current snapshot kept.
+    let task = tokio::spawn(reconcile(gi, h.ctx.clone()));
+    h.server
+        .expect("GET", &snapshot, Reply::Ok(pending(11)))
+        .await;
+    h.server
+        .expect("DELETE", &format!("{PVCS}/fedora-new"), Reply::Deleted)
+        .await;
+    h.server.expect("DELETE", &snapshot, Reply::Deleted).await;
+    let seen = h
+        .server
+        .expect("PATCH", GI_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = seen.body["status"].clone();
+    assert!(status.get("importing").is_none(), "{status}");
+    assert_eq!(status["currentSnapshot"], "fedora-old");
+    let (reason, message) = condition_of(&status, "Ready");
+    assert_eq!(reason, "ImportFailed");
+    assert_eq!(
+        message,
+        format!("the import into pvc/fedora-new failed: its VolumeSnapshot fedora-new was not ready 10m0s after the snapshot controller reported: {error}")
+    );
+    assert_eq!(condition_of(&status, "Progressing").0, "ImportFailed");
+    let event = h.server.expect_event(NS).await;
+    assert_eq!(event.body["reason"], "ImportFailed");
+    assert_eq!(event.body["type"], "Warning");
+    assert_eq!(finish(task).await, Action::requeue(Duration::ZERO));
+    h.server.done().await;
+
+    // 4. The next fire tries the version again, as a new import.
+    let object = with_status(&object, &json!({ "status": status }));
+    let gi: Arc<GoldenImage> = Arc::new(serde_json::from_value(object.clone()).unwrap());
+    let task = tokio::spawn(reconcile(gi, h.ctx.clone()));
+    h.server
+        .expect("GET", PROBE, Reply::Ok(probe_said(&object, "etag:\"v1\"")))
+        .await;
+    h.server.expect("DELETE", PROBE, Reply::Deleted).await;
+    let created = h.server.expect("POST", TRANSFERS, Reply::Echo).await.body;
+    assert_ne!(created["metadata"]["name"], "fedora-new");
+    let seen = h
+        .server
+        .expect("PATCH", GI_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert_eq!(seen.body["status"]["importing"]["version"], "etag:\"v1\"");
+    assert_eq!(h.server.expect_event(NS).await.body["reason"], "Importing");
+    finish(task).await;
+    h.server.done().await;
+}
+
+#[tokio::test]
+async fn an_import_snapshot_of_that_name_is_adopted_only_when_it_is_this_imports_own() {
+    let mut h = Harness::new(settings());
+    let mut object = golden_json();
+    object["spec"]["keepAs"] = json!("Snapshot");
+    let object = with_status(
+        &object,
+        &json!({"status": {
+            "currentSnapshot": "fedora-old", "currentVersion": "etag:\"v0\"",
+            "imports": [{"claim": "fedora-old", "snapshot": "fedora-old", "version": "etag:\"v0\"",
+                         "importedAt": "2026-12-05T10:00:00Z"}],
+            "importing": {"transfer": "fedora-new", "claim": "fedora-new", "version": "etag:\"v1\""}}}),
+    );
+    let done = json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+        "metadata": {"name": "fedora-new", "namespace": NS},
+        "spec": {"source": {"url": "s3://images/fedora.raw"}, "targets": []},
+        "status": {"phase": "Succeeded"}});
+    let gi: Arc<GoldenImage> = Arc::new(serde_json::from_value(object.clone()).unwrap());
+
+    // 1. Its own snapshot, left by a crash before the status recorded it: adopted.
+    let task = tokio::spawn(reconcile(gi.clone(), h.ctx.clone()));
+    h.server
+        .expect(
+            "GET",
+            &format!("{TRANSFERS}/fedora-new"),
+            Reply::Ok(done.clone()),
+        )
+        .await;
+    h.server.expect("POST", SNAPSHOTS, Reply::Conflict).await;
+    let mut ours = ready_snapshot("fedora-new", "10Gi");
+    ours["status"] = json!({"readyToUse": false});
+    h.server
+        .expect("GET", &format!("{SNAPSHOTS}/fedora-new"), Reply::Ok(ours))
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", GI_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert_eq!(seen.body["status"]["importing"]["snapshot"], "fedora-new");
+    h.server
+        .expect("DELETE", &format!("{TRANSFERS}/fedora-new"), Reply::Deleted)
+        .await;
+    assert_eq!(
+        h.server.expect_event(NS).await.body["reason"],
+        "Snapshotting"
+    );
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(5)));
+    h.server.done().await;
+
+    // 2. A snapshot of that name made by someone else (or of another claim): left alone;
+    // the import failed, its claim deleted, the current snapshot kept.
+    let task = tokio::spawn(reconcile(gi, h.ctx.clone()));
+    h.server
+        .expect("GET", &format!("{TRANSFERS}/fedora-new"), Reply::Ok(done))
+        .await;
+    h.server.expect("POST", SNAPSHOTS, Reply::Conflict).await;
+    let mut foreign = ready_snapshot("fedora-new", "10Gi");
+    foreign["metadata"]["labels"] = json!({"app": "backups"});
+    h.server
+        .expect(
+            "GET",
+            &format!("{SNAPSHOTS}/fedora-new"),
+            Reply::Ok(foreign),
+        )
+        .await;
+    h.server
+        .expect("DELETE", &format!("{PVCS}/fedora-new"), Reply::Deleted)
+        .await;
+    h.server
+        .expect("DELETE", &format!("{TRANSFERS}/fedora-new"), Reply::Deleted)
+        .await;
+    let seen = h
+        .server
+        .expect("PATCH", GI_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    let status = &seen.body["status"];
+    assert!(status.get("importing").is_none(), "{status}");
+    assert_eq!(status["currentSnapshot"], "fedora-old");
+    assert_eq!(
+        condition_of(status, "Progressing").1,
+        "the import into pvc/fedora-new failed: VolumeSnapshot fedora-new exists and is not this import's snapshot of pvc/fedora-new: it is left alone"
+    );
+    assert_eq!(
+        h.server.expect_event(NS).await.body["reason"],
+        "ImportFailed"
+    );
     finish(task).await;
     h.server.done().await;
 }

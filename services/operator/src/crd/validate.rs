@@ -234,6 +234,16 @@ pub fn quantity_bytes(q: &Quantity) -> Option<u128> {
     Some(bytes)
 }
 
+/// The size a claim restored from a snapshot asks for: `asked`, or the snapshot's
+/// `restoreSize` when that is larger (a driver that rounded the volume up refuses a
+/// restore into a smaller claim).
+pub fn restore_request(asked: &Quantity, restore_size: Option<&Quantity>) -> Quantity {
+    match restore_size {
+        Some(size) if quantity_bytes(size) > quantity_bytes(asked) => size.clone(),
+        _ => asked.clone(),
+    }
+}
+
 /// An expected digest: `sha256:<64 hex>` or `blkhash:<64 hex>`, lower case.
 pub fn check_digest(field: &str, digest: &str) -> Result<(), ValidationError> {
     let ok = digest.split_once(':').is_some_and(|(algorithm, hex)| {

@@ -3,7 +3,7 @@
 //! and what an import's end records (the newest import current, the oldest beyond
 //! `importsToKeep` to delete).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 use kube::api::{DynamicObject, ObjectMeta};
@@ -18,6 +18,7 @@ use crate::crd::{
 };
 use crate::mover::pod::labels;
 use crate::schedule::build::volume_snapshot_api;
+use crate::schedule::reconcile::duration_text;
 use crate::schedule::reconcile::from_time;
 pub(crate) use crate::schedule::reconcile::to_time;
 
@@ -40,6 +41,8 @@ pub mod condition {
     pub const IMPORT_FAILED: &str = "ImportFailed";
     /// The source could not be asked for its version.
     pub const POLL_FAILED: &str = "PollFailed";
+    /// An import's VolumeSnapshot is not ready and the snapshot controller says why.
+    pub const SNAPSHOT_NOT_READY: &str = "SnapshotNotReady";
     /// The spec is not valid.
     pub const INVALID_SPEC: &str = "InvalidSpec";
 }
@@ -104,17 +107,88 @@ pub fn next(status: &GoldenImageStatus, now: DateTime<Utc>) -> Step {
     }
 }
 
-/// The claim (and Transfer) name of an import of `version` (or, for a source without a
-/// version, of the poll at `now`): `<name>-<8 hex of its hash>`.
-pub fn import_name(name: &str, version: Option<&str>, now: DateTime<Utc>) -> String {
-    let seed = version.map_or_else(
-        || format!("time:{}", now.timestamp_nanos_opt().unwrap_or_default()),
-        str::to_string,
-    );
-    let digest = Sha256::digest(seed.as_bytes());
-    let hex: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
-    let keep = 253 - hex.len() - 1;
-    format!("{}-{hex}", &name[..name.len().min(keep)])
+/// The longest name of an import's objects: a DNS label (a Transfer's name is a label
+/// value on its mover's pods and jobs).
+const NAME_MAX: usize = 63;
+
+/// The name of the import (its Transfer, claim and VolumeSnapshot) a poll of `golden`,
+/// whose status is `status`, starts for `version` (None: a source without a version):
+/// `<name>-<8 hex>`, the hex of a hash of the GoldenImage's uid, the version and the
+/// poll before this one (`status.lastPollTime`, which every poll moves). So every import
+/// has a name of its own (a version imported again, after the source rolled back, is
+/// not the earlier import's objects), while a reconcile that repeats this very poll (a
+/// crash between the Transfer's create and the status write, a read of a stale copy)
+/// names the same import and adopts what it left. A name the current import, a kept
+/// import or the import under way holds is never given (the hash is salted until it
+/// differs). At most [`NAME_MAX`] characters, dots as dashes: a DNS label.
+pub fn import_name(
+    golden: &GoldenImage,
+    status: &GoldenImageStatus,
+    version: Option<&str>,
+) -> String {
+    let name = golden.metadata.name.clone().unwrap_or_default();
+    let keep = NAME_MAX - 9;
+    let prefix = name[..name.len().min(keep)].replace('.', "-");
+    let uid = golden.metadata.uid.clone().unwrap_or_default();
+    let version = version.map_or_else(|| "none".to_string(), |v| format!("version:{v}"));
+    let run = status
+        .last_poll_time
+        .as_ref()
+        .map_or_else(|| "first".to_string(), |t| from_time(t).to_rfc3339());
+    let taken = held(status);
+    (0u32..)
+        .map(|salt| {
+            let seed = format!("{uid}\n{version}\n{run}\n{salt}");
+            let digest = Sha256::digest(seed.as_bytes());
+            let hex: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+            format!("{prefix}-{hex}")
+        })
+        .find(|n| !taken.contains(n.as_str()))
+        .unwrap_or_default()
+}
+
+/// Every name `status` holds: its current claim and snapshot, its kept imports' claims
+/// and snapshots, the import under way's.
+fn held(status: &GoldenImageStatus) -> BTreeSet<&str> {
+    let mut names: BTreeSet<&str> = BTreeSet::new();
+    names.extend(status.current_claim.as_deref());
+    names.extend(status.current_snapshot.as_deref());
+    for r in &status.imports {
+        names.insert(&r.claim);
+        names.extend(r.snapshot.as_deref());
+    }
+    if let Some(i) = &status.importing {
+        names.insert(&i.claim);
+        names.insert(&i.transfer);
+        names.extend(i.snapshot.as_deref());
+    }
+    names
+}
+
+/// `delete` without what `status` still holds: its current claim or snapshot and the
+/// claims and snapshots of the imports it keeps (an import kept as a snapshot holds no
+/// claim: its claim was deleted once the snapshot was ready).
+fn not_held(status: &GoldenImageStatus, delete: Vec<Kept>) -> Vec<Kept> {
+    let claims: BTreeSet<&str> = status
+        .imports
+        .iter()
+        .filter(|r| r.snapshot.is_none())
+        .map(|r| r.claim.as_str())
+        .chain(status.current_claim.as_deref())
+        .collect();
+    let snapshots: BTreeSet<&str> = status
+        .imports
+        .iter()
+        .filter_map(|r| r.snapshot.as_deref())
+        .chain(status.current_snapshot.as_deref())
+        .collect();
+    delete
+        .into_iter()
+        .filter(|k| match k {
+            Kept::Claim(c) => !claims.contains(c.as_str()),
+            Kept::Snapshot(s) => !snapshots.contains(s.as_str()),
+        })
+        .collect()
 }
 
 /// What a poll that found `version` leads to.
@@ -160,8 +234,7 @@ pub fn after_poll(
         );
         return AfterPoll::Unchanged(next);
     }
-    let name = golden.metadata.name.clone().unwrap_or_default();
-    let claim = import_name(&name, version, now);
+    let claim = import_name(golden, status, version);
     let transfer = import_transfer(golden, &claim);
     next.importing = Some(Importing {
         transfer: claim.clone(),
@@ -333,10 +406,130 @@ pub fn snapshotting(
     next
 }
 
+/// How long an import's VolumeSnapshot may go on reporting an error (the snapshot
+/// controller's `status.error`, since its `time`) before the import fails: a wrong
+/// `volumeSnapshotClassName`, no default class for the driver, a driver that cannot
+/// snapshot. Errors the controller clears meanwhile fail nothing.
+pub const SNAPSHOT_ERROR_DEADLINE: chrono::TimeDelta = chrono::TimeDelta::minutes(10);
+
+/// How long after its creation an import's VolumeSnapshot may stay not ready, with no
+/// error, before the import fails (a driver whose snapshotter never answers); long, as
+/// the first snapshot of a large volume on a cloud disk can take hours.
+pub const SNAPSHOT_DEADLINE: chrono::TimeDelta = chrono::TimeDelta::hours(6);
+
+/// What the cluster shows of an import's VolumeSnapshot that is not ready yet.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NotReady {
+    /// When it was created.
+    pub created: Option<DateTime<Utc>>,
+    /// The snapshot controller's error, if it reports one.
+    pub error: Option<String>,
+    /// Since when it reports that error (`status.error.time`).
+    pub error_since: Option<DateTime<Utc>>,
+}
+
+/// What an import whose VolumeSnapshot is not ready comes to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SnapshotWait {
+    /// It waits: its status (the snapshot controller's error, if any, in the Progressing
+    /// condition with the time the import fails at), and the text of a Warning event
+    /// when that error is new.
+    Waiting(Box<GoldenImageStatus>, Option<String>),
+    /// The deadline passed: why the import failed (its claim and snapshot are deleted
+    /// and the next fire imports again, [`after_import`]).
+    Expired(String),
+}
+
+/// The deadline of an import's snapshot that is `seen` not ready: [`SNAPSHOT_DEADLINE`]
+/// after its creation, or sooner [`SNAPSHOT_ERROR_DEADLINE`] after the error it shows
+/// first showed (else after its creation); None when the API gave no time to count from.
+pub fn snapshot_deadline(seen: &NotReady) -> Option<DateTime<Utc>> {
+    let made = seen.created.map(|t| t + SNAPSHOT_DEADLINE);
+    [made, error_deadline(seen)].into_iter().flatten().min()
+}
+
+/// [`SNAPSHOT_ERROR_DEADLINE`] after the error `seen` shows first showed (else after the
+/// snapshot's creation); None without an error.
+fn error_deadline(seen: &NotReady) -> Option<DateTime<Utc>> {
+    seen.error.as_ref()?;
+    seen.error_since
+        .or(seen.created)
+        .map(|t| t + SNAPSHOT_ERROR_DEADLINE)
+}
+
+/// The longest snapshot controller's error a condition quotes.
+const MAX_SNAPSHOT_ERROR: usize = 1024;
+
+/// The import `importing` whose VolumeSnapshot is `seen` not ready at `now`: it waits,
+/// saying what the snapshot controller says, or it failed once the snapshot's deadline
+/// ([`snapshot_deadline`]) passed.
+pub fn snapshot_not_ready(
+    golden: &GoldenImage,
+    status: &GoldenImageStatus,
+    importing: &Importing,
+    seen: &NotReady,
+    now: DateTime<Utc>,
+) -> SnapshotWait {
+    let name = importing.snapshot.clone().unwrap_or_default();
+    let error = seen
+        .error
+        .as_deref()
+        .map(|e| crate::events::within(e.trim(), MAX_SNAPSHOT_ERROR).to_string());
+    let deadline = snapshot_deadline(seen);
+    if deadline.is_some_and(|d| d <= now) {
+        let on_error = error_deadline(seen).is_some_and(|d| d <= now);
+        let waited = match &error {
+            Some(e) if on_error => format!(
+                "its VolumeSnapshot {name} was not ready {} after the snapshot controller reported: {e}",
+                duration_text(SNAPSHOT_ERROR_DEADLINE)
+            ),
+            Some(e) => format!(
+                "its VolumeSnapshot {name} was not ready {} after it was made; the snapshot controller reports: {e}",
+                duration_text(SNAPSHOT_DEADLINE)
+            ),
+            None => format!(
+                "its VolumeSnapshot {name} was not ready {} after it was made (the snapshot controller reported no error)",
+                duration_text(SNAPSHOT_DEADLINE)
+            ),
+        };
+        return SnapshotWait::Expired(waited);
+    }
+    let fails = deadline
+        .map(|d| {
+            let at = d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+            format!(" (the import fails at {at} if it is still not ready)")
+        })
+        .unwrap_or_default();
+    let text = match &error {
+        Some(e) => format!(
+            "copied into pvc/{}; its VolumeSnapshot {name} is not ready: {e}{fails}",
+            importing.claim
+        ),
+        None => format!(
+            "copied into pvc/{}; waiting for its VolumeSnapshot {name} to be ready{fails}",
+            importing.claim
+        ),
+    };
+    let before = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::PROGRESSING)
+        .map(|c| c.message.as_str());
+    let warning = (error.is_some() && before != Some(text.as_str())).then(|| text.clone());
+    let mut next = status.clone();
+    next.observed_generation = golden.metadata.generation;
+    let reason = match error {
+        Some(_) => condition::SNAPSHOT_NOT_READY,
+        None => condition::IMPORTING,
+    };
+    set(&mut next, condition::PROGRESSING, true, reason, &text);
+    SnapshotWait::Waiting(Box::new(next), warning)
+}
+
 /// The status after the import `importing` ended at `now`, and what to delete: on
 /// success the imports beyond `keep` (their snapshots, or their claims) and, for an
 /// import kept as a snapshot, its claim; on failure the failed import's claim and
-/// snapshot.
+/// snapshot. Never what the new status still holds (its current import, a kept one).
 pub fn after_import(
     golden: &GoldenImage,
     status: &GoldenImageStatus,
@@ -402,6 +595,7 @@ pub fn after_import(
                 condition::UP_TO_DATE,
                 &text,
             );
+            let dropped = not_held(&next, dropped);
             (next, dropped)
         }
         Ended::Failed(why) => {
@@ -423,6 +617,7 @@ pub fn after_import(
             );
             let mut delete = vec![Kept::Claim(importing.claim.clone())];
             delete.extend(importing.snapshot.clone().map(Kept::Snapshot));
+            let delete = not_held(&next, delete);
             (next, delete)
         }
     }
@@ -498,7 +693,7 @@ mod tests {
         ) else {
             panic!("a first poll imports");
         };
-        let claim = import_name("fedora", Some("etag:\"v1\""), now);
+        let claim = import_name(&g, &GoldenImageStatus::default(), Some("etag:\"v1\""));
         assert!(claim.starts_with("fedora-") && claim.len() == "fedora-".len() + 8);
         assert_eq!(transfer.metadata.name.as_deref(), Some(claim.as_str()));
         assert_eq!(
@@ -579,9 +774,9 @@ mod tests {
         assert_eq!(status.current_claim.as_deref(), Some("fedora-old"));
         assert_eq!(reason(&status, "Ready"), "True ImportFailed");
         assert!(status.importing.is_none());
-        // A source without a version imports on every fire, under a name of the time.
-        let a = import_name("fedora", None, now);
-        let b = import_name("fedora", None, now + chrono::Duration::hours(6));
+        // A source without a version imports on every fire, under a name of its own.
+        let a = import_name(&g, &GoldenImageStatus::default(), None);
+        let b = import_name(&g, &status, None);
         assert_ne!(a, b);
     }
 
@@ -681,5 +876,307 @@ mod tests {
         );
         assert_eq!(current(&after), Some(Current::Snapshot(names[1].clone())));
         assert_eq!(reason(&after, "Ready"), "True ImportFailed");
+    }
+
+    /// Runs polls of `versions` each imported to success, an hour apart: the names of the
+    /// imports, what each one's end deletes, and the last status.
+    fn imports(
+        g: &GoldenImage,
+        versions: &[&str],
+    ) -> (Vec<String>, Vec<Vec<Kept>>, GoldenImageStatus) {
+        let mut status = GoldenImageStatus::default();
+        let (mut names, mut deleted) = (Vec::new(), Vec::new());
+        for (i, v) in versions.iter().enumerate() {
+            let now = at("2026-12-06T10:00:00Z") + chrono::Duration::hours(i as i64);
+            let AfterPoll::Import(_, polled) = after_poll(g, &status, Some(v), None, now, None)
+            else {
+                panic!("a version that is not the current one imports");
+            };
+            let mut importing = polled.importing.clone().unwrap();
+            let mut polled = polled;
+            if g.spec.keep_as() == crate::crd::KeepAs::Snapshot {
+                polled = snapshotting(g, &polled, &importing);
+                importing = polled.importing.clone().unwrap();
+            }
+            let (next, dropped) = after_import(g, &polled, &importing, &Ended::Succeeded, now);
+            names.push(importing.claim.clone());
+            deleted.push(dropped);
+            status = next;
+        }
+        (names, deleted, status)
+    }
+
+    #[test]
+    fn a_version_imported_again_is_an_import_of_its_own_and_the_current_one_is_never_pruned() {
+        // The source rolled back A -> B -> A, importsToKeep 2, kept as claims and as
+        // snapshots: the second import of A has its own name; the first one of A is
+        // pruned, not the current one.
+        for keep_as in [crate::crd::KeepAs::Claim, crate::crd::KeepAs::Snapshot] {
+            let mut g = golden(2);
+            g.spec.keep_as = Some(keep_as);
+            let (names, deleted, status) = imports(&g, &["etag:a", "etag:b", "etag:a"]);
+            assert_ne!(names[2], names[0], "{keep_as:?}");
+            let held = match keep_as {
+                crate::crd::KeepAs::Claim => Current::Claim(names[2].clone()),
+                crate::crd::KeepAs::Snapshot => Current::Snapshot(names[2].clone()),
+            };
+            assert_eq!(current(&status), Some(held));
+            let kept: Vec<&str> = status.imports.iter().map(|r| r.claim.as_str()).collect();
+            assert_eq!(kept, [names[2].as_str(), names[1].as_str()], "{keep_as:?}");
+            let pruned = match keep_as {
+                crate::crd::KeepAs::Claim => vec![Kept::Claim(names[0].clone())],
+                crate::crd::KeepAs::Snapshot => vec![
+                    Kept::Claim(names[2].clone()),
+                    Kept::Snapshot(names[0].clone()),
+                ],
+            };
+            assert_eq!(deleted[2], pruned, "{keep_as:?}");
+        }
+        // keep 3, A -> B -> C -> A: the first A goes once the second is current.
+        let (names, deleted, status) =
+            imports(&golden(3), &["etag:a", "etag:b", "etag:c", "etag:a"]);
+        assert_ne!(names[3], names[0]);
+        assert_eq!(deleted[3], [Kept::Claim(names[0].clone())]);
+        assert_eq!(status.current_claim.as_deref(), Some(names[3].as_str()));
+        assert_eq!(status.imports.len(), 3);
+    }
+
+    #[test]
+    fn an_import_name_is_the_same_for_a_repeated_poll_and_never_a_held_one() {
+        let g = golden(2);
+        let polled = GoldenImageStatus {
+            last_poll_time: Some(to_time(at("2026-12-06T10:00:00Z"))),
+            ..Default::default()
+        };
+        // The same poll again (a crash before the status was written, a stale read):
+        // the same name, so the Transfer it made is adopted.
+        let name = import_name(&g, &polled, Some("etag:a"));
+        assert_eq!(import_name(&g, &polled, Some("etag:a")), name);
+        // Another poll, another version, another GoldenImage: another name.
+        let later = GoldenImageStatus {
+            last_poll_time: Some(to_time(at("2026-12-06T16:00:00Z"))),
+            ..Default::default()
+        };
+        assert_ne!(import_name(&g, &later, Some("etag:a")), name);
+        assert_ne!(import_name(&g, &polled, Some("etag:b")), name);
+        assert_ne!(import_name(&g, &polled, None), name);
+        let mut other = g.clone();
+        other.metadata.uid = Some("gi-2".into());
+        assert_ne!(import_name(&other, &polled, Some("etag:a")), name);
+        // A name some record holds (a hash that collided) is never given.
+        for held in [
+            GoldenImageStatus {
+                current_claim: Some(name.clone()),
+                ..polled.clone()
+            },
+            GoldenImageStatus {
+                current_snapshot: Some(name.clone()),
+                ..polled.clone()
+            },
+            GoldenImageStatus {
+                imports: vec![ImportRecord {
+                    claim: name.clone(),
+                    snapshot: None,
+                    version: "etag:a".into(),
+                    imported_at: to_time(at("2026-12-05T10:00:00Z")),
+                }],
+                ..polled.clone()
+            },
+        ] {
+            let other = import_name(&g, &held, Some("etag:a"));
+            assert_ne!(other, name);
+            assert!(other.starts_with("fedora-") && other.len() == 15, "{other}");
+        }
+        // A long dotted name: a DNS label of at most 63 characters.
+        let mut long = g.clone();
+        long.metadata.name = Some(format!("images.{}", "f".repeat(240)));
+        let name = import_name(&long, &polled, Some("etag:a"));
+        assert_eq!(name.len(), 63);
+        assert!(
+            name.starts_with("images-fff") && !name.contains('.'),
+            "{name}"
+        );
+    }
+
+    #[test]
+    fn a_failed_import_never_deletes_what_the_golden_image_holds() {
+        // An import recorded by an earlier operator under the current import's name (the
+        // version's hash) fails: the current claim and snapshot stay.
+        let mut g = golden(2);
+        g.spec.keep_as = Some(crate::crd::KeepAs::Snapshot);
+        let status = GoldenImageStatus {
+            current_snapshot: Some("fedora-aaaa0000".into()),
+            imports: vec![ImportRecord {
+                claim: "fedora-aaaa0000".into(),
+                snapshot: Some("fedora-aaaa0000".into()),
+                version: "etag:a".into(),
+                imported_at: to_time(at("2026-12-05T10:00:00Z")),
+            }],
+            ..Default::default()
+        };
+        let importing = Importing {
+            transfer: "fedora-aaaa0000".into(),
+            claim: "fedora-aaaa0000".into(),
+            version: "etag:a".into(),
+            snapshot: Some("fedora-aaaa0000".into()),
+        };
+        let end = Ended::Failed("its VolumeSnapshot was deleted before it was ready".into());
+        let (after, delete) =
+            after_import(&g, &status, &importing, &end, at("2026-12-06T10:00:00Z"));
+        // The claim of a snapshot-kept import is gone already: deleting it is harmless.
+        assert_eq!(delete, [Kept::Claim("fedora-aaaa0000".into())]);
+        assert_eq!(after.current_snapshot.as_deref(), Some("fedora-aaaa0000"));
+        // Kept as claims: nothing is deleted.
+        g.spec.keep_as = Some(crate::crd::KeepAs::Claim);
+        let status = GoldenImageStatus {
+            current_claim: Some("fedora-aaaa0000".into()),
+            current_snapshot: None,
+            imports: vec![ImportRecord {
+                snapshot: None,
+                ..status.imports[0].clone()
+            }],
+            ..status
+        };
+        let importing = Importing {
+            snapshot: None,
+            ..importing
+        };
+        let (_, delete) = after_import(&g, &status, &importing, &end, at("2026-12-06T10:00:00Z"));
+        assert!(delete.is_empty(), "{delete:?}");
+    }
+
+    #[test]
+    fn a_snapshot_not_ready_says_why_once_and_fails_the_import_at_its_deadline() {
+        let mut g = golden(2);
+        g.spec.keep_as = Some(crate::crd::KeepAs::Snapshot);
+        let importing = Importing {
+            transfer: "fedora-1".into(),
+            claim: "fedora-1".into(),
+            version: "etag:b".into(),
+            snapshot: Some("fedora-1".into()),
+        };
+        let status = snapshotting(
+            &g,
+            &GoldenImageStatus {
+                current_snapshot: Some("fedora-0".into()),
+                ..Default::default()
+            },
+            &importing,
+        );
+        let created = at("2026-12-06T10:00:00Z");
+        let error = "Failed to get snapshot class with error volumesnapshotclass.snapshot.storage.k8s.io \"rbd-snaps\" not found";
+        let failing = NotReady {
+            created: Some(created),
+            error: Some(error.into()),
+            error_since: Some(created + chrono::Duration::minutes(1)),
+        };
+        assert_eq!(
+            snapshot_deadline(&failing),
+            Some(at("2026-12-06T10:11:00Z"))
+        );
+        // The error, first seen: in the Progressing condition, and a Warning.
+        let now = at("2026-12-06T10:02:00Z");
+        let SnapshotWait::Waiting(next, Some(warning)) =
+            snapshot_not_ready(&g, &status, &importing, &failing, now)
+        else {
+            panic!("a new error waits with a warning");
+        };
+        let text = format!("copied into pvc/fedora-1; its VolumeSnapshot fedora-1 is not ready: {error} (the import fails at 2026-12-06T10:11:00Z if it is still not ready)");
+        assert_eq!(warning, text);
+        let progressing = next
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Progressing")
+            .unwrap();
+        assert_eq!(progressing.message, text);
+        assert_eq!(progressing.reason, "SnapshotNotReady");
+        assert_eq!(reason(&next, "Ready"), reason(&status, "Ready"));
+        // Seen again: the same status, no second warning.
+        let later = at("2026-12-06T10:10:59Z");
+        assert_eq!(
+            snapshot_not_ready(&g, &next, &importing, &failing, later),
+            SnapshotWait::Waiting(next.clone(), None)
+        );
+        // Another error: said again.
+        let other = NotReady {
+            error: Some("driver timeout".into()),
+            ..failing.clone()
+        };
+        let SnapshotWait::Waiting(_, Some(warning)) =
+            snapshot_not_ready(&g, &next, &importing, &other, later)
+        else {
+            panic!("another error warns again");
+        };
+        assert!(
+            warning.contains("is not ready: driver timeout"),
+            "{warning}"
+        );
+        // Past the deadline: the import failed, saying why, and after_import deletes its
+        // claim and snapshot and keeps the current one.
+        let SnapshotWait::Expired(why) =
+            snapshot_not_ready(&g, &next, &importing, &failing, at("2026-12-06T10:11:00Z"))
+        else {
+            panic!("the deadline passed");
+        };
+        assert_eq!(
+            why,
+            format!("its VolumeSnapshot fedora-1 was not ready 10m0s after the snapshot controller reported: {error}")
+        );
+        let (after, delete) = after_import(
+            &g,
+            &next,
+            &importing,
+            &Ended::Failed(why),
+            at("2026-12-06T10:11:00Z"),
+        );
+        assert_eq!(
+            delete,
+            [
+                Kept::Claim("fedora-1".into()),
+                Kept::Snapshot("fedora-1".into())
+            ]
+        );
+        assert!(after.importing.is_none());
+        assert_eq!(after.current_snapshot.as_deref(), Some("fedora-0"));
+        assert_eq!(reason(&after, "Progressing"), "False ImportFailed");
+        // No error: no warning, and six hours from its creation.
+        let slow = NotReady {
+            created: Some(created),
+            ..NotReady::default()
+        };
+        let SnapshotWait::Waiting(quiet, None) =
+            snapshot_not_ready(&g, &status, &importing, &slow, at("2026-12-06T15:59:59Z"))
+        else {
+            panic!("a slow snapshot without an error waits quietly");
+        };
+        assert_eq!(reason(&quiet, "Progressing"), "True Importing");
+        assert!(matches!(
+            snapshot_not_ready(&g, &status, &importing, &slow, at("2026-12-06T16:00:00Z")),
+            SnapshotWait::Expired(why) if why.contains("not ready 6h0m0s after it was made")
+        ));
+        // An error the controller keeps renewing still ends six hours after creation.
+        let renewed = NotReady {
+            error_since: Some(at("2026-12-06T15:55:00Z")),
+            ..failing.clone()
+        };
+        assert_eq!(
+            snapshot_deadline(&renewed),
+            Some(at("2026-12-06T16:00:00Z"))
+        );
+        assert!(matches!(
+            snapshot_not_ready(&g, &status, &importing, &renewed, at("2026-12-06T16:00:00Z")),
+            SnapshotWait::Expired(why) if why.ends_with(&format!("not ready 6h0m0s after it was made; the snapshot controller reports: {error}"))
+        ));
+        // An error without a time counts from the snapshot's creation; no time at all
+        // never expires.
+        let untimed = NotReady {
+            error_since: None,
+            ..failing
+        };
+        assert_eq!(
+            snapshot_deadline(&untimed),
+            Some(at("2026-12-06T10:10:00Z"))
+        );
+        assert_eq!(snapshot_deadline(&NotReady::default()), None);
     }
 }

@@ -3,6 +3,8 @@
 //! - an import under way: its Transfer read; once it ended, the status records it (the
 //!   newest import current, or the failure), the Transfer is deleted (its claim stays),
 //!   and the claims of imports beyond `importsToKeep` (or of the failed import) deleted;
+//!   an import kept as a snapshot waits for its VolumeSnapshot, saying what the snapshot
+//!   controller reports, and fails past [`plan::snapshot_deadline`];
 //! - a poll due: the source's version asked ([`super::probe`]; only an HTTP(S) URL
 //!   without `http` options is asked: the operator reads no Secret values), and a changed
 //!   or unknown version starts an import Transfer into a new claim;
@@ -25,10 +27,10 @@ use kube::{Api, Client, ResourceExt};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::kind::apply_status;
-use crate::crd::{GoldenImage, GoldenImageStatus, KeepAs, Transfer};
+use crate::crd::{GoldenImage, GoldenImageStatus, Importing, KeepAs, Transfer};
 use crate::schedule::build::{snapshot_state, volume_snapshot_api, SnapshotState};
 
-use super::plan::{self, condition, AfterPoll, Ended, Kept, Step};
+use super::plan::{self, condition, AfterPoll, Ended, Kept, NotReady, SnapshotWait, Step};
 use super::probe;
 use super::probe_pod::{self, Asker, Seen};
 use super::report::Probed;
@@ -113,39 +115,37 @@ pub async fn reconcile(obj: Arc<GoldenImage>, ctx: Arc<Context>) -> Result<Actio
             let mut transfer_left = false;
             let end = match &importing.snapshot {
                 // The copy is done; the import ends when its snapshot is ready.
-                Some(name) => match snapshots.get_opt(name).await? {
-                    None => Ended::Failed(format!(
-                        "its VolumeSnapshot {name} was deleted before it was ready"
-                    )),
-                    Some(snapshot) => match snapshot_state(&snapshot) {
-                        SnapshotState::Ready(_) => Ended::Succeeded,
-                        SnapshotState::Pending(_) => {
-                            return Ok(Action::requeue(SNAPSHOT_LOOK));
-                        }
-                    },
-                },
+                Some(name) => {
+                    let looked =
+                        look_at_snapshot(&ctx, &obj, &status, &importing, &snapshots, name, now);
+                    match looked.await? {
+                        Ok(end) => end,
+                        Err(action) => return Ok(action),
+                    }
+                }
                 None => {
                     let transfer = transfers.get_opt(&importing.transfer).await?;
                     let end = plan::ended(transfer.as_ref());
                     if end == Ended::Running {
                         return Ok(Action::requeue(FOLLOW_AGAIN));
                     }
+                    transfer_left = transfer.is_some();
                     if end == Ended::Succeeded && obj.spec.keep_as() == KeepAs::Snapshot {
                         let snapshot = plan::import_snapshot(&obj, &importing.claim);
-                        match snapshots.create(&PostParams::default(), &snapshot).await {
-                            Ok(_) => {}
-                            Err(kube::Error::Api(e)) if e.code == 409 => {}
-                            Err(e) => return Err(e.into()),
+                        match make_snapshot(&snapshots, &obj, &snapshot, &importing.claim).await? {
+                            None => {
+                                let next = plan::snapshotting(&obj, &status, &importing);
+                                write(&ctx, &obj, &status, &next).await?;
+                                delete_transfer(&transfers, &importing.transfer).await?;
+                                ctx.event(obj.as_ref(), false, "Snapshotting", &progressing(&next))
+                                    .await;
+                                return Ok(Action::requeue(SNAPSHOT_LOOK));
+                            }
+                            Some(refused) => Ended::Failed(refused),
                         }
-                        let next = plan::snapshotting(&obj, &status, &importing);
-                        write(&ctx, &obj, &status, &next).await?;
-                        delete_transfer(&transfers, &importing.transfer).await?;
-                        ctx.event(obj.as_ref(), false, "Snapshotting", &progressing(&next))
-                            .await;
-                        return Ok(Action::requeue(SNAPSHOT_LOOK));
+                    } else {
+                        end
                     }
-                    transfer_left = transfer.is_some();
-                    end
                 }
             };
             let (next, delete) = plan::after_import(&obj, &status, &importing, &end, now);
@@ -195,10 +195,12 @@ pub async fn reconcile(obj: Arc<GoldenImage>, ctx: Arc<Context>) -> Result<Actio
                     write(&ctx, &obj, &status, &next).await?;
                 }
                 AfterPoll::Import(transfer, next) => {
-                    match transfers.create(&PostParams::default(), &transfer).await {
-                        Ok(_) => {}
-                        Err(kube::Error::Api(e)) if e.code == 409 => {}
-                        Err(e) => return Err(e.into()),
+                    if let Some(refused) = make_transfer(&transfers, &obj, &transfer).await? {
+                        let next = plan::poll_failed(&obj, &status, &refused, now, next_fire);
+                        write(&ctx, &obj, &status, &next).await?;
+                        ctx.event(obj.as_ref(), true, condition::POLL_FAILED, &refused)
+                            .await;
+                        return Ok(Action::requeue(Duration::ZERO));
                     }
                     write(&ctx, &obj, &status, &next).await?;
                     ctx.event(
@@ -317,6 +319,122 @@ async fn ask_by_pod(
             "asking the source for its version (pod {name}): {why}"
         )),
     })
+}
+
+/// Looks at the VolumeSnapshot `name` of the import `importing`: how the import ended
+/// (ready; deleted; not ready past its deadline, [`plan::snapshot_not_ready`]), or, while
+/// it waits, Err(when to look again) once the status says what the snapshot controller
+/// reports (and a Warning event says a new error).
+async fn look_at_snapshot(
+    ctx: &Context,
+    obj: &GoldenImage,
+    status: &GoldenImageStatus,
+    importing: &Importing,
+    snapshots: &Api<DynamicObject>,
+    name: &str,
+    now: chrono::DateTime<Utc>,
+) -> Result<Result<Ended, Action>, Error> {
+    let Some(snapshot) = snapshots.get_opt(name).await? else {
+        return Ok(Ok(Ended::Failed(format!(
+            "its VolumeSnapshot {name} was deleted before it was ready"
+        ))));
+    };
+    let error = match snapshot_state(&snapshot) {
+        SnapshotState::Ready(_) => return Ok(Ok(Ended::Succeeded)),
+        SnapshotState::Pending(error) => error,
+    };
+    let seen = not_ready(&snapshot, error);
+    match plan::snapshot_not_ready(obj, status, importing, &seen, now) {
+        SnapshotWait::Expired(why) => Ok(Ok(Ended::Failed(why))),
+        SnapshotWait::Waiting(next, warning) => {
+            write(ctx, obj, status, &next).await?;
+            if let Some(text) = warning {
+                ctx.event(obj, true, condition::SNAPSHOT_NOT_READY, &text)
+                    .await;
+            }
+            Ok(Err(Action::requeue(SNAPSHOT_LOOK)))
+        }
+    }
+}
+
+/// Whether `meta` carries `obj`'s uid as its [`plan::GOLDEN_IMAGE_UID`] label: an object
+/// this GoldenImage made.
+fn made_by(meta: &kube::api::ObjectMeta, obj: &GoldenImage) -> bool {
+    let uid = obj.metadata.uid.as_deref().unwrap_or_default();
+    meta.labels
+        .as_ref()
+        .and_then(|l| l.get(plan::GOLDEN_IMAGE_UID))
+        .is_some_and(|v| !uid.is_empty() && v == uid)
+}
+
+/// Creates an import's Transfer. One of that name already there is this very import's
+/// when this GoldenImage made it (a poll repeated after a crash, or on a stale read:
+/// [`plan::import_name`] gives each import a name of its own and never a kept import's),
+/// and is adopted; one made by anything else is never used: Some(why).
+async fn make_transfer(
+    transfers: &Api<Transfer>,
+    obj: &GoldenImage,
+    transfer: &Transfer,
+) -> Result<Option<String>, Error> {
+    match transfers.create(&PostParams::default(), transfer).await {
+        Ok(_) => Ok(None),
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            let name = transfer.metadata.name.clone().unwrap_or_default();
+            match transfers.get_opt(&name).await? {
+                Some(t) if made_by(&t.metadata, obj) => Ok(None),
+                _ => Ok(Some(format!(
+                    "cannot start an import: Transfer {name} exists and was not made by this GoldenImage (no label {}={}); the next poll imports under another name",
+                    plan::GOLDEN_IMAGE_UID,
+                    obj.metadata.uid.clone().unwrap_or_default()
+                ))),
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Creates an import's VolumeSnapshot of `claim`. One of that name already there is
+/// adopted only when this GoldenImage made it of that claim (the import's own, left by
+/// a crash before the status recorded it); else Some(why the import fails) and it is
+/// left alone.
+async fn make_snapshot(
+    snapshots: &Api<DynamicObject>,
+    obj: &GoldenImage,
+    snapshot: &DynamicObject,
+    claim: &str,
+) -> Result<Option<String>, Error> {
+    match snapshots.create(&PostParams::default(), snapshot).await {
+        Ok(_) => Ok(None),
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            let name = snapshot.metadata.name.clone().unwrap_or_default();
+            let ours = snapshots.get_opt(&name).await?.is_some_and(|s| {
+                made_by(&s.metadata, obj)
+                    && s.data["spec"]["source"]["persistentVolumeClaimName"].as_str() == Some(claim)
+            });
+            Ok((!ours).then(|| {
+                format!("VolumeSnapshot {name} exists and is not this import's snapshot of pvc/{claim}: it is left alone")
+            }))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// What `snapshot`, not ready, shows: its creation, the snapshot controller's `error`
+/// and since when (`status.error.time`).
+fn not_ready(snapshot: &DynamicObject, error: Option<String>) -> NotReady {
+    let error_since = snapshot.data["status"]["error"]["time"]
+        .as_str()
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .map(|t| t.with_timezone(&Utc));
+    NotReady {
+        created: snapshot
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(crate::schedule::reconcile::from_time),
+        error,
+        error_since,
+    }
 }
 
 /// Deletes an import's Transfer (its claim stays: `claimRetention: Retain`).

@@ -4,15 +4,16 @@
 //! Transfer is reconciled as one whose source is that claim (a storage clone where the
 //! storage can, a copy otherwise). A GoldenImage that keeps its imports as VolumeSnapshots
 //! names a snapshot: the Transfer restores it into a claim of its own
-//! (`<transfer>-golden`, owned by it), waits until that is bound (unless its class binds
-//! at the first consumer) and records it.
+//! (`<transfer>-golden`, owned by it, as large as the snapshot's `restoreSize` at least),
+//! waits until that is bound (unless its class binds at the first consumer) and records it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::PostParams;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{DynamicObject, PostParams};
 use kube::runtime::controller::Action;
 use kube::{Api, Resource};
 use serde_json::json;
@@ -23,8 +24,10 @@ use crate::controller::error::Error;
 use crate::controller::kind::{write_status, Ids};
 use crate::controller::plan as mover_plan;
 use crate::crd::status::condition::reason;
+use crate::crd::validate::restore_request;
 use crate::crd::{Endpoint, GoldenImage, PvcRef, Transfer, VolumeMode};
 use crate::mover::pod::labels;
+use crate::schedule::build::{snapshot_state, volume_snapshot_api, SnapshotState};
 
 use super::Current;
 
@@ -112,13 +115,14 @@ pub fn restored_claim_name(transfer: &str) -> String {
 pub const RESTORED_FOR: &str = "ferry.dev/golden-image-source-of";
 
 /// The claim restored from the GoldenImage's snapshot `snapshot` for `transfer`: shaped
-/// as the GoldenImage's import claims (size, class, volume and access modes), owned by
-/// the Transfer (it goes with it).
+/// as the GoldenImage's import claims (class, volume and access modes; their size, or the
+/// snapshot's `restoreSize` when that is larger), owned by the Transfer (it goes with it).
 pub fn restored_claim(
     transfer: &Transfer,
     ids: &Ids,
     golden: &GoldenImage,
     snapshot: &str,
+    restore_size: Option<&Quantity>,
 ) -> Result<PersistentVolumeClaim, Error> {
     let spec = &golden.spec.claim;
     let access_modes = match &spec.access_modes {
@@ -136,7 +140,7 @@ pub fn restored_claim(
         "spec": {
             "accessModes": access_modes,
             "volumeMode": spec.volume_mode.unwrap_or(VolumeMode::Filesystem),
-            "resources": {"requests": {"storage": spec.size}},
+            "resources": {"requests": {"storage": restore_request(&spec.size, restore_size)}},
             "dataSource": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",
                            "name": snapshot},
         },
@@ -182,9 +186,26 @@ async fn restore(
             ))
         }
         None => {
+            let snapshots: Api<DynamicObject> =
+                Api::namespaced_with(ctx.client.clone(), &ids.namespace, &volume_snapshot_api());
+            let restore_size = match snapshots.get_opt(snapshot).await? {
+                Some(s) => match snapshot_state(&s) {
+                    SnapshotState::Ready(size) => size,
+                    SnapshotState::Pending(_) => None,
+                },
+                None => {
+                    return Ok((
+                        None,
+                        format!(
+                            "GoldenImage {}'s VolumeSnapshot {snapshot} is gone: waiting for the GoldenImage's next import",
+                            golden.metadata.name.clone().unwrap_or_default()
+                        ),
+                    ))
+                }
+            };
             let mut golden = golden.clone();
             ctx.class_defaults.fill_import_claim(&mut golden.spec.claim);
-            let pvc = restored_claim(obj, ids, &golden, snapshot)?;
+            let pvc = restored_claim(obj, ids, &golden, snapshot, restore_size.as_ref())?;
             match claims.create(&PostParams::default(), &pvc).await {
                 Ok(created) => created,
                 Err(kube::Error::Api(e)) if e.code == 409 => return Ok((None, String::new())),
@@ -225,4 +246,47 @@ async fn restore(
             golden.metadata.name.clone().unwrap_or_default()
         ),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restored_claim_is_as_large_as_the_snapshot_at_least() {
+        let transfer: Transfer = serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+            "metadata": {"name": "vm-1", "namespace": "vms", "uid": "t-1"},
+            "spec": {"source": {"goldenImage": {"name": "fedora"}},
+                     "targets": [{"pvcTemplate": {"name": "vm-1-disk", "size": "10Gi"}}]},
+        }))
+        .unwrap();
+        let golden: GoldenImage = serde_json::from_value(json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "GoldenImage",
+            "metadata": {"name": "fedora", "namespace": "vms", "uid": "gi-1"},
+            "spec": {"source": {"url": "https://images.example.com/fedora.qcow2"},
+                     "trigger": {"schedule": "@daily"}, "keepAs": "Snapshot",
+                     "claim": {"size": "10Gi", "storageClassName": "rbd", "volumeMode": "Block"}},
+        }))
+        .unwrap();
+        let ids = Ids::of(&transfer).unwrap();
+        let spec = |restore: Option<&str>| {
+            let size = restore.map(|r| Quantity(r.into()));
+            let claim = restored_claim(&transfer, &ids, &golden, "fedora-1", size.as_ref());
+            serde_json::to_value(claim.unwrap().spec).unwrap()
+        };
+        let expected = |storage: &str| {
+            json!({"accessModes": ["ReadWriteOnce"], "volumeMode": "Block",
+                   "storageClassName": "rbd", "resources": {"requests": {"storage": storage}},
+                   "dataSource": {"apiGroup": "snapshot.storage.k8s.io",
+                                  "kind": "VolumeSnapshot", "name": "fedora-1"}})
+        };
+        // A driver that rounded the 10Gi volume up to 10.5Gi: the claim asks for that.
+        assert_eq!(spec(Some("10752Mi")), expected("10752Mi"));
+        assert_eq!(spec(Some("11000000000")), expected("11000000000"));
+        // A smaller or equal restoreSize, or none: the GoldenImage's size.
+        assert_eq!(spec(Some("10Gi")), expected("10Gi"));
+        assert_eq!(spec(Some("5Gi")), expected("10Gi"));
+        assert_eq!(spec(None), expected("10Gi"));
+    }
 }

@@ -175,8 +175,9 @@ fn golden_source(t: &mut Transfer, world: &mut World<'_>) -> Option<(Look, Strin
                         name: t.metadata.name.clone().unwrap_or_default(),
                         uid: t.metadata.uid.clone().unwrap_or_default(),
                     };
+                    // A file holds no snapshot's restoreSize: the GoldenImage's size.
                     let restored = image.and_then(|g| {
-                        crate::golden::source::restored_claim(t, &ids, g, &snapshot).ok()
+                        crate::golden::source::restored_claim(t, &ids, g, &snapshot, None).ok()
                     });
                     restored.map(|claim| {
                         world.create_claim(&claim);
