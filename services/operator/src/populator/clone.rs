@@ -24,7 +24,7 @@ use serde_json::json;
 
 use crate::clone::reconcile::{facts, observe_claim, observe_classes};
 use crate::clone::strategy::{self, ClaimFacts, Decision};
-use crate::crd::validate::quantity_bytes;
+use crate::crd::validate::{quantity_bytes, restore_request};
 use crate::crd::{
     AccessMode, GoldenImage, PvcRef, PvcTemplate, Transfer, TransferTarget, VolumeImageSource,
     VolumeMode,
@@ -308,14 +308,9 @@ pub fn prime_claim(
             }
         });
     }
-    if let Some(size) = restore_size {
-        let requests = spec.resources.as_mut().and_then(|r| r.requests.as_mut());
-        if let Some(requests) = requests {
-            let asked = requests.get("storage").and_then(quantity_bytes);
-            if quantity_bytes(size) > asked {
-                requests.insert("storage".to_string(), size.clone());
-            }
-        }
+    let requests = spec.resources.as_mut().and_then(|r| r.requests.as_mut());
+    if let Some(asked) = requests.and_then(|r| r.get_mut("storage")) {
+        *asked = restore_request(asked, restore_size);
     }
     prime
 }
