@@ -395,6 +395,8 @@ pub fn facts(
                     name,
                     provisioner: c.provisioner.clone(),
                     expands: c.allow_volume_expansion == Some(true),
+                    binds_when_used: c.volume_binding_mode.as_deref()
+                        == Some("WaitForFirstConsumer"),
                 }
             })
             .collect(),
