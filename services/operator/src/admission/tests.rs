@@ -264,6 +264,44 @@ async fn the_webhook_answers_over_https_with_a_certificate_from_the_ca() {
     serving.abort();
 }
 
+/// Once the clone started (the old object records its child), an update that changes the
+/// source (also into the Transfer's own namespace, where the source no longer names
+/// another one) or the targets is refused saying why; other updates are not.
+#[test]
+fn a_started_clone_refuses_a_changed_source_or_targets() {
+    let stamped = transfer(
+        Some("images"),
+        Some(json!({REQUESTER: stamp_of("alice", "images/golden")})),
+    );
+    let mut started = stamped.clone();
+    started["status"] = json!({"cloneTransfer": "images/xns-u-1", "phase": "Running"});
+    let mut moved = stamped.clone();
+    moved["spec"]["source"]["pvc"] = json!({"name": "golden"});
+    let mut grown = stamped.clone();
+    grown["spec"]["targets"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"pvcTemplate": {"name": "disk-2", "size": "10Gi"}}));
+    for (edited, what) in [(&moved, "spec.source"), (&grown, "spec.targets")] {
+        let (response, patch) = respond(&review("UPDATE", "alice", edited, Some(&started)));
+        assert_eq!(response["allowed"], false, "{response}");
+        assert_eq!(response["status"]["code"], 422);
+        assert_eq!(
+            response["status"]["message"],
+            format!("{what} of a Transfer from a claim in another namespace cannot change once its clone started (its child Transfer images/xns-u-1 fills the claims of the spec it was made from): create a new Transfer instead")
+        );
+        assert!(patch.is_none());
+        // Before the child exists, the same edit is allowed.
+        let (response, _) = respond(&review("UPDATE", "alice", edited, Some(&stamped)));
+        assert_eq!(response["allowed"], true, "{response}");
+    }
+    let mut labelled = started.clone();
+    labelled["metadata"]["labels"] = json!({"team": "a"});
+    let (response, patch) = respond(&review("UPDATE", "alice", &labelled, Some(&started)));
+    assert_eq!(response, json!({"uid": "req-1", "allowed": true}));
+    assert!(patch.is_none());
+}
+
 /// A TLS client trusting only `ca`, for the webhook's Service name.
 fn client_for(ca: &crate::mover::tls::MoverCa) -> tokio_rustls::TlsConnector {
     use rustls::pki_types::pem::PemObject;
