@@ -504,7 +504,9 @@ fn volumes(cluster: &Cluster) -> Vec<(String, String, String)> {
 
 /// Whether a change the stand-in recorded set a volume's policy to Retain for a
 /// hand-over (the scenario reached it).
-fn some_volume_was_taken(changes: &mut tokio::sync::mpsc::UnboundedReceiver<ferry_testkit::kube::Sent>) -> bool {
+fn some_volume_was_taken(
+    changes: &mut tokio::sync::mpsc::UnboundedReceiver<ferry_testkit::kube::Sent>,
+) -> bool {
     let mut taken = false;
     while let Ok((_, pv, _)) = changes.try_recv() {
         taken |= pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain";
@@ -538,7 +540,10 @@ async fn a_conflict_part_way_through_the_hand_over_gives_every_volume_back() {
         message.contains("pvc/vm-b already exists and was not created by this Transfer"),
         "{message}"
     );
-    assert!(some_volume_was_taken(&mut taken), "vm-a's volume was never set to Retain");
+    assert!(
+        some_volume_was_taken(&mut taken),
+        "vm-a's volume was never set to Retain"
+    );
     let kept = |cluster: &Cluster| {
         let mut claims: Vec<String> = volumes(cluster).into_iter().map(|v| v.2).collect();
         claims.sort();
@@ -559,7 +564,9 @@ async fn a_conflict_part_way_through_the_hand_over_gives_every_volume_back() {
             && in_source_namespace(&cluster, "", "persistentvolumeclaims") == ["golden"]
     })
     .await;
-    assert!(cluster.get("", "persistentvolumeclaims", NS, "vm-a").is_none());
+    assert!(cluster
+        .get("", "persistentvolumeclaims", NS, "vm-a")
+        .is_none());
     assert_no_refusal(&cluster);
 }
 
@@ -590,12 +597,16 @@ async fn deleting_the_transfer_during_the_hand_over_leaves_no_volume_behind() {
         .delete("vm", &Default::default())
         .await
         .unwrap();
-    until(30, "the Transfer, its child, claims and volumes to go", || {
-        cluster.get("ferry.dev", "transfers", NS, "vm").is_none()
-            && in_source_namespace(&cluster, "ferry.dev", "transfers").is_empty()
-            && in_source_namespace(&cluster, "", "persistentvolumeclaims") == ["golden"]
-            && volumes(&cluster).len() == 1
-    })
+    until(
+        30,
+        "the Transfer, its child, claims and volumes to go",
+        || {
+            cluster.get("ferry.dev", "transfers", NS, "vm").is_none()
+                && in_source_namespace(&cluster, "ferry.dev", "transfers").is_empty()
+                && in_source_namespace(&cluster, "", "persistentvolumeclaims") == ["golden"]
+                && volumes(&cluster).len() == 1
+        },
+    )
     .await;
     let left = volumes(&cluster);
     assert_eq!(left[0].2, format!("{SOURCE_NS}/golden"), "{left:?}");
@@ -617,7 +628,10 @@ async fn a_source_or_targets_changed_after_the_child_exists_fail_the_transfer() 
     // Movers that take a long time: the child is still running when the spec changes.
     let _operator = super::start_with(&cluster, settings(), std::time::Duration::from_secs(600));
     for (name, edit) in [
-        ("moved", json!({"spec": {"source": {"pvc": {"name": "golden", "namespace": null}}}})),
+        (
+            "moved",
+            json!({"spec": {"source": {"pvc": {"name": "golden", "namespace": null}}}}),
+        ),
         (
             "grown",
             json!({"spec": {"targets": [
@@ -691,8 +705,10 @@ async fn a_clone_into_a_class_bound_at_first_use_is_copied_and_handed_over() {
     let cluster = cluster();
     cluster.add_namespace(SOURCE_NS, &[], &[]);
     cluster.add_storage_class("rbd-local", "rbd.csi.ceph.com", true, false);
-    cluster.create(json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "StorageClassProfile",
-        "metadata": {"name": "rbd-local"}, "spec": {"cloneStrategy": "csi-clone"}}));
+    cluster.create(
+        json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "StorageClassProfile",
+        "metadata": {"name": "rbd-local"}, "spec": {"cloneStrategy": "csi-clone"}}),
+    );
     // The golden claim, bound on node-a (where a pod once used it).
     cluster.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
         "metadata": {"name": "golden", "namespace": SOURCE_NS,
@@ -710,7 +726,9 @@ async fn a_clone_into_a_class_bound_at_first_use_is_copied_and_handed_over() {
     .await;
     let t = cluster.get("ferry.dev", "transfers", NS, "vm").unwrap();
     assert_eq!(t["status"]["cloneStrategy"], "copy", "{t}");
-    let why = t["status"]["cloneFallbackReason"].as_str().unwrap_or_default();
+    let why = t["status"]["cloneFallbackReason"]
+        .as_str()
+        .unwrap_or_default();
     assert!(
         why.contains("binds at its first consumer (WaitForFirstConsumer)"),
         "{why}"

@@ -843,7 +843,8 @@ fn the_webhook_match_condition_selects_only_cross_namespace_transfers() {
         squeeze(&chart).contains(&squeeze(&expression)),
         "the chart's matchConditions differ from deploy/'s"
     );
-    let other = serde_json::json!({"spec": {"source": {"pvc": {"name": "g", "namespace": "images"}}}});
+    let other =
+        serde_json::json!({"spec": {"source": {"pvc": {"name": "g", "namespace": "images"}}}});
     let own = serde_json::json!({"spec": {"source": {"pvc": {"name": "g"}}}});
     // [object, oldObject (null on CREATE), the request's namespace, sent?]
     let cases = serde_json::json!([

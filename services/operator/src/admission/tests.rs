@@ -401,10 +401,8 @@ async fn silent_connections_are_dropped_and_bounded_while_requests_are_answered(
         started.elapsed() < timeout,
         "answered while the silent ones wait"
     );
-    let (tcp_after, tls_after) = tokio::join!(
-        closed_after(&mut silent_tcp),
-        closed_after(&mut silent_tls)
-    );
+    let (tcp_after, tls_after) =
+        tokio::join!(closed_after(&mut silent_tcp), closed_after(&mut silent_tls));
     for (what, after) in [("tcp", tcp_after), ("tls", tls_after)] {
         assert!(
             after < timeout + Duration::from_secs(2),

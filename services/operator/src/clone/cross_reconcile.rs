@@ -64,7 +64,9 @@ pub async fn release_volumes(ctx: &Context, namespace: &str, uid: &str) -> Resul
             continue;
         };
         let claim_ref = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
-        let claimant = match claim_ref.and_then(|r| Some((r.namespace.as_deref()?, r.name.as_deref()?))) {
+        let claimant = match claim_ref
+            .and_then(|r| Some((r.namespace.as_deref()?, r.name.as_deref()?)))
+        {
             Some((ns, claim)) => {
                 let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
                 claims.get_opt(claim).await?
@@ -91,12 +93,16 @@ pub async fn release_volumes(ctx: &Context, namespace: &str, uid: &str) -> Resul
     }
     let targets: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
     let made = targets
-        .list(&ListParams::default().labels(&format!(
-            "{}={uid}",
-            crate::mover::pod::labels::OWNER_UID
-        )))
+        .list(
+            &ListParams::default()
+                .labels(&format!("{}={uid}", crate::mover::pod::labels::OWNER_UID)),
+        )
         .await?;
-    for pvc in made.items.iter().filter(|p| handover::unbound_target(p, uid)) {
+    for pvc in made
+        .items
+        .iter()
+        .filter(|p| handover::unbound_target(p, uid))
+    {
         let key = (pvc.metadata.namespace.clone(), pvc.metadata.name.clone());
         if held.contains(&key) {
             continue;

@@ -330,10 +330,12 @@ fn a_hand_over_finds_its_volume_and_refuses_a_claim_it_did_not_make() {
 fn taken(claim: (&str, &str, Option<&str>)) -> PersistentVolume {
     let mut pv = volume("Retain", Some("Delete"), claim);
     let meta = &mut pv.metadata;
-    meta.annotations.get_or_insert_with(Default::default).insert(
-        "ferry.dev/claim-before".into(),
-        "images/xns-u-1-0/t-1".into(),
-    );
+    meta.annotations
+        .get_or_insert_with(Default::default)
+        .insert(
+            "ferry.dev/claim-before".into(),
+            "images/xns-u-1-0/t-1".into(),
+        );
     meta.labels = Some([("ferry.dev/handed-over-for".to_string(), "u-1".to_string())].into());
     pv
 }
@@ -480,8 +482,8 @@ fn a_changed_source_or_target_list_is_told_from_the_childs_record() {
         t.size = k8s_openapi::apimachinery::pkg::api::resource::Quantity("20Gi".into());
     }
     for edited in [renamed, added, grown] {
-        let message = changed(&edited, Some("images"), "images", "xns-u-1", Some(&child))
-            .expect("changed");
+        let message =
+            changed(&edited, Some("images"), "images", "xns-u-1", Some(&child)).expect("changed");
         assert!(
             message.starts_with("spec.source or the targets changed after the clone started"),
             "{message}"

@@ -84,8 +84,8 @@ pub async fn reconcile_transfer(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result
             let deleting =
                 obj.metadata.deletion_timestamp.is_some() && finalizer::has(obj.as_ref());
             // A final Transfer costs a request only while its child is still there.
-            let child = kube::runtime::reflector::ObjectRef::new(&child_name)
-                .within(&child_namespace);
+            let child =
+                kube::runtime::reflector::ObjectRef::new(&child_name).within(&child_namespace);
             let child_left =
                 status.phase.is_final() && ctx.transfers().is_some_and(|s| s.get(&child).is_some());
             if deleting || child_left {
