@@ -99,7 +99,7 @@ namespace, else in a Role in each watched namespace.
 {{- define "ferry.operatorClusterRules" -}}
 - apiGroups: [""]
   resources: [persistentvolumes]
-  verbs: [get, patch]
+  verbs: [get, list, patch]
 - apiGroups: [""]
   resources: [namespaces]
   verbs: [list, watch]

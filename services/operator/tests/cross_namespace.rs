@@ -467,3 +467,275 @@ async fn an_operator_watching_one_namespace_refuses_a_clone_from_another() {
     );
     assert!(in_source_namespace(&cluster, "ferry.dev", "transfers").is_empty());
 }
+
+/// The Transfer `name` from `images/golden` into the claims `targets` (each 4Mi of
+/// `class`), with `extra` merged into its spec.
+fn transfer_into(name: &str, targets: &[&str], class: &str, extra: Value) -> Value {
+    let mut t = transfer(name);
+    t["spec"]["targets"] = targets
+        .iter()
+        .map(|n| json!({"pvcTemplate": {"name": n, "size": "4Mi", "storageClassName": class}}))
+        .collect();
+    if let (Some(spec), Some(extra)) = (t["spec"].as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
+    t
+}
+
+/// Every PersistentVolume: name, reclaim policy, the claim it refers to (`ns/name`).
+fn volumes(cluster: &Cluster) -> Vec<(String, String, String)> {
+    cluster
+        .list("", "persistentvolumes")
+        .iter()
+        .map(|pv| {
+            let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+            (
+                s(&pv["metadata"]["name"]),
+                s(&pv["spec"]["persistentVolumeReclaimPolicy"]),
+                format!(
+                    "{}/{}",
+                    s(&pv["spec"]["claimRef"]["namespace"]),
+                    s(&pv["spec"]["claimRef"]["name"])
+                ),
+            )
+        })
+        .collect()
+}
+
+/// Whether a change the stand-in recorded set a volume's policy to Retain for a
+/// hand-over (the scenario reached it).
+fn some_volume_was_taken(
+    changes: &mut tokio::sync::mpsc::UnboundedReceiver<ferry_testkit::kube::Sent>,
+) -> bool {
+    let mut taken = false;
+    while let Ok((_, pv, _)) = changes.try_recv() {
+        taken |= pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain";
+    }
+    taken
+}
+
+/// Target `vm-b` is taken by a claim the Transfer did not make: the hand-over fails on it
+/// after target `vm-a`'s volume was set to Retain. That volume gets its policy (Delete)
+/// and its claim back, so when the child and its temporary claims go it goes too: no
+/// volume is left behind with Retain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflict_part_way_through_the_hand_over_gives_every_volume_back() {
+    let cluster = cluster_with_golden();
+    grant_read(&cluster, "alice");
+    let key = operator_key(&cluster).await;
+    let mut foreign = super::claim("vm-b", "ceph-rbd");
+    foreign["metadata"]["name"] = json!("vm-b");
+    cluster.create(foreign);
+    let mut taken = cluster.changes("", "persistentvolumes", "ferry.dev/handed-over-for");
+    let _operator = start(&cluster, settings());
+    let t = transfer_into("vm", &["vm-a", "vm-b"], "ceph-rbd", json!({}));
+    create(&cluster, admitted(t, "alice", &key)).await;
+    until(60, "the Transfer to fail", || {
+        phase_of(&cluster, "vm").as_deref() == Some("Failed")
+    })
+    .await;
+    let t = cluster.get("ferry.dev", "transfers", NS, "vm").unwrap();
+    let message = t["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("pvc/vm-b already exists and was not created by this Transfer"),
+        "{message}"
+    );
+    assert!(
+        some_volume_was_taken(&mut taken),
+        "vm-a's volume was never set to Retain"
+    );
+    let kept = |cluster: &Cluster| {
+        let mut claims: Vec<String> = volumes(cluster).into_iter().map(|v| v.2).collect();
+        claims.sort();
+        claims
+    };
+    until(20, "only the golden's and vm-b's volumes", || {
+        kept(&cluster) == [format!("{SOURCE_NS}/golden"), format!("{NS}/vm-b")]
+    })
+    .await;
+    let left = volumes(&cluster);
+    assert!(left.iter().all(|v| v.1 == "Delete"), "{left:?}");
+    assert!(cluster
+        .list("", "persistentvolumes")
+        .iter()
+        .all(|pv| pv["metadata"]["labels"]["ferry.dev/handed-over-for"].is_null()));
+    until(10, "the child and its temporary claims to go", || {
+        in_source_namespace(&cluster, "ferry.dev", "transfers").is_empty()
+            && in_source_namespace(&cluster, "", "persistentvolumeclaims") == ["golden"]
+    })
+    .await;
+    assert!(cluster
+        .get("", "persistentvolumeclaims", NS, "vm-a")
+        .is_none());
+    assert_no_refusal(&cluster);
+}
+
+/// The Transfer deleted while its volumes are being handed over (claims deleted with it:
+/// `claimRetention: Delete`): whatever step each was at, every volume gets its policy
+/// back and goes with its claim; none is left Released with Retain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_the_transfer_during_the_hand_over_leaves_no_volume_behind() {
+    let cluster = cluster_with_golden();
+    grant_read(&cluster, "alice");
+    let key = operator_key(&cluster).await;
+    let _operator = start(&cluster, settings());
+    let t = transfer_into(
+        "vm",
+        &["vm-a", "vm-b"],
+        "ceph-rbd",
+        json!({"claimRetention": "Delete"}),
+    );
+    create(&cluster, admitted(t, "alice", &key)).await;
+    until(60, "a volume taken for the hand-over", || {
+        cluster.list("", "persistentvolumes").iter().any(|pv| {
+            pv["metadata"]["labels"]["ferry.dev/handed-over-for"].is_string()
+                && pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
+        })
+    })
+    .await;
+    transfers(&cluster)
+        .delete("vm", &Default::default())
+        .await
+        .unwrap();
+    until(
+        30,
+        "the Transfer, its child, claims and volumes to go",
+        || {
+            cluster.get("ferry.dev", "transfers", NS, "vm").is_none()
+                && in_source_namespace(&cluster, "ferry.dev", "transfers").is_empty()
+                && in_source_namespace(&cluster, "", "persistentvolumeclaims") == ["golden"]
+                && volumes(&cluster).len() == 1
+        },
+    )
+    .await;
+    let left = volumes(&cluster);
+    assert_eq!(left[0].2, format!("{SOURCE_NS}/golden"), "{left:?}");
+    assert_eq!(left[0].1, "Delete");
+    assert_no_refusal(&cluster);
+}
+
+/// The source's namespace edited after the child exists (here to the Transfer's own:
+/// the webhook no longer sees it): the Transfer fails saying the spec cannot change once
+/// the clone started, and the child (found by `status.cloneTransfer`, not the new spec)
+/// and its temporary claims go; nothing is cloned from the new source. So does a target
+/// added later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_or_targets_changed_after_the_child_exists_fail_the_transfer() {
+    let cluster = cluster_with_golden();
+    grant_read(&cluster, "alice");
+    cluster.create(super::claim("golden", "ceph-rbd"));
+    let key = operator_key(&cluster).await;
+    // Movers that take a long time: the child is still running when the spec changes.
+    let _operator = super::start_with(&cluster, settings(), std::time::Duration::from_secs(600));
+    for (name, edit) in [
+        (
+            "moved",
+            json!({"spec": {"source": {"pvc": {"name": "golden", "namespace": null}}}}),
+        ),
+        (
+            "grown",
+            json!({"spec": {"targets": [
+                {"pvcTemplate": {"name": "grown-disk", "size": "4Mi", "storageClassName": "ceph-rbd"}},
+                {"pvcTemplate": {"name": "grown-disk-2", "size": "4Mi", "storageClassName": "ceph-rbd"}}]}}),
+        ),
+    ] {
+        create(&cluster, admitted(transfer(name), "alice", &key)).await;
+        let uid = cluster.get("ferry.dev", "transfers", NS, name).unwrap()["metadata"]["uid"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        until(20, "the child, recorded", || {
+            cluster
+                .get("ferry.dev", "transfers", SOURCE_NS, &child_name(&uid))
+                .is_some()
+                && cluster.get("ferry.dev", "transfers", NS, name).unwrap()["status"]
+                    ["cloneTransfer"]
+                    .is_string()
+        })
+        .await;
+        transfers(&cluster)
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&edit),
+            )
+            .await
+            .unwrap();
+        until(20, "the Transfer to fail", || {
+            phase_of(&cluster, name).as_deref() == Some("Failed")
+        })
+        .await;
+        let t = cluster.get("ferry.dev", "transfers", NS, name).unwrap();
+        let message = t["status"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("after the clone started")
+                && message.contains("cannot change its source or targets once it started"),
+            "{name}: {message}"
+        );
+        assert!(
+            t["status"]["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| c["reason"] == "CloneSpecChanged"),
+            "{name}: {t}"
+        );
+        until(20, "the child and its temporary claims to go", || {
+            in_source_namespace(&cluster, "ferry.dev", "transfers").is_empty()
+                && in_source_namespace(&cluster, "", "persistentvolumeclaims") == ["golden"]
+        })
+        .await;
+    }
+    // Nothing cloned from the edited source in the Transfer's namespace.
+    let made: Vec<Value> = cluster
+        .list("", "persistentvolumeclaims")
+        .into_iter()
+        .filter(|c| c["metadata"]["namespace"] == NS && c["metadata"]["name"] != "golden")
+        .collect();
+    assert!(made.is_empty(), "{made:?}");
+    assert!(cluster.list("ferry.dev", "transfers").len() == 2);
+    assert_no_refusal(&cluster);
+}
+
+/// A target class that binds at its first consumer, whose profile asks for CSI clones:
+/// the child's temporary claims would never be provisioned (no pod uses them), so it
+/// copies instead, saying why, and the copied volumes are handed over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clone_into_a_class_bound_at_first_use_is_copied_and_handed_over() {
+    let cluster = cluster();
+    cluster.add_namespace(SOURCE_NS, &[], &[]);
+    cluster.add_storage_class("rbd-local", "rbd.csi.ceph.com", true, false);
+    cluster.create(
+        json!({"apiVersion": "ferry.dev/v1alpha1", "kind": "StorageClassProfile",
+        "metadata": {"name": "rbd-local"}, "spec": {"cloneStrategy": "csi-clone"}}),
+    );
+    // The golden claim, bound on node-a (where a pod once used it).
+    cluster.create(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "golden", "namespace": SOURCE_NS,
+                     "annotations": {"volume.kubernetes.io/selected-node": "node-a"}},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "rbd-local",
+                 "resources": {"requests": {"storage": "4Mi"}}}}));
+    grant_read(&cluster, "alice");
+    let key = operator_key(&cluster).await;
+    let _operator = start(&cluster, settings());
+    let t = transfer_into("vm", &["vm-disk"], "rbd-local", json!({}));
+    create(&cluster, admitted(t, "alice", &key)).await;
+    until(60, "the Transfer to succeed", || {
+        phase_of(&cluster, "vm").as_deref() == Some("Succeeded")
+    })
+    .await;
+    let t = cluster.get("ferry.dev", "transfers", NS, "vm").unwrap();
+    assert_eq!(t["status"]["cloneStrategy"], "copy", "{t}");
+    let why = t["status"]["cloneFallbackReason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        why.contains("binds at its first consumer (WaitForFirstConsumer)"),
+        "{why}"
+    );
+    let target = cluster
+        .get("", "persistentvolumeclaims", NS, "vm-disk")
+        .unwrap();
+    assert_eq!(target["status"]["phase"], "Bound");
+    assert_no_refusal(&cluster);
+}

@@ -843,22 +843,32 @@ fn the_webhook_match_condition_selects_only_cross_namespace_transfers() {
         squeeze(&chart).contains(&squeeze(&expression)),
         "the chart's matchConditions differ from deploy/'s"
     );
+    let other =
+        serde_json::json!({"spec": {"source": {"pvc": {"name": "g", "namespace": "images"}}}});
+    let own = serde_json::json!({"spec": {"source": {"pvc": {"name": "g"}}}});
+    // [object, oldObject (null on CREATE), the request's namespace, sent?]
     let cases = serde_json::json!([
-        [{"spec": {"source": {"pvc": {"name": "g", "namespace": "images"}}}}, "vms", true],
-        [{"spec": {"source": {"pvc": {"name": "g", "namespace": "vms"}}}}, "vms", false],
-        [{"spec": {"source": {"pvc": {"name": "g"}}}}, "vms", false],
-        [{"spec": {"source": {"url": "s3://b/k"}}}, "vms", false],
-        [{"spec": {"source": {"goldenImage": {"name": "f"}}}}, "vms", false],
-        [{"metadata": {"name": "t"}}, "vms", false],
+        [other, null, "vms", true],
+        [{"spec": {"source": {"pvc": {"name": "g", "namespace": "vms"}}}}, null, "vms", false],
+        [own, null, "vms", false],
+        [{"spec": {"source": {"url": "s3://b/k"}}}, null, "vms", false],
+        [{"spec": {"source": {"goldenImage": {"name": "f"}}}}, null, "vms", false],
+        [{"metadata": {"name": "t"}}, null, "vms", false],
+        // An update that moves the source into the Transfer's namespace is still sent
+        // (the webhook refuses it once the clone started), and so is one that moves it out.
+        [own, other, "vms", true],
+        [other, own, "vms", true],
+        [own, own, "vms", false],
+        [{"metadata": {"name": "t"}}, {"metadata": {"name": "t"}}, "vms", false],
     ]);
     let script = r#"
 import json, sys
 from cel_expr_python import cel
 expression, cases = sys.argv[1], json.loads(sys.argv[2])
 dyn = cel.Type("dyn")
-compiled = cel.NewEnv(variables={"object": dyn, "request": dyn}).compile(expression)
-print(json.dumps([compiled.eval(data={"object": o, "request": {"namespace": ns}}).value()
-                  for o, ns, _ in cases]))
+compiled = cel.NewEnv(variables={"object": dyn, "oldObject": dyn, "request": dyn}).compile(expression)
+print(json.dumps([compiled.eval(data={"object": o, "oldObject": old, "request": {"namespace": ns}}).value()
+                  for o, old, ns, _ in cases]))
 "#;
     let out = Command::new("python3")
         .args(["-c", script, &expression, &cases.to_string()])
@@ -874,7 +884,7 @@ print(json.dumps([compiled.eval(data={"object": o, "request": {"namespace": ns}}
         .as_array()
         .unwrap()
         .iter()
-        .map(|c| c[2].as_bool().unwrap())
+        .map(|c| c[3].as_bool().unwrap())
         .collect();
     assert_eq!(got, want, "{expression}");
 }

@@ -2,7 +2,10 @@
 //! request's JSON: a Transfer whose source claim is in another namespace is stamped
 //! ([`super::stamp`]) with the user who created it, or who changed its source; any other
 //! update keeps the stamp the object had (the operator's own finalizer patches, a label
-//! change, a user trying to put their own value in). Everything else is allowed as it is.
+//! change, a user trying to put their own value in). An update that changes the source
+//! or the targets once the clone started (`status.cloneTransfer`) is refused, also when
+//! it moves the source into the Transfer's own namespace. Everything else is allowed as
+//! it is.
 
 use base64::Engine;
 use kube::api::DynamicObject;
@@ -45,6 +48,9 @@ pub fn respond(request: &AdmissionRequest<DynamicObject>, key: &StampKey) -> Val
     };
     if !matches!(request.operation, Operation::Create | Operation::Update) {
         return allowed;
+    }
+    if let Some(refusal) = started_and_changed(request) {
+        return json!({"uid": uid, "allowed": false, "status": {"code": 422, "message": refusal}});
     }
     let namespace = request
         .namespace
@@ -105,4 +111,30 @@ pub fn respond(request: &AdmissionRequest<DynamicObject>, key: &StampKey) -> Val
     };
     let encoded = base64::engine::general_purpose::STANDARD.encode(patch.to_string());
     json!({"uid": uid, "allowed": true, "patchType": "JSONPatch", "patch": encoded})
+}
+
+/// An UPDATE that changes the source or the targets of a Transfer whose clone from
+/// another namespace started (the old object records its child in
+/// `status.cloneTransfer`): why it is refused. The operator fails such a Transfer too
+/// (whatever reaches it); refused here, the user learns it at once.
+fn started_and_changed(request: &AdmissionRequest<DynamicObject>) -> Option<String> {
+    if request.operation != Operation::Update {
+        return None;
+    }
+    let (old, new) = (request.old_object.as_ref()?, request.object.as_ref()?);
+    let child = old.data["status"]["cloneTransfer"]
+        .as_str()
+        .filter(|c| !c.is_empty())?;
+    let changed: Vec<String> = ["source", "targets", "pvcTemplates"]
+        .into_iter()
+        .filter(|f| old.data["spec"][f] != new.data["spec"][f])
+        .map(|f| format!("spec.{f}"))
+        .collect();
+    if changed.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "{} of a Transfer from a claim in another namespace cannot change once its clone started (its child Transfer {child} fills the claims of the spec it was made from): create a new Transfer instead",
+        changed.join(" and ")
+    ))
 }

@@ -1,6 +1,11 @@
 //! The webhook over HTTPS: `POST /mutate-transfer` answered by [`super::review::answer`],
 //! `GET /healthz` for probes, anything else 404. One task per connection; a connection
 //! whose TLS handshake fails is dropped (and logged at debug: the API server retries).
+//!
+//! Anyone who can reach the port can open connections, so each is bounded ([`Limits`]):
+//! the TLS handshake and the request's headers must arrive within a timeout, and at most
+//! so many connections are served at once (more wait in the listen backlog), so that
+//! connections that send nothing (slowloris) cannot tie the operator up.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -9,7 +14,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use parking_lot::Mutex;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
@@ -19,6 +24,7 @@ use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;
 use time::OffsetDateTime;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
 use crate::mover::tls::{MoverCa, TlsError};
@@ -137,10 +143,48 @@ pub fn tls_config(ca: Arc<MoverCa>, names: Vec<String>) -> Result<Arc<ServerConf
     Ok(Arc::new(config))
 }
 
-/// Serves the webhook on `listener` until the task is dropped.
+/// The bounds on the webhook's connections.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// How long a client has to complete the TLS handshake.
+    pub handshake: std::time::Duration,
+    /// How long a client has to send a request's headers (each request on the connection).
+    pub headers: std::time::Duration,
+    /// How many connections are served at once.
+    pub connections: usize,
+}
+
+impl Default for Limits {
+    /// The API server's webhook calls time out after at most 30 s (10 s by default) and
+    /// reuse few connections: 10 s for each of the handshake and the headers, 64 at once.
+    fn default() -> Self {
+        Self {
+            handshake: std::time::Duration::from_secs(10),
+            headers: std::time::Duration::from_secs(10),
+            connections: 64,
+        }
+    }
+}
+
+/// Serves the webhook on `listener` with the default [`Limits`] until the task is dropped.
 pub async fn serve(listener: TcpListener, tls: Arc<ServerConfig>, key: Arc<StampKey>) {
+    serve_with(listener, tls, key, Limits::default()).await
+}
+
+/// Serves the webhook on `listener` within `limits` until the task is dropped.
+pub async fn serve_with(
+    listener: TcpListener,
+    tls: Arc<ServerConfig>,
+    key: Arc<StampKey>,
+    limits: Limits,
+) {
     let acceptor = TlsAcceptor::from(tls);
+    let slots = Arc::new(Semaphore::new(limits.connections.max(1)));
     loop {
+        // A slot first: beyond the bound, connections wait in the kernel's backlog.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(e) => {
@@ -152,10 +196,16 @@ pub async fn serve(listener: TcpListener, tls: Arc<ServerConfig>, key: Arc<Stamp
         let acceptor = acceptor.clone();
         let key = key.clone();
         tokio::spawn(async move {
-            let stream = match acceptor.accept(stream).await {
-                Ok(s) => s,
-                Err(e) => {
+            let _slot = slot;
+            let stream = match tokio::time::timeout(limits.handshake, acceptor.accept(stream)).await
+            {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
                     tracing::debug!(error = %e, "webhook TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!("webhook TLS handshake timed out");
                     return;
                 }
             };
@@ -164,6 +214,8 @@ pub async fn serve(listener: TcpListener, tls: Arc<ServerConfig>, key: Arc<Stamp
                 async move { Ok::<_, Infallible>(handle(req, &key).await) }
             });
             if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.headers)
                 .serve_connection(TokioIo::new(stream), service)
                 .await
             {

@@ -263,3 +263,177 @@ async fn the_webhook_answers_over_https_with_a_certificate_from_the_ca() {
         .is_err());
     serving.abort();
 }
+
+/// Once the clone started (the old object records its child), an update that changes the
+/// source (also into the Transfer's own namespace, where the source no longer names
+/// another one) or the targets is refused saying why; other updates are not.
+#[test]
+fn a_started_clone_refuses_a_changed_source_or_targets() {
+    let stamped = transfer(
+        Some("images"),
+        Some(json!({REQUESTER: stamp_of("alice", "images/golden")})),
+    );
+    let mut started = stamped.clone();
+    started["status"] = json!({"cloneTransfer": "images/xns-u-1", "phase": "Running"});
+    let mut moved = stamped.clone();
+    moved["spec"]["source"]["pvc"] = json!({"name": "golden"});
+    let mut grown = stamped.clone();
+    grown["spec"]["targets"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"pvcTemplate": {"name": "disk-2", "size": "10Gi"}}));
+    for (edited, what) in [(&moved, "spec.source"), (&grown, "spec.targets")] {
+        let (response, patch) = respond(&review("UPDATE", "alice", edited, Some(&started)));
+        assert_eq!(response["allowed"], false, "{response}");
+        assert_eq!(response["status"]["code"], 422);
+        assert_eq!(
+            response["status"]["message"],
+            format!("{what} of a Transfer from a claim in another namespace cannot change once its clone started (its child Transfer images/xns-u-1 fills the claims of the spec it was made from): create a new Transfer instead")
+        );
+        assert!(patch.is_none());
+        // Before the child exists, the same edit is allowed.
+        let (response, _) = respond(&review("UPDATE", "alice", edited, Some(&stamped)));
+        assert_eq!(response["allowed"], true, "{response}");
+    }
+    let mut labelled = started.clone();
+    labelled["metadata"]["labels"] = json!({"team": "a"});
+    let (response, patch) = respond(&review("UPDATE", "alice", &labelled, Some(&started)));
+    assert_eq!(response, json!({"uid": "req-1", "allowed": true}));
+    assert!(patch.is_none());
+}
+
+/// A TLS client trusting only `ca`, for the webhook's Service name.
+fn client_for(ca: &crate::mover::tls::MoverCa) -> tokio_rustls::TlsConnector {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca.cert_pem().as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+}
+
+/// One AdmissionReview posted over a new connection: the response's status line.
+async fn post_review(connector: &tokio_rustls::TlsConnector, addr: std::net::SocketAddr) -> String {
+    use rustls::pki_types::ServerName;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let name = ServerName::try_from("ferry-operator-webhook.ferry-system.svc").unwrap();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut stream = connector.connect(name, tcp).await.unwrap();
+    let body = review("CREATE", "alice", &transfer(Some("images"), None), None);
+    let head = format!(
+        "POST {PATH} HTTP/1.1\r\nHost: ferry-operator-webhook.ferry-system.svc\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(&body).await.unwrap();
+    let mut out = Vec::new();
+    stream.read_to_end(&mut out).await.unwrap();
+    let text = String::from_utf8(out).unwrap();
+    text.lines().next().unwrap_or_default().to_string()
+}
+
+/// How long until the server closes `stream` (which sends nothing): the read ends with
+/// EOF or a reset.
+async fn closed_after<S: tokio::io::AsyncRead + Unpin>(stream: &mut S) -> std::time::Duration {
+    use tokio::io::AsyncReadExt;
+    let start = std::time::Instant::now();
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the server kept a silent connection for 10 s");
+    start.elapsed()
+}
+
+/// A client that opens a TCP connection and sends nothing, and one that completes the
+/// TLS handshake and sends no request, are both dropped once their timeout passes, while
+/// a real request on another connection is answered; with one connection allowed, a
+/// silent client holds the slot only until its timeout.
+#[tokio::test]
+async fn silent_connections_are_dropped_and_bounded_while_requests_are_answered() {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use rustls::pki_types::ServerName;
+
+    let ca = Arc::new(crate::mover::tls::MoverCa::generate().unwrap());
+    let tls = server::tls_config(
+        ca.clone(),
+        service_names("ferry-operator-webhook", "ferry-system"),
+    )
+    .unwrap();
+    let connector = client_for(&ca);
+    let timeout = Duration::from_millis(400);
+    let limits = server::Limits {
+        handshake: timeout,
+        headers: timeout,
+        connections: 8,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let serving = tokio::spawn(server::serve_with(
+        listener,
+        tls.clone(),
+        Arc::new(key()),
+        limits,
+    ));
+    let mut silent_tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = ServerName::try_from("ferry-operator-webhook.ferry-system.svc").unwrap();
+    let mut silent_tls = connector.connect(name, tcp).await.unwrap();
+    let started = Instant::now();
+    assert_eq!(post_review(&connector, addr).await, "HTTP/1.1 200 OK");
+    assert!(
+        started.elapsed() < timeout,
+        "answered while the silent ones wait"
+    );
+    let (tcp_after, tls_after) =
+        tokio::join!(closed_after(&mut silent_tcp), closed_after(&mut silent_tls));
+    for (what, after) in [("tcp", tcp_after), ("tls", tls_after)] {
+        assert!(
+            after < timeout + Duration::from_secs(2),
+            "{what} kept {after:?}"
+        );
+    }
+    serving.abort();
+
+    // One connection at a time: a silent client holds it until its handshake times out,
+    // then the request waiting in the backlog is answered.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let serving = tokio::spawn(server::serve_with(
+        listener,
+        tls,
+        Arc::new(key()),
+        server::Limits {
+            connections: 1,
+            ..limits
+        },
+    ));
+    let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    // Accepted (and holding the slot) before the request connects.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    assert_eq!(post_review(&connector, addr).await, "HTTP/1.1 200 OK");
+    let waited = started.elapsed();
+    assert!(
+        waited >= timeout - Duration::from_millis(150),
+        "served at once ({waited:?}): the bound did not hold"
+    );
+    closed_after(&mut silent).await;
+    serving.abort();
+}

@@ -25,8 +25,14 @@ use crate::mover::pod::labels;
 pub const CLONE_OF: &str = "ferry.dev/clone-of";
 /// The annotation of a child Transfer naming its parent (`namespace/name`), for people.
 pub const CLONE_FOR: &str = "ferry.dev/clone-for";
+/// The annotation of a child Transfer: a digest of what it was made from (the parent's
+/// source claim and each target's name, class and size), to tell a changed spec.
+pub const MADE_FROM: &str = "ferry.dev/clone-made-from";
 /// The condition reason of a Transfer whose creator may not read the source claim.
 pub const NOT_AUTHORIZED: &str = "CloneNotAuthorized";
+/// The condition reason of a Transfer whose source or targets changed after its child
+/// was made.
+pub const SPEC_CHANGED: &str = "CloneSpecChanged";
 /// The Running reason while the source namespace fills the temporary claims.
 pub const CLONING: &str = "CloningInSourceNamespace";
 /// The Running reason while the volumes are handed over.
@@ -91,10 +97,13 @@ pub fn child_transfer(parent: &Transfer, ids: &Ids, source_namespace: &str) -> T
             (labels::MANAGED_BY.to_string(), "ferry-operator".to_string()),
             (CLONE_OF.to_string(), ids.uid.clone()),
         ])),
-        annotations: Some(BTreeMap::from([(
-            CLONE_FOR.to_string(),
-            format!("{}/{}", ids.namespace, ids.name),
-        )])),
+        annotations: Some(BTreeMap::from([
+            (
+                CLONE_FOR.to_string(),
+                format!("{}/{}", ids.namespace, ids.name),
+            ),
+            (MADE_FROM.to_string(), made_from(parent, source_namespace)),
+        ])),
         ..ObjectMeta::default()
     };
     child
@@ -136,4 +145,59 @@ pub fn denied_message(user: &str, namespace: &str, name: &str, reason: Option<&s
     format!(
         "user {user} may not clone persistentvolumeclaim {name} of namespace {namespace}{why}: a clone from another namespace needs `create` on `transfers/source` (API group ferry.dev) there, as CDI's clones need `datavolumes/source`. Grant it with a Role in namespace {namespace} with the rule {{apiGroups: [ferry.dev], resources: [transfers/source], resourceNames: [{name}], verbs: [create]}} and a RoleBinding of it to user {user}, then create the Transfer again"
     )
+}
+
+/// The digest of what a child is made from: the source claim (`namespace/name`) and each
+/// target's name, storage class and size, in order (SHA-256, hex). Modes are left out:
+/// the class defaults fill them in the operator, from profiles that may change.
+pub fn made_from(parent: &Transfer, source_namespace: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let source = parent
+        .spec
+        .source
+        .pvc
+        .as_ref()
+        .map(|p| p.name.as_str())
+        .unwrap_or_default();
+    let targets: Vec<serde_json::Value> = templates(parent)
+        .iter()
+        .map(|t| serde_json::json!([t.name, t.storage_class_name, t.size]))
+        .collect();
+    let text = serde_json::json!([format!("{source_namespace}/{source}"), targets]).to_string();
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
+/// The child a Transfer recorded in `status.cloneTransfer` (`namespace/name`).
+pub fn recorded(clone_transfer: Option<&str>) -> Option<(String, String)> {
+    let (namespace, name) = clone_transfer?.split_once('/')?;
+    (!namespace.is_empty() && !name.is_empty()).then(|| (namespace.to_string(), name.to_string()))
+}
+
+/// Why `parent`'s spec no longer is what its child (`child_namespace/child_name`, made
+/// from it) was made from: its source claim now in `wanted` (None: its own namespace), or
+/// another source claim or other targets than the child's record says. None when
+/// unchanged (or when the child, made by an older operator, has no record).
+pub fn changed(
+    parent: &Transfer,
+    wanted: Option<&str>,
+    child_namespace: &str,
+    child_name: &str,
+    child: Option<&Transfer>,
+) -> Option<String> {
+    let what = if wanted != Some(child_namespace) {
+        let now = match wanted {
+            Some(ns) => format!("namespace {ns}"),
+            None => "the Transfer's own namespace".to_string(),
+        };
+        format!("spec.source.pvc.namespace changed from {child_namespace} to {now}")
+    } else {
+        let record = child?.metadata.annotations.as_ref()?.get(MADE_FROM)?;
+        if *record == made_from(parent, child_namespace) {
+            return None;
+        }
+        "spec.source or the targets changed".to_string()
+    };
+    Some(format!(
+        "{what} after the clone started: Transfer {child_namespace}/{child_name} fills the claims of the spec it was made from, so a clone from another namespace cannot change its source or targets once it started. Its child and temporary claims are deleted; create a new Transfer for the new spec"
+    ))
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::Api;
 
@@ -37,21 +37,88 @@ fn final_phase(t: &Transfer) -> Phase {
     t.status.as_ref().map(|s| s.phase).unwrap_or_default()
 }
 
-/// Deletes the child Transfer of `parent_uid` in `namespace` (the parent's finalizer, or
-/// a parent that is done); whether one was there.
-pub async fn delete_child(ctx: &Context, namespace: &str, parent_uid: &str) -> Result<bool, Error> {
+/// Deletes the child Transfer `namespace/name` (the parent's finalizer, or a parent that
+/// is done); whether one was there.
+pub async fn delete_child(ctx: &Context, namespace: &str, name: &str) -> Result<bool, Error> {
     let api: Api<Transfer> = Api::namespaced(ctx.client.clone(), namespace);
-    match api
-        .delete(&cross::child_name(parent_uid), &DeleteParams::background())
-        .await
-    {
+    match api.delete(name, &DeleteParams::background()).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
         Err(e) => Err(e.into()),
     }
 }
 
-/// Fails `obj` with `why` and `message` (and a Warning event, once).
+/// Undoes every unfinished hand-over of the Transfer `uid` (namespace `namespace`): each
+/// volume labelled for it gets its reclaim policy and, unless a claim holds it, its old
+/// claim back ([`handover::release`]), and the target claims made on those volumes that
+/// never bound are deleted. Run before a failure is written and when the Transfer goes;
+/// how many volumes were given back.
+pub async fn release_volumes(ctx: &Context, namespace: &str, uid: &str) -> Result<usize, Error> {
+    let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let marked = volumes
+        .list(&ListParams::default().labels(&format!("{}={uid}", handover::HANDED_OVER_FOR)))
+        .await?;
+    let mut held = Vec::new();
+    for pv in &marked.items {
+        let Some(name) = pv.metadata.name.as_deref() else {
+            continue;
+        };
+        let claim_ref = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
+        let claimant = match claim_ref
+            .and_then(|r| Some((r.namespace.as_deref()?, r.name.as_deref()?)))
+        {
+            Some((ns, claim)) => {
+                let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
+                claims.get_opt(claim).await?
+            }
+            None => None,
+        };
+        let patch = handover::release(pv, claimant.as_ref());
+        if patch["spec"]["claimRef"].is_null() {
+            if let Some(c) = &claimant {
+                held.push((c.metadata.namespace.clone(), c.metadata.name.clone()));
+            }
+        }
+        match volumes
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if marked.items.is_empty() {
+        return Ok(0);
+    }
+    let targets: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
+    let made = targets
+        .list(
+            &ListParams::default()
+                .labels(&format!("{}={uid}", crate::mover::pod::labels::OWNER_UID)),
+        )
+        .await?;
+    for pvc in made
+        .items
+        .iter()
+        .filter(|p| handover::unbound_target(p, uid))
+    {
+        let key = (pvc.metadata.namespace.clone(), pvc.metadata.name.clone());
+        if held.contains(&key) {
+            continue;
+        }
+        let name = pvc.metadata.name.as_deref().unwrap_or_default();
+        match targets.delete(name, &DeleteParams::background()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(marked.items.len())
+}
+
+/// Fails `obj` with `why` and `message` (and a Warning event, once), after undoing the
+/// hand-overs that did not finish.
 async fn fail(
     ctx: &Context,
     obj: &Transfer,
@@ -60,6 +127,7 @@ async fn fail(
     why: &str,
     message: &str,
 ) -> Result<Action, Error> {
+    release_volumes(ctx, &ids.namespace, &ids.uid).await?;
     let next = mover_plan::failed(obj, status, why, message);
     if update(ctx, ids, obj, status, &next).await?.is_some() {
         ctx.event(obj, true, why, message).await;
@@ -142,13 +210,12 @@ async fn authorize(
     )))
 }
 
-/// One reconcile of a Transfer from a claim in `source_namespace` (not final, not being
-/// deleted, valid, with its finalizer).
-pub async fn reconcile(
-    obj: Arc<Transfer>,
-    ctx: Arc<Context>,
-    source_namespace: String,
-) -> Result<Action, Error> {
+/// One reconcile of a Transfer from a claim in another namespace, or of one that recorded
+/// a child there (`status.cloneTransfer`) whatever its spec says now (not final, not
+/// being deleted, valid, with its finalizer). The child is looked up by that record:
+/// once it exists the source and targets cannot change, and a Transfer whose spec did is
+/// failed and its child deleted.
+pub async fn reconcile(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ids = Ids::of(obj.as_ref())?;
     let status = obj.status.clone().unwrap_or_default();
     let source = obj
@@ -158,14 +225,33 @@ pub async fn reconcile(
         .as_ref()
         .map(|p| p.name.clone())
         .unwrap_or_default();
+    let wanted = obj.spec.source_namespace(&ids.namespace).map(String::from);
+    let recorded = cross::recorded(status.clone_transfer.as_deref());
+    let (source_namespace, child_name) = match (&recorded, &wanted) {
+        (Some((namespace, name)), _) => (namespace.clone(), name.clone()),
+        (None, Some(namespace)) => (namespace.clone(), cross::child_name(&ids.uid)),
+        (None, None) => return Ok(Action::await_change()),
+    };
     let children: Api<Transfer> = Api::namespaced(ctx.client.clone(), &source_namespace);
-    let child_name = cross::child_name(&ids.uid);
     let child = children.get_opt(&child_name).await?;
+    if recorded.is_some() {
+        if let Some(why) = cross::changed(
+            &obj,
+            wanted.as_deref(),
+            &source_namespace,
+            &child_name,
+            child.as_ref(),
+        ) {
+            release_volumes(&ctx, &ids.namespace, &ids.uid).await?;
+            delete_child(&ctx, &source_namespace, &child_name).await?;
+            return fail(&ctx, &obj, &ids, &status, cross::SPEC_CHANGED, &why).await;
+        }
+    }
     let templates = cross::templates(&obj);
     let mut next = status.clone();
     next.clone_transfer = Some(format!("{source_namespace}/{child_name}"));
     let Some(child) = child else {
-        if status.clone_transfer.is_some() {
+        if recorded.is_some() {
             // Made before: done and deleted (the status write that follows was lost), or
             // deleted by someone before it was done.
             let done = all_handed_over(&ctx, &ids, &templates).await?;
@@ -222,7 +308,8 @@ pub async fn reconcile(
             let text = format!(
                 "Transfer {source_namespace}/{child_name}, which fills the claims in the source namespace, failed: {why}"
             );
-            delete_child(&ctx, &source_namespace, &ids.uid).await?;
+            release_volumes(&ctx, &ids.namespace, &ids.uid).await?;
+            delete_child(&ctx, &source_namespace, &child_name).await?;
             let next = mover_plan::failed(obj.as_ref(), &next, reason::FAILED, &text);
             if update(&ctx, &ids, obj.as_ref(), &status, &next)
                 .await?
@@ -384,13 +471,8 @@ async fn succeed(
     mut next: TransferStatus,
     templates: &[crate::crd::PvcTemplate],
 ) -> Result<Action, Error> {
-    if let Some((namespace, _)) = next
-        .clone_transfer
-        .clone()
-        .as_deref()
-        .and_then(|c| c.split_once('/'))
-    {
-        delete_child(ctx, namespace, &ids.uid).await?;
+    if let Some((namespace, name)) = cross::recorded(next.clone_transfer.as_deref()) {
+        delete_child(ctx, &namespace, &name).await?;
     }
     let text = format!(
         "{} claims filled in the source namespace ({}) and handed over",

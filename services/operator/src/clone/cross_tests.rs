@@ -4,8 +4,10 @@
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use serde_json::{json, Value};
 
-use super::cross::{access_review, child_transfer, denied_message, templates};
-use super::handover::{next, volume_of, Observed, Step};
+use super::cross::{
+    access_review, changed, child_transfer, denied_message, made_from, recorded, templates,
+};
+use super::handover::{next, release, unbound_target, volume_of, Observed, Step};
 use crate::admission::stamp::Requester;
 use crate::controller::kind::Ids;
 use crate::crd::Transfer;
@@ -57,7 +59,8 @@ fn the_child_transfer_fills_temporary_claims_in_the_source_namespace() {
             "metadata": {
                 "name": "xns-u-1", "namespace": "images",
                 "labels": {"app.kubernetes.io/managed-by": "ferry-operator", "ferry.dev/clone-of": "u-1"},
-                "annotations": {"ferry.dev/clone-for": "vms/vm"},
+                "annotations": {"ferry.dev/clone-for": "vms/vm",
+                                "ferry.dev/clone-made-from": made_from(&parent(), "images")},
             },
             "spec": {
                 "source": {"pvc": {"name": "golden"}},
@@ -159,7 +162,9 @@ fn a_volume_is_handed_over_step_by_step() {
         Step::PatchVolume {
             name: "pv-1".into(),
             patch: json!({"metadata": {"annotations": {"ferry.dev/reclaim-policy": "Delete",
-                                                       "ferry.dev/handed-over-for": "u-1"}},
+                                                       "ferry.dev/handed-over-for": "u-1",
+                                                       "ferry.dev/claim-before": "images/xns-u-1-0/t-1"},
+                                       "labels": {"ferry.dev/handed-over-for": "u-1"}},
                           "spec": {"persistentVolumeReclaimPolicy": "Retain"}}),
         }
     );
@@ -236,7 +241,9 @@ fn a_volume_is_handed_over_step_by_step() {
         step(&obs),
         Step::PatchVolume {
             name: "pv-1".into(),
-            patch: json!({"metadata": {"annotations": {"ferry.dev/reclaim-policy": null}},
+            patch: json!({"metadata": {"annotations": {"ferry.dev/reclaim-policy": null,
+                                                       "ferry.dev/claim-before": null},
+                                       "labels": {"ferry.dev/handed-over-for": null}},
                           "spec": {"persistentVolumeReclaimPolicy": "Delete"}}),
         }
     );
@@ -316,4 +323,181 @@ fn a_hand_over_finds_its_volume_and_refuses_a_claim_it_did_not_make() {
         target: Some(&foreign),
     };
     assert!(matches!(step(&obs), Step::Conflict(m) if m.contains("not created by this Transfer")));
+}
+
+/// A volume taken for `u-1` (policy Retain, Delete saved, from `images/xns-u-1-0` uid
+/// `t-1`), now referring to `claim`.
+fn taken(claim: (&str, &str, Option<&str>)) -> PersistentVolume {
+    let mut pv = volume("Retain", Some("Delete"), claim);
+    let meta = &mut pv.metadata;
+    meta.annotations
+        .get_or_insert_with(Default::default)
+        .insert(
+            "ferry.dev/claim-before".into(),
+            "images/xns-u-1-0/t-1".into(),
+        );
+    meta.labels = Some([("ferry.dev/handed-over-for".to_string(), "u-1".to_string())].into());
+    pv
+}
+
+const UNMARKED: &str = r#"{"annotations": {"ferry.dev/reclaim-policy": null, "ferry.dev/claim-before": null},
+                           "labels": {"ferry.dev/handed-over-for": null}}"#;
+
+/// An unfinished hand-over is undone: the policy back always; the claim it came from back
+/// unless a claim holds it (its uid in the reference): the temporary claim still, or a
+/// target that bound. Never cleared (it would be Available to any claim of its class).
+#[test]
+fn an_unfinished_hand_over_gives_the_volume_back() {
+    let unmarked: Value = serde_json::from_str(UNMARKED).unwrap();
+    let back = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                      "namespace": "images", "name": "xns-u-1-0", "uid": "t-1",
+                      "resourceVersion": null});
+    // Still the temporary claim's (Retain set, nothing else yet): only the policy; the
+    // temporary claim's deletion then reclaims it, or the controller releases it if it is
+    // gone already.
+    let tmp = temporary(Some("pv-1"));
+    for claimant in [Some(&tmp), None] {
+        let pv = taken(("images", "xns-u-1-0", Some("t-1")));
+        assert_eq!(
+            release(&pv, claimant),
+            json!({"metadata": unmarked, "spec": {"persistentVolumeReclaimPolicy": "Delete"}})
+        );
+    }
+    // Pointed at a target that does not exist, or exists and has not bound (no uid):
+    // back to the temporary claim, by its uid.
+    let waiting = target(false);
+    for claimant in [None, Some(&waiting)] {
+        let pv = taken(("vms", "vm-disk", None));
+        assert_eq!(
+            release(&pv, claimant),
+            json!({"metadata": unmarked,
+                   "spec": {"persistentVolumeReclaimPolicy": "Delete", "claimRef": back}})
+        );
+    }
+    // Pointed at a target by a uid that is not the claim's (deleted and made again).
+    let mut other = target(true);
+    other.metadata.uid = Some("someone".into());
+    let pv = taken(("vms", "vm-disk", Some("x")));
+    assert_eq!(
+        release(&pv, Some(&other))["spec"]["claimRef"],
+        back,
+        "a claim of that name is not the one that bound"
+    );
+    // A target bound to it (the last step, the policy, not taken yet): the user's; the
+    // policy back, the reference kept.
+    let mut bound = target(true);
+    bound.metadata.uid = Some("x".into());
+    assert_eq!(
+        release(&pv, Some(&bound)),
+        json!({"metadata": unmarked, "spec": {"persistentVolumeReclaimPolicy": "Delete"}})
+    );
+    // A volume an older operator marked (no record of its claim): the policy alone.
+    let mut old = taken(("vms", "vm-disk", None));
+    if let Some(a) = old.metadata.annotations.as_mut() {
+        a.remove("ferry.dev/claim-before");
+    }
+    assert_eq!(
+        release(&old, None),
+        json!({"metadata": unmarked, "spec": {"persistentVolumeReclaimPolicy": "Delete"}})
+    );
+    // A Retain volume stays Retain.
+    let mut kept = taken(("images", "xns-u-1-0", Some("t-1")));
+    if let Some(a) = kept.metadata.annotations.as_mut() {
+        a.insert("ferry.dev/reclaim-policy".into(), "Retain".into());
+    }
+    assert_eq!(
+        release(&kept, None)["spec"]["persistentVolumeReclaimPolicy"],
+        "Retain"
+    );
+}
+
+/// The target claims a failed hand-over deletes: made by it (labelled with the uid,
+/// annotated with where the volume came from) and not bound.
+#[test]
+fn only_made_targets_that_never_bound_go() {
+    let mut made = target(false);
+    made.metadata.annotations = Some(
+        [(
+            "ferry.dev/handed-over-from".to_string(),
+            "images/xns-u-1-0".to_string(),
+        )]
+        .into(),
+    );
+    assert!(unbound_target(&made, "u-1"));
+    assert!(!unbound_target(&made, "u-2"), "another Transfer's");
+    let mut bound = made.clone();
+    bound.status = target(true).status;
+    assert!(!unbound_target(&bound, "u-1"), "bound: the user's");
+    assert!(
+        !unbound_target(&target(false), "u-1"),
+        "not made by a hand-over (a copy's target)"
+    );
+}
+
+/// What a child was made from is recorded; a Transfer whose source namespace, source
+/// claim or targets differ from it has changed, anything else has not.
+#[test]
+fn a_changed_source_or_target_list_is_told_from_the_childs_record() {
+    let p = parent();
+    let child = child_transfer(&p, &ids(), "images");
+    assert_eq!(
+        recorded(Some("images/xns-u-1")),
+        Some(("images".into(), "xns-u-1".into()))
+    );
+    assert_eq!(recorded(Some("images")), None);
+    assert_eq!(recorded(None), None);
+    assert_eq!(
+        changed(&p, Some("images"), "images", "xns-u-1", Some(&child)),
+        None
+    );
+    // Options, the strategy, modes: not part of the record.
+    let mut other = p.clone();
+    other.spec.clone_strategy = None;
+    other.spec.pvc_templates = None;
+    assert_eq!(
+        changed(&other, Some("images"), "images", "xns-u-1", Some(&child)),
+        None
+    );
+    let message = changed(&p, Some("other"), "images", "xns-u-1", Some(&child)).unwrap();
+    assert!(
+        message.starts_with("spec.source.pvc.namespace changed from images to namespace other after the clone started: Transfer images/xns-u-1 fills"),
+        "{message}"
+    );
+    let message = changed(&p, None, "images", "xns-u-1", None).unwrap();
+    assert!(
+        message.contains("changed from images to the Transfer's own namespace"),
+        "{message}"
+    );
+    let mut renamed = p.clone();
+    if let Some(pvc) = renamed.spec.source.pvc.as_mut() {
+        pvc.name = "golden-2".into();
+    }
+    let mut added = p.clone();
+    added.spec.targets.push(added.spec.targets[0].clone());
+    if let Some(t) = added.spec.targets[1].pvc_template.as_mut() {
+        t.name = "vm-disk-2".into();
+    }
+    let mut grown = p.clone();
+    if let Some(t) = grown.spec.targets[0].pvc_template.as_mut() {
+        t.size = k8s_openapi::apimachinery::pkg::api::resource::Quantity("20Gi".into());
+    }
+    for edited in [renamed, added, grown] {
+        let message =
+            changed(&edited, Some("images"), "images", "xns-u-1", Some(&child)).expect("changed");
+        assert!(
+            message.starts_with("spec.source or the targets changed after the clone started"),
+            "{message}"
+        );
+    }
+    // A child made by an older operator has no record: not told.
+    let mut old = child.clone();
+    old.metadata.annotations = None;
+    let mut grown = p.clone();
+    if let Some(t) = grown.spec.targets[0].pvc_template.as_mut() {
+        t.size = k8s_openapi::apimachinery::pkg::api::resource::Quantity("20Gi".into());
+    }
+    assert_eq!(
+        changed(&grown, Some("images"), "images", "xns-u-1", Some(&old)),
+        None
+    );
 }

@@ -6,6 +6,12 @@
 //! no longer holds the volume, so the volume stays), and once the target is bound the old
 //! reclaim policy put back. The volume is never copied and never free in between.
 //!
+//! A hand-over that does not finish (the Transfer fails, or is deleted, part-way) is
+//! undone by [`release`]: the volume is labelled with the Transfer's uid at the first
+//! patch, together with the claim it came from, so every volume taken can be found and
+//! given back its reclaim policy and, unless a target claim holds it, its old claim (then
+//! the PersistentVolume controller reclaims it as it would have the temporary claim's).
+//!
 //! A pure function of what the cluster shows gives the next step, so that each reconcile
 //! takes one and a restarted operator goes on where it stopped. (The populator's
 //! `rebind` hands a prime claim's volume over within one namespace and binds a claim the
@@ -26,7 +32,12 @@ pub const HANDED_FROM: &str = "ferry.dev/handed-over-from";
 /// handed to. Only a volume the PV controller bound to the temporary claim (by uid) is
 /// ever marked, and only a marked volume is ever patched: a claim someone made naming
 /// another volume takes nothing.
+/// The same key is the label on a volume whose hand-over has not finished (removed with
+/// the saved policy), by which [`release`]'s caller finds them.
 pub const HANDED_OVER_FOR: &str = "ferry.dev/handed-over-for";
+/// The annotation on a volume being handed over: the claim it was bound to before
+/// (`namespace/name/uid`), to give it back to when the hand-over is undone.
+pub const CLAIM_BEFORE: &str = "ferry.dev/claim-before";
 
 /// What the cluster shows of one target's hand-over.
 #[derive(Debug, Clone, Copy, Default)]
@@ -167,10 +178,14 @@ pub fn next(
             .persistent_volume_reclaim_policy
             .clone()
             .unwrap_or_else(|| "Delete".into());
+        let mut annotations = json!({RECLAIM_POLICY: policy, HANDED_OVER_FOR: ids.uid});
+        if let Some(before) = spec.claim_ref.as_ref().and_then(claim_key) {
+            annotations[CLAIM_BEFORE] = json!(before);
+        }
         return Step::PatchVolume {
             name,
             patch: json!({
-                "metadata": {"annotations": {RECLAIM_POLICY: policy, HANDED_OVER_FOR: ids.uid}},
+                "metadata": {"annotations": annotations, "labels": {HANDED_OVER_FOR: ids.uid}},
                 "spec": {"persistentVolumeReclaimPolicy": "Retain"},
             }),
         };
@@ -202,8 +217,83 @@ pub fn next(
     Step::PatchVolume {
         name,
         patch: json!({
-            "metadata": {"annotations": {RECLAIM_POLICY: null}},
+            "metadata": {"annotations": {RECLAIM_POLICY: null, CLAIM_BEFORE: null},
+                         "labels": {HANDED_OVER_FOR: null}},
             "spec": {"persistentVolumeReclaimPolicy": saved},
         }),
     }
+}
+
+/// `namespace/name/uid` of a claim reference with all three.
+fn claim_key(r: &k8s_openapi::api::core::v1::ObjectReference) -> Option<String> {
+    let part = |p: &Option<String>| p.clone().filter(|p| !p.is_empty());
+    Some(format!(
+        "{}/{}/{}",
+        part(&r.namespace)?,
+        part(&r.name)?,
+        part(&r.uid)?
+    ))
+}
+
+/// The merge patch that undoes an unfinished hand-over of `pv` (labelled
+/// [`HANDED_OVER_FOR`]) when its Transfer fails or is deleted; `claimant` is the claim
+/// its `claimRef` names, when that exists.
+///
+/// - Its saved reclaim policy is put back and the marks go, always.
+/// - A claim that holds it (the `claimRef`'s uid is the claim's: the temporary claim
+///   before it was pointed away, or a target that bound to it) keeps it: the volume
+///   follows that claim (a bound target's volume is the user's).
+/// - Otherwise (pointed at a target that does not exist, or did not bind yet, and so has
+///   no uid in the reference) it goes back to the claim it came from, by that claim's
+///   uid: the temporary claim holds it again while it exists, and once it is gone the
+///   PersistentVolume controller releases the volume and reclaims it by its policy, as it
+///   would have without the hand-over. Cleared instead, it would be Available to any
+///   claim of its class in any namespace (with the source's data on it); left pointing
+///   at a name with no uid, it would wait for that claim forever.
+pub fn release(pv: &PersistentVolume, claimant: Option<&PersistentVolumeClaim>) -> Value {
+    let annotations = pv.metadata.annotations.as_ref();
+    let saved = annotations.and_then(|a| a.get(RECLAIM_POLICY));
+    let mut patch = json!({"metadata": {
+        "annotations": {RECLAIM_POLICY: null, CLAIM_BEFORE: null},
+        "labels": {HANDED_OVER_FOR: null},
+    }});
+    if let Some(policy) = saved {
+        patch["spec"]["persistentVolumeReclaimPolicy"] = json!(policy);
+    }
+    let claim_ref = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
+    let held = claim_ref.is_some_and(|r| {
+        r.uid.as_deref().is_some_and(|uid| !uid.is_empty())
+            && claimant.is_some_and(|c| c.metadata.uid == r.uid)
+    });
+    let before = annotations
+        .and_then(|a| a.get(CLAIM_BEFORE))
+        .and_then(|b| {
+            let mut parts = b.splitn(3, '/');
+            Some((parts.next()?, parts.next()?, parts.next()?))
+        })
+        .filter(|(ns, name, uid)| !ns.is_empty() && !name.is_empty() && !uid.is_empty());
+    let names_before = claim_ref.is_some_and(|r| {
+        before.is_some_and(|(ns, name, _)| {
+            r.namespace.as_deref() == Some(ns) && r.name.as_deref() == Some(name)
+        })
+    });
+    if let (false, false, Some((namespace, name, uid))) = (held, names_before, before) {
+        patch["spec"]["claimRef"] = json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "namespace": namespace, "name": name, "uid": uid, "resourceVersion": null,
+        });
+    }
+    patch
+}
+
+/// Whether `pvc` is a target claim this hand-over made (for the Transfer `uid`) that
+/// never bound: once its volume is given back it can never bind, so it goes too.
+pub fn unbound_target(pvc: &PersistentVolumeClaim, uid: &str) -> bool {
+    created_by(pvc, uid)
+        && pvc
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(HANDED_FROM))
+        && phase(pvc) != Some("Bound")
 }

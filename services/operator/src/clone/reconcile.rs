@@ -65,22 +65,32 @@ pub async fn reconcile_transfer(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result
         || status.phase.is_final()
         || obj.spec.validate().is_err();
     let namespace = obj.metadata.namespace.clone().unwrap_or_default();
-    if let Some(source_namespace) = obj.spec.source_namespace(&namespace).map(String::from) {
+    // A Transfer that made a child in another namespace stays a clone across namespaces
+    // by that record, whatever its spec says now.
+    let recorded = super::cross::recorded(status.clone_transfer.as_deref());
+    let wanted = obj.spec.source_namespace(&namespace).map(String::from);
+    if recorded.is_some() || wanted.is_some() {
         if !common {
-            return super::cross_reconcile::reconcile(obj, ctx, source_namespace).await;
+            return super::cross_reconcile::reconcile(obj, ctx).await;
         }
-        // Deleted or done: the child in the source namespace goes (owner references
-        // cannot cross namespaces), then the rest as for any Transfer.
-        if let Some(uid) = obj.metadata.uid.as_deref() {
+        // Deleted or done: the hand-overs that did not finish are undone and the child in
+        // the source namespace goes (owner references cannot cross namespaces), then the
+        // rest as for any Transfer.
+        let uid = obj.metadata.uid.as_deref();
+        let child_at = uid.and_then(|uid| {
+            recorded.or_else(|| wanted.map(|ns| (ns, super::cross::child_name(uid))))
+        });
+        if let (Some(uid), Some((child_namespace, child_name))) = (uid, child_at) {
             let deleting =
                 obj.metadata.deletion_timestamp.is_some() && finalizer::has(obj.as_ref());
             // A final Transfer costs a request only while its child is still there.
-            let child = kube::runtime::reflector::ObjectRef::new(&super::cross::child_name(uid))
-                .within(&source_namespace);
+            let child =
+                kube::runtime::reflector::ObjectRef::new(&child_name).within(&child_namespace);
             let child_left =
                 status.phase.is_final() && ctx.transfers().is_some_and(|s| s.get(&child).is_some());
             if deleting || child_left {
-                super::cross_reconcile::delete_child(&ctx, &source_namespace, uid).await?;
+                super::cross_reconcile::release_volumes(&ctx, &namespace, uid).await?;
+                super::cross_reconcile::delete_child(&ctx, &child_namespace, &child_name).await?;
             }
         }
         return reconcile(obj, ctx).await;
@@ -385,6 +395,8 @@ pub fn facts(
                     name,
                     provisioner: c.provisioner.clone(),
                     expands: c.allow_volume_expansion == Some(true),
+                    binds_when_used: c.volume_binding_mode.as_deref()
+                        == Some("WaitForFirstConsumer"),
                 }
             })
             .collect(),

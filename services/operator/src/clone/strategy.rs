@@ -43,6 +43,8 @@ pub struct ClassFacts {
     pub expands: bool,
     /// The `StorageClassProfile` of the same name: its clone strategy.
     pub profile_strategy: Option<CloneStrategy>,
+    /// Whether its claims bind at their first consumer (`WaitForFirstConsumer`).
+    pub binds_when_used: bool,
 }
 
 /// A VolumeSnapshotClass as the strategy sees it.
@@ -185,6 +187,15 @@ pub fn decide(transfer: &Transfer, facts: &Facts) -> Decision {
                 class_name.as_deref().unwrap_or("(the default: none)")
             ));
         };
+        if class.binds_when_used && for_another_namespace(transfer) {
+            // CDI binds such a claim with a throw-away pod on the node of the target's
+            // consumer, which a populator knows; a Transfer's targets have no consumer
+            // yet, and a volume bound to a node chosen here would tie the VM to it.
+            return fall_back(format!(
+                "pvc/{}'s storage class {} binds at its first consumer (WaitForFirstConsumer): a storage clone for another namespace is made in temporary claims that no pod uses, so it would never be provisioned; a copy's mover is their consumer",
+                t.name, class.name
+            ));
+        }
         if class.provisioner != source_class.provisioner {
             return fall_back(format!(
                 "pvc/{} is of driver {} and the source of {}: storage clones stay with one driver",
@@ -225,6 +236,16 @@ pub fn decide(transfer: &Transfer, facts: &Facts) -> Decision {
             source_class.provisioner
         )),
     }
+}
+
+/// Whether `transfer` is the child of a clone from another namespace
+/// ([`super::cross::child_transfer`]): it fills temporary claims to be handed over.
+fn for_another_namespace(transfer: &Transfer) -> bool {
+    transfer
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(super::cross::CLONE_OF))
 }
 
 fn class<'a>(facts: &'a Facts, name: &str) -> Option<&'a ClassFacts> {

@@ -45,6 +45,7 @@ fn class(name: &str, provisioner: &str) -> ClassFacts {
         provisioner: provisioner.into(),
         expands: true,
         profile_strategy: None,
+        binds_when_used: false,
     }
 }
 
@@ -334,4 +335,38 @@ fn an_unbound_source_that_binds_when_used_is_copied() {
         } => assert!(why.contains("binds at the first consumer"), "{why}"),
         other => panic!("{other:?}"),
     }
+}
+
+/// A clone for another namespace (the child, labelled `ferry.dev/clone-of`) into a class
+/// that binds at the first consumer is copied, saying why (its temporary claims have no
+/// consumer), or fails at once when a storage clone is insisted on; in one namespace the
+/// storage clone waits for the target's consumer as before.
+#[test]
+fn a_clone_for_another_namespace_into_a_class_bound_at_first_use_is_copied() {
+    let mut f = facts();
+    f.classes[0].binds_when_used = true;
+    let child = json!({"metadata": {"labels": {"ferry.dev/clone-of": "p-1"}}});
+    let why = fallback(decide(&transfer(child.clone()), &f));
+    assert_eq!(
+        why,
+        "pvc/vm-1's storage class rbd binds at its first consumer (WaitForFirstConsumer): a storage clone for another namespace is made in temporary claims that no pod uses, so it would never be provisioned; a copy's mover is their consumer"
+    );
+    for strategy in ["snapshot", "csi-clone"] {
+        let mut insist = child.clone();
+        insist["spec"] = json!({"cloneStrategy": strategy});
+        match decide(&transfer(insist), &f) {
+            Decision::Refused(m) => assert!(
+                m.starts_with(&format!("cloneStrategy {strategy} cannot be used: pvc/vm-1's storage class rbd binds at its first consumer")),
+                "{m}"
+            ),
+            other => panic!("{strategy}: {other:?}"),
+        }
+    }
+    assert_eq!(
+        decide(&transfer(json!({})), &f),
+        Decision::Snapshot {
+            class: "z-rbd-default".into()
+        },
+        "in its own namespace"
+    );
 }

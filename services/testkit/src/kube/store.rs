@@ -151,6 +151,10 @@ pub struct Store {
     owned: HashMap<String, usize>,
     /// Objects removed, per resource (plural).
     removed: HashMap<String, u64>,
+    /// PersistentVolumes written since the binder last looked (so that it looks at a
+    /// volume whose claim reference or reclaim policy a client changed, without a walk
+    /// over every volume on every pass).
+    volumes_written: std::collections::BTreeSet<Key>,
 }
 
 impl std::fmt::Debug for Store {
@@ -205,6 +209,9 @@ impl Store {
 
     /// Writes an object with the next resourceVersion; returns it as stored.
     pub fn put(&mut self, key: Key, mut object: Value) -> Value {
+        if key.resource == "persistentvolumes" && key.group.is_empty() {
+            self.volumes_written.insert(key.clone());
+        }
         self.rv += 1;
         object["metadata"]["resourceVersion"] = Value::String(self.rv.to_string());
         self.count_owners(&object, true);
@@ -247,6 +254,11 @@ impl Store {
     /// How many objects of `resource` (plural, any group) were removed so far.
     pub fn removed(&self, resource: &str) -> u64 {
         self.removed.get(resource).copied().unwrap_or(0)
+    }
+
+    /// The PersistentVolumes written since the last call.
+    pub fn take_volumes_written(&mut self) -> std::collections::BTreeSet<Key> {
+        std::mem::take(&mut self.volumes_written)
     }
 
     /// Whether any object names `uid` as an owner.

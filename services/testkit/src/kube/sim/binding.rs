@@ -15,7 +15,10 @@
 //! - the pvc-protection finalizer (added when a claim is created, while this controller
 //!   runs) is removed once the claim is deleted and no pod that has not ended uses it;
 //! - the volume of a deleted claim is deleted (`reclaimPolicy: Delete`, the default) or
-//!   Released (`Retain`).
+//!   Released (`Retain`); so is a volume whose `claimRef` is set to a claim (by uid) that
+//!   is gone, and a Released volume whose policy is changed to Delete is deleted; a
+//!   volume reserved for a claim by name only (no uid in its `claimRef`) waits for that
+//!   claim, as the PersistentVolume controller's pre-bound volumes do.
 //!
 //! Not simulated: capacity, resizing, snapshots and clones as data sources (bound like an
 //! empty claim), access-mode checks against the driver.
@@ -224,33 +227,36 @@ fn bind_both(state: &mut State, key: &Key, pvc: &Value, pv_key: &Key, mut pv: Va
 }
 
 fn reclaim(state: &mut State) {
-    // A volume is released only when its claim goes.
+    // Every volume when a claim went; else only the volumes written since the last look.
+    let written = state.store.take_volumes_written();
     let removed = state.store.removed("persistentvolumeclaims");
-    if removed == state.claims_removed_seen {
-        return;
-    }
-    state.claims_removed_seen = removed;
-    let claim_gone = |pv: &Value| {
-        let claim = &pv["spec"]["claimRef"];
-        if pv["status"]["phase"] != "Bound" || !claim.is_object() {
-            return false;
-        }
-        let claim_key = Key::new(
-            "",
-            "persistentvolumeclaims",
-            claim["namespace"].as_str().unwrap_or_default(),
-            claim["name"].as_str().unwrap_or_default(),
-        );
-        !state
+    let keys: Vec<Key> = if removed != state.claims_removed_seen {
+        state.claims_removed_seen = removed;
+        state
             .store
-            .get(&claim_key)
-            .is_some_and(|c| claim["uid"].is_null() || c["metadata"]["uid"] == claim["uid"])
+            .list("", "persistentvolumes", None)
+            .map(|(k, _)| k.clone())
+            .collect()
+    } else {
+        written.into_iter().collect()
     };
-    for (key, pv) in state.objects_where("", "persistentvolumes", claim_gone) {
+    for key in keys {
+        let Some(pv) = state.store.get(&key) else {
+            continue;
+        };
+        if pv["metadata"]["deletionTimestamp"].is_string() {
+            continue;
+        }
+        let released = pv["status"]["phase"] == "Released";
+        if !released && !claim_gone(state, pv) {
+            continue;
+        }
         if pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain" {
-            let mut released = pv.clone();
-            released["status"] = json!({"phase": "Released"});
-            state.replace(&key, released);
+            if !released {
+                let mut next = pv.clone();
+                next["status"] = json!({"phase": "Released"});
+                state.replace(&key, next);
+            }
         } else {
             let mut gone = pv.clone();
             gone["metadata"]["finalizers"] = json!([]);
@@ -258,4 +264,23 @@ fn reclaim(state: &mut State) {
             state.replace(&key, gone);
         }
     }
+}
+
+/// Whether a bound volume's claim (named with its uid) is gone, or is another claim of
+/// that name now.
+fn claim_gone(state: &State, pv: &Value) -> bool {
+    let claim = &pv["spec"]["claimRef"];
+    let Some(uid) = claim["uid"].as_str().filter(|u| !u.is_empty()) else {
+        return false;
+    };
+    let claim_key = Key::new(
+        "",
+        "persistentvolumeclaims",
+        claim["namespace"].as_str().unwrap_or_default(),
+        claim["name"].as_str().unwrap_or_default(),
+    );
+    !state
+        .store
+        .get(&claim_key)
+        .is_some_and(|c| c["metadata"]["uid"] == uid)
 }
