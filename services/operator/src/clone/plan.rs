@@ -13,7 +13,7 @@ use serde_json::json;
 
 use crate::controller::claims::{created_by, from_template};
 use crate::controller::kind::Ids;
-use crate::crd::validate::quantity_bytes;
+use crate::crd::validate::restore_request;
 use crate::crd::{PvcTemplate, Transfer};
 use crate::mover::pod::labels;
 use crate::schedule::build::{volume_snapshot_api, SnapshotState};
@@ -84,13 +84,11 @@ pub fn target_claim(
                 .unwrap_or_default(),
         },
     });
-    // A volume restored from a snapshot is at least the snapshot's size.
-    if let Some(size) = restore_size {
-        if quantity_bytes(size) > quantity_bytes(&template.size) {
-            if let Some(requests) = spec.resources.as_mut().and_then(|r| r.requests.as_mut()) {
-                requests.insert("storage".to_string(), size.clone());
-            }
-        }
+    if let Some(requests) = spec.resources.as_mut().and_then(|r| r.requests.as_mut()) {
+        requests.insert(
+            "storage".to_string(),
+            restore_request(&template.size, restore_size),
+        );
     }
     pvc
 }
