@@ -20,6 +20,10 @@ use super::validate::{check_quantity, invalid, ValidationError};
 pub const DEFAULT_KEEP: u32 = 3;
 /// Most imports kept.
 pub const MAX_KEEP: u32 = 100;
+/// How long an import's VolumeSnapshot may take to be ready, by default: six hours.
+pub const DEFAULT_SNAPSHOT_TIMEOUT: u32 = 6 * 3600;
+/// The longest `snapshotTimeoutSeconds`: a week.
+pub const MAX_SNAPSHOT_TIMEOUT: u32 = 7 * 24 * 3600;
 
 /// An image kept current in a claim.
 // kube's printcolumn(...) entries repeat their keys by design.
@@ -69,6 +73,12 @@ pub struct GoldenImageSpec {
     /// the cluster's default class of the claim's driver).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_snapshot_class_name: Option<String>,
+    /// How long an import's VolumeSnapshot may take to be ready before the import fails
+    /// (`keepAs: Snapshot`; default 21600, six hours: the first snapshot of a large cloud
+    /// disk can take hours).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 60, max = 604800))]
+    pub snapshot_timeout_seconds: Option<u32>,
     /// How to copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub options: Option<TransferOptions>,
@@ -125,6 +135,14 @@ impl GoldenImageSpec {
             }
         }
         check_quantity("spec.claim.size", &self.claim.size)?;
+        if let Some(seconds) = self.snapshot_timeout_seconds {
+            if !(60..=MAX_SNAPSHOT_TIMEOUT).contains(&seconds) {
+                return Err(invalid(
+                    "spec.snapshotTimeoutSeconds",
+                    &format!("give 60 to {MAX_SNAPSHOT_TIMEOUT} seconds"),
+                ));
+            }
+        }
         if let Some(options) = &self.options {
             options.validate("spec.options")?;
         }
@@ -141,6 +159,15 @@ impl GoldenImageSpec {
     /// How many imports are kept.
     pub fn keep(&self) -> usize {
         self.imports_to_keep.unwrap_or(DEFAULT_KEEP) as usize
+    }
+
+    /// How long an import's VolumeSnapshot may take to be ready.
+    pub fn snapshot_timeout(&self) -> chrono::TimeDelta {
+        chrono::TimeDelta::seconds(
+            self.snapshot_timeout_seconds
+                .unwrap_or(DEFAULT_SNAPSHOT_TIMEOUT)
+                .into(),
+        )
     }
 }
 
@@ -210,4 +237,42 @@ pub struct GoldenImageStatus {
     /// The spec generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(extra: serde_json::Value) -> GoldenImageSpec {
+        let mut spec = serde_json::json!({
+            "source": {"url": "https://images.example.com/fedora.qcow2"},
+            "trigger": {"schedule": "@daily"},
+            "claim": {"size": "10Gi"},
+        });
+        spec.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        serde_json::from_value(spec).unwrap()
+    }
+
+    #[test]
+    fn the_snapshot_timeout_is_a_minute_to_a_week() {
+        assert_eq!(
+            spec(serde_json::json!({})).snapshot_timeout(),
+            chrono::TimeDelta::hours(6)
+        );
+        let hour = spec(serde_json::json!({"snapshotTimeoutSeconds": 3600}));
+        assert!(hour.validate().is_ok());
+        assert_eq!(hour.snapshot_timeout(), chrono::TimeDelta::hours(1));
+        for wrong in [59, 7 * 24 * 3600 + 1] {
+            let e = spec(serde_json::json!({"snapshotTimeoutSeconds": wrong}))
+                .validate()
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("spec.snapshotTimeoutSeconds") && e.contains("60 to 604800 seconds"),
+                "{e}"
+            );
+        }
+    }
 }

@@ -406,22 +406,22 @@ pub fn snapshotting(
     next
 }
 
-/// How long an import's VolumeSnapshot may go on reporting an error (the snapshot
-/// controller's `status.error`, since its `time`) before the import fails: a wrong
-/// `volumeSnapshotClassName`, no default class for the driver, a driver that cannot
-/// snapshot. Errors the controller clears meanwhile fail nothing.
+/// How long an import's VolumeSnapshot may go on reporting an error before its cut (no
+/// VolumeSnapshotContent bound yet: a wrong `volumeSnapshotClassName`, no default class
+/// for the driver, a driver that cannot snapshot; the snapshot controller's
+/// `status.error`, since its `time`) before the import fails. Errors after the cut (a
+/// driver's CreateSnapshot timing out while the snapshot is made) are retried by the
+/// snapshot controller and bounded only by the GoldenImage's `snapshotTimeoutSeconds`;
+/// errors the controller clears meanwhile fail nothing.
 pub const SNAPSHOT_ERROR_DEADLINE: chrono::TimeDelta = chrono::TimeDelta::minutes(10);
-
-/// How long after its creation an import's VolumeSnapshot may stay not ready, with no
-/// error, before the import fails (a driver whose snapshotter never answers); long, as
-/// the first snapshot of a large volume on a cloud disk can take hours.
-pub const SNAPSHOT_DEADLINE: chrono::TimeDelta = chrono::TimeDelta::hours(6);
 
 /// What the cluster shows of an import's VolumeSnapshot that is not ready yet.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct NotReady {
     /// When it was created.
     pub created: Option<DateTime<Utc>>,
+    /// Whether a VolumeSnapshotContent is bound to it (the driver was asked to cut it).
+    pub cut: bool,
     /// The snapshot controller's error, if it reports one.
     pub error: Option<String>,
     /// Since when it reports that error (`status.error.time`).
@@ -440,18 +440,19 @@ pub enum SnapshotWait {
     Expired(String),
 }
 
-/// The deadline of an import's snapshot that is `seen` not ready: [`SNAPSHOT_DEADLINE`]
-/// after its creation, or sooner [`SNAPSHOT_ERROR_DEADLINE`] after the error it shows
-/// first showed (else after its creation); None when the API gave no time to count from.
-pub fn snapshot_deadline(seen: &NotReady) -> Option<DateTime<Utc>> {
-    let made = seen.created.map(|t| t + SNAPSHOT_DEADLINE);
+/// The deadline of an import's snapshot that is `seen` not ready: `timeout` (the
+/// GoldenImage's `snapshotTimeoutSeconds`) after its creation, or sooner
+/// [`SNAPSHOT_ERROR_DEADLINE`] after an error before its cut first showed (else after its
+/// creation); None when the API gave no time to count from.
+pub fn snapshot_deadline(seen: &NotReady, timeout: chrono::TimeDelta) -> Option<DateTime<Utc>> {
+    let made = seen.created.map(|t| t + timeout);
     [made, error_deadline(seen)].into_iter().flatten().min()
 }
 
-/// [`SNAPSHOT_ERROR_DEADLINE`] after the error `seen` shows first showed (else after the
-/// snapshot's creation); None without an error.
+/// [`SNAPSHOT_ERROR_DEADLINE`] after the error `seen` shows before its cut first showed
+/// (else after the snapshot's creation); None without such an error.
 fn error_deadline(seen: &NotReady) -> Option<DateTime<Utc>> {
-    seen.error.as_ref()?;
+    seen.error.as_ref().filter(|_| !seen.cut)?;
     seen.error_since
         .or(seen.created)
         .map(|t| t + SNAPSHOT_ERROR_DEADLINE)
@@ -475,7 +476,8 @@ pub fn snapshot_not_ready(
         .error
         .as_deref()
         .map(|e| crate::events::within(e.trim(), MAX_SNAPSHOT_ERROR).to_string());
-    let deadline = snapshot_deadline(seen);
+    let timeout = golden.spec.snapshot_timeout();
+    let deadline = snapshot_deadline(seen, timeout);
     if deadline.is_some_and(|d| d <= now) {
         let on_error = error_deadline(seen).is_some_and(|d| d <= now);
         let waited = match &error {
@@ -485,11 +487,11 @@ pub fn snapshot_not_ready(
             ),
             Some(e) => format!(
                 "its VolumeSnapshot {name} was not ready {} after it was made; the snapshot controller reports: {e}",
-                duration_text(SNAPSHOT_DEADLINE)
+                duration_text(timeout)
             ),
             None => format!(
                 "its VolumeSnapshot {name} was not ready {} after it was made (the snapshot controller reported no error)",
-                duration_text(SNAPSHOT_DEADLINE)
+                duration_text(timeout)
             ),
         };
         return SnapshotWait::Expired(waited);
@@ -1067,13 +1069,37 @@ mod tests {
         let error = "Failed to get snapshot class with error volumesnapshotclass.snapshot.storage.k8s.io \"rbd-snaps\" not found";
         let failing = NotReady {
             created: Some(created),
+            cut: false,
             error: Some(error.into()),
             error_since: Some(created + chrono::Duration::minutes(1)),
         };
+        let six_hours = g.spec.snapshot_timeout();
+        assert_eq!(six_hours, chrono::TimeDelta::hours(6));
         assert_eq!(
-            snapshot_deadline(&failing),
+            snapshot_deadline(&failing, six_hours),
             Some(at("2026-12-06T10:11:00Z"))
         );
+        // An error after the cut (the driver's CreateSnapshot timing out, retried by the
+        // snapshot controller) does not shorten the wait.
+        let retried = NotReady {
+            cut: true,
+            error: Some("rpc error: code = DeadlineExceeded".into()),
+            ..failing.clone()
+        };
+        assert_eq!(
+            snapshot_deadline(&retried, six_hours),
+            Some(at("2026-12-06T16:00:00Z"))
+        );
+        assert!(matches!(
+            snapshot_not_ready(
+                &g,
+                &status,
+                &importing,
+                &retried,
+                at("2026-12-06T10:30:00Z")
+            ),
+            SnapshotWait::Waiting(..)
+        ));
         // The error, first seen: in the Progressing condition, and a Warning.
         let now = at("2026-12-06T10:02:00Z");
         let SnapshotWait::Waiting(next, Some(warning)) =
@@ -1160,7 +1186,7 @@ mod tests {
             ..failing.clone()
         };
         assert_eq!(
-            snapshot_deadline(&renewed),
+            snapshot_deadline(&renewed, six_hours),
             Some(at("2026-12-06T16:00:00Z"))
         );
         assert!(matches!(
@@ -1174,9 +1200,16 @@ mod tests {
             ..failing
         };
         assert_eq!(
-            snapshot_deadline(&untimed),
+            snapshot_deadline(&untimed, six_hours),
             Some(at("2026-12-06T10:10:00Z"))
         );
-        assert_eq!(snapshot_deadline(&NotReady::default()), None);
+        assert_eq!(snapshot_deadline(&NotReady::default(), six_hours), None);
+        // The GoldenImage's own timeout: an hour.
+        let mut hasty = g.clone();
+        hasty.spec.snapshot_timeout_seconds = Some(3600);
+        assert!(matches!(
+            snapshot_not_ready(&hasty, &status, &importing, &slow, at("2026-12-06T11:00:00Z")),
+            SnapshotWait::Expired(why) if why.contains("not ready 1h0m0s after it was made")
+        ));
     }
 }

@@ -419,8 +419,8 @@ async fn make_snapshot(
     }
 }
 
-/// What `snapshot`, not ready, shows: its creation, the snapshot controller's `error`
-/// and since when (`status.error.time`).
+/// What `snapshot`, not ready, shows: its creation, whether a content is bound to it,
+/// the snapshot controller's `error` and since when (`status.error.time`).
 fn not_ready(snapshot: &DynamicObject, error: Option<String>) -> NotReady {
     let error_since = snapshot.data["status"]["error"]["time"]
         .as_str()
@@ -432,6 +432,9 @@ fn not_ready(snapshot: &DynamicObject, error: Option<String>) -> NotReady {
             .creation_timestamp
             .as_ref()
             .map(crate::schedule::reconcile::from_time),
+        cut: snapshot.data["status"]["boundVolumeSnapshotContentName"]
+            .as_str()
+            .is_some_and(|c| !c.is_empty()),
         error,
         error_since,
     }
