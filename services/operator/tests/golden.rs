@@ -349,6 +349,11 @@ async fn a_credentialed_source_is_asked_by_a_probe_pod_and_only_a_new_version_im
         )
         .await;
     h.server.expect("DELETE", PROBE, Reply::Deleted).await;
+    // Its claim is asked for: still there.
+    let claim_path = format!("{PVCS}/{name}");
+    let claim = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": NS}, "status": {"phase": "Bound"}});
+    h.server.expect("GET", &claim_path, Reply::Ok(claim)).await;
     let seen = h
         .server
         .expect("PATCH", GI_STATUS, Reply::ApplyStatus(object.clone()))
@@ -356,6 +361,36 @@ async fn a_credentialed_source_is_asked_by_a_probe_pod_and_only_a_new_version_im
     assert_eq!(seen.body["status"]["currentClaim"], name.as_str());
     assert!(seen.body["status"].get("importing").is_none());
     assert_eq!(condition_of(&seen.body["status"], "Ready").0, "UpToDate");
+    assert_eq!(finish(task).await, Action::requeue(Duration::ZERO));
+    h.server.done().await;
+
+    // 3b. The same version, its claim deleted by hand: imported again, under a new name.
+    let task = tokio::spawn(reconcile(gi.clone(), h.ctx.clone()));
+    h.server
+        .expect(
+            "GET",
+            PROBE,
+            Reply::Ok(probe_ended(&created, r#"{"version":"etag:\"v1\""}"#)),
+        )
+        .await;
+    h.server.expect("DELETE", PROBE, Reply::Deleted).await;
+    h.server.expect("GET", &claim_path, Reply::NotFound).await;
+    let event = h.server.expect_event(NS).await;
+    assert_eq!(event.body["reason"], "CurrentGone");
+    assert_eq!(event.body["type"], "Warning");
+    assert_eq!(
+        event.body["note"],
+        format!("pvc/{name} is gone: importing the source's version again")
+    );
+    let again = h.server.expect("POST", TRANSFERS, Reply::Echo).await.body;
+    assert_ne!(again["metadata"]["name"], name.as_str());
+    let seen = h
+        .server
+        .expect("PATCH", GI_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert_eq!(seen.body["status"]["importing"]["version"], "etag:\"v1\"");
+    let importing = h.server.expect_event_series(NS).await;
+    assert_eq!(importing.body["reason"], "Importing");
     assert_eq!(finish(task).await, Action::requeue(Duration::ZERO));
     h.server.done().await;
 

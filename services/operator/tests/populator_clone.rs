@@ -304,6 +304,34 @@ async fn a_claim_of_an_image_in_a_claim_is_restored_from_a_snapshot_of_it() {
     on_claim(&h.server.expect_event(NS).await, "Normal", "Rebinding");
     assert_eq!(finish(task).await, Action::await_change());
     h.server.done().await;
+
+    // 6. Another claim decided alike whose source is gone before its snapshot was made:
+    // undone, decided again.
+    let mut other = claim(recorded_snapshot());
+    other["metadata"]["uid"] = json!("u-4");
+    other["metadata"]["annotations"]["ferry.dev/clone-decided-for"] = json!("u-4");
+    let task = tokio::spawn(reconcile(pvc(&other), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(image)).await;
+    h.server
+        .expect(
+            "GET",
+            &format!("{SNAPSHOTS}/ferry-clone-u-4"),
+            Reply::NotFound,
+        )
+        .await;
+    h.server
+        .expect("GET", &format!("{PVCS}/base"), Reply::NotFound)
+        .await;
+    let annotations = expect_recorded(&mut h, claim(json!({}))).await;
+    assert_eq!(annotations["ferry.dev/clone-strategy"], Value::Null);
+    assert_eq!(annotations["ferry.dev/clone-decided-for"], Value::Null);
+    let note = on_claim(&h.server.expect_event(NS).await, "Warning", "SourceGone");
+    assert_eq!(
+        note,
+        "pvc/base, the clone's source, is gone: deciding again"
+    );
+    assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
 }
 
 #[tokio::test]
@@ -591,11 +619,13 @@ async fn a_snapshot_kept_goldenimage_is_restored_into_the_prime_claim() {
 
     let task = tokio::spawn(reconcile(pvc(&claim(json!({}))), h.ctx.clone()));
     h.server.expect("GET", VIS, Reply::Ok(image.clone())).await;
-    h.server.expect("GET", GOLDEN, Reply::Ok(golden)).await;
-    classes_read(&mut h, true).await;
+    h.server
+        .expect("GET", GOLDEN, Reply::Ok(golden.clone()))
+        .await;
     h.server
         .expect("GET", &golden_snapshot, Reply::Ok(ready.clone()))
         .await;
+    classes_read(&mut h, true).await;
     let recorded = json!({"ferry.dev/clone-strategy": "snapshot",
                           "ferry.dev/clone-source-snapshot": "fedora-1a2b",
                           "ferry.dev/clone-decided-for": UID});
@@ -668,7 +698,7 @@ async fn a_snapshot_kept_goldenimage_is_restored_into_the_prime_claim() {
     other["metadata"]["uid"] = json!("u-2");
     other["metadata"]["annotations"]["ferry.dev/clone-decided-for"] = json!("u-2");
     let task = tokio::spawn(reconcile(pvc(&other), h.ctx.clone()));
-    h.server.expect("GET", VIS, Reply::Ok(image)).await;
+    h.server.expect("GET", VIS, Reply::Ok(image.clone())).await;
     h.server
         .expect("GET", &golden_snapshot, Reply::NotFound)
         .await;
@@ -683,5 +713,23 @@ async fn a_snapshot_kept_goldenimage_is_restored_into_the_prime_claim() {
     let note = on_claim(&h.server.expect_event(NS).await, "Warning", "SourceGone");
     assert!(note.contains("fedora-1a2b is gone"), "{note}");
     assert_eq!(finish(task).await, Action::await_change());
+    h.server.done().await;
+
+    // Deciding while the GoldenImage's current snapshot is gone (deleted by hand): nothing
+    // recorded (it would be undone at once), looked at again later.
+    let mut undecided = claim(json!({}));
+    undecided["metadata"]["uid"] = json!("u-3");
+    let task = tokio::spawn(reconcile(pvc(&undecided), h.ctx.clone()));
+    h.server.expect("GET", VIS, Reply::Ok(image)).await;
+    h.server.expect("GET", GOLDEN, Reply::Ok(golden)).await;
+    h.server
+        .expect("GET", &golden_snapshot, Reply::NotFound)
+        .await;
+    let note = on_claim(&h.server.expect_event(NS).await, "Warning", "SourceGone");
+    assert_eq!(
+        note,
+        "waiting for GoldenImage fedora: its current VolumeSnapshot fedora-1a2b is gone (deleted by hand?); its next poll imports it again"
+    );
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(60)));
     h.server.done().await;
 }

@@ -5,9 +5,9 @@ started together (tests/bench/relay_rollout.py). Against one group of 4 alone (`
 URL DST1..DST4`).
 
 A second case gives the targets the write rate of a cloud volume (an `nbdkit --filter=rate
-file` server per target, FERRY_BENCH_RELAY_RATE bits/s, 100M by default), except each
-group's first: the seed's first target is the local file the relay serves from (a mover's
-PVC), and one group alone has the same shape. There the targets' storage, not this
+file` server per target, FERRY_BENCH_RELAY_RATE bits/s, 100M by default), except the
+seed's first target, the local file its relay serves from (a mover's PVC); one group
+alone has the same shape (its first target a file, three rated). There the targets' storage, not this
 machine's two cores, bounds a group, as it does when each group has a node of its own, and
 the relayed rollout's time is set against one group's.
 

@@ -30,7 +30,7 @@ use crate::controller::kind::apply_status;
 use crate::crd::{GoldenImage, GoldenImageStatus, Importing, KeepAs, Transfer};
 use crate::schedule::build::{snapshot_state, volume_snapshot_api, SnapshotState};
 
-use super::plan::{self, condition, AfterPoll, Ended, Kept, NotReady, SnapshotWait, Step};
+use super::plan::{self, condition, AfterPoll, Current, Ended, Kept, NotReady, SnapshotWait, Step};
 use super::probe;
 use super::probe_pod::{self, Asker, Seen};
 use super::report::Probed;
@@ -183,9 +183,18 @@ pub async fn reconcile(obj: Arc<GoldenImage>, ctx: Arc<Context>) -> Result<Actio
                     return Ok(Action::requeue(Duration::ZERO));
                 }
             };
+            // An unchanged version whose import is gone (deleted by hand) is imported again.
+            let mut held = status.clone();
+            if version.is_some() && version == status.current_version {
+                if let Some(lost) = current_gone(&ctx, &namespace, &status).await? {
+                    let note = format!("{lost} is gone: importing the source's version again");
+                    ctx.event(obj.as_ref(), true, "CurrentGone", &note).await;
+                    held.current_version = None;
+                }
+            }
             match plan::after_poll(
                 &obj,
-                &status,
+                &held,
                 version.as_deref(),
                 unversioned.as_deref(),
                 now,
@@ -438,6 +447,36 @@ fn not_ready(snapshot: &DynamicObject, error: Option<String>) -> NotReady {
         error,
         error_since,
     }
+}
+
+/// The current import's object, shown, when it is gone (or being deleted).
+async fn current_gone(
+    ctx: &Context,
+    namespace: &str,
+    status: &GoldenImageStatus,
+) -> Result<Option<String>, Error> {
+    let deleted = |meta: &kube::api::ObjectMeta| meta.deletion_timestamp.is_some();
+    let Some(current) = plan::current(status) else {
+        return Ok(None);
+    };
+    let gone = match &current {
+        Current::Claim(name) => {
+            let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
+            claims
+                .get_opt(name)
+                .await?
+                .is_none_or(|c| deleted(&c.metadata))
+        }
+        Current::Snapshot(name) => {
+            let snapshots: Api<DynamicObject> =
+                Api::namespaced_with(ctx.client.clone(), namespace, &volume_snapshot_api());
+            snapshots
+                .get_opt(name)
+                .await?
+                .is_none_or(|s| deleted(&s.metadata))
+        }
+    };
+    Ok(gone.then(|| current.shown()))
 }
 
 /// Deletes an import's Transfer (its claim stays: `claimRetention: Retain`).

@@ -438,11 +438,12 @@ async fn own_snapshot(
     }
 }
 
-/// Whether the claim `name` of `namespace` exists (asked, not the store's view: it was
-/// seen when the decision was made).
+/// Whether the claim `name` of `namespace` exists and is not being deleted (asked, not
+/// the store's view: it was seen when the decision was made).
 async fn claim_exists(ctx: &Context, namespace: &str, name: &str) -> Result<bool, Error> {
     let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
-    Ok(api.get_opt(name).await?.is_some())
+    let claim = api.get_opt(name).await?;
+    Ok(claim.is_some_and(|c| c.metadata.deletion_timestamp.is_none()))
 }
 
 /// Undoes the recorded decision, its source gone (`note` says which): the annotations'
@@ -555,13 +556,25 @@ async fn decide(
             facts
         }
         CloneFrom::Snapshot { name, class, mode } => {
-            let (classes, profiles, snapshot_classes) = observe_classes(&ctx.client).await?;
             let api: Api<DynamicObject> =
                 Api::namespaced_with(ctx.client.clone(), &ids.namespace, &volume_snapshot_api());
             let bytes = match api.get_opt(name).await?.map(|s| snapshot_state(&s)) {
                 Some(SnapshotState::Ready(size)) => size.as_ref().and_then(quantity_bytes),
-                _ => None,
+                Some(SnapshotState::Pending(_)) => None,
+                None => {
+                    // Recorded, it would be found gone and undone at once: wait instead.
+                    let golden = match claim_source(vis) {
+                        ClaimSource::Golden(golden) => golden,
+                        _ => String::new(),
+                    };
+                    let note = format!(
+                        "waiting for GoldenImage {golden}: its current VolumeSnapshot {name} is gone (deleted by hand?); its next poll imports it again"
+                    );
+                    ctx.event(pvc, true, "SourceGone", &note).await;
+                    return Ok(Some(Some(Action::requeue(RECHECK))));
+                }
             };
+            let (classes, profiles, snapshot_classes) = observe_classes(&ctx.client).await?;
             let mut facts = facts(None, &classes, &profiles, &snapshot_classes);
             facts.source = Some(ClaimFacts {
                 unbound_until_used: false,
