@@ -167,10 +167,13 @@ pub fn made_from(parent: &Transfer, source_namespace: &str) -> String {
     hex::encode(Sha256::digest(text.as_bytes()))
 }
 
-/// The child a Transfer recorded in `status.cloneTransfer` (`namespace/name`).
-pub fn recorded(clone_transfer: Option<&str>) -> Option<(String, String)> {
+/// The child the Transfer `parent_uid` recorded in `status.cloneTransfer`
+/// (`namespace/name`). Whoever may write a Transfer's status could write anything there:
+/// only the name the operator gives its child ([`child_name`]) is taken.
+pub fn recorded(clone_transfer: Option<&str>, parent_uid: &str) -> Option<(String, String)> {
     let (namespace, name) = clone_transfer?.split_once('/')?;
-    (!namespace.is_empty() && !name.is_empty()).then(|| (namespace.to_string(), name.to_string()))
+    (!namespace.is_empty() && name == child_name(parent_uid))
+        .then(|| (namespace.to_string(), name.to_string()))
 }
 
 /// Why `parent`'s spec no longer is what its child (`child_namespace/child_name`, made

@@ -12,7 +12,7 @@ use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
-use kube::Api;
+use kube::{Api, ResourceExt};
 
 use crate::admission::stamp::{StampKey, REQUESTER};
 use crate::controller::claims::{self, created_by};
@@ -37,13 +37,35 @@ fn final_phase(t: &Transfer) -> Phase {
     t.status.as_ref().map(|s| s.phase).unwrap_or_default()
 }
 
-/// Deletes the child Transfer `namespace/name` (the parent's finalizer, or a parent that
-/// is done); whether one was there.
-pub async fn delete_child(ctx: &Context, namespace: &str, name: &str) -> Result<bool, Error> {
+/// Deletes the child Transfer `namespace/name` of the Transfer `parent_uid` (the
+/// parent's finalizer, or a parent that is done); whether one was there. Only a Transfer
+/// labelled as that parent's child is deleted, and only that very object (its uid a
+/// precondition): a name read from a status is never enough to delete by.
+pub async fn delete_child(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    parent_uid: &str,
+) -> Result<bool, Error> {
     let api: Api<Transfer> = Api::namespaced(ctx.client.clone(), namespace);
-    match api.delete(name, &DeleteParams::background()).await {
+    let Some(child) = api.get_opt(name).await? else {
+        return Ok(false);
+    };
+    let ours = child.labels().get(cross::CLONE_OF).map(String::as_str) == Some(parent_uid);
+    if !ours {
+        tracing::warn!(%namespace, %name, parent_uid, "not deleting a Transfer that is not this Transfer's child");
+        return Ok(false);
+    }
+    let params = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: child.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    match api.delete(name, &params).await {
         Ok(_) => Ok(true),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(false),
         Err(e) => Err(e.into()),
     }
 }
@@ -226,7 +248,7 @@ pub async fn reconcile(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result<Action, 
         .map(|p| p.name.clone())
         .unwrap_or_default();
     let wanted = obj.spec.source_namespace(&ids.namespace).map(String::from);
-    let recorded = cross::recorded(status.clone_transfer.as_deref());
+    let recorded = cross::recorded(status.clone_transfer.as_deref(), &ids.uid);
     let (source_namespace, child_name) = match (&recorded, &wanted) {
         (Some((namespace, name)), _) => (namespace.clone(), name.clone()),
         (None, Some(namespace)) => (namespace.clone(), cross::child_name(&ids.uid)),
@@ -243,7 +265,7 @@ pub async fn reconcile(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result<Action, 
             child.as_ref(),
         ) {
             release_volumes(&ctx, &ids.namespace, &ids.uid).await?;
-            delete_child(&ctx, &source_namespace, &child_name).await?;
+            delete_child(&ctx, &source_namespace, &child_name, &ids.uid).await?;
             return fail(&ctx, &obj, &ids, &status, cross::SPEC_CHANGED, &why).await;
         }
     }
@@ -309,7 +331,7 @@ pub async fn reconcile(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result<Action, 
                 "Transfer {source_namespace}/{child_name}, which fills the claims in the source namespace, failed: {why}"
             );
             release_volumes(&ctx, &ids.namespace, &ids.uid).await?;
-            delete_child(&ctx, &source_namespace, &child_name).await?;
+            delete_child(&ctx, &source_namespace, &child_name, &ids.uid).await?;
             let next = mover_plan::failed(obj.as_ref(), &next, reason::FAILED, &text);
             if update(&ctx, &ids, obj.as_ref(), &status, &next)
                 .await?
@@ -471,8 +493,8 @@ async fn succeed(
     mut next: TransferStatus,
     templates: &[crate::crd::PvcTemplate],
 ) -> Result<Action, Error> {
-    if let Some((namespace, name)) = cross::recorded(next.clone_transfer.as_deref()) {
-        delete_child(ctx, &namespace, &name).await?;
+    if let Some((namespace, name)) = cross::recorded(next.clone_transfer.as_deref(), &ids.uid) {
+        delete_child(ctx, &namespace, &name, &ids.uid).await?;
     }
     let text = format!(
         "{} claims filled in the source namespace ({}) and handed over",

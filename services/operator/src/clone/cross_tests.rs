@@ -441,11 +441,15 @@ fn a_changed_source_or_target_list_is_told_from_the_childs_record() {
     let p = parent();
     let child = child_transfer(&p, &ids(), "images");
     assert_eq!(
-        recorded(Some("images/xns-u-1")),
+        recorded(Some("images/xns-u-1"), "u-1"),
         Some(("images".into(), "xns-u-1".into()))
     );
-    assert_eq!(recorded(Some("images")), None);
-    assert_eq!(recorded(None), None);
+    assert_eq!(recorded(Some("images"), "u-1"), None);
+    assert_eq!(recorded(None, "u-1"), None);
+    // A record naming anything but this Transfer's own child (written by whoever may
+    // write its status) is not taken.
+    assert_eq!(recorded(Some("prod/db-restore"), "u-1"), None);
+    assert_eq!(recorded(Some("images/xns-u-2"), "u-1"), None);
     assert_eq!(
         changed(&p, Some("images"), "images", "xns-u-1", Some(&child)),
         None

@@ -67,7 +67,11 @@ pub async fn reconcile_transfer(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result
     let namespace = obj.metadata.namespace.clone().unwrap_or_default();
     // A Transfer that made a child in another namespace stays a clone across namespaces
     // by that record, whatever its spec says now.
-    let recorded = super::cross::recorded(status.clone_transfer.as_deref());
+    let recorded = obj
+        .metadata
+        .uid
+        .as_deref()
+        .and_then(|uid| super::cross::recorded(status.clone_transfer.as_deref(), uid));
     let wanted = obj.spec.source_namespace(&namespace).map(String::from);
     if recorded.is_some() || wanted.is_some() {
         if !common {
@@ -90,7 +94,8 @@ pub async fn reconcile_transfer(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result
                 status.phase.is_final() && ctx.transfers().is_some_and(|s| s.get(&child).is_some());
             if deleting || child_left {
                 super::cross_reconcile::release_volumes(&ctx, &namespace, uid).await?;
-                super::cross_reconcile::delete_child(&ctx, &child_namespace, &child_name).await?;
+                super::cross_reconcile::delete_child(&ctx, &child_namespace, &child_name, uid)
+                    .await?;
             }
         }
         return reconcile(obj, ctx).await;
