@@ -150,17 +150,25 @@ pub struct Limits {
     pub handshake: std::time::Duration,
     /// How long a client has to send a request's headers (each request on the connection).
     pub headers: std::time::Duration,
+    /// How long a client has to send a request's body once its headers are in.
+    pub body: std::time::Duration,
+    /// How long a connection is kept: then it is closed once its request in flight is
+    /// answered (the API server opens another).
+    pub life: std::time::Duration,
     /// How many connections are served at once.
     pub connections: usize,
 }
 
 impl Default for Limits {
     /// The API server's webhook calls time out after at most 30 s (10 s by default) and
-    /// reuse few connections: 10 s for each of the handshake and the headers, 64 at once.
+    /// reuse few connections: 10 s for each of the handshake, the headers and the body,
+    /// a connection kept at most 5 minutes, 64 at once.
     fn default() -> Self {
         Self {
             handshake: std::time::Duration::from_secs(10),
             headers: std::time::Duration::from_secs(10),
+            body: std::time::Duration::from_secs(10),
+            life: std::time::Duration::from_secs(300),
             connections: 64,
         }
     }
@@ -211,14 +219,21 @@ pub async fn serve_with(
             };
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let key = key.clone();
-                async move { Ok::<_, Infallible>(handle(req, &key).await) }
+                async move { Ok::<_, Infallible>(handle(req, &key, limits.body).await) }
             });
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
+            let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.headers)
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            let ended = tokio::select! {
+                ended = connection.as_mut() => ended,
+                () = tokio::time::sleep(limits.life) => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(e) = ended {
                 tracing::debug!(error = %e, "webhook connection ended");
             }
         });
@@ -233,14 +248,33 @@ fn reply(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Full
         .expect("a valid response")
 }
 
-async fn handle(req: Request<Incoming>, key: &StampKey) -> Response<Full<Bytes>> {
+async fn handle(
+    req: Request<Incoming>,
+    key: &StampKey,
+    body_time: std::time::Duration,
+) -> Response<Full<Bytes>> {
     match (req.method(), req.uri().path()) {
         (&http::Method::POST, PATH) => {
-            let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-                Ok(b) => b.to_bytes(),
-                Err(e) => {
+            let read = Limited::new(req.into_body(), MAX_BODY).collect();
+            let body = match tokio::time::timeout(body_time, read).await {
+                Ok(Ok(b)) => b.to_bytes(),
+                Ok(Err(e)) => {
                     let text = format!("cannot read the AdmissionReview: {e}\n");
                     return reply(StatusCode::BAD_REQUEST, "text/plain", text.into_bytes());
+                }
+                Err(_) => {
+                    let text = format!(
+                        "the AdmissionReview's body did not come within {} s\n",
+                        body_time.as_secs_f32()
+                    );
+                    let mut response =
+                        reply(StatusCode::REQUEST_TIMEOUT, "text/plain", text.into_bytes());
+                    // The rest of the body is not read: the connection cannot be reused.
+                    response.headers_mut().insert(
+                        http::header::CONNECTION,
+                        http::HeaderValue::from_static("close"),
+                    );
+                    return response;
                 }
             };
             let review = answer(&body, key);

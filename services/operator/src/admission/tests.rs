@@ -381,6 +381,8 @@ async fn silent_connections_are_dropped_and_bounded_while_requests_are_answered(
     let limits = server::Limits {
         handshake: timeout,
         headers: timeout,
+        body: timeout,
+        life: Duration::from_millis(1500),
         connections: 8,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -395,20 +397,70 @@ async fn silent_connections_are_dropped_and_bounded_while_requests_are_answered(
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let name = ServerName::try_from("ferry-operator-webhook.ferry-system.svc").unwrap();
     let mut silent_tls = connector.connect(name, tcp).await.unwrap();
+    // A client that sends a request's headers and only part of its body.
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = ServerName::try_from("ferry-operator-webhook.ferry-system.svc").unwrap();
+    let mut stalled = connector.connect(name, tcp).await.unwrap();
+    {
+        use tokio::io::AsyncWriteExt;
+        let head = format!(
+            "POST {PATH} HTTP/1.1\r\nHost: ferry-operator-webhook.ferry-system.svc\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{{\"apiVersion\""
+        );
+        stalled.write_all(head.as_bytes()).await.unwrap();
+        stalled.flush().await.unwrap();
+    }
     let started = Instant::now();
     assert_eq!(post_review(&connector, addr).await, "HTTP/1.1 200 OK");
     assert!(
         started.elapsed() < timeout,
         "answered while the silent ones wait"
     );
-    let (tcp_after, tls_after) =
-        tokio::join!(closed_after(&mut silent_tcp), closed_after(&mut silent_tls));
-    for (what, after) in [("tcp", tcp_after), ("tls", tls_after)] {
+    let stalled_answer = async {
+        use tokio::io::AsyncReadExt;
+        let start = Instant::now();
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), stalled.read_to_end(&mut out)).await;
+        (start.elapsed(), String::from_utf8_lossy(&out).to_string())
+    };
+    let (tcp_after, tls_after, (body_after, answer)) = tokio::join!(
+        closed_after(&mut silent_tcp),
+        closed_after(&mut silent_tls),
+        stalled_answer
+    );
+    assert!(
+        answer.starts_with("HTTP/1.1 408 Request Timeout"),
+        "{answer}"
+    );
+    for (what, after) in [("tcp", tcp_after), ("tls", tls_after), ("body", body_after)] {
         assert!(
             after < timeout + Duration::from_secs(2),
             "{what} kept {after:?}"
         );
     }
+
+    // A client that keeps its connection after an answer, sending nothing more, loses it
+    // at the end of the connection's life.
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = ServerName::try_from("ferry-operator-webhook.ferry-system.svc").unwrap();
+    let mut idle = connector.connect(name, tcp).await.unwrap();
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let body = review("CREATE", "alice", &transfer(Some("images"), None), None);
+        let head = format!(
+            "POST {PATH} HTTP/1.1\r\nHost: ferry-operator-webhook.ferry-system.svc\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        idle.write_all(head.as_bytes()).await.unwrap();
+        idle.write_all(&body).await.unwrap();
+        let mut first = [0u8; 12];
+        idle.read_exact(&mut first).await.unwrap();
+        assert_eq!(&first, b"HTTP/1.1 200");
+    }
+    let kept = closed_after(&mut idle).await;
+    assert!(
+        kept < Duration::from_millis(1500) + Duration::from_secs(2),
+        "idle kept {kept:?}"
+    );
     serving.abort();
 
     // One connection at a time: a silent client holds it until its handshake times out,
