@@ -95,7 +95,10 @@ pub async fn release_volumes(ctx: &Context, namespace: &str, uid: &str) -> Resul
             }
             None => None,
         };
-        let patch = handover::release(pv, claimant.as_ref());
+        let mut patch = handover::release(pv, claimant.as_ref());
+        // Decided on what was read: a volume the PV controller changed meanwhile (a target
+        // just bound) is read and decided again (409, retried).
+        patch["metadata"]["resourceVersion"] = serde_json::json!(pv.metadata.resource_version);
         if patch["spec"]["claimRef"].is_null() {
             if let Some(c) = &claimant {
                 held.push((c.metadata.namespace.clone(), c.metadata.name.clone()));
@@ -110,9 +113,8 @@ pub async fn release_volumes(ctx: &Context, namespace: &str, uid: &str) -> Resul
             Err(e) => return Err(e.into()),
         }
     }
-    if marked.items.is_empty() {
-        return Ok(0);
-    }
+    // Also when no volume is marked any more: a deletion of targets that failed after
+    // their volumes were given back is retried.
     let targets: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), namespace);
     let made = targets
         .list(
@@ -278,6 +280,9 @@ pub async fn reconcile(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result<Action, 
             // deleted by someone before it was done.
             let done = all_handed_over(&ctx, &ids, &templates).await?;
             if done {
+                // Every target is bound: any volume whose last step (its policy back) was
+                // not taken gets it now, the target keeping it.
+                release_volumes(&ctx, &ids.namespace, &ids.uid).await?;
                 return succeed(&ctx, &obj, &ids, &status, next, &templates).await;
             }
             let text = format!(
