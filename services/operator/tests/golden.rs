@@ -1039,7 +1039,7 @@ async fn a_snapshot_that_never_becomes_ready_says_why_and_fails_the_import_at_it
     assert_eq!(event.body["reason"], "SnapshotNotReady");
     assert_eq!(event.body["type"], "Warning");
     assert_eq!(event.body["note"], message.as_str());
-    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(5)));
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(60)));
     h.server.done().await;
 
     // 2. The same error at the next look: nothing written, no second event.
@@ -1049,7 +1049,7 @@ async fn a_snapshot_that_never_becomes_ready_says_why_and_fails_the_import_at_it
     h.server
         .expect("GET", &snapshot, Reply::Ok(pending(1)))
         .await;
-    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(5)));
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(60)));
     h.server.done().await;
 
     // 3. Ten minutes of that error: the import failed, its claim and snapshot deleted,

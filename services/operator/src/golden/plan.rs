@@ -458,6 +458,19 @@ fn error_deadline(seen: &NotReady) -> Option<DateTime<Utc>> {
         .map(|t| t + SNAPSHOT_ERROR_DEADLINE)
 }
 
+/// How long until an import's VolumeSnapshot that is `seen` not ready at `now` is looked
+/// at again: every 5 s in its first minute, then a tenth of its age, at most a minute (a
+/// snapshot that takes hours is not asked for thousands of times).
+pub fn snapshot_look(seen: &NotReady, now: DateTime<Utc>) -> std::time::Duration {
+    const FIRST: std::time::Duration = std::time::Duration::from_secs(5);
+    const MOST: std::time::Duration = std::time::Duration::from_secs(60);
+    let age = seen
+        .created
+        .and_then(|c| (now - c).to_std().ok())
+        .unwrap_or_default();
+    (age / 10).clamp(FIRST, MOST)
+}
+
 /// The longest snapshot controller's error a condition quotes.
 const MAX_SNAPSHOT_ERROR: usize = 1024;
 
@@ -1204,6 +1217,15 @@ mod tests {
             Some(at("2026-12-06T10:10:00Z"))
         );
         assert_eq!(snapshot_deadline(&NotReady::default(), six_hours), None);
+        // Looked at every 5 s at first, then less often, at most a minute apart.
+        let look = |minutes: i64| {
+            snapshot_look(&slow, created + chrono::Duration::minutes(minutes)).as_secs()
+        };
+        assert_eq!(
+            [look(0), look(1), look(5), look(10), look(300)],
+            [5, 6, 30, 60, 60]
+        );
+        assert_eq!(snapshot_look(&NotReady::default(), created).as_secs(), 5);
         // The GoldenImage's own timeout: an hour.
         let mut hasty = g.clone();
         hasty.spec.snapshot_timeout_seconds = Some(3600);

@@ -361,7 +361,7 @@ async fn look_at_snapshot(
                 ctx.event(obj, true, condition::SNAPSHOT_NOT_READY, &text)
                     .await;
             }
-            Ok(Err(Action::requeue(SNAPSHOT_LOOK)))
+            Ok(Err(Action::requeue(plan::snapshot_look(&seen, now))))
         }
     }
 }
