@@ -1154,9 +1154,13 @@ async fn an_import_snapshot_of_that_name_is_adopted_only_when_it_is_this_imports
 
     // 2. A snapshot of that name made by someone else (or of another claim): left alone;
     // the import failed, its claim deleted, the current snapshot kept.
-    let task = tokio::spawn(reconcile(gi, h.ctx.clone()));
+    let task = tokio::spawn(reconcile(gi.clone(), h.ctx.clone()));
     h.server
-        .expect("GET", &format!("{TRANSFERS}/fedora-new"), Reply::Ok(done))
+        .expect(
+            "GET",
+            &format!("{TRANSFERS}/fedora-new"),
+            Reply::Ok(done.clone()),
+        )
         .await;
     h.server.expect("POST", SNAPSHOTS, Reply::Conflict).await;
     let mut foreign = ready_snapshot("fedora-new", "10Gi");
@@ -1190,5 +1194,34 @@ async fn an_import_snapshot_of_that_name_is_adopted_only_when_it_is_this_imports
         "ImportFailed"
     );
     finish(task).await;
+    h.server.done().await;
+
+    // 3. There at the create, gone at the read (deleted meanwhile): made again.
+    let task = tokio::spawn(reconcile(gi, h.ctx.clone()));
+    h.server
+        .expect("GET", &format!("{TRANSFERS}/fedora-new"), Reply::Ok(done))
+        .await;
+    h.server.expect("POST", SNAPSHOTS, Reply::Conflict).await;
+    h.server
+        .expect("GET", &format!("{SNAPSHOTS}/fedora-new"), Reply::NotFound)
+        .await;
+    let made = h.server.expect("POST", SNAPSHOTS, Reply::Echo).await.body;
+    assert_eq!(
+        made["spec"]["source"]["persistentVolumeClaimName"],
+        "fedora-new"
+    );
+    let seen = h
+        .server
+        .expect("PATCH", GI_STATUS, Reply::ApplyStatus(object.clone()))
+        .await;
+    assert_eq!(seen.body["status"]["importing"]["snapshot"], "fedora-new");
+    h.server
+        .expect("DELETE", &format!("{TRANSFERS}/fedora-new"), Reply::Deleted)
+        .await;
+    assert_eq!(
+        h.server.expect_event_series(NS).await.body["reason"],
+        "Snapshotting"
+    );
+    assert_eq!(finish(task).await, Action::requeue(Duration::from_secs(5)));
     h.server.done().await;
 }

@@ -412,20 +412,28 @@ async fn make_snapshot(
     snapshot: &DynamicObject,
     claim: &str,
 ) -> Result<Option<String>, Error> {
-    match snapshots.create(&PostParams::default(), snapshot).await {
-        Ok(_) => Ok(None),
-        Err(kube::Error::Api(e)) if e.code == 409 => {
-            let name = snapshot.metadata.name.clone().unwrap_or_default();
-            let ours = snapshots.get_opt(&name).await?.is_some_and(|s| {
-                made_by(&s.metadata, obj)
-                    && s.data["spec"]["source"]["persistentVolumeClaimName"].as_str() == Some(claim)
-            });
-            Ok((!ours).then(|| {
-                format!("VolumeSnapshot {name} exists and is not this import's snapshot of pvc/{claim}: it is left alone")
-            }))
+    let name = snapshot.metadata.name.clone().unwrap_or_default();
+    // Twice: one that exists at the create and is gone at the read was deleted meanwhile.
+    for _ in 0..2 {
+        match snapshots.create(&PostParams::default(), snapshot).await {
+            Ok(_) => return Ok(None),
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                let Some(found) = snapshots.get_opt(&name).await? else {
+                    continue;
+                };
+                let ours = made_by(&found.metadata, obj)
+                    && found.data["spec"]["source"]["persistentVolumeClaimName"].as_str()
+                        == Some(claim);
+                return Ok((!ours).then(|| {
+                    format!("VolumeSnapshot {name} exists and is not this import's snapshot of pvc/{claim}: it is left alone")
+                }));
+            }
+            Err(e) => return Err(e.into()),
         }
-        Err(e) => Err(e.into()),
     }
+    Ok(Some(format!(
+        "VolumeSnapshot {name} was there at each create and gone at each read: something deletes it"
+    )))
 }
 
 /// What `snapshot`, not ready, shows: its creation, whether a content is bound to it,
