@@ -101,7 +101,7 @@ class Servers:
                         ["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(self.curl_port),
                          "--filter=readahead", "curl", f"url={url}"],
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                    _wait_listening(self.curl_port, nbdkit)
+                    wait_listening(self.curl_port, nbdkit)
                     subprocess.run(["qemu-nbd", "--fork", "--persistent", "--shared=16", "-r",
                                     "-f", "qcow2", "-b", "127.0.0.1", "-p", str(self.theirs_port),
                                     f"--pid-file={run_dir / 'qemu.pid'}",
@@ -119,9 +119,9 @@ class Servers:
             shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _wait_listening(port, proc, seconds=10):
-    """Returns once 127.0.0.1:PORT accepts a connection; raises if PROC ends first or
-    SECONDS pass."""
+def wait_listening(port, proc, what="nbdkit curl", seconds=10):
+    """Returns once 127.0.0.1:PORT accepts a connection; raises (naming WHAT) if PROC ends
+    first or SECONDS pass."""
     deadline = time.time() + seconds
     while True:
         try:
@@ -129,5 +129,5 @@ def _wait_listening(port, proc, seconds=10):
                 return
         except OSError:
             if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"nbdkit curl did not listen on port {port}")
+                raise RuntimeError(f"{what} did not listen on port {port}")
             time.sleep(0.05)

@@ -27,7 +27,10 @@ import subprocess
 from pathlib import Path
 
 from harness import GiB, MiB, Case, Command, Goal, ratio
+from cases.export_http import wait_listening
 from cases.http import LateArgv, Server
+from cases.nbd import free_port
+from cases.qcow2 import compare
 
 GROUPS = 4
 PER_GROUP = 4
@@ -66,17 +69,9 @@ def cases(env):
         server.reset_log()
 
     def checker(label, used):
-        def check(_result):
-            for t in used:
-                cmp = subprocess.run(["qemu-img", "compare", "-q", "-f", "raw", "-F", "raw",
-                                      str(image.path), str(t)], capture_output=True, text=True)
-                if cmp.returncode != 0:
-                    return f"{t}: qemu-img compare: {cmp.stdout.strip()} {cmp.stderr.strip()}"
-            served[label] = server.body_bytes_sent()
-            return None
-        return check
+        return _checker(image, server, served, label, used)
 
-    values = {"URL": server.url, "PORT": lambda: str(_free_port())}
+    values = {"URL": server.url, "PORT": lambda: str(free_port())}
     rollout = Path(__file__).resolve().parent.parent / "relay_rollout.py"
     commands = [
         Command(RELAYED, LateArgv(["python3", rollout, env.ferry, "URL", "PORT", str(GROUPS),
@@ -140,15 +135,7 @@ def _rated_case(env, size, image, qcow2, server, values, rollout):
         return start
 
     def checker(label, count):
-        def check(_result):
-            served[label] = server.body_bytes_sent()
-            for f in files[:count]:
-                cmp = subprocess.run(["qemu-img", "compare", "-q", "-f", "raw", "-F", "raw",
-                                      str(image.path), str(f)], capture_output=True, text=True)
-                if cmp.returncode != 0:
-                    return f"{f}: qemu-img compare: {cmp.stdout.strip()} {cmp.stderr.strip()}"
-            return None
-        return check
+        return _checker(image, server, served, label, files[:count])
 
     relayed = f"{RELAYED}, each target {rate}bit/s"
     one = f"{ONE_GROUP}, each target {rate}bit/s"
@@ -190,6 +177,19 @@ def _rated_case(env, size, image, qcow2, server, values, rollout):
     )
 
 
+def _checker(image, server, served, label, targets):
+    """A run's check: every target equal to the image (qemu-img compare); the bytes nginx
+    served for it recorded in SERVED under LABEL."""
+    def check(_result):
+        served[label] = server.body_bytes_sent()
+        for t in targets:
+            problem = compare(image.path, t)
+            if problem:
+                return f"{t}: {problem}"
+        return None
+    return check
+
+
 class RatedVolumes:
     """One `nbdkit --filter=rate file` server per target file, started empty (a sparse
     file of the image's size) before a run and stopped after it: a volume that takes
@@ -207,14 +207,14 @@ class RatedVolumes:
                 f.unlink()
             with open(f, "wb") as out:
                 out.truncate(self.size)
-            port = _free_port()
+            port = free_port()
             proc = subprocess.Popen(
                 ["nbdkit", "-f", "-i", "127.0.0.1", "-p", str(port), "--filter=rate",
                  "file", str(f), f"rate={self.rate}"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             self.servers.append((proc, port))
         for proc, port in self.servers:
-            _wait_listening(port, proc)
+            wait_listening(port, proc, what=f"nbdkit rate file (port {port})", seconds=30)
 
     def uri(self, i):
         return f"nbd://127.0.0.1:{self.servers[i][1]}"
@@ -225,23 +225,3 @@ class RatedVolumes:
             proc.wait(timeout=30)
         self.servers = []
 
-
-def _wait_listening(port, proc):
-    import socket
-    import time
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"nbdkit exited {proc.returncode}: {proc.stderr.read()}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"nbdkit did not listen on port {port}")
-
-
-def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
