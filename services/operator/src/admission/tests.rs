@@ -198,8 +198,7 @@ fn other_requests_pass_untouched_and_bad_ones_are_refused() {
 async fn the_webhook_answers_over_https_with_a_certificate_from_the_ca() {
     use std::sync::Arc;
 
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, ServerName};
+    use rustls::pki_types::ServerName;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let ca = Arc::new(crate::mover::tls::MoverCa::generate().unwrap());
@@ -212,27 +211,12 @@ async fn the_webhook_answers_over_https_with_a_certificate_from_the_ca() {
     let addr = listener.local_addr().unwrap();
     let serving = tokio::spawn(server::serve(listener, tls, Arc::new(key())));
 
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(ca.cert_pem().as_bytes()) {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let connector = client_for(&ca);
     let name = ServerName::try_from("ferry-operator-webhook.ferry-system.svc").unwrap();
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut stream = connector.connect(name, tcp).await.unwrap();
-    let body = review("CREATE", "alice", &transfer(Some("images"), None), None);
-    let head = format!(
-        "POST {PATH} HTTP/1.1\r\nHost: ferry-operator-webhook.ferry-system.svc\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await.unwrap();
-    stream.write_all(&body).await.unwrap();
+    let (body, request) = review_request(true);
+    stream.write_all(&request).await.unwrap();
     let mut out = Vec::new();
     stream.read_to_end(&mut out).await.unwrap();
     let text = String::from_utf8(out).unwrap();
@@ -244,23 +228,9 @@ async fn the_webhook_answers_over_https_with_a_certificate_from_the_ca() {
 
     // A client that does not trust the CA is refused at the handshake.
     let other = crate::mover::tls::MoverCa::generate().unwrap();
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(other.cert_pem().as_bytes()) {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let name = ServerName::try_from("ferry-operator-webhook.ferry-system.svc").unwrap();
-    assert!(tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(name, tcp)
-        .await
-        .is_err());
+    assert!(client_for(&other).connect(name, tcp).await.is_err());
     serving.abort();
 }
 
@@ -320,6 +290,20 @@ fn client_for(ca: &crate::mover::tls::MoverCa) -> tokio_rustls::TlsConnector {
     tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
 }
 
+/// An AdmissionReview of a CREATE by alice, and the HTTP request posting it (asking to
+/// close the connection after the answer when `close`).
+fn review_request(close: bool) -> (Vec<u8>, Vec<u8>) {
+    let body = review("CREATE", "alice", &transfer(Some("images"), None), None);
+    let connection = if close { "connection: close\r\n" } else { "" };
+    let mut request = format!(
+        "POST {PATH} HTTP/1.1\r\nHost: ferry-operator-webhook.ferry-system.svc\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{connection}\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(&body);
+    (body, request)
+}
+
 /// One AdmissionReview posted over a new connection: the response's status line.
 async fn post_review(connector: &tokio_rustls::TlsConnector, addr: std::net::SocketAddr) -> String {
     use rustls::pki_types::ServerName;
@@ -327,13 +311,7 @@ async fn post_review(connector: &tokio_rustls::TlsConnector, addr: std::net::Soc
     let name = ServerName::try_from("ferry-operator-webhook.ferry-system.svc").unwrap();
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut stream = connector.connect(name, tcp).await.unwrap();
-    let body = review("CREATE", "alice", &transfer(Some("images"), None), None);
-    let head = format!(
-        "POST {PATH} HTTP/1.1\r\nHost: ferry-operator-webhook.ferry-system.svc\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await.unwrap();
-    stream.write_all(&body).await.unwrap();
+    stream.write_all(&review_request(true).1).await.unwrap();
     let mut out = Vec::new();
     stream.read_to_end(&mut out).await.unwrap();
     let text = String::from_utf8(out).unwrap();
@@ -445,13 +423,7 @@ async fn silent_connections_are_dropped_and_bounded_while_requests_are_answered(
     let mut idle = connector.connect(name, tcp).await.unwrap();
     {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let body = review("CREATE", "alice", &transfer(Some("images"), None), None);
-        let head = format!(
-            "POST {PATH} HTTP/1.1\r\nHost: ferry-operator-webhook.ferry-system.svc\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-            body.len()
-        );
-        idle.write_all(head.as_bytes()).await.unwrap();
-        idle.write_all(&body).await.unwrap();
+        idle.write_all(&review_request(false).1).await.unwrap();
         let mut first = [0u8; 12];
         idle.read_exact(&mut first).await.unwrap();
         assert_eq!(&first, b"HTTP/1.1 200");
