@@ -38,9 +38,8 @@ fn final_phase(t: &Transfer) -> Phase {
 }
 
 /// Deletes the child Transfer `namespace/name` of the Transfer `parent_uid` (the
-/// parent's finalizer, or a parent that is done); whether one was there. Only a Transfer
-/// labelled as that parent's child is deleted, and only that very object (its uid a
-/// precondition): a name read from a status is never enough to delete by.
+/// parent's finalizer, or a parent that is done); whether one was there. Read first: see
+/// [`remove_child`].
 pub async fn delete_child(
     ctx: &Context,
     namespace: &str,
@@ -48,14 +47,24 @@ pub async fn delete_child(
     parent_uid: &str,
 ) -> Result<bool, Error> {
     let api: Api<Transfer> = Api::namespaced(ctx.client.clone(), namespace);
-    let Some(child) = api.get_opt(name).await? else {
-        return Ok(false);
-    };
+    match api.get_opt(name).await? {
+        Some(child) => remove_child(ctx, &child, parent_uid).await,
+        None => Ok(false),
+    }
+}
+
+/// Deletes `child`, as read, when it is the Transfer `parent_uid`'s child: only a
+/// Transfer labelled so, and only that very object (its uid a precondition): a name read
+/// from a status is never enough to delete by. Whether it was deleted.
+async fn remove_child(ctx: &Context, child: &Transfer, parent_uid: &str) -> Result<bool, Error> {
+    let namespace = child.namespace().unwrap_or_default();
+    let name = child.name_any();
     let ours = child.labels().get(cross::CLONE_OF).map(String::as_str) == Some(parent_uid);
     if !ours {
         tracing::warn!(%namespace, %name, parent_uid, "not deleting a Transfer that is not this Transfer's child");
         return Ok(false);
     }
+    let api: Api<Transfer> = Api::namespaced(ctx.client.clone(), &namespace);
     let params = DeleteParams {
         preconditions: Some(kube::api::Preconditions {
             uid: child.metadata.uid.clone(),
@@ -63,7 +72,7 @@ pub async fn delete_child(
         }),
         ..DeleteParams::background()
     };
-    match api.delete(name, &params).await {
+    match api.delete(&name, &params).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(false),
         Err(e) => Err(e.into()),
@@ -267,7 +276,9 @@ pub async fn reconcile(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result<Action, 
             child.as_ref(),
         ) {
             release_volumes(&ctx, &ids.namespace, &ids.uid).await?;
-            delete_child(&ctx, &source_namespace, &child_name, &ids.uid).await?;
+            if let Some(child) = &child {
+                remove_child(&ctx, child, &ids.uid).await?;
+            }
             return fail(&ctx, &obj, &ids, &status, cross::SPEC_CHANGED, &why).await;
         }
     }
@@ -283,7 +294,7 @@ pub async fn reconcile(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result<Action, 
                 // Every target is bound: any volume whose last step (its policy back) was
                 // not taken gets it now, the target keeping it.
                 release_volumes(&ctx, &ids.namespace, &ids.uid).await?;
-                return succeed(&ctx, &obj, &ids, &status, next, &templates).await;
+                return succeed(&ctx, &obj, &ids, &status, next, &templates, None).await;
             }
             let text = format!(
                 "Transfer {source_namespace}/{child_name}, which fills the claims in the source namespace, was deleted before it was done: create this Transfer again"
@@ -336,7 +347,7 @@ pub async fn reconcile(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result<Action, 
                 "Transfer {source_namespace}/{child_name}, which fills the claims in the source namespace, failed: {why}"
             );
             release_volumes(&ctx, &ids.namespace, &ids.uid).await?;
-            delete_child(&ctx, &source_namespace, &child_name, &ids.uid).await?;
+            remove_child(&ctx, &child, &ids.uid).await?;
             let next = mover_plan::failed(obj.as_ref(), &next, reason::FAILED, &text);
             if update(&ctx, &ids, obj.as_ref(), &status, &next)
                 .await?
@@ -347,18 +358,7 @@ pub async fn reconcile(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result<Action, 
             ctx.forget(&ids.uid);
             Ok(Action::await_change())
         }
-        Phase::Succeeded => {
-            hand_over(
-                &ctx,
-                &obj,
-                &ids,
-                &status,
-                next,
-                &templates,
-                &source_namespace,
-            )
-            .await
-        }
+        Phase::Succeeded => hand_over(&ctx, &obj, &ids, &status, next, &templates, &child).await,
         _ => {
             let what = child_status
                 .conditions
@@ -375,7 +375,8 @@ pub async fn reconcile(obj: Arc<Transfer>, ctx: Arc<Context>) -> Result<Action, 
     }
 }
 
-/// One hand-over step for every target not yet done; Succeeded when all are.
+/// One hand-over step for every target not yet done from the claims `child` (succeeded)
+/// filled; Succeeded when all are.
 async fn hand_over(
     ctx: &Context,
     obj: &Transfer,
@@ -383,8 +384,10 @@ async fn hand_over(
     status: &TransferStatus,
     next: TransferStatus,
     templates: &[crate::crd::PvcTemplate],
-    source_namespace: &str,
+    child: &Transfer,
 ) -> Result<Action, Error> {
+    let source_namespace = child.namespace().unwrap_or_default();
+    let source_namespace = source_namespace.as_str();
     let temporaries: Api<PersistentVolumeClaim> =
         Api::namespaced(ctx.client.clone(), source_namespace);
     let targets: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ids.namespace);
@@ -454,7 +457,7 @@ async fn hand_over(
         }
     }
     if waiting.is_empty() {
-        return succeed(ctx, obj, ids, status, next, templates).await;
+        return succeed(ctx, obj, ids, status, next, templates, Some(child)).await;
     }
     let mut next = next;
     next.targets = target_statuses(templates, Phase::Running);
@@ -490,6 +493,7 @@ async fn all_handed_over(
     Ok(true)
 }
 
+/// Succeeded: the child (when it is still there) deleted.
 async fn succeed(
     ctx: &Context,
     obj: &Transfer,
@@ -497,9 +501,10 @@ async fn succeed(
     status: &TransferStatus,
     mut next: TransferStatus,
     templates: &[crate::crd::PvcTemplate],
+    child: Option<&Transfer>,
 ) -> Result<Action, Error> {
-    if let Some((namespace, name)) = cross::recorded(next.clone_transfer.as_deref(), &ids.uid) {
-        delete_child(ctx, &namespace, &name, &ids.uid).await?;
+    if let Some(child) = child {
+        remove_child(ctx, child, &ids.uid).await?;
     }
     let text = format!(
         "{} claims filled in the source namespace ({}) and handed over",
